@@ -1,0 +1,1 @@
+//! Benchmarks of the capabilities, shared by `pagewise bench` and the benchmark programs.

@@ -1,0 +1,2 @@
+//! Deduplication with mixed pages (SmartMD): repetition rate, access frequency
+//! and split/keep decisions driving KSM. Not yet implemented.

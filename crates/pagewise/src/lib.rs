@@ -1,0 +1,113 @@
+//! pagewise: page-level memory management on a stock Linux kernel, from user space.
+//!
+//! The library is the product; the `pagewise` CLI, the preload shim and the C
+//! API are thin layers over it. Its modules follow the capabilities:
+//!
+//! | module | capability |
+//! |---|---|
+//! | [`track`] | dirty-page tracking (LDT): which pages were written since a consumer last asked |
+//! | [`snap`] | same-page-merging snapshots (SimGrid) |
+//! | [`farmem`] | disaggregated-memory emulation (DiME) |
+//! | [`thp`] | huge-page policy (HawkEye) |
+//! | [`dedup`] | deduplication with mixed pages (SmartMD) |
+//!
+//! Shared mechanisms live in one place each: [`probe`] (what the kernel
+//! offers, probed once), [`procfs`] (parsing `/proc`), [`hash`] (page
+//! fingerprints), [`region`] (ranges and bitmaps), [`workload`] (the built-in
+//! self-checking workloads that tests, benchmarks and the demo share).
+
+pub mod bench;
+pub mod dedup;
+pub mod farmem;
+pub mod hash;
+pub mod probe;
+pub mod procfs;
+pub mod region;
+pub mod snap;
+pub mod thp;
+pub mod track;
+pub mod workload;
+
+pub use pagewise_sys::{HUGE_PAGE_SIZE, PAGE_SIZE};
+pub use region::{PageRange, Region};
+
+/// Errors of the pagewise library. Each message says what was being done and with which value.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A range that is not page-aligned or is empty.
+    #[error(
+        "range {start:#x}+{len:#x} is not page-aligned and non-empty (page size {})",
+        PAGE_SIZE
+    )]
+    Unaligned {
+        /// Start address.
+        start: u64,
+        /// Length in bytes.
+        len: u64,
+    },
+    /// The kernel lacks a feature the request needs.
+    #[error("{feature} is not available: {why}")]
+    Unsupported {
+        /// The feature.
+        feature: &'static str,
+        /// Why, as the probe found it.
+        why: String,
+    },
+    /// No process with this pid.
+    #[error("no process with pid {0}")]
+    NoSuchProcess(i32),
+    /// The caller may not inspect or control the process.
+    #[error("permission denied on pid {pid}: {what} (run as the process's owner or root, or relax kernel.yama.ptrace_scope)")]
+    PermissionDenied {
+        /// The process.
+        pid: i32,
+        /// What was refused.
+        what: String,
+    },
+    /// The process exited while it was being worked on.
+    #[error("process {0} exited")]
+    ProcessExited(i32),
+    /// A system call failed.
+    #[error("{what}: {source}")]
+    Os {
+        /// What was being done.
+        what: String,
+        /// The kernel's answer.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Bad argument.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Result alias of the library.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// Wraps an OS error with what was being done.
+    pub fn os(what: impl Into<String>, source: std::io::Error) -> Self {
+        Error::Os {
+            what: what.into(),
+            source,
+        }
+    }
+
+    /// Maps an OS error met while working on process `pid` to the clearest error.
+    pub fn for_pid(pid: i32, what: impl Into<String>, source: std::io::Error) -> Self {
+        match source.raw_os_error() {
+            Some(libc::ESRCH) | Some(libc::ENOENT) => {
+                if pagewise_sys::process::process_exists(pid).is_err() {
+                    Error::ProcessExited(pid)
+                } else {
+                    Error::os(what, source)
+                }
+            }
+            Some(libc::EPERM) | Some(libc::EACCES) => Error::PermissionDenied {
+                pid,
+                what: what.into(),
+            },
+            _ => Error::os(what, source),
+        }
+    }
+}

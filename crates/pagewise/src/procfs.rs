@@ -1,0 +1,198 @@
+//! Reading `/proc` and `/sys`: the one place pagewise parses them.
+//!
+//! Also [`KnobGuard`], which sets a system-wide knob (a file under `/proc/sys`
+//! or `/sys`) and puts the old value back when dropped, also on unwinding.
+
+use crate::{Error, Result};
+use std::path::{Path, PathBuf};
+
+/// One line of `/proc/PID/maps`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mapping {
+    /// Start address.
+    pub start: u64,
+    /// End address (exclusive).
+    pub end: u64,
+    /// Readable.
+    pub read: bool,
+    /// Writable.
+    pub write: bool,
+    /// Executable.
+    pub exec: bool,
+    /// Shared (`s`) rather than private (`p`).
+    pub shared: bool,
+    /// File offset.
+    pub offset: u64,
+    /// Inode (0 for anonymous memory).
+    pub inode: u64,
+    /// Path or pseudo-name such as `[heap]`; empty for anonymous mappings.
+    pub path: String,
+}
+
+impl Mapping {
+    /// Private memory not backed by a file: anonymous mappings, `[heap]`, `[stack]`.
+    pub fn is_anonymous(&self) -> bool {
+        !self.shared
+            && self.inode == 0
+            && (self.path.is_empty()
+                || self.path == "[heap]"
+                || self.path.starts_with("[stack")
+                || self.path.starts_with("[anon:"))
+    }
+    /// Kernel-provided special mappings that must never be touched.
+    pub fn is_special(&self) -> bool {
+        matches!(
+            self.path.as_str(),
+            "[vvar]" | "[vdso]" | "[vsyscall]" | "[vvar_vclock]" | "[uprobes]"
+        )
+    }
+    /// Length in bytes.
+    pub fn len(&self) -> u64 {
+        self.end - self.start
+    }
+    /// Whether the mapping is empty (never, for a kernel-reported mapping).
+    pub fn is_empty(&self) -> bool {
+        self.end == self.start
+    }
+}
+
+/// Parses the text of a `maps` file.
+pub fn parse_maps(text: &str) -> Vec<Mapping> {
+    text.lines().filter_map(parse_maps_line).collect()
+}
+
+fn parse_maps_line(line: &str) -> Option<Mapping> {
+    let mut it = line.splitn(6, ' ');
+    let range = it.next()?;
+    let perms = it.next()?.as_bytes();
+    let offset = u64::from_str_radix(it.next()?, 16).ok()?;
+    let _dev = it.next()?;
+    let inode: u64 = it.next()?.parse().ok()?;
+    let path = it.next().unwrap_or("").trim_start().to_string();
+    let (s, e) = range.split_once('-')?;
+    if perms.len() < 4 {
+        return None;
+    }
+    Some(Mapping {
+        start: u64::from_str_radix(s, 16).ok()?,
+        end: u64::from_str_radix(e, 16).ok()?,
+        read: perms[0] == b'r',
+        write: perms[1] == b'w',
+        exec: perms[2] == b'x',
+        shared: perms[3] == b's',
+        offset,
+        inode,
+        path,
+    })
+}
+
+/// `/proc/PID` or `/proc/self`.
+pub fn proc_dir(pid: Option<i32>) -> PathBuf {
+    match pid {
+        Some(p) => PathBuf::from(format!("/proc/{p}")),
+        None => PathBuf::from("/proc/self"),
+    }
+}
+
+/// Reads and parses `/proc/PID/maps` (or `/proc/self/maps`).
+pub fn maps(pid: Option<i32>) -> Result<Vec<Mapping>> {
+    let path = proc_dir(pid).join("maps");
+    let text = std::fs::read_to_string(&path).map_err(|e| match pid {
+        Some(p) => Error::for_pid(p, format!("reading {}", path.display()), e),
+        None => Error::os(format!("reading {}", path.display()), e),
+    })?;
+    Ok(parse_maps(&text))
+}
+
+/// The writable private anonymous mappings of a process: what dirty tracking of
+/// "a process" watches.
+pub fn writable_anonymous(pid: Option<i32>) -> Result<Vec<Mapping>> {
+    Ok(maps(pid)?
+        .into_iter()
+        .filter(|m| m.write && m.is_anonymous() && !m.is_special())
+        .collect())
+}
+
+/// Reads a one-line file under `/proc` or `/sys`, trimmed.
+pub fn read_trimmed(path: impl AsRef<Path>) -> std::io::Result<String> {
+    Ok(std::fs::read_to_string(path)?.trim().to_string())
+}
+
+/// The selected value of a `[bracketed]` sysfs choice list such as
+/// `always [madvise] never`.
+pub fn bracketed_choice(text: &str) -> Option<&str> {
+    let s = text.find('[')?;
+    let e = text[s..].find(']')? + s;
+    Some(&text[s + 1..e])
+}
+
+/// Reads one `Key:   value kB` field of `/proc/PID/status` or `/proc/meminfo`, in the file's unit.
+pub fn status_field(text: &str, key: &str) -> Option<u64> {
+    text.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        (k.trim() == key).then(|| v.split_whitespace().next()?.parse().ok())?
+    })
+}
+
+/// Sets a system-wide knob and restores its previous value when dropped.
+#[derive(Debug)]
+pub struct KnobGuard {
+    path: PathBuf,
+    old: String,
+}
+
+impl KnobGuard {
+    /// Writes `value` to `path`, remembering the old contents.
+    pub fn set(path: impl AsRef<Path>, value: &str) -> std::io::Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        let raw = std::fs::read_to_string(&path)?;
+        let old = bracketed_choice(&raw)
+            .map(str::to_string)
+            .unwrap_or_else(|| raw.trim().to_string());
+        std::fs::write(&path, value)?;
+        Ok(KnobGuard { path, old })
+    }
+    /// The value the knob had before.
+    pub fn old(&self) -> &str {
+        &self.old
+    }
+}
+
+impl Drop for KnobGuard {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::write(&self.path, &self.old) {
+            eprintln!(
+                "pagewise: could not restore {} to {:?}: {e}",
+                self.path.display(),
+                self.old
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn parses_maps_lines() {
+        let t = "7f0000000000-7f0000021000 rw-p 00000000 00:00 0 \n\
+                 55d0c0a00000-55d0c0a21000 rw-p 00000000 00:00 0                          [heap]\n\
+                 7ffd1000-7ffd2000 r-xp 00001000 fd:01 1234                       /usr/lib/libc.so.6\n\
+                 ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsyscall]\n";
+        let m = parse_maps(t);
+        assert_eq!(m.len(), 4);
+        assert!(m[0].is_anonymous() && m[0].write && m[0].path.is_empty());
+        assert!(m[1].is_anonymous() && m[1].path == "[heap]");
+        assert!(!m[2].is_anonymous() && m[2].exec && m[2].offset == 0x1000 && m[2].inode == 1234);
+        assert!(m[3].is_special());
+        assert_eq!(m[0].len(), 0x21000);
+    }
+    #[test]
+    fn reads_choices_and_fields() {
+        assert_eq!(bracketed_choice("always [madvise] never"), Some("madvise"));
+        assert_eq!(
+            status_field("VmRSS:\t  1234 kB\nVmSwap: 0 kB", "VmRSS"),
+            Some(1234)
+        );
+    }
+}

@@ -1,0 +1,399 @@
+//! Dirty-page tracking (LDT): which pages were written since a consumer last asked.
+//!
+//! A [`DirtyTracker`] watches page-aligned regions of the calling process (or
+//! the anonymous memory of another process) with one [`BackendKind`]:
+//!
+//! | backend | how | cost to the program | where |
+//! |---|---|---|---|
+//! | `uffd-wp` | asynchronous userfaultfd write-protect; `PAGEMAP_SCAN` reads and re-protects written pages atomically | one minor fault per page per interval, resolved in the kernel | own process, or a command started through the preload shim |
+//! | `soft-dirty` | `clear_refs` + pagemap bit 55 | one minor fault per page per interval | any process (kernels with `CONFIG_MEM_SOFT_DIRTY`) |
+//! | `mprotect` | read-only protection + a `SIGSEGV` handler that records the page and lifts the protection | a signal and two system calls per page per interval | own process |
+//! | `hash` | per-page fingerprints compared at each collection | none (the collector reads memory on another core) | own process, or any process through `process_vm_readv` |
+//!
+//! A collection returns sorted, coalesced [`PageRange`]s and [`CollectStats`].
+//!
+//! # Guarantees
+//! - **Never lose a write.** Every page written after a consumer's previous
+//!   collection is in that consumer's next collection. Over-reporting is
+//!   allowed (a huge page written once may be reported whole, a page that was
+//!   zapped by `MADV_DONTNEED` is reported).
+//! - **Several consumers** ([`DirtyTracker::add_consumer`]) each see every
+//!   write since *their own* last collection: one consumer's collection
+//!   re-arms the backend, and what it found is kept for every other consumer
+//!   until that consumer collects. This is LDT's coordination problem, solved
+//!   above the kernel instead of with spare page-table bits.
+//! - Other threads may write while a collection runs; a write that races the
+//!   collection is reported in this collection or the next one.
+
+mod hash;
+mod mprotect;
+mod soft_dirty;
+mod uffd_wp;
+
+use crate::region::{self, PageRange, Region};
+use crate::{probe, Error, Result};
+use serde::Serialize;
+use std::time::Instant;
+
+pub use hash::HashBackend;
+
+/// The tracking mechanisms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BackendKind {
+    /// Asynchronous userfaultfd write-protect with `PAGEMAP_SCAN`.
+    UffdWp,
+    /// Soft-dirty bits (`clear_refs` and pagemap bit 55).
+    SoftDirty,
+    /// `mprotect` + `SIGSEGV` write faults.
+    Mprotect,
+    /// Content fingerprints, no faults.
+    Hash,
+    /// The best available here.
+    Auto,
+}
+
+impl BackendKind {
+    /// Every concrete backend, best first.
+    pub const ALL: [BackendKind; 4] = [
+        BackendKind::UffdWp,
+        BackendKind::SoftDirty,
+        BackendKind::Mprotect,
+        BackendKind::Hash,
+    ];
+
+    /// The name used on the command line and in JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::UffdWp => "uffd-wp",
+            BackendKind::SoftDirty => "soft-dirty",
+            BackendKind::Mprotect => "mprotect",
+            BackendKind::Hash => "hash",
+            BackendKind::Auto => "auto",
+        }
+    }
+
+    /// Whether this backend can track the calling process here; `Err` says why not.
+    pub fn available_in_process(self) -> std::result::Result<(), String> {
+        let p = probe::get();
+        match self {
+            BackendKind::UffdWp => {
+                if p.uffd_access.is_none() {
+                    Err(format!("userfaultfd unavailable: {}", p.why("userfaultfd")))
+                } else if !p.uffd_has(pagewise_sys::uffd::feature::WP_ASYNC) {
+                    Err(format!(
+                        "UFFD_FEATURE_WP_ASYNC missing: {}",
+                        p.why("uffd.WP_ASYNC")
+                    ))
+                } else if !p.uffd_has(pagewise_sys::uffd::feature::WP_UNPOPULATED) {
+                    Err(format!(
+                        "UFFD_FEATURE_WP_UNPOPULATED missing: {}",
+                        p.why("uffd.WP_UNPOPULATED")
+                    ))
+                } else if !p.pagemap_scan {
+                    Err(format!("PAGEMAP_SCAN missing: {}", p.why("pagemap_scan")))
+                } else {
+                    Ok(())
+                }
+            }
+            BackendKind::SoftDirty => {
+                if p.soft_dirty {
+                    Ok(())
+                } else {
+                    Err(p.why("soft_dirty"))
+                }
+            }
+            BackendKind::Mprotect | BackendKind::Hash => Ok(()),
+            BackendKind::Auto => Ok(()),
+        }
+    }
+
+    /// Whether this backend can watch another process from outside; `Err` says why not.
+    pub fn available_for_pid(self) -> std::result::Result<(), String> {
+        match self {
+            BackendKind::UffdWp => Err("uffd-wp needs a userfaultfd inside the target: start the command under `pagewise track -- CMD` so the preload shim can open one".into()),
+            BackendKind::Mprotect => Err("mprotect needs a signal handler inside the target; it tracks only the calling process".into()),
+            BackendKind::SoftDirty | BackendKind::Hash | BackendKind::Auto => self.available_in_process(),
+        }
+    }
+
+    /// Resolves `Auto` to the best backend available in this process.
+    pub fn resolve_in_process(self) -> BackendKind {
+        match self {
+            BackendKind::Auto => {
+                if BackendKind::UffdWp.available_in_process().is_ok() {
+                    BackendKind::UffdWp
+                } else if BackendKind::SoftDirty.available_in_process().is_ok() {
+                    BackendKind::SoftDirty
+                } else {
+                    BackendKind::Mprotect
+                }
+            }
+            k => k,
+        }
+    }
+
+    /// Resolves `Auto` to the best backend for watching another process.
+    pub fn resolve_for_pid(self) -> BackendKind {
+        match self {
+            BackendKind::Auto => {
+                if BackendKind::SoftDirty.available_in_process().is_ok() {
+                    BackendKind::SoftDirty
+                } else {
+                    BackendKind::Hash
+                }
+            }
+            k => k,
+        }
+    }
+}
+
+impl std::str::FromStr for BackendKind {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "uffd-wp" | "uffd" => Ok(BackendKind::UffdWp),
+            "soft-dirty" => Ok(BackendKind::SoftDirty),
+            "mprotect" => Ok(BackendKind::Mprotect),
+            "hash" => Ok(BackendKind::Hash),
+            "auto" => Ok(BackendKind::Auto),
+            _ => Err(format!(
+                "unknown backend {s:?}: expected uffd-wp, soft-dirty, mprotect, hash or auto"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What one collection cost and found.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct CollectStats {
+    /// Pages the backend looked at (the tracked pages).
+    pub pages_scanned: u64,
+    /// Pages reported dirty to this consumer.
+    pub pages_dirty: u64,
+    /// Number of coalesced ranges reported.
+    pub ranges: u64,
+    /// Wall time of the collection, in nanoseconds.
+    pub elapsed_ns: u64,
+    /// Write faults the backend handled since the previous scan (`mprotect` only).
+    pub faults: u64,
+    /// Pages read to compute fingerprints (`hash` only).
+    pub pages_hashed: u64,
+}
+
+/// One consumer's collection: the dirty ranges and what it cost.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Collection {
+    /// Sorted, coalesced dirty ranges.
+    pub ranges: Vec<PageRange>,
+    /// Statistics.
+    pub stats: CollectStats,
+}
+
+/// A handle naming one consumer of a tracker's dirty information.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ConsumerId(usize);
+
+/// What a backend does. `scan` is get-and-clear: it returns pages written since
+/// the previous scan and re-arms tracking for them, such that a write racing the
+/// scan is reported by this scan or the next one.
+pub(crate) trait Backend: Send {
+    fn kind(&self) -> BackendKind;
+    /// Appends sorted, coalesced dirty ranges to `out`.
+    fn scan(&mut self, out: &mut Vec<PageRange>, stats: &mut CollectStats) -> Result<()>;
+    /// Starts tracking `region`. With `baseline`, only writes from now on count;
+    /// without, every page already in it is reported at the next scan.
+    fn add_region(&mut self, region: Region, baseline: bool) -> Result<()>;
+    /// Stops tracking `region` (which was added before).
+    fn remove_region(&mut self, region: Region) -> Result<()>;
+    /// Tracked regions, sorted.
+    fn regions(&self) -> Vec<Region>;
+}
+
+/// Which process a tracker watches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// The calling process.
+    SelfProcess,
+    /// Another process, by pid.
+    Pid(i32),
+}
+
+/// Tracks writes to regions of memory for one or more consumers.
+pub struct DirtyTracker {
+    backend: Box<dyn Backend>,
+    /// Pending dirty ranges per consumer; `None` for a removed consumer.
+    pending: Vec<Option<Vec<PageRange>>>,
+}
+
+impl std::fmt::Debug for DirtyTracker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DirtyTracker")
+            .field("backend", &self.backend.kind())
+            .field("regions", &self.backend.regions())
+            .field(
+                "consumers",
+                &self.pending.iter().filter(|p| p.is_some()).count(),
+            )
+            .finish()
+    }
+}
+
+impl DirtyTracker {
+    /// Tracks `regions` of the calling process with `kind` (`Auto` picks the best
+    /// available). Writes from now on are reported. The regions must be mapped,
+    /// page-aligned and must not overlap. The default consumer is [`DirtyTracker::DEFAULT`].
+    pub fn new(regions: &[Region], kind: BackendKind) -> Result<Self> {
+        let kind = kind.resolve_in_process();
+        kind.available_in_process()
+            .map_err(|why| Error::Unsupported {
+                feature: kind.name(),
+                why,
+            })?;
+        let mut backend: Box<dyn Backend> = match kind {
+            BackendKind::UffdWp => Box::new(uffd_wp::UffdWpBackend::new()?),
+            BackendKind::SoftDirty => {
+                Box::new(soft_dirty::SoftDirtyBackend::new(Target::SelfProcess)?)
+            }
+            BackendKind::Mprotect => Box::new(mprotect::MprotectBackend::new()),
+            BackendKind::Hash => Box::new(hash::HashBackend::new(Target::SelfProcess)?),
+            BackendKind::Auto => unreachable!("resolved above"),
+        };
+        let mut sorted = regions.to_vec();
+        sorted.sort();
+        for w in sorted.windows(2) {
+            if w[0].end() > w[1].start {
+                return Err(Error::Invalid(format!(
+                    "regions {:#x}+{:#x} and {:#x}+{:#x} overlap",
+                    w[0].start, w[0].len, w[1].start, w[1].len
+                )));
+            }
+        }
+        for r in sorted {
+            backend.add_region(r, true)?;
+        }
+        Ok(DirtyTracker {
+            backend,
+            pending: vec![Some(Vec::new())],
+        })
+    }
+
+    /// Tracks the writable anonymous memory of process `pid` from outside, with
+    /// `hash` or `soft-dirty` (`Auto` picks). Mappings that appear later are
+    /// picked up at each collection (their pages reported once as dirty).
+    pub fn for_process(pid: i32, kind: BackendKind) -> Result<Self> {
+        let kind = kind.resolve_for_pid();
+        kind.available_for_pid().map_err(|why| Error::Unsupported {
+            feature: kind.name(),
+            why,
+        })?;
+        pagewise_sys::process::process_exists(pid).map_err(|e| match e.raw_os_error() {
+            Some(libc::ESRCH) => Error::NoSuchProcess(pid),
+            _ => Error::for_pid(pid, "signalling the process", e),
+        })?;
+        let backend: Box<dyn Backend> = match kind {
+            BackendKind::SoftDirty => {
+                Box::new(soft_dirty::SoftDirtyBackend::new(Target::Pid(pid))?)
+            }
+            BackendKind::Hash => Box::new(hash::HashBackend::new(Target::Pid(pid))?),
+            _ => unreachable!("checked by available_for_pid"),
+        };
+        let mut t = DirtyTracker {
+            backend,
+            pending: vec![Some(Vec::new())],
+        };
+        t.sync_process_mappings(pid, true)?;
+        Ok(t)
+    }
+
+    /// Re-reads the process's writable anonymous mappings: new ones are added
+    /// (reported dirty once unless `baseline`), vanished ones removed.
+    pub fn sync_process_mappings(&mut self, pid: i32, baseline: bool) -> Result<()> {
+        let wanted: Vec<Region> = crate::procfs::writable_anonymous(Some(pid))?
+            .iter()
+            .filter_map(|m| Region::new(m.start, m.len()).ok())
+            .collect();
+        self.sync_regions(&wanted, baseline)
+    }
+
+    /// Makes the tracked regions equal `wanted` (sorted, non-overlapping).
+    pub fn sync_regions(&mut self, wanted: &[Region], baseline: bool) -> Result<()> {
+        let have = self.backend.regions();
+        for r in have.iter().filter(|r| !wanted.contains(r)) {
+            self.backend.remove_region(*r)?;
+        }
+        for r in wanted.iter().filter(|r| !have.contains(r)) {
+            self.backend.add_region(*r, baseline)?;
+        }
+        Ok(())
+    }
+
+    /// The consumer every tracker starts with.
+    pub const DEFAULT: ConsumerId = ConsumerId(0);
+
+    /// The backend in use.
+    pub fn backend(&self) -> BackendKind {
+        self.backend.kind()
+    }
+
+    /// The tracked regions, sorted.
+    pub fn regions(&self) -> Vec<Region> {
+        self.backend.regions()
+    }
+
+    /// Adds a consumer. It sees every write from now on (and possibly some
+    /// earlier ones: over-reporting is allowed).
+    pub fn add_consumer(&mut self) -> ConsumerId {
+        self.pending.push(Some(Vec::new()));
+        ConsumerId(self.pending.len() - 1)
+    }
+
+    /// Removes a consumer; its pending information is dropped.
+    pub fn remove_consumer(&mut self, id: ConsumerId) {
+        if let Some(p) = self.pending.get_mut(id.0) {
+            *p = None;
+        }
+    }
+
+    /// Collects for the default consumer.
+    pub fn collect(&mut self) -> Result<Collection> {
+        self.collect_for(Self::DEFAULT)
+    }
+
+    /// Returns every page written since `id`'s previous collection (or since it
+    /// was added) and starts a new interval for it. Other consumers keep what
+    /// this scan found until they collect.
+    pub fn collect_for(&mut self, id: ConsumerId) -> Result<Collection> {
+        if !matches!(self.pending.get(id.0), Some(Some(_))) {
+            return Err(Error::Invalid(format!("consumer {} does not exist", id.0)));
+        }
+        let t0 = Instant::now();
+        let mut stats = CollectStats::default();
+        let mut fresh = Vec::new();
+        self.backend.scan(&mut fresh, &mut stats)?;
+        stats.pages_scanned = self.backend.regions().iter().map(Region::pages).sum();
+        let regions = self.backend.regions();
+        let mut mine = Vec::new();
+        for (i, slot) in self.pending.iter_mut().enumerate() {
+            let Some(p) = slot else { continue };
+            if i == id.0 {
+                mine = region::clip_to(&region::union_sorted(&std::mem::take(p), &fresh), &regions);
+            } else if !fresh.is_empty() {
+                *p = region::clip_to(&region::union_sorted(p, &fresh), &regions);
+            }
+        }
+        stats.pages_dirty = region::total_pages(&mine);
+        stats.ranges = mine.len() as u64;
+        stats.elapsed_ns = t0.elapsed().as_nanos() as u64;
+        Ok(Collection {
+            ranges: mine,
+            stats,
+        })
+    }
+}

@@ -1,0 +1,126 @@
+//! The `soft-dirty` backend: `clear_refs` and pagemap bit 55.
+//!
+//! The kernel offers no atomic read-and-clear of soft-dirty bits, and
+//! `clear_refs` clears them for the whole process. To lose no write, a remote
+//! target is stopped (`SIGSTOP`) between reading the bits and clearing them and
+//! resumed afterwards, as CRIU does with its freezer. Inside the calling
+//! process, other threads that write tracked memory must be paused around a
+//! collection. Kernels without `CONFIG_MEM_SOFT_DIRTY` refuse this backend with
+//! the probe's reason.
+
+use super::{Backend, BackendKind, CollectStats, Target};
+use crate::region::{push_coalesced, PageRange, Region};
+use crate::{procfs, Error, Result, PAGE_SIZE};
+use pagewise_sys::pagemap;
+use std::fs::File;
+use std::os::fd::AsRawFd;
+
+pub(crate) struct SoftDirtyBackend {
+    target: Target,
+    pagemap: File,
+    regions: Vec<Region>,
+    /// Regions added without a baseline: every page is reported at the next scan.
+    unseen: Vec<Region>,
+    buf: Vec<u64>,
+}
+
+impl SoftDirtyBackend {
+    pub(crate) fn new(target: Target) -> Result<Self> {
+        let pid = match target {
+            Target::SelfProcess => None,
+            Target::Pid(p) => Some(p),
+        };
+        let path = procfs::proc_dir(pid).join("pagemap");
+        let pagemap = File::open(&path).map_err(|e| match pid {
+            Some(p) => Error::for_pid(p, format!("opening {}", path.display()), e),
+            None => Error::os(format!("opening {}", path.display()), e),
+        })?;
+        let me = SoftDirtyBackend {
+            target,
+            pagemap,
+            regions: Vec::new(),
+            unseen: Vec::new(),
+            buf: vec![0; 512],
+        };
+        me.clear()?;
+        Ok(me)
+    }
+
+    fn clear(&self) -> Result<()> {
+        let pid = match self.target {
+            Target::SelfProcess => None,
+            Target::Pid(p) => Some(p),
+        };
+        let path = procfs::proc_dir(pid).join("clear_refs");
+        std::fs::write(&path, pagemap::CLEAR_REFS_SOFT_DIRTY).map_err(|e| match pid {
+            Some(p) => Error::for_pid(p, format!("writing {}", path.display()), e),
+            None => Error::os(format!("writing {}", path.display()), e),
+        })
+    }
+
+    fn read_and_clear(&mut self, out: &mut Vec<PageRange>) -> Result<()> {
+        for r in &self.regions {
+            let mut addr = r.start;
+            while addr < r.end() {
+                let n = (((r.end() - addr) / PAGE_SIZE as u64) as usize).min(self.buf.len());
+                pagemap::read_entries(self.pagemap.as_raw_fd(), addr, &mut self.buf[..n])
+                    .map_err(|e| Error::os(format!("reading pagemap at {addr:#x}"), e))?;
+                for (i, e) in self.buf[..n].iter().enumerate() {
+                    let whole_region = self.unseen.contains(r);
+                    if whole_region || e & pagemap::entry::SOFT_DIRTY != 0 {
+                        let a = addr + (i * PAGE_SIZE) as u64;
+                        push_coalesced(out, a, a + PAGE_SIZE as u64);
+                    }
+                }
+                addr += (n * PAGE_SIZE) as u64;
+            }
+        }
+        self.unseen.clear();
+        self.clear()
+    }
+}
+
+impl Backend for SoftDirtyBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::SoftDirty
+    }
+
+    fn scan(&mut self, out: &mut Vec<PageRange>, _stats: &mut CollectStats) -> Result<()> {
+        match self.target {
+            Target::SelfProcess => self.read_and_clear(out),
+            Target::Pid(pid) => {
+                // SAFETY: kill has no memory-safety preconditions.
+                if unsafe { libc::kill(pid, libc::SIGSTOP) } != 0 {
+                    return Err(Error::for_pid(
+                        pid,
+                        "stopping the process",
+                        std::io::Error::last_os_error(),
+                    ));
+                }
+                let r = self.read_and_clear(out);
+                // SAFETY: as above.
+                unsafe { libc::kill(pid, libc::SIGCONT) };
+                r
+            }
+        }
+    }
+
+    fn add_region(&mut self, region: Region, baseline: bool) -> Result<()> {
+        if !baseline {
+            self.unseen.push(region);
+        }
+        let i = self.regions.partition_point(|r| r.start < region.start);
+        self.regions.insert(i, region);
+        Ok(())
+    }
+
+    fn remove_region(&mut self, region: Region) -> Result<()> {
+        self.regions.retain(|r| *r != region);
+        self.unseen.retain(|r| *r != region);
+        Ok(())
+    }
+
+    fn regions(&self) -> Vec<Region> {
+        self.regions.clone()
+    }
+}

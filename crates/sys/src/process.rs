@@ -1,0 +1,102 @@
+//! Reaching another process: `pidfd_open`, `process_vm_readv`, `process_madvise`.
+//!
+//! # References
+//! - `pidfd_open(2)`, `process_vm_readv(2)`, `process_madvise(2)`
+
+use crate::{cvt, cvt_int};
+use std::io;
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+
+/// `pidfd_open(2)`.
+pub fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+    let fd = cvt(unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) })?;
+    // SAFETY: the kernel returned a new fd that we now own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// `process_vm_readv(2)` of one remote range into `buf`.
+/// Returns the number of bytes read (short when part of the range is unmapped).
+pub fn process_vm_read(pid: libc::pid_t, remote: u64, buf: &mut [u8]) -> io::Result<usize> {
+    let local = libc::iovec {
+        iov_base: buf.as_mut_ptr() as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    let rem = libc::iovec {
+        iov_base: remote as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    // SAFETY: `local` describes `buf`, which is writable for its length; the
+    // remote iovec is only interpreted by the kernel in the other process.
+    let n = cvt(unsafe { libc::process_vm_readv(pid, &local, 1, &rem, 1, 0) as libc::c_long })?;
+    Ok(n as usize)
+}
+
+/// `process_vm_readv(2)` with several remote ranges into one contiguous buffer.
+pub fn process_vm_readv(
+    pid: libc::pid_t,
+    remote: &[(u64, usize)],
+    buf: &mut [u8],
+) -> io::Result<usize> {
+    let total: usize = remote.iter().map(|r| r.1).sum();
+    assert!(total <= buf.len(), "buffer too small for the remote ranges");
+    let local = libc::iovec {
+        iov_base: buf.as_mut_ptr() as *mut libc::c_void,
+        iov_len: total,
+    };
+    let iovs: Vec<libc::iovec> = remote
+        .iter()
+        .map(|&(a, l)| libc::iovec {
+            iov_base: a as *mut libc::c_void,
+            iov_len: l,
+        })
+        .collect();
+    // SAFETY: `local` describes the first `total` bytes of `buf`; the remote
+    // iovecs are only interpreted by the kernel in the other process.
+    let n = cvt(unsafe {
+        libc::process_vm_readv(
+            pid,
+            &local,
+            1,
+            iovs.as_ptr(),
+            iovs.len() as libc::c_ulong,
+            0,
+        ) as libc::c_long
+    })?;
+    Ok(n as usize)
+}
+
+/// `process_madvise(2)` with the given remote ranges.
+pub fn process_madvise(
+    pidfd: RawFd,
+    ranges: &[(u64, usize)],
+    advice: libc::c_int,
+) -> io::Result<usize> {
+    let iovs: Vec<libc::iovec> = ranges
+        .iter()
+        .map(|&(a, l)| libc::iovec {
+            iov_base: a as *mut libc::c_void,
+            iov_len: l,
+        })
+        .collect();
+    // SAFETY: `iovs` is a valid array of iovecs that outlives the call; the
+    // kernel interprets the addresses in the target process.
+    let n = cvt(unsafe {
+        libc::syscall(
+            libc::SYS_process_madvise,
+            pidfd,
+            iovs.as_ptr(),
+            iovs.len(),
+            advice,
+            0,
+        )
+    })?;
+    Ok(n as usize)
+}
+
+/// `kill(pid, 0)`: whether the process exists (and we may signal it).
+pub fn process_exists(pid: libc::pid_t) -> io::Result<()> {
+    // SAFETY: signal 0 performs only the existence and permission checks.
+    cvt_int(unsafe { libc::kill(pid, 0) })?;
+    Ok(())
+}
