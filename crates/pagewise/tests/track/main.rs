@@ -1,0 +1,632 @@
+//! Dirty tracking against ground truth: every test keeps a shadow copy of the
+//! tracked memory, copies into it only the pages a collection reports (as a
+//! migrator or checkpointer would), and then requires the shadow to equal the
+//! live memory byte for byte. A lost write makes them differ. Reported pages
+//! whose content had not changed are counted as false positives and printed.
+//!
+//! Each case runs for every backend; a backend this kernel lacks is skipped
+//! with the probe's reason.
+
+use pagewise::track::{BackendKind, Collection, DirtyTracker};
+use pagewise::workload::{AnonMemory, Rng};
+use pagewise::{procfs, PAGE_SIZE};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+const MIB: usize = 1 << 20;
+/// Tests that change system-wide knobs (KSM, swap) run one at a time.
+static GLOBAL_KNOBS: Mutex<()> = Mutex::new(());
+
+struct Shadow<'a> {
+    mem: &'a AnonMemory,
+    copy: Vec<u8>,
+    false_positives: u64,
+    reported: u64,
+}
+
+impl<'a> Shadow<'a> {
+    fn new(mem: &'a AnonMemory) -> Self {
+        Shadow {
+            mem,
+            copy: mem.snapshot(),
+            false_positives: 0,
+            reported: 0,
+        }
+    }
+
+    /// Applies a collection to the shadow; returns the false positives in it.
+    fn apply(&mut self, c: &Collection) -> u64 {
+        let base = self.mem.addr();
+        let mut fp = 0;
+        let mut page = [0u8; PAGE_SIZE];
+        for r in &c.ranges {
+            assert!(
+                r.start >= base && r.end() <= base + self.mem.len() as u64,
+                "range {r:?} outside the region"
+            );
+            for i in 0..r.pages {
+                let off = (r.start - base) as usize + i as usize * PAGE_SIZE;
+                self.mem.read_into(off, &mut page);
+                if self.copy[off..off + PAGE_SIZE] == page {
+                    fp += 1;
+                }
+                self.copy[off..off + PAGE_SIZE].copy_from_slice(&page);
+            }
+        }
+        self.false_positives += fp;
+        self.reported += c.stats.pages_dirty;
+        fp
+    }
+
+    /// Tells the shadow that `[off, off+len)` was discarded (reads as zeros now).
+    /// Used only where a backend cannot see a discard (see `sees_discards`).
+    fn discarded(&mut self, off: usize, len: usize) {
+        self.copy[off..off + len].fill(0);
+    }
+
+    /// Asserts that the shadow equals the live memory; names the first lost page.
+    fn assert_equal(&self, what: &str) {
+        let live = self.mem.snapshot();
+        if let Some(off) = live.iter().zip(&self.copy).position(|(a, b)| a != b) {
+            let page = off / PAGE_SIZE;
+            let lost = (0..self.mem.pages())
+                .filter(|p| {
+                    live[p * PAGE_SIZE..(p + 1) * PAGE_SIZE]
+                        != self.copy[p * PAGE_SIZE..(p + 1) * PAGE_SIZE]
+                })
+                .count();
+            panic!("{what}: lost writes on {lost} pages, first page {page} (offset {off:#x})");
+        }
+    }
+
+    fn collect_and_check(&mut self, t: &mut DirtyTracker, what: &str) -> Collection {
+        let c = t.collect().expect("collect");
+        self.apply(&c);
+        self.assert_equal(what);
+        c
+    }
+}
+
+/// Runs `f` for every backend available in-process; prints skips with reasons.
+fn for_each_backend(name: &str, skip: &[BackendKind], f: impl Fn(BackendKind)) {
+    for kind in BackendKind::ALL {
+        if skip.contains(&kind) {
+            println!("SKIP {name} [{kind}]: does not apply to this backend");
+            continue;
+        }
+        if let Err(why) = kind.available_in_process() {
+            println!("SKIP {name} [{kind}]: {why}");
+            continue;
+        }
+        f(kind);
+        println!("ok   {name} [{kind}]");
+    }
+}
+
+/// `MADV_DONTNEED` changes content without a write. `uffd-wp` (the zapped PTE
+/// loses its marker) and `hash` (the content changed) report it; `mprotect`
+/// cannot, as no fault happens: its consumers must learn of discards
+/// themselves. Later writes to the zapped pages are seen by every backend.
+fn sees_discards(kind: BackendKind) -> bool {
+    kind != BackendKind::Mprotect
+}
+
+fn report_fp(name: &str, kind: BackendKind, s: &Shadow) {
+    println!(
+        "     {name} [{kind}]: {} pages reported, {} false positives",
+        s.reported, s.false_positives
+    );
+}
+
+#[test]
+fn random_writes_are_reported_exactly() {
+    for_each_backend("random_writes", &[], |kind| {
+        let mem = AnonMemory::new(16 * MIB).unwrap();
+        mem.write_pass(1, 1);
+        let mut t = DirtyTracker::new(&[mem.region()], kind).unwrap();
+        let mut s = Shadow::new(&mem);
+        let mut rng = Rng::new(7);
+        for round in 0..5u8 {
+            let mut written = std::collections::BTreeSet::new();
+            for _ in 0..500 {
+                let p = rng.below(mem.pages() as u64) as usize;
+                let off = p * PAGE_SIZE + rng.below(PAGE_SIZE as u64) as usize;
+                mem.write_byte(off, mem.read_byte(off).wrapping_add(1 + round));
+                written.insert(p);
+            }
+            let c = s.collect_and_check(&mut t, "random writes");
+            let mut reported = std::collections::BTreeSet::new();
+            for r in &c.ranges {
+                for i in 0..r.pages {
+                    reported.insert(((r.start - mem.addr()) / PAGE_SIZE as u64 + i) as usize);
+                }
+            }
+            // Writes change content here, so every backend must be exact.
+            assert!(
+                written.is_subset(&reported),
+                "{kind}: a written page was not reported"
+            );
+            assert_eq!(
+                reported.len(),
+                written.len(),
+                "{kind}: over-reported on plain 4 KiB writes"
+            );
+            assert_eq!(c.stats.ranges as usize, c.ranges.len());
+        }
+        // Nothing written: nothing reported.
+        let c = t.collect().unwrap();
+        assert!(
+            c.ranges.is_empty(),
+            "{kind}: reported {:?} with no writes",
+            c.ranges
+        );
+        report_fp("random_writes", kind, &s);
+    });
+}
+
+#[test]
+fn unpopulated_memory_first_touch_is_reported() {
+    for_each_backend("first_touch", &[], |kind| {
+        let mem = AnonMemory::new(8 * MIB).unwrap();
+        let mut t = DirtyTracker::new(&[mem.region()], kind).unwrap();
+        let mut s = Shadow::new(&mem);
+        for p in (0..mem.pages()).step_by(3) {
+            mem.write_byte(p * PAGE_SIZE + 5, 9);
+        }
+        s.collect_and_check(&mut t, "first touch");
+        report_fp("first_touch", kind, &s);
+    });
+}
+
+#[test]
+fn consumers_do_not_steal_each_others_writes() {
+    for_each_backend("two_consumers", &[], |kind| {
+        let mem = AnonMemory::new(8 * MIB).unwrap();
+        mem.write_pass(1, 1);
+        let mut t = DirtyTracker::new(&[mem.region()], kind).unwrap();
+        let fast = DirtyTracker::DEFAULT;
+        let slow = t.add_consumer();
+        let third = t.add_consumer();
+        let mut s_fast = Shadow::new(&mem);
+        let mut s_slow = Shadow::new(&mem);
+        let mut s_third = Shadow::new(&mem);
+        let mut rng = Rng::new(42);
+        for step in 1..=40u32 {
+            for _ in 0..50 {
+                let p = rng.below(mem.pages() as u64) as usize;
+                mem.write_byte(
+                    p * PAGE_SIZE + (step as usize % PAGE_SIZE),
+                    step as u8 ^ p as u8 ^ 0x5a,
+                );
+            }
+            // The fast consumer collects every step (the migrator, 100 ms)...
+            let c = t.collect_for(fast).unwrap();
+            s_fast.apply(&c);
+            s_fast.assert_equal("fast consumer");
+            // ... the slow one every 10 steps (the checkpointer, 1 s) ...
+            if step % 10 == 0 {
+                let c = t.collect_for(slow).unwrap();
+                s_slow.apply(&c);
+                s_slow.assert_equal("slow consumer");
+            }
+            // ... and a third at irregular times.
+            if step % 7 == 3 {
+                let c = t.collect_for(third).unwrap();
+                s_third.apply(&c);
+                s_third.assert_equal("third consumer");
+            }
+        }
+        assert!(s_slow.reported > 0 && s_fast.reported > 0);
+        t.remove_consumer(third);
+        assert!(
+            t.collect_for(third).is_err(),
+            "a removed consumer must be refused"
+        );
+        report_fp("two_consumers(slow)", kind, &s_slow);
+    });
+}
+
+#[test]
+fn threads_writing_during_collections_lose_nothing() {
+    for_each_backend("concurrent_writers", &[], |kind| {
+        let mem = Arc::new(AnonMemory::new(32 * MIB).unwrap());
+        mem.write_pass(1, 1);
+        let mut t = DirtyTracker::new(&[mem.region()], kind).unwrap();
+        let mut s = Shadow::new(&mem);
+        let stop = Arc::new(AtomicBool::new(false));
+        let writers: Vec<_> = (0..2)
+            .map(|w| {
+                let mem = Arc::clone(&mem);
+                let stop = Arc::clone(&stop);
+                std::thread::spawn(move || {
+                    let mut rng = Rng::new(100 + w);
+                    let mut n = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        let p = rng.below(mem.pages() as u64) as usize;
+                        // Writers own disjoint byte lanes so the final content is well defined.
+                        mem.write_byte(
+                            p * PAGE_SIZE + w as usize * 8 + (n as usize % 8),
+                            (n % 251) as u8 + 1,
+                        );
+                        n += 1;
+                    }
+                    n
+                })
+            })
+            .collect();
+        for _ in 0..30 {
+            let c = t.collect().unwrap();
+            s.apply(&c);
+            std::thread::sleep(std::time::Duration::from_millis(3));
+        }
+        stop.store(true, Ordering::Relaxed);
+        let writes: u64 = writers.into_iter().map(|h| h.join().unwrap()).sum();
+        s.collect_and_check(&mut t, "after concurrent writers");
+        println!(
+            "     concurrent_writers [{kind}]: {writes} writes by 2 threads during 30 collections"
+        );
+        report_fp("concurrent_writers", kind, &s);
+    });
+}
+
+#[test]
+fn dontneed_then_write() {
+    for_each_backend("dontneed", &[], |kind| {
+        let mem = AnonMemory::new(8 * MIB).unwrap();
+        mem.write_pass(PAGE_SIZE, 3);
+        let mut t = DirtyTracker::new(&[mem.region()], kind).unwrap();
+        let mut s = Shadow::new(&mem);
+        // Zap 64 pages; write half of them again. The zapped-but-not-rewritten
+        // ones now read as zeros: a consumer of content must be told too.
+        mem.madvise(100 * PAGE_SIZE, 64 * PAGE_SIZE, libc::MADV_DONTNEED)
+            .unwrap();
+        if !sees_discards(kind) {
+            s.discarded(100 * PAGE_SIZE, 64 * PAGE_SIZE);
+        }
+        for p in (100..164).step_by(2) {
+            mem.write_byte(p * PAGE_SIZE + 1, 77);
+        }
+        s.collect_and_check(&mut t, "MADV_DONTNEED then write");
+        // A whole 2 MiB-aligned block, so page tables may be freed too.
+        mem.madvise(2 * MIB, 2 * MIB, libc::MADV_DONTNEED).unwrap();
+        if !sees_discards(kind) {
+            s.discarded(2 * MIB, 2 * MIB);
+        }
+        mem.write_byte(2 * MIB + 7 * PAGE_SIZE, 5);
+        s.collect_and_check(&mut t, "MADV_DONTNEED of 2 MiB then write");
+        mem.write_byte(2 * MIB + 9 * PAGE_SIZE, 6);
+        s.collect_and_check(&mut t, "write after re-arm");
+        report_fp("dontneed", kind, &s);
+    });
+}
+
+#[test]
+fn program_changing_protections() {
+    for_each_backend("mprotect_by_program", &[BackendKind::Mprotect], |kind| {
+        let mem = AnonMemory::new(4 * MIB).unwrap();
+        mem.write_pass(1, 1);
+        let mut t = DirtyTracker::new(&[mem.region()], kind).unwrap();
+        let mut s = Shadow::new(&mem);
+        mem.write_byte(3 * PAGE_SIZE, 8);
+        pagewise_sys::mem::mprotect(mem.addr(), mem.len(), libc::PROT_READ).unwrap();
+        pagewise_sys::mem::mprotect(mem.addr(), mem.len(), libc::PROT_READ | libc::PROT_WRITE)
+            .unwrap();
+        mem.write_byte(10 * PAGE_SIZE, 8);
+        s.collect_and_check(&mut t, "after RO/RW cycle");
+        pagewise_sys::mem::mprotect(
+            mem.addr() + 64 * PAGE_SIZE as u64,
+            16 * PAGE_SIZE,
+            libc::PROT_NONE,
+        )
+        .unwrap();
+        pagewise_sys::mem::mprotect(
+            mem.addr() + 64 * PAGE_SIZE as u64,
+            16 * PAGE_SIZE,
+            libc::PROT_READ | libc::PROT_WRITE,
+        )
+        .unwrap();
+        mem.write_byte(70 * PAGE_SIZE, 4);
+        mem.write_byte(90 * PAGE_SIZE, 4);
+        s.collect_and_check(&mut t, "after PROT_NONE cycle on a subrange");
+        report_fp("mprotect_by_program", kind, &s);
+    });
+}
+
+fn thp_available() -> Result<(), String> {
+    let p = pagewise::probe::get();
+    if p.thp_mode.is_empty() || p.thp_mode == "never" {
+        return Err(format!("THP not enabled: {}", p.why("thp")));
+    }
+    if !p.madv_collapse {
+        return Err(p.why("madv_collapse"));
+    }
+    Ok(())
+}
+
+#[test]
+fn thp_collapse_and_split() {
+    if let Err(why) = thp_available() {
+        println!("SKIP thp_collapse_and_split: {why}");
+        return;
+    }
+    for_each_backend("thp", &[], |kind| {
+        let mem = AnonMemory::new(8 * MIB).unwrap();
+        mem.madvise(0, mem.len(), libc::MADV_HUGEPAGE).unwrap();
+        mem.write_pass(PAGE_SIZE, 1);
+        let mut t = DirtyTracker::new(&[mem.region()], kind).unwrap();
+        let mut s = Shadow::new(&mem);
+        mem.write_byte(5 * PAGE_SIZE, 2);
+        // Collapse while tracked (the kernel may refuse now; that is no error for tracking).
+        let collapsed = mem
+            .madvise(0, mem.len(), pagewise_sys::mem::MADV_COLLAPSE)
+            .is_ok();
+        mem.write_byte(600 * PAGE_SIZE, 3);
+        s.collect_and_check(&mut t, "after MADV_COLLAPSE");
+        mem.write_byte(2 * MIB + 33 * PAGE_SIZE, 4);
+        s.collect_and_check(&mut t, "write into a huge page");
+        // Split by zapping part of a huge page, then write around it.
+        mem.madvise(4 * MIB + 8 * PAGE_SIZE, 4 * PAGE_SIZE, libc::MADV_DONTNEED)
+            .unwrap();
+        if !sees_discards(kind) {
+            s.discarded(4 * MIB + 8 * PAGE_SIZE, 4 * PAGE_SIZE);
+        }
+        mem.write_byte(4 * MIB + 9 * PAGE_SIZE, 5);
+        mem.write_byte(4 * MIB + 200 * PAGE_SIZE, 6);
+        s.collect_and_check(&mut t, "after a split");
+        println!(
+            "     thp [{kind}]: MADV_COLLAPSE {}",
+            if collapsed {
+                "collapsed"
+            } else {
+                "refused (kernel busy)"
+            }
+        );
+        report_fp("thp", kind, &s);
+    });
+}
+
+#[test]
+fn fork_child_writes_are_not_the_parents() {
+    for_each_backend("fork", &[], |kind| {
+        let mem = AnonMemory::new(4 * MIB).unwrap();
+        mem.write_pass(1, 1);
+        let mut t = DirtyTracker::new(&[mem.region()], kind).unwrap();
+        let mut s = Shadow::new(&mem);
+        mem.write_byte(PAGE_SIZE, 2);
+        // SAFETY: the child only writes to memory and calls _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            for p in 0..mem.pages() {
+                mem.write_byte(p * PAGE_SIZE + 2, 0xEE);
+            }
+            // SAFETY: _exit is always safe to call.
+            unsafe { libc::_exit(0) };
+        }
+        mem.write_byte(20 * PAGE_SIZE, 3);
+        let mut status = 0;
+        // SAFETY: waiting for our own child.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "child failed: {status:#x}"
+        );
+        mem.write_byte(30 * PAGE_SIZE, 4);
+        let c = s.collect_and_check(&mut t, "parent after fork");
+        assert!(
+            mem.read_byte(2) != 0xEE,
+            "the child's write leaked into the parent"
+        );
+        println!(
+            "     fork [{kind}]: {} pages reported for 3 parent writes",
+            c.stats.pages_dirty
+        );
+        report_fp("fork", kind, &s);
+    });
+}
+
+fn wait_for(what: &str, secs: u64, mut f: impl FnMut() -> bool) -> bool {
+    let t0 = std::time::Instant::now();
+    while t0.elapsed().as_secs() < secs {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    println!("     {what}: not reached within {secs} s");
+    false
+}
+
+#[test]
+fn ksm_merging() {
+    let p = pagewise::probe::get();
+    if !p.ksm || !p.memory_merge {
+        println!(
+            "SKIP ksm_merging: {} / {}",
+            p.why("ksm"),
+            p.why("ksm.memory_merge")
+        );
+        return;
+    }
+    if unsafe_geteuid() != 0 {
+        println!("SKIP ksm_merging: needs root to start ksmd (/sys/kernel/mm/ksm/run)");
+        return;
+    }
+    let _g = GLOBAL_KNOBS.lock().unwrap_or_else(|e| e.into_inner());
+    let _run = procfs::KnobGuard::set("/sys/kernel/mm/ksm/run", "1").unwrap();
+    let _sleep = procfs::KnobGuard::set("/sys/kernel/mm/ksm/sleep_millisecs", "0").unwrap();
+    let _scan = procfs::KnobGuard::set("/sys/kernel/mm/ksm/pages_to_scan", "10000").unwrap();
+    let merge = pagewise_sys::mem::prctl(pagewise_sys::mem::PR_GET_MEMORY_MERGE, 0).unwrap();
+    pagewise_sys::mem::prctl(pagewise_sys::mem::PR_SET_MEMORY_MERGE, 1).unwrap();
+    for_each_backend("ksm", &[], |kind| {
+        let mem = AnonMemory::new(4 * MIB).unwrap();
+        mem.madvise(0, mem.len(), libc::MADV_MERGEABLE).unwrap();
+        mem.write_pass(PAGE_SIZE, 0x42); // identical pages: KSM merges them
+        let mut t = DirtyTracker::new(&[mem.region()], kind).unwrap();
+        let mut s = Shadow::new(&mem);
+        let merged = wait_for("KSM merging", 20, || {
+            std::fs::read_to_string("/proc/self/ksm_merging_pages")
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .unwrap_or(0)
+                > 100
+        });
+        s.collect_and_check(&mut t, "after KSM merged (no writes)");
+        for p in (0..mem.pages()).step_by(5) {
+            mem.write_byte(p * PAGE_SIZE + 9, 0x43);
+        }
+        s.collect_and_check(&mut t, "writes to KSM pages");
+        println!("     ksm [{kind}]: merged={merged}");
+        report_fp("ksm", kind, &s);
+    });
+    pagewise_sys::mem::prctl(
+        pagewise_sys::mem::PR_SET_MEMORY_MERGE,
+        merge as libc::c_ulong,
+    )
+    .unwrap();
+}
+
+fn unsafe_geteuid() -> u32 {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() }
+}
+
+/// zram swap for the duration of a test, torn down on drop.
+struct ZramSwap {
+    dev: String,
+}
+
+impl ZramSwap {
+    fn setup() -> Result<Self, String> {
+        if unsafe_geteuid() != 0 {
+            return Err("needs root to set up zram swap".into());
+        }
+        let sys = "/sys/block/zram0";
+        if !std::path::Path::new(sys).exists() {
+            return Err("no /sys/block/zram0 (zram not built in or module not loaded)".into());
+        }
+        let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
+        if swaps.contains("/dev/zram0") {
+            return Err("/dev/zram0 is already in use as swap".into());
+        }
+        if procfs::read_trimmed(format!("{sys}/disksize")).unwrap_or_default() != "0" {
+            return Err("/dev/zram0 is already initialised by someone else".into());
+        }
+        std::fs::write(format!("{sys}/disksize"), "256M")
+            .map_err(|e| format!("sizing zram0: {e}"))?;
+        let me = ZramSwap {
+            dev: "/dev/zram0".into(),
+        };
+        let run = |cmd: &str, args: &[&str]| -> Result<(), String> {
+            let st = std::process::Command::new(cmd)
+                .args(args)
+                .output()
+                .map_err(|e| format!("{cmd}: {e}"))?;
+            if st.status.success() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{cmd} {}: {}",
+                    args.join(" "),
+                    String::from_utf8_lossy(&st.stderr).trim()
+                ))
+            }
+        };
+        run("mkswap", &[&me.dev])?;
+        run("swapon", &[&me.dev])?;
+        Ok(me)
+    }
+}
+
+impl Drop for ZramSwap {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("swapoff")
+            .arg(&self.dev)
+            .status();
+        let _ = std::fs::write("/sys/block/zram0/reset", "1");
+    }
+}
+
+#[test]
+fn pageout_to_swap_and_back() {
+    let _g = GLOBAL_KNOBS.lock().unwrap_or_else(|e| e.into_inner());
+    let swap = match ZramSwap::setup() {
+        Ok(s) => s,
+        Err(why) => {
+            println!("SKIP pageout_to_swap_and_back: {why}");
+            return;
+        }
+    };
+    for_each_backend("pageout", &[], |kind| {
+        let mem = AnonMemory::new(8 * MIB).unwrap();
+        let mut rng = Rng::new(3);
+        for p in 0..mem.pages() {
+            mem.fill_page(p, rng.below(250) as u8 + 1);
+        }
+        let mut t = DirtyTracker::new(&[mem.region()], kind).unwrap();
+        let mut s = Shadow::new(&mem);
+        mem.write_byte(7 * PAGE_SIZE, 1);
+        let out = mem.madvise(0, mem.len(), pagewise_sys::mem::MADV_PAGEOUT);
+        let swapped = std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|t| procfs::status_field(&t, "VmSwap"))
+            .unwrap_or(0);
+        s.collect_and_check(&mut t, "after MADV_PAGEOUT");
+        for p in (0..mem.pages()).step_by(11) {
+            mem.write_byte(p * PAGE_SIZE + 3, 0xAB);
+        }
+        s.collect_and_check(&mut t, "writes to swapped pages");
+        println!(
+            "     pageout [{kind}]: MADV_PAGEOUT {:?}, VmSwap {swapped} kB",
+            out.map_err(|e| e.to_string())
+        );
+        report_fp("pageout", kind, &s);
+    });
+    drop(swap);
+}
+
+#[test]
+fn several_regions_and_bad_input() {
+    for_each_backend("regions", &[], |kind| {
+        let a = AnonMemory::new(2 * MIB).unwrap();
+        let b = AnonMemory::new(2 * MIB).unwrap();
+        a.write_pass(1, 1);
+        b.write_pass(1, 1);
+        let mut t = DirtyTracker::new(&[b.region(), a.region()], kind).unwrap();
+        a.write_byte(PAGE_SIZE * 3, 2);
+        b.write_byte(PAGE_SIZE * 4, 2);
+        let c = t.collect().unwrap();
+        let addrs: Vec<u64> = c.ranges.iter().map(|r| r.start).collect();
+        let mut want = vec![
+            a.addr() + 3 * PAGE_SIZE as u64,
+            b.addr() + 4 * PAGE_SIZE as u64,
+        ];
+        want.sort();
+        assert_eq!(addrs, want, "{kind}");
+        assert!(
+            c.ranges.windows(2).all(|w| w[0].end() < w[1].start),
+            "ranges sorted and coalesced"
+        );
+        assert_eq!(c.stats.pages_scanned as usize, a.pages() + b.pages());
+    });
+    assert!(pagewise::Region::new(4097, 4096).is_err());
+    let a = AnonMemory::new(MIB).unwrap();
+    let r = a.region();
+    let err = DirtyTracker::new(&[r, r], BackendKind::Hash).unwrap_err();
+    assert!(err.to_string().contains("overlap"), "{err}");
+}
+
+#[test]
+fn soft_dirty_refusal_is_clear_when_missing() {
+    match BackendKind::SoftDirty.available_in_process() {
+        Ok(()) => println!("SKIP soft_dirty_refusal: this kernel has soft-dirty"),
+        Err(why) => {
+            let a = AnonMemory::new(MIB).unwrap();
+            let err = DirtyTracker::new(&[a.region()], BackendKind::SoftDirty)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("soft-dirty") && err.contains(&why), "{err}");
+            println!("ok   soft-dirty refused: {err}");
+        }
+    }
+}
