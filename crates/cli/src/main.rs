@@ -1,1 +1,54 @@
-fn main() {}
+//! `pagewise`: the command-line face of the pagewise library.
+
+mod cmd_bench;
+mod cmd_probe;
+mod cmd_track;
+mod cmd_workload;
+
+use clap::{Parser, Subcommand};
+
+/// Page-level memory management on a stock Linux kernel, from user space.
+#[derive(Parser)]
+#[command(name = "pagewise", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Say which kernel features pagewise can use here, and why not where it cannot.
+    Probe(cmd_probe::Args),
+    /// Report which pages a process writes, every interval.
+    ///
+    /// Watch a running process with --pid, or start one after `--`. A command
+    /// started by pagewise is tracked from inside through the preload shim with
+    /// `uffd-wp` when the kernel has it; a running process from outside with
+    /// `hash` (or `soft-dirty`).
+    Track(cmd_track::Args),
+    /// Run the benchmarks of a capability and print ratios against the baselines.
+    Bench(cmd_bench::Args),
+    /// One-step tour: track a built-in workload with every available backend.
+    Demo(cmd_bench::DemoArgs),
+    /// Built-in self-checking workloads (used by the tests and benchmarks).
+    #[command(hide = true)]
+    Workload(cmd_workload::Args),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let r = match cli.cmd {
+        Cmd::Probe(a) => cmd_probe::run(a),
+        Cmd::Track(a) => cmd_track::run(a),
+        Cmd::Bench(a) => cmd_bench::run(a),
+        Cmd::Demo(a) => cmd_bench::demo(a),
+        Cmd::Workload(a) => cmd_workload::run(a),
+    };
+    match r {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("pagewise: {e:#}");
+            std::process::exit(1);
+        }
+    }
+}

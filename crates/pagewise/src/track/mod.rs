@@ -27,6 +27,7 @@
 
 mod hash;
 mod mprotect;
+pub mod protocol;
 mod soft_dirty;
 mod uffd_wp;
 
@@ -230,6 +231,8 @@ pub struct DirtyTracker {
     backend: Box<dyn Backend>,
     /// Pending dirty ranges per consumer; `None` for a removed consumer.
     pending: Vec<Option<Vec<PageRange>>>,
+    /// Whole-process tracking: mappings come and go under our feet.
+    lenient: bool,
 }
 
 impl std::fmt::Debug for DirtyTracker {
@@ -281,6 +284,7 @@ impl DirtyTracker {
         Ok(DirtyTracker {
             backend,
             pending: vec![Some(Vec::new())],
+            lenient: false,
         })
     }
 
@@ -307,29 +311,69 @@ impl DirtyTracker {
         let mut t = DirtyTracker {
             backend,
             pending: vec![Some(Vec::new())],
+            lenient: true,
         };
-        t.sync_process_mappings(pid, true)?;
+        t.sync_process_mappings(Some(pid), true)?;
         Ok(t)
     }
 
-    /// Re-reads the process's writable anonymous mappings: new ones are added
-    /// (reported dirty once unless `baseline`), vanished ones removed.
-    pub fn sync_process_mappings(&mut self, pid: i32, baseline: bool) -> Result<()> {
-        let wanted: Vec<Region> = crate::procfs::writable_anonymous(Some(pid))?
+    /// Tracks the writable anonymous memory of the calling process (heap,
+    /// anonymous mappings, stacks), as the preload shim does inside a program.
+    /// Call [`DirtyTracker::sync_process_mappings`] with `None` before each
+    /// collection to follow new and vanished mappings.
+    pub fn for_self_anonymous(kind: BackendKind) -> Result<Self> {
+        let kind = kind.resolve_in_process();
+        kind.available_in_process()
+            .map_err(|why| Error::Unsupported {
+                feature: kind.name(),
+                why,
+            })?;
+        let backend: Box<dyn Backend> = match kind {
+            BackendKind::UffdWp => Box::new(uffd_wp::UffdWpBackend::new_lenient()?),
+            BackendKind::SoftDirty => Box::new(soft_dirty::SoftDirtyBackend::new(Target::SelfProcess)?),
+            BackendKind::Hash => Box::new(hash::HashBackend::new(Target::SelfProcess)?),
+            BackendKind::Mprotect => {
+                return Err(Error::Unsupported {
+                    feature: "mprotect",
+                    why: "the mprotect backend cannot watch a whole process (it would fault on memory the program protects itself)".into(),
+                })
+            }
+            BackendKind::Auto => unreachable!("resolved above"),
+        };
+        let mut t = DirtyTracker {
+            backend,
+            pending: vec![Some(Vec::new())],
+            lenient: true,
+        };
+        t.sync_process_mappings(None, true)?;
+        Ok(t)
+    }
+
+    /// Re-reads the writable anonymous mappings of process `pid` (`None`: the
+    /// calling process): new ones are added (reported dirty once unless
+    /// `baseline`), vanished ones removed.
+    pub fn sync_process_mappings(&mut self, pid: Option<i32>, baseline: bool) -> Result<()> {
+        let wanted: Vec<Region> = crate::procfs::writable_anonymous(pid)?
             .iter()
             .filter_map(|m| Region::new(m.start, m.len()).ok())
             .collect();
         self.sync_regions(&wanted, baseline)
     }
 
-    /// Makes the tracked regions equal `wanted` (sorted, non-overlapping).
+    /// Makes the tracked regions equal `wanted` (sorted, non-overlapping). For a
+    /// live process a mapping may vanish between reading its maps and adding
+    /// it; such a mapping is skipped.
     pub fn sync_regions(&mut self, wanted: &[Region], baseline: bool) -> Result<()> {
         let have = self.backend.regions();
         for r in have.iter().filter(|r| !wanted.contains(r)) {
             self.backend.remove_region(*r)?;
         }
         for r in wanted.iter().filter(|r| !have.contains(r)) {
-            self.backend.add_region(*r, baseline)?;
+            match self.backend.add_region(*r, baseline) {
+                Ok(()) => {}
+                Err(_) if self.lenient => {}
+                Err(e) => return Err(e),
+            }
         }
         Ok(())
     }

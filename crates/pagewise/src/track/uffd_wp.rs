@@ -154,6 +154,9 @@ impl UffdWp {
 pub struct UffdWpBackend {
     wp: UffdWp,
     regions: Vec<Region>,
+    /// Fail when a region is no longer registered (explicit regions), rather
+    /// than skip it (whole-process tracking, where mappings change).
+    strict: bool,
 }
 
 impl UffdWpBackend {
@@ -161,6 +164,13 @@ impl UffdWpBackend {
         Ok(UffdWpBackend {
             wp: UffdWp::open()?,
             regions: Vec::new(),
+            strict: true,
+        })
+    }
+    pub(crate) fn new_lenient() -> Result<Self> {
+        Ok(UffdWpBackend {
+            strict: false,
+            ..Self::new()?
         })
     }
 }
@@ -172,7 +182,7 @@ impl Backend for UffdWpBackend {
 
     fn scan(&mut self, out: &mut Vec<PageRange>, _stats: &mut CollectStats) -> Result<()> {
         for r in &self.regions {
-            self.wp.scan_written(r.start, r.end(), true, out)?;
+            self.wp.scan_written(r.start, r.end(), self.strict, out)?;
         }
         Ok(())
     }

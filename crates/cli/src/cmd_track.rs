@@ -1,0 +1,236 @@
+//! `pagewise track`.
+
+use anyhow::{anyhow, bail, Context, Result};
+use pagewise::track::{protocol, BackendKind, Collection, DirtyTracker};
+use pagewise::PAGE_SIZE;
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args)]
+#[command(
+    after_help = "Examples:\n  pagewise track --pid 1234 --interval 500 --count 10\n  pagewise track --json --interval 1000 -- redis-server --port 7000\n\nJSON lines carry t_ms, dirty_pages, dirty_bytes, ranges ([start_address, page_count] pairs), range_count, dirty_rate_bytes_per_s, collect_ns, pages_scanned, backend and pid."
+)]
+pub struct Args {
+    /// Process to watch (from outside: hash or soft-dirty).
+    #[arg(long, conflicts_with = "cmd")]
+    pid: Option<i32>,
+    /// Milliseconds between collections.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+    interval: u64,
+    /// Stop after this many collections (default: until the process exits or Ctrl-C).
+    #[arg(long)]
+    count: Option<u64>,
+    /// uffd-wp, soft-dirty, mprotect, hash or auto.
+    #[arg(long, default_value = "auto")]
+    backend: BackendKind,
+    /// One JSON object per collection, one per line.
+    #[arg(long)]
+    json: bool,
+    /// Command to start and track.
+    #[arg(last = true)]
+    cmd: Vec<String>,
+}
+
+/// Where collections come from.
+enum Source {
+    Outside(DirtyTracker, i32),
+    Shim(UnixStream, BackendKind),
+}
+
+impl Source {
+    fn backend(&self) -> BackendKind {
+        match self {
+            Source::Outside(t, _) => t.backend(),
+            Source::Shim(_, b) => *b,
+        }
+    }
+    fn collect(&mut self) -> std::io::Result<Collection> {
+        match self {
+            Source::Outside(t, pid) => {
+                let r = t
+                    .sync_process_mappings(Some(*pid), false)
+                    .and_then(|_| t.collect());
+                r.map_err(|e| std::io::Error::other(e.to_string()))
+            }
+            Source::Shim(s, _) => {
+                s.write_all(&[protocol::REQ_COLLECT])?;
+                protocol::read_collection(s)
+            }
+        }
+    }
+}
+
+fn shim_path() -> Result<std::path::PathBuf> {
+    if let Ok(p) = std::env::var("PAGEWISE_PRELOAD") {
+        return Ok(p.into());
+    }
+    let exe = std::env::current_exe().context("locating the pagewise executable")?;
+    let dir = exe
+        .parent()
+        .ok_or_else(|| anyhow!("pagewise executable has no directory"))?;
+    for cand in [
+        dir.join("libpagewise_preload.so"),
+        dir.join("../libpagewise_preload.so"),
+        dir.join("../lib/libpagewise_preload.so"),
+    ] {
+        if cand.exists() {
+            return Ok(cand);
+        }
+    }
+    bail!("libpagewise_preload.so not found beside {} (build it with `cargo build --release`, or set PAGEWISE_PRELOAD)", exe.display())
+}
+
+fn start_with_shim(cmd: &[String], backend: BackendKind) -> Result<(Child, Source)> {
+    let shim = shim_path()?;
+    let (mine, theirs) = UnixStream::pair().context("creating the shim socket")?;
+    let fd = theirs.as_raw_fd();
+    let mut preload = shim.display().to_string();
+    if let Ok(old) = std::env::var("LD_PRELOAD") {
+        preload = format!("{preload}:{old}");
+    }
+    let mut c = Command::new(&cmd[0]);
+    c.args(&cmd[1..])
+        .env("LD_PRELOAD", preload)
+        .env(protocol::ENV_FD, fd.to_string())
+        .env(protocol::ENV_BACKEND, backend.name());
+    // SAFETY: the closure only calls fcntl, which is async-signal-safe, on an fd
+    // that is open in the child.
+    unsafe {
+        c.pre_exec(move || {
+            if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = c.spawn().with_context(|| format!("starting {}", cmd[0]))?;
+    drop(theirs);
+    let mut s = mine;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    s.write_all(&[protocol::REQ_HELLO])?;
+    let got = protocol::read_hello(&mut s).map_err(|e| {
+        anyhow!("the preload shim did not answer inside {} ({e}): a statically linked or setuid program ignores LD_PRELOAD; use --backend hash to watch it from outside", cmd[0])
+    })?;
+    s.set_read_timeout(Some(Duration::from_secs(60)))?;
+    Ok((child, Source::Shim(s, got)))
+}
+
+pub fn run(a: Args) -> Result<i32> {
+    let (mut child, mut source, pid) = match (a.pid, a.cmd.is_empty()) {
+        (Some(pid), true) => {
+            let t = DirtyTracker::for_process(pid, a.backend)?;
+            (None, Source::Outside(t, pid), pid)
+        }
+        (None, false) => {
+            let inside = match a.backend {
+                BackendKind::UffdWp => true,
+                BackendKind::Auto => BackendKind::UffdWp.available_in_process().is_ok(),
+                _ => false,
+            };
+            if inside {
+                BackendKind::UffdWp
+                    .available_in_process()
+                    .map_err(|why| anyhow!("uffd-wp is not available: {why}"))?;
+                let (child, src) = start_with_shim(&a.cmd, BackendKind::UffdWp)?;
+                let pid = child.id() as i32;
+                (Some(child), src, pid)
+            } else {
+                a.backend
+                    .available_for_pid()
+                    .map_err(|why| anyhow!("{} is not available: {why}", a.backend))?;
+                let child = Command::new(&a.cmd[0])
+                    .args(&a.cmd[1..])
+                    .spawn()
+                    .with_context(|| format!("starting {}", a.cmd[0]))?;
+                let pid = child.id() as i32;
+                let t = DirtyTracker::for_process(pid, a.backend)?;
+                (Some(child), Source::Outside(t, pid), pid)
+            }
+        }
+        (None, true) => bail!("say which process: --pid PID, or -- CMD ARGS"),
+        (Some(_), false) => bail!("--pid and a command exclude each other"),
+    };
+    let backend = source.backend();
+    if !a.json {
+        eprintln!(
+            "pagewise: tracking pid {pid} with {backend} every {} ms",
+            a.interval
+        );
+    }
+    let t0 = Instant::now();
+    let mut n = 0u64;
+    let mut next = Instant::now();
+    let stdout = std::io::stdout();
+    loop {
+        if a.count.is_some_and(|c| n >= c) {
+            break;
+        }
+        next += Duration::from_millis(a.interval);
+        let now = Instant::now();
+        if next > now {
+            std::thread::sleep(next - now);
+        }
+        if let Some(c) = child.as_mut() {
+            if let Some(st) = c.try_wait()? {
+                if !a.json {
+                    eprintln!("pagewise: {} exited ({st}) after {n} collections", a.cmd[0]);
+                }
+                return Ok(st.code().unwrap_or(1));
+            }
+        }
+        let c = match source.collect() {
+            Ok(c) => c,
+            Err(e) => {
+                if let Some(ch) = child.as_mut() {
+                    if let Ok(Some(st)) = ch.try_wait() {
+                        if !a.json {
+                            eprintln!("pagewise: {} exited ({st}) after {n} collections", a.cmd[0]);
+                        }
+                        return Ok(st.code().unwrap_or(1));
+                    }
+                }
+                if pagewise_sys::process::process_exists(pid).is_err() {
+                    bail!("process {pid} exited after {n} collections");
+                }
+                bail!("collecting from pid {pid}: {e}");
+            }
+        };
+        n += 1;
+        let t_ms = t0.elapsed().as_millis() as u64;
+        let bytes = c.stats.pages_dirty * PAGE_SIZE as u64;
+        let rate = bytes as f64 / (a.interval as f64 / 1000.0);
+        let mut out = stdout.lock();
+        if a.json {
+            let ranges: Vec<[u64; 2]> = c.ranges.iter().map(|r| [r.start, r.pages]).collect();
+            let v = serde_json::json!({
+                "t_ms": t_ms, "pid": pid, "backend": backend.name(),
+                "dirty_pages": c.stats.pages_dirty, "dirty_bytes": bytes,
+                "ranges": ranges, "range_count": c.stats.ranges,
+                "dirty_rate_bytes_per_s": rate, "collect_ns": c.stats.elapsed_ns,
+                "pages_scanned": c.stats.pages_scanned,
+            });
+            writeln!(out, "{v}")?;
+        } else {
+            writeln!(
+                out,
+                "{t_ms:>8} ms  {:>9} pages dirty ({:>8.1} MiB)  {:>7} ranges  {:>8.1} MiB/s  collect {:.2} ms of {} pages",
+                c.stats.pages_dirty,
+                bytes as f64 / 1048576.0,
+                c.stats.ranges,
+                rate / 1048576.0,
+                c.stats.elapsed_ns as f64 / 1e6,
+                c.stats.pages_scanned
+            )?;
+        }
+        out.flush()?;
+    }
+    if let Some(mut c) = child {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    Ok(0)
+}

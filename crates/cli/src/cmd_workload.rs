@@ -1,0 +1,39 @@
+//! Hidden `pagewise workload`: a writer process with a known pattern, for tests
+//! and benchmarks that watch another process.
+
+use anyhow::Result;
+use pagewise::workload::{AnonMemory, Rng};
+use pagewise::PAGE_SIZE;
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Size of the anonymous region in MiB.
+    #[arg(long, default_value_t = 64)]
+    mib: usize,
+    /// Pages written per second (random pages, one byte each).
+    #[arg(long, default_value_t = 10000)]
+    pages_per_sec: u64,
+    /// How long to run.
+    #[arg(long, default_value_t = 5.0)]
+    seconds: f64,
+}
+
+pub fn run(a: Args) -> Result<i32> {
+    let mem = AnonMemory::new(a.mib << 20)?;
+    mem.write_pass(1, 1);
+    println!("{:#x} {}", mem.addr(), mem.len());
+    let t0 = Instant::now();
+    let mut rng = Rng::new(1);
+    let mut written = 0u64;
+    while t0.elapsed().as_secs_f64() < a.seconds {
+        let due = (t0.elapsed().as_secs_f64() * a.pages_per_sec as f64) as u64;
+        while written < due {
+            let p = rng.below(mem.pages() as u64) as usize;
+            mem.write_byte(p * PAGE_SIZE, (written % 250) as u8 + 2);
+            written += 1;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    Ok(0)
+}
