@@ -2,6 +2,7 @@
 
 mod cmd_bench;
 mod cmd_probe;
+mod cmd_redis;
 mod cmd_track;
 mod cmd_workload;
 

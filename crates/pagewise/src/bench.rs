@@ -1,1 +1,0 @@
-//! Benchmarks of the capabilities, shared by `pagewise bench` and the benchmark programs.

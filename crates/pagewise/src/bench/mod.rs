@@ -1,0 +1,58 @@
+//! Benchmarks of the capabilities, shared by `pagewise bench` and CI's smoke runs.
+//! Every benchmark runs its baseline in the same run and reports ratios.
+
+pub mod svg;
+pub mod track;
+
+use serde::Serialize;
+
+/// The machine a result was measured on.
+#[derive(Debug, Clone, Serialize)]
+pub struct Machine {
+    /// Kernel release.
+    pub kernel: String,
+    /// CPU model name.
+    pub cpu: String,
+    /// Online CPUs.
+    pub cpus: usize,
+    /// Memory in GiB.
+    pub mem_gib: f64,
+}
+
+impl Machine {
+    /// Describes this machine.
+    pub fn this() -> Self {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let cpu = cpuinfo
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("model name")
+                    .map(|v| v.trim_start_matches([' ', '\t', ':']).to_string())
+            })
+            .unwrap_or_else(|| "unknown".into());
+        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+        Machine {
+            kernel: crate::probe::get().kernel.clone(),
+            cpu,
+            cpus: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1),
+            mem_gib: crate::procfs::status_field(&meminfo, "MemTotal").unwrap_or(0) as f64
+                / 1048576.0,
+        }
+    }
+}
+
+/// Median of a non-empty sample.
+pub fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n == 0 {
+        return f64::NAN;
+    }
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
