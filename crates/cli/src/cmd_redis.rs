@@ -1,9 +1,325 @@
-//! `pagewise bench redis`: LDT's experiment (d).
-use anyhow::Result;
+//! `pagewise bench redis`: LDT's experiment (d). A real `redis-server` on
+//! loopback, loaded by `redis-benchmark` (SET then GET, random keys), untracked
+//! and tracked by `pagewise track` at 1, 5 and 10 s intervals with `uffd-wp`
+//! (inside, through the preload shim) and `hash` (from outside). The untracked
+//! run is made first and last; its mean is the baseline.
+
+use anyhow::{bail, Context, Result};
+use pagewise::bench::svg::{Chart, Series};
+use serde::Serialize;
+use std::io::{BufRead, BufReader};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 #[derive(clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Requests per redis-benchmark test (SET and GET each).
+    #[arg(long, default_value_t = 1_000_000)]
+    requests: u64,
+    /// Tracking intervals in seconds.
+    #[arg(long, value_delimiter = ',', default_value = "1,5,10")]
+    intervals: Vec<u64>,
+    /// Backends to run tracked (uffd-wp, hash, soft-dirty).
+    #[arg(long, value_delimiter = ',', default_value = "uffd-wp,hash")]
+    backends: Vec<String>,
+    /// Print the report as one JSON object.
+    #[arg(long)]
+    json: bool,
+    /// Write report.json, summary.txt and redis.svg into this directory.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
 
-pub fn run(_a: Args) -> Result<i32> {
-    anyhow::bail!("not yet")
+#[derive(Serialize, Clone)]
+struct Run {
+    backend: String,
+    interval_s: u64,
+    set_rps: f64,
+    get_rps: f64,
+    mean_rps: f64,
+    ratio_to_none: f64,
+    collections: u64,
+    mean_collect_ms: f64,
+    mean_dirty_pages: f64,
+}
+
+#[derive(Serialize)]
+struct Report {
+    machine: pagewise::bench::Machine,
+    redis_version: String,
+    command: String,
+    runs: Vec<Run>,
+    baseline_rps: f64,
+}
+
+fn which(cmd: &str) -> bool {
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {cmd}"))
+        .stdout(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+fn free_port() -> Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?.port())
+}
+
+fn wait_ready(port: u16) -> Result<()> {
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(10) {
+        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    bail!("redis-server did not listen on 127.0.0.1:{port} within 10 s")
+}
+
+fn load(port: u16, requests: u64) -> Result<(f64, f64)> {
+    let out = Command::new("redis-benchmark")
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "-t",
+            "set,get",
+            "-n",
+            &requests.to_string(),
+            "-r",
+            "100000",
+            "-d",
+            "1024",
+            "-c",
+            "50",
+            "--csv",
+        ])
+        .output()
+        .context("running redis-benchmark")?;
+    if !out.status.success() {
+        bail!(
+            "redis-benchmark failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let rps = |name: &str| -> Result<f64> {
+        text.lines()
+            .find(|l| l.starts_with(&format!("\"{name}\"")))
+            .and_then(|l| l.split(',').nth(1))
+            .and_then(|v| v.trim_matches('"').parse().ok())
+            .with_context(|| format!("no {name} line in redis-benchmark output: {text}"))
+    };
+    Ok((rps("SET")?, rps("GET")?))
+}
+
+struct Server {
+    child: Child,
+}
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn one_run(backend: Option<&str>, interval: u64, requests: u64) -> Result<Run> {
+    let port = free_port()?;
+    let dir = std::env::temp_dir();
+    let server_args = [
+        "--port",
+        &port.to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        dir.to_str().unwrap_or("/tmp"),
+    ]
+    .map(String::from);
+    let mut cmd = match backend {
+        None => {
+            let mut c = Command::new("redis-server");
+            c.args(&server_args);
+            c
+        }
+        Some(b) => {
+            let mut c = Command::new(std::env::current_exe()?);
+            c.args([
+                "track",
+                "--json",
+                "--backend",
+                b,
+                "--interval",
+                &(interval * 1000).to_string(),
+                "--",
+                "redis-server",
+            ])
+            .args(&server_args);
+            c
+        }
+    };
+    let child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting redis-server")?;
+    let mut server = Server { child };
+    let stdout = server.child.stdout.take().expect("piped stdout");
+    let lines = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        for l in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Ok(j) = serde_json::from_str::<serde_json::Value>(&l) {
+                v.push((
+                    j["collect_ns"].as_f64().unwrap_or(0.0),
+                    j["dirty_pages"].as_f64().unwrap_or(0.0),
+                ));
+            }
+        }
+        v
+    });
+    wait_ready(port)?;
+    let (set, get) = load(port, requests)?;
+    drop(server);
+    let v = lines.join().unwrap_or_default();
+    let n = v.len() as u64;
+    Ok(Run {
+        backend: backend.unwrap_or("none").to_string(),
+        interval_s: if backend.is_some() { interval } else { 0 },
+        set_rps: set,
+        get_rps: get,
+        mean_rps: (set + get) / 2.0,
+        ratio_to_none: f64::NAN,
+        collections: n,
+        mean_collect_ms: if n > 0 {
+            v.iter().map(|x| x.0).sum::<f64>() / n as f64 / 1e6
+        } else {
+            0.0
+        },
+        mean_dirty_pages: if n > 0 {
+            v.iter().map(|x| x.1).sum::<f64>() / n as f64
+        } else {
+            0.0
+        },
+    })
+}
+
+pub fn run(a: Args) -> Result<i32> {
+    if !which("redis-server") || !which("redis-benchmark") {
+        bail!("redis-server and redis-benchmark are needed: run scripts/setup.sh (installs Debian's redis-server and redis-tools)");
+    }
+    let version = Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let mut p = crate::cmd_bench::progress();
+    let mut runs = Vec::new();
+    p("untracked (first)");
+    runs.push(one_run(None, 0, a.requests)?);
+    for b in &a.backends {
+        for &i in &a.intervals {
+            p(&format!("{b} every {i} s"));
+            runs.push(one_run(Some(b), i, a.requests)?);
+        }
+    }
+    p("untracked (last)");
+    runs.push(one_run(None, 0, a.requests)?);
+    eprintln!();
+    let nones: Vec<f64> = runs
+        .iter()
+        .filter(|r| r.backend == "none")
+        .map(|r| r.mean_rps)
+        .collect();
+    let base = nones.iter().sum::<f64>() / nones.len() as f64;
+    for r in &mut runs {
+        r.ratio_to_none = r.mean_rps / base;
+    }
+    let report = Report {
+        machine: pagewise::bench::Machine::this(),
+        redis_version: version,
+        command: format!(
+            "redis-benchmark -t set,get -n {} -r 100000 -d 1024 -c 50 --csv",
+            a.requests
+        ),
+        runs,
+        baseline_rps: base,
+    };
+    let mut summary = format!(
+        "machine: {} ({} CPUs), Linux {}\n{}\nload: {}\nuntracked baseline: {:.0} req/s (mean of the first and last untracked runs: {})\n\n{:>10} {:>9} {:>10} {:>10} {:>10} {:>8} {:>6} {:>10} {:>12}\n",
+        report.machine.cpu,
+        report.machine.cpus,
+        report.machine.kernel,
+        report.redis_version,
+        report.command,
+        base,
+        nones.iter().map(|v| format!("{v:.0}")).collect::<Vec<_>>().join(", "),
+        "backend", "interval", "SET/s", "GET/s", "mean/s", "ratio", "colls", "collect ms", "dirty pages"
+    );
+    for r in &report.runs {
+        summary.push_str(&format!(
+            "{:>10} {:>8}s {:>10.0} {:>10.0} {:>10.0} {:>8.3} {:>6} {:>10.2} {:>12.0}\n",
+            r.backend,
+            r.interval_s,
+            r.set_rps,
+            r.get_rps,
+            r.mean_rps,
+            r.ratio_to_none,
+            r.collections,
+            r.mean_collect_ms,
+            r.mean_dirty_pages
+        ));
+    }
+    if a.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print!("{summary}");
+    }
+    if let Some(dir) = a.out {
+        std::fs::create_dir_all(&dir)?;
+        std::fs::write(
+            dir.join("report.json"),
+            serde_json::to_string_pretty(&report)?,
+        )?;
+        std::fs::write(dir.join("summary.txt"), &summary)?;
+        let mut series: Vec<Series> = a
+            .backends
+            .iter()
+            .map(|b| Series {
+                label: b.clone(),
+                points: report
+                    .runs
+                    .iter()
+                    .filter(|r| &r.backend == b)
+                    .map(|r| (r.interval_s as f64, r.mean_rps))
+                    .collect(),
+            })
+            .collect();
+        let (lo, hi) = (
+            *a.intervals.iter().min().unwrap_or(&1) as f64,
+            *a.intervals.iter().max().unwrap_or(&10) as f64,
+        );
+        series.push(Series {
+            label: "untracked".into(),
+            points: vec![(lo, base), (hi, base)],
+        });
+        let chart = Chart {
+            title: "(d) redis-server under tracking: mean of SET and GET req/s".into(),
+            x_label: "tracking interval (s)".into(),
+            y_label: "requests/s".into(),
+            log_x: false,
+            log_y: false,
+            series,
+        };
+        std::fs::write(dir.join("redis.svg"), chart.render())?;
+        eprintln!("pagewise: wrote {}", dir.display());
+    }
+    Ok(0)
 }

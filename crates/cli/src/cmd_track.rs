@@ -193,7 +193,7 @@ pub fn run(a: Args) -> Result<i32> {
                         return Ok(st.code().unwrap_or(1));
                     }
                 }
-                if pagewise_sys::process::process_exists(pid).is_err() {
+                if !pagewise::procfs::is_alive(pid) {
                     bail!("process {pid} exited after {n} collections");
                 }
                 bail!("collecting from pid {pid}: {e}");

@@ -17,13 +17,32 @@ pub struct Args {
     /// How long to run.
     #[arg(long, default_value_t = 5.0)]
     seconds: f64,
+    /// Instead of random writes: after --delay-ms, write the first K pages once
+    /// (value 0xA5 at offset 100), then idle. A known layout for tests.
+    #[arg(long)]
+    write_first: Option<usize>,
+    /// Delay before --write-first, in ms.
+    #[arg(long, default_value_t = 0)]
+    delay_ms: u64,
 }
 
 pub fn run(a: Args) -> Result<i32> {
     let mem = AnonMemory::new(a.mib << 20)?;
     mem.write_pass(1, 1);
     println!("{:#x} {}", mem.addr(), mem.len());
+    use std::io::Write;
+    std::io::stdout().flush()?;
     let t0 = Instant::now();
+    if let Some(k) = a.write_first {
+        std::thread::sleep(Duration::from_millis(a.delay_ms));
+        for p in 0..k.min(mem.pages()) {
+            mem.write_byte(p * PAGE_SIZE + 100, 0xA5);
+        }
+        while t0.elapsed().as_secs_f64() < a.seconds {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        return Ok(0);
+    }
     let mut rng = Rng::new(1);
     let mut written = 0u64;
     while t0.elapsed().as_secs_f64() < a.seconds {

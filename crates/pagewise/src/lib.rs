@@ -97,7 +97,7 @@ impl Error {
     pub fn for_pid(pid: i32, what: impl Into<String>, source: std::io::Error) -> Self {
         match source.raw_os_error() {
             Some(libc::ESRCH) | Some(libc::ENOENT) => {
-                if pagewise_sys::process::process_exists(pid).is_err() {
+                if !crate::procfs::is_alive(pid) {
                     Error::ProcessExited(pid)
                 } else {
                     Error::os(what, source)

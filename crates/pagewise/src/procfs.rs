@@ -113,6 +113,21 @@ pub fn writable_anonymous(pid: Option<i32>) -> Result<Vec<Mapping>> {
         .collect())
 }
 
+/// Whether process `pid` is alive: it exists and is neither a zombie nor dead.
+pub fn is_alive(pid: i32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // The state follows the parenthesised command name, which may hold spaces.
+    match stat
+        .rfind(')')
+        .and_then(|i| stat[i + 1..].split_whitespace().next())
+    {
+        Some(state) => !matches!(state, "Z" | "X" | "x"),
+        None => false,
+    }
+}
+
 /// Reads a one-line file under `/proc` or `/sys`, trimmed.
 pub fn read_trimmed(path: impl AsRef<Path>) -> std::io::Result<String> {
     Ok(std::fs::read_to_string(path)?.trim().to_string())
@@ -186,6 +201,11 @@ mod tests {
         assert!(!m[2].is_anonymous() && m[2].exec && m[2].offset == 0x1000 && m[2].inode == 1234);
         assert!(m[3].is_special());
         assert_eq!(m[0].len(), 0x21000);
+    }
+    #[test]
+    fn knows_the_living() {
+        assert!(is_alive(std::process::id() as i32));
+        assert!(!is_alive(i32::MAX));
     }
     #[test]
     fn reads_choices_and_fields() {

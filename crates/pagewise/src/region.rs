@@ -20,7 +20,7 @@ impl Region {
     /// Checks alignment and builds a region.
     pub fn new(start: u64, len: u64) -> Result<Self> {
         let ps = PAGE_SIZE as u64;
-        if len == 0 || start % ps != 0 || len % ps != 0 {
+        if len == 0 || !start.is_multiple_of(ps) || !len.is_multiple_of(ps) {
             return Err(Error::Unaligned { start, len });
         }
         start

@@ -374,8 +374,8 @@ pub fn collect_time(
                 let mut times = Vec::new();
                 let mut ranges = 0;
                 for rep in 0..cfg.collect_reps {
-                    for i in 0..n {
-                        let p = if layout == "seq" { i } else { order[i] };
+                    for (i, &o) in order.iter().enumerate().take(n) {
+                        let p = if layout == "seq" { i } else { o };
                         mem.write_byte(p * PAGE_SIZE + 8, (rep % 200) as u8 + 2);
                     }
                     let c = t.collect()?;

@@ -353,6 +353,11 @@ impl DirtyTracker {
     /// calling process): new ones are added (reported dirty once unless
     /// `baseline`), vanished ones removed.
     pub fn sync_process_mappings(&mut self, pid: Option<i32>, baseline: bool) -> Result<()> {
+        if let Some(p) = pid {
+            if !crate::procfs::is_alive(p) {
+                return Err(Error::ProcessExited(p));
+            }
+        }
         let wanted: Vec<Region> = crate::procfs::writable_anonymous(pid)?
             .iter()
             .filter_map(|m| Region::new(m.start, m.len()).ok())

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs what pagewise's tests and benchmarks need on a fresh Debian machine:
+# the Rust components for lint checks, and Redis for LDT's experiment (d).
+set -euo pipefail
+if command -v rustup >/dev/null; then
+    rustup component add rustfmt clippy >/dev/null 2>&1 || true
+fi
+need=()
+command -v redis-server >/dev/null || need+=(redis-server)
+command -v redis-benchmark >/dev/null || need+=(redis-tools)
+command -v mkswap >/dev/null || need+=(util-linux)
+if ((${#need[@]})); then
+    SUDO=""
+    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+# Debian's package may start a system redis; the benchmarks start their own.
+echo "setup: ok ($(redis-server --version | cut -d' ' -f3), $(cargo --version))"
