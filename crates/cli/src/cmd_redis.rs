@@ -118,11 +118,26 @@ fn load(port: u16, requests: u64) -> Result<(f64, f64)> {
     Ok((rps("SET")?, rps("GET")?))
 }
 
+/// The server (or `pagewise track` running it). Dropping it asks Redis to shut
+/// down, so that a tracker in between sees its command exit, and kills what is
+/// left after 10 s.
 struct Server {
     child: Child,
+    port: u16,
 }
 impl Drop for Server {
     fn drop(&mut self) {
+        use std::io::Write;
+        if let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) {
+            let _ = s.write_all(b"*2\r\n$8\r\nSHUTDOWN\r\n$6\r\nNOSAVE\r\n");
+        }
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(10) {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -171,7 +186,7 @@ fn one_run(backend: Option<&str>, interval: u64, requests: u64) -> Result<Run> {
         .stderr(Stdio::null())
         .spawn()
         .context("starting redis-server")?;
-    let mut server = Server { child };
+    let mut server = Server { child, port };
     let stdout = server.child.stdout.take().expect("piped stdout");
     let lines = std::thread::spawn(move || {
         let mut v = Vec::new();
