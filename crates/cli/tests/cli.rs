@@ -14,6 +14,28 @@ fn shim() -> Option<std::path::PathBuf> {
     p.exists().then_some(p)
 }
 
+/// The workload with a known layout: after 700 ms it writes exactly the first
+/// 300 pages of a 16 MiB region, whose address and length it prints first.
+const KNOWN_WORKLOAD: &[&str] = &[
+    "workload",
+    "--mib",
+    "16",
+    "--write-first",
+    "300",
+    "--delay-ms",
+    "700",
+    "--seconds",
+    "3",
+];
+
+/// Parses the workload's first line, `0xADDR LEN`.
+fn region_line(line: &str) -> (u64, u64) {
+    let mut it = line.split_whitespace();
+    let addr = u64::from_str_radix(it.next().unwrap().trim_start_matches("0x"), 16).unwrap();
+    let len = it.next().unwrap().parse().unwrap();
+    (addr, len)
+}
+
 /// Pages reported inside `[addr, addr+len)` over all JSON lines, as a set.
 fn pages_in(lines: &[serde_json::Value], addr: u64, len: u64) -> std::collections::BTreeSet<u64> {
     let mut s = std::collections::BTreeSet::new();
@@ -87,17 +109,7 @@ fn probe_json_has_every_feature() {
 #[test]
 fn track_pid_from_outside_sees_the_known_writes() {
     let mut wl = Command::new(BIN)
-        .args([
-            "workload",
-            "--mib",
-            "16",
-            "--write-first",
-            "300",
-            "--delay-ms",
-            "700",
-            "--seconds",
-            "3",
-        ])
+        .args(KNOWN_WORKLOAD)
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -105,9 +117,7 @@ fn track_pid_from_outside_sees_the_known_writes() {
     BufReader::new(wl.stdout.as_mut().unwrap())
         .read_line(&mut first)
         .unwrap();
-    let mut it = first.split_whitespace();
-    let addr = u64::from_str_radix(it.next().unwrap().trim_start_matches("0x"), 16).unwrap();
-    let len: u64 = it.next().unwrap().parse().unwrap();
+    let (addr, len) = region_line(&first);
     let pid = wl.id().to_string();
     let out = Command::new(BIN)
         .args([
@@ -169,16 +179,8 @@ fn track_command_through_the_shim_sees_the_known_writes() {
             "--json",
             "--",
             BIN,
-            "workload",
-            "--mib",
-            "16",
-            "--write-first",
-            "300",
-            "--delay-ms",
-            "700",
-            "--seconds",
-            "3",
         ])
+        .args(KNOWN_WORKLOAD)
         .output()
         .unwrap();
     assert!(
@@ -191,9 +193,7 @@ fn track_command_through_the_shim_sees_the_known_writes() {
         .lines()
         .find(|l| l.starts_with("0x"))
         .expect("workload prints its region");
-    let mut it = first.split_whitespace();
-    let addr = u64::from_str_radix(it.next().unwrap().trim_start_matches("0x"), 16).unwrap();
-    let len: u64 = it.next().unwrap().parse().unwrap();
+    let (addr, len) = region_line(first);
     let lines = json_lines(&out.stdout);
     assert!(lines.iter().all(|l| l["backend"] == "uffd-wp"));
     let got = pages_in(&lines, addr, len);

@@ -93,6 +93,15 @@ impl Error {
         }
     }
 
+    /// Like [`Error::for_pid`] for another process (`Some(pid)`), and
+    /// [`Error::os`] for the calling process (`None`).
+    pub fn at(pid: Option<i32>, what: impl Into<String>, source: std::io::Error) -> Self {
+        match pid {
+            Some(p) => Error::for_pid(p, what, source),
+            None => Error::os(what, source),
+        }
+    }
+
     /// Maps an OS error met while working on process `pid` to the clearest error.
     pub fn for_pid(pid: i32, what: impl Into<String>, source: std::io::Error) -> Self {
         match source.raw_os_error() {

@@ -97,10 +97,8 @@ pub fn proc_dir(pid: Option<i32>) -> PathBuf {
 /// Reads and parses `/proc/PID/maps` (or `/proc/self/maps`).
 pub fn maps(pid: Option<i32>) -> Result<Vec<Mapping>> {
     let path = proc_dir(pid).join("maps");
-    let text = std::fs::read_to_string(&path).map_err(|e| match pid {
-        Some(p) => Error::for_pid(p, format!("reading {}", path.display()), e),
-        None => Error::os(format!("reading {}", path.display()), e),
-    })?;
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| Error::at(pid, format!("reading {}", path.display()), e))?;
     Ok(parse_maps(&text))
 }
 

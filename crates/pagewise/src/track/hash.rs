@@ -41,16 +41,13 @@ pub struct HashBackend {
 
 impl HashBackend {
     pub(crate) fn new(target: Target) -> Result<Self> {
-        let pid = match target {
-            Target::SelfProcess => None,
-            Target::Pid(p) => Some(p),
-        };
+        let pid = target.pid();
         let pagemap = if probe::get().pagemap_scan {
             let path = procfs::proc_dir(pid).join("pagemap");
-            Some(File::open(&path).map_err(|e| match pid {
-                Some(p) => Error::for_pid(p, format!("opening {}", path.display()), e),
-                None => Error::os(format!("opening {}", path.display()), e),
-            })?)
+            Some(
+                File::open(&path)
+                    .map_err(|e| Error::at(pid, format!("opening {}", path.display()), e))?,
+            )
         } else {
             None
         };
@@ -146,12 +143,11 @@ impl HashBackend {
             let n = match pagemap::pagemap_scan(pm.as_raw_fd(), &mut arg, &mut self.scan_vec) {
                 Ok(n) => n,
                 Err(e) => {
-                    return Err(match self.target {
-                        Target::Pid(p) => {
-                            Error::for_pid(p, format!("PAGEMAP_SCAN of {addr:#x}"), e)
-                        }
-                        Target::SelfProcess => Error::os(format!("PAGEMAP_SCAN of {addr:#x}"), e),
-                    })
+                    return Err(Error::at(
+                        self.target.pid(),
+                        format!("PAGEMAP_SCAN of {addr:#x}"),
+                        e,
+                    ))
                 }
             };
             for pr in &self.scan_vec[..n] {

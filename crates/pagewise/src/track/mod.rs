@@ -226,6 +226,16 @@ pub enum Target {
     Pid(i32),
 }
 
+impl Target {
+    /// The pid of another process; `None` for the calling process.
+    pub fn pid(self) -> Option<i32> {
+        match self {
+            Target::SelfProcess => None,
+            Target::Pid(p) => Some(p),
+        }
+    }
+}
+
 /// Tracks writes to regions of memory for one or more consumers.
 pub struct DirtyTracker {
     backend: Box<dyn Backend>,
@@ -248,26 +258,32 @@ impl std::fmt::Debug for DirtyTracker {
     }
 }
 
+/// Builds a backend over the calling process for a resolved `kind`, after
+/// checking that the kernel offers it. `strict`: a `uffd-wp` region that is no
+/// longer registered is an error (explicit regions) rather than skipped
+/// (whole-process tracking, where mappings come and go).
+fn in_process_backend(kind: BackendKind, strict: bool) -> Result<Box<dyn Backend>> {
+    kind.available_in_process()
+        .map_err(|why| Error::Unsupported {
+            feature: kind.name(),
+            why,
+        })?;
+    Ok(match kind {
+        BackendKind::UffdWp if strict => Box::new(uffd_wp::UffdWpBackend::new()?),
+        BackendKind::UffdWp => Box::new(uffd_wp::UffdWpBackend::new_lenient()?),
+        BackendKind::SoftDirty => Box::new(soft_dirty::SoftDirtyBackend::new(Target::SelfProcess)?),
+        BackendKind::Mprotect => Box::new(mprotect::MprotectBackend::new()),
+        BackendKind::Hash => Box::new(hash::HashBackend::new(Target::SelfProcess)?),
+        BackendKind::Auto => unreachable!("callers resolve Auto first"),
+    })
+}
+
 impl DirtyTracker {
     /// Tracks `regions` of the calling process with `kind` (`Auto` picks the best
     /// available). Writes from now on are reported. The regions must be mapped,
     /// page-aligned and must not overlap. The default consumer is [`DirtyTracker::DEFAULT`].
     pub fn new(regions: &[Region], kind: BackendKind) -> Result<Self> {
-        let kind = kind.resolve_in_process();
-        kind.available_in_process()
-            .map_err(|why| Error::Unsupported {
-                feature: kind.name(),
-                why,
-            })?;
-        let mut backend: Box<dyn Backend> = match kind {
-            BackendKind::UffdWp => Box::new(uffd_wp::UffdWpBackend::new()?),
-            BackendKind::SoftDirty => {
-                Box::new(soft_dirty::SoftDirtyBackend::new(Target::SelfProcess)?)
-            }
-            BackendKind::Mprotect => Box::new(mprotect::MprotectBackend::new()),
-            BackendKind::Hash => Box::new(hash::HashBackend::new(Target::SelfProcess)?),
-            BackendKind::Auto => unreachable!("resolved above"),
-        };
+        let mut backend = in_process_backend(kind.resolve_in_process(), true)?;
         let mut sorted = regions.to_vec();
         sorted.sort();
         for w in sorted.windows(2) {
@@ -323,23 +339,13 @@ impl DirtyTracker {
     /// collection to follow new and vanished mappings.
     pub fn for_self_anonymous(kind: BackendKind) -> Result<Self> {
         let kind = kind.resolve_in_process();
-        kind.available_in_process()
-            .map_err(|why| Error::Unsupported {
-                feature: kind.name(),
-                why,
-            })?;
-        let backend: Box<dyn Backend> = match kind {
-            BackendKind::UffdWp => Box::new(uffd_wp::UffdWpBackend::new_lenient()?),
-            BackendKind::SoftDirty => Box::new(soft_dirty::SoftDirtyBackend::new(Target::SelfProcess)?),
-            BackendKind::Hash => Box::new(hash::HashBackend::new(Target::SelfProcess)?),
-            BackendKind::Mprotect => {
-                return Err(Error::Unsupported {
-                    feature: "mprotect",
-                    why: "the mprotect backend cannot watch a whole process (it would fault on memory the program protects itself)".into(),
-                })
-            }
-            BackendKind::Auto => unreachable!("resolved above"),
-        };
+        if kind == BackendKind::Mprotect {
+            return Err(Error::Unsupported {
+                feature: "mprotect",
+                why: "the mprotect backend cannot watch a whole process (it would fault on memory the program protects itself)".into(),
+            });
+        }
+        let backend = in_process_backend(kind, false)?;
         let mut t = DirtyTracker {
             backend,
             pending: vec![Some(Vec::new())],
@@ -426,8 +432,8 @@ impl DirtyTracker {
         let mut stats = CollectStats::default();
         let mut fresh = Vec::new();
         self.backend.scan(&mut fresh, &mut stats)?;
-        stats.pages_scanned = self.backend.regions().iter().map(Region::pages).sum();
         let regions = self.backend.regions();
+        stats.pages_scanned = regions.iter().map(Region::pages).sum();
         let mut mine = Vec::new();
         for (i, slot) in self.pending.iter_mut().enumerate() {
             let Some(p) = slot else { continue };

@@ -26,15 +26,10 @@ pub(crate) struct SoftDirtyBackend {
 
 impl SoftDirtyBackend {
     pub(crate) fn new(target: Target) -> Result<Self> {
-        let pid = match target {
-            Target::SelfProcess => None,
-            Target::Pid(p) => Some(p),
-        };
+        let pid = target.pid();
         let path = procfs::proc_dir(pid).join("pagemap");
-        let pagemap = File::open(&path).map_err(|e| match pid {
-            Some(p) => Error::for_pid(p, format!("opening {}", path.display()), e),
-            None => Error::os(format!("opening {}", path.display()), e),
-        })?;
+        let pagemap = File::open(&path)
+            .map_err(|e| Error::at(pid, format!("opening {}", path.display()), e))?;
         let me = SoftDirtyBackend {
             target,
             pagemap,
@@ -47,26 +42,21 @@ impl SoftDirtyBackend {
     }
 
     fn clear(&self) -> Result<()> {
-        let pid = match self.target {
-            Target::SelfProcess => None,
-            Target::Pid(p) => Some(p),
-        };
+        let pid = self.target.pid();
         let path = procfs::proc_dir(pid).join("clear_refs");
-        std::fs::write(&path, pagemap::CLEAR_REFS_SOFT_DIRTY).map_err(|e| match pid {
-            Some(p) => Error::for_pid(p, format!("writing {}", path.display()), e),
-            None => Error::os(format!("writing {}", path.display()), e),
-        })
+        std::fs::write(&path, pagemap::CLEAR_REFS_SOFT_DIRTY)
+            .map_err(|e| Error::at(pid, format!("writing {}", path.display()), e))
     }
 
     fn read_and_clear(&mut self, out: &mut Vec<PageRange>) -> Result<()> {
         for r in &self.regions {
+            let whole_region = self.unseen.contains(r);
             let mut addr = r.start;
             while addr < r.end() {
                 let n = (((r.end() - addr) / PAGE_SIZE as u64) as usize).min(self.buf.len());
                 pagemap::read_entries(self.pagemap.as_raw_fd(), addr, &mut self.buf[..n])
                     .map_err(|e| Error::os(format!("reading pagemap at {addr:#x}"), e))?;
                 for (i, e) in self.buf[..n].iter().enumerate() {
-                    let whole_region = self.unseen.contains(r);
                     if whole_region || e & pagemap::entry::SOFT_DIRTY != 0 {
                         let a = addr + (i * PAGE_SIZE) as u64;
                         push_coalesced(out, a, a + PAGE_SIZE as u64);
