@@ -15,7 +15,33 @@ pub fn page_hash(page: &[u8]) -> PageHash {
 /// Fingerprint of a page of zeros.
 pub fn zero_page_hash() -> PageHash {
     static ZERO: std::sync::OnceLock<PageHash> = std::sync::OnceLock::new();
-    *ZERO.get_or_init(|| page_hash(&[0u8; PAGE_SIZE]))
+    *ZERO.get_or_init(|| page_hash(&ZERO_PAGE))
+}
+
+/// A 128-bit content address of one page (xxh3-128), for stores that keep
+/// each distinct page once. Not cryptographic: stores that must not trust it
+/// compare contents on a match.
+pub type PageDigest = u128;
+
+/// Content address of one page's bytes.
+#[inline]
+pub fn page_digest(page: &[u8]) -> PageDigest {
+    xxhash_rust::xxh3::xxh3_128(page)
+}
+
+/// Content address of a page of zeros.
+pub fn zero_page_digest() -> PageDigest {
+    static ZERO: std::sync::OnceLock<PageDigest> = std::sync::OnceLock::new();
+    *ZERO.get_or_init(|| page_digest(&ZERO_PAGE))
+}
+
+/// A page of zeros.
+pub static ZERO_PAGE: [u8; PAGE_SIZE] = [0u8; PAGE_SIZE];
+
+/// Checksum of arbitrary bytes (xxh3-64), for file formats.
+#[inline]
+pub fn checksum(bytes: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(bytes)
 }
 
 /// Fingerprints each page of `bytes` (a whole number of pages) into `out`.

@@ -13,7 +13,8 @@
 //!
 //! Shared mechanisms live in one place each: [`probe`] (what the kernel
 //! offers, probed once), [`procfs`] (parsing `/proc`), [`hash`] (page
-//! fingerprints), [`region`] (ranges and bitmaps), [`workload`] (the built-in
+//! fingerprints), [`region`] (ranges and bitmaps), [`walk`] (populated pages, reading
+//! other processes), [`workload`] (the built-in
 //! self-checking workloads that tests, benchmarks and the demo share).
 
 pub mod bench;
@@ -26,6 +27,7 @@ pub mod region;
 pub mod snap;
 pub mod thp;
 pub mod track;
+pub mod walk;
 pub mod workload;
 
 pub use pagewise_sys::{HUGE_PAGE_SIZE, PAGE_SIZE};
@@ -75,6 +77,14 @@ pub enum Error {
         /// The kernel's answer.
         #[source]
         source: std::io::Error,
+    },
+    /// A stored file is damaged or not what it claims to be.
+    #[error("{path} is corrupt: {what}")]
+    Corrupt {
+        /// The file.
+        path: String,
+        /// What is wrong.
+        what: String,
     },
     /// Bad argument.
     #[error("{0}")]

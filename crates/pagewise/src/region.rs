@@ -154,6 +154,26 @@ pub fn clip_to(ranges: &[PageRange], regions: &[Region]) -> Vec<PageRange> {
     out
 }
 
+/// The parts of `a` (sorted) not in `b` (sorted, coalesced), page by page.
+pub fn subtract_sorted(a: &[PageRange], b: &[PageRange]) -> Vec<PageRange> {
+    let mut out = Vec::new();
+    let mut j = 0;
+    for r in a {
+        let mut addr = r.start;
+        while addr < r.end() {
+            while j < b.len() && b[j].end() <= addr {
+                j += 1;
+            }
+            let covered = j < b.len() && b[j].start <= addr;
+            if !covered {
+                push_coalesced(&mut out, addr, addr + PAGE_SIZE as u64);
+            }
+            addr += PAGE_SIZE as u64;
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -258,5 +278,34 @@ mod tests {
         assert!(Region::new(1, P).is_err());
         assert!(Region::new(0, 0).is_err());
         assert!(Region::new(0, P + 1).is_err());
+    }
+
+    #[test]
+    fn subtract_pages() {
+        let a = [PageRange {
+            start: 0,
+            pages: 10,
+        }];
+        let b = [
+            PageRange { start: P, pages: 2 },
+            PageRange {
+                start: 5 * P,
+                pages: 1,
+            },
+        ];
+        assert_eq!(
+            subtract_sorted(&a, &b),
+            vec![
+                PageRange { start: 0, pages: 1 },
+                PageRange {
+                    start: 3 * P,
+                    pages: 2
+                },
+                PageRange {
+                    start: 6 * P,
+                    pages: 4
+                }
+            ]
+        );
     }
 }

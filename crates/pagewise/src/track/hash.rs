@@ -13,10 +13,8 @@
 use super::{Backend, BackendKind, CollectStats, Target};
 use crate::hash::{zero_page_hash, PageHash};
 use crate::region::{push_coalesced, PageRange, Region};
-use crate::{probe, procfs, Error, Result, PAGE_SIZE};
-use pagewise_sys::{pagemap, process};
-use std::fs::File;
-use std::os::fd::AsRawFd;
+use crate::walk::PageWalker;
+use crate::{Result, PAGE_SIZE};
 
 /// Bytes read from another process per `process_vm_readv`.
 const REMOTE_CHUNK: usize = 1 << 20;
@@ -31,9 +29,8 @@ struct Watched {
 /// Fingerprint-based tracking.
 pub struct HashBackend {
     target: Target,
-    pagemap: Option<File>,
+    walker: PageWalker,
     watched: Vec<Watched>,
-    scan_vec: Vec<pagemap::PageRegion>,
     buf: Vec<u8>,
     populated: Vec<(u64, u64)>,
     fresh: Vec<PageHash>,
@@ -41,21 +38,10 @@ pub struct HashBackend {
 
 impl HashBackend {
     pub(crate) fn new(target: Target) -> Result<Self> {
-        let pid = target.pid();
-        let pagemap = if probe::get().pagemap_scan {
-            let path = procfs::proc_dir(pid).join("pagemap");
-            Some(
-                File::open(&path)
-                    .map_err(|e| Error::at(pid, format!("opening {}", path.display()), e))?,
-            )
-        } else {
-            None
-        };
         Ok(HashBackend {
             target,
-            pagemap,
+            walker: PageWalker::new(target.pid())?,
             watched: Vec::new(),
-            scan_vec: vec![pagemap::PageRegion::default(); 1024],
             buf: match target {
                 Target::SelfProcess => Vec::new(),
                 Target::Pid(_) => vec![0; REMOTE_CHUNK],
@@ -126,42 +112,7 @@ impl HashBackend {
 
     /// Fills `self.populated` with the populated (present or swapped) runs of `r`.
     fn find_populated(&mut self, r: Region) -> Result<()> {
-        self.populated.clear();
-        let Some(pm) = &self.pagemap else {
-            self.populated.push((r.start, r.end()));
-            return Ok(());
-        };
-        let mut addr = r.start;
-        while addr < r.end() {
-            let mut arg = pagemap::PmScanArg {
-                start: addr,
-                end: r.end(),
-                category_anyof_mask: pagemap::category::PRESENT | pagemap::category::SWAPPED,
-                return_mask: pagemap::category::PRESENT | pagemap::category::SWAPPED,
-                ..Default::default()
-            };
-            let n = match pagemap::pagemap_scan(pm.as_raw_fd(), &mut arg, &mut self.scan_vec) {
-                Ok(n) => n,
-                Err(e) => {
-                    return Err(Error::at(
-                        self.target.pid(),
-                        format!("PAGEMAP_SCAN of {addr:#x}"),
-                        e,
-                    ))
-                }
-            };
-            for pr in &self.scan_vec[..n] {
-                match self.populated.last_mut() {
-                    Some(last) if last.1 == pr.start => last.1 = pr.end,
-                    _ => self.populated.push((pr.start, pr.end)),
-                }
-            }
-            if arg.walk_end <= addr {
-                break;
-            }
-            addr = arg.walk_end;
-        }
-        Ok(())
+        self.walker.populated(r, &mut self.populated)
     }
 
     /// Fingerprints pages `[a, b)` of the target into `out`.
@@ -182,17 +133,10 @@ impl HashBackend {
                 let mut i = 0;
                 while addr < b {
                     let len = ((b - addr) as usize).min(REMOTE_CHUNK);
-                    let got =
-                        process::process_vm_read(pid, addr, &mut self.buf[..len]).map_err(|e| {
-                            Error::for_pid(pid, format!("process_vm_readv at {addr:#x}"), e)
-                        })?;
-                    let whole = got / PAGE_SIZE;
-                    crate::hash::hash_pages(&self.buf[..whole * PAGE_SIZE], &mut out[i..i + whole]);
-                    // A short read means the rest was unmapped meanwhile: it reads as gone (zeros).
+                    // A short read means the rest was unmapped meanwhile: it reads as zeros.
+                    crate::walk::read_remote(pid, addr, &mut self.buf[..len])?;
                     let want = len / PAGE_SIZE;
-                    for h in &mut out[i + whole..i + want] {
-                        *h = zero_page_hash();
-                    }
+                    crate::hash::hash_pages(&self.buf[..len], &mut out[i..i + want]);
                     i += want;
                     addr += len as u64;
                 }

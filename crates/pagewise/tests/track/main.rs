@@ -7,6 +7,10 @@
 //! Each case runs for every backend; a backend this kernel lacks is skipped
 //! with the probe's reason.
 
+#[path = "../common/mod.rs"]
+mod common;
+
+use common::for_each_backend;
 use pagewise::track::{BackendKind, Collection, DirtyTracker};
 use pagewise::workload::{AnonMemory, Rng};
 use pagewise::{procfs, PAGE_SIZE};
@@ -84,22 +88,6 @@ impl<'a> Shadow<'a> {
         self.apply(&c);
         self.assert_equal(what);
         c
-    }
-}
-
-/// Runs `f` for every backend available in-process; prints skips with reasons.
-fn for_each_backend(name: &str, skip: &[BackendKind], f: impl Fn(BackendKind)) {
-    for kind in BackendKind::ALL {
-        if skip.contains(&kind) {
-            println!("SKIP {name} [{kind}]: does not apply to this backend");
-            continue;
-        }
-        if let Err(why) = kind.available_in_process() {
-            println!("SKIP {name} [{kind}]: {why}");
-            continue;
-        }
-        f(kind);
-        println!("ok   {name} [{kind}]");
     }
 }
 

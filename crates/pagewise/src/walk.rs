@@ -1,0 +1,80 @@
+//! Walking a process's page tables and reading its pages: the one place
+//! pagewise asks which pages of a range are populated (`PAGEMAP_SCAN`) and
+//! reads another process's memory (`process_vm_readv`).
+
+use crate::{probe, procfs, Error, Region, Result, PAGE_SIZE};
+use pagewise_sys::{pagemap, process};
+use std::fs::File;
+use std::os::fd::AsRawFd;
+
+/// Finds populated runs of pages in the calling process or another one.
+#[derive(Debug)]
+pub struct PageWalker {
+    pid: Option<i32>,
+    pagemap: Option<File>,
+    scan_vec: Vec<pagemap::PageRegion>,
+}
+
+impl PageWalker {
+    /// A walker over process `pid` (`None`: the calling process). Without
+    /// `PAGEMAP_SCAN` every page counts as populated.
+    pub fn new(pid: Option<i32>) -> Result<Self> {
+        let pagemap = if probe::get().pagemap_scan {
+            let path = procfs::proc_dir(pid).join("pagemap");
+            Some(
+                File::open(&path)
+                    .map_err(|e| Error::at(pid, format!("opening {}", path.display()), e))?,
+            )
+        } else {
+            None
+        };
+        Ok(PageWalker {
+            pid,
+            pagemap,
+            scan_vec: vec![pagemap::PageRegion::default(); 1024],
+        })
+    }
+
+    /// Replaces `out` with the populated (present or swapped) runs `[a, b)` of
+    /// `r`, ascending and coalesced. Pages outside them read as zeros.
+    pub fn populated(&mut self, r: Region, out: &mut Vec<(u64, u64)>) -> Result<()> {
+        out.clear();
+        let Some(pm) = &self.pagemap else {
+            out.push((r.start, r.end()));
+            return Ok(());
+        };
+        let mut addr = r.start;
+        while addr < r.end() {
+            let mut arg = pagemap::PmScanArg {
+                start: addr,
+                end: r.end(),
+                category_anyof_mask: pagemap::category::PRESENT | pagemap::category::SWAPPED,
+                return_mask: pagemap::category::PRESENT | pagemap::category::SWAPPED,
+                ..Default::default()
+            };
+            let n = pagemap::pagemap_scan(pm.as_raw_fd(), &mut arg, &mut self.scan_vec)
+                .map_err(|e| Error::at(self.pid, format!("PAGEMAP_SCAN of {addr:#x}"), e))?;
+            for pr in &self.scan_vec[..n] {
+                match out.last_mut() {
+                    Some(last) if last.1 == pr.start => last.1 = pr.end,
+                    _ => out.push((pr.start, pr.end)),
+                }
+            }
+            if arg.walk_end <= addr {
+                break;
+            }
+            addr = arg.walk_end;
+        }
+        Ok(())
+    }
+}
+
+/// Reads `buf.len()` bytes (whole pages) of process `pid` at `addr`. Pages
+/// unmapped meanwhile read as zeros; returns how many bytes were really read.
+pub fn read_remote(pid: i32, addr: u64, buf: &mut [u8]) -> Result<usize> {
+    let got = process::process_vm_read(pid, addr, buf)
+        .map_err(|e| Error::for_pid(pid, format!("process_vm_readv at {addr:#x}"), e))?;
+    let whole = got / PAGE_SIZE * PAGE_SIZE;
+    buf[whole..].fill(0);
+    Ok(whole)
+}
