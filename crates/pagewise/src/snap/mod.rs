@@ -321,6 +321,23 @@ impl Snapshots {
         Arc::get_mut(chunk).expect("just made unique")
     }
 
+    /// Sets `self.marks` to exactly the pages of `ranges`.
+    fn mark(&mut self, ranges: &[PageRange]) {
+        for m in &mut self.marks {
+            m.fill(0);
+        }
+        for r in ranges {
+            let mut addr = r.start;
+            while addr < r.end() {
+                if let Some(ri) = self.region_of(addr) {
+                    let i = ((addr - self.regions[ri].start) / PAGE_SIZE as u64) as usize;
+                    set_bit(&mut self.marks[ri], i);
+                }
+                addr += PAGE_SIZE as u64;
+            }
+        }
+    }
+
     fn region_of(&self, addr: u64) -> Option<usize> {
         let i = self.regions.partition_point(|r| r.end() <= addr);
         (i < self.regions.len() && self.regions[i].contains(addr)).then_some(i)
@@ -341,19 +358,7 @@ impl Snapshots {
             pages_dirty: crate::region::total_pages(&dirty),
             ..Default::default()
         };
-        for m in &mut self.marks {
-            m.fill(0);
-        }
-        for r in &dirty {
-            let mut addr = r.start;
-            while addr < r.end() {
-                if let Some(ri) = self.region_of(addr) {
-                    let i = ((addr - self.regions[ri].start) / PAGE_SIZE as u64) as usize;
-                    set_bit(&mut self.marks[ri], i);
-                }
-                addr += PAGE_SIZE as u64;
-            }
-        }
+        self.mark(&dirty);
         let current = self.current.take();
         let mut written: Vec<PageRange> = Vec::new();
         for (ri, region) in self.regions.iter().enumerate() {
@@ -500,24 +505,15 @@ impl Snapshots {
         self.snap(id)?;
         let c = self.tracker.collect()?;
         self.pending = crate::region::union_sorted(&self.pending, &c.ranges);
-        let s = &self.snaps[&id];
-        let mut out = Vec::new();
-        let Some(cur) = &self.current else {
+        if self.current.is_none() {
             return Err(Error::Invalid("no snapshot taken yet".into()));
-        };
-        for m in &mut self.marks {
-            m.fill(0);
         }
-        for r in &self.pending {
-            let mut addr = r.start;
-            while addr < r.end() {
-                if let Some(ri) = self.region_of(addr) {
-                    let i = ((addr - self.regions[ri].start) / PAGE_SIZE as u64) as usize;
-                    set_bit(&mut self.marks[ri], i);
-                }
-                addr += PAGE_SIZE as u64;
-            }
-        }
+        let mut out = Vec::new();
+        let pending = std::mem::take(&mut self.pending);
+        self.mark(&pending);
+        self.pending = pending;
+        let s = &self.snaps[&id];
+        let cur = self.current.as_ref().expect("checked above");
         for (ri, region) in self.regions.iter().enumerate() {
             for i in 0..region.pages() as usize {
                 let addr = region.start + (i * PAGE_SIZE) as u64;
@@ -597,15 +593,8 @@ impl Snapshots {
 
 /// Checks that every region lies inside writable mappings of the calling process.
 fn check_mapped_writable(regions: &[Region]) -> Result<()> {
+    // Overlaps are refused by the tracker.
     let maps = procfs::maps(None)?;
-    for w in regions.windows(2) {
-        if w[0].end() > w[1].start {
-            return Err(Error::Invalid(format!(
-                "regions {:#x}+{:#x} and {:#x}+{:#x} overlap",
-                w[0].start, w[0].len, w[1].start, w[1].len
-            )));
-        }
-    }
     for r in regions {
         let mut addr = r.start;
         while addr < r.end() {
