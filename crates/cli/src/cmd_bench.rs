@@ -26,6 +26,20 @@ enum What {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// SimGrid's experiments: (a) a depth-first state-space search with full-copy
+    /// snapshots against the page store (time, peak RSS); (b) snapshot + restore
+    /// cycles against fork() and memcpy. Short by default.
+    Snap {
+        /// The full experiment (256 MiB search heap, 1 GiB cycles; a few minutes).
+        #[arg(long)]
+        full: bool,
+        /// Print the report as one JSON object.
+        #[arg(long)]
+        json: bool,
+        /// Write report.json, summary.txt and SVG plots into this directory.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// LDT's experiment (d): a real redis-server loaded by redis-benchmark,
     /// untracked and tracked every 1, 5 and 10 s.
     Redis(crate::cmd_redis::Args),
@@ -60,31 +74,51 @@ pub fn run(a: Args) -> Result<i32> {
             } else {
                 bt::Config::quick()
             };
-            let mut p = progress();
-            let report = bt::run(&cfg, &mut p)?;
+            let report = bt::run(&cfg, &mut progress())?;
             eprintln!();
-            if json {
-                println!("{}", serde_json::to_string(&report)?);
+            emit(&report, report.summary(), report.charts(), json, out)
+        }
+        What::Snap { full, json, out } => {
+            use pagewise::bench::snap as bs;
+            let cfg = if full {
+                bs::Config::full()
             } else {
-                print!("{}", report.summary());
-            }
-            if let Some(dir) = out {
-                std::fs::create_dir_all(&dir)
-                    .with_context(|| format!("creating {}", dir.display()))?;
-                std::fs::write(
-                    dir.join("report.json"),
-                    serde_json::to_string_pretty(&report)?,
-                )?;
-                std::fs::write(dir.join("summary.txt"), report.summary())?;
-                for (name, chart) in report.charts() {
-                    std::fs::write(dir.join(&name), chart.render())?;
-                }
-                eprintln!("pagewise: wrote {}", dir.display());
-            }
-            Ok(0)
+                bs::Config::quick()
+            };
+            let report = bs::run(&cfg, &mut progress())?;
+            eprintln!();
+            emit(&report, report.summary(), report.charts(), json, out)
         }
         What::Redis(r) => crate::cmd_redis::run(r),
     }
+}
+
+/// Prints a report (JSON or its summary) and writes it with its plots into `out`.
+fn emit(
+    report: &impl serde::Serialize,
+    summary: String,
+    charts: Vec<(String, pagewise::bench::svg::Chart)>,
+    json: bool,
+    out: Option<PathBuf>,
+) -> Result<i32> {
+    if json {
+        println!("{}", serde_json::to_string(report)?);
+    } else {
+        print!("{summary}");
+    }
+    if let Some(dir) = out {
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        std::fs::write(
+            dir.join("report.json"),
+            serde_json::to_string_pretty(report)?,
+        )?;
+        std::fs::write(dir.join("summary.txt"), summary)?;
+        for (name, chart) in charts {
+            std::fs::write(dir.join(&name), chart.render())?;
+        }
+        eprintln!("pagewise: wrote {}", dir.display());
+    }
+    Ok(0)
 }
 
 #[derive(clap::Args)]

@@ -147,6 +147,23 @@ pub fn status_field(text: &str, key: &str) -> Option<u64> {
     })
 }
 
+/// Peak resident set size of the calling process (`VmHWM`), KiB.
+pub fn peak_rss_kib() -> Result<u64> {
+    let text =
+        read_trimmed("/proc/self/status").map_err(|e| Error::os("reading /proc/self/status", e))?;
+    status_field(&text, "VmHWM")
+        .ok_or_else(|| Error::Invalid("/proc/self/status has no VmHWM".into()))
+}
+
+/// Resets the peak RSS of the calling process to its current RSS.
+pub fn reset_peak_rss() -> Result<()> {
+    std::fs::write(
+        "/proc/self/clear_refs",
+        pagewise_sys::pagemap::CLEAR_REFS_PEAK_RSS,
+    )
+    .map_err(|e| Error::os("resetting the peak RSS through /proc/self/clear_refs", e))
+}
+
 /// Sets a system-wide knob and restores its previous value when dropped.
 #[derive(Debug)]
 pub struct KnobGuard {

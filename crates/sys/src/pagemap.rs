@@ -158,3 +158,6 @@ pub fn read_entries(pagemap_fd: RawFd, addr: u64, out: &mut [u64]) -> io::Result
 
 /// `clear_refs` value that clears the soft-dirty bits of a process.
 pub const CLEAR_REFS_SOFT_DIRTY: &str = "4";
+
+/// `clear_refs` value that resets the peak RSS (`VmHWM`) to the current RSS.
+pub const CLEAR_REFS_PEAK_RSS: &str = "5";

@@ -100,3 +100,36 @@ pub fn process_exists(pid: libc::pid_t) -> io::Result<()> {
     cvt_int(unsafe { libc::kill(pid, 0) })?;
     Ok(())
 }
+
+/// Runs `child` in a forked child process that exits with its return value
+/// (through `_exit`, without running destructors), and waits for it.
+/// Returns the child's exit status as `waitpid` reports it.
+///
+/// Only for single-threaded callers, or a `child` that allocates nothing and
+/// takes no lock: after `fork` only the calling thread exists in the child.
+pub fn fork_and_wait(child: impl FnOnce() -> i32) -> io::Result<i32> {
+    // SAFETY: fork has no preconditions; the child runs only `child` (whose
+    // contract is documented above) and leaves through _exit.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if pid == 0 {
+        let code = child();
+        // SAFETY: _exit ends the child at once, running no atexit handlers
+        // or destructors that belong to the parent's state.
+        unsafe { libc::_exit(code) };
+    }
+    let mut status = 0;
+    loop {
+        // SAFETY: waits for our own child; `status` is a valid out-pointer.
+        let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+        if r == pid {
+            return Ok(status);
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINTR) {
+            return Err(e);
+        }
+    }
+}

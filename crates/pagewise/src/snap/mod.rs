@@ -43,8 +43,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Page ids per shared chunk of a snapshot's table (1 MiB of memory).
-pub const CHUNK_PAGES: usize = 256;
+/// Page ids per shared chunk of a snapshot's table (128 KiB of memory).
+pub const CHUNK_PAGES: usize = 32;
 
 /// Identifies a snapshot within its [`Snapshots`].
 pub type SnapId = u64;
@@ -150,6 +150,8 @@ pub struct Snapshots {
     walker: PageWalker,
     /// Scratch per-region bitmaps.
     marks: Vec<Vec<u64>>,
+    /// Empty chunk lists to reuse.
+    spare: Vec<Vec<Chunk>>,
 }
 
 impl std::fmt::Debug for Snapshots {
@@ -196,6 +198,7 @@ impl Snapshots {
             pending: Vec::new(),
             walker: PageWalker::new(None)?,
             marks,
+            spare: Vec::new(),
         })
     }
 
@@ -237,7 +240,8 @@ impl Snapshots {
                 tables
             }
         };
-        let id = self.insert_snap(tables.clone(), stats, t0);
+        let copy = share(&mut self.spare, &tables);
+        let id = self.insert_snap(copy, stats, t0);
         self.current = Some(tables);
         Ok(id)
     }
@@ -352,7 +356,8 @@ impl Snapshots {
     /// Restores memory to snapshot `id`, byte-exact, writing only pages that differ.
     pub fn restore(&mut self, id: SnapId) -> Result<RestoreStats> {
         let t0 = Instant::now();
-        let target = self.snap(id)?.tables.clone();
+        self.snap(id)?;
+        let target = share(&mut self.spare, &self.snaps[&id].tables);
         let dirty = self.drain_dirty()?;
         let mut stats = RestoreStats {
             pages_dirty: crate::region::total_pages(&dirty),
@@ -406,14 +411,15 @@ impl Snapshots {
     /// Drops the references of tables about to be dropped: a chunk's pages lose
     /// a reference when its last holder goes.
     fn release_tables(&mut self, tables: Vec<Table>) {
-        for t in tables {
-            for chunk in t.chunks {
+        for mut t in tables {
+            for chunk in t.chunks.drain(..) {
                 if let Some(ids) = Arc::into_inner(chunk) {
                     for id in ids {
                         self.store.decref(id);
                     }
                 }
             }
+            self.spare.push(t.chunks);
         }
     }
 
@@ -589,6 +595,20 @@ impl Snapshots {
         let id = self.insert_snap(tables, stats, t0);
         Ok(id)
     }
+}
+
+/// Another holder of the chunks of `tables` (no page reference changes).
+/// Chunk lists come from `spare`, a pool of empty ones: a snapshot of a large
+/// region allocates no memory in the steady state.
+fn share(spare: &mut Vec<Vec<Chunk>>, tables: &[Table]) -> Vec<Table> {
+    tables
+        .iter()
+        .map(|t| {
+            let mut chunks = spare.pop().unwrap_or_default();
+            chunks.extend(t.chunks.iter().cloned());
+            Table { chunks }
+        })
+        .collect()
 }
 
 /// Checks that every region lies inside writable mappings of the calling process.

@@ -58,13 +58,6 @@ pub struct StoreStats {
     pub digest_collisions: u64,
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Meta {
-    digest: PageDigest,
-    /// 0: free slot.
-    refs: u32,
-}
-
 /// The digests are already uniformly distributed: hash maps use their low bits as is.
 #[derive(Default)]
 struct DigestHasher(u64);
@@ -89,8 +82,10 @@ type DigestMap<V> = HashMap<PageDigest, V, BuildHasherDefault<DigestHasher>>;
 pub struct PageStore {
     verify: bool,
     slabs: Vec<Box<[u8]>>,
-    /// Indexed by `PageId`; entry 0 stands for the zero page.
-    meta: Vec<Meta>,
+    /// Digest of each page, indexed by `PageId`; entry 0 stands for the zero page.
+    digests: Vec<PageDigest>,
+    /// References of each page (0: a free slot), indexed like `digests`.
+    refs: Vec<u32>,
     free: Vec<u32>,
     /// First page stored with each digest.
     index: DigestMap<u32>,
@@ -125,10 +120,8 @@ impl PageStore {
         PageStore {
             verify,
             slabs: Vec::new(),
-            meta: vec![Meta {
-                digest: zero_page_digest(),
-                refs: 0,
-            }],
+            digests: vec![zero_page_digest()],
+            refs: vec![0],
             free: Vec::new(),
             index: DigestMap::default(),
             collided: DigestMap::default(),
@@ -196,8 +189,9 @@ impl PageStore {
         let id = match self.free.pop() {
             Some(id) => id,
             None => {
-                let id = self.meta.len() as u32;
-                self.meta.push(Meta { digest, refs: 0 });
+                let id = self.refs.len() as u32;
+                self.digests.push(digest);
+                self.refs.push(0);
                 // Slot `id - 1` of the slabs (id 0 is the zero page).
                 if (id as usize - 1) / SLAB_PAGES >= self.slabs.len() {
                     self.slabs
@@ -206,7 +200,8 @@ impl PageStore {
                 id
             }
         };
-        self.meta[id as usize] = Meta { digest, refs: 1 };
+        self.digests[id as usize] = digest;
+        self.refs[id as usize] = 1;
         self.slot_mut(id).copy_from_slice(page);
         self.unique += 1;
         self.referenced += 1;
@@ -228,7 +223,7 @@ impl PageStore {
             return &ZERO_PAGE;
         }
         assert!(
-            self.meta.get(id.0 as usize).is_some_and(|m| m.refs > 0),
+            self.refs.get(id.0 as usize).is_some_and(|&r| r > 0),
             "page {} is not in the store",
             id.0
         );
@@ -239,7 +234,7 @@ impl PageStore {
 
     /// The digest of page `id`.
     pub fn digest_of(&self, id: PageId) -> PageDigest {
-        self.meta[id.0 as usize].digest
+        self.digests[id.0 as usize]
     }
 
     /// References held on page `id` (0 for a free id; the zero page counts its references).
@@ -247,7 +242,7 @@ impl PageStore {
         if id.is_zero() {
             return self.zero_refs;
         }
-        self.meta.get(id.0 as usize).map_or(0, |m| m.refs as u64)
+        self.refs.get(id.0 as usize).map_or(0, |&r| r as u64)
     }
 
     /// Adds one reference to a live page.
@@ -256,9 +251,9 @@ impl PageStore {
             self.zero_refs += 1;
             return;
         }
-        let m = &mut self.meta[id.0 as usize];
-        assert!(m.refs > 0, "incref of free page {}", id.0);
-        m.refs += 1;
+        let r = &mut self.refs[id.0 as usize];
+        assert!(*r > 0, "incref of free page {}", id.0);
+        *r += 1;
         self.referenced += 1;
     }
 
@@ -268,12 +263,12 @@ impl PageStore {
             self.zero_refs -= 1;
             return;
         }
-        let m = &mut self.meta[id.0 as usize];
-        assert!(m.refs > 0, "decref of free page {}", id.0);
-        m.refs -= 1;
+        let r = &mut self.refs[id.0 as usize];
+        assert!(*r > 0, "decref of free page {}", id.0);
+        *r -= 1;
         self.referenced -= 1;
-        if m.refs == 0 {
-            let digest = m.digest;
+        if *r == 0 {
+            let digest = self.digests[id.0 as usize];
             self.unique -= 1;
             if self.index.get(&digest) == Some(&id.0) {
                 // Promote a collided page with the same digest, if any.
@@ -314,7 +309,8 @@ impl PageStore {
     /// Bytes of memory the store itself occupies (slabs and tables).
     pub fn footprint_bytes(&self) -> u64 {
         (self.slabs.len() * SLAB_PAGES * PAGE_SIZE
-            + self.meta.capacity() * std::mem::size_of::<Meta>()
+            + self.digests.capacity() * 16
+            + self.refs.capacity() * 4
             + self.index.capacity() * 24) as u64
     }
 

@@ -1,0 +1,541 @@
+//! SimGrid's experiments, side by side:
+//!
+//! - (a) state-space exploration: a depth-first search over the states of a
+//!   random-walk model on a heap, a snapshot at each state and a restore on
+//!   each backtrack, plus a cache of recently visited states (as a model
+//!   checker keeps for state comparison). Full-copy snapshots ("simple")
+//!   against the page store ("same-page-merging"): time and peak RSS;
+//! - (b) snapshot + restore cycles on a region with 0.1 %, 1 % and 10 % of
+//!   its pages dirtied per cycle, against a `fork()` per cycle (the fuzzers'
+//!   baseline: the child dirties the pages and exits, the parent stays
+//!   pristine) and a full `memcpy` out and back.
+//!
+//! Every variant checks its result: the search visits the same states with
+//! the same checksums, and every restore is compared with the base contents.
+
+use super::{median, Machine};
+use crate::snap::{SnapshotOptions, Snapshots};
+use crate::workload::{AnonMemory, Rng};
+use crate::{procfs, Error, Result, PAGE_SIZE};
+use serde::Serialize;
+use std::collections::VecDeque;
+use std::time::Instant;
+
+/// What to run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Config {
+    /// (a) heap size in MiB.
+    pub dfs_heap_mib: usize,
+    /// (a) search depth.
+    pub dfs_depth: u32,
+    /// (a) successors per state.
+    pub dfs_branching: u32,
+    /// (a) pages a transition writes.
+    pub dfs_pages_per_step: usize,
+    /// (a) visited states kept for comparison (besides the search stack).
+    pub dfs_visited_cache: usize,
+    /// (b) region size in MiB.
+    pub cycle_mib: usize,
+    /// (b) dirtied percentages, in tenths of a percent.
+    pub cycle_permille: Vec<u32>,
+    /// (b) cycles per point for the page store (fork and memcpy run fewer).
+    pub cycles: usize,
+}
+
+impl Config {
+    /// The full experiment (a few minutes here).
+    pub fn full() -> Self {
+        Config {
+            dfs_heap_mib: 256,
+            dfs_depth: 6,
+            dfs_branching: 3,
+            dfs_pages_per_step: 8,
+            dfs_visited_cache: 16,
+            cycle_mib: 1024,
+            cycle_permille: vec![1, 10, 100],
+            cycles: 200,
+        }
+    }
+
+    /// A short run for CI and `pagewise bench snap` without `--full`.
+    pub fn quick() -> Self {
+        Config {
+            dfs_heap_mib: 64,
+            dfs_depth: 4,
+            dfs_branching: 3,
+            dfs_pages_per_step: 8,
+            dfs_visited_cache: 8,
+            cycle_mib: 256,
+            cycle_permille: vec![1, 10, 100],
+            cycles: 50,
+        }
+    }
+}
+
+/// One (a) variant.
+#[derive(Debug, Clone, Serialize)]
+pub struct DfsRow {
+    /// `full-copy` or `page-store`.
+    pub variant: String,
+    /// States visited.
+    pub states: u64,
+    /// Restores (backtracks) made.
+    pub restores: u64,
+    /// Wall time, s.
+    pub seconds: f64,
+    /// Peak RSS of the process during the search, MiB.
+    pub peak_rss_mib: f64,
+    /// Peak RSS above the heap itself, MiB (what the snapshots cost).
+    pub snapshot_mib: f64,
+    /// Checksum over every visited state (equal across variants).
+    pub checksum: u64,
+}
+
+/// One (b) point.
+#[derive(Debug, Clone, Serialize)]
+pub struct CycleRow {
+    /// `page-store`, `page-store restore-only`, `fork` or `memcpy`.
+    pub variant: String,
+    /// Pages dirtied per cycle, in tenths of a percent of the region.
+    pub permille: u32,
+    /// Pages dirtied per cycle.
+    pub pages_dirtied: u64,
+    /// Cycles measured.
+    pub cycles: u64,
+    /// Median cycle time, ms.
+    pub cycle_ms: f64,
+    /// Cycles per second (from the median).
+    pub cycles_per_s: f64,
+    /// `cycles_per_s` over fork's at the same point.
+    pub ratio_to_fork: f64,
+}
+
+/// Everything one run measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// Where.
+    pub machine: Machine,
+    /// What.
+    pub config: Config,
+    /// The dirty-tracking backend the page store used.
+    pub backend: String,
+    /// (a).
+    pub dfs: Vec<DfsRow>,
+    /// (a) page store's peak RSS over full copies' (snapshot memory only).
+    pub dfs_memory_ratio: f64,
+    /// (a) page store's time over full copies'.
+    pub dfs_time_ratio: f64,
+    /// (b).
+    pub cycles: Vec<CycleRow>,
+}
+
+/// A heap whose every page is distinct: page `i` starts with `i`.
+fn distinct_heap(mib: usize) -> Result<AnonMemory> {
+    let mem = AnonMemory::new(mib << 20)?;
+    for p in 0..mem.pages() {
+        for (k, b) in (p as u64).to_le_bytes().iter().enumerate() {
+            mem.write_byte(p * PAGE_SIZE + k, *b);
+        }
+        mem.write_byte(p * PAGE_SIZE + 100, 0x5a);
+    }
+    Ok(mem)
+}
+
+/// The model's transition: state `id`, choice `c` writes some pages and
+/// "runs" (reads a few pages). Returns a checksum of what it read.
+fn step(mem: &AnonMemory, id: u64, c: u32, pages: usize) -> u64 {
+    let mut rng = Rng::new(id.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (c as u64 + 1));
+    let n = mem.pages() as u64;
+    let mut sum = 0u64;
+    for _ in 0..pages {
+        let p = rng.below(n) as usize;
+        let off = p * PAGE_SIZE + 256 + rng.below(PAGE_SIZE as u64 - 512) as usize;
+        for k in 0..64 {
+            mem.write_byte(off + k, (id as u8) ^ (k as u8) ^ c as u8);
+        }
+        let q = rng.below(n) as usize;
+        for k in (0..PAGE_SIZE).step_by(64) {
+            sum = sum
+                .wrapping_mul(31)
+                .wrapping_add(mem.read_byte(q * PAGE_SIZE + k) as u64);
+        }
+    }
+    sum
+}
+
+/// The two ways of keeping states.
+trait StateKeeper {
+    type Snap;
+    fn take(&mut self, mem: &AnonMemory) -> Result<Self::Snap>;
+    fn restore(&mut self, mem: &AnonMemory, s: &Self::Snap) -> Result<()>;
+    fn drop_snap(&mut self, s: Self::Snap) -> Result<()>;
+}
+
+struct FullCopy;
+
+impl StateKeeper for FullCopy {
+    type Snap = Vec<u8>;
+    fn take(&mut self, mem: &AnonMemory) -> Result<Vec<u8>> {
+        Ok(mem.snapshot())
+    }
+    fn restore(&mut self, mem: &AnonMemory, s: &Vec<u8>) -> Result<()> {
+        // SAFETY: `mem` owns its mapping of `s.len()` bytes; `s` is a separate buffer.
+        unsafe { std::ptr::copy_nonoverlapping(s.as_ptr(), mem.as_ptr(), s.len()) };
+        Ok(())
+    }
+    fn drop_snap(&mut self, _s: Vec<u8>) -> Result<()> {
+        Ok(())
+    }
+}
+
+impl StateKeeper for Snapshots {
+    type Snap = crate::snap::SnapId;
+    fn take(&mut self, _mem: &AnonMemory) -> Result<Self::Snap> {
+        Snapshots::take(self)
+    }
+    fn restore(&mut self, _mem: &AnonMemory, s: &Self::Snap) -> Result<()> {
+        Snapshots::restore(self, *s).map(|_| ())
+    }
+    fn drop_snap(&mut self, s: Self::Snap) -> Result<()> {
+        self.drop_snapshot(s)
+    }
+}
+
+struct Dfs<'a, K: StateKeeper> {
+    mem: &'a AnonMemory,
+    keeper: K,
+    cfg: &'a Config,
+    visited: VecDeque<K::Snap>,
+    states: u64,
+    restores: u64,
+    checksum: u64,
+}
+
+impl<K: StateKeeper> Dfs<'_, K> {
+    fn explore(&mut self, id: u64, depth: u32) -> Result<()> {
+        self.states += 1;
+        let here = self.keeper.take(self.mem)?;
+        // State comparison reads the state's first page.
+        self.checksum = self
+            .checksum
+            .wrapping_mul(1_000_003)
+            .wrapping_add(self.mem.read_byte(256) as u64 + id);
+        if depth < self.cfg.dfs_depth {
+            for c in 0..self.cfg.dfs_branching {
+                if c > 0 {
+                    self.keeper.restore(self.mem, &here)?;
+                    self.restores += 1;
+                }
+                let s = step(self.mem, id, c, self.cfg.dfs_pages_per_step);
+                self.checksum = self.checksum.wrapping_add(s);
+                self.explore(id * self.cfg.dfs_branching as u64 + c as u64 + 1, depth + 1)?;
+            }
+            self.keeper.restore(self.mem, &here)?;
+            self.restores += 1;
+        }
+        // Keep the state in the visited cache; evict the oldest.
+        self.visited.push_back(here);
+        if self.visited.len() > self.cfg.dfs_visited_cache {
+            let old = self.visited.pop_front().expect("non-empty");
+            self.keeper.drop_snap(old)?;
+        }
+        Ok(())
+    }
+}
+
+fn run_dfs<K: StateKeeper>(
+    variant: &str,
+    cfg: &Config,
+    make: impl FnOnce(&AnonMemory) -> Result<K>,
+) -> Result<DfsRow> {
+    let mem = distinct_heap(cfg.dfs_heap_mib)?;
+    let keeper = make(&mem)?;
+    procfs::reset_peak_rss()?;
+    let base_rss = procfs::peak_rss_kib()?;
+    let t0 = Instant::now();
+    let mut d = Dfs {
+        mem: &mem,
+        keeper,
+        cfg,
+        visited: VecDeque::new(),
+        states: 0,
+        restores: 0,
+        checksum: 0,
+    };
+    d.explore(0, 0)?;
+    let seconds = t0.elapsed().as_secs_f64();
+    let peak = procfs::peak_rss_kib()?;
+    Ok(DfsRow {
+        variant: variant.into(),
+        states: d.states,
+        restores: d.restores,
+        seconds,
+        peak_rss_mib: peak as f64 / 1024.0,
+        snapshot_mib: peak.saturating_sub(base_rss) as f64 / 1024.0,
+        checksum: d.checksum,
+    })
+}
+
+/// (a): the same search with full copies and with the page store.
+pub fn dfs(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Vec<DfsRow>> {
+    progress("(a) search with full-copy snapshots");
+    let full = run_dfs("full-copy", cfg, |_| Ok(FullCopy))?;
+    progress("(a) search with the page store");
+    let store = run_dfs("page-store", cfg, |m| {
+        Snapshots::new(&[m.region()], SnapshotOptions::default())
+    })?;
+    if full.checksum != store.checksum || full.states != store.states {
+        return Err(Error::Invalid(format!(
+            "the searches disagree: full copies saw {} states (checksum {:#x}), the page store {} ({:#x})",
+            full.states, full.checksum, store.states, store.checksum
+        )));
+    }
+    Ok(vec![full, store])
+}
+
+fn dirty_pages(rng: &mut Rng, pages: usize, k: usize) -> Vec<usize> {
+    (0..k).map(|_| rng.below(pages as u64) as usize).collect()
+}
+
+fn dirty(mem: &AnonMemory, pages: &[usize], v: u8) {
+    for &p in pages {
+        for k in 0..8 {
+            mem.write_byte(p * PAGE_SIZE + 8 + k, v);
+        }
+    }
+}
+
+fn check_base(mem: &AnonMemory, pages: &[usize], what: &str) -> Result<()> {
+    for &p in pages {
+        for k in 0..8 {
+            if mem.read_byte(p * PAGE_SIZE + 8 + k) != 0 {
+                return Err(Error::Invalid(format!(
+                    "{what}: page {p} not restored to its base contents"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// (b): cycles per second for each variant and dirtied fraction.
+pub fn cycles(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<(Vec<CycleRow>, String)> {
+    let mem = distinct_heap(cfg.cycle_mib)?;
+    let n = mem.pages();
+    let mut rows = Vec::new();
+    let mut s = Snapshots::new(&[mem.region()], SnapshotOptions::default())?;
+    let backend = s.backend().name().to_string();
+    let base = s.take()?;
+    let mut rng = Rng::new(42);
+    let mut shadow: Vec<u8> = Vec::new();
+    for &pm in &cfg.cycle_permille {
+        let k = (n * pm as usize / 1000).max(1);
+        let mut point = Vec::new();
+        // Page store: dirty, take, restore the base, drop.
+        progress(&format!("(b) page store, {:.1} % dirty", pm as f64 / 10.0));
+        let mut t = Vec::new();
+        for c in 0..cfg.cycles {
+            let pages = dirty_pages(&mut rng, n, k);
+            let t0 = Instant::now();
+            dirty(&mem, &pages, (c % 250) as u8 + 1);
+            let id = s.take()?;
+            s.restore(base)?;
+            s.drop_snapshot(id)?;
+            t.push(t0.elapsed().as_secs_f64() * 1e3);
+            check_base(&mem, &pages, "page store")?;
+        }
+        point.push(("page-store", t));
+        // Restore only: the fuzzer's reset.
+        progress(&format!(
+            "(b) page store restore-only, {:.1} % dirty",
+            pm as f64 / 10.0
+        ));
+        let mut t = Vec::new();
+        for c in 0..cfg.cycles {
+            let pages = dirty_pages(&mut rng, n, k);
+            let t0 = Instant::now();
+            dirty(&mem, &pages, (c % 250) as u8 + 1);
+            s.restore(base)?;
+            t.push(t0.elapsed().as_secs_f64() * 1e3);
+            check_base(&mem, &pages, "page store restore-only")?;
+        }
+        point.push(("page-store restore-only", t));
+        // fork per cycle: the child dirties and exits.
+        progress(&format!("(b) fork, {:.1} % dirty", pm as f64 / 10.0));
+        let mut t = Vec::new();
+        for c in 0..(cfg.cycles / 4).max(5) {
+            let pages = dirty_pages(&mut rng, n, k);
+            let t0 = Instant::now();
+            let status = pagewise_sys::process::fork_and_wait(|| {
+                dirty(&mem, &pages, (c % 250) as u8 + 1);
+                0
+            })
+            .map_err(|e| Error::os("fork", e))?;
+            t.push(t0.elapsed().as_secs_f64() * 1e3);
+            if status != 0 {
+                return Err(Error::Invalid(format!("forked child failed: {status}")));
+            }
+            check_base(&mem, &pages, "fork")?;
+        }
+        point.push(("fork", t));
+        // memcpy out and back.
+        progress(&format!("(b) memcpy, {:.1} % dirty", pm as f64 / 10.0));
+        let base_copy = mem.snapshot();
+        let mut t = Vec::new();
+        for c in 0..(cfg.cycles / 20).max(3) {
+            let pages = dirty_pages(&mut rng, n, k);
+            let t0 = Instant::now();
+            dirty(&mem, &pages, (c % 250) as u8 + 1);
+            shadow.resize(mem.len(), 0);
+            mem.read_into(0, &mut shadow);
+            FullCopy.restore(&mem, &base_copy)?;
+            t.push(t0.elapsed().as_secs_f64() * 1e3);
+            check_base(&mem, &pages, "memcpy")?;
+        }
+        drop(base_copy);
+        point.push(("memcpy", t));
+        // The page store's tracker saw the memcpy restores: resync it.
+        s.restore(base)?;
+        let fork_rate = point
+            .iter_mut()
+            .find(|(v, _)| *v == "fork")
+            .map(|(_, t)| 1e3 / median(t))
+            .unwrap_or(f64::NAN);
+        for (variant, mut t) in point {
+            let cycles = t.len() as u64;
+            let ms = median(&mut t);
+            rows.push(CycleRow {
+                variant: variant.into(),
+                permille: pm,
+                pages_dirtied: k as u64,
+                cycles,
+                cycle_ms: ms,
+                cycles_per_s: 1e3 / ms,
+                ratio_to_fork: (1e3 / ms) / fork_rate,
+            });
+        }
+    }
+    Ok((rows, backend))
+}
+
+/// Runs (a) and (b).
+pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
+    let dfs = dfs(cfg, progress)?;
+    let (cycles, backend) = cycles(cfg, progress)?;
+    Ok(Report {
+        machine: Machine::this(),
+        config: cfg.clone(),
+        backend,
+        dfs_memory_ratio: dfs[1].snapshot_mib / dfs[0].snapshot_mib,
+        dfs_time_ratio: dfs[1].seconds / dfs[0].seconds,
+        dfs,
+        cycles,
+    })
+}
+
+impl Report {
+    /// (b) as a plot: cycles per second against the dirtied fraction.
+    pub fn charts(&self) -> Vec<(String, super::svg::Chart)> {
+        use super::svg::{Chart, Series};
+        let mut variants: Vec<String> = Vec::new();
+        for r in &self.cycles {
+            if !variants.contains(&r.variant) {
+                variants.push(r.variant.clone());
+            }
+        }
+        let series = variants
+            .iter()
+            .map(|v| Series {
+                label: v.clone(),
+                points: self
+                    .cycles
+                    .iter()
+                    .filter(|r| &r.variant == v)
+                    .map(|r| (r.permille as f64 / 10.0, r.cycles_per_s))
+                    .collect(),
+            })
+            .collect();
+        vec![(
+            "cycles.svg".into(),
+            Chart {
+                title: format!(
+                    "(b) snapshot + restore cycles per second, {} MiB region",
+                    self.config.cycle_mib
+                ),
+                x_label: "pages dirtied per cycle (%)".into(),
+                y_label: "cycles per second".into(),
+                log_x: false,
+                log_y: true,
+                series,
+            },
+        )]
+    }
+
+    /// A plain-text summary with the goals.
+    pub fn summary(&self) -> String {
+        use std::fmt::Write;
+        let mut s = String::new();
+        let m = &self.machine;
+        let _ = writeln!(
+            s,
+            "machine: {} ({} CPUs, {:.1} GiB), kernel {}; page store tracker: {}",
+            m.cpu, m.cpus, m.mem_gib, m.kernel, self.backend
+        );
+        let c = &self.config;
+        let _ = writeln!(
+            s,
+            "\n(a) depth-first search: {} MiB heap, depth {}, branching {}, {} pages written per step, {} visited states kept",
+            c.dfs_heap_mib, c.dfs_depth, c.dfs_branching, c.dfs_pages_per_step, c.dfs_visited_cache
+        );
+        let _ = writeln!(
+            s,
+            "{:<12} {:>7} {:>9} {:>9} {:>14} {:>16}",
+            "variant", "states", "restores", "time (s)", "peak RSS (MiB)", "snapshots (MiB)"
+        );
+        for r in &self.dfs {
+            let _ = writeln!(
+                s,
+                "{:<12} {:>7} {:>9} {:>9.2} {:>14.1} {:>16.1}",
+                r.variant, r.states, r.restores, r.seconds, r.peak_rss_mib, r.snapshot_mib
+            );
+        }
+        let _ = writeln!(
+            s,
+            "page store / full copies: snapshot memory {:.3}x ({:.1} % less; goal >= 80 % less), time {:.3}x (goal <= 1.15x)",
+            self.dfs_memory_ratio,
+            (1.0 - self.dfs_memory_ratio) * 100.0,
+            self.dfs_time_ratio
+        );
+        let _ = writeln!(s, "\n(b) cycles on a {} MiB region (median)", c.cycle_mib);
+        let _ = writeln!(
+            s,
+            "{:<24} {:>7} {:>8} {:>7} {:>10} {:>10} {:>9}",
+            "variant", "dirty %", "pages", "cycles", "cycle ms", "cycles/s", "x fork"
+        );
+        for r in &self.cycles {
+            let _ = writeln!(
+                s,
+                "{:<24} {:>7.1} {:>8} {:>7} {:>10.3} {:>10.1} {:>9.2}",
+                r.variant,
+                r.permille as f64 / 10.0,
+                r.pages_dirtied,
+                r.cycles,
+                r.cycle_ms,
+                r.cycles_per_s,
+                r.ratio_to_fork
+            );
+        }
+        if let Some(r) = self
+            .cycles
+            .iter()
+            .find(|r| r.variant == "page-store" && r.permille == 10)
+        {
+            let _ = writeln!(
+                s,
+                "goal at 1 %: cycle {:.3} ms (<= 5 ms), {:.1}x fork (>= 10x)",
+                r.cycle_ms, r.ratio_to_fork
+            );
+        }
+        s
+    }
+}
