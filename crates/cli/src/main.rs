@@ -3,6 +3,7 @@
 mod cmd_bench;
 mod cmd_probe;
 mod cmd_redis;
+mod cmd_snapshot;
 mod cmd_track;
 mod cmd_workload;
 
@@ -27,6 +28,12 @@ enum Cmd {
     /// `uffd-wp` when the kernel has it; a running process from outside with
     /// `hash` (or `soft-dirty`).
     Track(cmd_track::Args),
+    /// Snapshot another process into a deduplicated, durable store; inspect and diff stores.
+    ///
+    /// `pagewise snapshot --pid PID --out DIR [--every MS --count N]` stops the
+    /// process briefly for each snapshot. Each distinct page is stored once,
+    /// compressed, across all snapshots of the store.
+    Snapshot(cmd_snapshot::Args),
     /// Run the benchmarks of a capability and print ratios against the baselines.
     Bench(cmd_bench::Args),
     /// One-step tour: track a built-in workload with every available backend.
@@ -41,6 +48,7 @@ fn main() {
     let r = match cli.cmd {
         Cmd::Probe(a) => cmd_probe::run(a),
         Cmd::Track(a) => cmd_track::run(a),
+        Cmd::Snapshot(a) => cmd_snapshot::run(a),
         Cmd::Bench(a) => cmd_bench::run(a),
         Cmd::Demo(a) => cmd_bench::demo(a),
         Cmd::Workload(a) => cmd_workload::run(a),

@@ -53,6 +53,21 @@ fn pages_in(lines: &[serde_json::Value], addr: u64, len: u64) -> std::collection
     s
 }
 
+/// Starts the hidden workload; returns it with the region it printed.
+fn spawn_workload(args: &[&str]) -> (std::process::Child, u64, u64) {
+    let mut wl = Command::new(BIN)
+        .args(args)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(wl.stdout.as_mut().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let (addr, len) = region_line(&first);
+    (wl, addr, len)
+}
+
 fn json_lines(out: &[u8]) -> Vec<serde_json::Value> {
     String::from_utf8_lossy(out)
         .lines()
@@ -108,16 +123,7 @@ fn probe_json_has_every_feature() {
 
 #[test]
 fn track_pid_from_outside_sees_the_known_writes() {
-    let mut wl = Command::new(BIN)
-        .args(KNOWN_WORKLOAD)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut first = String::new();
-    BufReader::new(wl.stdout.as_mut().unwrap())
-        .read_line(&mut first)
-        .unwrap();
-    let (addr, len) = region_line(&first);
+    let (mut wl, addr, len) = spawn_workload(KNOWN_WORKLOAD);
     let pid = wl.id().to_string();
     let out = Command::new(BIN)
         .args([
@@ -293,4 +299,187 @@ fn process_exiting_mid_run_is_reported() {
     );
     assert!(err.contains(&format!("process {pid} exited")), "{err}");
     assert!(!err.contains("panicked"), "{err}");
+}
+
+/// A fresh directory name under the temporary directory (removed by the caller).
+fn temp_dir(name: &str) -> std::path::PathBuf {
+    let p = std::env::temp_dir().join(format!("pagewise-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&p);
+    p
+}
+
+#[test]
+fn snapshot_pid_stores_the_known_layout() {
+    let dir = temp_dir("snap");
+    let (mut wl, addr, len) = spawn_workload(KNOWN_WORKLOAD);
+    let pid = wl.id().to_string();
+    // One snapshot before the workload's writes (at 700 ms), one after.
+    let out = Command::new(BIN)
+        .args(["snapshot", "--pid", &pid, "--out"])
+        .arg(&dir)
+        .args(["--every", "1300", "--count", "2", "--json"])
+        .output()
+        .unwrap();
+    let status = wl.wait().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        status.success(),
+        "the snapshotted process ran on and exited normally"
+    );
+    let lines = json_lines(&out.stdout);
+    assert_eq!(lines.len(), 2);
+    assert!(
+        lines[1]["save"]["pages_new"].as_u64().unwrap()
+            < lines[0]["save"]["pages_new"].as_u64().unwrap()
+    );
+
+    // Ground truth from the store itself: every page of the region holds 1 at
+    // offset 0; after the writes the first 300 also hold 0xA5 at offset 100.
+    let disk = pagewise::snap::DiskStore::open(&dir).unwrap();
+    let mut page = vec![0u8; PAGE as usize];
+    for (id, written) in [(1u64, 0u64), (2, 300)] {
+        let s = disk.load(id).unwrap();
+        let mut base = 0u64;
+        let mut found = false;
+        for r in &s.regions {
+            if r.start <= addr && addr + len <= r.start + r.len {
+                found = true;
+                let i0 = base + (addr - r.start) / PAGE;
+                for p in 0..len / PAGE {
+                    disk.read_page(s.entries[(i0 + p) as usize], &mut page)
+                        .unwrap();
+                    let mut want = vec![0u8; PAGE as usize];
+                    want[0] = 1;
+                    if p < written {
+                        want[100] = 0xA5;
+                    }
+                    assert_eq!(page, want, "snapshot {id}, page {p} of the region");
+                }
+            }
+            base += r.len / PAGE;
+        }
+        assert!(found, "snapshot {id} holds the workload's region");
+    }
+
+    // diff: exactly the 300 written pages inside the region.
+    let out = Command::new(BIN)
+        .args(["snapshot", "diff"])
+        .arg(&dir)
+        .args(["1", "2", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let got = pages_in(&[v], addr, len);
+    assert_eq!(
+        got,
+        (0..300).collect(),
+        "diff names exactly the written pages"
+    );
+
+    // inspect --json has the documented fields, with the exact counts.
+    let out = Command::new(BIN)
+        .args(["snapshot", "inspect"])
+        .arg(&dir)
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["snapshots"], 2);
+    for k in [
+        "unique_pages",
+        "zero_pages",
+        "referenced_pages",
+        "bytes_on_disk",
+    ] {
+        assert!(v[k].is_u64(), "inspect lacks {k}: {v}");
+    }
+    let pages: u64 = v["snapshot_list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["pages"].as_u64().unwrap())
+        .sum();
+    assert_eq!(
+        pages,
+        v["referenced_pages"].as_u64().unwrap() + v["zero_pages"].as_u64().unwrap()
+    );
+    // A person's view too.
+    let out = Command::new(BIN)
+        .args(["snapshot", "inspect"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("dedup ratio"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn snapshot_bad_input_gets_one_clear_line() {
+    let dir = temp_dir("snapbad");
+    let check = |args: &[&str], want: &str| {
+        let out = Command::new(BIN).args(args).output().unwrap();
+        assert!(!out.status.success(), "{args:?} should fail");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: one line: {err}");
+    };
+    let d = dir.to_str().unwrap();
+    check(
+        &["snapshot", "--pid", "999999999", "--out", d],
+        "no process with pid 999999999",
+    );
+    check(&["snapshot", "--pid", "1"], "--out");
+    // A directory that is not a store.
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("notes.txt"), "x").unwrap();
+    check(
+        &["snapshot", "inspect", d],
+        "is not a pagewise snapshot store",
+    );
+    check(
+        &["snapshot", "--pid", "1", "--out", d],
+        "is not a pagewise snapshot store",
+    );
+    // A corrupt store: a snapshot index with a flipped byte.
+    let store = temp_dir("snapcorrupt");
+    let (mut wl, _, _) = spawn_workload(&[
+        "workload",
+        "--mib",
+        "4",
+        "--seconds",
+        "2",
+        "--pages-per-sec",
+        "0",
+    ]);
+    let out = Command::new(BIN)
+        .args(["snapshot", "--pid", &wl.id().to_string(), "--out"])
+        .arg(&store)
+        .output()
+        .unwrap();
+    let _ = wl.wait();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let idx = store.join("snap-0000000001.idx");
+    let mut bytes = std::fs::read(&idx).unwrap();
+    bytes[60] ^= 0x40;
+    std::fs::write(&idx, bytes).unwrap();
+    let s = store.to_str().unwrap();
+    check(&["snapshot", "inspect", s], "corrupt");
+    check(&["snapshot", "diff", s, "1", "1"], "corrupt");
+    check(&["snapshot", "diff", s, "7", "8"], "no snapshot 7");
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&store);
 }

@@ -25,6 +25,7 @@ pub mod probe;
 pub mod procfs;
 pub mod region;
 pub mod snap;
+pub mod stop;
 pub mod thp;
 pub mod track;
 pub mod walk;

@@ -111,6 +111,31 @@ pub fn writable_anonymous(pid: Option<i32>) -> Result<Vec<Mapping>> {
         .collect())
 }
 
+/// The writable mappings of a process that hold its state: private and shared,
+/// anonymous and file-backed, without the kernel's special ones (`[vvar]`, …).
+pub fn writable(pid: Option<i32>) -> Result<Vec<Mapping>> {
+    Ok(maps(pid)?
+        .into_iter()
+        .filter(|m| m.read && m.write && !m.is_special())
+        .collect())
+}
+
+/// The thread ids of process `pid`.
+pub fn tasks(pid: i32) -> Result<Vec<i32>> {
+    let dir = proc_dir(Some(pid)).join("task");
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(&dir)
+        .map_err(|e| Error::for_pid(pid, format!("reading {}", dir.display()), e))?
+    {
+        let e = e.map_err(|e| Error::for_pid(pid, format!("reading {}", dir.display()), e))?;
+        if let Ok(tid) = e.file_name().to_string_lossy().parse() {
+            out.push(tid);
+        }
+    }
+    out.sort_unstable();
+    Ok(out)
+}
+
 /// Whether process `pid` is alive: it exists and is neither a zombie nor dead.
 pub fn is_alive(pid: i32) -> bool {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {

@@ -133,3 +133,46 @@ pub fn fork_and_wait(child: impl FnOnce() -> i32) -> io::Result<i32> {
         }
     }
 }
+
+/// `ptrace(PTRACE_SEIZE)` of one thread: attach without stopping it.
+pub fn ptrace_seize(tid: libc::pid_t) -> io::Result<()> {
+    // SAFETY: PTRACE_SEIZE takes a tid and ignores addr/data pointers here (0).
+    cvt_int(unsafe { libc::ptrace(libc::PTRACE_SEIZE, tid, 0usize, 0usize) as libc::c_int })
+        .map(|_| ())
+}
+
+/// `ptrace(PTRACE_INTERRUPT)`: stop a seized thread; wait for it with [`wait_stopped`].
+pub fn ptrace_interrupt(tid: libc::pid_t) -> io::Result<()> {
+    // SAFETY: as above; the thread was seized by this thread.
+    cvt_int(unsafe { libc::ptrace(libc::PTRACE_INTERRUPT, tid, 0usize, 0usize) as libc::c_int })
+        .map(|_| ())
+}
+
+/// `ptrace(PTRACE_DETACH)`: let a seized thread go (it resumes).
+pub fn ptrace_detach(tid: libc::pid_t) -> io::Result<()> {
+    // SAFETY: as above; data 0 delivers no signal.
+    cvt_int(unsafe { libc::ptrace(libc::PTRACE_DETACH, tid, 0usize, 0usize) as libc::c_int })
+        .map(|_| ())
+}
+
+/// Waits until traced thread `tid` stops. `Ok(false)` if it exited instead.
+pub fn wait_stopped(tid: libc::pid_t) -> io::Result<bool> {
+    loop {
+        let mut status = 0;
+        // SAFETY: waits for a thread this thread traces; `status` is a valid out-pointer.
+        let r = unsafe { libc::waitpid(tid, &mut status, libc::__WALL) };
+        if r == tid {
+            if libc::WIFSTOPPED(status) {
+                return Ok(true);
+            }
+            if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
+                return Ok(false);
+            }
+            continue;
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINTR) {
+            return Err(e);
+        }
+    }
+}

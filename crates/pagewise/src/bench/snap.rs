@@ -47,7 +47,7 @@ impl Config {
     pub fn full() -> Self {
         Config {
             dfs_heap_mib: 256,
-            dfs_depth: 6,
+            dfs_depth: 5,
             dfs_branching: 3,
             dfs_pages_per_step: 8,
             dfs_visited_cache: 16,

@@ -1,0 +1,204 @@
+//! `pagewise snapshot`: snapshots of another process into a durable store,
+//! and reading stores back (`inspect`, `diff`).
+
+use anyhow::{bail, Result};
+use pagewise::snap::remote::snapshot_process;
+use pagewise::snap::DiskStore;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct Args {
+    #[command(subcommand)]
+    sub: Option<Sub>,
+    #[command(flatten)]
+    take: TakeArgs,
+}
+
+#[derive(clap::Args)]
+struct TakeArgs {
+    /// The process to snapshot (its writable memory). It is stopped briefly
+    /// (ptrace) for each snapshot and resumed.
+    #[arg(long)]
+    pid: Option<i32>,
+    /// The store directory (created if missing or empty; appended to otherwise).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Take a snapshot every MS milliseconds (with --count).
+    #[arg(long, value_name = "MS")]
+    every: Option<u64>,
+    /// Number of snapshots to take.
+    #[arg(long, default_value_t = 1)]
+    count: u64,
+    /// Free text stored with each snapshot.
+    #[arg(long, default_value = "")]
+    label: String,
+    /// Trust the 128-bit digest when a page matches a stored one, instead of
+    /// comparing contents (faster; see the store's documentation).
+    #[arg(long)]
+    no_verify: bool,
+    /// One JSON object per snapshot on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Subcommand)]
+enum Sub {
+    /// Show a store: its snapshots, sizes, unique and zero pages, dedup ratio.
+    Inspect {
+        /// The store directory.
+        dir: PathBuf,
+        /// One JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Page ranges whose contents differ between snapshots A and B of a store.
+    Diff {
+        /// The store directory.
+        dir: PathBuf,
+        /// First snapshot id.
+        a: u64,
+        /// Second snapshot id.
+        b: u64,
+        /// One JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+pub fn run(a: Args) -> Result<i32> {
+    match a.sub {
+        Some(Sub::Inspect { dir, json }) => inspect(dir, json),
+        Some(Sub::Diff { dir, a, b, json }) => diff(dir, a, b, json),
+        None => take(a.take),
+    }
+}
+
+fn take(t: TakeArgs) -> Result<i32> {
+    let (Some(pid), Some(out)) = (t.pid, t.out) else {
+        bail!("give --pid PID and --out DIR (or a subcommand: inspect, diff; see --help)");
+    };
+    if t.count == 0 {
+        bail!("--count must be at least 1");
+    }
+    if t.count > 1 && t.every.is_none() {
+        bail!("--count above 1 needs --every MS");
+    }
+    if !pagewise::procfs::is_alive(pid) {
+        return Err(pagewise::Error::NoSuchProcess(pid).into());
+    }
+    let mut disk = DiskStore::create(&out, !t.no_verify)?;
+    let every = Duration::from_millis(t.every.unwrap_or(0));
+    let start = Instant::now();
+    for i in 0..t.count {
+        let due = start + every * i as u32;
+        if let Some(wait) = due.checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        }
+        let s = snapshot_process(pid, &mut disk, &t.label)?;
+        if t.json {
+            println!("{}", serde_json::to_string(&s)?);
+        } else {
+            println!(
+                "snapshot {:>4}: {} regions, {} pages ({} read, {} zero), {} new pages, {:.1} KiB written; process stopped {:.1} ms, total {:.1} ms",
+                s.save.id,
+                s.regions,
+                s.save.pages,
+                s.pages_read,
+                s.save.zero_pages,
+                s.save.pages_new,
+                (s.save.pack_bytes + s.save.index_bytes) as f64 / 1024.0,
+                s.stopped_ms,
+                s.total_ms
+            );
+        }
+    }
+    if !t.json {
+        println!(
+            "store: {} (see `pagewise snapshot inspect {}`)",
+            out.display(),
+            out.display()
+        );
+    }
+    Ok(0)
+}
+
+fn inspect(dir: PathBuf, json: bool) -> Result<i32> {
+    let disk = DiskStore::open(&dir)?;
+    let list = disk.list()?;
+    let stats = disk.stats()?;
+    if json {
+        let snaps: Vec<serde_json::Value> = list
+            .iter()
+            .map(|s| {
+                serde_json::json!({
+                    "id": s.id,
+                    "label": s.label,
+                    "pid": s.pid,
+                    "created_ms": s.created_ms,
+                    "regions": s.regions.len(),
+                    "pages": s.pages(),
+                    "zero_pages": s.zero_pages(),
+                    "bytes": s.pages() * pagewise::PAGE_SIZE as u64,
+                    "index_bytes": s.index_bytes,
+                })
+            })
+            .collect();
+        let mut v = serde_json::to_value(&stats)?;
+        v["snapshots"] = serde_json::Value::from(stats.snapshots);
+        v["snapshot_list"] = serde_json::Value::Array(snaps);
+        println!("{v}");
+        return Ok(0);
+    }
+    println!("store {}", dir.display());
+    println!(
+        "{:>6} {:>8} {:>8} {:>10} {:>10} {:>9}  label",
+        "id", "pid", "regions", "pages", "zero", "MiB"
+    );
+    for s in &list {
+        println!(
+            "{:>6} {:>8} {:>8} {:>10} {:>10} {:>9.1}  {}",
+            s.id,
+            s.pid.map_or("-".into(), |p| p.to_string()),
+            s.regions.len(),
+            s.pages(),
+            s.zero_pages(),
+            (s.pages() * pagewise::PAGE_SIZE as u64) as f64 / 1048576.0,
+            s.label
+        );
+    }
+    println!(
+        "{} snapshots: {} page references ({} zero), {} unique pages; {:.1} MiB represented in {:.1} MiB on disk (dedup ratio {:.1}x)",
+        stats.snapshots,
+        stats.referenced_pages + stats.zero_pages,
+        stats.zero_pages,
+        stats.unique_pages,
+        stats.bytes_represented as f64 / 1048576.0,
+        stats.bytes_on_disk as f64 / 1048576.0,
+        stats.dedup_ratio
+    );
+    Ok(0)
+}
+
+fn diff(dir: PathBuf, a: u64, b: u64, json: bool) -> Result<i32> {
+    let disk = DiskStore::open(&dir)?;
+    let ranges = disk.diff(a, b)?;
+    let pages: u64 = ranges.iter().map(|r| r.pages).sum();
+    if json {
+        let rs: Vec<[u64; 2]> = ranges.iter().map(|r| [r.start, r.pages]).collect();
+        println!(
+            "{}",
+            serde_json::json!({"a": a, "b": b, "pages": pages, "ranges": rs})
+        );
+    } else {
+        for r in &ranges {
+            println!("{:#x} {} pages", r.start, r.pages);
+        }
+        println!(
+            "{pages} pages in {} ranges differ between snapshots {a} and {b}",
+            ranges.len()
+        );
+    }
+    Ok(0)
+}
