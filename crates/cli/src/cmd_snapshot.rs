@@ -127,7 +127,7 @@ fn take(t: TakeArgs) -> Result<i32> {
 fn inspect(dir: PathBuf, json: bool) -> Result<i32> {
     let disk = DiskStore::open(&dir)?;
     let list = disk.list()?;
-    let stats = disk.stats()?;
+    let stats = disk.stats_of(&list)?;
     if json {
         let snaps: Vec<serde_json::Value> = list
             .iter()

@@ -499,9 +499,15 @@ impl DiskStore {
 
     /// Statistics over every snapshot in the store.
     pub fn stats(&self) -> Result<DiskStats> {
+        self.stats_of(&self.list()?)
+    }
+
+    /// Statistics over `list`, the store's snapshots as [`DiskStore::list`]
+    /// returned them (for callers that already hold it).
+    pub fn stats_of(&self, list: &[DiskSnapshot]) -> Result<DiskStats> {
         let mut st = DiskStats::default();
         let mut seen = std::collections::HashSet::new();
-        for s in self.list()? {
+        for s in list {
             st.snapshots += 1;
             for &e in &s.entries {
                 if e == 0 {

@@ -285,10 +285,12 @@ impl Snapshots {
     }
 
     fn intern(&mut self, page: &[u8], stats: &mut TakeStats) -> PageId {
-        let before = self.store.stats().unique_pages;
         let id = self.store.intern(page);
         stats.pages_read += 1;
-        stats.pages_new += self.store.stats().unique_pages - before;
+        // A page already stored has at least two references now.
+        if !id.is_zero() && self.store.refs(id) == 1 {
+            stats.pages_new += 1;
+        }
         id
     }
 
