@@ -440,18 +440,27 @@ impl Snapshots {
     pub fn list(&self) -> Vec<SnapshotInfo> {
         self.snaps
             .iter()
-            .map(|(&id, s)| SnapshotInfo {
-                id,
-                pages: s.take.pages,
-                zero_pages: s
-                    .tables
-                    .iter()
-                    .flat_map(|t| t.chunks.iter())
-                    .map(|c| c.iter().filter(|p| p.is_zero()).count() as u64)
-                    .sum(),
-                take: s.take,
-            })
+            .map(|(&id, s)| Self::info_of(id, s))
             .collect()
+    }
+
+    /// Snapshot `id`, as [`Snapshots::list`] shows it.
+    pub fn info(&self, id: SnapId) -> Result<SnapshotInfo> {
+        Ok(Self::info_of(id, self.snap(id)?))
+    }
+
+    fn info_of(id: SnapId, s: &Snap) -> SnapshotInfo {
+        SnapshotInfo {
+            id,
+            pages: s.take.pages,
+            zero_pages: s
+                .tables
+                .iter()
+                .flat_map(|t| t.chunks.iter())
+                .map(|c| c.iter().filter(|p| p.is_zero()).count() as u64)
+                .sum(),
+            take: s.take,
+        }
     }
 
     /// Reads `buf.len()` bytes at `addr` as snapshot `id` holds them, across

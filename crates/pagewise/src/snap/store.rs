@@ -214,6 +214,12 @@ impl PageStore {
         &mut self.slabs[s / SLAB_PAGES][off..off + PAGE_SIZE]
     }
 
+    /// The id of a live page from its raw number ([`PageId::raw`]); 0 is the
+    /// zero page. `None` for a number that names no page stored now.
+    pub fn live_id(&self, raw: u32) -> Option<PageId> {
+        (raw == 0 || self.refs.get(raw as usize).is_some_and(|&r| r > 0)).then_some(PageId(raw))
+    }
+
     /// The bytes of page `id`.
     ///
     /// # Panics

@@ -183,15 +183,19 @@ impl Backend for MprotectBackend {
     }
 
     fn scan(&mut self, out: &mut Vec<PageRange>, stats: &mut CollectStats) -> Result<()> {
+        // This region's ranges apart from `out`: in `out` a range may merge
+        // with the previous region's last one when the regions are adjacent,
+        // and this region's part of it must still be re-protected.
+        let mut found = Vec::new();
         for t in &self.tracked {
             let s = &SLOTS[t.slot];
             stats.faults += s.faults.swap(0, Ordering::AcqRel);
-            let first = out.len();
+            found.clear();
             if s.all_dirty.swap(false, Ordering::AcqRel) {
                 for w in t.bits.iter() {
                     w.store(0, Ordering::Release);
                 }
-                push_coalesced(out, t.region.start, t.region.end());
+                push_coalesced(&mut found, t.region.start, t.region.end());
             } else {
                 for (wi, w) in t.bits.iter().enumerate() {
                     if w.load(Ordering::Relaxed) == 0 {
@@ -202,17 +206,16 @@ impl Backend for MprotectBackend {
                         let b = v.trailing_zeros() as u64;
                         v &= v - 1;
                         let a = t.region.start + (wi as u64 * 64 + b) * PAGE_SIZE as u64;
-                        push_coalesced(out, a, a + PAGE_SIZE as u64);
+                        push_coalesced(&mut found, a, a + PAGE_SIZE as u64);
                     }
                 }
             }
             // Re-protect after the bits were taken (see the module docs).
-            let found = &out[first..];
             if found.len() > 64 {
                 mem::mprotect(t.region.start, t.region.len as usize, libc::PROT_READ)
                     .map_err(|e| Error::os("mprotect(PROT_READ) of a tracked region", e))?;
             } else {
-                for r in found {
+                for r in &found {
                     mem::mprotect(r.start, r.len() as usize, libc::PROT_READ).map_err(|e| {
                         Error::os(
                             format!("mprotect(PROT_READ) of {:#x}+{:#x}", r.start, r.len()),
@@ -220,6 +223,9 @@ impl Backend for MprotectBackend {
                         )
                     })?;
                 }
+            }
+            for r in &found {
+                push_coalesced(out, r.start, r.end());
             }
         }
         Ok(())

@@ -166,6 +166,40 @@ fn unpopulated_memory_first_touch_is_reported() {
     });
 }
 
+/// Two tracked regions that touch: a write on each side of the boundary is
+/// reported as one range, and both pages must be tracked again afterwards.
+#[test]
+fn adjacent_regions_stay_tracked_across_the_boundary() {
+    for_each_backend("adjacent_regions", &[], |kind| {
+        let mem = AnonMemory::new(16 * PAGE_SIZE).unwrap();
+        let whole = mem.region();
+        let half = 8 * PAGE_SIZE as u64;
+        let lower = pagewise::Region::new(whole.start, half).unwrap();
+        let upper = pagewise::Region::new(whole.start + half, half).unwrap();
+        let mut t = DirtyTracker::new(&[upper, lower], kind).unwrap();
+        let page = |p: u64| pagewise::PageRange {
+            start: whole.start + p * PAGE_SIZE as u64,
+            pages: 1,
+        };
+        for round in 0..3u8 {
+            mem.write_byte(7 * PAGE_SIZE, round + 1);
+            mem.write_byte(8 * PAGE_SIZE, round + 1);
+            let c = t.collect().unwrap();
+            let want = pagewise::PageRange {
+                start: page(7).start,
+                pages: 2,
+            };
+            assert_eq!(c.ranges, vec![want], "{kind} round {round}: both sides");
+            mem.write_byte(8 * PAGE_SIZE + 1, round + 1);
+            assert_eq!(
+                t.collect().unwrap().ranges,
+                vec![page(8)],
+                "{kind} round {round}: upper alone"
+            );
+        }
+    });
+}
+
 #[test]
 fn consumers_do_not_steal_each_others_writes() {
     for_each_backend("two_consumers", &[], |kind| {
