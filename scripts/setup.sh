@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs what pagewise's tests and benchmarks need on a fresh Debian machine:
-# the Rust components for lint checks, and Redis for LDT's experiment (d).
+# the Rust components for lint checks, Redis for LDT's experiment (d), CRIU
+# for SimGrid's experiment (c) (which skips with the reason where CRIU cannot
+# run on the kernel), and a C compiler for the C API's tests.
 set -euo pipefail
 if command -v rustup >/dev/null; then
     rustup component add rustfmt clippy >/dev/null 2>&1 || true
@@ -9,6 +11,8 @@ need=()
 command -v redis-server >/dev/null || need+=(redis-server)
 command -v redis-benchmark >/dev/null || need+=(redis-tools)
 command -v mkswap >/dev/null || need+=(util-linux)
+command -v criu >/dev/null || need+=(criu)
+command -v cc >/dev/null || need+=(gcc)
 if ((${#need[@]})); then
     SUDO=""
     [ "$(id -u)" -eq 0 ] || SUDO="sudo"

@@ -28,9 +28,12 @@ enum What {
     },
     /// SimGrid's experiments: (a) a depth-first state-space search with full-copy
     /// snapshots against the page store (time, peak RSS); (b) snapshot + restore
-    /// cycles against fork() and memcpy. Short by default.
+    /// cycles against fork() and memcpy; (c) `pagewise snapshot --pid` against
+    /// `criu dump` on the same process (skipped with the reason where CRIU
+    /// cannot run). Short by default.
     Snap {
-        /// The full experiment (256 MiB search heap, 1 GiB cycles; a few minutes).
+        /// The full experiment (256 MiB search heap, 1 GiB cycles, 256 MiB
+        /// process; a few minutes).
         #[arg(long)]
         full: bool,
         /// Print the report as one JSON object.

@@ -100,6 +100,14 @@ impl AnonMemory {
         unsafe { std::ptr::write_bytes(self.ptr.add(page * PAGE_SIZE), v, PAGE_SIZE) }
     }
 
+    /// Copies `bytes` into the memory at offset `off`.
+    pub fn write_at(&self, off: usize, bytes: &[u8]) {
+        assert!(off + bytes.len() <= self.len);
+        // SAFETY: the range is inside the mapping and `bytes` does not overlap it
+        // (it is a Rust borrow, not memory handed out by this value).
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.ptr.add(off), bytes.len()) }
+    }
+
     /// Copies page `page` into `out` (4096 bytes read).
     #[inline]
     pub fn read_page(&self, page: usize, out: &mut [u8; PAGE_SIZE]) {

@@ -108,8 +108,14 @@ pub fn process_exists(pid: libc::pid_t) -> io::Result<()> {
 /// Only for single-threaded callers, or a `child` that allocates nothing and
 /// takes no lock: after `fork` only the calling thread exists in the child.
 pub fn fork_and_wait(child: impl FnOnce() -> i32) -> io::Result<i32> {
+    wait_child(fork_child(child)?)
+}
+
+/// Like [`fork_and_wait`] without the wait: returns the child's pid at once.
+/// The caller reaps it with [`wait_child`].
+pub fn fork_child(child: impl FnOnce() -> i32) -> io::Result<libc::pid_t> {
     // SAFETY: fork has no preconditions; the child runs only `child` (whose
-    // contract is documented above) and leaves through _exit.
+    // contract is documented at `fork_and_wait`) and leaves through _exit.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
         return Err(io::Error::last_os_error());
@@ -120,6 +126,11 @@ pub fn fork_and_wait(child: impl FnOnce() -> i32) -> io::Result<i32> {
         // or destructors that belong to the parent's state.
         unsafe { libc::_exit(code) };
     }
+    Ok(pid)
+}
+
+/// Waits for child `pid` to end; returns its status as `waitpid` reports it.
+pub fn wait_child(pid: libc::pid_t) -> io::Result<i32> {
     let mut status = 0;
     loop {
         // SAFETY: waits for our own child; `status` is a valid out-pointer.

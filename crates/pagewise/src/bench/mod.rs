@@ -1,6 +1,7 @@
 //! Benchmarks of the capabilities, shared by `pagewise bench` and CI's smoke runs.
 //! Every benchmark runs its baseline in the same run and reports ratios.
 
+pub mod dump;
 pub mod snap;
 pub mod svg;
 pub mod track;

@@ -8,7 +8,9 @@
 //! - (b) snapshot + restore cycles on a region with 0.1 %, 1 % and 10 % of
 //!   its pages dirtied per cycle, against a `fork()` per cycle (the fuzzers'
 //!   baseline: the child dirties the pages and exits, the parent stays
-//!   pristine) and a full `memcpy` out and back.
+//!   pristine) and a full `memcpy` out and back;
+//! - (c) `pagewise snapshot --pid` against `criu dump` on the same process
+//!   (in [`super::dump`]).
 //!
 //! Every variant checks its result: the search visits the same states with
 //! the same checksums, and every restore is compared with the base contents.
@@ -40,6 +42,8 @@ pub struct Config {
     pub cycle_permille: Vec<u32>,
     /// (b) cycles per point for the page store (fork and memcpy run fewer).
     pub cycles: usize,
+    /// (c) heap of the process snapshotted by pagewise and by CRIU, MiB.
+    pub dump_heap_mib: usize,
 }
 
 impl Config {
@@ -54,6 +58,7 @@ impl Config {
             cycle_mib: 1024,
             cycle_permille: vec![1, 10, 100],
             cycles: 200,
+            dump_heap_mib: 256,
         }
     }
 
@@ -68,6 +73,7 @@ impl Config {
             cycle_mib: 256,
             cycle_permille: vec![1, 10, 100],
             cycles: 50,
+            dump_heap_mib: 32,
         }
     }
 }
@@ -127,6 +133,8 @@ pub struct Report {
     pub dfs_time_ratio: f64,
     /// (b).
     pub cycles: Vec<CycleRow>,
+    /// (c).
+    pub dump: super::dump::DumpReport,
 }
 
 /// A heap whose every page is distinct: page `i` starts with `i`.
@@ -418,10 +426,11 @@ pub fn cycles(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<(Vec<Cycle
     Ok((rows, backend))
 }
 
-/// Runs (a) and (b).
+/// Runs (a), (b) and (c).
 pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
     let dfs = dfs(cfg, progress)?;
     let (cycles, backend) = cycles(cfg, progress)?;
+    let dump = super::dump::run(cfg.dump_heap_mib, progress)?;
     Ok(Report {
         machine: Machine::this(),
         config: cfg.clone(),
@@ -430,6 +439,7 @@ pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
         dfs_time_ratio: dfs[1].seconds / dfs[0].seconds,
         dfs,
         cycles,
+        dump,
     })
 }
 
@@ -536,6 +546,7 @@ impl Report {
                 r.cycle_ms, r.ratio_to_fork
             );
         }
+        s += &self.dump.summary();
         s
     }
 }

@@ -153,6 +153,8 @@ pub struct Snapshots {
     marks: Vec<Vec<u64>>,
     /// Empty chunk lists to reuse.
     spare: Vec<Vec<Chunk>>,
+    /// The last take or restore was a restore (see [`Snapshots::take`]).
+    after_restore: bool,
 }
 
 impl std::fmt::Debug for Snapshots {
@@ -200,6 +202,7 @@ impl Snapshots {
             walker: PageWalker::new(None)?,
             marks,
             spare: Vec::new(),
+            after_restore: false,
         })
     }
 
@@ -218,9 +221,18 @@ impl Snapshots {
         &self.store
     }
 
-    /// Pages written since the last take or restore, kept until one consumes them.
-    fn drain_dirty(&mut self) -> Result<Vec<PageRange>> {
-        let c = self.tracker.collect()?;
+    /// Pages written since the last take or restore, kept until one consumes
+    /// them. With `rearm`, tracking starts afresh for them; without, they
+    /// stay unprotected where the backend allows it (the next collection
+    /// reports them again), so that writing them does not fault.
+    fn drain_dirty(&mut self, rearm: bool) -> Result<Vec<PageRange>> {
+        let c = match rearm {
+            true => self.tracker.collect()?,
+            false => match self.tracker.peek()? {
+                Some(c) => c,
+                None => self.tracker.collect()?,
+            },
+        };
         Ok(crate::region::union_sorted(
             &std::mem::take(&mut self.pending),
             &c.ranges,
@@ -228,9 +240,16 @@ impl Snapshots {
     }
 
     /// Takes a snapshot and returns its id.
+    ///
+    /// Right after a restore, the pages read stay unprotected (with
+    /// `uffd-wp`): a restore that follows rewrites them without a fault each,
+    /// and the next take or restore reads or writes them again. A take after
+    /// a take re-protects, so pages are never left unprotected for longer
+    /// than one interval.
     pub fn take(&mut self) -> Result<SnapId> {
         let t0 = Instant::now();
-        let dirty = self.drain_dirty()?;
+        let dirty = self.drain_dirty(!self.after_restore)?;
+        self.after_restore = false;
         let mut stats = TakeStats::default();
         let tables = match self.current.take() {
             None => self.read_all(&mut stats)?,
@@ -361,7 +380,10 @@ impl Snapshots {
         let t0 = Instant::now();
         self.snap(id)?;
         let target = share(&mut self.spare, &self.snaps[&id].tables);
-        let dirty = self.drain_dirty()?;
+        // Leave the dirty pages writable: the restore rewrites them, and the
+        // collection after it re-protects them.
+        let dirty = self.drain_dirty(false)?;
+        self.after_restore = true;
         let mut stats = RestoreStats {
             pages_dirty: crate::region::total_pages(&dirty),
             ..Default::default()

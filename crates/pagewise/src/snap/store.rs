@@ -14,6 +14,7 @@
 use crate::hash::{page_digest, zero_page_digest, PageDigest, ZERO_PAGE};
 use crate::PAGE_SIZE;
 use serde::Serialize;
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
@@ -276,23 +277,38 @@ impl PageStore {
         if *r == 0 {
             let digest = self.digests[id.0 as usize];
             self.unique -= 1;
-            if self.index.get(&digest) == Some(&id.0) {
-                // Promote a collided page with the same digest, if any.
-                match self.collided.get_mut(&digest).and_then(|v| v.pop()) {
-                    Some(next) => {
-                        self.index.insert(digest, next);
-                    }
-                    None => {
-                        self.index.remove(&digest);
+            if self.collided.is_empty() {
+                // The common case: one page per digest, one probe.
+                if let Entry::Occupied(e) = self.index.entry(digest) {
+                    if *e.get() == id.0 {
+                        e.remove();
                     }
                 }
-            } else if let Some(v) = self.collided.get_mut(&digest) {
-                v.retain(|&c| c != id.0);
-            }
-            if self.collided.get(&digest).is_some_and(Vec::is_empty) {
-                self.collided.remove(&digest);
+            } else {
+                self.forget_collided(digest, id.0);
             }
             self.free.push(id.0);
+        }
+    }
+
+    /// Removes page `id` with `digest` from the indexes when some digest
+    /// has several pages.
+    fn forget_collided(&mut self, digest: PageDigest, id: u32) {
+        if self.index.get(&digest) == Some(&id) {
+            // Promote a collided page with the same digest, if any.
+            match self.collided.get_mut(&digest).and_then(|v| v.pop()) {
+                Some(next) => {
+                    self.index.insert(digest, next);
+                }
+                None => {
+                    self.index.remove(&digest);
+                }
+            }
+        } else if let Some(v) = self.collided.get_mut(&digest) {
+            v.retain(|&c| c != id);
+        }
+        if self.collided.get(&digest).is_some_and(Vec::is_empty) {
+            self.collided.remove(&digest);
         }
     }
 

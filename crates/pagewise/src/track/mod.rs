@@ -208,6 +208,12 @@ pub(crate) trait Backend: Send {
     fn kind(&self) -> BackendKind;
     /// Appends sorted, coalesced dirty ranges to `out`.
     fn scan(&mut self, out: &mut Vec<PageRange>, stats: &mut CollectStats) -> Result<()>;
+    /// Appends the pages written since the previous scan *without* re-arming
+    /// them: the next scan reports them again. `false` if the backend cannot
+    /// (then nothing was appended).
+    fn peek(&mut self, _out: &mut Vec<PageRange>, _stats: &mut CollectStats) -> Result<bool> {
+        Ok(false)
+    }
     /// Starts tracking `region`. With `baseline`, only writes from now on count;
     /// without, every page already in it is reported at the next scan.
     fn add_region(&mut self, region: Region, baseline: bool) -> Result<()>;
@@ -419,6 +425,33 @@ impl DirtyTracker {
     /// Collects for the default consumer.
     pub fn collect(&mut self) -> Result<Collection> {
         self.collect_for(Self::DEFAULT)
+    }
+
+    /// Every page written since the default consumer's previous collection,
+    /// without starting a new interval: its next collection reports them
+    /// again (and whatever is written meanwhile). Cheaper than a collection
+    /// where the backend can leave pages unprotected (`uffd-wp`: a scan that
+    /// does not re-protect, so later writes to these pages do not fault).
+    /// `None` where the backend cannot; use [`DirtyTracker::collect`] then.
+    pub fn peek(&mut self) -> Result<Option<Collection>> {
+        let id = Self::DEFAULT;
+        let Some(Some(pending)) = self.pending.get(id.0) else {
+            return Err(Error::Invalid(format!("consumer {} does not exist", id.0)));
+        };
+        let pending = pending.clone();
+        let t0 = Instant::now();
+        let mut stats = CollectStats::default();
+        let mut fresh = Vec::new();
+        if !self.backend.peek(&mut fresh, &mut stats)? {
+            return Ok(None);
+        }
+        let regions = self.backend.regions();
+        stats.pages_scanned = regions.iter().map(Region::pages).sum();
+        let ranges = region::clip_to(&region::union_sorted(&pending, &fresh), &regions);
+        stats.pages_dirty = region::total_pages(&ranges);
+        stats.ranges = ranges.len() as u64;
+        stats.elapsed_ns = t0.elapsed().as_nanos() as u64;
+        Ok(Some(Collection { ranges, stats }))
     }
 
     /// Returns every page written since `id`'s previous collection (or since it

@@ -110,25 +110,30 @@ impl UffdWp {
         }
     }
 
-    /// Reports the written pages of `[start, end)` and re-protects them.
-    /// With `strict`, a part of the range that is not registered is an error;
-    /// otherwise it is skipped.
+    /// Reports the written pages of `[start, end)` and, with `rearm`,
+    /// re-protects them (without, they stay written and the next scan reports
+    /// them again). With `strict`, a part of the range that is not registered
+    /// is an error; otherwise it is skipped.
     pub fn scan_written(
         &mut self,
         start: u64,
         end: u64,
         strict: bool,
+        rearm: bool,
         out: &mut Vec<PageRange>,
     ) -> Result<()> {
         let mut addr = start;
         while addr < end {
             let mut arg = pagemap::PmScanArg {
-                flags: pagemap::PM_SCAN_WP_MATCHING
-                    | if strict {
-                        pagemap::PM_SCAN_CHECK_WPASYNC
-                    } else {
-                        0
-                    },
+                flags: if rearm {
+                    pagemap::PM_SCAN_WP_MATCHING
+                } else {
+                    0
+                } | if strict {
+                    pagemap::PM_SCAN_CHECK_WPASYNC
+                } else {
+                    0
+                },
                 start: addr,
                 end,
                 category_mask: pagemap::category::WRITTEN,
@@ -182,9 +187,18 @@ impl Backend for UffdWpBackend {
 
     fn scan(&mut self, out: &mut Vec<PageRange>, _stats: &mut CollectStats) -> Result<()> {
         for r in &self.regions {
-            self.wp.scan_written(r.start, r.end(), self.strict, out)?;
+            self.wp
+                .scan_written(r.start, r.end(), self.strict, true, out)?;
         }
         Ok(())
+    }
+
+    fn peek(&mut self, out: &mut Vec<PageRange>, _stats: &mut CollectStats) -> Result<bool> {
+        for r in &self.regions {
+            self.wp
+                .scan_written(r.start, r.end(), self.strict, false, out)?;
+        }
+        Ok(true)
     }
 
     fn add_region(&mut self, region: Region, baseline: bool) -> Result<()> {

@@ -26,6 +26,12 @@ struct Model {
     reference: Option<Vec<u8>>,
     /// Global page indices written since the last take or restore.
     touched: BTreeSet<usize>,
+    /// Whether the last take or restore was a restore.
+    after_restore: bool,
+    /// Pages written since the tracker last re-protected them (`uffd-wp`): a
+    /// take right after a restore leaves them so, and the next take or
+    /// restore reads or writes them again.
+    unarmed: BTreeSet<usize>,
     rng: std::cell::RefCell<Rng>,
 }
 
@@ -40,6 +46,8 @@ impl Model {
             snaps: BTreeMap::new(),
             reference: None,
             touched: BTreeSet::new(),
+            after_restore: false,
+            unarmed: BTreeSet::new(),
             rng: std::cell::RefCell::new(Rng::new(seed)),
         }
     }
@@ -125,6 +133,7 @@ impl Model {
                 }
             }
             self.touched.insert(g);
+            self.unarmed.insert(g);
         }
     }
 
@@ -198,13 +207,18 @@ fn run_model(kind: BackendKind, steps: usize, seed: u64) {
                 let id = s.take().unwrap();
                 let live = m.live();
                 let info = s.list().into_iter().find(|i| i.id == id).unwrap();
+                let read: BTreeSet<usize> = m.touched.union(&m.unarmed).copied().collect();
                 if exact && m.reference.is_some() {
                     assert_eq!(
                         info.take.pages_read,
-                        m.touched.len() as u64,
-                        "step {step}: a take reads exactly the written pages"
+                        read.len() as u64,
+                        "step {step}: a take reads exactly the written pages (and those left open)"
                     );
                 }
+                if !m.after_restore {
+                    m.unarmed.clear();
+                }
+                m.after_restore = false;
                 m.snaps.insert(id, live.clone());
                 m.reference = Some(live);
                 m.touched.clear();
@@ -227,6 +241,7 @@ fn run_model(kind: BackendKind, steps: usize, seed: u64) {
                     let must: BTreeSet<usize> = (0..m.total_pages())
                         .filter(|&g| {
                             m.touched.contains(&g)
+                                || m.unarmed.contains(&g)
                                 || reference[g * P..(g + 1) * P] != want[g * P..(g + 1) * P]
                         })
                         .collect();
@@ -242,6 +257,8 @@ fn run_model(kind: BackendKind, steps: usize, seed: u64) {
                 written += st.pages_written;
                 m.reference = Some(want);
                 m.touched.clear();
+                m.unarmed.clear();
+                m.after_restore = true;
                 restores += 1;
             }
             5 => {
@@ -283,6 +300,11 @@ fn run_model(kind: BackendKind, steps: usize, seed: u64) {
                     m.page_diff(&m.snaps[&a], &m.live()),
                     "step {step}: diff of {a} against live memory"
                 );
+                // Its collection re-protects the unarmed pages and keeps them
+                // for the next take or restore, which cannot know whether
+                // they were written again.
+                let unarmed = std::mem::take(&mut m.unarmed);
+                m.touched.extend(unarmed);
             }
             _ => {
                 let k = m.below(40) as usize + 1;

@@ -200,6 +200,50 @@ fn adjacent_regions_stay_tracked_across_the_boundary() {
     });
 }
 
+/// A peek reports what a collection would, and leaves it for the collection.
+#[test]
+fn peek_leaves_writes_for_the_next_collection() {
+    for_each_backend("peek", &[], |kind| {
+        let mem = AnonMemory::new(64 * PAGE_SIZE).unwrap();
+        mem.write_pass(1, 1);
+        let mut t = DirtyTracker::new(&[mem.region()], kind).unwrap();
+        let page = |p: usize| pagewise::PageRange {
+            start: mem.addr() + (p * PAGE_SIZE) as u64,
+            pages: 1,
+        };
+        mem.write_byte(3 * PAGE_SIZE, 2);
+        mem.write_byte(40 * PAGE_SIZE, 2);
+        let Some(first) = t.peek().unwrap() else {
+            println!("     peek [{kind}]: not offered (collections only)");
+            return;
+        };
+        assert_eq!(first.ranges, vec![page(3), page(40)], "{kind}: peek");
+        // Peeked pages stay written: writing them again changes nothing, a new page adds.
+        mem.write_byte(3 * PAGE_SIZE + 1, 3);
+        mem.write_byte(9 * PAGE_SIZE, 3);
+        let second = t.peek().unwrap().unwrap();
+        assert_eq!(
+            second.ranges,
+            vec![page(3), page(9), page(40)],
+            "{kind}: second peek"
+        );
+        assert_eq!(
+            t.collect().unwrap().ranges,
+            second.ranges,
+            "{kind}: collect after peeks"
+        );
+        assert!(
+            t.collect().unwrap().ranges.is_empty(),
+            "{kind}: nothing since"
+        );
+        assert!(
+            t.peek().unwrap().unwrap().ranges.is_empty(),
+            "{kind}: nothing to peek"
+        );
+        println!("     peek [{kind}]: exact");
+    });
+}
+
 #[test]
 fn consumers_do_not_steal_each_others_writes() {
     for_each_backend("two_consumers", &[], |kind| {
