@@ -493,6 +493,7 @@ impl DiskStore {
             stats: SaveStats::default(),
             compressed: vec![0u8; lz4_flex::block::get_maximum_output_size(PAGE_SIZE)],
             check: vec![0u8; PAGE_SIZE],
+            recent: RecordCache::new(),
             flushed,
         })
     }
@@ -716,6 +717,44 @@ pub struct SnapshotWriter<'s> {
     check: Vec<u8>,
     /// Pack bytes below this offset have reached the file (not only the buffer).
     flushed: u64,
+    recent: RecordCache,
+}
+
+/// Contents of records this writer appended or read back, so that verifying
+/// a page against a record it just saw needs no read (a process repeats a
+/// few contents many times). Per writer: a record's offset names the same
+/// contents only while the writer that saw it lives (an unfinished save's
+/// records are overwritten later).
+struct RecordCache {
+    offsets: Vec<u64>,
+    pages: Vec<u8>,
+}
+
+impl RecordCache {
+    const SLOTS: usize = 256;
+
+    fn new() -> Self {
+        RecordCache {
+            // Offset 0 is never a record (the pack header is there): an empty slot.
+            offsets: vec![0; Self::SLOTS],
+            pages: vec![0; Self::SLOTS * PAGE_SIZE],
+        }
+    }
+
+    fn slot(off: u64) -> usize {
+        (off.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 56) as usize % Self::SLOTS
+    }
+
+    fn get(&self, off: u64) -> Option<&[u8]> {
+        let i = Self::slot(off);
+        (self.offsets[i] == off).then(|| &self.pages[i * PAGE_SIZE..(i + 1) * PAGE_SIZE])
+    }
+
+    fn put(&mut self, off: u64, page: &[u8]) {
+        let i = Self::slot(off);
+        self.offsets[i] = off;
+        self.pages[i * PAGE_SIZE..(i + 1) * PAGE_SIZE].copy_from_slice(page);
+    }
 }
 
 impl std::fmt::Debug for SnapshotWriter<'_> {
@@ -780,6 +819,9 @@ impl SnapshotWriter<'_> {
     }
 
     fn same_as_record(&mut self, off: u64, page: &[u8]) -> Result<bool> {
+        if let Some(seen) = self.recent.get(off) {
+            return Ok(seen == page);
+        }
         if off >= self.flushed {
             let path = self.store.dir.join(PACK_FILE);
             self.out.flush().map_err(|e| io(&path, "writing", e))?;
@@ -788,6 +830,9 @@ impl SnapshotWriter<'_> {
         let mut check = std::mem::take(&mut self.check);
         let r = self.store.read_page(off, &mut check);
         let same = r.is_ok() && check == page;
+        if r.is_ok() {
+            self.recent.put(off, &check);
+        }
         self.check = check;
         r.map(|_| same)
     }
@@ -813,6 +858,7 @@ impl SnapshotWriter<'_> {
             .and_then(|_| self.out.write_all(payload))
             .map_err(|e| io(&path, "writing", e))?;
         let off = self.store.pack_len;
+        self.recent.put(off, page);
         self.store.pack_len += (REC_HEADER + payload.len()) as u64;
         self.stats.pack_bytes += (REC_HEADER + payload.len()) as u64;
         Ok(off)
