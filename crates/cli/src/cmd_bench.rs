@@ -36,6 +36,9 @@ enum What {
         /// process; a few minutes).
         #[arg(long)]
         full: bool,
+        /// Run only these experiments: any of a, b and c (for example `--only bc`).
+        #[arg(long, default_value = "abc")]
+        only: String,
         /// Print the report as one JSON object.
         #[arg(long)]
         json: bool,
@@ -81,13 +84,19 @@ pub fn run(a: Args) -> Result<i32> {
             eprintln!();
             emit(&report, report.summary(), report.charts(), json, out)
         }
-        What::Snap { full, json, out } => {
+        What::Snap {
+            full,
+            only,
+            json,
+            out,
+        } => {
             use pagewise::bench::snap as bs;
-            let cfg = if full {
+            let mut cfg = if full {
                 bs::Config::full()
             } else {
                 bs::Config::quick()
             };
+            cfg.parts = only;
             let report = bs::run(&cfg, &mut progress())?;
             eprintln!();
             emit(&report, report.summary(), report.charts(), json, out)

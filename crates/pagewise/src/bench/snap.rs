@@ -44,6 +44,8 @@ pub struct Config {
     pub cycles: usize,
     /// (c) heap of the process snapshotted by pagewise and by CRIU, MiB.
     pub dump_heap_mib: usize,
+    /// Which experiments to run: any of `a`, `b`, `c`.
+    pub parts: String,
 }
 
 impl Config {
@@ -59,6 +61,7 @@ impl Config {
             cycle_permille: vec![1, 10, 100],
             cycles: 200,
             dump_heap_mib: 256,
+            parts: "abc".into(),
         }
     }
 
@@ -74,6 +77,7 @@ impl Config {
             cycle_permille: vec![1, 10, 100],
             cycles: 50,
             dump_heap_mib: 32,
+            parts: "abc".into(),
         }
     }
 }
@@ -114,6 +118,21 @@ pub struct CycleRow {
     pub cycles_per_s: f64,
     /// `cycles_per_s` over fork's at the same point.
     pub ratio_to_fork: f64,
+    /// Page store only: median time of each part of the cycle, ms.
+    pub phases: Option<Phases>,
+}
+
+/// Where a page-store cycle's time goes (medians, ms).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Phases {
+    /// The program's writes (a write-protect fault on each page's first write).
+    pub write_ms: f64,
+    /// `take`.
+    pub take_ms: f64,
+    /// `restore(base)`.
+    pub restore_ms: f64,
+    /// `drop_snapshot`.
+    pub drop_ms: f64,
 }
 
 /// Everything one run measured.
@@ -134,7 +153,7 @@ pub struct Report {
     /// (b).
     pub cycles: Vec<CycleRow>,
     /// (c).
-    pub dump: super::dump::DumpReport,
+    pub dump: Option<super::dump::DumpReport>,
 }
 
 /// A heap whose every page is distinct: page `i` starts with `i`.
@@ -342,16 +361,31 @@ pub fn cycles(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<(Vec<Cycle
         // Page store: dirty, take, restore the base, drop.
         progress(&format!("(b) page store, {:.1} % dirty", pm as f64 / 10.0));
         let mut t = Vec::new();
+        let mut ph: [Vec<f64>; 4] = Default::default();
         for c in 0..cfg.cycles {
             let pages = dirty_pages(&mut rng, n, k);
             let t0 = Instant::now();
             dirty(&mem, &pages, (c % 250) as u8 + 1);
+            let t1 = Instant::now();
             let id = s.take()?;
+            let t2 = Instant::now();
             s.restore(base)?;
+            let t3 = Instant::now();
             s.drop_snapshot(id)?;
-            t.push(t0.elapsed().as_secs_f64() * 1e3);
+            let t4 = Instant::now();
+            t.push((t4 - t0).as_secs_f64() * 1e3);
+            for (v, (a, b)) in ph.iter_mut().zip([(t0, t1), (t1, t2), (t2, t3), (t3, t4)]) {
+                v.push((b - a).as_secs_f64() * 1e3);
+            }
             check_base(&mem, &pages, "page store")?;
         }
+        let [mut w, mut tk, mut rs, mut dr] = ph;
+        let phases = Phases {
+            write_ms: median(&mut w),
+            take_ms: median(&mut tk),
+            restore_ms: median(&mut rs),
+            drop_ms: median(&mut dr),
+        };
         point.push(("page-store", t));
         // Restore only: the fuzzer's reset.
         progress(&format!(
@@ -420,23 +454,43 @@ pub fn cycles(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<(Vec<Cycle
                 cycle_ms: ms,
                 cycles_per_s: 1e3 / ms,
                 ratio_to_fork: (1e3 / ms) / fork_rate,
+                phases: (variant == "page-store").then_some(phases),
             });
         }
     }
     Ok((rows, backend))
 }
 
-/// Runs (a), (b) and (c).
+/// Runs the experiments of `cfg.parts`: (a), (b) and (c).
 pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
-    let dfs = dfs(cfg, progress)?;
-    let (cycles, backend) = cycles(cfg, progress)?;
-    let dump = super::dump::run(cfg.dump_heap_mib, progress)?;
+    if cfg.parts.is_empty() || cfg.parts.chars().any(|c| !"abc".contains(c)) {
+        return Err(Error::Invalid(format!(
+            "parts {:?}: give any of a, b and c",
+            cfg.parts
+        )));
+    }
+    let dfs = match cfg.parts.contains('a') {
+        true => dfs(cfg, progress)?,
+        false => Vec::new(),
+    };
+    let (cycles, backend) = match cfg.parts.contains('b') {
+        true => cycles(cfg, progress)?,
+        false => (Vec::new(), String::new()),
+    };
+    let dump = match cfg.parts.contains('c') {
+        true => Some(super::dump::run(cfg.dump_heap_mib, progress)?),
+        false => None,
+    };
+    let ratio = |f: fn(&DfsRow) -> f64| match dfs.as_slice() {
+        [full, store] => f(store) / f(full),
+        _ => f64::NAN,
+    };
     Ok(Report {
         machine: Machine::this(),
         config: cfg.clone(),
         backend,
-        dfs_memory_ratio: dfs[1].snapshot_mib / dfs[0].snapshot_mib,
-        dfs_time_ratio: dfs[1].seconds / dfs[0].seconds,
+        dfs_memory_ratio: ratio(|r| r.snapshot_mib),
+        dfs_time_ratio: ratio(|r| r.seconds),
         dfs,
         cycles,
         dump,
@@ -492,61 +546,80 @@ impl Report {
             m.cpu, m.cpus, m.mem_gib, m.kernel, self.backend
         );
         let c = &self.config;
-        let _ = writeln!(
-            s,
-            "\n(a) depth-first search: {} MiB heap, depth {}, branching {}, {} pages written per step, {} visited states kept",
-            c.dfs_heap_mib, c.dfs_depth, c.dfs_branching, c.dfs_pages_per_step, c.dfs_visited_cache
-        );
-        let _ = writeln!(
-            s,
-            "{:<12} {:>7} {:>9} {:>9} {:>14} {:>16}",
-            "variant", "states", "restores", "time (s)", "peak RSS (MiB)", "snapshots (MiB)"
-        );
-        for r in &self.dfs {
+        if !self.dfs.is_empty() {
             let _ = writeln!(
                 s,
-                "{:<12} {:>7} {:>9} {:>9.2} {:>14.1} {:>16.1}",
-                r.variant, r.states, r.restores, r.seconds, r.peak_rss_mib, r.snapshot_mib
+                "\n(a) depth-first search: {} MiB heap, depth {}, branching {}, {} pages written per step, {} visited states kept",
+                c.dfs_heap_mib, c.dfs_depth, c.dfs_branching, c.dfs_pages_per_step, c.dfs_visited_cache
             );
-        }
-        let _ = writeln!(
-            s,
-            "page store / full copies: snapshot memory {:.3}x ({:.1} % less; goal >= 80 % less), time {:.3}x (goal <= 1.15x)",
-            self.dfs_memory_ratio,
-            (1.0 - self.dfs_memory_ratio) * 100.0,
-            self.dfs_time_ratio
-        );
-        let _ = writeln!(s, "\n(b) cycles on a {} MiB region (median)", c.cycle_mib);
-        let _ = writeln!(
-            s,
-            "{:<24} {:>7} {:>8} {:>7} {:>10} {:>10} {:>9}",
-            "variant", "dirty %", "pages", "cycles", "cycle ms", "cycles/s", "x fork"
-        );
-        for r in &self.cycles {
             let _ = writeln!(
                 s,
-                "{:<24} {:>7.1} {:>8} {:>7} {:>10.3} {:>10.1} {:>9.2}",
-                r.variant,
-                r.permille as f64 / 10.0,
-                r.pages_dirtied,
-                r.cycles,
-                r.cycle_ms,
-                r.cycles_per_s,
-                r.ratio_to_fork
+                "{:<12} {:>7} {:>9} {:>9} {:>14} {:>16}",
+                "variant", "states", "restores", "time (s)", "peak RSS (MiB)", "snapshots (MiB)"
             );
-        }
-        if let Some(r) = self
-            .cycles
-            .iter()
-            .find(|r| r.variant == "page-store" && r.permille == 10)
-        {
+            for r in &self.dfs {
+                let _ = writeln!(
+                    s,
+                    "{:<12} {:>7} {:>9} {:>9.2} {:>14.1} {:>16.1}",
+                    r.variant, r.states, r.restores, r.seconds, r.peak_rss_mib, r.snapshot_mib
+                );
+            }
             let _ = writeln!(
                 s,
-                "goal at 1 %: cycle {:.3} ms (<= 5 ms), {:.1}x fork (>= 10x)",
-                r.cycle_ms, r.ratio_to_fork
+                "page store / full copies: snapshot memory {:.3}x ({:.1} % less; goal >= 80 % less), time {:.3}x (goal <= 1.15x)",
+                self.dfs_memory_ratio,
+                (1.0 - self.dfs_memory_ratio) * 100.0,
+                self.dfs_time_ratio
             );
         }
-        s += &self.dump.summary();
+        if !self.cycles.is_empty() {
+            let _ = writeln!(s, "\n(b) cycles on a {} MiB region (median)", c.cycle_mib);
+            let _ = writeln!(
+                s,
+                "{:<24} {:>7} {:>8} {:>7} {:>10} {:>10} {:>9}",
+                "variant", "dirty %", "pages", "cycles", "cycle ms", "cycles/s", "x fork"
+            );
+            for r in &self.cycles {
+                let _ = writeln!(
+                    s,
+                    "{:<24} {:>7.1} {:>8} {:>7} {:>10.3} {:>10.1} {:>9.2}",
+                    r.variant,
+                    r.permille as f64 / 10.0,
+                    r.pages_dirtied,
+                    r.cycles,
+                    r.cycle_ms,
+                    r.cycles_per_s,
+                    r.ratio_to_fork
+                );
+            }
+            for r in &self.cycles {
+                if let Some(p) = r.phases {
+                    let _ = writeln!(
+                        s,
+                        "page store at {:.1} %: write {:.3} ms + take {:.3} ms + restore {:.3} ms + drop {:.3} ms (medians)",
+                        r.permille as f64 / 10.0,
+                        p.write_ms,
+                        p.take_ms,
+                        p.restore_ms,
+                        p.drop_ms
+                    );
+                }
+            }
+            if let Some(r) = self
+                .cycles
+                .iter()
+                .find(|r| r.variant == "page-store" && r.permille == 10)
+            {
+                let _ = writeln!(
+                    s,
+                    "goal at 1 %: cycle {:.3} ms (<= 5 ms), {:.1}x fork (>= 10x)",
+                    r.cycle_ms, r.ratio_to_fork
+                );
+            }
+        }
+        if let Some(d) = &self.dump {
+            s += &d.summary();
+        }
         s
     }
 }
