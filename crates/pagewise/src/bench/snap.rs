@@ -469,6 +469,12 @@ pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
             cfg.parts
         )));
     }
+    // (c) first: its target is forked from this process and inherits its
+    // memory, which (a) and (b) would leave large.
+    let dump = match cfg.parts.contains('c') {
+        true => Some(super::dump::run(cfg.dump_heap_mib, progress)?),
+        false => None,
+    };
     let dfs = match cfg.parts.contains('a') {
         true => dfs(cfg, progress)?,
         false => Vec::new(),
@@ -476,10 +482,6 @@ pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
     let (cycles, backend) = match cfg.parts.contains('b') {
         true => cycles(cfg, progress)?,
         false => (Vec::new(), String::new()),
-    };
-    let dump = match cfg.parts.contains('c') {
-        true => Some(super::dump::run(cfg.dump_heap_mib, progress)?),
-        false => None,
     };
     let ratio = |f: fn(&DfsRow) -> f64| match dfs.as_slice() {
         [full, store] => f(store) / f(full),
