@@ -71,9 +71,31 @@ impl PageWalker {
 
 /// Reads `buf.len()` bytes (whole pages) of process `pid` at `addr`. Pages
 /// unmapped meanwhile read as zeros; returns how many bytes were really read.
+/// A process that is exiting (its memory already gone) is
+/// [`Error::ProcessExited`].
 pub fn read_remote(pid: i32, addr: u64, buf: &mut [u8]) -> Result<usize> {
-    let got = process::process_vm_read(pid, addr, buf)
-        .map_err(|e| Error::for_pid(pid, format!("process_vm_readv at {addr:#x}"), e))?;
+    let got = match process::process_vm_read(pid, addr, buf) {
+        Ok(n) => n,
+        // Nothing mapped at `addr` any more: unmapped meanwhile, or the
+        // process is tearing its memory down on its way out.
+        Err(e) if e.raw_os_error() == Some(libc::EFAULT) => {
+            let gone = match procfs::maps(Some(pid)) {
+                Ok(m) => m.is_empty(),
+                Err(_) => true,
+            };
+            if gone || !procfs::is_alive(pid) {
+                return Err(Error::ProcessExited(pid));
+            }
+            0
+        }
+        Err(e) => {
+            return Err(Error::for_pid(
+                pid,
+                format!("process_vm_readv at {addr:#x}"),
+                e,
+            ))
+        }
+    };
     let whole = got / PAGE_SIZE * PAGE_SIZE;
     buf[whole..].fill(0);
     Ok(whole)
