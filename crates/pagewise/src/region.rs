@@ -69,6 +69,21 @@ impl PageRange {
     }
 }
 
+/// `regions`, sorted by address; an error if two of them overlap.
+pub fn sorted_disjoint(regions: &[Region]) -> Result<Vec<Region>> {
+    let mut sorted = regions.to_vec();
+    sorted.sort();
+    for w in sorted.windows(2) {
+        if w[0].end() > w[1].start {
+            return Err(Error::Invalid(format!(
+                "regions {:#x}+{:#x} and {:#x}+{:#x} overlap",
+                w[0].start, w[0].len, w[1].start, w[1].len
+            )));
+        }
+    }
+    Ok(sorted)
+}
+
 /// Appends `[start, end)` to a sorted list, merging it with the last range when
 /// they touch. Callers push in ascending address order.
 pub fn push_coalesced(out: &mut Vec<PageRange>, start: u64, end: u64) {

@@ -1,4 +1,5 @@
-//! userfaultfd: creation, the API handshake, registration and write-protect.
+//! userfaultfd: creation, the API handshake, registration, write-protect,
+//! fault messages and their resolution (copy, zero page, wake).
 //!
 //! # References
 //! - `userfaultfd(2)`, `ioctl_userfaultfd(2)`
@@ -125,6 +126,104 @@ pub struct UffdioWriteprotect {
     pub mode: u64,
 }
 
+/// `struct uffd_msg`: one event read from a userfaultfd. The union of the
+/// kernel's header is `arg`, read through the accessors.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct UffdMsg {
+    /// `UFFD_EVENT_*`.
+    pub event: u8,
+    reserved1: u8,
+    reserved2: u16,
+    reserved3: u32,
+    /// The event's arguments.
+    pub arg: [u64; 3],
+}
+
+impl UffdMsg {
+    /// Page fault: `UFFD_PAGEFAULT_FLAG_*`.
+    pub fn pf_flags(&self) -> u64 {
+        self.arg[0]
+    }
+    /// Page fault: the faulting address (page-aligned unless `EXACT_ADDRESS`).
+    pub fn pf_address(&self) -> u64 {
+        self.arg[1]
+    }
+    /// Page fault with `THREAD_ID`: the faulting thread.
+    pub fn pf_tid(&self) -> u32 {
+        self.arg[2] as u32
+    }
+    /// `UFFD_EVENT_REMOVE`/`UNMAP`: the range `[start, end)`.
+    pub fn range(&self) -> (u64, u64) {
+        (self.arg[0], self.arg[1])
+    }
+    /// `UFFD_EVENT_FORK`: the child's userfaultfd.
+    pub fn fork_fd(&self) -> RawFd {
+        self.arg[0] as u32 as RawFd
+    }
+    /// `UFFD_EVENT_REMAP`: `(from, to, len)`.
+    pub fn remap(&self) -> (u64, u64, u64) {
+        (self.arg[0], self.arg[1], self.arg[2])
+    }
+}
+
+/// `UFFD_EVENT_*` values of [`UffdMsg::event`].
+pub mod event {
+    /// A page fault.
+    pub const PAGEFAULT: u8 = 0x12;
+    /// The process forked (`EVENT_FORK`).
+    pub const FORK: u8 = 0x13;
+    /// `mremap` moved a range (`EVENT_REMAP`).
+    pub const REMAP: u8 = 0x14;
+    /// `madvise(MADV_DONTNEED/REMOVE)` dropped a range (`EVENT_REMOVE`).
+    pub const REMOVE: u8 = 0x15;
+    /// `munmap` (`EVENT_UNMAP`).
+    pub const UNMAP: u8 = 0x16;
+}
+
+/// `UFFD_PAGEFAULT_FLAG_WRITE`: the fault was a write.
+pub const PAGEFAULT_FLAG_WRITE: u64 = 1 << 0;
+/// `UFFD_PAGEFAULT_FLAG_WP`: a write-protect fault.
+pub const PAGEFAULT_FLAG_WP: u64 = 1 << 1;
+/// `UFFD_PAGEFAULT_FLAG_MINOR`: a minor fault.
+pub const PAGEFAULT_FLAG_MINOR: u64 = 1 << 2;
+
+/// `struct uffdio_copy`.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct UffdioCopy {
+    /// Destination (registered) address.
+    pub dst: u64,
+    /// Source address in the caller's memory.
+    pub src: u64,
+    /// Length.
+    pub len: u64,
+    /// `COPY_MODE_*`.
+    pub mode: u64,
+    /// Bytes copied, or a negative errno (out).
+    pub copy: i64,
+}
+
+/// `struct uffdio_zeropage`.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct UffdioZeropage {
+    /// The range to map the zero page into.
+    pub range: UffdioRange,
+    /// `ZEROPAGE_MODE_DONTWAKE`.
+    pub mode: u64,
+    /// Bytes mapped, or a negative errno (out).
+    pub zeropage: i64,
+}
+
+/// `UFFDIO_COPY_MODE_DONTWAKE`: do not wake the faulting threads.
+pub const COPY_MODE_DONTWAKE: u64 = 1;
+/// `UFFDIO_COPY_MODE_WP`: map the page write-protected.
+pub const COPY_MODE_WP: u64 = 2;
+
+const _: () = assert!(std::mem::size_of::<UffdMsg>() == 32);
+const _: () = assert!(std::mem::size_of::<UffdioCopy>() == 40);
+const _: () = assert!(std::mem::size_of::<UffdioZeropage>() == 32);
 const _: () = assert!(std::mem::size_of::<UffdioApi>() == 24);
 const _: () = assert!(std::mem::size_of::<UffdioRange>() == 16);
 const _: () = assert!(std::mem::size_of::<UffdioRegister>() == 32);
@@ -139,6 +238,12 @@ pub const UFFDIO_REGISTER: u64 = ioc(IOC_READ | IOC_WRITE, UFFDIO, 0x00, 32);
 pub const UFFDIO_UNREGISTER: u64 = ioc(IOC_READ, UFFDIO, 0x01, 16);
 /// `UFFDIO_WRITEPROTECT`.
 pub const UFFDIO_WRITEPROTECT: u64 = ioc(IOC_READ | IOC_WRITE, UFFDIO, 0x06, 24);
+/// `UFFDIO_WAKE`.
+pub const UFFDIO_WAKE: u64 = ioc(IOC_READ, UFFDIO, 0x02, 16);
+/// `UFFDIO_COPY`.
+pub const UFFDIO_COPY: u64 = ioc(IOC_READ | IOC_WRITE, UFFDIO, 0x03, 40);
+/// `UFFDIO_ZEROPAGE`.
+pub const UFFDIO_ZEROPAGE: u64 = ioc(IOC_READ | IOC_WRITE, UFFDIO, 0x04, 32);
 /// `USERFAULTFD_IOC_NEW` on `/dev/userfaultfd`.
 pub const USERFAULTFD_IOC_NEW: u64 = ioc(IOC_NONE, UFFDIO, 0x00, 0);
 
@@ -146,6 +251,9 @@ const _: () = assert!(UFFDIO_API == 0xC018_AA3F);
 const _: () = assert!(UFFDIO_REGISTER == 0xC020_AA00);
 const _: () = assert!(UFFDIO_UNREGISTER == 0x8010_AA01);
 const _: () = assert!(UFFDIO_WRITEPROTECT == 0xC018_AA06);
+const _: () = assert!(UFFDIO_WAKE == 0x8010_AA02);
+const _: () = assert!(UFFDIO_COPY == 0xC028_AA03);
+const _: () = assert!(UFFDIO_ZEROPAGE == 0xC020_AA04);
 
 /// How a userfaultfd was obtained.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -240,4 +348,105 @@ pub fn writeprotect(fd: RawFd, start: u64, len: u64, protect: bool) -> io::Resul
     // SAFETY: `arg` is a valid `struct uffdio_writeprotect` that outlives the call.
     cvt_int(unsafe { libc::ioctl(fd, UFFDIO_WRITEPROTECT as libc::c_ulong, &mut arg) })?;
     Ok(())
+}
+
+/// Reads one message from a userfaultfd (blocking unless it is `O_NONBLOCK`).
+pub fn read_msg(fd: RawFd) -> io::Result<UffdMsg> {
+    let mut msg = UffdMsg::default();
+    loop {
+        // SAFETY: `msg` is a valid, writable buffer of exactly one `struct uffd_msg`.
+        let n = unsafe {
+            libc::read(
+                fd,
+                (&mut msg as *mut UffdMsg).cast(),
+                std::mem::size_of::<UffdMsg>(),
+            )
+        };
+        if n == std::mem::size_of::<UffdMsg>() as isize {
+            return Ok(msg);
+        }
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return Err(e);
+        }
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "short read of a userfaultfd message",
+        ));
+    }
+}
+
+/// `ioctl(UFFDIO_COPY)`: fills the missing pages of `[dst, dst+len)` with a
+/// copy of `len` bytes at `src` and wakes the faulting threads (unless
+/// `mode` has [`COPY_MODE_DONTWAKE`]).
+///
+/// # Safety
+/// `src` must be readable for `len` bytes.
+pub unsafe fn copy(fd: RawFd, dst: u64, src: *const u8, len: u64, mode: u64) -> io::Result<()> {
+    let mut arg = UffdioCopy {
+        dst,
+        src: src as u64,
+        len,
+        mode,
+        copy: 0,
+    };
+    // SAFETY: `arg` is a valid `struct uffdio_copy`; the caller vouches for `src`.
+    cvt_int(unsafe { libc::ioctl(fd, UFFDIO_COPY as libc::c_ulong, &mut arg) })?;
+    Ok(())
+}
+
+/// `ioctl(UFFDIO_ZEROPAGE)`: maps the zero page into the missing pages of a range and wakes.
+pub fn zeropage(fd: RawFd, start: u64, len: u64) -> io::Result<()> {
+    let mut arg = UffdioZeropage {
+        range: UffdioRange { start, len },
+        mode: 0,
+        zeropage: 0,
+    };
+    // SAFETY: `arg` is a valid `struct uffdio_zeropage` that outlives the call.
+    cvt_int(unsafe { libc::ioctl(fd, UFFDIO_ZEROPAGE as libc::c_ulong, &mut arg) })?;
+    Ok(())
+}
+
+/// `ioctl(UFFDIO_WAKE)`: wakes the threads waiting on faults in a range.
+pub fn wake(fd: RawFd, start: u64, len: u64) -> io::Result<()> {
+    let mut arg = UffdioRange { start, len };
+    // SAFETY: `arg` is a valid `struct uffdio_range` that outlives the call.
+    cvt_int(unsafe { libc::ioctl(fd, UFFDIO_WAKE as libc::c_ulong, &mut arg) })?;
+    Ok(())
+}
+
+/// Waits until one of `fds` is readable (or `timeout_ms` passes; -1 waits
+/// for ever). Returns a bit per fd, bit `i` set when `fds[i]` is readable or
+/// hung up.
+pub fn poll_readable(fds: &[RawFd], timeout_ms: i32) -> io::Result<u64> {
+    assert!(fds.len() <= 64, "at most 64 fds");
+    let mut p: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    loop {
+        // SAFETY: `p` is a valid array of `p.len()` pollfd structures.
+        let n = unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, timeout_ms) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return Err(e);
+        }
+        let mut bits = 0u64;
+        for (i, q) in p.iter().enumerate() {
+            if q.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 {
+                bits |= 1 << i;
+            }
+        }
+        return Ok(bits);
+    }
 }

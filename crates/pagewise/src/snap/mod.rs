@@ -646,7 +646,7 @@ fn share(spare: &mut Vec<Vec<Chunk>>, tables: &[Table]) -> Vec<Table> {
 }
 
 /// Checks that every region lies inside writable mappings of the calling process.
-fn check_mapped_writable(regions: &[Region]) -> Result<()> {
+pub(crate) fn check_mapped_writable(regions: &[Region]) -> Result<()> {
     // Overlaps are refused by the tracker.
     let maps = procfs::maps(None)?;
     for r in regions {

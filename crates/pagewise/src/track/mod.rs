@@ -290,16 +290,7 @@ impl DirtyTracker {
     /// page-aligned and must not overlap. The default consumer is [`DirtyTracker::DEFAULT`].
     pub fn new(regions: &[Region], kind: BackendKind) -> Result<Self> {
         let mut backend = in_process_backend(kind.resolve_in_process(), true)?;
-        let mut sorted = regions.to_vec();
-        sorted.sort();
-        for w in sorted.windows(2) {
-            if w[0].end() > w[1].start {
-                return Err(Error::Invalid(format!(
-                    "regions {:#x}+{:#x} and {:#x}+{:#x} overlap",
-                    w[0].start, w[0].len, w[1].start, w[1].len
-                )));
-            }
-        }
+        let sorted = crate::region::sorted_disjoint(regions)?;
         for r in sorted {
             backend.add_region(r, true)?;
         }

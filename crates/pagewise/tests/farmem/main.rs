@@ -1,0 +1,239 @@
+//! Far-memory emulation against ground truth: DiME's exact fault counts,
+//! writes under eviction checked against shadow copies, faults inside system
+//! calls, the link model's exact sums, and live reconfiguration.
+
+use pagewise::farmem::link::LinkConfig;
+use pagewise::farmem::{policy, Config, FarMemory, Stats};
+use pagewise::workload::{AnonMemory, Rng};
+use pagewise::PAGE_SIZE;
+use std::sync::Arc;
+
+/// Whether userfaultfd works here; prints the reason when not.
+fn uffd_or_skip(test: &str) -> bool {
+    match pagewise::probe::get().uffd_access {
+        Some(_) => true,
+        None => {
+            println!("SKIP {test}: userfaultfd is not available to this user on this kernel");
+            false
+        }
+    }
+}
+
+fn config(local_pages: usize, latency_ns: u64) -> Config {
+    Config {
+        local_pages,
+        link: LinkConfig {
+            latency_ns,
+            bandwidth_bps: 0,
+        },
+    }
+}
+
+fn fifo() -> Box<dyn policy::Policy> {
+    Box::new(policy::Fifo::default())
+}
+
+/// DiME's Table 5.1: 2000 pages touched in order, then the last x of them,
+/// with 1000 local pages and FIFO: 2000 fetches for x <= 1000, 2000 + x above.
+#[test]
+fn dime_table_5_1_exact_fetches() {
+    if !uffd_or_skip("dime_table_5_1") {
+        return;
+    }
+    for x in (0..=2000).step_by(100) {
+        let mem = AnonMemory::new(2000 * PAGE_SIZE).unwrap();
+        let fm = FarMemory::new(&[mem.region()], config(1000, 0), fifo(), 0).unwrap();
+        for p in 0..2000 {
+            mem.write_byte(p * PAGE_SIZE, 1);
+        }
+        for p in 2000 - x..2000 {
+            assert_eq!(mem.read_byte(p * PAGE_SIZE), 1);
+        }
+        let st = fm.stop().unwrap();
+        let want = if x <= 1000 { 2000 } else { 2000 + x as u64 };
+        assert_eq!(st.remote_fetches, want, "x = {x}");
+        assert_eq!(st.page_fault_count, want, "x = {x}");
+        assert_eq!(st.evictions, want - 1000, "x = {x}");
+        // Every page was written once, from zero: exactly one write-back each
+        // the first time it leaves; a page fetched back and evicted again is clean.
+        assert!(st.writebacks <= st.evictions);
+        for p in 0..2000 {
+            assert_eq!(mem.read_byte(p * PAGE_SIZE), 1, "page {p} after stop");
+        }
+    }
+}
+
+/// DiME's two-page test: one local page, two pages accessed alternately 1000
+/// times each: exactly 2000 faults.
+#[test]
+fn dime_two_page_test_exact_faults() {
+    if !uffd_or_skip("dime_two_page") {
+        return;
+    }
+    let mem = AnonMemory::new(1000 * PAGE_SIZE).unwrap();
+    let fm = FarMemory::new(&[mem.region()], config(1, 0), fifo(), 0).unwrap();
+    for i in 0..1000u32 {
+        mem.write_byte(7, i as u8);
+        mem.write_byte(500 * PAGE_SIZE + 9, i as u8);
+    }
+    let st = fm.stop().unwrap();
+    assert_eq!(st.page_fault_count, 2000);
+    assert_eq!(st.evictions, 1999);
+    assert_eq!(mem.read_byte(7), (999 % 256) as u8);
+    assert_eq!(mem.read_byte(500 * PAGE_SIZE + 9), (999 % 256) as u8);
+}
+
+/// Threads write random bytes into their own pages while the engine evicts
+/// with a budget far below the working set; after stopping, memory equals
+/// each thread's shadow byte for byte.
+#[test]
+fn writes_under_eviction_are_never_lost() {
+    if !uffd_or_skip("writes_under_eviction") {
+        return;
+    }
+    const PAGES: usize = 256;
+    const THREADS: usize = 3;
+    for (name, pol) in [
+        ("fifo", fifo()),
+        ("random", policy::by_name("random", 9).unwrap()),
+    ] {
+        let mem = Arc::new(AnonMemory::new(PAGES * PAGE_SIZE).unwrap());
+        let fm = FarMemory::new(&[mem.region()], config(8, 0), pol, 0).unwrap();
+        let shadows: Vec<Vec<u8>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..THREADS)
+                .map(|t| {
+                    let mem = mem.clone();
+                    s.spawn(move || {
+                        let mut shadow = vec![0u8; PAGES * PAGE_SIZE];
+                        let mut rng = Rng::new(100 + t as u64);
+                        for _ in 0..4000 {
+                            // Thread t owns the pages p with p % THREADS == t.
+                            let p = rng.below((PAGES / THREADS) as u64) as usize * THREADS + t;
+                            let off = p * PAGE_SIZE + rng.below(PAGE_SIZE as u64) as usize;
+                            let v = rng.below(255) as u8 + 1;
+                            mem.write_byte(off, v);
+                            shadow[off] = v;
+                        }
+                        shadow
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let st: Stats = fm.stop().unwrap();
+        let live = mem.snapshot();
+        for p in 0..PAGES {
+            let want = &shadows[p % THREADS][p * PAGE_SIZE..(p + 1) * PAGE_SIZE];
+            assert!(
+                live[p * PAGE_SIZE..(p + 1) * PAGE_SIZE] == *want,
+                "{name}: page {p} lost a write"
+            );
+        }
+        assert!(
+            st.evictions > 1000,
+            "{name}: the budget forced evictions ({st:?})"
+        );
+        println!(
+            "     {name}: {} faults, {} evictions, {} write-backs, {} writes blocked during an eviction",
+            st.page_fault_count, st.evictions, st.writebacks, st.blocked_writes
+        );
+    }
+}
+
+/// A `read()` into a buffer whose pages are remote: the kernel's copy faults
+/// and waits for the handler.
+#[test]
+fn faults_inside_system_calls() {
+    if !uffd_or_skip("faults_in_syscalls") {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("pagewise-farmem-read-{}", std::process::id()));
+    let data: Vec<u8> = (0..16 * PAGE_SIZE).map(|i| (i * 7 % 251) as u8).collect();
+    std::fs::write(&dir, &data).unwrap();
+    let mem = AnonMemory::new(16 * PAGE_SIZE).unwrap();
+    let fm = FarMemory::new(&[mem.region()], config(2, 0), fifo(), 0).unwrap();
+    let file = std::fs::File::open(&dir).unwrap();
+    use std::os::unix::fs::FileExt;
+    // SAFETY: the buffer is this test's own mapping, 16 pages long.
+    let buf = unsafe { std::slice::from_raw_parts_mut(mem.as_ptr(), 16 * PAGE_SIZE) };
+    file.read_exact_at(buf, 0).unwrap();
+    let st = fm.stop().unwrap();
+    std::fs::remove_file(&dir).unwrap();
+    assert_eq!(mem.snapshot(), data);
+    assert!(st.page_fault_count >= 16, "{st:?}");
+}
+
+/// Populated memory becomes remote and comes back intact at stop; the link
+/// model's sums are exact for sequential faults.
+#[test]
+fn contents_survive_and_the_model_adds_up() {
+    if !uffd_or_skip("contents_and_model") {
+        return;
+    }
+    let mem = AnonMemory::new(64 * PAGE_SIZE).unwrap();
+    for p in 0..64 {
+        mem.fill_page(p, p as u8 + 1);
+    }
+    let want = mem.snapshot();
+    let cfg = Config {
+        local_pages: 4,
+        link: LinkConfig {
+            latency_ns: 2000,
+            bandwidth_bps: 10_000_000_000,
+        },
+    };
+    let fm = FarMemory::new(&[mem.region()], cfg, fifo(), 0).unwrap();
+    for p in 0..64 {
+        assert_eq!(mem.read_byte(p * PAGE_SIZE + 3), p as u8 + 1);
+    }
+    let st = fm.stop().unwrap();
+    assert_eq!(mem.snapshot(), want);
+    assert_eq!(st.page_fault_count, 64);
+    assert_eq!(st.writebacks, 0, "pages only read are clean");
+    // Sequential faults never queue: each costs exactly 2 x latency + transfer.
+    assert_eq!(
+        st.modelled_delay_ns,
+        64 * cfg.link.fetch_ns(PAGE_SIZE as u64)
+    );
+    assert!(st.injected_delay_ns > 0);
+}
+
+/// A smaller budget evicts at once; a larger one lets more pages stay.
+#[test]
+fn live_budget_change() {
+    if !uffd_or_skip("live_budget") {
+        return;
+    }
+    let mem = AnonMemory::new(100 * PAGE_SIZE).unwrap();
+    let mut fm = FarMemory::new(&[mem.region()], config(50, 0), fifo(), 0).unwrap();
+    for p in 0..50 {
+        mem.write_byte(p * PAGE_SIZE, 5);
+    }
+    assert_eq!(fm.stats().local_pages_now, 50);
+    fm.set(config(10, 0)).unwrap();
+    let t0 = std::time::Instant::now();
+    while fm.stats().local_pages_now != 10 && t0.elapsed().as_secs() < 5 {
+        std::thread::yield_now();
+    }
+    assert_eq!(fm.stats().local_pages_now, 10);
+    assert_eq!(fm.stats().evictions, 40);
+    // The 10 newest pages (FIFO) are local: touching them costs nothing.
+    for p in 40..50 {
+        mem.write_byte(p * PAGE_SIZE + 1, 6);
+    }
+    assert_eq!(fm.stats().page_fault_count, 50);
+    let st = fm.stop().unwrap();
+    assert_eq!(st.page_fault_count, 50);
+    for p in 0..50 {
+        assert_eq!(mem.read_byte(p * PAGE_SIZE), 5);
+    }
+}
+
+#[test]
+fn bad_configuration_is_refused() {
+    let mem = AnonMemory::new(4 * PAGE_SIZE).unwrap();
+    let e = FarMemory::new(&[mem.region()], config(0, 0), fifo(), 0).unwrap_err();
+    assert!(e.to_string().contains("local_pages"), "{e}");
+    let e = FarMemory::new(&[], config(1, 0), fifo(), 0).unwrap_err();
+    assert!(e.to_string().contains("no region"), "{e}");
+}
