@@ -41,7 +41,7 @@ use policy::Policy;
 use serde::Serialize;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -102,6 +102,10 @@ struct Counters {
 
 struct Shared {
     config: Mutex<Config>,
+    /// The configuration changed: fit the budget.
+    changed: AtomicBool,
+    /// Stop serving faults.
+    stop: AtomicBool,
     counters: Counters,
     floor_ns: AtomicU64,
 }
@@ -110,7 +114,7 @@ struct Shared {
 pub struct FarMemory {
     shared: Arc<Shared>,
     regions: Vec<Region>,
-    /// Writing a byte wakes the handler: `b's'` stops it, `b'c'` says the configuration changed.
+    /// Writing a byte wakes the handler to look at `changed` and `stop`.
     wake: std::io::PipeWriter,
     thread: Option<std::thread::JoinHandle<Result<()>>>,
 }
@@ -148,6 +152,8 @@ impl FarMemory {
         let engine = Engine::new(&sorted, policy, unseen_ns)?;
         let shared = Arc::new(Shared {
             config: Mutex::new(config),
+            changed: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
             counters: Counters::default(),
             floor_ns: AtomicU64::new(unseen_ns),
         });
@@ -183,6 +189,7 @@ impl FarMemory {
             return Err(Error::Invalid("local_pages must be at least 1".into()));
         }
         *self.shared.config.lock().unwrap_or_else(|e| e.into_inner()) = config;
+        self.shared.changed.store(true, Ordering::Release);
         self.wake
             .write_all(b"c")
             .map_err(|e| Error::os("waking the far-memory handler", e))
@@ -222,6 +229,7 @@ impl FarMemory {
         let Some(t) = self.thread.take() else {
             return Ok(());
         };
+        self.shared.stop.store(true, Ordering::Release);
         let _ = self.wake.write_all(b"s");
         match t.join() {
             Ok(r) => r,
@@ -337,34 +345,36 @@ impl Engine {
     fn run(mut self, sh: &Shared, mut wake: std::io::PipeReader) -> Result<()> {
         let fds: [RawFd; 2] = [self.uffd.as_raw_fd(), wake.as_raw_fd()];
         let result = loop {
-            let ready = match uffd::poll_readable(&fds, -1) {
-                Ok(r) => r,
-                Err(e) => break Err(Error::os("poll of the userfaultfd", e)),
-            };
-            if ready & 2 != 0 {
-                let mut b = [0u8; 1];
-                match wake.read(&mut b) {
-                    Ok(1) if b[0] == b'c' => {
-                        if let Err(e) = self.fit_budget(sh) {
-                            break Err(e);
-                        }
-                    }
-                    _ => break Ok(()),
-                }
+            if sh.stop.load(Ordering::Acquire) {
+                break Ok(());
             }
-            if ready & 1 != 0 {
-                let msg = match uffd::read_msg(self.uffd.as_raw_fd()) {
-                    Ok(m) => m,
-                    Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => continue,
-                    Err(e) => break Err(Error::os("reading the userfaultfd", e)),
-                };
-                let arrived = Instant::now();
-                if msg.event != uffd::event::PAGEFAULT {
-                    continue;
-                }
-                if let Err(e) = self.fault(sh, msg.pf_address(), msg.pf_flags(), arrived) {
+            if sh.changed.swap(false, Ordering::AcqRel) {
+                if let Err(e) = self.fit_budget(sh) {
                     break Err(e);
                 }
+            }
+            // Messages first; poll (one more system call) only when none is waiting.
+            let msg = match uffd::read_msg(self.uffd.as_raw_fd()) {
+                Ok(m) => m,
+                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
+                    match uffd::poll_readable(&fds, -1) {
+                        Ok(ready) if ready & 2 != 0 => {
+                            let mut b = [0u8; 16];
+                            let _ = wake.read(&mut b);
+                        }
+                        Ok(_) => {}
+                        Err(e) => break Err(Error::os("poll of the userfaultfd", e)),
+                    }
+                    continue;
+                }
+                Err(e) => break Err(Error::os("reading the userfaultfd", e)),
+            };
+            let arrived = Instant::now();
+            if msg.event != uffd::event::PAGEFAULT {
+                continue;
+            }
+            if let Err(e) = self.fault(sh, msg.pf_address(), msg.pf_flags(), arrived) {
+                break Err(e);
             }
         };
         let back = self.bring_all_back();
@@ -426,35 +436,38 @@ impl Engine {
         c.injected.fetch_add(waited, Ordering::Relaxed);
         let bucket = (64 - waited.leading_zeros() as usize).saturating_sub(1);
         c.hist[bucket.min(HIST_BUCKETS - 1)].fetch_add(1, Ordering::Relaxed);
-        let stored = self.map(g, page_addr)?;
-        self.pages[g] = Where::Local { stored };
+        // Book-keeping first: mapping the page wakes the faulting thread,
+        // which may look at the counters at once.
+        let was = self.pages[g];
+        self.pages[g] = Where::Local {
+            stored: was == Where::Remote,
+        };
         self.local += 1;
         c.local.store(self.local as u64, Ordering::Relaxed);
         self.policy.inserted(g);
         c.handled
             .fetch_add(arrived.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        Ok(())
+        self.map(was, g, page_addr)
     }
 
-    /// Maps page `g` at `addr` with its contents (which wakes the faulting
-    /// threads); returns whether they came from the store.
-    fn map(&self, g: usize, addr: u64) -> Result<bool> {
+    /// Maps page `g` at `addr` with its contents, which were `was` (this
+    /// wakes the faulting threads).
+    fn map(&self, was: Where, g: usize, addr: u64) -> Result<()> {
         let fd = self.uffd.as_raw_fd();
         let (ri, i, _) = self.addr_of(g);
-        let r = match self.pages[g] {
+        let r = match was {
             Where::Remote => {
                 let src = self.store[ri].as_ptr().wrapping_add(i * PAGE_SIZE);
                 // SAFETY: `src` is page `i` of the store mapping, one page long.
-                unsafe { uffd::copy(fd, addr, src, PAGE_SIZE as u64, 0) }.map(|_| true)
+                unsafe { uffd::copy(fd, addr, src, PAGE_SIZE as u64, 0) }
             }
-            _ => uffd::zeropage(fd, addr, PAGE_SIZE as u64).map(|_| false),
+            _ => uffd::zeropage(fd, addr, PAGE_SIZE as u64),
         };
         match r {
-            Ok(s) => Ok(s),
+            Ok(()) => Ok(()),
             // Mapped meanwhile: only waking is left.
             Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
-                uffd::wake(fd, addr, PAGE_SIZE as u64).map_err(|e| Error::os("UFFDIO_WAKE", e))?;
-                Ok(matches!(self.pages[g], Where::Remote))
+                uffd::wake(fd, addr, PAGE_SIZE as u64).map_err(|e| Error::os("UFFDIO_WAKE", e))
             }
             Err(e) => Err(Error::os(format!("mapping page {addr:#x}"), e)),
         }
@@ -505,7 +518,7 @@ impl Engine {
         for g in 0..self.pages.len() {
             if self.pages[g] == Where::Remote {
                 let (_, _, addr) = self.addr_of(g);
-                self.map(g, addr)?;
+                self.map(Where::Remote, g, addr)?;
                 self.pages[g] = Where::Local { stored: true };
             }
         }
