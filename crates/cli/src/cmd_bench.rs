@@ -46,6 +46,20 @@ enum What {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// DiME's validation: (a) Table 5.1 fetch counts, (b) the two-page test,
+    /// (c) delay accuracy against the configured latency, (f) the cost of a
+    /// fault at latency 0. Short by default.
+    Farmem {
+        /// The full experiment (nine latencies, five repeats; about a minute).
+        #[arg(long)]
+        full: bool,
+        /// Print the report as one JSON object.
+        #[arg(long)]
+        json: bool,
+        /// Write report.json, summary.txt and SVG plots into this directory.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// LDT's experiment (d): a real redis-server loaded by redis-benchmark,
     /// untracked and tracked every 1, 5 and 10 s.
     Redis(crate::cmd_redis::Args),
@@ -98,6 +112,17 @@ pub fn run(a: Args) -> Result<i32> {
             };
             cfg.parts = only;
             let report = bs::run(&cfg, &mut progress())?;
+            eprintln!();
+            emit(&report, report.summary(), report.charts(), json, out)
+        }
+        What::Farmem { full, json, out } => {
+            use pagewise::bench::farmem as bf;
+            let cfg = if full {
+                bf::FarmemConfig::full()
+            } else {
+                bf::FarmemConfig::quick()
+            };
+            let report = bf::run(&cfg, &mut progress())?;
             eprintln!();
             emit(&report, report.summary(), report.charts(), json, out)
         }

@@ -16,6 +16,7 @@
 pub mod mem;
 pub mod pagemap;
 pub mod process;
+pub mod signal;
 pub mod uffd;
 
 use std::io;

@@ -2,6 +2,7 @@
 //! Every benchmark runs its baseline in the same run and reports ratios.
 
 pub mod dump;
+pub mod farmem;
 pub mod snap;
 pub mod svg;
 pub mod track;
@@ -19,6 +20,16 @@ pub struct Machine {
     pub cpus: usize,
     /// Memory in GiB.
     pub mem_gib: f64,
+}
+
+impl std::fmt::Display for Machine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} ({} CPUs, {:.1} GiB), Linux {}",
+            self.cpu, self.cpus, self.mem_gib, self.kernel
+        )
+    }
 }
 
 impl Machine {

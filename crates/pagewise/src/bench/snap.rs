@@ -541,11 +541,10 @@ impl Report {
     pub fn summary(&self) -> String {
         use std::fmt::Write;
         let mut s = String::new();
-        let m = &self.machine;
         let _ = writeln!(
             s,
-            "machine: {} ({} CPUs, {:.1} GiB), kernel {}; page store tracker: {}",
-            m.cpu, m.cpus, m.mem_gib, m.kernel, self.backend
+            "machine: {}; page store tracker: {}",
+            self.machine, self.backend
         );
         let c = &self.config;
         if !self.dfs.is_empty() {

@@ -537,11 +537,7 @@ impl Report {
     pub fn summary(&self) -> String {
         use std::fmt::Write;
         let mut s = String::new();
-        let _ = writeln!(
-            s,
-            "machine: {} ({} CPUs, {:.0} GiB), Linux {}",
-            self.machine.cpu, self.machine.cpus, self.machine.mem_gib, self.machine.kernel
-        );
+        let _ = writeln!(s, "machine: {}", self.machine);
         for (b, why) in &self.skipped {
             let _ = writeln!(s, "skipped {b}: {why}");
         }

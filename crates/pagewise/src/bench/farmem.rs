@@ -1,0 +1,358 @@
+//! DiME's validation experiments that need no application:
+//!
+//! - (a) Table 5.1: 2000 pages touched in order, then the last x of them,
+//!   1000 local pages, FIFO — remote fetches against x;
+//! - (b) the two-page test: one local page, two pages accessed alternately
+//!   1000 times each — faults;
+//! - (c) delay accuracy: configured one-way latency 0 … 10 000 ns, unlimited
+//!   bandwidth; the mean time each fault adds, measured by the faulting
+//!   thread against the same accesses to plain memory, beside the modelled
+//!   fetch time (twice the latency);
+//! - (f) overhead: the floor, a fault's cost at latency 0 (DiME: 4.85 µs in
+//!   the kernel).
+//!
+//! The Redis experiments (d) and (e) run a real server under `farmem run`.
+
+use super::Machine;
+use crate::farmem::link::LinkConfig;
+use crate::farmem::{
+    calibrate, measure_fault_paths, policy, Calibration, Config, FarMemory, FaultPaths,
+};
+use crate::workload::AnonMemory;
+use crate::{Result, PAGE_SIZE};
+use serde::Serialize;
+use std::time::Instant;
+
+/// What to run.
+#[derive(Debug, Clone, Serialize)]
+pub struct FarmemConfig {
+    /// (c) one-way latencies, ns.
+    pub latencies_ns: Vec<u64>,
+    /// (c) faults measured per latency.
+    pub faults_per_point: usize,
+    /// (c) repetitions per latency (the median is reported).
+    pub repeats: usize,
+}
+
+impl FarmemConfig {
+    /// The full experiment.
+    pub fn full() -> Self {
+        FarmemConfig {
+            latencies_ns: vec![0, 250, 500, 1000, 2000, 3000, 5000, 7500, 10_000],
+            faults_per_point: 4000,
+            repeats: 5,
+        }
+    }
+    /// A short run for CI.
+    pub fn quick() -> Self {
+        FarmemConfig {
+            latencies_ns: vec![0, 1000, 5000, 10_000],
+            faults_per_point: 1000,
+            repeats: 3,
+        }
+    }
+}
+
+/// (a) one row.
+#[derive(Debug, Clone, Serialize)]
+pub struct TableRow {
+    /// Last pages touched again.
+    pub x: u64,
+    /// Remote fetches counted.
+    pub fetches: u64,
+    /// What FIFO must give: 2000 for x <= 1000, 2000 + x above.
+    pub expected: u64,
+}
+
+/// (c) one latency.
+#[derive(Debug, Clone, Serialize)]
+pub struct DelayRow {
+    /// Configured one-way latency, ns.
+    pub latency_ns: u64,
+    /// Modelled time of a fetch (2 x latency), ns.
+    pub modelled_ns: u64,
+    /// Measured mean added time per fault, ns (median of the repeats).
+    pub measured_ns: f64,
+    /// `measured - modelled`, ns.
+    pub error_ns: f64,
+    /// Whether the model is at or above the floor (where the goal applies).
+    pub above_floor: bool,
+    /// Whether the error is within ±5 % or ±300 ns, whichever is larger.
+    pub within_goal: bool,
+}
+
+/// Everything one run measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct FarmemReport {
+    /// Where.
+    pub machine: Machine,
+    /// What.
+    pub config: FarmemConfig,
+    /// The calibration the engine ran with.
+    pub calibration: Calibration,
+    /// (a).
+    pub table_5_1: Vec<TableRow>,
+    /// (b) faults counted.
+    pub two_page_faults: u64,
+    /// (c).
+    pub delay: Vec<DelayRow>,
+    /// (f) the floor again, measured as (c)'s point at latency 0, ns.
+    pub floor_ns: f64,
+    /// (f) the two fault paths, raw.
+    pub fault_paths: FaultPaths,
+}
+
+fn fifo() -> Box<dyn policy::Policy> {
+    Box::new(policy::Fifo::default())
+}
+
+fn cfg(local_pages: usize, latency_ns: u64) -> Config {
+    Config {
+        local_pages,
+        link: LinkConfig {
+            latency_ns,
+            bandwidth_bps: 0,
+        },
+    }
+}
+
+/// (a): fetches against x.
+pub fn table_5_1() -> Result<Vec<TableRow>> {
+    let mut rows = Vec::new();
+    for x in (0..=2000u64).step_by(100) {
+        let mem = AnonMemory::new(2000 * PAGE_SIZE)?;
+        let fm = FarMemory::new(&[mem.region()], cfg(1000, 0), fifo(), 0)?;
+        for p in 0..2000 {
+            mem.write_byte(p * PAGE_SIZE, 1);
+        }
+        for p in (2000 - x as usize)..2000 {
+            mem.write_byte(p * PAGE_SIZE + 1, 2);
+        }
+        let st = fm.stop()?;
+        rows.push(TableRow {
+            x,
+            fetches: st.remote_fetches,
+            expected: if x <= 1000 { 2000 } else { 2000 + x },
+        });
+    }
+    Ok(rows)
+}
+
+/// (b): faults of the two-page test.
+pub fn two_pages() -> Result<u64> {
+    let mem = AnonMemory::new(1000 * PAGE_SIZE)?;
+    let fm = FarMemory::new(&[mem.region()], cfg(1, 0), fifo(), 0)?;
+    for i in 0..1000u32 {
+        mem.write_byte(0, i as u8);
+        mem.write_byte(999 * PAGE_SIZE, i as u8);
+    }
+    Ok(fm.stop()?.page_fault_count)
+}
+
+/// Mean time one access adds under emulation at `latency_ns`, ns: `n` pages
+/// alternating through a one-page budget, against the same accesses to
+/// plain memory.
+fn added_per_fault(n: usize, latency_ns: u64, unseen_ns: u64) -> Result<f64> {
+    // Two pages in turn with one local page: every access is a fetch.
+    let touch = |mem: &AnonMemory| {
+        let t0 = Instant::now();
+        for i in 0..n {
+            mem.write_byte((i % 2) * PAGE_SIZE, i as u8);
+        }
+        t0.elapsed().as_nanos() as f64
+    };
+    let plain = AnonMemory::new(2 * PAGE_SIZE)?;
+    let base = touch(&plain);
+    let mem = AnonMemory::new(2 * PAGE_SIZE)?;
+    let fm = FarMemory::new(&[mem.region()], cfg(1, latency_ns), fifo(), unseen_ns)?;
+    let t = touch(&mem);
+    let st = fm.stop()?;
+    Ok((t - base) / st.page_fault_count.max(1) as f64)
+}
+
+/// Runs (a), (b), (c) and (f).
+pub fn run(c: &FarmemConfig, progress: &mut dyn FnMut(&str)) -> Result<FarmemReport> {
+    progress("calibrating the floor");
+    let calibration = calibrate(2000)?;
+    progress("(a) DiME's Table 5.1");
+    let table_5_1 = table_5_1()?;
+    progress("(b) two-page test");
+    let two_page_faults = two_pages()?;
+    let mut delay = Vec::new();
+    for &l in &c.latencies_ns {
+        progress(&format!("(c) latency {l} ns"));
+        let mut v = Vec::new();
+        for _ in 0..c.repeats {
+            v.push(added_per_fault(
+                c.faults_per_point,
+                l,
+                calibration.unseen_ns,
+            )?);
+        }
+        let measured = super::median(&mut v);
+        let modelled = 2 * l;
+        let err = measured - modelled as f64;
+        delay.push(DelayRow {
+            latency_ns: l,
+            modelled_ns: modelled,
+            measured_ns: measured,
+            error_ns: err,
+            above_floor: modelled >= calibration.floor_ns,
+            within_goal: err.abs() <= (0.05 * modelled as f64).max(300.0),
+        });
+    }
+    progress("(f) fault paths");
+    let fault_paths = measure_fault_paths(4000)?;
+    let floor_ns = delay
+        .iter()
+        .find(|d| d.latency_ns == 0)
+        .map_or(f64::NAN, |d| d.measured_ns);
+    Ok(FarmemReport {
+        machine: Machine::this(),
+        config: c.clone(),
+        calibration,
+        table_5_1,
+        two_page_faults,
+        delay,
+        floor_ns,
+        fault_paths,
+    })
+}
+
+impl FarmemReport {
+    /// Plots: (a) fetches against x, (c) measured against modelled.
+    pub fn charts(&self) -> Vec<(String, super::svg::Chart)> {
+        use super::svg::{Chart, Series};
+        vec![
+            (
+                "table_5_1.svg".into(),
+                Chart {
+                    title: "(a) DiME Table 5.1: 2000 pages, 1000 local, FIFO".into(),
+                    x_label: "last pages touched again (x)".into(),
+                    y_label: "remote fetches".into(),
+                    log_x: false,
+                    log_y: false,
+                    series: vec![
+                        Series {
+                            label: "measured".into(),
+                            points: self
+                                .table_5_1
+                                .iter()
+                                .map(|r| (r.x as f64, r.fetches as f64))
+                                .collect(),
+                        },
+                        Series {
+                            label: "expected".into(),
+                            points: self
+                                .table_5_1
+                                .iter()
+                                .map(|r| (r.x as f64, r.expected as f64))
+                                .collect(),
+                        },
+                    ],
+                },
+            ),
+            (
+                "delay.svg".into(),
+                Chart {
+                    title: "(c) time added per fault against the model".into(),
+                    x_label: "configured one-way latency (ns)".into(),
+                    y_label: "ns per fault".into(),
+                    log_x: false,
+                    log_y: false,
+                    series: vec![
+                        Series {
+                            label: "measured".into(),
+                            points: self
+                                .delay
+                                .iter()
+                                .map(|d| (d.latency_ns as f64, d.measured_ns))
+                                .collect(),
+                        },
+                        Series {
+                            label: "modelled (2 x latency)".into(),
+                            points: self
+                                .delay
+                                .iter()
+                                .map(|d| (d.latency_ns as f64, d.modelled_ns as f64))
+                                .collect(),
+                        },
+                    ],
+                },
+            ),
+        ]
+    }
+
+    /// A plain-text summary with the goals.
+    pub fn summary(&self) -> String {
+        use std::fmt::Write;
+        let mut s = String::new();
+        let _ = writeln!(s, "machine: {}", self.machine);
+        let _ = writeln!(
+            s,
+            "calibration: floor {} ns per fault, {} ns of it unseen by the handler",
+            self.calibration.floor_ns, self.calibration.unseen_ns
+        );
+        let exact = self.table_5_1.iter().all(|r| r.fetches == r.expected);
+        let _ = writeln!(
+            s,
+            "\n(a) Table 5.1 (2000 pages, 1000 local, FIFO): {}",
+            if exact {
+                "every count exact"
+            } else {
+                "COUNTS DIFFER"
+            }
+        );
+        let _ = writeln!(s, "{:>6} {:>9} {:>9}", "x", "fetches", "expected");
+        for r in &self.table_5_1 {
+            let _ = writeln!(s, "{:>6} {:>9} {:>9}", r.x, r.fetches, r.expected);
+        }
+        let _ = writeln!(
+            s,
+            "\n(b) two-page test: {} faults (expected 2000)",
+            self.two_page_faults
+        );
+        let _ = writeln!(s, "\n(c) delay accuracy (unlimited bandwidth; medians)");
+        let _ = writeln!(
+            s,
+            "{:>11} {:>13} {:>13} {:>10} {:>12} {:>7}",
+            "latency ns", "modelled ns", "measured ns", "error ns", "above floor", "goal"
+        );
+        for d in &self.delay {
+            let _ = writeln!(
+                s,
+                "{:>11} {:>13} {:>13.0} {:>10.0} {:>12} {:>7}",
+                d.latency_ns,
+                d.modelled_ns,
+                d.measured_ns,
+                d.error_ns,
+                if d.above_floor { "yes" } else { "no" },
+                if !d.above_floor {
+                    "-"
+                } else if d.within_goal {
+                    "met"
+                } else {
+                    "MISSED"
+                }
+            );
+        }
+        let _ = writeln!(
+            s,
+            "\n(f) overhead: {:.0} ns per fault at latency 0 (goal <= 3000 ns; DiME 4850 ns in the kernel)",
+            self.floor_ns
+        );
+        let f = &self.fault_paths;
+        let _ = writeln!(
+            s,
+            "fault paths, raw (first touch mapped with the zero page, no eviction): plain {:.0} ns; handler thread {:.0} ns (+{:.0}); SIGBUS in the faulting thread {}",
+            f.plain_ns,
+            f.thread_ns,
+            f.thread_ns - f.plain_ns,
+            match f.sigbus_ns {
+                Some(v) => format!("{v:.0} ns (+{:.0})", v - f.plain_ns),
+                None => "unavailable (no UFFD_FEATURE_SIGBUS)".into(),
+            }
+        );
+        s
+    }
+}
