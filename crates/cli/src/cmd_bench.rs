@@ -50,7 +50,7 @@ enum What {
     /// (c) delay accuracy against the configured latency, (f) the cost of a
     /// fault at latency 0. Short by default.
     Farmem {
-        /// The full experiment (nine latencies, five repeats; about a minute).
+        /// The full experiment (twelve latencies, five repeats; about a minute).
         #[arg(long)]
         full: bool,
         /// Print the report as one JSON object.

@@ -38,7 +38,10 @@ impl FarmemConfig {
     /// The full experiment.
     pub fn full() -> Self {
         FarmemConfig {
-            latencies_ns: vec![0, 250, 500, 1000, 2000, 3000, 5000, 7500, 10_000],
+            // DiME's range, and beyond it to where the model clears this VM's floor.
+            latencies_ns: vec![
+                0, 250, 500, 1000, 2000, 3000, 5000, 7500, 10_000, 25_000, 50_000, 100_000,
+            ],
             faults_per_point: 4000,
             repeats: 5,
         }
