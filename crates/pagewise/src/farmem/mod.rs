@@ -55,6 +55,21 @@ pub struct Config {
     pub link: LinkConfig,
 }
 
+/// Where a range must live, whatever the policy says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Placement {
+    /// Left to the budget and the policy.
+    Normal,
+    /// Always local: faults on it cost nothing and are not fetches, it is
+    /// never evicted, and it does not count against the budget.
+    PinnedLocal,
+    /// Always remote: every fault on it is a fetch, and the page is evicted
+    /// again at the engine's next fault (accesses in between are free: the
+    /// engine only sees faults). It does not count against the budget.
+    AlwaysRemote,
+}
+
 /// Counters of one instance.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Stats {
@@ -106,6 +121,8 @@ struct Shared {
     changed: AtomicBool,
     /// Stop serving faults.
     stop: AtomicBool,
+    /// Placements to apply.
+    placements: Mutex<Vec<(Region, Placement)>>,
     counters: Counters,
     floor_ns: AtomicU64,
 }
@@ -154,6 +171,7 @@ impl FarMemory {
             config: Mutex::new(config),
             changed: AtomicBool::new(false),
             stop: AtomicBool::new(false),
+            placements: Mutex::new(Vec::new()),
             counters: Counters::default(),
             floor_ns: AtomicU64::new(unseen_ns),
         });
@@ -192,6 +210,30 @@ impl FarMemory {
         self.shared.changed.store(true, Ordering::Release);
         self.wake
             .write_all(b"c")
+            .map_err(|e| Error::os("waking the far-memory handler", e))
+    }
+
+    /// Places `range` (inside the emulated regions): see [`Placement`].
+    /// Takes effect before the next fault is served.
+    pub fn place(&mut self, range: Region, placement: Placement) -> Result<()> {
+        if !self
+            .regions
+            .iter()
+            .any(|r| r.start <= range.start && range.end() <= r.end())
+        {
+            return Err(Error::Invalid(format!(
+                "{:#x}+{:#x} is not inside one emulated region",
+                range.start, range.len
+            )));
+        }
+        self.shared
+            .placements
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((range, placement));
+        self.shared.changed.store(true, Ordering::Release);
+        self.wake
+            .write_all(b"p")
             .map_err(|e| Error::os("waking the far-memory handler", e))
     }
 
@@ -269,6 +311,11 @@ struct Engine {
     /// The store: one mapping the size of each region.
     store: Vec<AnonMemory>,
     pages: Vec<Where>,
+    /// Placement of each page.
+    class: Vec<Placement>,
+    /// Always-remote pages mapped since the last fault.
+    visiting: Vec<usize>,
+    /// Local pages that count against the budget.
     local: usize,
     policy: Box<dyn Policy>,
     link: Link,
@@ -320,6 +367,8 @@ impl Engine {
             regions: regions.to_vec(),
             first,
             store,
+            class: vec![Placement::Normal; pages.len()],
+            visiting: Vec::new(),
             pages,
             local: 0,
             policy,
@@ -381,8 +430,45 @@ impl Engine {
         result.and(back)
     }
 
-    /// Evicts until the budget holds.
+    /// Applies new placements, then evicts until the budget holds.
     fn fit_budget(&mut self, sh: &Shared) -> Result<()> {
+        let placed = std::mem::take(&mut *sh.placements.lock().unwrap_or_else(|e| e.into_inner()));
+        for (range, placement) in placed {
+            let Some((_, first, _)) = self.locate(range.start) else {
+                continue;
+            };
+            for g in first..first + range.pages() as usize {
+                let before = self.class[g];
+                if before == placement {
+                    continue;
+                }
+                let local = matches!(self.pages[g], Where::Local { .. });
+                if before == Placement::AlwaysRemote {
+                    self.visiting.retain(|&v| v != g);
+                }
+                if local && before == Placement::Normal {
+                    // It leaves the budget and the policy.
+                    self.policy.removed(g);
+                    self.local -= 1;
+                }
+                self.class[g] = placement;
+                if local {
+                    match placement {
+                        Placement::Normal => {
+                            self.local += 1;
+                            self.policy.inserted(g);
+                        }
+                        Placement::AlwaysRemote => {
+                            self.evict(sh, g)?;
+                        }
+                        Placement::PinnedLocal => {}
+                    }
+                }
+            }
+            sh.counters
+                .local
+                .store(self.local as u64, Ordering::Relaxed);
+        }
         let budget = sh
             .config
             .lock()
@@ -416,10 +502,25 @@ impl Engine {
         }
         let cfg = *sh.config.lock().unwrap_or_else(|e| e.into_inner());
         let c = &sh.counters;
+        let class = self.class[g];
+        if class == Placement::PinnedLocal {
+            // Local by placement: mapped at once, not a fetch.
+            let was = self.pages[g];
+            self.pages[g] = Where::Local {
+                stored: was == Where::Remote,
+            };
+            return self.map(was, g, page_addr);
+        }
         c.faults.fetch_add(1, Ordering::Relaxed);
         c.fetches.fetch_add(1, Ordering::Relaxed);
         let mut writeback_bytes = 0;
-        while self.local >= cfg.local_pages {
+        // Always-remote pages visited since the last fault go back first.
+        for v in std::mem::take(&mut self.visiting) {
+            if self.evict(sh, v)? {
+                writeback_bytes += PAGE_SIZE as u64;
+            }
+        }
+        while class == Placement::Normal && self.local >= cfg.local_pages {
             let Some(v) = self.policy.victim() else { break };
             if self.evict(sh, v)? {
                 writeback_bytes += PAGE_SIZE as u64;
@@ -442,9 +543,13 @@ impl Engine {
         self.pages[g] = Where::Local {
             stored: was == Where::Remote,
         };
-        self.local += 1;
-        c.local.store(self.local as u64, Ordering::Relaxed);
-        self.policy.inserted(g);
+        if class == Placement::AlwaysRemote {
+            self.visiting.push(g);
+        } else {
+            self.local += 1;
+            c.local.store(self.local as u64, Ordering::Relaxed);
+            self.policy.inserted(g);
+        }
         c.handled
             .fetch_add(arrived.elapsed().as_nanos() as u64, Ordering::Relaxed);
         self.map(was, g, page_addr)
@@ -502,7 +607,9 @@ impl Engine {
         } else {
             Where::RemoteZero
         };
-        self.local -= 1;
+        if self.class[g] == Placement::Normal {
+            self.local -= 1;
+        }
         let c = &sh.counters;
         c.local.store(self.local as u64, Ordering::Relaxed);
         c.evictions.fetch_add(1, Ordering::Relaxed);

@@ -237,3 +237,52 @@ fn bad_configuration_is_refused() {
     let e = FarMemory::new(&[], config(1, 0), fifo(), 0).unwrap_err();
     assert!(e.to_string().contains("no region"), "{e}");
 }
+
+/// Pinned pages cost no fetch and never leave; always-remote pages are
+/// fetched on every fault and take no budget.
+#[test]
+fn placements_pinned_local_and_always_remote() {
+    use pagewise::farmem::Placement;
+    use pagewise::Region;
+    if !uffd_or_skip("placements") {
+        return;
+    }
+    let mem = AnonMemory::new(100 * PAGE_SIZE).unwrap();
+    let mut fm = FarMemory::new(&[mem.region()], config(5, 0), fifo(), 0).unwrap();
+    let range = |p: usize, n: usize| {
+        Region::new(mem.addr() + (p * PAGE_SIZE) as u64, (n * PAGE_SIZE) as u64).unwrap()
+    };
+    fm.place(range(0, 10), Placement::PinnedLocal).unwrap();
+    fm.place(range(90, 10), Placement::AlwaysRemote).unwrap();
+    // Pinned: first touches are not fetches, and the 10 pages stay while 50
+    // other pages stream through a budget of 5.
+    for p in 0..10 {
+        mem.write_byte(p * PAGE_SIZE, 1);
+    }
+    for p in 10..60 {
+        mem.write_byte(p * PAGE_SIZE, 2);
+    }
+    for p in 0..10 {
+        mem.write_byte(p * PAGE_SIZE + 1, 3);
+    }
+    let st = fm.stats();
+    assert_eq!(st.remote_fetches, 50, "{st:?}");
+    assert_eq!(st.evictions, 45);
+    assert_eq!(st.local_pages_now, 5, "pinned pages take no budget");
+    // Always remote: pages 90 and 91 alternately, 20 times each: every
+    // touch is a fetch (each visit is evicted at the next fault).
+    for _ in 0..20 {
+        mem.write_byte(90 * PAGE_SIZE, 4);
+        mem.write_byte(91 * PAGE_SIZE, 4);
+    }
+    let st2 = fm.stats();
+    assert_eq!(st2.remote_fetches - st.remote_fetches, 40, "{st2:?}");
+    assert_eq!(st2.local_pages_now, 5, "always-remote pages take no budget");
+    let st = fm.stop().unwrap();
+    for p in 0..10 {
+        assert_eq!(mem.read_byte(p * PAGE_SIZE + 1), 3);
+    }
+    assert_eq!(mem.read_byte(90 * PAGE_SIZE), 4);
+    assert_eq!(mem.read_byte(91 * PAGE_SIZE), 4);
+    assert!(st.writebacks >= 45);
+}
