@@ -221,6 +221,28 @@ pub const COPY_MODE_DONTWAKE: u64 = 1;
 /// `UFFDIO_COPY_MODE_WP`: map the page write-protected.
 pub const COPY_MODE_WP: u64 = 2;
 
+/// `struct uffdio_move`.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct UffdioMove {
+    /// Destination address (registered with the userfaultfd used).
+    pub dst: u64,
+    /// Source address.
+    pub src: u64,
+    /// Length.
+    pub len: u64,
+    /// `MOVE_MODE_*`.
+    pub mode: u64,
+    /// Bytes moved, or a negative errno (out).
+    pub moved: i64,
+}
+
+/// `UFFDIO_MOVE_MODE_DONTWAKE`: do not wake the faulting threads.
+pub const MOVE_MODE_DONTWAKE: u64 = 1;
+/// `UFFDIO_MOVE_MODE_ALLOW_SRC_HOLES`: skip unmapped source pages.
+pub const MOVE_MODE_ALLOW_SRC_HOLES: u64 = 2;
+
+const _: () = assert!(std::mem::size_of::<UffdioMove>() == 40);
 const _: () = assert!(std::mem::size_of::<UffdMsg>() == 32);
 const _: () = assert!(std::mem::size_of::<UffdioCopy>() == 40);
 const _: () = assert!(std::mem::size_of::<UffdioZeropage>() == 32);
@@ -244,6 +266,8 @@ pub const UFFDIO_WAKE: u64 = ioc(IOC_READ, UFFDIO, 0x02, 16);
 pub const UFFDIO_COPY: u64 = ioc(IOC_READ | IOC_WRITE, UFFDIO, 0x03, 40);
 /// `UFFDIO_ZEROPAGE`.
 pub const UFFDIO_ZEROPAGE: u64 = ioc(IOC_READ | IOC_WRITE, UFFDIO, 0x04, 32);
+/// `UFFDIO_MOVE` (Linux 6.8+).
+pub const UFFDIO_MOVE: u64 = ioc(IOC_READ | IOC_WRITE, UFFDIO, 0x05, 40);
 /// `USERFAULTFD_IOC_NEW` on `/dev/userfaultfd`.
 pub const USERFAULTFD_IOC_NEW: u64 = ioc(IOC_NONE, UFFDIO, 0x00, 0);
 
@@ -254,6 +278,7 @@ const _: () = assert!(UFFDIO_WRITEPROTECT == 0xC018_AA06);
 const _: () = assert!(UFFDIO_WAKE == 0x8010_AA02);
 const _: () = assert!(UFFDIO_COPY == 0xC028_AA03);
 const _: () = assert!(UFFDIO_ZEROPAGE == 0xC020_AA04);
+const _: () = assert!(UFFDIO_MOVE == 0xC028_AA05);
 
 /// How a userfaultfd was obtained.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -449,4 +474,22 @@ pub fn poll_readable(fds: &[RawFd], timeout_ms: i32) -> io::Result<u64> {
         }
         return Ok(bits);
     }
+}
+
+/// `ioctl(UFFDIO_MOVE)`: moves the pages of `[src, src+len)` to `[dst, dst+len)`
+/// (which must be registered with `fd` and unmapped) without copying; the
+/// source is left unmapped. A write racing the move lands before it (and
+/// moves with the page) or faults after it.
+pub fn move_pages(fd: RawFd, dst: u64, src: u64, len: u64, mode: u64) -> io::Result<()> {
+    let mut arg = UffdioMove {
+        dst,
+        src,
+        len,
+        mode,
+        moved: 0,
+    };
+    // SAFETY: `arg` is a valid `struct uffdio_move` that outlives the call;
+    // the kernel checks both ranges against the caller's own mappings.
+    cvt_int(unsafe { libc::ioctl(fd, UFFDIO_MOVE as libc::c_ulong, &mut arg) })?;
+    Ok(())
 }

@@ -3,32 +3,37 @@
 //!
 //! A [`FarMemory`] emulates far memory for page-aligned regions of the
 //! calling process. At most `local_pages` of their pages are mapped (local);
-//! the others are *remote*: the engine holds their contents and they are not
-//! mapped. Every access to a remote page — the first touch of a fresh page
-//! included, as in DiME — faults to the engine's handler thread, which:
+//! the others are *remote*: the page itself sits in a staging mapping of the
+//! engine, and the region has a hole there. Every access to a remote page —
+//! the first touch of a fresh page included, as in DiME — faults to the
+//! engine's handler thread, which:
 //!
 //! 1. charges the link (see [`link`]): twice the one-way latency plus the
 //!    page's transmission time, queued behind the instance's other transfers;
-//! 2. if the budget is full, asks the [`policy`] for a victim and evicts it:
-//!    **write-protect, copy out, then drop** (`UFFDIO_WRITEPROTECT`, a copy
-//!    into the engine's store when the contents changed — a *write-back* —,
-//!    `MADV_DONTNEED`). A thread writing the victim meanwhile blocks on the
-//!    write-protect fault; the engine wakes it once the page is gone, and its
-//!    retry fetches the page back with the write still to come. No write is
-//!    lost (tested with concurrent writers against a shadow copy);
-//! 3. waits out the rest of the modelled delay and maps the page
-//!    (`UFFDIO_COPY`, or the zero page for a page never written), which wakes
-//!    the faulting thread.
+//! 2. if the budget is full, asks the [`policy`] for a victim and evicts it
+//!    with one `UFFDIO_MOVE` into staging. The move is atomic under the page
+//!    table lock: a write racing it lands before it (and moves with the
+//!    page) or faults after it (and fetches the page back). No write is lost
+//!    (tested with concurrent writers against a shadow copy). The victim's
+//!    fingerprint against the one it was fetched with decides whether it
+//!    counts as a dirty write-back;
+//! 3. waits out the rest of the modelled delay and moves the page back into
+//!    the region (or maps the zero page for a page never written), which
+//!    wakes the faulting thread.
 //!
 //! Faults taken inside system calls (a `read()` into a remote buffer) are
-//! handled the same way: the kernel waits for the handler.
+//! handled the same way: the kernel waits for the handler. The program's
+//! `MADV_DONTNEED` and `munmap` of emulated memory arrive as events: those
+//! pages read as zeros afterwards, never as the engine's old copy. (The
+//! staging mappings are registered with a second userfaultfd that asks for
+//! no events, so that the engine's own drops there never wait on itself.)
 //!
 //! # What the caller guarantees
-//! The regions are private anonymous memory, mapped and writable, that the
-//! program does not `munmap`, `mremap` or `madvise(MADV_DONTNEED)` while they
-//! are emulated, and does not `fork` (both are planned). When the
-//! [`FarMemory`] is stopped or dropped, every remote page is mapped back
-//! with its contents.
+//! The regions are private anonymous memory, mapped and writable. The
+//! program does not `mremap` them or `fork` while they are emulated (both
+//! are planned; a page shared with a child cannot be moved and stops the
+//! engine with an error). When the [`FarMemory`] is stopped or dropped,
+//! every remote page is moved back.
 
 pub mod link;
 pub mod policy;
@@ -87,8 +92,6 @@ pub struct Stats {
     pub modelled_delay_ns: u64,
     /// The part of a fault's cost the engine cannot see and subtracts, ns.
     pub floor_ns: u64,
-    /// Write-protect faults of threads that wrote a page being evicted.
-    pub blocked_writes: u64,
     /// Pages local now.
     pub local_pages_now: u64,
     /// Time the handler spent on faults, from reading the message to
@@ -109,7 +112,6 @@ struct Counters {
     writebacks: AtomicU64,
     injected: AtomicU64,
     modelled: AtomicU64,
-    blocked: AtomicU64,
     local: AtomicU64,
     handled: AtomicU64,
     hist: [AtomicU64; HIST_BUCKETS],
@@ -253,7 +255,6 @@ impl FarMemory {
             injected_delay_ns: get(&c.injected),
             modelled_delay_ns: get(&c.modelled),
             floor_ns: get(&self.shared.floor_ns),
-            blocked_writes: get(&c.blocked),
             local_pages_now: get(&c.local),
             handler_ns: get(&c.handled),
             delay_histogram: hist,
@@ -293,24 +294,32 @@ impl Drop for FarMemory {
 /// Where a page's contents are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Where {
-    /// Remote, never written: zeros.
+    /// Remote, never written (or dropped by the program): zeros.
     RemoteZero,
-    /// Remote, in the store.
+    /// Remote: the page itself sits in the staging mapping.
     Remote,
-    /// Local; the store holds the contents it was fetched with (`stored`) or
-    /// nothing (zeros).
-    Local { stored: bool },
+    /// Local: mapped in the region.
+    Local,
 }
 
 /// The handler thread's state.
+///
+/// Remote pages are *moved* (`UFFDIO_MOVE`, no copy) between the region and
+/// a staging mapping of the same size. The region is registered with one
+/// userfaultfd (missing faults, and the program's `MADV_DONTNEED` and
+/// `munmap` as events); the staging mappings with a second one, which asks
+/// for no events, so that dropping a staging page never waits on the handler.
 struct Engine {
     uffd: OwnedFd,
+    stage_uffd: OwnedFd,
     regions: Vec<Region>,
     /// First global page index of each region.
     first: Vec<usize>,
-    /// The store: one mapping the size of each region.
-    store: Vec<AnonMemory>,
+    /// The staging mappings, one the size of each region.
+    staging: Vec<AnonMemory>,
     pages: Vec<Where>,
+    /// Fingerprint of each local page when it was fetched (for write-backs).
+    fetched: Vec<crate::hash::PageHash>,
     /// Placement of each page.
     class: Vec<Placement>,
     /// Always-remote pages mapped since the last fault.
@@ -322,52 +331,73 @@ struct Engine {
     injector: Injector,
 }
 
+fn open_uffd(features: u64) -> Result<OwnedFd> {
+    // Non-blocking: poll may report a message another wake-up consumed.
+    let (fd, _) =
+        uffd::open(libc::O_CLOEXEC | libc::O_NONBLOCK).map_err(|e| Error::Unsupported {
+            feature: "userfaultfd",
+            why: e.to_string(),
+        })?;
+    uffd::api(fd.as_raw_fd(), features).map_err(|e| Error::Unsupported {
+        feature: "userfaultfd move and events",
+        why: format!("UFFDIO_API with features {features:#x}: {e}"),
+    })?;
+    Ok(fd)
+}
+
 impl Engine {
     fn new(regions: &[Region], policy: Box<dyn Policy>, unseen_ns: u64) -> Result<Self> {
-        // Non-blocking: poll may report a message another wake-up consumed.
-        let (fd, _) =
-            uffd::open(libc::O_CLOEXEC | libc::O_NONBLOCK).map_err(|e| Error::Unsupported {
-                feature: "userfaultfd",
-                why: e.to_string(),
-            })?;
-        uffd::api(fd.as_raw_fd(), 0).map_err(|e| Error::os("UFFDIO_API", e))?;
+        use uffd::feature as f;
+        let fd = open_uffd(f::MOVE | f::EVENT_REMOVE | f::EVENT_UNMAP)?;
+        let stage_fd = open_uffd(f::MOVE)?;
         let mut first = Vec::new();
-        let mut store = Vec::new();
+        let mut staging = Vec::new();
         let mut pages = Vec::new();
+        let mut walker = crate::walk::PageWalker::new(None)?;
+        let mut runs = Vec::new();
         for r in regions {
             first.push(pages.len());
-            let s = AnonMemory::new(r.len as usize)?;
-            // Populated pages become remote now: their contents go to the store.
-            for i in 0..r.pages() as usize {
-                let addr = r.start + (i * PAGE_SIZE) as u64;
-                let page = page_at(addr);
-                if page.iter().all(|&b| b == 0) {
-                    pages.push(Where::RemoteZero);
-                } else {
-                    s.write_at(i * PAGE_SIZE, page);
-                    pages.push(Where::Remote);
-                }
-            }
-            // SAFETY: the region is private anonymous memory of this process
-            // that the caller hands to the engine; its contents are in the store.
-            unsafe { mem::madvise(r.start, r.len as usize, libc::MADV_DONTNEED) }.map_err(|e| {
-                Error::os(format!("MADV_DONTNEED of {:#x}+{:#x}", r.start, r.len), e)
-            })?;
-            uffd::register(
-                fd.as_raw_fd(),
+            let st = AnonMemory::new(r.len as usize)?;
+            let reg = |fd: &OwnedFd, start: u64, len: u64| {
+                uffd::register(fd.as_raw_fd(), start, len, uffd::REGISTER_MODE_MISSING)
+                    .map_err(|e| Error::os(format!("UFFDIO_REGISTER of {start:#x}+{len:#x}"), e))
+            };
+            reg(&fd, r.start, r.len)?;
+            reg(&stage_fd, st.addr(), r.len)?;
+            // Every populated page becomes remote now: moved to staging.
+            uffd::move_pages(
+                stage_fd.as_raw_fd(),
+                st.addr(),
                 r.start,
                 r.len,
-                uffd::REGISTER_MODE_MISSING | uffd::REGISTER_MODE_WP,
+                uffd::MOVE_MODE_DONTWAKE | uffd::MOVE_MODE_ALLOW_SRC_HOLES,
             )
-            .map_err(|e| Error::os(format!("UFFDIO_REGISTER of {:#x}+{:#x}", r.start, r.len), e))?;
-            store.push(s);
+            .map_err(|e| {
+                Error::os(
+                    format!("UFFDIO_MOVE of {:#x}+{:#x} to staging", r.start, r.len),
+                    e,
+                )
+            })?;
+            let n = r.pages() as usize;
+            let mut here = vec![Where::RemoteZero; n];
+            walker.populated(st.region(), &mut runs)?;
+            for &(a, b) in &runs {
+                let i0 = ((a - st.addr()) / PAGE_SIZE as u64) as usize;
+                let i1 = ((b - st.addr()) / PAGE_SIZE as u64) as usize;
+                here[i0..i1].fill(Where::Remote);
+            }
+            pages.extend(here);
+            staging.push(st);
         }
+        let n = pages.len();
         Ok(Engine {
             uffd: fd,
+            stage_uffd: stage_fd,
             regions: regions.to_vec(),
             first,
-            store,
-            class: vec![Placement::Normal; pages.len()],
+            staging,
+            fetched: vec![0; n],
+            class: vec![Placement::Normal; n],
             visiting: Vec::new(),
             pages,
             local: 0,
@@ -385,10 +415,17 @@ impl Engine {
         Some((ri, self.first[ri] + i, r.start + (i * PAGE_SIZE) as u64))
     }
 
-    fn addr_of(&self, g: usize) -> (usize, usize, u64) {
+    /// Region, page in it, address in the region and in staging of page `g`.
+    fn addr_of(&self, g: usize) -> (usize, usize, u64, u64) {
         let ri = self.first.partition_point(|&f| f <= g) - 1;
         let i = g - self.first[ri];
-        (ri, i, self.regions[ri].start + (i * PAGE_SIZE) as u64)
+        let off = (i * PAGE_SIZE) as u64;
+        (
+            ri,
+            i,
+            self.regions[ri].start + off,
+            self.staging[ri].addr() + off,
+        )
     }
 
     fn run(mut self, sh: &Shared, mut wake: std::io::PipeReader) -> Result<()> {
@@ -419,15 +456,55 @@ impl Engine {
                 Err(e) => break Err(Error::os("reading the userfaultfd", e)),
             };
             let arrived = Instant::now();
-            if msg.event != uffd::event::PAGEFAULT {
-                continue;
-            }
-            if let Err(e) = self.fault(sh, msg.pf_address(), msg.pf_flags(), arrived) {
+            let r = match msg.event {
+                uffd::event::PAGEFAULT => self.fault(sh, msg.pf_address(), arrived),
+                uffd::event::REMOVE | uffd::event::UNMAP => {
+                    let (start, end) = msg.range();
+                    self.dropped(sh, start, end)
+                }
+                _ => Ok(()),
+            };
+            if let Err(e) = r {
                 break Err(e);
             }
         };
         let back = self.bring_all_back();
         result.and(back)
+    }
+
+    /// The program dropped (`MADV_DONTNEED`) or unmapped `[start, end)`:
+    /// its pages read as zeros from now on.
+    fn dropped(&mut self, sh: &Shared, start: u64, end: u64) -> Result<()> {
+        let mut addr = start & !(PAGE_SIZE as u64 - 1);
+        while addr < end {
+            let Some((_, g, _)) = self.locate(addr) else {
+                addr += PAGE_SIZE as u64;
+                continue;
+            };
+            match self.pages[g] {
+                Where::Local => {
+                    if self.class[g] == Placement::Normal {
+                        self.policy.removed(g);
+                        self.local -= 1;
+                    }
+                    self.visiting.retain(|&v| v != g);
+                }
+                Where::Remote => {
+                    let (_, _, _, staged) = self.addr_of(g);
+                    // SAFETY: a staging page of this engine, which no one else
+                    // uses; its userfaultfd asks for no events.
+                    unsafe { mem::madvise(staged, PAGE_SIZE, libc::MADV_DONTNEED) }
+                        .map_err(|e| Error::os(format!("MADV_DONTNEED of {staged:#x}"), e))?;
+                }
+                Where::RemoteZero => {}
+            }
+            self.pages[g] = Where::RemoteZero;
+            addr += PAGE_SIZE as u64;
+        }
+        sh.counters
+            .local
+            .store(self.local as u64, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Applies new placements, then evicts until the budget holds.
@@ -442,7 +519,7 @@ impl Engine {
                 if before == placement {
                     continue;
                 }
-                let local = matches!(self.pages[g], Where::Local { .. });
+                let local = self.pages[g] == Where::Local;
                 if before == Placement::AlwaysRemote {
                     self.visiting.retain(|&v| v != g);
                 }
@@ -481,24 +558,17 @@ impl Engine {
         Ok(())
     }
 
-    fn fault(&mut self, sh: &Shared, addr: u64, flags: u64, arrived: Instant) -> Result<()> {
+    fn fault(&mut self, sh: &Shared, addr: u64, arrived: Instant) -> Result<()> {
         let fd = self.uffd.as_raw_fd();
-        let Some((_, g, page_addr)) = self.locate(addr) else {
+        let Some((_, g, _)) = self.locate(addr) else {
             // Not ours (cannot happen: only our regions are registered).
             return uffd::wake(fd, addr & !(PAGE_SIZE as u64 - 1), PAGE_SIZE as u64)
                 .map_err(|e| Error::os("UFFDIO_WAKE", e));
         };
-        if flags & uffd::PAGEFAULT_FLAG_WP != 0 {
-            // A write to a page that was being evicted: it is gone now (or
-            // back and writable); the retry faults again if it must.
-            sh.counters.blocked.fetch_add(1, Ordering::Relaxed);
-            return uffd::wake(fd, page_addr, PAGE_SIZE as u64)
-                .map_err(|e| Error::os("UFFDIO_WAKE", e));
-        }
-        if let Where::Local { .. } = self.pages[g] {
-            // Resolved already (two threads faulted on it): wake the late one.
-            return uffd::wake(fd, page_addr, PAGE_SIZE as u64)
-                .map_err(|e| Error::os("UFFDIO_WAKE", e));
+        if self.pages[g] == Where::Local {
+            // Mapped already (two threads faulted on it), or dropped behind
+            // our back: zeros then, and a wake-up either way.
+            return self.map(Where::RemoteZero, g);
         }
         let cfg = *sh.config.lock().unwrap_or_else(|e| e.into_inner());
         let c = &sh.counters;
@@ -506,10 +576,8 @@ impl Engine {
         if class == Placement::PinnedLocal {
             // Local by placement: mapped at once, not a fetch.
             let was = self.pages[g];
-            self.pages[g] = Where::Local {
-                stored: was == Where::Remote,
-            };
-            return self.map(was, g, page_addr);
+            self.pages[g] = Where::Local;
+            return self.map(was, g);
         }
         c.faults.fetch_add(1, Ordering::Relaxed);
         c.fetches.fetch_add(1, Ordering::Relaxed);
@@ -540,9 +608,7 @@ impl Engine {
         // Book-keeping first: mapping the page wakes the faulting thread,
         // which may look at the counters at once.
         let was = self.pages[g];
-        self.pages[g] = Where::Local {
-            stored: was == Where::Remote,
-        };
+        self.pages[g] = Where::Local;
         if class == Placement::AlwaysRemote {
             self.visiting.push(g);
         } else {
@@ -552,20 +618,20 @@ impl Engine {
         }
         c.handled
             .fetch_add(arrived.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        self.map(was, g, page_addr)
+        self.map(was, g)
     }
 
-    /// Maps page `g` at `addr` with its contents, which were `was` (this
-    /// wakes the faulting threads).
-    fn map(&self, was: Where, g: usize, addr: u64) -> Result<()> {
+    /// Maps page `g`, whose contents were `was`, into its region (this wakes
+    /// the faulting threads) and notes its fingerprint.
+    fn map(&mut self, was: Where, g: usize) -> Result<()> {
         let fd = self.uffd.as_raw_fd();
-        let (ri, i, _) = self.addr_of(g);
+        let (_, _, addr, staged) = self.addr_of(g);
+        self.fetched[g] = match was {
+            Where::Remote => crate::hash::page_hash(staged_page(staged)),
+            _ => crate::hash::zero_page_hash(),
+        };
         let r = match was {
-            Where::Remote => {
-                let src = self.store[ri].as_ptr().wrapping_add(i * PAGE_SIZE);
-                // SAFETY: `src` is page `i` of the store mapping, one page long.
-                unsafe { uffd::copy(fd, addr, src, PAGE_SIZE as u64, 0) }
-            }
+            Where::Remote => uffd::move_pages(fd, addr, staged, PAGE_SIZE as u64, 0),
             _ => uffd::zeropage(fd, addr, PAGE_SIZE as u64),
         };
         match r {
@@ -578,34 +644,40 @@ impl Engine {
         }
     }
 
-    /// Evicts local page `g`: write-protect, copy out if changed, drop.
-    /// Returns whether it was written back.
+    /// Evicts local page `g`: one atomic move into staging, so a write
+    /// racing it lands before (and moves with the page) or faults after.
+    /// Returns whether its contents changed since the fetch (a write-back).
     fn evict(&mut self, sh: &Shared, g: usize) -> Result<bool> {
-        let fd = self.uffd.as_raw_fd();
-        let (ri, i, addr) = self.addr_of(g);
-        let Where::Local { stored } = self.pages[g] else {
+        if self.pages[g] != Where::Local {
             return Ok(false);
-        };
-        uffd::writeprotect(fd, addr, PAGE_SIZE as u64, true)
-            .map_err(|e| Error::os(format!("UFFDIO_WRITEPROTECT of {addr:#x}"), e))?;
-        // No thread can change the page now; compare it with what the store has.
-        let now = page_at(addr);
-        let mut old = [0u8; PAGE_SIZE];
-        if stored {
-            self.store[ri].read_into(i * PAGE_SIZE, &mut old);
         }
-        let dirty = now != old;
-        if dirty {
-            self.store[ri].write_at(i * PAGE_SIZE, now);
-        }
-        // SAFETY: the page belongs to an emulated region; its contents are in
-        // the store and no thread can write it (write-protected).
-        unsafe { mem::madvise(addr, PAGE_SIZE, libc::MADV_DONTNEED) }
-            .map_err(|e| Error::os(format!("MADV_DONTNEED of {addr:#x}"), e))?;
-        self.pages[g] = if dirty || stored {
-            Where::Remote
-        } else {
-            Where::RemoteZero
+        let (_, _, addr, staged) = self.addr_of(g);
+        let moved = uffd::move_pages(
+            self.stage_uffd.as_raw_fd(),
+            staged,
+            addr,
+            PAGE_SIZE as u64,
+            uffd::MOVE_MODE_DONTWAKE,
+        );
+        let dirty = match moved {
+            Ok(()) => {
+                self.pages[g] = Where::Remote;
+                crate::hash::page_hash(staged_page(staged)) != self.fetched[g]
+            }
+            // Not mapped (dropped between the event and the zap): zeros.
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                self.pages[g] = Where::RemoteZero;
+                false
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                return Err(Error::Unsupported {
+                    feature: "eviction of a shared page",
+                    why: format!(
+                        "page {addr:#x} is shared with another process (fork or KSM), which UFFDIO_MOVE cannot move"
+                    ),
+                })
+            }
+            Err(e) => return Err(Error::os(format!("UFFDIO_MOVE of {addr:#x} to staging"), e)),
         };
         if self.class[g] == Placement::Normal {
             self.local -= 1;
@@ -621,31 +693,26 @@ impl Engine {
 
     /// Maps every remote page back and unregisters the regions.
     fn bring_all_back(&mut self) -> Result<()> {
-        let fd = self.uffd.as_raw_fd();
         for g in 0..self.pages.len() {
             if self.pages[g] == Where::Remote {
-                let (_, _, addr) = self.addr_of(g);
-                self.map(Where::Remote, g, addr)?;
-                self.pages[g] = Where::Local { stored: true };
+                self.map(Where::Remote, g)?;
+                self.pages[g] = Where::Local;
             }
         }
-        for r in &self.regions {
-            uffd::unregister(fd, r.start, r.len).map_err(|e| {
-                Error::os(
-                    format!("UFFDIO_UNREGISTER of {:#x}+{:#x}", r.start, r.len),
-                    e,
-                )
-            })?;
+        for (r, st) in self.regions.iter().zip(&self.staging) {
+            // A range the program unmapped is not registered any more.
+            let _ = uffd::unregister(self.uffd.as_raw_fd(), r.start, r.len);
+            let _ = uffd::unregister(self.stage_uffd.as_raw_fd(), st.addr(), r.len);
         }
         Ok(())
     }
 }
 
-/// One page of the calling process's memory.
-fn page_at(addr: u64) -> &'static [u8] {
-    // SAFETY: `addr` is a page of an emulated region, mapped for the life of
-    // the engine (the caller's guarantee); the engine only reads it while no
-    // thread can write it, or before emulation starts.
+/// One page of staging, which the engine reads only while it is mapped there.
+fn staged_page(addr: u64) -> &'static [u8] {
+    // SAFETY: `addr` is a page of a staging mapping this engine owns, and the
+    // caller reads it only while a page is mapped there (moved in, or a zero
+    // page): reading it does not fault.
     unsafe { std::slice::from_raw_parts(addr as *const u8, PAGE_SIZE) }
 }
 
