@@ -37,6 +37,10 @@ pub const PW_BACKEND_MPROTECT: u32 = 3;
 /// Content fingerprints compared at each collection (every kernel, no faults).
 pub const PW_BACKEND_HASH: u32 = 4;
 
+/// The version of `pw_policy_ops` (far-memory policy plugins) this library speaks.
+pub const PW_POLICY_ABI_VERSION: u32 = 1;
+const _: () = assert!(PW_POLICY_ABI_VERSION == pw::farmem::policy::POLICY_ABI_VERSION);
+
 /// The default consumer of a tracker, which exists from `pw_tracker_new` on.
 pub const PW_CONSUMER_DEFAULT: u32 = 0;
 

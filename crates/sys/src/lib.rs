@@ -13,6 +13,7 @@
 
 #![warn(missing_docs)]
 
+pub mod dl;
 pub mod mem;
 pub mod pagemap;
 pub mod process;

@@ -7,7 +7,9 @@
 //! which the policy forgets at once.
 
 use crate::workload::Rng;
+use crate::{Error, Result};
 use std::collections::VecDeque;
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
 
 /// A replacement policy.
 pub trait Policy: Send {
@@ -31,6 +33,149 @@ pub fn by_name(name: &str, seed: u64) -> Option<Box<dyn Policy>> {
         "fifo" => Some(Box::new(Fifo::default())),
         "random" => Some(Box::new(Random::new(seed))),
         _ => None,
+    }
+}
+
+/// The version of [`PolicyOps`] this pagewise speaks.
+pub const POLICY_ABI_VERSION: u32 = 1;
+
+/// A replacement policy written in C (or anything with a C ABI), loaded at
+/// run time from a shared object that exports
+/// `const pw_policy_ops *pw_policy_plugin(void)`. The engine calls it from
+/// its handler thread only, one call at a time; pages are indices into the
+/// emulated memory. In `include/pagewise.h` as `pw_policy_ops`; an example is
+/// `examples/policy_lifo.c`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct PolicyOps {
+    /// Must be `PW_POLICY_ABI_VERSION` ([`POLICY_ABI_VERSION`]).
+    pub abi_version: u32,
+    /// The policy's name (a static string).
+    pub name: *const c_char,
+    /// Makes the policy's state from an argument string (may be empty);
+    /// NULL on failure.
+    pub create: Option<unsafe extern "C" fn(args: *const c_char) -> *mut c_void>,
+    /// Frees the state.
+    pub destroy: Option<unsafe extern "C" fn(state: *mut c_void)>,
+    /// Page `page` became local.
+    pub inserted: Option<unsafe extern "C" fn(state: *mut c_void, page: u64)>,
+    /// Page `page` stopped being local without being chosen.
+    pub removed: Option<unsafe extern "C" fn(state: *mut c_void, page: u64)>,
+    /// Chooses a local page to evict into `*page` and forgets it; returns 0,
+    /// or -1 when it tracks no page.
+    pub victim: Option<unsafe extern "C" fn(state: *mut c_void, page: *mut u64) -> c_int>,
+}
+
+const _: () = assert!(std::mem::size_of::<PolicyOps>() == 56);
+
+/// A policy loaded from a shared object.
+pub struct Plugin {
+    ops: PolicyOps,
+    state: *mut c_void,
+    name: String,
+    // Declared last: the library is closed after the state is destroyed.
+    _lib: pagewise_sys::dl::Library,
+}
+
+// SAFETY: the plugin contract (see `PolicyOps`) is that its functions may be
+// called from any one thread at a time; the engine moves the policy to its
+// handler thread and calls it only there.
+unsafe impl Send for Plugin {}
+
+impl std::fmt::Debug for Plugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plugin").field("name", &self.name).finish()
+    }
+}
+
+impl Plugin {
+    /// Loads the policy in the shared object at `path` and creates its
+    /// state with `args`.
+    ///
+    /// # Safety
+    /// Loading runs the object's code; it must follow the contract of
+    /// [`PolicyOps`].
+    pub unsafe fn load(path: &str, args: &str) -> Result<Self> {
+        let bad = |what: String| Error::Invalid(format!("policy plugin {path}: {what}"));
+        // SAFETY: the caller accepts running the plugin's code.
+        let lib =
+            unsafe { pagewise_sys::dl::Library::open(path) }.map_err(|e| bad(e.to_string()))?;
+        let sym = lib
+            .symbol("pw_policy_plugin")
+            .map_err(|e| bad(format!("no pw_policy_plugin: {e}")))?;
+        // SAFETY: the contract says `pw_policy_plugin` has this signature.
+        let entry: unsafe extern "C" fn() -> *const PolicyOps = unsafe { std::mem::transmute(sym) };
+        // SAFETY: calling the plugin's entry point, per the contract.
+        let ops_ptr = unsafe { entry() };
+        // SAFETY: the contract says the pointer is NULL or a static `pw_policy_ops`.
+        let ops = unsafe { ops_ptr.as_ref() }
+            .copied()
+            .ok_or_else(|| bad("pw_policy_plugin returned NULL".into()))?;
+        if ops.abi_version != POLICY_ABI_VERSION {
+            return Err(bad(format!(
+                "ABI version {} (this pagewise speaks {POLICY_ABI_VERSION})",
+                ops.abi_version
+            )));
+        }
+        let (Some(create), Some(_), Some(_), Some(_), Some(_)) = (
+            ops.create,
+            ops.destroy,
+            ops.inserted,
+            ops.removed,
+            ops.victim,
+        ) else {
+            return Err(bad("a function of pw_policy_ops is NULL".into()));
+        };
+        let name = if ops.name.is_null() {
+            "plugin".to_string()
+        } else {
+            // SAFETY: a non-null name is a static NUL-terminated string (contract).
+            unsafe { CStr::from_ptr(ops.name) }
+                .to_string_lossy()
+                .into_owned()
+        };
+        let c_args = CString::new(args).map_err(|_| bad("arguments hold a NUL byte".into()))?;
+        // SAFETY: `create` follows the contract; `c_args` outlives the call.
+        let state = unsafe { create(c_args.as_ptr()) };
+        if state.is_null() {
+            return Err(bad(format!("create({args:?}) failed")));
+        }
+        Ok(Plugin {
+            ops,
+            state,
+            name,
+            _lib: lib,
+        })
+    }
+}
+
+impl Policy for Plugin {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn inserted(&mut self, page: usize) {
+        let f = self.ops.inserted.expect("checked at load");
+        // SAFETY: the state came from `create` and is used from one thread.
+        unsafe { f(self.state, page as u64) }
+    }
+    fn removed(&mut self, page: usize) {
+        let f = self.ops.removed.expect("checked at load");
+        // SAFETY: as in `inserted`.
+        unsafe { f(self.state, page as u64) }
+    }
+    fn victim(&mut self) -> Option<usize> {
+        let f = self.ops.victim.expect("checked at load");
+        let mut page = 0u64;
+        // SAFETY: as in `inserted`; `page` is a valid out-pointer.
+        (unsafe { f(self.state, &mut page) } == 0).then_some(page as usize)
+    }
+}
+
+impl Drop for Plugin {
+    fn drop(&mut self) {
+        let f = self.ops.destroy.expect("checked at load");
+        // SAFETY: the state came from `create` and is destroyed once.
+        unsafe { f(self.state) }
     }
 }
 

@@ -350,3 +350,70 @@ fn unmapped_part_is_forgotten() {
     }
     assert!(st.local_pages_now <= 4, "{st:?}");
 }
+
+/// Builds `examples/policy_lifo.c` into a shared object with the system's C
+/// compiler; `None` (with the reason printed) when there is none.
+fn build_lifo_plugin() -> Option<std::path::PathBuf> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let out = std::env::temp_dir().join(format!("pagewise-lifo-{}.so", std::process::id()));
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    match std::process::Command::new(&cc)
+        .args([
+            "-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-o",
+        ])
+        .arg(&out)
+        .arg(root.join("examples/policy_lifo.c"))
+        .arg(format!("-I{}", root.join("include").display()))
+        .status()
+    {
+        Ok(s) if s.success() => Some(out),
+        Ok(s) => panic!("{cc} failed on examples/policy_lifo.c: {s}"),
+        Err(e) => {
+            println!("SKIP policy plugin: no C compiler ({cc}: {e})");
+            None
+        }
+    }
+}
+
+/// A policy loaded from a shared object decides the evictions: LIFO's exact
+/// counts, unlike FIFO's.
+#[test]
+fn policy_plugin_lifo() {
+    if !uffd_or_skip("policy_plugin") {
+        return;
+    }
+    let Some(so) = build_lifo_plugin() else {
+        return;
+    };
+    // SAFETY: the plugin is this repository's example, which follows the ABI.
+    let lifo = unsafe { policy::Plugin::load(so.to_str().unwrap(), "capacity=64") }.unwrap();
+    assert_eq!(policy::Policy::name(&lifo), "lifo");
+    let mem = AnonMemory::new(10 * PAGE_SIZE).unwrap();
+    let fm = FarMemory::new(&[mem.region()], config(4, 0), Box::new(lifo), 0).unwrap();
+    for p in 0..4 {
+        mem.write_byte(p * PAGE_SIZE, 1); // 4 fetches: 0 1 2 3 local
+    }
+    mem.write_byte(4 * PAGE_SIZE, 1); // evicts 3, the newest: 0 1 2 4
+    mem.write_byte(3 * PAGE_SIZE + 1, 2); // evicts 4: 0 1 2 3
+    for p in 0..4 {
+        mem.write_byte(p * PAGE_SIZE + 2, 3); // all local: no fault
+    }
+    let st = fm.stop().unwrap();
+    assert_eq!(st.page_fault_count, 6, "{st:?}");
+    assert_eq!(st.evictions, 2);
+    assert_eq!(mem.read_byte(4 * PAGE_SIZE), 1);
+    assert_eq!(mem.read_byte(3 * PAGE_SIZE + 1), 2);
+    std::fs::remove_file(&so).unwrap();
+}
+
+#[test]
+fn bad_policy_plugins_are_refused() {
+    // SAFETY: loading fails before any code of the object runs.
+    let e = unsafe { policy::Plugin::load("/nonexistent/policy.so", "") }.unwrap_err();
+    assert!(e.to_string().contains("/nonexistent/policy.so"), "{e}");
+    // A shared object without the entry point.
+    let libc_path = "libc.so.6";
+    // SAFETY: libc is already loaded; dlopen only adds a reference.
+    let e = unsafe { policy::Plugin::load(libc_path, "") }.unwrap_err();
+    assert!(e.to_string().contains("pw_policy_plugin"), "{e}");
+}
