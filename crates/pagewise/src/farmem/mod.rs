@@ -92,6 +92,11 @@ pub struct Stats {
     pub modelled_delay_ns: u64,
     /// The part of a fault's cost the engine cannot see and subtracts, ns.
     pub floor_ns: u64,
+    /// Accesses to parked pages (policies learning which pages are used):
+    /// mapped back at once, no delay, not fetches.
+    pub soft_faults: u64,
+    /// Pages parked.
+    pub parks: u64,
     /// Pages local now.
     pub local_pages_now: u64,
     /// Time the handler spent on faults, from reading the message to
@@ -113,6 +118,8 @@ struct Counters {
     injected: AtomicU64,
     modelled: AtomicU64,
     local: AtomicU64,
+    soft: AtomicU64,
+    parks: AtomicU64,
     handled: AtomicU64,
     hist: [AtomicU64; HIST_BUCKETS],
 }
@@ -255,6 +262,8 @@ impl FarMemory {
             injected_delay_ns: get(&c.injected),
             modelled_delay_ns: get(&c.modelled),
             floor_ns: get(&self.shared.floor_ns),
+            soft_faults: get(&c.soft),
+            parks: get(&c.parks),
             local_pages_now: get(&c.local),
             handler_ns: get(&c.handled),
             delay_histogram: hist,
@@ -300,6 +309,9 @@ enum Where {
     Remote,
     /// Local: mapped in the region.
     Local,
+    /// Local but parked in staging, so that its next access is seen (see
+    /// [`policy`]); it counts against the budget.
+    Parked,
 }
 
 /// The handler thread's state.
@@ -481,15 +493,16 @@ impl Engine {
                 addr += PAGE_SIZE as u64;
                 continue;
             };
-            match self.pages[g] {
-                Where::Local => {
-                    if self.class[g] == Placement::Normal {
-                        self.policy.removed(g);
-                        self.local -= 1;
-                    }
-                    self.visiting.retain(|&v| v != g);
+            if matches!(self.pages[g], Where::Local | Where::Parked) {
+                if self.class[g] == Placement::Normal {
+                    self.policy.removed(g);
+                    self.local -= 1;
                 }
-                Where::Remote => {
+                self.visiting.retain(|&v| v != g);
+            }
+            match self.pages[g] {
+                Where::Local => {}
+                Where::Remote | Where::Parked => {
                     let (_, _, _, staged) = self.addr_of(g);
                     // SAFETY: a staging page of this engine, which no one else
                     // uses; its userfaultfd asks for no events.
@@ -519,7 +532,7 @@ impl Engine {
                 if before == placement {
                     continue;
                 }
-                let local = self.pages[g] == Where::Local;
+                let local = matches!(self.pages[g], Where::Local | Where::Parked);
                 if before == Placement::AlwaysRemote {
                     self.visiting.retain(|&v| v != g);
                 }
@@ -552,10 +565,50 @@ impl Engine {
             .unwrap_or_else(|e| e.into_inner())
             .local_pages;
         while self.local > budget {
-            let Some(v) = self.policy.victim() else { break };
-            self.evict(sh, v)?;
+            if self.evict_victim(sh)?.is_none() {
+                break;
+            }
         }
         Ok(())
+    }
+
+    /// Evicts the policy's victim and parks the pages it asks for; returns
+    /// whether the victim was written back, `None` when there is no victim.
+    fn evict_victim(&mut self, sh: &Shared) -> Result<Option<bool>> {
+        let Some(v) = self.policy.victim() else {
+            return Ok(None);
+        };
+        let dirty = self.evict(sh, v)?;
+        let mut park = Vec::new();
+        self.policy.to_park(&mut park);
+        for p in park {
+            self.park(sh, p)?;
+        }
+        Ok(Some(dirty))
+    }
+
+    /// Moves local page `g` to staging but keeps it local (see [`policy`]).
+    fn park(&mut self, sh: &Shared, g: usize) -> Result<()> {
+        if self.pages[g] != Where::Local {
+            return Ok(());
+        }
+        let (_, _, addr, staged) = self.addr_of(g);
+        match uffd::move_pages(
+            self.stage_uffd.as_raw_fd(),
+            staged,
+            addr,
+            PAGE_SIZE as u64,
+            uffd::MOVE_MODE_DONTWAKE,
+        ) {
+            Ok(()) => {
+                self.pages[g] = Where::Parked;
+                sh.counters.parks.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            // Dropped meanwhile (its event is on the way): leave it mapped-or-not.
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+            Err(e) => Err(Error::os(format!("UFFDIO_MOVE of {addr:#x} to staging"), e)),
+        }
     }
 
     fn fault(&mut self, sh: &Shared, addr: u64, arrived: Instant) -> Result<()> {
@@ -569,6 +622,17 @@ impl Engine {
             // Mapped already (two threads faulted on it), or dropped behind
             // our back: zeros then, and a wake-up either way.
             return self.map(Where::RemoteZero, g);
+        }
+        if self.pages[g] == Where::Parked {
+            // A soft fault: the page is local, its policy learns it was used.
+            self.pages[g] = Where::Local;
+            sh.counters.soft.fetch_add(1, Ordering::Relaxed);
+            self.policy.accessed(g);
+            let (_, _, addr, staged) = self.addr_of(g);
+            return match uffd::move_pages(fd, addr, staged, PAGE_SIZE as u64, 0) {
+                Ok(()) => Ok(()),
+                Err(e) => Err(Error::os(format!("UFFDIO_MOVE of {staged:#x} back"), e)),
+            };
         }
         let cfg = *sh.config.lock().unwrap_or_else(|e| e.into_inner());
         let c = &sh.counters;
@@ -589,9 +653,10 @@ impl Engine {
             }
         }
         while class == Placement::Normal && self.local >= cfg.local_pages {
-            let Some(v) = self.policy.victim() else { break };
-            if self.evict(sh, v)? {
-                writeback_bytes += PAGE_SIZE as u64;
+            match self.evict_victim(sh)? {
+                None => break,
+                Some(true) => writeback_bytes += PAGE_SIZE as u64,
+                Some(false) => {}
             }
         }
         let due = self
@@ -648,17 +713,19 @@ impl Engine {
     /// racing it lands before (and moves with the page) or faults after.
     /// Returns whether its contents changed since the fetch (a write-back).
     fn evict(&mut self, sh: &Shared, g: usize) -> Result<bool> {
-        if self.pages[g] != Where::Local {
-            return Ok(false);
-        }
         let (_, _, addr, staged) = self.addr_of(g);
-        let moved = uffd::move_pages(
-            self.stage_uffd.as_raw_fd(),
-            staged,
-            addr,
-            PAGE_SIZE as u64,
-            uffd::MOVE_MODE_DONTWAKE,
-        );
+        let moved = match self.pages[g] {
+            Where::Local => uffd::move_pages(
+                self.stage_uffd.as_raw_fd(),
+                staged,
+                addr,
+                PAGE_SIZE as u64,
+                uffd::MOVE_MODE_DONTWAKE,
+            ),
+            // Already in staging.
+            Where::Parked => Ok(()),
+            _ => return Ok(false),
+        };
         let dirty = match moved {
             Ok(()) => {
                 self.pages[g] = Where::Remote;
@@ -694,7 +761,7 @@ impl Engine {
     /// Maps every remote page back and unregisters the regions.
     fn bring_all_back(&mut self) -> Result<()> {
         for g in 0..self.pages.len() {
-            if self.pages[g] == Where::Remote {
+            if matches!(self.pages[g], Where::Remote | Where::Parked) {
                 self.map(Where::Remote, g)?;
                 self.pages[g] = Where::Local;
             }

@@ -5,6 +5,19 @@
 //! ([`Policy::inserted`]) and when it leaves without an eviction
 //! ([`Policy::removed`]), and asks it for a victim ([`Policy::victim`]),
 //! which the policy forgets at once.
+//!
+//! **Learning which local pages are used.** The kernel offers no per-page
+//! accessed bit to user space here (no idle page tracking), and a mapped page
+//! is accessed without any fault. So a policy that wants to know asks the
+//! engine to *park* pages ([`Policy::to_park`]): the engine moves a parked
+//! page out of the region into staging, where it stays local (it counts
+//! against the budget, and no link delay is charged). The next access to it
+//! faults; the engine moves it straight back and tells the policy
+//! ([`Policy::accessed`]) — a *soft fault*, counted apart from fetches. A
+//! parked page chosen as a victim is already in staging. CLOCK parks each
+//! page as its hand clears the page's bit; the LRU approximation does the
+//! same to age pages. The price is one soft fault for each page used again
+//! after its bit was cleared.
 
 use crate::workload::Rng;
 use crate::{Error, Result};
@@ -22,17 +35,185 @@ pub trait Policy: Send {
     fn removed(&mut self, page: usize);
     /// Chooses a local page to evict and forgets it; `None` when it tracks none.
     fn victim(&mut self) -> Option<usize>;
+    /// Pages to park so that their next access is seen (see the module
+    /// docs); the engine asks after every [`Policy::victim`].
+    fn to_park(&mut self, _out: &mut Vec<usize>) {}
+    /// A parked page was accessed (and is mapped again).
+    fn accessed(&mut self, _page: usize) {}
 }
 
 /// The policies built in, by name.
-pub const NAMES: [&str; 2] = ["fifo", "random"];
+pub const NAMES: [&str; 4] = ["fifo", "random", "clock", "lru"];
 
 /// A built-in policy by name.
 pub fn by_name(name: &str, seed: u64) -> Option<Box<dyn Policy>> {
     match name {
         "fifo" => Some(Box::new(Fifo::default())),
         "random" => Some(Box::new(Random::new(seed))),
+        "clock" => Some(Box::new(Clock::default())),
+        "lru" => Some(Box::new(Aging::default())),
         _ => None,
+    }
+}
+
+/// The local pages in a circle (a doubly linked list), each with its
+/// history of use, and a hand.
+#[derive(Debug, Default)]
+struct Ring {
+    /// page -> (previous, next, history). History bit 7 is "used since the
+    /// hand last passed"; older passes shift right.
+    links: std::collections::HashMap<usize, (usize, usize, u8)>,
+    hand: Option<usize>,
+}
+
+impl Ring {
+    fn len(&self) -> usize {
+        self.links.len()
+    }
+
+    /// Adds a page just behind the hand (it was just used).
+    fn insert(&mut self, page: usize) {
+        if self.links.contains_key(&page) {
+            return;
+        }
+        match self.hand {
+            None => {
+                self.links.insert(page, (page, page, 0x80));
+                self.hand = Some(page);
+            }
+            Some(h) => {
+                let prev = self.links[&h].0;
+                self.links.insert(page, (prev, h, 0x80));
+                self.links.get_mut(&prev).expect("linked").1 = page;
+                self.links.get_mut(&h).expect("linked").0 = page;
+            }
+        }
+    }
+
+    fn remove(&mut self, page: usize) {
+        let Some((prev, next, _)) = self.links.remove(&page) else {
+            return;
+        };
+        if self.links.is_empty() {
+            self.hand = None;
+            return;
+        }
+        self.links.get_mut(&prev).expect("linked").1 = next;
+        self.links.get_mut(&next).expect("linked").0 = prev;
+        if self.hand == Some(page) {
+            self.hand = Some(next);
+        }
+    }
+
+    fn history(&mut self, page: usize) -> &mut u8 {
+        &mut self.links.get_mut(&page).expect("in the ring").2
+    }
+
+    fn advance(&mut self) {
+        if let Some(h) = self.hand {
+            self.hand = Some(self.links[&h].1);
+        }
+    }
+
+    fn used(&mut self, page: usize) {
+        if let Some(l) = self.links.get_mut(&page) {
+            l.2 |= 0x80;
+        }
+    }
+}
+
+/// CLOCK (second chance): the hand clears a used page's bit and parks it
+/// (so its next use is seen); a page whose bit is clear is evicted.
+#[derive(Debug, Default)]
+pub struct Clock {
+    ring: Ring,
+    park: Vec<usize>,
+}
+
+impl Policy for Clock {
+    fn name(&self) -> &str {
+        "clock"
+    }
+    fn inserted(&mut self, page: usize) {
+        self.ring.insert(page);
+    }
+    fn removed(&mut self, page: usize) {
+        self.ring.remove(page);
+    }
+    fn victim(&mut self) -> Option<usize> {
+        let r = &mut self.ring;
+        // Two turns at most: the first clears every bit.
+        for _ in 0..=2 * r.len() {
+            let p = r.hand?;
+            let h = r.history(p);
+            if *h & 0x80 != 0 {
+                *h = 0;
+                self.park.push(p);
+                r.advance();
+            } else {
+                r.remove(p);
+                return Some(p);
+            }
+        }
+        None
+    }
+    fn to_park(&mut self, out: &mut Vec<usize>) {
+        out.append(&mut self.park);
+    }
+    fn accessed(&mut self, page: usize) {
+        self.ring.used(page);
+    }
+}
+
+/// An LRU approximation by aging: each time the victim search passes a
+/// page, its use bit shifts into an 8-bit history (and the page is parked
+/// to see its next use); the victim is the page with the oldest history
+/// among the next 16 from the hand.
+#[derive(Debug, Default)]
+pub struct Aging {
+    ring: Ring,
+    park: Vec<usize>,
+}
+
+impl Policy for Aging {
+    fn name(&self) -> &str {
+        "lru"
+    }
+    fn inserted(&mut self, page: usize) {
+        self.ring.insert(page);
+    }
+    fn removed(&mut self, page: usize) {
+        self.ring.remove(page);
+    }
+    fn victim(&mut self) -> Option<usize> {
+        const WINDOW: usize = 16;
+        let r = &mut self.ring;
+        let mut best: Option<(u8, usize)> = None;
+        for _ in 0..WINDOW.min(r.len()) {
+            let p = r.hand?;
+            // Pass the page: age its history, and park it if it was used.
+            let h = r.history(p);
+            let used = *h & 0x80 != 0;
+            *h = (*h >> 1) & 0x7f | if used { 0x40 } else { 0 };
+            let age = *h;
+            if used {
+                self.park.push(p);
+            }
+            if best.is_none_or(|(a, _)| age < a) {
+                best = Some((age, p));
+            }
+            r.advance();
+        }
+        let (_, victim) = best?;
+        r.remove(victim);
+        self.park.retain(|&p| p != victim);
+        Some(victim)
+    }
+    fn to_park(&mut self, out: &mut Vec<usize>) {
+        out.append(&mut self.park);
+    }
+    fn accessed(&mut self, page: usize) {
+        self.ring.used(page);
     }
 }
 
