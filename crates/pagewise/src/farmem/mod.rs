@@ -132,6 +132,8 @@ struct Shared {
     stop: AtomicBool,
     /// Placements to apply.
     placements: Mutex<Vec<(Region, Placement)>>,
+    /// Regions to add, each with where to send the outcome.
+    adds: Mutex<Vec<(Region, std::sync::mpsc::Sender<Result<()>>)>>,
     counters: Counters,
     floor_ns: AtomicU64,
 }
@@ -181,6 +183,7 @@ impl FarMemory {
             changed: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             placements: Mutex::new(Vec::new()),
+            adds: Mutex::new(Vec::new()),
             counters: Counters::default(),
             floor_ns: AtomicU64::new(unseen_ns),
         });
@@ -220,6 +223,28 @@ impl FarMemory {
         self.wake
             .write_all(b"c")
             .map_err(|e| Error::os("waking the far-memory handler", e))
+    }
+
+    /// Emulates one more region (mapped, writable, private anonymous, not
+    /// overlapping the others), also while other threads use it: its
+    /// populated pages become remote. Returns once it is emulated.
+    pub fn add(&mut self, region: Region) -> Result<()> {
+        crate::snap::check_mapped_writable(&[region])?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.shared
+            .adds
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((region, tx));
+        self.shared.changed.store(true, Ordering::Release);
+        self.wake
+            .write_all(b"a")
+            .map_err(|e| Error::os("waking the far-memory handler", e))?;
+        rx.recv()
+            .map_err(|_| Error::Invalid("the far-memory handler stopped".into()))??;
+        self.regions.push(region);
+        self.regions.sort();
+        Ok(())
     }
 
     /// Places `range` (inside the emulated regions): see [`Placement`].
@@ -324,7 +349,11 @@ enum Where {
 struct Engine {
     uffd: OwnedFd,
     stage_uffd: OwnedFd,
+    /// The emulated regions, in the order they were added (their pages'
+    /// global indices follow that order).
     regions: Vec<Region>,
+    /// Indices into `regions`, sorted by address.
+    order: Vec<usize>,
     /// First global page index of each region.
     first: Vec<usize>,
     /// The staging mappings, one the size of each region.
@@ -341,6 +370,7 @@ struct Engine {
     policy: Box<dyn Policy>,
     link: Link,
     injector: Injector,
+    walker: crate::walk::PageWalker,
 }
 
 fn open_uffd(features: u64) -> Result<OwnedFd> {
@@ -360,69 +390,115 @@ fn open_uffd(features: u64) -> Result<OwnedFd> {
 impl Engine {
     fn new(regions: &[Region], policy: Box<dyn Policy>, unseen_ns: u64) -> Result<Self> {
         use uffd::feature as f;
-        let fd = open_uffd(f::MOVE | f::EVENT_REMOVE | f::EVENT_UNMAP)?;
-        let stage_fd = open_uffd(f::MOVE)?;
-        let mut first = Vec::new();
-        let mut staging = Vec::new();
-        let mut pages = Vec::new();
-        let mut walker = crate::walk::PageWalker::new(None)?;
-        let mut runs = Vec::new();
-        for r in regions {
-            first.push(pages.len());
-            let st = AnonMemory::new(r.len as usize)?;
-            let reg = |fd: &OwnedFd, start: u64, len: u64| {
-                uffd::register(fd.as_raw_fd(), start, len, uffd::REGISTER_MODE_MISSING)
-                    .map_err(|e| Error::os(format!("UFFDIO_REGISTER of {start:#x}+{len:#x}"), e))
-            };
-            reg(&fd, r.start, r.len)?;
-            reg(&stage_fd, st.addr(), r.len)?;
-            // Every populated page becomes remote now: moved to staging.
-            uffd::move_pages(
-                stage_fd.as_raw_fd(),
-                st.addr(),
-                r.start,
-                r.len,
-                uffd::MOVE_MODE_DONTWAKE | uffd::MOVE_MODE_ALLOW_SRC_HOLES,
-            )
-            .map_err(|e| {
-                Error::os(
-                    format!("UFFDIO_MOVE of {:#x}+{:#x} to staging", r.start, r.len),
-                    e,
-                )
-            })?;
-            let n = r.pages() as usize;
-            let mut here = vec![Where::RemoteZero; n];
-            walker.populated(st.region(), &mut runs)?;
-            for &(a, b) in &runs {
-                let i0 = ((a - st.addr()) / PAGE_SIZE as u64) as usize;
-                let i1 = ((b - st.addr()) / PAGE_SIZE as u64) as usize;
-                here[i0..i1].fill(Where::Remote);
-            }
-            pages.extend(here);
-            staging.push(st);
-        }
-        let n = pages.len();
-        Ok(Engine {
-            uffd: fd,
-            stage_uffd: stage_fd,
-            regions: regions.to_vec(),
-            first,
-            staging,
-            fetched: vec![0; n],
-            class: vec![Placement::Normal; n],
+        let mut e = Engine {
+            uffd: open_uffd(f::MOVE | f::EVENT_REMOVE | f::EVENT_UNMAP)?,
+            stage_uffd: open_uffd(f::MOVE)?,
+            regions: Vec::new(),
+            order: Vec::new(),
+            first: Vec::new(),
+            staging: Vec::new(),
+            fetched: Vec::new(),
+            class: Vec::new(),
             visiting: Vec::new(),
-            pages,
+            pages: Vec::new(),
             local: 0,
             policy,
             link: Link::default(),
             injector: Injector::new(unseen_ns),
-        })
+            walker: crate::walk::PageWalker::new(None)?,
+        };
+        for r in regions {
+            e.add_region(*r)?;
+        }
+        Ok(e)
+    }
+
+    /// Starts emulating `r` (mapped, writable, private anonymous, overlapping
+    /// no emulated region), also while other threads use it: it is registered
+    /// first, then its populated pages are moved to staging, each move atomic
+    /// against a racing write. Its pages get the next global indices.
+    fn add_region(&mut self, r: Region) -> Result<()> {
+        if self
+            .regions
+            .iter()
+            .any(|e| e.start < r.end() && r.start < e.end())
+        {
+            return Err(Error::Invalid(format!(
+                "{:#x}+{:#x} overlaps an emulated region",
+                r.start, r.len
+            )));
+        }
+        let st = AnonMemory::new(r.len as usize)?;
+        let reg = |fd: &OwnedFd, start: u64, len: u64| {
+            uffd::register(fd.as_raw_fd(), start, len, uffd::REGISTER_MODE_MISSING)
+                .map_err(|e| Error::os(format!("UFFDIO_REGISTER of {start:#x}+{len:#x}"), e))
+        };
+        reg(&self.uffd, r.start, r.len)?;
+        let undo = |e: &Engine, moved: bool| {
+            if moved {
+                // Whatever reached staging goes back before the region is let go.
+                let _ = uffd::move_pages(
+                    e.uffd.as_raw_fd(),
+                    r.start,
+                    st.addr(),
+                    r.len,
+                    uffd::MOVE_MODE_ALLOW_SRC_HOLES,
+                );
+            }
+            let _ = uffd::unregister(e.stage_uffd.as_raw_fd(), st.addr(), r.len);
+            let _ = uffd::unregister(e.uffd.as_raw_fd(), r.start, r.len);
+        };
+        if let Err(e) = reg(&self.stage_uffd, st.addr(), r.len) {
+            undo(self, false);
+            return Err(e);
+        }
+        // Every populated page becomes remote now: moved to staging.
+        if let Err(e) = uffd::move_pages(
+            self.stage_uffd.as_raw_fd(),
+            st.addr(),
+            r.start,
+            r.len,
+            uffd::MOVE_MODE_DONTWAKE | uffd::MOVE_MODE_ALLOW_SRC_HOLES,
+        ) {
+            undo(self, true);
+            return Err(Error::os(
+                format!("UFFDIO_MOVE of {:#x}+{:#x} to staging", r.start, r.len),
+                e,
+            ));
+        }
+        let n = r.pages() as usize;
+        let mut here = vec![Where::RemoteZero; n];
+        let mut runs = Vec::new();
+        self.walker.populated(st.region(), &mut runs)?;
+        for &(a, b) in &runs {
+            let i0 = ((a - st.addr()) / PAGE_SIZE as u64) as usize;
+            let i1 = ((b - st.addr()) / PAGE_SIZE as u64) as usize;
+            here[i0..i1].fill(Where::Remote);
+        }
+        let slot = self.regions.len();
+        self.first.push(self.pages.len());
+        self.pages.extend(here);
+        self.fetched.resize(self.pages.len(), 0);
+        self.class.resize(self.pages.len(), Placement::Normal);
+        self.regions.push(r);
+        self.staging.push(st);
+        let at = self
+            .order
+            .partition_point(|&i| self.regions[i].start < r.start);
+        self.order.insert(at, slot);
+        Ok(())
     }
 
     /// Global page index and address of the page holding `addr`.
     fn locate(&self, addr: u64) -> Option<(usize, usize, u64)> {
-        let ri = self.regions.partition_point(|r| r.end() <= addr);
-        let r = self.regions.get(ri).filter(|r| r.contains(addr))?;
+        let k = self
+            .order
+            .partition_point(|&i| self.regions[i].end() <= addr);
+        let ri = *self.order.get(k)?;
+        let r = self.regions[ri];
+        if !r.contains(addr) {
+            return None;
+        }
         let i = ((addr - r.start) / PAGE_SIZE as u64) as usize;
         Some((ri, self.first[ri] + i, r.start + (i * PAGE_SIZE) as u64))
     }
@@ -520,8 +596,13 @@ impl Engine {
         Ok(())
     }
 
-    /// Applies new placements, then evicts until the budget holds.
+    /// Adds new regions, applies new placements, then evicts until the
+    /// budget holds.
     fn fit_budget(&mut self, sh: &Shared) -> Result<()> {
+        let adds = std::mem::take(&mut *sh.adds.lock().unwrap_or_else(|e| e.into_inner()));
+        for (region, reply) in adds {
+            let _ = reply.send(self.add_region(region));
+        }
         let placed = std::mem::take(&mut *sh.placements.lock().unwrap_or_else(|e| e.into_inner()));
         for (range, placement) in placed {
             let Some((_, first, _)) = self.locate(range.start) else {

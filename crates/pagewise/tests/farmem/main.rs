@@ -501,3 +501,60 @@ fn learning_policies_keep_the_hot_page() {
         assert_eq!(mem.read_byte(0), 50);
     }
 }
+
+/// A region added while threads write to it: no write is lost, and its
+/// pages are remote from then on.
+#[test]
+fn region_added_while_in_use() {
+    if !uffd_or_skip("region_added") {
+        return;
+    }
+    const PAGES: usize = 128;
+    let first = AnonMemory::new(16 * PAGE_SIZE).unwrap();
+    let mem = Arc::new(AnonMemory::new(PAGES * PAGE_SIZE).unwrap());
+    for p in 0..PAGES {
+        mem.fill_page(p, 1);
+    }
+    let mut fm = FarMemory::new(&[first.region()], config(8, 0), fifo(), 0).unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let shadows: Vec<Vec<u8>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..2)
+            .map(|t| {
+                let (mem, stop) = (mem.clone(), stop.clone());
+                s.spawn(move || {
+                    let mut shadow = vec![1u8; PAGES * PAGE_SIZE];
+                    let mut rng = Rng::new(7 + t);
+                    let mut n = 0;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) || n < 2000 {
+                        let p = rng.below((PAGES / 2) as u64) as usize * 2 + t as usize;
+                        let off = p * PAGE_SIZE + rng.below(PAGE_SIZE as u64) as usize;
+                        let v = rng.below(250) as u8 + 2;
+                        mem.write_byte(off, v);
+                        shadow[off] = v;
+                        n += 1;
+                    }
+                    shadow
+                })
+            })
+            .collect();
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        fm.add(mem.region()).unwrap();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(fm.regions().len(), 2);
+    let st = fm.stop().unwrap();
+    let live = mem.snapshot();
+    for p in 0..PAGES {
+        let want = &shadows[p % 2][p * PAGE_SIZE..(p + 1) * PAGE_SIZE];
+        assert!(
+            live[p * PAGE_SIZE..(p + 1) * PAGE_SIZE] == *want,
+            "page {p} lost a write"
+        );
+    }
+    assert!(st.remote_fetches > 0, "{st:?}");
+    // Adding an overlapping region is refused.
+    let mut fm = FarMemory::new(&[first.region()], config(8, 0), fifo(), 0).unwrap();
+    assert!(fm.add(first.region()).is_err());
+    fm.stop().unwrap();
+}
