@@ -668,6 +668,19 @@ impl Engine {
         Ok(Some(dirty))
     }
 
+    /// Whether one page sits at `dst` and none at `src`: a move between them
+    /// happened. (Racing a write that breaks the zero page's copy-on-write,
+    /// `UFFDIO_MOVE` has been seen to move the page and still answer
+    /// `EEXIST`; the page tables are the truth.)
+    fn moved_anyway(&mut self, dst: u64, src: u64) -> Result<bool> {
+        let one = |a: u64| Region::new(a, PAGE_SIZE as u64).expect("page-aligned");
+        let mut runs = Vec::new();
+        self.walker.populated(one(dst), &mut runs)?;
+        let at_dst = !runs.is_empty();
+        self.walker.populated(one(src), &mut runs)?;
+        Ok(at_dst && runs.is_empty())
+    }
+
     /// Moves local page `g` to staging but keeps it local (see [`policy`]).
     fn park(&mut self, sh: &Shared, g: usize) -> Result<()> {
         if self.pages[g] != Where::Local {
@@ -688,6 +701,13 @@ impl Engine {
             }
             // Dropped meanwhile (its event is on the way): leave it mapped-or-not.
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+            Err(e)
+                if e.raw_os_error() == Some(libc::EEXIST) && self.moved_anyway(staged, addr)? =>
+            {
+                self.pages[g] = Where::Parked;
+                sh.counters.parks.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
             Err(e) => Err(Error::os(format!("UFFDIO_MOVE of {addr:#x} to staging"), e)),
         }
     }
@@ -796,13 +816,21 @@ impl Engine {
     fn evict(&mut self, sh: &Shared, g: usize) -> Result<bool> {
         let (_, _, addr, staged) = self.addr_of(g);
         let moved = match self.pages[g] {
-            Where::Local => uffd::move_pages(
+            Where::Local => match uffd::move_pages(
                 self.stage_uffd.as_raw_fd(),
                 staged,
                 addr,
                 PAGE_SIZE as u64,
                 uffd::MOVE_MODE_DONTWAKE,
-            ),
+            ) {
+                Err(e)
+                    if e.raw_os_error() == Some(libc::EEXIST)
+                        && self.moved_anyway(staged, addr)? =>
+                {
+                    Ok(())
+                }
+                r => r,
+            },
             // Already in staging.
             Where::Parked => Ok(()),
             _ => return Ok(false),

@@ -524,14 +524,17 @@ fn region_added_while_in_use() {
                 s.spawn(move || {
                     let mut shadow = vec![1u8; PAGES * PAGE_SIZE];
                     let mut rng = Rng::new(7 + t);
-                    let mut n = 0;
-                    while !stop.load(std::sync::atomic::Ordering::Relaxed) || n < 2000 {
+                    // Write until the region was added, then 2000 times more.
+                    let mut after = 0;
+                    while after < 2000 {
+                        if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                            after += 1;
+                        }
                         let p = rng.below((PAGES / 2) as u64) as usize * 2 + t as usize;
                         let off = p * PAGE_SIZE + rng.below(PAGE_SIZE as u64) as usize;
                         let v = rng.below(250) as u8 + 2;
                         mem.write_byte(off, v);
                         shadow[off] = v;
-                        n += 1;
                     }
                     shadow
                 })
