@@ -75,6 +75,39 @@ pub enum Placement {
     AlwaysRemote,
 }
 
+/// What one trace event records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TraceKind {
+    /// A remote page was fetched.
+    Fetch,
+    /// A local page was evicted (clean).
+    Evict,
+    /// A local page was evicted and written back (its contents changed).
+    Writeback,
+    /// A parked page was used again (a soft fault).
+    Soft,
+}
+
+/// One event of the trace ([`FarMemory::trace`]).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct TraceEvent {
+    /// Time since the instance started, ns.
+    pub t_ns: u64,
+    /// The page's address.
+    pub addr: u64,
+    /// What happened.
+    pub kind: TraceKind,
+}
+
+#[derive(Default)]
+struct Trace {
+    on: bool,
+    capacity: usize,
+    events: Vec<TraceEvent>,
+    dropped: u64,
+}
+
 /// Counters of one instance.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Stats {
@@ -124,6 +157,21 @@ struct Counters {
     hist: [AtomicU64; HIST_BUCKETS],
 }
 
+impl Shared {
+    fn record(&self, addr: u64, kind: TraceKind) {
+        if !self.tracing.load(Ordering::Relaxed) {
+            return;
+        }
+        let t_ns = self.started.elapsed().as_nanos() as u64;
+        let mut t = self.trace.lock().unwrap_or_else(|e| e.into_inner());
+        if t.events.len() < t.capacity {
+            t.events.push(TraceEvent { t_ns, addr, kind });
+        } else {
+            t.dropped += 1;
+        }
+    }
+}
+
 struct Shared {
     config: Mutex<Config>,
     /// The configuration changed: fit the budget.
@@ -132,6 +180,10 @@ struct Shared {
     stop: AtomicBool,
     /// Placements to apply.
     placements: Mutex<Vec<(Region, Placement)>>,
+    /// The trace, when recording.
+    trace: Mutex<Trace>,
+    tracing: AtomicBool,
+    started: Instant,
     /// Regions to add, each with where to send the outcome.
     adds: Mutex<Vec<(Region, std::sync::mpsc::Sender<Result<()>>)>>,
     counters: Counters,
@@ -184,6 +236,9 @@ impl FarMemory {
             stop: AtomicBool::new(false),
             placements: Mutex::new(Vec::new()),
             adds: Mutex::new(Vec::new()),
+            trace: Mutex::new(Trace::default()),
+            tracing: AtomicBool::new(false),
+            started: Instant::now(),
             counters: Counters::default(),
             floor_ns: AtomicU64::new(unseen_ns),
         });
@@ -269,6 +324,22 @@ impl FarMemory {
         self.wake
             .write_all(b"p")
             .map_err(|e| Error::os("waking the far-memory handler", e))
+    }
+
+    /// Starts recording a trace of (time, address, fetch/evict) events,
+    /// keeping at most `capacity` of them until [`FarMemory::take_trace`].
+    pub fn trace(&mut self, capacity: usize) {
+        let mut t = self.shared.trace.lock().unwrap_or_else(|e| e.into_inner());
+        t.on = true;
+        t.capacity = capacity;
+        self.shared.tracing.store(true, Ordering::Release);
+    }
+
+    /// The events recorded since the last call, and how many did not fit.
+    pub fn take_trace(&mut self) -> (Vec<TraceEvent>, u64) {
+        let mut t = self.shared.trace.lock().unwrap_or_else(|e| e.into_inner());
+        let dropped = std::mem::take(&mut t.dropped);
+        (std::mem::take(&mut t.events), dropped)
     }
 
     /// The counters now.
@@ -728,6 +799,7 @@ impl Engine {
             // A soft fault: the page is local, its policy learns it was used.
             self.pages[g] = Where::Local;
             sh.counters.soft.fetch_add(1, Ordering::Relaxed);
+            sh.record(self.addr_of(g).2, TraceKind::Soft);
             self.policy.accessed(g);
             let (_, _, addr, staged) = self.addr_of(g);
             return match uffd::move_pages(fd, addr, staged, PAGE_SIZE as u64, 0) {
@@ -774,6 +846,7 @@ impl Engine {
         // Book-keeping first: mapping the page wakes the faulting thread,
         // which may look at the counters at once.
         let was = self.pages[g];
+        sh.record(self.addr_of(g).2, TraceKind::Fetch);
         self.pages[g] = Where::Local;
         if class == Placement::AlwaysRemote {
             self.visiting.push(g);
@@ -864,6 +937,14 @@ impl Engine {
         if dirty {
             c.writebacks.fetch_add(1, Ordering::Relaxed);
         }
+        sh.record(
+            addr,
+            if dirty {
+                TraceKind::Writeback
+            } else {
+                TraceKind::Evict
+            },
+        );
         Ok(dirty)
     }
 

@@ -561,3 +561,41 @@ fn region_added_while_in_use() {
     assert!(fm.add(first.region()).is_err());
     fm.stop().unwrap();
 }
+
+/// The trace records every fetch and eviction, in order, with addresses.
+#[test]
+fn trace_of_the_two_page_test() {
+    use pagewise::farmem::TraceKind;
+    if !uffd_or_skip("trace") {
+        return;
+    }
+    let mem = AnonMemory::new(4 * PAGE_SIZE).unwrap();
+    let mut fm = FarMemory::new(&[mem.region()], config(1, 0), fifo(), 0).unwrap();
+    fm.trace(1000);
+    for i in 0..100u8 {
+        // Never the value already there: every visit changes the page.
+        mem.write_byte(0, i + 1);
+        mem.write_byte(2 * PAGE_SIZE, i + 1);
+    }
+    let (events, dropped) = fm.take_trace();
+    fm.stop().unwrap();
+    assert_eq!(dropped, 0);
+    let fetches: Vec<u64> = events
+        .iter()
+        .filter(|e| e.kind == TraceKind::Fetch)
+        .map(|e| e.addr)
+        .collect();
+    assert_eq!(fetches.len(), 200);
+    let (a, b) = (mem.addr(), mem.addr() + 2 * PAGE_SIZE as u64);
+    for (k, &addr) in fetches.iter().enumerate() {
+        assert_eq!(addr, if k % 2 == 0 { a } else { b }, "fetch {k}");
+    }
+    let evictions = events
+        .iter()
+        .filter(|e| matches!(e.kind, TraceKind::Evict | TraceKind::Writeback))
+        .count();
+    assert_eq!(evictions, 199);
+    // Every page left changed (each was written since its fetch).
+    assert!(events.iter().all(|e| e.kind != TraceKind::Evict));
+    assert!(events.windows(2).all(|w| w[0].t_ns <= w[1].t_ns));
+}
