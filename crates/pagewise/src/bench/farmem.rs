@@ -124,7 +124,7 @@ pub fn table_5_1() -> Result<Vec<TableRow>> {
     let mut rows = Vec::new();
     for x in (0..=2000u64).step_by(100) {
         let mem = AnonMemory::new(2000 * PAGE_SIZE)?;
-        let fm = FarMemory::new(&[mem.region()], cfg(1000, 0), fifo(), 0)?;
+        let fm = FarMemory::new(&[mem.region()], cfg(1000, 0), fifo(), Calibration::NONE)?;
         for p in 0..2000 {
             mem.write_byte(p * PAGE_SIZE, 1);
         }
@@ -144,7 +144,7 @@ pub fn table_5_1() -> Result<Vec<TableRow>> {
 /// (b): faults of the two-page test.
 pub fn two_pages() -> Result<u64> {
     let mem = AnonMemory::new(1000 * PAGE_SIZE)?;
-    let fm = FarMemory::new(&[mem.region()], cfg(1, 0), fifo(), 0)?;
+    let fm = FarMemory::new(&[mem.region()], cfg(1, 0), fifo(), Calibration::NONE)?;
     for i in 0..1000u32 {
         mem.write_byte(0, i as u8);
         mem.write_byte(999 * PAGE_SIZE, i as u8);
@@ -155,7 +155,7 @@ pub fn two_pages() -> Result<u64> {
 /// Mean time one access adds under emulation at `latency_ns`, ns: `n` pages
 /// alternating through a one-page budget, against the same accesses to
 /// plain memory.
-fn added_per_fault(n: usize, latency_ns: u64, unseen_ns: u64) -> Result<f64> {
+fn added_per_fault(n: usize, latency_ns: u64, calibration: Calibration) -> Result<f64> {
     // Two pages in turn with one local page: every access is a fetch.
     let touch = |mem: &AnonMemory| {
         let t0 = Instant::now();
@@ -167,7 +167,7 @@ fn added_per_fault(n: usize, latency_ns: u64, unseen_ns: u64) -> Result<f64> {
     let plain = AnonMemory::new(2 * PAGE_SIZE)?;
     let base = touch(&plain);
     let mem = AnonMemory::new(2 * PAGE_SIZE)?;
-    let fm = FarMemory::new(&[mem.region()], cfg(1, latency_ns), fifo(), unseen_ns)?;
+    let fm = FarMemory::new(&[mem.region()], cfg(1, latency_ns), fifo(), calibration)?;
     let t = touch(&mem);
     let st = fm.stop()?;
     Ok((t - base) / st.page_fault_count.max(1) as f64)
@@ -186,11 +186,7 @@ pub fn run(c: &FarmemConfig, progress: &mut dyn FnMut(&str)) -> Result<FarmemRep
         progress(&format!("(c) latency {l} ns"));
         let mut v = Vec::new();
         for _ in 0..c.repeats {
-            v.push(added_per_fault(
-                c.faults_per_point,
-                l,
-                calibration.unseen_ns,
-            )?);
+            v.push(added_per_fault(c.faults_per_point, l, calibration)?);
         }
         let measured = super::median(&mut v);
         let modelled = 2 * l;

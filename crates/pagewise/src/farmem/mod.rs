@@ -123,8 +123,10 @@ pub struct Stats {
     pub injected_delay_ns: u64,
     /// Modelled delay in total, ns (what the link model asked for).
     pub modelled_delay_ns: u64,
-    /// The part of a fault's cost the engine cannot see and subtracts, ns.
+    /// What a fault costs at latency 0 here (the calibrated floor), ns.
     pub floor_ns: u64,
+    /// The part of it the engine cannot see and takes off each delay, ns.
+    pub unseen_ns: u64,
     /// Accesses to parked pages (policies learning which pages are used):
     /// mapped back at once, no delay, not fetches.
     pub soft_faults: u64,
@@ -188,6 +190,7 @@ struct Shared {
     adds: Mutex<Vec<(Region, std::sync::mpsc::Sender<Result<()>>)>>,
     counters: Counters,
     floor_ns: AtomicU64,
+    unseen_ns: u64,
 }
 
 /// One emulated far memory over regions of the calling process.
@@ -212,14 +215,16 @@ impl FarMemory {
     /// Emulates far memory for `regions` (see the module docs for what the
     /// caller guarantees) with `policy`. Their pages become remote now:
     /// populated pages are moved into the engine's store (without delay), so
-    /// the next access to each one is a fetch. `unseen_ns` is the part of a
-    /// fault's cost the engine cannot measure ([`calibrate`] finds it; 0
-    /// makes every fault slower than modelled by that much).
+    /// the next access to each one is a fetch. `calibration` says what a
+    /// fault costs here ([`calibrate`]): its unseen part is taken off every
+    /// injected delay, and its floor is reported in the [`Stats`].
+    /// [`Calibration::NONE`] injects the whole modelled delay on top of the
+    /// engine's own cost.
     pub fn new(
         regions: &[Region],
         config: Config,
         policy: Box<dyn Policy>,
-        unseen_ns: u64,
+        calibration: Calibration,
     ) -> Result<Self> {
         if config.local_pages == 0 {
             return Err(Error::Invalid("local_pages must be at least 1".into()));
@@ -229,7 +234,7 @@ impl FarMemory {
         }
         let sorted = crate::region::sorted_disjoint(regions)?;
         crate::snap::check_mapped_writable(&sorted)?;
-        let engine = Engine::new(&sorted, policy, unseen_ns)?;
+        let engine = Engine::new(&sorted, policy, calibration.unseen_ns)?;
         let shared = Arc::new(Shared {
             config: Mutex::new(config),
             changed: AtomicBool::new(false),
@@ -240,7 +245,8 @@ impl FarMemory {
             tracing: AtomicBool::new(false),
             started: Instant::now(),
             counters: Counters::default(),
-            floor_ns: AtomicU64::new(unseen_ns),
+            floor_ns: AtomicU64::new(calibration.floor_ns),
+            unseen_ns: calibration.unseen_ns,
         });
         let (wake_r, wake_w) =
             std::io::pipe().map_err(|e| Error::os("creating the engine's wake pipe", e))?;
@@ -358,6 +364,7 @@ impl FarMemory {
             injected_delay_ns: get(&c.injected),
             modelled_delay_ns: get(&c.modelled),
             floor_ns: get(&self.shared.floor_ns),
+            unseen_ns: self.shared.unseen_ns,
             soft_faults: get(&c.soft),
             parks: get(&c.parks),
             local_pages_now: get(&c.local),
@@ -974,7 +981,7 @@ fn staged_page(addr: u64) -> &'static [u8] {
 }
 
 /// What a fault costs this machine at latency 0, measured on a scratch region.
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Copy, Default, Serialize)]
 pub struct Calibration {
     /// Mean added time per fault seen by the faulting thread, ns: the floor.
     pub floor_ns: u64,
@@ -983,6 +990,15 @@ pub struct Calibration {
     pub unseen_ns: u64,
     /// Faults measured.
     pub faults: u64,
+}
+
+impl Calibration {
+    /// No calibration: nothing is taken off the modelled delays.
+    pub const NONE: Calibration = Calibration {
+        floor_ns: 0,
+        unseen_ns: 0,
+        faults: 0,
+    };
 }
 
 /// Measures the floor: `pages` first touches of scratch regions with a
@@ -1033,7 +1049,7 @@ fn calibrate_once(pages: usize) -> Result<(u64, u64, u64)> {
             },
         },
         Box::new(policy::Fifo::default()),
-        0,
+        Calibration::NONE,
     )?;
     let t = touch(&mem);
     let st = fm.stop()?;
@@ -1091,7 +1107,7 @@ pub fn measure_fault_paths(pages: usize) -> Result<FaultPaths> {
             },
         },
         Box::new(policy::Fifo::default()),
-        0,
+        Calibration::NONE,
     )?;
     let thread_ns = touch(&mem);
     fm.stop()?;

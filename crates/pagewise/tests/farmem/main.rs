@@ -3,7 +3,7 @@
 //! calls, the link model's exact sums, and live reconfiguration.
 
 use pagewise::farmem::link::LinkConfig;
-use pagewise::farmem::{policy, Config, FarMemory, Stats};
+use pagewise::farmem::{policy, Calibration, Config, FarMemory, Stats};
 use pagewise::workload::{AnonMemory, Rng};
 use pagewise::PAGE_SIZE;
 use std::sync::Arc;
@@ -42,7 +42,8 @@ fn dime_table_5_1_exact_fetches() {
     }
     for x in (0..=2000).step_by(100) {
         let mem = AnonMemory::new(2000 * PAGE_SIZE).unwrap();
-        let fm = FarMemory::new(&[mem.region()], config(1000, 0), fifo(), 0).unwrap();
+        let fm =
+            FarMemory::new(&[mem.region()], config(1000, 0), fifo(), Calibration::NONE).unwrap();
         for p in 0..2000 {
             mem.write_byte(p * PAGE_SIZE, 1);
         }
@@ -71,7 +72,7 @@ fn dime_two_page_test_exact_faults() {
         return;
     }
     let mem = AnonMemory::new(1000 * PAGE_SIZE).unwrap();
-    let fm = FarMemory::new(&[mem.region()], config(1, 0), fifo(), 0).unwrap();
+    let fm = FarMemory::new(&[mem.region()], config(1, 0), fifo(), Calibration::NONE).unwrap();
     for i in 0..1000u32 {
         mem.write_byte(7, i as u8);
         mem.write_byte(500 * PAGE_SIZE + 9, i as u8);
@@ -96,7 +97,7 @@ fn writes_under_eviction_are_never_lost() {
     for name in ["fifo", "random", "clock", "lru"] {
         let pol = policy::by_name(name, 9).unwrap();
         let mem = Arc::new(AnonMemory::new(PAGES * PAGE_SIZE).unwrap());
-        let fm = FarMemory::new(&[mem.region()], config(8, 0), pol, 0).unwrap();
+        let fm = FarMemory::new(&[mem.region()], config(8, 0), pol, Calibration::NONE).unwrap();
         let shadows: Vec<Vec<u8>> = std::thread::scope(|s| {
             let handles: Vec<_> = (0..THREADS)
                 .map(|t| {
@@ -149,7 +150,7 @@ fn faults_inside_system_calls() {
     let data: Vec<u8> = (0..16 * PAGE_SIZE).map(|i| (i * 7 % 251) as u8).collect();
     std::fs::write(&dir, &data).unwrap();
     let mem = AnonMemory::new(16 * PAGE_SIZE).unwrap();
-    let fm = FarMemory::new(&[mem.region()], config(2, 0), fifo(), 0).unwrap();
+    let fm = FarMemory::new(&[mem.region()], config(2, 0), fifo(), Calibration::NONE).unwrap();
     let file = std::fs::File::open(&dir).unwrap();
     use std::os::unix::fs::FileExt;
     // SAFETY: the buffer is this test's own mapping, 16 pages long.
@@ -180,7 +181,12 @@ fn contents_survive_and_the_model_adds_up() {
             bandwidth_bps: 10_000_000_000,
         },
     };
-    let fm = FarMemory::new(&[mem.region()], cfg, fifo(), 0).unwrap();
+    let cal = Calibration {
+        floor_ns: 5000,
+        unseen_ns: 100,
+        faults: 1,
+    };
+    let fm = FarMemory::new(&[mem.region()], cfg, fifo(), cal).unwrap();
     for p in 0..64 {
         assert_eq!(mem.read_byte(p * PAGE_SIZE + 3), p as u8 + 1);
     }
@@ -203,7 +209,7 @@ fn live_budget_change() {
         return;
     }
     let mem = AnonMemory::new(100 * PAGE_SIZE).unwrap();
-    let mut fm = FarMemory::new(&[mem.region()], config(50, 0), fifo(), 0).unwrap();
+    let mut fm = FarMemory::new(&[mem.region()], config(50, 0), fifo(), Calibration::NONE).unwrap();
     for p in 0..50 {
         mem.write_byte(p * PAGE_SIZE, 5);
     }
@@ -230,9 +236,9 @@ fn live_budget_change() {
 #[test]
 fn bad_configuration_is_refused() {
     let mem = AnonMemory::new(4 * PAGE_SIZE).unwrap();
-    let e = FarMemory::new(&[mem.region()], config(0, 0), fifo(), 0).unwrap_err();
+    let e = FarMemory::new(&[mem.region()], config(0, 0), fifo(), Calibration::NONE).unwrap_err();
     assert!(e.to_string().contains("local_pages"), "{e}");
-    let e = FarMemory::new(&[], config(1, 0), fifo(), 0).unwrap_err();
+    let e = FarMemory::new(&[], config(1, 0), fifo(), Calibration::NONE).unwrap_err();
     assert!(e.to_string().contains("no region"), "{e}");
 }
 
@@ -246,7 +252,7 @@ fn placements_pinned_local_and_always_remote() {
         return;
     }
     let mem = AnonMemory::new(100 * PAGE_SIZE).unwrap();
-    let mut fm = FarMemory::new(&[mem.region()], config(5, 0), fifo(), 0).unwrap();
+    let mut fm = FarMemory::new(&[mem.region()], config(5, 0), fifo(), Calibration::NONE).unwrap();
     let range = |p: usize, n: usize| {
         Region::new(mem.addr() + (p * PAGE_SIZE) as u64, (n * PAGE_SIZE) as u64).unwrap()
     };
@@ -296,7 +302,7 @@ fn dropped_pages_read_as_zeros() {
     for p in 0..64 {
         mem.fill_page(p, p as u8 + 1);
     }
-    let fm = FarMemory::new(&[mem.region()], config(8, 0), fifo(), 0).unwrap();
+    let fm = FarMemory::new(&[mem.region()], config(8, 0), fifo(), Calibration::NONE).unwrap();
     // Pages 8..16 local, 0..8 fetched and evicted again (remote, in staging).
     for p in 0..16 {
         assert_eq!(mem.read_byte(p * PAGE_SIZE), p as u8 + 1);
@@ -330,7 +336,7 @@ fn unmapped_part_is_forgotten() {
     for p in 0..32 {
         mem.fill_page(p, 7);
     }
-    let fm = FarMemory::new(&[mem.region()], config(4, 0), fifo(), 0).unwrap();
+    let fm = FarMemory::new(&[mem.region()], config(4, 0), fifo(), Calibration::NONE).unwrap();
     for p in 0..32 {
         assert_eq!(mem.read_byte(p * PAGE_SIZE), 7);
     }
@@ -387,7 +393,13 @@ fn policy_plugin_lifo() {
     let lifo = unsafe { policy::Plugin::load(so.to_str().unwrap(), "capacity=64") }.unwrap();
     assert_eq!(policy::Policy::name(&lifo), "lifo");
     let mem = AnonMemory::new(10 * PAGE_SIZE).unwrap();
-    let fm = FarMemory::new(&[mem.region()], config(4, 0), Box::new(lifo), 0).unwrap();
+    let fm = FarMemory::new(
+        &[mem.region()],
+        config(4, 0),
+        Box::new(lifo),
+        Calibration::NONE,
+    )
+    .unwrap();
     for p in 0..4 {
         mem.write_byte(p * PAGE_SIZE, 1); // 4 fetches: 0 1 2 3 local
     }
@@ -425,7 +437,7 @@ fn clock_second_chance_exact() {
     }
     let mem = AnonMemory::new(8 * PAGE_SIZE).unwrap();
     let clock = policy::by_name("clock", 0).unwrap();
-    let fm = FarMemory::new(&[mem.region()], config(3, 0), clock, 0).unwrap();
+    let fm = FarMemory::new(&[mem.region()], config(3, 0), clock, Calibration::NONE).unwrap();
     let touch = |p: usize| mem.write_byte(p * PAGE_SIZE, p as u8 + 1);
     for p in 0..3 {
         touch(p);
@@ -479,7 +491,7 @@ fn learning_policies_keep_the_hot_page() {
             &[mem.region()],
             config(4, 0),
             policy::by_name(name, 0).unwrap(),
-            0,
+            Calibration::NONE,
         )
         .unwrap();
         for p in 1..=50 {
@@ -515,7 +527,8 @@ fn region_added_while_in_use() {
     for p in 0..PAGES {
         mem.fill_page(p, 1);
     }
-    let mut fm = FarMemory::new(&[first.region()], config(8, 0), fifo(), 0).unwrap();
+    let mut fm =
+        FarMemory::new(&[first.region()], config(8, 0), fifo(), Calibration::NONE).unwrap();
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let shadows: Vec<Vec<u8>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..2)
@@ -557,7 +570,8 @@ fn region_added_while_in_use() {
     }
     assert!(st.remote_fetches > 0, "{st:?}");
     // Adding an overlapping region is refused.
-    let mut fm = FarMemory::new(&[first.region()], config(8, 0), fifo(), 0).unwrap();
+    let mut fm =
+        FarMemory::new(&[first.region()], config(8, 0), fifo(), Calibration::NONE).unwrap();
     assert!(fm.add(first.region()).is_err());
     fm.stop().unwrap();
 }
@@ -570,7 +584,7 @@ fn trace_of_the_two_page_test() {
         return;
     }
     let mem = AnonMemory::new(4 * PAGE_SIZE).unwrap();
-    let mut fm = FarMemory::new(&[mem.region()], config(1, 0), fifo(), 0).unwrap();
+    let mut fm = FarMemory::new(&[mem.region()], config(1, 0), fifo(), Calibration::NONE).unwrap();
     fm.trace(1000);
     for i in 0..100u8 {
         // Never the value already there: every visit changes the page.
