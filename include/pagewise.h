@@ -45,15 +45,6 @@
 // The default consumer of a tracker, which exists from `pw_tracker_new` on.
 #define PW_CONSUMER_DEFAULT 0
 
-// The tracking mechanisms.
-typedef struct BackendKind BackendKind;
-
-// A handle naming one consumer of a tracker's dirty information.
-typedef struct ConsumerId ConsumerId;
-
-// Names one stored page content. [`PageId::ZERO`] is the page of zeros.
-typedef struct PageId PageId;
-
 // A durable snapshot store: a directory.
 typedef struct pw_disk pw_disk;
 
@@ -178,19 +169,16 @@ typedef struct pw_disk_stats {
   double dedup_ratio;
 } pw_disk_stats;
 
-// A replacement policy written in C (or anything with a C ABI), loaded at
-// run time from a shared object that exports
-// `const pw_policy_ops *pw_policy_plugin(void)`. The engine calls it from
-// its handler thread only, one call at a time; pages are indices into the
-// emulated memory. In `include/pagewise.h` as `pw_policy_ops`; an example is
-// `examples/policy_lifo.c`.
+// A far-memory replacement policy written in C, loaded at run time from a
+// shared object that exports `const pw_policy_ops *pw_policy_plugin(void)`.
+// pagewise calls it from its handler thread only, one call at a time; pages
+// are indices into the emulated memory. Example: `examples/policy_lifo.c`.
 typedef struct pw_policy_ops {
-  // Must be `PW_POLICY_ABI_VERSION` ([`POLICY_ABI_VERSION`]).
+  // Must be `PW_POLICY_ABI_VERSION`.
   uint32_t abi_version;
   // The policy's name (a static string).
   const char *name;
-  // Makes the policy's state from an argument string (may be empty);
-  // NULL on failure.
+  // Makes the policy's state from an argument string (may be empty); NULL on failure.
   void *(*create)(const char *args);
   // Frees the state.
   void (*destroy)(void *state);
@@ -202,12 +190,6 @@ typedef struct pw_policy_ops {
   // or -1 when it tracks no page.
   int (*victim)(void *state, uint64_t *page);
 } pw_policy_ops;
-
-
-
-
-
-
 
 #ifdef __cplusplus
 extern "C" {

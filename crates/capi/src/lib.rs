@@ -41,6 +41,44 @@ pub const PW_BACKEND_HASH: u32 = 4;
 pub const PW_POLICY_ABI_VERSION: u32 = 1;
 const _: () = assert!(PW_POLICY_ABI_VERSION == pw::farmem::policy::POLICY_ABI_VERSION);
 
+/// A far-memory replacement policy written in C, loaded at run time from a
+/// shared object that exports `const pw_policy_ops *pw_policy_plugin(void)`.
+/// pagewise calls it from its handler thread only, one call at a time; pages
+/// are indices into the emulated memory. Example: `examples/policy_lifo.c`.
+#[repr(C)]
+pub struct pw_policy_ops {
+    /// Must be `PW_POLICY_ABI_VERSION`.
+    pub abi_version: u32,
+    /// The policy's name (a static string).
+    pub name: *const c_char,
+    /// Makes the policy's state from an argument string (may be empty); NULL on failure.
+    pub create: Option<unsafe extern "C" fn(args: *const c_char) -> *mut c_void>,
+    /// Frees the state.
+    pub destroy: Option<unsafe extern "C" fn(state: *mut c_void)>,
+    /// Page `page` became local.
+    pub inserted: Option<unsafe extern "C" fn(state: *mut c_void, page: u64)>,
+    /// Page `page` stopped being local without being chosen.
+    pub removed: Option<unsafe extern "C" fn(state: *mut c_void, page: u64)>,
+    /// Chooses a local page to evict into `*page` and forgets it; returns 0,
+    /// or -1 when it tracks no page.
+    pub victim: Option<unsafe extern "C" fn(state: *mut c_void, page: *mut u64) -> c_int>,
+}
+
+// The header's struct is the library's `PolicyOps`, field for field.
+const _: () = {
+    use pw::farmem::policy::PolicyOps as L;
+    use std::mem::{offset_of, size_of};
+    type C = pw_policy_ops;
+    assert!(size_of::<C>() == size_of::<L>());
+    assert!(offset_of!(C, abi_version) == offset_of!(L, abi_version));
+    assert!(offset_of!(C, name) == offset_of!(L, name));
+    assert!(offset_of!(C, create) == offset_of!(L, create));
+    assert!(offset_of!(C, destroy) == offset_of!(L, destroy));
+    assert!(offset_of!(C, inserted) == offset_of!(L, inserted));
+    assert!(offset_of!(C, removed) == offset_of!(L, removed));
+    assert!(offset_of!(C, victim) == offset_of!(L, victim));
+};
+
 /// The default consumer of a tracker, which exists from `pw_tracker_new` on.
 pub const PW_CONSUMER_DEFAULT: u32 = 0;
 
