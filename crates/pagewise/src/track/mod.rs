@@ -197,6 +197,22 @@ pub struct Collection {
     pub stats: CollectStats,
 }
 
+impl Collection {
+    /// A collection of `ranges` over `regions`, its statistics completed.
+    fn finish(
+        ranges: Vec<PageRange>,
+        mut stats: CollectStats,
+        regions: &[Region],
+        t0: Instant,
+    ) -> Self {
+        stats.pages_scanned = regions.iter().map(Region::pages).sum();
+        stats.pages_dirty = region::total_pages(&ranges);
+        stats.ranges = ranges.len() as u64;
+        stats.elapsed_ns = t0.elapsed().as_nanos() as u64;
+        Collection { ranges, stats }
+    }
+}
+
 /// A handle naming one consumer of a tracker's dirty information.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ConsumerId(usize);
@@ -426,10 +442,9 @@ impl DirtyTracker {
     /// `None` where the backend cannot; use [`DirtyTracker::collect`] then.
     pub fn peek(&mut self) -> Result<Option<Collection>> {
         let id = Self::DEFAULT;
-        let Some(Some(pending)) = self.pending.get(id.0) else {
+        if !matches!(self.pending.get(id.0), Some(Some(_))) {
             return Err(Error::Invalid(format!("consumer {} does not exist", id.0)));
-        };
-        let pending = pending.clone();
+        }
         let t0 = Instant::now();
         let mut stats = CollectStats::default();
         let mut fresh = Vec::new();
@@ -437,12 +452,9 @@ impl DirtyTracker {
             return Ok(None);
         }
         let regions = self.backend.regions();
-        stats.pages_scanned = regions.iter().map(Region::pages).sum();
-        let ranges = region::clip_to(&region::union_sorted(&pending, &fresh), &regions);
-        stats.pages_dirty = region::total_pages(&ranges);
-        stats.ranges = ranges.len() as u64;
-        stats.elapsed_ns = t0.elapsed().as_nanos() as u64;
-        Ok(Some(Collection { ranges, stats }))
+        let pending = self.pending[id.0].as_deref().unwrap_or_default();
+        let ranges = region::clip_to(&region::union_sorted(pending, &fresh), &regions);
+        Ok(Some(Collection::finish(ranges, stats, &regions, t0)))
     }
 
     /// Returns every page written since `id`'s previous collection (or since it
@@ -457,7 +469,6 @@ impl DirtyTracker {
         let mut fresh = Vec::new();
         self.backend.scan(&mut fresh, &mut stats)?;
         let regions = self.backend.regions();
-        stats.pages_scanned = regions.iter().map(Region::pages).sum();
         let mut mine = Vec::new();
         for (i, slot) in self.pending.iter_mut().enumerate() {
             let Some(p) = slot else { continue };
@@ -467,12 +478,6 @@ impl DirtyTracker {
                 *p = region::clip_to(&region::union_sorted(p, &fresh), &regions);
             }
         }
-        stats.pages_dirty = region::total_pages(&mine);
-        stats.ranges = mine.len() as u64;
-        stats.elapsed_ns = t0.elapsed().as_nanos() as u64;
-        Ok(Collection {
-            ranges: mine,
-            stats,
-        })
+        Ok(Collection::finish(mine, stats, &regions, t0))
     }
 }
