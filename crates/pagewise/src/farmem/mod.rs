@@ -1027,6 +1027,24 @@ pub fn calibrate(pages: usize) -> Result<Calibration> {
     })
 }
 
+/// A scratch instance over `mem`: FIFO, an unlimited link at latency 0,
+/// no calibration — what a fault costs the engine itself.
+fn at_latency_zero(mem: &AnonMemory, local_pages: usize) -> Result<FarMemory> {
+    let config = Config {
+        local_pages,
+        link: LinkConfig {
+            latency_ns: 0,
+            bandwidth_bps: 0,
+        },
+    };
+    FarMemory::new(
+        &[mem.region()],
+        config,
+        Box::new(policy::Fifo::default()),
+        Calibration::NONE,
+    )
+}
+
 /// One round of [`calibrate`]: (floor, unseen part, faults).
 fn calibrate_once(pages: usize) -> Result<(u64, u64, u64)> {
     let touch = |mem: &AnonMemory| {
@@ -1039,18 +1057,7 @@ fn calibrate_once(pages: usize) -> Result<(u64, u64, u64)> {
     let plain = AnonMemory::new(pages * PAGE_SIZE)?;
     let base = touch(&plain);
     let mem = AnonMemory::new(pages * PAGE_SIZE)?;
-    let fm = FarMemory::new(
-        &[mem.region()],
-        Config {
-            local_pages: 1,
-            link: LinkConfig {
-                latency_ns: 0,
-                bandwidth_bps: 0,
-            },
-        },
-        Box::new(policy::Fifo::default()),
-        Calibration::NONE,
-    )?;
+    let fm = at_latency_zero(&mem, 1)?;
     let t = touch(&mem);
     let st = fm.stop()?;
     let faults = st.page_fault_count.max(1);
@@ -1097,18 +1104,7 @@ pub fn measure_fault_paths(pages: usize) -> Result<FaultPaths> {
     };
     let plain_ns = touch(&AnonMemory::new(pages * PAGE_SIZE)?);
     let mem = AnonMemory::new(pages * PAGE_SIZE)?;
-    let fm = FarMemory::new(
-        &[mem.region()],
-        Config {
-            local_pages: pages,
-            link: LinkConfig {
-                latency_ns: 0,
-                bandwidth_bps: 0,
-            },
-        },
-        Box::new(policy::Fifo::default()),
-        Calibration::NONE,
-    )?;
+    let fm = at_latency_zero(&mem, pages)?;
     let thread_ns = touch(&mem);
     fm.stop()?;
     let sigbus_ns = if crate::probe::get().uffd_has(uffd::feature::SIGBUS) {
