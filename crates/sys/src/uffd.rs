@@ -1,5 +1,5 @@
 //! userfaultfd: creation, the API handshake, registration, write-protect,
-//! fault messages and their resolution (copy, zero page, wake).
+//! fault messages and their resolution (move, zero page, wake).
 //!
 //! # References
 //! - `userfaultfd(2)`, `ioctl_userfaultfd(2)`
@@ -141,10 +141,6 @@ pub struct UffdMsg {
 }
 
 impl UffdMsg {
-    /// Page fault: `UFFD_PAGEFAULT_FLAG_*`.
-    pub fn pf_flags(&self) -> u64 {
-        self.arg[0]
-    }
     /// Page fault: the faulting address (page-aligned unless `EXACT_ADDRESS`).
     pub fn pf_address(&self) -> u64 {
         self.arg[1]
@@ -181,29 +177,6 @@ pub mod event {
     pub const UNMAP: u8 = 0x16;
 }
 
-/// `UFFD_PAGEFAULT_FLAG_WRITE`: the fault was a write.
-pub const PAGEFAULT_FLAG_WRITE: u64 = 1 << 0;
-/// `UFFD_PAGEFAULT_FLAG_WP`: a write-protect fault.
-pub const PAGEFAULT_FLAG_WP: u64 = 1 << 1;
-/// `UFFD_PAGEFAULT_FLAG_MINOR`: a minor fault.
-pub const PAGEFAULT_FLAG_MINOR: u64 = 1 << 2;
-
-/// `struct uffdio_copy`.
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-pub struct UffdioCopy {
-    /// Destination (registered) address.
-    pub dst: u64,
-    /// Source address in the caller's memory.
-    pub src: u64,
-    /// Length.
-    pub len: u64,
-    /// `COPY_MODE_*`.
-    pub mode: u64,
-    /// Bytes copied, or a negative errno (out).
-    pub copy: i64,
-}
-
 /// `struct uffdio_zeropage`.
 #[repr(C)]
 #[derive(Debug, Default, Clone, Copy)]
@@ -215,11 +188,6 @@ pub struct UffdioZeropage {
     /// Bytes mapped, or a negative errno (out).
     pub zeropage: i64,
 }
-
-/// `UFFDIO_COPY_MODE_DONTWAKE`: do not wake the faulting threads.
-pub const COPY_MODE_DONTWAKE: u64 = 1;
-/// `UFFDIO_COPY_MODE_WP`: map the page write-protected.
-pub const COPY_MODE_WP: u64 = 2;
 
 /// `struct uffdio_move`.
 #[repr(C)]
@@ -244,7 +212,6 @@ pub const MOVE_MODE_ALLOW_SRC_HOLES: u64 = 2;
 
 const _: () = assert!(std::mem::size_of::<UffdioMove>() == 40);
 const _: () = assert!(std::mem::size_of::<UffdMsg>() == 32);
-const _: () = assert!(std::mem::size_of::<UffdioCopy>() == 40);
 const _: () = assert!(std::mem::size_of::<UffdioZeropage>() == 32);
 const _: () = assert!(std::mem::size_of::<UffdioApi>() == 24);
 const _: () = assert!(std::mem::size_of::<UffdioRange>() == 16);
@@ -262,8 +229,6 @@ pub const UFFDIO_UNREGISTER: u64 = ioc(IOC_READ, UFFDIO, 0x01, 16);
 pub const UFFDIO_WRITEPROTECT: u64 = ioc(IOC_READ | IOC_WRITE, UFFDIO, 0x06, 24);
 /// `UFFDIO_WAKE`.
 pub const UFFDIO_WAKE: u64 = ioc(IOC_READ, UFFDIO, 0x02, 16);
-/// `UFFDIO_COPY`.
-pub const UFFDIO_COPY: u64 = ioc(IOC_READ | IOC_WRITE, UFFDIO, 0x03, 40);
 /// `UFFDIO_ZEROPAGE`.
 pub const UFFDIO_ZEROPAGE: u64 = ioc(IOC_READ | IOC_WRITE, UFFDIO, 0x04, 32);
 /// `UFFDIO_MOVE` (Linux 6.8+).
@@ -276,7 +241,6 @@ const _: () = assert!(UFFDIO_REGISTER == 0xC020_AA00);
 const _: () = assert!(UFFDIO_UNREGISTER == 0x8010_AA01);
 const _: () = assert!(UFFDIO_WRITEPROTECT == 0xC018_AA06);
 const _: () = assert!(UFFDIO_WAKE == 0x8010_AA02);
-const _: () = assert!(UFFDIO_COPY == 0xC028_AA03);
 const _: () = assert!(UFFDIO_ZEROPAGE == 0xC020_AA04);
 const _: () = assert!(UFFDIO_MOVE == 0xC028_AA05);
 
@@ -402,25 +366,6 @@ pub fn read_msg(fd: RawFd) -> io::Result<UffdMsg> {
             "short read of a userfaultfd message",
         ));
     }
-}
-
-/// `ioctl(UFFDIO_COPY)`: fills the missing pages of `[dst, dst+len)` with a
-/// copy of `len` bytes at `src` and wakes the faulting threads (unless
-/// `mode` has [`COPY_MODE_DONTWAKE`]).
-///
-/// # Safety
-/// `src` must be readable for `len` bytes.
-pub unsafe fn copy(fd: RawFd, dst: u64, src: *const u8, len: u64, mode: u64) -> io::Result<()> {
-    let mut arg = UffdioCopy {
-        dst,
-        src: src as u64,
-        len,
-        mode,
-        copy: 0,
-    };
-    // SAFETY: `arg` is a valid `struct uffdio_copy`; the caller vouches for `src`.
-    cvt_int(unsafe { libc::ioctl(fd, UFFDIO_COPY as libc::c_ulong, &mut arg) })?;
-    Ok(())
 }
 
 /// `ioctl(UFFDIO_ZEROPAGE)`: maps the zero page into the missing pages of a range and wakes.
