@@ -3,7 +3,7 @@
 //! Also [`KnobGuard`], which sets a system-wide knob (a file under `/proc/sys`
 //! or `/sys`) and puts the old value back when dropped, also on unwinding.
 
-use crate::{Error, Result};
+use crate::{Error, Region, Result};
 use std::path::{Path, PathBuf};
 
 /// One line of `/proc/PID/maps`.
@@ -223,6 +223,33 @@ impl Drop for KnobGuard {
             );
         }
     }
+}
+
+/// Checks that every region lies inside readable and writable mappings of
+/// the calling process (overlaps between them are the caller's to refuse).
+pub fn check_mapped_writable(regions: &[Region]) -> Result<()> {
+    let maps = maps(None)?;
+    for r in regions {
+        let mut addr = r.start;
+        while addr < r.end() {
+            match maps.iter().find(|m| m.start <= addr && addr < m.end) {
+                Some(m) if m.read && m.write => addr = m.end,
+                Some(m) => {
+                    return Err(Error::Invalid(format!(
+                        "region {:#x}+{:#x}: the mapping at {:#x} is not readable and writable",
+                        r.start, r.len, m.start
+                    )))
+                }
+                None => {
+                    return Err(Error::Invalid(format!(
+                        "region {:#x}+{:#x}: nothing is mapped at {addr:#x}",
+                        r.start, r.len
+                    )))
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -233,7 +233,7 @@ impl FarMemory {
             return Err(Error::Invalid("no region to emulate".into()));
         }
         let sorted = crate::region::sorted_disjoint(regions)?;
-        crate::snap::check_mapped_writable(&sorted)?;
+        crate::procfs::check_mapped_writable(&sorted)?;
         let engine = Engine::new(&sorted, policy, calibration.unseen_ns)?;
         let shared = Arc::new(Shared {
             config: Mutex::new(config),
@@ -290,7 +290,7 @@ impl FarMemory {
     /// overlapping the others), also while other threads use it: its
     /// populated pages become remote. Returns once it is emulated.
     pub fn add(&mut self, region: Region) -> Result<()> {
-        crate::snap::check_mapped_writable(&[region])?;
+        crate::procfs::check_mapped_writable(&[region])?;
         let (tx, rx) = std::sync::mpsc::channel();
         self.shared
             .adds

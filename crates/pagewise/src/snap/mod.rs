@@ -185,7 +185,7 @@ impl Snapshots {
         }
         let mut sorted = regions.to_vec();
         sorted.sort();
-        check_mapped_writable(&sorted)?;
+        procfs::check_mapped_writable(&sorted)?;
         let tracker = DirtyTracker::new(&sorted, opts.backend)?;
         let marks = sorted
             .iter()
@@ -643,33 +643,6 @@ fn share(spare: &mut Vec<Vec<Chunk>>, tables: &[Table]) -> Vec<Table> {
             Table { chunks }
         })
         .collect()
-}
-
-/// Checks that every region lies inside writable mappings of the calling process.
-pub(crate) fn check_mapped_writable(regions: &[Region]) -> Result<()> {
-    // Overlaps are refused by the tracker.
-    let maps = procfs::maps(None)?;
-    for r in regions {
-        let mut addr = r.start;
-        while addr < r.end() {
-            match maps.iter().find(|m| m.start <= addr && addr < m.end) {
-                Some(m) if m.read && m.write => addr = m.end,
-                Some(m) => {
-                    return Err(Error::Invalid(format!(
-                        "region {:#x}+{:#x}: the mapping at {:#x} is not readable and writable",
-                        r.start, r.len, m.start
-                    )))
-                }
-                None => {
-                    return Err(Error::Invalid(format!(
-                        "region {:#x}+{:#x}: nothing is mapped at {addr:#x}",
-                        r.start, r.len
-                    )))
-                }
-            }
-        }
-    }
-    Ok(())
 }
 
 /// One page of the calling process's memory.
