@@ -17,6 +17,7 @@ pub mod dl;
 pub mod mem;
 pub mod pagemap;
 pub mod process;
+pub mod seccomp;
 pub mod signal;
 pub mod uffd;
 

@@ -35,6 +35,7 @@
 //! engine with an error). When the [`FarMemory`] is stopped or dropped,
 //! every remote page is moved back.
 
+pub mod instance;
 pub mod link;
 pub mod policy;
 
@@ -144,8 +145,10 @@ pub struct Stats {
 
 const HIST_BUCKETS: usize = 32;
 
+/// The counters of one engine (also the layout of an instance slot).
 #[derive(Default)]
-struct Counters {
+#[repr(C)]
+pub(crate) struct Counters {
     faults: AtomicU64,
     fetches: AtomicU64,
     evictions: AtomicU64,
@@ -157,6 +160,106 @@ struct Counters {
     parks: AtomicU64,
     handled: AtomicU64,
     hist: [AtomicU64; HIST_BUCKETS],
+}
+
+impl Counters {
+    fn all(&self) -> impl Iterator<Item = &AtomicU64> {
+        [
+            &self.faults,
+            &self.fetches,
+            &self.evictions,
+            &self.writebacks,
+            &self.injected,
+            &self.modelled,
+            &self.local,
+            &self.soft,
+            &self.parks,
+            &self.handled,
+        ]
+        .into_iter()
+        .chain(self.hist.iter())
+    }
+
+    pub(crate) fn clear(&self) {
+        self.all().for_each(|a| a.store(0, Ordering::Relaxed));
+    }
+
+    pub(crate) fn copy_from(&self, other: &Counters) {
+        for (d, s) in self.all().zip(other.all()) {
+            d.store(s.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+    }
+
+    /// The counters as [`Stats`], with the calibration `(floor, unseen)`.
+    pub(crate) fn snapshot(&self, (floor_ns, unseen_ns): (u64, u64)) -> Stats {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let mut hist: Vec<u64> = self.hist.iter().map(get).collect();
+        while hist.len() > 1 && hist.last() == Some(&0) {
+            hist.pop();
+        }
+        Stats {
+            page_fault_count: get(&self.faults),
+            remote_fetches: get(&self.fetches),
+            evictions: get(&self.evictions),
+            writebacks: get(&self.writebacks),
+            injected_delay_ns: get(&self.injected),
+            modelled_delay_ns: get(&self.modelled),
+            floor_ns,
+            unseen_ns,
+            soft_faults: get(&self.soft),
+            parks: get(&self.parks),
+            local_pages_now: get(&self.local),
+            handler_ns: get(&self.handled),
+            delay_histogram: hist,
+        }
+    }
+}
+
+impl Stats {
+    /// The sum of several engines' counters (the calibration of the first).
+    pub fn sum<'a>(all: impl IntoIterator<Item = &'a Stats>) -> Stats {
+        let mut t = Stats::default();
+        for s in all {
+            if t.floor_ns == 0 {
+                t.floor_ns = s.floor_ns;
+                t.unseen_ns = s.unseen_ns;
+            }
+            t.page_fault_count += s.page_fault_count;
+            t.remote_fetches += s.remote_fetches;
+            t.evictions += s.evictions;
+            t.writebacks += s.writebacks;
+            t.injected_delay_ns += s.injected_delay_ns;
+            t.modelled_delay_ns += s.modelled_delay_ns;
+            t.soft_faults += s.soft_faults;
+            t.parks += s.parks;
+            t.local_pages_now += s.local_pages_now;
+            t.handler_ns += s.handler_ns;
+            if t.delay_histogram.len() < s.delay_histogram.len() {
+                t.delay_histogram.resize(s.delay_histogram.len(), 0);
+            }
+            for (d, v) in t.delay_histogram.iter_mut().zip(&s.delay_histogram) {
+                *d += v;
+            }
+        }
+        t
+    }
+}
+
+/// New regions of the program found outside the engine (the preload shim
+/// traps `mmap` and friends and registers what they map): called when a
+/// fault lands outside every known region, and when woken; it appends the
+/// ranges to emulate.
+pub type Discover = Box<dyn FnMut(&mut Vec<Region>) + Send>;
+
+/// Optional ways an engine is tied to the rest of the world.
+#[derive(Default)]
+pub struct Hooks {
+    /// Finds regions the program mapped since (see [`Discover`]).
+    pub discover: Option<Discover>,
+    /// The instance this engine is a member of, and its slot there: the
+    /// instance's settings and shared budget replace `Config`'s, and the
+    /// counters are published to the slot.
+    pub instance: Option<(Arc<instance::Instance>, usize)>,
 }
 
 impl Shared {
@@ -226,6 +329,17 @@ impl FarMemory {
         policy: Box<dyn Policy>,
         calibration: Calibration,
     ) -> Result<Self> {
+        Self::new_with(regions, config, policy, calibration, Hooks::default())
+    }
+
+    /// [`FarMemory::new`] with [`Hooks`].
+    pub fn new_with(
+        regions: &[Region],
+        config: Config,
+        policy: Box<dyn Policy>,
+        calibration: Calibration,
+        hooks: Hooks,
+    ) -> Result<Self> {
         if config.local_pages == 0 {
             return Err(Error::Invalid("local_pages must be at least 1".into()));
         }
@@ -234,7 +348,9 @@ impl FarMemory {
         }
         let sorted = crate::region::sorted_disjoint(regions)?;
         crate::procfs::check_mapped_writable(&sorted)?;
-        let engine = Engine::new(&sorted, policy, calibration.unseen_ns)?;
+        let mut engine = Engine::new(&sorted, policy, calibration.unseen_ns)?;
+        engine.discover = hooks.discover;
+        engine.inst = hooks.instance;
         let shared = Arc::new(Shared {
             config: Mutex::new(config),
             changed: AtomicBool::new(false),
@@ -350,27 +466,17 @@ impl FarMemory {
 
     /// The counters now.
     pub fn stats(&self) -> Stats {
-        let c = &self.shared.counters;
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let mut hist: Vec<u64> = c.hist.iter().map(get).collect();
-        while hist.len() > 1 && hist.last() == Some(&0) {
-            hist.pop();
-        }
-        Stats {
-            page_fault_count: get(&c.faults),
-            remote_fetches: get(&c.fetches),
-            evictions: get(&c.evictions),
-            writebacks: get(&c.writebacks),
-            injected_delay_ns: get(&c.injected),
-            modelled_delay_ns: get(&c.modelled),
-            floor_ns: get(&self.shared.floor_ns),
-            unseen_ns: self.shared.unseen_ns,
-            soft_faults: get(&c.soft),
-            parks: get(&c.parks),
-            local_pages_now: get(&c.local),
-            handler_ns: get(&c.handled),
-            delay_histogram: hist,
-        }
+        self.shared.counters.snapshot((
+            self.shared.floor_ns.load(Ordering::Relaxed),
+            self.shared.unseen_ns,
+        ))
+    }
+
+    /// A handle that wakes the engine (for a [`Discover`] source with news).
+    pub fn waker(&self) -> Result<std::io::PipeWriter> {
+        self.wake
+            .try_clone()
+            .map_err(|e| Error::os("duplicating the engine's wake pipe", e))
     }
 
     /// Stops emulating: every remote page is mapped back with its contents,
@@ -449,6 +555,12 @@ struct Engine {
     link: Link,
     injector: Injector,
     walker: crate::walk::PageWalker,
+    /// Pages with data (not `RemoteZero`).
+    data: usize,
+    discover: Option<Discover>,
+    inst: Option<(Arc<instance::Instance>, usize)>,
+    /// The instance generation applied.
+    generation: u64,
 }
 
 fn open_uffd(features: u64) -> Result<OwnedFd> {
@@ -469,7 +581,7 @@ impl Engine {
     fn new(regions: &[Region], policy: Box<dyn Policy>, unseen_ns: u64) -> Result<Self> {
         use uffd::feature as f;
         let mut e = Engine {
-            uffd: open_uffd(f::MOVE | f::EVENT_REMOVE | f::EVENT_UNMAP)?,
+            uffd: open_uffd(f::MOVE | f::EVENT_REMOVE | f::EVENT_UNMAP | f::EVENT_REMAP)?,
             stage_uffd: open_uffd(f::MOVE)?,
             regions: Vec::new(),
             order: Vec::new(),
@@ -484,6 +596,10 @@ impl Engine {
             link: Link::default(),
             injector: Injector::new(unseen_ns),
             walker: crate::walk::PageWalker::new(None)?,
+            data: 0,
+            discover: None,
+            inst: None,
+            generation: 0,
         };
         for r in regions {
             e.add_region(*r)?;
@@ -554,6 +670,7 @@ impl Engine {
             here[i0..i1].fill(Where::Remote);
         }
         let slot = self.regions.len();
+        self.data += here.iter().filter(|w| **w != Where::RemoteZero).count();
         self.first.push(self.pages.len());
         self.pages.extend(here);
         self.fetched.resize(self.pages.len(), 0);
@@ -565,6 +682,18 @@ impl Engine {
             .partition_point(|&i| self.regions[i].start < r.start);
         self.order.insert(at, slot);
         Ok(())
+    }
+
+    /// Sets where page `g` is, keeping the count of pages with data.
+    fn put(&mut self, g: usize, w: Where) {
+        let before = self.pages[g] != Where::RemoteZero;
+        let after = w != Where::RemoteZero;
+        self.pages[g] = w;
+        match (before, after) {
+            (false, true) => self.data += 1,
+            (true, false) => self.data -= 1,
+            _ => {}
+        }
     }
 
     /// Global page index and address of the page holding `addr`.
@@ -596,10 +725,14 @@ impl Engine {
 
     fn run(mut self, sh: &Shared, mut wake: std::io::PipeReader) -> Result<()> {
         let fds: [RawFd; 2] = [self.uffd.as_raw_fd(), wake.as_raw_fd()];
+        // A member of an instance also looks at it while idle, so that a
+        // smaller budget set from outside applies without a fault.
+        let idle_ms = if self.inst.is_some() { 50 } else { -1 };
         let result = loop {
             if sh.stop.load(Ordering::Acquire) {
                 break Ok(());
             }
+            self.follow_instance(sh);
             if sh.changed.swap(false, Ordering::AcqRel) {
                 if let Err(e) = self.fit_budget(sh) {
                     break Err(e);
@@ -609,10 +742,13 @@ impl Engine {
             let msg = match uffd::read_msg(self.uffd.as_raw_fd()) {
                 Ok(m) => m,
                 Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
-                    match uffd::poll_readable(&fds, -1) {
+                    match uffd::poll_readable(&fds, idle_ms) {
                         Ok(ready) if ready & 2 != 0 => {
                             let mut b = [0u8; 16];
                             let _ = wake.read(&mut b);
+                            if let Err(e) = self.discover_now() {
+                                break Err(e);
+                            }
                         }
                         Ok(_) => {}
                         Err(e) => break Err(Error::os("poll of the userfaultfd", e)),
@@ -628,14 +764,183 @@ impl Engine {
                     let (start, end) = msg.range();
                     self.dropped(sh, start, end)
                 }
+                uffd::event::REMAP => {
+                    let (from, to, len) = msg.remap();
+                    self.remapped(sh, from, to, len)
+                }
                 _ => Ok(()),
             };
             if let Err(e) = r {
                 break Err(e);
             }
+            self.publish(sh);
         };
         let back = self.bring_all_back();
         result.and(back)
+    }
+
+    /// Applies the instance's settings when they changed.
+    fn follow_instance(&mut self, sh: &Shared) {
+        let Some((inst, _)) = &self.inst else {
+            return;
+        };
+        let g = inst.generation();
+        if g == self.generation {
+            return;
+        }
+        self.generation = g;
+        let st = inst.settings();
+        sh.config.lock().unwrap_or_else(|e| e.into_inner()).link = LinkConfig {
+            latency_ns: st.latency_ns,
+            bandwidth_bps: st.bandwidth_bps,
+        };
+        sh.changed.store(true, Ordering::Release);
+    }
+
+    /// Publishes the counters to the instance slot.
+    fn publish(&self, sh: &Shared) {
+        if let Some((inst, slot)) = &self.inst {
+            inst.publish(*slot, &sh.counters, self.data as u64);
+        }
+    }
+
+    /// Local pages counted against the budget now, and the budget.
+    fn load(&self, cfg: &Config) -> (u64, u64) {
+        let Some((inst, _)) = &self.inst else {
+            return (self.local as u64, cfg.local_pages as u64);
+        };
+        // The instance holds every member's published figures, ours as of
+        // the last event: replace ours with the current ones.
+        let (local, data) = inst.totals();
+        let (pub_local, pub_data) = inst.published(self.inst.as_ref().map_or(0, |x| x.1));
+        let local = local - pub_local + self.local as u64;
+        let data = data - pub_data + self.data as u64;
+        (local, inst.budget(&inst.settings(), data))
+    }
+
+    /// Asks the [`Discover`] hook for new regions and emulates them.
+    fn discover_now(&mut self) -> Result<()> {
+        let Some(d) = self.discover.as_mut() else {
+            return Ok(());
+        };
+        let mut found = Vec::new();
+        d(&mut found);
+        for r in found {
+            self.adopt(r)?;
+        }
+        Ok(())
+    }
+
+    /// Emulates `r` (which the program just mapped or moved): the parts no
+    /// region covers become new regions; in the parts one covers, pages
+    /// that hold data the engine does not know of become remote.
+    fn adopt(&mut self, r: Region) -> Result<()> {
+        let end = r.end();
+        let known: Vec<(u64, u64)> = self
+            .order
+            .iter()
+            .map(|&i| self.regions[i])
+            .filter(|k| k.start < end && r.start < k.end())
+            .map(|k| (k.start.max(r.start), k.end().min(end)))
+            .collect();
+        let mut cur = r.start;
+        for (a, b) in known {
+            if cur < a {
+                self.add_found(cur, a);
+            }
+            self.reclaim(a, b)?;
+            cur = b;
+        }
+        if cur < end {
+            self.add_found(cur, end);
+        }
+        Ok(())
+    }
+
+    /// Adds `[a, b)`, found by discovery; a range gone again meanwhile (its
+    /// registration fails) is skipped.
+    fn add_found(&mut self, a: u64, b: u64) {
+        let Ok(r) = Region::new(a, b - a) else {
+            return;
+        };
+        if let Err(e) = self.add_region(r) {
+            eprintln!("pagewise farmem: not emulating {a:#x}..{b:#x}: {e}");
+        }
+    }
+
+    /// Pages of `[a, b)` (inside a region) that the engine holds as zeros
+    /// but that are mapped (the range was mapped anew): moved to staging.
+    fn reclaim(&mut self, a: u64, b: u64) -> Result<()> {
+        let Ok(r) = Region::new(a, b - a) else {
+            return Ok(());
+        };
+        let mut runs = Vec::new();
+        self.walker.populated(r, &mut runs)?;
+        for (x, y) in runs {
+            let mut addr = x;
+            while addr < y {
+                if let Some((_, g, _)) = self.locate(addr) {
+                    if self.pages[g] == Where::RemoteZero {
+                        let (_, _, _, staged) = self.addr_of(g);
+                        match uffd::move_pages(
+                            self.stage_uffd.as_raw_fd(),
+                            staged,
+                            addr,
+                            PAGE_SIZE as u64,
+                            uffd::MOVE_MODE_DONTWAKE | uffd::MOVE_MODE_ALLOW_SRC_HOLES,
+                        ) {
+                            Ok(()) => self.put(g, Where::Remote),
+                            Err(e) => {
+                                return Err(Error::os(
+                                    format!("UFFDIO_MOVE of {addr:#x} to staging"),
+                                    e,
+                                ))
+                            }
+                        }
+                    }
+                }
+                addr += PAGE_SIZE as u64;
+            }
+        }
+        Ok(())
+    }
+
+    /// The program moved `[from, from+len)` to `to` (`mremap`): local pages
+    /// went with the mapping; remote ones follow it now; then the new range
+    /// is adopted like a new mapping (its pages become remote).
+    fn remapped(&mut self, sh: &Shared, from: u64, to: u64, len: u64) -> Result<()> {
+        let mut off = 0;
+        while off < len {
+            if let Some((_, g, _)) = self.locate(from + off) {
+                let w = self.pages[g];
+                if matches!(w, Where::Local | Where::Parked) {
+                    if self.class[g] == Placement::Normal {
+                        self.policy.removed(g);
+                        self.local -= 1;
+                    }
+                    self.visiting.retain(|&v| v != g);
+                }
+                if matches!(w, Where::Remote | Where::Parked) {
+                    let (_, _, _, staged) = self.addr_of(g);
+                    uffd::move_pages(
+                        self.uffd.as_raw_fd(),
+                        to + off,
+                        staged,
+                        PAGE_SIZE as u64,
+                        uffd::MOVE_MODE_DONTWAKE,
+                    )
+                    .map_err(|e| {
+                        Error::os(format!("UFFDIO_MOVE of {staged:#x} after mremap"), e)
+                    })?;
+                }
+                self.put(g, Where::RemoteZero);
+            }
+            off += PAGE_SIZE as u64;
+        }
+        sh.counters
+            .local
+            .store(self.local as u64, Ordering::Relaxed);
+        self.adopt(Region::new(to, len)?)
     }
 
     /// The program dropped (`MADV_DONTNEED`) or unmapped `[start, end)`:
@@ -665,7 +970,7 @@ impl Engine {
                 }
                 Where::RemoteZero => {}
             }
-            self.pages[g] = Where::RemoteZero;
+            self.put(g, Where::RemoteZero);
             addr += PAGE_SIZE as u64;
         }
         sh.counters
@@ -718,14 +1023,17 @@ impl Engine {
                 .local
                 .store(self.local as u64, Ordering::Relaxed);
         }
-        let budget = sh
-            .config
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .local_pages;
-        while self.local > budget {
-            if self.evict_victim(sh)?.is_none() {
-                break;
+        let cfg = *sh.config.lock().unwrap_or_else(|e| e.into_inner());
+        let (total, budget) = self.load(&cfg);
+        if total > budget {
+            // Each member of an instance gives up its share of the excess
+            // (alone, that is all of it).
+            let local = self.local as u64;
+            let target = local - ((total - budget) * local).div_ceil(total).min(local);
+            while self.local as u64 > target {
+                if self.evict_victim(sh)?.is_none() {
+                    break;
+                }
             }
         }
         Ok(())
@@ -773,7 +1081,7 @@ impl Engine {
             uffd::MOVE_MODE_DONTWAKE,
         ) {
             Ok(()) => {
-                self.pages[g] = Where::Parked;
+                self.put(g, Where::Parked);
                 sh.counters.parks.fetch_add(1, Ordering::Relaxed);
                 Ok(())
             }
@@ -782,7 +1090,7 @@ impl Engine {
             Err(e)
                 if e.raw_os_error() == Some(libc::EEXIST) && self.moved_anyway(staged, addr)? =>
             {
-                self.pages[g] = Where::Parked;
+                self.put(g, Where::Parked);
                 sh.counters.parks.fetch_add(1, Ordering::Relaxed);
                 Ok(())
             }
@@ -792,6 +1100,9 @@ impl Engine {
 
     fn fault(&mut self, sh: &Shared, addr: u64, arrived: Instant) -> Result<()> {
         let fd = self.uffd.as_raw_fd();
+        if self.locate(addr).is_none() {
+            self.discover_now()?;
+        }
         let Some((_, g, _)) = self.locate(addr) else {
             // Not ours (cannot happen: only our regions are registered).
             return uffd::wake(fd, addr & !(PAGE_SIZE as u64 - 1), PAGE_SIZE as u64)
@@ -804,7 +1115,7 @@ impl Engine {
         }
         if self.pages[g] == Where::Parked {
             // A soft fault: the page is local, its policy learns it was used.
-            self.pages[g] = Where::Local;
+            self.put(g, Where::Local);
             sh.counters.soft.fetch_add(1, Ordering::Relaxed);
             sh.record(self.addr_of(g).2, TraceKind::Soft);
             self.policy.accessed(g);
@@ -820,7 +1131,7 @@ impl Engine {
         if class == Placement::PinnedLocal {
             // Local by placement: mapped at once, not a fetch.
             let was = self.pages[g];
-            self.pages[g] = Where::Local;
+            self.put(g, Where::Local);
             return self.map(was, g);
         }
         c.faults.fetch_add(1, Ordering::Relaxed);
@@ -832,7 +1143,10 @@ impl Engine {
                 writeback_bytes += PAGE_SIZE as u64;
             }
         }
-        while class == Placement::Normal && self.local >= cfg.local_pages {
+        while class == Placement::Normal && {
+            let (local, budget) = self.load(&cfg);
+            local >= budget
+        } {
             match self.evict_victim(sh)? {
                 None => break,
                 Some(true) => writeback_bytes += PAGE_SIZE as u64,
@@ -854,7 +1168,7 @@ impl Engine {
         // which may look at the counters at once.
         let was = self.pages[g];
         sh.record(self.addr_of(g).2, TraceKind::Fetch);
-        self.pages[g] = Where::Local;
+        self.put(g, Where::Local);
         if class == Placement::AlwaysRemote {
             self.visiting.push(g);
         } else {
@@ -917,12 +1231,12 @@ impl Engine {
         };
         let dirty = match moved {
             Ok(()) => {
-                self.pages[g] = Where::Remote;
+                self.put(g, Where::Remote);
                 crate::hash::page_hash(staged_page(staged)) != self.fetched[g]
             }
             // Not mapped (dropped between the event and the zap): zeros.
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
-                self.pages[g] = Where::RemoteZero;
+                self.put(g, Where::RemoteZero);
                 false
             }
             Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
@@ -960,7 +1274,7 @@ impl Engine {
         for g in 0..self.pages.len() {
             if matches!(self.pages[g], Where::Remote | Where::Parked) {
                 self.map(Where::Remote, g)?;
-                self.pages[g] = Where::Local;
+                self.put(g, Where::Local);
             }
         }
         for (r, st) in self.regions.iter().zip(&self.staging) {

@@ -1,0 +1,483 @@
+//! Named far-memory instances shared between processes (DiME's
+//! `/proc/dime_config`): one small shared-memory file per instance holds its
+//! configuration and one slot of counters per member process.
+//!
+//! Every process in an instance runs its own engine (in the process, through
+//! the preload shim) over its own memory; the instance ties them together:
+//! - **one budget:** an engine counts the local pages of every live member
+//!   against `local_pages`; when the instance is full it evicts one of its
+//!   own pages (local replacement: a process never takes another's page);
+//! - **one configuration:** [`Instance::set`] bumps a generation number that
+//!   every engine checks before each fault and while idle, so a change
+//!   applies at once;
+//! - **one view:** [`Instance::members`] reads every member's counters.
+//!
+//! The file lives in [`dir`], is created with mode 0644 and belongs to the
+//! user who created the instance: others may list it, only that user (or
+//! root) may change it or join it.
+
+use super::{Counters, Stats};
+use crate::{Error, Result};
+use serde::Serialize;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
+
+/// Processes one instance can hold at once.
+pub const MAX_MEMBERS: usize = 64;
+const MAGIC: u64 = 0x7061_6765_6661_726d; // "pagefarm"
+const LAYOUT: u64 = 1;
+
+/// What can be set on an instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Settings {
+    /// One-way latency, ns.
+    pub latency_ns: u64,
+    /// Bandwidth, bytes per second (0: unlimited).
+    pub bandwidth_bps: u64,
+    /// Pages that may be local at once across the members (0: use
+    /// `local_percent`).
+    pub local_pages: u64,
+    /// Local budget as a percentage of the pages the members hold data in
+    /// (0: use `local_pages`).
+    pub local_percent: u64,
+}
+
+#[repr(C)]
+struct Slot {
+    pid: AtomicI32,
+    /// 0 free, 1 live, 2 exited (counters kept).
+    state: AtomicU32,
+    /// Pages with data (local or remote).
+    data_pages: AtomicU64,
+    counters: Counters,
+}
+
+#[repr(C)]
+struct Header {
+    magic: u64,
+    layout: u64,
+    owner_uid: u32,
+    creator_pid: u32,
+    generation: AtomicU64,
+    latency_ns: AtomicU64,
+    bandwidth_bps: AtomicU64,
+    local_pages: AtomicU64,
+    local_percent: AtomicU64,
+    floor_ns: AtomicU64,
+    unseen_ns: AtomicU64,
+    slots: [Slot; MAX_MEMBERS],
+}
+
+/// Where instance files live: `/dev/shm/pagewise-farmem` (or under the
+/// temporary directory where `/dev/shm` is missing); `PAGEWISE_FARMEM_DIR`
+/// overrides it.
+pub fn dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("PAGEWISE_FARMEM_DIR") {
+        return d.into();
+    }
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        shm.join("pagewise-farmem")
+    } else {
+        std::env::temp_dir().join("pagewise-farmem")
+    }
+}
+
+fn check_name(name: &str) -> Result<()> {
+    if name.is_empty()
+        || name.len() > 64
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        || name.starts_with('.')
+    {
+        return Err(Error::Invalid(format!(
+            "instance name {name:?}: use 1-64 letters, digits, '-', '_' or '.'"
+        )));
+    }
+    Ok(())
+}
+
+/// One instance, mapped.
+pub struct Instance {
+    name: String,
+    path: PathBuf,
+    header: *mut Header,
+    writable: bool,
+}
+
+// SAFETY: the mapping is shared memory accessed only through atomics (and
+// fields written once before the file is published); the pointer stays valid
+// until drop.
+unsafe impl Send for Instance {}
+// SAFETY: as above.
+unsafe impl Sync for Instance {}
+
+impl std::fmt::Debug for Instance {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Instance")
+            .field("name", &self.name)
+            .finish()
+    }
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        // SAFETY: `header` is the mapping made in `map`, of this size.
+        unsafe { libc::munmap(self.header.cast(), std::mem::size_of::<Header>()) };
+    }
+}
+
+/// One member's view in [`Instance::members`].
+#[derive(Debug, Clone, Serialize)]
+pub struct Member {
+    /// Its process id.
+    pub pid: i32,
+    /// Whether it is still running.
+    pub live: bool,
+    /// Pages holding data (local or remote).
+    pub data_pages: u64,
+    /// Its counters.
+    pub stats: Stats,
+}
+
+fn euid() -> u32 {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() }
+}
+
+impl Instance {
+    fn map(name: &str, file: std::fs::File, writable: bool) -> Result<Self> {
+        let path = dir().join(name);
+        let len = std::mem::size_of::<Header>();
+        let prot = if writable {
+            libc::PROT_READ | libc::PROT_WRITE
+        } else {
+            libc::PROT_READ
+        };
+        // SAFETY: a fresh shared mapping of the instance file, which is at
+        // least `len` bytes long (checked by the callers).
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                prot,
+                libc::MAP_SHARED,
+                std::os::fd::AsRawFd::as_raw_fd(&file),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(Error::os(
+                format!("mapping {}", path.display()),
+                std::io::Error::last_os_error(),
+            ));
+        }
+        Ok(Instance {
+            name: name.to_string(),
+            path,
+            header: p.cast(),
+            writable,
+        })
+    }
+
+    fn h(&self) -> &Header {
+        // SAFETY: `header` points at a live mapping of a Header.
+        unsafe { &*self.header }
+    }
+
+    /// Creates instance `name` (which must not exist) with `settings` and
+    /// the machine's calibrated fault cost.
+    pub fn create(name: &str, settings: Settings, floor_ns: u64, unseen_ns: u64) -> Result<Self> {
+        check_name(name)?;
+        let d = dir();
+        std::fs::create_dir_all(&d)
+            .map_err(|e| Error::os(format!("creating {}", d.display()), e))?;
+        // A directory every user may add instances to, like /tmp.
+        let _ = std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o1777));
+        let path = d.join(name);
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .open(&path)
+            .map_err(|e| {
+                if e.kind() == std::io::ErrorKind::AlreadyExists {
+                    Error::Invalid(format!("instance {name} exists already"))
+                } else {
+                    Error::os(format!("creating {}", path.display()), e)
+                }
+            })?;
+        file.set_len(std::mem::size_of::<Header>() as u64)
+            .map_err(|e| Error::os(format!("sizing {}", path.display()), e))?;
+        let inst = Self::map(name, file, true)?;
+        // SAFETY: the file is new and all ours; the fields are written
+        // before the magic number that makes it valid to others.
+        unsafe {
+            let h = &mut *inst.header;
+            h.layout = LAYOUT;
+            h.owner_uid = euid();
+            h.creator_pid = std::process::id();
+        }
+        let h = inst.h();
+        h.floor_ns.store(floor_ns, Ordering::Relaxed);
+        h.unseen_ns.store(unseen_ns, Ordering::Relaxed);
+        inst.store(settings);
+        std::sync::atomic::fence(Ordering::Release);
+        // SAFETY: as above; last write of creation.
+        unsafe { (*inst.header).magic = MAGIC };
+        Ok(inst)
+    }
+
+    /// Opens instance `name`; `control` asks for the right to change it or
+    /// join it, which only its owner (or root) has.
+    pub fn open(name: &str, control: bool) -> Result<Self> {
+        check_name(name)?;
+        let path = dir().join(name);
+        let missing = || {
+            Error::Invalid(format!(
+                "no far-memory instance {name} (see `pagewise farmem ls`)"
+            ))
+        };
+        let meta = std::fs::metadata(&path).map_err(|_| missing())?;
+        if meta.len() < std::mem::size_of::<Header>() as u64 {
+            return Err(Error::Invalid(format!(
+                "{} is not an instance file",
+                path.display()
+            )));
+        }
+        if control && euid() != 0 && meta.uid() != euid() {
+            return Err(Error::Invalid(format!(
+                "instance {name} belongs to uid {}: only its owner or root may control it",
+                meta.uid()
+            )));
+        }
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(control)
+            .open(&path)
+            .map_err(|e| Error::os(format!("opening {}", path.display()), e))?;
+        let inst = Self::map(name, file, control)?;
+        let h = inst.h();
+        if h.magic != MAGIC || h.layout != LAYOUT {
+            return Err(Error::Invalid(format!(
+                "{} is not an instance of this pagewise version",
+                path.display()
+            )));
+        }
+        Ok(inst)
+    }
+
+    /// Every instance in [`dir`] (unreadable or foreign files are skipped).
+    pub fn list() -> Result<Vec<Self>> {
+        let mut out = Vec::new();
+        let Ok(rd) = std::fs::read_dir(dir()) else {
+            return Ok(out);
+        };
+        let mut names: Vec<String> = rd
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .collect();
+        names.sort();
+        for n in names {
+            if let Ok(i) = Self::open(&n, false) {
+                out.push(i);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Its name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The uid that owns it.
+    pub fn owner_uid(&self) -> u32 {
+        self.h().owner_uid
+    }
+
+    /// The calibrated floor and unseen part of a fault, ns.
+    pub fn calibration(&self) -> (u64, u64) {
+        let h = self.h();
+        (
+            h.floor_ns.load(Ordering::Relaxed),
+            h.unseen_ns.load(Ordering::Relaxed),
+        )
+    }
+
+    /// The settings now.
+    pub fn settings(&self) -> Settings {
+        let h = self.h();
+        Settings {
+            latency_ns: h.latency_ns.load(Ordering::Acquire),
+            bandwidth_bps: h.bandwidth_bps.load(Ordering::Acquire),
+            local_pages: h.local_pages.load(Ordering::Acquire),
+            local_percent: h.local_percent.load(Ordering::Acquire),
+        }
+    }
+
+    /// The configuration generation: it changes with every [`Instance::set`].
+    pub fn generation(&self) -> u64 {
+        self.h().generation.load(Ordering::Acquire)
+    }
+
+    fn store(&self, s: Settings) {
+        let h = self.h();
+        h.latency_ns.store(s.latency_ns, Ordering::Release);
+        h.bandwidth_bps.store(s.bandwidth_bps, Ordering::Release);
+        h.local_pages.store(s.local_pages, Ordering::Release);
+        h.local_percent.store(s.local_percent, Ordering::Release);
+        h.generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Changes settings from `key=value` pairs (`latency_ns`,
+    /// `bandwidth_bps`, `local_npages` or `local_pages`, `local_percent`).
+    /// Every member applies them before its next fault.
+    pub fn set(&self, pairs: &[(String, u64)]) -> Result<Settings> {
+        if !self.writable {
+            return Err(Error::Invalid("instance opened read-only".into()));
+        }
+        let mut s = self.settings();
+        for (k, v) in pairs {
+            match k.as_str() {
+                "latency_ns" | "latency" => s.latency_ns = *v,
+                "bandwidth_bps" | "bandwidth" => s.bandwidth_bps = *v,
+                "local_npages" | "local_pages" => {
+                    if *v == 0 {
+                        return Err(Error::Invalid("local_npages must be at least 1".into()));
+                    }
+                    s.local_pages = *v;
+                    s.local_percent = 0;
+                }
+                "local_percent" => {
+                    if *v == 0 || *v > 100 {
+                        return Err(Error::Invalid("local_percent must be 1..=100".into()));
+                    }
+                    s.local_percent = *v;
+                    s.local_pages = 0;
+                }
+                _ => {
+                    return Err(Error::Invalid(format!(
+                        "unknown key {k:?}: use latency_ns, bandwidth_bps, local_npages or local_percent"
+                    )))
+                }
+            }
+        }
+        self.store(s);
+        Ok(s)
+    }
+
+    /// Takes a member slot for process `pid`.
+    pub fn join(&self, pid: i32) -> Result<usize> {
+        if !self.writable {
+            return Err(Error::Invalid("instance opened read-only".into()));
+        }
+        let h = self.h();
+        for (i, s) in h.slots.iter().enumerate() {
+            let st = s.state.load(Ordering::Acquire);
+            let reusable =
+                st == 0 || (st != 1 && !crate::procfs::is_alive(s.pid.load(Ordering::Relaxed)));
+            if reusable
+                && s.state
+                    .compare_exchange(st, 3, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+            {
+                s.pid.store(pid, Ordering::Relaxed);
+                s.data_pages.store(0, Ordering::Relaxed);
+                s.counters.clear();
+                s.state.store(1, Ordering::Release);
+                return Ok(i);
+            }
+        }
+        Err(Error::Invalid(format!(
+            "instance {} has {MAX_MEMBERS} members already",
+            self.name
+        )))
+    }
+
+    /// Publishes slot `i`'s counters and data pages.
+    pub(crate) fn publish(&self, i: usize, c: &Counters, data_pages: u64) {
+        let s = &self.h().slots[i];
+        s.counters.copy_from(c);
+        s.data_pages.store(data_pages, Ordering::Relaxed);
+    }
+
+    /// What slot `i` published last: (local pages, pages with data).
+    pub(crate) fn published(&self, i: usize) -> (u64, u64) {
+        let s = &self.h().slots[i];
+        (
+            s.counters.local.load(Ordering::Relaxed),
+            s.data_pages.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Marks slot `i` as exited: its counters stay, its pages no longer
+    /// count against the budget.
+    pub fn leave(&self, i: usize) {
+        let s = &self.h().slots[i];
+        s.counters.local.store(0, Ordering::Relaxed);
+        s.state.store(2, Ordering::Release);
+    }
+
+    /// Leaves every slot of process `pid` (for a supervisor whose child died
+    /// without leaving).
+    pub fn leave_pid(&self, pid: i32) {
+        for (i, s) in self.h().slots.iter().enumerate() {
+            if s.state.load(Ordering::Acquire) == 1 && s.pid.load(Ordering::Relaxed) == pid {
+                self.leave(i);
+            }
+        }
+    }
+
+    /// Local pages and pages with data of the live members: what the
+    /// budget is checked against.
+    pub(crate) fn totals(&self) -> (u64, u64) {
+        let mut local = 0;
+        let mut data = 0;
+        for s in &self.h().slots {
+            if s.state.load(Ordering::Acquire) == 1 {
+                local += s.counters.local.load(Ordering::Relaxed);
+                data += s.data_pages.load(Ordering::Relaxed);
+            }
+        }
+        (local, data)
+    }
+
+    /// The budget in pages now: `local_pages`, or `local_percent` of the
+    /// members' pages with data (at least 1).
+    pub(crate) fn budget(&self, s: &Settings, data_pages: u64) -> u64 {
+        if s.local_pages > 0 {
+            s.local_pages
+        } else {
+            (data_pages * s.local_percent).div_ceil(100).max(1)
+        }
+    }
+
+    /// Every member that ever joined (and whose slot was not reused).
+    pub fn members(&self) -> Vec<Member> {
+        let mut out = Vec::new();
+        for s in &self.h().slots {
+            let st = s.state.load(Ordering::Acquire);
+            if st != 1 && st != 2 {
+                continue;
+            }
+            let pid = s.pid.load(Ordering::Relaxed);
+            out.push(Member {
+                pid,
+                live: st == 1 && crate::procfs::is_alive(pid),
+                data_pages: s.data_pages.load(Ordering::Relaxed),
+                stats: s.counters.snapshot(self.calibration()),
+            });
+        }
+        out
+    }
+
+    /// Removes the instance file (members already running keep their
+    /// mapping).
+    pub fn remove(&self) -> Result<()> {
+        std::fs::remove_file(&self.path)
+            .map_err(|e| Error::os(format!("removing {}", self.path.display()), e))
+    }
+}

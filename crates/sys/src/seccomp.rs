@@ -1,0 +1,200 @@
+//! Seeing a program's memory system calls as they happen: a seccomp filter
+//! that turns `mmap`, `mprotect`, `brk` and `mremap` into `SIGSYS`
+//! (`SECCOMP_RET_TRAP`), except when they come from [`raw_syscall`], so that
+//! a handler can make the call itself and act on its result before the
+//! program sees it. x86-64 only; elsewhere [`trap_memory_syscalls`] answers
+//! `EOPNOTSUPP`.
+//!
+//! References: `seccomp(2)`, `Documentation/userspace-api/seccomp_filter.rst`.
+
+use std::io;
+
+/// The memory system calls the filter traps.
+pub const TRAPPED: [libc::c_long; 4] = [
+    libc::SYS_mmap,
+    libc::SYS_mprotect,
+    libc::SYS_brk,
+    libc::SYS_mremap,
+];
+
+#[cfg(target_arch = "x86_64")]
+std::arch::global_asm!(
+    ".globl pagewise_raw_syscall",
+    ".hidden pagewise_raw_syscall",
+    ".type pagewise_raw_syscall,@function",
+    "pagewise_raw_syscall:",
+    "mov rax, rdi",
+    "mov rdi, rsi",
+    "mov rsi, rdx",
+    "mov rdx, rcx",
+    "mov r10, r8",
+    "mov r8, r9",
+    "mov r9, [rsp+8]",
+    "syscall",
+    ".globl pagewise_raw_syscall_ret",
+    ".hidden pagewise_raw_syscall_ret",
+    "pagewise_raw_syscall_ret:",
+    "ret",
+);
+
+#[cfg(target_arch = "x86_64")]
+extern "C" {
+    fn pagewise_raw_syscall(nr: i64, a: u64, b: u64, c: u64, d: u64, e: u64, f: u64) -> i64;
+    static pagewise_raw_syscall_ret: u8;
+}
+
+/// Makes system call `nr` with `args` from the one instruction the filter
+/// lets through. Returns the kernel's raw answer (`-errno` on failure).
+///
+/// # Safety
+/// As for the system call itself: the arguments must be valid for it.
+#[cfg(target_arch = "x86_64")]
+pub unsafe fn raw_syscall(nr: libc::c_long, args: [u64; 6]) -> i64 {
+    // SAFETY: the stub follows the C calling convention and the kernel's
+    // system-call convention; the caller vouches for the arguments.
+    unsafe {
+        pagewise_raw_syscall(
+            nr as i64, args[0], args[1], args[2], args[3], args[4], args[5],
+        )
+    }
+}
+
+/// The address the kernel reports for a call made by [`raw_syscall`] (the
+/// instruction after its `syscall`).
+#[cfg(target_arch = "x86_64")]
+fn raw_syscall_ip() -> u64 {
+    std::ptr::addr_of!(pagewise_raw_syscall_ret) as u64
+}
+
+const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
+const SECCOMP_RET_TRAP: u32 = 0x0003_0000;
+const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
+const BPF_LD_W_ABS: u16 = 0x20;
+const BPF_JEQ_K: u16 = 0x15;
+const BPF_RET_K: u16 = 0x06;
+
+fn stmt(code: u16, k: u32) -> libc::sock_filter {
+    libc::sock_filter {
+        code,
+        jt: 0,
+        jf: 0,
+        k,
+    }
+}
+
+fn jeq(k: u32, jt: u8, jf: u8) -> libc::sock_filter {
+    libc::sock_filter {
+        code: BPF_JEQ_K,
+        jt,
+        jf,
+        k,
+    }
+}
+
+/// Installs the filter on the calling thread (and the threads it creates
+/// from now on): the [`TRAPPED`] calls raise `SIGSYS` unless they come from
+/// [`raw_syscall`]. Sets `no_new_privs`, which seccomp requires. Install the
+/// `SIGSYS` handler first.
+pub fn trap_memory_syscalls() -> io::Result<()> {
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        return Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP));
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        let ip = raw_syscall_ip();
+        // seccomp_data: nr at 0, arch at 4, instruction_pointer at 8 (low
+        // half) and 12 (high half).
+        let n = TRAPPED.len() as u8;
+        let mut prog = vec![
+            stmt(BPF_LD_W_ABS, 4),
+            jeq(AUDIT_ARCH_X86_64, 1, 0),
+            stmt(BPF_RET_K, SECCOMP_RET_ALLOW),
+            stmt(BPF_LD_W_ABS, 0),
+        ];
+        // One test per trapped call: on a match jump to the IP check, which
+        // follows the "allow" after the last test.
+        for (i, nr) in TRAPPED.iter().enumerate() {
+            prog.push(jeq(*nr as u32, n - i as u8, 0));
+        }
+        prog.push(stmt(BPF_RET_K, SECCOMP_RET_ALLOW));
+        prog.extend([
+            stmt(BPF_LD_W_ABS, 12),
+            jeq((ip >> 32) as u32, 0, 2),
+            stmt(BPF_LD_W_ABS, 8),
+            jeq(ip as u32, 1, 0),
+            stmt(BPF_RET_K, SECCOMP_RET_TRAP),
+            stmt(BPF_RET_K, SECCOMP_RET_ALLOW),
+        ]);
+        let fprog = libc::sock_fprog {
+            len: prog.len() as u16,
+            filter: prog.as_mut_ptr(),
+        };
+        // SAFETY: plain prctl with integer arguments.
+        if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fprog` points at a well-formed filter that outlives the
+        // call (the kernel copies it).
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_seccomp,
+                libc::SECCOMP_SET_MODE_FILTER,
+                0,
+                &fprog as *const libc::sock_fprog,
+            )
+        };
+        if r != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+/// A trapped call as the `SIGSYS` handler sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Trapped {
+    /// The system call number.
+    pub nr: libc::c_long,
+    /// Its six arguments.
+    pub args: [u64; 6],
+}
+
+/// Reads the trapped call from a `SIGSYS` handler's arguments.
+///
+/// # Safety
+/// `info` and `ctx` must be the handler's own arguments for a `SIGSYS`
+/// raised by seccomp.
+#[cfg(target_arch = "x86_64")]
+pub unsafe fn trapped(info: *const libc::siginfo_t, ctx: *const libc::c_void) -> Trapped {
+    // SAFETY: for SIGSYS, si_syscall sits after si_call_addr, 24 bytes into
+    // siginfo_t (x86-64); `ctx` is the ucontext_t the kernel saved.
+    unsafe {
+        let nr = *((info as *const u8).add(24) as *const libc::c_int) as libc::c_long;
+        let g = &(*(ctx as *const libc::ucontext_t)).uc_mcontext.gregs;
+        let r = |i: libc::c_int| g[i as usize] as u64;
+        Trapped {
+            nr,
+            args: [
+                r(libc::REG_RDI),
+                r(libc::REG_RSI),
+                r(libc::REG_RDX),
+                r(libc::REG_R10),
+                r(libc::REG_R8),
+                r(libc::REG_R9),
+            ],
+        }
+    }
+}
+
+/// Sets what the trapped call returns to the program.
+///
+/// # Safety
+/// As for [`trapped`].
+#[cfg(target_arch = "x86_64")]
+pub unsafe fn set_result(ctx: *mut libc::c_void, ret: i64) {
+    // SAFETY: `ctx` is the ucontext_t the kernel restores on return.
+    unsafe {
+        (*(ctx as *mut libc::ucontext_t)).uc_mcontext.gregs[libc::REG_RAX as usize] = ret;
+    }
+}
