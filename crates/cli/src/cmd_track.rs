@@ -64,7 +64,7 @@ impl Source {
     }
 }
 
-fn shim_path() -> Result<std::path::PathBuf> {
+pub(crate) fn shim_path() -> Result<std::path::PathBuf> {
     if let Ok(p) = std::env::var("PAGEWISE_PRELOAD") {
         return Ok(p.into());
     }

@@ -1,6 +1,7 @@
 //! `pagewise`: the command-line face of the pagewise library.
 
 mod cmd_bench;
+mod cmd_farmem;
 mod cmd_probe;
 mod cmd_redis;
 mod cmd_snapshot;
@@ -34,6 +35,12 @@ enum Cmd {
     /// process briefly for each snapshot. Each distinct page is stored once,
     /// compressed, across all snapshots of the store.
     Snapshot(cmd_snapshot::Args),
+    /// Emulate far memory (DiME) for unmodified programs: run, list, set live.
+    ///
+    /// `pagewise farmem run --local-pages N --latency-ns L --bandwidth-bps B
+    /// -- CMD` runs CMD with at most N of its pages local; `farmem ls` lists
+    /// running instances; `farmem set ID key=value` changes one at once.
+    Farmem(cmd_farmem::Args),
     /// Run the benchmarks of a capability and print ratios against the baselines.
     Bench(cmd_bench::Args),
     /// One-step tour: track a built-in workload with every available backend.
@@ -49,6 +56,7 @@ fn main() {
         Cmd::Probe(a) => cmd_probe::run(a),
         Cmd::Track(a) => cmd_track::run(a),
         Cmd::Snapshot(a) => cmd_snapshot::run(a),
+        Cmd::Farmem(a) => cmd_farmem::run(a),
         Cmd::Bench(a) => cmd_bench::run(a),
         Cmd::Demo(a) => cmd_bench::demo(a),
         Cmd::Workload(a) => cmd_workload::run(a),

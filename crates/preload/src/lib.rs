@@ -7,6 +7,19 @@
 //! its own (see `pagewise::track::protocol`). It unsets the variable at once, so
 //! programs that CMD starts in turn are not tracked. Without the variable the
 //! shim does nothing.
+//!
+//! Far-memory emulation: when `PAGEWISE_FARMEM` names an instance (set by
+//! `pagewise farmem run`), the shim emulates far memory for the program's
+//! anonymous memory (see [`farmem`]).
+//!
+//! The shim's own Rust code allocates from a heap of its own ([`alloc`]),
+//! never from the program's `malloc`.
+
+mod alloc;
+mod farmem;
+
+#[global_allocator]
+static ALLOC: alloc::ShimAlloc = alloc::ShimAlloc;
 
 use pagewise::track::{protocol, BackendKind, DirtyTracker};
 use std::io::{BufReader, Read};
@@ -53,6 +66,9 @@ fn serve(sock: UnixStream, backend: BackendKind) {
 }
 
 extern "C" fn pagewise_preload_init() {
+    if let Ok(name) = std::env::var(farmem::ENV_INSTANCE) {
+        farmem::init(name);
+    }
     let Ok(fd) = std::env::var(protocol::ENV_FD) else {
         return;
     };

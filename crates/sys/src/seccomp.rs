@@ -1,8 +1,7 @@
 //! Seeing a program's memory system calls as they happen: a seccomp filter
-//! that turns `mmap`, `mprotect`, `brk` and `mremap` into `SIGSYS`
-//! (`SECCOMP_RET_TRAP`), except when they come from [`raw_syscall`], so that
-//! a handler can make the call itself and act on its result before the
-//! program sees it. x86-64 only; elsewhere [`trap_memory_syscalls`] answers
+//! that turns `mmap`, `mprotect`, `brk` and `mremap` made by the C library
+//! into `SIGSYS` (`SECCOMP_RET_TRAP`), so that a handler can make the call
+//! itself ([`raw_syscall`]) and act on its result before the program sees it. x86-64 only; elsewhere [`trap_memory_syscalls`] answers
 //! `EOPNOTSUPP`.
 //!
 //! References: `seccomp(2)`, `Documentation/userspace-api/seccomp_filter.rst`.
@@ -31,20 +30,16 @@ std::arch::global_asm!(
     "mov r8, r9",
     "mov r9, [rsp+8]",
     "syscall",
-    ".globl pagewise_raw_syscall_ret",
-    ".hidden pagewise_raw_syscall_ret",
-    "pagewise_raw_syscall_ret:",
     "ret",
 );
 
 #[cfg(target_arch = "x86_64")]
 extern "C" {
     fn pagewise_raw_syscall(nr: i64, a: u64, b: u64, c: u64, d: u64, e: u64, f: u64) -> i64;
-    static pagewise_raw_syscall_ret: u8;
 }
 
-/// Makes system call `nr` with `args` from the one instruction the filter
-/// lets through. Returns the kernel's raw answer (`-errno` on failure).
+/// Makes system call `nr` with `args` from pagewise's own code, which the
+/// filter lets through. Returns the kernel's raw answer (`-errno` on failure).
 ///
 /// # Safety
 /// As for the system call itself: the arguments must be valid for it.
@@ -52,18 +47,7 @@ extern "C" {
 pub unsafe fn raw_syscall(nr: libc::c_long, args: [u64; 6]) -> i64 {
     // SAFETY: the stub follows the C calling convention and the kernel's
     // system-call convention; the caller vouches for the arguments.
-    unsafe {
-        pagewise_raw_syscall(
-            nr as i64, args[0], args[1], args[2], args[3], args[4], args[5],
-        )
-    }
-}
-
-/// The address the kernel reports for a call made by [`raw_syscall`] (the
-/// instruction after its `syscall`).
-#[cfg(target_arch = "x86_64")]
-fn raw_syscall_ip() -> u64 {
-    std::ptr::addr_of!(pagewise_raw_syscall_ret) as u64
+    unsafe { pagewise_raw_syscall(nr, args[0], args[1], args[2], args[3], args[4], args[5]) }
 }
 
 const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
@@ -71,6 +55,8 @@ const SECCOMP_RET_TRAP: u32 = 0x0003_0000;
 const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
 const BPF_LD_W_ABS: u16 = 0x20;
 const BPF_JEQ_K: u16 = 0x15;
+const BPF_JGE_K: u16 = 0x35;
+const BPF_JGT_K: u16 = 0x25;
 const BPF_RET_K: u16 = 0x06;
 
 fn stmt(code: u16, k: u32) -> libc::sock_filter {
@@ -82,47 +68,47 @@ fn stmt(code: u16, k: u32) -> libc::sock_filter {
     }
 }
 
-fn jeq(k: u32, jt: u8, jf: u8) -> libc::sock_filter {
-    libc::sock_filter {
-        code: BPF_JEQ_K,
-        jt,
-        jf,
-        k,
-    }
+fn jump(code: u16, k: u32, jt: u8, jf: u8) -> libc::sock_filter {
+    libc::sock_filter { code, jt, jf, k }
 }
 
 /// Installs the filter on the calling thread (and the threads it creates
-/// from now on): the [`TRAPPED`] calls raise `SIGSYS` unless they come from
-/// [`raw_syscall`]. Sets `no_new_privs`, which seccomp requires. Install the
-/// `SIGSYS` handler first.
-pub fn trap_memory_syscalls() -> io::Result<()> {
+/// from now on): the [`TRAPPED`] calls made from code in `[start, end)` (the
+/// C library's text) raise `SIGSYS`; calls from anywhere else, such as
+/// [`raw_syscall`] or a new program's loader after `execve` (the filter
+/// stays, the C library moves), go through. Sets `no_new_privs`, which
+/// seccomp requires. Install the `SIGSYS` handler first.
+pub fn trap_memory_syscalls(start: u64, end: u64) -> io::Result<()> {
+    if start >> 32 != (end - 1) >> 32 || start >= end {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
     #[cfg(not(target_arch = "x86_64"))]
     {
         return Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP));
     }
     #[cfg(target_arch = "x86_64")]
     {
-        let ip = raw_syscall_ip();
         // seccomp_data: nr at 0, arch at 4, instruction_pointer at 8 (low
         // half) and 12 (high half).
         let n = TRAPPED.len() as u8;
         let mut prog = vec![
             stmt(BPF_LD_W_ABS, 4),
-            jeq(AUDIT_ARCH_X86_64, 1, 0),
+            jump(BPF_JEQ_K, AUDIT_ARCH_X86_64, 1, 0),
             stmt(BPF_RET_K, SECCOMP_RET_ALLOW),
             stmt(BPF_LD_W_ABS, 0),
         ];
         // One test per trapped call: on a match jump to the IP check, which
         // follows the "allow" after the last test.
         for (i, nr) in TRAPPED.iter().enumerate() {
-            prog.push(jeq(*nr as u32, n - i as u8, 0));
+            prog.push(jump(BPF_JEQ_K, *nr as u32, n - i as u8, 0));
         }
         prog.push(stmt(BPF_RET_K, SECCOMP_RET_ALLOW));
         prog.extend([
             stmt(BPF_LD_W_ABS, 12),
-            jeq((ip >> 32) as u32, 0, 2),
+            jump(BPF_JEQ_K, (start >> 32) as u32, 0, 4),
             stmt(BPF_LD_W_ABS, 8),
-            jeq(ip as u32, 1, 0),
+            jump(BPF_JGE_K, start as u32, 0, 2),
+            jump(BPF_JGT_K, (end - 1) as u32, 1, 0),
             stmt(BPF_RET_K, SECCOMP_RET_TRAP),
             stmt(BPF_RET_K, SECCOMP_RET_ALLOW),
         ]);

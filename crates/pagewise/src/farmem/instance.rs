@@ -48,6 +48,9 @@ struct Slot {
     pid: AtomicI32,
     /// 0 free, 1 live, 2 exited (counters kept).
     state: AtomicU32,
+    /// Who started it (the `farmem run` that launched it), for per-run sums.
+    tag: AtomicU32,
+    _pad: u32,
     /// Pages with data (local or remote).
     data_pages: AtomicU64,
     counters: Counters,
@@ -134,6 +137,8 @@ impl Drop for Instance {
 pub struct Member {
     /// Its process id.
     pub pid: i32,
+    /// The tag it joined with (the `farmem run` that started it).
+    pub tag: u32,
     /// Whether it is still running.
     pub live: bool,
     /// Pages holding data (local or remote).
@@ -369,8 +374,8 @@ impl Instance {
         Ok(s)
     }
 
-    /// Takes a member slot for process `pid`.
-    pub fn join(&self, pid: i32) -> Result<usize> {
+    /// Takes a member slot for process `pid`, tagged with `tag`.
+    pub fn join(&self, pid: i32, tag: u32) -> Result<usize> {
         if !self.writable {
             return Err(Error::Invalid("instance opened read-only".into()));
         }
@@ -385,6 +390,7 @@ impl Instance {
                     .is_ok()
             {
                 s.pid.store(pid, Ordering::Relaxed);
+                s.tag.store(tag, Ordering::Relaxed);
                 s.data_pages.store(0, Ordering::Relaxed);
                 s.counters.clear();
                 s.state.store(1, Ordering::Release);
@@ -466,6 +472,7 @@ impl Instance {
             let pid = s.pid.load(Ordering::Relaxed);
             out.push(Member {
                 pid,
+                tag: s.tag.load(Ordering::Relaxed),
                 live: st == 1 && crate::procfs::is_alive(pid),
                 data_pages: s.data_pages.load(Ordering::Relaxed),
                 stats: s.counters.snapshot(self.calibration()),

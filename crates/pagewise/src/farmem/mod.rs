@@ -298,6 +298,7 @@ struct Shared {
 
 /// One emulated far memory over regions of the calling process.
 pub struct FarMemory {
+    uffd_fd: RawFd,
     shared: Arc<Shared>,
     regions: Vec<Region>,
     /// Writing a byte wakes the handler to look at `changed` and `stop`.
@@ -348,9 +349,6 @@ impl FarMemory {
         }
         let sorted = crate::region::sorted_disjoint(regions)?;
         crate::procfs::check_mapped_writable(&sorted)?;
-        let mut engine = Engine::new(&sorted, policy, calibration.unseen_ns)?;
-        engine.discover = hooks.discover;
-        engine.inst = hooks.instance;
         let shared = Arc::new(Shared {
             config: Mutex::new(config),
             changed: AtomicBool::new(false),
@@ -367,11 +365,39 @@ impl FarMemory {
         let (wake_r, wake_w) =
             std::io::pipe().map_err(|e| Error::os("creating the engine's wake pipe", e))?;
         let sh = shared.clone();
+        // The handler thread exists before any page becomes remote: starting
+        // a thread may touch the program's memory (the C library's own
+        // state), which only a running handler can serve.
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let regions = sorted.clone();
+        let unseen_ns = calibration.unseen_ns;
         let thread = std::thread::Builder::new()
             .name("pagewise-farmem".into())
-            .spawn(move || engine.run(&sh, wake_r))
+            .spawn(move || {
+                let mut engine = match Engine::new(&regions, policy, unseen_ns) {
+                    Ok(e) => e,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return Ok(());
+                    }
+                };
+                engine.discover = hooks.discover;
+                engine.inst = hooks.instance;
+                let _ = ready_tx.send(Ok(engine.uffd.as_raw_fd()));
+                let r = engine.run(&sh, wake_r);
+                if let Err(e) = &r {
+                    // Threads waiting on faults would hang silently otherwise.
+                    eprintln!("pagewise farmem: the fault handler stopped: {e}");
+                }
+                r
+            })
             .map_err(|e| Error::os("starting the far-memory handler thread", e))?;
+        let uffd_fd = match ready_rx.recv() {
+            Ok(r) => r?,
+            Err(_) => return Err(Error::Invalid("the far-memory handler thread died".into())),
+        };
         Ok(FarMemory {
+            uffd_fd,
             shared,
             regions: sorted,
             wake: wake_w,
@@ -470,6 +496,13 @@ impl FarMemory {
             self.shared.floor_ns.load(Ordering::Relaxed),
             self.shared.unseen_ns,
         ))
+    }
+
+    /// The userfaultfd the regions are registered with: a [`Discover`]
+    /// source registers the ranges it reports with it (missing mode) before
+    /// the program can touch them.
+    pub fn uffd(&self) -> RawFd {
+        self.uffd_fd
     }
 
     /// A handle that wakes the engine (for a [`Discover`] source with news).

@@ -1,0 +1,299 @@
+//! `pagewise farmem`: far-memory emulation (DiME) of unmodified programs.
+
+use anyhow::{bail, Context, Result};
+use pagewise::farmem::instance::{Instance, Member, Settings};
+use pagewise::farmem::{self, Stats};
+use serde::Serialize;
+use std::path::PathBuf;
+use std::process::Command;
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    cmd: Sub,
+}
+
+#[derive(clap::Subcommand)]
+enum Sub {
+    /// Run a command with part of its memory "remote": every access to a
+    /// remote page pays the link's delay, and a policy decides what stays local.
+    ///
+    /// The command's heap and anonymous mappings (thread stacks with
+    /// --stacks) are emulated through the preload shim; its output and
+    /// behaviour are unchanged. Processes it starts join the same instance.
+    /// Example: `pagewise farmem run --local-pages 1000 --latency-ns 5000
+    /// --bandwidth-bps 1250000000 --stats-json s.json -- ./prog`.
+    Run(RunArgs),
+    /// List the instances running on this machine with their settings,
+    /// counters and member processes.
+    Ls(LsArgs),
+    /// Change a running instance at once: `pagewise farmem set ID
+    /// latency_ns=2000 bandwidth_bps=0 local_npages=5000` (or local_percent=P).
+    /// Only its owner (or root) may.
+    Set(SetArgs),
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Instance to run in: joined when it exists (its settings apply; change
+    /// them with `farmem set`), created otherwise. Default: a new instance
+    /// of this run alone, removed at the end.
+    #[arg(long)]
+    instance: Option<String>,
+    /// Pages that may be local at once (across the instance's processes).
+    #[arg(long, conflicts_with = "local_percent")]
+    local_pages: Option<u64>,
+    /// Local budget as a percentage of the pages holding data (1-100).
+    #[arg(long)]
+    local_percent: Option<u64>,
+    /// One-way latency of the link, ns; a fetch costs twice this plus the
+    /// page's transmission time.
+    #[arg(long, default_value_t = 0)]
+    latency_ns: u64,
+    /// Bandwidth of the link, bytes/s (0: unlimited).
+    #[arg(long, default_value_t = 0)]
+    bandwidth_bps: u64,
+    /// Replacement policy: fifo (DiME's), random, clock, lru, or the path of
+    /// a plugin (see include/pagewise.h, pw_policy_ops).
+    #[arg(long, default_value = "fifo")]
+    policy: String,
+    /// Argument string passed to a plugin policy.
+    #[arg(long, default_value = "")]
+    policy_args: String,
+    /// Emulate thread stacks too.
+    #[arg(long)]
+    stacks: bool,
+    /// Write the statistics of this run's processes as JSON to this file.
+    #[arg(long)]
+    stats_json: Option<PathBuf>,
+    /// Write a trace of (time, address, fetch/evict) events, one JSON object
+    /// per line, to FILE.PID for each process.
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// The command and its arguments.
+    #[arg(last = true, required = true)]
+    cmd: Vec<String>,
+}
+
+#[derive(clap::Args)]
+struct LsArgs {
+    /// Print one JSON array.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args)]
+struct SetArgs {
+    /// The instance.
+    id: String,
+    /// key=value pairs: latency_ns, bandwidth_bps, local_npages, local_percent.
+    #[arg(required = true)]
+    pairs: Vec<String>,
+}
+
+pub fn run(a: Args) -> Result<i32> {
+    match a.cmd {
+        Sub::Run(r) => run_cmd(r),
+        Sub::Ls(l) => ls(l),
+        Sub::Set(s) => set(s),
+    }
+}
+
+/// What `ls` and `--stats-json` report for an instance (or a run in it).
+#[derive(Serialize)]
+pub struct Report {
+    pub instance_id: String,
+    pub owner_uid: u32,
+    pub latency_ns: u64,
+    pub bandwidth_bps: u64,
+    pub local_npages: u64,
+    pub local_percent: u64,
+    pub pids: Vec<i32>,
+    #[serde(flatten)]
+    pub stats: Stats,
+    pub data_pages: u64,
+    pub members: Vec<Member>,
+}
+
+fn report(inst: &Instance, tag: Option<u32>) -> Report {
+    let s = inst.settings();
+    let members: Vec<Member> = inst
+        .members()
+        .into_iter()
+        .filter(|m| tag.is_none_or(|t| m.tag == t))
+        .collect();
+    let mut stats = Stats::sum(members.iter().map(|m| &m.stats));
+    stats.floor_ns = inst.calibration().0;
+    stats.unseen_ns = inst.calibration().1;
+    stats.local_pages_now = members
+        .iter()
+        .filter(|m| m.live)
+        .map(|m| m.stats.local_pages_now)
+        .sum();
+    Report {
+        instance_id: inst.name().to_string(),
+        owner_uid: inst.owner_uid(),
+        latency_ns: s.latency_ns,
+        bandwidth_bps: s.bandwidth_bps,
+        local_npages: s.local_pages,
+        local_percent: s.local_percent,
+        pids: members.iter().filter(|m| m.live).map(|m| m.pid).collect(),
+        data_pages: members
+            .iter()
+            .filter(|m| m.live)
+            .map(|m| m.data_pages)
+            .sum(),
+        stats,
+        members,
+    }
+}
+
+fn run_cmd(a: RunArgs) -> Result<i32> {
+    let me = std::process::id();
+    let (inst, created) = match &a.instance {
+        Some(name) if pagewise::farmem::instance::dir().join(name).exists() => {
+            if a.local_pages.is_some() || a.local_percent.is_some() {
+                bail!("instance {name} exists: it keeps its settings (change them with `pagewise farmem set {name} key=value`)");
+            }
+            (Instance::open(name, true)?, false)
+        }
+        name => {
+            let name = name.clone().unwrap_or_else(|| format!("run-{me}"));
+            let (local_pages, local_percent) = match (a.local_pages, a.local_percent) {
+                (Some(0), _) => bail!("--local-pages must be at least 1"),
+                (Some(n), _) => (n, 0),
+                (None, Some(p)) if (1..=100).contains(&p) => (0, p),
+                (None, Some(p)) => bail!("--local-percent {p}: use 1..=100"),
+                (None, None) => {
+                    bail!("give the local budget: --local-pages N or --local-percent P")
+                }
+            };
+            let cal = farmem::calibrate(2000).context("calibrating the cost of a fault")?;
+            let settings = Settings {
+                latency_ns: a.latency_ns,
+                bandwidth_bps: a.bandwidth_bps,
+                local_pages,
+                local_percent,
+            };
+            (
+                Instance::create(&name, settings, cal.floor_ns, cal.unseen_ns)?,
+                true,
+            )
+        }
+    };
+    let shim = crate::cmd_track::shim_path()?;
+    let mut preload = shim.display().to_string();
+    if let Ok(old) = std::env::var("LD_PRELOAD") {
+        preload = format!("{preload}:{old}");
+    }
+    let mut c = Command::new(&a.cmd[0]);
+    c.args(&a.cmd[1..])
+        .env("LD_PRELOAD", preload)
+        .env("PAGEWISE_FARMEM", inst.name())
+        .env("PAGEWISE_FARMEM_TAG", me.to_string())
+        .env("PAGEWISE_FARMEM_POLICY", &a.policy)
+        .env("PAGEWISE_FARMEM_POLICY_ARGS", &a.policy_args)
+        .env("PAGEWISE_FARMEM_STACKS", if a.stacks { "1" } else { "0" });
+    if let Some(t) = &a.trace {
+        c.env("PAGEWISE_FARMEM_TRACE", t);
+    }
+    let status = c.status();
+    // A member killed before it could leave leaves now.
+    for m in inst.members() {
+        if m.tag == me && !pagewise::procfs::is_alive(m.pid) {
+            inst.leave_pid(m.pid);
+        }
+    }
+    let rep = report(&inst, Some(me));
+    if let Some(p) = &a.stats_json {
+        std::fs::write(p, serde_json::to_string_pretty(&rep)? + "\n")
+            .with_context(|| format!("writing {}", p.display()))?;
+    }
+    eprintln!(
+        "pagewise farmem: instance {}: {} faults, {} fetches, {} evictions ({} written back), {:.1} ms injected, floor {} ns",
+        rep.instance_id,
+        rep.stats.page_fault_count,
+        rep.stats.remote_fetches,
+        rep.stats.evictions,
+        rep.stats.writebacks,
+        rep.stats.injected_delay_ns as f64 / 1e6,
+        rep.stats.floor_ns
+    );
+    if created && inst.members().iter().all(|m| !m.live) {
+        inst.remove()?;
+    }
+    let status = status.with_context(|| format!("running {}", a.cmd[0]))?;
+    Ok(status.code().unwrap_or_else(|| {
+        use std::os::unix::process::ExitStatusExt;
+        128 + status.signal().unwrap_or(0)
+    }))
+}
+
+fn ls(a: LsArgs) -> Result<i32> {
+    let all: Vec<Report> = Instance::list()?.iter().map(|i| report(i, None)).collect();
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&all)?);
+        return Ok(0);
+    }
+    if all.is_empty() {
+        println!("no far-memory instances (start one with `pagewise farmem run`)");
+        return Ok(0);
+    }
+    println!(
+        "{:<16} {:>10} {:>14} {:>12} {:>10} {:>10} {:>10} {:>10} {:>12}  pids",
+        "instance_id",
+        "latency_ns",
+        "bandwidth_bps",
+        "local_npages",
+        "local_now",
+        "faults",
+        "fetches",
+        "evictions",
+        "injected_ms"
+    );
+    for r in &all {
+        let budget = if r.local_npages > 0 {
+            r.local_npages.to_string()
+        } else {
+            format!("{}%", r.local_percent)
+        };
+        println!(
+            "{:<16} {:>10} {:>14} {:>12} {:>10} {:>10} {:>10} {:>10} {:>12.1}  {}",
+            r.instance_id,
+            r.latency_ns,
+            r.bandwidth_bps,
+            budget,
+            r.stats.local_pages_now,
+            r.stats.page_fault_count,
+            r.stats.remote_fetches,
+            r.stats.evictions,
+            r.stats.injected_delay_ns as f64 / 1e6,
+            r.pids
+                .iter()
+                .map(|p| p.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+    }
+    Ok(0)
+}
+
+fn set(a: SetArgs) -> Result<i32> {
+    let inst = Instance::open(&a.id, true)?;
+    let mut pairs = Vec::new();
+    for p in &a.pairs {
+        let (k, v) = p
+            .split_once('=')
+            .with_context(|| format!("{p:?}: use key=value"))?;
+        let v: u64 = v
+            .parse()
+            .with_context(|| format!("{p:?}: the value must be a whole number"))?;
+        pairs.push((k.to_string(), v));
+    }
+    let s = inst.set(&pairs)?;
+    println!(
+        "{}: latency_ns={} bandwidth_bps={} local_npages={} local_percent={}",
+        a.id, s.latency_ns, s.bandwidth_bps, s.local_pages, s.local_percent
+    );
+    Ok(0)
+}

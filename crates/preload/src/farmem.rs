@@ -1,0 +1,355 @@
+//! Far-memory emulation of an unmodified program (`pagewise farmem run`).
+//!
+//! At start-up the shim joins the instance named by `PAGEWISE_FARMEM`,
+//! emulates the program's private anonymous writable memory (the heap and
+//! anonymous mappings; not the main stack, not the `.bss` of loaded objects,
+//! not the shim's own heap; thread stacks with `PAGEWISE_FARMEM_STACKS=1`)
+//! with an engine whose handler thread lives in the process, and from then
+//! on sees every `mmap`, `mprotect`, `brk` and `mremap` the C library makes
+//! (a seccomp filter turns them into `SIGSYS`; the handler makes the call and
+//! registers new anonymous writable memory before the program gets the
+//! address back). The engine learns of these ranges from a lock-free ring.
+//!
+//! Not seen: memory mapped by code that makes its own system calls rather
+//! than through the C library (statically linked programs, Go).
+
+use pagewise::farmem::instance::Instance;
+use pagewise::farmem::link::LinkConfig;
+use pagewise::farmem::{policy, Calibration, Config, FarMemory, Hooks};
+use pagewise::{Region, PAGE_SIZE};
+use pagewise_sys::seccomp::{self, raw_syscall};
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Environment: the instance to join.
+pub const ENV_INSTANCE: &str = "PAGEWISE_FARMEM";
+/// Environment: the policy (a built-in name or a plugin path).
+pub const ENV_POLICY: &str = "PAGEWISE_FARMEM_POLICY";
+/// Environment: the plugin's argument string.
+pub const ENV_POLICY_ARGS: &str = "PAGEWISE_FARMEM_POLICY_ARGS";
+/// Environment: "1" emulates thread stacks too.
+pub const ENV_STACKS: &str = "PAGEWISE_FARMEM_STACKS";
+/// Environment: write the trace to this path (".PID" appended).
+pub const ENV_TRACE: &str = "PAGEWISE_FARMEM_TRACE";
+/// Environment: the tag members of one `farmem run` share.
+pub const ENV_TAG: &str = "PAGEWISE_FARMEM_TAG";
+
+const RING: usize = 4096;
+static RING_START: [AtomicU64; RING] = [const { AtomicU64::new(0) }; RING];
+static RING_LEN: [AtomicU64; RING] = [const { AtomicU64::new(0) }; RING];
+static HEAD: AtomicUsize = AtomicUsize::new(0);
+static TAIL: AtomicUsize = AtomicUsize::new(0);
+static UFFD: AtomicI32 = AtomicI32::new(-1);
+static WAKE: AtomicI32 = AtomicI32::new(-1);
+static STACKS: AtomicBool = AtomicBool::new(false);
+
+/// Private anonymous mappings made without write permission (reservations
+/// such as the C library's thread arenas), which `mprotect` may open later.
+const RESERVED: usize = 256;
+static RES_START: [AtomicU64; RESERVED] = [const { AtomicU64::new(0) }; RESERVED];
+static RES_END: [AtomicU64; RESERVED] = [const { AtomicU64::new(0) }; RESERVED];
+static RES_NEXT: AtomicUsize = AtomicUsize::new(0);
+
+struct Running {
+    fm: FarMemory,
+    inst: Arc<Instance>,
+    slot: usize,
+    trace: Option<String>,
+}
+
+static RUNNING: Mutex<Option<Running>> = Mutex::new(None);
+
+fn page_up(x: u64) -> u64 {
+    x.next_multiple_of(PAGE_SIZE as u64)
+}
+
+/// Registers `[start, start+len)` and tells the engine. Signal-safe.
+fn emulate(start: u64, len: u64) {
+    let len = page_up(len);
+    if len == 0 {
+        return;
+    }
+    let fd = UFFD.load(Ordering::Relaxed);
+    if pagewise_sys::uffd::register(fd, start, len, pagewise_sys::uffd::REGISTER_MODE_MISSING)
+        .is_err()
+    {
+        return;
+    }
+    let i = HEAD.fetch_add(1, Ordering::AcqRel);
+    // A full ring: wake the engine and wait for it to drain.
+    while i - TAIL.load(Ordering::Acquire) >= RING {
+        wake_engine();
+        std::hint::spin_loop();
+    }
+    RING_START[i % RING].store(start, Ordering::Relaxed);
+    RING_LEN[i % RING].store(len, Ordering::Release);
+    if i - TAIL.load(Ordering::Acquire) >= RING / 2 {
+        wake_engine();
+    }
+}
+
+fn wake_engine() {
+    let b = b"d";
+    // SAFETY: a one-byte write to the engine's wake pipe.
+    unsafe {
+        raw_syscall(
+            libc::SYS_write,
+            [
+                WAKE.load(Ordering::Relaxed) as u64,
+                b.as_ptr() as u64,
+                1,
+                0,
+                0,
+                0,
+            ],
+        )
+    };
+}
+
+/// The engine's side of the ring.
+fn drain(out: &mut Vec<Region>) {
+    loop {
+        let t = TAIL.load(Ordering::Acquire);
+        if t == HEAD.load(Ordering::Acquire) {
+            return;
+        }
+        let len = RING_LEN[t % RING].swap(0, Ordering::Acquire);
+        if len == 0 {
+            // Claimed but not written yet: the writer is about to.
+            std::hint::spin_loop();
+            continue;
+        }
+        let start = RING_START[t % RING].load(Ordering::Relaxed);
+        TAIL.store(t + 1, Ordering::Release);
+        if let Ok(r) = Region::new(start, len) {
+            out.push(r);
+        }
+    }
+}
+
+fn remember_reserved(start: u64, len: u64) {
+    let i = RES_NEXT.fetch_add(1, Ordering::AcqRel) % RESERVED;
+    RES_START[i].store(start, Ordering::Relaxed);
+    RES_END[i].store(start + page_up(len), Ordering::Release);
+}
+
+fn is_reserved(start: u64, len: u64) -> bool {
+    (0..RESERVED).any(|i| {
+        let s = RES_START[i].load(Ordering::Relaxed);
+        let e = RES_END[i].load(Ordering::Acquire);
+        s <= start && start + len <= e && e > s
+    })
+}
+
+extern "C" fn on_sigsys(_: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // SAFETY: the handler's own arguments, for a SIGSYS raised by our filter.
+    let t = unsafe { seccomp::trapped(info, ctx) };
+    let a = t.args;
+    let r = match t.nr {
+        libc::SYS_brk => {
+            // SAFETY: brk(0) only reads the break; then the program's call.
+            let old = unsafe { raw_syscall(libc::SYS_brk, [0; 6]) };
+            // SAFETY: the program's own call, made for it.
+            let r = unsafe { raw_syscall(libc::SYS_brk, a) };
+            if a[0] != 0 && r > old {
+                let (s, e) = (page_up(old as u64), page_up(r as u64));
+                if e > s {
+                    emulate(s, e - s);
+                }
+            }
+            r
+        }
+        _ => {
+            // SAFETY: the program's own call, made for it.
+            let r = unsafe { raw_syscall(t.nr, a) };
+            if r >= 0 {
+                let anon_private = |flags: u64| {
+                    flags & libc::MAP_ANONYMOUS as u64 != 0
+                        && flags & libc::MAP_SHARED as u64 == 0
+                        && flags & libc::MAP_SHARED_VALIDATE as u64
+                            != libc::MAP_SHARED_VALIDATE as u64
+                };
+                let writable = |prot: u64| prot & libc::PROT_WRITE as u64 != 0;
+                match t.nr {
+                    libc::SYS_mmap if anon_private(a[3]) => {
+                        let stack = a[3] & libc::MAP_STACK as u64 != 0;
+                        if !writable(a[2]) {
+                            remember_reserved(r as u64, a[1]);
+                        } else if !stack || STACKS.load(Ordering::Relaxed) {
+                            emulate(r as u64, a[1]);
+                        }
+                    }
+                    libc::SYS_mprotect if writable(a[2]) && is_reserved(a[0], a[1]) => {
+                        emulate(a[0], a[1]);
+                    }
+                    libc::SYS_mremap => emulate(r as u64, a[2]),
+                    _ => {}
+                }
+            }
+            r
+        }
+    };
+    // SAFETY: as above.
+    unsafe { seccomp::set_result(ctx, r) };
+}
+
+extern "C" fn at_exit() {
+    let Ok(mut g) = RUNNING.lock() else { return };
+    let Some(run) = g.as_mut() else { return };
+    if let Some(path) = &run.trace {
+        let (events, dropped) = run.fm.take_trace();
+        let path = format!("{path}.{}", std::process::id());
+        if let Ok(f) = std::fs::File::create(&path) {
+            let mut w = std::io::BufWriter::new(f);
+            for e in &events {
+                let _ = writeln!(w, "{}", serde_json::to_string(e).unwrap_or_default());
+            }
+            if dropped > 0 {
+                let _ = writeln!(w, "{{\"dropped\":{dropped}}}");
+            }
+        }
+    }
+    run.inst.leave(run.slot);
+}
+
+/// Starts emulation in this process; on failure the program runs without
+/// it, and says so.
+pub fn init(name: String) {
+    if let Err(e) = start(&name) {
+        eprintln!("pagewise farmem: instance {name}: {e}; running without far-memory emulation");
+    }
+}
+
+fn start(name: &str) -> Result<(), String> {
+    let inst = Arc::new(Instance::open(name, true).map_err(|e| e.to_string())?);
+    let pid = std::process::id() as i32;
+    let tag = std::env::var(ENV_TAG)
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(0);
+    let slot = inst.join(pid, tag).map_err(|e| e.to_string())?;
+    let fail = |inst: &Instance, e: String| {
+        inst.leave(slot);
+        e
+    };
+    let policy_name = std::env::var(ENV_POLICY).unwrap_or_else(|_| "fifo".into());
+    let policy: Box<dyn policy::Policy> = if policy_name.contains('/') {
+        let args = std::env::var(ENV_POLICY_ARGS).unwrap_or_default();
+        // SAFETY: the user named this plugin to be loaded into the program.
+        Box::new(
+            unsafe { policy::Plugin::load(&policy_name, &args) }
+                .map_err(|e| fail(&inst, e.to_string()))?,
+        )
+    } else {
+        policy::by_name(&policy_name, pid as u64).ok_or_else(|| {
+            fail(
+                &inst,
+                format!(
+                    "unknown policy {policy_name:?} (built in: {})",
+                    policy::NAMES.join(", ")
+                ),
+            )
+        })?
+    };
+    STACKS.store(
+        std::env::var(ENV_STACKS).as_deref() == Ok("1"),
+        Ordering::Relaxed,
+    );
+    let maps = pagewise::procfs::maps(None).map_err(|e| fail(&inst, e.to_string()))?;
+    let libc_text = maps
+        .iter()
+        .find(|m| {
+            m.exec
+                && m.start <= libc::mmap as *const () as u64
+                && (libc::mmap as *const () as u64) < m.end
+        })
+        .map(|m| (m.start, m.end))
+        .ok_or_else(|| fail(&inst, "cannot find the C library's code".into()))?;
+    let arena = crate::alloc::arena();
+    let own = [
+        RING_START.as_ptr() as u64,
+        HEAD.as_ptr() as u64,
+        std::ptr::addr_of!(RUNNING) as u64,
+        // The main thread's static TLS (with its rseq area), which the
+        // kernel writes after every fault the thread takes.
+        // SAFETY: __errno_location has no preconditions.
+        unsafe { libc::__errno_location() } as u64,
+    ];
+    let mut regions = Vec::new();
+    let mut prev: Option<&pagewise::procfs::Mapping> = None;
+    for m in &maps {
+        let after_file = prev.is_some_and(|p| p.end == m.start && p.inode != 0);
+        prev = Some(m);
+        if !m.is_anonymous() || !m.write || !m.read || m.is_special() {
+            continue;
+        }
+        if m.path.starts_with("[stack") || (after_file && m.path != "[heap]") {
+            continue;
+        }
+        if arena.is_some_and(|(s, l)| m.start >= s && m.end <= s + l)
+            || own.iter().any(|&a| m.start <= a && a < m.end)
+        {
+            continue;
+        }
+        if let Ok(r) = Region::new(m.start, m.len()) {
+            regions.push(r);
+        }
+    }
+    if regions.is_empty() {
+        // An engine needs a region to start with: a page of its own.
+        let p =
+            pagewise_sys::mem::mmap_anonymous(PAGE_SIZE).map_err(|e| fail(&inst, e.to_string()))?;
+        regions.push(Region::new(p as u64, PAGE_SIZE as u64).expect("one page"));
+    }
+    let s = inst.settings();
+    let (floor_ns, unseen_ns) = inst.calibration();
+    let config = Config {
+        local_pages: s.local_pages.max(1) as usize,
+        link: LinkConfig {
+            latency_ns: s.latency_ns,
+            bandwidth_bps: s.bandwidth_bps,
+        },
+    };
+    let hooks = Hooks {
+        discover: Some(Box::new(drain)),
+        instance: Some((inst.clone(), slot)),
+    };
+    let mut fm = FarMemory::new_with(
+        &regions,
+        config,
+        policy,
+        Calibration {
+            floor_ns,
+            unseen_ns,
+            faults: 0,
+        },
+        hooks,
+    )
+    .map_err(|e| fail(&inst, e.to_string()))?;
+    let trace = std::env::var(ENV_TRACE).ok();
+    if trace.is_some() {
+        fm.trace(1 << 22);
+    }
+    let waker = fm.waker().map_err(|e| fail(&inst, e.to_string()))?;
+    WAKE.store(
+        std::os::fd::IntoRawFd::into_raw_fd(std::os::fd::OwnedFd::from(waker)),
+        Ordering::Relaxed,
+    );
+    UFFD.store(fm.uffd(), Ordering::Relaxed);
+    // SAFETY: the handler makes the trapped call itself and registers
+    // memory with ioctls: async-signal-safe, no allocation.
+    unsafe { pagewise_sys::signal::install(libc::SIGSYS, on_sigsys) }
+        .map_err(|e| fail(&inst, format!("installing the SIGSYS handler: {e}")))?;
+    seccomp::trap_memory_syscalls(libc_text.0, libc_text.1)
+        .map_err(|e| fail(&inst, format!("installing the seccomp filter: {e}")))?;
+    *RUNNING.lock().unwrap_or_else(|e| e.into_inner()) = Some(Running {
+        fm,
+        inst,
+        slot,
+        trace,
+    });
+    // SAFETY: registering a plain extern "C" function.
+    unsafe { libc::atexit(at_exit) };
+    Ok(())
+}
