@@ -216,12 +216,63 @@ extern "C" fn at_exit() {
 /// Starts emulation in this process; on failure the program runs without
 /// it, and says so.
 pub fn init(name: String) {
-    if let Err(e) = start(&name) {
+    if let Err(e) = start(&name, false) {
         eprintln!("pagewise farmem: instance {name}: {e}; running without far-memory emulation");
+        return;
+    }
+    // SAFETY: registering plain extern "C" functions.
+    unsafe {
+        libc::pthread_atfork(
+            Some(before_fork),
+            Some(after_fork_parent),
+            Some(after_fork_child),
+        )
+    };
+}
+
+/// Before `fork`: every remote page comes back, so that the child's copy of
+/// memory is complete (a remote page is not in the region, and the child
+/// inherits no engine).
+extern "C" fn before_fork() {
+    if let Some(r) = RUNNING.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+        if let Err(e) = r.fm.pause() {
+            eprintln!("pagewise farmem: before fork: {e}");
+        }
     }
 }
 
-fn start(name: &str) -> Result<(), String> {
+extern "C" fn after_fork_parent() {
+    if let Some(r) = RUNNING.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+        if let Err(e) = r.fm.resume() {
+            eprintln!("pagewise farmem: after fork: {e}");
+        }
+    }
+}
+
+/// In the child: the parent's engine is not here (its thread was not
+/// copied) and its userfaultfd belongs to the parent. The child joins the
+/// instance with an engine of its own; the memory it inherited stays shared
+/// with the parent, what it maps from now on is emulated.
+extern "C" fn after_fork_child() {
+    UFFD.store(-1, Ordering::Relaxed);
+    if let Some(r) = RUNNING.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        // Its thread does not exist here: it must not be stopped or joined.
+        std::mem::forget(r);
+    }
+    HEAD.store(0, Ordering::Relaxed);
+    TAIL.store(0, Ordering::Relaxed);
+    let Ok(name) = std::env::var(ENV_INSTANCE) else {
+        return;
+    };
+    if let Err(e) = start(&name, true) {
+        eprintln!(
+            "pagewise farmem: instance {name}, child {}: {e}; running without far-memory emulation",
+            std::process::id()
+        );
+    }
+}
+
+fn start(name: &str, child: bool) -> Result<(), String> {
     let inst = Arc::new(Instance::open(name, true).map_err(|e| e.to_string())?);
     let pid = std::process::id() as i32;
     let tag = std::env::var(ENV_TAG)
@@ -314,6 +365,7 @@ fn start(name: &str) -> Result<(), String> {
     let hooks = Hooks {
         discover: Some(Box::new(drain)),
         instance: Some((inst.clone(), slot)),
+        inherited: child,
     };
     let mut fm = FarMemory::new_with(
         &regions,
@@ -337,19 +389,26 @@ fn start(name: &str) -> Result<(), String> {
         Ordering::Relaxed,
     );
     UFFD.store(fm.uffd(), Ordering::Relaxed);
-    // SAFETY: the handler makes the trapped call itself and registers
-    // memory with ioctls: async-signal-safe, no allocation.
-    unsafe { pagewise_sys::signal::install(libc::SIGSYS, on_sigsys) }
-        .map_err(|e| fail(&inst, format!("installing the SIGSYS handler: {e}")))?;
-    seccomp::trap_memory_syscalls(libc_text.0, libc_text.1)
-        .map_err(|e| fail(&inst, format!("installing the seccomp filter: {e}")))?;
+    if !child {
+        // SAFETY: the handler makes the trapped call itself and registers
+        // memory with ioctls: async-signal-safe, no allocation.
+        unsafe { pagewise_sys::signal::install(libc::SIGSYS, on_sigsys) }
+            .map_err(|e| fail(&inst, format!("installing the SIGSYS handler: {e}")))?;
+    }
+    // A child inherits the filter and the handler.
+    if !child {
+        seccomp::trap_memory_syscalls(libc_text.0, libc_text.1)
+            .map_err(|e| fail(&inst, format!("installing the seccomp filter: {e}")))?;
+    }
     *RUNNING.lock().unwrap_or_else(|e| e.into_inner()) = Some(Running {
         fm,
         inst,
         slot,
         trace,
     });
-    // SAFETY: registering a plain extern "C" function.
-    unsafe { libc::atexit(at_exit) };
+    if !child {
+        // SAFETY: registering a plain extern "C" function (a child inherits it).
+        unsafe { libc::atexit(at_exit) };
+    }
     Ok(())
 }

@@ -425,16 +425,31 @@ pub fn poll_readable(fds: &[RawFd], timeout_ms: i32) -> io::Result<u64> {
 /// (which must be registered with `fd` and unmapped) without copying; the
 /// source is left unmapped. A write racing the move lands before it (and
 /// moves with the page) or faults after it.
+///
+/// A move that stopped part way goes on from there; `EAGAIN` with nothing
+/// moved means the address space is changing under an event not read yet:
+/// the caller must read its events before trying again.
 pub fn move_pages(fd: RawFd, dst: u64, src: u64, len: u64, mode: u64) -> io::Result<()> {
-    let mut arg = UffdioMove {
-        dst,
-        src,
-        len,
-        mode,
-        moved: 0,
-    };
-    // SAFETY: `arg` is a valid `struct uffdio_move` that outlives the call;
-    // the kernel checks both ranges against the caller's own mappings.
-    cvt_int(unsafe { libc::ioctl(fd, UFFDIO_MOVE as libc::c_ulong, &mut arg) })?;
-    Ok(())
+    let mut done = 0u64;
+    loop {
+        let mut arg = UffdioMove {
+            dst: dst + done,
+            src: src + done,
+            len: len - done,
+            mode,
+            moved: 0,
+        };
+        // SAFETY: `arg` is a valid `struct uffdio_move` that outlives the
+        // call; the kernel checks both ranges against the caller's mappings.
+        match cvt_int(unsafe { libc::ioctl(fd, UFFDIO_MOVE as libc::c_ulong, &mut arg) }) {
+            Ok(_) => return Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) && arg.moved > 0 => {
+                done += arg.moved as u64;
+                if done >= len {
+                    return Ok(());
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }

@@ -138,6 +138,9 @@ pub struct Stats {
     /// Time the handler spent on faults, from reading the message to
     /// mapping the page, waits included, ns.
     pub handler_ns: u64,
+    /// Shared pages (after a `fork`, or merged by KSM) given a copy of
+    /// their own so that they could be evicted.
+    pub unshared_pages: u64,
     /// Injected delay per fault: counts in power-of-two buckets, bucket `i`
     /// holding delays in `[2^i, 2^(i+1))` ns (bucket 0 also holds 0).
     pub delay_histogram: Vec<u64>,
@@ -159,6 +162,7 @@ pub(crate) struct Counters {
     soft: AtomicU64,
     parks: AtomicU64,
     handled: AtomicU64,
+    unshared: AtomicU64,
     hist: [AtomicU64; HIST_BUCKETS],
 }
 
@@ -175,6 +179,7 @@ impl Counters {
             &self.soft,
             &self.parks,
             &self.handled,
+            &self.unshared,
         ]
         .into_iter()
         .chain(self.hist.iter())
@@ -210,6 +215,7 @@ impl Counters {
             parks: get(&self.parks),
             local_pages_now: get(&self.local),
             handler_ns: get(&self.handled),
+            unshared_pages: get(&self.unshared),
             delay_histogram: hist,
         }
     }
@@ -234,6 +240,7 @@ impl Stats {
             t.parks += s.parks;
             t.local_pages_now += s.local_pages_now;
             t.handler_ns += s.handler_ns;
+            t.unshared_pages += s.unshared_pages;
             if t.delay_histogram.len() < s.delay_histogram.len() {
                 t.delay_histogram.resize(s.delay_histogram.len(), 0);
             }
@@ -260,6 +267,11 @@ pub struct Hooks {
     /// instance's settings and shared budget replace `Config`'s, and the
     /// counters are published to the slot.
     pub instance: Option<(Arc<instance::Instance>, usize)>,
+    /// The initial regions' pages are inherited (a child after `fork`):
+    /// they stay where they are, shared with the parent and outside the
+    /// budget, rather than becoming remote; only pages mapped from now on
+    /// are emulated.
+    pub inherited: bool,
 }
 
 impl Shared {
@@ -291,6 +303,10 @@ struct Shared {
     started: Instant,
     /// Regions to add, each with where to send the outcome.
     adds: Mutex<Vec<(Region, std::sync::mpsc::Sender<Result<()>>)>>,
+    /// Requests to pause, each with where to send the outcome.
+    pauses: Mutex<Vec<std::sync::mpsc::Sender<Result<()>>>>,
+    /// Paused: no page is evicted (see [`FarMemory::pause`]).
+    paused: AtomicBool,
     counters: Counters,
     floor_ns: AtomicU64,
     unseen_ns: u64,
@@ -355,6 +371,8 @@ impl FarMemory {
             stop: AtomicBool::new(false),
             placements: Mutex::new(Vec::new()),
             adds: Mutex::new(Vec::new()),
+            pauses: Mutex::new(Vec::new()),
+            paused: AtomicBool::new(false),
             trace: Mutex::new(Trace::default()),
             tracing: AtomicBool::new(false),
             started: Instant::now(),
@@ -374,7 +392,7 @@ impl FarMemory {
         let thread = std::thread::Builder::new()
             .name("pagewise-farmem".into())
             .spawn(move || {
-                let mut engine = match Engine::new(&regions, policy, unseen_ns) {
+                let mut engine = match Engine::new(&[], policy, unseen_ns) {
                     Ok(e) => e,
                     Err(e) => {
                         let _ = ready_tx.send(Err(e));
@@ -383,6 +401,14 @@ impl FarMemory {
                 };
                 engine.discover = hooks.discover;
                 engine.inst = hooks.instance;
+                engine.inherit = hooks.inherited;
+                for r in &regions {
+                    if let Err(e) = engine.add_region(*r) {
+                        let _ = ready_tx.send(Err(e));
+                        return Ok(());
+                    }
+                }
+                engine.inherit = false;
                 let _ = ready_tx.send(Ok(engine.uffd.as_raw_fd()));
                 let r = engine.run(&sh, wake_r);
                 if let Err(e) = &r {
@@ -448,6 +474,34 @@ impl FarMemory {
         self.regions.push(region);
         self.regions.sort();
         Ok(())
+    }
+
+    /// Pauses eviction and maps every remote page back (faults are still
+    /// served, without evicting): the regions then hold all their data, as
+    /// a `fork` needs for the child to have correct memory. Returns once
+    /// done; [`FarMemory::resume`] evicts down to the budget again.
+    pub fn pause(&mut self) -> Result<()> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.shared
+            .pauses
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(tx);
+        self.shared.changed.store(true, Ordering::Release);
+        self.wake
+            .write_all(b"f")
+            .map_err(|e| Error::os("waking the far-memory handler", e))?;
+        rx.recv()
+            .map_err(|_| Error::Invalid("the far-memory handler stopped".into()))?
+    }
+
+    /// Ends a [`FarMemory::pause`]: evicts down to the budget.
+    pub fn resume(&mut self) -> Result<()> {
+        self.shared.paused.store(false, Ordering::Release);
+        self.shared.changed.store(true, Ordering::Release);
+        self.wake
+            .write_all(b"r")
+            .map_err(|e| Error::os("waking the far-memory handler", e))
     }
 
     /// Places `range` (inside the emulated regions): see [`Placement`].
@@ -594,6 +648,20 @@ struct Engine {
     inst: Option<(Arc<instance::Instance>, usize)>,
     /// The instance generation applied.
     generation: u64,
+    /// Regions added now keep their pages where they are (see [`Hooks`]).
+    inherit: bool,
+    /// Work that met `EAGAIN` (the address space changing under an event
+    /// not read yet), done once the events are read: staged pages to move
+    /// to where the program moved their range, ranges to adopt, then faults.
+    moves: Vec<(u64, u64)>,
+    adopts: Vec<Region>,
+    later: Vec<(u64, Instant)>,
+}
+
+/// Whether `e` is `EAGAIN`: the address space is changing under a
+/// userfaultfd event not read yet; read events, then try again.
+fn again(e: &Error) -> bool {
+    matches!(e, Error::Os { source, .. } if source.raw_os_error() == Some(libc::EAGAIN))
 }
 
 fn open_uffd(features: u64) -> Result<OwnedFd> {
@@ -633,6 +701,10 @@ impl Engine {
             discover: None,
             inst: None,
             generation: 0,
+            inherit: false,
+            moves: Vec::new(),
+            adopts: Vec::new(),
+            later: Vec::new(),
         };
         for r in regions {
             e.add_region(*r)?;
@@ -680,7 +752,9 @@ impl Engine {
             return Err(e);
         }
         // Every populated page becomes remote now: moved to staging.
-        if let Err(e) = uffd::move_pages(
+        if self.inherit {
+            // Inherited pages stay put (see Hooks::inherited).
+        } else if let Err(e) = uffd::move_pages(
             self.stage_uffd.as_raw_fd(),
             st.addr(),
             r.start,
@@ -775,6 +849,15 @@ impl Engine {
             let msg = match uffd::read_msg(self.uffd.as_raw_fd()) {
                 Ok(m) => m,
                 Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
+                    if !(self.moves.is_empty() && self.adopts.is_empty() && self.later.is_empty()) {
+                        match self.settle(sh) {
+                            Ok(true) => {}
+                            Ok(false) => std::thread::yield_now(),
+                            Err(e) => break Err(e),
+                        }
+                        self.publish(sh);
+                        continue;
+                    }
                     match uffd::poll_readable(&fds, idle_ms) {
                         Ok(ready) if ready & 2 != 0 => {
                             let mut b = [0u8; 16];
@@ -792,7 +875,21 @@ impl Engine {
             };
             let arrived = Instant::now();
             let r = match msg.event {
-                uffd::event::PAGEFAULT => self.fault(sh, msg.pf_address(), arrived),
+                uffd::event::PAGEFAULT => {
+                    let addr = msg.pf_address();
+                    if !(self.moves.is_empty() && self.adopts.is_empty()) {
+                        self.later.push((addr, arrived));
+                        Ok(())
+                    } else {
+                        match self.fault(sh, addr, arrived) {
+                            Err(e) if again(&e) => {
+                                self.later.push((addr, arrived));
+                                Ok(())
+                            }
+                            r => r,
+                        }
+                    }
+                }
                 uffd::event::REMOVE | uffd::event::UNMAP => {
                     let (start, end) = msg.range();
                     self.dropped(sh, start, end)
@@ -810,6 +907,62 @@ impl Engine {
         };
         let back = self.bring_all_back();
         result.and(back)
+    }
+
+    /// Does the work that met `EAGAIN`, in order (moves, then adoptions,
+    /// then faults, each needing the one before). Returns whether anything
+    /// got done.
+    fn settle(&mut self, sh: &Shared) -> Result<bool> {
+        let mut progress = false;
+        for (src, dst) in std::mem::take(&mut self.moves) {
+            match uffd::move_pages(
+                self.uffd.as_raw_fd(),
+                dst,
+                src,
+                PAGE_SIZE as u64,
+                uffd::MOVE_MODE_DONTWAKE,
+            ) {
+                Ok(()) => progress = true,
+                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => self.moves.push((src, dst)),
+                // The destination went away or was filled meanwhile: the
+                // program dropped that range.
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::ENOENT | libc::EEXIST | libc::EINVAL)
+                    ) =>
+                {
+                    progress = true
+                }
+                Err(e) => {
+                    return Err(Error::os(
+                        format!("UFFDIO_MOVE of {src:#x} after mremap"),
+                        e,
+                    ))
+                }
+            }
+        }
+        if !self.moves.is_empty() {
+            return Ok(progress);
+        }
+        for r in std::mem::take(&mut self.adopts) {
+            match self.adopt(r) {
+                Ok(()) => progress = true,
+                Err(e) if again(&e) => self.adopts.push(r),
+                Err(e) => return Err(e),
+            }
+        }
+        if !self.adopts.is_empty() {
+            return Ok(progress);
+        }
+        for (addr, arrived) in std::mem::take(&mut self.later) {
+            match self.fault(sh, addr, arrived) {
+                Ok(()) => progress = true,
+                Err(e) if again(&e) => self.later.push((addr, arrived)),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(progress)
     }
 
     /// Applies the instance's settings when they changed.
@@ -896,8 +1049,10 @@ impl Engine {
         let Ok(r) = Region::new(a, b - a) else {
             return;
         };
-        if let Err(e) = self.add_region(r) {
-            eprintln!("pagewise farmem: not emulating {a:#x}..{b:#x}: {e}");
+        match self.add_region(r) {
+            Ok(()) => {}
+            Err(e) if again(&e) => self.adopts.push(r),
+            Err(e) => eprintln!("pagewise farmem: not emulating {a:#x}..{b:#x}: {e}"),
         }
     }
 
@@ -923,6 +1078,8 @@ impl Engine {
                             uffd::MOVE_MODE_DONTWAKE | uffd::MOVE_MODE_ALLOW_SRC_HOLES,
                         ) {
                             Ok(()) => self.put(g, Where::Remote),
+                            // Shared with another process: left where it is.
+                            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {}
                             Err(e) => {
                                 return Err(Error::os(
                                     format!("UFFDIO_MOVE of {addr:#x} to staging"),
@@ -954,17 +1111,10 @@ impl Engine {
                     self.visiting.retain(|&v| v != g);
                 }
                 if matches!(w, Where::Remote | Where::Parked) {
+                    // Moved once the events are read (the mremap that sent
+                    // this one may still hold the address space changing).
                     let (_, _, _, staged) = self.addr_of(g);
-                    uffd::move_pages(
-                        self.uffd.as_raw_fd(),
-                        to + off,
-                        staged,
-                        PAGE_SIZE as u64,
-                        uffd::MOVE_MODE_DONTWAKE,
-                    )
-                    .map_err(|e| {
-                        Error::os(format!("UFFDIO_MOVE of {staged:#x} after mremap"), e)
-                    })?;
+                    self.moves.push((staged, to + off));
                 }
                 self.put(g, Where::RemoteZero);
             }
@@ -973,7 +1123,8 @@ impl Engine {
         sh.counters
             .local
             .store(self.local as u64, Ordering::Relaxed);
-        self.adopt(Region::new(to, len)?)
+        self.adopts.push(Region::new(to, len)?);
+        Ok(())
     }
 
     /// The program dropped (`MADV_DONTNEED`) or unmapped `[start, end)`:
@@ -1018,6 +1169,21 @@ impl Engine {
         let adds = std::mem::take(&mut *sh.adds.lock().unwrap_or_else(|e| e.into_inner()));
         for (region, reply) in adds {
             let _ = reply.send(self.add_region(region));
+        }
+        let pauses = std::mem::take(&mut *sh.pauses.lock().unwrap_or_else(|e| e.into_inner()));
+        if !pauses.is_empty() {
+            sh.paused.store(true, Ordering::Release);
+            let r = self.bring_back(sh);
+            for reply in pauses {
+                let _ = reply.send(match &r {
+                    Ok(()) => Ok(()),
+                    Err(e) => Err(Error::Invalid(e.to_string())),
+                });
+            }
+            r?;
+        }
+        if sh.paused.load(Ordering::Acquire) {
+            return Ok(());
         }
         let placed = std::mem::take(&mut *sh.placements.lock().unwrap_or_else(|e| e.into_inner()));
         for (range, placement) in placed {
@@ -1064,8 +1230,15 @@ impl Engine {
             let local = self.local as u64;
             let target = local - ((total - budget) * local).div_ceil(total).min(local);
             while self.local as u64 > target {
-                if self.evict_victim(sh)?.is_none() {
-                    break;
+                match self.evict_victim(sh) {
+                    Ok(Some(_)) => {}
+                    Ok(None) => break,
+                    Err(e) if again(&e) => {
+                        // After the pending events: try again then.
+                        sh.changed.store(true, Ordering::Release);
+                        break;
+                    }
+                    Err(e) => return Err(e),
                 }
             }
         }
@@ -1078,7 +1251,14 @@ impl Engine {
         let Some(v) = self.policy.victim() else {
             return Ok(None);
         };
-        let dirty = self.evict(sh, v)?;
+        let dirty = match self.evict(sh, v) {
+            Ok(d) => d,
+            Err(e) => {
+                // Still local: back into the policy.
+                self.policy.inserted(v);
+                return Err(e);
+            }
+        };
         let mut park = Vec::new();
         self.policy.to_park(&mut park);
         for p in park {
@@ -1137,9 +1317,18 @@ impl Engine {
             self.discover_now()?;
         }
         let Some((_, g, _)) = self.locate(addr) else {
-            // Not ours (cannot happen: only our regions are registered).
-            return uffd::wake(fd, addr & !(PAGE_SIZE as u64 - 1), PAGE_SIZE as u64)
-                .map_err(|e| Error::os("UFFDIO_WAKE", e));
+            // Registered but not (or no longer) emulated: fresh memory,
+            // zeros; a wake-up if mapped meanwhile.
+            let page = addr & !(PAGE_SIZE as u64 - 1);
+            return match uffd::zeropage(fd, page, PAGE_SIZE as u64) {
+                Ok(()) => Ok(()),
+                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
+                    Err(Error::os("UFFDIO_ZEROPAGE", e))
+                }
+                Err(_) => {
+                    uffd::wake(fd, page, PAGE_SIZE as u64).map_err(|e| Error::os("UFFDIO_WAKE", e))
+                }
+            };
         };
         if self.pages[g] == Where::Local {
             // Mapped already (two threads faulted on it), or dropped behind
@@ -1176,7 +1365,7 @@ impl Engine {
                 writeback_bytes += PAGE_SIZE as u64;
             }
         }
-        while class == Placement::Normal && {
+        while class == Placement::Normal && !sh.paused.load(Ordering::Relaxed) && {
             let (local, budget) = self.load(&cfg);
             local >= budget
         } {
@@ -1211,7 +1400,19 @@ impl Engine {
         }
         c.handled
             .fetch_add(arrived.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        self.map(was, g)
+        let r = self.map(was, g);
+        if r.as_ref().is_err_and(again) {
+            // Not mapped: undone, to be served again after the events.
+            self.put(g, was);
+            if class == Placement::AlwaysRemote {
+                self.visiting.retain(|&v| v != g);
+            } else {
+                self.local -= 1;
+                c.local.store(self.local as u64, Ordering::Relaxed);
+                self.policy.removed(g);
+            }
+        }
+        r
     }
 
     /// Maps page `g`, whose contents were `was`, into its region (this wakes
@@ -1273,12 +1474,16 @@ impl Engine {
                 false
             }
             Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
-                return Err(Error::Unsupported {
-                    feature: "eviction of a shared page",
-                    why: format!(
-                        "page {addr:#x} is shared with another process (fork or KSM), which UFFDIO_MOVE cannot move"
-                    ),
-                })
+                // Shared with another process (after a fork, or merged by
+                // KSM): UFFDIO_MOVE moves only pages this process owns
+                // alone. A write fault without a write (MADV_POPULATE_WRITE
+                // on the mapped page) gives it its own copy; then move it.
+                // SAFETY: one mapped page of an emulated region; populating
+                // it changes no contents.
+                unsafe { mem::madvise(addr, PAGE_SIZE, MADV_POPULATE_WRITE) }
+                    .map_err(|e| Error::os(format!("MADV_POPULATE_WRITE of {addr:#x}"), e))?;
+                sh.counters.unshared.fetch_add(1, Ordering::Relaxed);
+                return self.evict(sh, g);
             }
             Err(e) => return Err(Error::os(format!("UFFDIO_MOVE of {addr:#x} to staging"), e)),
         };
@@ -1300,6 +1505,33 @@ impl Engine {
             },
         );
         Ok(dirty)
+    }
+
+    /// Maps every remote page back, as local pages (over the budget).
+    fn bring_back(&mut self, sh: &Shared) -> Result<()> {
+        for g in 0..self.pages.len() {
+            match self.pages[g] {
+                Where::Remote => {
+                    self.map(Where::Remote, g)?;
+                    self.put(g, Where::Local);
+                    if self.class[g] == Placement::Normal {
+                        self.local += 1;
+                        self.policy.inserted(g);
+                    } else if self.class[g] == Placement::AlwaysRemote {
+                        self.visiting.push(g);
+                    }
+                }
+                Where::Parked => {
+                    self.map(Where::Remote, g)?;
+                    self.put(g, Where::Local);
+                }
+                _ => {}
+            }
+        }
+        sh.counters
+            .local
+            .store(self.local as u64, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Maps every remote page back and unregisters the regions.
@@ -1326,6 +1558,9 @@ fn staged_page(addr: u64) -> &'static [u8] {
     // page): reading it does not fault.
     unsafe { std::slice::from_raw_parts(addr as *const u8, PAGE_SIZE) }
 }
+
+/// `MADV_POPULATE_WRITE` (Linux 5.14), missing from the 6.1 headers' libc.
+const MADV_POPULATE_WRITE: libc::c_int = 23;
 
 /// What a fault costs this machine at latency 0, measured on a scratch region.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
