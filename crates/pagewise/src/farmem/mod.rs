@@ -1298,8 +1298,9 @@ impl Engine {
                 sh.counters.parks.fetch_add(1, Ordering::Relaxed);
                 Ok(())
             }
-            // Dropped meanwhile (its event is on the way): leave it mapped-or-not.
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+            // Dropped meanwhile (its event is on the way): leave it
+            // mapped-or-not; shared with another process: leave it local.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::EBUSY)) => Ok(()),
             Err(e)
                 if e.raw_os_error() == Some(libc::EEXIST) && self.moved_anyway(staged, addr)? =>
             {

@@ -1,0 +1,361 @@
+//! `pagewise farmem run | ls | set` end to end, on a self-checking C program
+//! (`tests/c/farmem_target.c`): exact fetch counts from the trace, output
+//! identical to a plain run, memory checked by the program itself, and live
+//! instances listed and changed from outside.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_pagewise");
+
+/// Why this machine cannot run these tests, if it cannot.
+fn unsupported() -> Option<String> {
+    let dir = Path::new(BIN).parent()?;
+    if !dir.join("libpagewise_preload.so").exists() {
+        return Some("libpagewise_preload.so is not built (cargo build --release)".into());
+    }
+    let p = pagewise::probe::get();
+    if !p.uffd_has(pagewise_sys::uffd::feature::MOVE) {
+        return Some("userfaultfd without UFFDIO_MOVE".into());
+    }
+    if !cfg!(target_arch = "x86_64") {
+        return Some("the shim's system-call trap is x86-64 only".into());
+    }
+    None
+}
+
+macro_rules! need_support {
+    () => {
+        if let Some(why) = unsupported() {
+            eprintln!("skipped: {why}");
+            return;
+        }
+    };
+}
+
+/// The target program, compiled once per test process.
+fn target() -> PathBuf {
+    static ONCE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    ONCE.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("pagewise-farmem-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = dir.join("farmem_target");
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/farmem_target.c");
+        let st = Command::new("cc")
+            .args(["-O", "-Wall", "-Wextra", "-Werror", "-pthread"])
+            .arg(&src)
+            .arg("-o")
+            .arg(&out)
+            .status()
+            .expect("running cc");
+        assert!(st.success(), "compiling {}", src.display());
+        out
+    })
+    .clone()
+}
+
+/// A private instance directory per test, so tests never see each other.
+fn instance_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("pagewise-farmem-inst-{}-{tag}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn farmem(dir: &Path) -> Command {
+    let mut c = Command::new(BIN);
+    c.arg("farmem").env("PAGEWISE_FARMEM_DIR", dir);
+    c
+}
+
+fn run_target(dir: &Path, opts: &[&str], args: &[&str]) -> (String, String) {
+    let out = farmem(dir)
+        .arg("run")
+        .args(opts)
+        .arg("--")
+        .arg(target())
+        .args(args)
+        .output()
+        .expect("running pagewise farmem run");
+    let so = String::from_utf8_lossy(&out.stdout).into_owned();
+    let se = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        out.status.success(),
+        "farmem run {args:?} failed:\n{so}\n{se}"
+    );
+    (so, se)
+}
+
+fn plain(args: &[&str]) -> String {
+    let out = Command::new(target()).args(args).output().unwrap();
+    assert!(out.status.success());
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn trace_events(path: &Path) -> Vec<serde_json::Value> {
+    let dir = path.parent().unwrap();
+    let stem = path.file_name().unwrap().to_str().unwrap().to_string();
+    let mut ev = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let e = e.unwrap();
+        if e.file_name()
+            .to_str()
+            .unwrap()
+            .starts_with(&format!("{stem}."))
+        {
+            for l in std::fs::read_to_string(e.path()).unwrap().lines() {
+                let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                if v.get("kind").is_some() {
+                    ev.push(v);
+                }
+            }
+        }
+    }
+    ev
+}
+
+/// DiME's Table 5.1 under `farmem run`: the 2000-page buffer is fetched
+/// exactly 2000 times for x <= 1000 and 2000 + x above; the C library adds
+/// only its malloc header page. Output is that of a plain run.
+#[test]
+fn table_5_1_exact_under_farmem_run() {
+    need_support!();
+    let dir = instance_dir("table");
+    for x in [0u64, 500, 1000, 1100, 2000] {
+        let tr = dir.join(format!("trace-{x}"));
+        let stats = dir.join(format!("stats-{x}.json"));
+        let xs = x.to_string();
+        let (out, _) = run_target(
+            &dir,
+            &[
+                "--local-pages",
+                "1000",
+                "--trace",
+                tr.to_str().unwrap(),
+                "--stats-json",
+                stats.to_str().unwrap(),
+            ],
+            &["table", &xs],
+        );
+        assert_eq!(
+            out.split_whitespace().last(),
+            plain(&["table", &xs]).split_whitespace().last(),
+            "the program's result changed"
+        );
+        let w: Vec<&str> = out.split_whitespace().collect();
+        let a = u64::from_str_radix(w[1].trim_start_matches("0x"), 16).unwrap();
+        let b = u64::from_str_radix(w[2].trim_start_matches("0x"), 16).unwrap();
+        let ev = trace_events(&tr);
+        let fetches = |inside: bool| {
+            ev.iter()
+                .filter(|e| e["kind"] == "fetch")
+                .filter(|e| {
+                    let addr = e["addr"].as_u64().unwrap();
+                    (a <= addr && addr < b) == inside
+                })
+                .count() as u64
+        };
+        let want = if x <= 1000 { 2000 } else { 2000 + x };
+        assert_eq!(fetches(true), want, "buffer fetches for x = {x}");
+        let extra = fetches(false);
+        assert!(extra <= 8, "{extra} fetches outside the buffer for x = {x}");
+        let s: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+        for k in [
+            "page_fault_count",
+            "remote_fetches",
+            "evictions",
+            "writebacks",
+            "injected_delay_ns",
+            "floor_ns",
+        ] {
+            assert!(s[k].is_u64(), "stats JSON lacks {k}: {s}");
+        }
+        assert_eq!(s["remote_fetches"].as_u64().unwrap(), want + extra);
+        assert_eq!(s["page_fault_count"].as_u64().unwrap(), want + extra);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Memory stays correct through read(), realloc (mremap), threads and fork,
+/// with a budget of 100 pages.
+#[test]
+fn programs_keep_their_memory() {
+    need_support!();
+    let dir = instance_dir("memory");
+    let file = dir.join("input");
+    let data: Vec<u8> = (0..300_000u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    std::fs::write(&file, &data).unwrap();
+    let cases: Vec<Vec<&str>> = vec![
+        vec!["read", file.to_str().unwrap()],
+        vec!["grow"],
+        vec!["threads"],
+        vec!["fork"],
+    ];
+    for args in &cases {
+        for policy in ["fifo", "clock"] {
+            let (out, err) = run_target(&dir, &["--local-pages", "100", "--policy", policy], args);
+            assert_eq!(
+                out,
+                plain(args),
+                "{args:?} with {policy}: output differs\n{err}"
+            );
+            assert!(!err.contains("stopped"), "{args:?}: {err}");
+        }
+    }
+    // The plain run itself is right (its check is what we compare).
+    let fnv = data
+        .iter()
+        .take(256 * 4096)
+        .fold(1469598103934665603u64, |h, &b| {
+            (h ^ b as u64).wrapping_mul(1099511628211)
+        });
+    assert!(plain(&cases[0]).contains(&format!("fnv {fnv:016x} other_bad 0")));
+    assert!(plain(&["grow"]).contains("bad 0"));
+    assert!(plain(&["threads"]).contains("bad 0"));
+    assert!(plain(&["fork"]).contains("child_bad 0 parent_bad 0"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn ls(dir: &Path) -> serde_json::Value {
+    let out = farmem(dir).args(["ls", "--json"]).output().unwrap();
+    assert!(out.status.success());
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Two processes share one named instance; `ls` lists both with the
+/// instance's figures; `set` shrinks the budget and both fit under it at
+/// once; another user may not change it.
+#[test]
+fn shared_instance_listed_and_set_live() {
+    need_support!();
+    let dir = instance_dir("live");
+    let spawn = || {
+        let mut c = farmem(&dir)
+            .args(["run", "--instance", "shared"])
+            .args(if dir.join("shared").exists() {
+                vec![]
+            } else {
+                vec!["--local-pages", "600", "--latency-ns", "1000"]
+            })
+            .arg("--")
+            .arg(target())
+            .args(["hold", "400", "6"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(c.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "holding 400");
+        c
+    };
+    let a = spawn();
+    let b = spawn();
+    let l = ls(&dir);
+    let inst = l
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["instance_id"] == "shared")
+        .expect("instance listed");
+    assert_eq!(inst["latency_ns"], 1000);
+    assert_eq!(inst["local_npages"], 600);
+    assert_eq!(inst["pids"].as_array().unwrap().len(), 2, "{inst}");
+    for k in [
+        "page_fault_count",
+        "remote_fetches",
+        "evictions",
+        "injected_delay_ns",
+        "bandwidth_bps",
+    ] {
+        assert!(inst[k].is_u64(), "ls lacks {k}");
+    }
+    // Both hold 400 pages: the shared budget of 600 keeps them under it.
+    assert!(
+        inst["local_pages_now"].as_u64().unwrap() <= 600 + 2,
+        "{inst}"
+    );
+
+    // Another user may not change it.
+    if unsafe_is_root() && Path::new("/usr/bin/setpriv").exists() {
+        let out = Command::new("setpriv")
+            .args([
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                BIN,
+                "farmem",
+                "set",
+                "shared",
+                "local_npages=10",
+            ])
+            .env("PAGEWISE_FARMEM_DIR", &dir)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "another user changed the instance");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("owner"));
+    } else {
+        eprintln!("owner check skipped: needs root and setpriv");
+    }
+
+    let out = farmem(&dir)
+        .args(["set", "shared", "local_npages=50", "latency_ns=2000"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let t0 = Instant::now();
+    loop {
+        let l = ls(&dir);
+        let i = &l[0];
+        assert_eq!(i["latency_ns"], 2000);
+        assert_eq!(i["local_npages"], 50);
+        assert_eq!(
+            i["pids"].as_array().unwrap().len(),
+            2,
+            "a member left early: {i}"
+        );
+        if i["local_pages_now"].as_u64().unwrap() <= 50 + 2 {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(3),
+            "budget not applied: {i}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for c in [a, b] {
+        let out = c.wait_with_output().unwrap();
+        assert!(out.status.success());
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "hold bad 0");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn unsafe_is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Bad input gets one clear line and a non-zero exit.
+#[test]
+fn bad_input_is_refused_clearly() {
+    let dir = instance_dir("bad");
+    let run = |args: &[&str]| {
+        let out = farmem(&dir).args(args).output().unwrap();
+        assert!(!out.status.success(), "{args:?} succeeded");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    assert!(run(&["run", "--", "true"]).contains("--local-pages"));
+    assert!(run(&["run", "--local-percent", "0", "--", "true"]).contains("1..=100"));
+    assert!(run(&["set", "nosuch", "latency_ns=1"]).contains("no far-memory instance"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
