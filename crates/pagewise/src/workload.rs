@@ -23,9 +23,20 @@ unsafe impl Sync for AnonMemory {}
 impl AnonMemory {
     /// Maps `len` bytes (rounded up to whole pages), 2 MiB-aligned, unpopulated.
     pub fn new(len: usize) -> Result<Self> {
+        Self::with_flags(len, 0)
+    }
+
+    /// Address space for `len` bytes that is not charged against the
+    /// commit limit until written (`MAP_NORESERVE`): for mappings much larger
+    /// than what they will hold.
+    pub fn reserve(len: usize) -> Result<Self> {
+        Self::with_flags(len, libc::MAP_NORESERVE)
+    }
+
+    fn with_flags(len: usize, flags: libc::c_int) -> Result<Self> {
         let len = len.div_ceil(PAGE_SIZE) * PAGE_SIZE;
         let map_len = len + HUGE_PAGE_SIZE;
-        let map = mem::mmap_anonymous(map_len)
+        let map = mem::mmap_anonymous_flags(map_len, flags)
             .map_err(|e| Error::os(format!("mmap of {map_len} bytes"), e))?;
         let start = (map as usize).div_ceil(HUGE_PAGE_SIZE) * HUGE_PAGE_SIZE;
         Ok(AnonMemory {

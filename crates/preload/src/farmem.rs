@@ -194,6 +194,74 @@ extern "C" fn on_sigsys(_: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
     unsafe { seccomp::set_result(ctx, r) };
 }
 
+/// Set once emulation runs: from then on no thread may block `SIGSYS`.
+static ACTIVE: AtomicBool = AtomicBool::new(false);
+
+type SigmaskFn =
+    unsafe extern "C" fn(libc::c_int, *const libc::sigset_t, *mut libc::sigset_t) -> libc::c_int;
+
+/// Forwards a signal-mask change with `SIGSYS` left unblocked: a thread
+/// that blocked it would be killed by its first trapped call (the kernel
+/// forces a blocked `SIGSYS` to its default action).
+unsafe fn mask_without_sigsys(
+    name: &std::ffi::CStr,
+    cache: &AtomicUsize,
+    how: libc::c_int,
+    set: *const libc::sigset_t,
+    old: *mut libc::sigset_t,
+) -> libc::c_int {
+    let mut f = cache.load(Ordering::Acquire);
+    if f == 0 {
+        f = pagewise_sys::dl::next_symbol(name).map_or(0, |p| p as usize);
+        cache.store(f, Ordering::Release);
+    }
+    if f == 0 {
+        return libc::ENOSYS;
+    }
+    // SAFETY: the next definition of this very function, same signature.
+    let real: SigmaskFn = unsafe { std::mem::transmute::<usize, SigmaskFn>(f) };
+    if set.is_null() || how == libc::SIG_UNBLOCK || !ACTIVE.load(Ordering::Relaxed) {
+        // SAFETY: the caller's own arguments.
+        return unsafe { real(how, set, old) };
+    }
+    // SAFETY: `set` is the caller's valid sigset; we change a copy.
+    let mut copy = unsafe { *set };
+    // SAFETY: `copy` is a valid sigset.
+    unsafe { libc::sigdelset(&mut copy, libc::SIGSYS) };
+    // SAFETY: the caller's arguments, with the copy.
+    unsafe { real(how, &copy, old) }
+}
+
+/// `pthread_sigmask(3)`, interposed: see [`mask_without_sigsys`].
+///
+/// # Safety
+/// As for `pthread_sigmask`.
+#[no_mangle]
+pub unsafe extern "C" fn pthread_sigmask(
+    how: libc::c_int,
+    set: *const libc::sigset_t,
+    old: *mut libc::sigset_t,
+) -> libc::c_int {
+    static REAL: AtomicUsize = AtomicUsize::new(0);
+    // SAFETY: forwarded as received.
+    unsafe { mask_without_sigsys(c"pthread_sigmask", &REAL, how, set, old) }
+}
+
+/// `sigprocmask(2)`, interposed: see [`mask_without_sigsys`].
+///
+/// # Safety
+/// As for `sigprocmask`.
+#[no_mangle]
+pub unsafe extern "C" fn sigprocmask(
+    how: libc::c_int,
+    set: *const libc::sigset_t,
+    old: *mut libc::sigset_t,
+) -> libc::c_int {
+    static REAL: AtomicUsize = AtomicUsize::new(0);
+    // SAFETY: forwarded as received.
+    unsafe { mask_without_sigsys(c"sigprocmask", &REAL, how, set, old) }
+}
+
 extern "C" fn at_exit() {
     let Ok(mut g) = RUNNING.lock() else { return };
     let Some(run) = g.as_mut() else { return };
@@ -338,13 +406,20 @@ fn start(name: &str, child: bool) -> Result<(), String> {
         if m.path.starts_with("[stack") || (after_file && m.path != "[heap]") {
             continue;
         }
-        if arena.is_some_and(|(s, l)| m.start >= s && m.end <= s + l)
-            || own.iter().any(|&a| m.start <= a && a < m.end)
-        {
+        if own.iter().any(|&a| m.start <= a && a < m.end) {
             continue;
         }
-        if let Ok(r) = Region::new(m.start, m.len()) {
-            regions.push(r);
+        // The shim's heap, which may have merged with a neighbour, is cut out.
+        let (cut_s, cut_e) = arena.map_or((0, 0), |(s, l)| (s, s + l));
+        for (s, e) in [
+            (m.start, m.end.min(cut_s).max(m.start)),
+            (m.start.max(cut_e), m.end),
+        ] {
+            if s < e && (cut_s == cut_e || e <= cut_s || s >= cut_e) {
+                if let Ok(r) = Region::new(s, e - s) {
+                    regions.push(r);
+                }
+            }
         }
     }
     if regions.is_empty() {
@@ -397,9 +472,17 @@ fn start(name: &str, child: bool) -> Result<(), String> {
     }
     // A child inherits the filter and the handler.
     if !child {
-        seccomp::trap_memory_syscalls(libc_text.0, libc_text.1)
-            .map_err(|e| fail(&inst, format!("installing the seccomp filter: {e}")))?;
+        seccomp::trap_memory_syscalls(libc_text.0, libc_text.1).map_err(|e| {
+            fail(
+                &inst,
+                format!(
+                    "installing the seccomp filter for {:#x}..{:#x}: {e}",
+                    libc_text.0, libc_text.1
+                ),
+            )
+        })?;
     }
+    ACTIVE.store(true, Ordering::Release);
     *RUNNING.lock().unwrap_or_else(|e| e.into_inner()) = Some(Running {
         fm,
         inst,

@@ -51,6 +51,14 @@ impl Library {
     }
 }
 
+/// The next definition of `name` after the calling object's
+/// (`dlsym(RTLD_NEXT, name)`): what an interposing function forwards to.
+pub fn next_symbol(name: &CStr) -> Option<*mut libc::c_void> {
+    // SAFETY: `name` is a valid C string; RTLD_NEXT is a valid handle.
+    let p = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) };
+    (!p.is_null()).then_some(p)
+}
+
 impl Drop for Library {
     fn drop(&mut self) {
         // SAFETY: `handle` came from dlopen and is closed once.

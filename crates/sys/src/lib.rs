@@ -19,6 +19,7 @@ pub mod pagemap;
 pub mod process;
 pub mod seccomp;
 pub mod signal;
+pub mod tls;
 pub mod uffd;
 
 use std::io;

@@ -19,6 +19,11 @@ pub const PR_GET_MEMORY_MERGE: libc::c_int = 68;
 
 /// Maps `len` bytes of private anonymous read-write memory.
 pub fn mmap_anonymous(len: usize) -> io::Result<*mut u8> {
+    mmap_anonymous_flags(len, 0)
+}
+
+/// [`mmap_anonymous`] with extra `MAP_*` flags (such as `MAP_NORESERVE`).
+pub fn mmap_anonymous_flags(len: usize, flags: libc::c_int) -> io::Result<*mut u8> {
     // SAFETY: an anonymous private mapping at a kernel-chosen address touches no
     // existing memory.
     let p = unsafe {
@@ -26,7 +31,7 @@ pub fn mmap_anonymous(len: usize) -> io::Result<*mut u8> {
             std::ptr::null_mut(),
             len,
             libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | flags,
             -1,
             0,
         )

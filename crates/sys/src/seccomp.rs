@@ -79,7 +79,7 @@ fn jump(code: u16, k: u32, jt: u8, jf: u8) -> libc::sock_filter {
 /// stays, the C library moves), go through. Sets `no_new_privs`, which
 /// seccomp requires. Install the `SIGSYS` handler first.
 pub fn trap_memory_syscalls(start: u64, end: u64) -> io::Result<()> {
-    if start >> 32 != (end - 1) >> 32 || start >= end {
+    if start >= end || end - start > 1 << 32 {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -103,15 +103,27 @@ pub fn trap_memory_syscalls(start: u64, end: u64) -> io::Result<()> {
             prog.push(jump(BPF_JEQ_K, *nr as u32, n - i as u8, 0));
         }
         prog.push(stmt(BPF_RET_K, SECCOMP_RET_ALLOW));
-        prog.extend([
-            stmt(BPF_LD_W_ABS, 12),
-            jump(BPF_JEQ_K, (start >> 32) as u32, 0, 4),
-            stmt(BPF_LD_W_ABS, 8),
-            jump(BPF_JGE_K, start as u32, 0, 2),
-            jump(BPF_JGT_K, (end - 1) as u32, 1, 0),
-            stmt(BPF_RET_K, SECCOMP_RET_TRAP),
-            stmt(BPF_RET_K, SECCOMP_RET_ALLOW),
-        ]);
+        // The range in pieces that each lie in one 4 GiB window (the high
+        // halves equal): trap when the IP is inside one.
+        let mut pieces = Vec::new();
+        let mut s = start;
+        while s < end {
+            let window_end = ((s >> 32) + 1) << 32;
+            let e = end.min(window_end);
+            pieces.push((s, e));
+            s = e;
+        }
+        for (s, e) in pieces {
+            prog.extend([
+                stmt(BPF_LD_W_ABS, 12),
+                jump(BPF_JEQ_K, (s >> 32) as u32, 0, 4),
+                stmt(BPF_LD_W_ABS, 8),
+                jump(BPF_JGE_K, s as u32, 0, 2),
+                jump(BPF_JGT_K, (e - 1) as u32, 1, 0),
+                stmt(BPF_RET_K, SECCOMP_RET_TRAP),
+            ]);
+        }
+        prog.push(stmt(BPF_RET_K, SECCOMP_RET_ALLOW));
         let fprog = libc::sock_fprog {
             len: prog.len() as u16,
             filter: prog.as_mut_ptr(),

@@ -302,9 +302,9 @@ struct Shared {
     tracing: AtomicBool,
     started: Instant,
     /// Regions to add, each with where to send the outcome.
-    adds: Mutex<Vec<(Region, std::sync::mpsc::Sender<Result<()>>)>>,
+    adds: Mutex<Vec<(Region, reply::Tx<Result<()>>)>>,
     /// Requests to pause, each with where to send the outcome.
-    pauses: Mutex<Vec<std::sync::mpsc::Sender<Result<()>>>>,
+    pauses: Mutex<Vec<reply::Tx<Result<()>>>>,
     /// Paused: no page is evicted (see [`FarMemory::pause`]).
     paused: AtomicBool,
     counters: Counters,
@@ -386,7 +386,7 @@ impl FarMemory {
         // The handler thread exists before any page becomes remote: starting
         // a thread may touch the program's memory (the C library's own
         // state), which only a running handler can serve.
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (ready_tx, ready_rx) = reply::channel()?;
         let regions = sorted.clone();
         let unseen_ns = calibration.unseen_ns;
         let thread = std::thread::Builder::new()
@@ -402,8 +402,18 @@ impl FarMemory {
                 engine.discover = hooks.discover;
                 engine.inst = hooks.instance;
                 engine.inherit = hooks.inherited;
-                for r in &regions {
-                    if let Err(e) = engine.add_region(*r) {
+                // This thread's thread-local bookkeeping may sit in the very
+                // heap it emulates: it must never fault there.
+                if let Some((a, b)) = pagewise_sys::tls::dtv_range() {
+                    let a = a & !(PAGE_SIZE as u64 - 1);
+                    let pages = (b - a).div_ceil(PAGE_SIZE as u64);
+                    engine
+                        .excluded
+                        .push(crate::region::PageRange { start: a, pages });
+                }
+                let pieces: Vec<Region> = regions.iter().flat_map(|r| engine.carve(*r)).collect();
+                for r in pieces {
+                    if let Err(e) = engine.add_region(r) {
                         let _ = ready_tx.send(Err(e));
                         return Ok(());
                     }
@@ -459,7 +469,7 @@ impl FarMemory {
     /// populated pages become remote. Returns once it is emulated.
     pub fn add(&mut self, region: Region) -> Result<()> {
         crate::procfs::check_mapped_writable(&[region])?;
-        let (tx, rx) = std::sync::mpsc::channel();
+        let (tx, rx) = reply::channel()?;
         self.shared
             .adds
             .lock()
@@ -481,7 +491,7 @@ impl FarMemory {
     /// a `fork` needs for the child to have correct memory. Returns once
     /// done; [`FarMemory::resume`] evicts down to the budget again.
     pub fn pause(&mut self) -> Result<()> {
-        let (tx, rx) = std::sync::mpsc::channel();
+        let (tx, rx) = reply::channel()?;
         self.shared
             .pauses
             .lock()
@@ -656,6 +666,9 @@ struct Engine {
     moves: Vec<(u64, u64)>,
     adopts: Vec<Region>,
     later: Vec<(u64, Instant)>,
+    /// Pages never emulated: the handler thread's own thread-local
+    /// bookkeeping, which the C library keeps in the program's heap.
+    excluded: Vec<crate::region::PageRange>,
 }
 
 /// Whether `e` is `EAGAIN`: the address space is changing under a
@@ -705,6 +718,7 @@ impl Engine {
             moves: Vec::new(),
             adopts: Vec::new(),
             later: Vec::new(),
+            excluded: Vec::new(),
         };
         for r in regions {
             e.add_region(*r)?;
@@ -727,7 +741,8 @@ impl Engine {
                 r.start, r.len
             )));
         }
-        let st = AnonMemory::new(r.len as usize)?;
+        // Staging holds only the remote pages: reserved, not committed.
+        let st = AnonMemory::reserve(r.len as usize)?;
         let reg = |fd: &OwnedFd, start: u64, len: u64| {
             uffd::register(fd.as_raw_fd(), start, len, uffd::REGISTER_MODE_MISSING)
                 .map_err(|e| Error::os(format!("UFFDIO_REGISTER of {start:#x}+{len:#x}"), e))
@@ -1043,16 +1058,37 @@ impl Engine {
         Ok(())
     }
 
+    /// The parts of `r` outside the excluded pages.
+    fn carve(&self, r: Region) -> Vec<Region> {
+        if self.excluded.is_empty() {
+            return vec![r];
+        }
+        let whole = [crate::region::PageRange {
+            start: r.start,
+            pages: r.pages(),
+        }];
+        crate::region::subtract_sorted(&whole, &self.excluded)
+            .into_iter()
+            .filter_map(|p| Region::new(p.start, p.len()).ok())
+            .collect()
+    }
+
     /// Adds `[a, b)`, found by discovery; a range gone again meanwhile (its
     /// registration fails) is skipped.
     fn add_found(&mut self, a: u64, b: u64) {
-        let Ok(r) = Region::new(a, b - a) else {
+        let Ok(whole) = Region::new(a, b - a) else {
             return;
         };
-        match self.add_region(r) {
-            Ok(()) => {}
-            Err(e) if again(&e) => self.adopts.push(r),
-            Err(e) => eprintln!("pagewise farmem: not emulating {a:#x}..{b:#x}: {e}"),
+        for r in self.carve(whole) {
+            match self.add_region(r) {
+                Ok(()) => {}
+                Err(e) if again(&e) => self.adopts.push(r),
+                Err(e) => eprintln!(
+                    "pagewise farmem: not emulating {:#x}..{:#x}: {e}",
+                    r.start,
+                    r.end()
+                ),
+            }
         }
     }
 
@@ -1558,6 +1594,60 @@ fn staged_page(addr: u64) -> &'static [u8] {
     // caller reads it only while a page is mapped there (moved in, or a zero
     // page): reading it does not fault.
     unsafe { std::slice::from_raw_parts(addr as *const u8, PAGE_SIZE) }
+}
+
+/// One answer from the handler thread to a waiting caller, over a pipe.
+///
+/// The caller may be any thread of the emulated program: it must wait
+/// without anything the handler would have to touch in the program's heap
+/// (a parked thread's wake-up state may sit there), so it blocks in
+/// `read(2)` rather than parking.
+mod reply {
+    use crate::{Error, Result};
+    use std::io::{Read, Write};
+    use std::sync::{Arc, Mutex};
+
+    pub struct Tx<T> {
+        slot: Arc<Mutex<Option<T>>>,
+        pipe: std::io::PipeWriter,
+    }
+    pub struct Rx<T> {
+        slot: Arc<Mutex<Option<T>>>,
+        pipe: std::io::PipeReader,
+    }
+
+    pub fn channel<T>() -> Result<(Tx<T>, Rx<T>)> {
+        let (r, w) = std::io::pipe().map_err(|e| Error::os("creating a reply pipe", e))?;
+        let slot = Arc::new(Mutex::new(None));
+        Ok((
+            Tx {
+                slot: slot.clone(),
+                pipe: w,
+            },
+            Rx { slot, pipe: r },
+        ))
+    }
+
+    impl<T> Tx<T> {
+        /// Sends the answer; fails only when the caller is gone.
+        pub fn send(mut self, v: T) -> std::result::Result<(), ()> {
+            *self.slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(v);
+            self.pipe.write_all(b"r").map_err(|_| ())
+        }
+    }
+
+    impl<T> Rx<T> {
+        /// Waits for the answer; `Err` when the sender went away without one.
+        pub fn recv(mut self) -> std::result::Result<T, ()> {
+            let mut b = [0u8; 1];
+            let _ = self.pipe.read(&mut b);
+            self.slot
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take()
+                .ok_or(())
+        }
+    }
 }
 
 /// `MADV_POPULATE_WRITE` (Linux 5.14), missing from the 6.1 headers' libc.
