@@ -150,6 +150,7 @@ fn report(inst: &Instance, tag: Option<u32>) -> Report {
 
 fn run_cmd(a: RunArgs) -> Result<i32> {
     let me = std::process::id();
+    Instance::sweep();
     let (inst, created) = match &a.instance {
         Some(name) if pagewise::farmem::instance::dir().join(name).exists() => {
             if a.local_pages.is_some() || a.local_percent.is_some() {
@@ -230,7 +231,12 @@ fn run_cmd(a: RunArgs) -> Result<i32> {
 }
 
 fn ls(a: LsArgs) -> Result<i32> {
-    let all: Vec<Report> = Instance::list()?.iter().map(|i| report(i, None)).collect();
+    Instance::sweep();
+    let all: Vec<Report> = Instance::list()?
+        .iter()
+        .filter(|i| !i.is_stale())
+        .map(|i| report(i, None))
+        .collect();
     if a.json {
         println!("{}", serde_json::to_string_pretty(&all)?);
         return Ok(0);

@@ -278,6 +278,7 @@ extern "C" fn at_exit() {
             }
         }
     }
+    run.fm.publish_to(&run.inst, run.slot);
     run.inst.leave(run.slot);
 }
 

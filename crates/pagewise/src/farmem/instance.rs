@@ -293,6 +293,24 @@ impl Instance {
         Ok(out)
     }
 
+    /// Left behind: its creator and every member are gone (a `farmem run`
+    /// killed before it could remove it).
+    pub fn is_stale(&self) -> bool {
+        !crate::procfs::is_alive(self.h().creator_pid as i32)
+            && self.members().iter().all(|m| !m.live)
+    }
+
+    /// Removes every stale instance this user may remove; returns how many.
+    pub fn sweep() -> usize {
+        let mut n = 0;
+        for i in Self::list().unwrap_or_default() {
+            if i.is_stale() && (euid() == 0 || euid() == i.owner_uid()) && i.remove().is_ok() {
+                n += 1;
+            }
+        }
+        n
+    }
+
     /// Its name.
     pub fn name(&self) -> &str {
         &self.name

@@ -569,6 +569,12 @@ impl FarMemory {
         self.uffd_fd
     }
 
+    /// Publishes the counters to slot `slot` of `inst` now (the handler
+    /// publishes after every event; this is for a process about to exit).
+    pub fn publish_to(&self, inst: &instance::Instance, slot: usize) {
+        inst.publish(slot, &self.shared.counters, inst.published(slot).1);
+    }
+
     /// A handle that wakes the engine (for a [`Discover`] source with news).
     pub fn waker(&self) -> Result<std::io::PipeWriter> {
         self.wake
