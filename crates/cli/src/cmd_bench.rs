@@ -63,6 +63,11 @@ enum What {
     /// LDT's experiment (d): a real redis-server loaded by redis-benchmark,
     /// untracked and tracked every 1, 5 and 10 s.
     Redis(crate::cmd_redis::Args),
+    /// DiME's experiments (d) and (e): a real redis-server under `pagewise
+    /// farmem run`, GET throughput against local memory and latency, and
+    /// isolation between instances (with --full); every run checks a sample
+    /// of keys and values.
+    FarmemRedis(crate::cmd_farmem_redis::Args),
 }
 
 /// Progress on stderr: one updating line on a terminal, plain lines otherwise.
@@ -127,6 +132,7 @@ pub fn run(a: Args) -> Result<i32> {
             emit(&report, report.summary(), report.charts(), json, out)
         }
         What::Redis(r) => crate::cmd_redis::run(r),
+        What::FarmemRedis(r) => crate::cmd_farmem_redis::run(r),
     }
 }
 

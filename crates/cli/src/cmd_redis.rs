@@ -54,7 +54,7 @@ struct Report {
     baseline_rps: f64,
 }
 
-fn which(cmd: &str) -> bool {
+pub(crate) fn which(cmd: &str) -> bool {
     Command::new("sh")
         .arg("-c")
         .arg(format!("command -v {cmd}"))
@@ -64,12 +64,12 @@ fn which(cmd: &str) -> bool {
         .unwrap_or(false)
 }
 
-fn free_port() -> Result<u16> {
+pub(crate) fn free_port() -> Result<u16> {
     let l = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok(l.local_addr()?.port())
 }
 
-fn wait_ready(port: u16) -> Result<()> {
+pub(crate) fn wait_ready(port: u16) -> Result<()> {
     let t0 = Instant::now();
     while t0.elapsed() < Duration::from_secs(10) {
         if TcpStream::connect(("127.0.0.1", port)).is_ok() {

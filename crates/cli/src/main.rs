@@ -2,6 +2,7 @@
 
 mod cmd_bench;
 mod cmd_farmem;
+mod cmd_farmem_redis;
 mod cmd_probe;
 mod cmd_redis;
 mod cmd_snapshot;

@@ -1,0 +1,558 @@
+//! `pagewise bench farmem-redis`: DiME's experiments (d) and (e) on a real
+//! `redis-server` run by `pagewise farmem run`, loaded by `redis-benchmark`
+//! on loopback.
+//!
+//! Every run: start redis-server (emulated or not), load the data set with
+//! distinct values through a pipelined client of our own (keys
+//! `key:%012d`, the names redis-benchmark's `-r` asks for), drive GETs over
+//! the whole key space with redis-benchmark, then read back a sample of
+//! keys and check every value byte for byte. A wrong or missing value
+//! fails the benchmark.
+//!
+//! (d) GET throughput against the local budget (percent of the pages
+//! holding data) and against latency (DiME's Figures 5.2 and 5.3);
+//! (e) isolation (DiME's Table 5.4): one emulated Redis alone; two in
+//! separate instances; two sharing one instance (its budget, a percentage
+//! of both data sets, is twice one's); one emulated beside one that is not.
+
+use crate::cmd_redis::{free_port, wait_ready, which};
+use anyhow::{bail, Context, Result};
+use pagewise::bench::svg::{Chart, Series};
+use serde::Serialize;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The full experiment (more keys, requests and points; a few minutes).
+    #[arg(long)]
+    full: bool,
+    /// Print the report as one JSON object.
+    #[arg(long)]
+    json: bool,
+    /// Write report.json, summary.txt and SVG plots into this directory.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+struct Scale {
+    keys: u64,
+    value_bytes: usize,
+    requests: u64,
+    percents: Vec<u64>,
+    latencies: Vec<u64>,
+    fixed_latency: u64,
+    fixed_percent: u64,
+}
+
+/// How a Redis runs.
+#[derive(Clone, Debug, Serialize)]
+struct Emulation {
+    instance: String,
+    local_percent: u64,
+    latency_ns: u64,
+}
+
+struct Server {
+    child: Child,
+    port: u16,
+    stats: Option<PathBuf>,
+}
+
+impl Server {
+    fn start(em: Option<&Emulation>, stats: Option<PathBuf>) -> Result<Server> {
+        let port = free_port()?;
+        let redis = [
+            "redis-server",
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ]
+        .map(String::from);
+        let mut c = match em {
+            None => {
+                let mut c = Command::new(&redis[0]);
+                c.args(&redis[1..]);
+                c
+            }
+            Some(e) => {
+                let mut c = Command::new(std::env::current_exe()?);
+                c.args(["farmem", "run", "--instance", &e.instance]);
+                let exists = pagewise::farmem::instance::dir().join(&e.instance).exists();
+                if !exists {
+                    c.args([
+                        "--local-percent",
+                        &e.local_percent.to_string(),
+                        "--latency-ns",
+                        &e.latency_ns.to_string(),
+                    ]);
+                }
+                if let Some(s) = &stats {
+                    c.arg("--stats-json").arg(s);
+                }
+                c.arg("--").args(&redis);
+                c
+            }
+        };
+        let child = c
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting redis-server")?;
+        let s = Server { child, port, stats };
+        wait_ready(port)?;
+        Ok(s)
+    }
+
+    /// Shuts the server down and returns its far-memory statistics.
+    fn stop(mut self) -> Result<Option<serde_json::Value>> {
+        if let Ok(mut c) = TcpStream::connect(("127.0.0.1", self.port)) {
+            let _ = c.write_all(b"*2\r\n$8\r\nSHUTDOWN\r\n$6\r\nNOSAVE\r\n");
+        }
+        let _ = self.child.wait();
+        match &self.stats {
+            Some(p) => {
+                let text = std::fs::read_to_string(p)
+                    .with_context(|| format!("reading {}", p.display()))?;
+                Ok(Some(serde_json::from_str(&text)?))
+            }
+            None => Ok(None),
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn key(i: u64) -> String {
+    format!("key:{i:012}")
+}
+
+fn value(i: u64, len: usize) -> Vec<u8> {
+    let mut v = Vec::with_capacity(len);
+    let mut x = i.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    while v.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.extend_from_slice(format!("{x:016x}").as_bytes());
+    }
+    v.truncate(len);
+    v
+}
+
+fn bulk(out: &mut Vec<u8>, b: &[u8]) {
+    out.extend_from_slice(format!("${}\r\n", b.len()).as_bytes());
+    out.extend_from_slice(b);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Reads one RESP reply: `Some(bytes)` for a bulk string, `None` for nil;
+/// simple strings come back as their text.
+fn reply(r: &mut BufReader<TcpStream>) -> Result<Option<Vec<u8>>> {
+    let mut line = String::new();
+    r.read_line(&mut line)?;
+    match line.as_bytes().first() {
+        Some(b'+') => Ok(Some(line[1..].trim_end().as_bytes().to_vec())),
+        Some(b'$') => {
+            let n: i64 = line[1..].trim_end().parse()?;
+            if n < 0 {
+                return Ok(None);
+            }
+            let mut b = vec![0u8; n as usize + 2];
+            r.read_exact(&mut b)?;
+            b.truncate(n as usize);
+            Ok(Some(b))
+        }
+        _ => bail!("unexpected reply from redis: {line:?}"),
+    }
+}
+
+/// Loads keys `0..keys` with their values, pipelined.
+fn fill(port: u16, keys: u64, len: usize) -> Result<()> {
+    let s = TcpStream::connect(("127.0.0.1", port))?;
+    let mut w = s.try_clone()?;
+    let mut r = BufReader::new(s);
+    let mut i = 0;
+    while i < keys {
+        let n = (keys - i).min(256);
+        let mut buf = Vec::new();
+        for k in i..i + n {
+            buf.extend_from_slice(b"*3\r\n");
+            bulk(&mut buf, b"SET");
+            bulk(&mut buf, key(k).as_bytes());
+            bulk(&mut buf, &value(k, len));
+        }
+        w.write_all(&buf)?;
+        for _ in 0..n {
+            if reply(&mut r)?.as_deref() != Some(b"OK") {
+                bail!("SET failed");
+            }
+        }
+        i += n;
+    }
+    Ok(())
+}
+
+/// Reads back every `keys/samples`-th key: all must hold their value.
+fn verify(port: u16, keys: u64, len: usize, samples: u64) -> Result<u64> {
+    let s = TcpStream::connect(("127.0.0.1", port))?;
+    let mut w = s.try_clone()?;
+    let mut r = BufReader::new(s);
+    let step = (keys / samples).max(1);
+    let mut checked = 0;
+    let mut k = 0;
+    while k < keys {
+        let mut buf = Vec::new();
+        buf.extend_from_slice(b"*2\r\n");
+        bulk(&mut buf, b"GET");
+        bulk(&mut buf, key(k).as_bytes());
+        w.write_all(&buf)?;
+        match reply(&mut r)? {
+            Some(v) if v == value(k, len) => checked += 1,
+            Some(_) => bail!("redis returned a wrong value for {}", key(k)),
+            None => bail!("redis lost {}", key(k)),
+        }
+        k += step;
+    }
+    Ok(checked)
+}
+
+/// GET requests/s over the key space, by redis-benchmark.
+fn get_rps(port: u16, keys: u64, requests: u64) -> Result<f64> {
+    let out = Command::new("redis-benchmark")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-t", "get"])
+        .args([
+            "-n",
+            &requests.to_string(),
+            "-r",
+            &keys.to_string(),
+            "-c",
+            "10",
+            "--csv",
+        ])
+        .output()
+        .context("running redis-benchmark")?;
+    if !out.status.success() {
+        bail!(
+            "redis-benchmark failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("\"GET\""))
+        .with_context(|| format!("no GET line in redis-benchmark output: {text}"))?;
+    let v: Vec<&str> = line.split(',').collect();
+    Ok(v.get(1)
+        .context("short GET line")?
+        .trim_matches('"')
+        .parse()?)
+}
+
+#[derive(Serialize, Clone)]
+struct Point {
+    /// Which experiment and series.
+    series: String,
+    local_percent: Option<u64>,
+    latency_ns: Option<u64>,
+    get_rps: f64,
+    verified_keys: u64,
+    page_fault_count: u64,
+    remote_fetches: u64,
+    evictions: u64,
+    writebacks: u64,
+    injected_delay_ns: u64,
+    data_pages: u64,
+}
+
+/// Runs `servers` at once (each: its emulation or none), fills and loads
+/// them concurrently, verifies them; one point per server.
+fn run_together(
+    label: &str,
+    servers: &[Option<Emulation>],
+    s: &Scale,
+    dir: &std::path::Path,
+) -> Result<Vec<Point>> {
+    let mut started = Vec::new();
+    for (i, em) in servers.iter().enumerate() {
+        let stats = em
+            .as_ref()
+            .map(|_| dir.join(format!("stats-{}-{i}.json", std::process::id())));
+        if let Some(p) = &stats {
+            let _ = std::fs::remove_file(p);
+        }
+        started.push(Server::start(em.as_ref(), stats)?);
+    }
+    let results: Vec<Result<(f64, u64)>> = std::thread::scope(|sc| {
+        let hs: Vec<_> = started
+            .iter()
+            .map(|srv| {
+                let port = srv.port;
+                sc.spawn(move || -> Result<(f64, u64)> {
+                    fill(port, s.keys, s.value_bytes)?;
+                    let rps = get_rps(port, s.keys, s.requests)?;
+                    let ok = verify(port, s.keys, s.value_bytes, 200)?;
+                    Ok((rps, ok))
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| bail!("load thread panicked")))
+            .collect()
+    });
+    let mut out = Vec::new();
+    for ((srv, em), r) in started.into_iter().zip(servers).zip(results) {
+        let (rps, ok) = r?;
+        let st = srv.stop()?;
+        let g = |k: &str| st.as_ref().and_then(|v| v[k].as_u64()).unwrap_or(0);
+        out.push(Point {
+            series: label.to_string(),
+            local_percent: em.as_ref().map(|e| e.local_percent),
+            latency_ns: em.as_ref().map(|e| e.latency_ns),
+            get_rps: rps,
+            verified_keys: ok,
+            page_fault_count: g("page_fault_count"),
+            remote_fetches: g("remote_fetches"),
+            evictions: g("evictions"),
+            writebacks: g("writebacks"),
+            injected_delay_ns: g("injected_delay_ns"),
+            data_pages: g("data_pages"),
+        });
+    }
+    Ok(out)
+}
+
+#[derive(Serialize)]
+struct Report {
+    machine: pagewise::bench::Machine,
+    redis_version: String,
+    command: String,
+    keys: u64,
+    value_bytes: usize,
+    requests: u64,
+    baseline_get_rps: f64,
+    by_local: Vec<Point>,
+    by_latency: Vec<Point>,
+    isolation: Vec<Point>,
+    falls_with_less_local: bool,
+    falls_with_more_latency: bool,
+}
+
+/// Whether `ys` never rises by more than `tol` (relative) from one point to
+/// the next: "falls steadily" within noise.
+fn falls(ys: &[f64], tol: f64) -> bool {
+    ys.windows(2).all(|w| w[1] <= w[0] * (1.0 + tol))
+}
+
+pub fn run(a: Args) -> Result<i32> {
+    if !which("redis-server") || !which("redis-benchmark") {
+        bail!("redis-server and redis-benchmark are needed: run scripts/setup.sh (installs Debian's redis-server and redis-tools)");
+    }
+    let s = if a.full {
+        Scale {
+            keys: 40_000,
+            value_bytes: 1024,
+            requests: 100_000,
+            percents: vec![100, 75, 50, 25, 10],
+            latencies: vec![0, 10_000, 25_000, 50_000, 100_000],
+            fixed_latency: 5_000,
+            fixed_percent: 50,
+        }
+    } else {
+        Scale {
+            keys: 5_000,
+            value_bytes: 1024,
+            requests: 5_000,
+            percents: vec![100, 50, 10],
+            latencies: vec![0, 10_000],
+            fixed_latency: 5_000,
+            fixed_percent: 50,
+        }
+    };
+    let tmp = std::env::temp_dir().join(format!("pagewise-farmem-redis-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp)?;
+    let mut progress = crate::cmd_bench::progress();
+    let me = std::process::id();
+    let em = |name: &str, p: u64, l: u64| {
+        Some(Emulation {
+            instance: format!("bench-{me}-{name}"),
+            local_percent: p,
+            latency_ns: l,
+        })
+    };
+    progress("baseline: redis-server alone, not emulated");
+    let base = run_together("baseline", &[None], &s, &tmp)?;
+    let baseline = base[0].get_rps;
+    let mut by_local = Vec::new();
+    for &p in &s.percents {
+        progress(&format!("(d) local {p} % at {} ns", s.fixed_latency));
+        by_local.extend(run_together(
+            "local",
+            &[em(&format!("p{p}"), p, s.fixed_latency)],
+            &s,
+            &tmp,
+        )?);
+    }
+    let mut by_latency = Vec::new();
+    for &l in &s.latencies {
+        progress(&format!(
+            "(d) latency {l} ns at {} % local",
+            s.fixed_percent
+        ));
+        by_latency.extend(run_together(
+            "latency",
+            &[em(&format!("l{l}"), s.fixed_percent, l)],
+            &s,
+            &tmp,
+        )?);
+    }
+    let (fp, fl) = (s.fixed_percent, s.fixed_latency);
+    let mut isolation = Vec::new();
+    if a.full {
+        progress("(e) alone");
+        isolation.extend(run_together("alone", &[em("alone", fp, fl)], &s, &tmp)?);
+        progress("(e) two in separate instances");
+        isolation.extend(run_together(
+            "separate",
+            &[em("sep-a", fp, fl), em("sep-b", fp, fl)],
+            &s,
+            &tmp,
+        )?);
+        progress("(e) two sharing one instance");
+        isolation.extend(run_together(
+            "shared",
+            &[em("shared", fp, fl), em("shared", fp, fl)],
+            &s,
+            &tmp,
+        )?);
+        progress("(e) one emulated beside one not");
+        isolation.extend(run_together(
+            "beside",
+            &[em("beside", fp, fl), None],
+            &s,
+            &tmp,
+        )?);
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+    let version = Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let ys = |v: &[Point]| v.iter().map(|p| p.get_rps).collect::<Vec<_>>();
+    let report = Report {
+        machine: pagewise::bench::Machine::this(),
+        redis_version: version,
+        command: format!(
+            "pagewise bench farmem-redis{}",
+            if a.full { " --full" } else { "" }
+        ),
+        keys: s.keys,
+        value_bytes: s.value_bytes,
+        requests: s.requests,
+        baseline_get_rps: baseline,
+        falls_with_less_local: falls(&ys(&by_local), 0.10),
+        falls_with_more_latency: falls(&ys(&by_latency), 0.10),
+        by_local,
+        by_latency,
+        isolation,
+    };
+    let mut text = String::new();
+    use std::fmt::Write as _;
+    writeln!(
+        text,
+        "{} ({} keys x {} B, {} GETs per point)",
+        report.command, s.keys, s.value_bytes, s.requests
+    )?;
+    writeln!(text, "baseline (not emulated): {:.0} GET/s", baseline)?;
+    writeln!(
+        text,
+        "{:<10} {:>7} {:>9} {:>10} {:>8} {:>9} {:>9} {:>9}",
+        "series", "local%", "lat_ns", "GET/s", "x base", "faults", "evicts", "verified"
+    )?;
+    for p in report
+        .by_local
+        .iter()
+        .chain(&report.by_latency)
+        .chain(&report.isolation)
+    {
+        writeln!(
+            text,
+            "{:<10} {:>7} {:>9} {:>10.0} {:>8.3} {:>9} {:>9} {:>9}",
+            p.series,
+            p.local_percent.map_or("-".into(), |v| v.to_string()),
+            p.latency_ns.map_or("-".into(), |v| v.to_string()),
+            p.get_rps,
+            p.get_rps / baseline,
+            p.page_fault_count,
+            p.evictions,
+            p.verified_keys
+        )?;
+    }
+    writeln!(
+        text,
+        "throughput falls as local memory shrinks: {}; as latency grows: {} (10 % noise allowed)",
+        report.falls_with_less_local, report.falls_with_more_latency
+    )?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{text}");
+    }
+    if let Some(dir) = &a.out {
+        std::fs::create_dir_all(dir)?;
+        std::fs::write(
+            dir.join("report.json"),
+            serde_json::to_string_pretty(&report)? + "\n",
+        )?;
+        std::fs::write(dir.join("summary.txt"), &text)?;
+        let pts = |v: &[Point], x: fn(&Point) -> f64| {
+            v.iter().map(|p| (x(p), p.get_rps)).collect::<Vec<_>>()
+        };
+        let c = Chart {
+            title: format!("(d) redis GET/s against local memory ({fl} ns latency)"),
+            x_label: "local memory (% of pages holding data)".into(),
+            y_label: "GET requests/s".into(),
+            log_x: false,
+            log_y: false,
+            series: vec![
+                Series {
+                    label: "emulated".into(),
+                    points: pts(&report.by_local, |p| p.local_percent.unwrap_or(0) as f64),
+                },
+                Series {
+                    label: "not emulated".into(),
+                    points: vec![(10.0, baseline), (100.0, baseline)],
+                },
+            ],
+        };
+        std::fs::write(dir.join("redis_local.svg"), c.render())?;
+        let c = Chart {
+            title: format!("(d) redis GET/s against latency ({fp} % local)"),
+            x_label: "one-way latency (ns)".into(),
+            y_label: "GET requests/s".into(),
+            log_x: false,
+            log_y: false,
+            series: vec![Series {
+                label: "emulated".into(),
+                points: pts(&report.by_latency, |p| p.latency_ns.unwrap_or(0) as f64),
+            }],
+        };
+        std::fs::write(dir.join("redis_latency.svg"), c.render())?;
+        eprintln!("pagewise: wrote {}", dir.display());
+    }
+    Ok(0)
+}
