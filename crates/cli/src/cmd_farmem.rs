@@ -138,9 +138,10 @@ fn report(inst: &Instance, tag: Option<u32>) -> Report {
         local_npages: s.local_pages,
         local_percent: s.local_percent,
         pids: members.iter().filter(|m| m.live).map(|m| m.pid).collect(),
+        // A finished run's figures are those its members left.
         data_pages: members
             .iter()
-            .filter(|m| m.live)
+            .filter(|m| m.live || tag.is_some())
             .map(|m| m.data_pages)
             .sum(),
         stats,
@@ -153,10 +154,16 @@ fn run_cmd(a: RunArgs) -> Result<i32> {
     Instance::sweep();
     let (inst, created) = match &a.instance {
         Some(name) if pagewise::farmem::instance::dir().join(name).exists() => {
-            if a.local_pages.is_some() || a.local_percent.is_some() {
-                bail!("instance {name} exists: it keeps its settings (change them with `pagewise farmem set {name} key=value`)");
+            let inst = Instance::open(name, true)?;
+            let s = inst.settings();
+            let differs = a.local_pages.is_some_and(|n| n != s.local_pages)
+                || a.local_percent.is_some_and(|p| p != s.local_percent)
+                || ((a.local_pages.is_some() || a.local_percent.is_some())
+                    && (a.latency_ns != s.latency_ns || a.bandwidth_bps != s.bandwidth_bps));
+            if differs {
+                bail!("instance {name} exists with other settings: join it without them, or change them with `pagewise farmem set {name} key=value`");
             }
-            (Instance::open(name, true)?, false)
+            (inst, false)
         }
         name => {
             let name = name.clone().unwrap_or_else(|| format!("run-{me}"));
@@ -176,10 +183,14 @@ fn run_cmd(a: RunArgs) -> Result<i32> {
                 local_pages,
                 local_percent,
             };
-            (
-                Instance::create(&name, settings, cal.floor_ns, cal.unseen_ns)?,
-                true,
-            )
+            match Instance::create(&name, settings, cal.floor_ns, cal.unseen_ns) {
+                Ok(i) => (i, true),
+                // Another run created it meanwhile: join it.
+                Err(_) if pagewise::farmem::instance::dir().join(&name).exists() => {
+                    (Instance::open(&name, true)?, false)
+                }
+                Err(e) => return Err(e.into()),
+            }
         }
     };
     let shim = crate::cmd_track::shim_path()?;
@@ -220,8 +231,10 @@ fn run_cmd(a: RunArgs) -> Result<i32> {
         rep.stats.injected_delay_ns as f64 / 1e6,
         rep.stats.floor_ns
     );
-    if created && inst.members().iter().all(|m| !m.live) {
-        inst.remove()?;
+    // The last one out removes the instance (another may have done so).
+    let _ = created;
+    if inst.members().iter().all(|m| !m.live) {
+        let _ = inst.remove();
     }
     let status = status.with_context(|| format!("running {}", a.cmd[0]))?;
     Ok(status.code().unwrap_or_else(|| {
