@@ -15,7 +15,7 @@
 //! separate instances; two sharing one instance (its budget, a percentage
 //! of both data sets, is twice one's); one emulated beside one that is not.
 
-use crate::cmd_redis::{free_port, wait_ready, which};
+use crate::cmd_redis::{free_port, redis_benchmark, wait_ready, which};
 use anyhow::{bail, Context, Result};
 use pagewise::bench::svg::{Chart, Series};
 use serde::Serialize;
@@ -230,35 +230,13 @@ fn verify(port: u16, keys: u64, len: usize, samples: u64) -> Result<u64> {
 
 /// GET requests/s over the key space, by redis-benchmark.
 fn get_rps(port: u16, keys: u64, requests: u64) -> Result<f64> {
-    let out = Command::new("redis-benchmark")
-        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-t", "get"])
-        .args([
-            "-n",
-            &requests.to_string(),
-            "-r",
-            &keys.to_string(),
-            "-c",
-            "10",
-            "--csv",
-        ])
-        .output()
-        .context("running redis-benchmark")?;
-    if !out.status.success() {
-        bail!(
-            "redis-benchmark failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    let text = String::from_utf8_lossy(&out.stdout);
-    let line = text
-        .lines()
-        .find(|l| l.starts_with("\"GET\""))
-        .with_context(|| format!("no GET line in redis-benchmark output: {text}"))?;
-    let v: Vec<&str> = line.split(',').collect();
-    Ok(v.get(1)
-        .context("short GET line")?
-        .trim_matches('"')
-        .parse()?)
+    let (n, r) = (requests.to_string(), keys.to_string());
+    let rps = redis_benchmark(
+        port,
+        &["-t", "get", "-n", &n, "-r", &r, "-c", "10"],
+        &["GET"],
+    )?;
+    Ok(rps[0])
 }
 
 #[derive(Serialize, Clone)]

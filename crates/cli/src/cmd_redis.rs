@@ -80,25 +80,13 @@ pub(crate) fn wait_ready(port: u16) -> Result<()> {
     bail!("redis-server did not listen on 127.0.0.1:{port} within 10 s")
 }
 
-fn load(port: u16, requests: u64) -> Result<(f64, f64)> {
+/// Runs `redis-benchmark` against 127.0.0.1:`port` with `args` (CSV
+/// output added); returns the requests/s of test `name` for each name asked.
+pub(crate) fn redis_benchmark(port: u16, args: &[&str], names: &[&str]) -> Result<Vec<f64>> {
     let out = Command::new("redis-benchmark")
-        .args([
-            "-h",
-            "127.0.0.1",
-            "-p",
-            &port.to_string(),
-            "-t",
-            "set,get",
-            "-n",
-            &requests.to_string(),
-            "-r",
-            "100000",
-            "-d",
-            "1024",
-            "-c",
-            "50",
-            "--csv",
-        ])
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .arg("--csv")
         .output()
         .context("running redis-benchmark")?;
     if !out.status.success() {
@@ -108,14 +96,28 @@ fn load(port: u16, requests: u64) -> Result<(f64, f64)> {
         );
     }
     let text = String::from_utf8_lossy(&out.stdout);
-    let rps = |name: &str| -> Result<f64> {
-        text.lines()
-            .find(|l| l.starts_with(&format!("\"{name}\"")))
-            .and_then(|l| l.split(',').nth(1))
-            .and_then(|v| v.trim_matches('"').parse().ok())
-            .with_context(|| format!("no {name} line in redis-benchmark output: {text}"))
-    };
-    Ok((rps("SET")?, rps("GET")?))
+    names
+        .iter()
+        .map(|name| {
+            text.lines()
+                .find(|l| l.starts_with(&format!("\"{name}\"")))
+                .and_then(|l| l.split(',').nth(1))
+                .and_then(|v| v.trim_matches('"').parse().ok())
+                .with_context(|| format!("no {name} line in redis-benchmark output: {text}"))
+        })
+        .collect()
+}
+
+fn load(port: u16, requests: u64) -> Result<(f64, f64)> {
+    let n = requests.to_string();
+    let r = redis_benchmark(
+        port,
+        &[
+            "-t", "set,get", "-n", &n, "-r", "100000", "-d", "1024", "-c", "50",
+        ],
+        &["SET", "GET"],
+    )?;
+    Ok((r[0], r[1]))
 }
 
 /// The server (or `pagewise track` running it). Dropping it asks Redis to shut

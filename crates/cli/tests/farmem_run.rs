@@ -214,6 +214,38 @@ fn programs_keep_their_memory() {
             assert!(!err.contains("stopped"), "{args:?}: {err}");
         }
     }
+    // Thread stacks emulated too (--stacks): threads start, run and exit.
+    let (out, err) = run_target(
+        &dir,
+        &["--stacks", "--local-pages", "100", "--policy", "clock"],
+        &["threads"],
+    );
+    assert_eq!(out, plain(&["threads"]), "threads with --stacks\n{err}");
+
+    // A forked child stays in its parent's instance: two members, one run.
+    let stats = dir.join("fork-stats.json");
+    run_target(
+        &dir,
+        &[
+            "--local-pages",
+            "100",
+            "--stats-json",
+            stats.to_str().unwrap(),
+        ],
+        &["fork"],
+    );
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    let members = s["members"].as_array().unwrap();
+    assert_eq!(members.len(), 2, "parent and child: {s}");
+    assert_ne!(members[0]["pid"], members[1]["pid"]);
+    assert!(
+        members
+            .iter()
+            .all(|m| m["stats"]["page_fault_count"].as_u64().unwrap() > 0),
+        "{s}"
+    );
+
     // The plain run itself is right (its check is what we compare).
     let fnv = data
         .iter()

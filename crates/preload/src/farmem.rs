@@ -35,6 +35,9 @@ pub const ENV_TRACE: &str = "PAGEWISE_FARMEM_TRACE";
 /// Environment: the tag members of one `farmem run` share.
 pub const ENV_TAG: &str = "PAGEWISE_FARMEM_TAG";
 
+/// The top of a thread stack left alone with `--stacks` (see on_sigsys).
+const STACK_TOP_KEPT: u64 = 64 << 10;
+
 const RING: usize = 4096;
 static RING_START: [AtomicU64; RING] = [const { AtomicU64::new(0) }; RING];
 static RING_LEN: [AtomicU64; RING] = [const { AtomicU64::new(0) }; RING];
@@ -43,6 +46,9 @@ static TAIL: AtomicUsize = AtomicUsize::new(0);
 static UFFD: AtomicI32 = AtomicI32::new(-1);
 static WAKE: AtomicI32 = AtomicI32::new(-1);
 static STACKS: AtomicBool = AtomicBool::new(false);
+/// The handler thread: its own mappings (staging) are never emulated. (In a
+/// child after fork it is created under the filter.)
+static HANDLER_TID: AtomicI32 = AtomicI32::new(0);
 
 /// Private anonymous mappings made without write permission (reservations
 /// such as the C library's thread arenas), which `mprotect` may open later.
@@ -163,7 +169,9 @@ extern "C" fn on_sigsys(_: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
         _ => {
             // SAFETY: the program's own call, made for it.
             let r = unsafe { raw_syscall(t.nr, a) };
-            if r >= 0 {
+            // SAFETY: gettid has no arguments and no side effect.
+            let tid = unsafe { raw_syscall(libc::SYS_gettid, [0; 6]) } as i32;
+            if r >= 0 && tid != HANDLER_TID.load(Ordering::Acquire) {
                 let anon_private = |flags: u64| {
                     flags & libc::MAP_ANONYMOUS as u64 != 0
                         && flags & libc::MAP_SHARED as u64 == 0
@@ -174,10 +182,21 @@ extern "C" fn on_sigsys(_: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
                 match t.nr {
                     libc::SYS_mmap if anon_private(a[3]) => {
                         let stack = a[3] & libc::MAP_STACK as u64 != 0;
-                        if !writable(a[2]) {
-                            remember_reserved(r as u64, a[1]);
-                        } else if !stack || STACKS.load(Ordering::Relaxed) {
-                            emulate(r as u64, a[1]);
+                        let (start, len) = if stack {
+                            // A thread stack holds the thread's control block
+                            // and static TLS at its top; the kernel writes
+                            // there as the thread exits (clearing its tid),
+                            // when no fault can be served. Never emulated.
+                            (r as u64, page_up(a[1]).saturating_sub(STACK_TOP_KEPT))
+                        } else {
+                            (r as u64, a[1])
+                        };
+                        if stack && !STACKS.load(Ordering::Relaxed) {
+                            // Not emulated at all (its later mprotect neither).
+                        } else if !writable(a[2]) {
+                            remember_reserved(start, len);
+                        } else {
+                            emulate(start, len);
                         }
                     }
                     libc::SYS_mprotect if writable(a[2]) && is_reserved(a[0], a[1]) => {
@@ -330,6 +349,7 @@ extern "C" fn after_fork_child() {
     }
     HEAD.store(0, Ordering::Relaxed);
     TAIL.store(0, Ordering::Relaxed);
+    HANDLER_TID.store(0, Ordering::Relaxed);
     let Ok(name) = std::env::var(ENV_INSTANCE) else {
         return;
     };
@@ -398,7 +418,11 @@ fn start(name: &str, child: bool) -> Result<(), String> {
     ];
     let mut regions = Vec::new();
     let mut prev: Option<&pagewise::procfs::Mapping> = None;
-    for m in &maps {
+    // A child after fork emulates only what it maps from now on: what it
+    // inherited (the parent's heap, but also copies of the parent's handler
+    // stack and staging) stays as it is, shared with the parent.
+    let inherited: &[pagewise::procfs::Mapping] = if child { &[] } else { &maps };
+    for m in inherited {
         let after_file = prev.is_some_and(|p| p.end == m.start && p.inode != 0);
         prev = Some(m);
         if !m.is_anonymous() || !m.write || !m.read || m.is_special() {
@@ -442,6 +466,11 @@ fn start(name: &str, child: bool) -> Result<(), String> {
         discover: Some(Box::new(drain)),
         instance: Some((inst.clone(), slot)),
         inherited: child,
+        on_start: Some(Box::new(|| {
+            // SAFETY: gettid has no arguments and no side effect.
+            let tid = unsafe { raw_syscall(libc::SYS_gettid, [0; 6]) };
+            HANDLER_TID.store(tid as i32, Ordering::Release);
+        })),
     };
     let mut fm = FarMemory::new_with(
         &regions,

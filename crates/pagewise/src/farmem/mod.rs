@@ -29,11 +29,16 @@
 //! no events, so that the engine's own drops there never wait on itself.)
 //!
 //! # What the caller guarantees
-//! The regions are private anonymous memory, mapped and writable. The
-//! program does not `mremap` them or `fork` while they are emulated (both
-//! are planned; a page shared with a child cannot be moved and stops the
-//! engine with an error). When the [`FarMemory`] is stopped or dropped,
-//! every remote page is moved back.
+//! The regions are private anonymous memory, mapped and writable. An
+//! `mremap` of emulated memory is followed (the remote pages move with it).
+//! Before a `fork`, call [`FarMemory::pause`] so that the child's copy of
+//! memory is complete, and [`FarMemory::resume`] after it in the parent (the
+//! preload shim does both); a page shared with a child (or merged by KSM)
+//! is given its own copy before it is evicted. When the [`FarMemory`] is
+//! stopped or dropped, every remote page is moved back.
+//!
+//! Unmodified programs: `pagewise farmem run` (see the preload shim), with
+//! several processes in one [`instance`].
 
 pub mod instance;
 pub mod link;
@@ -272,6 +277,9 @@ pub struct Hooks {
     /// budget, rather than becoming remote; only pages mapped from now on
     /// are emulated.
     pub inherited: bool,
+    /// Called first thing on the handler thread (to note its thread id,
+    /// say, so that a system-call trap can leave its calls alone).
+    pub on_start: Option<Box<dyn FnOnce() + Send>>,
 }
 
 impl Shared {
@@ -392,6 +400,9 @@ impl FarMemory {
         let thread = std::thread::Builder::new()
             .name("pagewise-farmem".into())
             .spawn(move || {
+                if let Some(f) = hooks.on_start {
+                    f();
+                }
                 let mut engine = match Engine::new(&[], policy, unseen_ns) {
                     Ok(e) => e,
                     Err(e) => {
@@ -1341,8 +1352,16 @@ impl Engine {
                 Ok(())
             }
             // Dropped meanwhile (its event is on the way): leave it
-            // mapped-or-not; shared with another process: leave it local.
-            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::EBUSY)) => Ok(()),
+            // mapped-or-not; shared with another process, or events
+            // pending: leave it local, unparked.
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ENOENT | libc::EBUSY | libc::EAGAIN)
+                ) =>
+            {
+                Ok(())
+            }
             Err(e)
                 if e.raw_os_error() == Some(libc::EEXIST) && self.moved_anyway(staged, addr)? =>
             {
@@ -1380,15 +1399,21 @@ impl Engine {
         }
         if self.pages[g] == Where::Parked {
             // A soft fault: the page is local, its policy learns it was used.
+            // Book-keeping first (the move wakes the faulting thread, which
+            // may look at the counters at once); undone if the move must
+            // wait for pending events, so the page is still parked when the
+            // fault is served again.
+            let (_, _, addr, staged) = self.addr_of(g);
             self.put(g, Where::Local);
             sh.counters.soft.fetch_add(1, Ordering::Relaxed);
-            sh.record(self.addr_of(g).2, TraceKind::Soft);
+            if let Err(e) = uffd::move_pages(fd, addr, staged, PAGE_SIZE as u64, 0) {
+                self.put(g, Where::Parked);
+                sh.counters.soft.fetch_sub(1, Ordering::Relaxed);
+                return Err(Error::os(format!("UFFDIO_MOVE of {staged:#x} back"), e));
+            }
+            sh.record(addr, TraceKind::Soft);
             self.policy.accessed(g);
-            let (_, _, addr, staged) = self.addr_of(g);
-            return match uffd::move_pages(fd, addr, staged, PAGE_SIZE as u64, 0) {
-                Ok(()) => Ok(()),
-                Err(e) => Err(Error::os(format!("UFFDIO_MOVE of {staged:#x} back"), e)),
-            };
+            return Ok(());
         }
         let cfg = *sh.config.lock().unwrap_or_else(|e| e.into_inner());
         let c = &sh.counters;
