@@ -3,6 +3,7 @@
 mod cmd_bench;
 mod cmd_farmem;
 mod cmd_farmem_redis;
+mod cmd_inspect;
 mod cmd_probe;
 mod cmd_redis;
 mod cmd_snapshot;
@@ -42,6 +43,12 @@ enum Cmd {
     /// -- CMD` runs CMD with at most N of its pages local; `farmem ls` lists
     /// running instances; `farmem set ID key=value` changes one at once.
     Farmem(cmd_farmem::Args),
+    /// What a process's memory holds: residency, huge pages, zero-filled
+    /// bloat and duplicate pages, per 2 MiB region with --regions.
+    ///
+    /// `pagewise inspect --pid PID [--pid PID ...] [--json] [--regions]`
+    /// reads every resident anonymous page once.
+    Inspect(cmd_inspect::Args),
     /// Run the benchmarks of a capability and print ratios against the baselines.
     Bench(cmd_bench::Args),
     /// One-step tour: track a built-in workload with every available backend.
@@ -58,6 +65,7 @@ fn main() {
         Cmd::Track(a) => cmd_track::run(a),
         Cmd::Snapshot(a) => cmd_snapshot::run(a),
         Cmd::Farmem(a) => cmd_farmem::run(a),
+        Cmd::Inspect(a) => cmd_inspect::run(a),
         Cmd::Bench(a) => cmd_bench::run(a),
         Cmd::Demo(a) => cmd_bench::demo(a),
         Cmd::Workload(a) => cmd_workload::run(a),

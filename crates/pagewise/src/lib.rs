@@ -21,6 +21,7 @@ pub mod bench;
 pub mod dedup;
 pub mod farmem;
 pub mod hash;
+pub mod inspect;
 pub mod probe;
 pub mod procfs;
 pub mod region;

@@ -39,27 +39,51 @@ impl PageWalker {
     /// `r`, ascending and coalesced. Pages outside them read as zeros.
     pub fn populated(&mut self, r: Region, out: &mut Vec<(u64, u64)>) -> Result<()> {
         out.clear();
-        let Some(pm) = &self.pagemap else {
+        if self.pagemap.is_none() {
             out.push((r.start, r.end()));
             return Ok(());
+        }
+        let any = pagemap::category::PRESENT | pagemap::category::SWAPPED;
+        let mut runs = Vec::new();
+        self.categories(r, any, any, &mut runs)?;
+        for pr in runs {
+            match out.last_mut() {
+                Some(last) if last.1 == pr.start => last.1 = pr.end,
+                _ => out.push((pr.start, pr.end)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Replaces `out` with the runs of `r` in any of the `anyof`
+    /// categories (`pagemap::category`), each with its categories masked by
+    /// `report`, ascending. `Unsupported` without `PAGEMAP_SCAN`.
+    pub fn categories(
+        &mut self,
+        r: Region,
+        anyof: u64,
+        report: u64,
+        out: &mut Vec<pagemap::PageRegion>,
+    ) -> Result<()> {
+        out.clear();
+        let Some(pm) = &self.pagemap else {
+            return Err(Error::Unsupported {
+                feature: "PAGEMAP_SCAN",
+                why: "the kernel has no PAGEMAP_SCAN ioctl (Linux 6.7+)".into(),
+            });
         };
         let mut addr = r.start;
         while addr < r.end() {
             let mut arg = pagemap::PmScanArg {
                 start: addr,
                 end: r.end(),
-                category_anyof_mask: pagemap::category::PRESENT | pagemap::category::SWAPPED,
-                return_mask: pagemap::category::PRESENT | pagemap::category::SWAPPED,
+                category_anyof_mask: anyof,
+                return_mask: report,
                 ..Default::default()
             };
             let n = pagemap::pagemap_scan(pm.as_raw_fd(), &mut arg, &mut self.scan_vec)
                 .map_err(|e| Error::at(self.pid, format!("PAGEMAP_SCAN of {addr:#x}"), e))?;
-            for pr in &self.scan_vec[..n] {
-                match out.last_mut() {
-                    Some(last) if last.1 == pr.start => last.1 = pr.end,
-                    _ => out.push((pr.start, pr.end)),
-                }
-            }
+            out.extend_from_slice(&self.scan_vec[..n]);
             if arg.walk_end <= addr {
                 break;
             }

@@ -1,0 +1,238 @@
+//! What a process's memory holds, per mapping and per 2 MiB region: the
+//! ground HawkEye and SmartMD decide on.
+//!
+//! For each process: every mapping's resident, swapped and huge-page-mapped
+//! pages (`PAGEMAP_SCAN` categories); for anonymous memory also the contents
+//! of every resident page, read once (`process_vm_readv`): zero-filled pages
+//! inside huge pages (HawkEye's bloat) and outside them, and pages whose
+//! contents another page also has, within a process and across the
+//! processes given (exact, by 128-bit digest). A 2 MiB region's
+//! repetition rate (SmartMD) is the share of its resident pages whose
+//! contents occur elsewhere too.
+//!
+//! Definitions of the summary:
+//! - `rss_bytes`: resident pages (anonymous and file), not counting pages
+//!   mapped to the shared zero page;
+//! - `thp_bytes`: anonymous resident bytes mapped by PMD huge pages;
+//! - `bloat_bytes`: zero-filled base pages inside those huge pages;
+//! - `zero_bytes`: every zero-filled resident anonymous base page;
+//! - `duplicate_bytes`: what merging identical non-zero anonymous pages
+//!   would free (each group of n identical pages frees n − 1).
+
+use crate::walk::{read_remote, PageWalker};
+use crate::{procfs, Region, Result, HUGE_PAGE_SIZE, PAGE_SIZE};
+use pagewise_sys::pagemap::category as cat;
+use serde::Serialize;
+use std::collections::HashMap;
+
+/// One 2 MiB-aligned region (or the part of it a mapping covers).
+#[derive(Debug, Clone, Serialize)]
+pub struct RegionReport {
+    /// Process.
+    pub pid: i32,
+    /// Start (2 MiB-aligned unless the mapping starts inside it).
+    pub start: u64,
+    /// Length covered by the mapping.
+    pub len: u64,
+    /// The mapping's path (empty for anonymous memory).
+    pub path: String,
+    /// Anonymous (private, not file-backed).
+    pub anon: bool,
+    /// Resident base pages.
+    pub resident_pages: u64,
+    /// Base pages mapped by a PMD huge page.
+    pub huge_pages: u64,
+    /// Swapped-out pages.
+    pub swapped_pages: u64,
+    /// Zero-filled resident pages (anonymous only).
+    pub zero_pages: u64,
+    /// Zero-filled pages inside huge pages.
+    pub bloat_pages: u64,
+    /// Resident non-zero pages whose contents another page also has.
+    pub duplicate_pages: u64,
+    /// `duplicate_pages / resident_pages`.
+    pub repetition_rate: f64,
+}
+
+/// The whole inspection.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// The processes inspected.
+    pub pids: Vec<i32>,
+    /// Resident bytes.
+    pub rss_bytes: u64,
+    /// Resident anonymous bytes.
+    pub anon_bytes: u64,
+    /// Resident file-backed bytes.
+    pub file_bytes: u64,
+    /// Swapped-out bytes.
+    pub swapped_bytes: u64,
+    /// Anonymous bytes mapped by PMD huge pages.
+    pub thp_bytes: u64,
+    /// Zero-filled base pages inside huge pages, bytes.
+    pub bloat_bytes: u64,
+    /// Zero-filled resident anonymous base pages, bytes.
+    pub zero_bytes: u64,
+    /// Bytes merging identical non-zero anonymous pages would free.
+    pub duplicate_bytes: u64,
+    /// Of those, between pages of different processes.
+    pub cross_process_duplicate_bytes: u64,
+    /// Anonymous pages whose contents were read.
+    pub pages_read: u64,
+    /// Per region, when asked for.
+    pub regions: Vec<RegionReport>,
+}
+
+/// Inspects `pids`; `progress(done, total)` is called as pages are read.
+/// With `regions`, the report lists every 2 MiB region.
+pub fn inspect(pids: &[i32], regions: bool, progress: &mut dyn FnMut(u64, u64)) -> Result<Report> {
+    let mut out = Report {
+        pids: pids.to_vec(),
+        rss_bytes: 0,
+        anon_bytes: 0,
+        file_bytes: 0,
+        swapped_bytes: 0,
+        thp_bytes: 0,
+        bloat_bytes: 0,
+        zero_bytes: 0,
+        duplicate_bytes: 0,
+        cross_process_duplicate_bytes: 0,
+        pages_read: 0,
+        regions: Vec::new(),
+    };
+    let mut all: Vec<RegionReport> = Vec::new();
+    // Digest of every non-zero anonymous page read: (region index, pid).
+    let mut pages: Vec<(crate::hash::PageDigest, u32)> = Vec::new();
+    let mut plans = Vec::new();
+    let mut total = 0u64;
+    for &pid in pids {
+        let maps = procfs::maps(Some(pid))?;
+        let mut walker = PageWalker::new(Some(pid))?;
+        let mut runs = Vec::new();
+        for m in maps.iter().filter(|m| m.read && !m.is_special()) {
+            let Ok(r) = Region::new(m.start, m.len()) else {
+                continue;
+            };
+            let anon = m.is_anonymous();
+            walker.categories(
+                r,
+                cat::PRESENT | cat::SWAPPED,
+                cat::PRESENT | cat::SWAPPED | cat::HUGE | cat::PFNZERO,
+                &mut runs,
+            )?;
+            let mut a = m.start;
+            while a < m.end {
+                let next = ((a / HUGE_PAGE_SIZE as u64) + 1) * HUGE_PAGE_SIZE as u64;
+                let e = next.min(m.end);
+                let ri = all.len();
+                let mut rep = RegionReport {
+                    pid,
+                    start: a,
+                    len: e - a,
+                    path: m.path.clone(),
+                    anon,
+                    resident_pages: 0,
+                    huge_pages: 0,
+                    swapped_pages: 0,
+                    zero_pages: 0,
+                    bloat_pages: 0,
+                    duplicate_pages: 0,
+                    repetition_rate: 0.0,
+                };
+                for pr in runs.iter().filter(|p| p.start < e && a < p.end) {
+                    let (s, t) = (pr.start.max(a), pr.end.min(e));
+                    let n = (t - s) / PAGE_SIZE as u64;
+                    if pr.categories & cat::SWAPPED != 0 {
+                        rep.swapped_pages += n;
+                        continue;
+                    }
+                    if pr.categories & cat::PFNZERO != 0 {
+                        // The shared zero page: reads as zeros, holds no memory.
+                        continue;
+                    }
+                    rep.resident_pages += n;
+                    let huge = pr.categories & cat::HUGE != 0;
+                    if huge {
+                        rep.huge_pages += n;
+                    }
+                    if anon {
+                        plans.push((pid, ri, s, t, huge));
+                        total += n;
+                    }
+                }
+                all.push(rep);
+                a = e;
+            }
+        }
+    }
+    // Read every resident anonymous page once.
+    let mut buf = vec![0u8; 256 * PAGE_SIZE];
+    let mut done = 0u64;
+    for (pid, ri, s, t, huge) in plans {
+        let mut a = s;
+        while a < t {
+            let len = ((t - a) as usize).min(buf.len());
+            let got = read_remote(pid, a, &mut buf[..len])?;
+            let _ = got;
+            for page in buf[..len].chunks_exact(PAGE_SIZE) {
+                let rep = &mut all[ri];
+                if page.iter().all(|&b| b == 0) {
+                    rep.zero_pages += 1;
+                    if huge {
+                        rep.bloat_pages += 1;
+                    }
+                } else {
+                    pages.push((crate::hash::page_digest(page), ri as u32));
+                }
+            }
+            done += (len / PAGE_SIZE) as u64;
+            progress(done, total);
+            a += len as u64;
+        }
+    }
+    out.pages_read = done;
+    // Duplicates: group identical digests.
+    pages.sort_unstable_by_key(|p| p.0);
+    let mut i = 0;
+    while i < pages.len() {
+        let mut j = i + 1;
+        while j < pages.len() && pages[j].0 == pages[i].0 {
+            j += 1;
+        }
+        if j - i > 1 {
+            out.duplicate_bytes += ((j - i - 1) * PAGE_SIZE) as u64;
+            let mut per_pid: HashMap<i32, u64> = HashMap::new();
+            for p in &pages[i..j] {
+                all[p.1 as usize].duplicate_pages += 1;
+                *per_pid.entry(all[p.1 as usize].pid).or_default() += 1;
+            }
+            // Merging within each process first; what is left is shared
+            // across processes.
+            out.cross_process_duplicate_bytes += ((per_pid.len() - 1) * PAGE_SIZE) as u64;
+        }
+        i = j;
+    }
+    for r in &mut all {
+        let b = PAGE_SIZE as u64;
+        out.rss_bytes += r.resident_pages * b;
+        if r.anon {
+            out.anon_bytes += r.resident_pages * b;
+            out.thp_bytes += r.huge_pages * b;
+        } else {
+            out.file_bytes += r.resident_pages * b;
+        }
+        out.swapped_bytes += r.swapped_pages * b;
+        out.bloat_bytes += r.bloat_pages * b;
+        out.zero_bytes += r.zero_pages * b;
+        if r.resident_pages > 0 {
+            r.repetition_rate = r.duplicate_pages as f64 / r.resident_pages as f64;
+        }
+    }
+    if regions {
+        out.regions = all
+            .into_iter()
+            .filter(|r| r.resident_pages + r.swapped_pages > 0)
+            .collect();
+    }
+    Ok(out)
+}

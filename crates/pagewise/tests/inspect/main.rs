@@ -1,0 +1,87 @@
+//! The inspector against a known layout: 16 huge pages' worth of memory in
+//! which, page by page, 30 % are zero-filled, 20 % repeat in groups of 8
+//! identical pages, and the rest are unique. Every count must be exact.
+
+use pagewise::inspect::inspect;
+use pagewise::workload::{AnonMemory, Rng};
+use pagewise::{HUGE_PAGE_SIZE, PAGE_SIZE};
+
+#[test]
+fn known_layout_counted_exactly() {
+    let p = pagewise::probe::get();
+    if !p.pagemap_scan {
+        eprintln!("skipped: {}", p.why("pagemap_scan"));
+        return;
+    }
+    const HUGE: usize = 16;
+    let mem = AnonMemory::new(HUGE * HUGE_PAGE_SIZE).unwrap();
+    let huge_ok = p.madv_collapse && mem.madvise(0, mem.len(), libc::MADV_HUGEPAGE).is_ok();
+    let n = mem.pages();
+    let mut rng = Rng::new(0x5eed);
+    let mut page = vec![0u8; PAGE_SIZE];
+    for i in 0..n {
+        match i % 10 {
+            // Written, so resident, then zero again.
+            0..=2 => {
+                mem.fill_page(i, 1);
+                mem.fill_page(i, 0);
+            }
+            // Groups of 8 identical pages: the 40-page block's id.
+            3 | 4 => {
+                let mut g = Rng::new(0xd0b1_e000 + (i / 40) as u64);
+                for w in page.chunks_exact_mut(8) {
+                    w.copy_from_slice(&g.next_u64().to_le_bytes());
+                }
+                mem.write_at(i * PAGE_SIZE, &page);
+            }
+            _ => {
+                for w in page.chunks_exact_mut(8) {
+                    w.copy_from_slice(&rng.next_u64().to_le_bytes());
+                }
+                mem.write_at(i * PAGE_SIZE, &page);
+            }
+        }
+    }
+    let collapsed = huge_ok
+        && mem
+            .madvise(0, mem.len(), pagewise_sys::mem::MADV_COLLAPSE)
+            .is_ok();
+    let me = std::process::id() as i32;
+    let rep = inspect(&[me], true, &mut |_, _| {}).unwrap();
+    let mine: Vec<_> = rep
+        .regions
+        .iter()
+        .filter(|r| r.start >= mem.addr() && r.start < mem.addr() + mem.len() as u64)
+        .collect();
+    assert_eq!(mine.len(), HUGE, "one report per 2 MiB region");
+    let sum =
+        |f: fn(&pagewise::inspect::RegionReport) -> u64| mine.iter().map(|r| f(r)).sum::<u64>();
+    let zeros = (0..n).filter(|i| i % 10 < 3).count() as u64;
+    let dups = (0..n).filter(|i| matches!(i % 10, 3 | 4)).count() as u64;
+    let groups = (0..n)
+        .filter(|i| i % 10 == 3)
+        .map(|i| i / 40)
+        .collect::<std::collections::BTreeSet<_>>()
+        .len() as u64;
+    let n = n as u64;
+    assert_eq!(sum(|r| r.resident_pages), n);
+    assert_eq!(sum(|r| r.zero_pages), zeros);
+    assert_eq!(sum(|r| r.duplicate_pages), dups);
+    for r in &mine {
+        assert!((r.repetition_rate - 0.2).abs() < 0.01, "{r:?}");
+    }
+    if collapsed {
+        assert_eq!(sum(|r| r.huge_pages), n, "all collapsed");
+        assert_eq!(sum(|r| r.bloat_pages), zeros);
+    } else {
+        eprintln!("huge-page part skipped: MADV_COLLAPSE unavailable or refused");
+    }
+    // The summary counts these pages too (and the rest of this process).
+    assert!(rep.zero_bytes >= zeros * PAGE_SIZE as u64);
+    assert!(rep.duplicate_bytes >= (dups - groups) * PAGE_SIZE as u64);
+    assert!(rep.rss_bytes >= n * PAGE_SIZE as u64);
+    if collapsed {
+        assert!(rep.thp_bytes >= n * PAGE_SIZE as u64);
+        assert!(rep.bloat_bytes >= zeros * PAGE_SIZE as u64);
+    }
+}
