@@ -74,6 +74,17 @@ pub fn run(a: Args) -> Result<i32> {
         share(rep.zero_bytes, rep.anon_bytes)
     );
     println!("  duplicates      {:>12}  (freed by merging identical non-zero pages; {} across processes)", mib(rep.duplicate_bytes), mib(rep.cross_process_duplicate_bytes));
+    match rep.ksm_merging_bytes {
+        Some(k) => println!(
+            "  KSM merges now  {:>12}  (would save up to {} with zero pages)",
+            mib(k),
+            mib(rep.duplicate_bytes + rep.zero_bytes)
+        ),
+        None => println!(
+            "  KSM merges now  {:>12}  (this kernel has no /proc/PID/ksm_stat)",
+            "-"
+        ),
+    }
     if a.regions {
         println!();
         println!(

@@ -46,6 +46,10 @@ fn inspect_json_has_the_summary() {
         g("duplicate_bytes")
     );
     assert!(!v["regions"].as_array().unwrap().is_empty());
+    // This process is not KSM-mergeable: KSM merges none of it.
+    if std::path::Path::new("/proc/self/ksm_stat").exists() {
+        assert_eq!(v["ksm_merging_bytes"], 0);
+    }
     drop(keep);
 
     let bad = Command::new(BIN)

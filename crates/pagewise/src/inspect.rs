@@ -79,6 +79,10 @@ pub struct Report {
     pub cross_process_duplicate_bytes: u64,
     /// Anonymous pages whose contents were read.
     pub pages_read: u64,
+    /// What KSM merges now, bytes (`ksm_merging_pages` of every process;
+    /// `None` where the kernel has no `ksm_stat`): against
+    /// `duplicate_bytes` + `zero_bytes`, what it would save.
+    pub ksm_merging_bytes: Option<u64>,
     /// Per region, when asked for.
     pub regions: Vec<RegionReport>,
 }
@@ -98,6 +102,7 @@ pub fn inspect(pids: &[i32], regions: bool, progress: &mut dyn FnMut(u64, u64)) 
         duplicate_bytes: 0,
         cross_process_duplicate_bytes: 0,
         pages_read: 0,
+        ksm_merging_bytes: None,
         regions: Vec::new(),
     };
     let mut all: Vec<RegionReport> = Vec::new();
@@ -226,6 +231,11 @@ pub fn inspect(pids: &[i32], regions: bool, progress: &mut dyn FnMut(u64, u64)) 
         out.zero_bytes += r.zero_pages * b;
         if r.resident_pages > 0 {
             r.repetition_rate = r.duplicate_pages as f64 / r.resident_pages as f64;
+        }
+    }
+    for &pid in pids {
+        if let Some(k) = procfs::ksm_stat(pid) {
+            *out.ksm_merging_bytes.get_or_insert(0) += k.merging_pages * PAGE_SIZE as u64;
         }
     }
     if regions {

@@ -172,6 +172,33 @@ pub fn status_field(text: &str, key: &str) -> Option<u64> {
     })
 }
 
+/// What KSM merges of one process now (`/proc/PID/ksm_stat`, Linux 6.1+).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct KsmStat {
+    /// Pages of the process merged with others (`ksm_merging_pages`).
+    pub merging_pages: u64,
+    /// Pages merged into the zero page (`ksm_zero_pages`, Linux 6.10+).
+    pub zero_pages: u64,
+    /// What KSM saves the process, bytes, less its own cost (`ksm_process_profit`).
+    pub process_profit: i64,
+}
+
+/// Reads `/proc/PID/ksm_stat`; `None` where the kernel has none.
+pub fn ksm_stat(pid: i32) -> Option<KsmStat> {
+    let text = read_trimmed(proc_dir(Some(pid)).join("ksm_stat")).ok()?;
+    let field = |key: &str| {
+        text.lines().find_map(|l| {
+            let (k, v) = l.split_once(char::is_whitespace)?;
+            (k == key).then(|| v.trim().parse::<i64>().ok())?
+        })
+    };
+    Some(KsmStat {
+        merging_pages: field("ksm_merging_pages").unwrap_or(0).max(0) as u64,
+        zero_pages: field("ksm_zero_pages").unwrap_or(0).max(0) as u64,
+        process_profit: field("ksm_process_profit").unwrap_or(0),
+    })
+}
+
 /// Peak resident set size of the calling process (`VmHWM`), KiB.
 pub fn peak_rss_kib() -> Result<u64> {
     let text =
