@@ -177,8 +177,8 @@ pub fn inspect(pids: &[i32], regions: bool, progress: &mut dyn FnMut(u64, u64)) 
         let mut a = s;
         while a < t {
             let len = ((t - a) as usize).min(buf.len());
-            let got = read_remote(pid, a, &mut buf[..len])?;
-            let _ = got;
+            // Pages unmapped meanwhile read as zeros.
+            read_remote(pid, a, &mut buf[..len])?;
             for page in buf[..len].chunks_exact(PAGE_SIZE) {
                 let rep = &mut all[ri];
                 if page.iter().all(|&b| b == 0) {

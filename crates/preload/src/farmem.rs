@@ -465,7 +465,6 @@ fn start(name: &str, child: bool) -> Result<(), String> {
     let hooks = Hooks {
         discover: Some(Box::new(drain)),
         instance: Some((inst.clone(), slot)),
-        inherited: child,
         on_start: Some(Box::new(|| {
             // SAFETY: gettid has no arguments and no side effect.
             let tid = unsafe { raw_syscall(libc::SYS_gettid, [0; 6]) };

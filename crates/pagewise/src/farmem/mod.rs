@@ -272,11 +272,6 @@ pub struct Hooks {
     /// instance's settings and shared budget replace `Config`'s, and the
     /// counters are published to the slot.
     pub instance: Option<(Arc<instance::Instance>, usize)>,
-    /// The initial regions' pages are inherited (a child after `fork`):
-    /// they stay where they are, shared with the parent and outside the
-    /// budget, rather than becoming remote; only pages mapped from now on
-    /// are emulated.
-    pub inherited: bool,
     /// Called first thing on the handler thread (to note its thread id,
     /// say, so that a system-call trap can leave its calls alone).
     pub on_start: Option<Box<dyn FnOnce() + Send>>,
@@ -412,7 +407,6 @@ impl FarMemory {
                 };
                 engine.discover = hooks.discover;
                 engine.inst = hooks.instance;
-                engine.inherit = hooks.inherited;
                 // This thread's thread-local bookkeeping may sit in the very
                 // heap it emulates: it must never fault there.
                 if let Some((a, b)) = pagewise_sys::tls::dtv_range() {
@@ -429,7 +423,6 @@ impl FarMemory {
                         return Ok(());
                     }
                 }
-                engine.inherit = false;
                 let _ = ready_tx.send(Ok(engine.uffd.as_raw_fd()));
                 let r = engine.run(&sh, wake_r);
                 if let Err(e) = &r {
@@ -452,6 +445,15 @@ impl FarMemory {
         })
     }
 
+    /// Tells the handler that something changed (`changed`, then a byte on
+    /// its wake pipe, which names the change in a trace of system calls).
+    fn poke(&mut self, what: &[u8; 1]) -> Result<()> {
+        self.shared.changed.store(true, Ordering::Release);
+        self.wake
+            .write_all(what)
+            .map_err(|e| Error::os("waking the far-memory handler", e))
+    }
+
     /// The emulated regions, sorted.
     pub fn regions(&self) -> &[Region] {
         &self.regions
@@ -469,10 +471,7 @@ impl FarMemory {
             return Err(Error::Invalid("local_pages must be at least 1".into()));
         }
         *self.shared.config.lock().unwrap_or_else(|e| e.into_inner()) = config;
-        self.shared.changed.store(true, Ordering::Release);
-        self.wake
-            .write_all(b"c")
-            .map_err(|e| Error::os("waking the far-memory handler", e))
+        self.poke(b"c")
     }
 
     /// Emulates one more region (mapped, writable, private anonymous, not
@@ -486,10 +485,7 @@ impl FarMemory {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push((region, tx));
-        self.shared.changed.store(true, Ordering::Release);
-        self.wake
-            .write_all(b"a")
-            .map_err(|e| Error::os("waking the far-memory handler", e))?;
+        self.poke(b"a")?;
         rx.recv()
             .map_err(|_| Error::Invalid("the far-memory handler stopped".into()))??;
         self.regions.push(region);
@@ -508,10 +504,7 @@ impl FarMemory {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(tx);
-        self.shared.changed.store(true, Ordering::Release);
-        self.wake
-            .write_all(b"f")
-            .map_err(|e| Error::os("waking the far-memory handler", e))?;
+        self.poke(b"f")?;
         rx.recv()
             .map_err(|_| Error::Invalid("the far-memory handler stopped".into()))?
     }
@@ -519,10 +512,7 @@ impl FarMemory {
     /// Ends a [`FarMemory::pause`]: evicts down to the budget.
     pub fn resume(&mut self) -> Result<()> {
         self.shared.paused.store(false, Ordering::Release);
-        self.shared.changed.store(true, Ordering::Release);
-        self.wake
-            .write_all(b"r")
-            .map_err(|e| Error::os("waking the far-memory handler", e))
+        self.poke(b"r")
     }
 
     /// Places `range` (inside the emulated regions): see [`Placement`].
@@ -543,10 +533,7 @@ impl FarMemory {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push((range, placement));
-        self.shared.changed.store(true, Ordering::Release);
-        self.wake
-            .write_all(b"p")
-            .map_err(|e| Error::os("waking the far-memory handler", e))
+        self.poke(b"p")
     }
 
     /// Starts recording a trace of (time, address, fetch/evict) events,
@@ -675,8 +662,6 @@ struct Engine {
     inst: Option<(Arc<instance::Instance>, usize)>,
     /// The instance generation applied.
     generation: u64,
-    /// Regions added now keep their pages where they are (see [`Hooks`]).
-    inherit: bool,
     /// Work that met `EAGAIN` (the address space changing under an event
     /// not read yet), done once the events are read: staged pages to move
     /// to where the program moved their range, ranges to adopt, then faults.
@@ -731,7 +716,6 @@ impl Engine {
             discover: None,
             inst: None,
             generation: 0,
-            inherit: false,
             moves: Vec::new(),
             adopts: Vec::new(),
             later: Vec::new(),
@@ -784,9 +768,7 @@ impl Engine {
             return Err(e);
         }
         // Every populated page becomes remote now: moved to staging.
-        if self.inherit {
-            // Inherited pages stay put (see Hooks::inherited).
-        } else if let Err(e) = uffd::move_pages(
+        if let Err(e) = uffd::move_pages(
             self.stage_uffd.as_raw_fd(),
             st.addr(),
             r.start,
@@ -1024,13 +1006,13 @@ impl Engine {
 
     /// Local pages counted against the budget now, and the budget.
     fn load(&self, cfg: &Config) -> (u64, u64) {
-        let Some((inst, _)) = &self.inst else {
+        let Some((inst, slot)) = &self.inst else {
             return (self.local as u64, cfg.local_pages as u64);
         };
         // The instance holds every member's published figures, ours as of
         // the last event: replace ours with the current ones.
         let (local, data) = inst.totals();
-        let (pub_local, pub_data) = inst.published(self.inst.as_ref().map_or(0, |x| x.1));
+        let (pub_local, pub_data) = inst.published(*slot);
         let local = local - pub_local + self.local as u64;
         let data = data - pub_data + self.data as u64;
         (local, inst.budget(&inst.settings(), data))
