@@ -137,7 +137,7 @@ pub fn run(a: Args) -> Result<i32> {
 }
 
 /// Prints a report (JSON or its summary) and writes it with its plots into `out`.
-fn emit(
+pub(crate) fn emit(
     report: &impl serde::Serialize,
     summary: String,
     charts: Vec<(String, pagewise::bench::svg::Chart)>,

@@ -123,8 +123,7 @@ fn report(inst: &Instance, tag: Option<u32>) -> Report {
         .filter(|m| tag.is_none_or(|t| m.tag == t))
         .collect();
     let mut stats = Stats::sum(members.iter().map(|m| &m.stats));
-    stats.floor_ns = inst.calibration().0;
-    stats.unseen_ns = inst.calibration().1;
+    (stats.floor_ns, stats.unseen_ns) = inst.calibration();
     stats.local_pages_now = members
         .iter()
         .filter(|m| m.live)
@@ -152,7 +151,7 @@ fn report(inst: &Instance, tag: Option<u32>) -> Report {
 fn run_cmd(a: RunArgs) -> Result<i32> {
     let me = std::process::id();
     Instance::sweep();
-    let (inst, created) = match &a.instance {
+    let inst = match &a.instance {
         Some(name) if pagewise::farmem::instance::dir().join(name).exists() => {
             let inst = Instance::open(name, true)?;
             let s = inst.settings();
@@ -163,7 +162,7 @@ fn run_cmd(a: RunArgs) -> Result<i32> {
             if differs {
                 bail!("instance {name} exists with other settings: join it without them, or change them with `pagewise farmem set {name} key=value`");
             }
-            (inst, false)
+            inst
         }
         name => {
             let name = name.clone().unwrap_or_else(|| format!("run-{me}"));
@@ -184,20 +183,16 @@ fn run_cmd(a: RunArgs) -> Result<i32> {
                 local_percent,
             };
             match Instance::create(&name, settings, cal.floor_ns, cal.unseen_ns) {
-                Ok(i) => (i, true),
+                Ok(i) => i,
                 // Another run created it meanwhile: join it.
                 Err(_) if pagewise::farmem::instance::dir().join(&name).exists() => {
-                    (Instance::open(&name, true)?, false)
+                    Instance::open(&name, true)?
                 }
                 Err(e) => return Err(e.into()),
             }
         }
     };
-    let shim = crate::cmd_track::shim_path()?;
-    let mut preload = shim.display().to_string();
-    if let Ok(old) = std::env::var("LD_PRELOAD") {
-        preload = format!("{preload}:{old}");
-    }
+    let preload = crate::cmd_track::ld_preload()?;
     let mut c = Command::new(&a.cmd[0]);
     c.args(&a.cmd[1..])
         .env("LD_PRELOAD", preload)
@@ -232,7 +227,6 @@ fn run_cmd(a: RunArgs) -> Result<i32> {
         rep.stats.floor_ns
     );
     // The last one out removes the instance (another may have done so).
-    let _ = created;
     if inst.members().iter().all(|m| !m.live) {
         let _ = inst.remove();
     }

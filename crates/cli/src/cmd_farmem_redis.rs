@@ -15,14 +15,16 @@
 //! separate instances; two sharing one instance (its budget, a percentage
 //! of both data sets, is twice one's); one emulated beside one that is not.
 
-use crate::cmd_redis::{free_port, redis_benchmark, wait_ready, which};
+use crate::cmd_redis::{
+    free_port, redis_benchmark, server_args, wait_ready, which, Server as RedisServer,
+};
 use anyhow::{bail, Context, Result};
 use pagewise::bench::svg::{Chart, Series};
 use serde::Serialize;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -57,31 +59,20 @@ struct Emulation {
     latency_ns: u64,
 }
 
+/// A Redis (emulated or not) and where its far-memory statistics go.
 struct Server {
-    child: Child,
-    port: u16,
+    redis: RedisServer,
     stats: Option<PathBuf>,
 }
 
 impl Server {
     fn start(em: Option<&Emulation>, stats: Option<PathBuf>) -> Result<Server> {
         let port = free_port()?;
-        let redis = [
-            "redis-server",
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ]
-        .map(String::from);
+        let redis = server_args(port);
         let mut c = match em {
             None => {
-                let mut c = Command::new(&redis[0]);
-                c.args(&redis[1..]);
+                let mut c = Command::new("redis-server");
+                c.args(&redis);
                 c
             }
             Some(e) => {
@@ -96,7 +87,7 @@ impl Server {
                 if let Some(s) = &stats {
                     c.arg("--stats-json").arg(s);
                 }
-                c.arg("--").args(&redis);
+                c.args(["--", "redis-server"]).args(&redis);
                 c
             }
         };
@@ -105,17 +96,17 @@ impl Server {
             .stderr(Stdio::null())
             .spawn()
             .context("starting redis-server")?;
-        let s = Server { child, port, stats };
+        let s = Server {
+            redis: RedisServer { child, port },
+            stats,
+        };
         wait_ready(port)?;
         Ok(s)
     }
 
     /// Shuts the server down and returns its far-memory statistics.
     fn stop(mut self) -> Result<Option<serde_json::Value>> {
-        if let Ok(mut c) = TcpStream::connect(("127.0.0.1", self.port)) {
-            let _ = c.write_all(b"*2\r\n$8\r\nSHUTDOWN\r\n$6\r\nNOSAVE\r\n");
-        }
-        let _ = self.child.wait();
+        self.redis.shutdown();
         match &self.stats {
             Some(p) => {
                 let text = std::fs::read_to_string(p)
@@ -124,13 +115,6 @@ impl Server {
             }
             None => Ok(None),
         }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -298,7 +282,7 @@ fn run_once(
         let hs: Vec<_> = started
             .iter()
             .map(|srv| {
-                let port = srv.port;
+                let port = srv.redis.port;
                 sc.spawn(move || -> Result<(f64, u64)> {
                     fill(port, s.keys, s.value_bytes)?;
                     let rps = get_rps(port, s.keys, s.requests)?;
@@ -512,52 +496,39 @@ pub fn run(a: Args) -> Result<i32> {
         "throughput falls as local memory shrinks: {}; as latency grows: {} (10 % noise allowed)",
         report.falls_with_less_local, report.falls_with_more_latency
     )?;
-    if a.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print!("{text}");
-    }
-    if let Some(dir) = &a.out {
-        std::fs::create_dir_all(dir)?;
-        std::fs::write(
-            dir.join("report.json"),
-            serde_json::to_string_pretty(&report)? + "\n",
-        )?;
-        std::fs::write(dir.join("summary.txt"), &text)?;
-        let pts = |v: &[Point], x: fn(&Point) -> f64| {
-            v.iter().map(|p| (x(p), p.get_rps)).collect::<Vec<_>>()
-        };
-        let c = Chart {
-            title: format!("(d) redis GET/s against local memory ({fl} ns latency)"),
-            x_label: "local memory (% of pages holding data)".into(),
-            y_label: "GET requests/s".into(),
-            log_x: false,
-            log_y: false,
-            series: vec![
-                Series {
-                    label: "emulated".into(),
-                    points: pts(&report.by_local, |p| p.local_percent.unwrap_or(0) as f64),
-                },
-                Series {
-                    label: "not emulated".into(),
-                    points: vec![(10.0, baseline), (100.0, baseline)],
-                },
-            ],
-        };
-        std::fs::write(dir.join("redis_local.svg"), c.render())?;
-        let c = Chart {
-            title: format!("(d) redis GET/s against latency ({fp} % local)"),
-            x_label: "one-way latency (ns)".into(),
-            y_label: "GET requests/s".into(),
-            log_x: false,
-            log_y: false,
-            series: vec![Series {
+    let pts =
+        |v: &[Point], x: fn(&Point) -> f64| v.iter().map(|p| (x(p), p.get_rps)).collect::<Vec<_>>();
+    let by_local = Chart {
+        title: format!("(d) redis GET/s against local memory ({fl} ns latency)"),
+        x_label: "local memory (% of pages holding data)".into(),
+        y_label: "GET requests/s".into(),
+        log_x: false,
+        log_y: false,
+        series: vec![
+            Series {
                 label: "emulated".into(),
-                points: pts(&report.by_latency, |p| p.latency_ns.unwrap_or(0) as f64),
-            }],
-        };
-        std::fs::write(dir.join("redis_latency.svg"), c.render())?;
-        eprintln!("pagewise: wrote {}", dir.display());
-    }
-    Ok(0)
+                points: pts(&report.by_local, |p| p.local_percent.unwrap_or(0) as f64),
+            },
+            Series {
+                label: "not emulated".into(),
+                points: vec![(10.0, baseline), (100.0, baseline)],
+            },
+        ],
+    };
+    let by_latency = Chart {
+        title: format!("(d) redis GET/s against latency ({fp} % local)"),
+        x_label: "one-way latency (ns)".into(),
+        y_label: "GET requests/s".into(),
+        log_x: false,
+        log_y: false,
+        series: vec![Series {
+            label: "emulated".into(),
+            points: pts(&report.by_latency, |p| p.latency_ns.unwrap_or(0) as f64),
+        }],
+    };
+    let charts = vec![
+        ("redis_local.svg".to_string(), by_local),
+        ("redis_latency.svg".to_string(), by_latency),
+    ];
+    crate::cmd_bench::emit(&report, text, charts, a.json, a.out)
 }

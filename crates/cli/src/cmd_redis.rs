@@ -120,16 +120,42 @@ fn load(port: u16, requests: u64) -> Result<(f64, f64)> {
     Ok((r[0], r[1]))
 }
 
-/// The server (or `pagewise track` running it). Dropping it asks Redis to shut
-/// down, so that a tracker in between sees its command exit, and kills what is
-/// left after 10 s.
-struct Server {
-    child: Child,
-    port: u16,
+/// The server (or the `pagewise` command running it). Dropping it asks Redis
+/// to shut down, so that a tracker in between sees its command exit, and kills
+/// what is left after 10 s.
+pub(crate) struct Server {
+    pub(crate) child: Child,
+    pub(crate) port: u16,
 }
-impl Drop for Server {
-    fn drop(&mut self) {
+
+/// The arguments of a `redis-server` that listens on loopback at `port` and
+/// writes nothing to disk.
+pub(crate) fn server_args(port: u16) -> Vec<String> {
+    let dir = std::env::temp_dir();
+    [
+        "--port",
+        &port.to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        dir.to_str().unwrap_or("/tmp"),
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+impl Server {
+    /// Asks Redis to shut down and waits up to 10 s for the process to
+    /// exit; then kills it. Does nothing once it has exited.
+    pub(crate) fn shutdown(&mut self) {
         use std::io::Write;
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return;
+        }
         if let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) {
             let _ = s.write_all(b"*2\r\n$8\r\nSHUTDOWN\r\n$6\r\nNOSAVE\r\n");
         }
@@ -145,22 +171,15 @@ impl Drop for Server {
     }
 }
 
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
 fn one_run(backend: Option<&str>, interval: u64, requests: u64) -> Result<Run> {
     let port = free_port()?;
-    let dir = std::env::temp_dir();
-    let server_args = [
-        "--port",
-        &port.to_string(),
-        "--bind",
-        "127.0.0.1",
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-        "--dir",
-        dir.to_str().unwrap_or("/tmp"),
-    ]
-    .map(String::from);
+    let server_args = server_args(port);
     let mut cmd = match backend {
         None => {
             let mut c = Command::new("redis-server");

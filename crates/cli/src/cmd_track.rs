@@ -84,14 +84,20 @@ pub(crate) fn shim_path() -> Result<std::path::PathBuf> {
     bail!("libpagewise_preload.so not found beside {} (build it with `cargo build --release`, or set PAGEWISE_PRELOAD)", exe.display())
 }
 
-fn start_with_shim(cmd: &[String], backend: BackendKind) -> Result<(Child, Source)> {
-    let shim = shim_path()?;
-    let (mine, theirs) = UnixStream::pair().context("creating the shim socket")?;
-    let fd = theirs.as_raw_fd();
-    let mut preload = shim.display().to_string();
+/// The `LD_PRELOAD` value that puts the shim first, before whatever the
+/// environment already preloads.
+pub(crate) fn ld_preload() -> Result<String> {
+    let mut preload = shim_path()?.display().to_string();
     if let Ok(old) = std::env::var("LD_PRELOAD") {
         preload = format!("{preload}:{old}");
     }
+    Ok(preload)
+}
+
+fn start_with_shim(cmd: &[String], backend: BackendKind) -> Result<(Child, Source)> {
+    let (mine, theirs) = UnixStream::pair().context("creating the shim socket")?;
+    let fd = theirs.as_raw_fd();
+    let preload = ld_preload()?;
     let mut c = Command::new(&cmd[0]);
     c.args(&cmd[1..])
         .env("LD_PRELOAD", preload)
