@@ -18,6 +18,12 @@
 //! - `zero_bytes`: every zero-filled resident anonymous base page;
 //! - `duplicate_bytes`: what merging identical non-zero anonymous pages
 //!   would free (each group of n identical pages frees n − 1).
+//!
+//! Beside the exact count, SmartMD's counting Bloom filter ([`crate::bloom`])
+//! labels the same pages from 3 bytes per page; [`BloomReport`] gives its
+//! labels against the exact ones. With sampling, as SmartMD does for huge
+//! pages it has checked before, only every 4th base page of a region is
+//! looked up and the region's rate is estimated from those.
 
 use crate::walk::{read_remote, PageWalker};
 use crate::{procfs, Region, Result, HUGE_PAGE_SIZE, PAGE_SIZE};
@@ -52,6 +58,53 @@ pub struct RegionReport {
     pub duplicate_pages: u64,
     /// `duplicate_pages / resident_pages`.
     pub repetition_rate: f64,
+    /// The same rate as the counting Bloom filter estimates it.
+    pub bloom_repetition_rate: f64,
+    #[serde(skip)]
+    bloom: BloomCount,
+}
+
+/// Pages looked up in the Bloom filter, and those it labelled duplicate.
+#[derive(Debug, Clone, Copy, Default)]
+struct BloomCount {
+    looked_up: u64,
+    labelled: u64,
+}
+
+/// How to inspect.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Options {
+    /// List every 2 MiB region in the report.
+    pub regions: bool,
+    /// Look up only every 4th base page of a region in the Bloom filter
+    /// (SmartMD's 25 % sampling) and estimate from those.
+    pub bloom_sample: bool,
+}
+
+/// SmartMD's counting Bloom filter against the exact count.
+#[derive(Debug, Clone, Serialize)]
+pub struct BloomReport {
+    /// Counters (8 per page read).
+    pub entries: u64,
+    /// Bits per counter.
+    pub counter_bits: u32,
+    /// Hash functions.
+    pub hashes: u32,
+    /// The counters' memory packed at 3 bits, bytes.
+    pub memory_bytes: u64,
+    /// Percentage of base pages looked up (100, or 25 when sampling).
+    pub sample_percent: u32,
+    /// Non-zero pages the filter labels duplicate (estimated from the
+    /// sample when sampling).
+    pub duplicate_pages: u64,
+    /// Non-zero pages that have a duplicate, counted exactly.
+    pub exact_duplicate_pages: u64,
+    /// `(duplicate_pages − exact) / exact`: 0 when both are 0, `None`
+    /// when only the exact count is 0.
+    pub relative_error: Option<f64>,
+    /// Largest difference of one region's repetition rate from the exact
+    /// rate.
+    pub max_region_rate_error: f64,
 }
 
 /// The whole inspection.
@@ -83,13 +136,14 @@ pub struct Report {
     /// `None` where the kernel has no `ksm_stat`): against
     /// `duplicate_bytes` + `zero_bytes`, what it would save.
     pub ksm_merging_bytes: Option<u64>,
+    /// SmartMD's counting Bloom filter against the exact count.
+    pub bloom: BloomReport,
     /// Per region, when asked for.
     pub regions: Vec<RegionReport>,
 }
 
 /// Inspects `pids`; `progress(done, total)` is called as pages are read.
-/// With `regions`, the report lists every 2 MiB region.
-pub fn inspect(pids: &[i32], regions: bool, progress: &mut dyn FnMut(u64, u64)) -> Result<Report> {
+pub fn inspect(pids: &[i32], opts: Options, progress: &mut dyn FnMut(u64, u64)) -> Result<Report> {
     let mut out = Report {
         pids: pids.to_vec(),
         rss_bytes: 0,
@@ -103,11 +157,25 @@ pub fn inspect(pids: &[i32], regions: bool, progress: &mut dyn FnMut(u64, u64)) 
         cross_process_duplicate_bytes: 0,
         pages_read: 0,
         ksm_merging_bytes: None,
+        bloom: BloomReport {
+            entries: 0,
+            counter_bits: crate::bloom::COUNTER_BITS,
+            hashes: crate::bloom::HASHES as u32,
+            memory_bytes: 0,
+            sample_percent: if opts.bloom_sample { 25 } else { 100 },
+            duplicate_pages: 0,
+            exact_duplicate_pages: 0,
+            relative_error: Some(0.0),
+            max_region_rate_error: 0.0,
+        },
         regions: Vec::new(),
     };
+    // A base page is looked up in the filter when it is in the sample.
+    let sampled = |addr: u64| !opts.bloom_sample || (addr / PAGE_SIZE as u64).is_multiple_of(4);
     let mut all: Vec<RegionReport> = Vec::new();
-    // Digest of every non-zero anonymous page read: (region index, pid).
-    let mut pages: Vec<(crate::hash::PageDigest, u32)> = Vec::new();
+    // Digest of every non-zero anonymous page read, its region's index, and
+    // whether it is in the Bloom filter's sample.
+    let mut pages: Vec<(crate::hash::PageDigest, u32, bool)> = Vec::new();
     let mut plans = Vec::new();
     let mut total = 0u64;
     for &pid in pids {
@@ -143,6 +211,8 @@ pub fn inspect(pids: &[i32], regions: bool, progress: &mut dyn FnMut(u64, u64)) 
                     bloat_pages: 0,
                     duplicate_pages: 0,
                     repetition_rate: 0.0,
+                    bloom_repetition_rate: 0.0,
+                    bloom: BloomCount::default(),
                 };
                 for pr in runs.iter().filter(|p| p.start < e && a < p.end) {
                     let (s, t) = (pr.start.max(a), pr.end.min(e));
@@ -179,15 +249,19 @@ pub fn inspect(pids: &[i32], regions: bool, progress: &mut dyn FnMut(u64, u64)) 
             let len = ((t - a) as usize).min(buf.len());
             // Pages unmapped meanwhile read as zeros.
             read_remote(pid, a, &mut buf[..len])?;
-            for page in buf[..len].chunks_exact(PAGE_SIZE) {
+            for (k, page) in buf[..len].chunks_exact(PAGE_SIZE).enumerate() {
                 let rep = &mut all[ri];
+                let look = sampled(a + (k * PAGE_SIZE) as u64);
+                if look {
+                    rep.bloom.looked_up += 1;
+                }
                 if page.iter().all(|&b| b == 0) {
                     rep.zero_pages += 1;
                     if huge {
                         rep.bloat_pages += 1;
                     }
                 } else {
-                    pages.push((crate::hash::page_digest(page), ri as u32));
+                    pages.push((crate::hash::page_digest(page), ri as u32, look));
                 }
             }
             done += (len / PAGE_SIZE) as u64;
@@ -196,6 +270,20 @@ pub fn inspect(pids: &[i32], regions: bool, progress: &mut dyn FnMut(u64, u64)) 
         }
     }
     out.pages_read = done;
+    // SmartMD's counting Bloom filter, sized for every page read: every
+    // non-zero page is counted in, then the sample is looked up.
+    let mut bloom = crate::bloom::CountingBloom::for_pages(done as usize);
+    for p in &pages {
+        bloom.insert(p.0);
+    }
+    for p in pages.iter().filter(|p| p.2) {
+        if bloom.probably_duplicate(p.0) {
+            all[p.1 as usize].bloom.labelled += 1;
+        }
+    }
+    out.bloom.entries = bloom.entries() as u64;
+    out.bloom.memory_bytes = bloom.packed_bytes();
+    drop(bloom);
     // Duplicates: group identical digests.
     pages.sort_unstable_by_key(|p| p.0);
     let mut i = 0;
@@ -232,13 +320,34 @@ pub fn inspect(pids: &[i32], regions: bool, progress: &mut dyn FnMut(u64, u64)) 
         if r.resident_pages > 0 {
             r.repetition_rate = r.duplicate_pages as f64 / r.resident_pages as f64;
         }
+        if r.bloom.looked_up > 0 {
+            r.bloom_repetition_rate = r.bloom.labelled as f64 / r.bloom.looked_up as f64;
+            // Scaled from the sample to the region's non-zero pages read.
+            out.bloom.duplicate_pages += (r.bloom_repetition_rate * r.resident_pages as f64)
+                .round()
+                .min((r.resident_pages - r.zero_pages) as f64)
+                as u64;
+            out.bloom.max_region_rate_error = out
+                .bloom
+                .max_region_rate_error
+                .max((r.bloom_repetition_rate - r.repetition_rate).abs());
+        }
+        if r.anon {
+            out.bloom.exact_duplicate_pages += r.duplicate_pages;
+        }
     }
+    let (b, e) = (out.bloom.duplicate_pages, out.bloom.exact_duplicate_pages);
+    out.bloom.relative_error = match (b, e) {
+        (0, 0) => Some(0.0),
+        (_, 0) => None,
+        _ => Some((b as f64 - e as f64) / e as f64),
+    };
     for &pid in pids {
         if let Some(k) = procfs::ksm_stat(pid) {
             *out.ksm_merging_bytes.get_or_insert(0) += k.merging_pages * PAGE_SIZE as u64;
         }
     }
-    if regions {
+    if opts.regions {
         out.regions = all
             .into_iter()
             .filter(|r| r.resident_pages + r.swapped_pages > 0)

@@ -18,6 +18,7 @@
 //! self-checking workloads that tests, benchmarks and the demo share).
 
 pub mod bench;
+pub mod bloom;
 pub mod dedup;
 pub mod farmem;
 pub mod hash;
