@@ -148,6 +148,27 @@ fn report(inst: &Instance, tag: Option<u32>) -> Report {
     }
 }
 
+/// `cmd` set up to run under the preload shim as a member of `inst`
+/// (tagged with this process's id).
+pub(crate) fn command_under(
+    inst: &Instance,
+    cmd: &[String],
+    policy: &str,
+    policy_args: &str,
+    stacks: bool,
+) -> Result<Command> {
+    let preload = crate::cmd_track::ld_preload()?;
+    let mut c = Command::new(&cmd[0]);
+    c.args(&cmd[1..])
+        .env("LD_PRELOAD", preload)
+        .env("PAGEWISE_FARMEM", inst.name())
+        .env("PAGEWISE_FARMEM_TAG", std::process::id().to_string())
+        .env("PAGEWISE_FARMEM_POLICY", policy)
+        .env("PAGEWISE_FARMEM_POLICY_ARGS", policy_args)
+        .env("PAGEWISE_FARMEM_STACKS", if stacks { "1" } else { "0" });
+    Ok(c)
+}
+
 fn run_cmd(a: RunArgs) -> Result<i32> {
     let me = std::process::id();
     Instance::sweep();
@@ -192,15 +213,7 @@ fn run_cmd(a: RunArgs) -> Result<i32> {
             }
         }
     };
-    let preload = crate::cmd_track::ld_preload()?;
-    let mut c = Command::new(&a.cmd[0]);
-    c.args(&a.cmd[1..])
-        .env("LD_PRELOAD", preload)
-        .env("PAGEWISE_FARMEM", inst.name())
-        .env("PAGEWISE_FARMEM_TAG", me.to_string())
-        .env("PAGEWISE_FARMEM_POLICY", &a.policy)
-        .env("PAGEWISE_FARMEM_POLICY_ARGS", &a.policy_args)
-        .env("PAGEWISE_FARMEM_STACKS", if a.stacks { "1" } else { "0" });
+    let mut c = command_under(&inst, &a.cmd, &a.policy, &a.policy_args, a.stacks)?;
     if let Some(t) = &a.trace {
         c.env("PAGEWISE_FARMEM_TRACE", t);
     }

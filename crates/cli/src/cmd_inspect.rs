@@ -1,24 +1,110 @@
-//! `pagewise inspect`: residency, huge pages, bloat and duplicates of processes.
+//! `pagewise inspect`: residency, huge pages, bloat, duplicates and access
+//! coverage of processes.
 
-use anyhow::{bail, Result};
-use pagewise::inspect::{inspect, Options, Report};
+use anyhow::{bail, Context, Result};
+use pagewise::access::{self, Method};
+use pagewise::farmem::instance::{Instance, Settings};
+use pagewise::inspect::{inspect, Options, RegionReport, Report};
+use std::path::PathBuf;
+use std::time::Duration;
 
 #[derive(clap::Args)]
+#[command(after_help = "\
+Examples:
+  pagewise inspect --pid 4242                     what its memory holds
+  pagewise inspect --pid 4242 --pid 4243 --json   duplicates across both, as JSON
+  pagewise inspect --coverage 2000 --heatmap m.svg -- ./server --port 7000
+      start ./server under pagewise, wait --after ms, watch which pages it
+      touches for 2 s, inspect it, draw the regions, then stop it
+
+Access coverage needs idle page tracking (root, CONFIG_IDLE_PAGE_TRACKING)
+for --pid, or a program started under pagewise (-- CMD, or `pagewise farmem
+run`), where the far-memory engine inside it samples every page.")]
 pub struct Args {
     /// Process to inspect (repeat for several: duplicates are counted
     /// within and across them).
-    #[arg(long = "pid", required = true)]
+    #[arg(long = "pid")]
     pids: Vec<i32>,
     /// Print the report as one JSON object.
     #[arg(long)]
     json: bool,
-    /// List every 2 MiB region holding memory.
+    /// List every 2 MiB region holding memory (in the JSON too).
     #[arg(long)]
     regions: bool,
     /// Look up only every 4th base page of a region in the counting Bloom
     /// filter (SmartMD's 25 % sampling); the exact count is unaffected.
     #[arg(long)]
     bloom_sample: bool,
+    /// Measure access coverage over a window of MS milliseconds (default
+    /// 1000 with -- CMD; 0 turns it off).
+    #[arg(long, value_name = "MS")]
+    coverage: Option<u64>,
+    /// With -- CMD: let it run MS milliseconds before inspecting.
+    #[arg(long, value_name = "MS", default_value_t = 1000)]
+    after: u64,
+    /// Draw every 2 MiB region (shade: access coverage, or repetition rate
+    /// without coverage; outline: huge page) into FILE.svg.
+    #[arg(long, value_name = "FILE.svg")]
+    heatmap: Option<PathBuf>,
+    /// How many hottest regions the summary lists.
+    #[arg(long, default_value_t = 5)]
+    top: usize,
+    /// Start this command under pagewise, inspect it after --after ms, then
+    /// stop it (SIGTERM).
+    #[arg(last = true)]
+    cmd: Vec<String>,
+}
+
+/// A command started under the far-memory engine for sampling: stopped
+/// and its instance removed when dropped.
+struct Started {
+    child: std::process::Child,
+    inst: Instance,
+}
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        let pid = self.child.id() as i32;
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let t = std::time::Instant::now();
+        while t.elapsed() < Duration::from_secs(5) {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        for m in self.inst.members() {
+            if m.live && !pagewise::procfs::is_alive(m.pid) {
+                self.inst.leave_pid(m.pid);
+            }
+        }
+        let _ = self.inst.remove();
+    }
+}
+
+fn start(cmd: &[String]) -> Result<Started> {
+    Instance::sweep();
+    let name = format!("inspect-{}", std::process::id());
+    // Latency 0, no budget to speak of: the engine only watches.
+    let settings = Settings {
+        latency_ns: 0,
+        bandwidth_bps: 0,
+        local_pages: 1 << 40,
+        local_percent: 0,
+    };
+    let inst = Instance::create(&name, settings, 0, 0)?;
+    let child = crate::cmd_farmem::command_under(&inst, cmd, "fifo", "", false)?.spawn();
+    let child = match child {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = inst.remove();
+            return Err(e).with_context(|| format!("starting {}", cmd[0]));
+        }
+    };
+    Ok(Started { child, inst })
 }
 
 fn mib(b: u64) -> String {
@@ -34,18 +120,57 @@ fn share(part: u64, whole: u64) -> String {
 }
 
 pub fn run(a: Args) -> Result<i32> {
+    if a.pids.is_empty() && a.cmd.is_empty() {
+        bail!("give a process (--pid PID) or a command to start (-- CMD)");
+    }
     for &p in &a.pids {
         if !pagewise::procfs::is_alive(p) {
             bail!("no process {p}");
         }
     }
     let mut bar = crate::cmd_bench::progress();
-    let mut last = 0u64;
+    let mut started = None;
+    let mut pids = a.pids.clone();
+    if !a.cmd.is_empty() {
+        let s = start(&a.cmd)?;
+        bar(&format!(
+            "started {} (pid {}); inspecting in {} ms",
+            a.cmd[0],
+            s.child.id(),
+            a.after
+        ));
+        std::thread::sleep(Duration::from_millis(a.after));
+        let live: Vec<i32> = s
+            .inst
+            .members()
+            .iter()
+            .filter(|m| m.live)
+            .map(|m| m.pid)
+            .collect();
+        if live.is_empty() {
+            bail!(
+                "{} exited (or never started under pagewise) within {} ms: nothing to inspect",
+                a.cmd[0],
+                a.after
+            );
+        }
+        for p in live {
+            if !pids.contains(&p) {
+                pids.push(p);
+            }
+        }
+        started = Some(s);
+    }
+    let window = a
+        .coverage
+        .unwrap_or(if started.is_some() { 1000 } else { 0 });
+    // Contents first, as the program has them: the sampler serves memory
+    // page by page while its window is open, which splits huge pages.
     let opts = Options {
-        regions: a.regions,
         bloom_sample: a.bloom_sample,
     };
-    let rep: Report = inspect(&a.pids, opts, &mut |done, total| {
+    let mut last = 0u64;
+    let mut rep: Report = inspect(&pids, opts, &mut |done, total| {
         // One line per 5 % (or per update on a terminal).
         let pct = done * 20 / total.max(1);
         if pct != last || done == total {
@@ -53,9 +178,66 @@ pub fn run(a: Args) -> Result<i32> {
             bar(&format!("read {} of {} anonymous pages", done, total));
         }
     })?;
+    let mut coverage: Option<(Method, Vec<access::CoverageReport>)> = None;
+    let mut no_coverage = String::from("not asked for (--coverage MS)");
+    if window > 0 {
+        let w = Duration::from_millis(window);
+        let timeout = Duration::from_secs(60);
+        let mut sampled: Vec<Instance> = match &started {
+            Some(s) => vec![Instance::open(s.inst.name(), true)?],
+            None => pids.iter().filter_map(|&p| access::sampler_of(p)).collect(),
+        };
+        sampled.dedup_by(|a, b| a.name() == b.name());
+        let all_sampled = pids.iter().all(|&p| {
+            sampled
+                .iter()
+                .any(|i| i.members().iter().any(|m| m.live && m.pid == p))
+        });
+        if all_sampled {
+            bar(&format!("watching accesses for {window} ms"));
+            let mut all = Vec::new();
+            for i in &sampled {
+                all.extend(access::sample(i, w, timeout)?);
+            }
+            coverage = Some((Method::Sampler, all));
+        } else if access::idle_page_unavailable().is_none() {
+            bar(&format!(
+                "watching accesses for {window} ms (idle page tracking)"
+            ));
+            coverage = Some((Method::IdlePage, access::idle_pages(&pids, w)?));
+        } else {
+            no_coverage = format!(
+                "unavailable: this kernel has no idle page tracking ({}) and no DAMON, and not every process was started under pagewise (-- CMD, or `pagewise farmem run`)",
+                access::idle_page_unavailable().unwrap_or_default()
+            );
+        }
+    }
+    match coverage {
+        Some((m, c)) => {
+            rep.add_coverage(m, &c);
+            bar("calibrating the cost of a page walk");
+            let cost = pagewise::thp::calibrate_walk_cost(256 << 20, 1 << 20)?;
+            rep.rank_promotion(&cost);
+            rep.walk_cost = Some(cost);
+        }
+        None => rep.no_coverage(no_coverage),
+    }
+    drop(started);
     eprintln!();
+    if let Some(path) = &a.heatmap {
+        std::fs::write(path, heatmap(&rep).render())
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    let hottest: Vec<RegionReport> = rep.hottest(a.top).into_iter().cloned().collect();
+    let promote: Vec<RegionReport> = rep.promote_first(a.top).into_iter().cloned().collect();
+    if !a.regions {
+        rep.regions.clear();
+    }
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&rep)?);
+        let mut v = serde_json::to_value(&rep)?;
+        v["hottest"] = serde_json::to_value(&hottest)?;
+        v["promote_first"] = serde_json::to_value(&promote)?;
+        println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(0);
     }
     let pids: Vec<String> = rep.pids.iter().map(|p| p.to_string()).collect();
@@ -93,6 +275,20 @@ pub fn run(a: Args) -> Result<i32> {
             "-"
         ),
     }
+    match (&rep.coverage.method, &rep.coverage.unavailable) {
+        (Some(m), _) => println!(
+            "  touched         {:>12}  (distinct, in {:.0} ms, of {} watched; {})",
+            mib(rep.coverage.touched_bytes),
+            rep.coverage.window_ms,
+            mib(rep.coverage.watched_bytes),
+            match m {
+                Method::Sampler => "sampled by the far-memory engine inside the process",
+                Method::IdlePage => "idle page tracking",
+            }
+        ),
+        (None, Some(why)) => println!("  access coverage {:>12}  ({why})", "-"),
+        (None, None) => {}
+    }
     let b = &rep.bloom;
     println!(
         "  Bloom filter    {:>12}  (SmartMD's: {} pages labelled duplicate against {} exact, error {}; {} % looked up)",
@@ -104,15 +300,57 @@ pub fn run(a: Args) -> Result<i32> {
             .unwrap_or_else(|| "-".into()),
         b.sample_percent
     );
+    if let Some(c) = &rep.walk_cost {
+        match c.walk_ns {
+            Some(w) => println!(
+                "  page walk       {:>9.1} ns  (random access {:.1} ns over 4 KiB pages, {:.1} ns over huge pages)",
+                w,
+                c.ns_per_access_4k,
+                c.ns_per_access_2m.unwrap_or(0.0)
+            ),
+            None => println!(
+                "  page walk       {:>12}  (no huge page could be made to compare)",
+                "-"
+            ),
+        }
+    }
+    if !hottest.is_empty() {
+        println!();
+        println!("hottest regions (distinct base pages touched per second):");
+        for r in &hottest {
+            println!(
+                "  {:>8} {:>#16x} {:>10.0}/s  {:>3} of 512 touched  {:>3} huge  {}",
+                r.pid,
+                r.start,
+                r.access_rate.unwrap_or(0.0),
+                r.touched_pages.unwrap_or(0),
+                r.huge_pages,
+                r.path
+            );
+        }
+    }
+    if !promote.is_empty() {
+        println!();
+        println!("promote first (page walks a huge page would save, at least):");
+        for r in &promote {
+            println!(
+                "  {:>8} {:>#16x} {:>10.2} ms/s  {}",
+                r.pid,
+                r.start,
+                r.promotion_benefit_ns_per_s.unwrap_or(0.0) / 1e6,
+                r.path
+            );
+        }
+    }
     if a.regions {
         println!();
         println!(
-            "{:>8} {:>18} {:>9} {:>6} {:>6} {:>6} {:>6} {:>6}  path",
-            "pid", "region", "resident", "huge", "zero", "bloat", "rep%", "bloom%"
+            "{:>8} {:>18} {:>9} {:>6} {:>6} {:>6} {:>6} {:>6} {:>7}  path",
+            "pid", "region", "resident", "huge", "zero", "bloat", "rep%", "bloom%", "touched"
         );
         for r in &rep.regions {
             println!(
-                "{:>8} {:>#18x} {:>9} {:>6} {:>6} {:>6} {:>6.1} {:>6.1}  {}",
+                "{:>8} {:>#18x} {:>9} {:>6} {:>6} {:>6} {:>6.1} {:>6.1} {:>7}  {}",
                 r.pid,
                 r.start,
                 r.resident_pages,
@@ -121,9 +359,66 @@ pub fn run(a: Args) -> Result<i32> {
                 r.bloat_pages,
                 100.0 * r.repetition_rate,
                 100.0 * r.bloom_repetition_rate,
+                r.touched_pages
+                    .map(|t| t.to_string())
+                    .unwrap_or_else(|| "-".into()),
                 r.path
             );
         }
     }
     Ok(0)
+}
+
+/// One row per process and 64 regions of 2 MiB (128 MiB), in address
+/// order; gaps between mappings are not drawn.
+fn heatmap(rep: &Report) -> pagewise::bench::svg::Heatmap {
+    use pagewise::bench::svg::{Cell, Heatmap};
+    let covered = rep.coverage.method.is_some();
+    let mut rows: Vec<(String, Vec<Cell>)> = Vec::new();
+    for &pid in &rep.pids {
+        let mut regs: Vec<&RegionReport> = rep.regions.iter().filter(|r| r.pid == pid).collect();
+        regs.sort_by_key(|r| r.start);
+        for chunk in regs.chunks(64) {
+            let cells = chunk
+                .iter()
+                .map(|r| Cell {
+                    value: if covered {
+                        r.touched_pages.map(|t| t as f64 / 512.0)
+                    } else if r.anon {
+                        Some(r.repetition_rate)
+                    } else {
+                        None
+                    },
+                    outlined: r.huge_pages > 0 && r.huge_pages == r.resident_pages,
+                    tooltip: format!(
+                        "{:#x} {}: {} resident, {} huge, {} zero, {} duplicate, {} touched",
+                        r.start,
+                        r.path,
+                        r.resident_pages,
+                        r.huge_pages,
+                        r.zero_pages,
+                        r.duplicate_pages,
+                        r.touched_pages
+                            .map(|t| t.to_string())
+                            .unwrap_or_else(|| "-".into())
+                    ),
+                })
+                .collect();
+            rows.push((format!("{pid} {:#x}", chunk[0].start), cells));
+        }
+    }
+    let pids: Vec<String> = rep.pids.iter().map(|p| p.to_string()).collect();
+    Heatmap {
+        title: format!("pagewise inspect: process {}", pids.join(", ")),
+        legend: if covered {
+            format!(
+                "shade: base pages touched of 512 in {:.0} ms; black outline: huge page; grey: not watched",
+                rep.coverage.window_ms
+            )
+        } else {
+            "shade: repetition rate (duplicate pages); black outline: huge page; grey: file-backed"
+                .into()
+        },
+        rows,
+    }
 }

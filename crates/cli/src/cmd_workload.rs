@@ -24,9 +24,41 @@ pub struct Args {
     /// Delay before --write-first, in ms.
     #[arg(long, default_value_t = 0)]
     delay_ms: u64,
+    /// Instead: build the inspector's known layout over this many 2 MiB
+    /// regions (`pagewise::workload::Layout`), write what it holds to
+    /// --truth as JSON, then read every page of its hot regions in a loop
+    /// for --seconds (and print the passes per second at the end).
+    #[arg(long, value_name = "REGIONS")]
+    layout: Option<usize>,
+    /// Where --layout writes what it holds.
+    #[arg(long, value_name = "FILE")]
+    truth: Option<std::path::PathBuf>,
 }
 
 pub fn run(a: Args) -> Result<i32> {
+    if let Some(regions) = a.layout {
+        let l = pagewise::workload::Layout::build(regions, 0x1a40)?;
+        let truth = serde_json::to_string(&l.truth())?;
+        match &a.truth {
+            Some(p) => {
+                let tmp = p.with_extension("tmp");
+                std::fs::write(&tmp, truth)?;
+                std::fs::rename(&tmp, p)?;
+            }
+            None => println!("{truth}"),
+        }
+        let t0 = Instant::now();
+        let mut passes = 0u64;
+        while t0.elapsed().as_secs_f64() < a.seconds {
+            std::hint::black_box(l.touch_hot());
+            passes += 1;
+        }
+        eprintln!(
+            "layout: {:.1} passes over the hot regions per second",
+            passes as f64 / t0.elapsed().as_secs_f64()
+        );
+        return Ok(0);
+    }
     let mem = AnonMemory::new(a.mib << 20)?;
     mem.write_pass(1, 1);
     println!("{:#x} {}", mem.addr(), mem.len());

@@ -44,10 +44,11 @@ enum Cmd {
     /// running instances; `farmem set ID key=value` changes one at once.
     Farmem(cmd_farmem::Args),
     /// What a process's memory holds: residency, huge pages, zero-filled
-    /// bloat and duplicate pages, per 2 MiB region with --regions.
+    /// bloat, duplicate pages and access coverage, per 2 MiB region.
     ///
-    /// `pagewise inspect --pid PID [--pid PID ...] [--json] [--regions]`
-    /// reads every resident anonymous page once.
+    /// `pagewise inspect --pid PID [--pid PID ...]` or `pagewise inspect --
+    /// CMD` reads every resident anonymous page once; `--coverage MS`
+    /// measures which pages are touched, `--heatmap FILE.svg` draws it.
     Inspect(cmd_inspect::Args),
     /// Run the benchmarks of a capability and print ratios against the baselines.
     Bench(cmd_bench::Args),

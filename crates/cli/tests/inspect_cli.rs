@@ -59,3 +59,109 @@ fn inspect_json_has_the_summary() {
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("no process"));
 }
+
+/// `pagewise inspect --coverage -- CMD` on the known layout
+/// (`pagewise workload --layout`): zero, duplicate, huge and bloat pages of
+/// its memory exactly, and access coverage exactly too: all 512 pages of
+/// every hot region touched, none of a cold one.
+#[test]
+fn command_under_inspect_matches_its_layout() {
+    let p = pagewise::probe::get();
+    if !p.pagemap_scan
+        || !p.uffd_has(pagewise_sys::uffd::feature::MOVE)
+        || !cfg!(target_arch = "x86_64")
+    {
+        eprintln!("skipped: needs PAGEMAP_SCAN, UFFDIO_MOVE and the x86-64 shim");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("pw-inspect-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let truth_path = dir.join("truth.json");
+    let svg = dir.join("map.svg");
+    let out = Command::new(BIN)
+        .args(["inspect", "--json", "--regions", "--coverage", "1500"])
+        .args(["--after", "4000", "--heatmap"])
+        .arg(&svg)
+        .args(["--", BIN, "workload", "--layout", "32", "--seconds", "60"])
+        .arg("--truth")
+        .arg(&truth_path)
+        .env("PAGEWISE_FARMEM_DIR", &dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let t: pagewise::workload::LayoutTruth =
+        serde_json::from_slice(&std::fs::read(&truth_path).unwrap()).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let regions: Vec<&serde_json::Value> = v["regions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| {
+            let s = r["start"].as_u64().unwrap();
+            s >= t.addr && s < t.addr + t.len
+        })
+        .collect();
+    assert_eq!(regions.len(), 32, "one report per 2 MiB region");
+    let sum = |k: &str| regions.iter().map(|r| r[k].as_u64().unwrap()).sum::<u64>();
+    assert_eq!(sum("resident_pages"), t.pages);
+    assert_eq!(sum("zero_pages"), t.zero_pages);
+    assert_eq!(sum("duplicate_pages"), t.duplicate_pages);
+    if t.collapsed {
+        assert_eq!(sum("huge_pages"), t.pages);
+        assert_eq!(sum("bloat_pages"), t.zero_pages);
+    } else {
+        eprintln!("huge-page part skipped: the layout could not be collapsed");
+    }
+    assert_eq!(v["coverage"]["method"], "sampler", "{}", v["coverage"]);
+    for r in &regions {
+        let s = r["start"].as_u64().unwrap();
+        let touched = r["touched_pages"].as_u64().unwrap();
+        if t.hot.contains(&s) {
+            assert_eq!(touched, 512, "hot region {s:#x}");
+            assert!(r["access_rate"].as_f64().unwrap() > 0.0);
+        } else {
+            assert_eq!(touched, 0, "cold region {s:#x}");
+        }
+    }
+    // The hottest list holds hot regions only.
+    let hottest = v["hottest"].as_array().unwrap();
+    assert!(!hottest.is_empty());
+    for h in hottest {
+        let s = h["start"].as_u64().unwrap();
+        assert!(
+            t.hot.contains(&s) || s < t.addr || s >= t.addr + t.len,
+            "{h}"
+        );
+    }
+    let svg = std::fs::read_to_string(&svg).unwrap();
+    assert!(svg.starts_with("<svg") && svg.matches("<rect").count() > 32);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Without idle page tracking, coverage of a process not started under
+/// pagewise is refused with the reason, not guessed.
+#[test]
+fn coverage_unavailable_says_why() {
+    if !pagewise::probe::get().pagemap_scan {
+        eprintln!("skipped: no PAGEMAP_SCAN");
+        return;
+    }
+    if pagewise::access::idle_page_unavailable().is_none() {
+        eprintln!("skipped: this kernel has idle page tracking");
+        return;
+    }
+    let me = std::process::id().to_string();
+    let out = Command::new(BIN)
+        .args(["inspect", "--pid", &me, "--json", "--coverage", "100"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["coverage"]["method"].is_null());
+    let why = v["coverage"]["unavailable"].as_str().unwrap();
+    assert!(why.contains("idle page tracking"), "{why}");
+}

@@ -60,6 +60,16 @@ pub struct RegionReport {
     pub repetition_rate: f64,
     /// The same rate as the counting Bloom filter estimates it.
     pub bloom_repetition_rate: f64,
+    /// Distinct base pages touched in the coverage window (when measured).
+    pub touched_pages: Option<u64>,
+    /// Distinct base pages touched per second: the region's access
+    /// coverage over the window.
+    pub access_rate: Option<f64>,
+    /// What promoting it to a huge page would save, ns per second: each
+    /// distinct base page touched takes at least one page walk, each
+    /// costing [`crate::thp::WalkCost::walk_ns`] (a lower bound; 0 when it
+    /// is a huge page already).
+    pub promotion_benefit_ns_per_s: Option<f64>,
     #[serde(skip)]
     bloom: BloomCount,
 }
@@ -74,8 +84,6 @@ struct BloomCount {
 /// How to inspect.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Options {
-    /// List every 2 MiB region in the report.
-    pub regions: bool,
     /// Look up only every 4th base page of a region in the Bloom filter
     /// (SmartMD's 25 % sampling) and estimate from those.
     pub bloom_sample: bool,
@@ -138,8 +146,110 @@ pub struct Report {
     pub ksm_merging_bytes: Option<u64>,
     /// SmartMD's counting Bloom filter against the exact count.
     pub bloom: BloomReport,
-    /// Per region, when asked for.
+    /// Access coverage, or why there is none.
+    pub coverage: CoverageSummary,
+    /// The machine's page-walk cost, when regions were ranked by it.
+    pub walk_cost: Option<crate::thp::WalkCost>,
+    /// Every 2 MiB region holding memory.
     pub regions: Vec<RegionReport>,
+}
+
+/// How access coverage was measured ([`crate::access`]).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct CoverageSummary {
+    /// How (`None`: not measured, see `unavailable`).
+    pub method: Option<crate::access::Method>,
+    /// Why it was not measured.
+    pub unavailable: Option<String>,
+    /// The window, ms (the longest of the processes').
+    pub window_ms: f64,
+    /// Distinct bytes touched in the window.
+    pub touched_bytes: u64,
+    /// Bytes watched (the memory the method could see).
+    pub watched_bytes: u64,
+}
+
+impl Report {
+    /// Adds coverage measured by `method` to the regions it covers.
+    pub fn add_coverage(
+        &mut self,
+        method: crate::access::Method,
+        cov: &[crate::access::CoverageReport],
+    ) {
+        let mask = !(HUGE_PAGE_SIZE as u64 - 1);
+        let mut at: HashMap<(i32, u64), usize> = HashMap::new();
+        for (i, r) in self.regions.iter().enumerate() {
+            at.entry((r.pid, r.start & mask)).or_insert(i);
+        }
+        let c = &mut self.coverage;
+        c.method = Some(method);
+        c.unavailable = None;
+        for rep in cov {
+            let secs = rep.window_ns as f64 / 1e9;
+            c.window_ms = c.window_ms.max(rep.window_ns as f64 / 1e6);
+            for &[start, watched, _, touched] in &rep.regions {
+                c.watched_bytes += watched * PAGE_SIZE as u64;
+                c.touched_bytes += touched * PAGE_SIZE as u64;
+                if let Some(&i) = at.get(&(rep.pid, start)) {
+                    let r = &mut self.regions[i];
+                    let t = r.touched_pages.unwrap_or(0) + touched;
+                    r.touched_pages = Some(t);
+                    r.access_rate = Some(t as f64 / secs.max(1e-9));
+                }
+            }
+        }
+    }
+
+    /// Says why coverage was not measured.
+    pub fn no_coverage(&mut self, why: String) {
+        self.coverage = CoverageSummary {
+            unavailable: Some(why),
+            ..CoverageSummary::default()
+        };
+    }
+
+    /// Sets each region's promotion benefit from the machine's walk cost.
+    pub fn rank_promotion(&mut self, cost: &crate::thp::WalkCost) {
+        let Some(walk) = cost.walk_ns else { return };
+        for r in &mut self.regions {
+            if let Some(rate) = r.access_rate {
+                let small = r.resident_pages.saturating_sub(r.huge_pages) as f64
+                    / r.resident_pages.max(1) as f64;
+                r.promotion_benefit_ns_per_s = Some(rate * walk * small);
+            }
+        }
+    }
+
+    /// The `n` regions touching the most distinct pages per second.
+    pub fn hottest(&self, n: usize) -> Vec<&RegionReport> {
+        let mut v: Vec<&RegionReport> = self
+            .regions
+            .iter()
+            .filter(|r| r.access_rate.is_some_and(|a| a > 0.0))
+            .collect();
+        v.sort_by(|a, b| {
+            b.access_rate
+                .unwrap_or(0.0)
+                .total_cmp(&a.access_rate.unwrap_or(0.0))
+        });
+        v.truncate(n);
+        v
+    }
+
+    /// The `n` regions promotion would help most.
+    pub fn promote_first(&self, n: usize) -> Vec<&RegionReport> {
+        let mut v: Vec<&RegionReport> = self
+            .regions
+            .iter()
+            .filter(|r| r.promotion_benefit_ns_per_s.is_some_and(|b| b > 0.0))
+            .collect();
+        v.sort_by(|a, b| {
+            let k = |r: &RegionReport| r.promotion_benefit_ns_per_s.unwrap_or(0.0);
+            k(b).total_cmp(&k(a))
+        });
+        v.truncate(n);
+        v
+    }
 }
 
 /// Inspects `pids`; `progress(done, total)` is called as pages are read.
@@ -168,6 +278,8 @@ pub fn inspect(pids: &[i32], opts: Options, progress: &mut dyn FnMut(u64, u64)) 
             relative_error: Some(0.0),
             max_region_rate_error: 0.0,
         },
+        coverage: CoverageSummary::default(),
+        walk_cost: None,
         regions: Vec::new(),
     };
     // A base page is looked up in the filter when it is in the sample.
@@ -182,7 +294,16 @@ pub fn inspect(pids: &[i32], opts: Options, progress: &mut dyn FnMut(u64, u64)) 
         let maps = procfs::maps(Some(pid))?;
         let mut walker = PageWalker::new(Some(pid))?;
         let mut runs = Vec::new();
-        for m in maps.iter().filter(|m| m.read && !m.is_special()) {
+        // Far-memory staging holds remote pages of the program's own
+        // regions (and reading a hole in it would wait on its engine).
+        let staging = format!(
+            "[anon:{}]",
+            crate::farmem::STAGING_NAME.to_str().expect("ASCII")
+        );
+        for m in maps
+            .iter()
+            .filter(|m| m.read && !m.is_special() && m.path != staging)
+        {
             let Ok(r) = Region::new(m.start, m.len()) else {
                 continue;
             };
@@ -212,6 +333,9 @@ pub fn inspect(pids: &[i32], opts: Options, progress: &mut dyn FnMut(u64, u64)) 
                     duplicate_pages: 0,
                     repetition_rate: 0.0,
                     bloom_repetition_rate: 0.0,
+                    touched_pages: None,
+                    access_rate: None,
+                    promotion_benefit_ns_per_s: None,
                     bloom: BloomCount::default(),
                 };
                 for pr in runs.iter().filter(|p| p.start < e && a < p.end) {
@@ -347,11 +471,9 @@ pub fn inspect(pids: &[i32], opts: Options, progress: &mut dyn FnMut(u64, u64)) 
             *out.ksm_merging_bytes.get_or_insert(0) += k.merging_pages * PAGE_SIZE as u64;
         }
     }
-    if opts.regions {
-        out.regions = all
-            .into_iter()
-            .filter(|r| r.resident_pages + r.swapped_pages > 0)
-            .collect();
-    }
+    out.regions = all
+        .into_iter()
+        .filter(|r| r.resident_pages + r.swapped_pages > 0)
+        .collect();
     Ok(out)
 }

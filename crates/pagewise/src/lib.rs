@@ -17,6 +17,7 @@
 //! other processes), [`workload`] (the built-in
 //! self-checking workloads that tests, benchmarks and the demo share).
 
+pub mod access;
 pub mod bench;
 pub mod bloom;
 pub mod dedup;

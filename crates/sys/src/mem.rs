@@ -132,14 +132,27 @@ pub struct PerfEventAttrV0 {
 const _: () = assert!(std::mem::size_of::<PerfEventAttrV0>() == 64);
 
 /// `perf_event_open(2)` for one hardware counter (`PERF_TYPE_HARDWARE`) on the
-/// calling thread, user mode only. Returns the fd.
+/// calling thread, user mode only, created disabled. Returns the fd.
 pub fn perf_event_open_hw(config: u64) -> io::Result<std::os::fd::OwnedFd> {
+    perf_event_open(0, config, false)
+}
+
+/// `PERF_TYPE_HW_CACHE`.
+pub const PERF_TYPE_HW_CACHE: u32 = 3;
+/// `PERF_TYPE_HW_CACHE` config of data-TLB read misses:
+/// `PERF_COUNT_HW_CACHE_DTLB | OP_READ (0) << 8 | RESULT_MISS << 16`.
+pub const PERF_DTLB_READ_MISSES: u64 = 3 | (1 << 16);
+
+/// `perf_event_open(2)` for one counter of type `type_` on the calling
+/// thread, user mode only, counting from now when `enabled`. Returns the fd;
+/// an 8-byte `read` gives the count.
+pub fn perf_event_open(type_: u32, config: u64, enabled: bool) -> io::Result<std::os::fd::OwnedFd> {
     use std::os::fd::FromRawFd;
     let attr = PerfEventAttrV0 {
-        type_: 0,
+        type_,
         size: 64,
         config,
-        flags: 1 | (1 << 5) | (1 << 6),
+        flags: u64::from(!enabled) | (1 << 5) | (1 << 6),
         ..Default::default()
     };
     // SAFETY: `attr` is a valid perf_event_attr of the size it declares; pid 0 and
@@ -156,4 +169,26 @@ pub fn perf_event_open_hw(config: u64) -> io::Result<std::os::fd::OwnedFd> {
     })?;
     // SAFETY: the kernel returned a new fd that we now own.
     Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// `PR_SET_VMA` (Linux 5.17).
+pub const PR_SET_VMA: libc::c_int = 0x5356_4d41;
+/// `PR_SET_VMA_ANON_NAME`.
+pub const PR_SET_VMA_ANON_NAME: libc::c_ulong = 0;
+
+/// Names the anonymous mapping `[addr, addr+len)`: `/proc/PID/maps` shows
+/// it as `[anon:NAME]` (kernels with `CONFIG_ANON_VMA_NAME`; an error
+/// elsewhere, which callers may ignore).
+pub fn name_anon(addr: u64, len: usize, name: &std::ffi::CStr) -> io::Result<()> {
+    // SAFETY: PR_SET_VMA only labels the range; the kernel copies the name.
+    cvt(unsafe {
+        libc::prctl(
+            PR_SET_VMA,
+            PR_SET_VMA_ANON_NAME,
+            addr as libc::c_ulong,
+            len as libc::c_ulong,
+            name.as_ptr() as libc::c_ulong,
+        )
+    } as libc::c_long)?;
+    Ok(())
 }

@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 /// Processes one instance can hold at once.
 pub const MAX_MEMBERS: usize = 64;
 const MAGIC: u64 = 0x7061_6765_6661_726d; // "pagefarm"
-const LAYOUT: u64 = 1;
+const LAYOUT: u64 = 2;
 
 /// What can be set on an instance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -69,6 +69,8 @@ struct Header {
     local_percent: AtomicU64,
     floor_ns: AtomicU64,
     unseen_ns: AtomicU64,
+    /// Access-coverage windows asked for: odd opens one, even closes it.
+    coverage: AtomicU64,
     slots: [Slot; MAX_MEMBERS],
 }
 
@@ -353,6 +355,35 @@ impl Instance {
         h.local_pages.store(s.local_pages, Ordering::Release);
         h.local_percent.store(s.local_percent, Ordering::Release);
         h.generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Opens (`open`) or closes an access-coverage window in every member
+    /// (see [`coverage_path`]); returns the request's number, which the
+    /// members' reports carry.
+    pub fn request_coverage(&self, open: bool) -> Result<u64> {
+        if !self.writable {
+            return Err(Error::Invalid("instance opened read-only".into()));
+        }
+        let h = self.h();
+        let now = h.coverage.load(Ordering::Acquire);
+        let next = if (now % 2 == 1) == open {
+            now + 2
+        } else {
+            now + 1
+        };
+        h.coverage.store(next, Ordering::Release);
+        h.generation.fetch_add(1, Ordering::AcqRel);
+        Ok(next)
+    }
+
+    /// The access-coverage request now (see [`Instance::request_coverage`]).
+    pub fn coverage_request(&self) -> u64 {
+        self.h().coverage.load(Ordering::Acquire)
+    }
+
+    /// Where member `pid` writes its report when a coverage window closes.
+    pub fn coverage_path(&self, pid: i32) -> PathBuf {
+        dir().join(format!("{}.coverage.{pid}", self.name))
     }
 
     /// Changes settings from `key=value` pairs (`latency_ns`,

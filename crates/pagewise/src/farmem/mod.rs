@@ -39,6 +39,15 @@
 //!
 //! Unmodified programs: `pagewise farmem run` (see the preload shim), with
 //! several processes in one [`instance`].
+//!
+//! # Access coverage
+//! The engine doubles as an access sampler where the kernel has neither
+//! idle page tracking nor DAMON: when an instance opens a coverage window
+//! ([`instance::Instance::request_coverage`]), each member evicts every
+//! local page, so that the first access to any page in the window is a
+//! fault. When the window closes, the pages local again are exactly those
+//! the program touched (read or written) in it; the member writes them per
+//! 2 MiB region ([`crate::access::CoverageReport`]) and maps every page back.
 
 pub mod instance;
 pub mod link;
@@ -624,6 +633,10 @@ enum Where {
     Parked,
 }
 
+/// The name of every staging mapping: `/proc/PID/maps` shows
+/// `[anon:pagewise-farmem-staging]` where the kernel names mappings.
+pub const STAGING_NAME: &std::ffi::CStr = c"pagewise-farmem-staging";
+
 /// The handler thread's state.
 ///
 /// Remote pages are *moved* (`UFFDIO_MOVE`, no copy) between the region and
@@ -671,6 +684,11 @@ struct Engine {
     /// Pages never emulated: the handler thread's own thread-local
     /// bookkeeping, which the C library keeps in the program's heap.
     excluded: Vec<crate::region::PageRange>,
+    /// The coverage request applied, one still to apply, and when the open
+    /// window began.
+    coverage: u64,
+    coverage_todo: Option<u64>,
+    window: Option<Instant>,
 }
 
 /// Whether `e` is `EAGAIN`: the address space is changing under a
@@ -720,6 +738,9 @@ impl Engine {
             adopts: Vec::new(),
             later: Vec::new(),
             excluded: Vec::new(),
+            coverage: 0,
+            coverage_todo: None,
+            window: None,
         };
         for r in regions {
             e.add_region(*r)?;
@@ -742,8 +763,10 @@ impl Engine {
                 r.start, r.len
             )));
         }
-        // Staging holds only the remote pages: reserved, not committed.
+        // Staging holds only the remote pages: reserved, not committed;
+        // named, so that an inspector can tell it from the program's memory.
         let st = AnonMemory::reserve(r.len as usize)?;
+        let _ = mem::name_anon(st.addr(), st.len(), STAGING_NAME);
         let reg = |fd: &OwnedFd, start: u64, len: u64| {
             uffd::register(fd.as_raw_fd(), start, len, uffd::REGISTER_MODE_MISSING)
                 .map_err(|e| Error::os(format!("UFFDIO_REGISTER of {start:#x}+{len:#x}"), e))
@@ -751,14 +774,18 @@ impl Engine {
         reg(&self.uffd, r.start, r.len)?;
         let undo = |e: &Engine, moved: bool| {
             if moved {
-                // Whatever reached staging goes back before the region is let go.
-                let _ = uffd::move_pages(
-                    e.uffd.as_raw_fd(),
-                    r.start,
-                    st.addr(),
-                    r.len,
-                    uffd::MOVE_MODE_ALLOW_SRC_HOLES,
-                );
+                // Whatever reached staging goes back before the region is
+                // let go (staging is one mapping; the region may be several,
+                // so page by page).
+                for off in (0..r.len).step_by(PAGE_SIZE) {
+                    let _ = uffd::move_pages(
+                        e.uffd.as_raw_fd(),
+                        r.start + off,
+                        st.addr() + off,
+                        PAGE_SIZE as u64,
+                        uffd::MOVE_MODE_ALLOW_SRC_HOLES,
+                    );
+                }
             }
             let _ = uffd::unregister(e.stage_uffd.as_raw_fd(), st.addr(), r.len);
             let _ = uffd::unregister(e.uffd.as_raw_fd(), r.start, r.len);
@@ -767,19 +794,31 @@ impl Engine {
             undo(self, false);
             return Err(e);
         }
-        // Every populated page becomes remote now: moved to staging.
-        if let Err(e) = uffd::move_pages(
-            self.stage_uffd.as_raw_fd(),
-            st.addr(),
-            r.start,
-            r.len,
-            uffd::MOVE_MODE_DONTWAKE | uffd::MOVE_MODE_ALLOW_SRC_HOLES,
-        ) {
-            undo(self, true);
-            return Err(Error::os(
-                format!("UFFDIO_MOVE of {:#x}+{:#x} to staging", r.start, r.len),
-                e,
-            ));
+        // Every populated page becomes remote now: moved to staging, one
+        // mapping at a time (a move stays inside one; the program may have
+        // split the range, by madvise(MADV_HUGEPAGE) say).
+        let pieces: Vec<(u64, u64)> = match crate::procfs::maps(None) {
+            Ok(maps) => maps
+                .iter()
+                .filter(|m| m.start < r.end() && r.start < m.end)
+                .map(|m| (m.start.max(r.start), m.end.min(r.end())))
+                .collect(),
+            Err(_) => vec![(r.start, r.end())],
+        };
+        for (a, b) in pieces {
+            if let Err(e) = uffd::move_pages(
+                self.stage_uffd.as_raw_fd(),
+                st.addr() + (a - r.start),
+                a,
+                b - a,
+                uffd::MOVE_MODE_DONTWAKE | uffd::MOVE_MODE_ALLOW_SRC_HOLES,
+            ) {
+                undo(self, true);
+                return Err(Error::os(
+                    format!("UFFDIO_MOVE of {:#x}+{:#x} to staging", a, b - a),
+                    e,
+                ));
+            }
         }
         let n = r.pages() as usize;
         let mut here = vec![Where::RemoteZero; n];
@@ -858,6 +897,9 @@ impl Engine {
                 if let Err(e) = self.fit_budget(sh) {
                     break Err(e);
                 }
+            }
+            if let Err(e) = self.apply_coverage(sh) {
+                break Err(e);
             }
             // Messages first; poll (one more system call) only when none is waiting.
             let msg = match uffd::read_msg(self.uffd.as_raw_fd()) {
@@ -989,12 +1031,96 @@ impl Engine {
             return;
         }
         self.generation = g;
+        let c = inst.coverage_request();
+        if c != self.coverage {
+            self.coverage_todo = Some(c);
+        }
         let st = inst.settings();
         sh.config.lock().unwrap_or_else(|e| e.into_inner()).link = LinkConfig {
             latency_ns: st.latency_ns,
             bandwidth_bps: st.bandwidth_bps,
         };
         sh.changed.store(true, Ordering::Release);
+    }
+
+    /// Opens or closes a coverage window as the instance asks (see the
+    /// module docs).
+    fn apply_coverage(&mut self, sh: &Shared) -> Result<()> {
+        let Some(req) = self.coverage_todo else {
+            return Ok(());
+        };
+        if !(self.moves.is_empty() && self.adopts.is_empty() && self.later.is_empty()) {
+            // Not while the address space is changing: after the events.
+            return Ok(());
+        }
+        if req % 2 == 1 {
+            // Open: every local page leaves, so its next access is seen.
+            for g in 0..self.pages.len() {
+                if self.pages[g] != Where::Local || self.class[g] != Placement::Normal {
+                    continue;
+                }
+                self.policy.removed(g);
+                match self.evict(sh, g) {
+                    Ok(_) => {}
+                    Err(e) if again(&e) => {
+                        // Try the whole sweep again after the events.
+                        self.policy.inserted(g);
+                        return Ok(());
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            self.window = Some(Instant::now());
+        } else if let Some(t0) = self.window.take() {
+            let report = self.coverage_report(req, t0);
+            // Everything local again, as the program had it, before the
+            // report says the window is closed.
+            self.bring_back(sh)?;
+            if let Some((inst, _)) = &self.inst {
+                let path = inst.coverage_path(report.pid);
+                let tmp = path.with_extension("tmp");
+                let body = serde_json::to_vec(&report)
+                    .map_err(|e| Error::Invalid(format!("coverage report: {e}")))?;
+                std::fs::write(&tmp, body)
+                    .and_then(|_| std::fs::rename(&tmp, &path))
+                    .map_err(|e| Error::os(format!("writing {}", path.display()), e))?;
+            }
+        }
+        self.coverage = req;
+        self.coverage_todo = None;
+        Ok(())
+    }
+
+    /// Per 2 MiB region, the pages touched since the window opened.
+    fn coverage_report(&self, request: u64, t0: Instant) -> crate::access::CoverageReport {
+        let huge = crate::HUGE_PAGE_SIZE as u64;
+        let mut regions: Vec<[u64; 4]> = Vec::new();
+        for &ri in &self.order {
+            let r = self.regions[ri];
+            for i in 0..r.pages() as usize {
+                let a = r.start + (i * PAGE_SIZE) as u64;
+                let chunk = a & !(huge - 1);
+                if regions.last().is_none_or(|c| c[0] != chunk) {
+                    regions.push([chunk, 0, 0, 0]);
+                }
+                let c = regions.last_mut().expect("pushed");
+                c[1] += 1;
+                match self.pages[self.first[ri] + i] {
+                    Where::Local => {
+                        c[2] += 1;
+                        c[3] += 1;
+                    }
+                    Where::Remote | Where::Parked => c[2] += 1,
+                    Where::RemoteZero => {}
+                }
+            }
+        }
+        crate::access::CoverageReport {
+            pid: std::process::id() as i32,
+            request,
+            window_ns: t0.elapsed().as_nanos() as u64,
+            regions,
+        }
     }
 
     /// Publishes the counters to the instance slot.

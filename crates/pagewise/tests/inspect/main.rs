@@ -3,8 +3,7 @@
 //! identical pages, and the rest are unique. Every count must be exact.
 
 use pagewise::inspect::{inspect, Options};
-use pagewise::workload::{AnonMemory, Rng};
-use pagewise::{HUGE_PAGE_SIZE, PAGE_SIZE};
+use pagewise::PAGE_SIZE;
 
 #[test]
 fn known_layout_counted_exactly() {
@@ -14,41 +13,12 @@ fn known_layout_counted_exactly() {
         return;
     }
     const HUGE: usize = 16;
-    let mem = AnonMemory::new(HUGE * HUGE_PAGE_SIZE).unwrap();
-    let huge_ok = p.madv_collapse && mem.madvise(0, mem.len(), libc::MADV_HUGEPAGE).is_ok();
-    let n = mem.pages();
-    let mut rng = Rng::new(0x5eed);
-    let mut page = vec![0u8; PAGE_SIZE];
-    for i in 0..n {
-        match i % 10 {
-            // Written, so resident, then zero again.
-            0..=2 => {
-                mem.fill_page(i, 1);
-                mem.fill_page(i, 0);
-            }
-            // Groups of 8 identical pages: the 40-page block's id.
-            3 | 4 => {
-                let mut g = Rng::new(0xd0b1_e000 + (i / 40) as u64);
-                for w in page.chunks_exact_mut(8) {
-                    w.copy_from_slice(&g.next_u64().to_le_bytes());
-                }
-                mem.write_at(i * PAGE_SIZE, &page);
-            }
-            _ => {
-                for w in page.chunks_exact_mut(8) {
-                    w.copy_from_slice(&rng.next_u64().to_le_bytes());
-                }
-                mem.write_at(i * PAGE_SIZE, &page);
-            }
-        }
-    }
-    let collapsed = huge_ok
-        && mem
-            .madvise(0, mem.len(), pagewise_sys::mem::MADV_COLLAPSE)
-            .is_ok();
+    let layout = pagewise::workload::Layout::build(HUGE, 0x5eed).unwrap();
+    let t = layout.truth();
+    let mem = &layout.mem;
+    let collapsed = layout.collapsed;
     let me = std::process::id() as i32;
     let opts = Options {
-        regions: true,
         bloom_sample: false,
     };
     let rep = inspect(&[me], opts, &mut |_, _| {}).unwrap();
@@ -60,14 +30,7 @@ fn known_layout_counted_exactly() {
     assert_eq!(mine.len(), HUGE, "one report per 2 MiB region");
     let sum =
         |f: fn(&pagewise::inspect::RegionReport) -> u64| mine.iter().map(|r| f(r)).sum::<u64>();
-    let zeros = (0..n).filter(|i| i % 10 < 3).count() as u64;
-    let dups = (0..n).filter(|i| matches!(i % 10, 3 | 4)).count() as u64;
-    let groups = (0..n)
-        .filter(|i| i % 10 == 3)
-        .map(|i| i / 40)
-        .collect::<std::collections::BTreeSet<_>>()
-        .len() as u64;
-    let n = n as u64;
+    let (n, zeros, dups, groups) = (t.pages, t.zero_pages, t.duplicate_pages, t.groups);
     assert_eq!(sum(|r| r.resident_pages), n);
     assert_eq!(sum(|r| r.zero_pages), zeros);
     assert_eq!(sum(|r| r.duplicate_pages), dups);
@@ -102,15 +65,7 @@ fn known_layout_counted_exactly() {
     eprintln!("bloom: {b:?}");
     // Sampling a quarter of the pages estimates each region's rate from
     // 128 lookups: within 0.1 of the exact 0.2.
-    let sampled = inspect(
-        &[me],
-        Options {
-            regions: true,
-            bloom_sample: true,
-        },
-        &mut |_, _| {},
-    )
-    .unwrap();
+    let sampled = inspect(&[me], Options { bloom_sample: true }, &mut |_, _| {}).unwrap();
     assert_eq!(sampled.bloom.sample_percent, 25);
     for r in sampled
         .regions

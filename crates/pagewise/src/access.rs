@@ -1,0 +1,221 @@
+//! Access coverage: which base pages of each 2 MiB region a process touches
+//! over an interval (HawkEye's access map). The one place pagewise measures
+//! it, by the best means the kernel and the process allow:
+//!
+//! - **idle page tracking** (`/sys/kernel/mm/page_idle/bitmap`, root): any
+//!   process. Every present page is marked idle; after the window, a page
+//!   whose idle bit the kernel cleared was accessed.
+//! - **the far-memory sampler**: processes started under pagewise (members
+//!   of a far-memory instance, see [`crate::farmem`]). The engine inside the
+//!   process evicts every local page when the window opens; the pages
+//!   faulted back by its end are exactly those touched. It sees reads and
+//!   writes, on any kernel with `UFFDIO_MOVE`, at a fault per distinct page
+//!   touched, and it serves memory page by page (no huge pages).
+//!
+//! DAMON is not used: it samples one page per region and estimates, where
+//! this asks for every page.
+
+use crate::farmem::instance::Instance;
+use crate::{procfs, Error, Result, HUGE_PAGE_SIZE, PAGE_SIZE};
+use pagewise_sys::pagemap;
+use serde::{Deserialize, Serialize};
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+/// What one process touched in a window.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CoverageReport {
+    /// The process.
+    pub pid: i32,
+    /// The sampler's request that closed the window (0 for idle pages).
+    pub request: u64,
+    /// How long the window was open, ns.
+    pub window_ns: u64,
+    /// Per 2 MiB region watched: `[start, pages watched, pages holding
+    /// data, pages touched]`.
+    pub regions: Vec<[u64; 4]>,
+}
+
+/// How coverage was measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Method {
+    /// `/sys/kernel/mm/page_idle/bitmap`.
+    IdlePage,
+    /// The far-memory engine inside the process.
+    Sampler,
+}
+
+/// Why idle page tracking cannot be used here, or `None` when it can.
+pub fn idle_page_unavailable() -> Option<String> {
+    let p = crate::probe::get();
+    (!p.idle_page).then(|| p.why("idle_page_tracking"))
+}
+
+/// The far-memory instance `pid` is a live member of, if any (opened for
+/// control: only its owner or root may sample it).
+pub fn sampler_of(pid: i32) -> Option<Instance> {
+    Instance::list()
+        .ok()?
+        .into_iter()
+        .find(|i| i.members().iter().any(|m| m.live && m.pid == pid))
+        .and_then(|i| Instance::open(i.name(), true).ok())
+}
+
+/// Coverage of every live member of `inst` over `window` (see the module
+/// docs), waiting at most `timeout` for their reports.
+pub fn sample(inst: &Instance, window: Duration, timeout: Duration) -> Result<Vec<CoverageReport>> {
+    let live = |i: &Instance| -> Vec<i32> {
+        i.members()
+            .iter()
+            .filter(|m| m.live)
+            .map(|m| m.pid)
+            .collect()
+    };
+    for p in live(inst) {
+        let _ = std::fs::remove_file(inst.coverage_path(p));
+    }
+    inst.request_coverage(true)?;
+    std::thread::sleep(window);
+    let req = inst.request_coverage(false)?;
+    let until = Instant::now() + timeout;
+    let mut out: Vec<CoverageReport> = Vec::new();
+    loop {
+        let pids = live(inst);
+        for &p in &pids {
+            if out.iter().any(|r| r.pid == p) {
+                continue;
+            }
+            let path = inst.coverage_path(p);
+            let Ok(body) = std::fs::read(&path) else {
+                continue;
+            };
+            let r: CoverageReport = serde_json::from_slice(&body)
+                .map_err(|e| Error::Invalid(format!("coverage report {}: {e}", path.display())))?;
+            if r.request == req {
+                let _ = std::fs::remove_file(&path);
+                out.push(r);
+            }
+        }
+        if pids.iter().all(|p| out.iter().any(|r| r.pid == *p)) {
+            return Ok(out);
+        }
+        if Instant::now() > until {
+            let missing: Vec<String> = pids
+                .iter()
+                .filter(|p| !out.iter().any(|r| r.pid == **p))
+                .map(|p| p.to_string())
+                .collect();
+            return Err(Error::Invalid(format!(
+                "no coverage report from process {} within {:?}",
+                missing.join(", "),
+                timeout
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+const IDLE_BITMAP: &str = "/sys/kernel/mm/page_idle/bitmap";
+
+/// Coverage of the anonymous memory of `pids` over `window` by idle page
+/// tracking (root; see [`idle_page_unavailable`]).
+pub fn idle_pages(pids: &[i32], window: Duration) -> Result<Vec<CoverageReport>> {
+    if let Some(why) = idle_page_unavailable() {
+        return Err(Error::Unsupported {
+            feature: "idle page tracking",
+            why,
+        });
+    }
+    let bitmap = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(IDLE_BITMAP)
+        .map_err(|e| Error::os(format!("opening {IDLE_BITMAP}"), e))?;
+    // Per process: every present page of its anonymous mappings, (address, pfn).
+    let mut pages: Vec<(i32, Vec<(u64, u64)>)> = Vec::new();
+    for &pid in pids {
+        let pm = std::fs::File::open(procfs::proc_dir(Some(pid)).join("pagemap"))
+            .map_err(|e| Error::at(Some(pid), "opening pagemap", e))?;
+        let mut v = Vec::new();
+        let mut buf = vec![0u64; 512];
+        for m in procfs::maps(Some(pid))?
+            .iter()
+            .filter(|m| m.is_anonymous() && !m.is_special())
+        {
+            let mut a = m.start;
+            while a < m.end {
+                let n = (((m.end - a) / PAGE_SIZE as u64) as usize).min(buf.len());
+                pagemap::read_entries(pm.as_raw_fd(), a, &mut buf[..n])
+                    .map_err(|e| Error::at(Some(pid), format!("reading pagemap at {a:#x}"), e))?;
+                for (i, &e) in buf[..n].iter().enumerate() {
+                    let pfn = e & pagemap::entry::PFN_MASK;
+                    if e & pagemap::entry::PRESENT != 0 && pfn != 0 {
+                        v.push((a + (i * PAGE_SIZE) as u64, pfn));
+                    }
+                }
+                a += (n * PAGE_SIZE) as u64;
+            }
+        }
+        pages.push((pid, v));
+    }
+    // Mark idle: the bitmap is read and written in 8-byte words of 64 pfns.
+    let word = |pfn: u64| (pfn / 64) * 8;
+    let mut words: Vec<u64> = pages
+        .iter()
+        .flat_map(|(_, v)| v.iter().map(|p| word(p.1)))
+        .collect();
+    words.sort_unstable();
+    words.dedup();
+    let rw = |off: u64, val: Option<u64>| -> Result<u64> {
+        let mut b = val.unwrap_or(0).to_ne_bytes();
+        // SAFETY: `b` is 8 writable (or readable) bytes for the whole call.
+        let n = unsafe {
+            match val {
+                Some(_) => libc::pwrite(bitmap.as_raw_fd(), b.as_ptr().cast(), 8, off as i64),
+                None => libc::pread(bitmap.as_raw_fd(), b.as_mut_ptr().cast(), 8, off as i64),
+            }
+        };
+        if n != 8 {
+            return Err(Error::os(
+                format!("{IDLE_BITMAP} at {off}"),
+                std::io::Error::last_os_error(),
+            ));
+        }
+        Ok(u64::from_ne_bytes(b))
+    };
+    for &w in &words {
+        rw(w, Some(u64::MAX))?;
+    }
+    let t0 = Instant::now();
+    std::thread::sleep(window);
+    let mut idle = std::collections::HashMap::new();
+    for &w in &words {
+        idle.insert(w, rw(w, None)?);
+    }
+    let window_ns = t0.elapsed().as_nanos() as u64;
+    Ok(pages
+        .into_iter()
+        .map(|(pid, v)| {
+            let mut regions: Vec<[u64; 4]> = Vec::new();
+            for (a, pfn) in v {
+                let chunk = a & !(HUGE_PAGE_SIZE as u64 - 1);
+                if regions.last().is_none_or(|c| c[0] != chunk) {
+                    regions.push([chunk, 0, 0, 0]);
+                }
+                let c = regions.last_mut().expect("pushed");
+                c[1] += 1;
+                c[2] += 1;
+                if idle[&word(pfn)] & (1 << (pfn % 64)) == 0 {
+                    c[3] += 1;
+                }
+            }
+            CoverageReport {
+                pid,
+                request: 0,
+                window_ns,
+                regions,
+            }
+        })
+        .collect())
+}
