@@ -68,6 +68,11 @@ enum What {
     /// isolation between instances (with --full); every run checks a sample
     /// of keys and values.
     FarmemRedis(crate::cmd_farmem_redis::Args),
+    /// The inspector's cost: time to inspect a process holding the known
+    /// layout (128 MiB; 256 MiB, 1 GiB and 4 GiB with --full) against
+    /// reading that memory once at this machine's bandwidth, the target's
+    /// slowdown during the scan, and every exact figure checked.
+    Inspect(crate::cmd_inspect_bench::Args),
 }
 
 /// Progress on stderr: one updating line on a terminal, plain lines otherwise.
@@ -133,6 +138,7 @@ pub fn run(a: Args) -> Result<i32> {
         }
         What::Redis(r) => crate::cmd_redis::run(r),
         What::FarmemRedis(r) => crate::cmd_farmem_redis::run(r),
+        What::Inspect(r) => crate::cmd_inspect_bench::run(r),
     }
 }
 

@@ -4,6 +4,7 @@ mod cmd_bench;
 mod cmd_farmem;
 mod cmd_farmem_redis;
 mod cmd_inspect;
+mod cmd_inspect_bench;
 mod cmd_probe;
 mod cmd_redis;
 mod cmd_snapshot;
