@@ -67,20 +67,7 @@ impl Drop for Started {
         let pid = self.child.id() as i32;
         // SAFETY: signalling our own child.
         unsafe { libc::kill(pid, libc::SIGTERM) };
-        let t = std::time::Instant::now();
-        while t.elapsed() < Duration::from_secs(5) {
-            if matches!(self.child.try_wait(), Ok(Some(_))) {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        for m in self.inst.members() {
-            if m.live && !pagewise::procfs::is_alive(m.pid) {
-                self.inst.leave_pid(m.pid);
-            }
-        }
+        crate::child::wait_or_kill(&mut self.child, Duration::from_secs(5));
         let _ = self.inst.remove();
     }
 }
@@ -187,7 +174,9 @@ pub fn run(a: Args) -> Result<i32> {
             Some(s) => vec![Instance::open(s.inst.name(), true)?],
             None => pids.iter().filter_map(|&p| access::sampler_of(p)).collect(),
         };
-        sampled.dedup_by(|a, b| a.name() == b.name());
+        // One window per instance, however many of its members were given.
+        let mut seen = std::collections::HashSet::new();
+        sampled.retain(|i| seen.insert(i.name().to_string()));
         let all_sampled = pids.iter().all(|&p| {
             sampled
                 .iter()

@@ -159,15 +159,7 @@ impl Server {
         if let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) {
             let _ = s.write_all(b"*2\r\n$8\r\nSHUTDOWN\r\n$6\r\nNOSAVE\r\n");
         }
-        let t0 = Instant::now();
-        while t0.elapsed() < Duration::from_secs(10) {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        crate::child::wait_or_kill(&mut self.child, Duration::from_secs(10));
     }
 }
 

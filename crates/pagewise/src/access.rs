@@ -36,6 +36,19 @@ pub struct CoverageReport {
     pub regions: Vec<[u64; 4]>,
 }
 
+/// Counts one watched page at `addr` into `regions` (in address order, see
+/// [`CoverageReport::regions`]).
+pub fn tally(regions: &mut Vec<[u64; 4]>, addr: u64, data: bool, touched: bool) {
+    let chunk = addr & !(HUGE_PAGE_SIZE as u64 - 1);
+    if regions.last().is_none_or(|c| c[0] != chunk) {
+        regions.push([chunk, 0, 0, 0]);
+    }
+    let c = regions.last_mut().expect("pushed");
+    c[1] += 1;
+    c[2] += u64::from(data);
+    c[3] += u64::from(touched);
+}
+
 /// How coverage was measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -199,16 +212,8 @@ pub fn idle_pages(pids: &[i32], window: Duration) -> Result<Vec<CoverageReport>>
         .map(|(pid, v)| {
             let mut regions: Vec<[u64; 4]> = Vec::new();
             for (a, pfn) in v {
-                let chunk = a & !(HUGE_PAGE_SIZE as u64 - 1);
-                if regions.last().is_none_or(|c| c[0] != chunk) {
-                    regions.push([chunk, 0, 0, 0]);
-                }
-                let c = regions.last_mut().expect("pushed");
-                c[1] += 1;
-                c[2] += 1;
-                if idle[&word(pfn)] & (1 << (pfn % 64)) == 0 {
-                    c[3] += 1;
-                }
+                let accessed = idle[&word(pfn)] & (1 << (pfn % 64)) == 0;
+                tally(&mut regions, a, true, accessed);
             }
             CoverageReport {
                 pid,

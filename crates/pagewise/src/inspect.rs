@@ -379,7 +379,7 @@ pub fn inspect(pids: &[i32], opts: Options, progress: &mut dyn FnMut(u64, u64)) 
                 if look {
                     rep.bloom.looked_up += 1;
                 }
-                if is_zero(page) {
+                if page == crate::hash::ZERO_PAGE {
                     rep.zero_pages += 1;
                     if huge {
                         rep.bloat_pages += 1;
@@ -476,13 +476,4 @@ pub fn inspect(pids: &[i32], opts: Options, progress: &mut dyn FnMut(u64, u64)) 
         .filter(|r| r.resident_pages + r.swapped_pages > 0)
         .collect();
     Ok(out)
-}
-
-/// Whether a page holds only zeros (word at a time).
-fn is_zero(page: &[u8]) -> bool {
-    page.chunks_exact(64).all(|c| {
-        c.chunks_exact(8).fold(0u64, |acc, w| {
-            acc | u64::from_ne_bytes(w.try_into().expect("8 bytes"))
-        }) == 0
-    })
 }

@@ -772,17 +772,26 @@ impl Engine {
                 .map_err(|e| Error::os(format!("UFFDIO_REGISTER of {start:#x}+{len:#x}"), e))
         };
         reg(&self.uffd, r.start, r.len)?;
+        // A move stays inside one mapping, and the program may have split
+        // the range into several (by madvise(MADV_HUGEPAGE), say): moves go
+        // one mapping at a time.
+        let pieces: Vec<(u64, u64)> = match crate::procfs::maps(None) {
+            Ok(maps) => maps
+                .iter()
+                .filter(|m| m.start < r.end() && r.start < m.end)
+                .map(|m| (m.start.max(r.start), m.end.min(r.end())))
+                .collect(),
+            Err(_) => vec![(r.start, r.end())],
+        };
         let undo = |e: &Engine, moved: bool| {
             if moved {
-                // Whatever reached staging goes back before the region is
-                // let go (staging is one mapping; the region may be several,
-                // so page by page).
-                for off in (0..r.len).step_by(PAGE_SIZE) {
+                // Whatever reached staging goes back before the region is let go.
+                for &(a, b) in &pieces {
                     let _ = uffd::move_pages(
                         e.uffd.as_raw_fd(),
-                        r.start + off,
-                        st.addr() + off,
-                        PAGE_SIZE as u64,
+                        a,
+                        st.addr() + (a - r.start),
+                        b - a,
                         uffd::MOVE_MODE_ALLOW_SRC_HOLES,
                     );
                 }
@@ -794,18 +803,8 @@ impl Engine {
             undo(self, false);
             return Err(e);
         }
-        // Every populated page becomes remote now: moved to staging, one
-        // mapping at a time (a move stays inside one; the program may have
-        // split the range, by madvise(MADV_HUGEPAGE) say).
-        let pieces: Vec<(u64, u64)> = match crate::procfs::maps(None) {
-            Ok(maps) => maps
-                .iter()
-                .filter(|m| m.start < r.end() && r.start < m.end)
-                .map(|m| (m.start.max(r.start), m.end.min(r.end())))
-                .collect(),
-            Err(_) => vec![(r.start, r.end())],
-        };
-        for (a, b) in pieces {
+        // Every populated page becomes remote now: moved to staging.
+        for &(a, b) in &pieces {
             if let Err(e) = uffd::move_pages(
                 self.stage_uffd.as_raw_fd(),
                 st.addr() + (a - r.start),
@@ -1093,26 +1092,17 @@ impl Engine {
 
     /// Per 2 MiB region, the pages touched since the window opened.
     fn coverage_report(&self, request: u64, t0: Instant) -> crate::access::CoverageReport {
-        let huge = crate::HUGE_PAGE_SIZE as u64;
         let mut regions: Vec<[u64; 4]> = Vec::new();
         for &ri in &self.order {
             let r = self.regions[ri];
             for i in 0..r.pages() as usize {
-                let a = r.start + (i * PAGE_SIZE) as u64;
-                let chunk = a & !(huge - 1);
-                if regions.last().is_none_or(|c| c[0] != chunk) {
-                    regions.push([chunk, 0, 0, 0]);
-                }
-                let c = regions.last_mut().expect("pushed");
-                c[1] += 1;
-                match self.pages[self.first[ri] + i] {
-                    Where::Local => {
-                        c[2] += 1;
-                        c[3] += 1;
-                    }
-                    Where::Remote | Where::Parked => c[2] += 1,
-                    Where::RemoteZero => {}
-                }
+                let w = self.pages[self.first[ri] + i];
+                crate::access::tally(
+                    &mut regions,
+                    r.start + (i * PAGE_SIZE) as u64,
+                    w != Where::RemoteZero,
+                    w == Where::Local,
+                );
             }
         }
         crate::access::CoverageReport {
