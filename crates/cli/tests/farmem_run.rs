@@ -37,23 +37,178 @@ macro_rules! need_support {
 
 /// The target program, compiled once per test process.
 fn target() -> PathBuf {
-    static ONCE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    ONCE.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("pagewise-farmem-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let out = dir.join("farmem_target");
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/farmem_target.c");
-        let st = Command::new("cc")
-            .args(["-O", "-Wall", "-Wextra", "-Werror", "-pthread"])
-            .arg(&src)
-            .arg("-o")
-            .arg(&out)
-            .status()
-            .expect("running cc");
-        assert!(st.success(), "compiling {}", src.display());
-        out
-    })
-    .clone()
+    c_program("farmem_target")
+}
+
+/// A C program of `tests/c`, compiled once per test process.
+fn c_program(name: &str) -> PathBuf {
+    static BUILT: std::sync::Mutex<Vec<(String, PathBuf)>> = std::sync::Mutex::new(Vec::new());
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, p)) = built.iter().find(|(n, _)| n == name) {
+        return p.clone();
+    }
+    let dir = std::env::temp_dir().join(format!("pagewise-farmem-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join(name);
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
+    let st = Command::new("cc")
+        .args(["-O", "-Wall", "-Wextra", "-Werror", "-pthread"])
+        .arg(&src)
+        .arg("-o")
+        .arg(&out)
+        .status()
+        .expect("running cc");
+    assert!(st.success(), "compiling {}", src.display());
+    built.push((name.to_string(), out.clone()));
+    out
+}
+
+/// How a command ended within its deadline: (exit code or 128 + signal,
+/// stdout, stderr); `None` when it had to be killed (with every process
+/// it started: it runs in a process group of its own).
+fn run_with_deadline(mut c: Command, deadline: Duration) -> Option<(i32, String, String)> {
+    use std::os::unix::process::{CommandExt, ExitStatusExt};
+    let mut child = c
+        .process_group(0)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawning");
+    let (mut so, mut se) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+    let out = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut so, &mut s);
+        s
+    });
+    let err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut se, &mut s);
+        s
+    });
+    let t0 = Instant::now();
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            let code = st.code().unwrap_or_else(|| 128 + st.signal().unwrap_or(0));
+            return Some((code, out.join().unwrap(), err.join().unwrap()));
+        }
+        if t0.elapsed() > deadline {
+            // SAFETY: kill(2) of the process group this test started.
+            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Runs a C program of `tests/c` natively, then under `farmem run` with
+/// each option set; every emulated run must end in time, succeed and print
+/// exactly what the native run printed.
+fn same_as_native(tag: &str, program: &str, args: &[&str], option_sets: &[&[&str]]) {
+    let prog = c_program(program);
+    let native = Command::new(&prog).args(args).output().unwrap();
+    let native_out = String::from_utf8_lossy(&native.stdout).into_owned();
+    assert!(
+        native.status.success(),
+        "{program} {args:?} natively: {native_out}"
+    );
+    let dir = instance_dir(tag);
+    for opts in option_sets {
+        let mut c = farmem(&dir);
+        c.arg("run").args(*opts).arg("--").arg(&prog).args(args);
+        let Some((code, out, err)) = run_with_deadline(c, Duration::from_secs(180)) else {
+            panic!("{program} {args:?} under farmem run {opts:?} hung (killed after 180 s)");
+        };
+        assert_eq!(
+            (code, out.as_str()),
+            (0, native_out.as_str()),
+            "{program} {args:?} under farmem run {opts:?}:\n{err}"
+        );
+        assert!(
+            !err.contains("not emulating") && !err.contains("failed"),
+            "{program} {args:?} under farmem run {opts:?} complained:\n{err}"
+        );
+        println!("{program} {args:?} under {opts:?}: {}", out.trim());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Regression: an mremap sequence (grow with a move, shrink in place, move
+/// over a PROT_NONE reservation with MREMAP_FIXED, grow after the move)
+/// read zeros instead of the data (17 MiB) and hung (LRU, 64 pages).
+#[test]
+fn mremap_sequence_keeps_every_byte() {
+    need_support!();
+    for mib in ["17", "16"] {
+        same_as_native(
+            &format!("mremap-{mib}"),
+            "farmem_mremap",
+            &[mib],
+            &[
+                &["--local-pages", "100000"],
+                &["--local-pages", "4096"],
+                &["--local-pages", "4096", "--policy", "lru"],
+                &["--local-pages", "64", "--policy", "lru"],
+            ],
+        );
+    }
+}
+
+/// Regression: realloc cycles up to 48 MiB and back deadlocked in the
+/// second round (the handler faulted on a staged page it was hashing,
+/// which a stale adoption had moved away).
+#[test]
+fn realloc_cycles_neither_hang_nor_lose_data() {
+    need_support!();
+    same_as_native(
+        "realloc",
+        "farmem_realloc",
+        &[],
+        &[&["--local-pages", "4096"], &["--local-pages", "100000"]],
+    );
+}
+
+/// Random mmap / munmap / mremap (every shape) / MADV_DONTNEED / realloc
+/// sequences, checked page by page by the program and against its native
+/// output, under several budgets and policies.
+#[test]
+fn random_memory_operations_match_native() {
+    need_support!();
+    for seed in ["1", "2", "3", "4"] {
+        same_as_native(
+            &format!("mmfuzz-{seed}"),
+            "farmem_mmfuzz",
+            &[seed, "120"],
+            &[
+                &["--local-pages", "256"],
+                &["--local-pages", "4096", "--policy", "lru"],
+                &["--local-pages", "512", "--policy", "clock"],
+            ],
+        );
+    }
+}
+
+/// When the engine's books and memory disagree (here: the program unmaps
+/// the engine's staging behind its back), the program is stopped loudly,
+/// never left running on wrong memory or waiting forever.
+#[test]
+fn a_failing_handler_stops_the_program() {
+    need_support!();
+    let dir = instance_dir("sabotage");
+    let mut c = farmem(&dir);
+    c.args(["run", "--local-pages", "16", "--"])
+        .arg(c_program("farmem_sabotage"));
+    let Some((code, out, err)) = run_with_deadline(c, Duration::from_secs(60)) else {
+        panic!("the program hung after its engine's staging was dropped");
+    };
+    assert!(
+        out.contains("staging dropped: ") && !out.contains("staging dropped: 0"),
+        "the program found no staging to drop: {out}\n{err}"
+    );
+    assert!(!out.contains("read back"), "the program ran on: {out}");
+    assert_eq!(code, 128 + libc::SIGABRT, "{out}\n{err}");
+    assert!(err.contains("the fault handler failed"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A private instance directory per test, so tests never see each other.

@@ -55,6 +55,10 @@ impl AnonMemory {
     pub fn addr(&self) -> u64 {
         self.ptr as u64
     }
+    /// The whole mapping behind it, alignment slack included: `(start, end)`.
+    pub fn mapping(&self) -> (u64, u64) {
+        (self.map as u64, self.map as u64 + self.map_len as u64)
+    }
     /// Length in bytes.
     pub fn len(&self) -> usize {
         self.len

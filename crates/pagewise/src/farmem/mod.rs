@@ -28,6 +28,12 @@
 //! staging mappings are registered with a second userfaultfd that asks for
 //! no events, so that the engine's own drops there never wait on itself.)
 //!
+//! # When the engine fails
+//! If the handler meets an error it cannot recover from (its books and the
+//! memory disagree, a system call fails in a way it does not expect), it
+//! prints the error and aborts the process: a program must never run on
+//! with memory that may be silently wrong.
+//!
 //! # What the caller guarantees
 //! The regions are private anonymous memory, mapped and writable. An
 //! `mremap` of emulated memory is followed (the remote pages move with it).
@@ -433,12 +439,8 @@ impl FarMemory {
                     }
                 }
                 let _ = ready_tx.send(Ok(engine.uffd.as_raw_fd()));
-                let r = engine.run(&sh, wake_r);
-                if let Err(e) = &r {
-                    // Threads waiting on faults would hang silently otherwise.
-                    eprintln!("pagewise farmem: the fault handler stopped: {e}");
-                }
-                r
+                engine.run(&sh, wake_r);
+                Ok(())
             })
             .map_err(|e| Error::os("starting the far-memory handler thread", e))?;
         let uffd_fd = match ready_rx.recv() {
@@ -689,6 +691,25 @@ struct Engine {
     coverage: u64,
     coverage_todo: Option<u64>,
     window: Option<Instant>,
+    /// Where a staged page is copied to be fingerprinted.
+    page_buf: Vec<u8>,
+}
+
+/// The handler met an error it cannot recover from: its books no longer
+/// match the memory. The program must neither run on with pages that may be
+/// wrong nor wait forever on faults no one serves: the process is aborted,
+/// while the userfaultfd is still open (closing it first would let the
+/// waiting threads run on over holes that read as zeros).
+fn fail(e: &Error) -> ! {
+    let msg = format!(
+        "pagewise farmem: the fault handler failed: {e}; aborting the process, \
+         whose emulated memory can no longer be trusted\n"
+    );
+    // Straight to the file descriptor: a thread waiting on a fault may hold
+    // the lock of the standard error stream.
+    // SAFETY: write(2) of a valid buffer.
+    unsafe { libc::write(2, msg.as_ptr().cast(), msg.len()) };
+    std::process::abort();
 }
 
 /// Whether `e` is `EAGAIN`: the address space is changing under a
@@ -716,7 +737,17 @@ impl Engine {
         use uffd::feature as f;
         let mut e = Engine {
             uffd: open_uffd(f::MOVE | f::EVENT_REMOVE | f::EVENT_UNMAP | f::EVENT_REMAP)?,
-            stage_uffd: open_uffd(f::MOVE)?,
+            // SIGBUS: a read of a staging page that is not there fails at
+            // once instead of waiting for a handler that is the reader.
+            stage_uffd: open_uffd(
+                f::MOVE
+                    | if crate::probe::get().uffd_has(f::SIGBUS) {
+                        f::SIGBUS
+                    } else {
+                        0
+                    },
+            )?,
+            page_buf: vec![0u8; PAGE_SIZE],
             regions: Vec::new(),
             order: Vec::new(),
             first: Vec::new(),
@@ -753,25 +784,19 @@ impl Engine {
     /// first, then its populated pages are moved to staging, each move atomic
     /// against a racing write. Its pages get the next global indices.
     fn add_region(&mut self, r: Region) -> Result<()> {
-        if self
-            .regions
-            .iter()
-            .any(|e| e.start < r.end() && r.start < e.end())
-        {
-            return Err(Error::Invalid(format!(
-                "{:#x}+{:#x} overlaps an emulated region",
-                r.start, r.len
-            )));
-        }
-        // Staging holds only the remote pages: reserved, not committed;
-        // named, so that an inspector can tell it from the program's memory.
-        let st = AnonMemory::reserve(r.len as usize)?;
-        let _ = mem::name_anon(st.addr(), st.len(), STAGING_NAME);
+        self.check_disjoint(r)?;
         let reg = |fd: &OwnedFd, start: u64, len: u64| {
             uffd::register(fd.as_raw_fd(), start, len, uffd::REGISTER_MODE_MISSING)
                 .map_err(|e| Error::os(format!("UFFDIO_REGISTER of {start:#x}+{len:#x}"), e))
         };
         reg(&self.uffd, r.start, r.len)?;
+        let st = match self.new_staging(r) {
+            Ok(st) => st,
+            Err(e) => {
+                let _ = uffd::unregister(self.uffd.as_raw_fd(), r.start, r.len);
+                return Err(e);
+            }
+        };
         // A move stays inside one mapping, and the program may have split
         // the range into several (by madvise(MADV_HUGEPAGE), say): moves go
         // one mapping at a time.
@@ -783,26 +808,6 @@ impl Engine {
                 .collect(),
             Err(_) => vec![(r.start, r.end())],
         };
-        let undo = |e: &Engine, moved: bool| {
-            if moved {
-                // Whatever reached staging goes back before the region is let go.
-                for &(a, b) in &pieces {
-                    let _ = uffd::move_pages(
-                        e.uffd.as_raw_fd(),
-                        a,
-                        st.addr() + (a - r.start),
-                        b - a,
-                        uffd::MOVE_MODE_ALLOW_SRC_HOLES,
-                    );
-                }
-            }
-            let _ = uffd::unregister(e.stage_uffd.as_raw_fd(), st.addr(), r.len);
-            let _ = uffd::unregister(e.uffd.as_raw_fd(), r.start, r.len);
-        };
-        if let Err(e) = reg(&self.stage_uffd, st.addr(), r.len) {
-            undo(self, false);
-            return Err(e);
-        }
         // Every populated page becomes remote now: moved to staging.
         for &(a, b) in &pieces {
             if let Err(e) = uffd::move_pages(
@@ -812,26 +817,82 @@ impl Engine {
                 b - a,
                 uffd::MOVE_MODE_DONTWAKE | uffd::MOVE_MODE_ALLOW_SRC_HOLES,
             ) {
-                undo(self, true);
+                // Whatever reached staging goes back before the region is let go.
+                for &(a, b) in &pieces {
+                    let _ = uffd::move_pages(
+                        self.uffd.as_raw_fd(),
+                        a,
+                        st.addr() + (a - r.start),
+                        b - a,
+                        uffd::MOVE_MODE_ALLOW_SRC_HOLES,
+                    );
+                }
+                let _ = uffd::unregister(self.stage_uffd.as_raw_fd(), st.addr(), r.len);
+                let _ = uffd::unregister(self.uffd.as_raw_fd(), r.start, r.len);
                 return Err(Error::os(
                     format!("UFFDIO_MOVE of {:#x}+{:#x} to staging", a, b - a),
                     e,
                 ));
             }
         }
-        let n = r.pages() as usize;
-        let mut here = vec![Where::RemoteZero; n];
+        let slot = self.push_region(r, st);
+        // What is in staging now is what the region held.
+        let st = self.staging[slot].region();
         let mut runs = Vec::new();
-        self.walker.populated(st.region(), &mut runs)?;
+        self.walker.populated(st, &mut runs)?;
         for &(a, b) in &runs {
-            let i0 = ((a - st.addr()) / PAGE_SIZE as u64) as usize;
-            let i1 = ((b - st.addr()) / PAGE_SIZE as u64) as usize;
-            here[i0..i1].fill(Where::Remote);
+            let i0 = ((a - st.start) / PAGE_SIZE as u64) as usize;
+            let i1 = ((b - st.start) / PAGE_SIZE as u64) as usize;
+            for i in i0..i1 {
+                self.put(self.first[slot] + i, Where::Remote);
+            }
         }
+        Ok(())
+    }
+
+    /// Fails when `r` overlaps an emulated region.
+    fn check_disjoint(&self, r: Region) -> Result<()> {
+        if self
+            .regions
+            .iter()
+            .any(|e| e.start < r.end() && r.start < e.end())
+        {
+            return Err(Error::Invalid(format!(
+                "{:#x}+{:#x} overlaps an emulated region",
+                r.start, r.len
+            )));
+        }
+        Ok(())
+    }
+
+    /// A staging mapping for region `r`, registered with the staging
+    /// userfaultfd. It holds only the remote pages: reserved, not committed;
+    /// named, so that an inspector can tell it from the program's memory.
+    fn new_staging(&self, r: Region) -> Result<AnonMemory> {
+        let st = AnonMemory::reserve(r.len as usize)?;
+        let _ = mem::name_anon(st.addr(), st.len(), STAGING_NAME);
+        uffd::register(
+            self.stage_uffd.as_raw_fd(),
+            st.addr(),
+            r.len,
+            uffd::REGISTER_MODE_MISSING,
+        )
+        .map_err(|e| {
+            Error::os(
+                format!("UFFDIO_REGISTER of staging for {:#x}+{:#x}", r.start, r.len),
+                e,
+            )
+        })?;
+        Ok(st)
+    }
+
+    /// Enters region `r` with its staging into the books, every page
+    /// remote and zero; returns its slot.
+    fn push_region(&mut self, r: Region, st: AnonMemory) -> usize {
         let slot = self.regions.len();
-        self.data += here.iter().filter(|w| **w != Where::RemoteZero).count();
         self.first.push(self.pages.len());
-        self.pages.extend(here);
+        self.pages
+            .resize(self.pages.len() + r.pages() as usize, Where::RemoteZero);
         self.fetched.resize(self.pages.len(), 0);
         self.class.resize(self.pages.len(), Placement::Normal);
         self.regions.push(r);
@@ -840,6 +901,30 @@ impl Engine {
             .order
             .partition_point(|&i| self.regions[i].start < r.start);
         self.order.insert(at, slot);
+        slot
+    }
+
+    /// Makes sure every page of `[start, end)` has a place in the books:
+    /// the parts no region covers become regions (already registered: the
+    /// program's range is, where this is used), with empty staging.
+    fn cover(&mut self, start: u64, end: u64) -> Result<()> {
+        let known: Vec<(u64, u64)> = self
+            .order
+            .iter()
+            .map(|&i| self.regions[i])
+            .filter(|k| k.start < end && start < k.end())
+            .map(|k| (k.start.max(start), k.end().min(end)))
+            .collect();
+        let mut cur = start;
+        for (a, b) in known.into_iter().chain([(end, end)]) {
+            if cur < a {
+                for r in self.carve(Region::new(cur, a - cur)?) {
+                    let st = self.new_staging(r)?;
+                    self.push_region(r, st);
+                }
+            }
+            cur = cur.max(b);
+        }
         Ok(())
     }
 
@@ -882,7 +967,9 @@ impl Engine {
         )
     }
 
-    fn run(mut self, sh: &Shared, mut wake: std::io::PipeReader) -> Result<()> {
+    /// Serves faults and events until stopped; then maps every page back.
+    /// Never returns on an error (see [`fail`]).
+    fn run(mut self, sh: &Shared, mut wake: std::io::PipeReader) {
         let fds: [RawFd; 2] = [self.uffd.as_raw_fd(), wake.as_raw_fd()];
         // A member of an instance also looks at it while idle, so that a
         // smaller budget set from outside applies without a fault.
@@ -960,8 +1047,9 @@ impl Engine {
             }
             self.publish(sh);
         };
-        let back = self.bring_all_back();
-        result.and(back)
+        if let Err(e) = result.and_then(|()| self.bring_all_back()) {
+            fail(&e);
+        }
     }
 
     /// Does the work that met `EAGAIN`, in order (moves, then adoptions,
@@ -1151,6 +1239,14 @@ impl Engine {
     /// region covers become new regions; in the parts one covers, pages
     /// that hold data the engine does not know of become remote.
     fn adopt(&mut self, r: Region) -> Result<()> {
+        for piece in self.carve(r) {
+            self.adopt_piece(piece)?;
+        }
+        Ok(())
+    }
+
+    /// [`Engine::adopt`] of a range holding none of the engine's own pages.
+    fn adopt_piece(&mut self, r: Region) -> Result<()> {
         let end = r.end();
         let known: Vec<(u64, u64)> = self
             .order
@@ -1173,16 +1269,31 @@ impl Engine {
         Ok(())
     }
 
-    /// The parts of `r` outside the excluded pages.
+    /// The parts of `r` outside the excluded pages and the engine's own
+    /// staging mappings. (A range the program mapped and then moved or
+    /// unmapped before the engine read of it may hold staging by then: the
+    /// engine must never take its own pages for the program's.)
     fn carve(&self, r: Region) -> Vec<Region> {
-        if self.excluded.is_empty() {
+        let mut out_of_bounds: Vec<crate::region::PageRange> = self
+            .staging
+            .iter()
+            .map(|st| st.mapping())
+            .filter(|&(a, b)| a < r.end() && r.start < b)
+            .map(|(a, b)| crate::region::PageRange {
+                start: a,
+                pages: (b - a) / PAGE_SIZE as u64,
+            })
+            .collect();
+        if self.excluded.is_empty() && out_of_bounds.is_empty() {
             return vec![r];
         }
+        out_of_bounds.extend(self.excluded.iter().copied());
+        out_of_bounds.sort_by_key(|p| p.start);
         let whole = [crate::region::PageRange {
             start: r.start,
             pages: r.pages(),
         }];
-        crate::region::subtract_sorted(&whole, &self.excluded)
+        crate::region::subtract_sorted(&whole, &out_of_bounds)
             .into_iter()
             .filter_map(|p| Region::new(p.start, p.len()).ok())
             .collect()
@@ -1221,16 +1332,21 @@ impl Engine {
                 if let Some((_, g, _)) = self.locate(addr) {
                     if self.pages[g] == Where::RemoteZero {
                         let (_, _, _, staged) = self.addr_of(g);
+                        // No holes allowed: a page gone since the walk
+                        // (ENOENT) must not be taken for one in staging.
                         match uffd::move_pages(
                             self.stage_uffd.as_raw_fd(),
                             staged,
                             addr,
                             PAGE_SIZE as u64,
-                            uffd::MOVE_MODE_DONTWAKE | uffd::MOVE_MODE_ALLOW_SRC_HOLES,
+                            uffd::MOVE_MODE_DONTWAKE,
                         ) {
                             Ok(()) => self.put(g, Where::Remote),
-                            // Shared with another process: left where it is.
-                            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {}
+                            // Shared with another process: left where it is;
+                            // gone meanwhile: zeros, as the books say.
+                            Err(e)
+                                if matches!(e.raw_os_error(), Some(libc::EBUSY | libc::ENOENT)) => {
+                            }
                             Err(e) => {
                                 return Err(Error::os(
                                     format!("UFFDIO_MOVE of {addr:#x} to staging"),
@@ -1246,29 +1362,77 @@ impl Engine {
         Ok(())
     }
 
-    /// The program moved `[from, from+len)` to `to` (`mremap`): local pages
-    /// went with the mapping; remote ones follow it now; then the new range
-    /// is adopted like a new mapping (its pages become remote).
+    /// The program moved `[from, from+len)` to `to` (`mremap`; the pages
+    /// the kernel held moved with the mapping). The books follow at once,
+    /// before the program can move the range again: local pages stay local
+    /// at their new address, remote ones move from their staging slot to
+    /// the new address's (staging is the engine's alone, so this never
+    /// races the program). Then the new range is adopted like a new mapping,
+    /// for pages of it the engine did not emulate before.
     fn remapped(&mut self, sh: &Shared, from: u64, to: u64, len: u64) -> Result<()> {
+        self.cover(to, to + len)?;
         let mut off = 0;
         while off < len {
-            if let Some((_, g, _)) = self.locate(from + off) {
-                let w = self.pages[g];
-                if matches!(w, Where::Local | Where::Parked) {
-                    if self.class[g] == Placement::Normal {
-                        self.policy.removed(g);
-                        self.local -= 1;
-                    }
-                    self.visiting.retain(|&v| v != g);
+            let src = self.locate(from + off);
+            let dst = self.locate(to + off).map(|(_, g, _)| g);
+            let Some((_, g, _)) = src else {
+                off += PAGE_SIZE as u64;
+                continue;
+            };
+            let w = self.pages[g];
+            if matches!(w, Where::Local | Where::Parked) {
+                if self.class[g] == Placement::Normal {
+                    self.policy.removed(g);
+                    self.local -= 1;
                 }
-                if matches!(w, Where::Remote | Where::Parked) {
-                    // Moved once the events are read (the mremap that sent
-                    // this one may still hold the address space changing).
-                    let (_, _, _, staged) = self.addr_of(g);
+                self.visiting.retain(|&v| v != g);
+            }
+            let (_, _, _, staged) = self.addr_of(g);
+            match (w, dst) {
+                (Where::RemoteZero, _) => {}
+                (Where::Local, Some(d)) => {
+                    self.put(d, Where::Local);
+                    self.fetched[d] = self.fetched[g];
+                    match self.class[d] {
+                        Placement::Normal => {
+                            self.local += 1;
+                            self.policy.inserted(d);
+                        }
+                        Placement::AlwaysRemote => self.visiting.push(d),
+                        Placement::PinnedLocal => {}
+                    }
+                }
+                // Moved by the kernel; adopted below.
+                (Where::Local, None) => {}
+                (Where::Remote | Where::Parked, Some(d)) => {
+                    let (_, _, _, to_staged) = self.addr_of(d);
+                    uffd::move_pages(
+                        self.stage_uffd.as_raw_fd(),
+                        to_staged,
+                        staged,
+                        PAGE_SIZE as u64,
+                        uffd::MOVE_MODE_DONTWAKE,
+                    )
+                    .map_err(|e| {
+                        Error::os(
+                            format!(
+                                "UFFDIO_MOVE of the staged page of {:#x} to that of {:#x} after mremap",
+                                from + off,
+                                to + off
+                            ),
+                            e,
+                        )
+                    })?;
+                    self.fetched[d] = self.fetched[g];
+                    self.put(d, Where::Remote);
+                }
+                (Where::Remote | Where::Parked, None) => {
+                    // An address the engine never emulates: the page goes
+                    // back into the program's range once the events are read.
                     self.moves.push((staged, to + off));
                 }
-                self.put(g, Where::RemoteZero);
             }
+            self.put(g, Where::RemoteZero);
             off += PAGE_SIZE as u64;
         }
         sh.counters
@@ -1423,12 +1587,15 @@ impl Engine {
     /// `UFFDIO_MOVE` has been seen to move the page and still answer
     /// `EEXIST`; the page tables are the truth.)
     fn moved_anyway(&mut self, dst: u64, src: u64) -> Result<bool> {
-        let one = |a: u64| Region::new(a, PAGE_SIZE as u64).expect("page-aligned");
+        Ok(self.present(dst)? && !self.present(src)?)
+    }
+
+    /// Whether a page is mapped at `addr` (never touching it).
+    fn present(&mut self, addr: u64) -> Result<bool> {
+        let one = Region::new(addr & !(PAGE_SIZE as u64 - 1), PAGE_SIZE as u64)?;
         let mut runs = Vec::new();
-        self.walker.populated(one(dst), &mut runs)?;
-        let at_dst = !runs.is_empty();
-        self.walker.populated(one(src), &mut runs)?;
-        Ok(at_dst && runs.is_empty())
+        self.walker.populated(one, &mut runs)?;
+        Ok(!runs.is_empty())
     }
 
     /// Moves local page `g` to staging but keeps it local (see [`policy`]).
@@ -1587,7 +1754,7 @@ impl Engine {
         let fd = self.uffd.as_raw_fd();
         let (_, _, addr, staged) = self.addr_of(g);
         self.fetched[g] = match was {
-            Where::Remote => crate::hash::page_hash(staged_page(staged)),
+            Where::Remote => self.staged_hash(staged)?,
             _ => crate::hash::zero_page_hash(),
         };
         let r = match was {
@@ -1635,7 +1802,14 @@ impl Engine {
                 crate::hash::page_hash(staged_page(staged)) != self.fetched[g]
             }
             // Not mapped (dropped between the event and the zap): zeros.
+            // (ENOENT also means that staging is not mapped any more: the
+            // page is still there then, and must not be taken for zeros.)
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                if self.present(addr)? {
+                    return Err(Error::Invalid(format!(
+                        "cannot evict {addr:#x}: its staging at {staged:#x} is not mapped"
+                    )));
+                }
                 self.put(g, Where::RemoteZero);
                 false
             }
@@ -1714,6 +1888,37 @@ impl Engine {
             let _ = uffd::unregister(self.stage_uffd.as_raw_fd(), st.addr(), r.len);
         }
         Ok(())
+    }
+}
+
+impl Engine {
+    /// The fingerprint of the page staged at `staged`, read without ever
+    /// touching a page that is not there: the handler must never fault on
+    /// memory only it could serve. A missing page is an error (the books
+    /// and staging disagree), never a wait.
+    fn staged_hash(&mut self, staged: u64) -> Result<crate::hash::PageHash> {
+        let missing = || {
+            Error::Invalid(format!(
+                "the staged page at {staged:#x} is missing: the engine's books are wrong"
+            ))
+        };
+        if crate::probe::get().uffd_has(uffd::feature::SIGBUS) {
+            // The staging userfaultfd has SIGBUS: the kernel's copy fails
+            // with EFAULT on a missing page.
+            match pagewise_sys::process::process_vm_read(
+                std::process::id() as i32,
+                staged,
+                &mut self.page_buf,
+            ) {
+                Ok(n) if n == PAGE_SIZE => Ok(crate::hash::page_hash(&self.page_buf)),
+                _ => Err(missing()),
+            }
+        } else {
+            if !self.present(staged)? {
+                return Err(missing());
+            }
+            Ok(crate::hash::page_hash(staged_page(staged)))
+        }
     }
 }
 
