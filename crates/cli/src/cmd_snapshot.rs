@@ -76,7 +76,7 @@ pub fn run(a: Args) -> Result<i32> {
 }
 
 fn take(t: TakeArgs) -> Result<i32> {
-    let (Some(pid), Some(out)) = (t.pid, t.out) else {
+    let (Some(pid), Some(out)) = (t.pid, t.out.clone()) else {
         bail!("give --pid PID and --out DIR (or a subcommand: inspect, diff; see --help)");
     };
     if t.count == 0 {
@@ -88,7 +88,26 @@ fn take(t: TakeArgs) -> Result<i32> {
     if !pagewise::procfs::is_alive(pid) {
         return Err(pagewise::Error::NoSuchProcess(pid).into());
     }
+    let existed = out.exists();
     let mut disk = DiskStore::create(&out, !t.no_verify)?;
+    let r = take_into(&t, pid, &mut disk);
+    if r.is_err() && !existed && disk.ids().is_ok_and(|ids| ids.is_empty()) {
+        // A store this command created and never saved into: not left behind.
+        drop(disk);
+        let _ = std::fs::remove_dir_all(&out);
+    }
+    r?;
+    if !t.json {
+        println!(
+            "store: {} (see `pagewise snapshot inspect {}`)",
+            out.display(),
+            out.display()
+        );
+    }
+    Ok(0)
+}
+
+fn take_into(t: &TakeArgs, pid: i32, disk: &mut DiskStore) -> Result<()> {
     let every = Duration::from_millis(t.every.unwrap_or(0));
     let start = Instant::now();
     for i in 0..t.count {
@@ -96,7 +115,7 @@ fn take(t: TakeArgs) -> Result<i32> {
         if let Some(wait) = due.checked_duration_since(Instant::now()) {
             std::thread::sleep(wait);
         }
-        let s = snapshot_process(pid, &mut disk, &t.label)?;
+        let s = snapshot_process(pid, disk, &t.label)?;
         if t.json {
             println!("{}", serde_json::to_string(&s)?);
         } else {
@@ -114,14 +133,7 @@ fn take(t: TakeArgs) -> Result<i32> {
             );
         }
     }
-    if !t.json {
-        println!(
-            "store: {} (see `pagewise snapshot inspect {}`)",
-            out.display(),
-            out.display()
-        );
-    }
-    Ok(0)
+    Ok(())
 }
 
 fn inspect(dir: PathBuf, json: bool) -> Result<i32> {

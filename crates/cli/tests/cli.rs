@@ -483,3 +483,21 @@ fn snapshot_bad_input_gets_one_clear_line() {
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_dir_all(&store);
 }
+
+/// Regression: a `snapshot --pid` that failed left an empty store behind.
+#[test]
+fn failed_snapshot_leaves_no_store() {
+    let dir = temp_dir("snapfailed").join("store");
+    // A kernel thread: there is no user memory to snapshot.
+    let out = Command::new(BIN)
+        .args(["snapshot", "--pid", "2", "--out"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success(),
+        "snapshot of a kernel thread succeeded"
+    );
+    assert!(!dir.exists(), "{} was left behind", dir.display());
+    let _ = std::fs::remove_dir_all(dir.parent().unwrap());
+}

@@ -1,15 +1,16 @@
 //! The durable snapshot store: snapshots saved to a directory, each distinct
 //! page stored once across all of them, compressed, checksummed.
 //!
-//! # Format, version 1
+//! # Format, version 2
 //!
-//! All integers are little-endian. A store is a directory holding:
+//! All integers are little-endian. A store is a directory (mode 0700; every
+//! file 0600: it holds raw process memory) holding:
 //!
-//! * `STORE` — the text `pagewise-store 1\n`: marks the directory and names
+//! * `STORE` — the text `pagewise-store 2\n`: marks the directory and names
 //!   the format version. A reader refuses any other version.
-//! * `pages.pack` — a 16-byte header (`PWPACK\0\0`, `u32` version = 1,
-//!   `u32` 0) followed by page records, appended only. A record is a 48-byte
-//!   header then its payload:
+//! * `pages.pack` — a 32-byte header (`PWPACK\0\0`, `u32` version = 2,
+//!   `u32` 0, the 16-byte store identity) followed by page records, appended
+//!   only. A record is a 48-byte header then its payload:
 //!
 //!   | offset | size | field |
 //!   |---|---|---|
@@ -24,24 +25,43 @@
 //!
 //!   The zero page is never stored.
 //! * `snap-NNNNNNNNNN.idx` — one per snapshot (`N`: its id, decimal, ten
-//!   digits): a 48-byte header (`PWSNAP\0\0`; `u32` version = 1; `u32`
+//!   digits): a 64-byte header (`PWSNAP\0\0`; `u32` version = 2; `u32`
 //!   region count; `u64` id; `u64` creation time, ms since the Unix epoch;
-//!   `i64` source pid or 0; `u32` label length; `u32` 0), the label (UTF-8),
-//!   the regions (`u64` start, `u64` length each), one `u64` per page of the
-//!   regions in order — the offset of its record in `pages.pack`, or 0 for a
-//!   zero page — and last a `u64` xxh3-64 checksum of every byte before it.
+//!   `i64` source pid or 0; `u32` label length; `u32` 0; the 16-byte store
+//!   identity), the label (UTF-8), the regions (`u64` start, `u64` length
+//!   each), one `u64` per page of the regions in order — the offset of its
+//!   record in `pages.pack`, or 0 for a zero page — and last a `u64` xxh3-64
+//!   checksum of every byte before it.
+//! * `MANIFEST` — what the store holds: a 48-byte header (`PWMANIF\0`;
+//!   `u32` version = 2; `u32` snapshot count; the 16-byte store identity;
+//!   `u64` committed length of the pack; `u64` the next snapshot id), one
+//!   24-byte entry per snapshot (`u64` id, `u64` length and `u64` checksum
+//!   of its index file), and last a `u64` xxh3-64 checksum of every byte
+//!   before it.
+//! * `LOCK` — held (`flock`) by the one process writing the store.
 //!
 //! # Safety of the data
 //!
 //! A reader checks every checksum, the digest of every decompressed page and
 //! every length and offset against the file sizes; anything wrong is an
-//! [`Error::Corrupt`] naming the file, never wrong data.
+//! [`Error::Corrupt`] naming the file, never wrong data. Every file carries
+//! the store's identity: a pack or an index copied from another store is an
+//! error. The manifest names every snapshot, with the length and checksum of
+//! its index, and the id inside an index must be the one in its name: a
+//! missing, extra, renamed or swapped index is an error. Store files are
+//! opened only if they are regular files (a FIFO in their place is an error,
+//! not a wait).
 //!
 //! Saving is crash-safe: the new records are appended to the pack and synced
-//! first; the index is written to a temporary file, synced, and renamed into
-//! place (then the directory is synced). A save interrupted at any point
-//! leaves every earlier snapshot loadable; at worst the pack keeps unreferenced
-//! records, or an incomplete last record, which the next writer truncates.
+//! first; the index and then the new manifest are written to temporary
+//! files and synced, and renamed into place in that order (then the
+//! directory is synced). The manifest's rename is the commit. A save
+//! interrupted at any point leaves every earlier snapshot loadable: at worst
+//! the pack holds bytes past its committed length, and the directory the
+//! index of the snapshot that was being saved (the manifest's next id);
+//! readers ignore both, the next writer removes them. Damage to the
+//! committed part of the pack is never "repaired": the writer refuses to
+//! append to it. One process writes a store at a time.
 
 use crate::hash::{checksum, page_digest, zero_page_digest, PageDigest, ZERO_PAGE};
 use crate::region::push_coalesced;
@@ -54,15 +74,23 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 const STORE_FILE: &str = "STORE";
-const STORE_TEXT: &str = "pagewise-store 1\n";
+const STORE_TEXT: &str = "pagewise-store 2\n";
 const PACK_FILE: &str = "pages.pack";
+const MANIFEST_FILE: &str = "MANIFEST";
+const LOCK_FILE: &str = "LOCK";
 const PACK_MAGIC: &[u8; 8] = b"PWPACK\0\0";
-const PACK_HEADER: u64 = 16;
+const PACK_HEADER: u64 = 32;
+const MANIFEST_MAGIC: &[u8; 8] = b"PWMANIF\0";
+const MANIFEST_HEADER: usize = 48;
 const REC_MAGIC: u32 = 0x4b50_4750;
 const REC_HEADER: usize = 48;
 const SNAP_MAGIC: &[u8; 8] = b"PWSNAP\0\0";
-const SNAP_HEADER: usize = 48;
-const VERSION: u32 = 1;
+const SNAP_HEADER: usize = 64;
+const VERSION: u32 = 2;
+/// Most snapshots a manifest may list when reading.
+const MAX_SNAPSHOTS: usize = 1 << 24;
+/// A store's identity, in every one of its files.
+type StoreId = [u8; 16];
 /// Largest label accepted.
 const MAX_LABEL: usize = 4096;
 /// Largest snapshot accepted when reading (2^32 pages: 16 TiB).
@@ -149,13 +177,91 @@ pub struct SaveStats {
     pub index_bytes: u64,
 }
 
+/// What the store holds (the `MANIFEST` file).
+#[derive(Debug, Clone)]
+struct Manifest {
+    store_id: StoreId,
+    /// Committed length of the pack.
+    pack_len: u64,
+    next_id: u64,
+    /// `(id, index length, index checksum)`, ascending by id.
+    entries: Vec<(u64, u64, u64)>,
+}
+
+impl Manifest {
+    fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(MANIFEST_HEADER + self.entries.len() * 24 + 8);
+        b.extend_from_slice(MANIFEST_MAGIC);
+        b.extend_from_slice(&VERSION.to_le_bytes());
+        b.extend_from_slice(&(self.entries.len() as u32).to_le_bytes());
+        b.extend_from_slice(&self.store_id);
+        b.extend_from_slice(&self.pack_len.to_le_bytes());
+        b.extend_from_slice(&self.next_id.to_le_bytes());
+        for &(id, len, sum) in &self.entries {
+            b.extend_from_slice(&id.to_le_bytes());
+            b.extend_from_slice(&len.to_le_bytes());
+            b.extend_from_slice(&sum.to_le_bytes());
+        }
+        let sum = checksum(&b);
+        b.extend_from_slice(&sum.to_le_bytes());
+        b
+    }
+
+    fn decode(path: &Path, b: &[u8]) -> Result<Self> {
+        if b.len() < MANIFEST_HEADER + 8 {
+            return Err(corrupt(path, "the manifest is truncated"));
+        }
+        let body = &b[..b.len() - 8];
+        if checksum(body) != u64_at(b, b.len() - 8) {
+            return Err(corrupt(path, "manifest checksum mismatch"));
+        }
+        if &b[..8] != MANIFEST_MAGIC || u32_at(b, 8) != VERSION {
+            return Err(corrupt(path, "not a version 2 manifest"));
+        }
+        let n = u32_at(b, 12) as usize;
+        if n > MAX_SNAPSHOTS || body.len() != MANIFEST_HEADER + n * 24 {
+            return Err(corrupt(
+                path,
+                "the manifest's length does not match its count",
+            ));
+        }
+        let entries: Vec<(u64, u64, u64)> = body[MANIFEST_HEADER..]
+            .chunks_exact(24)
+            .map(|c| (u64_at(c, 0), u64_at(c, 8), u64_at(c, 16)))
+            .collect();
+        let next_id = u64_at(b, 40);
+        if entries.windows(2).any(|w| w[0].0 >= w[1].0)
+            || entries.iter().any(|e| e.0 == 0 || e.0 >= next_id)
+        {
+            return Err(corrupt(path, "the manifest's ids are out of order"));
+        }
+        Ok(Manifest {
+            store_id: b[16..32].try_into().expect("16 bytes"),
+            pack_len: u64_at(b, 32),
+            next_id,
+            entries,
+        })
+    }
+
+    fn entry(&self, id: u64) -> Option<(u64, u64)> {
+        self.entries
+            .binary_search_by_key(&id, |e| e.0)
+            .ok()
+            .map(|i| (self.entries[i].1, self.entries[i].2))
+    }
+}
+
 /// A snapshot store in a directory.
 #[derive(Debug)]
 pub struct DiskStore {
     dir: PathBuf,
     pack: File,
-    /// Valid length of the pack (records past it are ignored and overwritten).
+    /// Length of the pack in use: the committed length, and while a writer
+    /// appends, what it appended (records past it are ignored and overwritten).
     pack_len: u64,
+    manifest: Manifest,
+    /// Held while the store is open for writing.
+    _lock: Option<File>,
     /// Digest → offsets of records with that digest (more than one only after
     /// a digest collision). Only built for writing.
     index: HashMap<PageDigest, Vec<u64>>,
@@ -187,26 +293,77 @@ fn record_checksum(header: &[u8], payload: &[u8]) -> u64 {
     xxhash_rust::xxh3::xxh3_64_with_seed(payload, checksum(&header[..32]))
 }
 
+/// Opens `path` for reading (and writing) only if it is a regular file: a
+/// FIFO or a device in a store's place is an error, never a wait.
+fn open_regular(path: &Path, write: bool) -> Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = OpenOptions::new()
+        .read(true)
+        .write(write)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|e| io(path, "opening", e))?;
+    let md = f.metadata().map_err(|e| io(path, "reading", e))?;
+    if !md.is_file() {
+        return Err(corrupt(path, "not a regular file"));
+    }
+    Ok(f)
+}
+
+/// The whole of a regular file (see [`open_regular`]).
+fn read_regular(path: &Path) -> Result<Vec<u8>> {
+    let mut f = open_regular(path, false)?;
+    let mut b = Vec::new();
+    std::io::Read::read_to_end(&mut f, &mut b).map_err(|e| io(path, "reading", e))?;
+    Ok(b)
+}
+
+/// A new store identity: 16 random bytes.
+fn new_store_id() -> Result<StoreId> {
+    let mut id = [0u8; 16];
+    std::io::Read::read_exact(
+        &mut File::open("/dev/urandom").map_err(|e| io(Path::new("/dev/urandom"), "opening", e))?,
+        &mut id,
+    )
+    .map_err(|e| io(Path::new("/dev/urandom"), "reading", e))?;
+    Ok(id)
+}
+
 impl DiskStore {
     /// Opens the store in `dir` for reading and writing, creating it if `dir`
-    /// does not exist or is empty. Cleans up after an interrupted save.
+    /// does not exist or is empty (owner-only: it holds process memory).
+    /// Only one process may have a store open for writing. Cleans up after
+    /// an interrupted save; refuses a store whose committed data is damaged.
     pub fn create(dir: impl AsRef<Path>, verify: bool) -> Result<Self> {
+        use std::os::unix::fs::DirBuilderExt;
         let dir = dir.as_ref().to_path_buf();
         let fresh = match fs::read_dir(&dir) {
             Ok(mut it) => it.next().is_none(),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                fs::create_dir_all(&dir).map_err(|e| io(&dir, "creating", e))?;
+                fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(&dir)
+                    .map_err(|e| io(&dir, "creating", e))?;
                 true
             }
             Err(e) => return Err(io(&dir, "reading", e)),
         };
         if fresh {
-            let pack_path = dir.join(PACK_FILE);
+            let store_id = new_store_id()?;
             let mut header = Vec::with_capacity(PACK_HEADER as usize);
             header.extend_from_slice(PACK_MAGIC);
             header.extend_from_slice(&VERSION.to_le_bytes());
             header.extend_from_slice(&0u32.to_le_bytes());
-            write_synced(&pack_path, &header)?;
+            header.extend_from_slice(&store_id);
+            write_synced(&dir.join(PACK_FILE), &header)?;
+            let m = Manifest {
+                store_id,
+                pack_len: PACK_HEADER,
+                next_id: 1,
+                entries: Vec::new(),
+            };
+            write_synced(&dir.join(MANIFEST_FILE), &m.encode())?;
             // STORE last: a directory with it is a complete store.
             write_synced(&dir.join(STORE_FILE), STORE_TEXT.as_bytes())?;
             sync_dir(&dir)?;
@@ -224,33 +381,39 @@ impl DiskStore {
 
     fn open_inner(dir: PathBuf, writable: bool) -> Result<Self> {
         let marker = dir.join(STORE_FILE);
-        let text = match fs::read_to_string(&marker) {
-            Ok(t) => t,
+        let text = match fs::symlink_metadata(&marker) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Err(Error::Invalid(format!(
                     "{} is not a pagewise snapshot store (it has no {STORE_FILE} file)",
                     dir.display()
                 )))
             }
-            Err(e) => return Err(io(&marker, "reading", e)),
+            _ => read_regular(&marker)?,
         };
-        if text != STORE_TEXT {
+        if text != STORE_TEXT.as_bytes() {
+            let text = String::from_utf8_lossy(&text);
             return Err(corrupt(
                 &marker,
                 format!(
-                    "unknown store format {:?} (this pagewise reads {:?})",
+                    "unknown store format {:?} (this pagewise reads {:?}{})",
                     text.trim(),
-                    STORE_TEXT.trim()
+                    STORE_TEXT.trim(),
+                    if text.trim() == "pagewise-store 1" {
+                        "; format 1 was written by an older pagewise"
+                    } else {
+                        ""
+                    }
                 ),
             ));
         }
+        let lock = if writable {
+            Some(Self::lock(&dir)?)
+        } else {
+            None
+        };
         let pack_path = dir.join(PACK_FILE);
-        let pack = OpenOptions::new()
-            .read(true)
-            .write(writable)
-            .open(&pack_path)
-            .map_err(|e| io(&pack_path, "opening", e))?;
-        let pack_len = pack
+        let pack = open_regular(&pack_path, writable)?;
+        let pack_file_len = pack
             .metadata()
             .map_err(|e| io(&pack_path, "reading", e))?
             .len();
@@ -260,14 +423,118 @@ impl DiskStore {
         if &header[..8] != PACK_MAGIC || u32_at(&header, 8) != VERSION {
             return Err(corrupt(&pack_path, "bad pack header"));
         }
-        Ok(DiskStore {
+        let manifest_path = dir.join(MANIFEST_FILE);
+        let manifest = Manifest::decode(&manifest_path, &read_regular(&manifest_path)?)?;
+        if header[16..32] != manifest.store_id {
+            return Err(corrupt(
+                &pack_path,
+                "the pack belongs to another store (its identity is not the manifest's)",
+            ));
+        }
+        if manifest.pack_len < PACK_HEADER || pack_file_len < manifest.pack_len {
+            return Err(corrupt(
+                &pack_path,
+                format!(
+                    "the pack holds {pack_file_len} bytes where the manifest committed {}",
+                    manifest.pack_len
+                ),
+            ));
+        }
+        let s = DiskStore {
             dir,
             pack,
-            pack_len,
+            pack_len: manifest.pack_len,
+            manifest,
+            _lock: lock,
             index: HashMap::new(),
             writable,
             verify: true,
-        })
+        };
+        s.check_files()?;
+        Ok(s)
+    }
+
+    /// Takes the store's writer lock, or says who holds it.
+    fn lock(dir: &Path) -> Result<File> {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::OpenOptionsExt;
+        let path = dir.join(LOCK_FILE);
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
+            .open(&path)
+            .map_err(|e| io(&path, "opening", e))?;
+        // SAFETY: flock(2) on a descriptor we own.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let e = std::io::Error::last_os_error();
+            return Err(if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                Error::Invalid(format!(
+                    "store {} is being written by another process: one writer at a time",
+                    dir.display()
+                ))
+            } else {
+                io(&path, "locking", e)
+            });
+        }
+        Ok(f)
+    }
+
+    /// Every index the manifest names is there, and no other index is
+    /// (but the one an interrupted save may have left: the next id's).
+    fn check_files(&self) -> Result<()> {
+        let mut seen = 0usize;
+        for e in fs::read_dir(&self.dir).map_err(|e| io(&self.dir, "reading", e))? {
+            let e = e.map_err(|e| io(&self.dir, "reading", e))?;
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            if !name.starts_with("snap-") || name.ends_with(".tmp") {
+                continue;
+            }
+            let id = name
+                .strip_prefix("snap-")
+                .and_then(|n| n.strip_suffix(".idx"))
+                .filter(|n| n.len() >= 10 && n.bytes().all(|c| c.is_ascii_digit()))
+                .and_then(|n| n.parse::<u64>().ok())
+                .filter(|&id| self.index_path(id).file_name() == Some(e.file_name().as_os_str()));
+            match id.map(|id| (id, self.manifest.entry(id))) {
+                Some((_, Some((len, _)))) => {
+                    let md = e.metadata().map_err(|err| io(&e.path(), "reading", err))?;
+                    if !md.is_file() {
+                        return Err(corrupt(&e.path(), "not a regular file"));
+                    }
+                    let size = md.len();
+                    if size != len {
+                        return Err(corrupt(
+                            &e.path(),
+                            format!("the index holds {size} bytes where the manifest lists {len}"),
+                        ));
+                    }
+                    seen += 1;
+                }
+                Some((id, None)) if id == self.manifest.next_id => {}
+                _ => return Err(corrupt(
+                    &e.path(),
+                    "an index file the store's manifest does not list (renamed, copied or stray)",
+                )),
+            }
+        }
+        if seen != self.manifest.entries.len() {
+            let missing = self
+                .manifest
+                .entries
+                .iter()
+                .find(|(id, ..)| !self.index_path(*id).exists())
+                .map_or(0, |e| e.0);
+            return Err(corrupt(
+                &self.index_path(missing),
+                format!("snapshot {missing}'s index file is missing"),
+            ));
+        }
+        Ok(())
     }
 
     /// The store's directory.
@@ -275,55 +542,56 @@ impl DiskStore {
         &self.dir
     }
 
-    /// For writing: reads every record's header to learn which pages are
-    /// stored, truncates an incomplete last record (an interrupted save), and
-    /// removes temporary index files.
+    /// For writing: reads every committed record's header to learn which
+    /// pages are stored (any damage there is an error: appending must never
+    /// overwrite what a saved index refers to), drops what a save that did
+    /// not commit left past the committed length, and removes temporary
+    /// files and the uncommitted index.
     fn recover(&mut self) -> Result<()> {
         let pack_path = self.dir.join(PACK_FILE);
+        let committed = self.manifest.pack_len;
         let mut off = PACK_HEADER;
         let mut header = [0u8; REC_HEADER];
         let mut payload = vec![0u8; PAGE_SIZE];
-        while off < self.pack_len {
-            if off + REC_HEADER as u64 > self.pack_len {
-                break;
+        let refuse = |off: u64, what: &str| {
+            corrupt(
+                &pack_path,
+                format!(
+                    "{what} at offset {off}, inside the part saved snapshots use: \
+                     refusing to append to a damaged store"
+                ),
+            )
+        };
+        while off < committed {
+            if off + REC_HEADER as u64 > committed {
+                return Err(refuse(off, "a truncated record"));
             }
             self.pack
                 .read_exact_at(&mut header, off)
                 .map_err(|e| io(&pack_path, "reading", e))?;
             let len = u32_at(&header, 8) as usize;
             if u32_at(&header, 0) != REC_MAGIC || len > PAGE_SIZE {
-                return Err(corrupt(
-                    &pack_path,
-                    format!("bad record header at offset {off}"),
-                ));
+                return Err(refuse(off, "a bad record header"));
             }
             let end = off + (REC_HEADER + len) as u64;
-            if end > self.pack_len {
-                break;
+            if end > committed {
+                return Err(refuse(off, "a truncated record"));
             }
             self.pack
                 .read_exact_at(&mut payload[..len], off + REC_HEADER as u64)
                 .map_err(|e| io(&pack_path, "reading", e))?;
             if record_checksum(&header, &payload[..len]) != u64_at(&header, 32) {
-                if end == self.pack_len {
-                    // A last record whose bytes did not all reach the disk.
-                    break;
-                }
-                return Err(corrupt(
-                    &pack_path,
-                    format!("checksum mismatch in the record at offset {off}"),
-                ));
+                return Err(refuse(off, "a checksum mismatch"));
             }
             let digest = u128::from_le_bytes(header[16..32].try_into().expect("16 bytes"));
             self.index.entry(digest).or_default().push(off);
             off = end;
         }
-        if off < self.pack_len {
-            self.pack
-                .set_len(off)
-                .map_err(|e| io(&pack_path, "truncating", e))?;
-            self.pack_len = off;
-        }
+        self.pack
+            .set_len(committed)
+            .map_err(|e| io(&pack_path, "truncating", e))?;
+        self.pack_len = committed;
+        let _ = fs::remove_file(self.index_path(self.manifest.next_id));
         for e in fs::read_dir(&self.dir).map_err(|e| io(&self.dir, "reading", e))? {
             let e = e.map_err(|e| io(&self.dir, "reading", e))?;
             if e.file_name().to_string_lossy().ends_with(".tmp") {
@@ -335,21 +603,7 @@ impl DiskStore {
 
     /// Ids of the saved snapshots, ascending.
     pub fn ids(&self) -> Result<Vec<u64>> {
-        let mut ids = Vec::new();
-        for e in fs::read_dir(&self.dir).map_err(|e| io(&self.dir, "reading", e))? {
-            let e = e.map_err(|e| io(&self.dir, "reading", e))?;
-            let name = e.file_name();
-            let name = name.to_string_lossy();
-            if let Some(id) = name
-                .strip_prefix("snap-")
-                .and_then(|n| n.strip_suffix(".idx"))
-                .and_then(|n| n.parse::<u64>().ok())
-            {
-                ids.push(id);
-            }
-        }
-        ids.sort_unstable();
-        Ok(ids)
+        Ok(self.manifest.entries.iter().map(|e| e.0).collect())
     }
 
     fn index_path(&self, id: u64) -> PathBuf {
@@ -358,18 +612,36 @@ impl DiskStore {
 
     /// Reads and checks the index of snapshot `id`.
     pub fn load(&self, id: u64) -> Result<DiskSnapshot> {
-        let path = self.index_path(id);
-        let bytes = match fs::read(&path) {
-            Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(Error::Invalid(format!(
-                    "store {} has no snapshot {id}",
-                    self.dir.display()
-                )))
-            }
-            Err(e) => return Err(io(&path, "reading", e)),
+        let Some((len, sum)) = self.manifest.entry(id) else {
+            return Err(Error::Invalid(format!(
+                "store {} has no snapshot {id}",
+                self.dir.display()
+            )));
         };
-        parse_index(&path, &bytes, self.pack_len)
+        let path = self.index_path(id);
+        let bytes = match read_regular(&path) {
+            Err(Error::Os { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+                return Err(corrupt(
+                    &path,
+                    format!("snapshot {id}'s index file is missing"),
+                ))
+            }
+            r => r?,
+        };
+        if bytes.len() as u64 != len || checksum(&bytes) != sum {
+            return Err(corrupt(
+                &path,
+                "the index is not the one the manifest lists",
+            ));
+        }
+        let s = parse_index(&path, &bytes, self.pack_len, &self.manifest.store_id)?;
+        if s.id != id {
+            return Err(corrupt(
+                &path,
+                format!("the index is that of snapshot {}, not {id}", s.id),
+            ));
+        }
+        Ok(s)
     }
 
     /// All snapshots, ascending by id.
@@ -469,7 +741,13 @@ impl DiskStore {
                 "label longer than {MAX_LABEL} bytes"
             )));
         }
-        let id = self.ids()?.last().map_or(1, |l| l + 1);
+        let id = self.manifest.next_id;
+        if id == u64::MAX {
+            return Err(Error::Invalid(format!(
+                "store {} has used every snapshot id",
+                self.dir.display()
+            )));
+        }
         let pages: u64 = regions.iter().map(Region::pages).sum();
         let pack_path = self.dir.join(PACK_FILE);
         let mut out = BufWriter::with_capacity(
@@ -630,7 +908,7 @@ pub(crate) fn check_same_shape(s: &DiskSnapshot, dest: &[Region]) -> Result<()> 
     }
 }
 
-fn parse_index(path: &Path, b: &[u8], pack_len: u64) -> Result<DiskSnapshot> {
+fn parse_index(path: &Path, b: &[u8], pack_len: u64, store: &StoreId) -> Result<DiskSnapshot> {
     if b.len() < SNAP_HEADER + 8 {
         return Err(corrupt(path, "the index is truncated"));
     }
@@ -645,6 +923,12 @@ fn parse_index(path: &Path, b: &[u8], pack_len: u64) -> Result<DiskSnapshot> {
         return Err(corrupt(
             path,
             format!("unknown index version {}", u32_at(b, 8)),
+        ));
+    }
+    if &b[48..64] != store {
+        return Err(corrupt(
+            path,
+            "the index belongs to another store (its identity is not the manifest's)",
         ));
     }
     let nregions = u32_at(b, 12) as usize;
@@ -891,6 +1175,7 @@ impl SnapshotWriter<'_> {
         b.extend_from_slice(&(self.pid.unwrap_or(0) as i64).to_le_bytes());
         b.extend_from_slice(&(self.label.len() as u32).to_le_bytes());
         b.extend_from_slice(&0u32.to_le_bytes());
+        b.extend_from_slice(&self.store.manifest.store_id);
         b.extend_from_slice(self.label.as_bytes());
         for r in &self.regions {
             b.extend_from_slice(&r.start.to_le_bytes());
@@ -904,8 +1189,20 @@ impl SnapshotWriter<'_> {
         let path = self.store.index_path(self.id);
         let tmp = path.with_extension("idx.tmp");
         write_synced(&tmp, &b)?;
+        let mut manifest = self.store.manifest.clone();
+        manifest
+            .entries
+            .push((self.id, b.len() as u64, checksum(&b)));
+        manifest.pack_len = self.store.pack_len;
+        manifest.next_id = self.id + 1;
+        let mpath = self.store.dir.join(MANIFEST_FILE);
+        let mtmp = mpath.with_extension("tmp");
+        write_synced(&mtmp, &manifest.encode())?;
         fs::rename(&tmp, &path).map_err(|e| io(&path, "renaming into", e))?;
+        // The commit.
+        fs::rename(&mtmp, &mpath).map_err(|e| io(&mpath, "renaming into", e))?;
         sync_dir(&self.store.dir)?;
+        self.store.manifest = manifest;
         self.stats.id = self.id;
         self.stats.pages = self.pages;
         self.stats.index_bytes = b.len() as u64;
@@ -914,7 +1211,15 @@ impl SnapshotWriter<'_> {
 }
 
 fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
-    let mut f = File::create(path).map_err(|e| io(path, "creating", e))?;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|e| io(path, "creating", e))?;
     f.write_all(bytes).map_err(|e| io(path, "writing", e))?;
     f.sync_all().map_err(|e| io(path, "syncing", e))
 }

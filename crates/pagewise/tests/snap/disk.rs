@@ -385,3 +385,369 @@ fn killed_saves_leave_earlier_snapshots_loadable() {
     println!("     crash: 4 kills, {total} snapshots intact");
     assert!(total > 4, "the child saved something before each kill");
 }
+
+/// A store of `rounds` snapshots of 24 pages; what each holds.
+fn small_store(dir: &Path, rounds: u64, seed: u64) -> BTreeMap<u64, Vec<u8>> {
+    let mem = AnonMemory::new(24 * P).unwrap();
+    let mut s = Snapshots::new(&[mem.region()], SnapshotOptions::default()).unwrap();
+    let mut disk = DiskStore::create(dir, true).unwrap();
+    for round in 0..rounds {
+        fill(&mem, seed + round);
+        let id = s.take().unwrap();
+        s.save(id, &mut disk, "small").unwrap();
+    }
+    drop(disk);
+    read_everything(dir).unwrap()
+}
+
+/// Saves one more snapshot of fresh contents into the store at `dir`.
+fn append_one(dir: &Path, seed: u64) -> pagewise::Result<u64> {
+    let mem = AnonMemory::new(24 * P).unwrap();
+    fill(&mem, seed);
+    let mut s = Snapshots::new(&[mem.region()], SnapshotOptions::default()).unwrap();
+    let mut disk = DiskStore::create(dir, true)?;
+    let id = s.take()?;
+    Ok(s.save(id, &mut disk, "appended")?.id)
+}
+
+/// Regression: after the last record of the pack was truncated or flipped,
+/// the next writer took it for an interrupted save, cut it off and wrote
+/// new records at its offset: the snapshots using it then loaded other
+/// pages with no error. Now the writer refuses, and nothing changes.
+#[test]
+fn appending_to_a_damaged_store_is_refused() {
+    for damage in ["truncate", "flip"] {
+        let dir = TempDir::new("append-damaged");
+        let good = small_store(&dir.0, 2, 40);
+        let pack = dir.0.join("pages.pack");
+        let mut bytes = std::fs::read(&pack).unwrap();
+        match damage {
+            "truncate" => bytes.truncate(bytes.len() - 5),
+            _ => {
+                let n = bytes.len();
+                bytes[n - 100] ^= 0x10;
+            }
+        }
+        std::fs::write(&pack, &bytes).unwrap();
+        assert!(
+            read_everything(&dir.0).is_err(),
+            "{damage}: the damage went unseen"
+        );
+        let e = append_one(&dir.0, 99).unwrap_err().to_string();
+        assert!(
+            e.contains("refusing to append") || e.contains("holds"),
+            "{damage}: {e}"
+        );
+        assert_eq!(
+            std::fs::read(&pack).unwrap(),
+            bytes,
+            "{damage}: the pack changed"
+        );
+        // Whatever still loads is what was saved.
+        let disk = DiskStore::open(&dir.0);
+        if let Ok(disk) = disk {
+            for (id, data) in &good {
+                if let Ok(s) = disk.load(*id) {
+                    let mut page = vec![0u8; P];
+                    for (i, &e) in s.entries.iter().enumerate() {
+                        if disk.read_page(e, &mut page).is_ok() {
+                            assert_eq!(
+                                &page[..],
+                                &data[i * P..(i + 1) * P],
+                                "{damage}: snapshot {id}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Regression: two writers took the same next id. Now the second is refused
+/// while the first holds the store.
+#[test]
+fn one_writer_at_a_time() {
+    let dir = TempDir::new("two-writers");
+    small_store(&dir.0, 1, 3);
+    let first = DiskStore::create(&dir.0, true).unwrap();
+    let e = DiskStore::create(&dir.0, true).unwrap_err().to_string();
+    assert!(e.contains("being written by another process"), "{e}");
+    // Readers are not held up.
+    assert_eq!(DiskStore::open(&dir.0).unwrap().ids().unwrap(), vec![1]);
+    drop(first);
+    assert_eq!(append_one(&dir.0, 5).unwrap(), 2);
+}
+
+/// Writers in several threads, each saving when it gets the store: every
+/// snapshot saved loads with exactly its pages, ids never repeat.
+#[test]
+fn concurrent_appends_keep_every_snapshot() {
+    let dir = TempDir::new("concurrent");
+    small_store(&dir.0, 1, 11);
+    let saved = std::sync::Mutex::new(BTreeMap::new());
+    let refused = std::sync::atomic::AtomicU64::new(0);
+    std::thread::scope(|sc| {
+        for t in 0..4u64 {
+            let (dir, saved, refused) = (&dir.0, &saved, &refused);
+            sc.spawn(move || {
+                for k in 0..6u64 {
+                    let seed = 1000 + t * 100 + k;
+                    match append_one(dir, seed) {
+                        Ok(id) => {
+                            let mem = AnonMemory::new(24 * P).unwrap();
+                            fill(&mem, seed);
+                            let bytes = (0..24 * P).map(|i| mem.read_byte(i)).collect::<Vec<u8>>();
+                            assert!(
+                                saved.lock().unwrap().insert(id, bytes).is_none(),
+                                "id {id} twice"
+                            );
+                        }
+                        Err(e) => {
+                            assert!(e.to_string().contains("another process"), "{e}");
+                            refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let got = read_everything(&dir.0).unwrap();
+    let saved = saved.into_inner().unwrap();
+    for (id, bytes) in &saved {
+        assert!(
+            got.get(id) == Some(bytes),
+            "snapshot {id} does not hold what was saved"
+        );
+    }
+    assert_eq!(got.len(), saved.len() + 1);
+    println!(
+        "     {} saves by 4 writers, {} refused while another held the store",
+        saved.len(),
+        refused.into_inner()
+    );
+}
+
+/// Regression: a pack or an index copied from another store (of the same
+/// process) loaded the other store's pages with no error.
+#[test]
+fn files_from_another_store_are_refused() {
+    let a = TempDir::new("store-a");
+    let b = TempDir::new("store-b");
+    small_store(&a.0, 2, 1);
+    small_store(&b.0, 2, 50);
+    for file in ["pages.pack", "snap-0000000002.idx", "MANIFEST"] {
+        let work = TempDir::new("mixed");
+        copy_dir(&a.0, &work.0);
+        std::fs::copy(b.0.join(file), work.0.join(file)).unwrap();
+        let e = read_everything(&work.0).expect_err(file).to_string();
+        assert!(
+            e.contains("another store") || e.contains("manifest"),
+            "{file}: {e}"
+        );
+    }
+}
+
+/// Regression: a deleted index went unnoticed; a stray or renamed one was
+/// listed twice, answered for the wrong id or wrapped the next id to 0.
+#[test]
+fn missing_extra_and_renamed_indexes_are_errors() {
+    let src = TempDir::new("manifest-src");
+    let good = small_store(&src.0, 2, 7);
+    fn idx(id: u64) -> String {
+        format!("snap-{id:010}.idx")
+    }
+    type Damage = Box<dyn Fn(&Path)>;
+    let cases: Vec<(&str, Damage)> = vec![
+        (
+            "deleted",
+            Box::new(|d: &Path| std::fs::remove_file(d.join(idx(1))).unwrap()),
+        ),
+        (
+            "short name",
+            Box::new(|d: &Path| {
+                std::fs::copy(d.join(idx(1)), d.join("snap-1.idx")).unwrap();
+            }),
+        ),
+        (
+            "signed name",
+            Box::new(|d: &Path| {
+                std::fs::copy(d.join(idx(1)), d.join("snap-+5.idx")).unwrap();
+            }),
+        ),
+        (
+            "copy under another id",
+            Box::new(|d: &Path| {
+                std::fs::copy(d.join(idx(1)), d.join(idx(7))).unwrap();
+            }),
+        ),
+        (
+            "largest id",
+            Box::new(|d: &Path| {
+                std::fs::copy(d.join(idx(1)), d.join("snap-18446744073709551615.idx")).unwrap();
+            }),
+        ),
+        (
+            "swapped",
+            Box::new(|d: &Path| {
+                std::fs::rename(d.join(idx(1)), d.join("t")).unwrap();
+                std::fs::rename(d.join(idx(2)), d.join(idx(1))).unwrap();
+                std::fs::rename(d.join("t"), d.join(idx(2))).unwrap();
+            }),
+        ),
+        (
+            "index renamed to the next id",
+            Box::new(|d: &Path| std::fs::rename(d.join(idx(2)), d.join(idx(3))).unwrap()),
+        ),
+    ];
+    for (what, damage) in cases {
+        let work = TempDir::new("manifest");
+        copy_dir(&src.0, &work.0);
+        damage(&work.0);
+        let r = read_everything(&work.0);
+        assert!(
+            r.is_err(),
+            "{what}: loaded {:?} snapshots",
+            r.map(|m| m.len())
+        );
+        // A writer neither (ids never wrap, nothing is listed twice), but
+        // for swapped indexes of one size, which only reading them finds:
+        // appending then changes nothing that was saved.
+        if what == "swapped" {
+            assert_eq!(append_one(&work.0, 3).unwrap(), 3);
+            assert!(
+                read_everything(&work.0).is_err(),
+                "swapped, after an append"
+            );
+        } else if let Ok(id) = append_one(&work.0, 3) {
+            panic!(
+                "{what}: appended snapshot {id} to a store whose files do not match its manifest"
+            );
+        }
+    }
+    // The index an interrupted save leaves (the next id's) is ignored by
+    // readers and removed by the next writer.
+    let work = TempDir::new("manifest-next");
+    copy_dir(&src.0, &work.0);
+    std::fs::copy(work.0.join(idx(1)), work.0.join(idx(3))).unwrap();
+    assert_eq!(read_everything(&work.0).unwrap(), good);
+    assert_eq!(append_one(&work.0, 9).unwrap(), 3);
+    let after = read_everything(&work.0).unwrap();
+    assert_eq!(after.len(), 3);
+    assert_eq!(after.get(&1), good.get(&1));
+}
+
+/// Regression: a FIFO in place of a store file blocked `snapshot inspect`
+/// and `diff` forever. Every store file must be a regular file.
+#[test]
+fn a_fifo_in_place_of_a_store_file_is_an_error() {
+    let src = TempDir::new("fifo-src");
+    small_store(&src.0, 1, 2);
+    for file in ["pages.pack", "MANIFEST", "STORE", "snap-0000000001.idx"] {
+        let work = TempDir::new("fifo");
+        copy_dir(&src.0, &work.0);
+        let path = work.0.join(file);
+        std::fs::remove_file(&path).unwrap();
+        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: mkfifo(3) with a valid path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let dir = work.0.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(
+                read_everything(&dir)
+                    .map(|m| m.len())
+                    .map_err(|e| e.to_string()),
+            );
+        });
+        match rx.recv_timeout(std::time::Duration::from_secs(20)) {
+            Ok(Err(e)) => assert!(e.contains("not a regular file"), "{file}: {e}"),
+            Ok(Ok(n)) => panic!("{file}: a FIFO store file loaded {n} snapshots"),
+            Err(_) => panic!("{file}: reading a store with a FIFO in it blocked"),
+        }
+    }
+}
+
+/// Regression: garbage after the last record made a readable store
+/// unappendable. It is what an interrupted save leaves: dropped.
+#[test]
+fn garbage_after_the_last_record_is_dropped() {
+    let dir = TempDir::new("garbage");
+    let good = small_store(&dir.0, 2, 21);
+    let pack = dir.0.join("pages.pack");
+    let mut bytes = std::fs::read(&pack).unwrap();
+    bytes.extend((0..777u32).map(|i| (i * 31) as u8));
+    std::fs::write(&pack, &bytes).unwrap();
+    assert_eq!(read_everything(&dir.0).unwrap(), good);
+    assert_eq!(append_one(&dir.0, 77).unwrap(), 3);
+    let after = read_everything(&dir.0).unwrap();
+    assert_eq!(after.get(&1), good.get(&1));
+    assert_eq!(after.get(&2), good.get(&2));
+}
+
+/// Regression: stores were world-readable although they hold raw memory.
+#[test]
+fn stores_are_owner_only() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = TempDir::new("perms");
+    small_store(&dir.0, 1, 4);
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&dir.0), 0o700, "the store directory");
+    for e in std::fs::read_dir(&dir.0).unwrap() {
+        let p = e.unwrap().path();
+        assert_eq!(mode(&p), 0o600, "{}", p.display());
+    }
+}
+
+/// Random damage, then an append: a writer either refuses or appends
+/// without changing what any saved snapshot loads.
+#[test]
+fn damaged_stores_are_never_appended_over() {
+    let src = TempDir::new("fuzz-append-src");
+    let good = small_store(&src.0, 3, 61);
+    let files: Vec<PathBuf> = {
+        let mut v: Vec<PathBuf> = std::fs::read_dir(&src.0)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        v.sort();
+        v
+    };
+    let mut rng = Rng::new(17);
+    let (mut refused, mut appended) = (0, 0);
+    for iter in 0..300 {
+        let work = TempDir::new("fuzz-append");
+        copy_dir(&src.0, &work.0);
+        let victim = &files[rng.below(files.len() as u64) as usize];
+        let path = work.0.join(victim.file_name().unwrap());
+        let mut bytes = std::fs::read(&path).unwrap();
+        if !bytes.is_empty() && rng.below(2) == 0 {
+            let i = rng.below(bytes.len() as u64) as usize;
+            bytes[i] ^= 1 << rng.below(8);
+        } else {
+            let i = rng.below(bytes.len() as u64 + 1) as usize;
+            bytes.truncate(i);
+        }
+        std::fs::write(&path, &bytes).unwrap();
+        match append_one(&work.0, 500 + iter) {
+            Err(_) => refused += 1,
+            Ok(_) => {
+                appended += 1;
+                if let Ok(got) = read_everything(&work.0) {
+                    for (id, data) in &good {
+                        assert_eq!(
+                            got.get(id),
+                            Some(data),
+                            "iteration {iter}: {}: snapshot {id}",
+                            victim.display()
+                        );
+                    }
+                }
+            }
+        }
+    }
+    println!(
+        "     300 damaged stores: {refused} refused an append, {appended} appended without harm"
+    );
+    assert!(refused > 0);
+}
