@@ -1,7 +1,7 @@
 //! `pagewise farmem`: far-memory emulation (DiME) of unmodified programs.
 
 use anyhow::{bail, Context, Result};
-use pagewise::farmem::instance::{Instance, Member, Settings};
+use pagewise::farmem::instance::{Access, Instance, Member, Settings};
 use pagewise::farmem::{self, Stats};
 use serde::Serialize;
 use std::path::PathBuf;
@@ -174,7 +174,7 @@ fn run_cmd(a: RunArgs) -> Result<i32> {
     Instance::sweep();
     let inst = match &a.instance {
         Some(name) if pagewise::farmem::instance::dir().join(name).exists() => {
-            let inst = Instance::open(name, true)?;
+            let inst = Instance::open(name, Access::Join)?;
             let s = inst.settings();
             let differs = a.local_pages.is_some_and(|n| n != s.local_pages)
                 || a.local_percent.is_some_and(|p| p != s.local_percent)
@@ -186,7 +186,9 @@ fn run_cmd(a: RunArgs) -> Result<i32> {
             inst
         }
         name => {
-            let name = name.clone().unwrap_or_else(|| format!("run-{me}"));
+            let name = name
+                .clone()
+                .unwrap_or_else(|| pagewise::farmem::instance::unpredictable_name("run"));
             let (local_pages, local_percent) = match (a.local_pages, a.local_percent) {
                 (Some(0), _) => bail!("--local-pages must be at least 1"),
                 (Some(n), _) => (n, 0),
@@ -207,7 +209,7 @@ fn run_cmd(a: RunArgs) -> Result<i32> {
                 Ok(i) => i,
                 // Another run created it meanwhile: join it.
                 Err(_) if pagewise::farmem::instance::dir().join(&name).exists() => {
-                    Instance::open(&name, true)?
+                    Instance::open(&name, Access::Join)?
                 }
                 Err(e) => return Err(e.into()),
             }
@@ -305,7 +307,7 @@ fn ls(a: LsArgs) -> Result<i32> {
 }
 
 fn set(a: SetArgs) -> Result<i32> {
-    let inst = Instance::open(&a.id, true)?;
+    let inst = Instance::open(&a.id, Access::Control)?;
     let mut pairs = Vec::new();
     for p in &a.pairs {
         let (k, v) = p

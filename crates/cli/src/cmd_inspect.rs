@@ -74,7 +74,7 @@ impl Drop for Started {
 
 fn start(cmd: &[String]) -> Result<Started> {
     Instance::sweep();
-    let name = format!("inspect-{}", std::process::id());
+    let name = pagewise::farmem::instance::unpredictable_name("inspect");
     // Latency 0, no budget to speak of: the engine only watches.
     let settings = Settings {
         latency_ns: 0,
@@ -171,7 +171,10 @@ pub fn run(a: Args) -> Result<i32> {
         let w = Duration::from_millis(window);
         let timeout = Duration::from_secs(60);
         let mut sampled: Vec<Instance> = match &started {
-            Some(s) => vec![Instance::open(s.inst.name(), true)?],
+            Some(s) => vec![Instance::open(
+                s.inst.name(),
+                pagewise::farmem::instance::Access::Control,
+            )?],
             None => pids.iter().filter_map(|&p| access::sampler_of(p)).collect(),
         };
         // One window per instance, however many of its members were given.

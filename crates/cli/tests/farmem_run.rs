@@ -554,3 +554,93 @@ fn bad_input_is_refused_clearly() {
     assert!(run(&["set", "nosuch", "latency_ns=1"]).contains("no far-memory instance"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Regression: an instance file another user planted (a copy of a live one,
+/// under the name the next run would take, or a pre-created `--instance`)
+/// made root's `farmem run` join it and hang. Now a process joins only an
+/// instance its own user owns, names are not predictable, instance files
+/// are owner-only, and a shared directory another user could rewrite is
+/// refused.
+#[test]
+fn planted_instances_are_never_joined() {
+    need_support!();
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        println!("SKIP planted_instances: making a file another user owns needs root");
+        return;
+    }
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let dir = instance_dir("planted");
+    // A live instance to copy.
+    let mut live = farmem(&dir)
+        .args([
+            "run",
+            "--instance",
+            "victim",
+            "--local-pages",
+            "1000",
+            "--",
+            "sleep",
+            "3",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let src = dir.join("victim");
+    let t0 = Instant::now();
+    while !src.exists() && t0.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(src.exists(), "the instance file never appeared");
+    let mode = std::fs::metadata(&src).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "instance files are owner-only");
+    let planted = dir.join("planted");
+    std::fs::copy(&src, &planted).unwrap();
+    std::os::unix::fs::chown(&planted, Some(65534), Some(65534)).unwrap();
+    let mut c = farmem(&dir);
+    c.args(["run", "--instance", "planted", "--", "true"]);
+    let Some((code, _, err)) = run_with_deadline(c, Duration::from_secs(60)) else {
+        panic!("farmem run hung on a planted instance");
+    };
+    assert_ne!(code, 0, "joined an instance another user owns: {err}");
+    assert!(err.contains("belongs to uid 65534"), "{err}");
+    let _ = live.wait();
+    // Names farmem run makes up are not the next pid.
+    let names: Vec<String> = (0..2)
+        .map(|_| {
+            let out = farmem(&dir)
+                .args(["run", "--local-pages", "100", "--", "true"])
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr).into_owned();
+            let name = err
+                .split_whitespace()
+                .find(|w| w.starts_with("run-"))
+                .unwrap_or_else(|| panic!("no instance name in {err}"))
+                .trim_end_matches(':')
+                .to_string();
+            let hex = name.trim_start_matches("run-");
+            assert!(
+                hex.len() == 16 && hex.chars().all(|c| c.is_ascii_hexdigit()),
+                "a predictable name: {name}"
+            );
+            name
+        })
+        .collect();
+    assert_ne!(names[0], names[1]);
+    // A shared directory another user owns, writable without the sticky bit.
+    let bad = instance_dir("planted-dir");
+    std::os::unix::fs::chown(&bad, Some(65534), Some(65534)).unwrap();
+    std::fs::set_permissions(&bad, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let out = farmem(&bad)
+        .args(["run", "--local-pages", "100", "--", "true"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "used an unsafe directory: {err}");
+    assert!(err.contains("not a safe instance directory"), "{err}");
+    assert_eq!(std::fs::metadata(&bad).unwrap().uid(), 65534);
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&bad);
+}

@@ -72,7 +72,7 @@ pub fn sampler_of(pid: i32) -> Option<Instance> {
         .ok()?
         .into_iter()
         .find(|i| i.members().iter().any(|m| m.live && m.pid == pid))
-        .and_then(|i| Instance::open(i.name(), true).ok())
+        .and_then(|i| Instance::open(i.name(), crate::farmem::instance::Access::Control).ok())
 }
 
 /// Coverage of every live member of `inst` over `window` (see the module

@@ -362,7 +362,10 @@ extern "C" fn after_fork_child() {
 }
 
 fn start(name: &str, child: bool) -> Result<(), String> {
-    let inst = Arc::new(Instance::open(name, true).map_err(|e| e.to_string())?);
+    let inst = Arc::new(
+        Instance::open(name, pagewise::farmem::instance::Access::Join)
+            .map_err(|e| e.to_string())?,
+    );
     let pid = std::process::id() as i32;
     let tag = std::env::var(ENV_TAG)
         .ok()

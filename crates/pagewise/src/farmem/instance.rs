@@ -12,9 +12,13 @@
 //!   applies at once;
 //! - **one view:** [`Instance::members`] reads every member's counters.
 //!
-//! The file lives in [`dir`], is created with mode 0644 and belongs to the
-//! user who created the instance: others may list it, only that user (or
-//! root) may change it or join it.
+//! The file lives in [`dir`], is created with mode 0600 and belongs to the
+//! user who created the instance. A process joins only an instance whose
+//! file its own user owns (checked on the open file, never on a field
+//! inside it: root does not join an instance another user planted); that
+//! user or root may change it. The directory is shared like `/tmp` (sticky,
+//! world-writable); one that another user owns and could rewrite is
+//! refused. Names `farmem run` makes up are not predictable.
 
 use super::{Counters, Stats};
 use crate::{Error, Result};
@@ -87,6 +91,53 @@ pub fn dir() -> PathBuf {
     } else {
         std::env::temp_dir().join("pagewise-farmem")
     }
+}
+
+/// What a process may do with an instance it opens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// List it and read its counters.
+    Read,
+    /// Change its settings or open a coverage window: its owner or root.
+    Control,
+    /// Run as a member: its owner only (a member follows the instance's
+    /// settings, which its owner sets).
+    Join,
+}
+
+/// A name no one can guess in advance: `PREFIX-` and 16 random hex digits.
+pub fn unpredictable_name(prefix: &str) -> String {
+    let mut r = [0u8; 8];
+    // SAFETY: getrandom(2) into a buffer of that size.
+    let n = unsafe { libc::getrandom(r.as_mut_ptr().cast(), r.len(), 0) };
+    if n != r.len() as isize {
+        // Never fails for 8 bytes once the pool is ready; fall back to time.
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        r = t.to_le_bytes();
+    }
+    format!("{prefix}-{:016x}", u64::from_le_bytes(r))
+}
+
+/// Refuses a shared directory that another user could rewrite under us.
+fn check_dir(d: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let md = std::fs::symlink_metadata(d)
+        .map_err(|e| Error::os(format!("reading {}", d.display()), e))?;
+    let mode = md.permissions().mode();
+    let others_write = mode & 0o022 != 0;
+    if !md.is_dir() || (md.uid() != euid() && md.uid() != 0) || (others_write && mode & 0o1000 == 0)
+    {
+        return Err(Error::Invalid(format!(
+            "{} is not a safe instance directory (a directory owned by you or root, \
+             sticky where others may write): owner uid {}, mode {:o}; set PAGEWISE_FARMEM_DIR",
+            d.display(),
+            md.uid(),
+            mode & 0o7777
+        )));
+    }
+    Ok(())
 }
 
 fn check_name(name: &str) -> Result<()> {
@@ -202,13 +253,18 @@ impl Instance {
         std::fs::create_dir_all(&d)
             .map_err(|e| Error::os(format!("creating {}", d.display()), e))?;
         // A directory every user may add instances to, like /tmp.
-        let _ = std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o1777));
+        if std::fs::metadata(&d).is_ok_and(|m| m.uid() == euid()) {
+            let _ =
+                std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o1777));
+        }
+        check_dir(&d)?;
         let path = d.join(name);
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .create_new(true)
-            .mode(0o644)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
             .open(&path)
             .map_err(|e| {
                 if e.kind() == std::io::ErrorKind::AlreadyExists {
@@ -238,35 +294,52 @@ impl Instance {
         Ok(inst)
     }
 
-    /// Opens instance `name`; `control` asks for the right to change it or
-    /// join it, which only its owner (or root) has.
-    pub fn open(name: &str, control: bool) -> Result<Self> {
+    /// Opens instance `name` for `access` (see [`Access`]). Ownership is
+    /// checked on the opened file itself.
+    pub fn open(name: &str, access: Access) -> Result<Self> {
         check_name(name)?;
         let path = dir().join(name);
-        let missing = || {
-            Error::Invalid(format!(
-                "no far-memory instance {name} (see `pagewise farmem ls`)"
-            ))
-        };
-        let meta = std::fs::metadata(&path).map_err(|_| missing())?;
-        if meta.len() < std::mem::size_of::<Header>() as u64 {
+        let writable = access != Access::Read;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(writable)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(&path)
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => Error::Invalid(format!(
+                    "no far-memory instance {name} (see `pagewise farmem ls`)"
+                )),
+                std::io::ErrorKind::PermissionDenied => Error::Invalid(format!(
+                    "instance {name} belongs to another user: only its owner may join it"
+                )),
+                _ => Error::os(format!("opening {}", path.display()), e),
+            })?;
+        let meta = file
+            .metadata()
+            .map_err(|e| Error::os(format!("reading {}", path.display()), e))?;
+        if !meta.is_file() || meta.len() < std::mem::size_of::<Header>() as u64 {
             return Err(Error::Invalid(format!(
                 "{} is not an instance file",
                 path.display()
             )));
         }
-        if control && euid() != 0 && meta.uid() != euid() {
+        let allowed = match access {
+            Access::Read => true,
+            Access::Control => meta.uid() == euid() || euid() == 0,
+            Access::Join => meta.uid() == euid(),
+        };
+        if !allowed {
             return Err(Error::Invalid(format!(
-                "instance {name} belongs to uid {}: only its owner or root may control it",
-                meta.uid()
+                "instance {name} belongs to uid {}: only its owner may {}",
+                meta.uid(),
+                if access == Access::Join {
+                    "run programs in it"
+                } else {
+                    "change it (or root)"
+                }
             )));
         }
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(control)
-            .open(&path)
-            .map_err(|e| Error::os(format!("opening {}", path.display()), e))?;
-        let inst = Self::map(name, file, control)?;
+        let inst = Self::map(name, file, writable)?;
         let h = inst.h();
         if h.magic != MAGIC || h.layout != LAYOUT {
             return Err(Error::Invalid(format!(
@@ -288,7 +361,7 @@ impl Instance {
             .collect();
         names.sort();
         for n in names {
-            if let Ok(i) = Self::open(&n, false) {
+            if let Ok(i) = Self::open(&n, Access::Read) {
                 out.push(i);
             }
         }
