@@ -171,6 +171,7 @@ pub(crate) fn command_under(
 
 fn run_cmd(a: RunArgs) -> Result<i32> {
     let me = std::process::id();
+    check_policy(&a.policy, &a.policy_args)?;
     Instance::sweep();
     let inst = match &a.instance {
         Some(name) if pagewise::farmem::instance::dir().join(name).exists() => {
@@ -198,13 +199,14 @@ fn run_cmd(a: RunArgs) -> Result<i32> {
                     bail!("give the local budget: --local-pages N or --local-percent P")
                 }
             };
-            let cal = farmem::calibrate(2000).context("calibrating the cost of a fault")?;
             let settings = Settings {
                 latency_ns: a.latency_ns,
                 bandwidth_bps: a.bandwidth_bps,
                 local_pages,
                 local_percent,
             };
+            settings.check()?;
+            let cal = farmem::calibrate(2000).context("calibrating the cost of a fault")?;
             match Instance::create(&name, settings, cal.floor_ns, cal.unseen_ns) {
                 Ok(i) => i,
                 // Another run created it meanwhile: join it.
@@ -324,4 +326,22 @@ fn set(a: SetArgs) -> Result<i32> {
         a.id, s.latency_ns, s.bandwidth_bps, s.local_pages, s.local_percent
     );
     Ok(0)
+}
+
+/// Refuses a policy the program could not run with, before it starts: a
+/// built-in name exactly, or a plugin that loads and initialises here.
+fn check_policy(name: &str, args: &str) -> Result<()> {
+    if name.contains('/') {
+        // SAFETY: the user named this plugin to be loaded into the program;
+        // it is loaded here first to check it.
+        unsafe { farmem::policy::Plugin::load(name, args) }?;
+        return Ok(());
+    }
+    if !farmem::policy::NAMES.contains(&name) {
+        bail!(
+            "unknown policy {name:?}: use one of {} or the path of a plugin (a name with a '/')",
+            farmem::policy::NAMES.join(", ")
+        );
+    }
+    Ok(())
 }

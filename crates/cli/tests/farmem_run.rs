@@ -644,3 +644,90 @@ fn planted_instances_are_never_joined() {
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_dir_all(&bad);
 }
+
+/// Regression: `--local-pages 1` livelocked, a latency near `u64::MAX`
+/// overflowed to "0.0 ms injected", and an unknown policy (or a plugin that
+/// does not load) only warned and ran the program without emulation. Each
+/// is refused in one line before the program starts, and `farmem set`
+/// refuses the same values on a live instance.
+#[test]
+fn bad_settings_are_refused_before_the_program_starts() {
+    need_support!();
+    let dir = instance_dir("badsettings");
+    let cases: &[(&[&str], &str)] = &[
+        (&["--local-pages", "1"], "at least 4"),
+        (&["--local-pages", "3"], "at least 4"),
+        (
+            &[
+                "--local-pages",
+                "100",
+                "--latency-ns",
+                "18446744073709551615",
+            ],
+            "at most",
+        ),
+        (
+            &["--local-pages", "100", "--policy", "bogus"],
+            "unknown policy",
+        ),
+        (
+            &["--local-pages", "100", "--policy", "FIFO"],
+            "unknown policy",
+        ),
+        (&["--local-pages", "100", "--policy", ""], "unknown policy"),
+        (
+            &["--local-pages", "100", "--policy", "./no-such-policy.so"],
+            "policy plugin",
+        ),
+        (
+            &["--local-pages", "100", "--policy", "/etc/hostname"],
+            "policy plugin",
+        ),
+    ];
+    for (opts, want) in cases {
+        let out = farmem(&dir)
+            .arg("run")
+            .args(*opts)
+            .args(["--", "sh", "-c", "echo the program ran"])
+            .output()
+            .unwrap();
+        let so = String::from_utf8_lossy(&out.stdout);
+        let se = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{opts:?} accepted:\n{so}{se}");
+        assert!(!so.contains("the program ran"), "{opts:?}: the program ran");
+        assert!(se.contains(want), "{opts:?}: {se}");
+        assert_eq!(se.trim().lines().count(), 1, "{opts:?}: one line: {se}");
+    }
+    // On a live instance.
+    let mut live = farmem(&dir)
+        .args([
+            "run",
+            "--instance",
+            "live",
+            "--local-pages",
+            "1000",
+            "--",
+            "sleep",
+            "2",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while !dir.join("live").exists() && t0.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for (kv, want) in [
+        ("local_npages=1", "at least 4"),
+        ("latency_ns=18446744073709551615", "at most"),
+        ("local_percent=0", "1..=100"),
+    ] {
+        let out = farmem(&dir).args(["set", "live", kv]).output().unwrap();
+        let se = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{kv} accepted");
+        assert!(se.contains(want), "{kv}: {se}");
+    }
+    let _ = live.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}

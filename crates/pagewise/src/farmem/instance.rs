@@ -93,6 +93,38 @@ pub fn dir() -> PathBuf {
     }
 }
 
+/// The smallest budget a program can run in: one instruction may need
+/// several pages at once (a `movs` whose source and destination each cross
+/// a page boundary needs four); with fewer it faults forever.
+pub const MIN_LOCAL_PAGES: u64 = 4;
+/// The largest one-way latency accepted: 60 s.
+pub const MAX_LATENCY_NS: u64 = 60_000_000_000;
+
+impl Settings {
+    /// Refuses settings no emulation can run with, saying why.
+    pub fn check(&self) -> Result<()> {
+        if self.local_pages == 0 && !(1..=100).contains(&self.local_percent) {
+            return Err(Error::Invalid(format!(
+                "local_percent {}: use 1..=100",
+                self.local_percent
+            )));
+        }
+        if self.local_pages != 0 && self.local_pages < MIN_LOCAL_PAGES {
+            return Err(Error::Invalid(format!(
+                "local_npages {}: at least {MIN_LOCAL_PAGES} (one instruction may need that many pages at once)",
+                self.local_pages
+            )));
+        }
+        if self.latency_ns > MAX_LATENCY_NS {
+            return Err(Error::Invalid(format!(
+                "latency_ns {}: at most {MAX_LATENCY_NS} (60 s)",
+                self.latency_ns
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// What a process may do with an instance it opens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Access {
@@ -249,6 +281,7 @@ impl Instance {
     /// the machine's calibrated fault cost.
     pub fn create(name: &str, settings: Settings, floor_ns: u64, unseen_ns: u64) -> Result<Self> {
         check_name(name)?;
+        settings.check()?;
         let d = dir();
         std::fs::create_dir_all(&d)
             .map_err(|e| Error::os(format!("creating {}", d.display()), e))?;
@@ -472,16 +505,10 @@ impl Instance {
                 "latency_ns" | "latency" => s.latency_ns = *v,
                 "bandwidth_bps" | "bandwidth" => s.bandwidth_bps = *v,
                 "local_npages" | "local_pages" => {
-                    if *v == 0 {
-                        return Err(Error::Invalid("local_npages must be at least 1".into()));
-                    }
                     s.local_pages = *v;
                     s.local_percent = 0;
                 }
                 "local_percent" => {
-                    if *v == 0 || *v > 100 {
-                        return Err(Error::Invalid("local_percent must be 1..=100".into()));
-                    }
                     s.local_percent = *v;
                     s.local_pages = 0;
                 }
@@ -492,6 +519,7 @@ impl Instance {
                 }
             }
         }
+        s.check()?;
         self.store(s);
         Ok(s)
     }

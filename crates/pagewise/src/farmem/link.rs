@@ -65,7 +65,7 @@ impl Link {
         };
         let tx = Duration::from_nanos(cfg.transfer_ns(bytes + writeback_bytes));
         self.free_at = Some(start + tx);
-        start + tx + Duration::from_nanos(2 * cfg.latency_ns)
+        start + tx + Duration::from_nanos(cfg.latency_ns.saturating_mul(2))
     }
 }
 
