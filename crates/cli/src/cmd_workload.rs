@@ -75,6 +75,9 @@ pub fn run(a: Args) -> Result<i32> {
         );
         return Ok(0);
     }
+    if a.mib == 0 || a.mib > (1 << 20) {
+        anyhow::bail!("--mib {}: use 1..=1048576", a.mib);
+    }
     let mem = AnonMemory::new(a.mib << 20)?;
     mem.write_pass(1, 1);
     println!("{:#x} {}", mem.addr(), mem.len());
@@ -95,7 +98,11 @@ pub fn run(a: Args) -> Result<i32> {
     let mut written = 0u64;
     while t0.elapsed().as_secs_f64() < a.seconds {
         let due = (t0.elapsed().as_secs_f64() * a.pages_per_sec as f64) as u64;
-        while written < due {
+        // Bounded in time too: a rate beyond what the machine can write
+        // must not keep the loop past --seconds.
+        while written < due
+            && (!written.is_multiple_of(4096) || t0.elapsed().as_secs_f64() < a.seconds)
+        {
             let p = rng.below(mem.pages() as u64) as usize;
             mem.write_byte(p * PAGE_SIZE, (written % 250) as u8 + 2);
             written += 1;

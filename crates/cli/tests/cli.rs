@@ -501,3 +501,31 @@ fn failed_snapshot_leaves_no_store() {
     assert!(!dir.exists(), "{} was left behind", dir.display());
     let _ = std::fs::remove_dir_all(dir.parent().unwrap());
 }
+
+/// Regression: the hidden `workload` command panicked on `--mib 0` and never
+/// returned with a rate beyond what the machine can write.
+#[test]
+fn workload_bad_input_and_huge_rates() {
+    let out = Command::new(BIN)
+        .args(["workload", "--mib", "0"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--mib 0"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let mut c = Command::new(BIN)
+        .args(["workload", "--mib", "4", "--seconds", "1"])
+        .args(["--pages-per-sec", "18446744073709551615"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while c.try_wait().unwrap().is_none() {
+        if t0.elapsed() > std::time::Duration::from_secs(60) {
+            let _ = c.kill();
+            panic!("workload --seconds 1 still ran after 60 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(c.wait().unwrap().success());
+}
