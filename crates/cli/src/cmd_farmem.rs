@@ -122,7 +122,9 @@ fn report(inst: &Instance, tag: Option<u32>) -> Report {
         .into_iter()
         .filter(|m| tag.is_none_or(|t| m.tag == t))
         .collect();
-    let mut stats = Stats::sum(members.iter().map(|m| &m.stats));
+    // Members whose slots were reused left their counts with the instance.
+    let retired = inst.retired(tag);
+    let mut stats = Stats::sum(members.iter().map(|m| &m.stats).chain([&retired]));
     (stats.floor_ns, stats.unseen_ns) = inst.calibration();
     stats.local_pages_now = members
         .iter()
@@ -243,6 +245,7 @@ fn run_cmd(a: RunArgs) -> Result<i32> {
         rep.stats.injected_delay_ns as f64 / 1e6,
         rep.stats.floor_ns
     );
+    inst.release_retired(me);
     // The last one out removes the instance (another may have done so).
     if inst.members().iter().all(|m| !m.live) {
         let _ = inst.remove();

@@ -731,3 +731,70 @@ fn bad_settings_are_refused_before_the_program_starts() {
     let _ = live.wait();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Regression: with several processes in one run, the summary reported the
+/// last one's fetches (130 where three processes fetched 130 each: exited
+/// members' slots were reused and their counts dropped), and members that
+/// left through `_exit` kept their slots, so after 64 of them new processes
+/// ran without emulation. Totals are totals, checked against every
+/// process's own trace; slots of exited members are reused.
+#[test]
+fn several_processes_add_up_and_free_their_slots() {
+    need_support!();
+    let dir = instance_dir("stats");
+    let touch = c_program("farmem_touch");
+    let t = touch.to_str().unwrap();
+    let tr = dir.join("trace");
+    let stats = dir.join("stats.json");
+    let out = farmem(&dir)
+        .args(["run", "--local-pages", "1000", "--trace"])
+        .arg(&tr)
+        .arg("--stats-json")
+        .arg(&stats)
+        .args(["--", "sh", "-c", &format!("{t} 130; {t} 130; {t} 130")])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let traced = trace_events(&tr)
+        .iter()
+        .filter(|e| e["kind"] == "fetch")
+        .count() as u64;
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    assert!(traced >= 3 * 130, "{traced} fetches traced");
+    assert_eq!(
+        s["remote_fetches"].as_u64().unwrap(),
+        traced,
+        "the total is not the sum"
+    );
+    // 70 members that leave through _exit, then one more.
+    let out = farmem(&dir)
+        .args(["run", "--local-pages", "1000", "--stats-json"])
+        .arg(&stats)
+        .args([
+            "--",
+            "sh",
+            "-c",
+            &format!("i=0; while [ $i -lt 70 ]; do {t} 5 _exit; i=$((i+1)); done; {t} 130"),
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        !err.contains("members already") && !err.contains("without"),
+        "{err}"
+    );
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    let f = s["remote_fetches"].as_u64().unwrap();
+    assert!(
+        f >= 70 * 5 + 130,
+        "{f} fetches for 70 x 5 + 130 pages touched"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

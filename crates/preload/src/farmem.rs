@@ -371,6 +371,9 @@ fn start(name: &str, child: bool) -> Result<(), String> {
         .ok()
         .and_then(|t| t.parse().ok())
         .unwrap_or(0);
+    // After an exec the process is a member already under its old image,
+    // which never left: that slot is done.
+    inst.leave_pid(pid);
     let slot = inst.join(pid, tag).map_err(|e| e.to_string())?;
     let fail = |inst: &Instance, e: String| {
         inst.leave(slot);

@@ -30,7 +30,10 @@ use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 /// Processes one instance can hold at once.
 pub const MAX_MEMBERS: usize = 64;
 const MAGIC: u64 = 0x7061_6765_6661_726d; // "pagefarm"
-const LAYOUT: u64 = 2;
+const LAYOUT: u64 = 3;
+/// Runs whose exited members' counts an instance keeps apart (entry 0
+/// gathers the rest).
+const RETIRED: usize = 16;
 
 /// What can be set on an instance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -60,6 +63,16 @@ struct Slot {
     counters: Counters,
 }
 
+/// The summed counters of a run's members whose slots were reused.
+#[repr(C)]
+struct Retired {
+    /// The run's tag; 0 for entry 0, which gathers runs that found no entry.
+    tag: AtomicU32,
+    /// 0 free, 1 in use.
+    used: AtomicU32,
+    counters: Counters,
+}
+
 #[repr(C)]
 struct Header {
     magic: u64,
@@ -76,6 +89,7 @@ struct Header {
     /// Access-coverage windows asked for: odd opens one, even closes it.
     coverage: AtomicU64,
     slots: [Slot; MAX_MEMBERS],
+    retired: [Retired; RETIRED],
 }
 
 /// Where instance files live: `/dev/shm/pagewise-farmem` (or under the
@@ -532,13 +546,19 @@ impl Instance {
         let h = self.h();
         for (i, s) in h.slots.iter().enumerate() {
             let st = s.state.load(Ordering::Acquire);
-            let reusable =
-                st == 0 || (st != 1 && !crate::procfs::is_alive(s.pid.load(Ordering::Relaxed)));
+            // Free; left (its counts are kept in `retired`); or held by a
+            // process that died without leaving.
+            let reusable = st == 0
+                || st == 2
+                || (st == 1 && !crate::procfs::is_alive(s.pid.load(Ordering::Relaxed)));
             if reusable
                 && s.state
                     .compare_exchange(st, 3, Ordering::AcqRel, Ordering::Relaxed)
                     .is_ok()
             {
+                if st != 0 {
+                    self.retire(s.tag.load(Ordering::Relaxed), &s.counters);
+                }
                 s.pid.store(pid, Ordering::Relaxed);
                 s.tag.store(tag, Ordering::Relaxed);
                 s.data_pages.store(0, Ordering::Relaxed);
@@ -551,6 +571,57 @@ impl Instance {
             "instance {} has {MAX_MEMBERS} members already",
             self.name
         )))
+    }
+
+    /// Keeps the counts of a member whose slot is reused, with its run's.
+    fn retire(&self, tag: u32, c: &Counters) {
+        let r = &self.h().retired;
+        let entry = r[1..]
+            .iter()
+            .find(|e| e.used.load(Ordering::Acquire) == 1 && e.tag.load(Ordering::Relaxed) == tag)
+            .or_else(|| {
+                r[1..].iter().find(|e| {
+                    e.used.load(Ordering::Acquire) == 0
+                        && e.used
+                            .compare_exchange(0, 2, Ordering::AcqRel, Ordering::Relaxed)
+                            .is_ok()
+                        && {
+                            e.counters.clear();
+                            e.tag.store(tag, Ordering::Relaxed);
+                            e.used.store(1, Ordering::Release);
+                            true
+                        }
+                })
+            })
+            .unwrap_or(&r[0]);
+        entry.counters.add_from(c);
+    }
+
+    /// The counts of run `tag`'s members whose slots were reused (`None`:
+    /// of every run).
+    pub fn retired(&self, tag: Option<u32>) -> Stats {
+        let cal = self.calibration();
+        let all: Vec<Stats> = self
+            .h()
+            .retired
+            .iter()
+            .enumerate()
+            .filter(|(i, e)| {
+                let used = *i == 0 || e.used.load(Ordering::Acquire) == 1;
+                used && tag.is_none_or(|t| *i != 0 && e.tag.load(Ordering::Relaxed) == t)
+            })
+            .map(|(_, e)| e.counters.snapshot(cal))
+            .collect();
+        Stats::sum(&all)
+    }
+
+    /// Frees run `tag`'s entry of retired counts (the run reported them).
+    pub fn release_retired(&self, tag: u32) {
+        for e in &self.h().retired[1..] {
+            if e.used.load(Ordering::Acquire) == 1 && e.tag.load(Ordering::Relaxed) == tag {
+                e.used.store(0, Ordering::Release);
+            }
+        }
     }
 
     /// Publishes slot `i`'s counters and data pages.

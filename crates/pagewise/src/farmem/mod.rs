@@ -215,6 +215,15 @@ impl Counters {
         }
     }
 
+    /// Adds `other`'s counts to these (not its local pages: a gauge).
+    pub(crate) fn add_from(&self, other: &Counters) {
+        for (d, s) in self.all().zip(other.all()) {
+            if !std::ptr::eq(d, &self.local) {
+                d.fetch_add(s.load(Ordering::Relaxed), Ordering::Relaxed);
+            }
+        }
+    }
+
     /// The counters as [`Stats`], with the calibration `(floor, unseen)`.
     pub(crate) fn snapshot(&self, (floor_ns, unseen_ns): (u64, u64)) -> Stats {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -1733,6 +1742,9 @@ impl Engine {
         }
         c.handled
             .fetch_add(arrived.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        // Published before the page is mapped: the woken thread may exit at
+        // once, taking this thread with it.
+        self.publish(sh);
         let r = self.map(was, g);
         if r.as_ref().is_err_and(again) {
             // Not mapped: undone, to be served again after the events.
