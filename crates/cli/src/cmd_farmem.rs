@@ -251,10 +251,7 @@ fn run_cmd(a: RunArgs) -> Result<i32> {
         let _ = inst.remove();
     }
     let status = status.with_context(|| format!("running {}", a.cmd[0]))?;
-    Ok(status.code().unwrap_or_else(|| {
-        use std::os::unix::process::ExitStatusExt;
-        128 + status.signal().unwrap_or(0)
-    }))
+    Ok(crate::child::exit_code(status))
 }
 
 fn ls(a: LsArgs) -> Result<i32> {

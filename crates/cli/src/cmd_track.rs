@@ -94,7 +94,7 @@ pub(crate) fn ld_preload() -> Result<String> {
     Ok(preload)
 }
 
-fn start_with_shim(cmd: &[String], backend: BackendKind) -> Result<(Child, Source)> {
+fn start_with_shim(cmd: &[String], backend: BackendKind) -> Result<Started> {
     let (mine, theirs) = UnixStream::pair().context("creating the shim socket")?;
     let fd = theirs.as_raw_fd();
     let preload = ld_preload()?;
@@ -113,16 +113,36 @@ fn start_with_shim(cmd: &[String], backend: BackendKind) -> Result<(Child, Sourc
             Ok(())
         });
     }
-    let child = c.spawn().with_context(|| format!("starting {}", cmd[0]))?;
+    let mut child = c.spawn().with_context(|| format!("starting {}", cmd[0]))?;
     drop(theirs);
     let mut s = mine;
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    s.write_all(&[protocol::REQ_HELLO])?;
-    let got = protocol::read_hello(&mut s).map_err(|e| {
-        anyhow!("the preload shim did not answer inside {} ({e}): a statically linked or setuid program ignores LD_PRELOAD; use --backend hash to watch it from outside", cmd[0])
-    })?;
-    s.set_read_timeout(Some(Duration::from_secs(60)))?;
-    Ok((child, Source::Shim(s, got)))
+    let hello = match s.write_all(&[protocol::REQ_HELLO]) {
+        Ok(()) => protocol::read_hello(&mut s).map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    match hello {
+        Ok(got) => {
+            s.set_read_timeout(Some(Duration::from_secs(60)))?;
+            Ok(Started::Tracked(child, Source::Shim(s, got)))
+        }
+        // Over before the shim could answer: its status is the answer.
+        Err(_) if let Some(st) = crate::child::wait_for(&mut child, Duration::from_millis(500)) => {
+            Ok(Started::Over(st))
+        }
+        Err(e) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            Err(anyhow!("the preload shim did not answer inside {} ({e}), which was stopped: a statically linked or setuid program ignores LD_PRELOAD, and a wrapper that replaces itself with exec leaves it behind; use --backend hash to watch it from outside", cmd[0]))
+        }
+    }
+}
+
+/// A command started under the shim.
+enum Started {
+    Tracked(Child, Source),
+    /// It ended before tracking began.
+    Over(std::process::ExitStatus),
 }
 
 pub fn run(a: Args) -> Result<i32> {
@@ -141,7 +161,15 @@ pub fn run(a: Args) -> Result<i32> {
                 BackendKind::UffdWp
                     .available_in_process()
                     .map_err(|why| anyhow!("uffd-wp is not available: {why}"))?;
-                let (child, src) = start_with_shim(&a.cmd, BackendKind::UffdWp)?;
+                let (child, src) = match start_with_shim(&a.cmd, BackendKind::UffdWp)? {
+                    Started::Tracked(child, src) => (child, src),
+                    Started::Over(st) => {
+                        if !a.json {
+                            eprintln!("pagewise: {} exited ({st}) before tracking began", a.cmd[0]);
+                        }
+                        return Ok(crate::child::exit_code(st));
+                    }
+                };
                 let pid = child.id() as i32;
                 (Some(child), src, pid)
             } else {
@@ -180,23 +208,25 @@ pub fn run(a: Args) -> Result<i32> {
         if next > now {
             std::thread::sleep(next - now);
         }
+        let ended = |st: std::process::ExitStatus| {
+            if !a.json {
+                eprintln!("pagewise: {} exited ({st}) after {n} collections", a.cmd[0]);
+            }
+            Ok(crate::child::exit_code(st))
+        };
         if let Some(c) = child.as_mut() {
             if let Some(st) = c.try_wait()? {
-                if !a.json {
-                    eprintln!("pagewise: {} exited ({st}) after {n} collections", a.cmd[0]);
-                }
-                return Ok(st.code().unwrap_or(1));
+                return ended(st);
             }
         }
         let c = match source.collect() {
             Ok(c) => c,
             Err(e) => {
                 if let Some(ch) = child.as_mut() {
-                    if let Ok(Some(st)) = ch.try_wait() {
-                        if !a.json {
-                            eprintln!("pagewise: {} exited ({st}) after {n} collections", a.cmd[0]);
-                        }
-                        return Ok(st.code().unwrap_or(1));
+                    // A collection fails as the command exits: give it a
+                    // moment to be reaped, and report its status.
+                    if let Some(st) = crate::child::wait_for(ch, Duration::from_secs(2)) {
+                        return ended(st);
                     }
                 }
                 if !pagewise::procfs::is_alive(pid) {

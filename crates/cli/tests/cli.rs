@@ -529,3 +529,32 @@ fn workload_bad_input_and_huge_rates() {
     }
     assert!(c.wait().unwrap().success());
 }
+
+/// Regression: `track -- CMD` with a short command said the shim did not
+/// answer (exit 1), and for longer ones the command's exit status was lost.
+/// The tool's status is the command's, like `time` and `strace`: its exit
+/// code, or 128 + the signal that ended it.
+#[test]
+fn track_command_reports_the_commands_exit_status() {
+    if shim().is_none() {
+        println!(
+            "SKIP track_command_reports_the_commands_exit_status: the preload shim is not built"
+        );
+        return;
+    }
+    for (script, want) in [
+        ("exit 3", 3),
+        ("sleep 0.5; exit 7", 7),
+        ("sleep 1.6; exit 9", 9),
+        ("kill -9 $$", 128 + 9),
+        ("sleep 1.2; kill -15 $$", 128 + 15),
+    ] {
+        let out = Command::new(BIN)
+            .args(["track", "--interval", "200", "--", "sh", "-c", script])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(want), "{script}: {err}");
+        assert!(!err.contains("did not answer"), "{script}: {err}");
+    }
+}
