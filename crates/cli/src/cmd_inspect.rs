@@ -110,14 +110,15 @@ pub fn run(a: Args) -> Result<i32> {
     if a.pids.is_empty() && a.cmd.is_empty() {
         bail!("give a process (--pid PID) or a command to start (-- CMD)");
     }
+    let mut pids: Vec<i32> = Vec::new();
     for &p in &a.pids {
-        if !pagewise::procfs::is_alive(p) {
-            bail!("no process {p}");
+        pagewise::procfs::check_target(p)?;
+        if !pids.contains(&p) {
+            pids.push(p);
         }
     }
     let mut bar = crate::cmd_bench::progress();
     let mut started = None;
-    let mut pids = a.pids.clone();
     if !a.cmd.is_empty() {
         let s = start(&a.cmd)?;
         bar(&format!(

@@ -85,9 +85,7 @@ fn take(t: TakeArgs) -> Result<i32> {
     if t.count > 1 && t.every.is_none() {
         bail!("--count above 1 needs --every MS");
     }
-    if !pagewise::procfs::is_alive(pid) {
-        return Err(pagewise::Error::NoSuchProcess(pid).into());
-    }
+    pagewise::procfs::check_target(pid)?;
     let existed = out.exists();
     let mut disk = DiskStore::create(&out, !t.no_verify)?;
     let r = take_into(&t, pid, &mut disk);

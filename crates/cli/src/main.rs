@@ -76,8 +76,25 @@ fn main() {
     match r {
         Ok(code) => std::process::exit(code),
         Err(e) => {
-            eprintln!("pagewise: {e:#}");
+            eprintln!("pagewise: {}", message(&e));
             std::process::exit(1);
         }
     }
+}
+
+/// The error and its causes in one line, each said once: a library error
+/// already ends with the system's answer that is also its cause.
+fn message(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.ends_with(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
 }

@@ -558,3 +558,82 @@ fn track_command_reports_the_commands_exit_status() {
         assert!(!err.contains("did not answer"), "{script}: {err}");
     }
 }
+
+/// Regression: `track --pid 0` said "process 0 exited"; a kernel thread
+/// gave `No such process` twice (or, to `snapshot`, advice to run as root);
+/// OS errors were printed twice; `inspect --pid X --pid X` counted X twice.
+/// Each now says what is true, once.
+#[test]
+fn special_pids_and_errors_are_said_once_and_truly() {
+    let one_line = |args: &[&str], want: &str| {
+        let out = Command::new(BIN).args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+        assert!(!err.contains("run as root"), "{args:?}: {err}");
+        err.to_string()
+    };
+    let dir = temp_dir("specialpids");
+    let d = dir.join("store");
+    let d = d.to_str().unwrap();
+    one_line(&["track", "--pid", "0"], "no process with pid 0");
+    one_line(
+        &["snapshot", "--pid", "0", "--out", d],
+        "no process with pid 0",
+    );
+    // A kernel thread: kthreadd is pid 2 wherever there is a kernel.
+    for args in [
+        &["track", "--pid", "2"][..],
+        &["snapshot", "--pid", "2", "--out", d],
+        &["inspect", "--pid", "2"],
+    ] {
+        one_line(args, "kernel thread");
+    }
+    assert!(!dir.join("store").exists());
+    // An OS error's text once.
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("plain-file");
+    std::fs::write(&file, "x").unwrap();
+    let err = one_line(
+        &["snapshot", "inspect", file.to_str().unwrap()],
+        "Not a directory",
+    );
+    assert_eq!(err.matches("Not a directory").count(), 1, "{err}");
+    // The same process twice is inspected once.
+    let (mut wl, _, _) = spawn_workload(&[
+        "workload",
+        "--mib",
+        "8",
+        "--seconds",
+        "3",
+        "--pages-per-sec",
+        "0",
+    ]);
+    let pid = wl.id().to_string();
+    let rss = |args: &[&str]| {
+        let out = Command::new(BIN).args(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        (
+            v["rss_bytes"].as_u64().unwrap(),
+            v["pids"].as_array().unwrap().len(),
+        )
+    };
+    let once = rss(&["inspect", "--json", "--pid", &pid]);
+    let twice = rss(&["inspect", "--json", "--pid", &pid, "--pid", &pid]);
+    let _ = wl.kill();
+    let _ = wl.wait();
+    assert_eq!(twice.1, 1, "the process is listed twice");
+    assert!(
+        twice.0 <= once.0 + (1 << 20),
+        "{} counted twice ({} once)",
+        twice.0,
+        once.0
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

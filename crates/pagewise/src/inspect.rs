@@ -254,6 +254,15 @@ impl Report {
 
 /// Inspects `pids`; `progress(done, total)` is called as pages are read.
 pub fn inspect(pids: &[i32], opts: Options, progress: &mut dyn FnMut(u64, u64)) -> Result<Report> {
+    // Each process once, whatever the caller listed.
+    let mut unique: Vec<i32> = Vec::with_capacity(pids.len());
+    for &p in pids {
+        procfs::check_target(p)?;
+        if !unique.contains(&p) {
+            unique.push(p);
+        }
+    }
+    let pids = &unique[..];
     let mut out = Report {
         pids: pids.to_vec(),
         rss_bytes: 0,

@@ -137,6 +137,36 @@ pub fn tasks(pid: i32) -> Result<Vec<i32>> {
 }
 
 /// Whether process `pid` is alive: it exists and is neither a zombie nor dead.
+/// Checks that `pid` names a process whose memory pagewise can work on:
+/// one that exists (a positive pid, not a zombie) and is not a kernel
+/// thread (which has no user memory). One clear error otherwise.
+pub fn check_target(pid: i32) -> Result<()> {
+    if pid <= 0 || !is_alive(pid) {
+        return Err(Error::NoSuchProcess(pid));
+    }
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return Err(Error::NoSuchProcess(pid));
+    };
+    // Field 9 (the flags) follows the parenthesised command name.
+    const PF_KTHREAD: u64 = 0x0020_0000;
+    let comm = stat
+        .find('(')
+        .zip(stat.rfind(')'))
+        .map_or("", |(a, b)| &stat[a + 1..b]);
+    let flags = stat
+        .rfind(')')
+        .and_then(|i| stat[i + 1..].split_whitespace().nth(6))
+        .and_then(|f| f.parse::<u64>().ok())
+        .unwrap_or(0);
+    if flags & PF_KTHREAD != 0 {
+        return Err(Error::Invalid(format!(
+            "process {pid} ({comm}) is a kernel thread: it has no user memory"
+        )));
+    }
+    Ok(())
+}
+
+/// Whether process `pid` exists and is not a zombie.
 pub fn is_alive(pid: i32) -> bool {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
         return false;

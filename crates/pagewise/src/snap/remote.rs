@@ -38,6 +38,7 @@ pub struct ProcessSnapshot {
 /// Snapshots the writable memory of process `pid` into `disk`.
 pub fn snapshot_process(pid: i32, disk: &mut DiskStore, label: &str) -> Result<ProcessSnapshot> {
     let t0 = Instant::now();
+    procfs::check_target(pid)?;
     let stopped = Stopped::new(pid)?;
     let threads = stopped.threads();
     let maps = procfs::writable(Some(pid))?;

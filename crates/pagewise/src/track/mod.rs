@@ -326,6 +326,7 @@ impl DirtyTracker {
             feature: kind.name(),
             why,
         })?;
+        crate::procfs::check_target(pid)?;
         pagewise_sys::process::process_exists(pid).map_err(|e| match e.raw_os_error() {
             Some(libc::ESRCH) => Error::NoSuchProcess(pid),
             _ => Error::for_pid(pid, "signalling the process", e),
