@@ -2,8 +2,9 @@
 //!
 //! The kernel offers no atomic read-and-clear of soft-dirty bits, and
 //! `clear_refs` clears them for the whole process. To lose no write, a remote
-//! target is stopped (`SIGSTOP`) between reading the bits and clearing them and
-//! resumed afterwards, as CRIU does with its freezer. Inside the calling
+//! target is stopped (every thread, with `ptrace`: see [`crate::stop`])
+//! between reading the bits and clearing them and resumed afterwards, as CRIU
+//! does with its freezer. Inside the calling
 //! process, other threads that write tracked memory must be paused around a
 //! collection. Kernels without `CONFIG_MEM_SOFT_DIRTY` refuse this backend with
 //! the probe's reason.
@@ -79,18 +80,11 @@ impl Backend for SoftDirtyBackend {
         match self.target {
             Target::SelfProcess => self.read_and_clear(out),
             Target::Pid(pid) => {
-                // SAFETY: kill has no memory-safety preconditions.
-                if unsafe { libc::kill(pid, libc::SIGSTOP) } != 0 {
-                    return Err(Error::for_pid(
-                        pid,
-                        "stopping the process",
-                        std::io::Error::last_os_error(),
-                    ));
-                }
-                let r = self.read_and_clear(out);
-                // SAFETY: as above.
-                unsafe { libc::kill(pid, libc::SIGCONT) };
-                r
+                // Every thread stopped (and seen stopped) from the read of the
+                // bits until they are cleared, so that no write falls between;
+                // a process its user had stopped stays stopped after.
+                let _stopped = crate::stop::Stopped::new(pid)?;
+                self.read_and_clear(out)
             }
         }
     }
