@@ -798,3 +798,68 @@ fn several_processes_add_up_and_free_their_slots() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Regression: `snapshot --pid` of a process under `farmem run` failed with
+/// "more pages pushed than the regions hold" (or could wait forever on the
+/// handler it had stopped), and `inspect --pid` of one could hang. Now the
+/// snapshot is refused with the reason, and inspect finishes.
+#[test]
+fn snapshot_and_inspect_of_an_emulated_process_never_hang() {
+    need_support!();
+    let dir = instance_dir("outside");
+    let mut run = farmem(&dir)
+        .args([
+            "run",
+            "--local-pages",
+            "2000",
+            "--",
+            BIN,
+            "workload",
+            "--mib",
+            "32",
+        ])
+        .args(["--seconds", "20", "--pages-per-sec", "5000"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(run.stdout.as_mut().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    // The workload is the run's child.
+    let children =
+        std::fs::read_to_string(format!("/proc/{}/task/{}/children", run.id(), run.id()))
+            .unwrap_or_default();
+    let pid = children
+        .split_whitespace()
+        .next()
+        .expect("the workload's pid")
+        .to_string();
+    let store = dir.join("store");
+    let mut c = Command::new(BIN);
+    c.args(["snapshot", "--pid", &pid, "--out"]).arg(&store);
+    let Some((code, _, err)) = run_with_deadline(c, Duration::from_secs(60)) else {
+        panic!("snapshot --pid of an emulated process hung");
+    };
+    assert_ne!(
+        code, 0,
+        "a snapshot of an emulated process was taken: {err}"
+    );
+    assert!(err.contains("serves its own page faults"), "{err}");
+    assert!(!store.exists(), "a store was left behind");
+    for i in 0..4 {
+        let mut c = Command::new(BIN);
+        c.args(["inspect", "--json", "--pid", &pid]);
+        let Some((code, out, err)) = run_with_deadline(c, Duration::from_secs(60)) else {
+            panic!("inspect --pid of an emulated process hung (run {i})");
+        };
+        assert_eq!(code, 0, "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert!(v["rss_bytes"].as_u64().unwrap() >= 32 << 20, "{out}");
+    }
+    // SAFETY: kill(2) of the workload this test started.
+    unsafe { libc::kill(pid.parse().unwrap(), libc::SIGTERM) };
+    let _ = run.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}

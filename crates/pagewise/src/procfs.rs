@@ -166,6 +166,32 @@ pub fn check_target(pid: i32) -> Result<()> {
     Ok(())
 }
 
+/// The mappings of `pid` (`None`: this process) whose missing or minor
+/// faults a userfaultfd serves (`VmFlags` `um` or `ui` in smaps), as
+/// `(start, end)`: reading a page of one that is not there waits for that
+/// process's own handler (as under `pagewise farmem run`).
+pub fn uffd_served(pid: Option<i32>) -> Result<Vec<(u64, u64)>> {
+    let path = proc_dir(pid).join("smaps");
+    let text = std::fs::read_to_string(&path).map_err(|e| match pid {
+        Some(p) => Error::for_pid(p, format!("reading {}", path.display()), e),
+        None => Error::os(format!("reading {}", path.display()), e),
+    })?;
+    let mut out = Vec::new();
+    let mut current = None;
+    for line in text.lines() {
+        if let Some(flags) = line.strip_prefix("VmFlags:") {
+            if flags.split_whitespace().any(|f| f == "um" || f == "ui") {
+                if let Some(r) = current {
+                    out.push(r);
+                }
+            }
+        } else if let Some(m) = parse_maps(line).first() {
+            current = Some((m.start, m.end));
+        }
+    }
+    Ok(out)
+}
+
 /// Whether process `pid` exists and is not a zombie.
 pub fn is_alive(pid: i32) -> bool {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {

@@ -11,7 +11,7 @@
 use super::disk::{DiskStore, SaveStats};
 use crate::stop::Stopped;
 use crate::walk::{read_remote, PageWalker};
-use crate::{procfs, Region, Result, PAGE_SIZE};
+use crate::{procfs, Error, Region, Result, PAGE_SIZE};
 use serde::Serialize;
 use std::time::Instant;
 
@@ -39,6 +39,15 @@ pub struct ProcessSnapshot {
 pub fn snapshot_process(pid: i32, disk: &mut DiskStore, label: &str) -> Result<ProcessSnapshot> {
     let t0 = Instant::now();
     procfs::check_target(pid)?;
+    let served = procfs::uffd_served(Some(pid))?;
+    if !served.is_empty() {
+        return Err(Error::Invalid(format!(
+            "process {pid} serves its own page faults (a userfaultfd over {} mappings, as under \
+             `pagewise farmem run`): stopped, it could not serve the reads of a snapshot, and its \
+             remote pages are not at their addresses; snapshot it without far-memory emulation",
+            served.len()
+        )));
+    }
     let stopped = Stopped::new(pid)?;
     let threads = stopped.threads();
     let maps = procfs::writable(Some(pid))?;
