@@ -863,3 +863,20 @@ fn snapshot_and_inspect_of_an_emulated_process_never_hang() {
     let _ = run.wait();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A heap grown with sbrk and given back at once, many times (growths the
+/// engine hears of after they are gone, then ones in use): no complaint, no
+/// byte lost, the output of a plain run.
+#[test]
+fn heap_grown_and_trimmed_with_brk_keeps_its_bytes() {
+    need_support!();
+    same_as_native(
+        "brk",
+        "farmem_brk",
+        &[],
+        &[
+            &["--local-pages", "64"],
+            &["--local-pages", "4096", "--policy", "clock"],
+        ],
+    );
+}

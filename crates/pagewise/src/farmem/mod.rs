@@ -721,6 +721,24 @@ fn fail(e: &Error) -> ! {
     std::process::abort();
 }
 
+/// The parts of `r` mapped now as private anonymous writable memory.
+fn live_pieces(r: Region) -> Vec<Region> {
+    let Ok(maps) = crate::procfs::maps(None) else {
+        return vec![r];
+    };
+    maps.iter()
+        .filter(|m| m.start < r.end() && r.start < m.end)
+        .filter(|m| m.is_anonymous() && m.write && !m.is_special())
+        .filter_map(|m| {
+            Region::new(
+                m.start.max(r.start),
+                m.end.min(r.end()) - m.start.max(r.start),
+            )
+            .ok()
+        })
+        .collect()
+}
+
 /// Whether `e` is `EAGAIN`: the address space is changing under a
 /// userfaultfd event not read yet; read events, then try again.
 fn again(e: &Error) -> bool {
@@ -1318,11 +1336,24 @@ impl Engine {
             match self.add_region(r) {
                 Ok(()) => {}
                 Err(e) if again(&e) => self.adopts.push(r),
-                Err(e) => eprintln!(
-                    "pagewise farmem: not emulating {:#x}..{:#x}: {e}",
-                    r.start,
-                    r.end()
-                ),
+                Err(e) => {
+                    // Found late, the range may be gone in part or in whole
+                    // (a heap the C library trimmed, a mapping unmapped
+                    // since): what is still private anonymous writable
+                    // memory is emulated, the rest was the program's to drop.
+                    let live = live_pieces(r);
+                    if live == [r] {
+                        eprintln!(
+                            "pagewise farmem: not emulating {:#x}..{:#x}: {e}",
+                            r.start,
+                            r.end()
+                        );
+                        continue;
+                    }
+                    for piece in live {
+                        self.add_found(piece.start, piece.end());
+                    }
+                }
             }
         }
     }

@@ -613,3 +613,83 @@ fn trace_of_the_two_page_test() {
     assert!(events.iter().all(|e| e.kind != TraceKind::Evict));
     assert!(events.windows(2).all(|w| w[0].t_ns <= w[1].t_ns));
 }
+
+/// Regression: a range the program mapped, found by the engine only after
+/// the program had given part of it back (a heap the C library trimmed), was
+/// refused whole when another kind of mapping had taken its place ("not
+/// emulating …: UFFDIO_REGISTER … Invalid argument", as `git` showed): the
+/// part still private anonymous memory is emulated, the rest left alone
+/// without a word.
+#[test]
+fn a_range_found_after_it_changed_is_emulated_where_it_is_still_anonymous() {
+    if !uffd_or_skip("found_after_shrink") {
+        return;
+    }
+    let base = AnonMemory::new(4 * PAGE_SIZE).unwrap();
+    let late = AnonMemory::new(64 * PAGE_SIZE).unwrap();
+    let found = late.region();
+    // Before the engine hears of the range, its second half is given back
+    // and a private file mapping takes its place (which no userfaultfd may
+    // serve in missing mode).
+    let file = std::fs::File::open("/proc/self/exe").unwrap();
+    // SAFETY: replaces the last 32 pages of the test's own mapping, which
+    // nothing refers to, with a read-only private mapping of a file.
+    let p = unsafe {
+        libc::mmap(
+            late.as_ptr().add(32 * PAGE_SIZE).cast(),
+            32 * PAGE_SIZE,
+            libc::PROT_READ,
+            libc::MAP_PRIVATE | libc::MAP_FIXED,
+            std::os::fd::AsRawFd::as_raw_fd(&file),
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED);
+    let told = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let t = told.clone();
+    let hooks = pagewise::farmem::Hooks {
+        discover: Some(Box::new(move |out: &mut Vec<pagewise::Region>| {
+            if !t.swap(true, std::sync::atomic::Ordering::AcqRel) {
+                out.push(found);
+            }
+        })),
+        ..Default::default()
+    };
+    let fm = FarMemory::new_with(
+        &[base.region()],
+        config(1000, 0),
+        fifo(),
+        Calibration::NONE,
+        hooks,
+    )
+    .unwrap();
+    // The program registers what it maps before the engine looks (the shim
+    // does this in its system-call trap).
+    pagewise_sys::uffd::register(
+        fm.uffd(),
+        late.addr(),
+        32 * PAGE_SIZE as u64,
+        pagewise_sys::uffd::REGISTER_MODE_MISSING,
+    )
+    .unwrap();
+    use std::io::Write;
+    fm.waker().unwrap().write_all(b"d").unwrap();
+    let t0 = std::time::Instant::now();
+    while !told.load(std::sync::atomic::Ordering::Acquire) && t0.elapsed().as_secs() < 10 {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let before = fm.stats().page_fault_count;
+    for p in 0..32 {
+        late.write_byte(p * PAGE_SIZE, p as u8 + 1);
+    }
+    let st = fm.stop().unwrap();
+    assert_eq!(
+        st.page_fault_count - before,
+        32,
+        "the half still mapped was not emulated"
+    );
+    for p in 0..32 {
+        assert_eq!(late.read_byte(p * PAGE_SIZE), p as u8 + 1);
+    }
+}
