@@ -174,6 +174,22 @@ pub(crate) fn command_under(
 fn run_cmd(a: RunArgs) -> Result<i32> {
     let me = std::process::id();
     check_policy(&a.policy, &a.policy_args)?;
+    // Output paths are checked before the program runs, not after.
+    for (flag, path) in [("--trace", &a.trace), ("--stats-json", &a.stats_json)] {
+        if let Some(p) = path {
+            let parent = match p.parent() {
+                Some(d) if !d.as_os_str().is_empty() => d,
+                _ => std::path::Path::new("."),
+            };
+            if !parent.is_dir() {
+                bail!(
+                    "{flag} {}: {} is not a directory",
+                    p.display(),
+                    parent.display()
+                );
+            }
+        }
+    }
     Instance::sweep();
     let inst = match &a.instance {
         Some(name) if pagewise::farmem::instance::dir().join(name).exists() => {
@@ -231,6 +247,13 @@ fn run_cmd(a: RunArgs) -> Result<i32> {
         }
     }
     let rep = report(&inst, Some(me));
+    if rep.members.is_empty() && rep.stats.page_fault_count == 0 {
+        eprintln!(
+            "pagewise farmem: no process of {} joined the instance, so nothing was emulated: \
+             a statically linked or setuid program ignores the preload shim",
+            a.cmd[0]
+        );
+    }
     if let Some(p) = &a.stats_json {
         std::fs::write(p, serde_json::to_string_pretty(&rep)? + "\n")
             .with_context(|| format!("writing {}", p.display()))?;

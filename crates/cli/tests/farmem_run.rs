@@ -880,3 +880,56 @@ fn heap_grown_and_trimmed_with_brk_keeps_its_bytes() {
         ],
     );
 }
+
+/// Regression: `--trace /nonexistent/dir/t` wrote nothing and exited 0, and a
+/// statically linked program got 0 faults with no word said. The trace's
+/// directory is checked before the program runs; a run no process joined
+/// says so (and still reports the program's status).
+#[test]
+fn unusable_trace_paths_and_static_programs_are_said() {
+    need_support!();
+    let dir = instance_dir("said");
+    let out = farmem(&dir)
+        .args([
+            "run",
+            "--local-pages",
+            "100",
+            "--trace",
+            "/nonexistent/dir/t",
+            "--",
+        ])
+        .args(["sh", "-c", "echo the program ran"])
+        .output()
+        .unwrap();
+    let se = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{se}");
+    assert!(se.contains("is not a directory"), "{se}");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("the program ran"));
+    let src = dir.join("static.c");
+    std::fs::write(
+        &src,
+        "#include <stdio.h>\nint main(void) { puts(\"static\"); return 5; }\n",
+    )
+    .unwrap();
+    let bin = dir.join("static");
+    let built = Command::new("cc")
+        .arg("-static")
+        .arg(&src)
+        .arg("-o")
+        .arg(&bin)
+        .output()
+        .unwrap();
+    if !built.status.success() {
+        println!("SKIP the static half: cc -static failed (no static C library?)");
+        return;
+    }
+    let out = farmem(&dir)
+        .args(["run", "--local-pages", "100", "--"])
+        .arg(&bin)
+        .output()
+        .unwrap();
+    let se = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(5), "{se}");
+    assert!(se.contains("nothing was emulated"), "{se}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -287,14 +287,18 @@ extern "C" fn at_exit() {
     if let Some(path) = &run.trace {
         let (events, dropped) = run.fm.take_trace();
         let path = format!("{path}.{}", std::process::id());
-        if let Ok(f) = std::fs::File::create(&path) {
+        let written = std::fs::File::create(&path).and_then(|f| {
             let mut w = std::io::BufWriter::new(f);
             for e in &events {
-                let _ = writeln!(w, "{}", serde_json::to_string(e).unwrap_or_default());
+                writeln!(w, "{}", serde_json::to_string(e).unwrap_or_default())?;
             }
             if dropped > 0 {
-                let _ = writeln!(w, "{{\"dropped\":{dropped}}}");
+                writeln!(w, "{{\"dropped\":{dropped}}}")?;
             }
+            w.flush()
+        });
+        if let Err(e) = written {
+            eprintln!("pagewise farmem: writing the trace {path}: {e}");
         }
     }
     run.fm.publish_to(&run.inst, run.slot);
