@@ -239,7 +239,16 @@ fn run_cmd(a: RunArgs) -> Result<i32> {
     if let Some(t) = &a.trace {
         c.env("PAGEWISE_FARMEM_TRACE", t);
     }
-    let status = c.status();
+    let status = match c.status() {
+        Ok(st) => st,
+        Err(e) => {
+            // Nothing ran: no summary, and no instance left behind.
+            if inst.members().iter().all(|m| !m.live) {
+                let _ = inst.remove();
+            }
+            return Err(anyhow::Error::new(e).context(format!("running {}", a.cmd[0])));
+        }
+    };
     // A member killed before it could leave leaves now.
     for m in inst.members() {
         if m.tag == me && !pagewise::procfs::is_alive(m.pid) {
@@ -273,7 +282,6 @@ fn run_cmd(a: RunArgs) -> Result<i32> {
     if inst.members().iter().all(|m| !m.live) {
         let _ = inst.remove();
     }
-    let status = status.with_context(|| format!("running {}", a.cmd[0]))?;
     Ok(crate::child::exit_code(status))
 }
 

@@ -179,9 +179,9 @@ fn inspect(dir: PathBuf, json: bool) -> Result<i32> {
         );
     }
     println!(
-        "{} snapshots: {} page references ({} zero), {} unique pages; {:.1} MiB represented in {:.1} MiB on disk (dedup ratio {:.1}x)",
+        "{} snapshots: {} references to stored pages and {} zero pages, {} unique pages; {:.1} MiB represented in {:.1} MiB on disk (dedup ratio {:.1}x)",
         stats.snapshots,
-        stats.referenced_pages + stats.zero_pages,
+        stats.referenced_pages,
         stats.zero_pages,
         stats.unique_pages,
         stats.bytes_represented as f64 / 1048576.0,

@@ -76,6 +76,10 @@ pub(crate) fn shim_path() -> Result<std::path::PathBuf> {
         dir.join("libpagewise_preload.so"),
         dir.join("../libpagewise_preload.so"),
         dir.join("../lib/libpagewise_preload.so"),
+        // Installed with `cargo install --path crates/cli`: the shim the
+        // source tree it came from built.
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../target/release/libpagewise_preload.so"),
     ] {
         if cand.exists() {
             return Ok(cand);

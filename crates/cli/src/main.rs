@@ -62,6 +62,8 @@ enum Cmd {
 }
 
 fn main() {
+    // Output piped into `head` ends quietly when the reader goes away.
+    let _ = pagewise_sys::signal::default_sigpipe();
     let cli = Cli::parse();
     let r = match cli.cmd {
         Cmd::Probe(a) => cmd_probe::run(a),

@@ -637,3 +637,93 @@ fn special_pids_and_errors_are_said_once_and_truly() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Regression: output piped into `head` panicked (exit 101) once the reader
+/// went away. Now the tool ends quietly, killed by SIGPIPE like other Unix
+/// tools.
+#[test]
+fn a_closed_pipe_ends_quietly() {
+    let (mut wl, _, _) = spawn_workload(&[
+        "workload",
+        "--mib",
+        "256",
+        "--seconds",
+        "5",
+        "--pages-per-sec",
+        "0",
+    ]);
+    let mut c = Command::new(BIN)
+        .args(["inspect", "--regions", "--pid", &wl.id().to_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(c.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    // The reader is gone now (its end of the pipe dropped).
+    let out = c.wait_with_output().unwrap();
+    let _ = wl.kill();
+    let _ = wl.wait();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    use std::os::unix::process::ExitStatusExt;
+    assert!(
+        out.status.signal() == Some(libc::SIGPIPE) || out.status.success(),
+        "{:?}: {err}",
+        out.status
+    );
+}
+
+/// Regression: `snapshot inspect` counted zero pages as references in its
+/// line and not in its JSON. Both now count references to stored pages
+/// (non-zero entries) and zero pages apart, and agree.
+#[test]
+fn snapshot_inspect_line_and_json_agree() {
+    let store = temp_dir("inspectagree");
+    let (mut wl, _, _) = spawn_workload(&[
+        "workload",
+        "--mib",
+        "4",
+        "--seconds",
+        "2",
+        "--pages-per-sec",
+        "0",
+    ]);
+    let out = Command::new(BIN)
+        .args(["snapshot", "--pid", &wl.id().to_string(), "--out"])
+        .arg(&store)
+        .output()
+        .unwrap();
+    let _ = wl.kill();
+    let _ = wl.wait();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let human = Command::new(BIN)
+        .args(["snapshot", "inspect"])
+        .arg(&store)
+        .output()
+        .unwrap();
+    let human = String::from_utf8_lossy(&human.stdout).into_owned();
+    let json = Command::new(BIN)
+        .args(["snapshot", "inspect", "--json"])
+        .arg(&store)
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    let last = human.lines().last().unwrap();
+    let want = format!(
+        "{} references to stored pages and {} zero pages",
+        v["referenced_pages"], v["zero_pages"]
+    );
+    assert!(last.contains(&want), "{last:?} against {want:?}");
+    assert!(
+        v["zero_pages"].as_u64().unwrap() > 0 && v["referenced_pages"].as_u64().unwrap() > 0,
+        "{v}"
+    );
+    let _ = std::fs::remove_dir_all(&store);
+}

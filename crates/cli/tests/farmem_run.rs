@@ -933,3 +933,25 @@ fn unusable_trace_paths_and_static_programs_are_said() {
     assert!(se.contains("nothing was emulated"), "{se}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Regression: `farmem run -- /nonexistent` printed an instance summary
+/// before the error. Now one line, and no instance is left.
+#[test]
+fn a_missing_command_is_one_line() {
+    need_support!();
+    let dir = instance_dir("missing");
+    let out = farmem(&dir)
+        .args(["run", "--local-pages", "100", "--", "/nonexistent/program"])
+        .output()
+        .unwrap();
+    let se = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(se.trim().lines().count(), 1, "{se}");
+    assert!(
+        se.contains("/nonexistent/program") && !se.contains("faults"),
+        "{se}"
+    );
+    let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+    assert!(left.is_empty(), "{left:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

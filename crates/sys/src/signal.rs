@@ -35,3 +35,15 @@ pub fn restore(sig: libc::c_int, old: &libc::sigaction) -> io::Result<()> {
     }
     Ok(())
 }
+
+/// Restores the default action of `SIGPIPE` (Rust programs start with it
+/// ignored): a command whose output is piped into `head` then ends quietly
+/// when the reader goes away, as other Unix tools do, instead of failing
+/// on the write.
+pub fn default_sigpipe() -> io::Result<()> {
+    // SAFETY: SIG_DFL is a valid disposition for SIGPIPE.
+    if unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) } == libc::SIG_ERR {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}

@@ -148,7 +148,8 @@ pub struct DiskStats {
     pub unique_pages: u64,
     /// Zero-page entries over all snapshots.
     pub zero_pages: u64,
-    /// Non-zero page entries over all snapshots.
+    /// Non-zero page entries over all snapshots: references to stored
+    /// pages (zero pages are counted apart, in `zero_pages`).
     pub referenced_pages: u64,
     /// Bytes of every file of the store.
     pub bytes_on_disk: u64,
