@@ -176,7 +176,10 @@ pub fn run(a: Args) -> Result<i32> {
                 s.inst.name(),
                 pagewise::farmem::instance::Access::Control,
             )?],
-            None => pids.iter().filter_map(|&p| access::sampler_of(p)).collect(),
+            None => pids
+                .iter()
+                .filter_map(|&p| pagewise::farmem::sampler::of(p))
+                .collect(),
         };
         // One window per instance, however many of its members were given.
         let mut seen = std::collections::HashSet::new();
@@ -190,7 +193,7 @@ pub fn run(a: Args) -> Result<i32> {
             bar(&format!("watching accesses for {window} ms"));
             let mut all = Vec::new();
             for i in &sampled {
-                all.extend(access::sample(i, w, timeout)?);
+                all.extend(pagewise::farmem::sampler::sample(i, w, timeout)?);
             }
             coverage = Some((Method::Sampler, all));
         } else if access::idle_page_unavailable().is_none() {

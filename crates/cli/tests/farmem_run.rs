@@ -857,6 +857,11 @@ fn snapshot_and_inspect_of_an_emulated_process_never_hang() {
         assert_eq!(code, 0, "{err}");
         let v: serde_json::Value = serde_json::from_str(&out).unwrap();
         assert!(v["rss_bytes"].as_u64().unwrap() >= 32 << 20, "{out}");
+        // Its engine served the inspector's reads: the program runs on.
+        assert!(
+            pagewise::procfs::is_alive(pid.parse().unwrap()),
+            "the emulated process died while inspected (run {i})"
+        );
     }
     // SAFETY: kill(2) of the workload this test started.
     unsafe { libc::kill(pid.parse().unwrap(), libc::SIGTERM) };

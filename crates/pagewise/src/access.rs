@@ -6,7 +6,8 @@
 //!   process. Every present page is marked idle; after the window, a page
 //!   whose idle bit the kernel cleared was accessed.
 //! - **the far-memory sampler**: processes started under pagewise (members
-//!   of a far-memory instance, see [`crate::farmem`]). The engine inside the
+//!   of a far-memory instance: [`crate::farmem::sampler`] drives it and
+//!   hands back [`CoverageReport`]s; this module depends on no sampler). The engine inside the
 //!   process evicts every local page when the window opens; the pages
 //!   faulted back by its end are exactly those touched. It sees reads and
 //!   writes, on any kernel with `UFFDIO_MOVE`, at a fault per distinct page
@@ -15,7 +16,6 @@
 //! DAMON is not used: it samples one page per region and estimates, where
 //! this asks for every page.
 
-use crate::farmem::instance::Instance;
 use crate::{procfs, Error, Result, HUGE_PAGE_SIZE, PAGE_SIZE};
 use pagewise_sys::pagemap;
 use serde::{Deserialize, Serialize};
@@ -63,70 +63,6 @@ pub enum Method {
 pub fn idle_page_unavailable() -> Option<String> {
     let p = crate::probe::get();
     (!p.idle_page).then(|| p.why("idle_page_tracking"))
-}
-
-/// The far-memory instance `pid` is a live member of, if any (opened for
-/// control: only its owner or root may sample it).
-pub fn sampler_of(pid: i32) -> Option<Instance> {
-    Instance::list()
-        .ok()?
-        .into_iter()
-        .find(|i| i.members().iter().any(|m| m.live && m.pid == pid))
-        .and_then(|i| Instance::open(i.name(), crate::farmem::instance::Access::Control).ok())
-}
-
-/// Coverage of every live member of `inst` over `window` (see the module
-/// docs), waiting at most `timeout` for their reports.
-pub fn sample(inst: &Instance, window: Duration, timeout: Duration) -> Result<Vec<CoverageReport>> {
-    let live = |i: &Instance| -> Vec<i32> {
-        i.members()
-            .iter()
-            .filter(|m| m.live)
-            .map(|m| m.pid)
-            .collect()
-    };
-    for p in live(inst) {
-        let _ = std::fs::remove_file(inst.coverage_path(p));
-    }
-    inst.request_coverage(true)?;
-    std::thread::sleep(window);
-    let req = inst.request_coverage(false)?;
-    let until = Instant::now() + timeout;
-    let mut out: Vec<CoverageReport> = Vec::new();
-    loop {
-        let pids = live(inst);
-        for &p in &pids {
-            if out.iter().any(|r| r.pid == p) {
-                continue;
-            }
-            let path = inst.coverage_path(p);
-            let Ok(body) = std::fs::read(&path) else {
-                continue;
-            };
-            let r: CoverageReport = serde_json::from_slice(&body)
-                .map_err(|e| Error::Invalid(format!("coverage report {}: {e}", path.display())))?;
-            if r.request == req {
-                let _ = std::fs::remove_file(&path);
-                out.push(r);
-            }
-        }
-        if pids.iter().all(|p| out.iter().any(|r| r.pid == *p)) {
-            return Ok(out);
-        }
-        if Instant::now() > until {
-            let missing: Vec<String> = pids
-                .iter()
-                .filter(|p| !out.iter().any(|r| r.pid == **p))
-                .map(|p| p.to_string())
-                .collect();
-            return Err(Error::Invalid(format!(
-                "no coverage report from process {} within {:?}",
-                missing.join(", "),
-                timeout
-            )));
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 const IDLE_BITMAP: &str = "/sys/kernel/mm/page_idle/bitmap";

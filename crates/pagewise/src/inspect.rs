@@ -303,15 +303,9 @@ pub fn inspect(pids: &[i32], opts: Options, progress: &mut dyn FnMut(u64, u64)) 
         let maps = procfs::maps(Some(pid))?;
         let mut walker = PageWalker::new(Some(pid))?;
         let mut runs = Vec::new();
-        // Far-memory staging holds remote pages of the program's own
-        // regions (and reading a hole in it would wait on its engine).
-        let staging = format!(
-            "[anon:{}]",
-            crate::farmem::STAGING_NAME.to_str().expect("ASCII")
-        );
         for m in maps
             .iter()
-            .filter(|m| m.read && !m.is_special() && m.path != staging)
+            .filter(|m| m.read && !m.is_special() && !crate::farmem::is_staging(m))
         {
             let Ok(r) = Region::new(m.start, m.len()) else {
                 continue;

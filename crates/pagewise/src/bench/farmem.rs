@@ -15,12 +15,13 @@
 
 use super::Machine;
 use crate::farmem::link::LinkConfig;
-use crate::farmem::{
-    calibrate, measure_fault_paths, policy, Calibration, Config, FarMemory, FaultPaths,
-};
+use crate::farmem::{calibrate, policy, Calibration, Config, FarMemory};
 use crate::workload::AnonMemory;
-use crate::{Result, PAGE_SIZE};
+use crate::{Error, Result, PAGE_SIZE};
+use pagewise_sys::uffd;
 use serde::Serialize;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 /// What to run.
@@ -354,4 +355,94 @@ impl FarmemReport {
         );
         s
     }
+}
+
+/// The two ways a fault can reach the engine, measured raw (first touches
+/// mapped with the zero page, no eviction, no delay).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct FaultPaths {
+    /// A first touch of plain memory, ns (the baseline).
+    pub plain_ns: f64,
+    /// Through the handler thread: the faulting thread sleeps until the
+    /// handler maps the page, ns. Works for faults inside system calls.
+    pub thread_ns: f64,
+    /// In the faulting thread (`UFFD_FEATURE_SIGBUS`): a `SIGBUS` handler
+    /// maps the page and the access is retried, ns. A fault inside a system
+    /// call fails it with `EFAULT` instead.
+    pub sigbus_ns: Option<f64>,
+}
+
+static SIGBUS_UFFD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+
+extern "C" fn map_zero_on_sigbus(_: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo to SA_SIGINFO handlers.
+    let addr = unsafe { (*info).si_addr() } as u64 & !(PAGE_SIZE as u64 - 1);
+    // An ioctl is async-signal-safe; a failure leaves the fault to repeat.
+    let _ = uffd::zeropage(SIGBUS_UFFD.load(Ordering::Relaxed), addr, PAGE_SIZE as u64);
+}
+
+/// Measures [`FaultPaths`] over `pages` first touches each.
+pub fn measure_fault_paths(pages: usize) -> Result<FaultPaths> {
+    let touch = |mem: &AnonMemory| {
+        let t0 = Instant::now();
+        for p in 0..mem.pages() {
+            let _ = mem.read_byte(p * PAGE_SIZE);
+        }
+        t0.elapsed().as_nanos() as f64 / mem.pages() as f64
+    };
+    let plain_ns = touch(&AnonMemory::new(pages * PAGE_SIZE)?);
+    let mem = AnonMemory::new(pages * PAGE_SIZE)?;
+    let fm = FarMemory::new(
+        &[mem.region()],
+        Config {
+            local_pages: pages,
+            link: LinkConfig {
+                latency_ns: 0,
+                bandwidth_bps: 0,
+            },
+        },
+        Box::new(policy::Fifo::default()),
+        Calibration::NONE,
+    )?;
+    let thread_ns = touch(&mem);
+    fm.stop()?;
+    let sigbus_ns = if crate::probe::get().uffd_has(uffd::feature::SIGBUS) {
+        Some(sigbus_path(pages, &touch)?)
+    } else {
+        None
+    };
+    Ok(FaultPaths {
+        plain_ns,
+        thread_ns,
+        sigbus_ns,
+    })
+}
+
+fn sigbus_path(pages: usize, touch: &dyn Fn(&AnonMemory) -> f64) -> Result<f64> {
+    let (fd, _) =
+        uffd::open(libc::O_CLOEXEC | libc::O_NONBLOCK).map_err(|e| Error::Unsupported {
+            feature: "userfaultfd",
+            why: e.to_string(),
+        })?;
+    uffd::api(fd.as_raw_fd(), uffd::feature::SIGBUS)
+        .map_err(|e| Error::os("UFFDIO_API(SIGBUS)", e))?;
+    let mem = AnonMemory::new(pages * PAGE_SIZE)?;
+    uffd::register(
+        fd.as_raw_fd(),
+        mem.addr(),
+        mem.len() as u64,
+        uffd::REGISTER_MODE_MISSING,
+    )
+    .map_err(|e| Error::os("UFFDIO_REGISTER", e))?;
+    SIGBUS_UFFD.store(fd.as_raw_fd(), Ordering::Relaxed);
+    // SAFETY: the handler only issues an ioctl, which is async-signal-safe.
+    let old = unsafe { pagewise_sys::signal::install(libc::SIGBUS, map_zero_on_sigbus) }
+        .map_err(|e| Error::os("installing a SIGBUS handler", e))?;
+    let ns = touch(&mem);
+    pagewise_sys::signal::restore(libc::SIGBUS, &old)
+        .map_err(|e| Error::os("restoring the SIGBUS handler", e))?;
+    SIGBUS_UFFD.store(-1, Ordering::Relaxed);
+    uffd::unregister(fd.as_raw_fd(), mem.addr(), mem.len() as u64)
+        .map_err(|e| Error::os("UFFDIO_UNREGISTER", e))?;
+    Ok(ns)
 }

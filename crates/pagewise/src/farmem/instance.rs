@@ -478,7 +478,7 @@ impl Instance {
     }
 
     /// Opens (`open`) or closes an access-coverage window in every member
-    /// (see [`coverage_path`]); returns the request's number, which the
+    /// (see [`Instance::coverage_path`]); returns the request's number, which the
     /// members' reports carry.
     pub fn request_coverage(&self, open: bool) -> Result<u64> {
         if !self.writable {

@@ -1,0 +1,625 @@
+//! The fault engine: the handler thread's state and its loop (see the
+//! module docs of [`crate::farmem`] for what it does).
+
+mod coverage;
+mod evict;
+mod regions;
+
+use super::*;
+use crate::workload::AnonMemory;
+use crate::{Error, Region, Result, PAGE_SIZE};
+use link::{Injector, Link, LinkConfig};
+use pagewise_sys::{mem, uffd};
+use policy::Policy;
+use std::io::Read;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Where a page's contents are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Where {
+    /// Remote, never written (or dropped by the program): zeros.
+    RemoteZero,
+    /// Remote: the page itself sits in the staging mapping.
+    Remote,
+    /// Local: mapped in the region.
+    Local,
+    /// Local but parked in staging, so that its next access is seen (see
+    /// [`policy`]); it counts against the budget.
+    Parked,
+}
+
+/// The name of every staging mapping: `/proc/PID/maps` shows
+/// `[anon:pagewise-farmem-staging]` where the kernel names mappings.
+const STAGING_NAME: &std::ffi::CStr = c"pagewise-farmem-staging";
+
+/// Whether `m` is a far-memory engine's staging (which holds remote pages of
+/// the program's own regions; reading a hole in it could wait on its
+/// engine). Only where the kernel names anonymous mappings.
+pub fn is_staging(m: &crate::procfs::Mapping) -> bool {
+    m.path
+        .strip_prefix("[anon:")
+        .and_then(|n| n.strip_suffix(']'))
+        .is_some_and(|n| n.as_bytes() == STAGING_NAME.to_bytes())
+}
+
+/// The handler thread's state.
+///
+/// Remote pages are *moved* (`UFFDIO_MOVE`, no copy) between the region and
+/// a staging mapping of the same size. The region is registered with one
+/// userfaultfd (missing faults, and the program's `MADV_DONTNEED` and
+/// `munmap` as events); the staging mappings with a second one, which asks
+/// for no events, so that dropping a staging page never waits on the handler.
+pub(super) struct Engine {
+    pub(super) uffd: OwnedFd,
+    stage_uffd: OwnedFd,
+    /// The emulated regions, in the order they were added (their pages'
+    /// global indices follow that order).
+    regions: Vec<Region>,
+    /// Indices into `regions`, sorted by address.
+    order: Vec<usize>,
+    /// First global page index of each region.
+    first: Vec<usize>,
+    /// The staging mappings, one the size of each region.
+    staging: Vec<AnonMemory>,
+    pages: Vec<Where>,
+    /// Fingerprint of each local page when it was fetched (for write-backs).
+    fetched: Vec<crate::hash::PageHash>,
+    /// Placement of each page.
+    class: Vec<Placement>,
+    /// Always-remote pages mapped since the last fault.
+    visiting: Vec<usize>,
+    /// Local pages that count against the budget.
+    local: usize,
+    policy: Box<dyn Policy>,
+    link: Link,
+    injector: Injector,
+    walker: crate::walk::PageWalker,
+    /// Pages with data (not `RemoteZero`).
+    data: usize,
+    pub(super) discover: Option<Discover>,
+    pub(super) inst: Option<(Arc<instance::Instance>, usize)>,
+    /// The instance generation applied.
+    generation: u64,
+    /// Work that met `EAGAIN` (the address space changing under an event
+    /// not read yet), done once the events are read: staged pages to move
+    /// to where the program moved their range, ranges to adopt, then faults.
+    moves: Vec<(u64, u64)>,
+    adopts: Vec<Region>,
+    later: Vec<(u64, Instant)>,
+    /// Pages never emulated: the handler thread's own thread-local
+    /// bookkeeping, which the C library keeps in the program's heap.
+    pub(super) excluded: Vec<crate::region::PageRange>,
+    /// The coverage request applied, one still to apply, and when the open
+    /// window began.
+    coverage: u64,
+    coverage_todo: Option<u64>,
+    window: Option<Instant>,
+    /// Where a staged page is copied to be fingerprinted.
+    page_buf: Vec<u8>,
+}
+
+/// The handler met an error it cannot recover from: its books no longer
+/// match the memory. The program must neither run on with pages that may be
+/// wrong nor wait forever on faults no one serves: the process is aborted,
+/// while the userfaultfd is still open (closing it first would let the
+/// waiting threads run on over holes that read as zeros).
+fn fail(e: &Error) -> ! {
+    let msg = format!(
+        "pagewise farmem: the fault handler failed: {e}; aborting the process, \
+         whose emulated memory can no longer be trusted\n"
+    );
+    // Straight to the file descriptor: a thread waiting on a fault may hold
+    // the lock of the standard error stream.
+    // SAFETY: write(2) of a valid buffer.
+    unsafe { libc::write(2, msg.as_ptr().cast(), msg.len()) };
+    std::process::abort();
+}
+
+/// The parts of `r` mapped now as private anonymous writable memory.
+fn live_pieces(r: Region) -> Vec<Region> {
+    let Ok(maps) = crate::procfs::maps(None) else {
+        return vec![r];
+    };
+    maps.iter()
+        .filter(|m| m.start < r.end() && r.start < m.end)
+        .filter(|m| m.is_anonymous() && m.write && !m.is_special())
+        .filter_map(|m| {
+            Region::new(
+                m.start.max(r.start),
+                m.end.min(r.end()) - m.start.max(r.start),
+            )
+            .ok()
+        })
+        .collect()
+}
+
+/// `UFFDIO_MOVE`, patient with a page another task holds for a moment: a
+/// move refuses (`EBUSY`) a page whose reference count another task raised,
+/// as `process_vm_readv` from an inspector does while it copies. Retries
+/// for up to about 100 ms before giving the `EBUSY` back.
+fn move_patiently(fd: RawFd, dst: u64, src: u64, len: u64, mode: u64) -> std::io::Result<()> {
+    let mut wait_us = 1;
+    let t0 = Instant::now();
+    loop {
+        match uffd::move_pages(fd, dst, src, len, mode) {
+            Err(e)
+                if e.raw_os_error() == Some(libc::EBUSY)
+                    && t0.elapsed() < std::time::Duration::from_millis(100) =>
+            {
+                std::thread::sleep(std::time::Duration::from_micros(wait_us));
+                wait_us = (wait_us * 2).min(2000);
+            }
+            r => return r,
+        }
+    }
+}
+
+/// Whether `e` is `EAGAIN`: the address space is changing under a
+/// userfaultfd event not read yet; read events, then try again.
+fn again(e: &Error) -> bool {
+    matches!(e, Error::Os { source, .. } if source.raw_os_error() == Some(libc::EAGAIN))
+}
+
+fn open_uffd(features: u64) -> Result<OwnedFd> {
+    // Non-blocking: poll may report a message another wake-up consumed.
+    let (fd, _) =
+        uffd::open(libc::O_CLOEXEC | libc::O_NONBLOCK).map_err(|e| Error::Unsupported {
+            feature: "userfaultfd",
+            why: e.to_string(),
+        })?;
+    uffd::api(fd.as_raw_fd(), features).map_err(|e| Error::Unsupported {
+        feature: "userfaultfd move and events",
+        why: format!("UFFDIO_API with features {features:#x}: {e}"),
+    })?;
+    Ok(fd)
+}
+
+/// One page of staging, which the engine reads only while it is mapped there.
+fn staged_page(addr: u64) -> &'static [u8] {
+    // SAFETY: `addr` is a page of a staging mapping this engine owns, and the
+    // caller reads it only while a page is mapped there (moved in, or a zero
+    // page): reading it does not fault.
+    unsafe { std::slice::from_raw_parts(addr as *const u8, PAGE_SIZE) }
+}
+
+/// `MADV_POPULATE_WRITE` (Linux 5.14), missing from the 6.1 headers' libc.
+const MADV_POPULATE_WRITE: libc::c_int = 23;
+
+impl Engine {
+    pub(super) fn new(regions: &[Region], policy: Box<dyn Policy>, unseen_ns: u64) -> Result<Self> {
+        use uffd::feature as f;
+        let mut e = Engine {
+            uffd: open_uffd(f::MOVE | f::EVENT_REMOVE | f::EVENT_UNMAP | f::EVENT_REMAP)?,
+            // SIGBUS: a read of a staging page that is not there fails at
+            // once instead of waiting for a handler that is the reader.
+            stage_uffd: open_uffd(
+                f::MOVE
+                    | if crate::probe::get().uffd_has(f::SIGBUS) {
+                        f::SIGBUS
+                    } else {
+                        0
+                    },
+            )?,
+            page_buf: vec![0u8; PAGE_SIZE],
+            regions: Vec::new(),
+            order: Vec::new(),
+            first: Vec::new(),
+            staging: Vec::new(),
+            fetched: Vec::new(),
+            class: Vec::new(),
+            visiting: Vec::new(),
+            pages: Vec::new(),
+            local: 0,
+            policy,
+            link: Link::default(),
+            injector: Injector::new(unseen_ns),
+            walker: crate::walk::PageWalker::new(None)?,
+            data: 0,
+            discover: None,
+            inst: None,
+            generation: 0,
+            moves: Vec::new(),
+            adopts: Vec::new(),
+            later: Vec::new(),
+            excluded: Vec::new(),
+            coverage: 0,
+            coverage_todo: None,
+            window: None,
+        };
+        for r in regions {
+            e.add_region(*r)?;
+        }
+        Ok(e)
+    }
+
+    /// Sets where page `g` is, keeping the count of pages with data.
+    fn put(&mut self, g: usize, w: Where) {
+        let before = self.pages[g] != Where::RemoteZero;
+        let after = w != Where::RemoteZero;
+        self.pages[g] = w;
+        match (before, after) {
+            (false, true) => self.data += 1,
+            (true, false) => self.data -= 1,
+            _ => {}
+        }
+    }
+
+    /// Global page index and address of the page holding `addr`.
+    fn locate(&self, addr: u64) -> Option<(usize, usize, u64)> {
+        let k = self
+            .order
+            .partition_point(|&i| self.regions[i].end() <= addr);
+        let ri = *self.order.get(k)?;
+        let r = self.regions[ri];
+        if !r.contains(addr) {
+            return None;
+        }
+        let i = ((addr - r.start) / PAGE_SIZE as u64) as usize;
+        Some((ri, self.first[ri] + i, r.start + (i * PAGE_SIZE) as u64))
+    }
+
+    /// Region, page in it, address in the region and in staging of page `g`.
+    fn addr_of(&self, g: usize) -> (usize, usize, u64, u64) {
+        let ri = self.first.partition_point(|&f| f <= g) - 1;
+        let i = g - self.first[ri];
+        let off = (i * PAGE_SIZE) as u64;
+        (
+            ri,
+            i,
+            self.regions[ri].start + off,
+            self.staging[ri].addr() + off,
+        )
+    }
+
+    /// Serves faults and events until stopped; then maps every page back.
+    /// Never returns on an error (see [`fail`]).
+    pub(super) fn run(mut self, sh: &Shared, mut wake: std::io::PipeReader) {
+        let fds: [RawFd; 2] = [self.uffd.as_raw_fd(), wake.as_raw_fd()];
+        // A member of an instance also looks at it while idle, so that a
+        // smaller budget set from outside applies without a fault.
+        let idle_ms = if self.inst.is_some() { 50 } else { -1 };
+        let result = loop {
+            if sh.stop.load(Ordering::Acquire) {
+                break Ok(());
+            }
+            self.follow_instance(sh);
+            if sh.changed.swap(false, Ordering::AcqRel) {
+                if let Err(e) = self.fit_budget(sh) {
+                    break Err(e);
+                }
+            }
+            if let Err(e) = self.apply_coverage(sh) {
+                break Err(e);
+            }
+            // Messages first; poll (one more system call) only when none is waiting.
+            let msg = match uffd::read_msg(self.uffd.as_raw_fd()) {
+                Ok(m) => m,
+                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
+                    if !(self.moves.is_empty() && self.adopts.is_empty() && self.later.is_empty()) {
+                        match self.settle(sh) {
+                            Ok(true) => {}
+                            Ok(false) => std::thread::yield_now(),
+                            Err(e) => break Err(e),
+                        }
+                        self.publish(sh);
+                        continue;
+                    }
+                    match uffd::poll_readable(&fds, idle_ms) {
+                        Ok(ready) if ready & 2 != 0 => {
+                            let mut b = [0u8; 16];
+                            let _ = wake.read(&mut b);
+                            if let Err(e) = self.discover_now() {
+                                break Err(e);
+                            }
+                        }
+                        Ok(_) => {}
+                        Err(e) => break Err(Error::os("poll of the userfaultfd", e)),
+                    }
+                    continue;
+                }
+                Err(e) => break Err(Error::os("reading the userfaultfd", e)),
+            };
+            let arrived = Instant::now();
+            let r = match msg.event {
+                uffd::event::PAGEFAULT => {
+                    let addr = msg.pf_address();
+                    if !(self.moves.is_empty() && self.adopts.is_empty()) {
+                        self.later.push((addr, arrived));
+                        Ok(())
+                    } else {
+                        match self.fault(sh, addr, arrived) {
+                            Err(e) if again(&e) => {
+                                self.later.push((addr, arrived));
+                                Ok(())
+                            }
+                            r => r,
+                        }
+                    }
+                }
+                uffd::event::REMOVE | uffd::event::UNMAP => {
+                    let (start, end) = msg.range();
+                    self.dropped(sh, start, end)
+                }
+                uffd::event::REMAP => {
+                    let (from, to, len) = msg.remap();
+                    self.remapped(sh, from, to, len)
+                }
+                _ => Ok(()),
+            };
+            if let Err(e) = r {
+                break Err(e);
+            }
+            self.publish(sh);
+        };
+        if let Err(e) = result.and_then(|()| self.bring_all_back()) {
+            fail(&e);
+        }
+    }
+
+    /// Does the work that met `EAGAIN`, in order (moves, then adoptions,
+    /// then faults, each needing the one before). Returns whether anything
+    /// got done.
+    fn settle(&mut self, sh: &Shared) -> Result<bool> {
+        let mut progress = false;
+        for (src, dst) in std::mem::take(&mut self.moves) {
+            match uffd::move_pages(
+                self.uffd.as_raw_fd(),
+                dst,
+                src,
+                PAGE_SIZE as u64,
+                uffd::MOVE_MODE_DONTWAKE,
+            ) {
+                Ok(()) => progress = true,
+                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => self.moves.push((src, dst)),
+                // The destination went away or was filled meanwhile: the
+                // program dropped that range.
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::ENOENT | libc::EEXIST | libc::EINVAL)
+                    ) =>
+                {
+                    progress = true
+                }
+                Err(e) => {
+                    return Err(Error::os(
+                        format!("UFFDIO_MOVE of {src:#x} after mremap"),
+                        e,
+                    ))
+                }
+            }
+        }
+        if !self.moves.is_empty() {
+            return Ok(progress);
+        }
+        for r in std::mem::take(&mut self.adopts) {
+            match self.adopt(r) {
+                Ok(()) => progress = true,
+                Err(e) if again(&e) => self.adopts.push(r),
+                Err(e) => return Err(e),
+            }
+        }
+        if !self.adopts.is_empty() {
+            return Ok(progress);
+        }
+        for (addr, arrived) in std::mem::take(&mut self.later) {
+            match self.fault(sh, addr, arrived) {
+                Ok(()) => progress = true,
+                Err(e) if again(&e) => self.later.push((addr, arrived)),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(progress)
+    }
+
+    /// Applies the instance's settings when they changed.
+    fn follow_instance(&mut self, sh: &Shared) {
+        let Some((inst, _)) = &self.inst else {
+            return;
+        };
+        let g = inst.generation();
+        if g == self.generation {
+            return;
+        }
+        self.generation = g;
+        let c = inst.coverage_request();
+        if c != self.coverage {
+            self.coverage_todo = Some(c);
+        }
+        let st = inst.settings();
+        sh.config.lock().unwrap_or_else(|e| e.into_inner()).link = LinkConfig {
+            latency_ns: st.latency_ns,
+            bandwidth_bps: st.bandwidth_bps,
+        };
+        sh.changed.store(true, Ordering::Release);
+    }
+
+    /// Publishes the counters to the instance slot.
+    fn publish(&self, sh: &Shared) {
+        if let Some((inst, slot)) = &self.inst {
+            inst.publish(*slot, &sh.counters, self.data as u64);
+        }
+    }
+
+    /// Local pages counted against the budget now, and the budget.
+    fn load(&self, cfg: &Config) -> (u64, u64) {
+        let Some((inst, slot)) = &self.inst else {
+            return (self.local as u64, cfg.local_pages as u64);
+        };
+        // The instance holds every member's published figures, ours as of
+        // the last event: replace ours with the current ones.
+        let (local, data) = inst.totals();
+        let (pub_local, pub_data) = inst.published(*slot);
+        let local = local - pub_local + self.local as u64;
+        let data = data - pub_data + self.data as u64;
+        (local, inst.budget(&inst.settings(), data))
+    }
+
+    fn fault(&mut self, sh: &Shared, addr: u64, arrived: Instant) -> Result<()> {
+        let fd = self.uffd.as_raw_fd();
+        if self.locate(addr).is_none() {
+            self.discover_now()?;
+        }
+        let Some((_, g, _)) = self.locate(addr) else {
+            // Registered but not (or no longer) emulated: fresh memory,
+            // zeros; a wake-up if mapped meanwhile.
+            let page = addr & !(PAGE_SIZE as u64 - 1);
+            return match uffd::zeropage(fd, page, PAGE_SIZE as u64) {
+                Ok(()) => Ok(()),
+                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
+                    Err(Error::os("UFFDIO_ZEROPAGE", e))
+                }
+                Err(_) => {
+                    uffd::wake(fd, page, PAGE_SIZE as u64).map_err(|e| Error::os("UFFDIO_WAKE", e))
+                }
+            };
+        };
+        if self.pages[g] == Where::Local {
+            // Mapped already (two threads faulted on it), or dropped behind
+            // our back: zeros then, and a wake-up either way.
+            return self.map(Where::RemoteZero, g);
+        }
+        if self.pages[g] == Where::Parked {
+            // A soft fault: the page is local, its policy learns it was used.
+            // Book-keeping first (the move wakes the faulting thread, which
+            // may look at the counters at once); undone if the move must
+            // wait for pending events, so the page is still parked when the
+            // fault is served again.
+            let (_, _, addr, staged) = self.addr_of(g);
+            self.put(g, Where::Local);
+            sh.counters.soft.fetch_add(1, Ordering::Relaxed);
+            if let Err(e) = uffd::move_pages(fd, addr, staged, PAGE_SIZE as u64, 0) {
+                self.put(g, Where::Parked);
+                sh.counters.soft.fetch_sub(1, Ordering::Relaxed);
+                return Err(Error::os(format!("UFFDIO_MOVE of {staged:#x} back"), e));
+            }
+            sh.record(addr, TraceKind::Soft);
+            self.policy.accessed(g);
+            return Ok(());
+        }
+        let cfg = *sh.config.lock().unwrap_or_else(|e| e.into_inner());
+        let c = &sh.counters;
+        let class = self.class[g];
+        if class == Placement::PinnedLocal {
+            // Local by placement: mapped at once, not a fetch.
+            let was = self.pages[g];
+            self.put(g, Where::Local);
+            return self.map(was, g);
+        }
+        c.faults.fetch_add(1, Ordering::Relaxed);
+        c.fetches.fetch_add(1, Ordering::Relaxed);
+        let mut writeback_bytes = 0;
+        // Always-remote pages visited since the last fault go back first.
+        for v in std::mem::take(&mut self.visiting) {
+            if self.evict(sh, v)? {
+                writeback_bytes += PAGE_SIZE as u64;
+            }
+        }
+        while class == Placement::Normal && !sh.paused.load(Ordering::Relaxed) && {
+            let (local, budget) = self.load(&cfg);
+            local >= budget
+        } {
+            match self.evict_victim(sh)? {
+                None => break,
+                Some(true) => writeback_bytes += PAGE_SIZE as u64,
+                Some(false) => {}
+            }
+        }
+        let due = self
+            .link
+            .book(&cfg.link, arrived, PAGE_SIZE as u64, writeback_bytes);
+        c.modelled.fetch_add(
+            due.duration_since(arrived).as_nanos() as u64,
+            Ordering::Relaxed,
+        );
+        let waited = self.injector.wait(arrived, due);
+        c.injected.fetch_add(waited, Ordering::Relaxed);
+        let bucket = (64 - waited.leading_zeros() as usize).saturating_sub(1);
+        c.hist[bucket.min(HIST_BUCKETS - 1)].fetch_add(1, Ordering::Relaxed);
+        // Book-keeping first: mapping the page wakes the faulting thread,
+        // which may look at the counters at once.
+        let was = self.pages[g];
+        sh.record(self.addr_of(g).2, TraceKind::Fetch);
+        self.put(g, Where::Local);
+        if class == Placement::AlwaysRemote {
+            self.visiting.push(g);
+        } else {
+            self.local += 1;
+            c.local.store(self.local as u64, Ordering::Relaxed);
+            self.policy.inserted(g);
+        }
+        c.handled
+            .fetch_add(arrived.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        // Published before the page is mapped: the woken thread may exit at
+        // once, taking this thread with it.
+        self.publish(sh);
+        let r = self.map(was, g);
+        if r.as_ref().is_err_and(again) {
+            // Not mapped: undone, to be served again after the events.
+            self.put(g, was);
+            if class == Placement::AlwaysRemote {
+                self.visiting.retain(|&v| v != g);
+            } else {
+                self.local -= 1;
+                c.local.store(self.local as u64, Ordering::Relaxed);
+                self.policy.removed(g);
+            }
+        }
+        r
+    }
+
+    /// Maps page `g`, whose contents were `was`, into its region (this wakes
+    /// the faulting threads) and notes its fingerprint.
+    fn map(&mut self, was: Where, g: usize) -> Result<()> {
+        let fd = self.uffd.as_raw_fd();
+        let (_, _, addr, staged) = self.addr_of(g);
+        self.fetched[g] = match was {
+            Where::Remote => self.staged_hash(staged)?,
+            _ => crate::hash::zero_page_hash(),
+        };
+        let r = match was {
+            Where::Remote => move_patiently(fd, addr, staged, PAGE_SIZE as u64, 0),
+            _ => uffd::zeropage(fd, addr, PAGE_SIZE as u64),
+        };
+        match r {
+            Ok(()) => Ok(()),
+            // Mapped meanwhile: only waking is left.
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+                uffd::wake(fd, addr, PAGE_SIZE as u64).map_err(|e| Error::os("UFFDIO_WAKE", e))
+            }
+            Err(e) => Err(Error::os(format!("mapping page {addr:#x}"), e)),
+        }
+    }
+
+    /// The fingerprint of the page staged at `staged`, read without ever
+    /// touching a page that is not there: the handler must never fault on
+    /// memory only it could serve. A missing page is an error (the books
+    /// and staging disagree), never a wait.
+    fn staged_hash(&mut self, staged: u64) -> Result<crate::hash::PageHash> {
+        let missing = || {
+            Error::Invalid(format!(
+                "the staged page at {staged:#x} is missing: the engine's books are wrong"
+            ))
+        };
+        if crate::probe::get().uffd_has(uffd::feature::SIGBUS) {
+            // The staging userfaultfd has SIGBUS: the kernel's copy fails
+            // with EFAULT on a missing page.
+            match pagewise_sys::process::process_vm_read(
+                std::process::id() as i32,
+                staged,
+                &mut self.page_buf,
+            ) {
+                Ok(n) if n == PAGE_SIZE => Ok(crate::hash::page_hash(&self.page_buf)),
+                _ => Err(missing()),
+            }
+        } else {
+            if !self.present(staged)? {
+                return Err(missing());
+            }
+            Ok(crate::hash::page_hash(staged_page(staged)))
+        }
+    }
+}

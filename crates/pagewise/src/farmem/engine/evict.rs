@@ -1,0 +1,303 @@
+//! Keeping the budget: evicting, parking, and mapping everything back.
+
+use super::*;
+
+impl Engine {
+    /// Adds new regions, applies new placements, then evicts until the
+    /// budget holds.
+    pub(in crate::farmem) fn fit_budget(&mut self, sh: &Shared) -> Result<()> {
+        let adds = std::mem::take(&mut *sh.adds.lock().unwrap_or_else(|e| e.into_inner()));
+        for (region, reply) in adds {
+            let _ = reply.send(self.add_region(region));
+        }
+        let pauses = std::mem::take(&mut *sh.pauses.lock().unwrap_or_else(|e| e.into_inner()));
+        if !pauses.is_empty() {
+            sh.paused.store(true, Ordering::Release);
+            let r = self.bring_back(sh);
+            for reply in pauses {
+                let _ = reply.send(match &r {
+                    Ok(()) => Ok(()),
+                    Err(e) => Err(Error::Invalid(e.to_string())),
+                });
+            }
+            r?;
+        }
+        if sh.paused.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let placed = std::mem::take(&mut *sh.placements.lock().unwrap_or_else(|e| e.into_inner()));
+        for (range, placement) in placed {
+            let Some((_, first, _)) = self.locate(range.start) else {
+                continue;
+            };
+            for g in first..first + range.pages() as usize {
+                let before = self.class[g];
+                if before == placement {
+                    continue;
+                }
+                let local = matches!(self.pages[g], Where::Local | Where::Parked);
+                if before == Placement::AlwaysRemote {
+                    self.visiting.retain(|&v| v != g);
+                }
+                if local && before == Placement::Normal {
+                    // It leaves the budget and the policy.
+                    self.policy.removed(g);
+                    self.local -= 1;
+                }
+                self.class[g] = placement;
+                if local {
+                    match placement {
+                        Placement::Normal => {
+                            self.local += 1;
+                            self.policy.inserted(g);
+                        }
+                        Placement::AlwaysRemote => {
+                            self.evict(sh, g)?;
+                        }
+                        Placement::PinnedLocal => {}
+                    }
+                }
+            }
+            sh.counters
+                .local
+                .store(self.local as u64, Ordering::Relaxed);
+        }
+        let cfg = *sh.config.lock().unwrap_or_else(|e| e.into_inner());
+        let (total, budget) = self.load(&cfg);
+        if total > budget {
+            // Each member of an instance gives up its share of the excess
+            // (alone, that is all of it).
+            let local = self.local as u64;
+            let target = local - ((total - budget) * local).div_ceil(total).min(local);
+            while self.local as u64 > target {
+                match self.evict_victim(sh) {
+                    Ok(Some(_)) => {}
+                    Ok(None) => break,
+                    Err(e) if again(&e) => {
+                        // After the pending events: try again then.
+                        sh.changed.store(true, Ordering::Release);
+                        break;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Evicts the policy's victim and parks the pages it asks for; returns
+    /// whether the victim was written back, `None` when there is no victim.
+    pub(in crate::farmem) fn evict_victim(&mut self, sh: &Shared) -> Result<Option<bool>> {
+        let Some(v) = self.policy.victim() else {
+            return Ok(None);
+        };
+        let dirty = match self.evict(sh, v) {
+            Ok(d) => d,
+            Err(e) => {
+                // Still local: back into the policy.
+                self.policy.inserted(v);
+                return Err(e);
+            }
+        };
+        let mut park = Vec::new();
+        self.policy.to_park(&mut park);
+        for p in park {
+            self.park(sh, p)?;
+        }
+        Ok(Some(dirty))
+    }
+
+    /// Whether one page sits at `dst` and none at `src`: a move between them
+    /// happened. (Racing a write that breaks the zero page's copy-on-write,
+    /// `UFFDIO_MOVE` has been seen to move the page and still answer
+    /// `EEXIST`; the page tables are the truth.)
+    pub(in crate::farmem) fn moved_anyway(&mut self, dst: u64, src: u64) -> Result<bool> {
+        Ok(self.present(dst)? && !self.present(src)?)
+    }
+
+    /// Whether a page is mapped at `addr` (never touching it).
+    pub(in crate::farmem) fn present(&mut self, addr: u64) -> Result<bool> {
+        let one = Region::new(addr & !(PAGE_SIZE as u64 - 1), PAGE_SIZE as u64)?;
+        let mut runs = Vec::new();
+        self.walker.populated(one, &mut runs)?;
+        Ok(!runs.is_empty())
+    }
+
+    /// Moves local page `g` to staging but keeps it local (see [`policy`]).
+    pub(in crate::farmem) fn park(&mut self, sh: &Shared, g: usize) -> Result<()> {
+        if self.pages[g] != Where::Local {
+            return Ok(());
+        }
+        let (_, _, addr, staged) = self.addr_of(g);
+        match uffd::move_pages(
+            self.stage_uffd.as_raw_fd(),
+            staged,
+            addr,
+            PAGE_SIZE as u64,
+            uffd::MOVE_MODE_DONTWAKE,
+        ) {
+            Ok(()) => {
+                self.put(g, Where::Parked);
+                sh.counters.parks.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            // Dropped meanwhile (its event is on the way): leave it
+            // mapped-or-not; shared with another process, or events
+            // pending: leave it local, unparked.
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ENOENT | libc::EBUSY | libc::EAGAIN)
+                ) =>
+            {
+                Ok(())
+            }
+            Err(e)
+                if e.raw_os_error() == Some(libc::EEXIST) && self.moved_anyway(staged, addr)? =>
+            {
+                self.put(g, Where::Parked);
+                sh.counters.parks.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => Err(Error::os(format!("UFFDIO_MOVE of {addr:#x} to staging"), e)),
+        }
+    }
+
+    /// Evicts local page `g`: one atomic move into staging, so a write
+    /// racing it lands before (and moves with the page) or faults after.
+    /// Returns whether its contents changed since the fetch (a write-back).
+    pub(in crate::farmem) fn evict(&mut self, sh: &Shared, g: usize) -> Result<bool> {
+        let (_, _, addr, staged) = self.addr_of(g);
+        let moved = match self.pages[g] {
+            Where::Local => match uffd::move_pages(
+                self.stage_uffd.as_raw_fd(),
+                staged,
+                addr,
+                PAGE_SIZE as u64,
+                uffd::MOVE_MODE_DONTWAKE,
+            ) {
+                Err(e)
+                    if e.raw_os_error() == Some(libc::EEXIST)
+                        && self.moved_anyway(staged, addr)? =>
+                {
+                    Ok(())
+                }
+                r => r,
+            },
+            // Already in staging.
+            Where::Parked => Ok(()),
+            _ => return Ok(false),
+        };
+        let moved = match moved {
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                // Shared with another process (after a fork, or merged by
+                // KSM): UFFDIO_MOVE moves only pages this process owns
+                // alone. A write fault without a write (MADV_POPULATE_WRITE
+                // on the mapped page) gives it its own copy; then it moves,
+                // patiently: another task may also hold it for a moment (an
+                // inspector copying it).
+                // SAFETY: one mapped page of an emulated region; populating
+                // it changes no contents.
+                unsafe { mem::madvise(addr, PAGE_SIZE, MADV_POPULATE_WRITE) }
+                    .map_err(|e| Error::os(format!("MADV_POPULATE_WRITE of {addr:#x}"), e))?;
+                sh.counters.unshared.fetch_add(1, Ordering::Relaxed);
+                move_patiently(
+                    self.stage_uffd.as_raw_fd(),
+                    staged,
+                    addr,
+                    PAGE_SIZE as u64,
+                    uffd::MOVE_MODE_DONTWAKE,
+                )
+            }
+            r => r,
+        };
+        let dirty = match moved {
+            Ok(()) => {
+                self.put(g, Where::Remote);
+                crate::hash::page_hash(staged_page(staged)) != self.fetched[g]
+            }
+            // Not mapped (dropped between the event and the zap): zeros.
+            // (ENOENT also means that staging is not mapped any more: the
+            // page is still there then, and must not be taken for zeros.)
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                if self.present(addr)? {
+                    return Err(Error::Invalid(format!(
+                        "cannot evict {addr:#x}: its staging at {staged:#x} is not mapped"
+                    )));
+                }
+                self.put(g, Where::RemoteZero);
+                false
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                // Held by another task for longer than a moment: later,
+                // after the events, as for any move that must wait.
+                return Err(Error::os(
+                    format!("evicting {addr:#x}, held by another task"),
+                    std::io::Error::from_raw_os_error(libc::EAGAIN),
+                ));
+            }
+            Err(e) => return Err(Error::os(format!("UFFDIO_MOVE of {addr:#x} to staging"), e)),
+        };
+        if self.class[g] == Placement::Normal {
+            self.local -= 1;
+        }
+        let c = &sh.counters;
+        c.local.store(self.local as u64, Ordering::Relaxed);
+        c.evictions.fetch_add(1, Ordering::Relaxed);
+        if dirty {
+            c.writebacks.fetch_add(1, Ordering::Relaxed);
+        }
+        sh.record(
+            addr,
+            if dirty {
+                TraceKind::Writeback
+            } else {
+                TraceKind::Evict
+            },
+        );
+        Ok(dirty)
+    }
+
+    /// Maps every remote page back, as local pages (over the budget).
+    pub(in crate::farmem) fn bring_back(&mut self, sh: &Shared) -> Result<()> {
+        for g in 0..self.pages.len() {
+            match self.pages[g] {
+                Where::Remote => {
+                    self.map(Where::Remote, g)?;
+                    self.put(g, Where::Local);
+                    if self.class[g] == Placement::Normal {
+                        self.local += 1;
+                        self.policy.inserted(g);
+                    } else if self.class[g] == Placement::AlwaysRemote {
+                        self.visiting.push(g);
+                    }
+                }
+                Where::Parked => {
+                    self.map(Where::Remote, g)?;
+                    self.put(g, Where::Local);
+                }
+                _ => {}
+            }
+        }
+        sh.counters
+            .local
+            .store(self.local as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Maps every remote page back and unregisters the regions.
+    pub(in crate::farmem) fn bring_all_back(&mut self) -> Result<()> {
+        for g in 0..self.pages.len() {
+            if matches!(self.pages[g], Where::Remote | Where::Parked) {
+                self.map(Where::Remote, g)?;
+                self.put(g, Where::Local);
+            }
+        }
+        for (r, st) in self.regions.iter().zip(&self.staging) {
+            // A range the program unmapped is not registered any more.
+            let _ = uffd::unregister(self.uffd.as_raw_fd(), r.start, r.len);
+            let _ = uffd::unregister(self.stage_uffd.as_raw_fd(), st.addr(), r.len);
+        }
+        Ok(())
+    }
+}

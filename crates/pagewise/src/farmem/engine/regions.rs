@@ -1,0 +1,430 @@
+//! The engine's regions: adding them, adopting what the program maps,
+//! following `mremap`, forgetting what it drops.
+
+use super::*;
+
+impl Engine {
+    /// Starts emulating `r` (mapped, writable, private anonymous, overlapping
+    /// no emulated region), also while other threads use it: it is registered
+    /// first, then its populated pages are moved to staging, each move atomic
+    /// against a racing write. Its pages get the next global indices.
+    pub(in crate::farmem) fn add_region(&mut self, r: Region) -> Result<()> {
+        self.check_disjoint(r)?;
+        let reg = |fd: &OwnedFd, start: u64, len: u64| {
+            uffd::register(fd.as_raw_fd(), start, len, uffd::REGISTER_MODE_MISSING)
+                .map_err(|e| Error::os(format!("UFFDIO_REGISTER of {start:#x}+{len:#x}"), e))
+        };
+        reg(&self.uffd, r.start, r.len)?;
+        let st = match self.new_staging(r) {
+            Ok(st) => st,
+            Err(e) => {
+                let _ = uffd::unregister(self.uffd.as_raw_fd(), r.start, r.len);
+                return Err(e);
+            }
+        };
+        // A move stays inside one mapping, and the program may have split
+        // the range into several (by madvise(MADV_HUGEPAGE), say): moves go
+        // one mapping at a time.
+        let pieces: Vec<(u64, u64)> = match crate::procfs::maps(None) {
+            Ok(maps) => maps
+                .iter()
+                .filter(|m| m.start < r.end() && r.start < m.end)
+                .map(|m| (m.start.max(r.start), m.end.min(r.end())))
+                .collect(),
+            Err(_) => vec![(r.start, r.end())],
+        };
+        // Every populated page becomes remote now: moved to staging.
+        for &(a, b) in &pieces {
+            if let Err(e) = uffd::move_pages(
+                self.stage_uffd.as_raw_fd(),
+                st.addr() + (a - r.start),
+                a,
+                b - a,
+                uffd::MOVE_MODE_DONTWAKE | uffd::MOVE_MODE_ALLOW_SRC_HOLES,
+            ) {
+                // Whatever reached staging goes back before the region is let go.
+                for &(a, b) in &pieces {
+                    let _ = uffd::move_pages(
+                        self.uffd.as_raw_fd(),
+                        a,
+                        st.addr() + (a - r.start),
+                        b - a,
+                        uffd::MOVE_MODE_ALLOW_SRC_HOLES,
+                    );
+                }
+                let _ = uffd::unregister(self.stage_uffd.as_raw_fd(), st.addr(), r.len);
+                let _ = uffd::unregister(self.uffd.as_raw_fd(), r.start, r.len);
+                return Err(Error::os(
+                    format!("UFFDIO_MOVE of {:#x}+{:#x} to staging", a, b - a),
+                    e,
+                ));
+            }
+        }
+        let slot = self.push_region(r, st);
+        // What is in staging now is what the region held.
+        let st = self.staging[slot].region();
+        let mut runs = Vec::new();
+        self.walker.populated(st, &mut runs)?;
+        for &(a, b) in &runs {
+            let i0 = ((a - st.start) / PAGE_SIZE as u64) as usize;
+            let i1 = ((b - st.start) / PAGE_SIZE as u64) as usize;
+            for i in i0..i1 {
+                self.put(self.first[slot] + i, Where::Remote);
+            }
+        }
+        Ok(())
+    }
+
+    /// Fails when `r` overlaps an emulated region.
+    pub(in crate::farmem) fn check_disjoint(&self, r: Region) -> Result<()> {
+        if self
+            .regions
+            .iter()
+            .any(|e| e.start < r.end() && r.start < e.end())
+        {
+            return Err(Error::Invalid(format!(
+                "{:#x}+{:#x} overlaps an emulated region",
+                r.start, r.len
+            )));
+        }
+        Ok(())
+    }
+
+    /// A staging mapping for region `r`, registered with the staging
+    /// userfaultfd. It holds only the remote pages: reserved, not committed;
+    /// named, so that an inspector can tell it from the program's memory.
+    pub(in crate::farmem) fn new_staging(&self, r: Region) -> Result<AnonMemory> {
+        let st = AnonMemory::reserve(r.len as usize)?;
+        let _ = mem::name_anon(st.addr(), st.len(), STAGING_NAME);
+        uffd::register(
+            self.stage_uffd.as_raw_fd(),
+            st.addr(),
+            r.len,
+            uffd::REGISTER_MODE_MISSING,
+        )
+        .map_err(|e| {
+            Error::os(
+                format!("UFFDIO_REGISTER of staging for {:#x}+{:#x}", r.start, r.len),
+                e,
+            )
+        })?;
+        Ok(st)
+    }
+
+    /// Enters region `r` with its staging into the books, every page
+    /// remote and zero; returns its slot.
+    pub(in crate::farmem) fn push_region(&mut self, r: Region, st: AnonMemory) -> usize {
+        let slot = self.regions.len();
+        self.first.push(self.pages.len());
+        self.pages
+            .resize(self.pages.len() + r.pages() as usize, Where::RemoteZero);
+        self.fetched.resize(self.pages.len(), 0);
+        self.class.resize(self.pages.len(), Placement::Normal);
+        self.regions.push(r);
+        self.staging.push(st);
+        let at = self
+            .order
+            .partition_point(|&i| self.regions[i].start < r.start);
+        self.order.insert(at, slot);
+        slot
+    }
+
+    /// Makes sure every page of `[start, end)` has a place in the books:
+    /// the parts no region covers become regions (already registered: the
+    /// program's range is, where this is used), with empty staging.
+    pub(in crate::farmem) fn cover(&mut self, start: u64, end: u64) -> Result<()> {
+        let known: Vec<(u64, u64)> = self
+            .order
+            .iter()
+            .map(|&i| self.regions[i])
+            .filter(|k| k.start < end && start < k.end())
+            .map(|k| (k.start.max(start), k.end().min(end)))
+            .collect();
+        let mut cur = start;
+        for (a, b) in known.into_iter().chain([(end, end)]) {
+            if cur < a {
+                for r in self.carve(Region::new(cur, a - cur)?) {
+                    let st = self.new_staging(r)?;
+                    self.push_region(r, st);
+                }
+            }
+            cur = cur.max(b);
+        }
+        Ok(())
+    }
+
+    /// Asks the [`Discover`] hook for new regions and emulates them.
+    pub(in crate::farmem) fn discover_now(&mut self) -> Result<()> {
+        let Some(d) = self.discover.as_mut() else {
+            return Ok(());
+        };
+        let mut found = Vec::new();
+        d(&mut found);
+        for r in found {
+            self.adopt(r)?;
+        }
+        Ok(())
+    }
+
+    /// Emulates `r` (which the program just mapped or moved): the parts no
+    /// region covers become new regions; in the parts one covers, pages
+    /// that hold data the engine does not know of become remote.
+    pub(in crate::farmem) fn adopt(&mut self, r: Region) -> Result<()> {
+        for piece in self.carve(r) {
+            self.adopt_piece(piece)?;
+        }
+        Ok(())
+    }
+
+    /// [`Engine::adopt`] of a range holding none of the engine's own pages.
+    pub(in crate::farmem) fn adopt_piece(&mut self, r: Region) -> Result<()> {
+        let end = r.end();
+        let known: Vec<(u64, u64)> = self
+            .order
+            .iter()
+            .map(|&i| self.regions[i])
+            .filter(|k| k.start < end && r.start < k.end())
+            .map(|k| (k.start.max(r.start), k.end().min(end)))
+            .collect();
+        let mut cur = r.start;
+        for (a, b) in known {
+            if cur < a {
+                self.add_found(cur, a);
+            }
+            self.reclaim(a, b)?;
+            cur = b;
+        }
+        if cur < end {
+            self.add_found(cur, end);
+        }
+        Ok(())
+    }
+
+    /// The parts of `r` outside the excluded pages and the engine's own
+    /// staging mappings. (A range the program mapped and then moved or
+    /// unmapped before the engine read of it may hold staging by then: the
+    /// engine must never take its own pages for the program's.)
+    pub(in crate::farmem) fn carve(&self, r: Region) -> Vec<Region> {
+        let mut out_of_bounds: Vec<crate::region::PageRange> = self
+            .staging
+            .iter()
+            .map(|st| st.mapping())
+            .filter(|&(a, b)| a < r.end() && r.start < b)
+            .map(|(a, b)| crate::region::PageRange {
+                start: a,
+                pages: (b - a) / PAGE_SIZE as u64,
+            })
+            .collect();
+        if self.excluded.is_empty() && out_of_bounds.is_empty() {
+            return vec![r];
+        }
+        out_of_bounds.extend(self.excluded.iter().copied());
+        out_of_bounds.sort_by_key(|p| p.start);
+        let whole = [crate::region::PageRange {
+            start: r.start,
+            pages: r.pages(),
+        }];
+        crate::region::subtract_sorted(&whole, &out_of_bounds)
+            .into_iter()
+            .filter_map(|p| Region::new(p.start, p.len()).ok())
+            .collect()
+    }
+
+    /// Adds `[a, b)`, found by discovery; a range gone again meanwhile (its
+    /// registration fails) is skipped.
+    pub(in crate::farmem) fn add_found(&mut self, a: u64, b: u64) {
+        let Ok(whole) = Region::new(a, b - a) else {
+            return;
+        };
+        for r in self.carve(whole) {
+            match self.add_region(r) {
+                Ok(()) => {}
+                Err(e) if again(&e) => self.adopts.push(r),
+                Err(e) => {
+                    // Found late, the range may be gone in part or in whole
+                    // (a heap the C library trimmed, a mapping unmapped
+                    // since): what is still private anonymous writable
+                    // memory is emulated, the rest was the program's to drop.
+                    let live = live_pieces(r);
+                    if live == [r] {
+                        eprintln!(
+                            "pagewise farmem: not emulating {:#x}..{:#x}: {e}",
+                            r.start,
+                            r.end()
+                        );
+                        continue;
+                    }
+                    for piece in live {
+                        self.add_found(piece.start, piece.end());
+                    }
+                }
+            }
+        }
+    }
+
+    /// Pages of `[a, b)` (inside a region) that the engine holds as zeros
+    /// but that are mapped (the range was mapped anew): moved to staging.
+    pub(in crate::farmem) fn reclaim(&mut self, a: u64, b: u64) -> Result<()> {
+        let Ok(r) = Region::new(a, b - a) else {
+            return Ok(());
+        };
+        let mut runs = Vec::new();
+        self.walker.populated(r, &mut runs)?;
+        for (x, y) in runs {
+            let mut addr = x;
+            while addr < y {
+                if let Some((_, g, _)) = self.locate(addr) {
+                    if self.pages[g] == Where::RemoteZero {
+                        let (_, _, _, staged) = self.addr_of(g);
+                        // No holes allowed: a page gone since the walk
+                        // (ENOENT) must not be taken for one in staging.
+                        match uffd::move_pages(
+                            self.stage_uffd.as_raw_fd(),
+                            staged,
+                            addr,
+                            PAGE_SIZE as u64,
+                            uffd::MOVE_MODE_DONTWAKE,
+                        ) {
+                            Ok(()) => self.put(g, Where::Remote),
+                            // Shared with another process: left where it is;
+                            // gone meanwhile: zeros, as the books say.
+                            Err(e)
+                                if matches!(e.raw_os_error(), Some(libc::EBUSY | libc::ENOENT)) => {
+                            }
+                            Err(e) => {
+                                return Err(Error::os(
+                                    format!("UFFDIO_MOVE of {addr:#x} to staging"),
+                                    e,
+                                ))
+                            }
+                        }
+                    }
+                }
+                addr += PAGE_SIZE as u64;
+            }
+        }
+        Ok(())
+    }
+
+    /// The program moved `[from, from+len)` to `to` (`mremap`; the pages
+    /// the kernel held moved with the mapping). The books follow at once,
+    /// before the program can move the range again: local pages stay local
+    /// at their new address, remote ones move from their staging slot to
+    /// the new address's (staging is the engine's alone, so this never
+    /// races the program). Then the new range is adopted like a new mapping,
+    /// for pages of it the engine did not emulate before.
+    pub(in crate::farmem) fn remapped(
+        &mut self,
+        sh: &Shared,
+        from: u64,
+        to: u64,
+        len: u64,
+    ) -> Result<()> {
+        self.cover(to, to + len)?;
+        let mut off = 0;
+        while off < len {
+            let src = self.locate(from + off);
+            let dst = self.locate(to + off).map(|(_, g, _)| g);
+            let Some((_, g, _)) = src else {
+                off += PAGE_SIZE as u64;
+                continue;
+            };
+            let w = self.pages[g];
+            if matches!(w, Where::Local | Where::Parked) {
+                if self.class[g] == Placement::Normal {
+                    self.policy.removed(g);
+                    self.local -= 1;
+                }
+                self.visiting.retain(|&v| v != g);
+            }
+            let (_, _, _, staged) = self.addr_of(g);
+            match (w, dst) {
+                (Where::RemoteZero, _) => {}
+                (Where::Local, Some(d)) => {
+                    self.put(d, Where::Local);
+                    self.fetched[d] = self.fetched[g];
+                    match self.class[d] {
+                        Placement::Normal => {
+                            self.local += 1;
+                            self.policy.inserted(d);
+                        }
+                        Placement::AlwaysRemote => self.visiting.push(d),
+                        Placement::PinnedLocal => {}
+                    }
+                }
+                // Moved by the kernel; adopted below.
+                (Where::Local, None) => {}
+                (Where::Remote | Where::Parked, Some(d)) => {
+                    let (_, _, _, to_staged) = self.addr_of(d);
+                    move_patiently(
+                        self.stage_uffd.as_raw_fd(),
+                        to_staged,
+                        staged,
+                        PAGE_SIZE as u64,
+                        uffd::MOVE_MODE_DONTWAKE,
+                    )
+                    .map_err(|e| {
+                        Error::os(
+                            format!(
+                                "UFFDIO_MOVE of the staged page of {:#x} to that of {:#x} after mremap",
+                                from + off,
+                                to + off
+                            ),
+                            e,
+                        )
+                    })?;
+                    self.fetched[d] = self.fetched[g];
+                    self.put(d, Where::Remote);
+                }
+                (Where::Remote | Where::Parked, None) => {
+                    // An address the engine never emulates: the page goes
+                    // back into the program's range once the events are read.
+                    self.moves.push((staged, to + off));
+                }
+            }
+            self.put(g, Where::RemoteZero);
+            off += PAGE_SIZE as u64;
+        }
+        sh.counters
+            .local
+            .store(self.local as u64, Ordering::Relaxed);
+        self.adopts.push(Region::new(to, len)?);
+        Ok(())
+    }
+
+    /// The program dropped (`MADV_DONTNEED`) or unmapped `[start, end)`:
+    /// its pages read as zeros from now on.
+    pub(in crate::farmem) fn dropped(&mut self, sh: &Shared, start: u64, end: u64) -> Result<()> {
+        let mut addr = start & !(PAGE_SIZE as u64 - 1);
+        while addr < end {
+            let Some((_, g, _)) = self.locate(addr) else {
+                addr += PAGE_SIZE as u64;
+                continue;
+            };
+            if matches!(self.pages[g], Where::Local | Where::Parked) {
+                if self.class[g] == Placement::Normal {
+                    self.policy.removed(g);
+                    self.local -= 1;
+                }
+                self.visiting.retain(|&v| v != g);
+            }
+            match self.pages[g] {
+                Where::Local => {}
+                Where::Remote | Where::Parked => {
+                    let (_, _, _, staged) = self.addr_of(g);
+                    // SAFETY: a staging page of this engine, which no one else
+                    // uses; its userfaultfd asks for no events.
+                    unsafe { mem::madvise(staged, PAGE_SIZE, libc::MADV_DONTNEED) }
+                        .map_err(|e| Error::os(format!("MADV_DONTNEED of {staged:#x}"), e))?;
+                }
+                Where::RemoteZero => {}
+            }
+            self.put(g, Where::RemoteZero);
+            addr += PAGE_SIZE as u64;
+        }
+        sh.counters
+            .local
+            .store(self.local as u64, Ordering::Relaxed);
+        Ok(())
+    }
+}
