@@ -1,7 +1,7 @@
 //! `pagewise bench` and `pagewise demo`.
 
 use anyhow::{bail, Context, Result};
-use pagewise::bench::track as bt;
+use pagewise_bench::track as bt;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 
@@ -114,7 +114,7 @@ pub fn run(a: Args) -> Result<i32> {
             json,
             out,
         } => {
-            use pagewise::bench::snap as bs;
+            use pagewise_bench::snap as bs;
             let mut cfg = if full {
                 bs::Config::full()
             } else {
@@ -126,7 +126,7 @@ pub fn run(a: Args) -> Result<i32> {
             emit(&report, report.summary(), report.charts(), json, out)
         }
         What::Farmem { full, json, out } => {
-            use pagewise::bench::farmem as bf;
+            use pagewise_bench::farmem as bf;
             let cfg = if full {
                 bf::FarmemConfig::full()
             } else {
@@ -146,7 +146,7 @@ pub fn run(a: Args) -> Result<i32> {
 pub(crate) fn emit(
     report: &impl serde::Serialize,
     summary: String,
-    charts: Vec<(String, pagewise::bench::svg::Chart)>,
+    charts: Vec<(String, pagewise_bench::svg::Chart)>,
     json: bool,
     out: Option<PathBuf>,
 ) -> Result<i32> {

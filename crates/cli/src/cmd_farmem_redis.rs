@@ -19,7 +19,7 @@ use crate::cmd_redis::{
     free_port, redis_benchmark, server_args, wait_ready, which, Server as RedisServer,
 };
 use anyhow::{bail, Context, Result};
-use pagewise::bench::svg::{Chart, Series};
+use pagewise_bench::svg::{Chart, Series};
 use serde::Serialize;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -319,7 +319,7 @@ fn run_once(
 
 #[derive(Serialize)]
 struct Report {
-    machine: pagewise::bench::Machine,
+    machine: pagewise_bench::Machine,
     redis_version: String,
     command: String,
     keys: u64,
@@ -442,7 +442,7 @@ pub fn run(a: Args) -> Result<i32> {
         .unwrap_or_default();
     let ys = |v: &[Point]| v.iter().map(|p| p.get_rps).collect::<Vec<_>>();
     let report = Report {
-        machine: pagewise::bench::Machine::this(),
+        machine: pagewise_bench::Machine::this(),
         redis_version: version,
         command: format!(
             "pagewise bench farmem-redis{}",

@@ -367,8 +367,8 @@ pub fn run(a: Args) -> Result<i32> {
 
 /// One row per process and 64 regions of 2 MiB (128 MiB), in address
 /// order; gaps between mappings are not drawn.
-fn heatmap(rep: &Report) -> pagewise::bench::svg::Heatmap {
-    use pagewise::bench::svg::{Cell, Heatmap};
+fn heatmap(rep: &Report) -> crate::heatmap::Heatmap {
+    use crate::heatmap::{Cell, Heatmap};
     let covered = rep.coverage.method.is_some();
     let mut rows: Vec<(String, Vec<Cell>)> = Vec::new();
     for &pid in &rep.pids {

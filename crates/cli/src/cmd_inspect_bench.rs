@@ -202,7 +202,7 @@ pub fn run(a: Args) -> Result<i32> {
     }
     let _ = std::fs::remove_dir_all(&dir);
     eprintln!();
-    let machine = pagewise::bench::Machine::this().to_string();
+    let machine = pagewise_bench::Machine::this().to_string();
     let mut summary = format!(
         "pagewise bench inspect{} — {machine}\nread bandwidth (one thread): {bw:.2} GB/s\n\n{:>9} {:>10} {:>10} {:>7} {:>9} {:>9} {:>9} {:>6} {:>9} {:>9}\n",
         if a.full { " --full" } else { "" },
@@ -228,28 +228,28 @@ pub fn run(a: Args) -> Result<i32> {
         );
     }
     summary += "\nratio: inspection time / (size / read bandwidth); goal at most 1.5.\n";
-    let chart = pagewise::bench::svg::Chart {
+    let chart = pagewise_bench::svg::Chart {
         title: "pagewise inspect: time against reading the memory once".into(),
         x_label: "target size (MiB)".into(),
         y_label: "seconds".into(),
         log_x: true,
         log_y: true,
         series: vec![
-            pagewise::bench::svg::Series {
+            pagewise_bench::svg::Series {
                 label: "inspect".into(),
                 points: points
                     .iter()
                     .map(|p| ((p.bytes >> 20) as f64, p.inspect_s))
                     .collect(),
             },
-            pagewise::bench::svg::Series {
+            pagewise_bench::svg::Series {
                 label: "read once".into(),
                 points: points
                     .iter()
                     .map(|p| ((p.bytes >> 20) as f64, p.read_once_s))
                     .collect(),
             },
-            pagewise::bench::svg::Series {
+            pagewise_bench::svg::Series {
                 label: "1.5 x read once".into(),
                 points: points
                     .iter()

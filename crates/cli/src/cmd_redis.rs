@@ -5,7 +5,7 @@
 //! run is made first and last; its mean is the baseline.
 
 use anyhow::{bail, Context, Result};
-use pagewise::bench::svg::{Chart, Series};
+use pagewise_bench::svg::{Chart, Series};
 use serde::Serialize;
 use std::io::{BufRead, BufReader};
 use std::net::TcpStream;
@@ -47,7 +47,7 @@ struct Run {
 
 #[derive(Serialize)]
 struct Report {
-    machine: pagewise::bench::Machine,
+    machine: pagewise_bench::Machine,
     redis_version: String,
     command: String,
     runs: Vec<Run>,
@@ -271,7 +271,7 @@ pub fn run(a: Args) -> Result<i32> {
         r.ratio_to_none = r.mean_rps / base;
     }
     let report = Report {
-        machine: pagewise::bench::Machine::this(),
+        machine: pagewise_bench::Machine::this(),
         redis_version: version,
         command: format!(
             "redis-benchmark -t set,get -n {} -r 100000 -d 1024 -c 50 --csv",

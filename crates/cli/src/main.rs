@@ -11,6 +11,7 @@ mod cmd_redis;
 mod cmd_snapshot;
 mod cmd_track;
 mod cmd_workload;
+mod heatmap;
 
 use clap::{Parser, Subcommand};
 

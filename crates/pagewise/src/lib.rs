@@ -18,7 +18,6 @@
 //! self-checking workloads that tests, benchmarks and the demo share).
 
 pub mod access;
-pub mod bench;
 pub mod bloom;
 pub mod dedup;
 pub mod farmem;

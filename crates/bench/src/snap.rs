@@ -16,9 +16,9 @@
 //! the same checksums, and every restore is compared with the base contents.
 
 use super::{median, Machine};
-use crate::snap::{SnapshotOptions, Snapshots};
-use crate::workload::{AnonMemory, Rng};
-use crate::{procfs, Error, Result, PAGE_SIZE};
+use pagewise::snap::{SnapshotOptions, Snapshots};
+use pagewise::workload::{AnonMemory, Rng};
+use pagewise::{procfs, Error, Result, PAGE_SIZE};
 use serde::Serialize;
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -216,7 +216,7 @@ impl StateKeeper for FullCopy {
 }
 
 impl StateKeeper for Snapshots {
-    type Snap = crate::snap::SnapId;
+    type Snap = pagewise::snap::SnapId;
     fn take(&mut self, _mem: &AnonMemory) -> Result<Self::Snap> {
         Snapshots::take(self)
     }

@@ -14,10 +14,10 @@
 //! The Redis experiments (d) and (e) run a real server under `farmem run`.
 
 use super::Machine;
-use crate::farmem::link::LinkConfig;
-use crate::farmem::{calibrate, policy, Calibration, Config, FarMemory};
-use crate::workload::AnonMemory;
-use crate::{Error, Result, PAGE_SIZE};
+use pagewise::farmem::link::LinkConfig;
+use pagewise::farmem::{calibrate, policy, Calibration, Config, FarMemory};
+use pagewise::workload::AnonMemory;
+use pagewise::{Error, Result, PAGE_SIZE};
 use pagewise_sys::uffd;
 use serde::Serialize;
 use std::os::fd::AsRawFd;
@@ -406,7 +406,7 @@ pub fn measure_fault_paths(pages: usize) -> Result<FaultPaths> {
     )?;
     let thread_ns = touch(&mem);
     fm.stop()?;
-    let sigbus_ns = if crate::probe::get().uffd_has(uffd::feature::SIGBUS) {
+    let sigbus_ns = if pagewise::probe::get().uffd_has(uffd::feature::SIGBUS) {
         Some(sigbus_path(pages, &touch)?)
     } else {
         None

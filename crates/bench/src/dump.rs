@@ -11,10 +11,10 @@
 //! and the reason is kept in the report (Debian 12's CRIU 3.17 cannot parse
 //! the vDSO of Linux 6.13 and later, for example).
 
-use crate::snap::remote::snapshot_process;
-use crate::snap::DiskStore;
-use crate::workload::{AnonMemory, Rng};
-use crate::{Error, Result, PAGE_SIZE};
+use pagewise::snap::remote::snapshot_process;
+use pagewise::snap::DiskStore;
+use pagewise::workload::{AnonMemory, Rng};
+use pagewise::{Error, Result, PAGE_SIZE};
 use serde::Serialize;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -243,7 +243,7 @@ pub fn run(heap_mib: usize, progress: &mut dyn FnMut(&str)) -> Result<DumpReport
     let mut target = Target::spawn(&mem, &changes)?;
     let rss_kib = std::fs::read_to_string(format!("/proc/{}/status", target.pid))
         .ok()
-        .and_then(|s| crate::procfs::status_field(&s, "VmRSS"))
+        .and_then(|s| pagewise::procfs::status_field(&s, "VmRSS"))
         .unwrap_or(0);
     let work = std::env::temp_dir().join(format!("pagewise-bench-dump-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&work);

@@ -1,5 +1,6 @@
-//! Benchmarks of the capabilities, shared by `pagewise bench` and CI's smoke runs.
-//! Every benchmark runs its baseline in the same run and reports ratios.
+//! pagewise's benchmarks: the experiments of the papers, run against their
+//! baselines in the same run, reported as ratios (`pagewise bench`, CI's
+//! smoke runs). Not part of the library.
 
 pub mod dump;
 pub mod farmem;
@@ -45,12 +46,12 @@ impl Machine {
             .unwrap_or_else(|| "unknown".into());
         let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
         Machine {
-            kernel: crate::probe::get().kernel.clone(),
+            kernel: pagewise::probe::get().kernel.clone(),
             cpu,
             cpus: std::thread::available_parallelism()
                 .map(|n| n.get())
                 .unwrap_or(1),
-            mem_gib: crate::procfs::status_field(&meminfo, "MemTotal").unwrap_or(0) as f64
+            mem_gib: pagewise::procfs::status_field(&meminfo, "MemTotal").unwrap_or(0) as f64
                 / 1048576.0,
         }
     }

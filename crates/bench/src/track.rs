@@ -11,10 +11,10 @@
 //! it would in use; the fault-based backends collect between passes.
 
 use super::{median, Machine};
-use crate::procfs::KnobGuard;
-use crate::track::{BackendKind, DirtyTracker};
-use crate::workload::{AnonMemory, Rng};
-use crate::{Result, PAGE_SIZE};
+use pagewise::procfs::KnobGuard;
+use pagewise::track::{BackendKind, DirtyTracker};
+use pagewise::workload::{AnonMemory, Rng};
+use pagewise::{Result, PAGE_SIZE};
 use serde::Serialize;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
