@@ -165,11 +165,11 @@ fn track_pid_from_outside_sees_the_known_writes() {
 #[test]
 fn track_command_through_the_shim_sees_the_known_writes() {
     if let Err(why) = pagewise::track::BackendKind::UffdWp.available_in_process() {
-        println!("SKIP shim test: {why}");
+        pagewise_testkit::skip!("{why}");
         return;
     }
     let Some(shim) = shim() else {
-        println!("SKIP shim test: libpagewise_preload.so not built beside {BIN}");
+        pagewise_testkit::skip!("libpagewise_preload.so not built beside {BIN}");
         return;
     };
     let out = Command::new(BIN)
@@ -537,9 +537,7 @@ fn workload_bad_input_and_huge_rates() {
 #[test]
 fn track_command_reports_the_commands_exit_status() {
     if shim().is_none() {
-        println!(
-            "SKIP track_command_reports_the_commands_exit_status: the preload shim is not built"
-        );
+        pagewise_testkit::skip!("the preload shim is not built");
         return;
     }
     for (script, want) in [

@@ -29,7 +29,7 @@ fn unsupported() -> Option<String> {
 macro_rules! need_support {
     () => {
         if let Some(why) = unsupported() {
-            eprintln!("skipped: {why}");
+            pagewise_testkit::skip!("{why}");
             return;
         }
     };
@@ -495,7 +495,7 @@ fn shared_instance_listed_and_set_live() {
         assert!(!out.status.success(), "another user changed the instance");
         assert!(String::from_utf8_lossy(&out.stderr).contains("owner"));
     } else {
-        eprintln!("owner check skipped: needs root and setpriv");
+        pagewise_testkit::skip!("owner check: needs root and setpriv");
     }
 
     let out = farmem(&dir)
@@ -566,7 +566,7 @@ fn planted_instances_are_never_joined() {
     need_support!();
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        println!("SKIP planted_instances: making a file another user owns needs root");
+        pagewise_testkit::skip!("making a file another user owns needs root");
         return;
     }
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -925,7 +925,7 @@ fn unusable_trace_paths_and_static_programs_are_said() {
         .output()
         .unwrap();
     if !built.status.success() {
-        println!("SKIP the static half: cc -static failed (no static C library?)");
+        pagewise_testkit::skip!("cc -static failed (no static C library?)");
         return;
     }
     let out = farmem(&dir)

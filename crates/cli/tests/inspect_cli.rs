@@ -8,7 +8,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_pagewise");
 #[test]
 fn inspect_json_has_the_summary() {
     if !pagewise::probe::get().pagemap_scan {
-        eprintln!("skipped: no PAGEMAP_SCAN");
+        pagewise_testkit::skip!("no PAGEMAP_SCAN");
         return;
     }
     // This test process itself, with 8 MiB of one repeated page.
@@ -71,7 +71,7 @@ fn command_under_inspect_matches_its_layout() {
         || !p.uffd_has(pagewise_sys::uffd::feature::MOVE)
         || !cfg!(target_arch = "x86_64")
     {
-        eprintln!("skipped: needs PAGEMAP_SCAN, UFFDIO_MOVE and the x86-64 shim");
+        pagewise_testkit::skip!("needs PAGEMAP_SCAN, UFFDIO_MOVE and the x86-64 shim");
         return;
     }
     let dir = std::env::temp_dir().join(format!("pw-inspect-{}", std::process::id()));
@@ -114,7 +114,7 @@ fn command_under_inspect_matches_its_layout() {
         assert_eq!(sum("huge_pages"), t.pages);
         assert_eq!(sum("bloat_pages"), t.zero_pages);
     } else {
-        eprintln!("huge-page part skipped: the layout could not be collapsed");
+        pagewise_testkit::skip!("huge-page part: the layout could not be collapsed");
     }
     assert_eq!(v["coverage"]["method"], "sampler", "{}", v["coverage"]);
     for r in &regions {
@@ -147,11 +147,11 @@ fn command_under_inspect_matches_its_layout() {
 #[test]
 fn coverage_unavailable_says_why() {
     if !pagewise::probe::get().pagemap_scan {
-        eprintln!("skipped: no PAGEMAP_SCAN");
+        pagewise_testkit::skip!("no PAGEMAP_SCAN");
         return;
     }
     if pagewise::access::idle_page_unavailable().is_none() {
-        eprintln!("skipped: this kernel has idle page tracking");
+        pagewise_testkit::skip!("this kernel has idle page tracking");
         return;
     }
     let me = std::process::id().to_string();

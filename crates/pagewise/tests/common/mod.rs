@@ -7,11 +7,11 @@ use pagewise::track::BackendKind;
 pub fn for_each_backend(name: &str, skip: &[BackendKind], f: impl Fn(BackendKind)) {
     for kind in BackendKind::ALL {
         if skip.contains(&kind) {
-            println!("SKIP {name} [{kind}]: does not apply to this backend");
+            pagewise_testkit::skip!("[{kind}] does not apply to this backend");
             continue;
         }
         if let Err(why) = kind.available_in_process() {
-            println!("SKIP {name} [{kind}]: {why}");
+            pagewise_testkit::skip!("[{kind}] {why}");
             continue;
         }
         f(kind);

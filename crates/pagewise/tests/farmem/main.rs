@@ -13,7 +13,9 @@ fn uffd_or_skip(test: &str) -> bool {
     match pagewise::probe::get().uffd_access {
         Some(_) => true,
         None => {
-            println!("SKIP {test}: userfaultfd is not available to this user on this kernel");
+            pagewise_testkit::skip!(
+                "{test}: userfaultfd is not available to this user on this kernel"
+            );
             false
         }
     }
@@ -373,7 +375,7 @@ fn build_lifo_plugin() -> Option<std::path::PathBuf> {
         Ok(s) if s.success() => Some(out),
         Ok(s) => panic!("{cc} failed on examples/policy_lifo.c: {s}"),
         Err(e) => {
-            println!("SKIP policy plugin: no C compiler ({cc}: {e})");
+            pagewise_testkit::skip!("no C compiler ({cc}: {e})");
             None
         }
     }

@@ -9,7 +9,7 @@ use pagewise::PAGE_SIZE;
 fn known_layout_counted_exactly() {
     let p = pagewise::probe::get();
     if !p.pagemap_scan {
-        eprintln!("skipped: {}", p.why("pagemap_scan"));
+        pagewise_testkit::skip!("{}", p.why("pagemap_scan"));
         return;
     }
     const HUGE: usize = 16;
@@ -41,7 +41,7 @@ fn known_layout_counted_exactly() {
         assert_eq!(sum(|r| r.huge_pages), n, "all collapsed");
         assert_eq!(sum(|r| r.bloat_pages), zeros);
     } else {
-        eprintln!("huge-page part skipped: MADV_COLLAPSE unavailable or refused");
+        pagewise_testkit::skip!("huge-page part: MADV_COLLAPSE unavailable or refused");
     }
     // The summary counts these pages too (and the rest of this process).
     assert!(rep.zero_bytes >= zeros * PAGE_SIZE as u64);

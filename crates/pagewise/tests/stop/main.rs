@@ -93,7 +93,7 @@ fn can_ptrace() -> Option<String> {
 #[test]
 fn every_thread_stands_still_while_stopped() {
     if let Some(why) = can_ptrace() {
-        println!("SKIP every_thread_stands_still_while_stopped: {why}");
+        pagewise_testkit::skip!("{why}");
         return;
     }
     let s = Spinner::start();
@@ -121,7 +121,7 @@ fn every_thread_stands_still_while_stopped() {
 #[test]
 fn a_process_stopped_by_its_user_stays_stopped() {
     if let Some(why) = can_ptrace() {
-        println!("SKIP a_process_stopped_by_its_user_stays_stopped: {why}");
+        pagewise_testkit::skip!("{why}");
         return;
     }
     let s = Spinner::start();

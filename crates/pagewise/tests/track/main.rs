@@ -412,7 +412,7 @@ fn thp_available() -> Result<(), String> {
 #[test]
 fn thp_collapse_and_split() {
     if let Err(why) = thp_available() {
-        println!("SKIP thp_collapse_and_split: {why}");
+        pagewise_testkit::skip!("{why}");
         return;
     }
     for_each_backend("thp", &[], |kind| {
@@ -507,15 +507,11 @@ fn wait_for(what: &str, secs: u64, mut f: impl FnMut() -> bool) -> bool {
 fn ksm_merging() {
     let p = pagewise::probe::get();
     if !p.ksm || !p.memory_merge {
-        println!(
-            "SKIP ksm_merging: {} / {}",
-            p.why("ksm"),
-            p.why("ksm.memory_merge")
-        );
+        pagewise_testkit::skip!("{} / {}", p.why("ksm"), p.why("ksm.memory_merge"));
         return;
     }
     if unsafe_geteuid() != 0 {
-        println!("SKIP ksm_merging: needs root to start ksmd (/sys/kernel/mm/ksm/run)");
+        pagewise_testkit::skip!("needs root to start ksmd (/sys/kernel/mm/ksm/run)");
         return;
     }
     let _g = GLOBAL_KNOBS.lock().unwrap_or_else(|e| e.into_inner());
@@ -619,7 +615,7 @@ fn pageout_to_swap_and_back() {
     let swap = match ZramSwap::setup() {
         Ok(s) => s,
         Err(why) => {
-            println!("SKIP pageout_to_swap_and_back: {why}");
+            pagewise_testkit::skip!("{why}");
             return;
         }
     };
@@ -685,7 +681,7 @@ fn several_regions_and_bad_input() {
 #[test]
 fn soft_dirty_refusal_is_clear_when_missing() {
     match BackendKind::SoftDirty.available_in_process() {
-        Ok(()) => println!("SKIP soft_dirty_refusal: this kernel has soft-dirty"),
+        Ok(()) => pagewise_testkit::skip!("this kernel has soft-dirty"),
         Err(why) => {
             let a = AnonMemory::new(MIB).unwrap();
             let err = DirtyTracker::new(&[a.region()], BackendKind::SoftDirty)
