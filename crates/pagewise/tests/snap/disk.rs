@@ -311,13 +311,14 @@ fn damaged_stores_never_give_wrong_data() {
     assert!(detected > 1000);
 }
 
-/// Child half of the crash test: saves snapshots into the store named by
-/// `PAGEWISE_CRASH_DIR` until killed. Does nothing in a normal test run.
+/// Child half of `killed_saves_leave_earlier_snapshots_loadable`, which
+/// runs it (with `--ignored`) in a process of its own: saves snapshots into
+/// the store named by `PAGEWISE_CRASH_DIR` until killed.
 #[test]
+#[ignore = "the child half of killed_saves_leave_earlier_snapshots_loadable, which runs it"]
 fn crash_child_writer() {
-    let Ok(dir) = std::env::var("PAGEWISE_CRASH_DIR") else {
-        return;
-    };
+    let dir = std::env::var("PAGEWISE_CRASH_DIR")
+        .expect("run by killed_saves_leave_earlier_snapshots_loadable, which names the store");
     let mem = AnonMemory::new(8 << 20).unwrap();
     let mut s = Snapshots::new(&[mem.region()], SnapshotOptions::default()).unwrap();
     let mut disk = DiskStore::create(&dir, true).unwrap();
@@ -350,6 +351,7 @@ fn killed_saves_leave_earlier_snapshots_loadable() {
         let mut child = std::process::Command::new(&exe)
             .args([
                 "--exact",
+                "--ignored",
                 "disk::crash_child_writer",
                 "--nocapture",
                 "--test-threads=1",
