@@ -303,7 +303,8 @@ fn process_exiting_mid_run_is_reported() {
 
 /// A fresh directory name under the temporary directory (removed by the caller).
 fn temp_dir(name: &str) -> std::path::PathBuf {
-    let p = std::env::temp_dir().join(format!("pagewise-cli-{name}-{}", std::process::id()));
+    let p = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("pagewise-cli-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&p);
     p
 }

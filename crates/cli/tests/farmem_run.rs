@@ -47,7 +47,8 @@ fn c_program(name: &str) -> PathBuf {
     if let Some((_, p)) = built.iter().find(|(n, _)| n == name) {
         return p.clone();
     }
-    let dir = std::env::temp_dir().join(format!("pagewise-farmem-test-{}", std::process::id()));
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("pagewise-farmem-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let out = dir.join(name);
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
@@ -213,7 +214,8 @@ fn a_failing_handler_stops_the_program() {
 
 /// A private instance directory per test, so tests never see each other.
 fn instance_dir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("pagewise-farmem-inst-{}-{tag}", std::process::id()));
+    let d = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("pagewise-farmem-inst-{}-{tag}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
     d
 }
@@ -440,6 +442,8 @@ fn shared_instance_listed_and_set_live() {
             .arg(target())
             .args(["hold", "400", "6"])
             .stdout(Stdio::piped())
+            // Its summary is not the test console's.
+            .stderr(Stdio::null())
             .spawn()
             .unwrap();
         let mut line = String::new();

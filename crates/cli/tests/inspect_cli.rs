@@ -74,7 +74,8 @@ fn command_under_inspect_matches_its_layout() {
         pagewise_testkit::skip!("needs PAGEMAP_SCAN, UFFDIO_MOVE and the x86-64 shim");
         return;
     }
-    let dir = std::env::temp_dir().join(format!("pw-inspect-{}", std::process::id()));
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("pw-inspect-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let truth_path = dir.join("truth.json");
     let svg = dir.join("map.svg");

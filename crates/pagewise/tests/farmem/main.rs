@@ -148,7 +148,8 @@ fn faults_inside_system_calls() {
     if !uffd_or_skip("faults_in_syscalls") {
         return;
     }
-    let dir = std::env::temp_dir().join(format!("pagewise-farmem-read-{}", std::process::id()));
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("pagewise-farmem-read-{}", std::process::id()));
     let data: Vec<u8> = (0..16 * PAGE_SIZE).map(|i| (i * 7 % 251) as u8).collect();
     std::fs::write(&dir, &data).unwrap();
     let mem = AnonMemory::new(16 * PAGE_SIZE).unwrap();
@@ -361,7 +362,8 @@ fn unmapped_part_is_forgotten() {
 /// compiler; `None` (with the reason printed) when there is none.
 fn build_lifo_plugin() -> Option<std::path::PathBuf> {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let out = std::env::temp_dir().join(format!("pagewise-lifo-{}.so", std::process::id()));
+    let out = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("pagewise-lifo-{}.so", std::process::id()));
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     match std::process::Command::new(&cc)
         .args([

@@ -16,7 +16,7 @@ pub struct TempDir(pub PathBuf);
 
 impl TempDir {
     pub fn new(name: &str) -> Self {
-        let p = std::env::temp_dir().join(format!(
+        let p = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
             "pagewise-test-{name}-{}-{:?}",
             std::process::id(),
             std::time::SystemTime::now()
