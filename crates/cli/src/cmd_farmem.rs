@@ -27,9 +27,9 @@ enum Sub {
     /// List the instances running on this machine with their settings,
     /// counters and member processes.
     Ls(LsArgs),
-    /// Change a running instance at once: `pagewise farmem set ID
-    /// latency_ns=2000 bandwidth_bps=0 local_npages=5000` (or local_percent=P).
-    /// Only its owner (or root) may.
+    /// Change a running instance at once (its owner or root):
+    /// `pagewise farmem set ID latency_ns=2000 bandwidth_bps=0
+    /// local_npages=5000`, or `local_percent=P`
     Set(SetArgs),
 }
 
@@ -66,8 +66,9 @@ struct RunArgs {
     /// Write the statistics of this run's processes as JSON to this file.
     #[arg(long)]
     stats_json: Option<PathBuf>,
-    /// Write a trace of (time, address, fetch/evict) events, one JSON object
-    /// per line, to FILE.PID for each process.
+    /// Write a trace of (time, address, kind) events, kind one of fetch,
+    /// evict, writeback and soft, one JSON object per line, to FILE.PID for
+    /// each process.
     #[arg(long)]
     trace: Option<PathBuf>,
     /// The command and its arguments.

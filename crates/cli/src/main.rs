@@ -15,9 +15,11 @@ mod heatmap;
 
 use clap::{Parser, Subcommand};
 
-/// Page-level memory management on a stock Linux kernel, from user space.
 #[derive(Parser)]
-#[command(name = "pagewise", version, about, long_about = None)]
+/// Page-level memory management from user space, on a stock Linux kernel:
+/// which pages a process writes (LDT), snapshots of it (SimGrid), how it
+/// runs on far memory (DiME), and what its memory holds (HawkEye, SmartMD).
+#[command(name = "pagewise", version, long_about = None)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
