@@ -9,9 +9,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_pagewise");
 const PAGE: u64 = 4096;
 
 fn shim() -> Option<std::path::PathBuf> {
-    let dir = std::path::Path::new(BIN).parent()?;
-    let p = dir.join("libpagewise_preload.so");
-    p.exists().then_some(p)
+    pagewise_testkit::ensure_preload_shim(BIN).ok()
 }
 
 /// The workload with a known layout: after 700 ms it writes exactly the first
@@ -240,6 +238,7 @@ fn bad_input_gets_one_clear_line() {
             "starting /nonexistent/program",
         ),
     ];
+    let _ = shim();
     for (args, want) in cases {
         let out = Command::new(BIN).args(*args).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);

@@ -12,9 +12,8 @@ const BIN: &str = env!("CARGO_BIN_EXE_pagewise");
 
 /// Why this machine cannot run these tests, if it cannot.
 fn unsupported() -> Option<String> {
-    let dir = Path::new(BIN).parent()?;
-    if !dir.join("libpagewise_preload.so").exists() {
-        return Some("libpagewise_preload.so is not built (cargo build --release)".into());
+    if let Err(why) = pagewise_testkit::ensure_preload_shim(BIN) {
+        return Some(why);
     }
     let p = pagewise::probe::get();
     if !p.uffd_has(pagewise_sys::uffd::feature::MOVE) {

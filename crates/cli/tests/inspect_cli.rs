@@ -74,6 +74,10 @@ fn command_under_inspect_matches_its_layout() {
         pagewise_testkit::skip!("needs PAGEMAP_SCAN, UFFDIO_MOVE and the x86-64 shim");
         return;
     }
+    if let Err(why) = pagewise_testkit::ensure_preload_shim(env!("CARGO_BIN_EXE_pagewise")) {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
     let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("pw-inspect-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

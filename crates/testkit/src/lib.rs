@@ -26,3 +26,59 @@ macro_rules! skip {
         $crate::report_skip(&format!($($t)*))
     };
 }
+
+/// Makes sure the preload shim (`libpagewise_preload.so`) sits beside the
+/// `pagewise` binary `bin` that the CLI tests run, building it when it does
+/// not (on a clean tree, `cargo test` builds the binary but not the shim).
+/// It is built in a target directory of its own, so as not to wait on the
+/// lock of the `cargo test` that runs this, and copied beside `bin`.
+/// Returns why it could not, if it could not.
+pub fn ensure_preload_shim(bin: &str) -> Result<std::path::PathBuf, String> {
+    use std::path::Path;
+    static ONCE: std::sync::Mutex<Option<Result<std::path::PathBuf, String>>> =
+        std::sync::Mutex::new(None);
+    let mut done = ONCE.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(r) = done.as_ref() {
+        return r.clone();
+    }
+    let dir = Path::new(bin)
+        .parent()
+        .ok_or("the binary has no directory")?;
+    let want = dir.join("libpagewise_preload.so");
+    let r = if want.exists() {
+        Ok(want)
+    } else {
+        build_shim(dir, &want)
+    };
+    *done = Some(r.clone());
+    r
+}
+
+fn build_shim(dir: &std::path::Path, want: &std::path::Path) -> Result<std::path::PathBuf, String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    // `dir` is `<target>/release`: build in `<target>/testkit-shim`.
+    let target = dir
+        .parent()
+        .ok_or("the binary's directory has no parent")?
+        .join("testkit-shim");
+    let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../preload/Cargo.toml");
+    let out = std::process::Command::new(&cargo)
+        .args(["build", "--release", "--manifest-path"])
+        .arg(&manifest)
+        .arg("--target-dir")
+        .arg(&target)
+        .output()
+        .map_err(|e| format!("running {cargo}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "building the preload shim failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .last()
+                .unwrap_or("")
+        ));
+    }
+    std::fs::copy(target.join("release/libpagewise_preload.so"), want)
+        .map_err(|e| format!("copying the preload shim beside the binary: {e}"))?;
+    Ok(want.to_path_buf())
+}
