@@ -65,8 +65,7 @@ struct Started {
 impl Drop for Started {
     fn drop(&mut self) {
         let pid = self.child.id() as i32;
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let _ = pagewise_sys::process::kill(pid, libc::SIGTERM);
         crate::child::wait_or_kill(&mut self.child, Duration::from_secs(5));
         let _ = self.inst.remove();
     }

@@ -107,15 +107,10 @@ fn start_with_shim(cmd: &[String], backend: BackendKind) -> Result<Started> {
         .env("LD_PRELOAD", preload)
         .env(protocol::ENV_FD, fd.to_string())
         .env(protocol::ENV_BACKEND, backend.name());
-    // SAFETY: the closure only calls fcntl, which is async-signal-safe, on an fd
-    // that is open in the child.
+    // SAFETY: the closure only clears FD_CLOEXEC (fcntl, async-signal-safe)
+    // on an fd that is open in the child.
     unsafe {
-        c.pre_exec(move || {
-            if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
+        c.pre_exec(move || pagewise_sys::process::clear_cloexec(fd));
     }
     let mut child = c.spawn().with_context(|| format!("starting {}", cmd[0]))?;
     drop(theirs);

@@ -117,20 +117,13 @@ pub fn idle_pages(pids: &[i32], window: Duration) -> Result<Vec<CoverageReport>>
     words.sort_unstable();
     words.dedup();
     let rw = |off: u64, val: Option<u64>| -> Result<u64> {
+        use std::os::unix::fs::FileExt;
         let mut b = val.unwrap_or(0).to_ne_bytes();
-        // SAFETY: `b` is 8 writable (or readable) bytes for the whole call.
-        let n = unsafe {
-            match val {
-                Some(_) => libc::pwrite(bitmap.as_raw_fd(), b.as_ptr().cast(), 8, off as i64),
-                None => libc::pread(bitmap.as_raw_fd(), b.as_mut_ptr().cast(), 8, off as i64),
-            }
-        };
-        if n != 8 {
-            return Err(Error::os(
-                format!("{IDLE_BITMAP} at {off}"),
-                std::io::Error::last_os_error(),
-            ));
+        match val {
+            Some(_) => bitmap.write_all_at(&b, off),
+            None => bitmap.read_exact_at(&mut b, off),
         }
+        .map_err(|e| Error::os(format!("{IDLE_BITMAP} at {off}"), e))?;
         Ok(u64::from_ne_bytes(b))
     };
     for &w in &words {

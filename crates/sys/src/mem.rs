@@ -192,3 +192,34 @@ pub fn name_anon(addr: u64, len: usize, name: &std::ffi::CStr) -> io::Result<()>
     } as libc::c_long)?;
     Ok(())
 }
+
+/// `mmap(2)` of the first `len` bytes of the open file `fd`, shared
+/// (`MAP_SHARED`), readable and, with `writable`, writable. The caller
+/// unmaps it with [`munmap`]; using the memory is its own business.
+pub fn mmap_shared_file(
+    fd: std::os::fd::BorrowedFd<'_>,
+    len: usize,
+    writable: bool,
+) -> io::Result<*mut u8> {
+    use std::os::fd::AsRawFd;
+    let prot = if writable {
+        libc::PROT_READ | libc::PROT_WRITE
+    } else {
+        libc::PROT_READ
+    };
+    // SAFETY: a new mapping chosen by the kernel: it replaces nothing.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            prot,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(p.cast())
+}

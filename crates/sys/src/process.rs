@@ -187,3 +187,46 @@ pub fn wait_stopped(tid: libc::pid_t) -> io::Result<bool> {
         }
     }
 }
+
+/// `kill(2)`: sends `sig` to process `pid`.
+pub fn kill(pid: libc::pid_t, sig: libc::c_int) -> io::Result<()> {
+    // SAFETY: kill has no memory-safety preconditions.
+    cvt(unsafe { libc::kill(pid, sig) } as libc::c_long).map(drop)
+}
+
+/// `geteuid(2)`: the effective user id of this process.
+pub fn geteuid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// `getrandom(2)` into `buf`; returns how many bytes were filled.
+pub fn getrandom(buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: `buf` is valid for writes of its length.
+    let n = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
+    cvt(n as libc::c_long).map(|n| n as usize)
+}
+
+/// `write(2)` of `buf` to `fd`, straight to the descriptor (no buffering
+/// and no lock of Rust's standard streams); async-signal-safe.
+pub fn write_fd(fd: std::os::fd::RawFd, buf: &[u8]) -> io::Result<usize> {
+    // SAFETY: `buf` is valid for reads of its length.
+    let n = unsafe { libc::write(fd, buf.as_ptr().cast(), buf.len()) };
+    cvt(n as libc::c_long).map(|n| n as usize)
+}
+
+/// Clears `FD_CLOEXEC` on `fd`, so that it survives an `exec`;
+/// async-signal-safe (for `pre_exec`).
+pub fn clear_cloexec(fd: std::os::fd::RawFd) -> io::Result<()> {
+    // SAFETY: fcntl(F_SETFD) takes no pointer.
+    cvt(unsafe { libc::fcntl(fd, libc::F_SETFD, 0) } as libc::c_long).map(drop)
+}
+
+/// `flock(2)` with `LOCK_EX | LOCK_NB`: takes the exclusive lock of the
+/// open file `fd` or fails at once (`EWOULDBLOCK`) when another holds it.
+pub fn flock_exclusive_nonblocking(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock takes no pointer; `fd` is open for the call.
+    cvt(unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } as libc::c_long)
+        .map(drop)
+}

@@ -113,8 +113,7 @@ fn fail(e: &Error) -> ! {
     );
     // Straight to the file descriptor: a thread waiting on a fault may hold
     // the lock of the standard error stream.
-    // SAFETY: write(2) of a valid buffer.
-    unsafe { libc::write(2, msg.as_ptr().cast(), msg.len()) };
+    let _ = pagewise_sys::process::write_fd(2, msg.as_bytes());
     std::process::abort();
 }
 

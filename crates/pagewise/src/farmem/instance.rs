@@ -154,9 +154,7 @@ pub enum Access {
 /// A name no one can guess in advance: `PREFIX-` and 16 random hex digits.
 pub fn unpredictable_name(prefix: &str) -> String {
     let mut r = [0u8; 8];
-    // SAFETY: getrandom(2) into a buffer of that size.
-    let n = unsafe { libc::getrandom(r.as_mut_ptr().cast(), r.len(), 0) };
-    if n != r.len() as isize {
+    if pagewise_sys::process::getrandom(&mut r).ok() != Some(r.len()) {
         // Never fails for 8 bytes once the pool is ready; fall back to time.
         let t = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -226,8 +224,10 @@ impl std::fmt::Debug for Instance {
 
 impl Drop for Instance {
     fn drop(&mut self) {
-        // SAFETY: `header` is the mapping made in `map`, of this size.
-        unsafe { libc::munmap(self.header.cast(), std::mem::size_of::<Header>()) };
+        // SAFETY: `header` is the mapping made in `map`, of this size, and
+        // nothing refers to it once the instance is dropped.
+        let _ =
+            unsafe { pagewise_sys::mem::munmap(self.header.cast(), std::mem::size_of::<Header>()) };
     }
 }
 
@@ -247,37 +247,16 @@ pub struct Member {
 }
 
 fn euid() -> u32 {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() }
+    pagewise_sys::process::geteuid()
 }
 
 impl Instance {
     fn map(name: &str, file: std::fs::File, writable: bool) -> Result<Self> {
         let path = dir().join(name);
         let len = std::mem::size_of::<Header>();
-        let prot = if writable {
-            libc::PROT_READ | libc::PROT_WRITE
-        } else {
-            libc::PROT_READ
-        };
-        // SAFETY: a fresh shared mapping of the instance file, which is at
-        // least `len` bytes long (checked by the callers).
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                prot,
-                libc::MAP_SHARED,
-                std::os::fd::AsRawFd::as_raw_fd(&file),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(Error::os(
-                format!("mapping {}", path.display()),
-                std::io::Error::last_os_error(),
-            ));
-        }
+        // The callers checked that the file holds at least `len` bytes.
+        let p = pagewise_sys::mem::mmap_shared_file(std::os::fd::AsFd::as_fd(&file), len, writable)
+            .map_err(|e| Error::os(format!("mapping {}", path.display()), e))?;
         Ok(Instance {
             name: name.to_string(),
             path,

@@ -457,7 +457,7 @@ impl DiskStore {
 
     /// Takes the store's writer lock, or says who holds it.
     fn lock(dir: &Path) -> Result<File> {
-        use std::os::fd::AsRawFd;
+        use std::os::fd::AsFd;
         use std::os::unix::fs::OpenOptionsExt;
         let path = dir.join(LOCK_FILE);
         let f = OpenOptions::new()
@@ -469,9 +469,7 @@ impl DiskStore {
             .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
             .open(&path)
             .map_err(|e| io(&path, "opening", e))?;
-        // SAFETY: flock(2) on a descriptor we own.
-        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            let e = std::io::Error::last_os_error();
+        if let Err(e) = pagewise_sys::process::flock_exclusive_nonblocking(f.as_fd()) {
             return Err(if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
                 Error::Invalid(format!(
                     "store {} is being written by another process: one writer at a time",
