@@ -392,18 +392,7 @@ pub fn measure_fault_paths(pages: usize) -> Result<FaultPaths> {
     };
     let plain_ns = touch(&AnonMemory::new(pages * PAGE_SIZE)?);
     let mem = AnonMemory::new(pages * PAGE_SIZE)?;
-    let fm = FarMemory::new(
-        &[mem.region()],
-        Config {
-            local_pages: pages,
-            link: LinkConfig {
-                latency_ns: 0,
-                bandwidth_bps: 0,
-            },
-        },
-        Box::new(policy::Fifo::default()),
-        Calibration::NONE,
-    )?;
+    let fm = pagewise::farmem::at_latency_zero(&mem, pages)?;
     let thread_ns = touch(&mem);
     fm.stop()?;
     let sigbus_ns = if pagewise::probe::get().uffd_has(uffd::feature::SIGBUS) {

@@ -301,6 +301,27 @@ fn process_exiting_mid_run_is_reported() {
 }
 
 /// A fresh directory name under the temporary directory (removed by the caller).
+/// `snapshot --pid` of a 4 MiB workload that writes nothing into `store`;
+/// waits for the workload (2 s) to end.
+fn snapshot_small_workload(store: &std::path::Path) -> std::process::Output {
+    let (mut wl, _, _) = spawn_workload(&[
+        "workload",
+        "--mib",
+        "4",
+        "--seconds",
+        "2",
+        "--pages-per-sec",
+        "0",
+    ]);
+    let out = Command::new(BIN)
+        .args(["snapshot", "--pid", &wl.id().to_string(), "--out"])
+        .arg(store)
+        .output()
+        .unwrap();
+    let _ = wl.wait();
+    out
+}
+
 fn temp_dir(name: &str) -> std::path::PathBuf {
     let p = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("pagewise-cli-{name}-{}", std::process::id()));
@@ -452,21 +473,7 @@ fn snapshot_bad_input_gets_one_clear_line() {
     );
     // A corrupt store: a snapshot index with a flipped byte.
     let store = temp_dir("snapcorrupt");
-    let (mut wl, _, _) = spawn_workload(&[
-        "workload",
-        "--mib",
-        "4",
-        "--seconds",
-        "2",
-        "--pages-per-sec",
-        "0",
-    ]);
-    let out = Command::new(BIN)
-        .args(["snapshot", "--pid", &wl.id().to_string(), "--out"])
-        .arg(&store)
-        .output()
-        .unwrap();
-    let _ = wl.wait();
+    let out = snapshot_small_workload(&store);
     assert!(
         out.status.success(),
         "{}",
@@ -680,22 +687,7 @@ fn a_closed_pipe_ends_quietly() {
 #[test]
 fn snapshot_inspect_line_and_json_agree() {
     let store = temp_dir("inspectagree");
-    let (mut wl, _, _) = spawn_workload(&[
-        "workload",
-        "--mib",
-        "4",
-        "--seconds",
-        "2",
-        "--pages-per-sec",
-        "0",
-    ]);
-    let out = Command::new(BIN)
-        .args(["snapshot", "--pid", &wl.id().to_string(), "--out"])
-        .arg(&store)
-        .output()
-        .unwrap();
-    let _ = wl.kill();
-    let _ = wl.wait();
+    let out = snapshot_small_workload(&store);
     assert!(
         out.status.success(),
         "{}",

@@ -74,17 +74,16 @@ fn run_with_deadline(mut c: Command, deadline: Duration) -> Option<(i32, String,
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawning");
-    let (mut so, mut se) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
-    let out = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = std::io::Read::read_to_string(&mut so, &mut s);
-        s
-    });
-    let err = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = std::io::Read::read_to_string(&mut se, &mut s);
-        s
-    });
+    // Both pipes drained at once, so that neither fills and stops the child.
+    fn drain(mut r: impl std::io::Read + Send + 'static) -> std::thread::JoinHandle<String> {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = r.read_to_string(&mut s);
+            s
+        })
+    }
+    let out = drain(child.stdout.take().unwrap());
+    let err = drain(child.stderr.take().unwrap());
     let t0 = Instant::now();
     loop {
         if let Some(st) = child.try_wait().unwrap() {

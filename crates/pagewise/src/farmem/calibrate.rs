@@ -55,8 +55,9 @@ pub fn calibrate(pages: usize) -> Result<Calibration> {
 }
 
 /// A scratch instance over `mem`: FIFO, an unlimited link at latency 0,
-/// no calibration — what a fault costs the engine itself.
-fn at_latency_zero(mem: &AnonMemory, local_pages: usize) -> Result<FarMemory> {
+/// no calibration — what a fault costs the engine itself (calibration and
+/// the benchmarks' fault-path measurement use it).
+pub fn at_latency_zero(mem: &AnonMemory, local_pages: usize) -> Result<FarMemory> {
     let config = Config {
         local_pages,
         link: LinkConfig {

@@ -593,6 +593,19 @@ impl Engine {
         }
     }
 
+    /// Moves the page at `addr` of a region to its staging slot `staged`
+    /// (one atomic `UFFDIO_MOVE`, waking no one): how every page leaves the
+    /// program's memory.
+    fn stage_page(&self, addr: u64, staged: u64) -> std::io::Result<()> {
+        uffd::move_pages(
+            self.stage_uffd.as_raw_fd(),
+            staged,
+            addr,
+            PAGE_SIZE as u64,
+            uffd::MOVE_MODE_DONTWAKE,
+        )
+    }
+
     /// The fingerprint of the page staged at `staged`, read without ever
     /// touching a page that is not there: the handler must never fault on
     /// memory only it could serve. A missing page is an error (the books

@@ -63,7 +63,7 @@ pub mod policy;
 mod reply;
 pub mod sampler;
 
-pub use calibrate::{calibrate, Calibration};
+pub use calibrate::{at_latency_zero, calibrate, Calibration};
 pub use engine::is_staging;
 use engine::Engine;
 

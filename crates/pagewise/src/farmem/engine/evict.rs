@@ -129,13 +129,7 @@ impl Engine {
             return Ok(());
         }
         let (_, _, addr, staged) = self.addr_of(g);
-        match uffd::move_pages(
-            self.stage_uffd.as_raw_fd(),
-            staged,
-            addr,
-            PAGE_SIZE as u64,
-            uffd::MOVE_MODE_DONTWAKE,
-        ) {
+        match self.stage_page(addr, staged) {
             Ok(()) => {
                 self.put(g, Where::Parked);
                 sh.counters.parks.fetch_add(1, Ordering::Relaxed);
@@ -169,13 +163,7 @@ impl Engine {
     pub(in crate::farmem) fn evict(&mut self, sh: &Shared, g: usize) -> Result<bool> {
         let (_, _, addr, staged) = self.addr_of(g);
         let moved = match self.pages[g] {
-            Where::Local => match uffd::move_pages(
-                self.stage_uffd.as_raw_fd(),
-                staged,
-                addr,
-                PAGE_SIZE as u64,
-                uffd::MOVE_MODE_DONTWAKE,
-            ) {
+            Where::Local => match self.stage_page(addr, staged) {
                 Err(e)
                     if e.raw_os_error() == Some(libc::EEXIST)
                         && self.moved_anyway(staged, addr)? =>

@@ -278,13 +278,7 @@ impl Engine {
                         let (_, _, _, staged) = self.addr_of(g);
                         // No holes allowed: a page gone since the walk
                         // (ENOENT) must not be taken for one in staging.
-                        match uffd::move_pages(
-                            self.stage_uffd.as_raw_fd(),
-                            staged,
-                            addr,
-                            PAGE_SIZE as u64,
-                            uffd::MOVE_MODE_DONTWAKE,
-                        ) {
+                        match self.stage_page(addr, staged) {
                             Ok(()) => self.put(g, Where::Remote),
                             // Shared with another process: left where it is;
                             // gone meanwhile: zeros, as the books say.
