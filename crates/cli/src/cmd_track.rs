@@ -48,18 +48,15 @@ impl Source {
             Source::Shim(_, b) => *b,
         }
     }
-    fn collect(&mut self) -> std::io::Result<Collection> {
+    fn collect(&mut self) -> pagewise::Result<Collection> {
         match self {
-            Source::Outside(t, pid) => {
-                let r = t
-                    .sync_process_mappings(Some(*pid), false)
-                    .and_then(|_| t.collect());
-                r.map_err(|e| std::io::Error::other(e.to_string()))
-            }
-            Source::Shim(s, _) => {
-                s.write_all(&[protocol::REQ_COLLECT])?;
-                protocol::read_collection(s)
-            }
+            Source::Outside(t, pid) => t
+                .sync_process_mappings(Some(*pid), false)
+                .and_then(|_| t.collect()),
+            Source::Shim(s, _) => s
+                .write_all(&[protocol::REQ_COLLECT])
+                .and_then(|_| protocol::read_collection(s))
+                .map_err(|e| pagewise::Error::os("collecting through the preload shim", e)),
         }
     }
 }
@@ -228,7 +225,9 @@ pub fn run(a: Args) -> Result<i32> {
                         return ended(st);
                     }
                 }
-                if !pagewise::procfs::is_alive(pid) {
+                if matches!(e, pagewise::Error::ProcessExited(_))
+                    || !pagewise::procfs::is_alive(pid)
+                {
                     bail!("process {pid} exited after {n} collections");
                 }
                 bail!("collecting from pid {pid}: {e}");

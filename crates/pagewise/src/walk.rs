@@ -112,6 +112,11 @@ pub fn read_remote(pid: i32, addr: u64, buf: &mut [u8]) -> Result<usize> {
             }
             0
         }
+        // No task with this pid, or one whose memory is already gone: it is
+        // in exit(), before /proc shows it as a zombie.
+        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
+            return Err(Error::ProcessExited(pid));
+        }
         Err(e) => {
             return Err(Error::for_pid(
                 pid,
