@@ -37,6 +37,16 @@ pub const PW_BACKEND_MPROTECT: u32 = 3;
 /// Content fingerprints compared at each collection (every kernel, no faults).
 pub const PW_BACKEND_HASH: u32 = 4;
 
+// The C values are the library's wire values (cbindgen needs the literals).
+const _: () = {
+    use pw::track::BackendKind as B;
+    assert!(PW_BACKEND_AUTO == B::Auto as u32);
+    assert!(PW_BACKEND_UFFD_WP == B::UffdWp as u32);
+    assert!(PW_BACKEND_SOFT_DIRTY == B::SoftDirty as u32);
+    assert!(PW_BACKEND_MPROTECT == B::Mprotect as u32);
+    assert!(PW_BACKEND_HASH == B::Hash as u32);
+};
+
 /// The version of `pw_policy_ops` (far-memory policy plugins) this library speaks.
 pub const PW_POLICY_ABI_VERSION: u32 = 1;
 const _: () = assert!(PW_POLICY_ABI_VERSION == pw::farmem::policy::POLICY_ABI_VERSION);
@@ -254,15 +264,7 @@ struct Fail {
 
 impl From<pw::Error> for Fail {
     fn from(e: pw::Error) -> Self {
-        use pw::Error as E;
-        let errno = match &e {
-            E::Unaligned { .. } | E::Invalid(_) => libc::EINVAL,
-            E::Unsupported { .. } => libc::EOPNOTSUPP,
-            E::NoSuchProcess(_) | E::ProcessExited(_) => libc::ESRCH,
-            E::PermissionDenied { .. } => libc::EPERM,
-            E::Os { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
-            E::Corrupt { .. } => libc::EBADMSG,
-        };
+        let errno = e.errno();
         Fail {
             errno,
             msg: e.to_string(),

@@ -3,9 +3,9 @@
 use anyhow::{bail, Context, Result};
 use pagewise::farmem::instance::{Access, Instance, Member, Settings};
 use pagewise::farmem::{self, Stats};
+use pagewise::launch::{self, FarmemOptions, FarmemRun};
 use serde::Serialize;
 use std::path::PathBuf;
-use std::process::Command;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -151,29 +151,7 @@ fn report(inst: &Instance, tag: Option<u32>) -> Report {
     }
 }
 
-/// `cmd` set up to run under the preload shim as a member of `inst`
-/// (tagged with this process's id).
-pub(crate) fn command_under(
-    inst: &Instance,
-    cmd: &[String],
-    policy: &str,
-    policy_args: &str,
-    stacks: bool,
-) -> Result<Command> {
-    let preload = crate::cmd_track::ld_preload()?;
-    let mut c = Command::new(&cmd[0]);
-    c.args(&cmd[1..])
-        .env("LD_PRELOAD", preload)
-        .env("PAGEWISE_FARMEM", inst.name())
-        .env("PAGEWISE_FARMEM_TAG", std::process::id().to_string())
-        .env("PAGEWISE_FARMEM_POLICY", policy)
-        .env("PAGEWISE_FARMEM_POLICY_ARGS", policy_args)
-        .env("PAGEWISE_FARMEM_STACKS", if stacks { "1" } else { "0" });
-    Ok(c)
-}
-
 fn run_cmd(a: RunArgs) -> Result<i32> {
-    let me = std::process::id();
     check_policy(&a.policy, &a.policy_args)?;
     // Output paths are checked before the program runs, not after.
     for (flag, path) in [("--trace", &a.trace), ("--stats-json", &a.stats_json)] {
@@ -191,72 +169,45 @@ fn run_cmd(a: RunArgs) -> Result<i32> {
             }
         }
     }
-    Instance::sweep();
-    let inst = match &a.instance {
-        Some(name) if pagewise::farmem::instance::dir().join(name).exists() => {
-            let inst = Instance::open(name, Access::Join)?;
-            let s = inst.settings();
-            let differs = a.local_pages.is_some_and(|n| n != s.local_pages)
-                || a.local_percent.is_some_and(|p| p != s.local_percent)
-                || ((a.local_pages.is_some() || a.local_percent.is_some())
-                    && (a.latency_ns != s.latency_ns || a.bandwidth_bps != s.bandwidth_bps));
-            if differs {
-                bail!("instance {name} exists with other settings: join it without them, or change them with `pagewise farmem set {name} key=value`");
-            }
-            inst
-        }
-        name => {
-            let name = name
-                .clone()
-                .unwrap_or_else(|| pagewise::farmem::instance::unpredictable_name("run"));
-            let (local_pages, local_percent) = match (a.local_pages, a.local_percent) {
-                (Some(0), _) => bail!("--local-pages must be at least 1"),
-                (Some(n), _) => (n, 0),
-                (None, Some(p)) if (1..=100).contains(&p) => (0, p),
-                (None, Some(p)) => bail!("--local-percent {p}: use 1..=100"),
-                (None, None) => {
-                    bail!("give the local budget: --local-pages N or --local-percent P")
-                }
-            };
-            let settings = Settings {
-                latency_ns: a.latency_ns,
-                bandwidth_bps: a.bandwidth_bps,
-                local_pages,
-                local_percent,
-            };
-            settings.check()?;
-            let cal = farmem::calibrate(2000).context("calibrating the cost of a fault")?;
-            match Instance::create(&name, settings, cal.floor_ns, cal.unseen_ns) {
-                Ok(i) => i,
-                // Another run created it meanwhile: join it.
-                Err(_) if pagewise::farmem::instance::dir().join(&name).exists() => {
-                    Instance::open(&name, Access::Join)?
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
+    let want = match (a.local_pages, a.local_percent) {
+        (Some(0), _) => bail!("--local-pages must be at least 1"),
+        (Some(n), _) => Some((n, 0)),
+        (None, Some(p)) if (1..=100).contains(&p) => Some((0, p)),
+        (None, Some(p)) => bail!("--local-percent {p}: use 1..=100"),
+        (None, None) => None,
     };
-    let mut c = command_under(&inst, &a.cmd, &a.policy, &a.policy_args, a.stacks)?;
-    if let Some(t) = &a.trace {
-        c.env("PAGEWISE_FARMEM_TRACE", t);
+    let exists = a
+        .instance
+        .as_ref()
+        .is_some_and(|n| pagewise::farmem::instance::dir().join(n).exists());
+    if want.is_none() && !exists {
+        bail!("give the local budget: --local-pages N or --local-percent P");
     }
-    let status = match c.status() {
+    let want = want.map(|(local_pages, local_percent)| Settings {
+        latency_ns: a.latency_ns,
+        bandwidth_bps: a.bandwidth_bps,
+        local_pages,
+        local_percent,
+    });
+    let run = FarmemRun::join_or_create(a.instance.as_deref(), "run", want)?;
+    let opts = FarmemOptions {
+        policy: a.policy.clone(),
+        policy_args: a.policy_args.clone(),
+        stacks: a.stacks,
+        trace: a.trace.clone(),
+    };
+    let status = match run.command(&a.cmd, &opts)?.status() {
         Ok(st) => st,
         Err(e) => {
             // Nothing ran: no summary, and no instance left behind.
-            if inst.members().iter().all(|m| !m.live) {
-                let _ = inst.remove();
-            }
+            run.finish();
             return Err(anyhow::Error::new(e).context(format!("running {}", a.cmd[0])));
         }
     };
     // A member killed before it could leave leaves now.
-    for m in inst.members() {
-        if m.tag == me && !pagewise::procfs::is_alive(m.pid) {
-            inst.leave_pid(m.pid);
-        }
-    }
-    let rep = report(&inst, Some(me));
+    run.reap_dead_members();
+    let inst = run.instance();
+    let rep = report(inst, Some(run.tag()));
     if rep.members.is_empty() && rep.stats.page_fault_count == 0 {
         eprintln!(
             "pagewise farmem: no process of {} joined the instance, so nothing was emulated: \
@@ -278,12 +229,8 @@ fn run_cmd(a: RunArgs) -> Result<i32> {
         rep.stats.injected_delay_ns as f64 / 1e6,
         rep.stats.floor_ns
     );
-    inst.release_retired(me);
-    // The last one out removes the instance (another may have done so).
-    if inst.members().iter().all(|m| !m.live) {
-        let _ = inst.remove();
-    }
-    Ok(crate::child::exit_code(status))
+    run.finish();
+    Ok(launch::exit_code(status))
 }
 
 fn ls(a: LsArgs) -> Result<i32> {

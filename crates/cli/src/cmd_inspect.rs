@@ -3,8 +3,9 @@
 
 use anyhow::{bail, Context, Result};
 use pagewise::access::{self, Method};
-use pagewise::farmem::instance::{Instance, Settings};
+use pagewise::farmem::instance::Instance;
 use pagewise::inspect::{inspect, Options, RegionReport, Report};
+use pagewise::launch::{self, FarmemOptions, FarmemRun};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -59,38 +60,38 @@ pub struct Args {
 /// and its instance removed when dropped.
 struct Started {
     child: std::process::Child,
-    inst: Instance,
+    run: Option<FarmemRun>,
+}
+
+impl Started {
+    fn instance(&self) -> &Instance {
+        self.run.as_ref().expect("present until dropped").instance()
+    }
 }
 
 impl Drop for Started {
     fn drop(&mut self) {
-        let pid = self.child.id() as i32;
-        let _ = pagewise_sys::process::kill(pid, libc::SIGTERM);
-        crate::child::wait_or_kill(&mut self.child, Duration::from_secs(5));
-        let _ = self.inst.remove();
+        launch::stop(&mut self.child, Duration::from_secs(5));
+        if let Some(run) = self.run.take() {
+            run.remove();
+        }
     }
 }
 
 fn start(cmd: &[String]) -> Result<Started> {
-    Instance::sweep();
-    let name = pagewise::farmem::instance::unpredictable_name("inspect");
     // Latency 0, no budget to speak of: the engine only watches.
-    let settings = Settings {
-        latency_ns: 0,
-        bandwidth_bps: 0,
-        local_pages: 1 << 40,
-        local_percent: 0,
-    };
-    let inst = Instance::create(&name, settings, 0, 0)?;
-    let child = crate::cmd_farmem::command_under(&inst, cmd, "fifo", "", false)?.spawn();
-    let child = match child {
-        Ok(c) => c,
+    let run = FarmemRun::watch_only("inspect")?;
+    let child = run.command(cmd, &FarmemOptions::default())?.spawn();
+    match child {
+        Ok(child) => Ok(Started {
+            child,
+            run: Some(run),
+        }),
         Err(e) => {
-            let _ = inst.remove();
-            return Err(e).with_context(|| format!("starting {}", cmd[0]));
+            run.remove();
+            Err(e).with_context(|| format!("starting {}", cmd[0]))
         }
-    };
-    Ok(Started { child, inst })
+    }
 }
 
 fn mib(b: u64) -> String {
@@ -128,7 +129,7 @@ pub fn run(a: Args) -> Result<i32> {
         ));
         std::thread::sleep(Duration::from_millis(a.after));
         let live: Vec<i32> = s
-            .inst
+            .instance()
             .members()
             .iter()
             .filter(|m| m.live)
@@ -172,7 +173,7 @@ pub fn run(a: Args) -> Result<i32> {
         let timeout = Duration::from_secs(60);
         let mut sampled: Vec<Instance> = match &started {
             Some(s) => vec![Instance::open(
-                s.inst.name(),
+                s.instance().name(),
                 pagewise::farmem::instance::Access::Control,
             )?],
             None => pids

@@ -159,7 +159,7 @@ impl Server {
         if let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) {
             let _ = s.write_all(b"*2\r\n$8\r\nSHUTDOWN\r\n$6\r\nNOSAVE\r\n");
         }
-        crate::child::wait_or_kill(&mut self.child, Duration::from_secs(10));
+        pagewise::launch::wait_or_kill(&mut self.child, Duration::from_secs(10));
     }
 }
 

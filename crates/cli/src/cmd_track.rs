@@ -1,13 +1,12 @@
 //! `pagewise track`.
 
 use anyhow::{anyhow, bail, Context, Result};
+use pagewise::launch::{self, Tracked};
 use pagewise::track::{protocol, BackendKind, Collection, DirtyTracker};
 use pagewise::PAGE_SIZE;
 use std::io::Write;
-use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
-use std::os::unix::process::CommandExt;
-use std::process::{Child, Command};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 #[derive(clap::Args)]
@@ -53,92 +52,10 @@ impl Source {
             Source::Outside(t, pid) => t
                 .sync_process_mappings(Some(*pid), false)
                 .and_then(|_| t.collect()),
-            Source::Shim(s, _) => s
-                .write_all(&[protocol::REQ_COLLECT])
-                .and_then(|_| protocol::read_collection(s))
+            Source::Shim(s, _) => protocol::collect(s)
                 .map_err(|e| pagewise::Error::os("collecting through the preload shim", e)),
         }
     }
-}
-
-pub(crate) fn shim_path() -> Result<std::path::PathBuf> {
-    if let Ok(p) = std::env::var("PAGEWISE_PRELOAD") {
-        return Ok(p.into());
-    }
-    let exe = std::env::current_exe().context("locating the pagewise executable")?;
-    let dir = exe
-        .parent()
-        .ok_or_else(|| anyhow!("pagewise executable has no directory"))?;
-    for cand in [
-        dir.join("libpagewise_preload.so"),
-        dir.join("../libpagewise_preload.so"),
-        dir.join("../lib/libpagewise_preload.so"),
-        // Installed with `cargo install --path crates/cli`: the shim the
-        // source tree it came from built.
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../target/release/libpagewise_preload.so"),
-    ] {
-        if cand.exists() {
-            return Ok(cand);
-        }
-    }
-    bail!("libpagewise_preload.so not found beside {} (build it with `cargo build --release`, or set PAGEWISE_PRELOAD)", exe.display())
-}
-
-/// The `LD_PRELOAD` value that puts the shim first, before whatever the
-/// environment already preloads.
-pub(crate) fn ld_preload() -> Result<String> {
-    let mut preload = shim_path()?.display().to_string();
-    if let Ok(old) = std::env::var("LD_PRELOAD") {
-        preload = format!("{preload}:{old}");
-    }
-    Ok(preload)
-}
-
-fn start_with_shim(cmd: &[String], backend: BackendKind) -> Result<Started> {
-    let (mine, theirs) = UnixStream::pair().context("creating the shim socket")?;
-    let fd = theirs.as_raw_fd();
-    let preload = ld_preload()?;
-    let mut c = Command::new(&cmd[0]);
-    c.args(&cmd[1..])
-        .env("LD_PRELOAD", preload)
-        .env(protocol::ENV_FD, fd.to_string())
-        .env(protocol::ENV_BACKEND, backend.name());
-    // SAFETY: the closure only clears FD_CLOEXEC (fcntl, async-signal-safe)
-    // on an fd that is open in the child.
-    unsafe {
-        c.pre_exec(move || pagewise_sys::process::clear_cloexec(fd));
-    }
-    let mut child = c.spawn().with_context(|| format!("starting {}", cmd[0]))?;
-    drop(theirs);
-    let mut s = mine;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    let hello = match s.write_all(&[protocol::REQ_HELLO]) {
-        Ok(()) => protocol::read_hello(&mut s).map_err(|e| e.to_string()),
-        Err(e) => Err(e.to_string()),
-    };
-    match hello {
-        Ok(got) => {
-            s.set_read_timeout(Some(Duration::from_secs(60)))?;
-            Ok(Started::Tracked(child, Source::Shim(s, got)))
-        }
-        // Over before the shim could answer: its status is the answer.
-        Err(_) if let Some(st) = crate::child::wait_for(&mut child, Duration::from_millis(500)) => {
-            Ok(Started::Over(st))
-        }
-        Err(e) => {
-            let _ = child.kill();
-            let _ = child.wait();
-            Err(anyhow!("the preload shim did not answer inside {} ({e}), which was stopped: a statically linked or setuid program ignores LD_PRELOAD, and a wrapper that replaces itself with exec leaves it behind; use --backend hash to watch it from outside", cmd[0]))
-        }
-    }
-}
-
-/// A command started under the shim.
-enum Started {
-    Tracked(Child, Source),
-    /// It ended before tracking began.
-    Over(std::process::ExitStatus),
 }
 
 pub fn run(a: Args) -> Result<i32> {
@@ -157,13 +74,13 @@ pub fn run(a: Args) -> Result<i32> {
                 BackendKind::UffdWp
                     .available_in_process()
                     .map_err(|why| anyhow!("uffd-wp is not available: {why}"))?;
-                let (child, src) = match start_with_shim(&a.cmd, BackendKind::UffdWp)? {
-                    Started::Tracked(child, src) => (child, src),
-                    Started::Over(st) => {
+                let (child, src) = match launch::start_tracked(&a.cmd, BackendKind::UffdWp)? {
+                    Tracked::Running(child, sock, backend) => (child, Source::Shim(sock, backend)),
+                    Tracked::Over(st) => {
                         if !a.json {
                             eprintln!("pagewise: {} exited ({st}) before tracking began", a.cmd[0]);
                         }
-                        return Ok(crate::child::exit_code(st));
+                        return Ok(launch::exit_code(st));
                     }
                 };
                 let pid = child.id() as i32;
@@ -208,7 +125,7 @@ pub fn run(a: Args) -> Result<i32> {
             if !a.json {
                 eprintln!("pagewise: {} exited ({st}) after {n} collections", a.cmd[0]);
             }
-            Ok(crate::child::exit_code(st))
+            Ok(launch::exit_code(st))
         };
         if let Some(c) = child.as_mut() {
             if let Some(st) = c.try_wait()? {
@@ -221,7 +138,7 @@ pub fn run(a: Args) -> Result<i32> {
                 if let Some(ch) = child.as_mut() {
                     // A collection fails as the command exits: give it a
                     // moment to be reaped, and report its status.
-                    if let Some(st) = crate::child::wait_for(ch, Duration::from_secs(2)) {
+                    if let Some(st) = launch::wait_for(ch, Duration::from_secs(2)) {
                         return ended(st);
                     }
                 }

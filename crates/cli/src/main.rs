@@ -1,6 +1,5 @@
 //! `pagewise`: the command-line face of the pagewise library.
 
-mod child;
 mod cmd_bench;
 mod cmd_farmem;
 mod cmd_farmem_redis;

@@ -23,6 +23,7 @@ pub mod dedup;
 pub mod farmem;
 pub mod hash;
 pub mod inspect;
+pub mod launch;
 pub mod probe;
 pub mod procfs;
 pub mod region;
@@ -92,6 +93,27 @@ pub enum Error {
     /// Bad argument.
     #[error("{0}")]
     Invalid(String),
+    /// The preload shim is not where pagewise looks for it.
+    #[error("libpagewise_preload.so not found beside {} (build it with `cargo build --release`, or set PAGEWISE_PRELOAD)", beside.display())]
+    ShimNotFound {
+        /// The executable beside which it was looked for.
+        beside: std::path::PathBuf,
+    },
+    /// A program started under the shim did not answer the handshake.
+    #[error("the preload shim in {program} did not answer ({source}); the program was stopped. A statically linked or setuid program ignores LD_PRELOAD, and a wrapper that replaces itself with exec leaves it behind; use --backend hash to watch it from outside")]
+    ShimSilent {
+        /// The program.
+        program: String,
+        /// What the handshake met.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A far-memory instance exists with settings other than those asked for.
+    #[error("instance {name} exists with other settings: join it without them, or change them with `pagewise farmem set {name} key=value`")]
+    InstanceConflict {
+        /// The instance.
+        name: String,
+    },
 }
 
 /// Result alias of the library.
@@ -112,6 +134,21 @@ impl Error {
         match pid {
             Some(p) => Error::for_pid(p, what, source),
             None => Error::os(what, source),
+        }
+    }
+
+    /// The errno that says this error best to C callers and over the wire.
+    pub fn errno(&self) -> i32 {
+        match self {
+            Error::Unaligned { .. } | Error::Invalid(_) => libc::EINVAL,
+            Error::Unsupported { .. } => libc::EOPNOTSUPP,
+            Error::NoSuchProcess(_) | Error::ProcessExited(_) => libc::ESRCH,
+            Error::PermissionDenied { .. } => libc::EPERM,
+            Error::Os { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+            Error::Corrupt { .. } => libc::EBADMSG,
+            Error::ShimNotFound { .. } => libc::ENOENT,
+            Error::ShimSilent { source, .. } => source.raw_os_error().unwrap_or(libc::EPROTO),
+            Error::InstanceConflict { .. } => libc::EEXIST,
         }
     }
 

@@ -22,18 +22,11 @@ use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-/// Environment: the instance to join.
-pub const ENV_INSTANCE: &str = "PAGEWISE_FARMEM";
-/// Environment: the policy (a built-in name or a plugin path).
-pub const ENV_POLICY: &str = "PAGEWISE_FARMEM_POLICY";
-/// Environment: the plugin's argument string.
-pub const ENV_POLICY_ARGS: &str = "PAGEWISE_FARMEM_POLICY_ARGS";
-/// Environment: "1" emulates thread stacks too.
-pub const ENV_STACKS: &str = "PAGEWISE_FARMEM_STACKS";
-/// Environment: write the trace to this path (".PID" appended).
-pub const ENV_TRACE: &str = "PAGEWISE_FARMEM_TRACE";
-/// Environment: the tag members of one `farmem run` share.
-pub const ENV_TAG: &str = "PAGEWISE_FARMEM_TAG";
+use pagewise::launch::env::{
+    FARMEM_INSTANCE as ENV_INSTANCE, FARMEM_POLICY as ENV_POLICY,
+    FARMEM_POLICY_ARGS as ENV_POLICY_ARGS, FARMEM_STACKS as ENV_STACKS, FARMEM_TAG as ENV_TAG,
+    FARMEM_TRACE as ENV_TRACE,
+};
 
 /// The top of a thread stack left alone with `--stacks` (see on_sigsys).
 const STACK_TOP_KEPT: u64 = 64 << 10;

@@ -21,63 +21,36 @@ mod farmem;
 #[global_allocator]
 static ALLOC: alloc::ShimAlloc = alloc::ShimAlloc;
 
+use pagewise::launch::env;
 use pagewise::track::{protocol, BackendKind, DirtyTracker};
-use std::io::{BufReader, Read};
+use std::io::BufReader;
 use std::os::fd::FromRawFd;
 use std::os::unix::net::UnixStream;
 
 fn serve(sock: UnixStream, backend: BackendKind) {
-    let mut tracker = match DirtyTracker::for_self_anonymous(backend) {
-        Ok(t) => Some(t),
-        Err(e) => {
-            eprintln!("pagewise shim: cannot track this process: {e}");
-            None
-        }
-    };
-    let mut reader = BufReader::new(sock.try_clone().expect("dup of the shim socket"));
+    let tracker = DirtyTracker::for_self_anonymous(backend).map_err(|e| {
+        eprintln!("pagewise shim: cannot track this process: {e}");
+        e.errno()
+    });
+    let Ok(reader) = sock.try_clone() else { return };
     let mut writer = sock;
-    let mut req = [0u8; 1];
-    while reader.read_exact(&mut req).is_ok() {
-        let ok = match req[0] {
-            protocol::REQ_HELLO => match &tracker {
-                Some(t) => protocol::write_hello(&mut writer, t.backend()).is_ok(),
-                None => false,
-            },
-            protocol::REQ_COLLECT => {
-                let Some(t) = tracker.as_mut() else { break };
-                let r = t
-                    .sync_process_mappings(None, false)
-                    .and_then(|_| t.collect())
-                    .map_err(|e| match e {
-                        pagewise::Error::Os { source, .. } => {
-                            source.raw_os_error().unwrap_or(libc::EIO)
-                        }
-                        _ => libc::EIO,
-                    });
-                protocol::write_collection(&mut writer, &r).is_ok()
-            }
-            _ => false,
-        };
-        if !ok {
-            break;
-        }
-    }
+    let tracker = protocol::serve(&mut BufReader::new(reader), &mut writer, tracker, backend);
     drop(tracker);
 }
 
 extern "C" fn pagewise_preload_init() {
-    if let Ok(name) = std::env::var(farmem::ENV_INSTANCE) {
+    if let Ok(name) = std::env::var(env::FARMEM_INSTANCE) {
         farmem::init(name);
     }
-    let Ok(fd) = std::env::var(protocol::ENV_FD) else {
+    let Ok(fd) = std::env::var(env::TRACK_FD) else {
         return;
     };
-    let backend = std::env::var(protocol::ENV_BACKEND)
+    let backend = std::env::var(env::TRACK_BACKEND)
         .ok()
         .and_then(|b| b.parse().ok())
         .unwrap_or(BackendKind::UffdWp);
-    std::env::remove_var(protocol::ENV_FD);
-    std::env::remove_var(protocol::ENV_BACKEND);
+    std::env::remove_var(env::TRACK_FD);
+    std::env::remove_var(env::TRACK_BACKEND);
     let Ok(fd) = fd.parse::<i32>() else { return };
     // SAFETY: pagewise passed this fd for the shim alone; we take ownership and
     // mark it close-on-exec so that programs started by CMD do not inherit it.

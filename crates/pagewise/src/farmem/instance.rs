@@ -96,7 +96,7 @@ struct Header {
 /// temporary directory where `/dev/shm` is missing); `PAGEWISE_FARMEM_DIR`
 /// overrides it.
 pub fn dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("PAGEWISE_FARMEM_DIR") {
+    if let Some(d) = std::env::var_os(crate::launch::env::FARMEM_DIR) {
         return d.into();
     }
     let shm = Path::new("/dev/shm");

@@ -41,20 +41,42 @@ pub use hash::HashBackend;
 /// The tracking mechanisms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "kebab-case")]
+///
+/// The discriminants are the wire values, in the track protocol and as the C
+/// API's `PW_BACKEND_*` constants: fixed, never renumbered.
+#[repr(u32)]
 pub enum BackendKind {
     /// Asynchronous userfaultfd write-protect with `PAGEMAP_SCAN`.
-    UffdWp,
+    UffdWp = 1,
     /// Soft-dirty bits (`clear_refs` and pagemap bit 55).
-    SoftDirty,
+    SoftDirty = 2,
     /// `mprotect` + `SIGSEGV` write faults.
-    Mprotect,
+    Mprotect = 3,
     /// Content fingerprints, no faults.
-    Hash,
+    Hash = 4,
     /// The best available here.
-    Auto,
+    Auto = 0,
 }
 
 impl BackendKind {
+    /// The wire value (the discriminant).
+    pub fn wire(self) -> u32 {
+        self as u32
+    }
+
+    /// The backend of a wire value, `None` for an unknown one.
+    pub fn from_wire(v: u32) -> Option<Self> {
+        [
+            BackendKind::Auto,
+            BackendKind::UffdWp,
+            BackendKind::SoftDirty,
+            BackendKind::Mprotect,
+            BackendKind::Hash,
+        ]
+        .into_iter()
+        .find(|b| b.wire() == v)
+    }
+
     /// Every concrete backend, best first.
     pub const ALL: [BackendKind; 4] = [
         BackendKind::UffdWp,
