@@ -2,8 +2,12 @@
 //! baselines in the same run, reported as ratios (`pagewise bench`, CI's
 //! smoke runs). Not part of the library.
 
+pub mod cli;
 pub mod dump;
 pub mod farmem;
+pub mod farmem_redis;
+pub mod inspect;
+pub mod redis;
 pub mod snap;
 pub mod svg;
 pub mod track;

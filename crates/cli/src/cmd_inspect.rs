@@ -117,17 +117,17 @@ pub fn run(a: Args) -> Result<i32> {
             pids.push(p);
         }
     }
-    let mut bar = crate::cmd_bench::progress();
     let mut started = None;
     if !a.cmd.is_empty() {
         let s = start(&a.cmd)?;
-        bar(&format!(
+        let wait = crate::progress::spinner(format!(
             "started {} (pid {}); inspecting in {} ms",
             a.cmd[0],
             s.child.id(),
             a.after
         ));
         std::thread::sleep(Duration::from_millis(a.after));
+        wait.finish_and_clear();
         let live: Vec<i32> = s
             .instance()
             .members()
@@ -157,15 +157,12 @@ pub fn run(a: Args) -> Result<i32> {
     let opts = Options {
         bloom_sample: a.bloom_sample,
     };
-    let mut last = 0u64;
+    let reading = crate::progress::bar(0, "reading anonymous pages", "pages");
     let mut rep: Report = inspect(&pids, opts, &mut |done, total| {
-        // One line per 5 % (or per update on a terminal).
-        let pct = done * 20 / total.max(1);
-        if pct != last || done == total {
-            last = pct;
-            bar(&format!("read {} of {} anonymous pages", done, total));
-        }
+        reading.set_length(total);
+        reading.set_position(done);
     })?;
+    reading.finish_and_clear();
     let mut coverage: Option<(Method, Vec<access::CoverageReport>)> = None;
     let mut no_coverage = String::from("not asked for (--coverage MS)");
     if window > 0 {
@@ -190,17 +187,19 @@ pub fn run(a: Args) -> Result<i32> {
                 .any(|i| i.members().iter().any(|m| m.live && m.pid == p))
         });
         if all_sampled {
-            bar(&format!("watching accesses for {window} ms"));
+            let watching = crate::progress::spinner(format!("watching accesses for {window} ms"));
             let mut all = Vec::new();
             for i in &sampled {
                 all.extend(pagewise::farmem::sampler::sample(i, w, timeout)?);
             }
+            watching.finish_and_clear();
             coverage = Some((Method::Sampler, all));
         } else if access::idle_page_unavailable().is_none() {
-            bar(&format!(
+            let watching = crate::progress::spinner(format!(
                 "watching accesses for {window} ms (idle page tracking)"
             ));
             coverage = Some((Method::IdlePage, access::idle_pages(&pids, w)?));
+            watching.finish_and_clear();
         } else {
             no_coverage = format!(
                 "unavailable: this kernel has no idle page tracking ({}) and no DAMON, and not every process was started under pagewise (-- CMD, or `pagewise farmem run`)",
@@ -211,15 +210,15 @@ pub fn run(a: Args) -> Result<i32> {
     match coverage {
         Some((m, c)) => {
             rep.add_coverage(m, &c);
-            bar("calibrating the cost of a page walk");
+            let calibrating = crate::progress::spinner("calibrating the cost of a page walk");
             let cost = pagewise::thp::calibrate_walk_cost(256 << 20, 1 << 20)?;
+            calibrating.finish_and_clear();
             rep.rank_promotion(&cost);
             rep.walk_cost = Some(cost);
         }
         None => rep.no_coverage(no_coverage),
     }
     drop(started);
-    eprintln!();
     if let Some(path) = &a.heatmap {
         std::fs::write(path, heatmap(&rep).render())
             .with_context(|| format!("writing {}", path.display()))?;

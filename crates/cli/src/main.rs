@@ -1,16 +1,14 @@
 //! `pagewise`: the command-line face of the pagewise library.
 
-mod cmd_bench;
+mod cmd_demo;
 mod cmd_farmem;
-mod cmd_farmem_redis;
 mod cmd_inspect;
-mod cmd_inspect_bench;
 mod cmd_probe;
-mod cmd_redis;
 mod cmd_snapshot;
 mod cmd_track;
 mod cmd_workload;
 mod heatmap;
+mod progress;
 
 use clap::{Parser, Subcommand};
 
@@ -20,6 +18,9 @@ use clap::{Parser, Subcommand};
 /// runs on far memory (DiME), and what its memory holds (HawkEye, SmartMD).
 #[command(name = "pagewise", version, long_about = None)]
 struct Cli {
+    /// No progress bars or spinners (they appear only on a terminal anyway).
+    #[arg(long, short, global = true)]
+    quiet: bool,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -55,9 +56,9 @@ enum Cmd {
     /// measures which pages are touched, `--heatmap FILE.svg` draws it.
     Inspect(cmd_inspect::Args),
     /// Run the benchmarks of a capability and print ratios against the baselines.
-    Bench(cmd_bench::Args),
+    Bench(pagewise_bench::cli::Args),
     /// One-step tour: track a built-in workload with every available backend.
-    Demo(cmd_bench::DemoArgs),
+    Demo(cmd_demo::DemoArgs),
     /// Built-in self-checking workloads (used by the tests and benchmarks).
     #[command(hide = true)]
     Workload(cmd_workload::Args),
@@ -67,14 +68,15 @@ fn main() {
     // Output piped into `head` ends quietly when the reader goes away.
     let _ = pagewise_sys::signal::default_sigpipe();
     let cli = Cli::parse();
+    progress::set_quiet(cli.quiet);
     let r = match cli.cmd {
         Cmd::Probe(a) => cmd_probe::run(a),
         Cmd::Track(a) => cmd_track::run(a),
         Cmd::Snapshot(a) => cmd_snapshot::run(a),
         Cmd::Farmem(a) => cmd_farmem::run(a),
         Cmd::Inspect(a) => cmd_inspect::run(a),
-        Cmd::Bench(a) => cmd_bench::run(a),
-        Cmd::Demo(a) => cmd_bench::demo(a),
+        Cmd::Bench(a) => pagewise_bench::cli::run(a, cli.quiet),
+        Cmd::Demo(a) => cmd_demo::demo(a),
         Cmd::Workload(a) => cmd_workload::run(a),
     };
     match r {

@@ -19,6 +19,34 @@
 //! user or root may change it. The directory is shared like `/tmp` (sticky,
 //! world-writable); one that another user owns and could rewrite is
 //! refused. Names `farmem run` makes up are not predictable.
+//!
+//! # The file, a contract between processes
+//!
+//! Every member maps the same file, which may have been made by another
+//! build of pagewise, so its layout is fixed and checked:
+//!
+//! - It is one `Header` (`repr(C)`, native byte order, 29,272 bytes; every
+//!   struct's size is asserted at compile time): magic `"pagefarm"`, the
+//!   layout number, the owner and creator, then atomics only — the settings
+//!   and their `generation`, the calibrated floor, the coverage request,
+//!   [`MAX_MEMBERS`] member slots and 16 retired-run entries.
+//! - **Version rule:** any change to a field's order, size or meaning in
+//!   `Header`, `Slot`, `Retired` or the engine's `Counters` bumps `LAYOUT`
+//!   (now 3); a process refuses an instance of another layout with an error
+//!   that says so, never reads it.
+//! - Writers: the creator writes every other field once, then the magic
+//!   number last, after a release fence (a file without it is not yet an
+//!   instance); afterwards settings change only through
+//!   [`Instance::set`] (then `generation` is bumped, release), slots only
+//!   through [`Instance::join`] (a compare-and-swap on the slot's state) and
+//!   the member's own engine (its counters).
+//! - **Coverage hand-off:** the `coverage` counter is odd while a window is
+//!   open ([`Instance::request_coverage`]); each member's engine, seeing the
+//!   counter change, opens or closes its window and, on closing, writes its
+//!   [`CoverageReport`](crate::access::CoverageReport) as JSON to
+//!   [`Instance::coverage_path`] (`NAME.coverage.PID` beside the instance,
+//!   written under a temporary name and renamed), carrying the request's
+//!   number so that a reader never takes an older window's report.
 
 use super::{Counters, Stats};
 use crate::{Error, Result};
@@ -91,6 +119,16 @@ struct Header {
     slots: [Slot; MAX_MEMBERS],
     retired: [Retired; RETIRED],
 }
+
+// The layout of the file (see the module's contract): a change here must
+// bump LAYOUT.
+const _: () = {
+    assert!(std::mem::size_of::<Counters>() == 344);
+    assert!(std::mem::size_of::<Slot>() == 368);
+    assert!(std::mem::size_of::<Retired>() == 352);
+    assert!(std::mem::size_of::<Header>() == 29_272);
+    assert!(LAYOUT == 3);
+};
 
 /// Where instance files live: `/dev/shm/pagewise-farmem` (or under the
 /// temporary directory where `/dev/shm` is missing); `PAGEWISE_FARMEM_DIR`

@@ -15,11 +15,11 @@
 //! separate instances; two sharing one instance (its budget, a percentage
 //! of both data sets, is twice one's); one emulated beside one that is not.
 
-use crate::cmd_redis::{
+use crate::redis::{
     free_port, redis_benchmark, server_args, wait_ready, which, Server as RedisServer,
 };
+use crate::svg::{Chart, Series};
 use anyhow::{bail, Context, Result};
-use pagewise_bench::svg::{Chart, Series};
 use serde::Serialize;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -27,6 +27,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 #[derive(clap::Args)]
+/// The experiment's arguments.
 pub struct Args {
     /// The full experiment (more keys, requests and points; a few minutes).
     #[arg(long)]
@@ -319,7 +320,7 @@ fn run_once(
 
 #[derive(Serialize)]
 struct Report {
-    machine: pagewise_bench::Machine,
+    machine: crate::Machine,
     redis_version: String,
     command: String,
     keys: u64,
@@ -339,7 +340,8 @@ fn falls(ys: &[f64], tol: f64) -> bool {
     ys.windows(2).all(|w| w[1] <= w[0] * (1.0 + tol))
 }
 
-pub fn run(a: Args) -> Result<i32> {
+/// Runs the experiment; the process's exit code.
+pub fn run(a: Args, quiet: bool) -> Result<i32> {
     if !which("redis-server") || !which("redis-benchmark") {
         bail!("redis-server and redis-benchmark are needed: run scripts/setup.sh (installs Debian's redis-server and redis-tools)");
     }
@@ -370,7 +372,7 @@ pub fn run(a: Args) -> Result<i32> {
     };
     let tmp = std::env::temp_dir().join(format!("pagewise-farmem-redis-{}", std::process::id()));
     std::fs::create_dir_all(&tmp)?;
-    let mut progress = crate::cmd_bench::progress();
+    let mut progress = crate::cli::progress(quiet);
     let me = std::process::id();
     let em = |name: &str, p: u64, l: u64| {
         Some(Emulation {
@@ -442,7 +444,7 @@ pub fn run(a: Args) -> Result<i32> {
         .unwrap_or_default();
     let ys = |v: &[Point]| v.iter().map(|p| p.get_rps).collect::<Vec<_>>();
     let report = Report {
-        machine: pagewise_bench::Machine::this(),
+        machine: crate::Machine::this(),
         redis_version: version,
         command: format!(
             "pagewise bench farmem-redis{}",
@@ -530,5 +532,5 @@ pub fn run(a: Args) -> Result<i32> {
         ("redis_local.svg".to_string(), by_local),
         ("redis_latency.svg".to_string(), by_latency),
     ];
-    crate::cmd_bench::emit(&report, text, charts, a.json, a.out)
+    crate::cli::emit(&report, text, charts, a.json, a.out)
 }

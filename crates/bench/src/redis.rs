@@ -4,8 +4,8 @@
 //! (inside, through the preload shim) and `hash` (from outside). The untracked
 //! run is made first and last; its mean is the baseline.
 
+use crate::svg::{Chart, Series};
 use anyhow::{bail, Context, Result};
-use pagewise_bench::svg::{Chart, Series};
 use serde::Serialize;
 use std::io::{BufRead, BufReader};
 use std::net::TcpStream;
@@ -14,6 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 #[derive(clap::Args)]
+/// The experiment's arguments.
 pub struct Args {
     /// Requests per redis-benchmark test (SET and GET each).
     #[arg(long, default_value_t = 1_000_000)]
@@ -47,7 +48,7 @@ struct Run {
 
 #[derive(Serialize)]
 struct Report {
-    machine: pagewise_bench::Machine,
+    machine: crate::Machine,
     redis_version: String,
     command: String,
     runs: Vec<Run>,
@@ -239,7 +240,8 @@ fn one_run(backend: Option<&str>, interval: u64, requests: u64) -> Result<Run> {
     })
 }
 
-pub fn run(a: Args) -> Result<i32> {
+/// Runs the experiment; the process's exit code.
+pub fn run(a: Args, quiet: bool) -> Result<i32> {
     if !which("redis-server") || !which("redis-benchmark") {
         bail!("redis-server and redis-benchmark are needed: run scripts/setup.sh (installs Debian's redis-server and redis-tools)");
     }
@@ -248,7 +250,7 @@ pub fn run(a: Args) -> Result<i32> {
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default();
-    let mut p = crate::cmd_bench::progress();
+    let mut p = crate::cli::progress(quiet);
     let mut runs = Vec::new();
     p("untracked (first)");
     runs.push(one_run(None, 0, a.requests)?);
@@ -271,7 +273,7 @@ pub fn run(a: Args) -> Result<i32> {
         r.ratio_to_none = r.mean_rps / base;
     }
     let report = Report {
-        machine: pagewise_bench::Machine::this(),
+        machine: crate::Machine::this(),
         redis_version: version,
         command: format!(
             "redis-benchmark -t set,get -n {} -r 100000 -d 1024 -c 50 --csv",

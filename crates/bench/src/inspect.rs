@@ -12,6 +12,7 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 #[derive(clap::Args)]
+/// The experiment's arguments.
 pub struct Args {
     /// The full experiment (256 MiB, 1 GiB and 4 GiB targets; a few minutes).
     #[arg(long)]
@@ -171,14 +172,15 @@ fn point(bytes: u64, bw: f64, dir: &Path, bar: &mut dyn FnMut(&str)) -> Result<P
     })
 }
 
-pub fn run(a: Args) -> Result<i32> {
+/// Runs the experiment; the process's exit code.
+pub fn run(a: Args, quiet: bool) -> Result<i32> {
     if !pagewise::probe::get().pagemap_scan {
         bail!(
             "the inspector needs PAGEMAP_SCAN: {}",
             pagewise::probe::get().why("pagemap_scan")
         );
     }
-    let mut bar = crate::cmd_bench::progress();
+    let mut bar = crate::cli::progress(quiet);
     bar("measuring memory read bandwidth");
     let bw = read_bandwidth()?;
     let dir = std::env::temp_dir().join(format!("pw-bench-inspect-{}", std::process::id()));
@@ -202,7 +204,7 @@ pub fn run(a: Args) -> Result<i32> {
     }
     let _ = std::fs::remove_dir_all(&dir);
     eprintln!();
-    let machine = pagewise_bench::Machine::this().to_string();
+    let machine = crate::Machine::this().to_string();
     let mut summary = format!(
         "pagewise bench inspect{} — {machine}\nread bandwidth (one thread): {bw:.2} GB/s\n\n{:>9} {:>10} {:>10} {:>7} {:>9} {:>9} {:>9} {:>6} {:>9} {:>9}\n",
         if a.full { " --full" } else { "" },
@@ -228,28 +230,28 @@ pub fn run(a: Args) -> Result<i32> {
         );
     }
     summary += "\nratio: inspection time / (size / read bandwidth); goal at most 1.5.\n";
-    let chart = pagewise_bench::svg::Chart {
+    let chart = crate::svg::Chart {
         title: "pagewise inspect: time against reading the memory once".into(),
         x_label: "target size (MiB)".into(),
         y_label: "seconds".into(),
         log_x: true,
         log_y: true,
         series: vec![
-            pagewise_bench::svg::Series {
+            crate::svg::Series {
                 label: "inspect".into(),
                 points: points
                     .iter()
                     .map(|p| ((p.bytes >> 20) as f64, p.inspect_s))
                     .collect(),
             },
-            pagewise_bench::svg::Series {
+            crate::svg::Series {
                 label: "read once".into(),
                 points: points
                     .iter()
                     .map(|p| ((p.bytes >> 20) as f64, p.read_once_s))
                     .collect(),
             },
-            pagewise_bench::svg::Series {
+            crate::svg::Series {
                 label: "1.5 x read once".into(),
                 points: points
                     .iter()
@@ -264,7 +266,7 @@ pub fn run(a: Args) -> Result<i32> {
         read_bandwidth_gb_s: bw,
         points,
     };
-    let rc = crate::cmd_bench::emit(
+    let rc = crate::cli::emit(
         &report,
         summary,
         vec![("cost.svg".into(), chart)],

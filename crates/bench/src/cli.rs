@@ -1,11 +1,13 @@
-//! `pagewise bench` and `pagewise demo`.
+//! `pagewise bench`: the command line of the benchmarks (the CLI's `bench`
+//! subcommand is a thin call into [`run`]).
 
-use anyhow::{bail, Context, Result};
-use pagewise_bench::track as bt;
+use crate::track as bt;
+use anyhow::{Context, Result};
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
+/// `pagewise bench`'s arguments.
 pub struct Args {
     #[command(subcommand)]
     what: What,
@@ -62,41 +64,52 @@ enum What {
     },
     /// LDT's experiment (d): a real redis-server loaded by redis-benchmark,
     /// untracked and tracked every 1, 5 and 10 s.
-    Redis(crate::cmd_redis::Args),
+    Redis(crate::redis::Args),
     /// DiME's experiments (d) and (e): a real redis-server under `pagewise
     /// farmem run`, GET throughput against local memory and latency, and
     /// isolation between instances (with --full); every run checks a sample
     /// of keys and values.
-    FarmemRedis(crate::cmd_farmem_redis::Args),
+    FarmemRedis(crate::farmem_redis::Args),
     /// The inspector's cost: time to inspect a process holding the known
     /// layout (128 MiB; 256 MiB, 1 GiB and 4 GiB with --full) against
     /// reading that memory once at this machine's bandwidth, the target's
     /// slowdown during the scan, and every exact figure checked.
-    Inspect(crate::cmd_inspect_bench::Args),
+    Inspect(crate::inspect::Args),
 }
 
-/// Progress on stderr: one updating line on a terminal, plain lines otherwise.
-pub fn progress() -> impl FnMut(&str) {
+/// Progress on stderr: a spinner with the step's message on a terminal;
+/// one line per step otherwise (a benchmark's log), nothing when `quiet`.
+pub fn progress(quiet: bool) -> impl FnMut(&str) {
     let tty = std::io::stderr().is_terminal();
     let t0 = std::time::Instant::now();
+    let spinner = (tty && !quiet).then(|| {
+        let b = indicatif::ProgressBar::new_spinner();
+        b.set_style(
+            indicatif::ProgressStyle::with_template("{spinner} {elapsed:>4} [{pos:>3}] {msg}")
+                .expect("a valid template"),
+        );
+        b.enable_steady_tick(std::time::Duration::from_millis(120));
+        b
+    });
     let mut n = 0u32;
     move |msg: &str| {
         n += 1;
-        let mut e = std::io::stderr();
-        if tty {
-            let _ = write!(
-                e,
-                "\r\x1b[K[{n:>3}] {:>6.1}s {msg}",
-                t0.elapsed().as_secs_f64()
-            );
-        } else {
-            let _ = writeln!(e, "[{n:>3}] {:>6.1}s {msg}", t0.elapsed().as_secs_f64());
+        match &spinner {
+            Some(b) => {
+                b.set_position(n.into());
+                b.set_message(msg.to_string());
+            }
+            None if !quiet => {
+                let mut e = std::io::stderr();
+                let _ = writeln!(e, "[{n:>3}] {:>6.1}s {msg}", t0.elapsed().as_secs_f64());
+            }
+            None => {}
         }
-        let _ = e.flush();
     }
 }
 
-pub fn run(a: Args) -> Result<i32> {
+/// Runs the benchmark `a` names; the process's exit code.
+pub fn run(a: Args, quiet: bool) -> Result<i32> {
     match a.what {
         What::Track { full, json, out } => {
             let cfg = if full {
@@ -104,8 +117,7 @@ pub fn run(a: Args) -> Result<i32> {
             } else {
                 bt::Config::quick()
             };
-            let report = bt::run(&cfg, &mut progress())?;
-            eprintln!();
+            let report = bt::run(&cfg, &mut progress(quiet))?;
             emit(&report, report.summary(), report.charts(), json, out)
         }
         What::Snap {
@@ -114,39 +126,37 @@ pub fn run(a: Args) -> Result<i32> {
             json,
             out,
         } => {
-            use pagewise_bench::snap as bs;
+            use crate::snap as bs;
             let mut cfg = if full {
                 bs::Config::full()
             } else {
                 bs::Config::quick()
             };
             cfg.parts = only;
-            let report = bs::run(&cfg, &mut progress())?;
-            eprintln!();
+            let report = bs::run(&cfg, &mut progress(quiet))?;
             emit(&report, report.summary(), report.charts(), json, out)
         }
         What::Farmem { full, json, out } => {
-            use pagewise_bench::farmem as bf;
+            use crate::farmem as bf;
             let cfg = if full {
                 bf::FarmemConfig::full()
             } else {
                 bf::FarmemConfig::quick()
             };
-            let report = bf::run(&cfg, &mut progress())?;
-            eprintln!();
+            let report = bf::run(&cfg, &mut progress(quiet))?;
             emit(&report, report.summary(), report.charts(), json, out)
         }
-        What::Redis(r) => crate::cmd_redis::run(r),
-        What::FarmemRedis(r) => crate::cmd_farmem_redis::run(r),
-        What::Inspect(r) => crate::cmd_inspect_bench::run(r),
+        What::Redis(r) => crate::redis::run(r, quiet),
+        What::FarmemRedis(r) => crate::farmem_redis::run(r, quiet),
+        What::Inspect(r) => crate::inspect::run(r, quiet),
     }
 }
 
 /// Prints a report (JSON or its summary) and writes it with its plots into `out`.
-pub(crate) fn emit(
+pub fn emit(
     report: &impl serde::Serialize,
     summary: String,
-    charts: Vec<(String, pagewise_bench::svg::Chart)>,
+    charts: Vec<(String, crate::svg::Chart)>,
     json: bool,
     out: Option<PathBuf>,
 ) -> Result<i32> {
@@ -167,67 +177,5 @@ pub(crate) fn emit(
         }
         eprintln!("pagewise: wrote {}", dir.display());
     }
-    Ok(0)
-}
-
-#[derive(clap::Args)]
-pub struct DemoArgs {
-    /// Size of the demo's memory in MiB.
-    #[arg(long, default_value_t = 256)]
-    mib: usize,
-}
-
-/// Tracks a writer thread over `mib` MiB with every available backend and
-/// checks each collection against a shadow copy.
-pub fn demo(a: DemoArgs) -> Result<i32> {
-    use pagewise::track::{BackendKind, DirtyTracker};
-    use pagewise::workload::{AnonMemory, Rng};
-    use pagewise::PAGE_SIZE;
-    if a.mib == 0 {
-        bail!("--mib must be at least 1");
-    }
-    println!("pagewise demo: a program writes random pages of {} MiB; each backend reports what changed,", a.mib);
-    println!(
-        "and every report is checked against a shadow copy (a lost write would fail the demo).\n"
-    );
-    for k in BackendKind::ALL {
-        if let Err(why) = k.available_in_process() {
-            println!("{:<10} skipped: {why}", k.name());
-            continue;
-        }
-        let mem = AnonMemory::new(a.mib << 20)?;
-        mem.write_pass(1, 1);
-        let mut shadow = mem.snapshot();
-        let mut t = DirtyTracker::new(&[mem.region()], k)?;
-        let mut rng = Rng::new(9);
-        let mut total_ms = 0.0;
-        let mut reported = 0;
-        for round in 0..5u64 {
-            for _ in 0..(mem.pages() / 20) {
-                let p = rng.below(mem.pages() as u64) as usize;
-                mem.write_byte(
-                    p * PAGE_SIZE + (round as usize) * 8,
-                    (round as u8).wrapping_add(p as u8) | 1,
-                );
-            }
-            let c = t.collect()?;
-            total_ms += c.stats.elapsed_ns as f64 / 1e6;
-            reported += c.stats.pages_dirty;
-            for r in &c.ranges {
-                let off = (r.start - mem.addr()) as usize;
-                mem.read_into(off, &mut shadow[off..off + r.len() as usize]);
-            }
-            if mem.snapshot() != shadow {
-                bail!("{k}: a write was lost in round {round}");
-            }
-        }
-        println!(
-            "{:<10} 5 collections: {:>7} dirty pages reported, mean collection {:>8.3} ms, shadow copy matches",
-            k.name(),
-            reported,
-            total_ms / 5.0
-        );
-    }
-    println!("\nNext: `pagewise probe`, `pagewise track -- CMD`, `pagewise bench track`.");
     Ok(0)
 }
