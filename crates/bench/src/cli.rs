@@ -21,12 +21,8 @@ enum What {
         /// The full experiment (64 MiB..4 GiB, 1 GiB timeline for 10 s; ~5 minutes).
         #[arg(long)]
         full: bool,
-        /// Print the report as one JSON object.
-        #[arg(long)]
-        json: bool,
-        /// Write report.json, summary.txt and SVG plots into this directory.
-        #[arg(long)]
-        out: Option<PathBuf>,
+        #[command(flatten)]
+        output: Output,
     },
     /// SimGrid's experiments: (a) a depth-first state-space search with full-copy
     /// snapshots against the page store (time, peak RSS); (b) snapshot + restore
@@ -41,12 +37,8 @@ enum What {
         /// Run only these experiments: any of a, b and c (for example `--only bc`).
         #[arg(long, default_value = "abc")]
         only: String,
-        /// Print the report as one JSON object.
-        #[arg(long)]
-        json: bool,
-        /// Write report.json, summary.txt and SVG plots into this directory.
-        #[arg(long)]
-        out: Option<PathBuf>,
+        #[command(flatten)]
+        output: Output,
     },
     /// DiME's validation: (a) Table 5.1 fetch counts, (b) the two-page test,
     /// (c) delay accuracy against the configured latency, (f) the cost of a
@@ -55,12 +47,8 @@ enum What {
         /// The full experiment (twelve latencies, five repeats; about a minute).
         #[arg(long)]
         full: bool,
-        /// Print the report as one JSON object.
-        #[arg(long)]
-        json: bool,
-        /// Write report.json, summary.txt and SVG plots into this directory.
-        #[arg(long)]
-        out: Option<PathBuf>,
+        #[command(flatten)]
+        output: Output,
     },
     /// LDT's experiment (d): a real redis-server loaded by redis-benchmark,
     /// untracked and tracked every 1, 5 and 10 s.
@@ -111,21 +99,16 @@ pub fn progress(quiet: bool) -> impl FnMut(&str) {
 /// Runs the benchmark `a` names; the process's exit code.
 pub fn run(a: Args, quiet: bool) -> Result<i32> {
     match a.what {
-        What::Track { full, json, out } => {
+        What::Track { full, output } => {
             let cfg = if full {
                 bt::Config::full()
             } else {
                 bt::Config::quick()
             };
             let report = bt::run(&cfg, &mut progress(quiet))?;
-            emit(&report, report.summary(), report.charts(), json, out)
+            output.emit(&report, report.summary(), report.charts())
         }
-        What::Snap {
-            full,
-            only,
-            json,
-            out,
-        } => {
+        What::Snap { full, only, output } => {
             use crate::snap as bs;
             let mut cfg = if full {
                 bs::Config::full()
@@ -134,9 +117,9 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
             };
             cfg.parts = only;
             let report = bs::run(&cfg, &mut progress(quiet))?;
-            emit(&report, report.summary(), report.charts(), json, out)
+            output.emit(&report, report.summary(), report.charts())
         }
-        What::Farmem { full, json, out } => {
+        What::Farmem { full, output } => {
             use crate::farmem as bf;
             let cfg = if full {
                 bf::FarmemConfig::full()
@@ -144,7 +127,7 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
                 bf::FarmemConfig::quick()
             };
             let report = bf::run(&cfg, &mut progress(quiet))?;
-            emit(&report, report.summary(), report.charts(), json, out)
+            output.emit(&report, report.summary(), report.charts())
         }
         What::Redis(r) => crate::redis::run(r, quiet),
         What::FarmemRedis(r) => crate::farmem_redis::run(r, quiet),
@@ -152,30 +135,43 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
     }
 }
 
-/// Prints a report (JSON or its summary) and writes it with its plots into `out`.
-pub fn emit(
-    report: &impl serde::Serialize,
-    summary: String,
-    charts: Vec<(String, crate::svg::Chart)>,
-    json: bool,
-    out: Option<PathBuf>,
-) -> Result<i32> {
-    if json {
-        println!("{}", serde_json::to_string(report)?);
-    } else {
-        print!("{summary}");
-    }
-    if let Some(dir) = out {
-        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        std::fs::write(
-            dir.join("report.json"),
-            serde_json::to_string_pretty(report)?,
-        )?;
-        std::fs::write(dir.join("summary.txt"), summary)?;
-        for (name, chart) in charts {
-            std::fs::write(dir.join(&name), chart.render())?;
+/// Where a benchmark's report goes: every experiment takes these flags.
+#[derive(clap::Args, Clone, Debug)]
+pub struct Output {
+    /// Print the report as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+    /// Write report.json, summary.txt and SVG plots into this directory.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+impl Output {
+    /// Prints a report (JSON or its summary) and writes it with its plots
+    /// into `out`; the exit code.
+    pub fn emit(
+        &self,
+        report: &impl serde::Serialize,
+        summary: String,
+        charts: Vec<(String, crate::svg::Chart)>,
+    ) -> Result<i32> {
+        if self.json {
+            println!("{}", serde_json::to_string(report)?);
+        } else {
+            print!("{summary}");
         }
-        eprintln!("pagewise: wrote {}", dir.display());
+        if let Some(dir) = &self.out {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            std::fs::write(
+                dir.join("report.json"),
+                serde_json::to_string_pretty(report)?,
+            )?;
+            std::fs::write(dir.join("summary.txt"), summary)?;
+            for (name, chart) in charts {
+                std::fs::write(dir.join(&name), chart.render())?;
+            }
+            eprintln!("pagewise: wrote {}", dir.display());
+        }
+        Ok(0)
     }
-    Ok(0)
 }

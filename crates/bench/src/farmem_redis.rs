@@ -32,12 +32,8 @@ pub struct Args {
     /// The full experiment (more keys, requests and points; a few minutes).
     #[arg(long)]
     full: bool,
-    /// Print the report as one JSON object.
-    #[arg(long)]
-    json: bool,
-    /// Write report.json, summary.txt and SVG plots into this directory.
-    #[arg(long)]
-    out: Option<PathBuf>,
+    #[command(flatten)]
+    output: crate::cli::Output,
 }
 
 struct Scale {
@@ -532,5 +528,5 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
         ("redis_local.svg".to_string(), by_local),
         ("redis_latency.svg".to_string(), by_latency),
     ];
-    crate::cli::emit(&report, text, charts, a.json, a.out)
+    a.output.emit(&report, text, charts)
 }

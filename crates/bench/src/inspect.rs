@@ -7,7 +7,7 @@ use pagewise::inspect::{inspect, Options};
 use pagewise::workload::{AnonMemory, LayoutTruth};
 use serde::Serialize;
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
@@ -17,12 +17,8 @@ pub struct Args {
     /// The full experiment (256 MiB, 1 GiB and 4 GiB targets; a few minutes).
     #[arg(long)]
     full: bool,
-    /// Print the report as one JSON object.
-    #[arg(long)]
-    json: bool,
-    /// Write report.json, summary.txt and SVG plots into this directory.
-    #[arg(long)]
-    out: Option<PathBuf>,
+    #[command(flatten)]
+    output: crate::cli::Output,
 }
 
 #[derive(Serialize)]
@@ -52,31 +48,13 @@ struct Report {
     points: Vec<Point>,
 }
 
-/// Memory read bandwidth of one thread: GB/s summing 1 GiB, best of 3.
+/// Memory read bandwidth of one thread, GB/s: 1 GiB read once
+/// ([`crate::read_once_s`], the median of 3).
 fn read_bandwidth() -> Result<f64> {
     let len = 1usize << 30;
     let m = AnonMemory::new(len)?;
     m.write_pass(1, 1);
-    let words = len / 8;
-    let base = m.addr() as *const u64;
-    let mut best = f64::MAX;
-    for _ in 0..3 {
-        let t = Instant::now();
-        let mut s = 0u64;
-        for i in (0..words).step_by(4) {
-            // SAFETY: i + 3 < words: inside the populated mapping.
-            unsafe {
-                s = s
-                    .wrapping_add(std::ptr::read_volatile(base.add(i)))
-                    .wrapping_add(*base.add(i + 1))
-                    .wrapping_add(*base.add(i + 2))
-                    .wrapping_add(*base.add(i + 3));
-            }
-        }
-        std::hint::black_box(s);
-        best = best.min(t.elapsed().as_secs_f64());
-    }
-    Ok(len as f64 / best / 1e9)
+    Ok(len as f64 / crate::read_once_s(&m, 3) / 1e9)
 }
 
 struct Target {
@@ -266,13 +244,9 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
         read_bandwidth_gb_s: bw,
         points,
     };
-    let rc = crate::cli::emit(
-        &report,
-        summary,
-        vec![("cost.svg".into(), chart)],
-        a.json,
-        a.out,
-    )?;
+    let rc = a
+        .output
+        .emit(&report, summary, vec![("cost.svg".into(), chart)])?;
     if failed {
         bail!("the inspector's figures did not match the layout");
     }

@@ -74,3 +74,23 @@ pub fn median(v: &mut [f64]) -> f64 {
         (v[n / 2 - 1] + v[n / 2]) / 2.0
     }
 }
+
+/// The memory-bandwidth baseline of every "× read once" ratio: seconds to
+/// read `mem` once, sequentially on one core, summing 64-byte lines; the
+/// median of `reps` passes.
+pub fn read_once_s(mem: &pagewise::workload::AnonMemory, reps: usize) -> f64 {
+    let mut times = Vec::new();
+    for _ in 0..reps.max(1) {
+        let t0 = std::time::Instant::now();
+        // SAFETY: the mapping is ours and fully inside `mem`; u64 reads are aligned.
+        let words =
+            unsafe { std::slice::from_raw_parts(mem.as_ptr() as *const u64, mem.len() / 8) };
+        let mut acc = 0u64;
+        for c in words.chunks_exact(8) {
+            acc = acc.wrapping_add(c[0] ^ c[1] ^ c[2] ^ c[3] ^ c[4] ^ c[5] ^ c[6] ^ c[7]);
+        }
+        std::hint::black_box(acc);
+        times.push(t0.elapsed().as_secs_f64());
+    }
+    median(&mut times)
+}

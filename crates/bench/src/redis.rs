@@ -9,7 +9,6 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use std::io::{BufRead, BufReader};
 use std::net::TcpStream;
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -25,12 +24,8 @@ pub struct Args {
     /// Backends to run tracked (uffd-wp, hash, soft-dirty).
     #[arg(long, value_delimiter = ',', default_value = "uffd-wp,hash")]
     backends: Vec<String>,
-    /// Print the report as one JSON object.
-    #[arg(long)]
-    json: bool,
-    /// Write report.json, summary.txt and redis.svg into this directory.
-    #[arg(long)]
-    out: Option<PathBuf>,
+    #[command(flatten)]
+    output: crate::cli::Output,
 }
 
 #[derive(Serialize, Clone)]
@@ -307,49 +302,35 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
             r.mean_dirty_pages
         ));
     }
-    if a.json {
-        println!("{}", serde_json::to_string(&report)?);
-    } else {
-        print!("{summary}");
-    }
-    if let Some(dir) = a.out {
-        std::fs::create_dir_all(&dir)?;
-        std::fs::write(
-            dir.join("report.json"),
-            serde_json::to_string_pretty(&report)?,
-        )?;
-        std::fs::write(dir.join("summary.txt"), &summary)?;
-        let mut series: Vec<Series> = a
-            .backends
-            .iter()
-            .map(|b| Series {
-                label: b.clone(),
-                points: report
-                    .runs
-                    .iter()
-                    .filter(|r| &r.backend == b)
-                    .map(|r| (r.interval_s as f64, r.mean_rps))
-                    .collect(),
-            })
-            .collect();
-        let (lo, hi) = (
-            *a.intervals.iter().min().unwrap_or(&1) as f64,
-            *a.intervals.iter().max().unwrap_or(&10) as f64,
-        );
-        series.push(Series {
-            label: "untracked".into(),
-            points: vec![(lo, base), (hi, base)],
-        });
-        let chart = Chart {
-            title: "(d) redis-server under tracking: mean of SET and GET req/s".into(),
-            x_label: "tracking interval (s)".into(),
-            y_label: "requests/s".into(),
-            log_x: false,
-            log_y: false,
-            series,
-        };
-        std::fs::write(dir.join("redis.svg"), chart.render())?;
-        eprintln!("pagewise: wrote {}", dir.display());
-    }
-    Ok(0)
+    let mut series: Vec<Series> = a
+        .backends
+        .iter()
+        .map(|b| Series {
+            label: b.clone(),
+            points: report
+                .runs
+                .iter()
+                .filter(|r| &r.backend == b)
+                .map(|r| (r.interval_s as f64, r.mean_rps))
+                .collect(),
+        })
+        .collect();
+    let (lo, hi) = (
+        *a.intervals.iter().min().unwrap_or(&1) as f64,
+        *a.intervals.iter().max().unwrap_or(&10) as f64,
+    );
+    series.push(Series {
+        label: "untracked".into(),
+        points: vec![(lo, base), (hi, base)],
+    });
+    let chart = Chart {
+        title: "(d) redis-server under tracking: mean of SET and GET req/s".into(),
+        x_label: "tracking interval (s)".into(),
+        y_label: "requests/s".into(),
+        log_x: false,
+        log_y: false,
+        series,
+    };
+    a.output
+        .emit(&report, summary, vec![("redis.svg".into(), chart)])
 }

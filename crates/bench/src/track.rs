@@ -327,24 +327,6 @@ pub fn timeline(
     Ok(out)
 }
 
-/// Time to read `mem` once, sequentially on one core (the bandwidth reference).
-pub fn read_once_ms(mem: &AnonMemory, reps: usize) -> f64 {
-    let mut times = Vec::new();
-    for _ in 0..reps.max(1) {
-        let t0 = Instant::now();
-        // SAFETY: the mapping is ours and fully inside `mem`; u64 reads are aligned.
-        let words =
-            unsafe { std::slice::from_raw_parts(mem.as_ptr() as *const u64, mem.len() / 8) };
-        let mut acc = 0u64;
-        for c in words.chunks_exact(8) {
-            acc = acc.wrapping_add(c[0] ^ c[1] ^ c[2] ^ c[3] ^ c[4] ^ c[5] ^ c[6] ^ c[7]);
-        }
-        std::hint::black_box(acc);
-        times.push(t0.elapsed().as_secs_f64() * 1e3);
-    }
-    median(&mut times)
-}
-
 /// (c): time to collect after writing x % of the region.
 pub fn collect_time(
     cfg: &Config,
@@ -353,7 +335,7 @@ pub fn collect_time(
 ) -> Result<(Vec<CollectRow>, f64)> {
     let mem = AnonMemory::new(cfg.collect_mib << 20)?;
     mem.write_pass(PAGE_SIZE, 1);
-    let read_ms = read_once_ms(&mem, cfg.collect_reps);
+    let read_ms = crate::read_once_s(&mem, cfg.collect_reps) * 1e3;
     let pages = mem.pages();
     // A fixed random order of all pages: the first x % of it are "x % at random".
     let mut order: Vec<usize> = (0..pages).collect();
