@@ -1,6 +1,7 @@
-//! A small SVG line chart, enough for benchmark plots without a plotting stack.
+//! Benchmark plots: line charts drawn as SVG with `plotters`.
 
-use std::fmt::Write;
+use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
+use plotters::prelude::*;
 
 /// One line of a chart.
 #[derive(Debug, Clone)]
@@ -28,11 +29,17 @@ pub struct Chart {
     pub series: Vec<Series>,
 }
 
-const COLORS: [&str; 6] = [
-    "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#555555",
+const COLORS: [RGBColor; 6] = [
+    RGBColor(0x1f, 0x77, 0xb4),
+    RGBColor(0xd6, 0x27, 0x28),
+    RGBColor(0x2c, 0xa0, 0x2c),
+    RGBColor(0x94, 0x67, 0xbd),
+    RGBColor(0xff, 0x7f, 0x0e),
+    RGBColor(0x55, 0x55, 0x55),
 ];
 
-fn tick_label(v: f64) -> String {
+fn tick_label(v: &f64) -> String {
+    let v = *v;
     if v.abs() >= 1e6 {
         format!("{:.1}M", v / 1e6)
     } else if v.abs() >= 1e3 {
@@ -44,144 +51,124 @@ fn tick_label(v: f64) -> String {
     }
 }
 
+/// The data's range on one axis, widened where it is a single value, and kept
+/// positive on a logarithmic axis.
+fn span(values: impl Iterator<Item = f64>, log: bool) -> (f64, f64) {
+    let (mut lo, mut hi) = (f64::MAX, f64::MIN);
+    for v in values.filter(|v| v.is_finite() && (!log || *v > 0.0)) {
+        lo = lo.min(v);
+        hi = hi.max(v);
+    }
+    if lo > hi {
+        return if log { (1.0, 10.0) } else { (0.0, 1.0) };
+    }
+    if log {
+        (lo / 1.2, hi * 1.2)
+    } else if lo == hi {
+        (lo - 1.0, hi + 1.0)
+    } else {
+        let pad = (hi - lo) * 0.05;
+        ((lo - pad).min(if lo >= 0.0 { 0.0 } else { lo }), hi + pad)
+    }
+}
+
 impl Chart {
     /// Renders the chart as an SVG document.
     pub fn render(&self) -> String {
-        let (w, h, ml, mr, mt, mb) = (760.0, 440.0, 80.0, 170.0, 40.0, 60.0);
-        let tx = |x: f64| if self.log_x { x.max(1e-12).log2() } else { x };
-        let ty = |y: f64| if self.log_y { y.max(1e-12).log10() } else { y };
-        let pts: Vec<(f64, f64)> = self
-            .series
-            .iter()
-            .flat_map(|s| s.points.iter().map(|&(x, y)| (tx(x), ty(y))))
-            .filter(|p| p.0.is_finite() && p.1.is_finite())
-            .collect();
-        let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
-        for &(x, y) in &pts {
-            x0 = x0.min(x);
-            x1 = x1.max(x);
-            y0 = y0.min(y);
-            y1 = y1.max(y);
-        }
-        if pts.is_empty() {
-            (x0, x1, y0, y1) = (0.0, 1.0, 0.0, 1.0);
-        }
-        if !self.log_y {
-            y0 = y0.min(0.0);
-        }
-        if x1 <= x0 {
-            x1 = x0 + 1.0;
-        }
-        if y1 <= y0 {
-            y1 = y0 + 1.0;
-        }
-        y1 += (y1 - y0) * 0.05;
-        let px = |x: f64| ml + (x - x0) / (x1 - x0) * (w - ml - mr);
-        let py = |y: f64| h - mb - (y - y0) / (y1 - y0) * (h - mt - mb);
-        let mut s = String::new();
-        let _ = writeln!(
-            s,
-            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">"#
+        let xs = span(
+            self.series
+                .iter()
+                .flat_map(|s| s.points.iter().map(|p| p.0)),
+            self.log_x,
         );
-        let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
-        let _ = writeln!(
-            s,
-            r#"<text x="{}" y="22" text-anchor="middle" font-size="15">{}</text>"#,
-            (ml + w - mr) / 2.0,
-            esc(&self.title)
+        let ys = span(
+            self.series
+                .iter()
+                .flat_map(|s| s.points.iter().map(|p| p.1)),
+            self.log_y,
         );
-        let _ = writeln!(
-            s,
-            r#"<line x1="{ml}" y1="{}" x2="{}" y2="{}" stroke="black"/>"#,
-            h - mb,
-            w - mr,
-            h - mb
-        );
-        let _ = writeln!(
-            s,
-            r#"<line x1="{ml}" y1="{mt}" x2="{ml}" y2="{}" stroke="black"/>"#,
-            h - mb
-        );
-        for i in 0..=5 {
-            let fx = x0 + (x1 - x0) * i as f64 / 5.0;
-            let fy = y0 + (y1 - y0) * i as f64 / 5.0;
-            let lx = if self.log_x { 2f64.powf(fx) } else { fx };
-            let ly = if self.log_y { 10f64.powf(fy) } else { fy };
-            let _ = writeln!(
-                s,
-                r#"<text x="{:.1}" y="{}" text-anchor="middle">{}</text>"#,
-                px(fx),
-                h - mb + 18.0,
-                tick_label(lx)
-            );
-            let _ = writeln!(
-                s,
-                r##"<line x1="{ml}" y1="{:.1}" x2="{}" y2="{:.1}" stroke="#ddd"/>"##,
-                py(fy),
-                w - mr,
-                py(fy)
-            );
-            let _ = writeln!(
-                s,
-                r#"<text x="{}" y="{:.1}" text-anchor="end">{}</text>"#,
-                ml - 6.0,
-                py(fy) + 4.0,
-                tick_label(ly)
-            );
+        let mut out = String::new();
+        {
+            let root = SVGBackend::with_string(&mut out, (760, 440)).into_drawing_area();
+            let drawn = match (self.log_x, self.log_y) {
+                (false, false) => self.draw(&root, xs.0..xs.1, ys.0..ys.1),
+                (true, false) => self.draw(&root, (xs.0..xs.1).log_scale().base(2.0), ys.0..ys.1),
+                (false, true) => self.draw(&root, xs.0..xs.1, (ys.0..ys.1).log_scale()),
+                (true, true) => self.draw(
+                    &root,
+                    (xs.0..xs.1).log_scale().base(2.0),
+                    (ys.0..ys.1).log_scale(),
+                ),
+            };
+            if let Err(e) = drawn.and_then(|_| root.present().map_err(|e| e.to_string())) {
+                // A plot that cannot be drawn says why instead of failing the run.
+                return format!(
+                    "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"760\" height=\"60\"><text x=\"10\" y=\"30\">{}: {}</text></svg>\n",
+                    esc(&self.title),
+                    esc(&e)
+                );
+            }
         }
-        let _ = writeln!(
-            s,
-            r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#,
-            (ml + w - mr) / 2.0,
-            h - 15.0,
-            esc(&self.x_label)
-        );
-        let _ = writeln!(
-            s,
-            r#"<text x="18" y="{}" text-anchor="middle" transform="rotate(-90 18 {})">{}</text>"#,
-            (mt + h - mb) / 2.0,
-            (mt + h - mb) / 2.0,
-            esc(&self.y_label)
-        );
-        for (i, ser) in self.series.iter().enumerate() {
-            let c = COLORS[i % COLORS.len()];
-            let path: Vec<String> = ser
+        out
+    }
+
+    fn draw<X, Y>(
+        &self,
+        root: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
+        x: X,
+        y: Y,
+    ) -> Result<(), String>
+    where
+        X: AsRangedCoord<Value = f64>,
+        Y: AsRangedCoord<Value = f64>,
+        X::CoordDescType: ValueFormatter<f64>,
+        Y::CoordDescType: ValueFormatter<f64>,
+    {
+        let e = |e: DrawingAreaErrorKind<_>| e.to_string();
+        root.fill(&WHITE).map_err(e)?;
+        let mut chart = ChartBuilder::on(root)
+            .caption(&self.title, ("sans-serif", 16))
+            .margin(12)
+            .x_label_area_size(44)
+            .y_label_area_size(70)
+            .build_cartesian_2d(x, y)
+            .map_err(e)?;
+        chart
+            .configure_mesh()
+            .x_desc(&self.x_label)
+            .y_desc(&self.y_label)
+            .x_label_formatter(&tick_label)
+            .y_label_formatter(&tick_label)
+            .light_line_style(WHITE.mix(0.0))
+            .draw()
+            .map_err(e)?;
+        for (i, s) in self.series.iter().enumerate() {
+            let color = COLORS[i % COLORS.len()];
+            let pts: Vec<(f64, f64)> = s
                 .points
                 .iter()
-                .map(|&(x, y)| format!("{:.1},{:.1}", px(tx(x)), py(ty(y))))
+                .copied()
+                .filter(|(x, y)| x.is_finite() && y.is_finite())
                 .collect();
-            let _ = writeln!(
-                s,
-                r#"<polyline fill="none" stroke="{c}" stroke-width="2" points="{}"/>"#,
-                path.join(" ")
-            );
-            if ser.points.len() <= 40 {
-                for &(x, y) in &ser.points {
-                    let _ = writeln!(
-                        s,
-                        r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{c}"/>"#,
-                        px(tx(x)),
-                        py(ty(y))
-                    );
-                }
-            }
-            let ly = mt + 10.0 + i as f64 * 18.0;
-            let _ = writeln!(
-                s,
-                r#"<line x1="{}" y1="{ly}" x2="{}" y2="{ly}" stroke="{c}" stroke-width="3"/>"#,
-                w - mr + 10.0,
-                w - mr + 30.0
-            );
-            let _ = writeln!(
-                s,
-                r#"<text x="{}" y="{}">{}</text>"#,
-                w - mr + 36.0,
-                ly + 4.0,
-                esc(&ser.label)
-            );
+            chart
+                .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
+                .map_err(e)?
+                .label(&s.label)
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
+                });
+            chart
+                .draw_series(pts.into_iter().map(|p| Circle::new(p, 3, color.filled())))
+                .map_err(e)?;
         }
-        s.push_str("</svg>\n");
-        s
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .draw()
+            .map_err(e)?;
+        Ok(())
     }
 }
 
@@ -214,7 +201,15 @@ mod tests {
             ],
         };
         let s = c.render();
-        assert_eq!(s.matches("<polyline").count(), 2);
+        // Each series: its line and its legend mark, in its colour, and its label.
+        for (color, label) in [("#1F77B4", ">\na\n<"), ("#D62728", ">\nb\n<")] {
+            let lines = s
+                .lines()
+                .filter(|l| l.starts_with("<polyline") && l.contains(color))
+                .count();
+            assert_eq!(lines, 2, "{color}: {s}");
+            assert!(s.contains(label), "{label:?}: {s}");
+        }
         assert!(s.contains("t &lt;1&gt;") && s.ends_with("</svg>\n"));
     }
 }
