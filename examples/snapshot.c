@@ -142,7 +142,7 @@ int main(int argc, char **argv) {
     /* 4. Errors are negative errno values with a message. */
     int rc = pw_snapshots_restore(s, 12345, NULL);
     printf("restoring a snapshot that does not exist: %d (%s)\n", rc, pw_last_error());
-    expect(rc == -EINVAL && strstr(pw_last_error(), "12345") != NULL, "bad id gives -EINVAL and says which");
+    expect(rc == -ENOENT && strstr(pw_last_error(), "12345") != NULL, "bad id gives -ENOENT and says which");
 
     pw_snapshots_free(o);
     pw_disk_free(d);

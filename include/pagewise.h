@@ -6,9 +6,12 @@
  *
  * Conventions:
  * - A function that can fail returns int: 0 on success, a negative errno
- *   value on failure (-EINVAL bad argument, -EOPNOTSUPP a kernel feature is
- *   missing, -ESRCH no such process, -EPERM not allowed, -EBADMSG a corrupt
- *   store, or the errno of the failed system call). pw_last_error() gives
+ *   value on failure: -EINVAL bad argument, -ENOENT no such snapshot or
+ *   consumer, -EOPNOTSUPP a kernel feature is missing, -ESRCH no such
+ *   process (or it exited), -EPERM not allowed on a process, -EACCES not
+ *   allowed on a store, -EBUSY a store another process writes, -EFAULT
+ *   nothing mapped there, -ENOSPC a fixed limit reached, -EBADMSG a corrupt
+ *   store, or the errno of the failed system call. pw_last_error() gives
  *   the calling thread's message for its last failure.
  * - A handle is used by one thread at a time; handles are independent.
  * - Arrays returned through `const pw_range **` belong to the handle and stay

@@ -68,19 +68,22 @@ impl Target {
         let io = |e| Error::os("creating a pipe", e);
         let (mut cmd_r, cmd_w) = std::io::pipe().map_err(io)?;
         let (ack_r, mut ack_w) = std::io::pipe().map_err(io)?;
-        // The child allocates nothing: it reads, writes memory and writes.
-        let pid = pagewise_sys::process::fork_child(|| {
-            let mut b = [0u8; 1];
-            while let Ok(1) = cmd_r.read(&mut b) {
-                for &p in changes {
-                    mem.write_byte(p * PAGE_SIZE + 17, b[0] ^ 0xa5);
+        // SAFETY: the child allocates nothing and takes no lock: it reads a
+        // pipe, writes memory and writes a pipe.
+        let pid = unsafe {
+            pagewise_sys::process::fork_child(|| {
+                let mut b = [0u8; 1];
+                while let Ok(1) = cmd_r.read(&mut b) {
+                    for &p in changes {
+                        mem.write_byte(p * PAGE_SIZE + 17, b[0] ^ 0xa5);
+                    }
+                    if ack_w.write_all(&[1]).is_err() {
+                        return 1;
+                    }
                 }
-                if ack_w.write_all(&[1]).is_err() {
-                    return 1;
-                }
-            }
-            0
-        })
+                0
+            })
+        }
         .map_err(|e| Error::os("fork of the target", e))?;
         Ok(Target {
             pid,
@@ -100,8 +103,7 @@ impl Target {
 
 impl Drop for Target {
     fn drop(&mut self) {
-        // SAFETY: kill has no memory preconditions; the pid is our own child.
-        unsafe { libc::kill(self.pid, libc::SIGKILL) };
+        let _ = pagewise_sys::process::kill(self.pid, libc::SIGKILL);
         let _ = pagewise_sys::process::wait_child(self.pid);
     }
 }

@@ -428,7 +428,8 @@ fn sigbus_path(pages: usize, touch: &dyn Fn(&AnonMemory) -> f64) -> Result<f64> 
     let old = unsafe { pagewise_sys::signal::install(libc::SIGBUS, map_zero_on_sigbus) }
         .map_err(|e| Error::os("installing a SIGBUS handler", e))?;
     let ns = touch(&mem);
-    pagewise_sys::signal::restore(libc::SIGBUS, &old)
+    // SAFETY: `old` is the action install returned.
+    unsafe { pagewise_sys::signal::restore(libc::SIGBUS, &old) }
         .map_err(|e| Error::os("restoring the SIGBUS handler", e))?;
     SIGBUS_UFFD.store(-1, Ordering::Relaxed);
     uffd::unregister(fd.as_raw_fd(), mem.addr(), mem.len() as u64)

@@ -6,9 +6,13 @@
 //!
 //! Conventions, which the header repeats for C users:
 //! - A function that can fail returns `int`: 0 on success, a negative errno
-//!   value on failure (`-EINVAL` bad argument, `-EOPNOTSUPP` a kernel feature
-//!   is missing, `-ESRCH` no such process, `-EPERM` not allowed, `-EBADMSG` a
-//!   corrupt store, or the errno of the failed system call).
+//!   value on failure, the library's `Error::errno`: `-EINVAL` bad argument,
+//!   `-ENOENT` no such snapshot or consumer, `-EOPNOTSUPP` a kernel feature
+//!   is missing, `-ESRCH` no such process (or it exited), `-EPERM` not
+//!   allowed on a process, `-EACCES` not allowed on a store, `-EBUSY` a store
+//!   another process writes, `-EFAULT` nothing mapped there, `-ENOSPC` a
+//!   fixed limit reached, `-EBADMSG` a corrupt store, or the errno of the
+//!   failed system call.
 //! - `pw_last_error()` gives the message of the calling thread's last failure.
 //! - A handle is used by one thread at a time; different handles are independent.
 //! - Arrays a function returns (`const pw_range **`) belong to the handle and
@@ -269,6 +273,13 @@ impl From<pw::Error> for Fail {
             errno,
             msg: e.to_string(),
         }
+    }
+}
+
+fn not_found(msg: impl Into<String>) -> Fail {
+    Fail {
+        errno: libc::ENOENT,
+        msg: msg.into(),
     }
 }
 
@@ -582,7 +593,7 @@ pub unsafe extern "C" fn pw_tracker_remove_consumer(t: *mut pw_tracker, consumer
             .consumers
             .get_mut(consumer as usize)
             .filter(|c| c.is_some())
-            .ok_or_else(|| invalid(format!("consumer {consumer} does not exist")))?;
+            .ok_or_else(|| not_found(format!("consumer {consumer} does not exist")))?;
         let id = slot.take().expect("checked above");
         t.inner.remove_consumer(id);
         Ok(())
@@ -614,7 +625,7 @@ pub unsafe extern "C" fn pw_tracker_collect(
             .get(consumer as usize)
             .copied()
             .flatten()
-            .ok_or_else(|| invalid(format!("consumer {consumer} does not exist")))?;
+            .ok_or_else(|| not_found(format!("consumer {consumer} does not exist")))?;
         let c = t.inner.collect_for(id)?;
         let s = &c.stats;
         // SAFETY: the caller's contract.
@@ -692,7 +703,7 @@ pub unsafe extern "C" fn pw_store_intern(
 fn live(s: &pw_store, id: u32) -> Result<pw::snap::PageId, Fail> {
     s.inner
         .live_id(id)
-        .ok_or_else(|| invalid(format!("page {id} is not in the store")))
+        .ok_or_else(|| not_found(format!("page {id} is not in the store")))
 }
 
 /// The contents of page `id` in `*page` (`pw_page_size()` bytes, valid until

@@ -93,6 +93,47 @@ pub enum Error {
     /// Bad argument.
     #[error("{0}")]
     Invalid(String),
+    /// The thing asked for does not exist (an instance, a snapshot, a consumer).
+    #[error("{0}")]
+    NotFound(String),
+    /// It exists already.
+    #[error("{0}")]
+    Exists(String),
+    /// The caller may not do this to an object pagewise keeps (another
+    /// user's instance, an unsafe directory, a read-only handle).
+    #[error("{0}")]
+    NotPermitted(String),
+    /// Another process holds it (a store being written).
+    #[error("{0}")]
+    Busy(String),
+    /// A fixed limit was reached (regions per process, members, snapshot ids).
+    #[error("{0}")]
+    Limit(String),
+    /// Nothing is mapped where the request says, or not as it needs.
+    #[error("{0}")]
+    NotMapped(String),
+    /// Memory of a type this capability does not handle (shared, file-backed,
+    /// hugetlb); the message says which types it does.
+    #[error("{0}")]
+    MemoryType(String),
+    /// The engine's handler thread is gone (it died, or was stopped).
+    #[error("{0}")]
+    EngineStopped(String),
+    /// Waiting for another party ran out of time.
+    #[error("{0}")]
+    Timeout(String),
+    /// A policy plugin failed to load or start.
+    #[error("policy plugin {path}: {what}")]
+    Plugin {
+        /// The plugin's path.
+        path: String,
+        /// What went wrong.
+        what: String,
+    },
+    /// pagewise's own bookkeeping is inconsistent: a bug, reported rather
+    /// than turned into wrong data.
+    #[error("internal error: {0}")]
+    Internal(String),
     /// The preload shim is not where pagewise looks for it.
     #[error("libpagewise_preload.so not found beside {} (build it with `cargo build --release`, or set PAGEWISE_PRELOAD)", beside.display())]
     ShimNotFound {
@@ -148,7 +189,17 @@ impl Error {
             Error::Corrupt { .. } => libc::EBADMSG,
             Error::ShimNotFound { .. } => libc::ENOENT,
             Error::ShimSilent { source, .. } => source.raw_os_error().unwrap_or(libc::EPROTO),
-            Error::InstanceConflict { .. } => libc::EEXIST,
+            Error::InstanceConflict { .. } | Error::Exists(_) => libc::EEXIST,
+            Error::NotFound(_) => libc::ENOENT,
+            Error::NotPermitted(_) => libc::EACCES,
+            Error::Busy(_) => libc::EBUSY,
+            Error::Limit(_) => libc::ENOSPC,
+            Error::NotMapped(_) => libc::EFAULT,
+            Error::MemoryType(_) => libc::EINVAL,
+            Error::EngineStopped(_) => libc::EPIPE,
+            Error::Timeout(_) => libc::ETIMEDOUT,
+            Error::Plugin { .. } => libc::ELIBBAD,
+            Error::Internal(_) => libc::ENOTRECOVERABLE,
         }
     }
 

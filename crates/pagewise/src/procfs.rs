@@ -260,7 +260,7 @@ pub fn peak_rss_kib() -> Result<u64> {
     let text =
         read_trimmed("/proc/self/status").map_err(|e| Error::os("reading /proc/self/status", e))?;
     status_field(&text, "VmHWM")
-        .ok_or_else(|| Error::Invalid("/proc/self/status has no VmHWM".into()))
+        .ok_or_else(|| Error::NotFound("/proc/self/status has no VmHWM".into()))
 }
 
 /// Resets the peak RSS of the calling process to its current RSS.
@@ -318,13 +318,13 @@ pub fn check_mapped_writable(regions: &[Region]) -> Result<()> {
             match maps.iter().find(|m| m.start <= addr && addr < m.end) {
                 Some(m) if m.read && m.write => addr = m.end,
                 Some(m) => {
-                    return Err(Error::Invalid(format!(
+                    return Err(Error::NotMapped(format!(
                         "region {:#x}+{:#x}: the mapping at {:#x} is not readable and writable",
                         r.start, r.len, m.start
                     )))
                 }
                 None => {
-                    return Err(Error::Invalid(format!(
+                    return Err(Error::NotMapped(format!(
                         "region {:#x}+{:#x}: nothing is mapped at {addr:#x}",
                         r.start, r.len
                     )))

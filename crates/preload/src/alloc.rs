@@ -46,6 +46,18 @@ impl Drop for Guard {
     }
 }
 
+/// Takes the heap's lock across a `fork` (called last before it): no other
+/// thread can then be inside the heap when the child is made, whose copy of
+/// the lock would stay taken for ever.
+pub fn hold_for_fork() {
+    std::mem::forget(Guard::lock());
+}
+
+/// Gives back the lock [`hold_for_fork`] took (in the parent and the child).
+pub fn release_after_fork() {
+    LOCK.store(false, Ordering::Release);
+}
+
 fn class(l: Layout) -> usize {
     l.size()
         .max(l.align())

@@ -238,8 +238,7 @@ unsafe fn mask_without_sigsys(
     }
     // SAFETY: `set` is the caller's valid sigset; we change a copy.
     let mut copy = unsafe { *set };
-    // SAFETY: `copy` is a valid sigset.
-    unsafe { libc::sigdelset(&mut copy, libc::SIGSYS) };
+    pagewise_sys::signal::sigset_remove(&mut copy, libc::SIGSYS);
     // SAFETY: the caller's arguments, with the copy.
     unsafe { real(how, &copy, old) }
 }
@@ -305,14 +304,15 @@ pub fn init(name: String) {
         eprintln!("pagewise farmem: instance {name}: {e}; running without far-memory emulation");
         return;
     }
-    // SAFETY: registering plain extern "C" functions.
-    unsafe {
-        libc::pthread_atfork(
-            Some(before_fork),
-            Some(after_fork_parent),
-            Some(after_fork_child),
-        )
-    };
+    // SAFETY: after_fork_child allocates only from the shim's own heap,
+    // whose lock before_fork holds across the fork (so no other thread was
+    // inside it), and takes RUNNING, which only the fork handlers and the
+    // exit handler take; it touches none of the program's locks.
+    let forks =
+        unsafe { pagewise_sys::process::at_fork(before_fork, after_fork_parent, after_fork_child) };
+    if let Err(e) = forks {
+        eprintln!("pagewise farmem: instance {name}: pthread_atfork: {e}; a forked child would run without emulation");
+    }
 }
 
 /// Before `fork`: every remote page comes back, so that the child's copy of
@@ -324,9 +324,11 @@ extern "C" fn before_fork() {
             eprintln!("pagewise farmem: before fork: {e}");
         }
     }
+    crate::alloc::hold_for_fork();
 }
 
 extern "C" fn after_fork_parent() {
+    crate::alloc::release_after_fork();
     if let Some(r) = RUNNING.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
         if let Err(e) = r.fm.resume() {
             eprintln!("pagewise farmem: after fork: {e}");
@@ -339,6 +341,7 @@ extern "C" fn after_fork_parent() {
 /// instance with an engine of its own; the memory it inherited stays shared
 /// with the parent, what it maps from now on is emulated.
 extern "C" fn after_fork_child() {
+    crate::alloc::release_after_fork();
     UFFD.store(-1, Ordering::Relaxed);
     if let Some(r) = RUNNING.lock().unwrap_or_else(|e| e.into_inner()).take() {
         // Its thread does not exist here: it must not be stopped or joined.
@@ -416,8 +419,7 @@ fn start(name: &str, child: bool) -> Result<(), String> {
         std::ptr::addr_of!(RUNNING) as u64,
         // The main thread's static TLS (with its rseq area), which the
         // kernel writes after every fault the thread takes.
-        // SAFETY: __errno_location has no preconditions.
-        unsafe { libc::__errno_location() } as u64,
+        pagewise_sys::process::errno_location() as u64,
     ];
     let mut regions = Vec::new();
     let mut prev: Option<&pagewise::procfs::Mapping> = None;
@@ -522,8 +524,8 @@ fn start(name: &str, child: bool) -> Result<(), String> {
         trace,
     });
     if !child {
-        // SAFETY: registering a plain extern "C" function (a child inherits it).
-        unsafe { libc::atexit(at_exit) };
+        // A child inherits it.
+        let _ = pagewise_sys::process::at_exit(at_exit);
     }
     Ok(())
 }

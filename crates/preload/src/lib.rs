@@ -52,12 +52,13 @@ extern "C" fn pagewise_preload_init() {
     std::env::remove_var(env::TRACK_FD);
     std::env::remove_var(env::TRACK_BACKEND);
     let Ok(fd) = fd.parse::<i32>() else { return };
-    // SAFETY: pagewise passed this fd for the shim alone; we take ownership and
-    // mark it close-on-exec so that programs started by CMD do not inherit it.
-    let sock = unsafe {
-        libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
-        UnixStream::from_raw_fd(fd)
-    };
+    // Programs that CMD starts in turn do not inherit it.
+    if pagewise_sys::process::set_cloexec(fd).is_err() {
+        return;
+    }
+    // SAFETY: pagewise passed this fd for the shim alone (it is open: FD_CLOEXEC
+    // was just set on it); we take ownership.
+    let sock = unsafe { UnixStream::from_raw_fd(fd) };
     let _ = std::thread::Builder::new()
         .name("pagewise-track".into())
         .spawn(move || serve(sock, backend));

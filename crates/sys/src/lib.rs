@@ -6,6 +6,19 @@
 //! Linux 6.1 headers (and therefore the `libc` crate) lack are defined here
 //! with compile-time size checks against the kernel ABI.
 //!
+//! # When a wrapper is `unsafe`
+//!
+//! A wrapper is an `unsafe fn`, with a `# Safety` section, exactly when a
+//! caller could break the memory safety of its own process through it in a
+//! way the wrapper cannot check: unmapping or remapping memory that Rust
+//! code may still reference (`munmap`), running code in a state Rust does not
+//! model (a signal handler, the child of `fork` in a threaded program), or
+//! taking a raw pointer or structure it must trust (`restore` of a
+//! `sigaction`). Everything else is safe, including calls that change the
+//! *contents* of memory that stays mapped, as another process could
+//! (`UFFDIO_MOVE` into a registered range, `MADV_DONTNEED`,
+//! `process_vm_readv`), and calls on other processes.
+//!
 //! # References
 //! - `userfaultfd(2)`, `ioctl_userfaultfd(2)`, `Documentation/admin-guide/mm/userfaultfd.rst`
 //! - `Documentation/admin-guide/mm/pagemap.rst` (`PAGEMAP_SCAN`)

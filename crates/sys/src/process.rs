@@ -105,17 +105,23 @@ pub fn process_exists(pid: libc::pid_t) -> io::Result<()> {
 /// (through `_exit`, without running destructors), and waits for it.
 /// Returns the child's exit status as `waitpid` reports it.
 ///
-/// Only for single-threaded callers, or a `child` that allocates nothing and
-/// takes no lock: after `fork` only the calling thread exists in the child.
-pub fn fork_and_wait(child: impl FnOnce() -> i32) -> io::Result<i32> {
-    wait_child(fork_child(child)?)
+/// # Safety
+/// The caller is single-threaded, or `child` allocates nothing and takes no
+/// lock: after `fork` only the calling thread exists in the child, and a
+/// lock another thread held stays held there for ever.
+pub unsafe fn fork_and_wait(child: impl FnOnce() -> i32) -> io::Result<i32> {
+    // SAFETY: the caller keeps fork_child's contract, which is ours.
+    wait_child(unsafe { fork_child(child) }?)
 }
 
 /// Like [`fork_and_wait`] without the wait: returns the child's pid at once.
 /// The caller reaps it with [`wait_child`].
-pub fn fork_child(child: impl FnOnce() -> i32) -> io::Result<libc::pid_t> {
-    // SAFETY: fork has no preconditions; the child runs only `child` (whose
-    // contract is documented at `fork_and_wait`) and leaves through _exit.
+///
+/// # Safety
+/// As [`fork_and_wait`].
+pub unsafe fn fork_child(child: impl FnOnce() -> i32) -> io::Result<libc::pid_t> {
+    // SAFETY: the child runs only `child`, which the caller vouches for, and
+    // leaves through _exit.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
         return Err(io::Error::last_os_error());
@@ -127,6 +133,13 @@ pub fn fork_child(child: impl FnOnce() -> i32) -> io::Result<libc::pid_t> {
         unsafe { libc::_exit(code) };
     }
     Ok(pid)
+}
+
+/// Sets `FD_CLOEXEC` on `fd`: it is closed in programs this process execs.
+pub fn set_cloexec(fd: RawFd) -> io::Result<()> {
+    // SAFETY: F_SETFD takes an int and touches no memory of ours.
+    cvt_int(unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) })?;
+    Ok(())
 }
 
 /// Waits for child `pid` to end; returns its status as `waitpid` reports it.
@@ -229,4 +242,38 @@ pub fn flock_exclusive_nonblocking(fd: std::os::fd::BorrowedFd<'_>) -> io::Resul
     // SAFETY: flock takes no pointer; `fd` is open for the call.
     cvt(unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } as libc::c_long)
         .map(drop)
+}
+
+/// Registers `f` to run when the process exits normally (`atexit(3)`).
+pub fn at_exit(f: extern "C" fn()) -> io::Result<()> {
+    // SAFETY: registers a plain function pointer, valid for the whole run.
+    if unsafe { libc::atexit(f) } != 0 {
+        return Err(io::Error::other("atexit: no room for another handler"));
+    }
+    Ok(())
+}
+
+/// Registers handlers around `fork` (`pthread_atfork(3)`).
+///
+/// # Safety
+/// `child` runs in the child of a possibly threaded process, where only
+/// the forking thread exists: it must not allocate or take a lock another
+/// thread may have held.
+pub unsafe fn at_fork(
+    prepare: extern "C" fn(),
+    parent: extern "C" fn(),
+    child: extern "C" fn(),
+) -> io::Result<()> {
+    // SAFETY: plain function pointers; the caller vouches for `child`.
+    let r = unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
+    if r != 0 {
+        return Err(io::Error::from_raw_os_error(r));
+    }
+    Ok(())
+}
+
+/// The address of the calling thread's `errno` (in its static TLS block).
+pub fn errno_location() -> *mut libc::c_int {
+    // SAFETY: __errno_location has no preconditions.
+    unsafe { libc::__errno_location() }
 }

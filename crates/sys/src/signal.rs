@@ -11,6 +11,25 @@ pub type InfoHandler = extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut lib
 /// # Safety
 /// `handler` must be async-signal-safe for every way `sig` can arrive.
 pub unsafe fn install(sig: libc::c_int, handler: InfoHandler) -> io::Result<libc::sigaction> {
+    // SAFETY: a zeroed sigaction is valid storage for the old action.
+    let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: the caller keeps our contract; `old` is valid storage.
+    unsafe { install_saving(sig, handler, &mut old) }?;
+    Ok(old)
+}
+
+/// Like [`install`], with the kernel writing the replaced action straight
+/// into `old`, in the same system call: a handler that forwards to the
+/// previous action can never see the new handler installed before it.
+///
+/// # Safety
+/// As [`install`]; and `old` is valid for writes and not read by the
+/// handler while this call runs except as the kernel leaves it.
+pub unsafe fn install_saving(
+    sig: libc::c_int,
+    handler: InfoHandler,
+    old: *mut libc::sigaction,
+) -> io::Result<()> {
     // SAFETY: a zeroed sigaction is a valid starting point; the fields set
     // below make it a well-formed SA_SIGINFO action.
     let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
@@ -18,19 +37,34 @@ pub unsafe fn install(sig: libc::c_int, handler: InfoHandler) -> io::Result<libc
     sa.sa_flags = libc::SA_SIGINFO | libc::SA_NODEFER | libc::SA_RESTART;
     // SAFETY: `sa.sa_mask` is a valid sigset_t to initialise.
     unsafe { libc::sigemptyset(&mut sa.sa_mask) };
-    // SAFETY: a zeroed sigaction is valid storage for the old action.
-    let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
-    // SAFETY: both pointers are valid; the caller vouches for the handler.
-    if unsafe { libc::sigaction(sig, &sa, &mut old) } != 0 {
+    // SAFETY: `sa` is valid; the caller vouches for `old` and the handler.
+    if unsafe { libc::sigaction(sig, &sa, old) } != 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(old)
+    Ok(())
 }
 
 /// Puts back an action [`install`] returned.
-pub fn restore(sig: libc::c_int, old: &libc::sigaction) -> io::Result<()> {
-    // SAFETY: `old` came from the kernel through `install`.
+///
+/// # Safety
+/// `old` is an action the kernel returned (from [`install`]), whose handler
+/// is still valid code.
+pub unsafe fn restore(sig: libc::c_int, old: &libc::sigaction) -> io::Result<()> {
+    // SAFETY: the caller vouches for `old`.
     if unsafe { libc::sigaction(sig, old, std::ptr::null_mut()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Resets `sig` to its default action (`SIG_DFL`).
+pub fn reset_default(sig: libc::c_int) -> io::Result<()> {
+    // SAFETY: a zeroed sigaction with SIG_DFL is a valid action; no handler
+    // of ours is involved.
+    let mut dfl: libc::sigaction = unsafe { std::mem::zeroed() };
+    dfl.sa_sigaction = libc::SIG_DFL;
+    // SAFETY: `dfl` is a valid action and the old-action pointer may be null.
+    if unsafe { libc::sigaction(sig, &dfl, std::ptr::null_mut()) } != 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(())
@@ -46,4 +80,10 @@ pub fn default_sigpipe() -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// Removes `sig` from `set`.
+pub fn sigset_remove(set: &mut libc::sigset_t, sig: libc::c_int) {
+    // SAFETY: `set` is a valid, initialised sigset_t.
+    unsafe { libc::sigdelset(set, sig) };
 }

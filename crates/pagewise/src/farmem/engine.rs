@@ -612,7 +612,7 @@ impl Engine {
     /// and staging disagree), never a wait.
     fn staged_hash(&mut self, staged: u64) -> Result<crate::hash::PageHash> {
         let missing = || {
-            Error::Invalid(format!(
+            Error::Internal(format!(
                 "the staged page at {staged:#x} is missing: the engine's books are wrong"
             ))
         };

@@ -211,7 +211,7 @@ fn check_dir(d: &Path) -> Result<()> {
     let others_write = mode & 0o022 != 0;
     if !md.is_dir() || (md.uid() != euid() && md.uid() != 0) || (others_write && mode & 0o1000 == 0)
     {
-        return Err(Error::Invalid(format!(
+        return Err(Error::NotPermitted(format!(
             "{} is not a safe instance directory (a directory owned by you or root, \
              sticky where others may write): owner uid {}, mode {:o}; set PAGEWISE_FARMEM_DIR",
             d.display(),
@@ -332,7 +332,7 @@ impl Instance {
             .open(&path)
             .map_err(|e| {
                 if e.kind() == std::io::ErrorKind::AlreadyExists {
-                    Error::Invalid(format!("instance {name} exists already"))
+                    Error::Exists(format!("instance {name} exists already"))
                 } else {
                     Error::os(format!("creating {}", path.display()), e)
                 }
@@ -370,10 +370,10 @@ impl Instance {
             .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
             .open(&path)
             .map_err(|e| match e.kind() {
-                std::io::ErrorKind::NotFound => Error::Invalid(format!(
+                std::io::ErrorKind::NotFound => Error::NotFound(format!(
                     "no far-memory instance {name} (see `pagewise farmem ls`)"
                 )),
-                std::io::ErrorKind::PermissionDenied => Error::Invalid(format!(
+                std::io::ErrorKind::PermissionDenied => Error::NotPermitted(format!(
                     "instance {name} belongs to another user: only its owner may join it"
                 )),
                 _ => Error::os(format!("opening {}", path.display()), e),
@@ -382,10 +382,10 @@ impl Instance {
             .metadata()
             .map_err(|e| Error::os(format!("reading {}", path.display()), e))?;
         if !meta.is_file() || meta.len() < std::mem::size_of::<Header>() as u64 {
-            return Err(Error::Invalid(format!(
-                "{} is not an instance file",
-                path.display()
-            )));
+            return Err(Error::Corrupt {
+                path: path.display().to_string(),
+                what: "not an instance file".into(),
+            });
         }
         let allowed = match access {
             Access::Read => true,
@@ -393,7 +393,7 @@ impl Instance {
             Access::Join => meta.uid() == euid(),
         };
         if !allowed {
-            return Err(Error::Invalid(format!(
+            return Err(Error::NotPermitted(format!(
                 "instance {name} belongs to uid {}: only its owner may {}",
                 meta.uid(),
                 if access == Access::Join {
@@ -406,10 +406,13 @@ impl Instance {
         let inst = Self::map(name, file, writable)?;
         let h = inst.h();
         if h.magic != MAGIC || h.layout != LAYOUT {
-            return Err(Error::Invalid(format!(
-                "{} is not an instance of this pagewise version",
-                path.display()
-            )));
+            return Err(Error::Corrupt {
+                path: path.display().to_string(),
+                what: format!(
+                    "not an instance of this pagewise version (layout {}, this one reads {LAYOUT})",
+                    h.layout
+                ),
+            });
         }
         Ok(inst)
     }
@@ -499,7 +502,7 @@ impl Instance {
     /// members' reports carry.
     pub fn request_coverage(&self, open: bool) -> Result<u64> {
         if !self.writable {
-            return Err(Error::Invalid("instance opened read-only".into()));
+            return Err(Error::NotPermitted("instance opened read-only".into()));
         }
         let h = self.h();
         let now = h.coverage.load(Ordering::Acquire);
@@ -528,7 +531,7 @@ impl Instance {
     /// Every member applies them before its next fault.
     pub fn set(&self, pairs: &[(String, u64)]) -> Result<Settings> {
         if !self.writable {
-            return Err(Error::Invalid("instance opened read-only".into()));
+            return Err(Error::NotPermitted("instance opened read-only".into()));
         }
         let mut s = self.settings();
         for (k, v) in pairs {
@@ -558,7 +561,7 @@ impl Instance {
     /// Takes a member slot for process `pid`, tagged with `tag`.
     pub fn join(&self, pid: i32, tag: u32) -> Result<usize> {
         if !self.writable {
-            return Err(Error::Invalid("instance opened read-only".into()));
+            return Err(Error::NotPermitted("instance opened read-only".into()));
         }
         let h = self.h();
         for (i, s) in h.slots.iter().enumerate() {
@@ -584,7 +587,7 @@ impl Instance {
                 return Ok(i);
             }
         }
-        Err(Error::Invalid(format!(
+        Err(Error::Limit(format!(
             "instance {} has {MAX_MEMBERS} members already",
             self.name
         )))

@@ -460,7 +460,11 @@ impl FarMemory {
             .map_err(|e| Error::os("starting the far-memory handler thread", e))?;
         let uffd_fd = match ready_rx.recv() {
             Ok(r) => r?,
-            Err(_) => return Err(Error::Invalid("the far-memory handler thread died".into())),
+            Err(_) => {
+                return Err(Error::EngineStopped(
+                    "the far-memory handler thread died".into(),
+                ))
+            }
         };
         Ok(FarMemory {
             uffd_fd,
@@ -513,7 +517,7 @@ impl FarMemory {
             .push((region, tx));
         self.poke(b"a")?;
         rx.recv()
-            .map_err(|_| Error::Invalid("the far-memory handler stopped".into()))??;
+            .map_err(|_| Error::EngineStopped("the far-memory handler stopped".into()))??;
         self.regions.push(region);
         self.regions.sort();
         Ok(())
@@ -532,7 +536,7 @@ impl FarMemory {
             .push(tx);
         self.poke(b"f")?;
         rx.recv()
-            .map_err(|_| Error::Invalid("the far-memory handler stopped".into()))?
+            .map_err(|_| Error::EngineStopped("the far-memory handler stopped".into()))?
     }
 
     /// Ends a [`FarMemory::pause`]: evicts down to the budget.
@@ -549,7 +553,7 @@ impl FarMemory {
             .iter()
             .any(|r| r.start <= range.start && range.end() <= r.end())
         {
-            return Err(Error::Invalid(format!(
+            return Err(Error::NotMapped(format!(
                 "{:#x}+{:#x} is not inside one emulated region",
                 range.start, range.len
             )));
@@ -621,7 +625,7 @@ impl FarMemory {
         let _ = self.wake.write_all(b"s");
         match t.join() {
             Ok(r) => r,
-            Err(_) => Err(Error::Invalid(
+            Err(_) => Err(Error::EngineStopped(
                 "the far-memory handler thread panicked".into(),
             )),
         }

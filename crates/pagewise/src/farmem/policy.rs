@@ -277,7 +277,10 @@ impl Plugin {
     /// Loading runs the object's code; it must follow the contract of
     /// [`PolicyOps`].
     pub unsafe fn load(path: &str, args: &str) -> Result<Self> {
-        let bad = |what: String| Error::Invalid(format!("policy plugin {path}: {what}"));
+        let bad = |what: String| Error::Plugin {
+            path: path.to_string(),
+            what,
+        };
         // SAFETY: the caller accepts running the plugin's code.
         let lib =
             unsafe { pagewise_sys::dl::Library::open(path) }.map_err(|e| bad(e.to_string()))?;

@@ -47,8 +47,10 @@ pub fn sample(inst: &Instance, window: Duration, timeout: Duration) -> Result<Ve
             let Ok(body) = std::fs::read(&path) else {
                 continue;
             };
-            let r: CoverageReport = serde_json::from_slice(&body)
-                .map_err(|e| Error::Invalid(format!("coverage report {}: {e}", path.display())))?;
+            let r: CoverageReport = serde_json::from_slice(&body).map_err(|e| Error::Corrupt {
+                path: path.display().to_string(),
+                what: format!("not a coverage report: {e}"),
+            })?;
             if r.request == req {
                 let _ = std::fs::remove_file(&path);
                 out.push(r);
@@ -63,7 +65,7 @@ pub fn sample(inst: &Instance, window: Duration, timeout: Duration) -> Result<Ve
                 .filter(|p| !out.iter().any(|r| r.pid == **p))
                 .map(|p| p.to_string())
                 .collect();
-            return Err(Error::Invalid(format!(
+            return Err(Error::Timeout(format!(
                 "no coverage report from process {} within {:?}",
                 missing.join(", "),
                 timeout

@@ -384,7 +384,7 @@ impl DiskStore {
         let marker = dir.join(STORE_FILE);
         let text = match fs::symlink_metadata(&marker) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(Error::Invalid(format!(
+                return Err(Error::NotFound(format!(
                     "{} is not a pagewise snapshot store (it has no {STORE_FILE} file)",
                     dir.display()
                 )))
@@ -471,7 +471,7 @@ impl DiskStore {
             .map_err(|e| io(&path, "opening", e))?;
         if let Err(e) = pagewise_sys::process::flock_exclusive_nonblocking(f.as_fd()) {
             return Err(if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-                Error::Invalid(format!(
+                Error::Busy(format!(
                     "store {} is being written by another process: one writer at a time",
                     dir.display()
                 ))
@@ -612,7 +612,7 @@ impl DiskStore {
     /// Reads and checks the index of snapshot `id`.
     pub fn load(&self, id: u64) -> Result<DiskSnapshot> {
         let Some((len, sum)) = self.manifest.entry(id) else {
-            return Err(Error::Invalid(format!(
+            return Err(Error::NotFound(format!(
                 "store {} has no snapshot {id}",
                 self.dir.display()
             )));
@@ -730,7 +730,7 @@ impl DiskStore {
         label: &str,
     ) -> Result<SnapshotWriter<'_>> {
         if !self.writable {
-            return Err(Error::Invalid(format!(
+            return Err(Error::NotPermitted(format!(
                 "store {} was opened read-only",
                 self.dir.display()
             )));
@@ -742,7 +742,7 @@ impl DiskStore {
         }
         let id = self.manifest.next_id;
         if id == u64::MAX {
-            return Err(Error::Invalid(format!(
+            return Err(Error::Limit(format!(
                 "store {} has used every snapshot id",
                 self.dir.display()
             )));
@@ -1122,7 +1122,7 @@ impl SnapshotWriter<'_> {
 
     fn append(&mut self, page: &[u8], digest: PageDigest) -> Result<u64> {
         let n = lz4_flex::block::compress_into(page, &mut self.compressed)
-            .map_err(|e| Error::Invalid(format!("lz4: {e}")))?;
+            .map_err(|e| Error::Internal(format!("lz4: {e}")))?;
         let (enc, payload): (u8, &[u8]) = if n < PAGE_SIZE {
             (1, &self.compressed[..n])
         } else {

@@ -372,7 +372,7 @@ impl Snapshots {
     fn snap(&self, id: SnapId) -> Result<&Snap> {
         self.snaps
             .get(&id)
-            .ok_or_else(|| Error::Invalid(format!("no snapshot {id}")))
+            .ok_or_else(|| Error::NotFound(format!("no snapshot {id}")))
     }
 
     /// Restores memory to snapshot `id`, byte-exact, writing only pages that differ.
@@ -453,7 +453,7 @@ impl Snapshots {
         let s = self
             .snaps
             .remove(&id)
-            .ok_or_else(|| Error::Invalid(format!("no snapshot {id}")))?;
+            .ok_or_else(|| Error::NotFound(format!("no snapshot {id}")))?;
         self.release_tables(s.tables);
         Ok(())
     }
@@ -490,7 +490,7 @@ impl Snapshots {
     pub fn read(&self, id: SnapId, addr: u64, buf: &mut [u8]) -> Result<()> {
         let s = self.snap(id)?;
         let ri = self.region_of(addr).ok_or_else(|| {
-            Error::Invalid(format!("address {addr:#x} is not in a snapshotted region"))
+            Error::NotMapped(format!("address {addr:#x} is not in a snapshotted region"))
         })?;
         let region = self.regions[ri];
         if addr + buf.len() as u64 > region.end() {
@@ -546,7 +546,7 @@ impl Snapshots {
         let c = self.tracker.collect()?;
         self.pending = crate::region::union_sorted(&self.pending, &c.ranges);
         if self.current.is_none() {
-            return Err(Error::Invalid("no snapshot taken yet".into()));
+            return Err(Error::NotFound("no snapshot taken yet".into()));
         }
         let mut out = Vec::new();
         let pending = std::mem::take(&mut self.pending);

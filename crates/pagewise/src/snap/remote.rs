@@ -41,7 +41,7 @@ pub fn snapshot_process(pid: i32, disk: &mut DiskStore, label: &str) -> Result<P
     procfs::check_target(pid)?;
     let served = procfs::uffd_served(Some(pid))?;
     if !served.is_empty() {
-        return Err(Error::Invalid(format!(
+        return Err(Error::MemoryType(format!(
             "process {pid} serves its own page faults (a userfaultfd over {} mappings, as under \
              `pagewise farmem run`): stopped, it could not serve the reads of a snapshot, and its \
              remote pages are not at their addresses; snapshot it without far-memory emulation",

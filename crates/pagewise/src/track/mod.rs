@@ -466,7 +466,7 @@ impl DirtyTracker {
     pub fn peek(&mut self) -> Result<Option<Collection>> {
         let id = Self::DEFAULT;
         if !matches!(self.pending.get(id.0), Some(Some(_))) {
-            return Err(Error::Invalid(format!("consumer {} does not exist", id.0)));
+            return Err(Error::NotFound(format!("consumer {} does not exist", id.0)));
         }
         let t0 = Instant::now();
         let mut stats = CollectStats::default();
@@ -485,7 +485,7 @@ impl DirtyTracker {
     /// this scan found until they collect.
     pub fn collect_for(&mut self, id: ConsumerId) -> Result<Collection> {
         if !matches!(self.pending.get(id.0), Some(Some(_))) {
-            return Err(Error::Invalid(format!("consumer {} does not exist", id.0)));
+            return Err(Error::NotFound(format!("consumer {} does not exist", id.0)));
         }
         let t0 = Instant::now();
         let mut stats = CollectStats::default();

@@ -64,8 +64,8 @@ extern "C" fn on_segv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
                     libc::PROT_READ | libc::PROT_WRITE,
                 ) != 0
                 {
-                    // SAFETY: abort is async-signal-safe; the write cannot proceed.
-                    unsafe { libc::abort() };
+                    // The write cannot proceed (abort is async-signal-safe).
+                    std::process::abort();
                 }
                 s.all_dirty.store(true, Ordering::Release);
                 return;
@@ -92,13 +92,9 @@ extern "C" fn on_segv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
         let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(old.sa_sigaction) };
         f(sig);
     } else {
-        // SAFETY: resetting to the default action and returning re-executes the
-        // faulting instruction, which then terminates the process as SIGSEGV.
-        unsafe {
-            let mut dfl: libc::sigaction = std::mem::zeroed();
-            dfl.sa_sigaction = libc::SIG_DFL;
-            libc::sigaction(libc::SIGSEGV, &dfl, std::ptr::null_mut());
-        }
+        // Returning re-executes the faulting instruction, which then
+        // terminates the process as SIGSEGV.
+        let _ = pagewise_sys::signal::reset_default(libc::SIGSEGV);
     }
 }
 
@@ -107,21 +103,18 @@ fn install_handler() -> Result<()> {
     if *done {
         return Ok(());
     }
-    // SAFETY: we build a valid sigaction for our handler; OLD_ACTION is written
-    // only here, once, under the INSTALL lock, before the handler can run.
+    // SAFETY: on_segv is async-signal-safe (atomics, mprotect, abort, and
+    // the previous handler, itself a signal handler). OLD_ACTION is written
+    // only here, once, under the INSTALL lock, by the kernel in the same
+    // call that installs the handler that reads it.
     unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = on_segv as *const () as usize;
-        sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_NODEFER;
-        libc::sigemptyset(&mut sa.sa_mask);
-        let old = (*std::ptr::addr_of_mut!(OLD_ACTION)).as_mut_ptr();
-        if libc::sigaction(libc::SIGSEGV, &sa, old) != 0 {
-            return Err(Error::os(
-                "installing the SIGSEGV handler",
-                std::io::Error::last_os_error(),
-            ));
-        }
+        pagewise_sys::signal::install_saving(
+            libc::SIGSEGV,
+            on_segv,
+            (*std::ptr::addr_of_mut!(OLD_ACTION)).as_mut_ptr(),
+        )
     }
+    .map_err(|e| Error::os("installing the SIGSEGV handler", e))?;
     *done = true;
     Ok(())
 }
@@ -152,7 +145,7 @@ fn claim_slot(region: Region, bits: *mut AtomicU64) -> Result<usize> {
         Some(i) => i,
         None if used < MAX_SLOTS => used,
         None => {
-            return Err(Error::Invalid(format!(
+            return Err(Error::Limit(format!(
                 "the mprotect backend tracks at most {MAX_SLOTS} regions per process"
             )))
         }

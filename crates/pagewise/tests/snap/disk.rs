@@ -177,6 +177,7 @@ fn not_a_store_and_read_only() {
     std::fs::create_dir_all(&dir.0).unwrap();
     std::fs::write(dir.0.join("something"), b"x").unwrap();
     let e = DiskStore::open(&dir.0).unwrap_err();
+    assert!(matches!(e, pagewise::Error::NotFound(_)), "{e:?}");
     assert!(
         e.to_string().contains("not a pagewise snapshot store"),
         "{e}"
@@ -473,7 +474,9 @@ fn one_writer_at_a_time() {
     let dir = TempDir::new("two-writers");
     small_store(&dir.0, 1, 3);
     let first = DiskStore::create(&dir.0, true).unwrap();
-    let e = DiskStore::create(&dir.0, true).unwrap_err().to_string();
+    let e = DiskStore::create(&dir.0, true).unwrap_err();
+    assert!(matches!(e, pagewise::Error::Busy(_)), "{e:?}");
+    let e = e.to_string();
     assert!(e.contains("being written by another process"), "{e}");
     // Readers are not held up.
     assert_eq!(DiskStore::open(&dir.0).unwrap().ids().unwrap(), vec![1]);
@@ -506,7 +509,7 @@ fn concurrent_appends_keep_every_snapshot() {
                             );
                         }
                         Err(e) => {
-                            assert!(e.to_string().contains("another process"), "{e}");
+                            assert!(matches!(e, pagewise::Error::Busy(_)), "{e:?}");
                             refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         }
                     }

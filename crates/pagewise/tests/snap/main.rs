@@ -392,6 +392,7 @@ fn bad_input_is_refused() {
         SnapshotOptions::default(),
     )
     .unwrap_err();
+    assert!(matches!(e, pagewise::Error::NotMapped(_)), "{e:?}");
     assert!(e.to_string().contains("nothing is mapped"), "{e}");
     let mut s = Snapshots::new(&[r], SnapshotOptions::default()).unwrap();
     assert!(s

@@ -148,12 +148,23 @@ fn a_process_stopped_by_its_user_stays_stopped() {
 
 #[test]
 fn missing_processes_are_clear_errors() {
-    let e = Stopped::new(999_999_999).unwrap_err().to_string();
+    let e = Stopped::new(999_999_999).unwrap_err();
+    assert!(
+        matches!(e, pagewise::Error::NoSuchProcess(999_999_999)),
+        "{e:?}"
+    );
+    let e = e.to_string();
     assert!(e.contains("no process with pid 999999999"), "{e}");
     // A process that exited (a zombie until reaped).
     let mut c = Command::new("true").stdout(Stdio::null()).spawn().unwrap();
     std::thread::sleep(Duration::from_millis(100));
-    let e = Stopped::new(c.id() as i32).unwrap_err().to_string();
-    assert!(e.contains("no process") || e.contains("exited"), "{e}");
+    let e = Stopped::new(c.id() as i32).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            pagewise::Error::NoSuchProcess(_) | pagewise::Error::ProcessExited(_)
+        ),
+        "{e:?}"
+    );
     let _ = c.wait();
 }

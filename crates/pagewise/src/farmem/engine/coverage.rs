@@ -41,7 +41,7 @@ impl Engine {
                 let path = inst.coverage_path(report.pid);
                 let tmp = path.with_extension("tmp");
                 let body = serde_json::to_vec(&report)
-                    .map_err(|e| Error::Invalid(format!("coverage report: {e}")))?;
+                    .map_err(|e| Error::Internal(format!("coverage report: {e}")))?;
                 std::fs::write(&tmp, body)
                     .and_then(|_| std::fs::rename(&tmp, &path))
                     .map_err(|e| Error::os(format!("writing {}", path.display()), e))?;

@@ -17,7 +17,11 @@ impl Engine {
             for reply in pauses {
                 let _ = reply.send(match &r {
                     Ok(()) => Ok(()),
-                    Err(e) => Err(Error::Invalid(e.to_string())),
+                    // The waiter gets the same errno, with the engine's message.
+                    Err(e) => Err(Error::os(
+                        format!("bringing every page back for a pause ({e})"),
+                        std::io::Error::from_raw_os_error(e.errno()),
+                    )),
                 });
             }
             r?;
@@ -209,7 +213,7 @@ impl Engine {
             // page is still there then, and must not be taken for zeros.)
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
                 if self.present(addr)? {
-                    return Err(Error::Invalid(format!(
+                    return Err(Error::Internal(format!(
                         "cannot evict {addr:#x}: its staging at {staged:#x} is not mapped"
                     )));
                 }

@@ -82,7 +82,7 @@ impl Engine {
             .iter()
             .any(|e| e.start < r.end() && r.start < e.end())
         {
-            return Err(Error::Invalid(format!(
+            return Err(Error::Exists(format!(
                 "{:#x}+{:#x} overlaps an emulated region",
                 r.start, r.len
             )));
