@@ -6,6 +6,8 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_pagewise");
@@ -100,6 +102,36 @@ fn run_with_deadline(mut c: Command, deadline: Duration) -> Option<(i32, String,
     }
 }
 
+/// Keeps one CPU busy until dropped: the program and its engine then share
+/// the other, and the windows in which a system call is half done (between
+/// an event the engine has read and the kernel's end of the call) grow from
+/// microseconds to scheduler ticks, as on a loaded machine.
+struct Busy(Arc<AtomicBool>, Option<std::thread::JoinHandle<()>>);
+
+impl Busy {
+    fn start() -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let t0 = Instant::now();
+        let h = std::thread::spawn(move || {
+            // Bounded: never more than five minutes.
+            while !s.load(Ordering::Relaxed) && t0.elapsed() < Duration::from_secs(300) {
+                std::hint::spin_loop();
+            }
+        });
+        Busy(stop, Some(h))
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+        if let Some(h) = self.1.take() {
+            let _ = h.join();
+        }
+    }
+}
+
 /// Runs a C program of `tests/c` natively, then under `farmem run` with
 /// each option set; every emulated run must end in time, succeed and print
 /// exactly what the native run printed.
@@ -173,6 +205,9 @@ fn realloc_cycles_neither_hang_nor_lose_data() {
 #[test]
 fn random_memory_operations_match_native() {
     need_support!();
+    // Under load: seed 4 with lru lost writes in 60 % of loaded runs while an
+    // mremap or madvise was half done, and in 3 % of unloaded ones.
+    let _busy = Busy::start();
     for seed in ["1", "2", "3", "4"] {
         same_as_native(
             &format!("mmfuzz-{seed}"),

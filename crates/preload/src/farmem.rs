@@ -160,11 +160,20 @@ extern "C" fn on_sigsys(_: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
             r
         }
         _ => {
-            // SAFETY: the program's own call, made for it.
-            let r = unsafe { raw_syscall(t.nr, a) };
             // SAFETY: gettid has no arguments and no side effect.
             let tid = unsafe { raw_syscall(libc::SYS_gettid, [0; 6]) } as i32;
-            if r >= 0 && tid != HANDLER_TID.load(Ordering::Acquire) {
+            let program = tid != HANDLER_TID.load(Ordering::Acquire);
+            // An mremap is counted from before the call until it is over
+            // and the engine has been told of its new range (see
+            // Hooks::remapping). (madvise cannot be trapped: a thread's
+            // exit calls it with every signal blocked.)
+            let changing = program && t.nr == libc::SYS_mremap;
+            if changing {
+                CHANGING.fetch_add(1, Ordering::AcqRel);
+            }
+            // SAFETY: the program's own call, made for it.
+            let r = unsafe { raw_syscall(t.nr, a) };
+            if r >= 0 && program {
                 let anon_private = |flags: u64| {
                     flags & libc::MAP_ANONYMOUS as u64 != 0
                         && flags & libc::MAP_SHARED as u64 == 0
@@ -199,12 +208,18 @@ extern "C" fn on_sigsys(_: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
                     _ => {}
                 }
             }
+            if changing {
+                CHANGING.fetch_sub(1, Ordering::AcqRel);
+            }
             r
         }
     };
     // SAFETY: as above.
     unsafe { seccomp::set_result(ctx, r) };
 }
+
+/// The program's threads inside an `mremap` now (see `Hooks::remapping`).
+static CHANGING: AtomicUsize = AtomicUsize::new(0);
 
 /// Set once emulation runs: from then on no thread may block `SIGSYS`.
 static ACTIVE: AtomicBool = AtomicBool::new(false);
@@ -350,6 +365,8 @@ extern "C" fn after_fork_child() {
     HEAD.store(0, Ordering::Relaxed);
     TAIL.store(0, Ordering::Relaxed);
     HANDLER_TID.store(0, Ordering::Relaxed);
+    // Threads of the parent inside an mremap do not exist here.
+    CHANGING.store(0, Ordering::Relaxed);
     let Ok(name) = std::env::var(ENV_INSTANCE) else {
         return;
     };
@@ -470,6 +487,7 @@ fn start(name: &str, child: bool) -> Result<(), String> {
     let hooks = Hooks {
         discover: Some(Box::new(drain)),
         instance: Some((inst.clone(), slot)),
+        remapping: Some(&CHANGING),
         on_start: Some(Box::new(|| {
             // SAFETY: gettid has no arguments and no side effect.
             let tid = unsafe { raw_syscall(libc::SYS_gettid, [0; 6]) };

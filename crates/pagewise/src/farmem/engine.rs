@@ -81,6 +81,11 @@ pub(super) struct Engine {
     data: usize,
     pub(super) discover: Option<Discover>,
     pub(super) inst: Option<(Arc<instance::Instance>, usize)>,
+    /// Ranges a remove event (`madvise`) named whose pages the kernel may
+    /// not have dropped yet (see `removing_started`).
+    pub(super) removing: Vec<(u64, u64)>,
+    /// See [`super::Hooks::remapping`].
+    pub(super) remapping: Option<&'static std::sync::atomic::AtomicUsize>,
     /// The instance generation applied.
     generation: u64,
     /// Work that met `EAGAIN` (the address space changing under an event
@@ -218,6 +223,8 @@ impl Engine {
             walker: crate::walk::PageWalker::new(None)?,
             data: 0,
             discover: None,
+            remapping: None,
+            removing: Vec::new(),
             inst: None,
             generation: 0,
             moves: Vec::new(),
@@ -285,7 +292,7 @@ impl Engine {
                 break Ok(());
             }
             self.follow_instance(sh);
-            if sh.changed.swap(false, Ordering::AcqRel) {
+            if !self.changing_now() && sh.changed.swap(false, Ordering::AcqRel) {
                 if let Err(e) = self.fit_budget(sh) {
                     break Err(e);
                 }
@@ -325,7 +332,7 @@ impl Engine {
             let r = match msg.event {
                 uffd::event::PAGEFAULT => {
                     let addr = msg.pf_address();
-                    if !(self.moves.is_empty() && self.adopts.is_empty()) {
+                    if !(self.moves.is_empty() && self.adopts.is_empty()) || self.changing_now() {
                         self.later.push((addr, arrived));
                         Ok(())
                     } else {
@@ -338,7 +345,12 @@ impl Engine {
                         }
                     }
                 }
-                uffd::event::REMOVE | uffd::event::UNMAP => {
+                uffd::event::REMOVE => {
+                    let (start, end) = msg.range();
+                    self.removing_started(start, end);
+                    self.dropped(sh, start, end)
+                }
+                uffd::event::UNMAP => {
                     let (start, end) = msg.range();
                     self.dropped(sh, start, end)
                 }
@@ -362,6 +374,9 @@ impl Engine {
     /// then faults, each needing the one before). Returns whether anything
     /// got done.
     fn settle(&mut self, sh: &Shared) -> Result<bool> {
+        if self.changing_now() {
+            return Ok(false);
+        }
         let mut progress = false;
         for (src, dst) in std::mem::take(&mut self.moves) {
             match uffd::move_pages(
@@ -412,6 +427,13 @@ impl Engine {
             }
         }
         Ok(progress)
+    }
+
+    /// Whether a thread of the program is inside an `mremap` (see
+    /// [`super::Hooks::remapping`]).
+    fn changing_now(&self) -> bool {
+        self.remapping
+            .is_some_and(|n| n.load(Ordering::Acquire) > 0)
     }
 
     /// Applies the instance's settings when they changed.

@@ -305,6 +305,14 @@ pub struct Hooks {
     /// Called first thing on the handler thread (to note its thread id,
     /// say, so that a system-call trap can leave its calls alone).
     pub on_start: Option<Box<dyn FnOnce() + Send>>,
+    /// How many of the program's threads are inside an `mremap` now (the
+    /// caller counts them around the call). The kernel moves the pages
+    /// first and then reports the move in two events (the destination's
+    /// unmap, then the remap), letting the thread run between them: until
+    /// the call is over the engine's books and the address space disagree,
+    /// so while the count is non-zero the engine reads events but defers
+    /// adoptions, queued moves, faults and evictions for a new budget.
+    pub remapping: Option<&'static std::sync::atomic::AtomicUsize>,
 }
 
 impl Shared {
@@ -437,6 +445,7 @@ impl FarMemory {
                 };
                 engine.discover = hooks.discover;
                 engine.inst = hooks.instance;
+                engine.remapping = hooks.remapping;
                 // This thread's thread-local bookkeeping may sit in the very
                 // heap it emulates: it must never fault there.
                 if let Some((a, b)) = pagewise_sys::tls::dtv_range() {

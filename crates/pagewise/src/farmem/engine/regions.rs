@@ -160,6 +160,10 @@ impl Engine {
         };
         let mut found = Vec::new();
         d(&mut found);
+        if self.changing_now() {
+            self.adopts.extend(found);
+            return Ok(());
+        }
         for r in found {
             self.adopt(r)?;
         }
@@ -268,11 +272,19 @@ impl Engine {
         let Ok(r) = Region::new(a, b - a) else {
             return Ok(());
         };
+        self.forget_finished_removes()?;
         let mut runs = Vec::new();
         self.walker.populated(r, &mut runs)?;
         for (x, y) in runs {
             let mut addr = x;
             while addr < y {
+                // A page the program is dropping (madvise) may still be
+                // there: taken now it would outlive the drop.
+                let dropping = self.removing.iter().any(|&(s, e)| addr >= s && addr < e);
+                if dropping {
+                    addr += PAGE_SIZE as u64;
+                    continue;
+                }
                 if let Some((_, g, _)) = self.locate(addr) {
                     if self.pages[g] == Where::RemoteZero {
                         let (_, _, _, staged) = self.addr_of(g);
@@ -300,6 +312,35 @@ impl Engine {
         Ok(())
     }
 
+    /// `madvise` sends its remove event before it drops the pages, and the
+    /// program's thread drops them after the engine has read the event: a
+    /// removed range stays in [`Engine::removing`] until none of its pages
+    /// is there any more (the drop is done), or until 64 newer ones push it
+    /// out. (A page the program writes again meanwhile is left where it is,
+    /// outside the books: never lost, only not emulated.)
+    pub(in crate::farmem) fn removing_started(&mut self, start: u64, end: u64) {
+        if self.removing.len() >= 64 {
+            self.removing.remove(0);
+        }
+        self.removing.push((start, end));
+    }
+
+    fn forget_finished_removes(&mut self) -> Result<()> {
+        let mut keep = Vec::new();
+        for (s, e) in std::mem::take(&mut self.removing) {
+            let Ok(r) = Region::new(s, e - s) else {
+                continue;
+            };
+            let mut runs = Vec::new();
+            // A range no longer mapped is done with.
+            if self.walker.populated(r, &mut runs).is_ok() && !runs.is_empty() {
+                keep.push((s, e));
+            }
+        }
+        self.removing = keep;
+        Ok(())
+    }
+
     /// The program moved `[from, from+len)` to `to` (`mremap`; the pages
     /// the kernel held moved with the mapping). The books follow at once,
     /// before the program can move the range again: local pages stay local
@@ -314,6 +355,13 @@ impl Engine {
         to: u64,
         len: u64,
     ) -> Result<()> {
+        // Staged pages still on their way to a range that moves now go
+        // where it goes.
+        for m in self.moves.iter_mut() {
+            if m.1 >= from && m.1 < from + len {
+                m.1 = m.1 - from + to;
+            }
+        }
         self.cover(to, to + len)?;
         let mut off = 0;
         while off < len {
@@ -389,6 +437,22 @@ impl Engine {
     /// The program dropped (`MADV_DONTNEED`) or unmapped `[start, end)`:
     /// its pages read as zeros from now on.
     pub(in crate::farmem) fn dropped(&mut self, sh: &Shared, start: u64, end: u64) -> Result<()> {
+        // A staged page still on its way to the dropped range must not
+        // arrive after the drop: it is dropped with it.
+        let mut gone = Vec::new();
+        self.moves.retain(|&(src, dst)| {
+            let hit = dst >= start && dst < end;
+            if hit {
+                gone.push(src);
+            }
+            !hit
+        });
+        for staged in gone {
+            // SAFETY: a staging page of this engine, which no one else uses;
+            // its userfaultfd asks for no events.
+            unsafe { mem::madvise(staged, PAGE_SIZE, libc::MADV_DONTNEED) }
+                .map_err(|e| Error::os(format!("MADV_DONTNEED of {staged:#x}"), e))?;
+        }
         let mut addr = start & !(PAGE_SIZE as u64 - 1);
         while addr < end {
             let Some((_, g, _)) = self.locate(addr) else {
