@@ -181,7 +181,7 @@ fn one_run(backend: Option<&str>, interval: u64, requests: u64) -> Result<Run> {
                 "--json",
                 "--backend",
                 b,
-                "--interval",
+                "--interval-ms",
                 &(interval * 1000).to_string(),
                 "--",
                 "redis-server",

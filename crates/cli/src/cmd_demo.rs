@@ -8,6 +8,11 @@ pub struct DemoArgs {
     /// Size of the demo's memory in MiB.
     #[arg(long, default_value_t = 256)]
     mib: usize,
+    /// One JSON object per backend, one per line: backend, skipped (with
+    /// why) or collections, dirty_pages_reported, mean_collect_ms and
+    /// shadow_matches.
+    #[arg(long)]
+    json: bool,
 }
 
 /// Tracks a writer thread over `mib` MiB with every available backend and
@@ -19,13 +24,20 @@ pub fn demo(a: DemoArgs) -> Result<i32> {
     if a.mib == 0 {
         bail!("--mib must be at least 1");
     }
-    println!("pagewise demo: a program writes random pages of {} MiB; each backend reports what changed,", a.mib);
-    println!(
-        "and every report is checked against a shadow copy (a lost write would fail the demo).\n"
-    );
+    if !a.json {
+        println!("pagewise demo: a program writes random pages of {} MiB; each backend reports what changed,", a.mib);
+        println!(
+            "and every report is checked against a shadow copy (a lost write would fail the demo).\n"
+        );
+    }
     for k in BackendKind::ALL {
         if let Err(why) = k.available_in_process() {
-            println!("{:<10} skipped: {why}", k.name());
+            if a.json {
+                let v = serde_json::json!({"backend": k.name(), "skipped": true, "why": why});
+                println!("{v}");
+            } else {
+                println!("{:<10} skipped: {why}", k.name());
+            }
             continue;
         }
         let mem = AnonMemory::new(a.mib << 20)?;
@@ -54,13 +66,24 @@ pub fn demo(a: DemoArgs) -> Result<i32> {
                 bail!("{k}: a write was lost in round {round}");
             }
         }
-        println!(
-            "{:<10} 5 collections: {:>7} dirty pages reported, mean collection {:>8.3} ms, shadow copy matches",
-            k.name(),
-            reported,
-            total_ms / 5.0
-        );
+        if a.json {
+            let v = serde_json::json!({
+                "backend": k.name(), "skipped": false, "collections": 5,
+                "dirty_pages_reported": reported, "mean_collect_ms": total_ms / 5.0,
+                "shadow_matches": true,
+            });
+            println!("{v}");
+        } else {
+            println!(
+                "{:<10} 5 collections: {:>7} dirty pages reported, mean collection {:>8.3} ms, shadow copy matches",
+                k.name(),
+                reported,
+                total_ms / 5.0
+            );
+        }
     }
-    println!("\nNext: `pagewise probe`, `pagewise track -- CMD`, `pagewise bench track`.");
+    if !a.json {
+        println!("\nNext: `pagewise probe`, `pagewise track -- CMD`, `pagewise bench track`.");
+    }
     Ok(0)
 }

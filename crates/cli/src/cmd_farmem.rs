@@ -66,6 +66,10 @@ struct RunArgs {
     /// Write the statistics of this run's processes as JSON to this file.
     #[arg(long)]
     stats_json: Option<PathBuf>,
+    /// Say the run's summary as one JSON object on stderr (stdout is the
+    /// program's), the same object --stats-json writes.
+    #[arg(long)]
+    json: bool,
     /// Write a trace of (time, address, kind) events, kind one of fetch,
     /// evict, writeback and soft, one JSON object per line, to FILE.PID for
     /// each process.
@@ -208,7 +212,7 @@ fn run_cmd(a: RunArgs) -> Result<i32> {
     run.reap_dead_members();
     let inst = run.instance();
     let rep = report(inst, Some(run.tag()));
-    if rep.members.is_empty() && rep.stats.page_fault_count == 0 {
+    if rep.members.is_empty() && rep.stats.page_fault_count == 0 && !a.json {
         eprintln!(
             "pagewise farmem: no process of {} joined the instance, so nothing was emulated: \
              a statically linked or setuid program ignores the preload shim",
@@ -218,6 +222,11 @@ fn run_cmd(a: RunArgs) -> Result<i32> {
     if let Some(p) = &a.stats_json {
         std::fs::write(p, serde_json::to_string_pretty(&rep)? + "\n")
             .with_context(|| format!("writing {}", p.display()))?;
+    }
+    if a.json {
+        eprintln!("{}", serde_json::to_string(&rep)?);
+        run.finish();
+        return Ok(launch::exit_code(status));
     }
     eprintln!(
         "pagewise farmem: instance {}: {} faults, {} fetches, {} evictions ({} written back), {:.1} ms injected, floor {} ns",
@@ -241,7 +250,7 @@ fn ls(a: LsArgs) -> Result<i32> {
         .map(|i| report(i, None))
         .collect();
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&all)?);
+        println!("{}", serde_json::to_string(&all)?);
         return Ok(0);
     }
     if all.is_empty() {

@@ -14,8 +14,8 @@ use std::time::Duration;
 Examples:
   pagewise inspect --pid 4242                     what its memory holds
   pagewise inspect --pid 4242 --pid 4243 --json   duplicates across both, as JSON
-  pagewise inspect --coverage 2000 --heatmap m.svg -- ./server --port 7000
-      start ./server under pagewise, wait --after ms, watch which pages it
+  pagewise inspect --coverage-ms 2000 --heatmap m.svg -- ./server --port 7000
+      start ./server under pagewise, wait --after-ms, watch which pages it
       touches for 2 s, inspect it, draw the regions, then stop it
 
 Access coverage needs idle page tracking (root, CONFIG_IDLE_PAGE_TRACKING)
@@ -38,10 +38,15 @@ pub struct Args {
     bloom_sample: bool,
     /// Measure access coverage over a window of MS milliseconds (default
     /// 1000 with -- CMD; 0 turns it off).
-    #[arg(long, value_name = "MS")]
+    #[arg(long = "coverage-ms", alias = "coverage", value_name = "MS")]
     coverage: Option<u64>,
     /// With -- CMD: let it run MS milliseconds before inspecting.
-    #[arg(long, value_name = "MS", default_value_t = 1000)]
+    #[arg(
+        long = "after-ms",
+        alias = "after",
+        value_name = "MS",
+        default_value_t = 1000
+    )]
     after: u64,
     /// Draw every 2 MiB region (shade: access coverage, or repetition rate
     /// without coverage; outline: huge page) into FILE.svg.
@@ -50,7 +55,7 @@ pub struct Args {
     /// How many hottest regions the summary lists.
     #[arg(long, default_value_t = 5)]
     top: usize,
-    /// Start this command under pagewise, inspect it after --after ms, then
+    /// Start this command under pagewise, inspect it after --after-ms, then
     /// stop it (SIGTERM).
     #[arg(last = true)]
     cmd: Vec<String>,
@@ -164,7 +169,7 @@ pub fn run(a: Args) -> Result<i32> {
     })?;
     reading.finish_and_clear();
     let mut coverage: Option<(Method, Vec<access::CoverageReport>)> = None;
-    let mut no_coverage = String::from("not asked for (--coverage MS)");
+    let mut no_coverage = String::from("not asked for (--coverage-ms MS)");
     if window > 0 {
         let w = Duration::from_millis(window);
         let timeout = Duration::from_secs(60);
@@ -232,7 +237,7 @@ pub fn run(a: Args) -> Result<i32> {
         let mut v = serde_json::to_value(&rep)?;
         v["hottest"] = serde_json::to_value(&hottest)?;
         v["promote_first"] = serde_json::to_value(&promote)?;
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        println!("{}", serde_json::to_string(&v)?);
         return Ok(0);
     }
     let pids: Vec<String> = rep.pids.iter().map(|p| p.to_string()).collect();

@@ -22,7 +22,7 @@ pub fn run(a: Args) -> Result<i32> {
             Ok(c) => serde_json::to_value(c)?,
             Err(why) => serde_json::json!({ "unavailable": why }),
         };
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        println!("{}", serde_json::to_string(&v)?);
         return Ok(0);
     }
     println!("Linux {}", p.kernel);

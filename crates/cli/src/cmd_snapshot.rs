@@ -26,7 +26,7 @@ struct TakeArgs {
     #[arg(long)]
     out: Option<PathBuf>,
     /// Take a snapshot every MS milliseconds (with --count).
-    #[arg(long, value_name = "MS")]
+    #[arg(long = "every-ms", alias = "every", value_name = "MS")]
     every: Option<u64>,
     /// Number of snapshots to take.
     #[arg(long, default_value_t = 1)]
@@ -83,7 +83,7 @@ fn take(t: TakeArgs) -> Result<i32> {
         bail!("--count must be at least 1");
     }
     if t.count > 1 && t.every.is_none() {
-        bail!("--count above 1 needs --every MS");
+        bail!("--count above 1 needs --every-ms MS");
     }
     pagewise::procfs::check_target(pid)?;
     let existed = out.exists();

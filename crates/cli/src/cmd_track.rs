@@ -11,14 +11,14 @@ use std::time::{Duration, Instant};
 
 #[derive(clap::Args)]
 #[command(
-    after_help = "Examples:\n  pagewise track --pid 1234 --interval 500 --count 10\n  pagewise track --json --interval 1000 -- redis-server --port 7000\n\nJSON lines carry t_ms, dirty_pages, dirty_bytes, ranges ([start_address, page_count] pairs), range_count, dirty_rate_bytes_per_s, collect_ns, pages_scanned, backend and pid."
+    after_help = "Examples:\n  pagewise track --pid 1234 --interval-ms 500 --count 10\n  pagewise track --json --interval-ms 1000 -- redis-server --port 7000\n\nJSON lines carry t_ms, dirty_pages, dirty_bytes, ranges ([start_address, page_count] pairs), range_count, dirty_rate_bytes_per_s, collect_ns, pages_scanned, backend and pid."
 )]
 pub struct Args {
     /// Process to watch (from outside: hash or soft-dirty).
     #[arg(long, conflicts_with = "cmd")]
     pid: Option<i32>,
     /// Milliseconds between collections.
-    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long = "interval-ms", alias = "interval", value_name = "MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
     interval: u64,
     /// Stop after this many collections (default: until the process exits or Ctrl-C).
     #[arg(long)]

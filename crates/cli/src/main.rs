@@ -38,7 +38,7 @@ enum Cmd {
     Track(cmd_track::Args),
     /// Snapshot another process into a deduplicated, durable store; inspect and diff stores.
     ///
-    /// `pagewise snapshot --pid PID --out DIR [--every MS --count N]` stops the
+    /// `pagewise snapshot --pid PID --out DIR [--every-ms MS --count N]` stops the
     /// process briefly for each snapshot. Each distinct page is stored once,
     /// compressed, across all snapshots of the store.
     Snapshot(cmd_snapshot::Args),
@@ -52,7 +52,7 @@ enum Cmd {
     /// bloat, duplicate pages and access coverage, per 2 MiB region.
     ///
     /// `pagewise inspect --pid PID [--pid PID ...]` or `pagewise inspect --
-    /// CMD` reads every resident anonymous page once; `--coverage MS`
+    /// CMD` reads every resident anonymous page once; `--coverage-ms MS`
     /// measures which pages are touched, `--heatmap FILE.svg` draws it.
     Inspect(cmd_inspect::Args),
     /// Run the benchmarks of a capability and print ratios against the baselines.

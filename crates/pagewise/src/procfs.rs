@@ -29,7 +29,48 @@ pub struct Mapping {
     pub path: String,
 }
 
+/// The kinds of memory a capability may be asked to work on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemoryKind {
+    /// Private anonymous memory: `malloc`, anonymous `mmap`, the heap and stacks.
+    PrivateAnonymous,
+    /// Shared memory: `MAP_SHARED` anonymous, shmem, `memfd`, shared files.
+    Shared,
+    /// A private mapping of a file (copy-on-write).
+    FilePrivate,
+    /// hugetlbfs pages (`MAP_HUGETLB`, hugetlb `memfd`).
+    Hugetlb,
+}
+
+impl MemoryKind {
+    /// How it is said in errors.
+    pub fn name(self) -> &'static str {
+        match self {
+            MemoryKind::PrivateAnonymous => "private anonymous",
+            MemoryKind::Shared => "shared (shmem, memfd or MAP_SHARED)",
+            MemoryKind::FilePrivate => "file-backed private",
+            MemoryKind::Hugetlb => "hugetlb",
+        }
+    }
+}
+
 impl Mapping {
+    /// The kind of memory this mapping holds. hugetlb is recognised by the
+    /// names the kernel gives it (`/anon_hugepage`, a hugetlbfs file under
+    /// a path with `hugepages` in it, a hugetlb memfd `/memfd:… (deleted)` is
+    /// seen as shared).
+    pub fn kind(&self) -> MemoryKind {
+        if self.path.starts_with("/anon_hugepage") || self.path.contains("hugepages") {
+            MemoryKind::Hugetlb
+        } else if self.shared {
+            MemoryKind::Shared
+        } else if self.is_anonymous() {
+            MemoryKind::PrivateAnonymous
+        } else {
+            MemoryKind::FilePrivate
+        }
+    }
+
     /// Private memory not backed by a file: anonymous mappings, `[heap]`, `[stack]`.
     pub fn is_anonymous(&self) -> bool {
         !self.shared
@@ -309,13 +350,30 @@ impl Drop for KnobGuard {
 }
 
 /// Checks that every region lies inside readable and writable mappings of
-/// the calling process (overlaps between them are the caller's to refuse).
-pub fn check_mapped_writable(regions: &[Region]) -> Result<()> {
+/// the calling process whose memory is of one of the kinds `works_on`
+/// (`capability` names who asks, for the error). Overlaps between regions
+/// are the caller's to refuse.
+pub fn check_mapped_writable(
+    regions: &[Region],
+    capability: &str,
+    works_on: &[MemoryKind],
+) -> Result<()> {
     let maps = maps(None)?;
     for r in regions {
         let mut addr = r.start;
         while addr < r.end() {
             match maps.iter().find(|m| m.start <= addr && addr < m.end) {
+                Some(m) if m.read && m.write && !works_on.contains(&m.kind()) => {
+                    let kinds: Vec<&str> = works_on.iter().map(|k| k.name()).collect();
+                    return Err(Error::MemoryType(format!(
+                        "region {:#x}+{:#x}: the mapping at {:#x} is {} memory; {capability} works on {} memory",
+                        r.start,
+                        r.len,
+                        m.start,
+                        m.kind().name(),
+                        kinds.join(" and ")
+                    )));
+                }
                 Some(m) if m.read && m.write => addr = m.end,
                 Some(m) => {
                     return Err(Error::NotMapped(format!(

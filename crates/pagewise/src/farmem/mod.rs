@@ -287,6 +287,11 @@ impl Stats {
     }
 }
 
+/// The memory far-memory emulation works on: `UFFDIO_MOVE` moves only
+/// private anonymous pages.
+pub const FARMEM_KINDS: [crate::procfs::MemoryKind; 1] =
+    [crate::procfs::MemoryKind::PrivateAnonymous];
+
 /// New regions of the program found outside the engine (the preload shim
 /// traps `mmap` and friends and registers what they map): called when a
 /// fault lands outside every known region, and when woken; it appends the
@@ -405,7 +410,7 @@ impl FarMemory {
             return Err(Error::Invalid("no region to emulate".into()));
         }
         let sorted = crate::region::sorted_disjoint(regions)?;
-        crate::procfs::check_mapped_writable(&sorted)?;
+        crate::procfs::check_mapped_writable(&sorted, "far-memory emulation", &FARMEM_KINDS)?;
         let shared = Arc::new(Shared {
             config: Mutex::new(config),
             changed: AtomicBool::new(false),
@@ -517,7 +522,7 @@ impl FarMemory {
     /// overlapping the others), also while other threads use it: its
     /// populated pages become remote. Returns once it is emulated.
     pub fn add(&mut self, region: Region) -> Result<()> {
-        crate::procfs::check_mapped_writable(&[region])?;
+        crate::procfs::check_mapped_writable(&[region], "far-memory emulation", &FARMEM_KINDS)?;
         let (tx, rx) = reply::channel()?;
         self.shared
             .adds

@@ -44,6 +44,15 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
+/// The memory snapshots work on: private memory, anonymous or copied from a
+/// file. Shared memory is refused (a restore would write into every other
+/// process's view of it, and its writes by others are not tracked), and so
+/// is hugetlb (pages of another size).
+pub const SNAP_KINDS: [procfs::MemoryKind; 2] = [
+    procfs::MemoryKind::PrivateAnonymous,
+    procfs::MemoryKind::FilePrivate,
+];
+
 /// Page ids per shared chunk of a snapshot's table (128 KiB of memory).
 pub const CHUNK_PAGES: usize = 32;
 
@@ -185,7 +194,7 @@ impl Snapshots {
         }
         let mut sorted = regions.to_vec();
         sorted.sort();
-        procfs::check_mapped_writable(&sorted)?;
+        procfs::check_mapped_writable(&sorted, "snapshots", &SNAP_KINDS)?;
         let tracker = DirtyTracker::new(&sorted, opts.backend)?;
         let marks = sorted
             .iter()

@@ -2,6 +2,9 @@
 //! writes under eviction checked against shadow copies, faults inside system
 //! calls, the link model's exact sums, and live reconfiguration.
 
+#[path = "../common/mod.rs"]
+mod common;
+
 use pagewise::farmem::link::LinkConfig;
 use pagewise::farmem::{policy, Calibration, Config, FarMemory, Stats};
 use pagewise::workload::{AnonMemory, Rng};
@@ -703,5 +706,44 @@ fn a_range_found_after_it_changed_is_emulated_where_it_is_still_anonymous() {
     );
     for p in 0..32 {
         assert_eq!(late.read_byte(p * PAGE_SIZE), p as u8 + 1);
+    }
+}
+
+/// Far-memory emulation works on private anonymous memory and refuses every
+/// other kind by name (it moves pages with UFFDIO_MOVE, which only private
+/// anonymous pages allow).
+#[test]
+fn memory_types_other_than_private_anonymous_are_refused() {
+    use pagewise::procfs::MemoryKind as K;
+    if !uffd_or_skip("memory_types_other_than_private_anonymous_are_refused") {
+        return;
+    }
+    let ok = common::Mapped::new(K::PrivateAnonymous, 16).unwrap();
+    let fm = FarMemory::new(&[ok.region()], config(4, 0), fifo(), Calibration::NONE).unwrap();
+    assert_eq!(
+        ok.byte(5 * PAGE_SIZE + 9),
+        5 | 1,
+        "private anonymous memory is served"
+    );
+    drop(fm);
+    for kind in [K::Shared, K::FilePrivate, K::Hugetlb] {
+        let m = match common::Mapped::new(kind, 16) {
+            Ok(m) => m,
+            Err(why) => {
+                pagewise_testkit::skip!("[{}] {why}", kind.name());
+                continue;
+            }
+        };
+        let e = FarMemory::new(&[m.region()], config(4, 0), fifo(), Calibration::NONE).unwrap_err();
+        assert!(
+            matches!(e, pagewise::Error::MemoryType(_)),
+            "{}: {e:?}",
+            kind.name()
+        );
+        assert!(e.to_string().contains(kind.name()), "{e}");
+        // Untouched: every byte as written.
+        for i in 0..16 {
+            assert_eq!(m.byte(i * PAGE_SIZE + 9), (i as u8) | 1);
+        }
     }
 }

@@ -413,3 +413,43 @@ fn bad_input_is_refused() {
     assert!(s.diff(id, 99).is_err());
     assert!(s.drop_snapshot(99).is_err());
 }
+
+/// Snapshots work on private memory, anonymous or file-backed (byte-exact
+/// restore checked), and refuse shared memory and hugetlb by name.
+#[test]
+fn memory_types() {
+    use pagewise::procfs::MemoryKind as K;
+    for kind in [K::PrivateAnonymous, K::FilePrivate] {
+        let m = common::Mapped::new(kind, 32).unwrap();
+        let mut s = Snapshots::new(&[m.region()], SnapshotOptions::default()).unwrap();
+        let base = s.take().unwrap();
+        for i in (0..32).step_by(3) {
+            m.set(i * P + 100, 0xEE);
+        }
+        s.restore(base).unwrap();
+        for i in 0..32 {
+            assert_eq!(
+                m.byte(i * P + 9),
+                (i as u8) | 1,
+                "{}: page {i}",
+                kind.name()
+            );
+            assert_eq!(m.byte(i * P + 100), 0, "{}: page {i} restored", kind.name());
+        }
+    }
+    for kind in [K::Shared, K::Hugetlb] {
+        let m = match common::Mapped::new(kind, 32) {
+            Ok(m) => m,
+            Err(why) => {
+                pagewise_testkit::skip!("[{}] {why}", kind.name());
+                continue;
+            }
+        };
+        let e = Snapshots::new(&[m.region()], SnapshotOptions::default()).unwrap_err();
+        assert!(
+            matches!(e, pagewise::Error::MemoryType(_)),
+            "{}: {e:?}",
+            kind.name()
+        );
+    }
+}

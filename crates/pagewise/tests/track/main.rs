@@ -730,3 +730,61 @@ fn soft_dirty_refusal_is_clear_when_missing() {
         }
     }
 }
+
+/// Each backend either tracks shared and file-backed private memory exactly
+/// (every written page reported) or refuses it by name; hugetlb likewise
+/// where configured.
+#[test]
+fn memory_types() {
+    use pagewise::procfs::MemoryKind as K;
+    for_each_backend("memory types", &[], |kind| {
+        for mk in [K::Shared, K::FilePrivate, K::Hugetlb] {
+            let m = match common::Mapped::new(mk, 64) {
+                Ok(m) => m,
+                Err(why) => {
+                    pagewise_testkit::skip!("[{kind}] [{}] {why}", mk.name());
+                    continue;
+                }
+            };
+            let mut t = match DirtyTracker::new(&[m.region()], kind) {
+                Ok(t) => t,
+                Err(e) => {
+                    assert!(
+                        matches!(e, pagewise::Error::MemoryType(_))
+                            && e.to_string().contains(mk.name()),
+                        "[{kind}] {}: refused without saying why: {e:?}",
+                        mk.name()
+                    );
+                    println!("     [{kind}] {}: refused: {e}", mk.name());
+                    continue;
+                }
+            };
+            let written = [3usize, 7, 8, 40];
+            for &p in &written {
+                m.set(p * PAGE_SIZE + 200, 0x5A);
+            }
+            let c = t.collect().unwrap();
+            let reported: std::collections::BTreeSet<usize> = c
+                .ranges
+                .iter()
+                .flat_map(|r| {
+                    let first = ((r.start - m.addr) / PAGE_SIZE as u64) as usize;
+                    first..first + r.pages as usize
+                })
+                .collect();
+            for p in written {
+                assert!(
+                    reported.contains(&p),
+                    "[{kind}] {}: the write to page {p} was not reported ({reported:?})",
+                    mk.name()
+                );
+            }
+            println!(
+                "     [{kind}] {}: {} pages reported for {} written",
+                mk.name(),
+                reported.len(),
+                written.len()
+            );
+        }
+    });
+}
