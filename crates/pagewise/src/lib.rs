@@ -22,6 +22,7 @@ pub mod bloom;
 pub mod dedup;
 pub mod farmem;
 pub mod hash;
+pub mod inject;
 pub mod inspect;
 pub mod launch;
 pub mod probe;

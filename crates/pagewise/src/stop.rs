@@ -84,6 +84,11 @@ impl Stopped {
     pub fn threads(&self) -> usize {
         self.tids.len()
     }
+
+    /// The stopped threads' ids.
+    pub fn tids(&self) -> &[i32] {
+        &self.tids
+    }
 }
 
 impl Drop for Stopped {

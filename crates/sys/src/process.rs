@@ -277,3 +277,87 @@ pub fn errno_location() -> *mut libc::c_int {
     // SAFETY: __errno_location has no preconditions.
     unsafe { libc::__errno_location() }
 }
+
+/// The registers of a stopped traced thread (x86-64: `user_regs_struct`).
+#[cfg(target_arch = "x86_64")]
+pub type Regs = libc::user_regs_struct;
+
+/// `ptrace(PTRACE_GETREGS)`: the registers of a stopped traced thread.
+#[cfg(target_arch = "x86_64")]
+pub fn ptrace_getregs(tid: libc::pid_t) -> io::Result<Regs> {
+    // SAFETY: a zeroed user_regs_struct is valid storage for the kernel to fill.
+    let mut r: Regs = unsafe { std::mem::zeroed() };
+    // SAFETY: PTRACE_GETREGS writes one user_regs_struct to `data`.
+    cvt_int(unsafe {
+        libc::ptrace(libc::PTRACE_GETREGS, tid, 0usize, &mut r as *mut Regs) as libc::c_int
+    })?;
+    Ok(r)
+}
+
+/// `ptrace(PTRACE_SETREGS)`: sets the registers of a stopped traced thread.
+/// (What the thread then executes is the caller's to choose: it runs in
+/// another process, whose memory safety this one cannot break.)
+#[cfg(target_arch = "x86_64")]
+pub fn ptrace_setregs(tid: libc::pid_t, r: &Regs) -> io::Result<()> {
+    // SAFETY: PTRACE_SETREGS reads one user_regs_struct from `data`.
+    cvt_int(unsafe {
+        libc::ptrace(libc::PTRACE_SETREGS, tid, 0usize, r as *const Regs) as libc::c_int
+    })
+    .map(|_| ())
+}
+
+/// `ptrace(PTRACE_SINGLESTEP)` with no signal: the stopped thread executes
+/// one instruction and stops again (`SIGTRAP`).
+pub fn ptrace_singlestep(tid: libc::pid_t) -> io::Result<()> {
+    // SAFETY: integer arguments only; data 0 delivers no signal.
+    cvt_int(unsafe { libc::ptrace(libc::PTRACE_SINGLESTEP, tid, 0usize, 0usize) as libc::c_int })
+        .map(|_| ())
+}
+
+/// How a traced thread stopped or ended (see [`wait_traced`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TraceStop {
+    /// Stopped; the signal of the stop (`SIGTRAP` for a step or an event
+    /// stop, with `event` the `PTRACE_EVENT_*` number or 0).
+    Stopped {
+        /// The stop's signal.
+        sig: libc::c_int,
+        /// `PTRACE_EVENT_*`, 0 for none.
+        event: libc::c_int,
+    },
+    /// It exited or was killed.
+    Gone,
+}
+
+/// Waits until traced thread `tid` stops or ends.
+pub fn wait_traced(tid: libc::pid_t) -> io::Result<TraceStop> {
+    loop {
+        let mut status = 0;
+        // SAFETY: waits for a thread this thread traces; `status` is a valid out-pointer.
+        let r = unsafe { libc::waitpid(tid, &mut status, libc::__WALL) };
+        if r == tid {
+            if libc::WIFSTOPPED(status) {
+                return Ok(TraceStop::Stopped {
+                    sig: libc::WSTOPSIG(status),
+                    event: (status >> 16) & 0xff,
+                });
+            }
+            return Ok(TraceStop::Gone);
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINTR) {
+            return Err(e);
+        }
+    }
+}
+
+/// `pidfd_getfd(2)`: a duplicate, in this process, of descriptor `fd` of the
+/// process `pidfd` refers to (close-on-exec).
+pub fn pidfd_getfd(pidfd: std::os::fd::BorrowedFd<'_>, fd: RawFd) -> io::Result<OwnedFd> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: integer arguments only.
+    let r = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
+    let fd = cvt(r)? as RawFd;
+    // SAFETY: a new descriptor that this process owns.
+    Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) })
+}

@@ -168,3 +168,81 @@ fn missing_processes_are_clear_errors() {
     );
     let _ = c.wait();
 }
+
+/// The fds of `pid`, as /proc lists them.
+fn fds(pid: i32) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// System calls made inside a stopped process return what they would there,
+/// leave no descriptor behind, and the process runs on as before: spinning
+/// threads keep counting, and a thread asleep in `nanosleep` (interrupted
+/// by the stop) finishes its sleep and exits normally.
+#[test]
+fn system_calls_inside_another_process() {
+    use pagewise::inject::Remote;
+    if let Some(why) = can_ptrace() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    let s = Spinner::start();
+    std::thread::sleep(Duration::from_millis(100));
+    let fds_before = fds(s.pid);
+    let stopped = Stopped::new(s.pid).unwrap();
+    let r = Remote::new(&stopped).unwrap();
+    assert_eq!(r.syscall(libc::SYS_getpid, [0; 6]).unwrap(), s.pid as i64);
+    let fd = r
+        .syscall(
+            libc::SYS_userfaultfd,
+            [(libc::O_CLOEXEC | libc::O_NONBLOCK) as u64, 0, 0, 0, 0, 0],
+        )
+        .unwrap();
+    assert!(fd >= 0, "userfaultfd in the target: {fd}");
+    assert!(fds(s.pid).contains(&fd.to_string()));
+    let mine = r.take_fd(fd as i32).unwrap();
+    let link = std::fs::read_link(format!(
+        "/proc/self/fd/{}",
+        std::os::fd::AsRawFd::as_raw_fd(&mine)
+    ))
+    .unwrap();
+    assert!(link.to_string_lossy().contains("userfaultfd"), "{link:?}");
+    assert_eq!(fds(s.pid), fds_before, "no descriptor left in the target");
+    // A failing call gives its errno.
+    assert_eq!(
+        r.syscall(libc::SYS_close, [9999, 0, 0, 0, 0, 0]).unwrap(),
+        -(libc::EBADF as i64)
+    );
+    drop(stopped);
+    let a = s.counts();
+    std::thread::sleep(Duration::from_millis(100));
+    let b = s.counts();
+    assert!(
+        (0..4).all(|i| b[i] > a[i]),
+        "every thread runs on: {a:?} {b:?}"
+    );
+
+    // A process asleep in a system call: the sleep restarts and completes.
+    let mut sleeper = Command::new("sleep").arg("0.5").spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let t0 = std::time::Instant::now();
+    {
+        let stopped = Stopped::new(sleeper.id() as i32).unwrap();
+        let r = Remote::new(&stopped).unwrap();
+        assert_eq!(
+            r.syscall(libc::SYS_getppid, [0; 6]).unwrap(),
+            std::process::id() as i64
+        );
+    }
+    let st = sleeper.wait().unwrap();
+    assert!(st.success(), "sleep ended with {st:?}");
+    assert!(
+        t0.elapsed() >= Duration::from_millis(300),
+        "the interrupted sleep was cut short: {:?}",
+        t0.elapsed()
+    );
+}

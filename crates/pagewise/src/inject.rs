@@ -1,0 +1,132 @@
+//! Acting inside another process: a system call made by one of its threads,
+//! stopped under `ptrace` ([`Stopped`]), then put back exactly as it was.
+//! The one place pagewise executes anything in another process.
+//!
+//! The technique is CRIU's "parasite" (compel) reduced to one instruction:
+//! the thread's registers are saved; its instruction pointer is set to a
+//! `syscall` instruction that already exists in the target (in its vDSO),
+//! the call's number and arguments go into the registers, `orig_rax` is set
+//! to -1 so that the kernel does not take the step for the restart of a
+//! call the thread was interrupted in; one single-step executes the call;
+//! the result is read from `rax`, and every register is put back. A thread
+//! that was stopped inside a system call then restarts it as it would
+//! have. Nothing is written into the target's memory.
+//!
+//! x86-64 only; elsewhere [`Remote::new`] answers `Unsupported`.
+
+use crate::stop::Stopped;
+use crate::{procfs, Error, Result};
+
+/// System calls made inside a stopped process (see the module).
+#[derive(Debug)]
+pub struct Remote<'a> {
+    stopped: &'a Stopped,
+    tid: i32,
+    syscall_at: u64,
+}
+
+/// Where a `syscall` instruction (`0f 05`) is in `pid`'s vDSO.
+fn find_syscall_instruction(pid: i32) -> Result<u64> {
+    let maps = procfs::maps(Some(pid))?;
+    let vdso = maps
+        .iter()
+        .find(|m| m.path == "[vdso]")
+        .ok_or_else(|| Error::Unsupported {
+            feature: "system calls inside another process",
+            why: format!("process {pid} has no vDSO to borrow a syscall instruction from"),
+        })?;
+    let mut text = vec![0u8; vdso.len() as usize];
+    let n = pagewise_sys::process::process_vm_read(pid, vdso.start, &mut text)
+        .map_err(|e| Error::for_pid(pid, "reading the vDSO", e))?;
+    text[..n]
+        .windows(2)
+        .position(|w| w == [0x0f, 0x05])
+        .map(|i| vdso.start + i as u64)
+        .ok_or_else(|| Error::Unsupported {
+            feature: "system calls inside another process",
+            why: format!("no syscall instruction in the vDSO of process {pid}"),
+        })
+}
+
+impl<'a> Remote<'a> {
+    /// Prepares system calls in `stopped`, made by its first thread.
+    pub fn new(stopped: &'a Stopped) -> Result<Self> {
+        if !cfg!(target_arch = "x86_64") {
+            return Err(Error::Unsupported {
+                feature: "system calls inside another process",
+                why: "implemented for x86-64 only".into(),
+            });
+        }
+        let pid = stopped.pid();
+        let tid = *stopped.tids().first().ok_or(Error::ProcessExited(pid))?;
+        Ok(Remote {
+            stopped,
+            tid,
+            syscall_at: find_syscall_instruction(pid)?,
+        })
+    }
+
+    /// Makes system call `nr` with `args` in the target; its raw result
+    /// (a negative errno on failure).
+    #[cfg(target_arch = "x86_64")]
+    pub fn syscall(&self, nr: libc::c_long, args: [u64; 6]) -> Result<i64> {
+        use pagewise_sys::process::{self as p, TraceStop};
+        let pid = self.stopped.pid();
+        let tid = self.tid;
+        let os = |what: &str, e| Error::for_pid(pid, format!("{what} of thread {tid}"), e);
+        let saved = p::ptrace_getregs(tid).map_err(|e| os("PTRACE_GETREGS", e))?;
+        let mut r = saved;
+        r.rip = self.syscall_at;
+        r.rax = nr as u64;
+        r.orig_rax = u64::MAX;
+        (r.rdi, r.rsi, r.rdx, r.r10, r.r8, r.r9) =
+            (args[0], args[1], args[2], args[3], args[4], args[5]);
+        p::ptrace_setregs(tid, &r).map_err(|e| os("PTRACE_SETREGS", e))?;
+        let stepped = p::ptrace_singlestep(tid)
+            .map_err(|e| os("PTRACE_SINGLESTEP", e))
+            .and_then(|()| p::wait_traced(tid).map_err(|e| os("waiting for the step", e)));
+        let ret = match stepped {
+            Ok(TraceStop::Stopped { sig, .. }) if sig == libc::SIGTRAP => p::ptrace_getregs(tid)
+                .map(|a| a.rax as i64)
+                .map_err(|e| os("PTRACE_GETREGS", e)),
+            Ok(TraceStop::Stopped { sig, .. }) => Err(Error::Busy(format!(
+                "process {pid}: signal {sig} arrived while a system call was made in it; try again"
+            ))),
+            Ok(TraceStop::Gone) => return Err(Error::ProcessExited(pid)),
+            Err(e) => Err(e),
+        };
+        // Every register back, whatever happened.
+        p::ptrace_setregs(tid, &saved).map_err(|e| os("PTRACE_SETREGS (restoring)", e))?;
+        ret
+    }
+
+    /// Not available on this architecture.
+    #[cfg(not(target_arch = "x86_64"))]
+    pub fn syscall(&self, _nr: libc::c_long, _args: [u64; 6]) -> Result<i64> {
+        Err(Error::Unsupported {
+            feature: "system calls inside another process",
+            why: "implemented for x86-64 only".into(),
+        })
+    }
+
+    /// A descriptor the target opened, duplicated into this process
+    /// (`pidfd_getfd`) and then closed in the target.
+    pub fn take_fd(&self, fd: i32) -> Result<std::os::fd::OwnedFd> {
+        use std::os::fd::AsFd;
+        let pid = self.stopped.pid();
+        let pidfd = pagewise_sys::process::pidfd_open(pid)
+            .map_err(|e| Error::for_pid(pid, "pidfd_open", e))?;
+        let mine = pagewise_sys::process::pidfd_getfd(pidfd.as_fd(), fd);
+        let closed = self.syscall(libc::SYS_close, [fd as u64, 0, 0, 0, 0, 0]);
+        let mine =
+            mine.map_err(|e| Error::for_pid(pid, format!("pidfd_getfd of its fd {fd}"), e))?;
+        match closed? {
+            0 => Ok(mine),
+            e => Err(Error::for_pid(
+                pid,
+                format!("closing its fd {fd}"),
+                std::io::Error::from_raw_os_error(-e as i32),
+            )),
+        }
+    }
+}
