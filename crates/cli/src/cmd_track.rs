@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
     after_help = "Examples:\n  pagewise track --pid 1234 --interval-ms 500 --count 10\n  pagewise track --json --interval-ms 1000 -- redis-server --port 7000\n\nJSON lines carry t_ms, dirty_pages, dirty_bytes, ranges ([start_address, page_count] pairs), range_count, dirty_rate_bytes_per_s, collect_ns, pages_scanned, backend and pid."
 )]
 pub struct Args {
-    /// Process to watch (from outside: hash or soft-dirty).
+    /// Process to watch from outside (uffd-wp, soft-dirty or hash).
     #[arg(long, conflicts_with = "cmd")]
     pid: Option<i32>,
     /// Milliseconds between collections.
@@ -62,6 +62,9 @@ pub fn run(a: Args) -> Result<i32> {
     let (mut child, mut source, pid) = match (a.pid, a.cmd.is_empty()) {
         (Some(pid), true) => {
             let t = DirtyTracker::for_process(pid, a.backend)?;
+            if let (Some(n), false) = (t.note(), a.json) {
+                eprintln!("pagewise: {n}");
+            }
             (None, Source::Outside(t, pid), pid)
         }
         (None, false) => {

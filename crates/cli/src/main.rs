@@ -33,8 +33,10 @@ enum Cmd {
     ///
     /// Watch a running process with --pid, or start one after `--`. A command
     /// started by pagewise is tracked from inside through the preload shim with
-    /// `uffd-wp` when the kernel has it; a running process from outside with
-    /// `hash` (or `soft-dirty`).
+    /// `uffd-wp` when the kernel has it. A running process is tracked with
+    /// `uffd-wp` too: pagewise stops it for a moment and has it open the
+    /// userfaultfd (ptrace); where that cannot be (a seccomp filter, ptrace
+    /// not allowed, the process stopped), `auto` says why and uses `hash`.
     Track(cmd_track::Args),
     /// Snapshot another process into a deduplicated, durable store; inspect and diff stores.
     ///

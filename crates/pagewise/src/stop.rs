@@ -41,7 +41,7 @@ impl Stopped {
                         return Err(Error::PermissionDenied {
                             pid,
                             what: format!(
-                                "ptrace seize of thread {tid} (is it already traced by a debugger?)"
+                                "ptrace seize of thread {tid} (is it already traced by a debugger, or init?)"
                             ),
                         })
                     }

@@ -134,7 +134,18 @@ impl BackendKind {
     /// Whether this backend can watch another process from outside; `Err` says why not.
     pub fn available_for_pid(self) -> std::result::Result<(), String> {
         match self {
-            BackendKind::UffdWp => Err("uffd-wp needs a userfaultfd inside the target: start the command under `pagewise track -- CMD` so the preload shim can open one".into()),
+            BackendKind::UffdWp => {
+                self.available_in_process()?;
+                if !cfg!(target_arch = "x86_64") {
+                    return Err("uffd-wp from outside makes a system call inside the target, implemented for x86-64 only; start the command under `pagewise track -- CMD` instead".into());
+                }
+                let scope = crate::procfs::read_trimmed("/proc/sys/kernel/yama/ptrace_scope")
+                    .unwrap_or_default();
+                if scope == "3" {
+                    return Err("ptrace is disabled (kernel.yama.ptrace_scope = 3)".into());
+                }
+                Ok(())
+            }
             BackendKind::Mprotect => Err("mprotect needs a signal handler inside the target; it tracks only the calling process".into()),
             BackendKind::SoftDirty | BackendKind::Hash | BackendKind::Auto => self.available_in_process(),
         }
@@ -160,7 +171,9 @@ impl BackendKind {
     pub fn resolve_for_pid(self) -> BackendKind {
         match self {
             BackendKind::Auto => {
-                if BackendKind::SoftDirty.available_in_process().is_ok() {
+                if BackendKind::UffdWp.available_for_pid().is_ok() {
+                    BackendKind::UffdWp
+                } else if BackendKind::SoftDirty.available_in_process().is_ok() {
                     BackendKind::SoftDirty
                 } else {
                     BackendKind::Hash
@@ -287,6 +300,8 @@ pub struct DirtyTracker {
     pending: Vec<Option<Vec<PageRange>>>,
     /// Whole-process tracking: mappings come and go under our feet.
     lenient: bool,
+    /// Why `Auto` fell back from its first choice (see [`DirtyTracker::note`]).
+    note: Option<String>,
 }
 
 impl std::fmt::Debug for DirtyTracker {
@@ -336,6 +351,7 @@ impl DirtyTracker {
             backend,
             pending: vec![Some(Vec::new())],
             lenient: false,
+            note: None,
         })
     }
 
@@ -343,7 +359,38 @@ impl DirtyTracker {
     /// `hash` or `soft-dirty` (`Auto` picks). Mappings that appear later are
     /// picked up at each collection (their pages reported once as dirty).
     pub fn for_process(pid: i32, kind: BackendKind) -> Result<Self> {
-        let kind = kind.resolve_for_pid();
+        let auto = kind == BackendKind::Auto;
+        match Self::for_process_with(pid, kind.resolve_for_pid()) {
+            // `Auto` falls back from uffd-wp to what needs nothing inside the
+            // target, and says why.
+            Err(e)
+                if auto
+                    && matches!(
+                        e,
+                        Error::Unsupported { .. } | Error::PermissionDenied { .. } | Error::Busy(_)
+                    ) =>
+            {
+                let fallback = if BackendKind::SoftDirty.available_in_process().is_ok() {
+                    BackendKind::SoftDirty
+                } else {
+                    BackendKind::Hash
+                };
+                let mut t = Self::for_process_with(pid, fallback)?;
+                t.note = Some(format!(
+                    "uffd-wp from outside is not possible here ({e}); using {fallback}"
+                ));
+                Ok(t)
+            }
+            r => r,
+        }
+    }
+
+    /// Why the backend is not the best one `Auto` could have picked, if so.
+    pub fn note(&self) -> Option<&str> {
+        self.note.as_deref()
+    }
+
+    fn for_process_with(pid: i32, kind: BackendKind) -> Result<Self> {
         kind.available_for_pid().map_err(|why| Error::Unsupported {
             feature: kind.name(),
             why,
@@ -358,12 +405,14 @@ impl DirtyTracker {
                 Box::new(soft_dirty::SoftDirtyBackend::new(Target::Pid(pid))?)
             }
             BackendKind::Hash => Box::new(hash::HashBackend::new(Target::Pid(pid))?),
+            BackendKind::UffdWp => Box::new(uffd_wp::UffdWpBackend::for_process(pid)?),
             _ => unreachable!("checked by available_for_pid"),
         };
         let mut t = DirtyTracker {
             backend,
             pending: vec![Some(Vec::new())],
             lenient: true,
+            note: None,
         };
         t.sync_process_mappings(Some(pid), true)?;
         Ok(t)
@@ -386,6 +435,7 @@ impl DirtyTracker {
             backend,
             pending: vec![Some(Vec::new())],
             lenient: true,
+            note: None,
         };
         t.sync_process_mappings(None, true)?;
         Ok(t)

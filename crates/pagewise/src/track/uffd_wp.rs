@@ -67,6 +67,73 @@ impl UffdWp {
         })
     }
 
+    /// A userfaultfd over the memory of process `pid`, made inside it: the
+    /// process is stopped for a moment, makes the `userfaultfd` call itself
+    /// ([`crate::inject`]), and its descriptor is moved here (taken with
+    /// `pidfd_getfd`, closed there). A userfaultfd acts on the memory of
+    /// the process that created it, wherever it is held; `PAGEMAP_SCAN` then
+    /// runs on `/proc/PID/pagemap`. Refused, with the reason, for a process
+    /// with a seccomp filter (the call could be refused, or kill it) and
+    /// where ptrace is not allowed.
+    pub fn open_in(pid: i32) -> Result<Self> {
+        let p = probe::get();
+        if p.uffd_access.is_none() {
+            return Err(Error::Unsupported {
+                feature: "userfaultfd",
+                why: p.why("userfaultfd"),
+            });
+        }
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .map_err(|e| Error::for_pid(pid, "reading its status", e))?;
+        if crate::procfs::status_field(&status, "Seccomp").unwrap_or(0) != 0 {
+            return Err(Error::Unsupported {
+                feature: "uffd-wp from outside",
+                why: format!(
+                    "process {pid} runs under a seccomp filter: a userfaultfd call made inside it could be refused or kill it"
+                ),
+            });
+        }
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map_err(|e| Error::for_pid(pid, "reading its state", e))?;
+        let state = stat
+            .rfind(')')
+            .and_then(|i| stat[i + 1..].split_whitespace().next());
+        if matches!(state, Some("T" | "t")) {
+            return Err(Error::Unsupported {
+                feature: "uffd-wp from outside",
+                why: format!(
+                    "process {pid} is stopped (job control or a debugger): it cannot make the userfaultfd call until it runs again"
+                ),
+            });
+        }
+        let fd = {
+            let stopped = crate::stop::Stopped::new(pid)?;
+            let remote = crate::inject::Remote::new(&stopped)?;
+            let flags =
+                (libc::O_CLOEXEC | libc::O_NONBLOCK) as u64 | uffd::UFFD_USER_MODE_ONLY as u64;
+            let fd = remote.syscall(libc::SYS_userfaultfd, [flags, 0, 0, 0, 0, 0])?;
+            if fd < 0 {
+                return Err(Error::for_pid(
+                    pid,
+                    "userfaultfd() made inside it",
+                    std::io::Error::from_raw_os_error(-fd as i32),
+                ));
+            }
+            remote.take_fd(fd as i32)?
+        };
+        let want = uffd::feature::WP_ASYNC | uffd::feature::WP_UNPOPULATED;
+        uffd::api(fd.as_raw_fd(), want)
+            .map_err(|e| Error::os("UFFDIO_API with WP_ASYNC|WP_UNPOPULATED", e))?;
+        let path = format!("/proc/{pid}/pagemap");
+        let pagemap =
+            File::open(&path).map_err(|e| Error::for_pid(pid, format!("opening {path}"), e))?;
+        Ok(UffdWp {
+            uffd: fd,
+            pagemap,
+            buf: vec![pagemap::PageRegion::default(); SCAN_VEC],
+        })
+    }
+
     /// Registers `r` for write-protect tracking; with `protect`, also protects it
     /// now so that only later writes are reported.
     pub fn register(&self, r: Region, protect: bool) -> Result<()> {
@@ -173,10 +240,27 @@ impl UffdWpBackend {
         })
     }
     pub(crate) fn new_lenient() -> Result<Self> {
+        let mut b = Self::new()?;
+        b.strict = false;
+        Ok(b)
+    }
+    /// Tracks process `pid` from outside (see [`UffdWp::open_in`]).
+    pub(crate) fn for_process(pid: i32) -> Result<Self> {
         Ok(UffdWpBackend {
+            wp: UffdWp::open_in(pid)?,
+            regions: Vec::new(),
             strict: false,
-            ..Self::new()?
         })
+    }
+}
+
+impl Drop for UffdWpBackend {
+    fn drop(&mut self) {
+        // Nothing left registered or protected (closing the descriptor
+        // would also do it; saying it costs nothing).
+        for r in std::mem::take(&mut self.regions) {
+            let _ = self.wp.unregister(r);
+        }
     }
 }
 

@@ -788,3 +788,247 @@ fn memory_types() {
         }
     });
 }
+
+/// A forked child whose two threads write pseudo-random bytes into random
+/// pages of a private region until told to stop; the region's address is the
+/// same in the child (inherited mapping).
+struct Writer {
+    pid: i32,
+    region: pagewise::Region,
+    ctl: *mut std::sync::atomic::AtomicU64,
+}
+
+impl Writer {
+    fn start(pages: usize) -> Writer {
+        // SAFETY: fresh anonymous mappings.
+        let (mem, ctl) = unsafe {
+            (
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    pages * PAGE_SIZE,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                ),
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    PAGE_SIZE,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                ),
+            )
+        };
+        assert!(mem != libc::MAP_FAILED && ctl != libc::MAP_FAILED);
+        let ctl = ctl as *mut std::sync::atomic::AtomicU64;
+        struct Arg {
+            mem: usize,
+            pages: usize,
+            ctl: usize,
+            seed: u64,
+        }
+        extern "C" fn write_loop(a: *mut libc::c_void) -> *mut libc::c_void {
+            // SAFETY: an Arg leaked for the thread's lifetime.
+            let a = unsafe { &*(a as *const Arg) };
+            let ctl = a.ctl as *const std::sync::atomic::AtomicU64;
+            let mut x = a.seed | 1;
+            // SAFETY: the control page lives as long as the process.
+            while unsafe { (*ctl).load(std::sync::atomic::Ordering::Relaxed) } == 0 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let page = (x as usize >> 8) % a.pages;
+                let off = (x as usize >> 40) % (PAGE_SIZE - 8);
+                // SAFETY: inside the region.
+                unsafe {
+                    std::ptr::write_volatile((a.mem + page * PAGE_SIZE + off) as *mut u8, x as u8)
+                };
+            }
+            std::ptr::null_mut()
+        }
+        // SAFETY: the child creates threads (glibc's fork leaves its locks
+        // free) that write into memory it owns, and exits through _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let mut t: [libc::pthread_t; 2] = [0; 2];
+            for (i, th) in t.iter_mut().enumerate() {
+                let a = Box::into_raw(Box::new(Arg {
+                    mem: mem as usize,
+                    pages,
+                    ctl: ctl as usize,
+                    seed: 0x9E37_79B9_7F4A_7C15 * (i as u64 + 1),
+                }));
+                // SAFETY: starting a thread on a plain extern "C" function.
+                unsafe { libc::pthread_create(th, std::ptr::null(), write_loop, a as *mut _) };
+            }
+            for th in t {
+                // SAFETY: our own threads.
+                unsafe { libc::pthread_join(th, std::ptr::null_mut()) };
+            }
+            // SAFETY: ends the child at once.
+            unsafe { libc::_exit(0) };
+        }
+        Writer {
+            pid,
+            region: pagewise::Region::new(mem as u64, (pages * PAGE_SIZE) as u64).unwrap(),
+            ctl,
+        }
+    }
+
+    fn read_all(&self) -> Vec<u8> {
+        let mut b = vec![0u8; self.region.len as usize];
+        let n = pagewise::walk::read_remote(self.pid, self.region.start, &mut b).unwrap();
+        assert_eq!(n, b.len());
+        b
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        // SAFETY: the shared control page; then our own child.
+        unsafe {
+            (*self.ctl).store(1, std::sync::atomic::Ordering::Relaxed);
+            libc::kill(self.pid, libc::SIGKILL);
+            libc::waitpid(self.pid, std::ptr::null_mut(), 0);
+        }
+    }
+}
+
+fn ptrace_allowed() -> Option<String> {
+    let scope = procfs::read_trimmed("/proc/sys/kernel/yama/ptrace_scope").unwrap_or_default();
+    (scope == "3").then(|| "ptrace is disabled (kernel.yama.ptrace_scope = 3)".to_string())
+}
+
+/// uffd-wp from outside, against ground truth: two threads of another
+/// process write random pages while it is tracked; a shadow copy updated
+/// only with the reported pages (read from the process) equals the memory
+/// once the process is stopped and collected a last time.
+#[test]
+fn uffd_wp_from_outside_loses_no_write() {
+    if let Err(why) = BackendKind::UffdWp.available_for_pid() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    if let Some(why) = ptrace_allowed() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    let w = Writer::start(2048);
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let mut t = DirtyTracker::for_process(w.pid, BackendKind::UffdWp).unwrap();
+    assert_eq!(t.backend(), BackendKind::UffdWp);
+    let mut shadow = w.read_all();
+    let base = w.region.start;
+    let mut reported = 0u64;
+    let update = |c: &Collection, shadow: &mut Vec<u8>| -> u64 {
+        let mut n = 0;
+        for r in &c.ranges {
+            let (s, e) = (r.start.max(base), (r.start + r.len()).min(w.region.end()));
+            if s >= e {
+                continue;
+            }
+            let off = (s - base) as usize;
+            let got =
+                pagewise::walk::read_remote(w.pid, s, &mut shadow[off..off + (e - s) as usize])
+                    .unwrap();
+            assert_eq!(got as u64, e - s);
+            n += (e - s) / PAGE_SIZE as u64;
+        }
+        n
+    };
+    for _ in 0..20 {
+        std::thread::sleep(std::time::Duration::from_millis(15));
+        t.sync_process_mappings(Some(w.pid), false).unwrap();
+        let c = t.collect().unwrap();
+        reported += update(&c, &mut shadow);
+    }
+    let stopped = pagewise::stop::Stopped::new(w.pid).unwrap();
+    let c = t.collect().unwrap();
+    reported += update(&c, &mut shadow);
+    let live = w.read_all();
+    drop(stopped);
+    let differ = (0..live.len() / PAGE_SIZE)
+        .filter(|p| {
+            live[p * PAGE_SIZE..(p + 1) * PAGE_SIZE] != shadow[p * PAGE_SIZE..(p + 1) * PAGE_SIZE]
+        })
+        .count();
+    assert_eq!(differ, 0, "{differ} pages written but never reported");
+    assert!(
+        reported > 0,
+        "nothing was written: the test checked nothing"
+    );
+    println!(
+        "     uffd-wp from outside: {reported} pages reported over 21 collections, shadow matches"
+    );
+}
+
+/// Detaching leaves no trace: the same descriptors, no range registered
+/// for uffd-wp, and the process runs on (or stays stopped if its user had
+/// stopped it).
+#[test]
+fn uffd_wp_from_outside_leaves_no_trace() {
+    if let Err(why) = BackendKind::UffdWp.available_for_pid() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    if let Some(why) = ptrace_allowed() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    let fds = |pid: i32| {
+        let mut v: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    let uw = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/smaps"))
+            .unwrap()
+            .lines()
+            .filter(|l| l.starts_with("VmFlags:") && l.split_whitespace().any(|f| f == "uw"))
+            .count()
+    };
+    let state = |pid: i32| {
+        let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        s[s.rfind(')').unwrap() + 2..].chars().next().unwrap()
+    };
+    let w = Writer::start(256);
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let before = fds(w.pid);
+    let mut t = DirtyTracker::for_process(w.pid, BackendKind::UffdWp).unwrap();
+    assert!(
+        uw(w.pid) > 0,
+        "no range registered while tracking: the test checks nothing"
+    );
+    t.collect().unwrap();
+    drop(t);
+    assert_eq!(fds(w.pid), before, "descriptors after detach");
+    assert_eq!(uw(w.pid), 0, "a range left registered for uffd-wp");
+    let a = w.read_all();
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert_ne!(a, w.read_all(), "the process does not run on");
+    // Stopped by its user: stays stopped.
+    // SAFETY: our own child.
+    unsafe { libc::kill(w.pid, libc::SIGSTOP) };
+    assert!(wait_for("the child stopped", 5, || state(w.pid) == 'T'));
+    // It cannot make the userfaultfd call: refused, and `auto` falls back.
+    let e = DirtyTracker::for_process(w.pid, BackendKind::UffdWp).unwrap_err();
+    assert!(matches!(e, pagewise::Error::Unsupported { .. }), "{e:?}");
+    let t = DirtyTracker::for_process(w.pid, BackendKind::Auto).unwrap();
+    assert_ne!(t.backend(), BackendKind::UffdWp);
+    assert!(
+        t.note().is_some_and(|n| n.contains("stopped")),
+        "{:?}",
+        t.note()
+    );
+    drop(t);
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert_eq!(state(w.pid), 'T', "a process its user stopped was resumed");
+    // SAFETY: our own child.
+    unsafe { libc::kill(w.pid, libc::SIGCONT) };
+}
