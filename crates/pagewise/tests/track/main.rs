@@ -897,9 +897,15 @@ impl Drop for Writer {
     }
 }
 
-fn ptrace_allowed() -> Option<String> {
-    let scope = procfs::read_trimmed("/proc/sys/kernel/yama/ptrace_scope").unwrap_or_default();
-    (scope == "3").then(|| "ptrace is disabled (kernel.yama.ptrace_scope = 3)".to_string())
+/// Whether uffd-wp from outside can run here; if not, says why as a skip.
+fn outside_possible() -> bool {
+    match BackendKind::UffdWp.available_for_pid() {
+        Ok(()) => true,
+        Err(why) => {
+            pagewise_testkit::skip!("{why}");
+            false
+        }
+    }
 }
 
 /// uffd-wp from outside, against ground truth: two threads of another
@@ -908,12 +914,7 @@ fn ptrace_allowed() -> Option<String> {
 /// once the process is stopped and collected a last time.
 #[test]
 fn uffd_wp_from_outside_loses_no_write() {
-    if let Err(why) = BackendKind::UffdWp.available_for_pid() {
-        pagewise_testkit::skip!("{why}");
-        return;
-    }
-    if let Some(why) = ptrace_allowed() {
-        pagewise_testkit::skip!("{why}");
+    if !outside_possible() {
         return;
     }
     let w = Writer::start(2048);
@@ -970,12 +971,7 @@ fn uffd_wp_from_outside_loses_no_write() {
 /// stopped it).
 #[test]
 fn uffd_wp_from_outside_leaves_no_trace() {
-    if let Err(why) = BackendKind::UffdWp.available_for_pid() {
-        pagewise_testkit::skip!("{why}");
-        return;
-    }
-    if let Some(why) = ptrace_allowed() {
-        pagewise_testkit::skip!("{why}");
+    if !outside_possible() {
         return;
     }
     let fds = |pid: i32| {
