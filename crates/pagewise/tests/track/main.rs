@@ -1028,3 +1028,197 @@ fn uffd_wp_from_outside_leaves_no_trace() {
     // SAFETY: our own child.
     unsafe { libc::kill(w.pid, libc::SIGCONT) };
 }
+
+/// A forked child that acts on its region when told, over a pipe: writes a
+/// page, drops pages (`MADV_DONTNEED`), forks a grandchild that writes and
+/// exits, maps and writes a new region, or exits. It answers each command
+/// with one byte once done.
+struct Scripted {
+    pid: i32,
+    region: pagewise::Region,
+    cmd: std::io::PipeWriter,
+    ack: std::io::PipeReader,
+}
+
+impl Scripted {
+    fn start(pages: usize) -> Scripted {
+        use std::io::{Read, Write};
+        let (mut cmd_r, cmd_w) = std::io::pipe().unwrap();
+        let (ack_r, mut ack_w) = std::io::pipe().unwrap();
+        let mem = AnonMemory::new(pages * PAGE_SIZE).unwrap();
+        mem.write_pass(1, 3);
+        let region = mem.region();
+        // SAFETY: the child reads and writes pipes, writes its memory, calls
+        // madvise, mmap, fork and _exit: no allocation, no lock.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let base = region.start as usize;
+            loop {
+                let mut c = [0u8; 9];
+                if cmd_r.read_exact(&mut c).is_err() {
+                    // SAFETY: ends the child.
+                    unsafe { libc::_exit(0) };
+                }
+                let arg = u64::from_le_bytes(c[1..9].try_into().unwrap()) as usize;
+                // SAFETY (each arm): memory of the child's own region or mapping.
+                match c[0] {
+                    b'w' => unsafe {
+                        std::ptr::write_volatile(
+                            (base + (arg & 0xffff) * PAGE_SIZE + 64) as *mut u8,
+                            (arg >> 16) as u8,
+                        )
+                    },
+                    b'd' => unsafe {
+                        libc::madvise(
+                            (base + (arg & 0xffff) * PAGE_SIZE) as *mut _,
+                            (arg >> 16) * PAGE_SIZE,
+                            libc::MADV_DONTNEED,
+                        );
+                    },
+                    b'f' => unsafe {
+                        let g = libc::fork();
+                        if g == 0 {
+                            std::ptr::write_volatile(
+                                (base + arg * PAGE_SIZE + 80) as *mut u8,
+                                0xCC,
+                            );
+                            libc::_exit(0);
+                        }
+                        libc::waitpid(g, std::ptr::null_mut(), 0);
+                    },
+                    b'm' => unsafe {
+                        let p = libc::mmap(
+                            std::ptr::null_mut(),
+                            arg * PAGE_SIZE,
+                            libc::PROT_READ | libc::PROT_WRITE,
+                            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                            -1,
+                            0,
+                        );
+                        for i in 0..arg {
+                            std::ptr::write_volatile((p as usize + i * PAGE_SIZE) as *mut u8, 0x77);
+                        }
+                    },
+                    _ => unsafe { libc::_exit(0) },
+                }
+                let _ = ack_w.write_all(&[1]);
+            }
+        }
+        std::mem::forget(mem); // the child's copy is what counts; ours stays mapped
+        Scripted {
+            pid,
+            region,
+            cmd: cmd_w,
+            ack: ack_r,
+        }
+    }
+
+    fn tell(&mut self, op: u8, arg: u64) {
+        use std::io::{Read, Write};
+        let mut c = [0u8; 9];
+        c[0] = op;
+        c[1..].copy_from_slice(&arg.to_le_bytes());
+        self.cmd.write_all(&c).unwrap();
+        let mut b = [0u8; 1];
+        self.ack.read_exact(&mut b).unwrap();
+    }
+}
+
+impl Drop for Scripted {
+    fn drop(&mut self) {
+        // SAFETY: our own child.
+        unsafe {
+            libc::kill(self.pid, libc::SIGKILL);
+            libc::waitpid(self.pid, std::ptr::null_mut(), 0);
+        }
+    }
+}
+
+/// uffd-wp from outside through the cases the in-process tracker is tested
+/// on: writes, MADV_DONTNEED then write, a fork whose child writes (not the
+/// parent's write), a new mapping written; after each step a shadow copy
+/// updated with the reported pages equals the memory. Then the process
+/// exits: a clear end.
+#[test]
+fn uffd_wp_from_outside_follows_the_process() {
+    if !outside_possible() {
+        return;
+    }
+    let mut s = Scripted::start(256);
+    let mut t = DirtyTracker::for_process(s.pid, BackendKind::UffdWp).unwrap();
+    let (base, end) = (s.region.start, s.region.end());
+    let read = |pid: i32, at: u64, n: usize| {
+        let mut b = vec![0u8; n];
+        assert_eq!(pagewise::walk::read_remote(pid, at, &mut b).unwrap(), n);
+        b
+    };
+    let mut shadow = read(s.pid, base, s.region.len as usize);
+    let mut check = |s: &mut Scripted, t: &mut DirtyTracker, what: &str| -> u64 {
+        t.sync_process_mappings(Some(s.pid), false).unwrap();
+        let c = t.collect().unwrap();
+        let mut ours = 0;
+        for r in &c.ranges {
+            let (a, b) = (r.start.max(base), (r.start + r.len()).min(end));
+            if a < b {
+                let off = (a - base) as usize;
+                shadow[off..off + (b - a) as usize].copy_from_slice(&read(
+                    s.pid,
+                    a,
+                    (b - a) as usize,
+                ));
+                ours += (b - a) / PAGE_SIZE as u64;
+            }
+        }
+        let live = read(s.pid, base, (end - base) as usize);
+        let lost = (0..live.len() / PAGE_SIZE)
+            .filter(|p| {
+                live[p * PAGE_SIZE..(p + 1) * PAGE_SIZE]
+                    != shadow[p * PAGE_SIZE..(p + 1) * PAGE_SIZE]
+            })
+            .count();
+        assert_eq!(lost, 0, "{what}: {lost} written pages not reported");
+        println!(
+            "     {what}: {ours} pages of the region reported, {} in all",
+            c.stats.pages_dirty
+        );
+        ours
+    };
+    for p in [3u64, 4, 100, 255] {
+        s.tell(b'w', p | (0x42 << 16));
+    }
+    assert!(check(&mut s, &mut t, "writes") >= 4);
+    s.tell(b'd', 10 | (20 << 16));
+    check(&mut s, &mut t, "MADV_DONTNEED of 20 pages");
+    s.tell(b'w', 12 | (0x43 << 16));
+    assert!(check(&mut s, &mut t, "write after DONTNEED") >= 1);
+    s.tell(b'f', 50);
+    check(&mut s, &mut t, "fork, the child writes page 50");
+    assert_ne!(
+        read(s.pid, base + 50 * PAGE_SIZE as u64, PAGE_SIZE)[80],
+        0xCC,
+        "the forked child's write showed in the parent"
+    );
+    s.tell(b'm', 8);
+    let c = {
+        t.sync_process_mappings(Some(s.pid), false).unwrap();
+        t.collect().unwrap()
+    };
+    assert!(
+        c.stats.pages_dirty >= 8,
+        "a new mapping's 8 written pages: {}",
+        c.stats.pages_dirty
+    );
+    // Exit: the next collection says the process is gone.
+    let _ = std::io::Write::write_all(&mut s.cmd, &[b'x'; 9]);
+    let mut status = 0;
+    // SAFETY: our own child.
+    unsafe { libc::waitpid(s.pid, &mut status, 0) };
+    let e = t
+        .sync_process_mappings(Some(s.pid), false)
+        .and_then(|_| t.collect().map(|_| ()));
+    assert!(
+        matches!(e, Err(pagewise::Error::ProcessExited(_))),
+        "after exit: {e:?}"
+    );
+}
