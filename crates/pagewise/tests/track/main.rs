@@ -1061,14 +1061,15 @@ impl Scripted {
                     unsafe { libc::_exit(0) };
                 }
                 let arg = u64::from_le_bytes(c[1..9].try_into().unwrap()) as usize;
-                // SAFETY (each arm): memory of the child's own region or mapping.
                 match c[0] {
+                    // SAFETY: the child's own region or mapping; plain system calls.
                     b'w' => unsafe {
                         std::ptr::write_volatile(
                             (base + (arg & 0xffff) * PAGE_SIZE + 64) as *mut u8,
                             (arg >> 16) as u8,
                         )
                     },
+                    // SAFETY: the child's own region or mapping; plain system calls.
                     b'd' => unsafe {
                         libc::madvise(
                             (base + (arg & 0xffff) * PAGE_SIZE) as *mut _,
@@ -1076,6 +1077,7 @@ impl Scripted {
                             libc::MADV_DONTNEED,
                         );
                     },
+                    // SAFETY: the child's own region or mapping; plain system calls.
                     b'f' => unsafe {
                         let g = libc::fork();
                         if g == 0 {
@@ -1087,6 +1089,7 @@ impl Scripted {
                         }
                         libc::waitpid(g, std::ptr::null_mut(), 0);
                     },
+                    // SAFETY: the child's own region or mapping; plain system calls.
                     b'm' => unsafe {
                         let p = libc::mmap(
                             std::ptr::null_mut(),
@@ -1100,6 +1103,7 @@ impl Scripted {
                             std::ptr::write_volatile((p as usize + i * PAGE_SIZE) as *mut u8, 0x77);
                         }
                     },
+                    // SAFETY: the child's own region or mapping; plain system calls.
                     _ => unsafe { libc::_exit(0) },
                 }
                 let _ = ack_w.write_all(&[1]);
