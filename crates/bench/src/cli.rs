@@ -50,6 +50,16 @@ enum What {
         #[command(flatten)]
         output: Output,
     },
+    /// Tracking a running process from outside, experiment (a): one
+    /// collection with x % of its pages written, uffd-wp from outside
+    /// against hash from outside and uffd-wp in-process. Short by default.
+    Outside {
+        /// The full experiment (1 GiB; 1, 10 and 50 %; 11 repeats).
+        #[arg(long)]
+        full: bool,
+        #[command(flatten)]
+        output: Output,
+    },
     /// LDT's experiment (d): a real redis-server loaded by redis-benchmark,
     /// untracked and tracked every 1, 5 and 10 s.
     Redis(crate::redis::Args),
@@ -127,6 +137,16 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
                 bf::FarmemConfig::quick()
             };
             let report = bf::run(&cfg, &mut progress(quiet))?;
+            output.emit(&report, report.summary(), report.charts())
+        }
+        What::Outside { full, output } => {
+            use crate::outside as bo;
+            let cfg = if full {
+                bo::Config::full()
+            } else {
+                bo::Config::quick()
+            };
+            let report = bo::run(&cfg, &mut progress(quiet))?;
             output.emit(&report, report.summary(), report.charts())
         }
         What::Redis(r) => crate::redis::run(r, quiet),

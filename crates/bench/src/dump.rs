@@ -55,8 +55,8 @@ pub struct DumpReport {
 }
 
 /// The forked target; killed and reaped on drop.
-struct Target {
-    pid: i32,
+pub(crate) struct Target {
+    pub(crate) pid: i32,
     cmd: std::io::PipeWriter,
     ack: std::io::PipeReader,
 }
@@ -64,7 +64,7 @@ struct Target {
 impl Target {
     /// Forks a child that keeps `mem` (already filled) and, for each byte
     /// received, rewrites the pages of `changes` and answers with one byte.
-    fn spawn(mem: &AnonMemory, changes: &[usize]) -> Result<Self> {
+    pub(crate) fn spawn(mem: &AnonMemory, changes: &[usize]) -> Result<Self> {
         let io = |e| Error::os("creating a pipe", e);
         let (mut cmd_r, cmd_w) = std::io::pipe().map_err(io)?;
         let (ack_r, mut ack_w) = std::io::pipe().map_err(io)?;
@@ -93,7 +93,7 @@ impl Target {
     }
 
     /// Has the target rewrite its pages, and waits until it has.
-    fn change(&mut self, v: u8) -> Result<()> {
+    pub(crate) fn change(&mut self, v: u8) -> Result<()> {
         let io = |e| Error::os("talking to the target", e);
         self.cmd.write_all(&[v]).map_err(io)?;
         let mut b = [0u8; 1];
