@@ -108,12 +108,30 @@ fn take(t: TakeArgs) -> Result<i32> {
 fn take_into(t: &TakeArgs, pid: i32, disk: &mut DiskStore) -> Result<()> {
     let every = Duration::from_millis(t.every.unwrap_or(0));
     let start = Instant::now();
+    // More than one snapshot: after the first, read only what was written
+    // (uffd-wp from outside), where it can be had.
+    let mut incremental = if t.count > 1 {
+        match pagewise::snap::remote::Incremental::new(pid) {
+            Ok(i) => Some(i),
+            Err(e) => {
+                if !t.json {
+                    eprintln!("pagewise: every snapshot reads all of the process's memory: {e}");
+                }
+                None
+            }
+        }
+    } else {
+        None
+    };
     for i in 0..t.count {
         let due = start + every * i as u32;
         if let Some(wait) = due.checked_duration_since(Instant::now()) {
             std::thread::sleep(wait);
         }
-        let s = snapshot_process(pid, disk, &t.label)?;
+        let s = match incremental.as_mut() {
+            Some(inc) => inc.snapshot(disk, &t.label)?,
+            None => snapshot_process(pid, disk, &t.label)?,
+        };
         if t.json {
             println!("{}", serde_json::to_string(&s)?);
         } else {

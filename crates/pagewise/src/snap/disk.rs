@@ -1089,6 +1089,33 @@ impl SnapshotWriter<'_> {
         Ok(())
     }
 
+    /// Appends, without reading it, page `i` of `prev`, an earlier snapshot
+    /// of this store: the caller knows the page has not changed since (a
+    /// dirty tracker said so). The new snapshot refers to the same record.
+    pub fn push_unchanged(&mut self, prev: &DiskSnapshot, i: usize) -> Result<()> {
+        if self.entries.len() as u64 >= self.pages {
+            return Err(Error::Invalid(
+                "more pages pushed than the regions hold".into(),
+            ));
+        }
+        if !self.store.manifest.entries.iter().any(|e| e.0 == prev.id) {
+            return Err(Error::Invalid(format!(
+                "snapshot {} is not in store {}",
+                prev.id,
+                self.store.dir.display()
+            )));
+        }
+        let e = *prev
+            .entries
+            .get(i)
+            .ok_or_else(|| Error::Invalid(format!("snapshot {} has no page {i}", prev.id)))?;
+        if e == 0 {
+            self.stats.zero_pages += 1;
+        }
+        self.entries.push(e);
+        Ok(())
+    }
+
     /// Appends a run of `n` zero pages.
     pub fn push_zeros(&mut self, n: u64) -> Result<()> {
         if self.entries.len() as u64 + n > self.pages {

@@ -37,6 +37,73 @@ pub struct ProcessSnapshot {
 
 /// Snapshots the writable memory of process `pid` into `disk`.
 pub fn snapshot_process(pid: i32, disk: &mut DiskStore, label: &str) -> Result<ProcessSnapshot> {
+    snapshot_with(pid, disk, label, None)
+}
+
+/// Successive snapshots of one process that read, after the first, only
+/// the pages written since the previous one: a `uffd-wp` tracker from
+/// outside ([`crate::track::DirtyTracker::for_process`]) runs alongside,
+/// and is collected while the process is stopped for each snapshot. Pages
+/// it does not report are taken over from the previous snapshot unread. A
+/// mapping that is new, or changed in place or size, is read whole; so are
+/// file-backed mappings, which the tracker does not watch.
+pub struct Incremental {
+    pid: i32,
+    tracker: crate::track::DirtyTracker,
+    prev: Option<super::disk::DiskSnapshot>,
+}
+
+impl Incremental {
+    /// Starts tracking `pid` (refused, with the reason, where uffd-wp from
+    /// outside cannot be had: use [`snapshot_process`] then).
+    pub fn new(pid: i32) -> Result<Self> {
+        let tracker =
+            crate::track::DirtyTracker::for_process(pid, crate::track::BackendKind::UffdWp)?;
+        Ok(Incremental {
+            pid,
+            tracker,
+            prev: None,
+        })
+    }
+
+    /// Takes the next snapshot into `disk` (the store of every earlier one).
+    pub fn snapshot(&mut self, disk: &mut DiskStore, label: &str) -> Result<ProcessSnapshot> {
+        let prev = self.prev.take();
+        let s = snapshot_with(
+            self.pid,
+            disk,
+            label,
+            Some((&mut self.tracker, prev.as_ref())),
+        )?;
+        self.prev = Some(disk.load(s.save.id)?);
+        Ok(s)
+    }
+}
+
+/// Which pages of `r` (a mapping `prev` also had, at the same place and
+/// size) were written: a bit per page.
+fn written_pages(r: Region, dirty: &[crate::PageRange]) -> Vec<bool> {
+    let mut w = vec![false; r.pages() as usize];
+    for d in dirty {
+        let (a, b) = (d.start.max(r.start), (d.start + d.len()).min(r.end()));
+        let mut x = a;
+        while x < b {
+            w[((x - r.start) / PAGE_SIZE as u64) as usize] = true;
+            x += PAGE_SIZE as u64;
+        }
+    }
+    w
+}
+
+fn snapshot_with(
+    pid: i32,
+    disk: &mut DiskStore,
+    label: &str,
+    mut incremental: Option<(
+        &mut crate::track::DirtyTracker,
+        Option<&super::disk::DiskSnapshot>,
+    )>,
+) -> Result<ProcessSnapshot> {
     let t0 = Instant::now();
     procfs::check_target(pid)?;
     let served = procfs::uffd_served(Some(pid))?;
@@ -60,12 +127,56 @@ pub fn snapshot_process(pid: i32, disk: &mut DiskStore, label: &str) -> Result<P
         })
         .collect();
     let only: Vec<Region> = regions.iter().map(|r| r.0).collect();
+    // While stopped: what was written since the previous snapshot (and the
+    // tracker re-armed for the next one).
+    let (dirty, prev) = match incremental.as_mut() {
+        Some((t, prev)) => {
+            t.sync_process_mappings(Some(pid), false)?;
+            (t.collect()?.ranges, *prev)
+        }
+        None => (Vec::new(), None),
+    };
     let mut walker = PageWalker::new(Some(pid))?;
     let mut w = disk.writer(&only, Some(pid), label)?;
     let mut buf = vec![0u8; CHUNK];
     let mut runs = Vec::new();
     let mut pages_read = 0u64;
     for &(r, anonymous) in &regions {
+        // The same mapping in the previous snapshot: its first entry.
+        let before = prev.filter(|_| anonymous).and_then(|p| {
+            let mut first = 0usize;
+            for pr in &p.regions {
+                if *pr == r {
+                    return Some((p, first));
+                }
+                first += pr.pages() as usize;
+            }
+            None
+        });
+        if let Some((p, first)) = before {
+            let written = written_pages(r, &dirty);
+            let mut i = 0usize;
+            while i < written.len() {
+                if !written[i] {
+                    w.push_unchanged(p, first + i)?;
+                    i += 1;
+                    continue;
+                }
+                let mut j = i;
+                while j < written.len() && written[j] && j - i < CHUNK / PAGE_SIZE {
+                    j += 1;
+                }
+                let addr = r.start + (i * PAGE_SIZE) as u64;
+                let len = (j - i) * PAGE_SIZE;
+                read_remote(pid, addr, &mut buf[..len])?;
+                for page in buf[..len].chunks_exact(PAGE_SIZE) {
+                    w.push(page)?;
+                }
+                pages_read += (j - i) as u64;
+                i = j;
+            }
+            continue;
+        }
         if anonymous {
             walker.populated(r, &mut runs)?;
         } else {

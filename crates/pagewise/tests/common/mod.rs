@@ -127,3 +127,116 @@ impl Drop for Mapped {
         unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len) };
     }
 }
+
+/// A forked child that acts on its region when told, over a pipe: writes a
+/// page, drops pages (`MADV_DONTNEED`), forks a grandchild that writes and
+/// exits, maps and writes a new region, or exits. It answers each command
+/// with one byte once done.
+pub struct Scripted {
+    pub pid: i32,
+    pub region: pagewise::Region,
+    pub cmd: std::io::PipeWriter,
+    ack: std::io::PipeReader,
+}
+
+impl Scripted {
+    pub fn start(pages: usize) -> Scripted {
+        use std::io::{Read, Write};
+        let (mut cmd_r, cmd_w) = std::io::pipe().unwrap();
+        let (ack_r, mut ack_w) = std::io::pipe().unwrap();
+        let mem = pagewise::workload::AnonMemory::new(pages * pagewise::PAGE_SIZE).unwrap();
+        mem.write_pass(1, 3);
+        let region = mem.region();
+        // SAFETY: the child reads and writes pipes, writes its memory, calls
+        // madvise, mmap, fork and _exit: no allocation, no lock.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let base = region.start as usize;
+            loop {
+                let mut c = [0u8; 9];
+                if cmd_r.read_exact(&mut c).is_err() {
+                    // SAFETY: ends the child.
+                    unsafe { libc::_exit(0) };
+                }
+                let arg = u64::from_le_bytes(c[1..9].try_into().unwrap()) as usize;
+                match c[0] {
+                    // SAFETY: the child's own region or mapping; plain system calls.
+                    b'w' => unsafe {
+                        std::ptr::write_volatile(
+                            (base + (arg & 0xffff) * pagewise::PAGE_SIZE + 64) as *mut u8,
+                            (arg >> 16) as u8,
+                        )
+                    },
+                    // SAFETY: the child's own region or mapping; plain system calls.
+                    b'd' => unsafe {
+                        libc::madvise(
+                            (base + (arg & 0xffff) * pagewise::PAGE_SIZE) as *mut _,
+                            (arg >> 16) * pagewise::PAGE_SIZE,
+                            libc::MADV_DONTNEED,
+                        );
+                    },
+                    // SAFETY: the child's own region or mapping; plain system calls.
+                    b'f' => unsafe {
+                        let g = libc::fork();
+                        if g == 0 {
+                            std::ptr::write_volatile(
+                                (base + arg * pagewise::PAGE_SIZE + 80) as *mut u8,
+                                0xCC,
+                            );
+                            libc::_exit(0);
+                        }
+                        libc::waitpid(g, std::ptr::null_mut(), 0);
+                    },
+                    // SAFETY: the child's own region or mapping; plain system calls.
+                    b'm' => unsafe {
+                        let p = libc::mmap(
+                            std::ptr::null_mut(),
+                            arg * pagewise::PAGE_SIZE,
+                            libc::PROT_READ | libc::PROT_WRITE,
+                            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                            -1,
+                            0,
+                        );
+                        for i in 0..arg {
+                            std::ptr::write_volatile(
+                                (p as usize + i * pagewise::PAGE_SIZE) as *mut u8,
+                                0x77,
+                            );
+                        }
+                    },
+                    // SAFETY: the child's own region or mapping; plain system calls.
+                    _ => unsafe { libc::_exit(0) },
+                }
+                let _ = ack_w.write_all(&[1]);
+            }
+        }
+        std::mem::forget(mem); // the child's copy is what counts; ours stays mapped
+        Scripted {
+            pid,
+            region,
+            cmd: cmd_w,
+            ack: ack_r,
+        }
+    }
+
+    pub fn tell(&mut self, op: u8, arg: u64) {
+        use std::io::{Read, Write};
+        let mut c = [0u8; 9];
+        c[0] = op;
+        c[1..].copy_from_slice(&arg.to_le_bytes());
+        self.cmd.write_all(&c).unwrap();
+        let mut b = [0u8; 1];
+        self.ack.read_exact(&mut b).unwrap();
+    }
+}
+
+impl Drop for Scripted {
+    fn drop(&mut self) {
+        // SAFETY: our own child.
+        unsafe {
+            libc::kill(self.pid, libc::SIGKILL);
+            libc::waitpid(self.pid, std::ptr::null_mut(), 0);
+        }
+    }
+}

@@ -756,3 +756,66 @@ fn damaged_stores_are_never_appended_over() {
     );
     assert!(refused > 0);
 }
+
+/// Incremental snapshots of a running process (uffd-wp from outside) hold,
+/// page for page, what the process held at each snapshot, while reading
+/// only the pages written since the previous one; between snapshots the
+/// process writes, drops pages (MADV_DONTNEED), forks a writing child and
+/// maps new memory.
+#[test]
+fn incremental_snapshots_of_a_process_are_exact() {
+    use pagewise::snap::remote::Incremental;
+    if let Err(why) = pagewise::track::BackendKind::UffdWp.available_for_pid() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    let dir = TempDir::new("incremental");
+    let mut disk = DiskStore::create(&dir.0, true).unwrap();
+    let mut s = super::common::Scripted::start(512);
+    let mut inc = Incremental::new(s.pid).unwrap();
+    let check = |disk: &DiskStore, id: u64, pid: i32| {
+        let snap = disk.load(id).unwrap();
+        let mut stored = vec![0u8; P];
+        let mut live = vec![0u8; P];
+        let mut wrong = 0;
+        for i in 0..snap.pages() {
+            let addr = snap.address_of(i).unwrap();
+            let e = snap.entries[i as usize];
+            if e == 0 {
+                stored.fill(0);
+            } else {
+                disk.read_page(e, &mut stored).unwrap();
+            }
+            // A page unmapped meanwhile reads as zeros, as it was stored.
+            let n = pagewise::walk::read_remote(pid, addr, &mut live).unwrap();
+            if n == P && stored != live {
+                wrong += 1;
+            }
+        }
+        wrong
+    };
+    let steps: [(&str, u8, u64); 5] = [
+        ("first", b'w', 1 | (7 << 16)),
+        ("writes", b'w', 300 | (9 << 16)),
+        ("MADV_DONTNEED of 40 pages", b'd', 100 | (40 << 16)),
+        ("fork, the child writes", b'f', 20),
+        ("new mapping", b'm', 16),
+    ];
+    let mut read = Vec::new();
+    for (what, op, arg) in steps {
+        s.tell(op, arg);
+        let r = inc.snapshot(&mut disk, what).unwrap();
+        assert_eq!(
+            check(&disk, r.save.id, s.pid),
+            0,
+            "{what}: stored pages differ from the process"
+        );
+        read.push(r.pages_read);
+        println!("     {what}: {} pages, {} read", r.save.pages, r.pages_read);
+    }
+    let first = read[0];
+    assert!(
+        read[1..].iter().all(|&n| n < first / 4),
+        "later snapshots read nearly everything again: {read:?}"
+    );
+}

@@ -1029,116 +1029,6 @@ fn uffd_wp_from_outside_leaves_no_trace() {
     unsafe { libc::kill(w.pid, libc::SIGCONT) };
 }
 
-/// A forked child that acts on its region when told, over a pipe: writes a
-/// page, drops pages (`MADV_DONTNEED`), forks a grandchild that writes and
-/// exits, maps and writes a new region, or exits. It answers each command
-/// with one byte once done.
-struct Scripted {
-    pid: i32,
-    region: pagewise::Region,
-    cmd: std::io::PipeWriter,
-    ack: std::io::PipeReader,
-}
-
-impl Scripted {
-    fn start(pages: usize) -> Scripted {
-        use std::io::{Read, Write};
-        let (mut cmd_r, cmd_w) = std::io::pipe().unwrap();
-        let (ack_r, mut ack_w) = std::io::pipe().unwrap();
-        let mem = AnonMemory::new(pages * PAGE_SIZE).unwrap();
-        mem.write_pass(1, 3);
-        let region = mem.region();
-        // SAFETY: the child reads and writes pipes, writes its memory, calls
-        // madvise, mmap, fork and _exit: no allocation, no lock.
-        let pid = unsafe { libc::fork() };
-        assert!(pid >= 0);
-        if pid == 0 {
-            let base = region.start as usize;
-            loop {
-                let mut c = [0u8; 9];
-                if cmd_r.read_exact(&mut c).is_err() {
-                    // SAFETY: ends the child.
-                    unsafe { libc::_exit(0) };
-                }
-                let arg = u64::from_le_bytes(c[1..9].try_into().unwrap()) as usize;
-                match c[0] {
-                    // SAFETY: the child's own region or mapping; plain system calls.
-                    b'w' => unsafe {
-                        std::ptr::write_volatile(
-                            (base + (arg & 0xffff) * PAGE_SIZE + 64) as *mut u8,
-                            (arg >> 16) as u8,
-                        )
-                    },
-                    // SAFETY: the child's own region or mapping; plain system calls.
-                    b'd' => unsafe {
-                        libc::madvise(
-                            (base + (arg & 0xffff) * PAGE_SIZE) as *mut _,
-                            (arg >> 16) * PAGE_SIZE,
-                            libc::MADV_DONTNEED,
-                        );
-                    },
-                    // SAFETY: the child's own region or mapping; plain system calls.
-                    b'f' => unsafe {
-                        let g = libc::fork();
-                        if g == 0 {
-                            std::ptr::write_volatile(
-                                (base + arg * PAGE_SIZE + 80) as *mut u8,
-                                0xCC,
-                            );
-                            libc::_exit(0);
-                        }
-                        libc::waitpid(g, std::ptr::null_mut(), 0);
-                    },
-                    // SAFETY: the child's own region or mapping; plain system calls.
-                    b'm' => unsafe {
-                        let p = libc::mmap(
-                            std::ptr::null_mut(),
-                            arg * PAGE_SIZE,
-                            libc::PROT_READ | libc::PROT_WRITE,
-                            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                            -1,
-                            0,
-                        );
-                        for i in 0..arg {
-                            std::ptr::write_volatile((p as usize + i * PAGE_SIZE) as *mut u8, 0x77);
-                        }
-                    },
-                    // SAFETY: the child's own region or mapping; plain system calls.
-                    _ => unsafe { libc::_exit(0) },
-                }
-                let _ = ack_w.write_all(&[1]);
-            }
-        }
-        std::mem::forget(mem); // the child's copy is what counts; ours stays mapped
-        Scripted {
-            pid,
-            region,
-            cmd: cmd_w,
-            ack: ack_r,
-        }
-    }
-
-    fn tell(&mut self, op: u8, arg: u64) {
-        use std::io::{Read, Write};
-        let mut c = [0u8; 9];
-        c[0] = op;
-        c[1..].copy_from_slice(&arg.to_le_bytes());
-        self.cmd.write_all(&c).unwrap();
-        let mut b = [0u8; 1];
-        self.ack.read_exact(&mut b).unwrap();
-    }
-}
-
-impl Drop for Scripted {
-    fn drop(&mut self) {
-        // SAFETY: our own child.
-        unsafe {
-            libc::kill(self.pid, libc::SIGKILL);
-            libc::waitpid(self.pid, std::ptr::null_mut(), 0);
-        }
-    }
-}
-
 /// uffd-wp from outside through the cases the in-process tracker is tested
 /// on: writes, MADV_DONTNEED then write, a fork whose child writes (not the
 /// parent's write), a new mapping written; after each step a shadow copy
@@ -1149,7 +1039,7 @@ fn uffd_wp_from_outside_follows_the_process() {
     if !outside_possible() {
         return;
     }
-    let mut s = Scripted::start(256);
+    let mut s = common::Scripted::start(256);
     let mut t = DirtyTracker::for_process(s.pid, BackendKind::UffdWp).unwrap();
     let (base, end) = (s.region.start, s.region.end());
     let read = |pid: i32, at: u64, n: usize| {
@@ -1158,7 +1048,7 @@ fn uffd_wp_from_outside_follows_the_process() {
         b
     };
     let mut shadow = read(s.pid, base, s.region.len as usize);
-    let mut check = |s: &mut Scripted, t: &mut DirtyTracker, what: &str| -> u64 {
+    let mut check = |s: &mut common::Scripted, t: &mut DirtyTracker, what: &str| -> u64 {
         t.sync_process_mappings(Some(s.pid), false).unwrap();
         let c = t.collect().unwrap();
         let mut ours = 0;
