@@ -41,6 +41,21 @@ struct TakeArgs {
     /// One JSON object per snapshot on stdout.
     #[arg(long)]
     json: bool,
+    /// A live checkpoint: copy while the process runs, pass after pass over
+    /// what it wrote meanwhile (uffd-wp from outside), and stop it only for
+    /// the rest, once that fits --max-downtime-ms.
+    #[arg(long, conflicts_with_all = ["every", "count"])]
+    live: bool,
+    /// With --live: the longest the process may be stopped.
+    #[arg(long, value_name = "MS", default_value_t = 50.0)]
+    max_downtime_ms: f64,
+    /// With --live: passes before it stops the process whatever is left.
+    #[arg(long, default_value_t = 30)]
+    max_passes: usize,
+    /// With --live: slow the process down (stop it for a growing share of
+    /// each pass) when it writes faster than pages can be copied.
+    #[arg(long)]
+    throttle: bool,
 }
 
 #[derive(clap::Subcommand)]
@@ -88,7 +103,11 @@ fn take(t: TakeArgs) -> Result<i32> {
     pagewise::procfs::check_target(pid)?;
     let existed = out.exists();
     let mut disk = DiskStore::create(&out, !t.no_verify)?;
-    let r = take_into(&t, pid, &mut disk);
+    let r = if t.live {
+        take_live(&t, pid, &mut disk)
+    } else {
+        take_into(&t, pid, &mut disk)
+    };
     if r.is_err() && !existed && disk.ids().is_ok_and(|ids| ids.is_empty()) {
         // A store this command created and never saved into: not left behind.
         drop(disk);
@@ -103,6 +122,71 @@ fn take(t: TakeArgs) -> Result<i32> {
         );
     }
     Ok(0)
+}
+
+fn take_live(t: &TakeArgs, pid: i32, disk: &mut DiskStore) -> Result<()> {
+    use pagewise::snap::live::{live_snapshot, LiveOptions};
+    let opts = LiveOptions {
+        max_downtime_ms: t.max_downtime_ms,
+        max_passes: t.max_passes.max(1),
+        throttle: t.throttle,
+    };
+    let bar = crate::progress::spinner("copying while the process runs");
+    let mut n = 0;
+    let r = live_snapshot(
+        pid,
+        disk,
+        &t.label,
+        &opts,
+        &mut |p| {
+            n += 1;
+            bar.set_message(format!("pass {n}: {} pages in {:.1} ms", p.pages, p.ms));
+        },
+        &mut || {},
+    )?;
+    bar.finish_and_clear();
+    if t.json {
+        println!("{}", serde_json::to_string(&r)?);
+        return Ok(());
+    }
+    for (i, p) in r.passes.iter().enumerate() {
+        println!(
+            "pass {:>3}: {:>9} pages in {:>8.1} ms{}",
+            i,
+            p.pages,
+            p.ms,
+            if p.throttle > 0.0 {
+                format!(" (process held {:.0} % of the time)", p.throttle * 100.0)
+            } else {
+                String::new()
+            }
+        );
+    }
+    println!(
+        "stopped: {} pages in {:.2} ms (budget {} ms){}",
+        r.final_pages,
+        r.downtime_ms,
+        t.max_downtime_ms,
+        if r.converged {
+            String::new()
+        } else {
+            format!(
+                "; did not converge in {} passes: the process wrote {:.0} MiB/s against a copy rate of {:.0} MiB/s (--throttle slows it down)",
+                r.passes.len(),
+                r.dirty_rate_bps / 1048576.0,
+                r.copy_rate_bps / 1048576.0
+            )
+        }
+    );
+    println!(
+        "snapshot {}: {} pages, {:.1} MiB copied, {:.1} ms until the process ran on, {:.1} ms in all",
+        r.save.id,
+        r.save.pages,
+        r.bytes_copied as f64 / 1048576.0,
+        r.copy_ms,
+        r.total_ms
+    );
+    Ok(())
 }
 
 fn take_into(t: &TakeArgs, pid: i32, disk: &mut DiskStore) -> Result<()> {

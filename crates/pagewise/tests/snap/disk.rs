@@ -819,3 +819,74 @@ fn incremental_snapshots_of_a_process_are_exact() {
         "later snapshots read nearly everything again: {read:?}"
     );
 }
+
+/// A live checkpoint of a process whose two threads write random pages all
+/// the while holds exactly its memory at the moment it was stopped (read
+/// from the process then), page for page; the passes before the stop copy
+/// less and less, and the process runs on afterwards.
+#[test]
+fn live_checkpoint_holds_the_memory_at_the_stop() {
+    use pagewise::snap::live::{live_snapshot, LiveOptions};
+    if let Err(why) = pagewise::track::BackendKind::UffdWp.available_for_pid() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    let dir = TempDir::new("live");
+    let mut disk = DiskStore::create(&dir.0, true).unwrap();
+    let w = super::common::Writer::start(4096);
+    std::thread::sleep(std::time::Duration::from_millis(30));
+    let mut at_stop: Vec<(Region, Vec<u8>)> = Vec::new();
+    let pid = w.pid;
+    let opts = LiveOptions {
+        max_downtime_ms: 20.0,
+        max_passes: 10,
+        throttle: false,
+    };
+    let r = live_snapshot(pid, &mut disk, "live", &opts, &mut |_| {}, &mut || {
+        for m in pagewise::procfs::writable(Some(pid)).unwrap() {
+            let r = Region::new(m.start, m.len()).unwrap();
+            let mut b = vec![0u8; r.len as usize];
+            pagewise::walk::read_remote(pid, r.start, &mut b).unwrap();
+            at_stop.push((r, b));
+        }
+    })
+    .unwrap();
+    let snap = disk.load(r.save.id).unwrap();
+    let mut page = vec![0u8; P];
+    let mut wrong = 0;
+    let mut i = 0u64;
+    for reg in &snap.regions {
+        let (_, truth) = at_stop
+            .iter()
+            .find(|(a, _)| a == reg)
+            .expect("every stored region was read at the stop");
+        for k in 0..reg.pages() as usize {
+            let e = snap.entries[i as usize];
+            if e == 0 {
+                page.fill(0);
+            } else {
+                disk.read_page(e, &mut page).unwrap();
+            }
+            if page[..] != truth[k * P..(k + 1) * P] {
+                wrong += 1;
+            }
+            i += 1;
+        }
+    }
+    println!(
+        "     live: {} passes {:?}, {} pages at the stop, downtime {:.2} ms, converged {}",
+        r.passes.len(),
+        r.passes.iter().map(|p| p.pages).collect::<Vec<_>>(),
+        r.final_pages,
+        r.downtime_ms,
+        r.converged
+    );
+    assert_eq!(
+        wrong, 0,
+        "{wrong} stored pages differ from the memory at the stop"
+    );
+    assert!(r.passes.len() >= 2 && r.passes[0].pages > r.final_pages);
+    let a = w.read_all();
+    std::thread::sleep(std::time::Duration::from_millis(30));
+    assert_ne!(a, w.read_all(), "the process does not run on");
+}

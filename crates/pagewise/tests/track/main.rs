@@ -789,114 +789,6 @@ fn memory_types() {
     });
 }
 
-/// A forked child whose two threads write pseudo-random bytes into random
-/// pages of a private region until told to stop; the region's address is the
-/// same in the child (inherited mapping).
-struct Writer {
-    pid: i32,
-    region: pagewise::Region,
-    ctl: *mut std::sync::atomic::AtomicU64,
-}
-
-impl Writer {
-    fn start(pages: usize) -> Writer {
-        // SAFETY: fresh anonymous mappings.
-        let (mem, ctl) = unsafe {
-            (
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    pages * PAGE_SIZE,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                    -1,
-                    0,
-                ),
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    PAGE_SIZE,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_SHARED | libc::MAP_ANONYMOUS,
-                    -1,
-                    0,
-                ),
-            )
-        };
-        assert!(mem != libc::MAP_FAILED && ctl != libc::MAP_FAILED);
-        let ctl = ctl as *mut std::sync::atomic::AtomicU64;
-        struct Arg {
-            mem: usize,
-            pages: usize,
-            ctl: usize,
-            seed: u64,
-        }
-        extern "C" fn write_loop(a: *mut libc::c_void) -> *mut libc::c_void {
-            // SAFETY: an Arg leaked for the thread's lifetime.
-            let a = unsafe { &*(a as *const Arg) };
-            let ctl = a.ctl as *const std::sync::atomic::AtomicU64;
-            let mut x = a.seed | 1;
-            // SAFETY: the control page lives as long as the process.
-            while unsafe { (*ctl).load(std::sync::atomic::Ordering::Relaxed) } == 0 {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                let page = (x as usize >> 8) % a.pages;
-                let off = (x as usize >> 40) % (PAGE_SIZE - 8);
-                // SAFETY: inside the region.
-                unsafe {
-                    std::ptr::write_volatile((a.mem + page * PAGE_SIZE + off) as *mut u8, x as u8)
-                };
-            }
-            std::ptr::null_mut()
-        }
-        // SAFETY: the child creates threads (glibc's fork leaves its locks
-        // free) that write into memory it owns, and exits through _exit.
-        let pid = unsafe { libc::fork() };
-        assert!(pid >= 0);
-        if pid == 0 {
-            let mut t: [libc::pthread_t; 2] = [0; 2];
-            for (i, th) in t.iter_mut().enumerate() {
-                let a = Box::into_raw(Box::new(Arg {
-                    mem: mem as usize,
-                    pages,
-                    ctl: ctl as usize,
-                    seed: 0x9E37_79B9_7F4A_7C15 * (i as u64 + 1),
-                }));
-                // SAFETY: starting a thread on a plain extern "C" function.
-                unsafe { libc::pthread_create(th, std::ptr::null(), write_loop, a as *mut _) };
-            }
-            for th in t {
-                // SAFETY: our own threads.
-                unsafe { libc::pthread_join(th, std::ptr::null_mut()) };
-            }
-            // SAFETY: ends the child at once.
-            unsafe { libc::_exit(0) };
-        }
-        Writer {
-            pid,
-            region: pagewise::Region::new(mem as u64, (pages * PAGE_SIZE) as u64).unwrap(),
-            ctl,
-        }
-    }
-
-    fn read_all(&self) -> Vec<u8> {
-        let mut b = vec![0u8; self.region.len as usize];
-        let n = pagewise::walk::read_remote(self.pid, self.region.start, &mut b).unwrap();
-        assert_eq!(n, b.len());
-        b
-    }
-}
-
-impl Drop for Writer {
-    fn drop(&mut self) {
-        // SAFETY: the shared control page; then our own child.
-        unsafe {
-            (*self.ctl).store(1, std::sync::atomic::Ordering::Relaxed);
-            libc::kill(self.pid, libc::SIGKILL);
-            libc::waitpid(self.pid, std::ptr::null_mut(), 0);
-        }
-    }
-}
-
 /// Whether uffd-wp from outside can run here; if not, says why as a skip.
 fn outside_possible() -> bool {
     match BackendKind::UffdWp.available_for_pid() {
@@ -917,7 +809,7 @@ fn uffd_wp_from_outside_loses_no_write() {
     if !outside_possible() {
         return;
     }
-    let w = Writer::start(2048);
+    let w = common::Writer::start(2048);
     std::thread::sleep(std::time::Duration::from_millis(50));
     let mut t = DirtyTracker::for_process(w.pid, BackendKind::UffdWp).unwrap();
     assert_eq!(t.backend(), BackendKind::UffdWp);
@@ -993,7 +885,7 @@ fn uffd_wp_from_outside_leaves_no_trace() {
         let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
         s[s.rfind(')').unwrap() + 2..].chars().next().unwrap()
     };
-    let w = Writer::start(256);
+    let w = common::Writer::start(256);
     std::thread::sleep(std::time::Duration::from_millis(50));
     let before = fds(w.pid);
     let mut t = DirtyTracker::for_process(w.pid, BackendKind::UffdWp).unwrap();
