@@ -60,6 +60,17 @@ enum What {
         #[command(flatten)]
         output: Output,
     },
+    /// Live checkpoints, experiment (c): a process writing at 1-50 % of the
+    /// copy rate, checkpointed live (pre-copy) against stop-and-copy:
+    /// downtime, total time, passes, every snapshot checked byte for byte.
+    /// Short by default.
+    Live {
+        /// The full experiment (1 and 4 GiB; 1, 5, 10, 25 and 50 %).
+        #[arg(long)]
+        full: bool,
+        #[command(flatten)]
+        output: Output,
+    },
     /// LDT's experiment (d): a real redis-server loaded by redis-benchmark,
     /// untracked and tracked every 1, 5 and 10 s.
     Redis(crate::redis::Args),
@@ -148,6 +159,25 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
             };
             let report = bo::run(&cfg, &mut progress(quiet))?;
             output.emit(&report, report.summary(), report.charts())
+        }
+        What::Live { full, output } => {
+            use crate::live as bl;
+            let cfg = if full {
+                bl::Config::full()
+            } else {
+                bl::Config::quick()
+            };
+            let scratch =
+                std::env::temp_dir().join(format!("pagewise-bench-live-{}", std::process::id()));
+            let report = bl::run(&cfg, &scratch, &mut progress(quiet));
+            let _ = std::fs::remove_dir_all(&scratch);
+            let report = report?;
+            let wrong: u64 = report.rows.iter().map(|r| r.wrong_pages).sum();
+            let rc = output.emit(&report, report.summary(), report.charts())?;
+            if wrong > 0 {
+                anyhow::bail!("{wrong} stored pages differ from the process's memory at the stop");
+            }
+            Ok(rc)
         }
         What::Redis(r) => crate::redis::run(r, quiet),
         What::FarmemRedis(r) => crate::farmem_redis::run(r, quiet),

@@ -7,6 +7,7 @@ pub mod dump;
 pub mod farmem;
 pub mod farmem_redis;
 pub mod inspect;
+pub mod live;
 pub mod outside;
 pub mod redis;
 pub mod snap;

@@ -22,6 +22,27 @@ pub fn mmap_anonymous(len: usize) -> io::Result<*mut u8> {
     mmap_anonymous_flags(len, 0)
 }
 
+/// Maps `len` bytes of shared anonymous read-write memory (shared with the
+/// children this process forks later).
+pub fn mmap_shared_anonymous(len: usize) -> io::Result<*mut u8> {
+    // SAFETY: a new shared anonymous mapping at a kernel-chosen address
+    // touches no existing memory.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(p.cast())
+}
+
 /// [`mmap_anonymous`] with extra `MAP_*` flags (such as `MAP_NORESERVE`).
 pub fn mmap_anonymous_flags(len: usize, flags: libc::c_int) -> io::Result<*mut u8> {
     // SAFETY: an anonymous private mapping at a kernel-chosen address touches no

@@ -65,7 +65,8 @@ pub struct LiveReport {
     pub passes: Vec<Pass>,
     /// Pages copied while the process was stopped.
     pub final_pages: u64,
-    /// How long the process was stopped at the end, ms.
+    /// How long the process was stopped at the end, ms (without the time
+    /// of the caller's `at_stop`).
     pub downtime_ms: f64,
     /// From the first pass to the process running again, ms.
     pub copy_ms: f64,
@@ -223,6 +224,7 @@ pub fn live_snapshot(
     };
     // The last, small pass, with the process stopped.
     let down = Instant::now();
+    let hook_ms;
     let (final_pages, regions) = {
         let stopped = Stopped::new(pid)?;
         tracker.sync_process_mappings(Some(pid), false)?;
@@ -231,11 +233,14 @@ pub fn live_snapshot(
         n += copy.follow(pid)?;
         let untracked = copy.untracked(&tracker.regions());
         n += copy.update(pid, &untracked)?;
+        let hook = Instant::now();
         at_stop();
+        hook_ms = hook.elapsed().as_secs_f64() * 1e3;
         drop(stopped);
         (n, copy.regions.iter().map(|(r, _)| *r).collect::<Vec<_>>())
     };
-    let downtime_ms = down.elapsed().as_secs_f64() * 1e3;
+    // The hook's time is the caller's, not the checkpoint's.
+    let downtime_ms = down.elapsed().as_secs_f64() * 1e3 - hook_ms;
     let copy_ms = t0.elapsed().as_secs_f64() * 1e3;
     bytes += final_pages * PAGE_SIZE as u64;
     drop(tracker);
