@@ -96,35 +96,42 @@ impl PageWalker {
 /// Reads `buf.len()` bytes (whole pages) of process `pid` at `addr`. Pages
 /// unmapped meanwhile read as zeros; returns how many bytes were really read.
 /// A process that is exiting (its memory already gone) is
-/// [`Error::ProcessExited`].
+/// [`Error::ProcessExited`]. Any length: `process_vm_readv` moves at most
+/// about 2 GiB per call, and a read is continued until it is whole or meets
+/// an unmapped page.
 pub fn read_remote(pid: i32, addr: u64, buf: &mut [u8]) -> Result<usize> {
-    let got = match process::process_vm_read(pid, addr, buf) {
-        Ok(n) => n,
-        // Nothing mapped at `addr` any more: unmapped meanwhile, or the
-        // process is tearing its memory down on its way out.
-        Err(e) if e.raw_os_error() == Some(libc::EFAULT) => {
-            let gone = match procfs::maps(Some(pid)) {
-                Ok(m) => m.is_empty(),
-                Err(_) => true,
-            };
-            if gone || !procfs::is_alive(pid) {
+    let mut got = 0usize;
+    while got < buf.len() {
+        let at = addr + got as u64;
+        match process::process_vm_read(pid, at, &mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            // Nothing mapped at `at` any more: unmapped meanwhile, or the
+            // process is tearing its memory down on its way out.
+            Err(e) if e.raw_os_error() == Some(libc::EFAULT) => {
+                let gone = match procfs::maps(Some(pid)) {
+                    Ok(m) => m.is_empty(),
+                    Err(_) => true,
+                };
+                if gone || !procfs::is_alive(pid) {
+                    return Err(Error::ProcessExited(pid));
+                }
+                break;
+            }
+            // No task with this pid, or one whose memory is already gone: it
+            // is in exit(), before /proc shows it as a zombie.
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
                 return Err(Error::ProcessExited(pid));
             }
-            0
+            Err(e) => {
+                return Err(Error::for_pid(
+                    pid,
+                    format!("process_vm_readv at {at:#x}"),
+                    e,
+                ))
+            }
         }
-        // No task with this pid, or one whose memory is already gone: it is
-        // in exit(), before /proc shows it as a zombie.
-        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
-            return Err(Error::ProcessExited(pid));
-        }
-        Err(e) => {
-            return Err(Error::for_pid(
-                pid,
-                format!("process_vm_readv at {addr:#x}"),
-                e,
-            ))
-        }
-    };
+    }
     let whole = got / PAGE_SIZE * PAGE_SIZE;
     buf[whole..].fill(0);
     Ok(whole)

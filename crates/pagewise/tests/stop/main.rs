@@ -246,3 +246,39 @@ fn system_calls_inside_another_process() {
         t0.elapsed()
     );
 }
+
+/// `read_remote` of more than `process_vm_readv` moves in one call (about
+/// 2 GiB): the bytes past 2 GiB are the process's, not zeros.
+#[test]
+fn reading_more_than_2_gib_of_another_process() {
+    const LEN: usize = (2 << 30) + (256 << 20);
+    // SAFETY: a fresh private anonymous mapping, left unpopulated but for
+    // the marker pages (reads of the rest map the zero page).
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            LEN,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED);
+    let marks = [0usize, 1 << 30, (2 << 30) + 4096, LEN - 4096];
+    for (i, &m) in marks.iter().enumerate() {
+        // SAFETY: inside the mapping.
+        unsafe { *(p as *mut u8).add(m + 7) = 0xA0 + i as u8 };
+    }
+    // Read our own memory through the same path as another process's.
+    let me = std::process::id() as i32;
+    let mut buf = vec![0u8; LEN];
+    let n = pagewise::walk::read_remote(me, p as u64, &mut buf).unwrap();
+    assert_eq!(n, LEN, "a short read");
+    for (i, &m) in marks.iter().enumerate() {
+        assert_eq!(buf[m + 7], 0xA0 + i as u8, "the byte at {m:#x}");
+    }
+    drop(buf);
+    // SAFETY: our own mapping, no longer referenced.
+    unsafe { libc::munmap(p, LEN) };
+}
