@@ -901,3 +901,76 @@ fn live_checkpoint_holds_the_memory_at_the_stop() {
     std::thread::sleep(std::time::Duration::from_millis(30));
     assert_ne!(a, w.read_all(), "the process does not run on");
 }
+
+/// A process that writes faster than a tiny budget allows: the passes stop
+/// at `max_passes` and say they did not converge; with `throttle` the
+/// process is held stopped for a growing share of the passes. Either way the
+/// snapshot holds the memory at the stop exactly.
+#[test]
+fn live_checkpoint_that_cannot_converge() {
+    use pagewise::snap::live::{live_snapshot, LiveOptions};
+    if let Err(why) = pagewise::track::BackendKind::UffdWp.available_for_pid() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    for throttle in [false, true] {
+        let dir = TempDir::new("live-throttle");
+        let mut disk = DiskStore::create(&dir.0, true).unwrap();
+        let w = super::common::Writer::start(2048);
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        let pid = w.pid;
+        let mut truth: Vec<(Region, Vec<u8>)> = Vec::new();
+        let opts = LiveOptions {
+            max_downtime_ms: 0.001,
+            max_passes: 4,
+            throttle,
+        };
+        let r = live_snapshot(pid, &mut disk, "", &opts, &mut |_| {}, &mut || {
+            for m in pagewise::procfs::writable(Some(pid)).unwrap() {
+                let r = Region::new(m.start, m.len()).unwrap();
+                let mut b = vec![0u8; r.len as usize];
+                pagewise::walk::read_remote(pid, r.start, &mut b).unwrap();
+                truth.push((r, b));
+            }
+        })
+        .unwrap();
+        assert!(
+            !r.converged,
+            "throttle {throttle}: converged within a budget of 1 µs?"
+        );
+        assert_eq!(r.passes.len(), 4);
+        assert!(r.dirty_rate_bps > 0.0 && r.copy_rate_bps > 0.0);
+        if throttle {
+            assert!(
+                r.passes.iter().any(|p| p.throttle > 0.0),
+                "the process was never held: {:?}",
+                r.passes
+            );
+        }
+        let snap = disk.load(r.save.id).unwrap();
+        let (mut i, mut wrong, mut page) = (0usize, 0, vec![0u8; P]);
+        for reg in &snap.regions {
+            let t = &truth.iter().find(|(a, _)| a == reg).unwrap().1;
+            for k in 0..reg.pages() as usize {
+                let e = snap.entries[i];
+                if e == 0 {
+                    page.fill(0);
+                } else {
+                    disk.read_page(e, &mut page).unwrap();
+                }
+                wrong += (page[..] != t[k * P..(k + 1) * P]) as usize;
+                i += 1;
+            }
+        }
+        assert_eq!(
+            wrong, 0,
+            "throttle {throttle}: {wrong} pages differ from the memory at the stop"
+        );
+        println!(
+            "     throttle {throttle}: passes {:?}, held {:?}, downtime {:.2} ms",
+            r.passes.iter().map(|p| p.pages).collect::<Vec<_>>(),
+            r.passes.iter().map(|p| p.throttle).collect::<Vec<_>>(),
+            r.downtime_ms
+        );
+    }
+}
