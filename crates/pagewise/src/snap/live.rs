@@ -82,9 +82,46 @@ pub struct LiveReport {
     pub converged: bool,
 }
 
-/// The process's writable memory, copied.
-struct Copy {
+/// The process's writable memory, copied, with what changed in it since
+/// the destination was last told.
+pub struct Copy {
     regions: Vec<(Region, Vec<u8>)>,
+    changed: Vec<PageRange>,
+}
+
+/// Where a live checkpoint goes: told after each pass what changed in the
+/// copy, and given the whole copy once the process runs again.
+pub trait Destination {
+    /// After a pass: the copy's regions now, and the ranges of it that
+    /// changed (every page of a region new since the last call is in them).
+    fn pass(&mut self, regions: &[(Region, Vec<u8>)], changed: &[PageRange]) -> Result<()>;
+    /// The end: the copy as it was at the stop (regions sorted by address);
+    /// the snapshot saved.
+    fn finish(&mut self, regions: &[(Region, Vec<u8>)], pid: i32, label: &str)
+        -> Result<SaveStats>;
+}
+
+/// A local store: saved whole at the end.
+impl Destination for DiskStore {
+    fn pass(&mut self, _: &[(Region, Vec<u8>)], _: &[PageRange]) -> Result<()> {
+        Ok(())
+    }
+
+    fn finish(
+        &mut self,
+        regions: &[(Region, Vec<u8>)],
+        pid: i32,
+        label: &str,
+    ) -> Result<SaveStats> {
+        let order: Vec<Region> = regions.iter().map(|(r, _)| *r).collect();
+        let mut w = self.writer(&order, Some(pid), label)?;
+        for (_, buf) in regions {
+            for page in buf.chunks_exact(PAGE_SIZE) {
+                w.push(page)?;
+            }
+        }
+        w.finish()
+    }
 }
 
 impl Copy {
@@ -105,6 +142,10 @@ impl Copy {
             let mut buf = vec![0u8; r.len as usize];
             read_remote(pid, r.start, &mut buf)?;
             read += r.pages();
+            self.changed.push(PageRange {
+                start: r.start,
+                pages: r.pages(),
+            });
             self.regions.push((r, buf));
         }
         Ok(read)
@@ -122,6 +163,10 @@ impl Copy {
                 let off = (a - r.start) as usize;
                 read_remote(pid, a, &mut buf[off..off + (b - a) as usize])?;
                 n += (b - a) / PAGE_SIZE as u64;
+                self.changed.push(PageRange {
+                    start: a,
+                    pages: (b - a) / PAGE_SIZE as u64,
+                });
             }
         }
         Ok(n)
@@ -151,7 +196,7 @@ impl Copy {
 /// same instant; the tests read its memory there).
 pub fn live_snapshot(
     pid: i32,
-    disk: &mut DiskStore,
+    disk: &mut dyn Destination,
     label: &str,
     opts: &LiveOptions,
     progress: &mut dyn FnMut(&Pass),
@@ -162,6 +207,11 @@ pub fn live_snapshot(
     let mut tracker = DirtyTracker::for_process(pid, BackendKind::UffdWp)?;
     let mut copy = Copy {
         regions: Vec::new(),
+        changed: Vec::new(),
+    };
+    let tell = |copy: &mut Copy, disk: &mut dyn Destination| -> Result<()> {
+        let changed = std::mem::take(&mut copy.changed);
+        disk.pass(&copy.regions, &changed)
     };
     let mut passes = Vec::new();
     let mut bytes = 0u64;
@@ -171,6 +221,7 @@ pub fn live_snapshot(
     // what it writes meanwhile is in the next pass).
     let pass_start = Instant::now();
     let n = copy.follow(pid)?;
+    tell(&mut copy, disk)?;
     let ms = pass_start.elapsed().as_secs_f64() * 1e3;
     bytes += n * PAGE_SIZE as u64;
     copy_secs += ms / 1e3;
@@ -202,6 +253,7 @@ pub fn live_snapshot(
         let fits = pending as f64 / rate * 1e3 <= opts.max_downtime_ms;
         let t = Instant::now();
         let n = copy.update(pid, &dirty.ranges)? + copy.follow(pid)?;
+        tell(&mut copy, disk)?;
         let secs = t.elapsed().as_secs_f64();
         bytes += n * PAGE_SIZE as u64;
         copy_secs += secs;
@@ -218,7 +270,9 @@ pub fn live_snapshot(
         if passes.len() >= opts.max_passes {
             break false;
         }
-        if opts.throttle && dirty_rate > rate * 0.5 {
+        // What was written during a pass did not fit the budget: with
+        // throttling, hold the process for a larger share of the next one.
+        if opts.throttle {
             throttle = (throttle + 0.2).min(0.9);
         }
     };
@@ -244,22 +298,17 @@ pub fn live_snapshot(
     let copy_ms = t0.elapsed().as_secs_f64() * 1e3;
     bytes += final_pages * PAGE_SIZE as u64;
     drop(tracker);
-    // The store, after the process runs again.
+    // The destination, after the process runs again: the last changes,
+    // then the whole.
+    tell(&mut copy, disk)?;
     let mut sorted = copy.regions;
     sorted.sort_by_key(|(r, _)| r.start);
-    let order: Vec<Region> = sorted.iter().map(|(r, _)| *r).collect();
-    if order.len() != regions.len() {
+    if sorted.len() != regions.len() {
         return Err(Error::Internal(
             "the copy's regions changed while saving".into(),
         ));
     }
-    let mut w = disk.writer(&order, Some(pid), label)?;
-    for (_, buf) in &sorted {
-        for page in buf.chunks_exact(PAGE_SIZE) {
-            w.push(page)?;
-        }
-    }
-    let save = w.finish()?;
+    let save = disk.finish(&sorted, pid, label)?;
     Ok(LiveReport {
         save,
         passes,

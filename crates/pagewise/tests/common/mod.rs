@@ -152,6 +152,10 @@ impl Scripted {
         let pid = unsafe { libc::fork() };
         assert!(pid >= 0);
         if pid == 0 {
+            {
+                use std::os::fd::AsRawFd;
+                close_inherited(&[cmd_r.as_raw_fd(), ack_w.as_raw_fd()]);
+            }
             let base = region.start as usize;
             loop {
                 let mut c = [0u8; 9];
@@ -228,6 +232,22 @@ impl Scripted {
         self.cmd.write_all(&c).unwrap();
         let mut b = [0u8; 1];
         self.ack.read_exact(&mut b).unwrap();
+        // Back in its read of the next order, it writes nothing more (its
+        // stack and errno are touched on the way there).
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < std::time::Duration::from_secs(2) {
+            let stat =
+                std::fs::read_to_string(format!("/proc/{}/stat", self.pid)).unwrap_or_default();
+            let state = stat
+                .rfind(')')
+                .and_then(|i| stat[i + 1..].split_whitespace().next());
+            let wchan =
+                std::fs::read_to_string(format!("/proc/{}/wchan", self.pid)).unwrap_or_default();
+            if state == Some("S") && wchan.contains("pipe_read") {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
     }
 }
 
@@ -308,6 +328,7 @@ impl Writer {
         let pid = unsafe { libc::fork() };
         assert!(pid >= 0);
         if pid == 0 {
+            close_inherited(&[]);
             let mut t: [libc::pthread_t; 2] = [0; 2];
             for (i, th) in t.iter_mut().enumerate() {
                 let a = Box::into_raw(Box::new(Arg {
@@ -350,5 +371,30 @@ impl Drop for Writer {
             libc::kill(self.pid, libc::SIGKILL);
             libc::waitpid(self.pid, std::ptr::null_mut(), 0);
         }
+    }
+}
+
+static TARGETS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Tests that fork a target and watch it from outside run one at a time: a
+/// child forked by one test inherits the other tests' shared control pages
+/// and descriptors (a userfaultfd taken from another target), and another
+/// test writing its control page then changes this child's memory.
+pub fn one_target_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    TARGETS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// In a forked child: closes every descriptor from 3 up but `keep`, so that
+/// the child holds no store lock, userfaultfd or pipe of other tests.
+pub fn close_inherited(keep: &[i32]) {
+    let mut keep: Vec<u32> = keep.iter().map(|&k| k as u32).collect();
+    keep.sort();
+    let mut from = 3u32;
+    for k in keep.into_iter().chain([u32::MAX]) {
+        if k > from {
+            // SAFETY: closes descriptors of this (child) process only.
+            unsafe { libc::syscall(libc::SYS_close_range, from, k - 1, 0) };
+        }
+        from = k.saturating_add(1);
     }
 }

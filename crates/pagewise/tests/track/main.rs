@@ -806,6 +806,7 @@ fn outside_possible() -> bool {
 /// once the process is stopped and collected a last time.
 #[test]
 fn uffd_wp_from_outside_loses_no_write() {
+    let _one = common::one_target_at_a_time();
     if !outside_possible() {
         return;
     }
@@ -863,6 +864,7 @@ fn uffd_wp_from_outside_loses_no_write() {
 /// stopped it).
 #[test]
 fn uffd_wp_from_outside_leaves_no_trace() {
+    let _one = common::one_target_at_a_time();
     if !outside_possible() {
         return;
     }
@@ -928,6 +930,7 @@ fn uffd_wp_from_outside_leaves_no_trace() {
 /// exits: a clear end.
 #[test]
 fn uffd_wp_from_outside_follows_the_process() {
+    let _one = common::one_target_at_a_time();
     if !outside_possible() {
         return;
     }
