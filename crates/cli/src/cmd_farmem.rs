@@ -183,7 +183,7 @@ fn run_cmd(a: RunArgs) -> Result<i32> {
     let exists = a
         .instance
         .as_ref()
-        .is_some_and(|n| pagewise::farmem::instance::dir().join(n).exists());
+        .is_some_and(|n| pagewise::farmem::instance::exists(n));
     if want.is_none() && !exists {
         bail!("give the local budget: --local-pages N or --local-percent P");
     }

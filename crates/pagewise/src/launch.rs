@@ -189,7 +189,7 @@ impl FarmemRun {
     ) -> Result<Self> {
         Instance::sweep();
         let tag = std::process::id();
-        if let Some(n) = name.filter(|n| instance::dir().join(n).exists()) {
+        if let Some(n) = name.filter(|n| instance::exists(n)) {
             let inst = Instance::open(n, Access::Join)?;
             if let Some(w) = want {
                 let s = inst.settings();
@@ -217,7 +217,7 @@ impl FarmemRun {
         let inst = match Instance::create(&name, want, cal.floor_ns, cal.unseen_ns) {
             Ok(i) => i,
             // Another run created it meanwhile: join it.
-            Err(_) if instance::dir().join(&name).exists() => Instance::open(&name, Access::Join)?,
+            Err(_) if instance::exists(&name) => Instance::open(&name, Access::Join)?,
             Err(e) => return Err(e),
         };
         Ok(FarmemRun { inst, tag })

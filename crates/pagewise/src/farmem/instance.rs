@@ -202,6 +202,11 @@ pub fn unpredictable_name(prefix: &str) -> String {
     format!("{prefix}-{:016x}", u64::from_le_bytes(r))
 }
 
+/// Whether an instance named `name` exists (its file is in [`dir`]).
+pub fn exists(name: &str) -> bool {
+    dir().join(name).exists()
+}
+
 /// Refuses a shared directory that another user could rewrite under us.
 fn check_dir(d: &Path) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;

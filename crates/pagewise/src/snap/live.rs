@@ -19,7 +19,7 @@ use super::disk::{DiskStore, SaveStats};
 use crate::stop::Stopped;
 use crate::track::{BackendKind, DirtyTracker};
 use crate::walk::read_remote;
-use crate::{procfs, Error, PageRange, Region, Result, PAGE_SIZE};
+use crate::{procfs, PageRange, Region, Result, PAGE_SIZE};
 use serde::Serialize;
 use std::time::{Duration, Instant};
 
@@ -279,7 +279,7 @@ pub fn live_snapshot(
     // The last, small pass, with the process stopped.
     let down = Instant::now();
     let hook_ms;
-    let (final_pages, regions) = {
+    let final_pages = {
         let stopped = Stopped::new(pid)?;
         tracker.sync_process_mappings(Some(pid), false)?;
         let dirty = tracker.collect()?;
@@ -291,7 +291,7 @@ pub fn live_snapshot(
         at_stop();
         hook_ms = hook.elapsed().as_secs_f64() * 1e3;
         drop(stopped);
-        (n, copy.regions.iter().map(|(r, _)| *r).collect::<Vec<_>>())
+        n
     };
     // The hook's time is the caller's, not the checkpoint's.
     let downtime_ms = down.elapsed().as_secs_f64() * 1e3 - hook_ms;
@@ -303,11 +303,6 @@ pub fn live_snapshot(
     tell(&mut copy, disk)?;
     let mut sorted = copy.regions;
     sorted.sort_by_key(|(r, _)| r.start);
-    if sorted.len() != regions.len() {
-        return Err(Error::Internal(
-            "the copy's regions changed while saving".into(),
-        ));
-    }
     let save = disk.finish(&sorted, pid, label)?;
     Ok(LiveReport {
         save,

@@ -173,13 +173,20 @@ impl BackendKind {
             BackendKind::Auto => {
                 if BackendKind::UffdWp.available_for_pid().is_ok() {
                     BackendKind::UffdWp
-                } else if BackendKind::SoftDirty.available_in_process().is_ok() {
-                    BackendKind::SoftDirty
                 } else {
-                    BackendKind::Hash
+                    BackendKind::without_the_target()
                 }
             }
             k => k,
+        }
+    }
+
+    /// The best backend that needs nothing inside the target process.
+    fn without_the_target() -> BackendKind {
+        if BackendKind::SoftDirty.available_in_process().is_ok() {
+            BackendKind::SoftDirty
+        } else {
+            BackendKind::Hash
         }
     }
 }
@@ -370,11 +377,7 @@ impl DirtyTracker {
                         Error::Unsupported { .. } | Error::PermissionDenied { .. } | Error::Busy(_)
                     ) =>
             {
-                let fallback = if BackendKind::SoftDirty.available_in_process().is_ok() {
-                    BackendKind::SoftDirty
-                } else {
-                    BackendKind::Hash
-                };
+                let fallback = BackendKind::without_the_target();
                 let mut t = Self::for_process_with(pid, fallback)?;
                 t.note = Some(format!(
                     "uffd-wp from outside is not possible here ({e}); using {fallback}"

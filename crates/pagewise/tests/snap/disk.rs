@@ -833,6 +833,46 @@ fn incremental_snapshots_of_a_process_are_exact() {
     );
 }
 
+/// The private writable mappings of `pid` and their bytes (shared ones,
+/// inherited from this test process, are written by other tests).
+fn private_memory(pid: i32) -> Vec<(Region, Vec<u8>)> {
+    let mut out = Vec::new();
+    for m in pagewise::procfs::writable(Some(pid)).unwrap() {
+        if m.shared {
+            continue;
+        }
+        let r = Region::new(m.start, m.len()).unwrap();
+        let mut b = vec![0u8; r.len as usize];
+        pagewise::walk::read_remote(pid, r.start, &mut b).unwrap();
+        out.push((r, b));
+    }
+    out
+}
+
+/// Pages of snapshot `id` whose stored bytes differ from `truth` (regions
+/// `truth` lacks are not compared).
+fn pages_differing(disk: &DiskStore, id: u64, truth: &[(Region, Vec<u8>)]) -> usize {
+    let snap = disk.load(id).unwrap();
+    let (mut i, mut wrong, mut page) = (0usize, 0, vec![0u8; P]);
+    for reg in &snap.regions {
+        let Some((_, t)) = truth.iter().find(|(a, _)| a == reg) else {
+            i += reg.pages() as usize;
+            continue;
+        };
+        for k in 0..reg.pages() as usize {
+            let e = snap.entries[i];
+            if e == 0 {
+                page.fill(0);
+            } else {
+                disk.read_page(e, &mut page).unwrap();
+            }
+            wrong += (page[..] != t[k * P..(k + 1) * P]) as usize;
+            i += 1;
+        }
+    }
+    wrong
+}
+
 /// A live checkpoint of a process whose two threads write random pages all
 /// the while holds exactly its memory at the moment it was stopped (read
 /// from the process then), page for page; the passes before the stop copy
@@ -857,41 +897,10 @@ fn live_checkpoint_holds_the_memory_at_the_stop() {
         throttle: false,
     };
     let r = live_snapshot(pid, &mut disk, "live", &opts, &mut |_| {}, &mut || {
-        // Private mappings only: shared ones inherited from this test
-        // process are written by other tests.
-        for m in pagewise::procfs::writable(Some(pid)).unwrap() {
-            if m.shared {
-                continue;
-            }
-            let r = Region::new(m.start, m.len()).unwrap();
-            let mut b = vec![0u8; r.len as usize];
-            pagewise::walk::read_remote(pid, r.start, &mut b).unwrap();
-            at_stop.push((r, b));
-        }
+        at_stop = private_memory(pid);
     })
     .unwrap();
-    let snap = disk.load(r.save.id).unwrap();
-    let mut page = vec![0u8; P];
-    let mut wrong = 0;
-    let mut i = 0u64;
-    for reg in &snap.regions {
-        let Some((_, truth)) = at_stop.iter().find(|(a, _)| a == reg) else {
-            i += reg.pages();
-            continue;
-        };
-        for k in 0..reg.pages() as usize {
-            let e = snap.entries[i as usize];
-            if e == 0 {
-                page.fill(0);
-            } else {
-                disk.read_page(e, &mut page).unwrap();
-            }
-            if page[..] != truth[k * P..(k + 1) * P] {
-                wrong += 1;
-            }
-            i += 1;
-        }
-    }
+    let wrong = pages_differing(&disk, r.save.id, &at_stop);
     println!(
         "     live: {} passes {:?}, {} pages at the stop, downtime {:.2} ms, converged {}",
         r.passes.len(),
@@ -935,15 +944,7 @@ fn live_checkpoint_that_cannot_converge() {
             throttle,
         };
         let r = live_snapshot(pid, &mut disk, "", &opts, &mut |_| {}, &mut || {
-            for m in pagewise::procfs::writable(Some(pid)).unwrap() {
-                if m.shared {
-                    continue;
-                }
-                let r = Region::new(m.start, m.len()).unwrap();
-                let mut b = vec![0u8; r.len as usize];
-                pagewise::walk::read_remote(pid, r.start, &mut b).unwrap();
-                truth.push((r, b));
-            }
+            truth = private_memory(pid);
         })
         .unwrap();
         if r.converged {
@@ -967,24 +968,7 @@ fn live_checkpoint_that_cannot_converge() {
                 r.passes
             );
         }
-        let snap = disk.load(r.save.id).unwrap();
-        let (mut i, mut wrong, mut page) = (0usize, 0, vec![0u8; P]);
-        for reg in &snap.regions {
-            let Some((_, t)) = truth.iter().find(|(a, _)| a == reg) else {
-                i += reg.pages() as usize;
-                continue;
-            };
-            for k in 0..reg.pages() as usize {
-                let e = snap.entries[i];
-                if e == 0 {
-                    page.fill(0);
-                } else {
-                    disk.read_page(e, &mut page).unwrap();
-                }
-                wrong += (page[..] != t[k * P..(k + 1) * P]) as usize;
-                i += 1;
-            }
-        }
+        let wrong = pages_differing(&disk, r.save.id, &truth);
         assert_eq!(
             wrong, 0,
             "throttle {throttle}: {wrong} pages differ from the memory at the stop"
