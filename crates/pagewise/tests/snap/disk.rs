@@ -779,18 +779,17 @@ fn incremental_snapshots_of_a_process_are_exact() {
         let mut stored = vec![0u8; P];
         let mut live = vec![0u8; P];
         let mut wrong = 0;
-        // Not compared: the stack, which changes once the child goes back
-        // to reading its orders, and shared mappings it inherited from this
-        // test process, which other tests write.
-        let stack: Vec<(u64, u64)> = pagewise::procfs::maps(Some(pid))
+        // Not compared: shared mappings the child inherited from this test
+        // process, which other tests write.
+        let shared: Vec<(u64, u64)> = pagewise::procfs::maps(Some(pid))
             .unwrap()
             .iter()
-            .filter(|m| m.path.starts_with("[stack") || m.shared)
+            .filter(|m| m.shared)
             .map(|m| (m.start, m.end))
             .collect();
         for i in 0..snap.pages() {
             let addr = snap.address_of(i).unwrap();
-            if stack.iter().any(|&(a, b)| addr >= a && addr < b) {
+            if shared.iter().any(|&(a, b)| addr >= a && addr < b) {
                 continue;
             }
             let e = snap.entries[i as usize];
@@ -815,14 +814,29 @@ fn incremental_snapshots_of_a_process_are_exact() {
         ("new mapping", b'm', 16),
     ];
     let mut read = Vec::new();
+    let state = |pid: i32| {
+        let st = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        st[st.rfind(')').unwrap() + 2..].chars().next().unwrap()
+    };
     for (what, op, arg) in steps {
         s.tell(op, arg);
+        // Held stopped (job control) from before the snapshot until the
+        // comparison: the memory compared is the memory snapshotted.
+        // SAFETY: our own child.
+        unsafe { libc::kill(s.pid, libc::SIGSTOP) };
+        let t0 = std::time::Instant::now();
+        while state(s.pid) != 'T' {
+            assert!(
+                t0.elapsed().as_secs() < 5,
+                "{what}: the child never stopped"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
         let r = inc.snapshot(&mut disk, what).unwrap();
-        assert_eq!(
-            check(&disk, r.save.id, s.pid),
-            0,
-            "{what}: stored pages differ from the process"
-        );
+        let wrong = check(&disk, r.save.id, s.pid);
+        // SAFETY: our own child.
+        unsafe { libc::kill(s.pid, libc::SIGCONT) };
+        assert_eq!(wrong, 0, "{what}: stored pages differ from the process");
         read.push(r.pages_read);
         println!("     {what}: {} pages, {} read", r.save.pages, r.pages_read);
     }
