@@ -4,6 +4,7 @@ mod cmd_demo;
 mod cmd_farmem;
 mod cmd_inspect;
 mod cmd_probe;
+mod cmd_receive;
 mod cmd_snapshot;
 mod cmd_track;
 mod cmd_workload;
@@ -44,6 +45,13 @@ enum Cmd {
     /// process briefly for each snapshot. Each distinct page is stored once,
     /// compressed, across all snapshots of the store.
     Snapshot(cmd_snapshot::Args),
+    /// Receive migrated memory: the other end of `snapshot --live --to HOST:PORT`.
+    ///
+    /// `pagewise receive --listen ADDR --out DIR` keeps the copy each sender
+    /// streams, checks every page's digest, and saves each complete copy as
+    /// one snapshot of the store DIR. A connection that breaks leaves the
+    /// store at its last complete snapshot.
+    Receive(cmd_receive::Args),
     /// Emulate far memory (DiME) for unmodified programs: run, list, set live.
     ///
     /// `pagewise farmem run --local-pages N --latency-ns L --bandwidth-bps B
@@ -75,6 +83,7 @@ fn main() {
         Cmd::Probe(a) => cmd_probe::run(a),
         Cmd::Track(a) => cmd_track::run(a),
         Cmd::Snapshot(a) => cmd_snapshot::run(a),
+        Cmd::Receive(a) => cmd_receive::run(a),
         Cmd::Farmem(a) => cmd_farmem::run(a),
         Cmd::Inspect(a) => cmd_inspect::run(a),
         Cmd::Bench(a) => pagewise_bench::cli::run(a, cli.quiet),

@@ -324,6 +324,40 @@ fn snapshot_small_workload(store: &std::path::Path) -> std::process::Output {
     out
 }
 
+/// Snapshot `id` of `disk` holds the known workload's region `[addr,
+/// addr+len)` as it is after `written` of its writes: every page holds 1 at
+/// offset 0, the first `written` also 0xA5 at offset 100.
+fn assert_known_layout(
+    disk: &pagewise::snap::DiskStore,
+    id: u64,
+    addr: u64,
+    len: u64,
+    written: u64,
+) {
+    let s = disk.load(id).unwrap();
+    let mut page = vec![0u8; PAGE as usize];
+    let mut base = 0u64;
+    let mut found = false;
+    for r in &s.regions {
+        if r.start <= addr && addr + len <= r.start + r.len {
+            found = true;
+            let i0 = base + (addr - r.start) / PAGE;
+            for p in 0..len / PAGE {
+                disk.read_page(s.entries[(i0 + p) as usize], &mut page)
+                    .unwrap();
+                let mut want = vec![0u8; PAGE as usize];
+                want[0] = 1;
+                if p < written {
+                    want[100] = 0xA5;
+                }
+                assert_eq!(page, want, "snapshot {id}, page {p} of the region");
+            }
+        }
+        base += r.len / PAGE;
+    }
+    assert!(found, "snapshot {id} holds the workload's region");
+}
+
 fn temp_dir(name: &str) -> std::path::PathBuf {
     let p = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("pagewise-cli-{name}-{}", std::process::id()));
@@ -363,29 +397,8 @@ fn snapshot_pid_stores_the_known_layout() {
     // Ground truth from the store itself: every page of the region holds 1 at
     // offset 0; after the writes the first 300 also hold 0xA5 at offset 100.
     let disk = pagewise::snap::DiskStore::open(&dir).unwrap();
-    let mut page = vec![0u8; PAGE as usize];
     for (id, written) in [(1u64, 0u64), (2, 300)] {
-        let s = disk.load(id).unwrap();
-        let mut base = 0u64;
-        let mut found = false;
-        for r in &s.regions {
-            if r.start <= addr && addr + len <= r.start + r.len {
-                found = true;
-                let i0 = base + (addr - r.start) / PAGE;
-                for p in 0..len / PAGE {
-                    disk.read_page(s.entries[(i0 + p) as usize], &mut page)
-                        .unwrap();
-                    let mut want = vec![0u8; PAGE as usize];
-                    want[0] = 1;
-                    if p < written {
-                        want[100] = 0xA5;
-                    }
-                    assert_eq!(page, want, "snapshot {id}, page {p} of the region");
-                }
-            }
-            base += r.len / PAGE;
-        }
-        assert!(found, "snapshot {id} holds the workload's region");
+        assert_known_layout(&disk, id, addr, len, written);
     }
 
     // diff: exactly the 300 written pages inside the region.
@@ -718,4 +731,59 @@ fn snapshot_inspect_line_and_json_agree() {
         "{v}"
     );
     let _ = std::fs::remove_dir_all(&store);
+}
+
+/// `snapshot --live --to` a `receive` on loopback: the receiver's store
+/// holds the known layout exactly (every page of the region holds 1 at
+/// offset 0, the first 300 also 0xA5 at offset 100); `receive` reports the
+/// connection in JSON and ends cleanly on SIGTERM, its store intact.
+#[test]
+fn live_migration_to_a_receiver_stores_the_known_layout() {
+    if let Err(why) = pagewise::track::BackendKind::UffdWp.available_for_pid() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    let dir = temp_dir("receive");
+    let mut rx = Command::new(BIN)
+        .args(["receive", "--listen", "127.0.0.1:0", "--json", "--out"])
+        .arg(&dir)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut rx_out = BufReader::new(rx.stdout.take().unwrap());
+    let mut first = String::new();
+    rx_out.read_line(&mut first).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&first).unwrap();
+    let addr = v["listening"].as_str().unwrap().to_string();
+    let (mut wl, start, len) = spawn_workload(KNOWN_WORKLOAD);
+    std::thread::sleep(std::time::Duration::from_millis(1200));
+    let out = Command::new(BIN)
+        .args(["snapshot", "--live", "--json", "--label", "moved", "--pid"])
+        .arg(wl.id().to_string())
+        .args(["--to", &addr])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(report["handover_ms"].as_f64().unwrap() >= report["downtime_ms"].as_f64().unwrap());
+    let mut conn = String::new();
+    rx_out.read_line(&mut conn).unwrap();
+    let conn: serde_json::Value = serde_json::from_str(&conn).unwrap();
+    assert!(conn["broken"].is_null(), "{conn}");
+    assert_eq!(conn["saved"][0]["id"], report["save"]["id"]);
+    assert!(wl.wait().unwrap().success());
+    // SIGTERM: the receiver ends, status 0.
+    pagewise_sys::process::kill(rx.id() as i32, libc::SIGTERM).unwrap();
+    let st = rx.wait().unwrap();
+    assert!(st.success(), "receive ended with {st}");
+    let disk = pagewise::snap::DiskStore::open(&dir).unwrap();
+    let ids = disk.ids().unwrap();
+    assert_eq!(ids.len(), 1);
+    assert_eq!(disk.load(ids[0]).unwrap().label, "moved");
+    assert_known_layout(&disk, ids[0], start, len, 300);
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -87,3 +87,40 @@ pub fn sigset_remove(set: &mut libc::sigset_t, sig: libc::c_int) {
     // SAFETY: `set` is a valid, initialised sigset_t.
     unsafe { libc::sigdelset(set, sig) };
 }
+
+fn set_of(sigs: &[libc::c_int]) -> libc::sigset_t {
+    // SAFETY: a zeroed sigset_t is valid storage for sigemptyset.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is valid storage.
+    unsafe { libc::sigemptyset(&mut set) };
+    for &s in sigs {
+        // SAFETY: `set` is an initialised sigset_t.
+        unsafe { libc::sigaddset(&mut set, s) };
+    }
+    set
+}
+
+/// Blocks `sigs` in the calling thread (threads it starts afterwards
+/// inherit the mask), so that one thread can take them with [`wait`].
+pub fn block(sigs: &[libc::c_int]) -> io::Result<()> {
+    let set = set_of(sigs);
+    // SAFETY: `set` is a valid sigset_t; the old mask is not wanted.
+    let r = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    if r != 0 {
+        return Err(io::Error::from_raw_os_error(r));
+    }
+    Ok(())
+}
+
+/// Waits until one of `sigs` (blocked in every thread) is pending, takes it
+/// and returns it: `sigwait(3)`.
+pub fn wait(sigs: &[libc::c_int]) -> io::Result<libc::c_int> {
+    let set = set_of(sigs);
+    let mut sig = 0;
+    // SAFETY: `set` is a valid sigset_t and `sig` valid storage.
+    let r = unsafe { libc::sigwait(&set, &mut sig) };
+    if r != 0 {
+        return Err(io::Error::from_raw_os_error(r));
+    }
+    Ok(sig)
+}

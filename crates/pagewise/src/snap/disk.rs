@@ -775,6 +775,24 @@ impl DiskStore {
         })
     }
 
+    /// Saves the copy of a process's memory (its regions sorted by address,
+    /// each with its bytes) as one snapshot.
+    pub fn save(
+        &mut self,
+        regions: &[(Region, Vec<u8>)],
+        pid: Option<i32>,
+        label: &str,
+    ) -> Result<SaveStats> {
+        let order: Vec<Region> = regions.iter().map(|(r, _)| *r).collect();
+        let mut w = self.writer(&order, pid, label)?;
+        for (_, buf) in regions {
+            for page in buf.chunks_exact(PAGE_SIZE) {
+                w.push(page)?;
+            }
+        }
+        w.finish()
+    }
+
     /// Statistics over every snapshot in the store.
     pub fn stats(&self) -> Result<DiskStats> {
         self.stats_of(&self.list()?)

@@ -80,6 +80,10 @@ pub struct LiveReport {
     pub dirty_rate_bps: f64,
     /// Whether the rest fitted the downtime budget before the passes ran out.
     pub converged: bool,
+    /// From the stop to the destination holding the whole copy, ms: the
+    /// downtime a migration would have, had the process resumed there
+    /// (for a local store, about the downtime).
+    pub handover_ms: f64,
 }
 
 /// The process's writable memory, copied, with what changed in it since
@@ -95,6 +99,11 @@ pub trait Destination {
     /// After a pass: the copy's regions now, and the ranges of it that
     /// changed (every page of a region new since the last call is in them).
     fn pass(&mut self, regions: &[(Region, Vec<u8>)], changed: &[PageRange]) -> Result<()>;
+    /// After the last pass: returns once the destination holds the whole
+    /// copy (a receiver across a network has it all), before it is saved.
+    fn complete(&mut self) -> Result<()> {
+        Ok(())
+    }
     /// The end: the copy as it was at the stop (regions sorted by address);
     /// the snapshot saved.
     fn finish(&mut self, regions: &[(Region, Vec<u8>)], pid: i32, label: &str)
@@ -113,14 +122,7 @@ impl Destination for DiskStore {
         pid: i32,
         label: &str,
     ) -> Result<SaveStats> {
-        let order: Vec<Region> = regions.iter().map(|(r, _)| *r).collect();
-        let mut w = self.writer(&order, Some(pid), label)?;
-        for (_, buf) in regions {
-            for page in buf.chunks_exact(PAGE_SIZE) {
-                w.push(page)?;
-            }
-        }
-        w.finish()
+        self.save(regions, Some(pid), label)
     }
 }
 
@@ -300,7 +302,10 @@ pub fn live_snapshot(
     drop(tracker);
     // The destination, after the process runs again: the last changes,
     // then the whole.
+    let resumed = Instant::now();
     tell(&mut copy, disk)?;
+    disk.complete()?;
+    let handover_ms = downtime_ms + resumed.elapsed().as_secs_f64() * 1e3;
     let mut sorted = copy.regions;
     sorted.sort_by_key(|(r, _)| r.start);
     let save = disk.finish(&sorted, pid, label)?;
@@ -315,5 +320,6 @@ pub fn live_snapshot(
         copy_rate_bps: bytes as f64 / copy_secs.max(1e-9),
         dirty_rate_bps: dirty_rate,
         converged,
+        handover_ms,
     })
 }

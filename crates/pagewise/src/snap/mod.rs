@@ -32,6 +32,7 @@ pub mod disk;
 pub mod live;
 pub mod remote;
 mod store;
+pub mod wire;
 
 pub use disk::{DiskSnapshot, DiskStats, DiskStore, SaveStats};
 pub use store::{PageId, PageStore, StoreStats};

@@ -849,7 +849,7 @@ fn incremental_snapshots_of_a_process_are_exact() {
 
 /// The private writable mappings of `pid` and their bytes (shared ones,
 /// inherited from this test process, are written by other tests).
-fn private_memory(pid: i32) -> Vec<(Region, Vec<u8>)> {
+pub fn private_memory(pid: i32) -> Vec<(Region, Vec<u8>)> {
     let mut out = Vec::new();
     for m in pagewise::procfs::writable(Some(pid)).unwrap() {
         if m.shared {
@@ -865,7 +865,7 @@ fn private_memory(pid: i32) -> Vec<(Region, Vec<u8>)> {
 
 /// Pages of snapshot `id` whose stored bytes differ from `truth` (regions
 /// `truth` lacks are not compared).
-fn pages_differing(disk: &DiskStore, id: u64, truth: &[(Region, Vec<u8>)]) -> usize {
+pub fn pages_differing(disk: &DiskStore, id: u64, truth: &[(Region, Vec<u8>)]) -> usize {
     let snap = disk.load(id).unwrap();
     let (mut i, mut wrong, mut page) = (0usize, 0, vec![0u8; P]);
     for reg in &snap.regions {

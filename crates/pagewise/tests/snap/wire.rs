@@ -1,0 +1,271 @@
+//! Migration over loopback against ground truth: what the receiver saves is
+//! the process's memory at the stop, page for page, with every compression
+//! setting; a connection that breaks, a damaged page or a stranger speaking
+//! another protocol leave the receiver's store at its last complete
+//! snapshot, and say why.
+
+use super::disk::{pages_differing, private_memory, TempDir};
+use pagewise::snap::live::{live_snapshot, Destination, LiveOptions};
+use pagewise::snap::wire::{Compression, Event, Received, Receiver, Sender};
+use pagewise::snap::DiskStore;
+use pagewise::{PageRange, Region, PAGE_SIZE};
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::thread::JoinHandle;
+
+/// A receiver on a free loopback port, serving `conns` connections in a
+/// thread; returns the address and what each connection heard.
+fn receiver(
+    dir: &std::path::Path,
+    conns: usize,
+) -> (String, JoinHandle<(Receiver, Vec<Received>)>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let mut rx = Receiver::new(DiskStore::create(dir, true).unwrap());
+    let h = std::thread::spawn(move || {
+        let mut got = Vec::new();
+        for _ in 0..conns {
+            let (s, _) = l.accept().unwrap();
+            got.push(rx.serve(s, &mut |_: Event<'_>| {}).unwrap());
+        }
+        (rx, got)
+    });
+    (addr, h)
+}
+
+fn uffd_wp_or_skip() -> bool {
+    if let Err(why) = pagewise::track::BackendKind::UffdWp.available_for_pid() {
+        pagewise_testkit::skip!("{why}");
+        return false;
+    }
+    true
+}
+
+/// A process whose two threads write random pages throughout is migrated
+/// live over loopback, once with each compression setting: the receiver's
+/// store holds exactly its memory at the stop each time, the receiver saw
+/// every pass, and the process runs on.
+#[test]
+fn migration_over_loopback_holds_the_memory_at_the_stop() {
+    let _one = super::common::one_target_at_a_time();
+    if !uffd_wp_or_skip() {
+        return;
+    }
+    let dir = TempDir::new("wire");
+    let modes = [Compression::Auto, Compression::None, Compression::Lz4];
+    let (addr, rx) = receiver(&dir.0, modes.len());
+    let w = super::common::Writer::start(4096);
+    std::thread::sleep(std::time::Duration::from_millis(30));
+    let pid = w.pid;
+    let opts = LiveOptions {
+        max_downtime_ms: 20.0,
+        max_passes: 10,
+        throttle: false,
+    };
+    let mut truths = Vec::new();
+    let mut reports = Vec::new();
+    for mode in modes {
+        let mut tx = Sender::connect(&addr, mode).unwrap();
+        let mut truth = Vec::new();
+        let r = live_snapshot(pid, &mut tx, "wire", &opts, &mut |_| {}, &mut || {
+            truth = private_memory(pid);
+        })
+        .unwrap();
+        let s = tx.stats();
+        println!(
+            "     {mode:?}: passes {:?}, downtime {:.2} ms, handover {:.1} ms, {} pages as {} bytes (lz4 {}, raw {}, zero {})",
+            r.passes.iter().map(|p| p.pages).collect::<Vec<_>>(),
+            r.downtime_ms,
+            r.handover_ms,
+            s.pages,
+            s.wire_bytes,
+            s.chunks_lz4,
+            s.chunks_raw,
+            s.chunks_zero
+        );
+        match mode {
+            Compression::None => assert_eq!(s.chunks_lz4, 0),
+            Compression::Lz4 => assert_eq!(s.chunks_raw, 0),
+            Compression::Auto => {}
+        }
+        assert!(r.handover_ms >= r.downtime_ms);
+        truths.push(truth);
+        reports.push((r, s));
+    }
+    let (rx, got) = rx.join().unwrap();
+    for (i, ((r, s), g)) in reports.iter().zip(&got).enumerate() {
+        assert_eq!(g.broken, None, "connection {i}");
+        assert_eq!(g.saved.len(), 1);
+        assert_eq!(g.saved[0].id, r.save.id, "the sender heard another id");
+        assert_eq!(g.pages, s.pages, "pages received against sent");
+        assert_eq!(g.passes as usize, r.passes.len() + 1, "passes (+ the last)");
+        let wrong = pages_differing(rx.store(), r.save.id, &truths[i]);
+        assert_eq!(
+            wrong, 0,
+            "{:?}: {wrong} pages differ from the memory at the stop",
+            modes[i]
+        );
+    }
+    let a = w.read_all();
+    std::thread::sleep(std::time::Duration::from_millis(30));
+    assert_ne!(a, w.read_all(), "the process does not run on");
+}
+
+/// A destination that forwards to a sender and breaks off (drops the
+/// connection) after `passes` passes.
+struct BreakAfter {
+    tx: Option<Sender>,
+    passes: usize,
+}
+
+impl Destination for BreakAfter {
+    fn pass(
+        &mut self,
+        regions: &[(Region, Vec<u8>)],
+        changed: &[PageRange],
+    ) -> pagewise::Result<()> {
+        if self.passes == 0 {
+            self.tx = None;
+            return Err(pagewise::Error::Invalid("broken off".into()));
+        }
+        self.passes -= 1;
+        self.tx.as_mut().unwrap().pass(regions, changed)
+    }
+    fn finish(
+        &mut self,
+        _: &[(Region, Vec<u8>)],
+        _: i32,
+        _: &str,
+    ) -> pagewise::Result<pagewise::snap::SaveStats> {
+        unreachable!("broken off before")
+    }
+}
+
+/// One complete migration, then one whose connection breaks after its
+/// first pass: the receiver says the connection broke and the snapshot was
+/// discarded, and its store holds the first snapshot alone, intact.
+#[test]
+fn a_broken_connection_leaves_the_last_complete_snapshot() {
+    let _one = super::common::one_target_at_a_time();
+    if !uffd_wp_or_skip() {
+        return;
+    }
+    let dir = TempDir::new("wire-broken");
+    let (addr, rx) = receiver(&dir.0, 2);
+    let w = super::common::Writer::start(1024);
+    let pid = w.pid;
+    let opts = LiveOptions::default();
+    let mut truth = Vec::new();
+    let mut tx = Sender::connect(&addr, Compression::Auto).unwrap();
+    let first = live_snapshot(pid, &mut tx, "one", &opts, &mut |_| {}, &mut || {
+        truth = private_memory(pid);
+    })
+    .unwrap();
+    drop(tx);
+    let mut broken = BreakAfter {
+        tx: Some(Sender::connect(&addr, Compression::Auto).unwrap()),
+        passes: 1,
+    };
+    let e = live_snapshot(pid, &mut broken, "two", &opts, &mut |_| {}, &mut || {});
+    assert!(
+        e.is_err(),
+        "the broken destination did not fail the checkpoint"
+    );
+    let (rx, got) = rx.join().unwrap();
+    assert_eq!(got[0].broken, None);
+    let why = got[1]
+        .broken
+        .as_deref()
+        .expect("the broken connection went unnoticed");
+    assert!(why.contains("discarded"), "{why}");
+    assert!(got[1].saved.is_empty());
+    assert_eq!(rx.store().ids().unwrap(), vec![first.save.id]);
+    drop(rx);
+    let reopened = DiskStore::open(&dir.0).unwrap();
+    assert_eq!(reopened.ids().unwrap(), vec![first.save.id]);
+    assert_eq!(pages_differing(&reopened, first.save.id, &truth), 0);
+}
+
+/// Speaks the protocol by hand: the hello, a begin, one region, then a page
+/// whose digest is `digest`; returns the receiver's reply bytes.
+fn hand_made(addr: &str, digest: u64, page: &[u8]) -> Vec<u8> {
+    let mut s = TcpStream::connect(addr).unwrap();
+    let mut m = Vec::new();
+    for v in [
+        pagewise::snap::wire::MAGIC,
+        pagewise::snap::wire::VERSION,
+        0,
+    ] {
+        m.extend_from_slice(&v.to_le_bytes());
+    }
+    m.push(b'B');
+    m.push(b'R');
+    m.extend_from_slice(&1u32.to_le_bytes());
+    m.extend_from_slice(&0x10000u64.to_le_bytes());
+    m.extend_from_slice(&(PAGE_SIZE as u64).to_le_bytes());
+    let mut h = [0u8; 24];
+    h[0] = b'P';
+    h[4..8].copy_from_slice(&1u32.to_le_bytes());
+    h[8..16].copy_from_slice(&0x10000u64.to_le_bytes());
+    h[16..20].copy_from_slice(&(PAGE_SIZE as u32).to_le_bytes());
+    m.extend_from_slice(&h);
+    m.extend_from_slice(&digest.to_le_bytes());
+    m.extend_from_slice(page);
+    m.push(b'D');
+    m.push(b'F');
+    m.extend_from_slice(&7i64.to_le_bytes());
+    m.extend_from_slice(&0u32.to_le_bytes());
+    m.push(b'Q');
+    s.write_all(&m).unwrap();
+    let mut reply = Vec::new();
+    let _ = s.read_to_end(&mut reply);
+    reply
+}
+
+/// A page whose contents do not match its digest is refused with the
+/// reason ('X'), and nothing is saved; the same message with the right
+/// digest is saved; a sender of another protocol version is answered with
+/// EPROTO.
+#[test]
+fn damaged_pages_and_strangers_are_refused() {
+    let dir = TempDir::new("wire-damaged");
+    let (addr, rx) = receiver(&dir.0, 3);
+    let page = vec![0x5au8; PAGE_SIZE];
+    let good = pagewise::hash::page_hash(&page);
+    let bad = hand_made(&addr, good ^ 1, &page);
+    let x = bad.iter().position(|&b| b == b'X').expect("no refusal");
+    assert!(
+        String::from_utf8_lossy(&bad[x + 5..]).contains("digest does not match"),
+        "{:?}",
+        String::from_utf8_lossy(&bad[x..])
+    );
+    let ok = hand_made(&addr, good, &page);
+    assert!(ok.contains(&b'K') && ok.contains(&b'A'), "{ok:?}");
+    let mut s = TcpStream::connect(&addr).unwrap();
+    let mut m = Vec::new();
+    for v in [pagewise::snap::wire::MAGIC, 99, 0] {
+        m.extend_from_slice(&v.to_le_bytes());
+    }
+    s.write_all(&m).unwrap();
+    let mut reply = [0u8; 20];
+    s.read_exact(&mut reply).unwrap();
+    assert_eq!(
+        u32::from_le_bytes(reply[8..12].try_into().unwrap()),
+        libc::EPROTO as u32
+    );
+    let (rx, got) = rx.join().unwrap();
+    assert!(got[0].broken.as_deref().unwrap().contains("digest"));
+    assert!(got[0].saved.is_empty());
+    assert_eq!(got[1].broken, None);
+    assert!(got[2].broken.as_deref().unwrap().contains("version 99"));
+    let ids = rx.store().ids().unwrap();
+    assert_eq!(ids.len(), 1, "only the good page's snapshot is saved");
+    let snap = rx.store().load(ids[0]).unwrap();
+    assert_eq!(
+        snap.regions,
+        vec![Region::new(0x10000, PAGE_SIZE as u64).unwrap()]
+    );
+    let mut back = vec![0u8; PAGE_SIZE];
+    rx.store().read_page(snap.entries[0], &mut back).unwrap();
+    assert_eq!(back, page);
+}
