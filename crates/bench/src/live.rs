@@ -5,12 +5,20 @@
 //! passes; and every run's snapshot compared byte for byte with the
 //! process's memory at the moment it was stopped (read from it then).
 //!
+//! Each point also migrates the process over loopback (`snapshot --live
+//! --to`, to a receiver in this process): its downtime, the handover (from
+//! the stop to the receiver holding the whole copy) and the bytes on the
+//! wire, the receiver's snapshot compared the same way. At the first point,
+//! the migration is repeated with each compression setting.
+//!
 //! The target is a forked child: it fills its memory, then writes one byte
 //! into a random page at the asked rate until told to stop. The copy rate
 //! is measured first, by a stop-and-copy of the same process.
 
 use crate::{median, Machine};
-use pagewise::snap::live::{live_snapshot, LiveOptions};
+use pagewise::hash::{page_hash, PageHash};
+use pagewise::snap::live::{live_snapshot, Destination, LiveOptions, LiveReport};
+use pagewise::snap::wire::{Compression, Receiver, Sender, WireStats};
 use pagewise::snap::DiskStore;
 use pagewise::stop::Stopped;
 use pagewise::workload::AnonMemory;
@@ -72,6 +80,45 @@ pub struct Row {
     pub downtime_ratio: f64,
     /// Stored pages that differ from the memory at the stop (must be 0).
     pub wrong_pages: u64,
+    /// The same process migrated over loopback.
+    pub migration: Migration,
+}
+
+/// A live migration over loopback.
+#[derive(Debug, Clone, Serialize)]
+pub struct Migration {
+    /// Compression on the wire.
+    pub compression: Compression,
+    /// Time the process was stopped, ms.
+    pub downtime_ms: f64,
+    /// From the stop to the receiver holding the whole copy, ms.
+    pub handover_ms: f64,
+    /// From the start to the process running again, ms.
+    pub total_ms: f64,
+    /// Passes while it ran.
+    pub passes: usize,
+    /// Whether it converged.
+    pub converged: bool,
+    /// Bytes of pages sent, MiB.
+    pub page_mib: f64,
+    /// Bytes on the wire, MiB.
+    pub wire_mib: f64,
+    /// Time compressing, ms.
+    pub compress_ms: f64,
+    /// Pages of the receiver's snapshot that differ from the memory at the
+    /// stop (must be 0).
+    pub wrong_pages: u64,
+}
+
+/// The migration of the first point with each compression setting.
+#[derive(Debug, Clone, Serialize)]
+pub struct CompressionRow {
+    /// Size, MiB.
+    pub mib: usize,
+    /// Dirty rate, % of the copy rate.
+    pub percent: f64,
+    /// The runs.
+    pub runs: Vec<Migration>,
 }
 
 /// What the experiment measured.
@@ -85,6 +132,8 @@ pub struct Report {
     pub copy_rate_mib_s: Vec<(usize, f64)>,
     /// The runs.
     pub rows: Vec<Row>,
+    /// Compression settings compared.
+    pub compression: Option<CompressionRow>,
 }
 
 /// The forked writer: writes one byte into a random page at `rate` pages
@@ -160,26 +209,46 @@ impl Drop for Target {
     }
 }
 
-/// Reads every writable mapping of `pid` (stopped), in order.
-fn read_all(pid: i32) -> Result<Vec<(Region, Vec<u8>)>> {
+/// The fingerprint of every page of every writable mapping of `pid`
+/// (stopped), read 64 MiB at a time: the ground truth, without a second
+/// copy of the memory.
+fn fingerprints(pid: i32) -> Result<Vec<(Region, Vec<PageHash>)>> {
     let mut out = Vec::new();
+    let mut b = vec![0u8; 64 << 20];
     for m in procfs::writable(Some(pid))? {
         let r = Region::new(m.start, m.len())?;
-        let mut b = vec![0u8; r.len as usize];
-        pagewise::walk::read_remote(pid, r.start, &mut b)?;
-        out.push((r, b));
+        let mut h = Vec::with_capacity(r.pages() as usize);
+        let mut off = 0;
+        while off < r.len {
+            let n = (r.len - off).min(b.len() as u64) as usize;
+            pagewise::walk::read_remote(pid, r.start + off, &mut b[..n])?;
+            h.extend(b[..n].chunks_exact(PAGE_SIZE).map(page_hash));
+            off += n as u64;
+        }
+        out.push((r, h));
     }
     Ok(out)
 }
 
-/// Stored pages of snapshot `id` that differ from `truth`.
-fn wrong_pages(disk: &DiskStore, id: u64, truth: &[(Region, Vec<u8>)]) -> Result<u64> {
+/// Reads every writable mapping of `pid` (stopped) once: the stop-and-copy.
+fn read_all(pid: i32) -> Result<u64> {
+    let mut bytes = 0;
+    for m in procfs::writable(Some(pid))? {
+        let mut b = vec![0u8; m.len() as usize];
+        pagewise::walk::read_remote(pid, m.start, &mut b)?;
+        bytes += b.len() as u64;
+    }
+    Ok(bytes)
+}
+
+/// Stored pages of snapshot `id` whose fingerprint differs from `truth`'s.
+fn wrong_pages(disk: &DiskStore, id: u64, truth: &[(Region, Vec<PageHash>)]) -> Result<u64> {
     let snap = disk.load(id)?;
     let mut page = vec![0u8; PAGE_SIZE];
     let mut i = 0usize;
     let mut wrong = 0;
     for r in &snap.regions {
-        let t = truth.iter().find(|(a, _)| a == r).map(|(_, b)| b);
+        let t = truth.iter().find(|(a, _)| a == r).map(|(_, h)| h);
         for k in 0..r.pages() as usize {
             let e = snap.entries[i];
             if e == 0 {
@@ -187,13 +256,92 @@ fn wrong_pages(disk: &DiskStore, id: u64, truth: &[(Region, Vec<u8>)]) -> Result
             } else {
                 disk.read_page(e, &mut page)?;
             }
-            if t.is_none_or(|t| page[..] != t[k * PAGE_SIZE..(k + 1) * PAGE_SIZE]) {
+            if t.is_none_or(|t| page_hash(&page) != t[k]) {
                 wrong += 1;
             }
             i += 1;
         }
     }
     Ok(wrong)
+}
+
+/// A live checkpoint of `pid` into `dest`; returns its report and the
+/// fingerprints of the memory at the stop.
+fn live(
+    pid: i32,
+    dest: &mut dyn Destination,
+    budget_ms: f64,
+) -> Result<(LiveReport, Vec<(Region, Vec<PageHash>)>)> {
+    let mut truth = Vec::new();
+    let mut failed = None;
+    let opts = LiveOptions {
+        max_downtime_ms: budget_ms,
+        max_passes: 30,
+        throttle: false,
+    };
+    let r = live_snapshot(
+        pid,
+        dest,
+        "",
+        &opts,
+        &mut |_| {},
+        &mut || match fingerprints(pid) {
+            Ok(t) => truth = t,
+            Err(e) => failed = Some(e),
+        },
+    )?;
+    match failed {
+        Some(e) => Err(e),
+        None => Ok((r, truth)),
+    }
+}
+
+/// Migrates `pid` live to a receiver on loopback (a thread of this
+/// process, saving into `dir`), and compares what it saved.
+fn migrate(
+    pid: i32,
+    dir: &std::path::Path,
+    compression: Compression,
+    budget_ms: f64,
+) -> Result<Migration> {
+    let _ = std::fs::remove_dir_all(dir);
+    let l = std::net::TcpListener::bind("127.0.0.1:0")
+        .map_err(|e| Error::os("listening on loopback", e))?;
+    let addr = l
+        .local_addr()
+        .map_err(|e| Error::os("listening on loopback", e))?
+        .to_string();
+    let mut rx = Receiver::new(DiskStore::create(dir, false)?);
+    let server = std::thread::spawn(move || -> Result<Receiver> {
+        let (s, _) = l.accept().map_err(|e| Error::os("accepting", e))?;
+        let got = rx.serve(s, &mut |_| {})?;
+        match got.broken {
+            Some(why) => Err(Error::Internal(format!("the migration broke: {why}"))),
+            None => Ok(rx),
+        }
+    });
+    let mut tx = Sender::connect(&addr, compression)?;
+    let (r, truth) = live(pid, &mut tx, budget_ms)?;
+    let w: WireStats = tx.stats();
+    drop(tx);
+    let rx = server
+        .join()
+        .map_err(|_| Error::Internal("the receiver thread panicked".into()))??;
+    let wrong = wrong_pages(rx.store(), r.save.id, &truth)?;
+    drop(rx);
+    let _ = std::fs::remove_dir_all(dir);
+    Ok(Migration {
+        compression,
+        downtime_ms: r.downtime_ms,
+        handover_ms: r.handover_ms,
+        total_ms: r.copy_ms,
+        passes: r.passes.len(),
+        converged: r.converged,
+        page_mib: w.page_bytes as f64 / 1048576.0,
+        wire_mib: w.wire_bytes as f64 / 1048576.0,
+        compress_ms: w.compress_ms,
+        wrong_pages: wrong,
+    })
 }
 
 /// Runs the experiment; `scratch` holds the stores (removed after).
@@ -210,6 +358,7 @@ pub fn run(
     }
     let mut rows = Vec::new();
     let mut rates = Vec::new();
+    let mut compression = None;
     for &mib in &cfg.sizes_mib {
         let mem = AnonMemory::new(mib << 20)?;
         mem.write_pass(1, 7);
@@ -220,9 +369,8 @@ pub fn run(
             for _ in 0..3 {
                 let t0 = Instant::now();
                 let s = Stopped::new(t.pid)?;
-                let all = read_all(t.pid)?;
+                let bytes = read_all(t.pid)?;
                 drop(s);
-                let bytes: usize = all.iter().map(|(_, b)| b.len()).sum();
                 v.push(bytes as f64 / t0.elapsed().as_secs_f64());
             }
             median(&mut v)
@@ -239,28 +387,34 @@ pub fn run(
             // Stop-and-copy, the baseline.
             let t0 = Instant::now();
             let s = Stopped::new(target.pid)?;
-            let _all = read_all(target.pid)?;
+            let _bytes = read_all(target.pid)?;
             drop(s);
             let stop_and_copy_ms = t0.elapsed().as_secs_f64() * 1e3;
-            // Live.
+            // Live, into a local store.
             let dir = scratch.join(format!("live-{mib}-{percent}"));
             let _ = std::fs::remove_dir_all(&dir);
             let mut disk = DiskStore::create(&dir, false)?;
-            let mut truth = Vec::new();
             let pid = target.pid;
-            let opts = LiveOptions {
-                max_downtime_ms: cfg.max_downtime_ms,
-                max_passes: 30,
-                throttle: false,
-            };
-            let r = live_snapshot(pid, &mut disk, "", &opts, &mut |_| {}, &mut || {
-                truth = read_all(pid).unwrap_or_default();
-            })?;
+            let (r, truth) = live(pid, &mut disk, cfg.max_downtime_ms)?;
+            let wrong = wrong_pages(&disk, r.save.id, &truth)?;
+            drop((disk, truth));
+            let _ = std::fs::remove_dir_all(&dir);
+            // Live, migrated over loopback; at the first point with each
+            // compression setting.
+            let rx_dir = scratch.join(format!("recv-{mib}-{percent}"));
+            let migration = migrate(pid, &rx_dir, Compression::Auto, cfg.max_downtime_ms)?;
+            if compression.is_none() {
+                let mut runs = vec![migration.clone()];
+                for c in [Compression::None, Compression::Lz4] {
+                    progress(&format!(
+                        "(c) {mib} MiB at {percent} %: migration, compression {c:?}"
+                    ));
+                    runs.push(migrate(pid, &rx_dir, c, cfg.max_downtime_ms)?);
+                }
+                compression = Some(CompressionRow { mib, percent, runs });
+            }
             let pages_per_s = (target.writes() - w0.0) as f64 / w0.1.elapsed().as_secs_f64();
             drop(target);
-            let wrong = wrong_pages(&disk, r.save.id, &truth)?;
-            drop(disk);
-            let _ = std::fs::remove_dir_all(&dir);
             rows.push(Row {
                 mib,
                 percent,
@@ -272,6 +426,7 @@ pub fn run(
                 stop_and_copy_ms,
                 downtime_ratio: stop_and_copy_ms / r.downtime_ms.max(1e-6),
                 wrong_pages: wrong,
+                migration,
             });
         }
     }
@@ -280,6 +435,7 @@ pub fn run(
         config: cfg.clone(),
         copy_rate_mib_s: rates,
         rows,
+        compression,
     })
 }
 
@@ -321,6 +477,44 @@ impl Report {
                 r.wrong_pages
             );
         }
+        s += &format!(
+            "\nmigration over loopback (snapshot --live --to, compression auto): handover = from the stop to the receiver holding the whole copy\n\n{:>7} {:>6} {:>11} {:>11} {:>10} {:>7} {:>9} {:>9} {:>9} {:>6}\n",
+            "MiB", "dirty%", "downtime ms", "handover ms", "total ms", "passes", "converged", "page MiB", "wire MiB", "wrong"
+        );
+        for r in &self.rows {
+            let m = &r.migration;
+            s += &format!(
+                "{:>7} {:>6} {:>11.2} {:>11.1} {:>10.0} {:>7} {:>9} {:>9.0} {:>9.1} {:>6}\n",
+                r.mib,
+                r.percent,
+                m.downtime_ms,
+                m.handover_ms,
+                m.total_ms,
+                m.passes,
+                m.converged,
+                m.page_mib,
+                m.wire_mib,
+                m.wrong_pages
+            );
+        }
+        if let Some(c) = &self.compression {
+            s += &format!(
+                "\ncompression on the wire ({} MiB at {} %):\n\n{:>11} {:>9} {:>9} {:>11} {:>11} {:>10} {:>6}\n",
+                c.mib, c.percent, "compression", "page MiB", "wire MiB", "compress ms", "handover ms", "total ms", "wrong"
+            );
+            for m in &c.runs {
+                s += &format!(
+                    "{:>11} {:>9.0} {:>9.1} {:>11.0} {:>11.1} {:>10.0} {:>6}\n",
+                    format!("{:?}", m.compression).to_lowercase(),
+                    m.page_mib,
+                    m.wire_mib,
+                    m.compress_ms,
+                    m.handover_ms,
+                    m.total_ms,
+                    m.wrong_pages
+                );
+            }
+        }
         s += "\ngoal: 4 GiB at 5 %: downtime at most 50 ms and at least 20x shorter than stop-and-copy; no wrong page in any run.\n";
         s
     }
@@ -339,6 +533,10 @@ impl Report {
             series.push(crate::svg::Series {
                 label: format!("live, {mib} MiB"),
                 points: of(|r| r.downtime_ms),
+            });
+            series.push(crate::svg::Series {
+                label: format!("migration handover, {mib} MiB"),
+                points: of(|r| r.migration.handover_ms),
             });
             series.push(crate::svg::Series {
                 label: format!("stop-and-copy, {mib} MiB"),
