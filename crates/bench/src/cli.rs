@@ -74,6 +74,11 @@ enum What {
     /// LDT's experiment (d): a real redis-server loaded by redis-benchmark,
     /// untracked and tracked every 1, 5 and 10 s.
     Redis(crate::redis::Args),
+    /// Incremental checkpoints, experiment (b): a real redis-server under
+    /// redis-benchmark, checkpointed every second (live pre-copy,
+    /// incremental, full read): throughput, time stopped and bytes read per
+    /// checkpoint.
+    Checkpoint(crate::checkpoint::Args),
     /// DiME's experiments (d) and (e): a real redis-server under `pagewise
     /// farmem run`, GET throughput against local memory and latency, and
     /// isolation between instances (with --full); every run checks a sample
@@ -172,7 +177,12 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
             let report = bl::run(&cfg, &scratch, &mut progress(quiet));
             let _ = std::fs::remove_dir_all(&scratch);
             let report = report?;
-            let wrong: u64 = report.rows.iter().map(|r| r.wrong_pages).sum();
+            let wrong: u64 = report
+                .rows
+                .iter()
+                .map(|r| r.wrong_pages + r.migration.wrong_pages)
+                .chain(report.compression.iter().flat_map(|c| c.runs.iter().map(|m| m.wrong_pages)))
+                .sum();
             let rc = output.emit(&report, report.summary(), report.charts())?;
             if wrong > 0 {
                 anyhow::bail!("{wrong} stored pages differ from the process's memory at the stop");
@@ -180,6 +190,7 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
             Ok(rc)
         }
         What::Redis(r) => crate::redis::run(r, quiet),
+        What::Checkpoint(r) => crate::checkpoint::run(r, quiet),
         What::FarmemRedis(r) => crate::farmem_redis::run(r, quiet),
         What::Inspect(r) => crate::inspect::run(r, quiet),
     }

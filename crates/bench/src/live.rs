@@ -210,12 +210,12 @@ impl Drop for Target {
 }
 
 /// Fingerprints of a process's pages, per writable mapping.
-type Truth = Vec<(Region, Vec<PageHash>)>;
+pub(crate) type Truth = Vec<(Region, Vec<PageHash>)>;
 
 /// The fingerprint of every page of every writable mapping of `pid`
 /// (stopped), read 64 MiB at a time: the ground truth, without a second
 /// copy of the memory.
-fn fingerprints(pid: i32) -> Result<Truth> {
+pub(crate) fn fingerprints(pid: i32) -> Result<Truth> {
     let mut out = Vec::new();
     let mut b = vec![0u8; 64 << 20];
     for m in procfs::writable(Some(pid))? {
@@ -245,7 +245,7 @@ fn read_all(pid: i32) -> Result<u64> {
 }
 
 /// Stored pages of snapshot `id` whose fingerprint differs from `truth`'s.
-fn wrong_pages(disk: &DiskStore, id: u64, truth: &Truth) -> Result<u64> {
+pub(crate) fn wrong_pages(disk: &DiskStore, id: u64, truth: &Truth) -> Result<u64> {
     let snap = disk.load(id)?;
     let mut page = vec![0u8; PAGE_SIZE];
     let mut i = 0usize;

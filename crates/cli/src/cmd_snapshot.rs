@@ -44,7 +44,9 @@ struct TakeArgs {
     /// A live checkpoint: copy while the process runs, pass after pass over
     /// what it wrote meanwhile (uffd-wp from outside), and stop it only for
     /// the rest, once that fits --max-downtime-ms.
-    #[arg(long, conflicts_with_all = ["every", "count"])]
+    /// With --every-ms and --count, each checkpoint after the first starts
+    /// from what the process wrote since the one before.
+    #[arg(long)]
     live: bool,
     /// With --live: the longest the process may be stopped.
     #[arg(long, value_name = "MS", default_value_t = 50.0)]
@@ -105,6 +107,12 @@ pub fn run(a: Args) -> Result<i32> {
 }
 
 fn take(t: TakeArgs) -> Result<i32> {
+    if t.count == 0 {
+        bail!("--count must be at least 1");
+    }
+    if t.count > 1 && t.every.is_none() {
+        bail!("--count above 1 needs --every-ms MS");
+    }
     if let (Some(pid), Some(to)) = (t.pid, t.to.as_deref()) {
         pagewise::procfs::check_target(pid)?;
         let mut tx = pagewise::snap::wire::Sender::connect(to, t.compress)?;
@@ -126,17 +134,11 @@ fn take(t: TakeArgs) -> Result<i32> {
     let (Some(pid), Some(out)) = (t.pid, t.out.clone()) else {
         bail!("give --pid PID and --out DIR, or --live --to HOST:PORT (or a subcommand: inspect, diff; see --help)");
     };
-    if t.count == 0 {
-        bail!("--count must be at least 1");
-    }
-    if t.count > 1 && t.every.is_none() {
-        bail!("--count above 1 needs --every-ms MS");
-    }
     pagewise::procfs::check_target(pid)?;
     let existed = out.exists();
     let mut disk = DiskStore::create(&out, !t.no_verify)?;
     let r = if t.live {
-        take_live(&t, pid, &mut disk)
+        take_live(&t, pid, &mut pagewise::snap::live::StoreSeries::new(&mut disk))
     } else {
         take_into(&t, pid, &mut disk)
     };
@@ -159,30 +161,42 @@ fn take(t: TakeArgs) -> Result<i32> {
 fn take_live(
     t: &TakeArgs,
     pid: i32,
-    disk: &mut dyn pagewise::snap::live::Destination,
+    dest: &mut dyn pagewise::snap::live::Destination,
 ) -> Result<()> {
-    use pagewise::snap::live::{live_snapshot, LiveOptions};
+    use pagewise::snap::live::{Checkpointer, LiveOptions, ProcessSource};
     let opts = LiveOptions {
         max_downtime_ms: t.max_downtime_ms,
         max_passes: t.max_passes.max(1),
         throttle: t.throttle,
     };
-    let bar = crate::progress::spinner("copying while the process runs");
-    let mut n = 0;
-    let r = live_snapshot(
-        pid,
-        disk,
-        &t.label,
-        &opts,
-        &mut |p| {
-            n += 1;
-            bar.set_message(format!("pass {n}: {} pages in {:.1} ms", p.pages, p.ms));
-        },
-        &mut || {},
-    )?;
-    bar.finish_and_clear();
+    let mut cp = Checkpointer::new(ProcessSource::new(pid)?, opts);
+    let every = Duration::from_millis(t.every.unwrap_or(0));
+    let start = Instant::now();
+    for i in 0..t.count {
+        let due = start + every * i as u32;
+        if let Some(wait) = due.checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        }
+        let bar = crate::progress::spinner("copying while the process runs");
+        let mut n = 0;
+        let r = cp.checkpoint(
+            dest,
+            &t.label,
+            &mut |p| {
+                n += 1;
+                bar.set_message(format!("pass {n}: {} pages in {:.1} ms", p.pages, p.ms));
+            },
+            &mut || {},
+        )?;
+        bar.finish_and_clear();
+        print_live(t, &r)?;
+    }
+    Ok(())
+}
+
+fn print_live(t: &TakeArgs, r: &pagewise::snap::live::LiveReport) -> Result<()> {
     if t.json {
-        println!("{}", serde_json::to_string(&r)?);
+        println!("{}", serde_json::to_string(r)?);
         return Ok(());
     }
     for (i, p) in r.passes.iter().enumerate() {

@@ -117,6 +117,19 @@ pub struct DiskSnapshot {
 }
 
 impl DiskSnapshot {
+    /// Index of the first page of region `r` in the entries, when the
+    /// snapshot has exactly that region.
+    pub fn first_page_of(&self, r: &Region) -> Option<usize> {
+        let mut first = 0usize;
+        for pr in &self.regions {
+            if pr == r {
+                return Some(first);
+            }
+            first += pr.pages() as usize;
+        }
+        None
+    }
+
     /// Pages it covers.
     pub fn pages(&self) -> u64 {
         self.entries.len() as u64
@@ -776,18 +789,39 @@ impl DiskStore {
     }
 
     /// Saves the copy of a process's memory (its regions sorted by address,
-    /// each with its bytes) as one snapshot.
+    /// each with its bytes) as one snapshot. With `since = Some((prev,
+    /// changed))`, the pages of a region `prev` also has, at the same place
+    /// and size, are taken over from `prev` unless they lie in `changed`
+    /// (sorted, coalesced): they are neither hashed nor looked up.
     pub fn save(
         &mut self,
         regions: &[(Region, Vec<u8>)],
         pid: Option<i32>,
         label: &str,
+        since: Option<(&DiskSnapshot, &[PageRange])>,
     ) -> Result<SaveStats> {
         let order: Vec<Region> = regions.iter().map(|(r, _)| *r).collect();
         let mut w = self.writer(&order, pid, label)?;
-        for (_, buf) in regions {
-            for page in buf.chunks_exact(PAGE_SIZE) {
-                w.push(page)?;
+        for (r, buf) in regions {
+            let before = since.and_then(|(p, changed)| p.first_page_of(r).map(|i| (p, i, changed)));
+            let Some((prev, first, changed)) = before else {
+                for page in buf.chunks_exact(PAGE_SIZE) {
+                    w.push(page)?;
+                }
+                continue;
+            };
+            // Walk the changed ranges that meet this region, in order.
+            let mut k = changed.partition_point(|c| c.end() <= r.start);
+            for (i, page) in buf.chunks_exact(PAGE_SIZE).enumerate() {
+                let addr = r.start + (i * PAGE_SIZE) as u64;
+                while k < changed.len() && changed[k].end() <= addr {
+                    k += 1;
+                }
+                if k < changed.len() && changed[k].start <= addr {
+                    w.push(page)?;
+                } else {
+                    w.push_unchanged(prev, first + i)?;
+                }
             }
         }
         w.finish()

@@ -143,16 +143,9 @@ fn snapshot_with(
     let mut pages_read = 0u64;
     for &(r, anonymous) in &regions {
         // The same mapping in the previous snapshot: its first entry.
-        let before = prev.filter(|_| anonymous).and_then(|p| {
-            let mut first = 0usize;
-            for pr in &p.regions {
-                if *pr == r {
-                    return Some((p, first));
-                }
-                first += pr.pages() as usize;
-            }
-            None
-        });
+        let before = prev
+            .filter(|_| anonymous)
+            .and_then(|p| p.first_page_of(&r).map(|i| (p, i)));
         if let Some((p, first)) = before {
             let written = written_pages(r, &dirty);
             let mut i = 0usize;

@@ -14,7 +14,8 @@
 //!   | -- hello: "PGWM", u32 version, u32 flags -------> |  flags bit 0: may send LZ4
 //!   | <- hello: "PGWM", u32 version, u32 status, ------ |  status 0, or an errno and
 //!   |           u64 snapshots in the store              |  the receiver closes
-//!   | -- 'B' begin ------------------------------------> |  a new, empty copy
+//!   | -- 'B' begin ------------------------------------> |  a copy: the last one saved
+//!   |                                                   |  on this connection, or empty
 //!   | -- 'R' regions: u32 n, n x (u64 start, u64 len) -> |  the copy's regions now
 //!   | -- 'P' pages (below) ----------------------------> |  into the copy
 //!   | -- 'E' end of pass: u32 pass -------------------> |
@@ -40,8 +41,9 @@
 //! - *greeting* (from the start): the hello, answered, moves to *idle*; a
 //!   hello of another magic or version is answered with status `EPROTO` and
 //!   the connection ends.
-//! - *idle*: `'B'` starts a copy (*copying*); `'Q'` or the end of the stream
-//!   ends the connection cleanly.
+//! - *idle*: `'B'` starts a copy (*copying*) from the last copy saved on
+//!   this connection (a later checkpoint sends only what changed), or from
+//!   nothing; `'Q'` or the end of the stream ends the connection cleanly.
 //! - *copying*: `'R'` reshapes the copy (regions equal to one it holds keep
 //!   their contents, new ones start as zeros); `'P'` writes pages into it
 //!   after checking each page's digest; `'E'` counts a pass; `'D'` is
@@ -553,6 +555,10 @@ pub struct Receiver {
 struct Mirror {
     regions: Vec<(Region, Vec<u8>)>,
     pages: u64,
+    /// Pages written in this snapshot.
+    changed: Vec<PageRange>,
+    /// The snapshot this copy was last saved as.
+    saved: Option<super::disk::DiskSnapshot>,
 }
 
 enum State {
@@ -689,6 +695,7 @@ impl Receiver {
             )));
         }
         *state = State::Idle;
+        let mut last: Option<Mirror> = None;
         let mut lz4_out = Vec::new();
         let mut payload = Vec::new();
         loop {
@@ -706,7 +713,10 @@ impl Receiver {
                 (MSG_QUIT, State::Idle) => return Ok(()),
                 (MSG_BEGIN, State::Idle) => {
                     got.passes = 0;
-                    *state = State::Copying(Mirror::default());
+                    let mut m = last.take().unwrap_or_default();
+                    m.pages = 0;
+                    m.changed.clear();
+                    *state = State::Copying(m);
                 }
                 (MSG_REGIONS, State::Copying(m)) => {
                     let mut n = [0u8; 4];
@@ -814,6 +824,7 @@ impl Receiver {
                     }
                     m.pages += u64::from(pages);
                     got.pages += u64::from(pages);
+                    crate::region::push_coalesced(&mut m.changed, addr, addr + bytes as u64);
                 }
                 (MSG_END_PASS, State::Copying(m)) => {
                     let mut n = [0u8; 4];
@@ -833,7 +844,7 @@ impl Receiver {
                     };
                     *state = State::Complete(m);
                 }
-                (MSG_FINISH, State::Complete(m)) => {
+                (MSG_FINISH, State::Complete(_)) => {
                     let mut h = [0u8; 12];
                     input.read_exact(&mut h).map_err(broken)?;
                     let (pid, len) = (le_u64(&h, 0) as i64, le_u32(&h, 8));
@@ -845,10 +856,18 @@ impl Receiver {
                     let label = String::from_utf8(label)
                         .map_err(|_| Stop::Refuse("a label that is not UTF-8".into()))?;
                     let pid = i32::try_from(pid).ok().filter(|p| *p > 0);
+                    let State::Complete(mut m) = std::mem::replace(state, State::Idle) else {
+                        unreachable!("matched above")
+                    };
+                    // Pages not sent in this snapshot are those of the last.
+                    crate::region::normalize(&mut m.changed);
+                    let since = m.saved.as_ref().map(|p| (p, &m.changed[..]));
                     let s = self
                         .store
-                        .save(&m.regions, pid, &label)
+                        .save(&m.regions, pid, &label, since)
                         .map_err(Stop::Local)?;
+                    m.saved = Some(self.store.load(s.id).map_err(Stop::Local)?);
+                    last = Some(m);
                     let mut b = Vec::with_capacity(49);
                     b.push(MSG_SAVED);
                     for v in [
@@ -861,7 +880,6 @@ impl Receiver {
                     ] {
                         b.extend_from_slice(&v.to_le_bytes());
                     }
-                    *state = State::Idle;
                     events(Event::Saved(&s));
                     got.saved.push(s);
                     out.write_all(&b).map_err(broken)?;

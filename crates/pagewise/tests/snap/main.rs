@@ -8,6 +8,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 mod disk;
+mod live;
 mod wire;
 
 use common::for_each_backend;
