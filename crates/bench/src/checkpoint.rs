@@ -349,7 +349,14 @@ fn criu_status() -> String {
     let version = Command::new("criu")
         .arg("--version")
         .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).lines().next().unwrap_or("").trim().to_string())
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_string()
+        })
         .unwrap_or_default();
     match Command::new("criu")
         .args(["check", "--feature", "mem_dirty_track"])
@@ -386,7 +393,8 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default();
-    let scratch = std::env::temp_dir().join(format!("pagewise-bench-checkpoint-{}", std::process::id()));
+    let scratch =
+        std::env::temp_dir().join(format!("pagewise-bench-checkpoint-{}", std::process::id()));
     let mut p = crate::cli::progress(quiet);
     let mut runs = Vec::new();
     let mut order = vec!["none".to_string()];

@@ -181,7 +181,12 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
                 .rows
                 .iter()
                 .map(|r| r.wrong_pages + r.migration.wrong_pages)
-                .chain(report.compression.iter().flat_map(|c| c.runs.iter().map(|m| m.wrong_pages)))
+                .chain(
+                    report
+                        .compression
+                        .iter()
+                        .flat_map(|c| c.runs.iter().map(|m| m.wrong_pages)),
+                )
                 .sum();
             let rc = output.emit(&report, report.summary(), report.charts())?;
             if wrong > 0 {

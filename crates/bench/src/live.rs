@@ -270,11 +270,7 @@ pub(crate) fn wrong_pages(disk: &DiskStore, id: u64, truth: &Truth) -> Result<u6
 
 /// A live checkpoint of `pid` into `dest`; returns its report and the
 /// fingerprints of the memory at the stop.
-fn live(
-    pid: i32,
-    dest: &mut dyn Destination,
-    budget_ms: f64,
-) -> Result<(LiveReport, Truth)> {
+fn live(pid: i32, dest: &mut dyn Destination, budget_ms: f64) -> Result<(LiveReport, Truth)> {
     let mut truth = Vec::new();
     let mut failed = None;
     let opts = LiveOptions {

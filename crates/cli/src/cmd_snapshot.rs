@@ -138,7 +138,11 @@ fn take(t: TakeArgs) -> Result<i32> {
     let existed = out.exists();
     let mut disk = DiskStore::create(&out, !t.no_verify)?;
     let r = if t.live {
-        take_live(&t, pid, &mut pagewise::snap::live::StoreSeries::new(&mut disk))
+        take_live(
+            &t,
+            pid,
+            &mut pagewise::snap::live::StoreSeries::new(&mut disk),
+        )
     } else {
         take_into(&t, pid, &mut disk)
     };

@@ -293,15 +293,15 @@ impl Source for OwnRegions {
             .iter()
             .any(|r| r.start <= addr && addr + buf.len() as u64 <= r.end())
         {
-            return Err(Error::Internal(format!("read of {addr:#x} outside the regions")));
+            return Err(Error::Internal(format!(
+                "read of {addr:#x} outside the regions"
+            )));
         }
         // SAFETY: the range lies inside one of the regions, which the caller
         // keeps mapped and readable while this lives (checked at creation);
         // the bytes are copied as plain data, racing writers only change
         // which version is copied (the tracker reports those pages again).
-        unsafe {
-            std::ptr::copy_nonoverlapping(addr as *const u8, buf.as_mut_ptr(), buf.len())
-        };
+        unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, buf.as_mut_ptr(), buf.len()) };
         Ok(())
     }
     fn dirty(&mut self) -> Result<Vec<PageRange>> {
@@ -311,7 +311,10 @@ impl Source for OwnRegions {
         self.regions.clone()
     }
     fn pause(&mut self) -> Result<Box<dyn std::any::Any>> {
-        (self.pause.lock().map_err(|_| Error::Internal("pause callback panicked".into()))?)(true);
+        (self
+            .pause
+            .lock()
+            .map_err(|_| Error::Internal("pause callback panicked".into()))?)(true);
         Ok(Box::new(Resume(self.pause.clone())))
     }
 }
@@ -550,7 +553,6 @@ pub fn live_snapshot(
     progress: &mut dyn FnMut(&Pass),
     at_stop: &mut dyn FnMut(),
 ) -> Result<LiveReport> {
-    Checkpointer::new(ProcessSource::new(pid)?, opts.clone()).checkpoint(
-        dest, label, progress, at_stop,
-    )
+    Checkpointer::new(ProcessSource::new(pid)?, opts.clone())
+        .checkpoint(dest, label, progress, at_stop)
 }

@@ -80,10 +80,17 @@ fn periodic_live_checkpoints_are_each_exact() {
         drop(tx);
         let (rx, got) = server.join().unwrap();
         assert_eq!(got.broken, None);
-        let store: &DiskStore = if to_receiver { rx.store() } else { series.store };
+        let store: &DiskStore = if to_receiver {
+            rx.store()
+        } else {
+            series.store
+        };
         for (i, (r, t)) in reports.iter().zip(&truths).enumerate() {
             let wrong = pages_differing(store, r.save.id, t);
-            assert_eq!(wrong, 0, "receiver {to_receiver}, checkpoint {i}: {wrong} pages differ");
+            assert_eq!(
+                wrong, 0,
+                "receiver {to_receiver}, checkpoint {i}: {wrong} pages differ"
+            );
         }
         let first = reports[0].bytes_copied;
         println!(
@@ -163,6 +170,10 @@ fn precopy_of_own_regions_holds_them_at_the_stop() {
     }
     assert_eq!(pages_differing(&disk, r.save.id, &truth), 0);
     assert_eq!(disk.load(r.save.id).unwrap().regions, vec![region]);
-    assert_eq!(pauses.load(Ordering::SeqCst), 1, "paused more than for the stop");
+    assert_eq!(
+        pauses.load(Ordering::SeqCst),
+        1,
+        "paused more than for the stop"
+    );
     assert!(r.passes.len() >= 2, "{:?}", r.passes);
 }
