@@ -17,8 +17,9 @@
 //! (the base); the figures are those of the checkpoints under load.
 //!
 //! Per mode: Redis's throughput against the baseline, the time Redis was
-//! stopped per checkpoint, the bytes read from it per checkpoint. The last
-//! live checkpoint is compared page for page with Redis's memory at its stop.
+//! stopped per checkpoint, the bytes read from it per checkpoint. One more
+//! live checkpoint, once the load is over, is compared page for page with
+//! Redis's memory at its stop.
 //! And whether CRIU can do the same here (`criu check --feature
 //! mem_dirty_track`): where it cannot, the reason is reported.
 
@@ -206,11 +207,7 @@ fn checkpoints(
                 if stop.load(Ordering::Relaxed) {
                     break;
                 }
-                let mut truth = Vec::new();
-                let r = cp.checkpoint(&mut series, "", &mut |_| {}, &mut || {
-                    truth = crate::live::fingerprints(pid).unwrap_or_default();
-                })?;
-                wrong = Some(crate::live::wrong_pages(series.store, r.save.id, &truth)?);
+                let r = cp.checkpoint(&mut series, "", &mut |_| {}, &mut || {})?;
                 points.push(Point {
                     stopped_ms: r.downtime_ms,
                     bytes_read: r.bytes_copied,
@@ -220,6 +217,14 @@ fn checkpoints(
                 });
                 started(&mut points, &mut due);
             }
+            // Once the load is over, one more checkpoint, compared page for
+            // page with the memory at its stop (reading that memory while
+            // Redis is stopped would weigh on the figures under load).
+            let mut truth = Vec::new();
+            let r = cp.checkpoint(&mut series, "", &mut |_| {}, &mut || {
+                truth = crate::live::fingerprints(pid).unwrap_or_default();
+            })?;
+            wrong = Some(crate::live::wrong_pages(series.store, r.save.id, &truth)?);
         }
         "incremental" => {
             let mut inc = Incremental::new(pid)?;

@@ -100,7 +100,43 @@ impl PageWalker {
 /// about 2 GiB per call, and a read is continued until it is whole or meets
 /// an unmapped page.
 pub fn read_remote(pid: i32, addr: u64, buf: &mut [u8]) -> Result<usize> {
-    let mut got = 0usize;
+    read_remote_from(pid, addr, buf, 0)
+}
+
+/// Reads many ranges of process `pid`, each into its own buffer, up to 1024
+/// ranges per system call; errors as [`read_remote`], and a range that is
+/// not wholly mapped is read as far as it is and zero-filled after.
+pub fn read_remote_many(pid: i32, parts: &mut [(u64, &mut [u8])]) -> Result<()> {
+    for batch in parts.chunks_mut(1024) {
+        let want: usize = batch.iter().map(|(_, b)| b.len()).sum();
+        let got = match process::process_vm_readv_scatter(pid, batch) {
+            Ok(n) => n,
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
+                return Err(Error::ProcessExited(pid));
+            }
+            // Anything else: part by part, below.
+            Err(_) => 0,
+        };
+        if got == want {
+            continue;
+        }
+        // Short: the parts past `got` one at a time, with read_remote's
+        // handling of what is no longer mapped.
+        let mut skip = got;
+        for (addr, buf) in batch.iter_mut() {
+            if skip >= buf.len() {
+                skip -= buf.len();
+                continue;
+            }
+            read_remote_from(pid, *addr, buf, skip)?;
+            skip = 0;
+        }
+    }
+    Ok(())
+}
+
+/// [`read_remote`] of `buf` at `addr`, whose first `got` bytes are read.
+fn read_remote_from(pid: i32, addr: u64, buf: &mut [u8], mut got: usize) -> Result<usize> {
     while got < buf.len() {
         let at = addr + got as u64;
         match process::process_vm_read(pid, at, &mut buf[got..]) {

@@ -66,6 +66,45 @@ pub fn process_vm_readv(
     Ok(n as usize)
 }
 
+/// `process_vm_readv(2)` of several remote ranges, each into its own buffer
+/// of the same length (at most `IOV_MAX`, 1024, of them). Returns the bytes
+/// read: fewer than asked when a remote range is not mapped (the parts
+/// before it are whole).
+pub fn process_vm_readv_scatter(
+    pid: libc::pid_t,
+    parts: &mut [(u64, &mut [u8])],
+) -> io::Result<usize> {
+    assert!(parts.len() <= 1024, "more than IOV_MAX parts");
+    let local: Vec<libc::iovec> = parts
+        .iter_mut()
+        .map(|(_, b)| libc::iovec {
+            iov_base: b.as_mut_ptr() as *mut libc::c_void,
+            iov_len: b.len(),
+        })
+        .collect();
+    let remote: Vec<libc::iovec> = parts
+        .iter()
+        .map(|(a, b)| libc::iovec {
+            iov_base: *a as *mut libc::c_void,
+            iov_len: b.len(),
+        })
+        .collect();
+    // SAFETY: each local iovec describes a distinct writable buffer borrowed
+    // mutably for the call; the remote iovecs are only interpreted by the
+    // kernel in the other process.
+    let n = cvt(unsafe {
+        libc::process_vm_readv(
+            pid,
+            local.as_ptr(),
+            local.len() as libc::c_ulong,
+            remote.as_ptr(),
+            remote.len() as libc::c_ulong,
+            0,
+        ) as libc::c_long
+    })?;
+    Ok(n as usize)
+}
+
 /// `process_madvise(2)` with the given remote ranges.
 pub fn process_madvise(
     pidfd: RawFd,

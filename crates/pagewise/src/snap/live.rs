@@ -194,6 +194,13 @@ pub trait Source {
     fn regions(&mut self) -> Result<Vec<Region>>;
     /// Reads `buf.len()` bytes at `addr`.
     fn read(&mut self, addr: u64, buf: &mut [u8]) -> Result<()>;
+    /// Reads many ranges, each into its buffer.
+    fn read_many(&mut self, parts: &mut [(u64, &mut [u8])]) -> Result<()> {
+        for (addr, buf) in parts.iter_mut() {
+            self.read(*addr, buf)?;
+        }
+        Ok(())
+    }
     /// The pages written since the last call (the first call: since the
     /// source was made); the tracking follows `regions`.
     fn dirty(&mut self) -> Result<Vec<PageRange>>;
@@ -234,6 +241,9 @@ impl Source for ProcessSource {
     }
     fn read(&mut self, addr: u64, buf: &mut [u8]) -> Result<()> {
         read_remote(self.pid, addr, buf).map(|_| ())
+    }
+    fn read_many(&mut self, parts: &mut [(u64, &mut [u8])]) -> Result<()> {
+        crate::walk::read_remote_many(self.pid, parts)
     }
     fn dirty(&mut self) -> Result<Vec<PageRange>> {
         self.tracker.sync_process_mappings(Some(self.pid), false)?;
@@ -343,23 +353,37 @@ impl Copy {
         Ok(read)
     }
 
-    /// Re-reads the pages of `dirty` that the copy holds (returns how many).
+    /// Re-reads the pages of `dirty` that the copy holds (returns how
+    /// many), many ranges per read.
     fn update(&mut self, src: &mut dyn Source, dirty: &[PageRange]) -> Result<u64> {
+        let mut sorted = dirty.to_vec();
+        crate::region::normalize(&mut sorted);
+        let dirty = &sorted[..];
         let mut n = 0;
-        for d in dirty {
-            for (r, buf) in &mut self.regions {
-                let (a, b) = (d.start.max(r.start), (d.start + d.len()).min(r.end()));
+        for (r, buf) in &mut self.regions {
+            let first = dirty.partition_point(|d| d.end() <= r.start);
+            let mut parts: Vec<(u64, &mut [u8])> = Vec::new();
+            let (mut rest, mut at) = (&mut buf[..], r.start);
+            for d in &dirty[first..] {
+                let (a, b) = (d.start.max(r.start), d.end().min(r.end()));
+                if a >= r.end() {
+                    break;
+                }
                 if a >= b {
                     continue;
                 }
-                let off = (a - r.start) as usize;
-                src.read(a, &mut buf[off..off + (b - a) as usize])?;
+                let (_, tail) = std::mem::take(&mut rest).split_at_mut((a - at) as usize);
+                let (part, tail) = tail.split_at_mut((b - a) as usize);
+                parts.push((a, part));
+                rest = tail;
+                at = b;
                 n += (b - a) / PAGE_SIZE as u64;
                 self.changed.push(PageRange {
                     start: a,
                     pages: (b - a) / PAGE_SIZE as u64,
                 });
             }
+            src.read_many(&mut parts)?;
         }
         Ok(n)
     }
@@ -367,7 +391,8 @@ impl Copy {
     /// Pages the copy holds that the source does not track (file-backed
     /// writable mappings): re-read at the end.
     fn untracked(&self, tracked: &[Region]) -> Vec<PageRange> {
-        self.regions
+        let mut v = self
+            .regions
             .iter()
             .filter(|(r, _)| {
                 !tracked
@@ -378,7 +403,9 @@ impl Copy {
                 start: r.start,
                 pages: r.pages(),
             })
-            .collect()
+            .collect::<Vec<_>>();
+        crate::region::normalize(&mut v);
+        v
     }
 }
 
