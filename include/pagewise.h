@@ -48,8 +48,21 @@
 // The default consumer of a tracker, which exists from `pw_tracker_new` on.
 #define PW_CONSUMER_DEFAULT 0
 
+// Compression on the wire to a receiver: LZ4 where it saves an eighth.
+#define PW_COMPRESS_AUTO 0
+
+// Raw pages on the wire (zero pages still sent as such).
+#define PW_COMPRESS_NONE 1
+
+// LZ4 for every chunk.
+#define PW_COMPRESS_LZ4 2
+
 // A durable snapshot store: a directory.
 typedef struct pw_disk pw_disk;
+
+// Live checkpoints (pre-copy) of another process or of regions of the
+// calling process, to a store or a receiver (`pagewise receive`).
+typedef struct pw_live pw_live;
 
 // Snapshots of regions of the calling process, sharing one page store.
 typedef struct pw_snapshots pw_snapshots;
@@ -171,6 +184,44 @@ typedef struct pw_disk_stats {
   // `bytes_represented / bytes_on_disk`.
   double dedup_ratio;
 } pw_disk_stats;
+
+// How live checkpoints proceed. All zero: the defaults (50 ms, 30 passes,
+// no throttling).
+typedef struct pw_live_options {
+  // The longest the writers may be stopped, ms (0: 50).
+  double max_downtime_ms;
+  // Passes before the writers are stopped whatever is left (0: 30).
+  uint32_t max_passes;
+  // Non-zero: slow the writers down when they write faster than pages
+  // are copied.
+  int throttle;
+} pw_live_options;
+
+// Called with `stop` non-zero to stop every thread that writes the
+// regions (return once they are stopped), and with 0 to let them run.
+typedef void (*pw_pause_fn)(void *user, int stop);
+
+// What one live checkpoint did.
+typedef struct pw_live_report {
+  // The snapshot saved (its id in the store or the receiver's store).
+  struct pw_save_stats save;
+  // Passes while the writers ran.
+  uint32_t passes;
+  // Non-zero when the rest fitted the budget before the passes ran out.
+  int converged;
+  // Pages copied while the writers were stopped.
+  uint64_t final_pages;
+  // Bytes copied in all.
+  uint64_t bytes_copied;
+  // How long the writers were stopped, ms.
+  double downtime_ms;
+  // From the stop to the destination holding the whole copy, ms.
+  double handover_ms;
+  // From the start to the writers running again, ms.
+  double copy_ms;
+  // The whole checkpoint, ms.
+  double total_ms;
+} pw_live_report;
 
 // A far-memory replacement policy written in C, loaded at run time from a
 // shared object that exports `const pw_policy_ops *pw_policy_plugin(void)`.
@@ -470,6 +521,63 @@ int pw_snapshot_process(int32_t pid,
                         struct pw_disk *d,
                         const char *label,
                         struct pw_save_stats *stats);
+
+// Live checkpoints of another process `pid` (its writable memory, tracked
+// with uffd-wp from outside, stopped with ptrace for the last pass).
+// `opts` may be NULL. Set a destination before the first checkpoint.
+//
+// # Safety
+// `opts` is NULL or readable; `out` is writable.
+int pw_live_process(int32_t pid, const struct pw_live_options *opts, struct pw_live **out);
+
+// Live checkpoints of `n` regions of the calling process (private,
+// writable, mapped while the handle lives), tracked with uffd-wp inside.
+// `pause(user, 1)` must stop every thread that writes them and return once
+// they are stopped; `pause(user, 0)` lets them run. It is called from the
+// thread that calls `pw_live_checkpoint`. `opts` may be NULL.
+//
+// # Safety
+// `regions` holds `n` regions; `pause` is valid code until the handle is
+// freed; `opts` is NULL or readable; `out` is writable.
+int pw_live_regions(const struct pw_region *regions,
+                    size_t n,
+                    pw_pause_fn pause,
+                    void *user,
+                    const struct pw_live_options *opts,
+                    struct pw_live **out);
+
+// Saves the checkpoints into the durable store in directory `dir` (created
+// if missing; each snapshot after the first takes unchanged pages over from
+// the one before). Replaces any destination set before; the next
+// checkpoint copies everything.
+//
+// # Safety
+// `l` is a live handle; `dir` is a string.
+int pw_live_to_store(struct pw_live *l, const char *dir, int verify);
+
+// Streams the checkpoints to `pagewise receive` listening at `host_port`
+// ("HOST:PORT"), with compression `PW_COMPRESS_*`. Replaces any
+// destination set before; the next checkpoint copies everything.
+//
+// # Safety
+// `l` is a live handle; `host_port` is a string.
+int pw_live_to_receiver(struct pw_live *l, const char *host_port, uint32_t compression);
+
+// Takes the next live checkpoint to the destination, labelled `label` (may
+// be NULL); what it did goes to `*report` (may be NULL). After the first,
+// a checkpoint starts from the pages written since the one before.
+//
+// # Safety
+// `l` is a live handle; `label` is NULL or a string; `report` is NULL or writable.
+int pw_live_checkpoint(struct pw_live *l, const char *label, struct pw_live_report *report);
+
+// Stops tracking and frees the handle (NULL is ignored): nothing stays
+// registered in the process; a receiver's connection is closed (a snapshot
+// it had not finished is discarded there).
+//
+// # Safety
+// `l` is NULL or a handle not freed yet.
+void pw_live_free(struct pw_live *l);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -29,6 +29,7 @@ use crate::track::{BackendKind, DirtyTracker};
 use crate::walk::read_remote;
 use crate::{procfs, Error, PageRange, Region, Result, PAGE_SIZE};
 use serde::Serialize;
+use std::borrow::BorrowMut;
 use std::time::{Duration, Instant};
 
 /// How a live checkpoint proceeds.
@@ -136,17 +137,17 @@ impl Destination for DiskStore {
 
 /// A local store for a series of checkpoints: each snapshot after the first
 /// takes the pages that did not change over from the previous one, unread
-/// and unhashed.
-pub struct StoreSeries<'s> {
+/// and unhashed. `S` is the store or a borrow of it.
+pub struct StoreSeries<S: BorrowMut<DiskStore>> {
     /// The store.
-    pub store: &'s mut DiskStore,
+    pub store: S,
     prev: Option<DiskSnapshot>,
     changed: Vec<PageRange>,
 }
 
-impl<'s> StoreSeries<'s> {
+impl<S: BorrowMut<DiskStore>> StoreSeries<S> {
     /// A series saved into `store`.
-    pub fn new(store: &'s mut DiskStore) -> Self {
+    pub fn new(store: S) -> Self {
         StoreSeries {
             store,
             prev: None,
@@ -155,7 +156,7 @@ impl<'s> StoreSeries<'s> {
     }
 }
 
-impl Destination for StoreSeries<'_> {
+impl<S: BorrowMut<DiskStore>> Destination for StoreSeries<S> {
     fn pass(&mut self, _: &[(Region, Vec<u8>)], changed: &[PageRange]) -> Result<()> {
         self.changed.extend_from_slice(changed);
         Ok(())
@@ -169,14 +170,15 @@ impl Destination for StoreSeries<'_> {
     ) -> Result<SaveStats> {
         crate::region::normalize(&mut self.changed);
         let prev = self.prev.take();
-        let s = self.store.save(
+        let store = self.store.borrow_mut();
+        let s = store.save(
             regions,
             pid_of(pid),
             label,
             prev.as_ref().map(|p| (p, &self.changed[..])),
         )?;
         self.changed.clear();
-        self.prev = Some(self.store.load(s.id)?);
+        self.prev = Some(store.load(s.id)?);
         Ok(s)
     }
 }
@@ -208,6 +210,30 @@ pub trait Source {
     fn tracked(&self) -> Vec<Region>;
     /// Stops every writer; they run again when the guard is dropped.
     fn pause(&mut self) -> Result<Box<dyn std::any::Any>>;
+}
+
+impl<T: Source + ?Sized> Source for Box<T> {
+    fn pid(&self) -> i32 {
+        (**self).pid()
+    }
+    fn regions(&mut self) -> Result<Vec<Region>> {
+        (**self).regions()
+    }
+    fn read(&mut self, addr: u64, buf: &mut [u8]) -> Result<()> {
+        (**self).read(addr, buf)
+    }
+    fn read_many(&mut self, parts: &mut [(u64, &mut [u8])]) -> Result<()> {
+        (**self).read_many(parts)
+    }
+    fn dirty(&mut self) -> Result<Vec<PageRange>> {
+        (**self).dirty()
+    }
+    fn tracked(&self) -> Vec<Region> {
+        (**self).tracked()
+    }
+    fn pause(&mut self) -> Result<Box<dyn std::any::Any>> {
+        (**self).pause()
+    }
 }
 
 /// Another process: its writable mappings, tracked with uffd-wp from
@@ -436,6 +462,14 @@ impl<S: Source> Checkpointer<S> {
     /// The source.
     pub fn source(&self) -> &S {
         &self.src
+    }
+
+    /// The next checkpoint copies everything again (for a new destination,
+    /// which has none of the earlier ones).
+    pub fn restart(&mut self) {
+        self.copy.regions.clear();
+        self.copy.changed.clear();
+        self.first = true;
     }
 
     /// Takes the next checkpoint into `dest` (the destination of every

@@ -696,7 +696,6 @@ impl Receiver {
         }
         *state = State::Idle;
         let mut last: Option<Mirror> = None;
-        let mut lz4_out = Vec::new();
         let mut payload = Vec::new();
         loop {
             let mut tag = [0u8; 1];
@@ -801,9 +800,10 @@ impl Receiver {
                         ENC_RAW => dst.copy_from_slice(&payload),
                         ENC_ZERO => dst.fill(0),
                         _ => {
-                            lz4_out.resize(bytes, 0);
-                            let n = lz4_flex::block::decompress_into(&payload, &mut lz4_out)
-                                .map_err(|e| {
+                            // Straight into the copy: a chunk that fails is
+                            // refused and the copy dropped with it.
+                            let n =
+                                lz4_flex::block::decompress_into(&payload, dst).map_err(|e| {
                                     Stop::Refuse(format!("LZ4 chunk at {addr:#x}: {e}"))
                                 })?;
                             if n != bytes {
@@ -811,7 +811,6 @@ impl Receiver {
                                     "LZ4 chunk at {addr:#x} holds {n} bytes, not {bytes}"
                                 )));
                             }
-                            dst.copy_from_slice(&lz4_out);
                         }
                     }
                     for (i, p) in dst.chunks_exact(PAGE_SIZE).enumerate() {
