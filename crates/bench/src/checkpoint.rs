@@ -413,15 +413,9 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
     if !quiet {
         eprintln!();
     }
-    let nones: Vec<f64> = runs
-        .iter()
-        .filter(|r| r.mode == "none")
-        .map(|r| r.mean_rps)
-        .collect();
-    let base = nones.iter().sum::<f64>() / nones.len() as f64;
-    for r in &mut runs {
-        r.ratio_to_none = r.mean_rps / base;
-    }
+    let (base, nones) = crate::redis::baseline(&mut runs, |r| {
+        (r.mode == "none", r.mean_rps, &mut r.ratio_to_none)
+    });
     let report = Report {
         machine: crate::Machine::this(),
         redis_version: version,

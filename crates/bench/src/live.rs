@@ -17,7 +17,7 @@
 
 use crate::{median, Machine};
 use pagewise::hash::{page_hash, PageHash};
-use pagewise::snap::live::{live_snapshot, Destination, LiveOptions, LiveReport};
+use pagewise::snap::live::{live_snapshot, Destination, LiveOptions, LiveReport, StoreSeries};
 use pagewise::snap::wire::{Compression, Receiver, Sender, WireStats};
 use pagewise::snap::DiskStore;
 use pagewise::stop::Stopped;
@@ -394,7 +394,7 @@ pub fn run(
             let _ = std::fs::remove_dir_all(&dir);
             let mut disk = DiskStore::create(&dir, false)?;
             let pid = target.pid;
-            let (r, truth) = live(pid, &mut disk, cfg.max_downtime_ms)?;
+            let (r, truth) = live(pid, &mut StoreSeries::new(&mut disk), cfg.max_downtime_ms)?;
             let wrong = wrong_pages(&disk, r.save.id, &truth)?;
             drop((disk, truth));
             let _ = std::fs::remove_dir_all(&dir);

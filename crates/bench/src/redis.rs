@@ -60,6 +60,28 @@ pub(crate) fn which(cmd: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// The baseline of runs made first and last without the thing measured:
+/// the mean of their throughputs (returned, with them); every run's ratio
+/// to it is set. `of` gives, per run, whether it is a baseline run, its
+/// throughput and where its ratio goes.
+pub(crate) fn baseline<R>(
+    runs: &mut [R],
+    of: impl Fn(&mut R) -> (bool, f64, &mut f64),
+) -> (f64, Vec<f64>) {
+    let nones: Vec<f64> = runs
+        .iter_mut()
+        .map(&of)
+        .filter(|(none, _, _)| *none)
+        .map(|(_, rps, _)| rps)
+        .collect();
+    let base = nones.iter().sum::<f64>() / nones.len() as f64;
+    for r in runs.iter_mut() {
+        let (_, rps, ratio) = of(r);
+        *ratio = rps / base;
+    }
+    (base, nones)
+}
+
 pub(crate) fn free_port() -> Result<u16> {
     let l = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok(l.local_addr()?.port())
@@ -258,15 +280,9 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
     p("untracked (last)");
     runs.push(one_run(None, 0, a.requests)?);
     eprintln!();
-    let nones: Vec<f64> = runs
-        .iter()
-        .filter(|r| r.backend == "none")
-        .map(|r| r.mean_rps)
-        .collect();
-    let base = nones.iter().sum::<f64>() / nones.len() as f64;
-    for r in &mut runs {
-        r.ratio_to_none = r.mean_rps / base;
-    }
+    let (base, nones) = baseline(&mut runs, |r| {
+        (r.backend == "none", r.mean_rps, &mut r.ratio_to_none)
+    });
     let report = Report {
         machine: crate::Machine::this(),
         redis_version: version,

@@ -1298,6 +1298,15 @@ pub struct pw_live {
     dest: LiveDest,
 }
 
+impl pw_live {
+    fn new(src: Box<dyn pw::snap::live::Source>, opts: *const pw_live_options) -> pw_live {
+        pw_live {
+            inner: pw::snap::live::Checkpointer::new(src, live_options(opts)),
+            dest: LiveDest::None,
+        }
+    }
+}
+
 /// The caller's pause callback and its argument.
 struct CPause {
     f: unsafe extern "C" fn(*mut c_void, c_int),
@@ -1342,20 +1351,8 @@ pub unsafe extern "C" fn pw_live_process(
 ) -> c_int {
     call("pw_live_process", || {
         let src = pw::snap::live::ProcessSource::new(pid)?;
-        let inner = pw::snap::live::Checkpointer::new(
-            Box::new(src) as Box<dyn pw::snap::live::Source>,
-            live_options(opts),
-        );
         // SAFETY: the caller's contract.
-        unsafe {
-            give(
-                out,
-                pw_live {
-                    inner,
-                    dest: LiveDest::None,
-                },
-            )
-        }
+        unsafe { give(out, pw_live::new(Box::new(src), opts)) }
     })
 }
 
@@ -1387,20 +1384,8 @@ pub unsafe extern "C" fn pw_live_regions(
             // SAFETY: the caller vouches for the callback and its argument.
             unsafe { (cp.f)(cp.user, c_int::from(stop)) }
         })?;
-        let inner = pw::snap::live::Checkpointer::new(
-            Box::new(src) as Box<dyn pw::snap::live::Source>,
-            live_options(opts),
-        );
         // SAFETY: the caller's contract.
-        unsafe {
-            give(
-                out,
-                pw_live {
-                    inner,
-                    dest: LiveDest::None,
-                },
-            )
-        }
+        unsafe { give(out, pw_live::new(Box::new(src), opts)) }
     })
 }
 

@@ -119,22 +119,6 @@ pub trait Destination {
         -> Result<SaveStats>;
 }
 
-/// A local store: saved whole at the end.
-impl Destination for DiskStore {
-    fn pass(&mut self, _: &[(Region, Vec<u8>)], _: &[PageRange]) -> Result<()> {
-        Ok(())
-    }
-
-    fn finish(
-        &mut self,
-        regions: &[(Region, Vec<u8>)],
-        pid: i32,
-        label: &str,
-    ) -> Result<SaveStats> {
-        self.save(regions, pid_of(pid), label, None)
-    }
-}
-
 /// A local store for a series of checkpoints: each snapshot after the first
 /// takes the pages that did not change over from the previous one, unread
 /// and unhashed. `S` is the store or a borrow of it.

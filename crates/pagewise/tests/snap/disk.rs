@@ -894,7 +894,7 @@ pub fn pages_differing(disk: &DiskStore, id: u64, truth: &[(Region, Vec<u8>)]) -
 #[test]
 fn live_checkpoint_holds_the_memory_at_the_stop() {
     let _one = super::common::one_target_at_a_time();
-    use pagewise::snap::live::{live_snapshot, LiveOptions};
+    use pagewise::snap::live::{live_snapshot, LiveOptions, StoreSeries};
     if let Err(why) = pagewise::track::BackendKind::UffdWp.available_for_pid() {
         pagewise_testkit::skip!("{why}");
         return;
@@ -910,9 +910,16 @@ fn live_checkpoint_holds_the_memory_at_the_stop() {
         max_passes: 10,
         throttle: false,
     };
-    let r = live_snapshot(pid, &mut disk, "live", &opts, &mut |_| {}, &mut || {
-        at_stop = private_memory(pid);
-    })
+    let r = live_snapshot(
+        pid,
+        &mut StoreSeries::new(&mut disk),
+        "live",
+        &opts,
+        &mut |_| {},
+        &mut || {
+            at_stop = private_memory(pid);
+        },
+    )
     .unwrap();
     let wrong = pages_differing(&disk, r.save.id, &at_stop);
     println!(
@@ -940,7 +947,7 @@ fn live_checkpoint_holds_the_memory_at_the_stop() {
 #[test]
 fn live_checkpoint_that_cannot_converge() {
     let _one = super::common::one_target_at_a_time();
-    use pagewise::snap::live::{live_snapshot, LiveOptions};
+    use pagewise::snap::live::{live_snapshot, LiveOptions, StoreSeries};
     if let Err(why) = pagewise::track::BackendKind::UffdWp.available_for_pid() {
         pagewise_testkit::skip!("{why}");
         return;
@@ -957,9 +964,16 @@ fn live_checkpoint_that_cannot_converge() {
             max_passes: 4,
             throttle,
         };
-        let r = live_snapshot(pid, &mut disk, "", &opts, &mut |_| {}, &mut || {
-            truth = private_memory(pid);
-        })
+        let r = live_snapshot(
+            pid,
+            &mut StoreSeries::new(&mut disk),
+            "",
+            &opts,
+            &mut |_| {},
+            &mut || {
+                truth = private_memory(pid);
+            },
+        )
         .unwrap();
         if r.converged {
             // A pass found nothing written: the writer did not run then

@@ -159,9 +159,14 @@ fn precopy_of_own_regions_holds_them_at_the_stop() {
     let mut truth: Vec<(Region, Vec<u8>)> = Vec::new();
     let mut cp = Checkpointer::new(src, OPTS);
     let r = cp
-        .checkpoint(&mut disk, "own", &mut |_| {}, &mut || {
-            truth = vec![(region, mem.snapshot())];
-        })
+        .checkpoint(
+            &mut StoreSeries::new(&mut disk),
+            "own",
+            &mut |_| {},
+            &mut || {
+                truth = vec![(region, mem.snapshot())];
+            },
+        )
         .unwrap();
     quit.store(true, Ordering::Relaxed);
     gate.store(0, Ordering::SeqCst);
