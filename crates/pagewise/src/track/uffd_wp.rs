@@ -73,8 +73,9 @@ impl UffdWp {
     /// `pidfd_getfd`, closed there). A userfaultfd acts on the memory of
     /// the process that created it, wherever it is held; `PAGEMAP_SCAN` then
     /// runs on `/proc/PID/pagemap`. Refused, with the reason, for a process
-    /// with a seccomp filter (the call could be refused, or kill it) and
-    /// where ptrace is not allowed.
+    /// with a seccomp filter (the call could be refused, or kill it), one
+    /// that is traced already (a process has one tracer), one that is
+    /// stopped, and where ptrace is not allowed.
     pub fn open_in(pid: i32) -> Result<Self> {
         let p = probe::get();
         if p.uffd_access.is_none() {
@@ -92,6 +93,13 @@ impl UffdWp {
                     "process {pid} runs under a seccomp filter: a userfaultfd call made inside it could be refused or kill it"
                 ),
             });
+        }
+        let tracer = crate::procfs::status_field(&status, "TracerPid").unwrap_or(0);
+        if tracer != 0 {
+            return Err(Error::Busy(format!(
+                "process {pid} is traced by process {tracer} (a debugger or another tool): \
+                 uffd-wp from outside must stop it under ptrace itself, and a process has one tracer"
+            )));
         }
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
             .map_err(|e| Error::for_pid(pid, "reading its state", e))?;

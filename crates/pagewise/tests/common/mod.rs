@@ -129,9 +129,13 @@ impl Drop for Mapped {
 }
 
 /// A forked child that acts on its region when told, over a pipe: writes a
-/// page, drops pages (`MADV_DONTNEED`), forks a grandchild that writes and
-/// exits, maps and writes a new region, or exits. It answers each command
-/// with one byte once done.
+/// page (`w`), drops pages (`d`: `MADV_DONTNEED`), forks a grandchild that
+/// writes and exits (`f`), maps and writes a new region (`m`), changes the
+/// protection of pages and back (`p` read-only, `n` none), collapses its
+/// region into huge pages (`h`), makes it mergeable by KSM (`k`), installs
+/// a seccomp filter that allows everything (`s`), or exits.
+/// It answers each command with one byte once done (for `h`: 1 if the
+/// collapse succeeded).
 pub struct Scripted {
     pub pid: i32,
     pub region: pagewise::Region,
@@ -209,6 +213,53 @@ impl Scripted {
                             );
                         }
                     },
+                    // SAFETY: the child's own region; plain system calls.
+                    b'p' | b'n' => unsafe {
+                        // The program changes its protections: pages
+                        // read-only (p) or inaccessible (n), then back.
+                        let (at, len) = (
+                            (base + (arg & 0xffff) * pagewise::PAGE_SIZE) as *mut libc::c_void,
+                            (arg >> 16) * pagewise::PAGE_SIZE,
+                        );
+                        let prot = if c[0] == b'p' {
+                            libc::PROT_READ
+                        } else {
+                            libc::PROT_NONE
+                        };
+                        libc::mprotect(at, len, prot);
+                        libc::mprotect(at, len, libc::PROT_READ | libc::PROT_WRITE);
+                    },
+                    // SAFETY: the child's own region; plain system calls.
+                    b'h' => unsafe {
+                        // Huge pages: advised, then collapsed (answers 0
+                        // when the kernel refused).
+                        let len = region.len as usize;
+                        libc::madvise(base as *mut _, len, libc::MADV_HUGEPAGE);
+                        let ok = libc::madvise(base as *mut _, len, 25 /* MADV_COLLAPSE */) == 0;
+                        let _ = ack_w.write_all(&[ok as u8]);
+                        continue;
+                    },
+                    // SAFETY: plain system calls on a filter that lives
+                    // through the call.
+                    b's' => unsafe {
+                        // A seccomp filter that allows everything.
+                        libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+                        let mut allow = [libc::sock_filter {
+                            code: 0x06, // BPF_RET | BPF_K
+                            jt: 0,
+                            jf: 0,
+                            k: 0x7fff_0000, // SECCOMP_RET_ALLOW
+                        }];
+                        let prog = libc::sock_fprog {
+                            len: 1,
+                            filter: allow.as_mut_ptr(),
+                        };
+                        libc::syscall(libc::SYS_seccomp, 1, 0, &prog as *const libc::sock_fprog);
+                    },
+                    // SAFETY: the child's own region; plain system calls.
+                    b'k' => unsafe {
+                        libc::madvise(base as *mut _, region.len as usize, libc::MADV_MERGEABLE);
+                    },
                     // SAFETY: the child's own region or mapping; plain system calls.
                     _ => unsafe { libc::_exit(0) },
                 }
@@ -224,7 +275,9 @@ impl Scripted {
         }
     }
 
-    pub fn tell(&mut self, op: u8, arg: u64) {
+    /// Sends a command and waits until it is done and the child is back in
+    /// its read; returns the child's answer byte.
+    pub fn tell(&mut self, op: u8, arg: u64) -> u8 {
         use std::io::{Read, Write};
         let mut c = [0u8; 9];
         c[0] = op;
@@ -244,10 +297,11 @@ impl Scripted {
             let wchan =
                 std::fs::read_to_string(format!("/proc/{}/wchan", self.pid)).unwrap_or_default();
             if state == Some("S") && wchan.contains("pipe_read") {
-                return;
+                return b[0];
             }
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
+        b[0]
     }
 }
 

@@ -923,6 +923,256 @@ fn uffd_wp_from_outside_leaves_no_trace() {
     unsafe { libc::kill(w.pid, libc::SIGCONT) };
 }
 
+/// `n` bytes of process `pid` at `at`.
+fn remote_bytes(pid: i32, at: u64, n: usize) -> Vec<u8> {
+    let mut b = vec![0u8; n];
+    assert_eq!(pagewise::walk::read_remote(pid, at, &mut b).unwrap(), n);
+    b
+}
+
+/// A shadow copy of a scripted child's region, updated only with the pages
+/// a tracker reports (read from the child).
+struct OutsideShadow {
+    base: u64,
+    end: u64,
+    shadow: Vec<u8>,
+}
+
+impl OutsideShadow {
+    fn new(s: &common::Scripted) -> Self {
+        OutsideShadow {
+            base: s.region.start,
+            end: s.region.end(),
+            shadow: remote_bytes(s.pid, s.region.start, s.region.len as usize),
+        }
+    }
+
+    /// Collects, updates the shadow with the reported pages of the region,
+    /// and checks it equals the region (the child idles in its read); the
+    /// pages of the region reported.
+    fn check(&mut self, s: &common::Scripted, t: &mut DirtyTracker, what: &str) -> u64 {
+        let (base, end) = (self.base, self.end);
+        t.sync_process_mappings(Some(s.pid), false).unwrap();
+        let c = t.collect().unwrap();
+        let mut ours = 0;
+        for r in &c.ranges {
+            let (a, b) = (r.start.max(base), (r.start + r.len()).min(end));
+            if a < b {
+                let off = (a - base) as usize;
+                self.shadow[off..off + (b - a) as usize].copy_from_slice(&remote_bytes(
+                    s.pid,
+                    a,
+                    (b - a) as usize,
+                ));
+                ours += (b - a) / PAGE_SIZE as u64;
+            }
+        }
+        let live = remote_bytes(s.pid, base, (end - base) as usize);
+        let lost = (0..live.len() / PAGE_SIZE)
+            .filter(|p| {
+                live[p * PAGE_SIZE..(p + 1) * PAGE_SIZE]
+                    != self.shadow[p * PAGE_SIZE..(p + 1) * PAGE_SIZE]
+            })
+            .count();
+        assert_eq!(lost, 0, "{what}: {lost} written pages not reported");
+        println!(
+            "     {what}: {ours} pages of the region reported, {} in all",
+            c.stats.pages_dirty
+        );
+        ours
+    }
+}
+
+/// uffd-wp from outside while the program changes the protection of its
+/// pages (read-only and back, inaccessible and back): writes before and
+/// after are all reported.
+#[test]
+fn uffd_wp_from_outside_program_calling_mprotect() {
+    let _one = common::one_target_at_a_time();
+    if !outside_possible() {
+        return;
+    }
+    let mut s = common::Scripted::start(256);
+    let mut t = DirtyTracker::for_process(s.pid, BackendKind::UffdWp).unwrap();
+    let mut sh = OutsideShadow::new(&s);
+    s.tell(b'w', 21 | (0x50 << 16));
+    s.tell(b'p', 20 | (16 << 16));
+    s.tell(b'w', 25 | (0x51 << 16));
+    assert!(sh.check(&s, &mut t, "read-only and back, then a write") >= 2);
+    s.tell(b'n', 40 | (8 << 16));
+    s.tell(b'w', 44 | (0x52 << 16));
+    s.tell(b'w', 200 | (0x53 << 16));
+    assert!(sh.check(&s, &mut t, "inaccessible and back, then writes") >= 2);
+    s.tell(b'w', 22 | (0x54 << 16));
+    assert!(sh.check(&s, &mut t, "a write to a page it had made read-only") >= 1);
+}
+
+/// `AnonHugePages` of process `pid` over the mapping holding `addr`, KiB.
+fn anon_huge_kib_of(pid: i32, addr: u64) -> u64 {
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap_or_default();
+    let mut inside = false;
+    for line in smaps.lines() {
+        if let Some(m) = procfs::parse_maps(line).first() {
+            inside = m.start <= addr && addr < m.end;
+        } else if inside {
+            if let Some(v) = line.strip_prefix("AnonHugePages:") {
+                return v.trim().trim_end_matches("kB").trim().parse().unwrap_or(0);
+            }
+        }
+    }
+    0
+}
+
+/// uffd-wp from outside over huge pages: the program's region is collapsed
+/// before tracking (a range armed for tracking may not be collapsed), then
+/// written, then a huge page is split (part of it dropped) and written
+/// around: every write reported.
+#[test]
+fn uffd_wp_from_outside_thp_collapse_and_split() {
+    let _one = common::one_target_at_a_time();
+    if !outside_possible() {
+        return;
+    }
+    if let Err(why) = thp_available() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    let mut s = common::Scripted::start(1024);
+    if s.tell(b'h', 0) == 0 {
+        pagewise_testkit::skip!("MADV_COLLAPSE of the program's fresh 4 MiB refused by the kernel");
+        return;
+    }
+    let huge = anon_huge_kib_of(s.pid, s.region.start);
+    if huge == 0 {
+        pagewise_testkit::skip!(
+            "MADV_COLLAPSE succeeded but no huge page backs the program's region"
+        );
+        return;
+    }
+    let mut t = DirtyTracker::for_process(s.pid, BackendKind::UffdWp).unwrap();
+    let mut sh = OutsideShadow::new(&s);
+    s.tell(b'w', 5 | (0x61 << 16));
+    s.tell(b'w', 600 | (0x62 << 16));
+    assert!(sh.check(&s, &mut t, "writes into huge pages") >= 2);
+    s.tell(b'd', (512 + 8) | (4 << 16));
+    s.tell(b'w', (512 + 9) | (0x63 << 16));
+    s.tell(b'w', (512 + 200) | (0x64 << 16));
+    assert!(sh.check(&s, &mut t, "after a split") >= 2);
+    println!(
+        "     thp from outside: {huge} KiB of huge pages tracked, {} KiB after the split",
+        anon_huge_kib_of(s.pid, s.region.start)
+    );
+}
+
+/// uffd-wp from outside over pages KSM merged: no write reported while
+/// nothing is written, then writes to merged pages (which break the
+/// sharing) all reported.
+#[test]
+fn uffd_wp_from_outside_ksm() {
+    let _one = common::one_target_at_a_time();
+    if !outside_possible() {
+        return;
+    }
+    let p = pagewise::probe::get();
+    if !p.ksm {
+        pagewise_testkit::skip!("{}", p.why("ksm"));
+        return;
+    }
+    if unsafe_geteuid() != 0 {
+        pagewise_testkit::skip!("needs root to start ksmd (/sys/kernel/mm/ksm/run)");
+        return;
+    }
+    let _g = GLOBAL_KNOBS.lock().unwrap_or_else(|e| e.into_inner());
+    let _run = procfs::KnobGuard::set("/sys/kernel/mm/ksm/run", "1").unwrap();
+    let _sleep = procfs::KnobGuard::set("/sys/kernel/mm/ksm/sleep_millisecs", "0").unwrap();
+    let _scan = procfs::KnobGuard::set("/sys/kernel/mm/ksm/pages_to_scan", "10000").unwrap();
+    // Its pages are alike (one byte 3 at the start): KSM merges them.
+    let mut s = common::Scripted::start(1024);
+    s.tell(b'k', 0);
+    let merging = |pid: i32| procfs::ksm_stat(pid).map_or(0, |k| k.merging_pages);
+    if !wait_for("KSM merging", 30, || merging(s.pid) >= 100) {
+        pagewise_testkit::skip!(
+            "ksmd merged fewer than 100 of the program's 1024 like pages within 30 s"
+        );
+        return;
+    }
+    let merged = merging(s.pid);
+    let mut t = DirtyTracker::for_process(s.pid, BackendKind::UffdWp).unwrap();
+    let mut sh = OutsideShadow::new(&s);
+    sh.check(&s, &mut t, "KSM pages, nothing written");
+    for p in (0..1024u64).step_by(37) {
+        s.tell(b'w', p | (0x71 << 16));
+    }
+    assert!(sh.check(&s, &mut t, "writes to KSM pages") >= 28);
+    println!("     ksm from outside: {merged} pages merged when tracking began");
+}
+
+/// A process another tracer holds (a debugger): uffd-wp from outside is
+/// refused with that reason, `auto` falls back to `hash` and says why, and
+/// `hash` reports exactly the pages the program writes.
+#[test]
+fn a_traced_or_seccomp_target_falls_back_to_hash() {
+    let _one = common::one_target_at_a_time();
+    if !outside_possible() {
+        return;
+    }
+    for case in ["traced", "seccomp"] {
+        let mut s = common::Scripted::start(256);
+        let mut tracer = None;
+        if case == "traced" {
+            let target = s.pid;
+            // SAFETY: the child makes two system calls and waits to be killed.
+            let pid = unsafe { libc::fork() };
+            assert!(pid >= 0);
+            if pid == 0 {
+                common::close_inherited(&[]);
+                // SAFETY: plain system calls in the child.
+                unsafe {
+                    if libc::ptrace(libc::PTRACE_SEIZE, target, 0, 0) != 0 {
+                        libc::_exit(1);
+                    }
+                    loop {
+                        libc::pause();
+                    }
+                }
+            }
+            tracer = Some(pid);
+            assert!(wait_for("the tracer attached", 5, || {
+                std::fs::read_to_string(format!("/proc/{target}/status"))
+                    .ok()
+                    .and_then(|st| procfs::status_field(&st, "TracerPid"))
+                    == Some(pid as u64)
+            }));
+        } else {
+            s.tell(b's', 0);
+        }
+        let e = DirtyTracker::for_process(s.pid, BackendKind::UffdWp).unwrap_err();
+        assert!(e.to_string().contains(case), "{case}: {e}");
+        let mut t = DirtyTracker::for_process(s.pid, BackendKind::Auto).unwrap();
+        assert_eq!(t.backend(), BackendKind::Hash, "{case}");
+        assert!(
+            t.note().is_some_and(|n| n.contains(case)),
+            "{case}: {:?}",
+            t.note()
+        );
+        let mut sh = OutsideShadow::new(&s);
+        for p in [7u64, 8, 130] {
+            s.tell(b'w', p | (0x81 << 16));
+        }
+        assert_eq!(
+            sh.check(&s, &mut t, &format!("{case}, hash from outside")),
+            3
+        );
+        if let Some(pid) = tracer {
+            // SAFETY: our own child.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, std::ptr::null_mut(), 0);
+            }
+        }
+    }
+}
+
 /// uffd-wp from outside through the cases the in-process tracker is tested
 /// on: writes, MADV_DONTNEED then write, a fork whose child writes (not the
 /// parent's write), a new mapping written; after each step a shadow copy
@@ -936,42 +1186,11 @@ fn uffd_wp_from_outside_follows_the_process() {
     }
     let mut s = common::Scripted::start(256);
     let mut t = DirtyTracker::for_process(s.pid, BackendKind::UffdWp).unwrap();
-    let (base, end) = (s.region.start, s.region.end());
-    let read = |pid: i32, at: u64, n: usize| {
-        let mut b = vec![0u8; n];
-        assert_eq!(pagewise::walk::read_remote(pid, at, &mut b).unwrap(), n);
-        b
-    };
-    let mut shadow = read(s.pid, base, s.region.len as usize);
+    let base = s.region.start;
+    let read = remote_bytes;
+    let mut sh = OutsideShadow::new(&s);
     let mut check = |s: &mut common::Scripted, t: &mut DirtyTracker, what: &str| -> u64 {
-        t.sync_process_mappings(Some(s.pid), false).unwrap();
-        let c = t.collect().unwrap();
-        let mut ours = 0;
-        for r in &c.ranges {
-            let (a, b) = (r.start.max(base), (r.start + r.len()).min(end));
-            if a < b {
-                let off = (a - base) as usize;
-                shadow[off..off + (b - a) as usize].copy_from_slice(&read(
-                    s.pid,
-                    a,
-                    (b - a) as usize,
-                ));
-                ours += (b - a) / PAGE_SIZE as u64;
-            }
-        }
-        let live = read(s.pid, base, (end - base) as usize);
-        let lost = (0..live.len() / PAGE_SIZE)
-            .filter(|p| {
-                live[p * PAGE_SIZE..(p + 1) * PAGE_SIZE]
-                    != shadow[p * PAGE_SIZE..(p + 1) * PAGE_SIZE]
-            })
-            .count();
-        assert_eq!(lost, 0, "{what}: {lost} written pages not reported");
-        println!(
-            "     {what}: {ours} pages of the region reported, {} in all",
-            c.stats.pages_dirty
-        );
-        ours
+        sh.check(s, t, what)
     };
     for p in [3u64, 4, 100, 255] {
         s.tell(b'w', p | (0x42 << 16));
