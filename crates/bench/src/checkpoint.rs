@@ -490,6 +490,12 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
         log_y: true,
         series,
     };
-    a.output
-        .emit(&report, summary, vec![("checkpoint.svg".into(), chart)])
+    let wrong: u64 = report.runs.iter().filter_map(|r| r.wrong_pages).sum();
+    let rc = a
+        .output
+        .emit(&report, summary, vec![("checkpoint.svg".into(), chart)])?;
+    if wrong > 0 {
+        bail!("{wrong} pages of the last live checkpoint differ from Redis's memory at its stop");
+    }
+    Ok(rc)
 }
