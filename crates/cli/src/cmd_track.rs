@@ -150,6 +150,9 @@ pub fn run(a: Args) -> Result<i32> {
                 {
                     bail!("process {pid} exited after {n} collections");
                 }
+                if matches!(e, pagewise::Error::ProgramReplaced(_)) {
+                    bail!("{e} (after {n} collections)");
+                }
                 bail!("collecting from pid {pid}: {e}");
             }
         };

@@ -74,6 +74,10 @@ pub enum Error {
     /// The process exited while it was being worked on.
     #[error("process {0} exited")]
     ProcessExited(i32),
+    /// The process replaced its program (`exec`) while its memory was being
+    /// tracked from outside: the memory tracked is gone.
+    #[error("process {0} replaced its program (exec): the memory tracked is gone; start again to track the new program")]
+    ProgramReplaced(i32),
     /// A system call failed.
     #[error("{what}: {source}")]
     Os {
@@ -184,7 +188,9 @@ impl Error {
         match self {
             Error::Unaligned { .. } | Error::Invalid(_) => libc::EINVAL,
             Error::Unsupported { .. } => libc::EOPNOTSUPP,
-            Error::NoSuchProcess(_) | Error::ProcessExited(_) => libc::ESRCH,
+            Error::NoSuchProcess(_) | Error::ProcessExited(_) | Error::ProgramReplaced(_) => {
+                libc::ESRCH
+            }
             Error::PermissionDenied { .. } => libc::EPERM,
             Error::Os { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
             Error::Corrupt { .. } => libc::EBADMSG,

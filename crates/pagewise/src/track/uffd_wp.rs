@@ -32,6 +32,8 @@ pub struct UffdWp {
     uffd: OwnedFd,
     pagemap: File,
     buf: Vec<pagemap::PageRegion>,
+    /// The process tracked from outside, if not this one.
+    pid: Option<i32>,
 }
 
 impl UffdWp {
@@ -64,7 +66,25 @@ impl UffdWp {
             uffd: fd,
             pagemap,
             buf: vec![pagemap::PageRegion::default(); SCAN_VEC],
+            pid: None,
         })
+    }
+
+    /// For a process tracked from outside: an error when the memory this
+    /// userfaultfd tracks is gone. The pagemap file opened with it reads
+    /// that memory only: once the process has replaced its program (exec)
+    /// or exited, a read of it returns nothing, where a live one returns an
+    /// entry for any address.
+    pub fn check_memory(&self) -> Result<()> {
+        let Some(pid) = self.pid else {
+            return Ok(());
+        };
+        let mut entry = [0u8; 8];
+        match std::os::unix::fs::FileExt::read_at(&self.pagemap, &mut entry, 0) {
+            Ok(8) => Ok(()),
+            Ok(_) | Err(_) if crate::procfs::is_alive(pid) => Err(Error::ProgramReplaced(pid)),
+            _ => Err(Error::ProcessExited(pid)),
+        }
     }
 
     /// A userfaultfd over the memory of process `pid`, made inside it: the
@@ -139,6 +159,7 @@ impl UffdWp {
             uffd: fd,
             pagemap,
             buf: vec![pagemap::PageRegion::default(); SCAN_VEC],
+            pid: Some(pid),
         })
     }
 
@@ -278,6 +299,7 @@ impl Backend for UffdWpBackend {
     }
 
     fn scan(&mut self, out: &mut Vec<PageRange>, _stats: &mut CollectStats) -> Result<()> {
+        self.wp.check_memory()?;
         for r in &self.regions {
             self.wp
                 .scan_written(r.start, r.end(), self.strict, true, out)?;
@@ -286,6 +308,7 @@ impl Backend for UffdWpBackend {
     }
 
     fn peek(&mut self, out: &mut Vec<PageRange>, _stats: &mut CollectStats) -> Result<bool> {
+        self.wp.check_memory()?;
         for r in &self.regions {
             self.wp
                 .scan_written(r.start, r.end(), self.strict, false, out)?;
@@ -294,6 +317,7 @@ impl Backend for UffdWpBackend {
     }
 
     fn add_region(&mut self, region: Region, baseline: bool) -> Result<()> {
+        self.wp.check_memory()?;
         self.wp.register(region, baseline)?;
         let i = self.regions.partition_point(|r| r.start < region.start);
         self.regions.insert(i, region);

@@ -133,7 +133,8 @@ impl Drop for Mapped {
 /// writes and exits (`f`), maps and writes a new region (`m`), changes the
 /// protection of pages and back (`p` read-only, `n` none), collapses its
 /// region into huge pages (`h`), makes it mergeable by KSM (`k`), installs
-/// a seccomp filter that allows everything (`s`), or exits.
+/// a seccomp filter that allows everything (`s`), replaces itself with
+/// `sleep 5` (`e`, answered before the exec), or exits.
 /// It answers each command with one byte once done (for `h`: 1 if the
 /// collapse succeeded).
 pub struct Scripted {
@@ -256,6 +257,14 @@ impl Scripted {
                         };
                         libc::syscall(libc::SYS_seccomp, 1, 0, &prog as *const libc::sock_fprog);
                     },
+                    // SAFETY: execv with static, NUL-terminated strings;
+                    // the new program answers nothing.
+                    b'e' => unsafe {
+                        let _ = ack_w.write_all(&[1]);
+                        let argv = [c"sleep".as_ptr(), c"5".as_ptr(), std::ptr::null()];
+                        libc::execv(c"/bin/sleep".as_ptr(), argv.as_ptr());
+                        libc::_exit(127);
+                    },
                     // SAFETY: the child's own region; plain system calls.
                     b'k' => unsafe {
                         libc::madvise(base as *mut _, region.len as usize, libc::MADV_MERGEABLE);
@@ -273,6 +282,19 @@ impl Scripted {
             cmd: cmd_w,
             ack: ack_r,
         }
+    }
+
+    /// Sends a command and reads its answer byte, without waiting for the
+    /// child to be back in its read (for `e`, after which it never is).
+    pub fn send(&mut self, op: u8, arg: u64) -> u8 {
+        use std::io::{Read, Write};
+        let mut c = [0u8; 9];
+        c[0] = op;
+        c[1..].copy_from_slice(&arg.to_le_bytes());
+        self.cmd.write_all(&c).unwrap();
+        let mut b = [0u8; 1];
+        self.ack.read_exact(&mut b).unwrap();
+        b[0]
     }
 
     /// Sends a command and waits until it is done and the child is back in

@@ -1173,6 +1173,42 @@ fn a_traced_or_seccomp_target_falls_back_to_hash() {
     }
 }
 
+/// A tracked process that replaces its program (exec): the next collection
+/// ends tracking with one clear error saying so, and the ones after give
+/// the same, with no range left registered in the new program.
+#[test]
+fn uffd_wp_from_outside_exec_is_a_clear_end() {
+    let _one = common::one_target_at_a_time();
+    if !outside_possible() {
+        return;
+    }
+    let mut s = common::Scripted::start(64);
+    let mut t = DirtyTracker::for_process(s.pid, BackendKind::UffdWp).unwrap();
+    s.tell(b'w', 3 | (0x42 << 16));
+    t.sync_process_mappings(Some(s.pid), false).unwrap();
+    assert!(t.collect().unwrap().stats.pages_dirty >= 1);
+    s.send(b'e', 0);
+    let exe = |pid: i32| std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
+    assert!(wait_for("the exec", 5, || exe(s.pid).ends_with("sleep")));
+    for i in 0..2 {
+        let e = t
+            .sync_process_mappings(Some(s.pid), false)
+            .and_then(|_| t.collect().map(|_| ()))
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("exec"),
+            "collection {i} after exec: {e}"
+        );
+    }
+    let uw = std::fs::read_to_string(format!("/proc/{}/smaps", s.pid))
+        .unwrap()
+        .lines()
+        .filter(|l| l.starts_with("VmFlags:") && l.split_whitespace().any(|f| f == "uw"))
+        .count();
+    assert_eq!(uw, 0, "ranges registered in the new program");
+    drop(t);
+}
+
 /// uffd-wp from outside through the cases the in-process tracker is tested
 /// on: writes, MADV_DONTNEED then write, a fork whose child writes (not the
 /// parent's write), a new mapping written; after each step a shadow copy
