@@ -13,6 +13,14 @@
 //!   writes, on any kernel with `UFFDIO_MOVE`, at a fault per distinct page
 //!   touched, and it serves memory page by page (no huge pages).
 //!
+//! - **write tracking from outside** ([`WriteCoverage`]): any process
+//!   pagewise may trace (no seccomp filter, no other tracer). A userfaultfd
+//!   made inside the process (see [`crate::track`]) write-protects the
+//!   regions asked for over the window; the pages written in it are those
+//!   touched. It sees writes only (a region only read looks cold), and a
+//!   write to a write-protected huge page splits it, so it is used on
+//!   regions not mapped by a huge page: the candidates for promotion.
+//!
 //! DAMON is not used: it samples one page per region and estimates, where
 //! this asks for every page.
 
@@ -57,6 +65,104 @@ pub enum Method {
     IdlePage,
     /// The far-memory engine inside the process.
     Sampler,
+    /// Write tracking from outside ([`WriteCoverage`]).
+    Writes,
+}
+
+/// Write coverage of another process's 2 MiB regions, measured from
+/// outside (see the module): [`start`](Self::start) arms a set of regions,
+/// [`finish`](Self::finish) counts the pages written since and disarms them,
+/// so that nothing stays registered between windows (a registered range
+/// may not be collapsed into a huge page).
+pub struct WriteCoverage {
+    pid: i32,
+    wp: crate::track::UffdWp,
+    armed: Vec<crate::Region>,
+    since: Option<Instant>,
+}
+
+impl WriteCoverage {
+    /// Makes the userfaultfd inside process `pid` (it is stopped for a
+    /// moment); refused with the reason where that cannot be done.
+    pub fn new(pid: i32) -> Result<Self> {
+        Ok(WriteCoverage {
+            pid,
+            wp: crate::track::UffdWp::open_in(pid)?,
+            armed: Vec::new(),
+            since: None,
+        })
+    }
+
+    /// The process.
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// Arms `regions` (2 MiB regions, each inside one private anonymous
+    /// writable mapping; see [`crate::thp`]): writes from now on are
+    /// counted. A region that cannot be armed (unmapped meanwhile) is left
+    /// out.
+    pub fn start(&mut self, regions: &[crate::Region]) -> Result<()> {
+        self.finish_quietly();
+        self.wp.check_memory()?;
+        for &r in regions {
+            if self.wp.register(r, true).is_ok() {
+                self.armed.push(r);
+            }
+        }
+        self.since = Some(Instant::now());
+        Ok(())
+    }
+
+    /// Counts the pages written in each armed region since
+    /// [`start`](Self::start), disarms them, and returns the report
+    /// (`[start, pages watched, pages watched, pages written]` per region).
+    pub fn finish(&mut self) -> Result<CoverageReport> {
+        let window_ns = self
+            .since
+            .take()
+            .map_or(0, |t| t.elapsed().as_nanos() as u64);
+        let mut regions = Vec::with_capacity(self.armed.len());
+        let mut written = Vec::new();
+        let armed = std::mem::take(&mut self.armed);
+        let mut failed = None;
+        for r in &armed {
+            written.clear();
+            if let Err(e) = self
+                .wp
+                .scan_written(r.start, r.end(), false, false, &mut written)
+            {
+                failed.get_or_insert(e);
+            }
+            let n: u64 = written.iter().map(|w| w.pages).sum();
+            regions.push([r.start, r.pages(), r.pages(), n]);
+        }
+        for r in &armed {
+            let _ = self.wp.unregister(*r);
+        }
+        if let Some(e) = failed {
+            self.wp.check_memory()?;
+            return Err(e);
+        }
+        Ok(CoverageReport {
+            pid: self.pid,
+            request: 0,
+            window_ns,
+            regions,
+        })
+    }
+
+    fn finish_quietly(&mut self) {
+        for r in std::mem::take(&mut self.armed) {
+            let _ = self.wp.unregister(r);
+        }
+    }
+}
+
+impl Drop for WriteCoverage {
+    fn drop(&mut self) {
+        self.finish_quietly();
+    }
 }
 
 /// Why idle page tracking cannot be used here, or `None` when it can.

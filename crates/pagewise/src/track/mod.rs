@@ -37,6 +37,7 @@ use serde::Serialize;
 use std::time::Instant;
 
 pub use hash::HashBackend;
+pub(crate) use uffd_wp::UffdWp;
 
 /// The tracking mechanisms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]

@@ -1,9 +1,11 @@
 //! Huge-page policy (HawkEye): bloat, access coverage and promotion by benefit.
 //!
-//! What is here so far: the cost of a page walk on this machine, measured
-//! without hardware counters ([`calibrate_walk_cost`]), which the inspector
-//! combines with access coverage to rank regions by the benefit of
-//! promoting them to huge pages.
+//! Here: the cost of a page walk on this machine, measured without hardware
+//! counters ([`calibrate_walk_cost`]), which the inspector combines with
+//! access coverage to rank regions by the benefit of promoting them to huge
+//! pages; and the agent that acts on it ([`agent`]).
+
+pub mod agent;
 
 use crate::workload::{AnonMemory, Rng};
 use crate::{Error, Result, HUGE_PAGE_SIZE};

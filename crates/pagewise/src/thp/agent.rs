@@ -1,0 +1,687 @@
+//! The huge-page agent (HawkEye's promotion, from user space): each step it
+//! measures the access coverage of the 2 MiB regions of the processes it
+//! watches that are not huge pages yet, and promotes the regions with the
+//! highest benefit first with `process_madvise(MADV_COLLAPSE)`, under a
+//! budget, fairly across processes.
+//!
+//! - **Candidates**: 2 MiB-aligned regions wholly inside a private anonymous
+//!   writable mapping, with at least one resident page and not mapped by a
+//!   huge page (`PAGEMAP_SCAN`).
+//! - **Coverage**: pages written per second in each candidate, measured
+//!   from outside over a window ([`crate::access::WriteCoverage`]). It sees
+//!   writes only; a process it cannot trace is ranked by utilisation and the
+//!   step says why.
+//! - **Benefit** of promoting a region: its coverage × the cost of a page
+//!   walk on this machine ([`super::WalkCost::walk_ns`]): each distinct page
+//!   touched per second takes at least one walk that a huge page would
+//!   save. A lower bound, as in the inspector.
+//! - **Fairness**: the next huge page goes to the process whose remaining
+//!   candidates promise the most (the sum of their benefits: its estimated
+//!   page-walk overhead, HawkEye's measure without its PMU), and within it
+//!   to the region with the highest benefit.
+//! - **Budget**: huge pages in all, per second (a step may spend what the
+//!   time since the last step earned, up to one interval's worth), and a
+//!   share of one CPU for the collapses of one step.
+//!
+//! Two other policies are here for comparison: [`Policy::AddressOrder`]
+//! (as khugepaged: process by process, regions in address order) and
+//! [`Policy::Utilisation`] (Ingens-like: a region whose resident share passes
+//! a threshold, fullest first).
+//!
+//! A collapse copies the region's pages into a huge page under the
+//! kernel's locks; the program's writes are never lost (the tests check it
+//! against a self-checking writer).
+
+use crate::access::WriteCoverage;
+use crate::walk::PageWalker;
+use crate::{procfs, Error, Region, Result, HUGE_PAGE_SIZE, PAGE_SIZE};
+use pagewise_sys::{mem, pagemap, process};
+use serde::Serialize;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+/// Which regions are promoted first.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Policy {
+    /// HawkEye: highest coverage × walk cost first, fairly across processes.
+    Coverage,
+    /// khugepaged's order: process by process, by address.
+    AddressOrder,
+    /// Ingens-like: regions whose resident share is at least this, fullest
+    /// first.
+    Utilisation(f64),
+}
+
+/// Limits on what the agent does.
+#[derive(Debug, Clone, Serialize)]
+pub struct Budget {
+    /// Huge pages promoted in all (`None`: no limit).
+    pub total: Option<u64>,
+    /// Huge pages per second.
+    pub per_second: f64,
+    /// Share of one CPU the collapses of one step may take (of the interval).
+    pub cpu_share: f64,
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Budget {
+            total: None,
+            per_second: 16.0,
+            cpu_share: 0.1,
+        }
+    }
+}
+
+/// How the agent runs.
+#[derive(Debug, Clone, Serialize)]
+pub struct Options {
+    /// Time between steps.
+    pub interval: Duration,
+    /// The coverage window inside a step.
+    pub window: Duration,
+    /// Promotion order.
+    pub policy: Policy,
+    /// Limits.
+    pub budget: Budget,
+    /// What a page walk costs here, ns (from [`super::calibrate_walk_cost`]).
+    pub walk_ns: f64,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            interval: Duration::from_secs(1),
+            window: Duration::from_millis(200),
+            policy: Policy::Coverage,
+            budget: Budget::default(),
+            walk_ns: 30.0,
+        }
+    }
+}
+
+/// A region that could be promoted, as the last step measured it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Candidate {
+    /// Process.
+    pub pid: i32,
+    /// Start (2 MiB-aligned).
+    pub start: u64,
+    /// Resident base pages.
+    pub resident: u64,
+    /// Pages written in the window (`None` when coverage was not measured).
+    pub touched: Option<u64>,
+    /// Pages written per second.
+    pub rate: Option<f64>,
+    /// What promoting it saves, ns per second (coverage × walk cost).
+    pub benefit_ns_per_s: Option<f64>,
+}
+
+/// What the agent did with a region, or to a process.
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "action", rename_all = "kebab-case")]
+pub enum Action {
+    /// Collapsed into a huge page.
+    Promoted {
+        /// Process.
+        pid: i32,
+        /// Region start.
+        start: u64,
+        /// Its benefit, ns per second (coverage policy).
+        benefit_ns_per_s: Option<f64>,
+        /// Resident pages before.
+        resident: u64,
+        /// Time the collapse took, ms.
+        ms: f64,
+    },
+    /// The kernel refused the collapse.
+    Failed {
+        /// Process.
+        pid: i32,
+        /// Region start.
+        start: u64,
+        /// The kernel's answer.
+        why: String,
+    },
+    /// Not promoted in this step, and why (the budget, no benefit).
+    Skipped {
+        /// Process.
+        pid: i32,
+        /// Regions passed over.
+        regions: u64,
+        /// Why.
+        why: String,
+    },
+    /// The process is gone (exited, or replaced its program).
+    Gone {
+        /// Process.
+        pid: i32,
+        /// What happened.
+        why: String,
+    },
+    /// Coverage of this process could not be measured this step.
+    NoCoverage {
+        /// Process.
+        pid: i32,
+        /// Why.
+        why: String,
+    },
+}
+
+/// What one step measured and did.
+#[derive(Debug, Clone, Serialize)]
+pub struct Step {
+    /// Since the agent started, ms.
+    pub t_ms: u64,
+    /// Per process: regions already huge, candidates.
+    pub processes: Vec<ProcessState>,
+    /// The candidates, best first in the policy's order.
+    pub candidates: Vec<Candidate>,
+    /// What was done.
+    pub actions: Vec<Action>,
+    /// Time the step took, ms (the coverage window included).
+    pub step_ms: f64,
+    /// CPU time the agent's thread used in the step, ms.
+    pub cpu_ms: f64,
+}
+
+/// One process as a step saw it.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProcessState {
+    /// Process.
+    pub pid: i32,
+    /// Regions mapped by a huge page.
+    pub huge_regions: u64,
+    /// Candidates for promotion.
+    pub candidates: u64,
+    /// Huge pages this agent promoted in it so far.
+    pub promoted: u64,
+    /// The sum of its candidates' benefits, ns per second.
+    pub expected_ns_per_s: f64,
+}
+
+/// Counters since the agent started (for metrics).
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Counters {
+    /// Steps taken.
+    pub steps: u64,
+    /// Huge pages promoted.
+    pub promoted: u64,
+    /// Collapses the kernel refused.
+    pub failed: u64,
+    /// Candidates passed over for the budget.
+    pub skipped_budget: u64,
+    /// CPU time of the agent's steps, ms.
+    pub cpu_ms: f64,
+    /// Time in collapses, ms.
+    pub collapse_ms: f64,
+}
+
+/// A process as a step saw it: its target's index, its candidates
+/// (region, resident pages), its regions already huge.
+type Seen = (usize, Vec<(Region, u64)>, u64);
+
+struct Target {
+    pid: i32,
+    pidfd: OwnedFd,
+    coverage: std::result::Result<WriteCoverage, String>,
+    promoted: u64,
+    gone: bool,
+}
+
+/// The agent: the processes it watches and what it has done.
+pub struct Agent {
+    targets: Vec<Target>,
+    opts: Options,
+    started: Instant,
+    last_step: Option<Instant>,
+    /// Huge pages earned by time and not spent yet.
+    allowance: f64,
+    counters: Counters,
+}
+
+/// CPU time of the calling thread, ms.
+fn thread_cpu_ms() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is valid storage for the result.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 * 1e3 + ts.tv_nsec as f64 / 1e6
+}
+
+/// The 2 MiB regions of `pid` wholly inside private anonymous writable
+/// mappings: `(region, resident pages, huge)`.
+fn regions_of(pid: i32, walker: &mut PageWalker) -> Result<Vec<(Region, u64, bool)>> {
+    let huge = HUGE_PAGE_SIZE as u64;
+    let mut out = Vec::new();
+    let mut runs = Vec::new();
+    for m in procfs::writable_anonymous(Some(pid))? {
+        if m.kind() != procfs::MemoryKind::PrivateAnonymous {
+            continue;
+        }
+        let (mut a, end) = (m.start.div_ceil(huge) * huge, m.end / huge * huge);
+        while a < end {
+            let r = Region::new(a, huge)?;
+            walker.categories(
+                r,
+                pagemap::category::PRESENT,
+                pagemap::category::PRESENT | pagemap::category::HUGE,
+                &mut runs,
+            )?;
+            let resident: u64 = runs
+                .iter()
+                .map(|p| (p.end - p.start) / PAGE_SIZE as u64)
+                .sum();
+            let is_huge = runs
+                .iter()
+                .any(|p| p.categories & pagemap::category::HUGE != 0);
+            out.push((r, resident, is_huge));
+            a += huge;
+        }
+    }
+    Ok(out)
+}
+
+impl Agent {
+    /// An agent over `pids` (each must exist; coverage is set up per
+    /// process, and a process whose coverage cannot be measured is ranked
+    /// by utilisation with the reason in each step).
+    pub fn new(pids: &[i32], opts: Options) -> Result<Agent> {
+        let p = crate::probe::get();
+        if !p.process_madvise {
+            return Err(Error::Unsupported {
+                feature: "process_madvise",
+                why: p.why("process_madvise"),
+            });
+        }
+        if !p.madv_collapse {
+            return Err(Error::Unsupported {
+                feature: "MADV_COLLAPSE",
+                why: p.why("madv_collapse"),
+            });
+        }
+        let mut a = Agent {
+            targets: Vec::new(),
+            opts,
+            started: Instant::now(),
+            last_step: None,
+            allowance: 0.0,
+            counters: Counters::default(),
+        };
+        for &pid in pids {
+            a.add(pid)?;
+        }
+        Ok(a)
+    }
+
+    /// Watches one more process.
+    pub fn add(&mut self, pid: i32) -> Result<()> {
+        procfs::check_target(pid)?;
+        let pidfd = process::pidfd_open(pid).map_err(|e| Error::for_pid(pid, "pidfd_open", e))?;
+        let coverage = if self.opts.policy == Policy::Coverage {
+            WriteCoverage::new(pid).map_err(|e| e.to_string())
+        } else {
+            Err("the policy does not use coverage".into())
+        };
+        self.targets.push(Target {
+            pid,
+            pidfd,
+            coverage,
+            promoted: 0,
+            gone: false,
+        });
+        Ok(())
+    }
+
+    /// The counters so far.
+    pub fn counters(&self) -> Counters {
+        self.counters
+    }
+
+    /// The options.
+    pub fn options(&self) -> &Options {
+        &self.opts
+    }
+
+    /// Whether any watched process is still there.
+    pub fn watching(&self) -> bool {
+        self.targets.iter().any(|t| !t.gone)
+    }
+
+    /// Measures, decides and promotes once (the coverage window included).
+    pub fn step(&mut self) -> Result<Step> {
+        let t0 = Instant::now();
+        let cpu0 = thread_cpu_ms();
+        let mut actions = Vec::new();
+        // Budget earned since the last step, up to one interval's worth.
+        let now = Instant::now();
+        let earned = match self.last_step {
+            Some(t) => now.duration_since(t).as_secs_f64() * self.opts.budget.per_second,
+            None => self.opts.interval.as_secs_f64() * self.opts.budget.per_second,
+        };
+        let cap = (self.opts.interval.as_secs_f64() * self.opts.budget.per_second).max(1.0);
+        self.allowance = (self.allowance + earned).min(cap);
+        self.last_step = Some(now);
+        // What each process holds.
+        // Per process: its target's index, its candidates (region,
+        // resident pages), its regions already huge.
+        let mut per: Vec<Seen> = Vec::new();
+        for (i, t) in self.targets.iter_mut().enumerate() {
+            if t.gone {
+                continue;
+            }
+            let regions = PageWalker::new(Some(t.pid)).and_then(|mut w| regions_of(t.pid, &mut w));
+            match regions {
+                Ok(rs) => {
+                    let huge = rs.iter().filter(|r| r.2).count() as u64;
+                    let cands = rs
+                        .into_iter()
+                        .filter(|r| !r.2 && r.1 > 0)
+                        .map(|r| (r.0, r.1))
+                        .collect();
+                    per.push((i, cands, huge));
+                }
+                Err(e) => {
+                    t.gone = true;
+                    actions.push(Action::Gone {
+                        pid: t.pid,
+                        why: e.to_string(),
+                    });
+                }
+            }
+        }
+        // Coverage over one window for every process at once.
+        let mut touched: Vec<Option<Vec<u64>>> = vec![None; per.len()];
+        if self.opts.policy == Policy::Coverage {
+            let mut armed = vec![false; per.len()];
+            for (k, (i, cands, _)) in per.iter().enumerate() {
+                let t = &mut self.targets[*i];
+                if let Ok(c) = t.coverage.as_mut() {
+                    let rs: Vec<Region> = cands.iter().map(|c| c.0).collect();
+                    match c.start(&rs) {
+                        Ok(()) => armed[k] = true,
+                        Err(e) => actions.push(Action::NoCoverage {
+                            pid: t.pid,
+                            why: e.to_string(),
+                        }),
+                    }
+                }
+            }
+            if armed.iter().any(|a| *a) {
+                std::thread::sleep(self.opts.window);
+            }
+            for (k, (i, cands, _)) in per.iter().enumerate() {
+                let t = &mut self.targets[*i];
+                match t.coverage.as_mut() {
+                    Ok(c) if armed[k] => match c.finish() {
+                        Ok(rep) => {
+                            let by: std::collections::HashMap<u64, u64> =
+                                rep.regions.iter().map(|r| (r[0], r[3])).collect();
+                            touched[k] = Some(
+                                cands
+                                    .iter()
+                                    .map(|c| by.get(&c.0.start).copied().unwrap_or(0))
+                                    .collect(),
+                            );
+                        }
+                        Err(e) => actions.push(Action::NoCoverage {
+                            pid: t.pid,
+                            why: e.to_string(),
+                        }),
+                    },
+                    Ok(_) => {}
+                    Err(why) => actions.push(Action::NoCoverage {
+                        pid: t.pid,
+                        why: why.clone(),
+                    }),
+                }
+            }
+        }
+        let window_s = self.opts.window.as_secs_f64().max(1e-3);
+        // Candidates with their benefit.
+        let mut lists: Vec<Vec<Candidate>> = per
+            .iter()
+            .enumerate()
+            .map(|(k, (i, cands, _))| {
+                let pid = self.targets[*i].pid;
+                cands
+                    .iter()
+                    .enumerate()
+                    .map(|(j, (r, resident))| {
+                        let t = touched[k].as_ref().map(|v| v[j]);
+                        let rate = t.map(|t| t as f64 / window_s);
+                        Candidate {
+                            pid,
+                            start: r.start,
+                            resident: *resident,
+                            touched: t,
+                            rate,
+                            benefit_ns_per_s: rate.map(|r| r * self.opts.walk_ns),
+                        }
+                    })
+                    .collect()
+            })
+            .collect();
+        let order = self.order(&mut lists);
+        let mut processes: Vec<ProcessState> = per
+            .iter()
+            .zip(&lists)
+            .map(|((i, _, huge), l)| ProcessState {
+                pid: self.targets[*i].pid,
+                huge_regions: *huge,
+                candidates: l.len() as u64,
+                promoted: self.targets[*i].promoted,
+                expected_ns_per_s: l.iter().filter_map(|c| c.benefit_ns_per_s).sum(),
+            })
+            .collect();
+        // Promote in that order, under the budget.
+        let cpu_budget_ms = self.opts.interval.as_secs_f64() * 1e3 * self.opts.budget.cpu_share;
+        let mut spent_ms = 0.0;
+        let mut skipped: std::collections::BTreeMap<i32, (u64, String)> = Default::default();
+        for c in &order {
+            let left_total = self
+                .opts
+                .budget
+                .total
+                .map_or(u64::MAX, |t| t.saturating_sub(self.counters.promoted));
+            let why = if left_total == 0 {
+                Some("the total budget of huge pages is spent".to_string())
+            } else if self.allowance < 1.0 {
+                Some(format!(
+                    "the budget of {} huge pages per second is spent for now",
+                    self.opts.budget.per_second
+                ))
+            } else if spent_ms > cpu_budget_ms {
+                Some(format!(
+                    "the CPU budget of the step ({cpu_budget_ms:.1} ms) is spent"
+                ))
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                let e = skipped.entry(c.pid).or_insert((0, why));
+                e.0 += 1;
+                self.counters.skipped_budget += 1;
+                continue;
+            }
+            let Some(t) = self.targets.iter_mut().find(|t| t.pid == c.pid) else {
+                continue;
+            };
+            let tc = Instant::now();
+            let r = process::process_madvise(
+                t.pidfd.as_raw_fd(),
+                &[(c.start, HUGE_PAGE_SIZE)],
+                mem::MADV_COLLAPSE,
+            );
+            let ms = tc.elapsed().as_secs_f64() * 1e3;
+            spent_ms += ms;
+            self.counters.collapse_ms += ms;
+            match r {
+                Ok(_) => {
+                    self.allowance -= 1.0;
+                    self.counters.promoted += 1;
+                    t.promoted += 1;
+                    if let Some(p) = processes.iter_mut().find(|p| p.pid == c.pid) {
+                        p.promoted = t.promoted;
+                    }
+                    actions.push(Action::Promoted {
+                        pid: c.pid,
+                        start: c.start,
+                        benefit_ns_per_s: c.benefit_ns_per_s,
+                        resident: c.resident,
+                        ms,
+                    });
+                }
+                Err(e) => {
+                    self.counters.failed += 1;
+                    let gone = e.raw_os_error() == Some(libc::ESRCH);
+                    actions.push(Action::Failed {
+                        pid: c.pid,
+                        start: c.start,
+                        why: format!("process_madvise(MADV_COLLAPSE): {e}"),
+                    });
+                    if gone {
+                        t.gone = true;
+                    }
+                }
+            }
+        }
+        for (pid, (n, why)) in skipped {
+            actions.push(Action::Skipped {
+                pid,
+                regions: n,
+                why,
+            });
+        }
+        let cpu_ms = thread_cpu_ms() - cpu0;
+        self.counters.steps += 1;
+        self.counters.cpu_ms += cpu_ms;
+        let mut candidates: Vec<Candidate> = order;
+        candidates.truncate(64);
+        Ok(Step {
+            t_ms: self.started.elapsed().as_millis() as u64,
+            processes,
+            candidates,
+            actions,
+            step_ms: t0.elapsed().as_secs_f64() * 1e3,
+            cpu_ms,
+        })
+    }
+
+    /// The candidates to promote, in the policy's order (those that would
+    /// gain nothing are left out).
+    fn order(&self, lists: &mut [Vec<Candidate>]) -> Vec<Candidate> {
+        match self.opts.policy {
+            Policy::AddressOrder => {
+                let mut all: Vec<Candidate> = lists.iter().flatten().cloned().collect();
+                all.sort_by_key(|c| (c.pid, c.start));
+                all
+            }
+            Policy::Utilisation(threshold) => {
+                let full = (HUGE_PAGE_SIZE / PAGE_SIZE) as f64;
+                let mut all: Vec<Candidate> = lists
+                    .iter()
+                    .flatten()
+                    .filter(|c| c.resident as f64 / full >= threshold)
+                    .cloned()
+                    .collect();
+                all.sort_by(|a, b| b.resident.cmp(&a.resident).then(a.start.cmp(&b.start)));
+                all
+            }
+            Policy::Coverage => {
+                // Each process's candidates, best first; those measured with
+                // no write in the window gain nothing and are left out; a
+                // process without coverage is ranked by utilisation after
+                // every measured one.
+                for l in lists.iter_mut() {
+                    l.retain(|c| c.benefit_ns_per_s.is_none_or(|b| b > 0.0));
+                    l.sort_by(|a, b| {
+                        b.benefit_ns_per_s
+                            .unwrap_or(0.0)
+                            .total_cmp(&a.benefit_ns_per_s.unwrap_or(0.0))
+                            .then(b.resident.cmp(&a.resident))
+                    });
+                }
+                let mut left: Vec<f64> = lists
+                    .iter()
+                    .map(|l| l.iter().filter_map(|c| c.benefit_ns_per_s).sum())
+                    .collect();
+                let mut next = vec![0usize; lists.len()];
+                let mut out = Vec::new();
+                loop {
+                    // The process whose remaining candidates promise the most.
+                    let best = (0..lists.len())
+                        .filter(|&k| next[k] < lists[k].len())
+                        .max_by(|&a, &b| left[a].total_cmp(&left[b]).then(b.cmp(&a)));
+                    let Some(k) = best else { break };
+                    let c = lists[k][next[k]].clone();
+                    next[k] += 1;
+                    left[k] -= c.benefit_ns_per_s.unwrap_or(0.0);
+                    out.push(c);
+                }
+                out
+            }
+        }
+    }
+
+    /// The counters in the Prometheus text format.
+    pub fn metrics(&self) -> String {
+        let c = &self.counters;
+        let mut s = String::new();
+        let mut put = |name: &str, kind: &str, help: &str, v: f64| {
+            s += &format!("# HELP pagewise_thp_{name} {help}\n# TYPE pagewise_thp_{name} {kind}\npagewise_thp_{name} {v}\n");
+        };
+        put(
+            "steps_total",
+            "counter",
+            "Steps the agent has taken.",
+            c.steps as f64,
+        );
+        put(
+            "promoted_total",
+            "counter",
+            "Huge pages promoted (MADV_COLLAPSE).",
+            c.promoted as f64,
+        );
+        put(
+            "failed_total",
+            "counter",
+            "Collapses the kernel refused.",
+            c.failed as f64,
+        );
+        put(
+            "skipped_budget_total",
+            "counter",
+            "Candidates passed over because the budget was spent.",
+            c.skipped_budget as f64,
+        );
+        put(
+            "cpu_seconds_total",
+            "counter",
+            "CPU time of the agent's steps.",
+            c.cpu_ms / 1e3,
+        );
+        put(
+            "collapse_seconds_total",
+            "counter",
+            "Time spent in collapses.",
+            c.collapse_ms / 1e3,
+        );
+        put(
+            "watched_processes",
+            "gauge",
+            "Processes watched and still there.",
+            self.targets.iter().filter(|t| !t.gone).count() as f64,
+        );
+        for t in &self.targets {
+            s += &format!(
+                "pagewise_thp_promoted{{pid=\"{}\"}} {}\n",
+                t.pid, t.promoted
+            );
+        }
+        s
+    }
+}
