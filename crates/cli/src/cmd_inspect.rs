@@ -284,6 +284,7 @@ pub fn run(a: Args) -> Result<i32> {
             match m {
                 Method::Sampler => "sampled by the far-memory engine inside the process",
                 Method::IdlePage => "idle page tracking",
+                Method::Writes => "pages written, tracked from outside",
             }
         ),
         (None, Some(why)) => println!("  access coverage {:>12}  ({why})", "-"),
