@@ -6,6 +6,7 @@ mod cmd_inspect;
 mod cmd_probe;
 mod cmd_receive;
 mod cmd_snapshot;
+mod cmd_thp;
 mod cmd_track;
 mod cmd_workload;
 mod heatmap;
@@ -65,6 +66,12 @@ enum Cmd {
     /// CMD` reads every resident anonymous page once; `--coverage-ms MS`
     /// measures which pages are touched, `--heatmap FILE.svg` draws it.
     Inspect(cmd_inspect::Args),
+    /// The huge-page agent (HawkEye): promote 2 MiB regions by access coverage.
+    ///
+    /// `pagewise thp run --pid PID [--budget-total N] [--json]` measures which
+    /// regions the process writes most and collapses them into huge pages
+    /// first, fairly across the processes given, within a budget.
+    Thp(cmd_thp::Args),
     /// Run the benchmarks of a capability and print ratios against the baselines.
     Bench(pagewise_bench::cli::Args),
     /// One-step tour: track a built-in workload with every available backend.
@@ -86,6 +93,7 @@ fn main() {
         Cmd::Receive(a) => cmd_receive::run(a),
         Cmd::Farmem(a) => cmd_farmem::run(a),
         Cmd::Inspect(a) => cmd_inspect::run(a),
+        Cmd::Thp(a) => cmd_thp::run(a),
         Cmd::Bench(a) => pagewise_bench::cli::run(a, cli.quiet),
         Cmd::Demo(a) => cmd_demo::demo(a),
         Cmd::Workload(a) => cmd_workload::run(a),

@@ -66,6 +66,17 @@ fn spawn_workload(args: &[&str]) -> (std::process::Child, u64, u64) {
     (wl, addr, len)
 }
 
+/// The JSON lines of a command that must have succeeded (else its stderr
+/// is the failure).
+fn ok_json_lines(out: &std::process::Output) -> Vec<serde_json::Value> {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    json_lines(&out.stdout)
+}
+
 fn json_lines(out: &[u8]) -> Vec<serde_json::Value> {
     String::from_utf8_lossy(out)
         .lines()
@@ -139,12 +150,7 @@ fn track_pid_from_outside_sees_the_known_writes() {
         .output()
         .unwrap();
     let _ = wl.wait();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let lines = json_lines(&out.stdout);
+    let lines = ok_json_lines(&out);
     assert_eq!(lines.len(), 6);
     for l in &lines {
         assert!(
@@ -785,5 +791,112 @@ fn live_migration_to_a_receiver_stores_the_known_layout() {
     assert_eq!(ids.len(), 1);
     assert_eq!(disk.load(ids[0]).unwrap().label, "moved");
     assert_known_layout(&disk, ids[0], start, len, 300);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `thp run` on a running workload: JSON steps whose promotions add up to
+/// the total budget (each region then mapped by a huge page), the metrics
+/// file saying the same; without `--steps` it ends on SIGTERM with status 0
+/// and leaves no range registered in the process.
+#[test]
+fn thp_run_promotes_within_the_budget_and_ends_on_sigterm() {
+    let p = pagewise::probe::get();
+    if !p.madv_collapse || !p.process_madvise {
+        pagewise_testkit::skip!("{} / {}", p.why("madv_collapse"), p.why("process_madvise"));
+        return;
+    }
+    if let Err(why) = pagewise::track::BackendKind::UffdWp.available_for_pid() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    let (mut wl, _, _) = spawn_workload(&[
+        "workload",
+        "--mib",
+        "32",
+        "--seconds",
+        "20",
+        "--pages-per-sec",
+        "20000",
+    ]);
+    let pid = wl.id().to_string();
+    let dir = temp_dir("thp");
+    std::fs::create_dir_all(&dir).unwrap();
+    let prom = dir.join("thp.prom");
+    let out = Command::new(BIN)
+        .args([
+            "thp",
+            "run",
+            "--json",
+            "--steps",
+            "2",
+            "--budget-total",
+            "3",
+            "--walk-ns",
+            "30",
+        ])
+        .args(["--interval-ms", "500", "--pid", &pid, "--metrics"])
+        .arg(&prom)
+        .output()
+        .unwrap();
+    let steps = ok_json_lines(&out);
+    assert_eq!(steps.len(), 2);
+    let mut promoted = Vec::new();
+    for s in &steps {
+        for a in s["actions"].as_array().unwrap() {
+            match a["action"].as_str().unwrap() {
+                "promoted" => promoted.push(a["start"].as_u64().unwrap()),
+                "failed" => {
+                    pagewise_testkit::skip!("the kernel refused a collapse: {a}");
+                    let _ = wl.kill();
+                    return;
+                }
+                _ => {}
+            }
+        }
+    }
+    assert_eq!(promoted.len(), 3, "{steps:?}");
+    let mut w = pagewise::walk::PageWalker::new(Some(wl.id() as i32)).unwrap();
+    let mut runs = Vec::new();
+    for &start in &promoted {
+        let r = pagewise::Region::new(start, 2 << 20).unwrap();
+        let huge = pagewise_sys::pagemap::category::HUGE;
+        w.categories(r, huge, huge, &mut runs).unwrap();
+        assert!(
+            !runs.is_empty(),
+            "{start:#x} was promoted but is not a huge page"
+        );
+    }
+    let text = std::fs::read_to_string(&prom).unwrap();
+    assert!(text.contains("pagewise_thp_promoted_total 3"), "{text}");
+    // Until SIGTERM.
+    let mut run = Command::new(BIN)
+        .args([
+            "thp",
+            "run",
+            "--interval-ms",
+            "300",
+            "--walk-ns",
+            "30",
+            "--pid",
+            &pid,
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    pagewise_sys::process::kill(run.id() as i32, libc::SIGTERM).unwrap();
+    let st = run.wait().unwrap();
+    let mut text = String::new();
+    std::io::Read::read_to_string(run.stdout.as_mut().unwrap(), &mut text).unwrap();
+    assert!(st.success(), "thp run ended with {st}: {text}");
+    assert!(text.contains("steps:"), "{text}");
+    let uw = std::fs::read_to_string(format!("/proc/{pid}/smaps"))
+        .unwrap()
+        .lines()
+        .filter(|l| l.starts_with("VmFlags:") && l.split_whitespace().any(|f| f == "uw"))
+        .count();
+    assert_eq!(uw, 0, "ranges left registered in the process");
+    let _ = wl.kill();
+    let _ = wl.wait();
     let _ = std::fs::remove_dir_all(&dir);
 }

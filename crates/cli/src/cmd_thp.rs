@@ -1,0 +1,290 @@
+//! `pagewise thp`: the huge-page agent (HawkEye's promotion by access
+//! coverage, fairly across processes, under a budget).
+
+use anyhow::{bail, Context, Result};
+use pagewise::thp::agent::{Action, Agent, Budget, Options, Policy, Step};
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    sub: Sub,
+}
+
+#[derive(clap::Subcommand)]
+enum Sub {
+    /// Promote the 2 MiB regions of processes to huge pages by benefit.
+    ///
+    /// Each interval the agent measures, over a window, which pages of each
+    /// not-yet-huge 2 MiB region the processes write (from outside: they are
+    /// stopped for a moment once, when first watched), ranks the regions by
+    /// coverage x the page-walk cost measured on this machine, and collapses
+    /// the best ones (process_madvise(MADV_COLLAPSE), CAP_SYS_NICE), giving
+    /// the next huge page to the process that stands to gain most, within
+    /// the budget. It changes no system setting. SIGINT or SIGTERM ends it
+    /// between steps, leaving nothing registered in the processes.
+    Run(RunArgs),
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// A process to watch (repeat for more).
+    #[arg(long = "pid")]
+    pids: Vec<i32>,
+    /// Milliseconds between steps.
+    #[arg(long, default_value_t = 1000)]
+    interval_ms: u64,
+    /// Milliseconds of the coverage window inside a step.
+    #[arg(long, default_value_t = 200)]
+    window_ms: u64,
+    /// Promotion order: coverage (HawkEye), address (khugepaged's order), or
+    /// utilisation:F (Ingens-like: regions at least F resident, fullest first).
+    #[arg(long, default_value = "coverage")]
+    policy: String,
+    /// Huge pages to promote in all.
+    #[arg(long)]
+    budget_total: Option<u64>,
+    /// Huge pages per second.
+    #[arg(long, default_value_t = 16.0)]
+    budget_per_s: f64,
+    /// Share of one CPU the collapses of a step may take.
+    #[arg(long, default_value_t = 0.1)]
+    cpu_share: f64,
+    /// The page-walk cost to rank by, ns (measured at start if not given).
+    #[arg(long)]
+    walk_ns: Option<f64>,
+    /// Stop after this many steps.
+    #[arg(long)]
+    steps: Option<u64>,
+    /// One JSON object per step on stdout.
+    #[arg(long)]
+    json: bool,
+    /// Write the counters in the Prometheus text format to FILE after each
+    /// step (for node_exporter's textfile collector).
+    #[arg(long, value_name = "FILE")]
+    metrics: Option<PathBuf>,
+    /// Serve the counters in the Prometheus text format over HTTP at ADDR
+    /// (loopback, e.g. 127.0.0.1:9101).
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<String>,
+    /// A command to start and watch (ends when it exits, with its status).
+    #[arg(last = true)]
+    command: Vec<String>,
+}
+
+pub fn run(a: Args) -> Result<i32> {
+    match a.sub {
+        Sub::Run(r) => run_agent(r),
+    }
+}
+
+fn policy_of(s: &str) -> Result<Policy> {
+    Ok(match s {
+        "coverage" => Policy::Coverage,
+        "address" => Policy::AddressOrder,
+        _ => match s.strip_prefix("utilisation:") {
+            Some(f) => {
+                let f: f64 = f.parse().with_context(|| format!("policy {s}"))?;
+                if !(0.0..=1.0).contains(&f) {
+                    bail!("policy {s}: the threshold is a share, 0 to 1");
+                }
+                Policy::Utilisation(f)
+            }
+            None => bail!("policy {s}: coverage, address or utilisation:F"),
+        },
+    })
+}
+
+fn run_agent(a: RunArgs) -> Result<i32> {
+    if a.pids.is_empty() && a.command.is_empty() {
+        bail!("give --pid PID (repeatable) or -- CMD");
+    }
+    if a.interval_ms == 0 || a.window_ms >= a.interval_ms {
+        bail!("--window-ms must be shorter than --interval-ms, which must be above 0");
+    }
+    let policy = policy_of(&a.policy)?;
+    pagewise_sys::signal::block(&[libc::SIGINT, libc::SIGTERM])?;
+    let stop = Arc::new(AtomicBool::new(false));
+    {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            if pagewise_sys::signal::wait(&[libc::SIGINT, libc::SIGTERM]).is_ok() {
+                stop.store(true, Ordering::SeqCst);
+            }
+        });
+    }
+    let mut child = None;
+    let mut pids = a.pids.clone();
+    if !a.command.is_empty() {
+        let c = std::process::Command::new(&a.command[0])
+            .args(&a.command[1..])
+            .spawn()
+            .with_context(|| format!("starting {}", a.command[0]))?;
+        pids.push(c.id() as i32);
+        child = Some(c);
+    }
+    let walk_ns = match a.walk_ns {
+        Some(w) => w,
+        None => {
+            let c = pagewise::thp::calibrate_walk_cost(64 << 20, 1 << 20)?;
+            match c.walk_ns {
+                Some(w) if w > 0.0 => w,
+                _ => {
+                    eprintln!("pagewise: the page-walk cost could not be measured here (no huge page could be made); ranking with 30 ns");
+                    30.0
+                }
+            }
+        }
+    };
+    let opts = Options {
+        interval: Duration::from_millis(a.interval_ms),
+        window: Duration::from_millis(a.window_ms),
+        policy,
+        budget: Budget {
+            total: a.budget_total,
+            per_second: a.budget_per_s,
+            cpu_share: a.cpu_share,
+        },
+        walk_ns,
+    };
+    let mut agent = Agent::new(&pids, opts)?;
+    let served = Arc::new(Mutex::new(agent.metrics()));
+    if let Some(addr) = &a.metrics_listen {
+        serve_metrics(addr, served.clone())?;
+    }
+    if !a.json {
+        println!(
+            "watching {} process(es); policy {}; page walk {walk_ns:.1} ns; every {} ms (SIGINT or SIGTERM ends)",
+            pids.len(),
+            a.policy,
+            a.interval_ms
+        );
+    }
+    let t0 = Instant::now();
+    let mut n = 0u64;
+    let status = loop {
+        if stop.load(Ordering::SeqCst) {
+            break 0;
+        }
+        if let Some(c) = child.as_mut() {
+            if let Some(st) = c.try_wait()? {
+                break pagewise::launch::exit_code(st);
+            }
+        }
+        let due = t0 + Duration::from_millis(a.interval_ms) * n as u32;
+        while Instant::now() < due && !stop.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if stop.load(Ordering::SeqCst) {
+            break 0;
+        }
+        let step = agent.step()?;
+        n += 1;
+        report(&step, a.json)?;
+        let text = agent.metrics();
+        if let Some(path) = &a.metrics {
+            let tmp = path.with_extension("tmp");
+            std::fs::write(&tmp, &text).with_context(|| format!("writing {}", tmp.display()))?;
+            std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
+        }
+        *served.lock().expect("not poisoned") = text;
+        if !agent.watching() {
+            break 0;
+        }
+        if a.steps.is_some_and(|s| n >= s) {
+            break 0;
+        }
+    };
+    let c = agent.counters();
+    if !a.json {
+        println!(
+            "{} steps: {} promoted, {} refused by the kernel, {} passed over for the budget; the agent's CPU {:.1} ms ({:.2} % of one CPU)",
+            c.steps,
+            c.promoted,
+            c.failed,
+            c.skipped_budget,
+            c.cpu_ms,
+            c.cpu_ms / (t0.elapsed().as_secs_f64() * 1e3).max(1.0) * 100.0
+        );
+    }
+    drop(agent);
+    if let Some(mut c) = child {
+        if stop.load(Ordering::SeqCst) {
+            pagewise::launch::stop(&mut c, Duration::from_secs(5));
+        }
+    }
+    Ok(status)
+}
+
+fn report(step: &Step, json: bool) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    if json {
+        writeln!(out, "{}", serde_json::to_string(step)?)?;
+        return Ok(());
+    }
+    for p in &step.processes {
+        write!(
+            out,
+            "{:>7.1}s pid {}: {} huge, {} candidates, {} promoted so far",
+            step.t_ms as f64 / 1e3,
+            p.pid,
+            p.huge_regions,
+            p.candidates,
+            p.promoted
+        )?;
+        if p.expected_ns_per_s > 0.0 {
+            write!(out, ", walks worth {:.1} µs/s", p.expected_ns_per_s / 1e3)?;
+        }
+        writeln!(out)?;
+    }
+    for act in &step.actions {
+        match act {
+            Action::Promoted {
+                pid,
+                start,
+                benefit_ns_per_s,
+                resident,
+                ms,
+            } => writeln!(
+                out,
+                "          promoted pid {pid} {start:#x} ({resident} pages resident{}) in {ms:.2} ms",
+                benefit_ns_per_s.map_or(String::new(), |b| format!(", saves {:.1} µs/s", b / 1e3))
+            )?,
+            Action::Failed { pid, start, why } => {
+                writeln!(out, "          refused  pid {pid} {start:#x}: {why}")?
+            }
+            Action::Skipped { pid, regions, why } => {
+                writeln!(out, "          skipped  pid {pid}: {regions} regions: {why}")?
+            }
+            Action::Gone { pid, why } => writeln!(out, "          gone     pid {pid}: {why}")?,
+            Action::NoCoverage { pid, why } => {
+                writeln!(out, "          no coverage for pid {pid} (ranked by utilisation): {why}")?
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Serves `text` over HTTP at `addr` (any path), from a thread.
+fn serve_metrics(addr: &str, text: Arc<Mutex<String>>) -> Result<()> {
+    let l = std::net::TcpListener::bind(addr).with_context(|| format!("listening on {addr}"))?;
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { continue };
+            let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+            let mut req = [0u8; 1024];
+            let _ = s.read(&mut req);
+            let body = text.lock().map(|t| t.clone()).unwrap_or_default();
+            let _ = write!(
+                s,
+                "HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    Ok(())
+}
