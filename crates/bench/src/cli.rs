@@ -71,6 +71,16 @@ enum What {
         #[command(flatten)]
         output: Output,
     },
+    /// HawkEye's experiment (b): time saved per huge page promoted, by
+    /// coverage against address order and utilisation, on a self-checking
+    /// random-update workload. Short by default.
+    Thp {
+        /// The full experiment (budgets 4, 8, 16; 3 repeats).
+        #[arg(long)]
+        full: bool,
+        #[command(flatten)]
+        output: Output,
+    },
     /// LDT's experiment (d): a real redis-server loaded by redis-benchmark,
     /// untracked and tracked every 1, 5 and 10 s.
     Redis(crate::redis::Args),
@@ -191,6 +201,20 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
             let rc = output.emit(&report, report.summary(), report.charts())?;
             if wrong > 0 {
                 anyhow::bail!("{wrong} stored pages differ from the process's memory at the stop");
+            }
+            Ok(rc)
+        }
+        What::Thp { full, output } => {
+            let cfg = if full {
+                crate::thp::Config::full()
+            } else {
+                crate::thp::Config::quick()
+            };
+            let report = crate::thp::run(&cfg, &mut progress(quiet))?;
+            let rc = output.emit(&report, report.summary(), report.charts())?;
+            let bad = report.rows.iter().filter(|r| !r.verified).count();
+            if bad > 0 {
+                anyhow::bail!("{bad} runs failed their own check: a write was lost or torn");
             }
             Ok(rc)
         }

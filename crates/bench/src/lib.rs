@@ -13,6 +13,7 @@ pub mod outside;
 pub mod redis;
 pub mod snap;
 pub mod svg;
+pub mod thp;
 pub mod track;
 
 use serde::Serialize;

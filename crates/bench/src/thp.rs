@@ -1,0 +1,420 @@
+//! `pagewise bench thp`: HawkEye's experiment on the time saved per huge
+//! page (b). A forked process runs GUPS-like random updates (`x ^= v`) over
+//! 2 MiB regions of known, different access coverage:
+//!
+//! - *narrow* regions, first in address order: every update to one of them
+//!   goes to one of its 4 hot pages;
+//! - *wide* regions, after them: updates go to any of their 512 pages.
+//!
+//! Half the updates go to each kind. The narrow regions' hot pages fit in
+//! the TLB; the wide regions' pages do not: a huge page saves page walks in
+//! a wide region and next to nothing in a narrow one. Every region is
+//! populated (base pages), so all are equally "utilised".
+//!
+//! Per policy and budget k (huge pages), a fresh process: its time per
+//! round of updates is measured before any promotion, then the agent
+//! ([`pagewise::thp::agent`]) runs with that policy until it has promoted k
+//! regions (or gives up), and the time per round is measured again. The
+//! time saved per huge page is (before - after) / k per round. Policies:
+//! `coverage` (pagewise: coverage x walk cost), `address` (khugepaged's
+//! order), `utilisation` (Ingens-like, threshold 0.9: every region passes,
+//! fullest first, then by address).
+//!
+//! Self-check: the updates of round r come from a generator seeded with r,
+//! and `x ^= v` undoes itself: at the end the process applies every round
+//! again and checks that its memory is back to what it started with. A lost
+//! or torn write during a collapse would fail it.
+
+use crate::Machine;
+use pagewise::thp::agent::{Action, Agent, Budget, Options, Policy};
+use pagewise::workload::AnonMemory;
+use pagewise::{Error, Result, HUGE_PAGE_SIZE, PAGE_SIZE};
+use serde::Serialize;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// The experiment's size.
+#[derive(Debug, Clone, Serialize)]
+pub struct Config {
+    /// Narrow regions (4 hot pages each).
+    pub narrow: usize,
+    /// Wide regions (all 512 pages).
+    pub wide: usize,
+    /// Updates per round.
+    pub updates_per_round: u64,
+    /// Rounds timed before and after promotion (median).
+    pub rounds: usize,
+    /// Budgets k to run.
+    pub budgets: Vec<u64>,
+    /// Repeats per policy and budget (fresh processes).
+    pub repeats: usize,
+}
+
+impl Config {
+    /// A short run.
+    pub fn quick() -> Self {
+        Config {
+            narrow: 32,
+            wide: 16,
+            updates_per_round: 1 << 20,
+            rounds: 5,
+            budgets: vec![8],
+            repeats: 1,
+        }
+    }
+    /// The experiment.
+    pub fn full() -> Self {
+        Config {
+            narrow: 32,
+            wide: 16,
+            updates_per_round: 1 << 21,
+            rounds: 9,
+            budgets: vec![4, 8, 16],
+            repeats: 3,
+        }
+    }
+}
+
+/// One run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    /// Policy.
+    pub policy: String,
+    /// Budget k.
+    pub k: u64,
+    /// Repeat number.
+    pub repeat: usize,
+    /// Median ms per round before promotion.
+    pub before_ms: f64,
+    /// Median ms per round after.
+    pub after_ms: f64,
+    /// Huge pages the agent promoted.
+    pub promoted: u64,
+    /// Of them, wide regions.
+    pub promoted_wide: u64,
+    /// (before - after) / promoted, ms per round per huge page.
+    pub saved_ms_per_huge_page: f64,
+    /// Agent steps taken.
+    pub steps: u64,
+    /// The process's own check after the run.
+    pub verified: bool,
+}
+
+/// What the experiment measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// The machine.
+    pub machine: Machine,
+    /// Configuration.
+    pub config: Config,
+    /// Page-walk cost measured, ns.
+    pub walk_ns: f64,
+    /// Runs.
+    pub rows: Vec<Row>,
+}
+
+/// The control page shared with the child: [0] rounds done, [1] stop,
+/// [2] ns of the last round, [3] 1 when verified, 2 when not, [4] ready.
+struct Ctl(*mut AtomicU64);
+
+impl Ctl {
+    fn new() -> Result<Self> {
+        let m = pagewise_sys::mem::mmap_shared_anonymous(PAGE_SIZE)
+            .map_err(|e| Error::os("mapping a shared page", e))?;
+        Ok(Ctl(m as *mut AtomicU64))
+    }
+    fn at(&self, i: usize) -> &AtomicU64 {
+        // SAFETY: the page holds 512 counters and lives as long as self.
+        unsafe { &*self.0.add(i) }
+    }
+}
+
+struct Child {
+    pid: i32,
+    base: u64,
+    ctl: Ctl,
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = pagewise_sys::process::kill(self.pid, libc::SIGKILL);
+        let _ = pagewise_sys::process::wait_child(self.pid);
+    }
+}
+
+/// xorshift64*.
+fn next(x: &mut u64) -> u64 {
+    *x ^= *x >> 12;
+    *x ^= *x << 25;
+    *x ^= *x >> 27;
+    x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+}
+
+/// One round of updates over `mem` (round `r`).
+fn round(base: usize, cfg: &Config, r: u64) {
+    let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ (r.wrapping_mul(0xD1B5_4A32_D192_ED03) | 1);
+    let words_per_page = PAGE_SIZE / 8;
+    for _ in 0..cfg.updates_per_round {
+        let a = next(&mut x);
+        let b = next(&mut x);
+        let wide = a & 1 == 1;
+        let (region, page) = if wide {
+            (
+                cfg.narrow + (a >> 1) as usize % cfg.wide,
+                (b >> 9) as usize % 512,
+            )
+        } else {
+            ((a >> 1) as usize % cfg.narrow, (b >> 9) as usize % 4)
+        };
+        let word = (b as usize) % words_per_page;
+        let at = base + region * HUGE_PAGE_SIZE + page * PAGE_SIZE + word * 8;
+        // SAFETY: inside the child's regions.
+        unsafe {
+            let p = at as *mut u64;
+            std::ptr::write_volatile(p, std::ptr::read_volatile(p) ^ b);
+        }
+    }
+}
+
+fn start(cfg: &Config) -> Result<Child> {
+    let regions = cfg.narrow + cfg.wide;
+    let mem = AnonMemory::new(regions * HUGE_PAGE_SIZE)?;
+    // No advice: base pages at first touch (THP in `madvise` mode).
+    for i in 0..mem.len() / 8 {
+        // SAFETY: inside `mem`.
+        unsafe { std::ptr::write((mem.addr() as usize + i * 8) as *mut u64, i as u64) };
+    }
+    let ctl = Ctl::new()?;
+    let base = mem.addr() as usize;
+    let ctlp = ctl.0 as usize;
+    let cfg2 = cfg.clone();
+    // SAFETY: the child updates its own memory, reads the clock and the
+    // shared page, sleeps and exits: no allocation, no lock.
+    let pid = unsafe {
+        pagewise_sys::process::fork_child(move || {
+            let c = |i: usize| &*(ctlp as *const AtomicU64).add(i);
+            c(4).store(1, Ordering::SeqCst);
+            let mut r = 0u64;
+            while c(1).load(Ordering::SeqCst) == 0 {
+                let t = Instant::now();
+                round(base, &cfg2, r);
+                c(2).store(t.elapsed().as_nanos() as u64, Ordering::SeqCst);
+                r += 1;
+                c(0).store(r, Ordering::SeqCst);
+            }
+            // Undo every round and check.
+            for k in 0..r {
+                round(base, &cfg2, k);
+            }
+            let words = (cfg2.narrow + cfg2.wide) * HUGE_PAGE_SIZE / 8;
+            let ok = (0..words).all(|i| std::ptr::read((base + i * 8) as *const u64) == i as u64);
+            c(3).store(if ok { 1 } else { 2 }, Ordering::SeqCst);
+            0
+        })
+    }
+    .map_err(|e| Error::os("fork of the target", e))?;
+    drop(mem); // the child has its own copy
+    let child = Child {
+        pid,
+        base: base as u64,
+        ctl,
+    };
+    let t0 = Instant::now();
+    while child.ctl.at(4).load(Ordering::SeqCst) == 0 && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    Ok(child)
+}
+
+/// Median ms of the next `n` rounds.
+fn rounds_ms(c: &Child, n: usize) -> f64 {
+    let mut v = Vec::new();
+    let mut seen = c.ctl.at(0).load(Ordering::SeqCst);
+    while v.len() < n {
+        std::thread::sleep(Duration::from_millis(1));
+        let now = c.ctl.at(0).load(Ordering::SeqCst);
+        if now > seen {
+            seen = now;
+            v.push(c.ctl.at(2).load(Ordering::SeqCst) as f64 / 1e6);
+        }
+    }
+    crate::median(&mut v)
+}
+
+fn one(
+    cfg: &Config,
+    policy: Policy,
+    name: &str,
+    k: u64,
+    repeat: usize,
+    walk_ns: f64,
+) -> Result<Row> {
+    let c = start(cfg)?;
+    let before_ms = rounds_ms(&c, cfg.rounds);
+    let opts = Options {
+        interval: Duration::from_millis(300),
+        window: Duration::from_millis(100),
+        policy,
+        budget: Budget {
+            total: Some(k),
+            per_second: 1000.0,
+            cpu_share: 1.0,
+        },
+        walk_ns,
+    };
+    let mut agent = Agent::new(&[c.pid], opts)?;
+    let mut promoted = Vec::new();
+    let mut steps = 0;
+    while (promoted.len() as u64) < k && steps < 10 {
+        let s = agent.step()?;
+        steps += 1;
+        for a in s.actions {
+            if let Action::Promoted { start, .. } = a {
+                promoted.push(start);
+            }
+        }
+    }
+    drop(agent);
+    let after_ms = rounds_ms(&c, cfg.rounds);
+    c.ctl.at(1).store(1, Ordering::SeqCst);
+    let t0 = Instant::now();
+    while c.ctl.at(3).load(Ordering::SeqCst) == 0 && t0.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let verified = c.ctl.at(3).load(Ordering::SeqCst) == 1;
+    let wide_from = c.base + (cfg.narrow * HUGE_PAGE_SIZE) as u64;
+    let n = promoted.len() as u64;
+    Ok(Row {
+        policy: name.to_string(),
+        k,
+        repeat,
+        before_ms,
+        after_ms,
+        promoted: n,
+        promoted_wide: promoted
+            .iter()
+            .filter(|&&s| {
+                s >= wide_from && s < c.base + ((cfg.narrow + cfg.wide) * HUGE_PAGE_SIZE) as u64
+            })
+            .count() as u64,
+        saved_ms_per_huge_page: if n > 0 {
+            (before_ms - after_ms) / n as f64
+        } else {
+            0.0
+        },
+        steps,
+        verified,
+    })
+}
+
+/// Runs the experiment.
+pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
+    let p = pagewise::probe::get();
+    if !p.madv_collapse || !p.process_madvise {
+        return Err(Error::Unsupported {
+            feature: "MADV_COLLAPSE through process_madvise",
+            why: format!("{} / {}", p.why("madv_collapse"), p.why("process_madvise")),
+        });
+    }
+    progress("measuring the page-walk cost");
+    let cost = pagewise::thp::calibrate_walk_cost(64 << 20, 1 << 20)?;
+    let walk_ns = cost.walk_ns.unwrap_or(30.0).max(1.0);
+    let mut rows = Vec::new();
+    let policies = [
+        (Policy::Coverage, "coverage"),
+        (Policy::AddressOrder, "address"),
+        (Policy::Utilisation(0.9), "utilisation"),
+    ];
+    for &k in &cfg.budgets {
+        for repeat in 0..cfg.repeats {
+            for &(policy, name) in &policies {
+                progress(&format!("k = {k}, {name}, run {}", repeat + 1));
+                rows.push(one(cfg, policy, name, k, repeat, walk_ns)?);
+            }
+        }
+    }
+    Ok(Report {
+        machine: Machine::this(),
+        config: cfg.clone(),
+        walk_ns,
+        rows,
+    })
+}
+
+impl Report {
+    /// Median saved per huge page of `policy` at budget `k`.
+    fn saved(&self, policy: &str, k: u64) -> (f64, f64, f64) {
+        let mut v: Vec<f64> = self
+            .rows
+            .iter()
+            .filter(|r| r.policy == policy && r.k == k)
+            .map(|r| r.saved_ms_per_huge_page)
+            .collect();
+        let lo = v.iter().cloned().fold(f64::INFINITY, f64::min);
+        let hi = v.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        (crate::median(&mut v), lo, hi)
+    }
+
+    /// The table.
+    pub fn summary(&self) -> String {
+        let c = &self.config;
+        let mut s = format!(
+            "pagewise bench thp — {}\n(b) time saved per huge page: {} narrow regions (4 hot pages each) then {} wide ones (512), {} updates per round; page walk {:.1} ns\n\n{:>12} {:>4} {:>6} {:>10} {:>10} {:>9} {:>6} {:>14} {:>9}\n",
+            self.machine, c.narrow, c.wide, c.updates_per_round, self.walk_ns,
+            "policy", "k", "run", "before ms", "after ms", "promoted", "wide", "saved ms/huge", "verified"
+        );
+        for r in &self.rows {
+            s += &format!(
+                "{:>12} {:>4} {:>6} {:>10.1} {:>10.1} {:>9} {:>6} {:>14.3} {:>9}\n",
+                r.policy,
+                r.k,
+                r.repeat + 1,
+                r.before_ms,
+                r.after_ms,
+                r.promoted,
+                r.promoted_wide,
+                r.saved_ms_per_huge_page,
+                r.verified
+            );
+        }
+        s += "\nmedian saved per huge page, ms per round (min–max), and coverage against address order:\n";
+        for &k in &c.budgets {
+            let (cov, cl, ch) = self.saved("coverage", k);
+            let (adr, al, ah) = self.saved("address", k);
+            let (uti, ul, uh) = self.saved("utilisation", k);
+            s += &format!(
+                "  k = {k:>2}: coverage {cov:.3} ({cl:.3}–{ch:.3}), address {adr:.3} ({al:.3}–{ah:.3}), utilisation {uti:.3} ({ul:.3}–{uh:.3}); coverage/address {}\n",
+                if adr > 0.0 { format!("{:.1}x", cov / adr) } else { format!("(address order saved {adr:.3} ms)") }
+            );
+        }
+        s += "\ngoal: at least 2x the run time saved per huge page of address-order promotion, at the same budget; every run verified.\n";
+        s
+    }
+
+    /// Saved per huge page against k, per policy.
+    pub fn charts(&self) -> Vec<(String, crate::svg::Chart)> {
+        let series = ["coverage", "address", "utilisation"]
+            .iter()
+            .map(|p| crate::svg::Series {
+                label: p.to_string(),
+                points: self
+                    .config
+                    .budgets
+                    .iter()
+                    .map(|&k| (k as f64, self.saved(p, k).0))
+                    .collect(),
+            })
+            .collect();
+        vec![(
+            "thp.svg".into(),
+            crate::svg::Chart {
+                title: "(b) run time saved per huge page promoted".into(),
+                x_label: "budget k (huge pages)".into(),
+                y_label: "ms saved per round per huge page".into(),
+                log_x: true,
+                log_y: false,
+                series,
+            },
+        )]
+    }
+}
