@@ -68,9 +68,9 @@ impl Config {
             narrow: 32,
             wide: 16,
             updates_per_round: 1 << 21,
-            rounds: 9,
+            rounds: 15,
             budgets: vec![4, 8, 16],
-            repeats: 3,
+            repeats: 5,
         }
     }
 }
@@ -100,6 +100,28 @@ pub struct Row {
     pub verified: bool,
 }
 
+/// The coverage measured from outside against ground truth, and what
+/// measuring costs the process.
+#[derive(Debug, Clone, Serialize)]
+pub struct CoverageCheck {
+    /// Windows measured.
+    pub windows: u64,
+    /// Pages the process touched in the windows, summed over regions (the
+    /// narrow regions' 4 hot pages, the wide regions' 512).
+    pub true_pages: u64,
+    /// Pages measured as written.
+    pub measured_pages: u64,
+    /// Sum over regions of |measured - true| / sum of true.
+    pub error: f64,
+    /// ms per round without measuring, and while the agent measures every
+    /// 300 ms (100 ms windows, nothing promoted).
+    pub round_ms_alone: f64,
+    /// As above, while measured.
+    pub round_ms_measured: f64,
+    /// round_ms_measured / round_ms_alone - 1.
+    pub slowdown: f64,
+}
+
 /// What the experiment measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
@@ -111,6 +133,8 @@ pub struct Report {
     pub walk_ns: f64,
     /// Runs.
     pub rows: Vec<Row>,
+    /// The coverage method against ground truth.
+    pub coverage: CoverageCheck,
 }
 
 /// The control page shared with the child: [0] rounds done, [1] stop,
@@ -193,6 +217,14 @@ fn start(cfg: &Config) -> Result<Child> {
     let pid = unsafe {
         pagewise_sys::process::fork_child(move || {
             let c = |i: usize| &*(ctlp as *const AtomicU64).add(i);
+            // On a CPU of its own when there are two or more (the agent runs
+            // on the others): fewer migrations, steadier rounds.
+            let cpus = libc::sysconf(libc::_SC_NPROCESSORS_ONLN).max(1) as usize;
+            if cpus > 1 {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(cpus - 1, &mut set);
+                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+            }
             c(4).store(1, Ordering::SeqCst);
             let mut r = 0u64;
             while c(1).load(Ordering::SeqCst) == 0 {
@@ -307,6 +339,79 @@ fn one(
     })
 }
 
+/// Rounds completed and the time they took, over `d` (mean ms per round).
+fn mean_round_ms(c: &Child, d: Duration, mut during: impl FnMut()) -> f64 {
+    let r0 = c.ctl.at(0).load(Ordering::SeqCst);
+    let t0 = Instant::now();
+    while t0.elapsed() < d {
+        during();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let r1 = c.ctl.at(0).load(Ordering::SeqCst);
+    t0.elapsed().as_secs_f64() * 1e3 / (r1 - r0).max(1) as f64
+}
+
+/// The coverage method against the workload's known coverage, and the
+/// process's slowdown while it is measured.
+fn coverage_check(cfg: &Config, walk_ns: f64) -> Result<CoverageCheck> {
+    let c = start(cfg)?;
+    rounds_ms(&c, 2);
+    let opts = Options {
+        interval: Duration::from_millis(300),
+        window: Duration::from_millis(100),
+        policy: Policy::Coverage,
+        budget: Budget {
+            total: Some(0),
+            per_second: 0.0,
+            cpu_share: 0.0,
+        },
+        walk_ns,
+    };
+    let alone = mean_round_ms(&c, Duration::from_secs(3), || {});
+    let mut agent = Agent::new(&[c.pid], opts)?;
+    let (mut windows, mut truth, mut measured, mut diff) = (0u64, 0u64, 0u64, 0u64);
+    let wide_from = c.base + (cfg.narrow * HUGE_PAGE_SIZE) as u64;
+    let end = c.base + ((cfg.narrow + cfg.wide) * HUGE_PAGE_SIZE) as u64;
+    let mut next_step = Instant::now();
+    let mut failed = None;
+    let measured_ms = mean_round_ms(&c, Duration::from_secs(3), || {
+        if Instant::now() < next_step || failed.is_some() {
+            return;
+        }
+        next_step = Instant::now() + Duration::from_millis(300);
+        match agent.step() {
+            Ok(s) => {
+                windows += 1;
+                for cand in s
+                    .candidates
+                    .iter()
+                    .filter(|x| x.start >= c.base && x.start < end)
+                {
+                    let t = if cand.start >= wide_from { 512 } else { 4 };
+                    let m = cand.touched.unwrap_or(0);
+                    truth += t;
+                    measured += m;
+                    diff += m.abs_diff(t);
+                }
+            }
+            Err(e) => failed = Some(e),
+        }
+    });
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    c.ctl.at(1).store(1, Ordering::SeqCst);
+    Ok(CoverageCheck {
+        windows,
+        true_pages: truth,
+        measured_pages: measured,
+        error: diff as f64 / truth.max(1) as f64,
+        round_ms_alone: alone,
+        round_ms_measured: measured_ms,
+        slowdown: measured_ms / alone - 1.0,
+    })
+}
+
 /// Runs the experiment.
 pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
     let p = pagewise::probe::get();
@@ -319,6 +424,8 @@ pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
     progress("measuring the page-walk cost");
     let cost = pagewise::thp::calibrate_walk_cost(64 << 20, 1 << 20)?;
     let walk_ns = cost.walk_ns.unwrap_or(30.0).max(1.0);
+    progress("coverage from outside against ground truth");
+    let coverage = coverage_check(cfg, walk_ns)?;
     let mut rows = Vec::new();
     let policies = [
         (Policy::Coverage, "coverage"),
@@ -338,6 +445,7 @@ pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
         config: cfg.clone(),
         walk_ns,
         rows,
+        coverage,
     })
 }
 
@@ -387,6 +495,11 @@ impl Report {
                 if adr > 0.0 { format!("{:.1}x", cov / adr) } else { format!("(address order saved {adr:.3} ms)") }
             );
         }
+        let cv = &self.coverage;
+        s += &format!(
+            "\ncoverage from outside (pages written, uffd-wp in the process) against the known coverage, {} windows of 100 ms: {} pages measured against {} touched, error {:.2} %; the process's round {:.2} ms alone, {:.2} ms while measured every 300 ms: slowdown {:.1} %\n",
+            cv.windows, cv.measured_pages, cv.true_pages, cv.error * 100.0, cv.round_ms_alone, cv.round_ms_measured, cv.slowdown * 100.0
+        );
         s += "\ngoal: at least 2x the run time saved per huge page of address-order promotion, at the same budget; every run verified.\n";
         s
     }
