@@ -293,6 +293,7 @@ fn one(
             cpu_share: 1.0,
         },
         walk_ns,
+        recovery: None,
     };
     let mut agent = Agent::new(&[c.pid], opts)?;
     let mut promoted = Vec::new();
@@ -366,6 +367,7 @@ fn coverage_check(cfg: &Config, walk_ns: f64) -> Result<CoverageCheck> {
             cpu_share: 0.0,
         },
         walk_ns,
+        recovery: None,
     };
     let alone = mean_round_ms(&c, Duration::from_secs(3), || {});
     let mut agent = Agent::new(&[c.pid], opts)?;

@@ -2,7 +2,7 @@
 //! coverage, fairly across processes, under a budget).
 
 use anyhow::{bail, Context, Result};
-use pagewise::thp::agent::{Action, Agent, Budget, Options, Policy, Step};
+use pagewise::thp::agent::{Action, Agent, Budget, Options, Policy, Pressure, Recovery, Step};
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -57,6 +57,19 @@ struct RunArgs {
     /// The page-walk cost to rank by, ns (measured at start if not given).
     #[arg(long)]
     walk_ns: Option<f64>,
+    /// Give back the zero-filled base pages of huge pages when memory is
+    /// tight (the process is stopped for it, each time, for a moment).
+    #[arg(long)]
+    recover_bloat: bool,
+    /// With --recover-bloat: when memory counts as tight: always,
+    /// available-below:MIB (MemAvailable), or stall-above:PCT (memory
+    /// pressure, some avg10). Default: MemAvailable below a tenth of memory.
+    #[arg(long, value_name = "WHEN", requires = "recover_bloat")]
+    pressure: Option<String>,
+    /// With --recover-bloat: zero-filled pages (of 512) a huge page must
+    /// hold to give them back.
+    #[arg(long, default_value_t = 256, requires = "recover_bloat")]
+    zero_pages: u64,
     /// Stop after this many steps.
     #[arg(long)]
     steps: Option<u64>,
@@ -97,6 +110,26 @@ fn policy_of(s: &str) -> Result<Policy> {
             None => bail!("policy {s}: coverage, address or utilisation:F"),
         },
     })
+}
+
+fn pressure_of(s: Option<&str>) -> Result<Pressure> {
+    let Some(s) = s else {
+        let t = pagewise::procfs::read_trimmed("/proc/meminfo")?;
+        let total = pagewise::procfs::status_field(&t, "MemTotal:").unwrap_or(0) * 1024;
+        return Ok(Pressure::AvailableBelow(total / 10));
+    };
+    if s == "always" {
+        return Ok(Pressure::Always);
+    }
+    if let Some(m) = s.strip_prefix("available-below:") {
+        let mib: u64 = m.parse().with_context(|| format!("--pressure {s}"))?;
+        return Ok(Pressure::AvailableBelow(mib << 20));
+    }
+    if let Some(p) = s.strip_prefix("stall-above:") {
+        let pct: f64 = p.parse().with_context(|| format!("--pressure {s}"))?;
+        return Ok(Pressure::StallAbove(pct));
+    }
+    bail!("--pressure {s}: always, available-below:MIB or stall-above:PCT")
 }
 
 fn run_agent(a: RunArgs) -> Result<i32> {
@@ -150,6 +183,14 @@ fn run_agent(a: RunArgs) -> Result<i32> {
             cpu_share: a.cpu_share,
         },
         walk_ns,
+        recovery: if a.recover_bloat {
+            Some(Recovery {
+                when: pressure_of(a.pressure.as_deref())?,
+                zero_pages: a.zero_pages.clamp(1, 512),
+            })
+        } else {
+            None
+        },
     };
     let mut agent = Agent::new(&pids, opts)?;
     let served = Arc::new(Mutex::new(agent.metrics()));
@@ -261,6 +302,19 @@ fn report(step: &Step, json: bool) -> Result<()> {
                 writeln!(out, "          skipped  pid {pid}: {regions} regions: {why}")?
             }
             Action::Gone { pid, why } => writeln!(out, "          gone     pid {pid}: {why}")?,
+            Action::Recovered {
+                pid,
+                start,
+                zero_pages,
+                stopped_ms,
+                pressure,
+            } => writeln!(
+                out,
+                "          recovered pid {pid} {start:#x}: {zero_pages} zero pages given back (stopped {stopped_ms:.2} ms; {pressure})"
+            )?,
+            Action::NotRecovered { pid, why } => {
+                writeln!(out, "          no recovery in pid {pid}: {why}")?
+            }
             Action::NoCoverage { pid, why } => {
                 writeln!(out, "          no coverage for pid {pid} (ranked by utilisation): {why}")?
             }

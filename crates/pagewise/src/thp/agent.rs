@@ -31,6 +31,19 @@
 //! A collapse copies the region's pages into a huge page under the
 //! kernel's locks; the program's writes are never lost (the tests check it
 //! against a self-checking writer).
+//!
+//! **Bloat recovery** ([`Recovery`]): when memory is tight (available memory
+//! below a threshold, or memory pressure stall above one, or always), huge
+//! pages of the watched processes holding at least a threshold of
+//! zero-filled base pages give those pages back. The process is stopped
+//! (every thread, under ptrace), the candidate pages are read again while
+//! it is stopped, and the process itself is made to call
+//! `madvise(MADV_DONTNEED)` on the runs that are still zero ([`crate::inject`]);
+//! then it runs on. Nothing of the process can write while it is stopped,
+//! so no write is lost: a page written after it was read is not given back.
+//! The huge page is split by this; the pages given back read as zeros again
+//! when touched. A region that fills up again becomes a candidate for
+//! promotion like any other.
 
 use crate::access::WriteCoverage;
 use crate::walk::PageWalker;
@@ -74,6 +87,55 @@ impl Default for Budget {
     }
 }
 
+/// When memory counts as tight, for bloat recovery.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Pressure {
+    /// Every step (for tests and experiments).
+    Always,
+    /// `MemAvailable` (`/proc/meminfo`) below this many bytes.
+    AvailableBelow(u64),
+    /// The memory pressure stall (`/proc/pressure/memory`, `some avg10`)
+    /// above this share, %.
+    StallAbove(f64),
+}
+
+impl Pressure {
+    /// Whether it holds now, and what was read.
+    pub fn holds(&self) -> Result<(bool, String)> {
+        match *self {
+            Pressure::Always => Ok((true, "always".into())),
+            Pressure::AvailableBelow(b) => {
+                let t = procfs::read_trimmed("/proc/meminfo")
+                    .map_err(|e| Error::os("reading /proc/meminfo", e))?;
+                let avail =
+                    procfs::status_field(&t, "MemAvailable:").unwrap_or(u64::MAX / 1024) * 1024;
+                Ok((avail < b, format!("MemAvailable {} MiB", avail >> 20)))
+            }
+            Pressure::StallAbove(pct) => {
+                let t = procfs::read_trimmed("/proc/pressure/memory")
+                    .map_err(|e| Error::os("reading /proc/pressure/memory", e))?;
+                let some = t
+                    .lines()
+                    .find(|l| l.starts_with("some"))
+                    .and_then(|l| l.split_whitespace().find_map(|f| f.strip_prefix("avg10=")))
+                    .and_then(|v| v.parse::<f64>().ok())
+                    .unwrap_or(0.0);
+                Ok((some > pct, format!("memory stall {some:.2} % (avg10)")))
+            }
+        }
+    }
+}
+
+/// Bloat recovery (see the module).
+#[derive(Debug, Clone, Serialize)]
+pub struct Recovery {
+    /// When to recover.
+    pub when: Pressure,
+    /// Zero-filled base pages (of 512) a huge page must hold to give them back.
+    pub zero_pages: u64,
+}
+
 /// How the agent runs.
 #[derive(Debug, Clone, Serialize)]
 pub struct Options {
@@ -87,6 +149,8 @@ pub struct Options {
     pub budget: Budget,
     /// What a page walk costs here, ns (from [`super::calibrate_walk_cost`]).
     pub walk_ns: f64,
+    /// Bloat recovery, if wanted.
+    pub recovery: Option<Recovery>,
 }
 
 impl Default for Options {
@@ -97,6 +161,7 @@ impl Default for Options {
             policy: Policy::Coverage,
             budget: Budget::default(),
             walk_ns: 30.0,
+            recovery: None,
         }
     }
 }
@@ -160,6 +225,27 @@ pub enum Action {
         /// What happened.
         why: String,
     },
+    /// Zero-filled base pages of a huge page given back.
+    Recovered {
+        /// Process.
+        pid: i32,
+        /// Region start.
+        start: u64,
+        /// Pages given back.
+        zero_pages: u64,
+        /// How long the process was stopped for it (with the other regions
+        /// of the same process recovered in the step), ms.
+        stopped_ms: f64,
+        /// Why memory counted as tight.
+        pressure: String,
+    },
+    /// Bloat could not be recovered in this process.
+    NotRecovered {
+        /// Process.
+        pid: i32,
+        /// Why.
+        why: String,
+    },
     /// Coverage of this process could not be measured this step.
     NoCoverage {
         /// Process.
@@ -216,6 +302,8 @@ pub struct Counters {
     pub cpu_ms: f64,
     /// Time in collapses, ms.
     pub collapse_ms: f64,
+    /// Zero-filled pages given back.
+    pub recovered_pages: u64,
 }
 
 /// A process as a step saw it: its target's index, its candidates
@@ -283,6 +371,63 @@ fn regions_of(pid: i32, walker: &mut PageWalker) -> Result<Vec<(Region, u64, boo
         }
     }
     Ok(out)
+}
+
+/// Zero-filled runs of pages in `buf` (at `start`): `(address, pages)`.
+fn zero_runs(start: u64, buf: &[u8]) -> Vec<(u64, u64)> {
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    for (k, p) in buf.chunks_exact(PAGE_SIZE).enumerate() {
+        if p.iter().all(|&b| b == 0) {
+            let a = start + (k * PAGE_SIZE) as u64;
+            match runs.last_mut() {
+                Some(r) if r.0 + r.1 * PAGE_SIZE as u64 == a => r.1 += 1,
+                _ => runs.push((a, 1)),
+            }
+        }
+    }
+    runs
+}
+
+/// Gives back the zero-filled base pages of the huge `regions` of `pid`
+/// that hold at least `threshold` of them (see the module): the regions
+/// read first while it runs (to choose), then again while it is stopped,
+/// and only the pages still zero then given back, by the process itself.
+/// Returns the pages given back per region and the time it was stopped.
+fn recover(pid: i32, regions: &[Region], threshold: u64) -> Result<(Vec<(u64, u64)>, f64)> {
+    let mut buf = vec![0u8; HUGE_PAGE_SIZE];
+    let mut chosen = Vec::new();
+    for r in regions {
+        crate::walk::read_remote(pid, r.start, &mut buf)?;
+        let n: u64 = zero_runs(r.start, &buf).iter().map(|z| z.1).sum();
+        if n >= threshold.max(1) {
+            chosen.push(*r);
+        }
+    }
+    if chosen.is_empty() {
+        return Ok((Vec::new(), 0.0));
+    }
+    let t = Instant::now();
+    let stopped = crate::stop::Stopped::new(pid)?;
+    let remote = crate::inject::Remote::new(&stopped)?;
+    let mut done = Vec::new();
+    for r in &chosen {
+        // Read again now that nothing of the process runs: a page written
+        // since the first read is not zero any more, and stays.
+        crate::walk::read_remote(pid, r.start, &mut buf)?;
+        let mut given = 0;
+        for (a, n) in zero_runs(r.start, &buf) {
+            let rc = remote.syscall(
+                libc::SYS_madvise,
+                [a, n * PAGE_SIZE as u64, libc::MADV_DONTNEED as u64, 0, 0, 0],
+            )?;
+            if rc == 0 {
+                given += n;
+            }
+        }
+        done.push((r.start, given));
+    }
+    drop(stopped);
+    Ok((done, t.elapsed().as_secs_f64() * 1e3))
 }
 
 impl Agent {
@@ -369,6 +514,7 @@ impl Agent {
         // Per process: its target's index, its candidates (region,
         // resident pages), its regions already huge.
         let mut per: Vec<Seen> = Vec::new();
+        let mut huge_regions: Vec<(usize, Vec<Region>)> = Vec::new();
         for (i, t) in self.targets.iter_mut().enumerate() {
             if t.gone {
                 continue;
@@ -376,6 +522,7 @@ impl Agent {
             let regions = PageWalker::new(Some(t.pid)).and_then(|mut w| regions_of(t.pid, &mut w));
             match regions {
                 Ok(rs) => {
+                    huge_regions.push((i, rs.iter().filter(|r| r.2).map(|r| r.0).collect()));
                     let huge = rs.iter().filter(|r| r.2).count() as u64;
                     let cands = rs
                         .into_iter()
@@ -390,6 +537,33 @@ impl Agent {
                         pid: t.pid,
                         why: e.to_string(),
                     });
+                }
+            }
+        }
+        // Bloat recovery, when memory is tight.
+        if let Some(rec) = self.opts.recovery.clone() {
+            let (tight, pressure) = rec.when.holds()?;
+            if tight {
+                for (i, regions) in &huge_regions {
+                    let pid = self.targets[*i].pid;
+                    match recover(pid, regions, rec.zero_pages) {
+                        Ok((done, ms)) => {
+                            for (start, n) in done {
+                                self.counters.recovered_pages += n;
+                                actions.push(Action::Recovered {
+                                    pid,
+                                    start,
+                                    zero_pages: n,
+                                    stopped_ms: ms,
+                                    pressure: pressure.clone(),
+                                });
+                            }
+                        }
+                        Err(e) => actions.push(Action::NotRecovered {
+                            pid,
+                            why: e.to_string(),
+                        }),
+                    }
                 }
             }
         }

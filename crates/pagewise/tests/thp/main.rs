@@ -226,6 +226,7 @@ fn promotes_by_coverage_within_the_budget_and_loses_no_write() {
                 cpu_share: 1.0,
             },
             walk_ns: 30.0,
+            recovery: None,
         };
         let mut agent = Agent::new(&[t.pid], opts).unwrap();
         let step = agent.step().unwrap();
@@ -283,4 +284,264 @@ fn promotes_by_coverage_within_the_budget_and_loses_no_write() {
         assert_eq!(n, 2048);
         assert!(agent.metrics().contains("pagewise_thp_promoted_total 2"));
     }
+}
+
+/// Bloat recovery under concurrent writers: a process whose four huge
+/// pages hold mostly zero pages, two threads writing into the pages that
+/// start zero all the while. The agent gives back the zero pages (stopping
+/// the process for it); the regions are split, the memory drops, and every
+/// value the threads wrote is still there (the process checks its own
+/// memory against what it wrote).
+#[test]
+fn bloat_recovery_loses_no_write_of_concurrent_writers() {
+    let _one = common::one_target_at_a_time();
+    if !available() {
+        return;
+    }
+    // Mapped here, first touched in the child (a huge page shared with this
+    // process after fork would be split by the child's first write).
+    let mem = AnonMemory::new(4 * HUGE_PAGE_SIZE).unwrap();
+    if mem.madvise(0, mem.len(), 14 /* MADV_HUGEPAGE */).is_err() {
+        pagewise_testkit::skip!("MADV_HUGEPAGE refused");
+        return;
+    }
+    let base = mem.addr() as usize;
+    // SAFETY: a fresh shared anonymous page: [0] stop, [1] result
+    // (1 ok, 2 lost), [2] writes done, [3] writers started.
+    let ctl = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            PAGE_SIZE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    } as usize;
+    struct Arg {
+        base: usize,
+        ctl: usize,
+        slot: usize,
+        shadow: *mut u64,
+    }
+    extern "C" fn writer(a: *mut libc::c_void) -> *mut libc::c_void {
+        // SAFETY: an Arg that outlives the thread.
+        let a = unsafe { &*(a as *const Arg) };
+        // SAFETY: the shared control page outlives the thread.
+        let c = |i: usize| unsafe { &*((a.ctl as *const AtomicU64).add(i)) };
+        let mut x = 0x9E37_79B9_7F4A_7C15u64 * (a.slot as u64 + 1);
+        let mut seq = 0u64;
+        while c(0).load(Ordering::Relaxed) == 0 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Only every 4th page: the others stay zero for good.
+            let page = ((x >> 8) as usize % 512) * 4;
+            seq += 1;
+            // SAFETY: inside the region; the shadow has 2048 entries.
+            unsafe {
+                std::ptr::write_volatile(
+                    (a.base + page * PAGE_SIZE + 64 + a.slot * 8) as *mut u64,
+                    seq,
+                );
+                *a.shadow.add(page) = seq;
+            }
+            c(2).fetch_add(1, Ordering::Relaxed);
+            // Slowly: many of those pages are still zero when the agent
+            // gives zero pages back, and are written after.
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        std::ptr::null_mut()
+    }
+    // SAFETY: the child starts threads that write its memory and checks it
+    // with no allocation, then exits through _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        common::close_inherited(&[]);
+        // One byte per region: each fault takes a whole zeroed huge page.
+        for r in 0..4 {
+            // SAFETY: inside the child's region.
+            unsafe { std::ptr::write_volatile((base + r * HUGE_PAGE_SIZE + 8) as *mut u8, 1) };
+        }
+        let shadows: Vec<usize> = (0..2)
+            .map(|_| {
+                // SAFETY: a fresh private mapping for the shadow.
+                unsafe {
+                    libc::mmap(
+                        std::ptr::null_mut(),
+                        2048 * 8,
+                        libc::PROT_READ | libc::PROT_WRITE,
+                        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                        -1,
+                        0,
+                    ) as usize
+                }
+            })
+            .collect();
+        let args: Vec<Arg> = (0..2)
+            .map(|slot| Arg {
+                base,
+                ctl,
+                slot,
+                shadow: shadows[slot] as *mut u64,
+            })
+            .collect();
+        let mut t: [libc::pthread_t; 2] = [0; 2];
+        for (i, th) in t.iter_mut().enumerate() {
+            // SAFETY: starting a thread on a plain extern "C" function.
+            unsafe {
+                libc::pthread_create(
+                    th,
+                    std::ptr::null(),
+                    writer,
+                    &args[i] as *const Arg as *mut _,
+                )
+            };
+        }
+        // SAFETY: the shared control page.
+        unsafe { (*((ctl as *const AtomicU64).add(3))).store(1, Ordering::SeqCst) };
+        for th in t {
+            // SAFETY: our own threads.
+            unsafe { libc::pthread_join(th, std::ptr::null_mut()) };
+        }
+        let mut ok = true;
+        for (slot, &sh) in shadows.iter().enumerate() {
+            for page in 0..2048 {
+                // SAFETY: the region and the shadow, both ours.
+                let (m, want) = unsafe {
+                    (
+                        std::ptr::read_volatile(
+                            (base + page * PAGE_SIZE + 64 + slot * 8) as *const u64,
+                        ),
+                        *(sh as *const u64).add(page),
+                    )
+                };
+                ok &= m == want;
+            }
+        }
+        // SAFETY: the shared control page.
+        unsafe {
+            (*((ctl as *const AtomicU64).add(1))).store(if ok { 1 } else { 2 }, Ordering::SeqCst)
+        };
+        // SAFETY: ends the child.
+        unsafe { libc::_exit(0) };
+    }
+    std::mem::forget(mem);
+    // SAFETY: the shared control page stays mapped for the test.
+    let c = |i: usize| unsafe { &*((ctl as *const AtomicU64).add(i)) };
+    let huge = |pid: i32| {
+        let mut w = pagewise::walk::PageWalker::new(Some(pid)).unwrap();
+        let mut runs = Vec::new();
+        (0..4)
+            .filter(|r| {
+                let reg = pagewise::Region::new(
+                    (base + r * HUGE_PAGE_SIZE) as u64,
+                    HUGE_PAGE_SIZE as u64,
+                )
+                .unwrap();
+                w.categories(
+                    reg,
+                    pagewise_sys::pagemap::category::HUGE,
+                    pagewise_sys::pagemap::category::HUGE,
+                    &mut runs,
+                )
+                .unwrap();
+                !runs.is_empty()
+            })
+            .count()
+    };
+    let kill = || {
+        // SAFETY: our own child.
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+            libc::waitpid(pid, std::ptr::null_mut(), 0);
+        }
+    };
+    let t0 = std::time::Instant::now();
+    while c(3).load(Ordering::SeqCst) == 0 && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    std::thread::sleep(Duration::from_millis(10));
+    let mut st = 0;
+    // SAFETY: our own child; does not block.
+    if unsafe { libc::waitpid(pid, &mut st, libc::WNOHANG) } == pid {
+        panic!("the child ended at once: status {st:#x}");
+    }
+    // The kernel may not find a huge page for every region.
+    let h = huge(pid);
+    if h == 0 {
+        kill();
+        pagewise_testkit::skip!("none of the child's regions is a huge page: no bloat to recover");
+        return;
+    }
+    let opts = Options {
+        interval: Duration::from_millis(300),
+        window: Duration::from_millis(100),
+        policy: Policy::AddressOrder,
+        budget: Budget {
+            total: Some(0),
+            per_second: 0.0,
+            cpu_share: 0.0,
+        },
+        walk_ns: 30.0,
+        recovery: Some(pagewise::thp::agent::Recovery {
+            when: pagewise::thp::agent::Pressure::Always,
+            zero_pages: 256,
+        }),
+    };
+    let mut agent = Agent::new(&[pid], opts).unwrap();
+    let writes_before = c(2).load(Ordering::Relaxed);
+    let step = agent.step().unwrap();
+    let recovered: Vec<u64> = step
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Recovered { zero_pages, .. } => Some(*zero_pages),
+            _ => None,
+        })
+        .collect();
+    println!(
+        "     recovered {recovered:?} zero pages; {:?}",
+        step.actions
+            .iter()
+            .filter(|a| !matches!(a, Action::Recovered { .. }))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(recovered.len(), h, "{:?}", step.actions);
+    assert!(
+        recovered.iter().all(|&n| n >= 384),
+        "at least the 384 pages never written, per region: {recovered:?}"
+    );
+    // The pages the threads write that were still zero were given back
+    // too, and are written after: the case that could lose a write.
+    let pending: u64 = recovered.iter().map(|n| n - 384).sum();
+    assert!(
+        pending > 0,
+        "no page the threads write was still zero at the recovery: the race was not exercised"
+    );
+    println!("     {pending} pages the threads write were given back while still zero");
+    assert_eq!(
+        huge(pid),
+        0,
+        "regions still huge after their zero pages were given back"
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    c(0).store(1, Ordering::SeqCst);
+    let t0 = std::time::Instant::now();
+    while c(1).load(Ordering::SeqCst) == 0 && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let writes = c(2).load(Ordering::Relaxed);
+    let result = c(1).load(Ordering::SeqCst);
+    kill();
+    assert!(
+        writes > writes_before,
+        "the writers did not write after the recovery: nothing checked"
+    );
+    assert_eq!(
+        result, 1,
+        "the process found a write lost ({writes} writes)"
+    );
+    assert!(agent.counters().recovered_pages >= h as u64 * 384);
 }
