@@ -17,6 +17,45 @@
 use crate::stop::Stopped;
 use crate::{procfs, Error, Result};
 
+/// Whether process `pid` can be made to make `call` for `feature`: refused,
+/// with the reason, for a process under a seccomp filter (the call could be
+/// refused, or kill it), one another tracer holds (a process has one), and
+/// one that is stopped (job control or a debugger: it would not run the
+/// call until it runs again).
+pub fn check_target(pid: i32, feature: &'static str, call: &str) -> Result<()> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .map_err(|e| Error::for_pid(pid, "reading its status", e))?;
+    if procfs::status_field(&status, "Seccomp").unwrap_or(0) != 0 {
+        return Err(Error::Unsupported {
+            feature,
+            why: format!(
+                "process {pid} runs under a seccomp filter: {call} made inside it could be refused or kill it"
+            ),
+        });
+    }
+    let tracer = procfs::status_field(&status, "TracerPid").unwrap_or(0);
+    if tracer != 0 {
+        return Err(Error::Busy(format!(
+            "process {pid} is traced by process {tracer} (a debugger or another tool): \
+             {feature} must stop it under ptrace itself, and a process has one tracer"
+        )));
+    }
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map_err(|e| Error::for_pid(pid, "reading its state", e))?;
+    let state = stat
+        .rfind(')')
+        .and_then(|i| stat[i + 1..].split_whitespace().next());
+    if matches!(state, Some("T" | "t")) {
+        return Err(Error::Unsupported {
+            feature,
+            why: format!(
+                "process {pid} is stopped (job control or a debugger): it cannot make {call} until it runs again"
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// System calls made inside a stopped process (see the module).
 #[derive(Debug)]
 pub struct Remote<'a> {

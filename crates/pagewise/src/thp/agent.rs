@@ -406,6 +406,7 @@ fn recover(pid: i32, regions: &[Region], threshold: u64) -> Result<(Vec<(u64, u6
     if chosen.is_empty() {
         return Ok((Vec::new(), 0.0));
     }
+    crate::inject::check_target(pid, "bloat recovery", "the madvise call")?;
     let t = Instant::now();
     let stopped = crate::stop::Stopped::new(pid)?;
     let remote = crate::inject::Remote::new(&stopped)?;

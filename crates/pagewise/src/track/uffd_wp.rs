@@ -104,36 +104,7 @@ impl UffdWp {
                 why: p.why("userfaultfd"),
             });
         }
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .map_err(|e| Error::for_pid(pid, "reading its status", e))?;
-        if crate::procfs::status_field(&status, "Seccomp").unwrap_or(0) != 0 {
-            return Err(Error::Unsupported {
-                feature: "uffd-wp from outside",
-                why: format!(
-                    "process {pid} runs under a seccomp filter: a userfaultfd call made inside it could be refused or kill it"
-                ),
-            });
-        }
-        let tracer = crate::procfs::status_field(&status, "TracerPid").unwrap_or(0);
-        if tracer != 0 {
-            return Err(Error::Busy(format!(
-                "process {pid} is traced by process {tracer} (a debugger or another tool): \
-                 uffd-wp from outside must stop it under ptrace itself, and a process has one tracer"
-            )));
-        }
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map_err(|e| Error::for_pid(pid, "reading its state", e))?;
-        let state = stat
-            .rfind(')')
-            .and_then(|i| stat[i + 1..].split_whitespace().next());
-        if matches!(state, Some("T" | "t")) {
-            return Err(Error::Unsupported {
-                feature: "uffd-wp from outside",
-                why: format!(
-                    "process {pid} is stopped (job control or a debugger): it cannot make the userfaultfd call until it runs again"
-                ),
-            });
-        }
+        crate::inject::check_target(pid, "uffd-wp from outside", "the userfaultfd call")?;
         let fd = {
             let stopped = crate::stop::Stopped::new(pid)?;
             let remote = crate::inject::Remote::new(&stopped)?;
