@@ -81,6 +81,16 @@ enum What {
         #[command(flatten)]
         output: Output,
     },
+    /// HawkEye's experiment (d): pre-zeroed huge pages; first-touch latency
+    /// of each new 2 MiB and run time of a loop growing through memory,
+    /// without THP, with THP, and with THP and pre-zeroing. Short by default.
+    Prezero {
+        /// The full experiment (2 GiB, 5 runs).
+        #[arg(long)]
+        full: bool,
+        #[command(flatten)]
+        output: Output,
+    },
     /// LDT's experiment (d): a real redis-server loaded by redis-benchmark,
     /// untracked and tracked every 1, 5 and 10 s.
     Redis(crate::redis::Args),
@@ -215,6 +225,19 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
             let bad = report.rows.iter().filter(|r| !r.verified).count();
             if bad > 0 {
                 anyhow::bail!("{bad} runs failed their own check: a write was lost or torn");
+            }
+            Ok(rc)
+        }
+        What::Prezero { full, output } => {
+            let cfg = if full {
+                crate::prezero::Config::full()
+            } else {
+                crate::prezero::Config::quick()
+            };
+            let report = crate::prezero::run(&cfg, &mut progress(quiet))?;
+            let rc = output.emit(&report, report.summary(), report.charts())?;
+            if report.rows.iter().any(|r| !r.verified) {
+                anyhow::bail!("a run read back memory other than it wrote");
             }
             Ok(rc)
         }

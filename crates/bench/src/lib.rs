@@ -10,6 +10,7 @@ pub mod farmem_redis;
 pub mod inspect;
 pub mod live;
 pub mod outside;
+pub mod prezero;
 pub mod redis;
 pub mod snap;
 pub mod svg;

@@ -3,9 +3,11 @@
 //! Here: the cost of a page walk on this machine, measured without hardware
 //! counters ([`calibrate_walk_cost`]), which the inspector combines with
 //! access coverage to rank regions by the benefit of promoting them to huge
-//! pages; and the agent that acts on it ([`agent`]).
+//! pages; the agent that acts on it ([`agent`]); and pre-zeroed huge pages
+//! for a process's own growing memory ([`prezero`]).
 
 pub mod agent;
+pub mod prezero;
 
 use crate::workload::{AnonMemory, Rng};
 use crate::{Error, Result, HUGE_PAGE_SIZE};

@@ -545,3 +545,93 @@ fn bloat_recovery_loses_no_write_of_concurrent_writers() {
     );
     assert!(agent.counters().recovered_pages >= h as u64 * 384);
 }
+
+/// Pre-zeroing: in a mapping that takes huge pages and grows forward, the
+/// thread faults in the regions ahead of the last one touched (they read as
+/// zeros); while the program writes into those very regions as the thread
+/// works, every write stays.
+#[test]
+fn prezeroing_runs_ahead_and_loses_no_write() {
+    use pagewise::thp::prezero::{PrezeroOptions, Prezeroer};
+    let mem = AnonMemory::new(32 * HUGE_PAGE_SIZE).unwrap();
+    if mem.madvise(0, mem.len(), 14 /* MADV_HUGEPAGE */).is_err() {
+        pagewise_testkit::skip!("MADV_HUGEPAGE refused");
+        return;
+    }
+    mem.write_byte(0, 1);
+    let present = |r: usize| {
+        let mut w = pagewise::walk::PageWalker::new(None).unwrap();
+        let mut runs = Vec::new();
+        let reg = pagewise::Region::new(
+            mem.addr() + (r * HUGE_PAGE_SIZE) as u64,
+            HUGE_PAGE_SIZE as u64,
+        )
+        .unwrap();
+        let p = pagewise_sys::pagemap::category::PRESENT;
+        w.categories(reg, p, p, &mut runs).unwrap();
+        runs.iter()
+            .map(|x| (x.end - x.start) / PAGE_SIZE as u64)
+            .sum::<u64>()
+    };
+    let h = pagewise_sys::pagemap::category::HUGE;
+    let mut runs = Vec::new();
+    pagewise::walk::PageWalker::new(None)
+        .unwrap()
+        .categories(mem.region(), h, h, &mut runs)
+        .unwrap();
+    if runs.is_empty() {
+        pagewise_testkit::skip!("the first touch did not take a huge page");
+        return;
+    }
+    let p = Prezeroer::start(PrezeroOptions {
+        ahead: 3,
+        rate: 10_000.0,
+        scan: Duration::from_micros(200),
+    })
+    .unwrap();
+    let t0 = std::time::Instant::now();
+    while present(3) < 512 && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(
+        [present(1), present(2), present(3)],
+        [512; 3],
+        "the 3 regions ahead were not faulted in"
+    );
+    assert_eq!(present(4), 0, "more than 3 regions ahead");
+    for r in 1..4 {
+        for page in 0..512 {
+            assert_eq!(
+                mem.read_byte(r * HUGE_PAGE_SIZE + page * PAGE_SIZE + 7),
+                0,
+                "a pre-zeroed page is not zero"
+            );
+        }
+    }
+    // Grow while the thread works ahead: every byte written stays.
+    for r in 1..32 {
+        for page in 0..512 {
+            mem.write_byte(
+                r * HUGE_PAGE_SIZE + page * PAGE_SIZE + 7,
+                (r * 7 + page) as u8 | 1,
+            );
+        }
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    let st = p.stats();
+    drop(p);
+    for r in 1..32 {
+        for page in 0..512 {
+            assert_eq!(
+                mem.read_byte(r * HUGE_PAGE_SIZE + page * PAGE_SIZE + 7),
+                (r * 7 + page) as u8 | 1,
+                "region {r} page {page}: a write lost"
+            );
+        }
+    }
+    println!(
+        "     pre-zeroing: {} huge pages faulted in ahead in {} looks",
+        st.populated, st.scans
+    );
+    assert!(st.populated >= 3);
+}
