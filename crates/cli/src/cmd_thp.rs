@@ -28,6 +28,27 @@ enum Sub {
     /// the budget. It changes no system setting. SIGINT or SIGTERM ends it
     /// between steps, leaving nothing registered in the processes.
     Run(RunArgs),
+    /// Run a command with huge pages zeroed ahead of where its memory grows.
+    ///
+    /// A thread inside the program (through the preload shim) faults huge
+    /// pages in ahead of the last 2 MiB holding data in each mapping that
+    /// takes huge pages (THP `always`, or `MADV_HUGEPAGE`), so the program's
+    /// first touch of a new 2 MiB does not wait while the kernel zeroes it.
+    /// Costs up to --ahead huge pages of memory per growing mapping.
+    Prezero(PrezeroArgs),
+}
+
+#[derive(clap::Args)]
+struct PrezeroArgs {
+    /// Huge pages kept faulted in ahead of each growing mapping.
+    #[arg(long, default_value_t = 4)]
+    ahead: u64,
+    /// Most huge pages faulted in per second.
+    #[arg(long, default_value_t = 4000.0)]
+    rate: f64,
+    /// The command.
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
 }
 
 #[derive(clap::Args)]
@@ -92,6 +113,17 @@ struct RunArgs {
 pub fn run(a: Args) -> Result<i32> {
     match a.sub {
         Sub::Run(r) => run_agent(r),
+        Sub::Prezero(p) => {
+            let mut c = pagewise::launch::shim_command(&p.command)?;
+            c.env(
+                pagewise::launch::env::PREZERO,
+                format!("{},{}", p.ahead, p.rate),
+            );
+            let st = c
+                .status()
+                .with_context(|| format!("starting {}", p.command[0]))?;
+            Ok(pagewise::launch::exit_code(st))
+        }
     }
 }
 

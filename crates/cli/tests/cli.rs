@@ -900,3 +900,52 @@ fn thp_run_promotes_within_the_budget_and_ends_on_sigterm() {
     let _ = wl.wait();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `thp prezero -- CMD`: the program's growing mapping has regions faulted
+/// in ahead of its first 2 MiB (without pagewise only that one is), and the
+/// program finds every page it then writes as written and nothing else.
+#[test]
+fn thp_prezero_runs_ahead_of_a_growing_program() {
+    if shim().is_none() {
+        pagewise_testkit::skip!("the preload shim is not built");
+        return;
+    }
+    let dir = temp_dir("prezero");
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = dir.join("prezero_grow");
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/prezero_grow.c");
+    let st = Command::new("cc")
+        .args(["-O", "-Wall", "-Wextra", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .status()
+        .expect("running cc");
+    assert!(st.success());
+    let resident = |out: &std::process::Output| -> u32 {
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains("ok"),
+            "{text} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text.lines()
+            .find_map(|l| l.strip_prefix("resident "))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap()
+    };
+    let plain = resident(&Command::new(&exe).output().unwrap());
+    let pre = resident(
+        &Command::new(BIN)
+            .args(["thp", "prezero", "--ahead", "3", "--"])
+            .arg(&exe)
+            .output()
+            .unwrap(),
+    );
+    if plain != 1 {
+        pagewise_testkit::skip!("without pagewise {plain} regions were resident (THP `always` with khugepaged?): nothing to compare");
+        let _ = std::fs::remove_dir_all(&dir);
+        return;
+    }
+    assert_eq!(pre, 4, "the first region and 3 ahead");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -46,6 +46,9 @@ pub mod env {
     /// Read by the library in every process: the directory of instance files
     /// (default `/dev/shm`).
     pub const FARMEM_DIR: &str = "PAGEWISE_FARMEM_DIR";
+    /// Pre-zeroed huge pages in the program (`pagewise thp prezero`):
+    /// `AHEAD,RATE` (huge pages kept ahead, most per second).
+    pub const PREZERO: &str = "PAGEWISE_PREZERO";
 }
 
 /// The name of the preload shim's file.
@@ -86,6 +89,17 @@ pub fn ld_preload() -> Result<String> {
         }
     }
     Ok(preload)
+}
+
+/// `cmd` (program and arguments) set up to start with the shim preloaded;
+/// the caller adds the environment that tells the shim what to do.
+pub fn shim_command(cmd: &[String]) -> Result<Command> {
+    let program = cmd
+        .first()
+        .ok_or(Error::Invalid("no command to start".into()))?;
+    let mut c = Command::new(program);
+    c.args(&cmd[1..]).env("LD_PRELOAD", ld_preload()?);
+    Ok(c)
 }
 
 /// A program started with the shim tracking its writes (see [`start_tracked`]).
@@ -253,13 +267,8 @@ impl FarmemRun {
 
     /// `cmd` set up to run under the shim as a member of this run.
     pub fn command(&self, cmd: &[String], opts: &FarmemOptions) -> Result<Command> {
-        let program = cmd
-            .first()
-            .ok_or(Error::Invalid("no command to start".into()))?;
-        let mut c = Command::new(program);
-        c.args(&cmd[1..])
-            .env("LD_PRELOAD", ld_preload()?)
-            .env(env::FARMEM_INSTANCE, self.inst.name())
+        let mut c = shim_command(cmd)?;
+        c.env(env::FARMEM_INSTANCE, self.inst.name())
             .env(env::FARMEM_TAG, self.tag.to_string())
             .env(env::FARMEM_POLICY, &opts.policy)
             .env(env::FARMEM_POLICY_ARGS, &opts.policy_args)

@@ -12,6 +12,10 @@
 //! `pagewise farmem run`), the shim emulates far memory for the program's
 //! anonymous memory (see [`farmem`]).
 //!
+//! Pre-zeroed huge pages: when `PAGEWISE_PREZERO` is `AHEAD,RATE` (set by
+//! `pagewise thp prezero`), the shim starts the pre-zeroing thread
+//! ([`pagewise::thp::prezero`]) for the program's life.
+//!
 //! The shim's own Rust code allocates from a heap of its own ([`alloc`]),
 //! never from the program's `malloc`.
 
@@ -38,9 +42,30 @@ fn serve(sock: UnixStream, backend: BackendKind) {
     drop(tracker);
 }
 
+fn prezero(spec: &str) {
+    use pagewise::thp::prezero::{PrezeroOptions, Prezeroer};
+    let mut it = spec.split(',');
+    let mut opts = PrezeroOptions::default();
+    if let Some(a) = it.next().and_then(|a| a.parse().ok()) {
+        opts.ahead = a;
+    }
+    if let Some(r) = it.next().and_then(|r| r.parse().ok()) {
+        opts.rate = r;
+    }
+    match Prezeroer::start(opts) {
+        // Runs for the life of the program.
+        Ok(p) => std::mem::forget(p),
+        Err(e) => eprintln!("pagewise shim: no pre-zeroing: {e}"),
+    }
+}
+
 extern "C" fn pagewise_preload_init() {
     if let Ok(name) = std::env::var(env::FARMEM_INSTANCE) {
         farmem::init(name);
+    }
+    if let Ok(spec) = std::env::var(env::PREZERO) {
+        std::env::remove_var(env::PREZERO);
+        prezero(&spec);
     }
     let Ok(fd) = std::env::var(env::TRACK_FD) else {
         return;
