@@ -331,13 +331,7 @@ pub struct Agent {
 
 /// CPU time of the calling thread, ms.
 fn thread_cpu_ms() -> f64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is valid storage for the result.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as f64 * 1e3 + ts.tv_nsec as f64 / 1e6
+    process::thread_cpu_ns() as f64 / 1e6
 }
 
 /// The 2 MiB regions of `pid` wholly inside private anonymous writable

@@ -133,16 +133,6 @@ fn due(walker: &mut PageWalker, ahead: u64, pid: i32) -> Result<Vec<Region>> {
     Ok(out)
 }
 
-fn thread_cpu_us() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is valid storage for the result.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1000
-}
-
 fn run(shared: &Shared, opts: &PrezeroOptions) {
     let Ok(mut walker) = PageWalker::new(None) else {
         return;
@@ -176,7 +166,10 @@ fn run(shared: &Shared, opts: &PrezeroOptions) {
                 shared.populated.fetch_add(1, Ordering::Relaxed);
             }
         }
-        shared.cpu_us.store(thread_cpu_us(), Ordering::Relaxed);
+        shared.cpu_us.store(
+            pagewise_sys::process::thread_cpu_ns() / 1000,
+            Ordering::Relaxed,
+        );
     }
 }
 

@@ -36,17 +36,7 @@ impl Target {
         // test says so and skips.
         mem.write_pass(16, 0);
         let base = mem.addr();
-        // SAFETY: a fresh shared anonymous page.
-        let ctl = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                PAGE_SIZE,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        } as *mut AtomicU64;
+        let ctl = pagewise_sys::mem::mmap_shared_anonymous(PAGE_SIZE).unwrap() as *mut AtomicU64;
         // SAFETY: the child writes its own memory and the shared page, sleeps
         // and exits: no allocation, no lock.
         let pid = unsafe { libc::fork() };
@@ -134,25 +124,7 @@ impl Target {
 
     /// Which of the four regions are mapped by a huge page.
     fn huge(&self) -> Vec<bool> {
-        let mut w = pagewise::walk::PageWalker::new(Some(self.pid)).unwrap();
-        let mut runs = Vec::new();
-        (0..4)
-            .map(|r| {
-                let reg = pagewise::Region::new(
-                    self.base + (r * HUGE_PAGE_SIZE) as u64,
-                    HUGE_PAGE_SIZE as u64,
-                )
-                .unwrap();
-                w.categories(
-                    reg,
-                    pagewise_sys::pagemap::category::HUGE,
-                    pagewise_sys::pagemap::category::HUGE,
-                    &mut runs,
-                )
-                .unwrap();
-                !runs.is_empty()
-            })
-            .collect()
+        huge_regions(self.pid, self.base, 4)
     }
 }
 
@@ -165,6 +137,23 @@ impl Drop for Target {
             libc::waitpid(self.pid, std::ptr::null_mut(), 0);
         }
     }
+}
+
+/// Which of the `n` 2 MiB regions of process `pid` from `base` are mapped
+/// by a huge page.
+fn huge_regions(pid: i32, base: u64, n: usize) -> Vec<bool> {
+    let mut w = pagewise::walk::PageWalker::new(Some(pid)).unwrap();
+    let mut runs = Vec::new();
+    let h = pagewise_sys::pagemap::category::HUGE;
+    (0..n)
+        .map(|r| {
+            let reg =
+                pagewise::Region::new(base + (r * HUGE_PAGE_SIZE) as u64, HUGE_PAGE_SIZE as u64)
+                    .unwrap();
+            w.categories(reg, h, h, &mut runs).unwrap();
+            !runs.is_empty()
+        })
+        .collect()
 }
 
 fn available() -> bool {
@@ -306,18 +295,9 @@ fn bloat_recovery_loses_no_write_of_concurrent_writers() {
         return;
     }
     let base = mem.addr() as usize;
-    // SAFETY: a fresh shared anonymous page: [0] stop, [1] result
-    // (1 ok, 2 lost), [2] writes done, [3] writers started.
-    let ctl = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            PAGE_SIZE,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    } as usize;
+    // A shared page: [0] stop, [1] result (1 ok, 2 lost), [2] writes done,
+    // [3] writers started.
+    let ctl = pagewise_sys::mem::mmap_shared_anonymous(PAGE_SIZE).unwrap() as usize;
     struct Arg {
         base: usize,
         ctl: usize,
@@ -431,24 +411,9 @@ fn bloat_recovery_loses_no_write_of_concurrent_writers() {
     // SAFETY: the shared control page stays mapped for the test.
     let c = |i: usize| unsafe { &*((ctl as *const AtomicU64).add(i)) };
     let huge = |pid: i32| {
-        let mut w = pagewise::walk::PageWalker::new(Some(pid)).unwrap();
-        let mut runs = Vec::new();
-        (0..4)
-            .filter(|r| {
-                let reg = pagewise::Region::new(
-                    (base + r * HUGE_PAGE_SIZE) as u64,
-                    HUGE_PAGE_SIZE as u64,
-                )
-                .unwrap();
-                w.categories(
-                    reg,
-                    pagewise_sys::pagemap::category::HUGE,
-                    pagewise_sys::pagemap::category::HUGE,
-                    &mut runs,
-                )
-                .unwrap();
-                !runs.is_empty()
-            })
+        huge_regions(pid, base as u64, 4)
+            .iter()
+            .filter(|h| **h)
             .count()
     };
     let kill = || {
