@@ -16,7 +16,7 @@
 //! of both data sets, is twice one's); one emulated beside one that is not.
 
 use crate::redis::{
-    free_port, redis_benchmark, server_args, wait_ready, which, Server as RedisServer,
+    free_port, redis_benchmark, server_args, wait_ready_within, which, Server as RedisServer,
 };
 use crate::svg::{Chart, Series};
 use anyhow::{bail, Context, Result};
@@ -88,6 +88,9 @@ impl Server {
                 c
             }
         };
+        // A process group of its own: if it must be killed, redis-server
+        // under `farmem run` goes with it.
+        std::os::unix::process::CommandExt::process_group(&mut c, 0);
         let child = c
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -97,7 +100,8 @@ impl Server {
             redis: RedisServer { child, port },
             stats,
         };
-        wait_ready(port)?;
+        // Emulated with a tenth of its memory local, it can take a while.
+        wait_ready_within(port, std::time::Duration::from_secs(60))?;
         Ok(s)
     }
 

@@ -88,14 +88,23 @@ pub(crate) fn free_port() -> Result<u16> {
 }
 
 pub(crate) fn wait_ready(port: u16) -> Result<()> {
+    wait_ready_within(port, Duration::from_secs(10))
+}
+
+/// As [`wait_ready`], for a server that may start slowly (under far-memory
+/// emulation with little local memory).
+pub(crate) fn wait_ready_within(port: u16, within: Duration) -> Result<()> {
     let t0 = Instant::now();
-    while t0.elapsed() < Duration::from_secs(10) {
+    while t0.elapsed() < within {
         if TcpStream::connect(("127.0.0.1", port)).is_ok() {
             return Ok(());
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    bail!("redis-server did not listen on 127.0.0.1:{port} within 10 s")
+    bail!(
+        "redis-server did not listen on 127.0.0.1:{port} within {} s",
+        within.as_secs()
+    )
 }
 
 /// Runs `redis-benchmark` against 127.0.0.1:`port` with `args` (CSV
@@ -178,6 +187,11 @@ impl Server {
             let _ = s.write_all(b"*2\r\n$8\r\nSHUTDOWN\r\n$6\r\nNOSAVE\r\n");
         }
         pagewise::launch::wait_or_kill(&mut self.child, Duration::from_secs(10));
+        // A server started through another command in a process group of
+        // its own (`pagewise farmem run -- redis-server`): whatever of the
+        // group is left goes too. Without a group of its own, there is no
+        // group of that id and this does nothing.
+        let _ = pagewise_sys::process::kill(-(self.child.id() as i32), libc::SIGKILL);
     }
 }
 
