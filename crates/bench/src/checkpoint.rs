@@ -226,33 +226,24 @@ fn checkpoints(
             })?;
             wrong = Some(crate::live::wrong_pages(series.store, r.save.id, &truth)?);
         }
-        "incremental" => {
-            let mut inc = Incremental::new(pid)?;
+        "incremental" | "hash" => {
+            // Stopped for the whole read: of what was written (uffd-wp
+            // from outside), or of everything.
+            let mut inc = if mode == "incremental" {
+                Some(Incremental::new(pid)?)
+            } else {
+                None
+            };
             while !stop.load(Ordering::Relaxed) {
                 wait(due);
                 due += every;
                 if stop.load(Ordering::Relaxed) {
                     break;
                 }
-                let s = inc.snapshot(&mut store, "")?;
-                points.push(Point {
-                    stopped_ms: s.stopped_ms,
-                    bytes_read: s.pages_read * pagewise::PAGE_SIZE as u64,
-                    total_ms: s.total_ms,
-                    copy_ms: s.stopped_ms,
-                    passes: 1,
-                });
-                started(&mut points, &mut due);
-            }
-        }
-        "hash" => {
-            while !stop.load(Ordering::Relaxed) {
-                wait(due);
-                due += every;
-                if stop.load(Ordering::Relaxed) {
-                    break;
-                }
-                let s = snapshot_process(pid, &mut store, "")?;
+                let s = match inc.as_mut() {
+                    Some(inc) => inc.snapshot(&mut store, "")?,
+                    None => snapshot_process(pid, &mut store, "")?,
+                };
                 points.push(Point {
                     stopped_ms: s.stopped_ms,
                     bytes_read: s.pages_read * pagewise::PAGE_SIZE as u64,

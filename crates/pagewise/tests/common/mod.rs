@@ -300,13 +300,7 @@ impl Scripted {
     /// Sends a command and waits until it is done and the child is back in
     /// its read; returns the child's answer byte.
     pub fn tell(&mut self, op: u8, arg: u64) -> u8 {
-        use std::io::{Read, Write};
-        let mut c = [0u8; 9];
-        c[0] = op;
-        c[1..].copy_from_slice(&arg.to_le_bytes());
-        self.cmd.write_all(&c).unwrap();
-        let mut b = [0u8; 1];
-        self.ack.read_exact(&mut b).unwrap();
+        let answer = self.send(op, arg);
         // Back in its read of the next order, it writes nothing more (its
         // stack and errno are touched on the way there).
         let t0 = std::time::Instant::now();
@@ -319,11 +313,11 @@ impl Scripted {
             let wchan =
                 std::fs::read_to_string(format!("/proc/{}/wchan", self.pid)).unwrap_or_default();
             if state == Some("S") && wchan.contains("pipe_read") {
-                return b[0];
+                return answer;
             }
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
-        b[0]
+        answer
     }
 }
 

@@ -457,20 +457,9 @@ fn thp_collapse_and_split() {
     });
 }
 
-/// `AnonHugePages` of the mapping holding `addr`, KiB (from smaps).
+/// `AnonHugePages` of the mapping holding `addr` in this process, KiB.
 fn anon_huge_kib(addr: u64) -> u64 {
-    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap_or_default();
-    let mut inside = false;
-    for line in smaps.lines() {
-        if let Some(m) = procfs::parse_maps(line).first() {
-            inside = m.start <= addr && addr < m.end;
-        } else if inside {
-            if let Some(v) = line.strip_prefix("AnonHugePages:") {
-                return v.trim().trim_end_matches("kB").trim().parse().unwrap_or(0);
-            }
-        }
-    }
-    0
+    anon_huge_kib_of(std::process::id() as i32, addr)
 }
 
 #[test]
