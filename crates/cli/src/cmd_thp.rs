@@ -83,14 +83,22 @@ struct RunArgs {
     #[arg(long)]
     recover_bloat: bool,
     /// With --recover-bloat: when memory counts as tight: always,
-    /// available-below:MIB (MemAvailable), or stall-above:PCT (memory
-    /// pressure, some avg10). Default: MemAvailable below a tenth of memory.
+    /// available-below:MIB (MemAvailable), stall-above:PCT (memory
+    /// pressure, some avg10), or limit-above:PCT (the process's memory
+    /// cgroup charged above PCT % of its limit). Default: MemAvailable
+    /// below a tenth of memory.
     #[arg(long, value_name = "WHEN", requires = "recover_bloat")]
     pressure: Option<String>,
     /// With --recover-bloat: zero-filled pages (of 512) a huge page must
     /// hold to give them back.
     #[arg(long, default_value_t = 256, requires = "recover_bloat")]
     zero_pages: u64,
+    /// With --recover-bloat: leave khugepaged's max_ptes_none alone (by
+    /// default it is lowered to ZERO_PAGES - 1 while memory is tight, so
+    /// that khugepaged does not fill again what was given back, and put
+    /// back after).
+    #[arg(long, requires = "recover_bloat")]
+    keep_khugepaged: bool,
     /// Stop after this many steps.
     #[arg(long)]
     steps: Option<u64>,
@@ -161,7 +169,11 @@ fn pressure_of(s: Option<&str>) -> Result<Pressure> {
         let pct: f64 = p.parse().with_context(|| format!("--pressure {s}"))?;
         return Ok(Pressure::StallAbove(pct));
     }
-    bail!("--pressure {s}: always, available-below:MIB or stall-above:PCT")
+    if let Some(p) = s.strip_prefix("limit-above:") {
+        let pct: f64 = p.parse().with_context(|| format!("--pressure {s}"))?;
+        return Ok(Pressure::LimitAbove(pct));
+    }
+    bail!("--pressure {s}: always, available-below:MIB, stall-above:PCT or limit-above:PCT")
 }
 
 fn run_agent(a: RunArgs) -> Result<i32> {
@@ -219,6 +231,7 @@ fn run_agent(a: RunArgs) -> Result<i32> {
             Some(Recovery {
                 when: pressure_of(a.pressure.as_deref())?,
                 zero_pages: a.zero_pages.clamp(1, 512),
+                tune_khugepaged: !a.keep_khugepaged,
             })
         } else {
             None
@@ -344,6 +357,15 @@ fn report(step: &Step, json: bool) -> Result<()> {
                 out,
                 "          recovered pid {pid} {start:#x}: {zero_pages} zero pages given back (stopped {stopped_ms:.2} ms; {pressure})"
             )?,
+            Action::Tuned { knob, from, to } => {
+                writeln!(out, "          memory tight: {knob} {from} -> {to}")?
+            }
+            Action::NotTuned { knob, why } => {
+                writeln!(out, "          could not change {knob}: {why}")?
+            }
+            Action::PutBack { knob, to } => {
+                writeln!(out, "          memory no longer tight: {knob} back to {to}")?
+            }
             Action::NotRecovered { pid, why } => {
                 writeln!(out, "          no recovery in pid {pid}: {why}")?
             }

@@ -424,3 +424,166 @@ mod tests {
         );
     }
 }
+
+/// The directory of process `pid`'s memory cgroup (`None` for the calling
+/// process): cgroup v1's `memory` hierarchy where it is mounted, otherwise
+/// the cgroup v2 group when its memory controller is enabled there.
+pub fn memory_cgroup_dir(pid: Option<i32>) -> Result<Option<PathBuf>> {
+    let path = proc_dir(pid).join("cgroup");
+    let groups = std::fs::read_to_string(&path)
+        .map_err(|e| Error::os(format!("reading {}", path.display()), e))?;
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|e| Error::os("reading /proc/self/mountinfo", e))?;
+    // (mount point, is v2) of the memory hierarchies.
+    let mut v1 = None;
+    let mut v2 = None;
+    for l in mountinfo.lines() {
+        let Some((left, right)) = l.split_once(" - ") else {
+            continue;
+        };
+        let point = left.split_whitespace().nth(4).unwrap_or("");
+        let mut r = right.split_whitespace();
+        let (fstype, opts) = (r.next().unwrap_or(""), r.nth(1).unwrap_or(""));
+        if fstype == "cgroup" && opts.split(',').any(|o| o == "memory") {
+            v1 = Some(PathBuf::from(point));
+        } else if fstype == "cgroup2" {
+            v2 = Some(PathBuf::from(point));
+        }
+    }
+    for l in groups.lines() {
+        let mut f = l.splitn(3, ':');
+        let (_, ctrl, rel) = (f.next(), f.next().unwrap_or(""), f.next().unwrap_or(""));
+        let rel = rel.trim_start_matches('/');
+        if let Some(root) = &v1 {
+            if ctrl.split(',').any(|c| c == "memory") {
+                return Ok(Some(root.join(rel)));
+            }
+        }
+        if let (Some(root), "") = (&v2, ctrl) {
+            if v1.is_none() && root.join(rel).join("memory.max").exists() {
+                return Ok(Some(root.join(rel)));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// What a memory cgroup uses and may use, bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct MemoryUse {
+    /// Charged now (v1 `memory.usage_in_bytes`, v2 `memory.current`).
+    pub usage: u64,
+    /// The limit (`None`: unlimited).
+    pub limit: Option<u64>,
+}
+
+/// Reads what the memory cgroup in `dir` uses (v1 or v2 files).
+pub fn memory_use(dir: &Path) -> Result<MemoryUse> {
+    let read = |name: &str| {
+        read_trimmed(dir.join(name))
+            .map_err(|e| Error::os(format!("reading {}", dir.join(name).display()), e))
+    };
+    let (usage, limit) = if dir.join("memory.usage_in_bytes").exists() {
+        (
+            read("memory.usage_in_bytes")?,
+            read("memory.limit_in_bytes")?,
+        )
+    } else {
+        (read("memory.current")?, read("memory.max")?)
+    };
+    let usage = usage
+        .parse()
+        .map_err(|_| Error::NotFound(format!("no byte count in {}", dir.display())))?;
+    // v1 says "unlimited" with a page-rounded i64::MAX.
+    let limit = limit.parse::<u64>().ok().filter(|l| *l < 1 << 62);
+    Ok(MemoryUse { usage, limit })
+}
+
+/// A memory cgroup made for a run: created under the calling process's own
+/// memory cgroup (so any limit above still holds) with a limit, removed
+/// when dropped (after killing what is left in it).
+#[derive(Debug)]
+pub struct MemoryCgroup {
+    dir: PathBuf,
+}
+
+impl MemoryCgroup {
+    /// Creates the group `name` with a limit of `limit` bytes.
+    pub fn create(name: &str, limit: u64) -> Result<MemoryCgroup> {
+        let parent = memory_cgroup_dir(None)?.ok_or_else(|| Error::Unsupported {
+            feature: "memory cgroup",
+            why: "no cgroup v1 memory hierarchy is mounted and no cgroup v2 group with the memory controller".into(),
+        })?;
+        let dir = parent.join(name);
+        std::fs::create_dir(&dir)
+            .map_err(|e| Error::os(format!("creating the cgroup {}", dir.display()), e))?;
+        let g = MemoryCgroup { dir };
+        let file = if g.dir.join("memory.limit_in_bytes").exists() {
+            "memory.limit_in_bytes"
+        } else {
+            "memory.max"
+        };
+        g.write(file, &limit.to_string())?;
+        Ok(g)
+    }
+
+    fn write(&self, file: &str, value: &str) -> Result<()> {
+        let p = self.dir.join(file);
+        std::fs::write(&p, value).map_err(|e| Error::os(format!("writing {}", p.display()), e))
+    }
+
+    /// Moves process `pid` into the group (its memory charged from then on).
+    pub fn add(&self, pid: i32) -> Result<()> {
+        self.write("cgroup.procs", &pid.to_string())
+    }
+
+    /// The group's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// What it uses now.
+    pub fn usage(&self) -> Result<MemoryUse> {
+        memory_use(&self.dir)
+    }
+
+    /// Processes the kernel's OOM killer killed in it (v1 `oom_kill` in
+    /// `memory.oom_control`, v2 `oom_kill` in `memory.events`).
+    pub fn oom_kills(&self) -> u64 {
+        ["memory.oom_control", "memory.events"]
+            .iter()
+            .filter_map(|f| std::fs::read_to_string(self.dir.join(f)).ok())
+            .find_map(|t| {
+                t.lines().find_map(|l| {
+                    let (k, v) = l.split_once(' ')?;
+                    (k == "oom_kill").then(|| v.trim().parse().ok())?
+                })
+            })
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for MemoryCgroup {
+    fn drop(&mut self) {
+        for _ in 0..50 {
+            let procs = std::fs::read_to_string(self.dir.join("cgroup.procs")).unwrap_or_default();
+            let pids: Vec<i32> = procs
+                .lines()
+                .filter_map(|l| l.trim().parse().ok())
+                .collect();
+            if pids.is_empty() {
+                break;
+            }
+            for p in pids {
+                let _ = pagewise_sys::process::kill(p, libc::SIGKILL);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        if let Err(e) = std::fs::remove_dir(&self.dir) {
+            eprintln!(
+                "pagewise: could not remove the cgroup {}: {e}",
+                self.dir.display()
+            );
+        }
+    }
+}

@@ -98,12 +98,28 @@ pub enum Pressure {
     /// The memory pressure stall (`/proc/pressure/memory`, `some avg10`)
     /// above this share, %.
     StallAbove(f64),
+    /// The process's memory cgroup charged above this share of its limit,
+    /// % (never for a process whose cgroup has no limit).
+    LimitAbove(f64),
 }
 
 impl Pressure {
-    /// Whether it holds now, and what was read.
-    pub fn holds(&self) -> Result<(bool, String)> {
+    /// Whether it holds now for process `pid`, and what was read.
+    pub fn holds(&self, pid: i32) -> Result<(bool, String)> {
         match *self {
+            Pressure::LimitAbove(pct) => {
+                let Some(dir) = procfs::memory_cgroup_dir(Some(pid))? else {
+                    return Ok((false, "no memory cgroup".into()));
+                };
+                let u = procfs::memory_use(&dir)?;
+                Ok(match u.limit {
+                    Some(l) => (
+                        u.usage as f64 > l as f64 * pct / 100.0,
+                        format!("cgroup {} MiB of its {} MiB limit", u.usage >> 20, l >> 20),
+                    ),
+                    None => (false, "its memory cgroup has no limit".into()),
+                })
+            }
             Pressure::Always => Ok((true, "always".into())),
             Pressure::AvailableBelow(b) => {
                 let t = procfs::read_trimmed("/proc/meminfo")
@@ -134,7 +150,18 @@ pub struct Recovery {
     pub when: Pressure,
     /// Zero-filled base pages (of 512) a huge page must hold to give them back.
     pub zero_pages: u64,
+    /// While memory is tight, lower khugepaged's `max_ptes_none` to
+    /// `zero_pages - 1` (where it is higher), so that khugepaged does not
+    /// fill again with zeros what was just given back, and the kernel's own
+    /// shrinker of underused huge pages (which uses the same threshold)
+    /// splits such huge pages too. Put back when the pressure ends and
+    /// when the agent ends.
+    pub tune_khugepaged: bool,
 }
+
+/// khugepaged's threshold of missing pages in a region it collapses (and
+/// the THP shrinker's threshold of zero-filled pages).
+pub const MAX_PTES_NONE: &str = "/sys/kernel/mm/transparent_hugepage/khugepaged/max_ptes_none";
 
 /// How the agent runs.
 #[derive(Debug, Clone, Serialize)]
@@ -239,6 +266,29 @@ pub enum Action {
         /// Why memory counted as tight.
         pressure: String,
     },
+    /// A system setting changed while memory is tight.
+    Tuned {
+        /// The file.
+        knob: String,
+        /// Its value before.
+        from: String,
+        /// Its value now.
+        to: String,
+    },
+    /// A system setting that could not be changed.
+    NotTuned {
+        /// The file.
+        knob: String,
+        /// Why.
+        why: String,
+    },
+    /// A system setting put back.
+    PutBack {
+        /// The file.
+        knob: String,
+        /// Its value again.
+        to: String,
+    },
     /// Bloat could not be recovered in this process.
     NotRecovered {
         /// Process.
@@ -327,6 +377,8 @@ pub struct Agent {
     /// Huge pages earned by time and not spent yet.
     allowance: f64,
     counters: Counters,
+    /// `max_ptes_none` while it is lowered (see [`Recovery::tune_khugepaged`]).
+    khugepaged: Option<procfs::KnobGuard>,
 }
 
 /// CPU time of the calling thread, ms.
@@ -450,6 +502,7 @@ impl Agent {
             last_step: None,
             allowance: 0.0,
             counters: Counters::default(),
+            khugepaged: None,
         };
         for &pid in pids {
             a.add(pid)?;
@@ -474,6 +527,44 @@ impl Agent {
             gone: false,
         });
         Ok(())
+    }
+
+    /// Lowers `max_ptes_none` while memory is `tight`, puts it back when
+    /// it is not.
+    fn tune_khugepaged(&mut self, tight: bool, zero_pages: u64, actions: &mut Vec<Action>) {
+        let want = zero_pages.clamp(1, 512) - 1;
+        match (&self.khugepaged, tight) {
+            (None, true) => {
+                let now: Option<u64> = procfs::read_trimmed(MAX_PTES_NONE)
+                    .ok()
+                    .and_then(|v| v.parse().ok());
+                if now.is_some_and(|n| n > want) {
+                    match procfs::KnobGuard::set(MAX_PTES_NONE, &want.to_string()) {
+                        Ok(g) => {
+                            actions.push(Action::Tuned {
+                                knob: MAX_PTES_NONE.into(),
+                                from: g.old().to_string(),
+                                to: want.to_string(),
+                            });
+                            self.khugepaged = Some(g);
+                        }
+                        Err(e) => actions.push(Action::NotTuned {
+                            knob: MAX_PTES_NONE.into(),
+                            why: e.to_string(),
+                        }),
+                    }
+                }
+            }
+            (Some(g), false) => {
+                let to = g.old().to_string();
+                self.khugepaged = None;
+                actions.push(Action::PutBack {
+                    knob: MAX_PTES_NONE.into(),
+                    to,
+                });
+            }
+            _ => {}
+        }
     }
 
     /// The counters so far.
@@ -537,29 +628,44 @@ impl Agent {
         }
         // Bloat recovery, when memory is tight.
         if let Some(rec) = self.opts.recovery.clone() {
-            let (tight, pressure) = rec.when.holds()?;
-            if tight {
-                for (i, regions) in &huge_regions {
-                    let pid = self.targets[*i].pid;
-                    match recover(pid, regions, rec.zero_pages) {
-                        Ok((done, ms)) => {
-                            for (start, n) in done {
-                                self.counters.recovered_pages += n;
-                                actions.push(Action::Recovered {
-                                    pid,
-                                    start,
-                                    zero_pages: n,
-                                    stopped_ms: ms,
-                                    pressure: pressure.clone(),
-                                });
-                            }
-                        }
-                        Err(e) => actions.push(Action::NotRecovered {
+            let mut any_tight = false;
+            for (i, regions) in &huge_regions {
+                let pid = self.targets[*i].pid;
+                let (tight, pressure) = match rec.when.holds(pid) {
+                    Ok(h) => h,
+                    Err(e) => {
+                        actions.push(Action::NotRecovered {
                             pid,
-                            why: e.to_string(),
-                        }),
+                            why: format!("memory pressure unknown: {e}"),
+                        });
+                        continue;
                     }
+                };
+                if !tight {
+                    continue;
                 }
+                any_tight = true;
+                match recover(pid, regions, rec.zero_pages) {
+                    Ok((done, ms)) => {
+                        for (start, n) in done {
+                            self.counters.recovered_pages += n;
+                            actions.push(Action::Recovered {
+                                pid,
+                                start,
+                                zero_pages: n,
+                                stopped_ms: ms,
+                                pressure: pressure.clone(),
+                            });
+                        }
+                    }
+                    Err(e) => actions.push(Action::NotRecovered {
+                        pid,
+                        why: e.to_string(),
+                    }),
+                }
+            }
+            if rec.tune_khugepaged {
+                self.tune_khugepaged(any_tight, rec.zero_pages, &mut actions);
             }
         }
         // Coverage over one window for every process at once.

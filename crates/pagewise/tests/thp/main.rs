@@ -460,6 +460,7 @@ fn bloat_recovery_loses_no_write_of_concurrent_writers() {
         recovery: Some(pagewise::thp::agent::Recovery {
             when: pagewise::thp::agent::Pressure::Always,
             zero_pages: 256,
+            tune_khugepaged: false,
         }),
     };
     let mut agent = Agent::new(&[pid], opts).unwrap();
@@ -612,4 +613,126 @@ fn prezeroing_runs_ahead_and_loses_no_write() {
         st.populated, st.scans
     );
     assert!(st.populated >= 3);
+}
+
+/// A forked child that, once moved into a memory cgroup, writes `mib` MiB
+/// and waits to be killed (it is, when this is dropped).
+struct Charged {
+    pid: i32,
+}
+
+impl Charged {
+    fn start(cg: &pagewise::procfs::MemoryCgroup, mib: usize) -> Charged {
+        use std::io::{Read, Write};
+        let (mut go_r, mut go_w) = std::io::pipe().unwrap();
+        let (mut done_r, mut done_w) = std::io::pipe().unwrap();
+        // SAFETY: the child only reads and writes pipes, maps and writes
+        // memory, and sleeps: no allocation, no lock.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            {
+                use std::os::fd::AsRawFd;
+                common::close_inherited(&[go_r.as_raw_fd(), done_w.as_raw_fd()]);
+            }
+            let mut b = [0u8; 1];
+            let _ = go_r.read_exact(&mut b);
+            let len = mib << 20;
+            let p = pagewise_sys::mem::mmap_anonymous(len).unwrap();
+            for off in (0..len).step_by(PAGE_SIZE) {
+                // SAFETY: inside the mapping just made.
+                unsafe { std::ptr::write_volatile(p.add(off), 1) };
+            }
+            let _ = done_w.write_all(&b);
+            loop {
+                // SAFETY: waits for the signal that kills it.
+                unsafe { libc::pause() };
+            }
+        }
+        let c = Charged { pid };
+        cg.add(pid).unwrap();
+        go_w.write_all(&[1]).unwrap();
+        let mut b = [0u8; 1];
+        done_r.read_exact(&mut b).unwrap();
+        c
+    }
+}
+
+impl Drop for Charged {
+    fn drop(&mut self) {
+        let _ = pagewise_sys::process::kill(self.pid, libc::SIGKILL);
+        let _ = pagewise_sys::process::wait_child(self.pid);
+    }
+}
+
+/// Memory counts as tight by the process's own cgroup limit (40 MiB
+/// charged of 64: above 50 %, not above 90 %); while it is, khugepaged's
+/// `max_ptes_none` is lowered to the recovery threshold, and put back when
+/// the agent ends.
+#[test]
+fn a_cgroup_near_its_limit_is_pressure_and_khugepaged_is_put_back() {
+    use pagewise::thp::agent::{Pressure, Recovery, MAX_PTES_NONE};
+    if !available() {
+        return;
+    }
+    let cg = match pagewise::procfs::MemoryCgroup::create(
+        &format!("pagewise-test-{}", std::process::id()),
+        64 << 20,
+    ) {
+        Ok(c) => c,
+        Err(e) => {
+            pagewise_testkit::skip!("no memory cgroup to make: {e}");
+            return;
+        }
+    };
+    let child = Charged::start(&cg, 40);
+    let used = cg.usage().unwrap();
+    assert_eq!(used.limit, Some(64 << 20));
+    assert!(
+        used.usage >= 40 << 20,
+        "the child's 40 MiB are charged to its group: {used:?}"
+    );
+    let (tight, what) = Pressure::LimitAbove(50.0).holds(child.pid).unwrap();
+    assert!(tight, "{what}");
+    assert!(what.contains("of its 64 MiB limit"), "{what}");
+    assert!(!Pressure::LimitAbove(90.0).holds(child.pid).unwrap().0);
+    // This process's own group has no limit here, or one far above.
+    let me = std::process::id() as i32;
+    assert!(!Pressure::LimitAbove(99.0).holds(me).unwrap().0);
+
+    let before = pagewise::procfs::read_trimmed(MAX_PTES_NONE).unwrap();
+    let opts = Options {
+        interval: Duration::from_millis(100),
+        window: Duration::from_millis(10),
+        policy: Policy::AddressOrder,
+        budget: Budget {
+            total: Some(0),
+            per_second: 0.0,
+            cpu_share: 0.0,
+        },
+        walk_ns: 30.0,
+        recovery: Some(Recovery {
+            when: Pressure::LimitAbove(50.0),
+            zero_pages: 64,
+            tune_khugepaged: true,
+        }),
+    };
+    let mut agent = Agent::new(&[child.pid], opts).unwrap();
+    let step = agent.step().unwrap();
+    let tuned = step
+        .actions
+        .iter()
+        .any(|a| matches!(a, Action::Tuned { to, .. } if to == "63"));
+    if before.parse::<u64>().unwrap() > 63 {
+        assert!(tuned, "max_ptes_none lowered: {:?}", step.actions);
+        assert_eq!(pagewise::procfs::read_trimmed(MAX_PTES_NONE).unwrap(), "63");
+    } else {
+        assert!(!tuned, "already at {before}: left alone");
+    }
+    drop(agent);
+    assert_eq!(
+        pagewise::procfs::read_trimmed(MAX_PTES_NONE).unwrap(),
+        before
+    );
+    drop(child);
 }
