@@ -5,7 +5,7 @@ use anyhow::{bail, Context, Result};
 use pagewise::thp::agent::{Action, Agent, Budget, Options, Policy, Pressure, Recovery, Step};
 use std::io::{Read, Write};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -184,16 +184,7 @@ fn run_agent(a: RunArgs) -> Result<i32> {
         bail!("--window-ms must be shorter than --interval-ms, which must be above 0");
     }
     let policy = policy_of(&a.policy)?;
-    pagewise_sys::signal::block(&[libc::SIGINT, libc::SIGTERM])?;
-    let stop = Arc::new(AtomicBool::new(false));
-    {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            if pagewise_sys::signal::wait(&[libc::SIGINT, libc::SIGTERM]).is_ok() {
-                stop.store(true, Ordering::SeqCst);
-            }
-        });
-    }
+    let stop = pagewise_sys::signal::stop_flag()?;
     let mut child = None;
     let mut pids = a.pids.clone();
     if !a.command.is_empty() {

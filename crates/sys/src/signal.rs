@@ -124,3 +124,23 @@ pub fn wait(sigs: &[libc::c_int]) -> io::Result<libc::c_int> {
     }
     Ok(sig)
 }
+
+/// Blocks SIGINT and SIGTERM in the calling thread (call it before starting
+/// other threads: they inherit the mask) and starts a thread that takes
+/// them: the flag returned turns true when one came. A program that puts
+/// system settings back when it ends polls the flag and ends normally.
+pub fn stop_flag() -> io::Result<std::sync::Arc<std::sync::atomic::AtomicBool>> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let sigs = [libc::SIGINT, libc::SIGTERM];
+    block(&sigs)?;
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            if wait(&sigs).is_ok() {
+                flag.store(true, Ordering::SeqCst);
+            }
+        })?;
+    Ok(stop)
+}

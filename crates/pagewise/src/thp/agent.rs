@@ -43,7 +43,11 @@
 //! so no write is lost: a page written after it was read is not given back.
 //! The huge page is split by this; the pages given back read as zeros again
 //! when touched. A region that fills up again becomes a candidate for
-//! promotion like any other.
+//! promotion like any other; while memory is tight, only one with more
+//! than `512 - zero_pages` pages resident (a promotion must not bring back
+//! what recovery gives back), and khugepaged is held to the same rule
+//! ([`Recovery::tune_khugepaged`]). Memory counts as tight per process:
+//! [`Pressure::LimitAbove`] reads the process's own memory cgroup.
 
 use crate::access::WriteCoverage;
 use crate::walk::PageWalker;
@@ -627,6 +631,7 @@ impl Agent {
             }
         }
         // Bloat recovery, when memory is tight.
+        let mut tight_pids = Vec::new();
         if let Some(rec) = self.opts.recovery.clone() {
             let mut any_tight = false;
             for (i, regions) in &huge_regions {
@@ -645,6 +650,7 @@ impl Agent {
                     continue;
                 }
                 any_tight = true;
+                tight_pids.push(pid);
                 match recover(pid, regions, rec.zero_pages) {
                     Ok((done, ms)) => {
                         for (start, n) in done {
@@ -666,6 +672,27 @@ impl Agent {
             }
             if rec.tune_khugepaged {
                 self.tune_khugepaged(any_tight, rec.zero_pages, &mut actions);
+            }
+            // While memory is tight, a promotion must not bring back what
+            // recovery gives back: a candidate needs more than 512 -
+            // zero_pages resident pages.
+            let least = 512 - rec.zero_pages.clamp(1, 512) + 1;
+            for (i, cands, _) in per.iter_mut() {
+                let pid = self.targets[*i].pid;
+                if !tight_pids.contains(&pid) {
+                    continue;
+                }
+                let before = cands.len();
+                cands.retain(|c| c.1 >= least);
+                if cands.len() < before {
+                    actions.push(Action::Skipped {
+                        pid,
+                        regions: (before - cands.len()) as u64,
+                        why: format!(
+                            "memory is tight: fewer than {least} of 512 pages resident"
+                        ),
+                    });
+                }
             }
         }
         // Coverage over one window for every process at once.
