@@ -81,6 +81,17 @@ enum What {
         #[command(flatten)]
         output: Output,
     },
+    /// HawkEye's experiment (a): memory bloat of a real redis-server in a
+    /// memory cgroup (P1 insert, P2 delete 80 %, P3 insert larger values)
+    /// under Linux's THP, an Ingens-like policy and pagewise's bloat
+    /// recovery; every value checked after P3. Short by default.
+    ThpRedis {
+        /// The full experiment (twice the data and limit).
+        #[arg(long)]
+        full: bool,
+        #[command(flatten)]
+        output: Output,
+    },
     /// HawkEye's experiment (d): pre-zeroed huge pages; first-touch latency
     /// of each new 2 MiB and run time of a loop growing through memory,
     /// without THP, with THP, and with THP and pre-zeroing. Short by default.
@@ -225,6 +236,20 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
             let bad = report.rows.iter().filter(|r| !r.verified).count();
             if bad > 0 {
                 anyhow::bail!("{bad} runs failed their own check: a write was lost or torn");
+            }
+            Ok(rc)
+        }
+        What::ThpRedis { full, output } => {
+            let cfg = if full {
+                crate::thp_redis::Config::full()
+            } else {
+                crate::thp_redis::Config::quick()
+            };
+            let report = crate::thp_redis::run(&cfg, &mut progress(quiet))?;
+            let rc = output.emit(&report, report.summary(), report.charts())?;
+            let lost: u64 = report.rows.iter().map(|r| r.lost).sum();
+            if lost > 0 {
+                anyhow::bail!("{lost} values were lost or wrong after P3");
             }
             Ok(rc)
         }

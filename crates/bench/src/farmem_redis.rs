@@ -16,12 +16,13 @@
 //! of both data sets, is twice one's); one emulated beside one that is not.
 
 use crate::redis::{
-    free_port, redis_benchmark, server_args, wait_ready_within, which, Server as RedisServer,
+    bulk, free_port, redis_benchmark, reply, server_args, value, wait_ready_within, which,
+    Server as RedisServer,
 };
 use crate::svg::{Chart, Series};
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -121,46 +122,6 @@ impl Server {
 
 fn key(i: u64) -> String {
     format!("key:{i:012}")
-}
-
-fn value(i: u64, len: usize) -> Vec<u8> {
-    let mut v = Vec::with_capacity(len);
-    let mut x = i.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    while v.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.extend_from_slice(format!("{x:016x}").as_bytes());
-    }
-    v.truncate(len);
-    v
-}
-
-fn bulk(out: &mut Vec<u8>, b: &[u8]) {
-    out.extend_from_slice(format!("${}\r\n", b.len()).as_bytes());
-    out.extend_from_slice(b);
-    out.extend_from_slice(b"\r\n");
-}
-
-/// Reads one RESP reply: `Some(bytes)` for a bulk string, `None` for nil;
-/// simple strings come back as their text.
-fn reply(r: &mut BufReader<TcpStream>) -> Result<Option<Vec<u8>>> {
-    let mut line = String::new();
-    r.read_line(&mut line)?;
-    match line.as_bytes().first() {
-        Some(b'+') => Ok(Some(line[1..].trim_end().as_bytes().to_vec())),
-        Some(b'$') => {
-            let n: i64 = line[1..].trim_end().parse()?;
-            if n < 0 {
-                return Ok(None);
-            }
-            let mut b = vec![0u8; n as usize + 2];
-            r.read_exact(&mut b)?;
-            b.truncate(n as usize);
-            Ok(Some(b))
-        }
-        _ => bail!("unexpected reply from redis: {line:?}"),
-    }
 }
 
 /// Loads keys `0..keys` with their values, pipelined.

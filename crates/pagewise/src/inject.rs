@@ -148,6 +148,81 @@ impl<'a> Remote<'a> {
         })
     }
 
+    /// `madvise(advice)` on each of `runs` (address, bytes) in the target;
+    /// the bytes advised per run (0 where the kernel refused it). One
+    /// `process_madvise` on itself per 1,024 runs, from a scratch page
+    /// mapped in the target for the call and unmapped after (Linux 6.14+);
+    /// on a kernel that refuses that, one `madvise` per run.
+    pub fn madvise_many(&self, runs: &[(u64, u64)], advice: i32) -> Result<Vec<u64>> {
+        const IOV: usize = 1024;
+        let pid = self.stopped.pid();
+        let mut done = vec![0u64; runs.len()];
+        let mut next = 0;
+        let len = (IOV * 16) as u64;
+        let scratch = self.syscall(
+            libc::SYS_mmap,
+            [
+                0,
+                len,
+                (libc::PROT_READ | libc::PROT_WRITE) as u64,
+                (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64,
+                u64::MAX,
+                0,
+            ],
+        )?;
+        if scratch > 0 {
+            let at = scratch as u64;
+            while next < runs.len() {
+                let batch = &runs[next..(next + IOV).min(runs.len())];
+                let iov: Vec<u8> = batch
+                    .iter()
+                    .flat_map(|&(a, n)| a.to_ne_bytes().into_iter().chain(n.to_ne_bytes()))
+                    .collect();
+                let wrote = pagewise_sys::process::process_vm_write(pid, at, &iov)
+                    .map_err(|e| Error::for_pid(pid, "writing the advice's ranges", e))?;
+                if wrote != iov.len() {
+                    break;
+                }
+                let rc = self.syscall(
+                    libc::SYS_process_madvise,
+                    [
+                        pagewise_sys::process::PIDFD_SELF_PROCESS as i64 as u64,
+                        at,
+                        batch.len() as u64,
+                        advice as u64,
+                        0,
+                        0,
+                    ],
+                )?;
+                if rc < 0 {
+                    // Not on this kernel (or a run it refuses): one call per
+                    // run from here.
+                    break;
+                }
+                // Advised in order, up to the first run refused.
+                let mut left = rc as u64;
+                for (k, &(_, n)) in batch.iter().enumerate() {
+                    let d = left.min(n);
+                    done[next + k] = d;
+                    left -= d;
+                }
+                let whole = batch.iter().map(|r| r.1).sum::<u64>() == rc as u64;
+                next += batch.len();
+                if !whole {
+                    break;
+                }
+            }
+            self.syscall(libc::SYS_munmap, [at, len, 0, 0, 0, 0])?;
+        }
+        for (k, &(a, n)) in runs.iter().enumerate().skip(next) {
+            if done[k] == 0 && self.syscall(libc::SYS_madvise, [a, n, advice as u64, 0, 0, 0])? == 0
+            {
+                done[k] = n;
+            }
+        }
+        Ok(done)
+    }
+
     /// A descriptor the target opened, duplicated into this process
     /// (`pidfd_getfd`) and then closed in the target.
     pub fn take_fd(&self, fd: i32) -> Result<std::os::fd::OwnedFd> {

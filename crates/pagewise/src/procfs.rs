@@ -587,3 +587,23 @@ impl Drop for MemoryCgroup {
         }
     }
 }
+
+/// What a process holds resident (`/proc/PID/smaps_rollup`), KiB.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Resident {
+    /// Resident set (`Rss`).
+    pub rss_kib: u64,
+    /// Of it, anonymous memory mapped by huge pages (`AnonHugePages`).
+    pub anon_huge_kib: u64,
+}
+
+/// Reads what process `pid` holds resident.
+pub fn resident(pid: i32) -> Result<Resident> {
+    let path = proc_dir(Some(pid)).join("smaps_rollup");
+    let t = std::fs::read_to_string(&path)
+        .map_err(|e| Error::for_pid(pid, "reading smaps_rollup", e))?;
+    Ok(Resident {
+        rss_kib: status_field(&t, "Rss").unwrap_or(0),
+        anon_huge_kib: status_field(&t, "AnonHugePages").unwrap_or(0),
+    })
+}

@@ -32,6 +32,27 @@ pub fn process_vm_read(pid: libc::pid_t, remote: u64, buf: &mut [u8]) -> io::Res
     Ok(n as usize)
 }
 
+/// `process_vm_writev(2)` of `buf` to one remote range. Returns the number
+/// of bytes written (short when part of the range is unmapped).
+pub fn process_vm_write(pid: libc::pid_t, remote: u64, buf: &[u8]) -> io::Result<usize> {
+    let local = libc::iovec {
+        iov_base: buf.as_ptr() as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    let rem = libc::iovec {
+        iov_base: remote as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    // SAFETY: `local` describes `buf`, readable for its length (the kernel
+    // only reads it); the remote iovec is interpreted in the other process.
+    let n = cvt(unsafe { libc::process_vm_writev(pid, &local, 1, &rem, 1, 0) as libc::c_long })?;
+    Ok(n as usize)
+}
+
+/// The process itself, for `process_madvise` and other pidfd calls made
+/// by a process on itself (Linux 6.14+; `PIDFD_SELF_THREAD_GROUP`).
+pub const PIDFD_SELF_PROCESS: i32 = -10001;
+
 /// `process_vm_readv(2)` with several remote ranges into one contiguous buffer.
 pub fn process_vm_readv(
     pid: libc::pid_t,

@@ -440,17 +440,18 @@ fn zero_runs(start: u64, buf: &[u8]) -> Vec<(u64, u64)> {
 
 /// Gives back the zero-filled base pages of the huge `regions` of `pid`
 /// that hold at least `threshold` of them (see the module): the regions
-/// read first while it runs (to choose), then again while it is stopped,
-/// and only the pages still zero then given back, by the process itself.
-/// Returns the pages given back per region and the time it was stopped.
+/// read first while it runs (to choose), then the pages found zero read
+/// again while it is stopped, and only those still zero given back, by the
+/// process itself. Returns the pages given back per region and the time
+/// it was stopped.
 fn recover(pid: i32, regions: &[Region], threshold: u64) -> Result<(Vec<(u64, u64)>, f64)> {
     let mut buf = vec![0u8; HUGE_PAGE_SIZE];
     let mut chosen = Vec::new();
     for r in regions {
         crate::walk::read_remote(pid, r.start, &mut buf)?;
-        let n: u64 = zero_runs(r.start, &buf).iter().map(|z| z.1).sum();
-        if n >= threshold.max(1) {
-            chosen.push(*r);
+        let runs = zero_runs(r.start, &buf);
+        if runs.iter().map(|z| z.1).sum::<u64>() >= threshold.max(1) {
+            chosen.push((r.start, runs));
         }
     }
     if chosen.is_empty() {
@@ -460,24 +461,38 @@ fn recover(pid: i32, regions: &[Region], threshold: u64) -> Result<(Vec<(u64, u6
     let t = Instant::now();
     let stopped = crate::stop::Stopped::new(pid)?;
     let remote = crate::inject::Remote::new(&stopped)?;
-    let mut done = Vec::new();
-    for r in &chosen {
-        // Read again now that nothing of the process runs: a page written
-        // since the first read is not zero any more, and stays.
-        crate::walk::read_remote(pid, r.start, &mut buf)?;
-        let mut given = 0;
-        for (a, n) in zero_runs(r.start, &buf) {
-            let rc = remote.syscall(
-                libc::SYS_madvise,
-                [a, n * PAGE_SIZE as u64, libc::MADV_DONTNEED as u64, 0, 0, 0],
-            )?;
-            if rc == 0 {
-                given += n;
+    // Read again what was zero, now that nothing of the process runs: a
+    // page written since the first read is not zero any more, and stays.
+    let mut runs = Vec::new();
+    let mut owner = Vec::new();
+    for (i, (_, first)) in chosen.iter().enumerate() {
+        let pages: u64 = first.iter().map(|z| z.1).sum();
+        let mut again = vec![0u8; pages as usize * PAGE_SIZE];
+        {
+            let mut parts = Vec::with_capacity(first.len());
+            let mut rest = again.as_mut_slice();
+            for &(a, n) in first {
+                let (head, tail) = rest.split_at_mut(n as usize * PAGE_SIZE);
+                parts.push((a, head));
+                rest = tail;
             }
+            crate::walk::read_remote_many(pid, &mut parts)?;
         }
-        done.push((r.start, given));
+        let mut off = 0;
+        for &(a, n) in first {
+            for (a, m) in zero_runs(a, &again[off..off + n as usize * PAGE_SIZE]) {
+                runs.push((a, m * PAGE_SIZE as u64));
+                owner.push(i);
+            }
+            off += n as usize * PAGE_SIZE;
+        }
     }
+    let given = remote.madvise_many(&runs, libc::MADV_DONTNEED)?;
     drop(stopped);
+    let mut done: Vec<(u64, u64)> = chosen.iter().map(|c| (c.0, 0)).collect();
+    for (k, bytes) in given.into_iter().enumerate() {
+        done[owner[k]].1 += bytes / PAGE_SIZE as u64;
+    }
     Ok((done, t.elapsed().as_secs_f64() * 1e3))
 }
 
@@ -688,9 +703,7 @@ impl Agent {
                     actions.push(Action::Skipped {
                         pid,
                         regions: (before - cands.len()) as u64,
-                        why: format!(
-                            "memory is tight: fewer than {least} of 512 pages resident"
-                        ),
+                        why: format!("memory is tight: fewer than {least} of 512 pages resident"),
                     });
                 }
             }

@@ -15,6 +15,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 const K: u64 = 0x5a5a_1234_9876_abcd;
+/// Where a target's regions are (see `Target::start`).
+const LOW: u64 = 0x1000_0000_0000;
 /// Pages written per pass in regions 0..4: none, 8, all 512, 64.
 const STRIDE: [usize; 4] = [0, 64, 1, 8];
 
@@ -29,13 +31,32 @@ struct Target {
 
 impl Target {
     fn start() -> Target {
-        let mem = AnonMemory::new(4 * HUGE_PAGE_SIZE).unwrap();
+        // At a fixed address below the heap and every other mapping of
+        // this process, so that the regions are the first in address order
+        // (the child inherits other tests' memory too).
+        let base = LOW;
+        let len = 4 * HUGE_PAGE_SIZE;
+        // SAFETY: a new private mapping at an address nothing else holds
+        // (MAP_FIXED_NOREPLACE fails otherwise).
+        let at = unsafe {
+            libc::mmap(
+                base as *mut libc::c_void,
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                -1,
+                0,
+            )
+        };
+        assert_eq!(at as u64, base, "mapping the target's regions at {base:#x}");
         // Populated by base pages (THP in `madvise` mode and no advice:
         // faults take base pages; a collapse is still allowed), before the
         // child starts. Under THP `always` the regions may start huge: the
         // test says so and skips.
-        mem.write_pass(16, 0);
-        let base = mem.addr();
+        for off in (0..len).step_by(PAGE_SIZE) {
+            // SAFETY: inside the mapping just made.
+            unsafe { std::ptr::write_volatile((base as usize + off) as *mut u8, 0) };
+        }
         let ctl = pagewise_sys::mem::mmap_shared_anonymous(PAGE_SIZE).unwrap() as *mut AtomicU64;
         // SAFETY: the child writes its own memory and the shared page, sleeps
         // and exits: no allocation, no lock.
@@ -68,7 +89,10 @@ impl Target {
             // SAFETY: ends the child.
             unsafe { libc::_exit(0) };
         }
-        std::mem::forget(mem);
+        // The child has its copy; this process's goes, so that the children
+        // of later tests do not inherit it.
+        // SAFETY: the mapping made above; nothing of this process uses it.
+        unsafe { libc::munmap(base as *mut libc::c_void, len) };
         let t = Target { pid, base, ctl };
         let t0 = std::time::Instant::now();
         while t.passes() < 2 && t0.elapsed() < Duration::from_secs(5) {
@@ -407,7 +431,8 @@ fn bloat_recovery_loses_no_write_of_concurrent_writers() {
         // SAFETY: ends the child.
         unsafe { libc::_exit(0) };
     }
-    std::mem::forget(mem);
+    // The child has its copy; this process's goes (see Target::start).
+    drop(mem);
     // SAFETY: the shared control page stays mapped for the test.
     let c = |i: usize| unsafe { &*((ctl as *const AtomicU64).add(i)) };
     let huge = |pid: i32| {
@@ -531,6 +556,8 @@ fn bloat_recovery_loses_no_write_of_concurrent_writers() {
 /// works, every write stays.
 #[test]
 fn prezeroing_runs_ahead_and_loses_no_write() {
+    // Its memory would be inherited by another test's target.
+    let _one = common::one_target_at_a_time();
     use pagewise::thp::prezero::{PrezeroOptions, Prezeroer};
     let mem = AnonMemory::new(32 * HUGE_PAGE_SIZE).unwrap();
     if mem.madvise(0, mem.len(), 14 /* MADV_HUGEPAGE */).is_err() {
@@ -671,6 +698,8 @@ impl Drop for Charged {
 /// the agent ends.
 #[test]
 fn a_cgroup_near_its_limit_is_pressure_and_khugepaged_is_put_back() {
+    // Its memory would be inherited by another test's target.
+    let _one = common::one_target_at_a_time();
     use pagewise::thp::agent::{Pressure, Recovery, MAX_PTES_NONE};
     if !available() {
         return;

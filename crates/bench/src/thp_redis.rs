@@ -1,0 +1,732 @@
+//! `pagewise bench thp-redis`: HawkEye's experiment (a), memory bloat, on a
+//! real `redis-server` (THP allowed: `--disable-thp no`) in a memory cgroup
+//! with a limit and no swap:
+//!
+//! - **P1** inserts small values (4,000 bytes: jemalloc packs them densely,
+//!   and THP `always` maps them with huge pages);
+//! - **P2** deletes 80 % of the keys, chosen at random: jemalloc gives the
+//!   freed pages back (`MADV_DONTNEED`, after its 10 s decay), and every
+//!   huge page still holds some live values, so it is split and its freed
+//!   pages returned; then khugepaged collapses those regions again and
+//!   fills the holes with zeros (`max_ptes_none` 511): that is the bloat;
+//! - **P3** inserts large values (128 KiB): jemalloc cannot fit them into
+//!   the small holes P2 left, so it takes new memory, and the bloat in the
+//!   holes is memory P3 cannot have.
+//!
+//! Policies, each on a fresh server and cgroup:
+//! - `linux`: THP `always`, khugepaged with its default thresholds;
+//! - `ingens`: THP `madvise` (Redis does not advise: base pages at fault,
+//!   khugepaged leaves it alone) and the agent promoting regions at least
+//!   90 % resident (Ingens's utilisation threshold), no recovery;
+//! - `pagewise`: THP `always`, khugepaged as in `linux`, and `pagewise thp`
+//!   (coverage policy) recovering bloat when the cgroup is charged above a
+//!   share of its limit.
+//!
+//! khugepaged scans faster than its default in every run (see [`Config`]),
+//! so that P2's collapses happen in seconds rather than minutes; its
+//! thresholds are the default ones.
+//!
+//! Measured: the cgroup's charge, Redis's RSS and huge-page memory over
+//! time; whether P3 completes or the OOM killer ends Redis; the bloat
+//! (zero-filled pages inside huge pages, by the inspector) before P3 and
+//! how much of it the agent gave back, and how fast; SET throughput of P1
+//! and P3 and GET throughput afterwards. Every value is read back and
+//! compared after P3: a lost or wrong value fails the benchmark.
+//!
+//! Every system setting changed (THP mode, khugepaged's pace, the
+//! agent's `max_ptes_none`, the cgroup) is put back at the end, on error,
+//! and on SIGINT/SIGTERM.
+
+use crate::redis::{free_port, server_args, value, wait_ready, which, Client};
+use crate::svg::{Chart, Series};
+use crate::Machine;
+use anyhow::{bail, Context, Result};
+use pagewise::procfs::{KnobGuard, MemoryCgroup};
+use pagewise::thp::agent::{Action, Agent, Budget, Options, Policy, Pressure, Recovery};
+use serde::Serialize;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const THP: &str = "/sys/kernel/mm/transparent_hugepage/enabled";
+const KHUGEPAGED: &str = "/sys/kernel/mm/transparent_hugepage/khugepaged";
+
+/// The experiment's size and settings.
+#[derive(Debug, Clone, Serialize)]
+pub struct Config {
+    /// Keys inserted in P1.
+    pub p1_keys: u64,
+    /// Bytes per P1 value.
+    pub p1_bytes: usize,
+    /// Share of P1's keys deleted in P2.
+    pub delete_share: f64,
+    /// Keys inserted in P3.
+    pub p3_keys: u64,
+    /// Bytes per P3 value.
+    pub p3_bytes: usize,
+    /// The cgroup's limit, MiB.
+    pub limit_mib: u64,
+    /// P2's pause: at least this long (jemalloc's decay is 10 s)...
+    pub settle_min_s: u64,
+    /// ...and until Redis's huge-page memory has not changed for 3 s, or
+    /// this long.
+    pub settle_max_s: u64,
+    /// The agent's interval, ms.
+    pub interval_ms: u64,
+    /// pagewise: memory is tight above this share of the limit, %.
+    pub pressure_pct: f64,
+    /// pagewise: zero-filled pages (of 512) a huge page must hold to be
+    /// recovered.
+    pub zero_pages: u64,
+    /// khugepaged's `pages_to_scan` in every run (default 4096).
+    pub khugepaged_pages: u64,
+    /// khugepaged's `scan_sleep_millisecs` in every run (default 10000).
+    pub khugepaged_sleep_ms: u64,
+    /// Seconds of GET load after P3.
+    pub get_seconds: f64,
+}
+
+impl Config {
+    /// A short run (about a minute per policy).
+    pub fn quick() -> Self {
+        Config {
+            p1_keys: 100_000,
+            p1_bytes: 4000,
+            delete_share: 0.8,
+            p3_keys: 2_500,
+            p3_bytes: 128 << 10,
+            limit_mib: 700,
+            settle_min_s: 12,
+            settle_max_s: 30,
+            interval_ms: 250,
+            pressure_pct: 80.0,
+            zero_pages: 64,
+            khugepaged_pages: 65536,
+            khugepaged_sleep_ms: 100,
+            get_seconds: 2.0,
+        }
+    }
+    /// The experiment (twice the data).
+    pub fn full() -> Self {
+        Config {
+            p1_keys: 200_000,
+            p3_keys: 5_000,
+            limit_mib: 1300,
+            settle_max_s: 60,
+            get_seconds: 5.0,
+            ..Self::quick()
+        }
+    }
+}
+
+/// The policies compared.
+const WAYS: [&str; 3] = ["linux", "ingens", "pagewise"];
+
+/// One sample of the timeline.
+#[derive(Debug, Clone, Serialize)]
+pub struct Sample {
+    /// Since the server started, s.
+    pub t_s: f64,
+    /// The phase then.
+    pub phase: String,
+    /// The cgroup's charge, MiB.
+    pub cgroup_mib: f64,
+    /// Redis's RSS, MiB.
+    pub rss_mib: f64,
+    /// Of it, in huge pages, MiB.
+    pub huge_mib: f64,
+}
+
+/// One policy's run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    /// Policy.
+    pub way: String,
+    /// P3 inserted every key and Redis was alive after it.
+    pub p3_completed: bool,
+    /// P3's keys acknowledged.
+    pub p3_inserted: u64,
+    /// Kills by the OOM killer in the cgroup.
+    pub oom_kills: u64,
+    /// Highest charge of the cgroup, MiB.
+    pub peak_mib: f64,
+    /// Charge at the end of P2's pause, MiB.
+    pub after_p2_mib: f64,
+    /// Charge at the end of P3 (or when Redis died), MiB.
+    pub end_mib: f64,
+    /// Zero-filled pages inside huge pages before P3, MiB.
+    pub bloat_before_p3_mib: f64,
+    /// Zero-filled pages the agent gave back, MiB (all the run).
+    pub recovered_mib: f64,
+    /// Of the bloat before P3, the share given back within 10 s of memory
+    /// first counting as tight.
+    pub recovered_in_10s: Option<f64>,
+    /// Time from memory first counting as tight to 90 % of the bloat
+    /// given back, s.
+    pub t90_s: Option<f64>,
+    /// Longest stop of Redis for one recovery, ms.
+    pub max_stop_ms: f64,
+    /// Huge pages the agent promoted.
+    pub promoted: u64,
+    /// SET requests/s in P1.
+    pub p1_set_per_s: f64,
+    /// SET requests/s in P3 (of what was inserted).
+    pub p3_set_per_s: f64,
+    /// GET requests/s after P3 (random P1 keys left), when it completed.
+    pub get_per_s: Option<f64>,
+    /// Redis's memory in huge pages at the end, share of its RSS.
+    pub huge_share_end: f64,
+    /// Values read back after P3 and found as written.
+    pub verified: u64,
+    /// Values missing or wrong.
+    pub lost: u64,
+    /// CPU of the agent's thread, s.
+    pub agent_cpu_s: f64,
+    /// The timeline.
+    pub timeline: Vec<Sample>,
+}
+
+/// The report.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// Where it ran.
+    pub machine: Machine,
+    /// Settings.
+    pub config: Config,
+    /// One row per policy.
+    pub rows: Vec<Row>,
+}
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1u64 << 20) as f64
+}
+
+fn p1_key(i: u64) -> Vec<u8> {
+    format!("p1:{i:09}").into_bytes()
+}
+
+fn p3_key(i: u64) -> Vec<u8> {
+    format!("p3:{i:09}").into_bytes()
+}
+
+/// P3's values differ from P1's.
+const P3_SEED: u64 = 1 << 40;
+
+/// The P1 keys P2 deletes: a seeded shuffle's first share.
+fn deleted(cfg: &Config) -> Vec<bool> {
+    let n = cfg.p1_keys as usize;
+    let mut order: Vec<usize> = (0..n).collect();
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    for i in (1..n).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        order.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+    let mut gone = vec![false; n];
+    for &k in &order[..(n as f64 * cfg.delete_share) as usize] {
+        gone[k] = true;
+    }
+    gone
+}
+
+/// What the threads beside the load share.
+struct Shared {
+    phase: Mutex<String>,
+    samples: Mutex<Vec<Sample>>,
+    done: AtomicBool,
+}
+
+fn set_phase(s: &Shared, p: &str, progress: &mut dyn FnMut(&str), way: &str) {
+    *s.phase.lock().expect("not poisoned") = p.into();
+    progress(&format!("{way}: {p}"));
+}
+
+fn check(stop: &AtomicBool) -> Result<()> {
+    if stop.load(Ordering::SeqCst) {
+        bail!("interrupted: every setting put back");
+    }
+    Ok(())
+}
+
+/// Runs `cmds` in batches of `batch`; the requests/s, or the error and how
+/// many were acknowledged.
+fn load(
+    c: &mut Client,
+    n: u64,
+    batch: u64,
+    cmd: &dyn Fn(u64) -> Vec<Vec<u8>>,
+    stop: &AtomicBool,
+) -> (u64, f64, Option<anyhow::Error>) {
+    let t0 = Instant::now();
+    let mut i = 0;
+    while i < n {
+        if let Err(e) = check(stop) {
+            return (i, 0.0, Some(e));
+        }
+        let k = (n - i).min(batch);
+        let owned: Vec<Vec<Vec<u8>>> = (i..i + k).map(cmd).collect();
+        let cmds: Vec<Vec<&[u8]>> = owned
+            .iter()
+            .map(|c| c.iter().map(|a| a.as_slice()).collect())
+            .collect();
+        if let Err(e) = c.pipeline(&cmds) {
+            return (i, i as f64 / t0.elapsed().as_secs_f64(), Some(e));
+        }
+        i += k;
+    }
+    (n, n as f64 / t0.elapsed().as_secs_f64(), None)
+}
+
+/// Starts redis-server inside `cg`, with THP allowed.
+fn start_redis(cg: &MemoryCgroup, port: u16) -> Result<crate::redis::Server> {
+    let procs =
+        std::ffi::CString::new(cg.dir().join("cgroup.procs").as_os_str().as_encoded_bytes())?;
+    let mut c = Command::new("redis-server");
+    c.args(server_args(port))
+        .args(["--disable-thp", "no"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    // SAFETY: between fork and exec the child only opens, writes and
+    // closes a file whose name was made before the fork (no allocation).
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut c, move || {
+            let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
+            if fd < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let ok = libc::write(fd, b"0".as_ptr().cast(), 1) == 1;
+            libc::close(fd);
+            if ok {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        })
+    };
+    let child = c.spawn().context("starting redis-server in its cgroup")?;
+    let s = crate::redis::Server { child, port };
+    wait_ready(port)?;
+    Ok(s)
+}
+
+fn one(
+    cfg: &Config,
+    way: &str,
+    walk_ns: f64,
+    stop: &Arc<AtomicBool>,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Row> {
+    let _thp = KnobGuard::set(THP, if way == "ingens" { "madvise" } else { "always" })
+        .with_context(|| format!("setting {THP}"))?;
+    let cg = MemoryCgroup::create(
+        &format!("pagewise-thp-redis-{}-{way}", std::process::id()),
+        cfg.limit_mib << 20,
+    )?;
+    let port = free_port()?;
+    let mut server = start_redis(&cg, port)?;
+    let pid = server.child.id() as i32;
+    let t0 = Instant::now();
+    let shared = Arc::new(Shared {
+        phase: Mutex::new("start".into()),
+        samples: Mutex::new(Vec::new()),
+        done: AtomicBool::new(false),
+    });
+    // The timeline, every 100 ms.
+    let sampler = {
+        let (shared, dir) = (shared.clone(), cg.dir().to_path_buf());
+        std::thread::spawn(move || {
+            while !shared.done.load(Ordering::SeqCst) {
+                let usage = pagewise::procfs::memory_use(&dir)
+                    .map(|u| u.usage)
+                    .unwrap_or(0);
+                let r = pagewise::procfs::resident(pid).unwrap_or_default();
+                let phase = shared.phase.lock().expect("not poisoned").clone();
+                shared.samples.lock().expect("not poisoned").push(Sample {
+                    t_s: t0.elapsed().as_secs_f64(),
+                    phase,
+                    cgroup_mib: mib(usage),
+                    rss_mib: r.rss_kib as f64 / 1024.0,
+                    huge_mib: r.anon_huge_kib as f64 / 1024.0,
+                });
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+    };
+    // The agent, where the policy has one: (time since t0, action).
+    let agent = match way {
+        "linux" => None,
+        _ => {
+            let opts = Options {
+                interval: Duration::from_millis(cfg.interval_ms),
+                window: Duration::from_millis(cfg.interval_ms / 4),
+                policy: if way == "ingens" {
+                    Policy::Utilisation(0.9)
+                } else {
+                    Policy::Coverage
+                },
+                budget: Budget {
+                    total: None,
+                    per_second: 1000.0,
+                    cpu_share: 0.5,
+                },
+                walk_ns,
+                recovery: (way == "pagewise").then_some(Recovery {
+                    when: Pressure::LimitAbove(cfg.pressure_pct),
+                    zero_pages: cfg.zero_pages,
+                    tune_khugepaged: true,
+                }),
+            };
+            let mut a = Agent::new(&[pid], opts)?;
+            let shared = shared.clone();
+            let interval = Duration::from_millis(cfg.interval_ms);
+            Some(std::thread::spawn(move || {
+                let mut log: Vec<(f64, Action)> = Vec::new();
+                let cpu0 = pagewise_sys::process::thread_cpu_ns();
+                while !shared.done.load(Ordering::SeqCst) && a.watching() {
+                    let s0 = Instant::now();
+                    if let Ok(step) = a.step() {
+                        let t = t0.elapsed().as_secs_f64();
+                        log.extend(step.actions.into_iter().map(|x| (t, x)));
+                    }
+                    std::thread::sleep(interval.saturating_sub(s0.elapsed()));
+                }
+                let cpu = (pagewise_sys::process::thread_cpu_ns() - cpu0) as f64 / 1e9;
+                // The agent is dropped here: max_ptes_none is put back.
+                (log, cpu)
+            }))
+        }
+    };
+    let result = phases(cfg, way, port, pid, &cg, &shared, stop, progress);
+    shared.done.store(true, Ordering::SeqCst);
+    let (log, agent_cpu_s) = match agent {
+        Some(h) => h.join().expect("agent thread"),
+        None => (Vec::new(), 0.0),
+    };
+    sampler.join().expect("sampler thread");
+    server.shutdown();
+    let mut row = result?;
+    row.agent_cpu_s = agent_cpu_s;
+    row.timeline = std::mem::take(&mut *shared.samples.lock().expect("not poisoned"));
+    row.oom_kills = cg.oom_kills();
+    row.peak_mib = row
+        .timeline
+        .iter()
+        .map(|s| s.cgroup_mib)
+        .fold(0.0, f64::max);
+    // Recovery: from the first sample above the pressure threshold.
+    let page_mib = pagewise::PAGE_SIZE as f64 / (1u64 << 20) as f64;
+    let recovered: Vec<(f64, f64)> = log
+        .iter()
+        .filter_map(|(t, a)| match a {
+            Action::Recovered { zero_pages, .. } => Some((*t, *zero_pages as f64 * page_mib)),
+            _ => None,
+        })
+        .collect();
+    row.recovered_mib = recovered.iter().map(|r| r.1).sum();
+    row.max_stop_ms = log
+        .iter()
+        .filter_map(|(_, a)| match a {
+            Action::Recovered { stopped_ms, .. } => Some(*stopped_ms),
+            _ => None,
+        })
+        .fold(0.0, f64::max);
+    row.promoted = log
+        .iter()
+        .filter(|(_, a)| matches!(a, Action::Promoted { .. }))
+        .count() as u64;
+    let tight = cfg.limit_mib as f64 * cfg.pressure_pct / 100.0;
+    let onset = row
+        .timeline
+        .iter()
+        .find(|s| s.cgroup_mib > tight)
+        .map(|s| s.t_s);
+    if let (Some(t), true, true) = (onset, way == "pagewise", row.bloat_before_p3_mib > 0.0) {
+        let mut sum = 0.0;
+        for (ta, m) in &recovered {
+            sum += m;
+            if row.t90_s.is_none() && sum >= 0.9 * row.bloat_before_p3_mib {
+                row.t90_s = Some((ta - t).max(0.0));
+            }
+        }
+        let in10: f64 = recovered
+            .iter()
+            .filter(|r| r.0 <= t + 10.0)
+            .map(|r| r.1)
+            .sum();
+        row.recovered_in_10s = Some((in10 / row.bloat_before_p3_mib).min(1.0));
+    }
+    Ok(row)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn phases(
+    cfg: &Config,
+    way: &str,
+    port: u16,
+    pid: i32,
+    cg: &MemoryCgroup,
+    shared: &Shared,
+    stop: &AtomicBool,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Row> {
+    let mut c = Client::connect(port)?;
+    set_phase(shared, "P1 insert", progress, way);
+    let (_, p1_set_per_s, err) = load(
+        &mut c,
+        cfg.p1_keys,
+        256,
+        &|i| vec![b"SET".to_vec(), p1_key(i), value(i, cfg.p1_bytes)],
+        stop,
+    );
+    if let Some(e) = err {
+        return Err(e.context("P1"));
+    }
+    set_phase(shared, "P2 delete", progress, way);
+    let gone = deleted(cfg);
+    let dels: Vec<u64> = (0..cfg.p1_keys).filter(|&i| gone[i as usize]).collect();
+    let (_, _, err) = load(
+        &mut c,
+        dels.len() as u64,
+        256,
+        &|i| vec![b"DEL".to_vec(), p1_key(dels[i as usize])],
+        stop,
+    );
+    if let Some(e) = err {
+        return Err(e.context("P2"));
+    }
+    set_phase(shared, "P2 pause", progress, way);
+    let t = Instant::now();
+    let (mut last, mut since) = (u64::MAX, Instant::now());
+    while t.elapsed() < Duration::from_secs(cfg.settle_max_s) {
+        check(stop)?;
+        let huge = pagewise::procfs::resident(pid)?.anon_huge_kib;
+        if huge != last {
+            (last, since) = (huge, Instant::now());
+        }
+        if t.elapsed() >= Duration::from_secs(cfg.settle_min_s)
+            && since.elapsed() >= Duration::from_secs(3)
+        {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let after_p2 = cg.usage()?.usage;
+    let bloat = pagewise::inspect::inspect(
+        &[pid],
+        pagewise::inspect::Options { bloom_sample: true },
+        &mut |_, _| {},
+    )?
+    .bloat_bytes;
+    set_phase(shared, "P3 insert", progress, way);
+    let (p3_inserted, p3_set_per_s, err) = load(
+        &mut c,
+        cfg.p3_keys,
+        8,
+        &|i| vec![b"SET".to_vec(), p3_key(i), value(P3_SEED + i, cfg.p3_bytes)],
+        stop,
+    );
+    check(stop)?;
+    let alive = pagewise::procfs::is_alive(pid);
+    let end = cg.usage()?.usage;
+    let p3_completed = err.is_none() && alive;
+    if let (Some(e), true) = (&err, alive) {
+        // Redis is alive and refused: not the experiment's outcome.
+        bail!("P3 failed with Redis alive: {e:#}");
+    }
+    let mut row = Row {
+        way: way.into(),
+        p3_completed,
+        p3_inserted,
+        oom_kills: 0,
+        peak_mib: 0.0,
+        after_p2_mib: mib(after_p2),
+        end_mib: mib(end),
+        bloat_before_p3_mib: mib(bloat),
+        recovered_mib: 0.0,
+        recovered_in_10s: None,
+        t90_s: None,
+        max_stop_ms: 0.0,
+        promoted: 0,
+        p1_set_per_s,
+        p3_set_per_s,
+        get_per_s: None,
+        huge_share_end: 0.0,
+        verified: 0,
+        lost: 0,
+        agent_cpu_s: 0.0,
+        timeline: Vec::new(),
+    };
+    if !p3_completed {
+        return Ok(row);
+    }
+    let r = pagewise::procfs::resident(pid)?;
+    row.huge_share_end = r.anon_huge_kib as f64 / r.rss_kib.max(1) as f64;
+    // Every value back, as written.
+    set_phase(shared, "verify", progress, way);
+    let kept: Vec<u64> = (0..cfg.p1_keys).filter(|&i| !gone[i as usize]).collect();
+    let mut check_all = |keys: &mut dyn Iterator<Item = (Vec<u8>, Vec<u8>)>| -> Result<()> {
+        let all: Vec<(Vec<u8>, Vec<u8>)> = keys.collect();
+        for chunk in all.chunks(64) {
+            check(stop)?;
+            let cmds: Vec<Vec<&[u8]>> = chunk
+                .iter()
+                .map(|(k, _)| vec![&b"GET"[..], k.as_slice()])
+                .collect();
+            for (got, (_, want)) in c.pipeline(&cmds)?.into_iter().zip(chunk) {
+                if got.as_ref() == Some(want) {
+                    row.verified += 1;
+                } else {
+                    row.lost += 1;
+                }
+            }
+        }
+        Ok(())
+    };
+    check_all(&mut kept.iter().map(|&i| (p1_key(i), value(i, cfg.p1_bytes))))?;
+    check_all(&mut (0..cfg.p3_keys).map(|i| (p3_key(i), value(P3_SEED + i, cfg.p3_bytes))))?;
+    // GET throughput over the small values left.
+    set_phase(shared, "GET", progress, way);
+    let t = Instant::now();
+    let mut n = 0u64;
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    while t.elapsed().as_secs_f64() < cfg.get_seconds {
+        check(stop)?;
+        let keys: Vec<Vec<u8>> = (0..64)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                p1_key(kept[(x % kept.len() as u64) as usize])
+            })
+            .collect();
+        let cmds: Vec<Vec<&[u8]>> = keys.iter().map(|k| vec![&b"GET"[..], k]).collect();
+        c.pipeline(&cmds)?;
+        n += 64;
+    }
+    row.get_per_s = Some(n as f64 / t.elapsed().as_secs_f64());
+    Ok(row)
+}
+
+/// Runs the experiment.
+pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
+    if !which("redis-server") {
+        bail!("redis-server is not installed (scripts/setup.sh installs it)");
+    }
+    let stop = pagewise_sys::signal::stop_flag()?;
+    let _pages = KnobGuard::set(
+        format!("{KHUGEPAGED}/pages_to_scan"),
+        &cfg.khugepaged_pages.to_string(),
+    )
+    .context("setting khugepaged's pace")?;
+    let _sleep = KnobGuard::set(
+        format!("{KHUGEPAGED}/scan_sleep_millisecs"),
+        &cfg.khugepaged_sleep_ms.to_string(),
+    )?;
+    progress("measuring a page walk's cost");
+    let walk_ns = pagewise::thp::calibrate_walk_cost(64 << 20, 1 << 20)?
+        .walk_ns
+        .unwrap_or(30.0)
+        .max(1.0);
+    let mut rows = Vec::new();
+    for way in WAYS {
+        rows.push(one(cfg, way, walk_ns, &stop, progress)?);
+    }
+    Ok(Report {
+        machine: Machine::this(),
+        config: cfg.clone(),
+        rows,
+    })
+}
+
+fn opt(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
+    v.map_or("-".into(), f)
+}
+
+impl Report {
+    /// The human summary.
+    pub fn summary(&self) -> String {
+        let c = &self.config;
+        let mut s = format!(
+            "Redis bloat (HawkEye's P1 insert / P2 delete / P3 insert) on {}\n\
+             P1 {} keys x {} B, P2 deletes {:.0} %, P3 {} keys x {} KiB; cgroup limit {} MiB, no swap;\n\
+             khugepaged pages_to_scan {} every {} ms (default 4096 every 10000 ms)\n\n",
+            self.machine,
+            c.p1_keys,
+            c.p1_bytes,
+            c.delete_share * 100.0,
+            c.p3_keys,
+            c.p3_bytes >> 10,
+            c.limit_mib,
+            c.khugepaged_pages,
+            c.khugepaged_sleep_ms,
+        );
+        s += "policy    P3          peak MiB  after P2  bloat MiB  recovered  in 10 s  t90 s  P1 SET/s  P3 SET/s  GET/s    huge  lost\n";
+        for r in &self.rows {
+            s += &format!(
+                "{:<9} {:<11} {:>8.0}  {:>8.0}  {:>9.0}  {:>9.0}  {:>7}  {:>5}  {:>8.0}  {:>8.0}  {:>7}  {:>4.0}%  {}\n",
+                r.way,
+                if r.p3_completed {
+                    "completed".to_string()
+                } else {
+                    format!("OOM ({}/{})", r.p3_inserted, c.p3_keys)
+                },
+                r.peak_mib,
+                r.after_p2_mib,
+                r.bloat_before_p3_mib,
+                r.recovered_mib,
+                opt(r.recovered_in_10s, |v| format!("{:.0}%", v * 100.0)),
+                opt(r.t90_s, |v| format!("{v:.1}")),
+                r.p1_set_per_s,
+                r.p3_set_per_s,
+                opt(r.get_per_s, |v| format!("{v:.0}")),
+                r.huge_share_end * 100.0,
+                if r.p3_completed { r.lost.to_string() } else { "-".into() },
+            );
+        }
+        for r in self.rows.iter().filter(|r| r.way != "linux") {
+            s += &format!(
+                "\n{}: agent CPU {:.2} s, {} huge pages promoted, longest stop for recovery {:.1} ms",
+                r.way, r.agent_cpu_s, r.promoted, r.max_stop_ms
+            );
+        }
+        s += "\n";
+        s
+    }
+
+    /// The cgroup's charge over time, per policy.
+    pub fn charts(&self) -> Vec<(String, Chart)> {
+        let mut series: Vec<Series> = self
+            .rows
+            .iter()
+            .map(|r| Series {
+                label: r.way.clone(),
+                points: r.timeline.iter().map(|s| (s.t_s, s.cgroup_mib)).collect(),
+            })
+            .collect();
+        let end = self
+            .rows
+            .iter()
+            .filter_map(|r| r.timeline.last().map(|s| s.t_s))
+            .fold(0.0, f64::max);
+        series.push(Series {
+            label: "limit".into(),
+            points: vec![
+                (0.0, self.config.limit_mib as f64),
+                (end, self.config.limit_mib as f64),
+            ],
+        });
+        vec![(
+            "thp-redis.svg".into(),
+            Chart {
+                title: "Redis P1 insert / P2 delete / P3 insert: memory charged".into(),
+                x_label: "time (s)".into(),
+                y_label: "cgroup memory (MiB)".into(),
+                log_x: false,
+                log_y: false,
+                series,
+            },
+        )]
+    }
+}
