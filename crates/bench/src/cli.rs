@@ -81,6 +81,17 @@ enum What {
         #[command(flatten)]
         output: Output,
     },
+    /// HawkEye's experiment (c): fairness. A random-update process and a
+    /// streaming one share one budget of huge pages; each one's speedup
+    /// under first-come promotion, Ingens-like utilisation and pagewise's
+    /// coverage fairness. Short by default.
+    ThpFair {
+        /// The full experiment (3 repeats, 15 rounds timed).
+        #[arg(long)]
+        full: bool,
+        #[command(flatten)]
+        output: Output,
+    },
     /// HawkEye's experiment (a): memory bloat of a real redis-server in a
     /// memory cgroup (P1 insert, P2 delete 80 %, P3 insert larger values)
     /// under Linux's THP, an Ingens-like policy and pagewise's bloat
@@ -236,6 +247,19 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
             let bad = report.rows.iter().filter(|r| !r.verified).count();
             if bad > 0 {
                 anyhow::bail!("{bad} runs failed their own check: a write was lost or torn");
+            }
+            Ok(rc)
+        }
+        What::ThpFair { full, output } => {
+            let cfg = if full {
+                crate::thp_fair::Config::full()
+            } else {
+                crate::thp_fair::Config::quick()
+            };
+            let report = crate::thp_fair::run(&cfg, &mut progress(quiet))?;
+            let rc = output.emit(&report, report.summary(), report.charts())?;
+            if report.rows.iter().any(|r| !r.verified) {
+                anyhow::bail!("a process found its memory other than it wrote it");
             }
             Ok(rc)
         }

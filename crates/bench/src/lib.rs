@@ -15,6 +15,7 @@ pub mod redis;
 pub mod snap;
 pub mod svg;
 pub mod thp;
+pub mod thp_fair;
 pub mod thp_redis;
 pub mod track;
 

@@ -162,7 +162,13 @@ pub struct Report {
 
 /// The control page shared with the child: [0] rounds done, [1] stop,
 /// [2] ns of the last round, [3] 1 when verified, 2 when not, [4] ready.
-struct Ctl(*mut AtomicU64);
+pub(crate) struct Ctl(*mut AtomicU64);
+
+// SAFETY: the pointer is to a shared mapping of atomic counters that lives
+// as long as the Ctl; every access goes through the atomics.
+unsafe impl Sync for Ctl {}
+// SAFETY: as above.
+unsafe impl Send for Ctl {}
 
 impl Ctl {
     fn new() -> Result<Self> {
@@ -176,9 +182,9 @@ impl Ctl {
     }
 }
 
-struct Child {
-    pid: i32,
-    base: u64,
+pub(crate) struct Child {
+    pub(crate) pid: i32,
+    pub(crate) base: u64,
     ctl: Ctl,
 }
 
@@ -190,7 +196,7 @@ impl Drop for Child {
 }
 
 /// xorshift64*.
-fn next(x: &mut u64) -> u64 {
+pub(crate) fn next(x: &mut u64) -> u64 {
     *x ^= *x >> 12;
     *x ^= *x << 25;
     *x ^= *x >> 27;
@@ -231,49 +237,65 @@ fn start(cfg: &Config) -> Result<Child> {
         // SAFETY: inside `mem`.
         unsafe { std::ptr::write((mem.addr() as usize + i * 8) as *mut u64, i as u64) };
     }
-    let ctl = Ctl::new()?;
     let base = mem.addr() as usize;
+    let (c1, c2) = (cfg.clone(), cfg.clone());
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    spawn_worker(
+        mem,
+        cpus.checked_sub(1).filter(|_| cpus > 1),
+        move |r| round(base, &c1, r),
+        move |rounds| {
+            // Undo every round and check.
+            for k in 0..rounds {
+                round(base, &c2, k);
+            }
+            let words = (c2.narrow + c2.wide) * HUGE_PAGE_SIZE / 8;
+            // SAFETY: inside the child's regions.
+            (0..words).all(|i| unsafe { std::ptr::read((base + i * 8) as *const u64) } == i as u64)
+        },
+    )
+}
+
+/// Forks a worker over `mem` (already written), pinned to `cpu` if given
+/// (the agent runs on the others: fewer migrations, steadier rounds): it
+/// runs `round(r)` for r = 0, 1, ... and publishes each round's time until
+/// told to stop, then `check(rounds done)` and publishes the result. This
+/// process's copy of `mem` is unmapped.
+pub(crate) fn spawn_worker(
+    mem: AnonMemory,
+    cpu: Option<usize>,
+    round: impl Fn(u64),
+    check: impl Fn(u64) -> bool,
+) -> Result<Child> {
+    let ctl = Ctl::new()?;
+    let base = mem.addr();
     let ctlp = ctl.0 as usize;
-    let cfg2 = cfg.clone();
-    // SAFETY: the child updates its own memory, reads the clock and the
-    // shared page, sleeps and exits: no allocation, no lock.
+    // SAFETY: the child runs its rounds over its own memory, reads the
+    // clock and the shared page, and exits: no allocation, no lock.
     let pid = unsafe {
         pagewise_sys::process::fork_child(move || {
             let c = |i: usize| &*(ctlp as *const AtomicU64).add(i);
-            // On a CPU of its own when there are two or more (the agent runs
-            // on the others): fewer migrations, steadier rounds.
-            let cpus = libc::sysconf(libc::_SC_NPROCESSORS_ONLN).max(1) as usize;
-            if cpus > 1 {
+            if let Some(cpu) = cpu {
                 let mut set: libc::cpu_set_t = std::mem::zeroed();
-                libc::CPU_SET(cpus - 1, &mut set);
+                libc::CPU_SET(cpu, &mut set);
                 libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
             }
             c(4).store(1, Ordering::SeqCst);
             let mut r = 0u64;
             while c(1).load(Ordering::SeqCst) == 0 {
                 let t = Instant::now();
-                round(base, &cfg2, r);
+                round(r);
                 c(2).store(t.elapsed().as_nanos() as u64, Ordering::SeqCst);
                 r += 1;
                 c(0).store(r, Ordering::SeqCst);
             }
-            // Undo every round and check.
-            for k in 0..r {
-                round(base, &cfg2, k);
-            }
-            let words = (cfg2.narrow + cfg2.wide) * HUGE_PAGE_SIZE / 8;
-            let ok = (0..words).all(|i| std::ptr::read((base + i * 8) as *const u64) == i as u64);
-            c(3).store(if ok { 1 } else { 2 }, Ordering::SeqCst);
+            c(3).store(if check(r) { 1 } else { 2 }, Ordering::SeqCst);
             0
         })
     }
     .map_err(|e| Error::os("fork of the target", e))?;
     drop(mem); // the child has its own copy
-    let child = Child {
-        pid,
-        base: base as u64,
-        ctl,
-    };
+    let child = Child { pid, base, ctl };
     let t0 = Instant::now();
     while child.ctl.at(4).load(Ordering::SeqCst) == 0 && t0.elapsed() < Duration::from_secs(10) {
         std::thread::sleep(Duration::from_millis(2));
@@ -281,8 +303,20 @@ fn start(cfg: &Config) -> Result<Child> {
     Ok(child)
 }
 
+impl Child {
+    /// Tells the worker to stop and waits (up to 60 s) for its check.
+    pub(crate) fn stop_and_check(&self) -> bool {
+        self.ctl.at(1).store(1, Ordering::SeqCst);
+        let t0 = Instant::now();
+        while self.ctl.at(3).load(Ordering::SeqCst) == 0 && t0.elapsed() < Duration::from_secs(60) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self.ctl.at(3).load(Ordering::SeqCst) == 1
+    }
+}
+
 /// Median ms of the next `n` rounds.
-fn rounds_ms(c: &Child, n: usize) -> f64 {
+pub(crate) fn rounds_ms(c: &Child, n: usize) -> f64 {
     let mut v = Vec::new();
     let mut seen = c.ctl.at(0).load(Ordering::SeqCst);
     while v.len() < n {
@@ -332,12 +366,7 @@ fn one(
     }
     drop(agent);
     let after_ms = rounds_ms(&c, cfg.rounds);
-    c.ctl.at(1).store(1, Ordering::SeqCst);
-    let t0 = Instant::now();
-    while c.ctl.at(3).load(Ordering::SeqCst) == 0 && t0.elapsed() < Duration::from_secs(60) {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let verified = c.ctl.at(3).load(Ordering::SeqCst) == 1;
+    let verified = c.stop_and_check();
     let wide_from = c.base + (cfg.narrow * HUGE_PAGE_SIZE) as u64;
     let n = promoted.len() as u64;
     Ok(Row {

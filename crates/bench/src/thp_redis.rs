@@ -376,6 +376,7 @@ fn one(
                     when: Pressure::LimitAbove(cfg.pressure_pct),
                     zero_pages: cfg.zero_pages,
                     tune_khugepaged: true,
+                    hold: Duration::from_secs(60),
                 }),
             };
             let mut a = Agent::new(&[pid], opts)?;
@@ -424,7 +425,7 @@ fn one(
             _ => None,
         })
         .collect();
-    row.recovered_mib = recovered.iter().map(|r| r.1).sum();
+    row.recovered_mib = recovered.iter().map(|r| r.1).fold(0.0, |a, b| a + b);
     row.max_stop_ms = log
         .iter()
         .filter_map(|(_, a)| match a {
@@ -662,10 +663,10 @@ impl Report {
             c.khugepaged_pages,
             c.khugepaged_sleep_ms,
         );
-        s += "policy    P3          peak MiB  after P2  bloat MiB  recovered  in 10 s  t90 s  P1 SET/s  P3 SET/s  GET/s    huge  lost\n";
+        s += "policy    P3              peak MiB  after P2  bloat MiB  recovered  in 10 s  t90 s  P1 SET/s  P3 SET/s  GET/s    huge  lost\n";
         for r in &self.rows {
             s += &format!(
-                "{:<9} {:<11} {:>8.0}  {:>8.0}  {:>9.0}  {:>9.0}  {:>7}  {:>5}  {:>8.0}  {:>8.0}  {:>7}  {:>4.0}%  {}\n",
+                "{:<9} {:<15} {:>8.0}  {:>8.0}  {:>9.0}  {:>9}  {:>7}  {:>5}  {:>8.0}  {:>8.0}  {:>7}  {:>4.0}%  {}\n",
                 r.way,
                 if r.p3_completed {
                     "completed".to_string()
@@ -675,7 +676,11 @@ impl Report {
                 r.peak_mib,
                 r.after_p2_mib,
                 r.bloat_before_p3_mib,
-                r.recovered_mib,
+                if r.way == "pagewise" {
+                    format!("{:.0}", r.recovered_mib)
+                } else {
+                    "-".into()
+                },
                 opt(r.recovered_in_10s, |v| format!("{:.0}%", v * 100.0)),
                 opt(r.t90_s, |v| format!("{v:.1}")),
                 r.p1_set_per_s,

@@ -25,9 +25,12 @@ enum Sub {
     /// coverage x the page-walk cost measured on this machine, and collapses
     /// the best ones (process_madvise(MADV_COLLAPSE), CAP_SYS_NICE), giving
     /// the next huge page to the process that stands to gain most, within
-    /// the budget. It changes no system setting. SIGINT or SIGTERM ends it
-    /// between steps, leaving nothing registered in the processes.
-    Run(RunArgs),
+    /// the budget. With --recover-bloat it gives back the zero-filled pages
+    /// of huge pages when memory is tight, and lowers khugepaged's
+    /// max_ptes_none meanwhile (put back after, also on SIGINT/SIGTERM).
+    /// SIGINT or SIGTERM ends it between steps, leaving nothing registered
+    /// in the processes.
+    Run(Box<RunArgs>),
     /// Run a command with huge pages zeroed ahead of where its memory grows.
     ///
     /// A thread inside the program (through the preload shim) faults huge
@@ -99,6 +102,12 @@ struct RunArgs {
     /// back after).
     #[arg(long, requires = "recover_bloat")]
     keep_khugepaged: bool,
+    /// With --recover-bloat: seconds after memory was last tight during
+    /// which the agent still acts as if it were (max_ptes_none stays
+    /// lowered, sparse regions are not promoted), so that what a recovery
+    /// gave back is not filled again at once.
+    #[arg(long, default_value_t = 60.0, requires = "recover_bloat")]
+    hold_s: f64,
     /// Stop after this many steps.
     #[arg(long)]
     steps: Option<u64>,
@@ -120,7 +129,7 @@ struct RunArgs {
 
 pub fn run(a: Args) -> Result<i32> {
     match a.sub {
-        Sub::Run(r) => run_agent(r),
+        Sub::Run(r) => run_agent(*r),
         Sub::Prezero(p) => {
             let mut c = pagewise::launch::shim_command(&p.command)?;
             c.env(
@@ -223,6 +232,7 @@ fn run_agent(a: RunArgs) -> Result<i32> {
                 when: pressure_of(a.pressure.as_deref())?,
                 zero_pages: a.zero_pages.clamp(1, 512),
                 tune_khugepaged: !a.keep_khugepaged,
+                hold: Duration::from_secs_f64(a.hold_s.max(0.0)),
             })
         } else {
             None

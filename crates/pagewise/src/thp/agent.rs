@@ -158,9 +158,13 @@ pub struct Recovery {
     /// `zero_pages - 1` (where it is higher), so that khugepaged does not
     /// fill again with zeros what was just given back, and the kernel's own
     /// shrinker of underused huge pages (which uses the same threshold)
-    /// splits such huge pages too. Put back when the pressure ends and
-    /// when the agent ends.
+    /// splits such huge pages too. Put back once memory has not been
+    /// tight for `hold`, and when the agent ends.
     pub tune_khugepaged: bool,
+    /// How long after memory was last tight the agent still acts as if it
+    /// were for promotion and khugepaged (so that a recovery that relieves
+    /// the pressure is not undone at once).
+    pub hold: Duration,
 }
 
 /// khugepaged's threshold of missing pages in a region it collapses (and
@@ -383,6 +387,8 @@ pub struct Agent {
     counters: Counters,
     /// `max_ptes_none` while it is lowered (see [`Recovery::tune_khugepaged`]).
     khugepaged: Option<procfs::KnobGuard>,
+    /// When memory was last tight for a watched process.
+    last_tight: Option<Instant>,
 }
 
 /// CPU time of the calling thread, ms.
@@ -522,6 +528,7 @@ impl Agent {
             allowance: 0.0,
             counters: Counters::default(),
             khugepaged: None,
+            last_tight: None,
         };
         for &pid in pids {
             a.add(pid)?;
@@ -548,8 +555,8 @@ impl Agent {
         Ok(())
     }
 
-    /// Lowers `max_ptes_none` while memory is `tight`, puts it back when
-    /// it is not.
+    /// Lowers `max_ptes_none` while memory is `tight` (or was, within the
+    /// hold), puts it back when it is not.
     fn tune_khugepaged(&mut self, tight: bool, zero_pages: u64, actions: &mut Vec<Action>) {
         let want = zero_pages.clamp(1, 512) - 1;
         match (&self.khugepaged, tight) {
@@ -685,16 +692,20 @@ impl Agent {
                     }),
                 }
             }
-            if rec.tune_khugepaged {
-                self.tune_khugepaged(any_tight, rec.zero_pages, &mut actions);
+            if any_tight {
+                self.last_tight = Some(Instant::now());
             }
-            // While memory is tight, a promotion must not bring back what
-            // recovery gives back: a candidate needs more than 512 -
-            // zero_pages resident pages.
+            let held = self.last_tight.is_some_and(|t| t.elapsed() < rec.hold);
+            if rec.tune_khugepaged {
+                self.tune_khugepaged(any_tight || held, rec.zero_pages, &mut actions);
+            }
+            // While memory is tight (or was, within the hold), a promotion
+            // must not bring back what recovery gives back: a candidate
+            // needs more than 512 - zero_pages resident pages.
             let least = 512 - rec.zero_pages.clamp(1, 512) + 1;
             for (i, cands, _) in per.iter_mut() {
                 let pid = self.targets[*i].pid;
-                if !tight_pids.contains(&pid) {
+                if !held && !tight_pids.contains(&pid) {
                     continue;
                 }
                 let before = cands.len();

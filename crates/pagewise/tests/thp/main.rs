@@ -486,6 +486,7 @@ fn bloat_recovery_loses_no_write_of_concurrent_writers() {
             when: pagewise::thp::agent::Pressure::Always,
             zero_pages: 256,
             tune_khugepaged: false,
+            hold: Duration::ZERO,
         }),
     };
     let mut agent = Agent::new(&[pid], opts).unwrap();
@@ -744,6 +745,7 @@ fn a_cgroup_near_its_limit_is_pressure_and_khugepaged_is_put_back() {
             when: Pressure::LimitAbove(50.0),
             zero_pages: 64,
             tune_khugepaged: true,
+            hold: Duration::from_secs(60),
         }),
     };
     let mut agent = Agent::new(&[child.pid], opts).unwrap();
