@@ -50,6 +50,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const THP: &str = "/sys/kernel/mm/transparent_hugepage/enabled";
+/// Kernel counters reported per run: huge pages split because they were
+/// underused (the THP shrinker), split in all, queued for a deferred
+/// split, collapsed by khugepaged.
+pub const VMSTAT: [&str; 4] = [
+    "thp_underused_split_page",
+    "thp_split_page",
+    "thp_deferred_split_page",
+    "thp_collapse_alloc",
+];
 const KHUGEPAGED: &str = "/sys/kernel/mm/transparent_hugepage/khugepaged";
 
 /// The experiment's size and settings.
@@ -157,8 +166,11 @@ pub struct Row {
     pub end_mib: f64,
     /// Zero-filled pages inside huge pages before P3, MiB.
     pub bloat_before_p3_mib: f64,
-    /// Zero-filled pages the agent gave back, MiB (all the run).
+    /// Zero-filled pages the agent gave back, MiB (all the run, the zero
+    /// pages of huge pages made during P3 included).
     pub recovered_mib: f64,
+    /// Of them, pages of the bloat measured before P3, MiB.
+    pub recovered_of_bloat_mib: f64,
     /// Of the bloat before P3, the share given back within 10 s of memory
     /// first counting as tight.
     pub recovered_in_10s: Option<f64>,
@@ -183,8 +195,14 @@ pub struct Row {
     pub lost: u64,
     /// CPU of the agent's thread, s.
     pub agent_cpu_s: f64,
+    /// What the kernel did to huge pages during the run (`/proc/vmstat`
+    /// differences; other processes' count too): [`VMSTAT`] in order.
+    pub vmstat: Vec<(String, u64)>,
     /// The timeline.
     pub timeline: Vec<Sample>,
+    /// Zero-filled pages inside each huge page before P3, by region start.
+    #[serde(skip)]
+    pub bloat_regions: std::collections::HashMap<u64, u64>,
 }
 
 /// The report.
@@ -324,6 +342,7 @@ fn one(
         &format!("pagewise-thp-redis-{}-{way}", std::process::id()),
         cfg.limit_mib << 20,
     )?;
+    let vm0 = pagewise::procfs::vmstat(&VMSTAT)?;
     let port = free_port()?;
     let mut server = start_redis(&cg, port)?;
     let pid = server.child.id() as i32;
@@ -409,6 +428,12 @@ fn one(
     server.shutdown();
     let mut row = result?;
     row.agent_cpu_s = agent_cpu_s;
+    let vm1 = pagewise::procfs::vmstat(&VMSTAT)?;
+    row.vmstat = VMSTAT
+        .iter()
+        .zip(vm0.iter().zip(vm1))
+        .map(|(k, (a, b))| (k.to_string(), b.saturating_sub(*a)))
+        .collect();
     row.timeline = std::mem::take(&mut *shared.samples.lock().expect("not poisoned"));
     row.oom_kills = cg.oom_kills();
     row.peak_mib = row
@@ -416,16 +441,30 @@ fn one(
         .iter()
         .map(|s| s.cgroup_mib)
         .fold(0.0, f64::max);
-    // Recovery: from the first sample above the pressure threshold.
+    // Recovery: from the first sample above the pressure threshold; what
+    // counts is what was given back of the bloat measured before P3 (each
+    // region's recovered pages up to its bloat then), not the zero pages
+    // of huge pages P3 made since.
     let page_mib = pagewise::PAGE_SIZE as f64 / (1u64 << 20) as f64;
-    let recovered: Vec<(f64, f64)> = log
-        .iter()
-        .filter_map(|(t, a)| match a {
-            Action::Recovered { zero_pages, .. } => Some((*t, *zero_pages as f64 * page_mib)),
-            _ => None,
-        })
-        .collect();
-    row.recovered_mib = recovered.iter().map(|r| r.1).fold(0.0, |a, b| a + b);
+    let mut left = row.bloat_regions.clone();
+    let mut recovered: Vec<(f64, f64)> = Vec::new();
+    let mut all = 0u64;
+    for (t, a) in &log {
+        if let Action::Recovered {
+            start, zero_pages, ..
+        } = a
+        {
+            all += zero_pages;
+            let old = left.get_mut(start).map_or(0, |b| {
+                let n = (*b).min(*zero_pages);
+                *b -= n;
+                n
+            });
+            recovered.push((*t, old as f64 * page_mib));
+        }
+    }
+    row.recovered_mib = all as f64 * page_mib;
+    row.recovered_of_bloat_mib = recovered.iter().map(|r| r.1).fold(0.0, |a, b| a + b);
     row.max_stop_ms = log
         .iter()
         .filter_map(|(_, a)| match a {
@@ -514,12 +553,18 @@ fn phases(
         std::thread::sleep(Duration::from_millis(200));
     }
     let after_p2 = cg.usage()?.usage;
-    let bloat = pagewise::inspect::inspect(
+    let seen = pagewise::inspect::inspect(
         &[pid],
         pagewise::inspect::Options { bloom_sample: true },
         &mut |_, _| {},
-    )?
-    .bloat_bytes;
+    )?;
+    let bloat = seen.bloat_bytes;
+    let bloat_regions = seen
+        .regions
+        .iter()
+        .filter(|r| r.bloat_pages > 0)
+        .map(|r| (r.start, r.bloat_pages))
+        .collect();
     set_phase(shared, "P3 insert", progress, way);
     let (p3_inserted, p3_set_per_s, err) = load(
         &mut c,
@@ -546,6 +591,7 @@ fn phases(
         end_mib: mib(end),
         bloat_before_p3_mib: mib(bloat),
         recovered_mib: 0.0,
+        recovered_of_bloat_mib: 0.0,
         recovered_in_10s: None,
         t90_s: None,
         max_stop_ms: 0.0,
@@ -557,7 +603,9 @@ fn phases(
         verified: 0,
         lost: 0,
         agent_cpu_s: 0.0,
+        vmstat: Vec::new(),
         timeline: Vec::new(),
+        bloat_regions,
     };
     if !p3_completed {
         return Ok(row);
@@ -677,7 +725,7 @@ impl Report {
                 r.after_p2_mib,
                 r.bloat_before_p3_mib,
                 if r.way == "pagewise" {
-                    format!("{:.0}", r.recovered_mib)
+                    format!("{:.0}/{:.0}", r.recovered_of_bloat_mib, r.recovered_mib)
                 } else {
                     "-".into()
                 },
@@ -689,6 +737,12 @@ impl Report {
                 r.huge_share_end * 100.0,
                 if r.p3_completed { r.lost.to_string() } else { "-".into() },
             );
+        }
+        s += "\nrecovered: of the bloat before P3 / all zero pages given back (P3's new huge pages included); in 10 s: share of the bloat before P3 given back within 10 s of the cgroup first passing the pressure threshold; t90: time to 90 % of it\n";
+        s += "\nkernel counters over each run (/proc/vmstat differences):\n";
+        for r in &self.rows {
+            let v: Vec<String> = r.vmstat.iter().map(|(k, n)| format!("{k} {n}")).collect();
+            s += &format!("  {:<9} {}\n", r.way, v.join(", "));
         }
         for r in self.rows.iter().filter(|r| r.way != "linux") {
             s += &format!(

@@ -607,3 +607,21 @@ pub fn resident(pid: i32) -> Result<Resident> {
         anon_huge_kib: status_field(&t, "AnonHugePages").unwrap_or(0),
     })
 }
+
+/// The counters of `/proc/vmstat` named in `keys`, in that order (0 for a
+/// counter this kernel does not have).
+pub fn vmstat(keys: &[&str]) -> Result<Vec<u64>> {
+    let t = std::fs::read_to_string("/proc/vmstat")
+        .map_err(|e| Error::os("reading /proc/vmstat", e))?;
+    Ok(keys
+        .iter()
+        .map(|k| {
+            t.lines()
+                .find_map(|l| {
+                    let (name, v) = l.split_once(' ')?;
+                    (name == *k).then(|| v.trim().parse().ok())?
+                })
+                .unwrap_or(0)
+        })
+        .collect())
+}

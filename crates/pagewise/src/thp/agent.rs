@@ -7,10 +7,13 @@
 //! - **Candidates**: 2 MiB-aligned regions wholly inside a private anonymous
 //!   writable mapping, with at least one resident page and not mapped by a
 //!   huge page (`PAGEMAP_SCAN`).
-//! - **Coverage**: pages written per second in each candidate, measured
-//!   from outside over a window ([`crate::access::WriteCoverage`]). It sees
-//!   writes only; a process it cannot trace is ranked by utilisation and the
-//!   step says why.
+//! - **Coverage**: pages touched per second in each candidate, measured
+//!   over a window: by idle page tracking where the kernel has it (reads
+//!   and writes, nothing inside the processes); otherwise pages written,
+//!   from outside ([`crate::access::WriteCoverage`]). A process it cannot
+//!   trace is ranked by utilisation and the step says why. Processes of a
+//!   far-memory instance are served page by page and hold no huge pages:
+//!   the far-memory sampler is not a source here.
 //! - **Benefit** of promoting a region: its coverage × the cost of a page
 //!   walk on this machine ([`super::WalkCost::walk_ns`]): each distinct page
 //!   touched per second takes at least one walk that a huge page would
@@ -389,6 +392,9 @@ pub struct Agent {
     khugepaged: Option<procfs::KnobGuard>,
     /// When memory was last tight for a watched process.
     last_tight: Option<Instant>,
+    /// Coverage by idle page tracking (where the kernel has it), not from
+    /// inside the processes.
+    idle_pages: bool,
 }
 
 /// CPU time of the calling thread, ms.
@@ -495,11 +501,41 @@ fn recover(pid: i32, regions: &[Region], threshold: u64) -> Result<(Vec<(u64, u6
     }
     let given = remote.madvise_many(&runs, libc::MADV_DONTNEED)?;
     drop(stopped);
+    let ms = t.elapsed().as_secs_f64() * 1e3;
     let mut done: Vec<(u64, u64)> = chosen.iter().map(|c| (c.0, 0)).collect();
-    for (k, bytes) in given.into_iter().enumerate() {
+    for (k, bytes) in given.iter().enumerate() {
         done[owner[k]].1 += bytes / PAGE_SIZE as u64;
     }
-    Ok((done, t.elapsed().as_secs_f64() * 1e3))
+    // The pages given back leave their huge page mapped in part: the kernel
+    // frees them (and uncharges them from the cgroup) only when it splits
+    // the huge page, under memory reclaim. MADV_COLD on one page still
+    // mapped splits it now; it only moves that page to the inactive list.
+    let mut live = Vec::new();
+    for (i, (start, _)) in chosen.iter().enumerate() {
+        if done[i].1 == 0 {
+            continue;
+        }
+        let mine: Vec<(u64, u64)> = (0..runs.len())
+            .filter(|&k| owner[k] == i && given[k] > 0)
+            .map(|k| runs[k])
+            .collect();
+        let page = (0..512u64)
+            .map(|p| start + p * PAGE_SIZE as u64)
+            .find(|&a| !mine.iter().any(|&(r, n)| a >= r && a < r + n));
+        if let Some(a) = page {
+            live.push((a, PAGE_SIZE));
+        }
+    }
+    if !live.is_empty() {
+        if let Ok(pidfd) = process::pidfd_open(pid) {
+            for batch in live.chunks(1024) {
+                // Best effort: a refusal leaves the pages to the kernel's
+                // deferred split.
+                let _ = process::process_madvise(pidfd.as_raw_fd(), batch, libc::MADV_COLD);
+            }
+        }
+    }
+    Ok((done, ms))
 }
 
 impl Agent {
@@ -529,6 +565,7 @@ impl Agent {
             counters: Counters::default(),
             khugepaged: None,
             last_tight: None,
+            idle_pages: crate::access::idle_page_unavailable().is_none(),
         };
         for &pid in pids {
             a.add(pid)?;
@@ -540,7 +577,9 @@ impl Agent {
     pub fn add(&mut self, pid: i32) -> Result<()> {
         procfs::check_target(pid)?;
         let pidfd = process::pidfd_open(pid).map_err(|e| Error::for_pid(pid, "pidfd_open", e))?;
-        let coverage = if self.opts.policy == Policy::Coverage {
+        let coverage = if self.idle_pages {
+            Err("idle page tracking measures coverage".into())
+        } else if self.opts.policy == Policy::Coverage {
             WriteCoverage::new(pid).map_err(|e| e.to_string())
         } else {
             Err("the policy does not use coverage".into())
@@ -721,7 +760,37 @@ impl Agent {
         }
         // Coverage over one window for every process at once.
         let mut touched: Vec<Option<Vec<u64>>> = vec![None; per.len()];
-        if self.opts.policy == Policy::Coverage {
+        let by_idle = self.opts.policy == Policy::Coverage && self.idle_pages;
+        if by_idle {
+            // Idle page tracking: reads and writes, every process at once,
+            // nothing inside them.
+            let pids: Vec<i32> = per.iter().map(|p| self.targets[p.0].pid).collect();
+            match crate::access::idle_pages(&pids, self.opts.window) {
+                Ok(reps) => {
+                    for (k, (i, cands, _)) in per.iter().enumerate() {
+                        let pid = self.targets[*i].pid;
+                        if let Some(rep) = reps.iter().find(|r| r.pid == pid) {
+                            let by: std::collections::HashMap<u64, u64> =
+                                rep.regions.iter().map(|r| (r[0], r[3])).collect();
+                            touched[k] = Some(
+                                cands
+                                    .iter()
+                                    .map(|c| by.get(&c.0.start).copied().unwrap_or(0))
+                                    .collect(),
+                            );
+                        }
+                    }
+                }
+                Err(e) => {
+                    for &pid in &pids {
+                        actions.push(Action::NoCoverage {
+                            pid,
+                            why: e.to_string(),
+                        });
+                    }
+                }
+            }
+        } else if self.opts.policy == Policy::Coverage {
             let mut armed = vec![false; per.len()];
             for (k, (i, cands, _)) in per.iter().enumerate() {
                 let t = &mut self.targets[*i];

@@ -647,10 +647,14 @@ fn prezeroing_runs_ahead_and_loses_no_write() {
 /// and waits to be killed (it is, when this is dropped).
 struct Charged {
     pid: i32,
+    /// Where its memory starts (2 MiB-aligned).
+    base: u64,
 }
 
 impl Charged {
-    fn start(cg: &pagewise::procfs::MemoryCgroup, mib: usize) -> Charged {
+    /// `mib` MiB written page by page, or (`sparse`) in huge pages of which
+    /// only the first base page is written: the rest is bloat.
+    fn start(cg: &pagewise::procfs::MemoryCgroup, mib: usize, sparse: bool) -> Charged {
         use std::io::{Read, Write};
         let (mut go_r, mut go_w) = std::io::pipe().unwrap();
         let (mut done_r, mut done_w) = std::io::pipe().unwrap();
@@ -666,22 +670,31 @@ impl Charged {
             let mut b = [0u8; 1];
             let _ = go_r.read_exact(&mut b);
             let len = mib << 20;
-            let p = pagewise_sys::mem::mmap_anonymous(len).unwrap();
-            for off in (0..len).step_by(PAGE_SIZE) {
+            let map = pagewise_sys::mem::mmap_anonymous(len + HUGE_PAGE_SIZE).unwrap();
+            let p = (map as usize).next_multiple_of(HUGE_PAGE_SIZE) as *mut u8;
+            let step = if sparse {
+                // SAFETY: advice on the mapping just made.
+                unsafe { libc::madvise(p.cast(), len, libc::MADV_HUGEPAGE) };
+                HUGE_PAGE_SIZE
+            } else {
+                PAGE_SIZE
+            };
+            for off in (0..len).step_by(step) {
                 // SAFETY: inside the mapping just made.
                 unsafe { std::ptr::write_volatile(p.add(off), 1) };
             }
-            let _ = done_w.write_all(&b);
+            let _ = done_w.write_all(&(p as u64).to_ne_bytes());
             loop {
                 // SAFETY: waits for the signal that kills it.
                 unsafe { libc::pause() };
             }
         }
-        let c = Charged { pid };
+        let mut c = Charged { pid, base: 0 };
         cg.add(pid).unwrap();
         go_w.write_all(&[1]).unwrap();
-        let mut b = [0u8; 1];
+        let mut b = [0u8; 8];
         done_r.read_exact(&mut b).unwrap();
+        c.base = u64::from_ne_bytes(b);
         c
     }
 }
@@ -715,7 +728,7 @@ fn a_cgroup_near_its_limit_is_pressure_and_khugepaged_is_put_back() {
             return;
         }
     };
-    let child = Charged::start(&cg, 40);
+    let child = Charged::start(&cg, 40, false);
     let used = cg.usage().unwrap();
     assert_eq!(used.limit, Some(64 << 20));
     assert!(
@@ -766,4 +779,90 @@ fn a_cgroup_near_its_limit_is_pressure_and_khugepaged_is_put_back() {
         before
     );
     drop(child);
+}
+
+/// Bloat recovery gives the memory back to the cgroup at once: a child
+/// holds 16 huge pages with one page written in each; under pressure of
+/// its cgroup's limit the agent gives back the 511 zero pages of each, and
+/// the cgroup's charge falls by about as much, without waiting for reclaim.
+#[test]
+fn recovered_bloat_is_uncharged_from_the_cgroup_at_once() {
+    use pagewise::thp::agent::{Pressure, Recovery};
+    let _one = common::one_target_at_a_time();
+    if !available() {
+        return;
+    }
+    let cg = match pagewise::procfs::MemoryCgroup::create(
+        &format!("pagewise-test-bloat-{}", std::process::id()),
+        256 << 20,
+    ) {
+        Ok(c) => c,
+        Err(e) => {
+            pagewise_testkit::skip!("no memory cgroup to make: {e}");
+            return;
+        }
+    };
+    let child = Charged::start(&cg, 32, true);
+    let held = pagewise::procfs::resident(child.pid).unwrap();
+    if held.anon_huge_kib < 16 * 2048 {
+        pagewise_testkit::skip!(
+            "the kernel gave the child {} KiB of huge pages, not 32 MiB (THP disabled or no free huge page)",
+            held.anon_huge_kib
+        );
+        return;
+    }
+    let before = cg.usage().unwrap().usage;
+    for r in 0..16u64 {
+        let mut b = [0u8; PAGE_SIZE];
+        pagewise::walk::read_remote(child.pid, child.base + r * HUGE_PAGE_SIZE as u64, &mut b)
+            .unwrap();
+        assert_eq!(b[0], 1, "region {r} before recovery: the written page");
+    }
+    let opts = Options {
+        interval: Duration::from_millis(100),
+        window: Duration::from_millis(10),
+        policy: Policy::AddressOrder,
+        budget: Budget {
+            total: Some(0),
+            per_second: 0.0,
+            cpu_share: 0.0,
+        },
+        walk_ns: 30.0,
+        recovery: Some(Recovery {
+            when: Pressure::LimitAbove(5.0),
+            zero_pages: 256,
+            tune_khugepaged: false,
+            hold: Duration::ZERO,
+        }),
+    };
+    let mut agent = Agent::new(&[child.pid], opts).unwrap();
+    let step = agent.step().unwrap();
+    let given: u64 = step
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Recovered { zero_pages, .. } => Some(*zero_pages),
+            _ => None,
+        })
+        .sum();
+    assert_eq!(given, 16 * 511, "{:?}", step.actions);
+    // The written pages are still there.
+    for r in 0..16u64 {
+        let mut b = [0u8; PAGE_SIZE];
+        pagewise::walk::read_remote(child.pid, child.base + r * HUGE_PAGE_SIZE as u64, &mut b)
+            .unwrap();
+        assert_eq!(b[0], 1, "region {r}: the written page");
+    }
+    let after = cg.usage().unwrap().usage;
+    let freed = before.saturating_sub(after);
+    println!(
+        "     {given} zero pages given back ({} KiB); the cgroup's charge fell by {} KiB",
+        given * 4,
+        freed >> 10
+    );
+    assert!(
+        freed >= given * PAGE_SIZE as u64 * 9 / 10,
+        "charged {before} before, {after} after: {freed} bytes freed of {}",
+        given * PAGE_SIZE as u64
+    );
 }
