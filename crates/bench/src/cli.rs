@@ -264,6 +264,10 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
             Ok(rc)
         }
         What::ThpRedis { full, output } => {
+            if let Some(why) = crate::thp_redis::unavailable() {
+                println!("bench thp-redis: skipped: {why}");
+                return Ok(0);
+            }
             let cfg = if full {
                 crate::thp_redis::Config::full()
             } else {

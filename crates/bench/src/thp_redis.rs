@@ -658,6 +658,29 @@ fn phases(
     Ok(row)
 }
 
+/// Why the experiment cannot run here, or `None` when it can.
+pub fn unavailable() -> Option<String> {
+    let p = pagewise::probe::get();
+    if !p.madv_collapse || !p.process_madvise {
+        return Some(format!(
+            "{} / {}",
+            p.why("madv_collapse"),
+            p.why("process_madvise")
+        ));
+    }
+    match pagewise::procfs::memory_cgroup_dir(None) {
+        Ok(Some(_)) => {}
+        Ok(None) => {
+            return Some(
+                "no memory cgroup hierarchy (v1 memory or v2 with the memory controller)".into(),
+            )
+        }
+        Err(e) => return Some(format!("reading this process's cgroup: {e}")),
+    }
+    let writable = std::fs::OpenOptions::new().write(true).open(THP).is_ok();
+    (!writable).then(|| format!("{THP} is not writable here (root, and no lockdown of it)"))
+}
+
 /// Runs the experiment.
 pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
     if !which("redis-server") {

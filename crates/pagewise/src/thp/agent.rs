@@ -271,8 +271,8 @@ pub enum Action {
         start: u64,
         /// Pages given back.
         zero_pages: u64,
-        /// How long the process was stopped for it (with the other regions
-        /// of the same process recovered in the step), ms.
+        /// The longest time the process was stopped in this step's
+        /// recovery ([`REGIONS_PER_STOP`] regions a stop), ms.
         stopped_ms: f64,
         /// Why memory counted as tight.
         pressure: String,
@@ -454,8 +454,8 @@ fn zero_runs(start: u64, buf: &[u8]) -> Vec<(u64, u64)> {
 /// that hold at least `threshold` of them (see the module): the regions
 /// read first while it runs (to choose), then the pages found zero read
 /// again while it is stopped, and only those still zero given back, by the
-/// process itself. Returns the pages given back per region and the time
-/// it was stopped.
+/// process itself, [`REGIONS_PER_STOP`] regions a stop. Returns the pages
+/// given back per region and the longest time it was stopped.
 fn recover(pid: i32, regions: &[Region], threshold: u64) -> Result<(Vec<(u64, u64)>, f64)> {
     let mut buf = vec![0u8; HUGE_PAGE_SIZE];
     let mut chosen = Vec::new();
@@ -470,6 +470,24 @@ fn recover(pid: i32, regions: &[Region], threshold: u64) -> Result<(Vec<(u64, u6
         return Ok((Vec::new(), 0.0));
     }
     crate::inject::check_target(pid, "bloat recovery", "the madvise call")?;
+    // A few regions per stop: the process is never stopped for long.
+    let mut done = Vec::new();
+    let mut longest = 0.0f64;
+    for part in chosen.chunks(REGIONS_PER_STOP) {
+        let (d, ms) = give_back(pid, part)?;
+        done.extend(d);
+        longest = longest.max(ms);
+    }
+    Ok((done, longest))
+}
+
+/// Regions of one process given back in one stop.
+pub const REGIONS_PER_STOP: usize = 32;
+
+/// Stops `pid`, reads again the zero runs of `chosen` (region, runs found
+/// zero while it ran), gives back those still zero, lets it run, and splits
+/// the huge pages. The pages given back per region and the time stopped.
+fn give_back(pid: i32, chosen: &[(u64, Vec<(u64, u64)>)]) -> Result<(Vec<(u64, u64)>, f64)> {
     let t = Instant::now();
     let stopped = crate::stop::Stopped::new(pid)?;
     let remote = crate::inject::Remote::new(&stopped)?;
