@@ -488,6 +488,14 @@ pub const REGIONS_PER_STOP: usize = 32;
 /// zero while it ran), gives back those still zero, lets it run, and splits
 /// the huge pages. The pages given back per region and the time stopped.
 fn give_back(pid: i32, chosen: &[(u64, Vec<(u64, u64)>)]) -> Result<(Vec<(u64, u64)>, f64)> {
+    // The buffer for the second read, written once before the stop, so
+    // that taking its pages is not part of the time the process is stopped.
+    let largest = chosen
+        .iter()
+        .map(|c| c.1.iter().map(|z| z.1).sum::<u64>())
+        .max()
+        .unwrap_or(0);
+    let mut again = vec![1u8; largest as usize * PAGE_SIZE];
     let t = Instant::now();
     let stopped = crate::stop::Stopped::new(pid)?;
     let remote = crate::inject::Remote::new(&stopped)?;
@@ -496,8 +504,6 @@ fn give_back(pid: i32, chosen: &[(u64, Vec<(u64, u64)>)]) -> Result<(Vec<(u64, u
     let mut runs = Vec::new();
     let mut owner = Vec::new();
     for (i, (_, first)) in chosen.iter().enumerate() {
-        let pages: u64 = first.iter().map(|z| z.1).sum();
-        let mut again = vec![0u8; pages as usize * PAGE_SIZE];
         {
             let mut parts = Vec::with_capacity(first.len());
             let mut rest = again.as_mut_slice();
