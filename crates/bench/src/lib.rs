@@ -68,6 +68,13 @@ impl Machine {
     }
 }
 
+/// Median, min and max of a non-empty sample.
+pub fn median_min_max(mut v: Vec<f64>) -> (f64, f64, f64) {
+    let lo = v.iter().cloned().fold(f64::INFINITY, f64::min);
+    let hi = v.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    (median(&mut v), lo, hi)
+}
+
 /// Median of a non-empty sample.
 pub fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));

@@ -554,15 +554,13 @@ pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
 impl Report {
     /// Median saved per huge page of `policy` at budget `k`.
     fn saved(&self, policy: &str, k: u64) -> (f64, f64, f64) {
-        let mut v: Vec<f64> = self
-            .rows
-            .iter()
-            .filter(|r| r.policy == policy && r.k == k)
-            .map(|r| r.saved_ms_per_huge_page)
-            .collect();
-        let lo = v.iter().cloned().fold(f64::INFINITY, f64::min);
-        let hi = v.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-        (crate::median(&mut v), lo, hi)
+        crate::median_min_max(
+            self.rows
+                .iter()
+                .filter(|r| r.policy == policy && r.k == k)
+                .map(|r| r.saved_ms_per_huge_page)
+                .collect(),
+        )
     }
 
     /// The table.

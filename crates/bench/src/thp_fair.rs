@@ -299,15 +299,13 @@ pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
 impl Report {
     /// Median (and min, max) of `f` over the runs of `policy`.
     pub fn stat(&self, policy: &str, f: fn(&Row) -> f64) -> (f64, f64, f64) {
-        let mut v: Vec<f64> = self
-            .rows
-            .iter()
-            .filter(|r| r.policy == policy)
-            .map(f)
-            .collect();
-        let lo = v.iter().cloned().fold(f64::INFINITY, f64::min);
-        let hi = v.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-        (crate::median(&mut v), lo, hi)
+        crate::median_min_max(
+            self.rows
+                .iter()
+                .filter(|r| r.policy == policy)
+                .map(f)
+                .collect(),
+        )
     }
 
     /// The table and the goals.

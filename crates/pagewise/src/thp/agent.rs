@@ -435,6 +435,16 @@ fn regions_of(pid: i32, walker: &mut PageWalker) -> Result<Vec<(Region, u64, boo
     Ok(out)
 }
 
+/// Pages touched in each of `cands` by a coverage report.
+fn touched_in(rep: &crate::access::CoverageReport, cands: &[(Region, u64)]) -> Vec<u64> {
+    let by: std::collections::HashMap<u64, u64> =
+        rep.regions.iter().map(|r| (r[0], r[3])).collect();
+    cands
+        .iter()
+        .map(|c| by.get(&c.0.start).copied().unwrap_or(0))
+        .collect()
+}
+
 /// Zero-filled runs of pages in `buf` (at `start`): `(address, pages)`.
 fn zero_runs(start: u64, buf: &[u8]) -> Vec<(u64, u64)> {
     let mut runs: Vec<(u64, u64)> = Vec::new();
@@ -794,14 +804,7 @@ impl Agent {
                     for (k, (i, cands, _)) in per.iter().enumerate() {
                         let pid = self.targets[*i].pid;
                         if let Some(rep) = reps.iter().find(|r| r.pid == pid) {
-                            let by: std::collections::HashMap<u64, u64> =
-                                rep.regions.iter().map(|r| (r[0], r[3])).collect();
-                            touched[k] = Some(
-                                cands
-                                    .iter()
-                                    .map(|c| by.get(&c.0.start).copied().unwrap_or(0))
-                                    .collect(),
-                            );
+                            touched[k] = Some(touched_in(rep, cands));
                         }
                     }
                 }
@@ -837,14 +840,7 @@ impl Agent {
                 match t.coverage.as_mut() {
                     Ok(c) if armed[k] => match c.finish() {
                         Ok(rep) => {
-                            let by: std::collections::HashMap<u64, u64> =
-                                rep.regions.iter().map(|r| (r[0], r[3])).collect();
-                            touched[k] = Some(
-                                cands
-                                    .iter()
-                                    .map(|c| by.get(&c.0.start).copied().unwrap_or(0))
-                                    .collect(),
-                            );
+                            touched[k] = Some(touched_in(&rep, cands));
                         }
                         Err(e) => actions.push(Action::NoCoverage {
                             pid: t.pid,

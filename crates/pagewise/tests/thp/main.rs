@@ -706,6 +706,19 @@ impl Drop for Charged {
     }
 }
 
+/// A memory cgroup of this test run with a limit; `None` (the test said it
+/// skips, and why) where none can be made.
+fn cgroup(what: &str, limit: u64) -> Option<pagewise::procfs::MemoryCgroup> {
+    let name = format!("pagewise-test-{what}-{}", std::process::id());
+    match pagewise::procfs::MemoryCgroup::create(&name, limit) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            pagewise_testkit::skip!("no memory cgroup to make: {e}");
+            None
+        }
+    }
+}
+
 /// Memory counts as tight by the process's own cgroup limit (40 MiB
 /// charged of 64: above 50 %, not above 90 %); while it is, khugepaged's
 /// `max_ptes_none` is lowered to the recovery threshold, and put back when
@@ -718,15 +731,8 @@ fn a_cgroup_near_its_limit_is_pressure_and_khugepaged_is_put_back() {
     if !available() {
         return;
     }
-    let cg = match pagewise::procfs::MemoryCgroup::create(
-        &format!("pagewise-test-{}", std::process::id()),
-        64 << 20,
-    ) {
-        Ok(c) => c,
-        Err(e) => {
-            pagewise_testkit::skip!("no memory cgroup to make: {e}");
-            return;
-        }
+    let Some(cg) = cgroup("limit", 64 << 20) else {
+        return;
     };
     let child = Charged::start(&cg, 40, false);
     let used = cg.usage().unwrap();
@@ -792,15 +798,8 @@ fn recovered_bloat_is_uncharged_from_the_cgroup_at_once() {
     if !available() {
         return;
     }
-    let cg = match pagewise::procfs::MemoryCgroup::create(
-        &format!("pagewise-test-bloat-{}", std::process::id()),
-        256 << 20,
-    ) {
-        Ok(c) => c,
-        Err(e) => {
-            pagewise_testkit::skip!("no memory cgroup to make: {e}");
-            return;
-        }
+    let Some(cg) = cgroup("bloat", 256 << 20) else {
+        return;
     };
     let child = Charged::start(&cg, 32, true);
     let held = pagewise::procfs::resident(child.pid).unwrap();
