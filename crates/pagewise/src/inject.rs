@@ -10,7 +10,9 @@
 //! call the thread was interrupted in; one single-step executes the call;
 //! the result is read from `rax`, and every register is put back. A thread
 //! that was stopped inside a system call then restarts it as it would
-//! have. Nothing is written into the target's memory.
+//! have. Nothing of the target's own memory is written: a call that needs
+//! an array in the target ([`Remote::madvise_many`]) gets a scratch mapping
+//! of its own, unmapped before the target runs again.
 //!
 //! x86-64 only; elsewhere [`Remote::new`] answers `Unsupported`.
 
@@ -54,6 +56,23 @@ pub fn check_target(pid: i32, feature: &'static str, call: &str) -> Result<()> {
         });
     }
     Ok(())
+}
+
+/// Makes process `pid` call `madvise(advice)` on each of `ranges`
+/// (address, bytes) itself, stopped for the moment it takes (see
+/// [`Remote::madvise_many`]): for advice that the kernel accepts only from
+/// the process itself, such as `MADV_MERGEABLE`. `feature` names who asks,
+/// for the refusals of [`check_target`]. The bytes advised per range.
+pub fn madvise_in(
+    pid: i32,
+    ranges: &[(u64, u64)],
+    advice: i32,
+    feature: &'static str,
+) -> Result<Vec<u64>> {
+    check_target(pid, feature, "the madvise call")?;
+    let stopped = Stopped::new(pid)?;
+    let remote = Remote::new(&stopped)?;
+    remote.madvise_many(ranges, advice)
 }
 
 /// System calls made inside a stopped process (see the module).

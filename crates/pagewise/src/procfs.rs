@@ -212,6 +212,13 @@ pub fn check_target(pid: i32) -> Result<()> {
 /// `(start, end)`: reading a page of one that is not there waits for that
 /// process's own handler (as under `pagewise farmem run`).
 pub fn uffd_served(pid: Option<i32>) -> Result<Vec<(u64, u64)>> {
+    with_vm_flag(pid, &["um", "ui"])
+}
+
+/// The mappings of `pid` (`None`: this process) whose smaps `VmFlags` hold
+/// any of `flags` (`mg`: KSM may merge it; `hg`: `MADV_HUGEPAGE`; ...), as
+/// `(start, end)`.
+pub fn with_vm_flag(pid: Option<i32>, flags: &[&str]) -> Result<Vec<(u64, u64)>> {
     let path = proc_dir(pid).join("smaps");
     let text = std::fs::read_to_string(&path).map_err(|e| match pid {
         Some(p) => Error::for_pid(p, format!("reading {}", path.display()), e),
@@ -220,8 +227,8 @@ pub fn uffd_served(pid: Option<i32>) -> Result<Vec<(u64, u64)>> {
     let mut out = Vec::new();
     let mut current = None;
     for line in text.lines() {
-        if let Some(flags) = line.strip_prefix("VmFlags:") {
-            if flags.split_whitespace().any(|f| f == "um" || f == "ui") {
+        if let Some(have) = line.strip_prefix("VmFlags:") {
+            if have.split_whitespace().any(|f| flags.contains(&f)) {
                 if let Some(r) = current {
                     out.push(r);
                 }

@@ -282,3 +282,57 @@ fn reading_more_than_2_gib_of_another_process() {
     // SAFETY: our own mapping, no longer referenced.
     unsafe { libc::munmap(p, LEN) };
 }
+
+/// `madvise` made by another process itself, on ranges of its own: KSM is
+/// allowed on exactly the ranges asked for (`mg` in smaps), then taken back;
+/// the process's threads run on.
+#[test]
+fn madvise_inside_another_process() {
+    use pagewise::inject::madvise_in;
+    if let Some(why) = can_ptrace() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    // One mapping of 48 pages the child inherits; advice on its first and
+    // last 16 pages splits it in three.
+    let page = 4096usize;
+    // SAFETY: a fresh private anonymous mapping of 3 x 16 pages.
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            48 * page,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(base, libc::MAP_FAILED);
+    let a = base as u64;
+    let (b, c) = (a + 16 * page as u64, a + 32 * page as u64);
+    let s = Spinner::start();
+    // SAFETY: this process's copy goes; the child keeps its own.
+    unsafe { libc::munmap(base, 48 * page) };
+    std::thread::sleep(Duration::from_millis(50));
+    let mergeable = |pid| pagewise::procfs::with_vm_flag(Some(pid), &["mg"]).unwrap();
+    assert!(mergeable(s.pid).is_empty(), "nothing mergeable at first");
+    let len = 16 * page as u64;
+    let done = madvise_in(s.pid, &[(a, len), (c, len)], libc::MADV_MERGEABLE, "test").unwrap();
+    assert_eq!(done, vec![len, len]);
+    let m = mergeable(s.pid);
+    assert_eq!(
+        m,
+        vec![(a, b), (c, c + len)],
+        "exactly the ranges asked for"
+    );
+    let done = madvise_in(s.pid, &[(a, len), (c, len)], libc::MADV_UNMERGEABLE, "test").unwrap();
+    assert_eq!(done, vec![len, len]);
+    assert!(mergeable(s.pid).is_empty(), "taken back");
+    let x = s.counts();
+    std::thread::sleep(Duration::from_millis(100));
+    let y = s.counts();
+    assert!(
+        (0..4).all(|i| y[i] > x[i]),
+        "every thread runs on: {x:?} {y:?}"
+    );
+}
