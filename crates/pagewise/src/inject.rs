@@ -42,12 +42,9 @@ pub fn check_target(pid: i32, feature: &'static str, call: &str) -> Result<()> {
              {feature} must stop it under ptrace itself, and a process has one tracer"
         )));
     }
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map_err(|e| Error::for_pid(pid, "reading its state", e))?;
-    let state = stat
-        .rfind(')')
-        .and_then(|i| stat[i + 1..].split_whitespace().next());
-    if matches!(state, Some("T" | "t")) {
+    let state =
+        procfs::process_state(pid).map_err(|e| Error::for_pid(pid, "reading its state", e))?;
+    if matches!(state.as_deref(), Some("T" | "t")) {
         return Err(Error::Unsupported {
             feature,
             why: format!(

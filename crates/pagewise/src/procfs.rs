@@ -177,7 +177,6 @@ pub fn tasks(pid: i32) -> Result<Vec<i32>> {
     Ok(out)
 }
 
-/// Whether process `pid` is alive: it exists and is neither a zombie nor dead.
 /// Checks that `pid` names a process whose memory pagewise can work on:
 /// one that exists (a positive pid, not a zombie) and is not a kernel
 /// thread (which has no user memory). One clear error otherwise.
@@ -242,17 +241,19 @@ pub fn with_vm_flag(pid: Option<i32>, flags: &[&str]) -> Result<Vec<(u64, u64)>>
 
 /// Whether process `pid` exists and is not a zombie.
 pub fn is_alive(pid: i32) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return false;
-    };
+    matches!(process_state(pid), Ok(Some(state)) if !matches!(state.as_str(), "Z" | "X" | "x"))
+}
+
+/// The state letter of process `pid` (`/proc/PID/stat`: `R`, `S`, `T`,
+/// `Z`, ...); `None` where the line holds none. A plain I/O error (not an
+/// [`Error`]: [`Error::for_pid`] itself asks [`is_alive`]).
+pub fn process_state(pid: i32) -> std::io::Result<Option<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     // The state follows the parenthesised command name, which may hold spaces.
-    match stat
+    Ok(stat
         .rfind(')')
         .and_then(|i| stat[i + 1..].split_whitespace().next())
-    {
-        Some(state) => !matches!(state, "Z" | "X" | "x"),
-        None => false,
-    }
+        .map(str::to_string))
 }
 
 /// Reads a one-line file under `/proc` or `/sys`, trimmed.
@@ -441,7 +442,7 @@ pub fn memory_cgroup_dir(pid: Option<i32>) -> Result<Option<PathBuf>> {
         .map_err(|e| Error::os(format!("reading {}", path.display()), e))?;
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
         .map_err(|e| Error::os("reading /proc/self/mountinfo", e))?;
-    // (mount point, is v2) of the memory hierarchies.
+    // The mount points of the v1 memory hierarchy and of cgroup v2.
     let mut v1 = None;
     let mut v2 = None;
     for l in mountinfo.lines() {

@@ -472,23 +472,12 @@ fn bloat_recovery_loses_no_write_of_concurrent_writers() {
         pagewise_testkit::skip!("none of the child's regions is a huge page: no bloat to recover");
         return;
     }
-    let opts = Options {
-        interval: Duration::from_millis(300),
-        window: Duration::from_millis(100),
-        policy: Policy::AddressOrder,
-        budget: Budget {
-            total: Some(0),
-            per_second: 0.0,
-            cpu_share: 0.0,
-        },
-        walk_ns: 30.0,
-        recovery: Some(pagewise::thp::agent::Recovery {
-            when: pagewise::thp::agent::Pressure::Always,
-            zero_pages: 256,
-            tune_khugepaged: false,
-            hold: Duration::ZERO,
-        }),
-    };
+    let opts = recovery_only(pagewise::thp::agent::Recovery {
+        when: pagewise::thp::agent::Pressure::Always,
+        zero_pages: 256,
+        tune_khugepaged: false,
+        hold: Duration::ZERO,
+    });
     let mut agent = Agent::new(&[pid], opts).unwrap();
     let writes_before = c(2).load(Ordering::Relaxed);
     let step = agent.step().unwrap();
@@ -706,6 +695,23 @@ impl Drop for Charged {
     }
 }
 
+/// An agent that only recovers bloat (address order, no huge page to
+/// promote: no coverage is measured).
+fn recovery_only(recovery: pagewise::thp::agent::Recovery) -> Options {
+    Options {
+        interval: Duration::from_millis(100),
+        window: Duration::from_millis(10),
+        policy: Policy::AddressOrder,
+        budget: Budget {
+            total: Some(0),
+            per_second: 0.0,
+            cpu_share: 0.0,
+        },
+        walk_ns: 30.0,
+        recovery: Some(recovery),
+    }
+}
+
 /// A memory cgroup of this test run with a limit; `None` (the test said it
 /// skips, and why) where none can be made.
 fn cgroup(what: &str, limit: u64) -> Option<pagewise::procfs::MemoryCgroup> {
@@ -750,23 +756,12 @@ fn a_cgroup_near_its_limit_is_pressure_and_khugepaged_is_put_back() {
     assert!(!Pressure::LimitAbove(99.0).holds(me).unwrap().0);
 
     let before = pagewise::procfs::read_trimmed(MAX_PTES_NONE).unwrap();
-    let opts = Options {
-        interval: Duration::from_millis(100),
-        window: Duration::from_millis(10),
-        policy: Policy::AddressOrder,
-        budget: Budget {
-            total: Some(0),
-            per_second: 0.0,
-            cpu_share: 0.0,
-        },
-        walk_ns: 30.0,
-        recovery: Some(Recovery {
-            when: Pressure::LimitAbove(50.0),
-            zero_pages: 64,
-            tune_khugepaged: true,
-            hold: Duration::from_secs(60),
-        }),
-    };
+    let opts = recovery_only(Recovery {
+        when: Pressure::LimitAbove(50.0),
+        zero_pages: 64,
+        tune_khugepaged: true,
+        hold: Duration::from_secs(60),
+    });
     let mut agent = Agent::new(&[child.pid], opts).unwrap();
     let step = agent.step().unwrap();
     let tuned = step
@@ -817,23 +812,12 @@ fn recovered_bloat_is_uncharged_from_the_cgroup_at_once() {
             .unwrap();
         assert_eq!(b[0], 1, "region {r} before recovery: the written page");
     }
-    let opts = Options {
-        interval: Duration::from_millis(100),
-        window: Duration::from_millis(10),
-        policy: Policy::AddressOrder,
-        budget: Budget {
-            total: Some(0),
-            per_second: 0.0,
-            cpu_share: 0.0,
-        },
-        walk_ns: 30.0,
-        recovery: Some(Recovery {
-            when: Pressure::LimitAbove(5.0),
-            zero_pages: 256,
-            tune_khugepaged: false,
-            hold: Duration::ZERO,
-        }),
-    };
+    let opts = recovery_only(Recovery {
+        when: Pressure::LimitAbove(5.0),
+        zero_pages: 256,
+        tune_khugepaged: false,
+        hold: Duration::ZERO,
+    });
     let mut agent = Agent::new(&[child.pid], opts).unwrap();
     let step = agent.step().unwrap();
     let given: u64 = step
