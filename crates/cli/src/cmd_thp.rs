@@ -164,7 +164,7 @@ fn policy_of(s: &str) -> Result<Policy> {
 fn pressure_of(s: Option<&str>) -> Result<Pressure> {
     let Some(s) = s else {
         let t = pagewise::procfs::read_trimmed("/proc/meminfo")?;
-        let total = pagewise::procfs::status_field(&t, "MemTotal:").unwrap_or(0) * 1024;
+        let total = pagewise::procfs::status_field(&t, "MemTotal").unwrap_or(0) * 1024;
         return Ok(Pressure::AvailableBelow(total / 10));
     };
     if s == "always" {

@@ -21,6 +21,14 @@
 //!   write to a write-protected huge page splits it, so it is used on
 //!   regions not mapped by a huge page: the candidates for promotion.
 //!
+//! - **regions written, from outside, without splitting huge pages**
+//!   ([`RegionWrites`]): the same userfaultfd in synchronous mode. The first
+//!   write to a protected region stops the writing thread until this side
+//!   has noted the region and lifted its protection: one fault per region
+//!   written in a window, whatever the page size, and a huge page stays
+//!   huge. It tells whether a region was written, not how many of its
+//!   pages (SmartMD's access bit per huge page, for writes).
+//!
 //! DAMON is not used: it samples one page per region and estimates, where
 //! this asks for every page.
 
@@ -163,6 +171,169 @@ impl Drop for WriteCoverage {
     fn drop(&mut self) {
         self.finish_quietly();
     }
+}
+
+/// Which 2 MiB regions of another process are written in a window, from
+/// outside, without splitting a huge page (see the module):
+/// [`start`](Self::start) protects them, [`serve`] notes each first write
+/// and lets the writer go on at once, [`finish`](Self::finish) returns
+/// the regions written and unregisters everything (waking any writer still
+/// waiting). The process's threads wait on this side only while a window
+/// is open; if this side goes away, closing the descriptor wakes them.
+pub struct RegionWrites {
+    pid: i32,
+    wp: crate::track::UffdWp,
+    /// Registered runs of regions.
+    armed: Vec<crate::Region>,
+    written: std::collections::BTreeSet<u64>,
+    since: Option<Instant>,
+}
+
+impl RegionWrites {
+    /// Makes the userfaultfd inside process `pid` (stopped for a moment);
+    /// refused with the reason where that cannot be done (see
+    /// [`crate::track::UffdWp::open_in_sync`]).
+    pub fn new(pid: i32) -> Result<Self> {
+        Ok(RegionWrites {
+            pid,
+            wp: crate::track::UffdWp::open_in_sync(pid)?,
+            armed: Vec::new(),
+            written: Default::default(),
+            since: None,
+        })
+    }
+
+    /// The process.
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// Protects `regions` (2 MiB-aligned, each inside one private
+    /// anonymous writable mapping), registered in runs of adjacent
+    /// regions: writes from now on are noted. A run that cannot be
+    /// registered (unmapped meanwhile) is left out.
+    pub fn start(&mut self, regions: &[crate::Region]) -> Result<()> {
+        self.finish_quietly();
+        self.wp.check_memory()?;
+        let mut runs: Vec<crate::Region> = Vec::new();
+        for &r in regions {
+            match runs.last_mut() {
+                Some(l) if l.end() == r.start => l.len += r.len,
+                _ => runs.push(r),
+            }
+        }
+        for r in runs {
+            if self.wp.register(r, true).is_ok() {
+                self.armed.push(r);
+            }
+        }
+        self.since = Some(Instant::now());
+        Ok(())
+    }
+
+    /// Notes the writes waiting now and lets their threads go on.
+    fn drain(&mut self) -> Result<()> {
+        use pagewise_sys::uffd;
+        let huge = HUGE_PAGE_SIZE as u64;
+        loop {
+            let m = match uffd::read_msg(self.wp.fd().as_raw_fd()) {
+                Ok(m) => m,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) => return Err(Error::for_pid(self.pid, "reading its userfaultfd", e)),
+            };
+            if m.event != uffd::event::PAGEFAULT {
+                continue;
+            }
+            let at = m.pf_address() & !(huge - 1);
+            self.written.insert(at);
+            let r = crate::Region {
+                start: at,
+                len: huge,
+            };
+            // Lifting the protection wakes the writer; a region unmapped
+            // meanwhile has nothing to lift, and is woken all the same.
+            let mut tries = 0;
+            while let Err(e) = self.wp.unprotect(r) {
+                let again = e.errno() == libc::EAGAIN;
+                tries += 1;
+                if !again || tries > 100 {
+                    let _ = uffd::wake(self.wp.fd().as_raw_fd(), r.start, r.len);
+                    break;
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+    }
+
+    /// Ends the window: the regions written since [`start`](Self::start)
+    /// (their starts), every run unregistered.
+    pub fn finish(&mut self) -> Result<std::collections::BTreeSet<u64>> {
+        let drained = self.drain();
+        self.since = None;
+        self.finish_quietly();
+        drained?;
+        Ok(std::mem::take(&mut self.written))
+    }
+
+    fn finish_quietly(&mut self) {
+        for r in std::mem::take(&mut self.armed) {
+            let _ = self.wp.unregister(r);
+        }
+    }
+}
+
+impl Drop for RegionWrites {
+    fn drop(&mut self) {
+        self.finish_quietly();
+    }
+}
+
+/// Serves the writes of every window in `windows` until `until` (see
+/// [`RegionWrites`]). A window whose process fails is returned with the
+/// error and served no longer.
+pub fn serve(windows: &mut [&mut RegionWrites], until: Instant) -> Vec<(i32, Error)> {
+    let mut failed = Vec::new();
+    let mut live: Vec<usize> = (0..windows.len()).collect();
+    while !live.is_empty() {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        let fds: Vec<i32> = live
+            .iter()
+            .take(64)
+            .map(|&i| windows[i].wp.fd().as_raw_fd())
+            .collect();
+        let ready = match pagewise_sys::uffd::poll_readable(
+            &fds,
+            left.as_millis().clamp(1, i32::MAX as u128) as i32,
+        ) {
+            Ok(r) => r,
+            Err(e) => {
+                for i in live.drain(..) {
+                    let e = std::io::Error::from_raw_os_error(e.raw_os_error().unwrap_or(libc::EIO));
+                    failed.push((windows[i].pid, Error::os("polling userfaultfds", e)));
+                }
+                break;
+            }
+        };
+        let mut k = 0;
+        live.retain(|&i| {
+            let bit = k < 64 && ready & (1 << k) != 0;
+            k += 1;
+            if !bit {
+                return true;
+            }
+            match windows[i].drain() {
+                Ok(()) => true,
+                Err(e) => {
+                    failed.push((windows[i].pid, e));
+                    false
+                }
+            }
+        });
+    }
+    failed
 }
 
 /// Why idle page tracking cannot be used here, or `None` when it can.

@@ -270,7 +270,9 @@ pub fn bracketed_choice(text: &str) -> Option<&str> {
 }
 
 /// Reads one `Key:   value kB` field of `/proc/PID/status` or `/proc/meminfo`, in the file's unit.
+/// The key may be given with or without its colon.
 pub fn status_field(text: &str, key: &str) -> Option<u64> {
+    let key = key.strip_suffix(':').unwrap_or(key);
     text.lines().find_map(|l| {
         let (k, v) = l.split_once(':')?;
         (k.trim() == key).then(|| v.split_whitespace().next()?.parse().ok())?
@@ -429,6 +431,11 @@ mod tests {
         assert_eq!(
             status_field("VmRSS:\t  1234 kB\nVmSwap: 0 kB", "VmRSS"),
             Some(1234)
+        );
+        // With its colon too (three callers once read nothing that way).
+        assert_eq!(
+            status_field("MemTotal: 99 kB\nMemAvailable:  7 kB", "MemAvailable:"),
+            Some(7)
         );
     }
 }
@@ -632,4 +639,65 @@ pub fn vmstat(keys: &[&str]) -> Result<Vec<u64>> {
                 .unwrap_or(0)
         })
         .collect())
+}
+
+/// CPU time process (or thread) `pid` has used, user and system, from
+/// `/proc/PID/stat` (clock-tick resolution).
+pub fn cpu_time(pid: i32) -> Result<std::time::Duration> {
+    let t = std::fs::read_to_string(proc_dir(Some(pid)).join("stat"))
+        .map_err(|e| Error::for_pid(pid, "reading stat", e))?;
+    // After the command name in parentheses: state is field 3, utime 14,
+    // stime 15.
+    let rest = t
+        .rsplit_once(')')
+        .map(|x| x.1)
+        .ok_or_else(|| Error::NotFound(format!("/proc/{pid}/stat has no command name")))?;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let tick = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    let ticks = tick(11) + tick(12);
+    let hz = pagewise_sys::process::clock_ticks_per_second();
+    Ok(std::time::Duration::from_nanos(
+        ticks.saturating_mul(1_000_000_000) / hz,
+    ))
+}
+
+/// The pid of the kernel thread named `name` (a child of `kthreadd`, pid
+/// 2), if there is one.
+pub fn kernel_thread(name: &str) -> Option<i32> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+        let comm = read_trimmed(e.path().join("comm")).ok()?;
+        let status = std::fs::read_to_string(e.path().join("status")).ok()?;
+        (comm == name && status_field(&status, "PPid") == Some(2)).then_some(pid)
+    })
+}
+
+/// How full memory is, 0 to 1: the memory cgroup of `pid` against its
+/// limit where it has one, otherwise the machine (`MemTotal` less
+/// `MemAvailable`, of `MemTotal`). Returns the share and what was read.
+pub fn memory_utilisation(pid: Option<i32>) -> Result<(f64, String)> {
+    if let Some(dir) = memory_cgroup_dir(pid)? {
+        let u = memory_use(&dir)?;
+        if let Some(l) = u.limit.filter(|&l| l > 0) {
+            return Ok((
+                (u.usage as f64 / l as f64).min(1.0),
+                format!("cgroup {} MiB of its {} MiB limit", u.usage >> 20, l >> 20),
+            ));
+        }
+    }
+    let t = std::fs::read_to_string("/proc/meminfo")
+        .map_err(|e| Error::os("reading /proc/meminfo", e))?;
+    let total = status_field(&t, "MemTotal").unwrap_or(0);
+    let avail = status_field(&t, "MemAvailable").unwrap_or(total);
+    if total == 0 {
+        return Err(Error::NotFound("/proc/meminfo has no MemTotal".into()));
+    }
+    Ok((
+        (total.saturating_sub(avail)) as f64 / total as f64,
+        format!(
+            "{} MiB of {} MiB in use",
+            (total - avail.min(total)) >> 10,
+            total >> 10
+        ),
+    ))
 }

@@ -595,7 +595,7 @@ impl Receiver {
     pub fn new(store: DiskStore) -> Receiver {
         let max_bytes = crate::procfs::read_trimmed("/proc/meminfo")
             .ok()
-            .and_then(|t| crate::procfs::status_field(&t, "MemTotal:"))
+            .and_then(|t| crate::procfs::status_field(&t, "MemTotal"))
             .map_or(u64::MAX, |kib| kib * 1024);
         Receiver { store, max_bytes }
     }

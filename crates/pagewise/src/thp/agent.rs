@@ -132,7 +132,7 @@ impl Pressure {
                 let t = procfs::read_trimmed("/proc/meminfo")
                     .map_err(|e| Error::os("reading /proc/meminfo", e))?;
                 let avail =
-                    procfs::status_field(&t, "MemAvailable:").unwrap_or(u64::MAX / 1024) * 1024;
+                    procfs::status_field(&t, "MemAvailable").unwrap_or(u64::MAX / 1024) * 1024;
                 Ok((avail < b, format!("MemAvailable {} MiB", avail >> 20)))
             }
             Pressure::StallAbove(pct) => {

@@ -97,6 +97,22 @@ impl UffdWp {
     /// that is traced already (a process has one tracer), one that is
     /// stopped, and where ptrace is not allowed.
     pub fn open_in(pid: i32) -> Result<Self> {
+        Self::open_in_mode(pid, false)
+    }
+
+    /// As [`open_in`](Self::open_in), in synchronous write-protect mode: a
+    /// write to a protected page stops the writing thread until this side
+    /// answers (read [`fd`](Self::fd), then [`unprotect`](Self::unprotect)).
+    /// Unlike the asynchronous mode, a write to a protected huge page does
+    /// not split it. The descriptor is made without `UFFD_USER_MODE_ONLY`
+    /// (otherwise a system call writing a protected buffer would fail with
+    /// `EFAULT`), which the kernel allows a process with `CAP_SYS_PTRACE`
+    /// or under `vm.unprivileged_userfaultfd = 1`; elsewhere it is refused.
+    pub fn open_in_sync(pid: i32) -> Result<Self> {
+        Self::open_in_mode(pid, true)
+    }
+
+    fn open_in_mode(pid: i32, sync: bool) -> Result<Self> {
         let p = probe::get();
         if p.uffd_access.is_none() {
             return Err(Error::Unsupported {
@@ -108,8 +124,12 @@ impl UffdWp {
         let fd = {
             let stopped = crate::stop::Stopped::new(pid)?;
             let remote = crate::inject::Remote::new(&stopped)?;
-            let flags =
-                (libc::O_CLOEXEC | libc::O_NONBLOCK) as u64 | uffd::UFFD_USER_MODE_ONLY as u64;
+            let flags = (libc::O_CLOEXEC | libc::O_NONBLOCK) as u64
+                | if sync {
+                    0
+                } else {
+                    uffd::UFFD_USER_MODE_ONLY as u64
+                };
             let fd = remote.syscall(libc::SYS_userfaultfd, [flags, 0, 0, 0, 0, 0])?;
             if fd < 0 {
                 return Err(Error::for_pid(
@@ -120,9 +140,15 @@ impl UffdWp {
             }
             remote.take_fd(fd as i32)?
         };
-        let want = uffd::feature::WP_ASYNC | uffd::feature::WP_UNPOPULATED;
-        uffd::api(fd.as_raw_fd(), want)
-            .map_err(|e| Error::os("UFFDIO_API with WP_ASYNC|WP_UNPOPULATED", e))?;
+        let (want, what) = if sync {
+            (0, "UFFDIO_API")
+        } else {
+            (
+                uffd::feature::WP_ASYNC | uffd::feature::WP_UNPOPULATED,
+                "UFFDIO_API with WP_ASYNC|WP_UNPOPULATED",
+            )
+        };
+        uffd::api(fd.as_raw_fd(), want).map_err(|e| Error::os(what, e))?;
         let path = format!("/proc/{pid}/pagemap");
         let pagemap =
             File::open(&path).map_err(|e| Error::for_pid(pid, format!("opening {path}"), e))?;
@@ -158,6 +184,23 @@ impl UffdWp {
             })?;
         }
         Ok(())
+    }
+
+    /// The userfaultfd, to poll and read in synchronous mode.
+    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.uffd.as_fd()
+    }
+
+    /// Removes the write protection of `r` and wakes the threads waiting
+    /// on a write to it (synchronous mode).
+    pub fn unprotect(&self, r: Region) -> Result<()> {
+        uffd::writeprotect(self.uffd.as_raw_fd(), r.start, r.len, false).map_err(|e| {
+            Error::os(
+                format!("UFFDIO_WRITEPROTECT(0) of {:#x}+{:#x}", r.start, r.len),
+                e,
+            )
+        })
     }
 
     /// Unregisters `r`. An already unmapped range is not an error.
