@@ -311,7 +311,8 @@ pub fn serve(windows: &mut [&mut RegionWrites], until: Instant) -> Vec<(i32, Err
             Ok(r) => r,
             Err(e) => {
                 for i in live.drain(..) {
-                    let e = std::io::Error::from_raw_os_error(e.raw_os_error().unwrap_or(libc::EIO));
+                    let e =
+                        std::io::Error::from_raw_os_error(e.raw_os_error().unwrap_or(libc::EIO));
                     failed.push((windows[i].pid, Error::os("polling userfaultfds", e)));
                 }
                 break;

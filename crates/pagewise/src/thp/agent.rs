@@ -398,13 +398,13 @@ pub struct Agent {
 }
 
 /// CPU time of the calling thread, ms.
-fn thread_cpu_ms() -> f64 {
+pub(crate) fn thread_cpu_ms() -> f64 {
     process::thread_cpu_ns() as f64 / 1e6
 }
 
 /// The 2 MiB regions of `pid` wholly inside private anonymous writable
 /// mappings: `(region, resident pages, huge)`.
-fn regions_of(pid: i32, walker: &mut PageWalker) -> Result<Vec<(Region, u64, bool)>> {
+pub(crate) fn regions_of(pid: i32, walker: &mut PageWalker) -> Result<Vec<(Region, u64, bool)>> {
     let huge = HUGE_PAGE_SIZE as u64;
     let mut out = Vec::new();
     let mut runs = Vec::new();
