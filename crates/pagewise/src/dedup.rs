@@ -26,7 +26,10 @@
 //! and not written in the last window has only a quarter of its pages read
 //! again (SmartMD's 25 % sampling), the others keep their digests. With
 //! [`Options::exact`] the exact count is made beside it and the filter's
-//! error reported.
+//! error reported. A region made mergeable is not read again (reading
+//! another process's memory with `process_vm_readv` pins its pages, and
+//! the kernel unshares a KSM page pinned: the read would undo the merge);
+//! its digests stay as they were read.
 //!
 //! **Thresholds** adapt to memory utilisation (the processes' memory cgroup
 //! against its limit, or the machine's): the fuller memory is, the more
@@ -693,6 +696,12 @@ impl Agent {
             };
             let w = written.get(&t.pid);
             for (&start, s) in t.regions.iter_mut() {
+                // A region made mergeable is not read again: its rate no
+                // longer decides anything, and a read by process_vm_readv
+                // pins the pages, which unshares a page KSM merged.
+                if s.mergeable {
+                    continue;
+                }
                 let r = Region {
                     start,
                     len: HUGE_PAGE_SIZE as u64,

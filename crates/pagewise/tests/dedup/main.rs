@@ -1,0 +1,455 @@
+//! The deduplication agent against ground truth: a process with four huge
+//! pages of known content — two cold and identical, one hot and full of the
+//! same pages, one cold and unique — has exactly the two cold identical
+//! ones made mergeable and merged by KSM, the hot and the unique one kept
+//! huge; when one merged region turns hot it is unmerged and rebuilt into a
+//! huge page; at the end nothing it made mergeable stays so, KSM's settings
+//! are back, and no write of the process is lost (every page checked
+//! against the content it must hold).
+
+#[path = "../common/mod.rs"]
+mod common;
+
+use pagewise::dedup::{Action, Agent, Options, Policy, Thresholds};
+use pagewise::{HUGE_PAGE_SIZE, PAGE_SIZE};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+const K: u64 = 0x5a5a_1234_9876_abcd;
+/// Where the target's regions are: below every other mapping.
+const LOW: u64 = 0x1200_0000_0000;
+const REGIONS: usize = 4;
+/// The region written from the start.
+const HOT: usize = 2;
+/// The region written from phase 2 on.
+const LATE: usize = 0;
+/// Pages written per pass in a written region: every 64th.
+const STRIDE: usize = 64;
+
+/// The content of page `p` of region `r`: regions 0, 1 and 2 hold the
+/// same pages, region 3 pages of its own.
+fn fill(r: usize, p: usize, page: &mut [u8]) {
+    let mut x = if r == 3 {
+        1_000_003 + p as u64
+    } else {
+        1 + p as u64
+    };
+    for w in page.chunks_exact_mut(8) {
+        // xorshift64
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        w.copy_from_slice(&x.to_ne_bytes());
+    }
+}
+
+/// `ctl[0]`: passes completed; `ctl[1]` = 1 stops the child; `ctl[2]` = 1
+/// starts phase 2; `ctl[3]`: 1 once its regions are huge, 2 if the
+/// collapse was refused.
+struct Target {
+    pid: i32,
+    ctl: *mut AtomicU64,
+}
+
+impl Target {
+    fn start() -> Target {
+        let ctl = pagewise_sys::mem::mmap_shared_anonymous(PAGE_SIZE).unwrap() as *mut AtomicU64;
+        // SAFETY: the child maps, fills and writes its own memory and the
+        // shared page, sleeps and exits: no allocation, no lock.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            common::close_inherited(&[]);
+            // SAFETY: the control page is mapped for the child's life.
+            let c = |i: usize| unsafe { &*ctl.add(i) };
+            let len = REGIONS * HUGE_PAGE_SIZE;
+            // SAFETY: a new private mapping at an address nothing else holds.
+            let at = unsafe {
+                libc::mmap(
+                    LOW as *mut libc::c_void,
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                    -1,
+                    0,
+                )
+            };
+            if at as u64 != LOW {
+                c(3).store(2, Ordering::SeqCst);
+                // SAFETY: ends the child.
+                unsafe { libc::_exit(1) };
+            }
+            // SAFETY: the mapping just made, its whole length.
+            let mem = unsafe { std::slice::from_raw_parts_mut(LOW as *mut u8, len) };
+            for r in 0..REGIONS {
+                for p in 0..512 {
+                    let o = r * HUGE_PAGE_SIZE + p * PAGE_SIZE;
+                    fill(r, p, &mut mem[o..o + PAGE_SIZE]);
+                }
+            }
+            // SAFETY: advice on the mapping just made.
+            let huge = unsafe {
+                libc::madvise(at, len, libc::MADV_HUGEPAGE) == 0
+                    && libc::madvise(at, len, pagewise_sys::mem::MADV_COLLAPSE) == 0
+            };
+            c(3).store(if huge { 1 } else { 2 }, Ordering::SeqCst);
+            let mut pass = 1u64;
+            while c(1).load(Ordering::Relaxed) == 0 {
+                let late = c(2).load(Ordering::Relaxed) == 1;
+                for r in [HOT, LATE] {
+                    if r == LATE && !late {
+                        continue;
+                    }
+                    for p in (0..512).step_by(STRIDE) {
+                        let w0 = ((r as u64) << 48) | ((p as u64) << 32) | pass;
+                        let at = LOW as usize + r * HUGE_PAGE_SIZE + p * PAGE_SIZE;
+                        // SAFETY: inside the child's region.
+                        unsafe {
+                            std::ptr::write_volatile(at as *mut u64, w0);
+                            std::ptr::write_volatile((at + 8) as *mut u64, w0 ^ K);
+                        }
+                    }
+                }
+                c(0).store(pass, Ordering::SeqCst);
+                pass += 1;
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            // SAFETY: ends the child.
+            unsafe { libc::_exit(0) };
+        }
+        let t = Target { pid, ctl };
+        let t0 = Instant::now();
+        while t.ctl(3) == 0 && t0.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        t
+    }
+
+    fn ctl(&self, i: usize) -> u64 {
+        // SAFETY: the shared control page lives as long as the test.
+        unsafe { (*self.ctl.add(i)).load(Ordering::SeqCst) }
+    }
+
+    fn set(&self, i: usize, v: u64) {
+        // SAFETY: as above.
+        unsafe { (*self.ctl.add(i)).store(v, Ordering::SeqCst) }
+    }
+
+    /// Stops the child and checks every page against what it must hold.
+    fn check(&self, late_written: bool) -> u64 {
+        let stopped = pagewise::stop::Stopped::new(self.pid).unwrap();
+        let done = self.ctl(0);
+        let mut b = vec![0u8; REGIONS * HUGE_PAGE_SIZE];
+        pagewise::walk::read_remote(self.pid, LOW, &mut b).unwrap();
+        drop(stopped);
+        let mut want = vec![0u8; PAGE_SIZE];
+        let mut n = 0;
+        for r in 0..REGIONS {
+            for p in 0..512 {
+                let o = r * HUGE_PAGE_SIZE + p * PAGE_SIZE;
+                let page = &b[o..o + PAGE_SIZE];
+                fill(r, p, &mut want);
+                let written = p % STRIDE == 0 && (r == HOT || (r == LATE && late_written));
+                let from = if written {
+                    let w0 = u64::from_ne_bytes(page[..8].try_into().unwrap());
+                    let w1 = u64::from_ne_bytes(page[8..16].try_into().unwrap());
+                    assert_eq!(w1, w0 ^ K, "region {r} page {p}: torn or lost write");
+                    assert_eq!(
+                        w0 >> 32,
+                        ((r as u64) << 16) | p as u64,
+                        "region {r} page {p}"
+                    );
+                    assert!(
+                        w0 & 0xffff_ffff >= done,
+                        "region {r} page {p}: pass {} after {done} completed: a write lost",
+                        w0 & 0xffff_ffff
+                    );
+                    16
+                } else {
+                    0
+                };
+                assert!(
+                    page[from..] == want[from..],
+                    "region {r} page {p}: content changed"
+                );
+                n += 1;
+            }
+        }
+        n
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        self.set(1, 1);
+        // SAFETY: our own child.
+        unsafe {
+            libc::kill(self.pid, libc::SIGKILL);
+            libc::waitpid(self.pid, std::ptr::null_mut(), 0);
+        }
+    }
+}
+
+fn huge_regions(pid: i32) -> Vec<bool> {
+    let mut w = pagewise::walk::PageWalker::new(Some(pid)).unwrap();
+    let mut runs = Vec::new();
+    let h = pagewise_sys::pagemap::category::HUGE;
+    (0..REGIONS)
+        .map(|r| {
+            let reg =
+                pagewise::Region::new(LOW + (r * HUGE_PAGE_SIZE) as u64, HUGE_PAGE_SIZE as u64)
+                    .unwrap();
+            w.categories(reg, h, h, &mut runs).unwrap();
+            !runs.is_empty()
+        })
+        .collect()
+}
+
+/// Pages of region `r` of process `pid` that are KSM pages (the page's
+/// `KPF_KSM` flag in `/proc/kpageflags`, found by its frame in the page map).
+fn ksm_pages(pid: i32, r: usize) -> usize {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::FileExt;
+    const KPF_KSM: u64 = 1 << 21;
+    let pm = std::fs::File::open(format!("/proc/{pid}/pagemap")).unwrap();
+    let mut e = vec![0u64; 512];
+    pagewise_sys::pagemap::read_entries(pm.as_raw_fd(), region(r), &mut e).unwrap();
+    let flags = std::fs::File::open("/proc/kpageflags").unwrap();
+    e.iter()
+        .filter(|&&x| x & pagewise_sys::pagemap::entry::PRESENT != 0)
+        .filter(|&&x| {
+            let pfn = x & pagewise_sys::pagemap::entry::PFN_MASK;
+            let mut b = [0u8; 8];
+            flags.read_exact_at(&mut b, pfn * 8).is_ok() && u64::from_ne_bytes(b) & KPF_KSM != 0
+        })
+        .count()
+}
+
+/// Which of the regions are mergeable (smaps `mg`).
+fn mergeable(pid: i32) -> Vec<bool> {
+    let mg = pagewise::procfs::with_vm_flag(Some(pid), &["mg"]).unwrap();
+    (0..REGIONS)
+        .map(|r| {
+            let a = LOW + (r * HUGE_PAGE_SIZE) as u64;
+            mg.iter().any(|&(s, e)| s <= a && a < e)
+        })
+        .collect()
+}
+
+fn available() -> bool {
+    let p = pagewise::probe::get();
+    for (ok, what) in [
+        (p.ksm, "ksm"),
+        (p.madv_collapse, "madv_collapse"),
+        (p.process_madvise, "process_madvise"),
+    ] {
+        if !ok {
+            pagewise_testkit::skip!("{}", p.why(what));
+            return false;
+        }
+    }
+    if pagewise_sys::process::geteuid() != 0 {
+        pagewise_testkit::skip!(
+            "needs root to start ksmd and to watch writes without splitting huge pages"
+        );
+        return false;
+    }
+    if let Err(why) = pagewise::track::BackendKind::UffdWp.available_for_pid() {
+        pagewise_testkit::skip!("{why}");
+        return false;
+    }
+    true
+}
+
+/// The target's regions made mergeable (the memory it inherited from the
+/// test process is left out).
+fn merged(actions: &[Action]) -> Vec<u64> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Merge { start, .. } if (region(0)..region(REGIONS)).contains(start) => {
+                Some(*start)
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+fn region(r: usize) -> u64 {
+    LOW + (r * HUGE_PAGE_SIZE) as u64
+}
+
+#[test]
+fn smartmd_splits_cold_duplicates_keeps_hot_and_rebuilds() {
+    if !available() {
+        return;
+    }
+    let _one = common::one_target_at_a_time();
+    let run_before = std::fs::read_to_string("/sys/kernel/mm/ksm/run").unwrap();
+    let scan_before = std::fs::read_to_string("/sys/kernel/mm/ksm/pages_to_scan").unwrap();
+    let t = Target::start();
+    if t.ctl(3) != 1 {
+        pagewise_testkit::skip!(
+            "the target's regions could not be made huge (MADV_COLLAPSE refused)"
+        );
+        return;
+    }
+    assert_eq!(huge_regions(t.pid), vec![true; REGIONS], "set-up");
+    let opts = Options {
+        window: Duration::from_millis(150),
+        thresholds: Some(Thresholds {
+            cold_max: 0,
+            hot_min: 2,
+            repetition: 0.5,
+        }),
+        full_scan: Some(Duration::from_millis(500)),
+        exact: true,
+        ..Options::default()
+    };
+    let mut agent = Agent::new(&[t.pid], opts).unwrap();
+    // Phase 1: the cold identical regions are made mergeable and merged.
+    let mut all = Vec::new();
+    let mut last = None;
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(30) {
+        let s = agent.step().unwrap();
+        all.extend(s.actions.clone());
+        last = Some(s);
+        if ksm_pages(t.pid, 0) + ksm_pages(t.pid, 1) == 1024 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let s = last.unwrap();
+    assert_eq!(
+        merged(&all),
+        vec![region(0), region(1)],
+        "made mergeable: {:?}",
+        all
+    );
+    // The filter found the duplicates: region 3 (unique) has none, and
+    // false positives are rare.
+    assert!(
+        s.filter.exact.unwrap() >= (3 * 512 - 512 / STRIDE) as u64,
+        "{:?}",
+        s.filter
+    );
+    assert!(
+        s.filter.false_positive_rate.unwrap() < 0.05,
+        "{:?}",
+        s.filter
+    );
+    let merging = ksm_pages(t.pid, 0) + ksm_pages(t.pid, 1);
+    assert_eq!(
+        merging, 1024,
+        "KSM pages of the 1024 identical ones, 30 s on: {s:?}"
+    );
+    assert!(s.ksm.merging_pages[&t.pid] >= 1024, "ksm_stat: {s:?}");
+    assert_eq!(
+        (ksm_pages(t.pid, HOT), ksm_pages(t.pid, 3)),
+        (0, 0),
+        "the kept regions were merged"
+    );
+    assert_eq!(mergeable(t.pid), vec![true, true, false, false]);
+    let huge = huge_regions(t.pid);
+    assert_eq!(
+        (huge[HOT], huge[3]),
+        (true, true),
+        "the hot and the unique region stay huge"
+    );
+    assert!(
+        !huge[0] && !huge[1],
+        "KSM split the merged huge pages: {huge:?}"
+    );
+    t.check(false);
+    // Phase 2: region 0 turns hot and is rebuilt.
+    t.set(2, 1);
+    let mut rebuilt = None;
+    let t0 = Instant::now();
+    while rebuilt.is_none() && t0.elapsed() < Duration::from_secs(30) {
+        let s = agent.step().unwrap();
+        rebuilt = s.actions.iter().find_map(|a| match a {
+            Action::Rebuilt {
+                start, huge, why, ..
+            } => Some((*start, *huge, why.clone())),
+            _ => None,
+        });
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (start, huge, why) = rebuilt.expect("region 0 rebuilt within 30 s of turning hot");
+    assert_eq!(start, region(LATE));
+    assert!(huge, "the collapse after unmerging was refused: {why:?}");
+    assert!(huge_regions(t.pid)[LATE], "region 0 is huge again");
+    assert_eq!(mergeable(t.pid), vec![false, true, false, false]);
+    let n = t.check(true);
+    assert_eq!(n, (REGIONS * 512) as u64);
+    // The end: nothing left mergeable, KSM's settings back.
+    let end = agent.end();
+    assert!(
+        end.iter()
+            .any(|a| matches!(a, Action::Unmerged { regions, .. } if *regions >= 1)),
+        "{end:?}"
+    );
+    assert_eq!(mergeable(t.pid), vec![false; REGIONS]);
+    drop(agent);
+    assert_eq!(
+        std::fs::read_to_string("/sys/kernel/mm/ksm/run").unwrap(),
+        run_before
+    );
+    assert_eq!(
+        std::fs::read_to_string("/sys/kernel/mm/ksm/pages_to_scan").unwrap(),
+        scan_before
+    );
+    t.check(true);
+    assert_eq!(Policy::parse("smartmd"), Some(Policy::SmartMd));
+}
+
+/// The comparison policies choose as they say, on the same known layout:
+/// KSM everywhere every region at once; no splitting none (all four are
+/// huge pages); Ingens-like the three cold ones, duplicates or not, and
+/// never the hot one. No write lost under any.
+#[test]
+fn comparison_policies_choose_as_they_say() {
+    if !available() {
+        return;
+    }
+    let _one = common::one_target_at_a_time();
+    for (policy, want) in [
+        (Policy::KsmEverywhere, vec![0, 1, 2, 3]),
+        (Policy::NoSplitting, vec![]),
+        (Policy::IngensLike, vec![0, 1, 3]),
+    ] {
+        let t = Target::start();
+        if t.ctl(3) != 1 {
+            pagewise_testkit::skip!(
+                "the target's regions could not be made huge (MADV_COLLAPSE refused)"
+            );
+            return;
+        }
+        let opts = Options {
+            window: Duration::from_millis(150),
+            policy,
+            thresholds: Some(Thresholds {
+                cold_max: 0,
+                hot_min: 2,
+                repetition: 0.5,
+            }),
+            ..Options::default()
+        };
+        let mut agent = Agent::new(&[t.pid], opts).unwrap();
+        let mut all = Vec::new();
+        for _ in 0..4 {
+            all.extend(agent.step().unwrap().actions);
+        }
+        let want: Vec<u64> = want.into_iter().map(region).collect();
+        assert_eq!(merged(&all), want, "{policy:?}: {all:?}");
+        let flags = mergeable(t.pid);
+        for r in 0..REGIONS {
+            assert_eq!(flags[r], want.contains(&region(r)), "{policy:?} region {r}");
+        }
+        agent.end();
+        assert_eq!(mergeable(t.pid), vec![false; REGIONS], "{policy:?}");
+        drop(agent);
+        t.check(false);
+    }
+}
