@@ -444,8 +444,8 @@ fn comparison_policies_choose_as_they_say() {
         let want: Vec<u64> = want.into_iter().map(region).collect();
         assert_eq!(merged(&all), want, "{policy:?}: {all:?}");
         let flags = mergeable(t.pid);
-        for r in 0..REGIONS {
-            assert_eq!(flags[r], want.contains(&region(r)), "{policy:?} region {r}");
+        for (r, &f) in flags.iter().enumerate() {
+            assert_eq!(f, want.contains(&region(r)), "{policy:?} region {r}");
         }
         agent.end();
         assert_eq!(mergeable(t.pid), vec![false; REGIONS], "{policy:?}");
