@@ -3,10 +3,8 @@
 
 use anyhow::{bail, Context, Result};
 use pagewise::thp::agent::{Action, Agent, Budget, Options, Policy, Pressure, Recovery, Step};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 #[derive(clap::Args)]
@@ -194,16 +192,7 @@ fn run_agent(a: RunArgs) -> Result<i32> {
     }
     let policy = policy_of(&a.policy)?;
     let stop = pagewise_sys::signal::stop_flag()?;
-    let mut child = None;
-    let mut pids = a.pids.clone();
-    if !a.command.is_empty() {
-        let c = std::process::Command::new(&a.command[0])
-            .args(&a.command[1..])
-            .spawn()
-            .with_context(|| format!("starting {}", a.command[0]))?;
-        pids.push(c.id() as i32);
-        child = Some(c);
-    }
+    let (pids, child) = crate::agent_loop::start(&a.pids, &a.command)?;
     let walk_ns = match a.walk_ns {
         Some(w) => w,
         None => {
@@ -239,10 +228,6 @@ fn run_agent(a: RunArgs) -> Result<i32> {
         },
     };
     let mut agent = Agent::new(&pids, opts)?;
-    let served = Arc::new(Mutex::new(agent.metrics()));
-    if let Some(addr) = &a.metrics_listen {
-        serve_metrics(addr, served.clone())?;
-    }
     if !a.json {
         println!(
             "watching {} process(es); policy {}; page walk {walk_ns:.1} ns; every {} ms (SIGINT or SIGTERM ends)",
@@ -252,40 +237,18 @@ fn run_agent(a: RunArgs) -> Result<i32> {
         );
     }
     let t0 = Instant::now();
-    let mut n = 0u64;
-    let status = loop {
-        if stop.load(Ordering::SeqCst) {
-            break 0;
-        }
-        if let Some(c) = child.as_mut() {
-            if let Some(st) = c.try_wait()? {
-                break pagewise::launch::exit_code(st);
-            }
-        }
-        let due = t0 + Duration::from_millis(a.interval_ms) * n as u32;
-        while Instant::now() < due && !stop.load(Ordering::SeqCst) {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        if stop.load(Ordering::SeqCst) {
-            break 0;
-        }
-        let step = agent.step()?;
-        n += 1;
-        report(&step, a.json)?;
-        let text = agent.metrics();
-        if let Some(path) = &a.metrics {
-            let tmp = path.with_extension("tmp");
-            std::fs::write(&tmp, &text).with_context(|| format!("writing {}", tmp.display()))?;
-            std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
-        }
-        *served.lock().expect("not poisoned") = text;
-        if !agent.watching() {
-            break 0;
-        }
-        if a.steps.is_some_and(|s| n >= s) {
-            break 0;
-        }
+    let l = crate::agent_loop::Loop {
+        interval: Duration::from_millis(a.interval_ms),
+        steps: a.steps,
+        metrics: a.metrics.clone(),
+        metrics_listen: a.metrics_listen.clone(),
     };
+    let first = agent.metrics();
+    let status = crate::agent_loop::drive(&l, &stop, child, first, || {
+        let step = agent.step()?;
+        report(&step, a.json)?;
+        Ok((agent.metrics(), agent.watching()))
+    })?;
     let c = agent.counters();
     if !a.json {
         println!(
@@ -299,11 +262,6 @@ fn run_agent(a: RunArgs) -> Result<i32> {
         );
     }
     drop(agent);
-    if let Some(mut c) = child {
-        if stop.load(Ordering::SeqCst) {
-            pagewise::launch::stop(&mut c, Duration::from_secs(5));
-        }
-    }
     Ok(status)
 }
 
@@ -375,25 +333,5 @@ fn report(step: &Step, json: bool) -> Result<()> {
             }
         }
     }
-    Ok(())
-}
-
-/// Serves `text` over HTTP at `addr` (any path), from a thread.
-fn serve_metrics(addr: &str, text: Arc<Mutex<String>>) -> Result<()> {
-    let l = std::net::TcpListener::bind(addr).with_context(|| format!("listening on {addr}"))?;
-    std::thread::spawn(move || {
-        for s in l.incoming() {
-            let Ok(mut s) = s else { continue };
-            let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-            let mut req = [0u8; 1024];
-            let _ = s.read(&mut req);
-            let body = text.lock().map(|t| t.clone()).unwrap_or_default();
-            let _ = write!(
-                s,
-                "HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\n\r\n{body}",
-                body.len()
-            );
-        }
-    });
     Ok(())
 }

@@ -1,5 +1,7 @@
 //! `pagewise`: the command-line face of the pagewise library.
 
+mod agent_loop;
+mod cmd_dedup;
 mod cmd_demo;
 mod cmd_farmem;
 mod cmd_inspect;
@@ -72,6 +74,13 @@ enum Cmd {
     /// regions the process writes most and collapses them into huge pages
     /// first, fairly across the processes given, within a budget.
     Thp(cmd_thp::Args),
+    /// The deduplication agent (SmartMD): KSM where it costs no huge page in use.
+    ///
+    /// `pagewise dedup run --pid PID [--pid PID ...] [--json]` measures each
+    /// 2 MiB region's write frequency and duplicate pages, makes cold
+    /// duplicate-rich regions mergeable for KSM, keeps hot ones huge, and
+    /// rebuilds split regions that turn hot.
+    Dedup(cmd_dedup::Args),
     /// Run the benchmarks of a capability and print ratios against the baselines.
     Bench(pagewise_bench::cli::Args),
     /// One-step tour: track a built-in workload with every available backend.
@@ -94,6 +103,7 @@ fn main() {
         Cmd::Farmem(a) => cmd_farmem::run(a),
         Cmd::Inspect(a) => cmd_inspect::run(a),
         Cmd::Thp(a) => cmd_thp::run(a),
+        Cmd::Dedup(a) => cmd_dedup::run(a),
         Cmd::Bench(a) => pagewise_bench::cli::run(a, cli.quiet),
         Cmd::Demo(a) => cmd_demo::demo(a),
         Cmd::Workload(a) => cmd_workload::run(a),

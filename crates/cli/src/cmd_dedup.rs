@@ -1,0 +1,271 @@
+//! `pagewise dedup`: the deduplication agent (SmartMD's split, keep and
+//! rebuild of huge pages, driving KSM).
+
+use anyhow::{bail, Result};
+use pagewise::dedup::{Action, Agent, Options, Policy, Step, Thresholds};
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    sub: Sub,
+}
+
+#[derive(clap::Subcommand)]
+enum Sub {
+    /// Let KSM merge the cold, duplicate-rich memory of processes, keeping
+    /// hot huge pages whole.
+    ///
+    /// Each interval the agent notes, over a window, which 2 MiB regions
+    /// each process writes (from outside, one fault per region: huge pages
+    /// stay huge), keeps an access frequency per region (+1 written, -1
+    /// not), and estimates each region's share of duplicate pages with
+    /// SmartMD's counting Bloom filter across all the processes given
+    /// (reading a quarter of the pages of a region unchanged since it was
+    /// last read). A cold region with many duplicates is made mergeable
+    /// (the process is stopped for a moment and calls madvise itself); KSM
+    /// then splits its huge page and merges its pages. A hot region stays
+    /// whole; a merged region that turns hot is unmerged and collapsed into
+    /// a huge page again. The thresholds follow memory utilisation (the
+    /// processes' memory cgroup against its limit, or the machine's). ksmd
+    /// is started and paced; every KSM setting is put back, and every
+    /// region made mergeable is unmerged, when the agent ends (also on
+    /// SIGINT/SIGTERM). Needs root (ksmd's settings; the write faults).
+    Run(Box<RunArgs>),
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// A process to watch (repeat for more).
+    #[arg(long = "pid")]
+    pids: Vec<i32>,
+    /// Milliseconds between steps.
+    #[arg(long, default_value_t = 2000)]
+    interval_ms: u64,
+    /// Milliseconds of the access window inside a step.
+    #[arg(long, default_value_t = 500)]
+    window_ms: u64,
+    /// smartmd (cold and duplicate-rich regions), ksm-everywhere (every
+    /// region), no-splitting (regions of base pages only) or ingens-like
+    /// (base pages and cold huge pages, whatever their duplicates).
+    #[arg(long, default_value = "smartmd")]
+    policy: String,
+    /// Fixed thresholds instead of ones that follow memory utilisation:
+    /// COLD,HOT,REPETITION (cold: frequency at most COLD; hot: at least
+    /// HOT; split when at least REPETITION of the pages are duplicates,
+    /// 0 to 1), e.g. 0,2,0.5.
+    #[arg(long, value_name = "COLD,HOT,REPETITION")]
+    thresholds: Option<String>,
+    /// Read every page of every region each step (no 25 % sampling).
+    #[arg(long)]
+    no_sample: bool,
+    /// Count duplicates exactly too, to report the Bloom filter's error.
+    #[arg(long)]
+    exact: bool,
+    /// Pace ksmd so that one pass over the mergeable pages takes this many
+    /// milliseconds (0: leave ksmd as it is, and do not start it).
+    #[arg(long, default_value_t = 10_000)]
+    full_scan_ms: u64,
+    /// Leave the regions made mergeable merged at the end.
+    #[arg(long)]
+    keep_merged: bool,
+    /// Stop after this many steps.
+    #[arg(long)]
+    steps: Option<u64>,
+    /// One JSON object per step on stdout.
+    #[arg(long)]
+    json: bool,
+    /// Write the counters in the Prometheus text format to FILE after each
+    /// step (for node_exporter's textfile collector).
+    #[arg(long, value_name = "FILE")]
+    metrics: Option<PathBuf>,
+    /// Serve the counters in the Prometheus text format over HTTP at ADDR
+    /// (loopback, e.g. 127.0.0.1:9102).
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<String>,
+    /// A command to start and watch (ends when it exits, with its status).
+    #[arg(last = true)]
+    command: Vec<String>,
+}
+
+pub fn run(a: Args) -> Result<i32> {
+    match a.sub {
+        Sub::Run(r) => run_agent(*r),
+    }
+}
+
+fn thresholds_of(s: &str) -> Result<Thresholds> {
+    let p: Vec<&str> = s.split(',').collect();
+    let bad = || anyhow::anyhow!("--thresholds {s}: COLD,HOT,REPETITION, e.g. 0,2,0.5");
+    if p.len() != 3 {
+        return Err(bad());
+    }
+    let t = Thresholds {
+        cold_max: p[0].parse().map_err(|_| bad())?,
+        hot_min: p[1].parse().map_err(|_| bad())?,
+        repetition: p[2].parse().map_err(|_| bad())?,
+    };
+    if t.cold_max >= t.hot_min || t.hot_min > pagewise::dedup::FREQ_MAX {
+        bail!(
+            "--thresholds {s}: COLD must be below HOT, and HOT at most {}",
+            pagewise::dedup::FREQ_MAX
+        );
+    }
+    if !(0.0..=1.0).contains(&t.repetition) {
+        bail!("--thresholds {s}: REPETITION is a share, 0 to 1");
+    }
+    Ok(t)
+}
+
+fn run_agent(a: RunArgs) -> Result<i32> {
+    if a.pids.is_empty() && a.command.is_empty() {
+        bail!("give --pid PID (repeatable) or -- CMD");
+    }
+    if a.interval_ms == 0 || a.window_ms >= a.interval_ms {
+        bail!("--window-ms must be shorter than --interval-ms, which must be above 0");
+    }
+    let Some(policy) = Policy::parse(&a.policy) else {
+        bail!(
+            "--policy {}: smartmd, ksm-everywhere, no-splitting or ingens-like",
+            a.policy
+        );
+    };
+    let thresholds = a.thresholds.as_deref().map(thresholds_of).transpose()?;
+    let stop = pagewise_sys::signal::stop_flag()?;
+    let (pids, child) = crate::agent_loop::start(&a.pids, &a.command)?;
+    let opts = Options {
+        interval: Duration::from_millis(a.interval_ms),
+        window: Duration::from_millis(a.window_ms),
+        policy,
+        sample: !a.no_sample,
+        exact: a.exact,
+        thresholds,
+        full_scan: (a.full_scan_ms > 0).then(|| Duration::from_millis(a.full_scan_ms)),
+        ..Options::default()
+    };
+    let mut agent = Agent::new(&pids, opts)?;
+    if !a.json {
+        println!(
+            "watching {} process(es); policy {}; every {} ms (SIGINT or SIGTERM ends)",
+            pids.len(),
+            policy.name(),
+            a.interval_ms
+        );
+    }
+    let t0 = Instant::now();
+    let l = crate::agent_loop::Loop {
+        interval: Duration::from_millis(a.interval_ms),
+        steps: a.steps,
+        metrics: a.metrics.clone(),
+        metrics_listen: a.metrics_listen.clone(),
+    };
+    let first = agent.metrics();
+    let status = crate::agent_loop::drive(&l, &stop, child, first, || {
+        let step = agent.step()?;
+        report(&step, a.json)?;
+        Ok((agent.metrics(), agent.watching()))
+    })?;
+    if !a.keep_merged {
+        for act in agent.end() {
+            if a.json {
+                println!("{}", serde_json::json!({ "end": act }));
+            } else {
+                action(&mut std::io::stdout().lock(), &act)?;
+            }
+        }
+    }
+    let c = agent.counters();
+    let wall_ms = (t0.elapsed().as_secs_f64() * 1e3).max(1.0);
+    if !a.json {
+        println!(
+            "{} steps: {} regions made mergeable ({} huge pages split), {} rebuilt, {} requests failed; CPU: the agent {:.1} ms ({:.2} % of one CPU), ksmd {:.1} ms ({:.2} %)",
+            c.steps,
+            c.merged,
+            c.split,
+            c.rebuilt,
+            c.failed,
+            c.cpu_ms,
+            c.cpu_ms / wall_ms * 100.0,
+            c.ksmd_cpu_ms,
+            c.ksmd_cpu_ms / wall_ms * 100.0
+        );
+    }
+    // KSM's settings are put back here.
+    drop(agent);
+    Ok(status)
+}
+
+fn report(step: &Step, json: bool) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    if json {
+        writeln!(out, "{}", serde_json::to_string(step)?)?;
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "{:>7.1}s {} regions ({} huge, {} mergeable, {} written); kept {} hot, {} with few duplicates; thresholds cold<={} hot>={} repetition>={:.2} at {:.0} % memory use; KSM sharing {} pages",
+        step.t_ms as f64 / 1e3,
+        step.regions,
+        step.huge,
+        step.mergeable,
+        step.written,
+        step.kept_hot,
+        step.kept_few_duplicates,
+        step.thresholds.cold_max,
+        step.thresholds.hot_min,
+        step.thresholds.repetition,
+        step.utilisation * 100.0,
+        step.ksm.pages_sharing
+    )?;
+    for act in &step.actions {
+        action(&mut out, act)?;
+    }
+    Ok(())
+}
+
+fn action(out: &mut impl Write, act: &Action) -> Result<()> {
+    match act {
+        Action::Merge {
+            pid,
+            start,
+            huge,
+            why,
+            ..
+        } => writeln!(
+            out,
+            "          {} pid {pid} {start:#x}: {why}",
+            if *huge { "split+merge" } else { "merge" }
+        )?,
+        Action::Rebuilt {
+            pid,
+            start,
+            freq,
+            huge,
+            why,
+        } => writeln!(
+            out,
+            "          rebuild pid {pid} {start:#x} (frequency {freq}): {}",
+            if *huge {
+                "huge again".to_string()
+            } else {
+                why.clone().unwrap_or_default()
+            }
+        )?,
+        Action::Failed { pid, what, why } => {
+            writeln!(out, "          failed pid {pid}: {what}: {why}")?
+        }
+        Action::Gone { pid, why } => writeln!(out, "          gone pid {pid}: {why}")?,
+        Action::NoCoverage { pid, why } => writeln!(
+            out,
+            "          no access frequency for pid {pid} (its huge pages are kept): {why}"
+        )?,
+        Action::Tuned { knob, to } => writeln!(out, "          {knob} = {to}")?,
+        Action::Unmerged { pid, regions } => writeln!(
+            out,
+            "          end: {regions} regions of pid {pid} unmerged"
+        )?,
+    }
+    Ok(())
+}
