@@ -949,3 +949,123 @@ fn thp_prezero_runs_ahead_of_a_growing_program() {
     assert_eq!(pre, 4, "the first region and 3 ahead");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `dedup run -- CMD` on a self-checking program with eight huge pages (four
+/// cold and identical, two hot, two cold and unique): exactly the four cold
+/// identical ones are split and merged, KSM shares their pages, the
+/// program's output is that of a run without pagewise, the tool's exit
+/// status is the program's, and KSM's settings are as before.
+#[test]
+fn dedup_run_merges_cold_duplicates_and_changes_no_output() {
+    let p = pagewise::probe::get();
+    if !p.ksm || !p.madv_collapse || !p.process_madvise {
+        pagewise_testkit::skip!(
+            "{} / {} / {}",
+            p.why("ksm"),
+            p.why("madv_collapse"),
+            p.why("process_madvise")
+        );
+        return;
+    }
+    if pagewise_sys::process::geteuid() != 0 {
+        pagewise_testkit::skip!("needs root to start ksmd");
+        return;
+    }
+    if let Err(why) = pagewise::track::BackendKind::UffdWp.available_for_pid() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    let dir = temp_dir("dedup");
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = dir.join("dedup_target");
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/dedup_target.c");
+    let st = Command::new("cc")
+        .args(["-O", "-Wall", "-Wextra", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .status()
+        .expect("running cc");
+    assert!(st.success());
+    let plain = Command::new(&exe).arg("1").output().unwrap();
+    assert!(plain.status.success());
+    if !String::from_utf8_lossy(&plain.stderr).contains("huge 1") {
+        pagewise_testkit::skip!(
+            "the program's regions could not be made huge (MADV_COLLAPSE refused)"
+        );
+        return;
+    }
+    let knobs = ["run", "pages_to_scan", "sleep_millisecs"]
+        .map(|k| std::fs::read_to_string(format!("/sys/kernel/mm/ksm/{k}")).unwrap());
+    let out = Command::new(BIN)
+        .args([
+            "dedup",
+            "run",
+            "--json",
+            "--interval-ms",
+            "400",
+            "--window-ms",
+            "150",
+        ])
+        .args(["--thresholds", "0,2,0.5", "--full-scan-ms", "300", "--"])
+        .arg(&exe)
+        .arg("6")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let program: Vec<&str> = text.lines().filter(|l| !l.starts_with('{')).collect();
+    assert_eq!(
+        program,
+        String::from_utf8_lossy(&plain.stdout)
+            .lines()
+            .collect::<Vec<_>>(),
+        "the program's output changed"
+    );
+    let steps: Vec<serde_json::Value> = text
+        .lines()
+        .filter(|l| l.starts_with("{\"t_ms\""))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(steps.len() >= 5, "{text}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    let base = err
+        .lines()
+        .find_map(|l| l.strip_prefix("base 0x")?.split_whitespace().next())
+        .and_then(|h| u64::from_str_radix(h, 16).ok())
+        .expect("the program's base address on stderr");
+    let mut split: Vec<u64> = steps
+        .iter()
+        .flat_map(|s| s["actions"].as_array().unwrap().clone())
+        .filter(|a| a["action"] == "merge" && a["huge"] == true)
+        .map(|a| a["start"].as_u64().unwrap())
+        .collect();
+    split.sort();
+    assert_eq!(
+        split,
+        (0..4).map(|r| base + r * (2 << 20)).collect::<Vec<_>>(),
+        "huge pages split: not the four cold identical ones"
+    );
+    let sharing = steps
+        .iter()
+        .filter_map(|s| {
+            s["ksm"]["merging_pages"]
+                .as_object()?
+                .values()
+                .next()?
+                .as_u64()
+        })
+        .max()
+        .unwrap_or(0);
+    assert!(
+        sharing >= 2048,
+        "KSM merged {sharing} of the program's pages, fewer than its 2048 identical ones"
+    );
+    let after = ["run", "pages_to_scan", "sleep_millisecs"]
+        .map(|k| std::fs::read_to_string(format!("/sys/kernel/mm/ksm/{k}")).unwrap());
+    assert_eq!(after, knobs, "KSM's settings were not put back");
+    let _ = std::fs::remove_dir_all(&dir);
+}
