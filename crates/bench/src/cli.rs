@@ -71,6 +71,24 @@ enum What {
         #[command(flatten)]
         output: Output,
     },
+    /// SmartMD's trade-off: memory saved by deduplication against
+    /// throughput, on four self-checking processes sharing most of their
+    /// content in huge pages, under no dedup, KSM everywhere, no splitting,
+    /// Ingens-like and pagewise's agent. Short by default.
+    Dedup {
+        /// The full experiment (256 MiB per process, 60 s per scheme).
+        #[arg(long)]
+        full: bool,
+        /// Run only this scheme (repeatable): none, ksm-everywhere,
+        /// no-splitting, ingens-like, smartmd.
+        #[arg(long = "scheme")]
+        schemes: Vec<String>,
+        /// Seconds per scheme (default 16, or 60 with --full).
+        #[arg(long)]
+        seconds: Option<u64>,
+        #[command(flatten)]
+        output: Output,
+    },
     /// HawkEye's experiment (b): time saved per huge page promoted, by
     /// coverage against address order and utilisation, on a self-checking
     /// random-update workload. Short by default.
@@ -233,6 +251,45 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
             let rc = output.emit(&report, report.summary(), report.charts())?;
             if wrong > 0 {
                 anyhow::bail!("{wrong} stored pages differ from the process's memory at the stop");
+            }
+            Ok(rc)
+        }
+        What::Dedup {
+            full,
+            schemes,
+            seconds,
+            output,
+        } => {
+            if let Some(bad) = schemes
+                .iter()
+                .find(|s| !crate::dedup::SCHEMES.contains(&s.as_str()))
+            {
+                anyhow::bail!("--scheme {bad}: one of {:?}", crate::dedup::SCHEMES);
+            }
+            if let Some(why) = crate::dedup::unavailable() {
+                println!("bench dedup: skipped: {why}");
+                return Ok(0);
+            }
+            let cfg = if full {
+                crate::dedup::Config::full()
+            } else {
+                crate::dedup::Config::quick()
+            };
+            let cfg = crate::dedup::Config {
+                schemes,
+                seconds: seconds.unwrap_or(cfg.seconds),
+                ..cfg
+            };
+            let report = crate::dedup::run(&cfg, &mut progress(quiet))?;
+            let rc = output.emit(&report, report.summary(), report.charts())?;
+            let bad: Vec<&str> = report
+                .rows
+                .iter()
+                .filter(|r| !r.verified)
+                .map(|r| r.scheme.as_str())
+                .collect();
+            if !bad.is_empty() {
+                anyhow::bail!("a process found its memory other than it wrote it under {bad:?}");
             }
             Ok(rc)
         }

@@ -4,6 +4,7 @@
 
 pub mod checkpoint;
 pub mod cli;
+pub mod dedup;
 pub mod dump;
 pub mod farmem;
 pub mod farmem_redis;

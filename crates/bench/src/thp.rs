@@ -304,6 +304,11 @@ pub(crate) fn spawn_worker(
 }
 
 impl Child {
+    /// Rounds the worker has completed.
+    pub(crate) fn rounds(&self) -> u64 {
+        self.ctl.at(0).load(Ordering::SeqCst)
+    }
+
     /// Tells the worker to stop and waits (up to 60 s) for its check.
     pub(crate) fn stop_and_check(&self) -> bool {
         self.ctl.at(1).store(1, Ordering::SeqCst);
