@@ -266,7 +266,7 @@ fn huge_regions(children: &[Child], regions: usize) -> u64 {
             (0..regions)
                 .filter(|&r| {
                     pagewise::Region::new(
-                        c.base as u64 + (r * HUGE_PAGE_SIZE) as u64,
+                        c.base + (r * HUGE_PAGE_SIZE) as u64,
                         HUGE_PAGE_SIZE as u64,
                     )
                     .and_then(|reg| w.categories(reg, h, h, &mut runs))
@@ -409,7 +409,7 @@ impl Report {
     /// The table.
     pub fn summary(&self) -> String {
         let c = &self.config;
-        let mib = (c.regions * HUGE_PAGE_SIZE >> 20) as u64;
+        let mib = ((c.regions * HUGE_PAGE_SIZE) >> 20) as u64;
         let mut s = format!(
             "pagewise bench dedup — {}\nSmartMD's trade-off: {} processes of {} MiB in huge pages, {} MiB of it the same table in each; hot: {} + {} regions of 2 MiB per process; {} s per scheme; ksmd paced to one pass in {} ms\n\n{:>15} {:>10} {:>9} {:>12} {:>9} {:>8} {:>9} {:>9} {:>7} {:>7} {:>9}\n",
             self.machine,
