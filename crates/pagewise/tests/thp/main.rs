@@ -148,7 +148,7 @@ impl Target {
 
     /// Which of the four regions are mapped by a huge page.
     fn huge(&self) -> Vec<bool> {
-        huge_regions(self.pid, self.base, 4)
+        common::huge_regions(self.pid, self.base, 4)
     }
 }
 
@@ -161,23 +161,6 @@ impl Drop for Target {
             libc::waitpid(self.pid, std::ptr::null_mut(), 0);
         }
     }
-}
-
-/// Which of the `n` 2 MiB regions of process `pid` from `base` are mapped
-/// by a huge page.
-fn huge_regions(pid: i32, base: u64, n: usize) -> Vec<bool> {
-    let mut w = pagewise::walk::PageWalker::new(Some(pid)).unwrap();
-    let mut runs = Vec::new();
-    let h = pagewise_sys::pagemap::category::HUGE;
-    (0..n)
-        .map(|r| {
-            let reg =
-                pagewise::Region::new(base + (r * HUGE_PAGE_SIZE) as u64, HUGE_PAGE_SIZE as u64)
-                    .unwrap();
-            w.categories(reg, h, h, &mut runs).unwrap();
-            !runs.is_empty()
-        })
-        .collect()
 }
 
 fn available() -> bool {
@@ -333,7 +316,7 @@ fn bloat_recovery_loses_no_write_of_concurrent_writers() {
         let a = unsafe { &*(a as *const Arg) };
         // SAFETY: the shared control page outlives the thread.
         let c = |i: usize| unsafe { &*((a.ctl as *const AtomicU64).add(i)) };
-        let mut x = 0x9E37_79B9_7F4A_7C15u64 * (a.slot as u64 + 1);
+        let mut x = 0x9E37_79B9_7F4A_7C15u64.wrapping_mul(a.slot as u64 + 1);
         let mut seq = 0u64;
         while c(0).load(Ordering::Relaxed) == 0 {
             x ^= x << 13;
@@ -436,7 +419,7 @@ fn bloat_recovery_loses_no_write_of_concurrent_writers() {
     // SAFETY: the shared control page stays mapped for the test.
     let c = |i: usize| unsafe { &*((ctl as *const AtomicU64).add(i)) };
     let huge = |pid: i32| {
-        huge_regions(pid, base as u64, 4)
+        common::huge_regions(pid, base as u64, 4)
             .iter()
             .filter(|h| **h)
             .count()
