@@ -296,7 +296,6 @@ fn run_scheme(cfg: &Config, scheme: &str, progress: &mut dyn FnMut(&str)) -> Res
         Some(policy) => Some(Agent::new(
             &pids,
             Options {
-                interval: Duration::from_millis(cfg.interval_ms),
                 window: Duration::from_millis(cfg.window_ms),
                 policy,
                 exact: policy == Policy::SmartMd,

@@ -3,35 +3,60 @@
 //! watched processes are gone or the steps are done, and publishing the
 //! counters in the Prometheus text format to a file or over HTTP.
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// How an agent's command runs.
-pub struct Loop {
-    /// Time between steps.
-    pub interval: Duration,
+/// What the agents' commands take alike: what to watch, how long, and
+/// where the output goes.
+#[derive(clap::Args)]
+pub struct Watch {
+    /// A process to watch (repeat for more).
+    #[arg(long = "pid")]
+    pub pids: Vec<i32>,
     /// Stop after this many steps.
+    #[arg(long)]
     pub steps: Option<u64>,
-    /// Write the counters here after each step.
+    /// One JSON object per step on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Write the counters in the Prometheus text format to FILE after each
+    /// step (for node_exporter's textfile collector).
+    #[arg(long, value_name = "FILE")]
     pub metrics: Option<PathBuf>,
-    /// Serve the counters over HTTP here.
+    /// Serve the counters in the Prometheus text format over HTTP at ADDR
+    /// (loopback, e.g. 127.0.0.1:9101).
+    #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<String>,
+    /// A command to start and watch (ends when it exits, with its status).
+    #[arg(last = true)]
+    pub command: Vec<String>,
 }
 
-/// Starts `command` (if any) and returns it with the pids to watch.
-pub fn start(pids: &[i32], command: &[String]) -> Result<(Vec<i32>, Option<std::process::Child>)> {
-    let mut pids = pids.to_vec();
-    if command.is_empty() {
+/// Checks the interval and the window inside it, starts the command (if
+/// any), and returns the pids to watch with the command.
+pub fn start(
+    w: &Watch,
+    interval_ms: u64,
+    window_ms: u64,
+) -> Result<(Vec<i32>, Option<std::process::Child>)> {
+    if w.pids.is_empty() && w.command.is_empty() {
+        bail!("give --pid PID (repeatable) or -- CMD");
+    }
+    if interval_ms == 0 || window_ms >= interval_ms {
+        bail!("--window-ms must be shorter than --interval-ms, which must be above 0");
+    }
+    let mut pids = w.pids.clone();
+    if w.command.is_empty() {
         return Ok((pids, None));
     }
-    let c = std::process::Command::new(&command[0])
-        .args(&command[1..])
+    let c = std::process::Command::new(&w.command[0])
+        .args(&w.command[1..])
         .spawn()
-        .with_context(|| format!("starting {}", command[0]))?;
+        .with_context(|| format!("starting {}", w.command[0]))?;
     pids.push(c.id() as i32);
     Ok((pids, Some(c)))
 }
@@ -41,14 +66,15 @@ pub fn start(pids: &[i32], command: &[String]) -> Result<(Vec<i32>, Option<std::
 /// status: the command's when it ended, else 0. On SIGINT/SIGTERM the
 /// command is stopped.
 pub fn drive(
-    l: &Loop,
+    w: &Watch,
+    interval: Duration,
     stop: &AtomicBool,
     mut child: Option<std::process::Child>,
     first_metrics: String,
     mut step: impl FnMut() -> Result<(String, bool)>,
 ) -> Result<i32> {
     let served = Arc::new(Mutex::new(first_metrics));
-    if let Some(addr) = &l.metrics_listen {
+    if let Some(addr) = &w.metrics_listen {
         serve_metrics(addr, served.clone())?;
     }
     let t0 = Instant::now();
@@ -62,7 +88,7 @@ pub fn drive(
                 break pagewise::launch::exit_code(st);
             }
         }
-        let due = t0 + l.interval * n as u32;
+        let due = t0 + interval * n as u32;
         while Instant::now() < due && !stop.load(Ordering::SeqCst) {
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -71,13 +97,13 @@ pub fn drive(
         }
         let (text, watching) = step()?;
         n += 1;
-        if let Some(path) = &l.metrics {
+        if let Some(path) = &w.metrics {
             let tmp = path.with_extension("tmp");
             std::fs::write(&tmp, &text).with_context(|| format!("writing {}", tmp.display()))?;
             std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
         }
         *served.lock().expect("not poisoned") = text;
-        if !watching || l.steps.is_some_and(|s| n >= s) {
+        if !watching || w.steps.is_some_and(|s| n >= s) {
             break 0;
         }
     };

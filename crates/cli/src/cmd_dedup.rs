@@ -4,7 +4,6 @@
 use anyhow::{bail, Result};
 use pagewise::dedup::{Action, Agent, Options, Policy, Step, Thresholds};
 use std::io::Write;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 #[derive(clap::Args)]
@@ -38,9 +37,6 @@ enum Sub {
 
 #[derive(clap::Args)]
 struct RunArgs {
-    /// A process to watch (repeat for more).
-    #[arg(long = "pid")]
-    pids: Vec<i32>,
     /// Milliseconds between steps.
     #[arg(long, default_value_t = 2000)]
     interval_ms: u64,
@@ -71,23 +67,8 @@ struct RunArgs {
     /// Leave the regions made mergeable merged at the end.
     #[arg(long)]
     keep_merged: bool,
-    /// Stop after this many steps.
-    #[arg(long)]
-    steps: Option<u64>,
-    /// One JSON object per step on stdout.
-    #[arg(long)]
-    json: bool,
-    /// Write the counters in the Prometheus text format to FILE after each
-    /// step (for node_exporter's textfile collector).
-    #[arg(long, value_name = "FILE")]
-    metrics: Option<PathBuf>,
-    /// Serve the counters in the Prometheus text format over HTTP at ADDR
-    /// (loopback, e.g. 127.0.0.1:9102).
-    #[arg(long, value_name = "ADDR")]
-    metrics_listen: Option<String>,
-    /// A command to start and watch (ends when it exits, with its status).
-    #[arg(last = true)]
-    command: Vec<String>,
+    #[command(flatten)]
+    watch: crate::agent_loop::Watch,
 }
 
 pub fn run(a: Args) -> Result<i32> {
@@ -120,12 +101,6 @@ fn thresholds_of(s: &str) -> Result<Thresholds> {
 }
 
 fn run_agent(a: RunArgs) -> Result<i32> {
-    if a.pids.is_empty() && a.command.is_empty() {
-        bail!("give --pid PID (repeatable) or -- CMD");
-    }
-    if a.interval_ms == 0 || a.window_ms >= a.interval_ms {
-        bail!("--window-ms must be shorter than --interval-ms, which must be above 0");
-    }
     let Some(policy) = Policy::parse(&a.policy) else {
         bail!(
             "--policy {}: smartmd, ksm-everywhere, no-splitting or ingens-like",
@@ -134,9 +109,8 @@ fn run_agent(a: RunArgs) -> Result<i32> {
     };
     let thresholds = a.thresholds.as_deref().map(thresholds_of).transpose()?;
     let stop = pagewise_sys::signal::stop_flag()?;
-    let (pids, child) = crate::agent_loop::start(&a.pids, &a.command)?;
+    let (pids, child) = crate::agent_loop::start(&a.watch, a.interval_ms, a.window_ms)?;
     let opts = Options {
-        interval: Duration::from_millis(a.interval_ms),
         window: Duration::from_millis(a.window_ms),
         policy,
         sample: !a.no_sample,
@@ -146,7 +120,7 @@ fn run_agent(a: RunArgs) -> Result<i32> {
         ..Options::default()
     };
     let mut agent = Agent::new(&pids, opts)?;
-    if !a.json {
+    if !a.watch.json {
         println!(
             "watching {} process(es); policy {}; every {} ms (SIGINT or SIGTERM ends)",
             pids.len(),
@@ -155,21 +129,22 @@ fn run_agent(a: RunArgs) -> Result<i32> {
         );
     }
     let t0 = Instant::now();
-    let l = crate::agent_loop::Loop {
-        interval: Duration::from_millis(a.interval_ms),
-        steps: a.steps,
-        metrics: a.metrics.clone(),
-        metrics_listen: a.metrics_listen.clone(),
-    };
     let first = agent.metrics();
-    let status = crate::agent_loop::drive(&l, &stop, child, first, || {
-        let step = agent.step()?;
-        report(&step, a.json)?;
-        Ok((agent.metrics(), agent.watching()))
-    })?;
+    let status = crate::agent_loop::drive(
+        &a.watch,
+        Duration::from_millis(a.interval_ms),
+        &stop,
+        child,
+        first,
+        || {
+            let step = agent.step()?;
+            report(&step, a.watch.json)?;
+            Ok((agent.metrics(), agent.watching()))
+        },
+    )?;
     if !a.keep_merged {
         for act in agent.end() {
-            if a.json {
+            if a.watch.json {
                 println!("{}", serde_json::json!({ "end": act }));
             } else {
                 action(&mut std::io::stdout().lock(), &act)?;
@@ -178,7 +153,7 @@ fn run_agent(a: RunArgs) -> Result<i32> {
     }
     let c = agent.counters();
     let wall_ms = (t0.elapsed().as_secs_f64() * 1e3).max(1.0);
-    if !a.json {
+    if !a.watch.json {
         println!(
             "{} steps: {} regions made mergeable ({} huge pages split), {} rebuilt, {} requests failed; CPU: the agent {:.1} ms ({:.2} % of one CPU), ksmd {:.1} ms ({:.2} %)",
             c.steps,

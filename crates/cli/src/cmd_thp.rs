@@ -4,7 +4,6 @@
 use anyhow::{bail, Context, Result};
 use pagewise::thp::agent::{Action, Agent, Budget, Options, Policy, Pressure, Recovery, Step};
 use std::io::Write;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 #[derive(clap::Args)]
@@ -54,9 +53,6 @@ struct PrezeroArgs {
 
 #[derive(clap::Args)]
 struct RunArgs {
-    /// A process to watch (repeat for more).
-    #[arg(long = "pid")]
-    pids: Vec<i32>,
     /// Milliseconds between steps.
     #[arg(long, default_value_t = 1000)]
     interval_ms: u64,
@@ -106,23 +102,8 @@ struct RunArgs {
     /// gave back is not filled again at once.
     #[arg(long, default_value_t = 60.0, requires = "recover_bloat")]
     hold_s: f64,
-    /// Stop after this many steps.
-    #[arg(long)]
-    steps: Option<u64>,
-    /// One JSON object per step on stdout.
-    #[arg(long)]
-    json: bool,
-    /// Write the counters in the Prometheus text format to FILE after each
-    /// step (for node_exporter's textfile collector).
-    #[arg(long, value_name = "FILE")]
-    metrics: Option<PathBuf>,
-    /// Serve the counters in the Prometheus text format over HTTP at ADDR
-    /// (loopback, e.g. 127.0.0.1:9101).
-    #[arg(long, value_name = "ADDR")]
-    metrics_listen: Option<String>,
-    /// A command to start and watch (ends when it exits, with its status).
-    #[arg(last = true)]
-    command: Vec<String>,
+    #[command(flatten)]
+    watch: crate::agent_loop::Watch,
 }
 
 pub fn run(a: Args) -> Result<i32> {
@@ -184,15 +165,9 @@ fn pressure_of(s: Option<&str>) -> Result<Pressure> {
 }
 
 fn run_agent(a: RunArgs) -> Result<i32> {
-    if a.pids.is_empty() && a.command.is_empty() {
-        bail!("give --pid PID (repeatable) or -- CMD");
-    }
-    if a.interval_ms == 0 || a.window_ms >= a.interval_ms {
-        bail!("--window-ms must be shorter than --interval-ms, which must be above 0");
-    }
     let policy = policy_of(&a.policy)?;
     let stop = pagewise_sys::signal::stop_flag()?;
-    let (pids, child) = crate::agent_loop::start(&a.pids, &a.command)?;
+    let (pids, child) = crate::agent_loop::start(&a.watch, a.interval_ms, a.window_ms)?;
     let walk_ns = match a.walk_ns {
         Some(w) => w,
         None => {
@@ -228,7 +203,7 @@ fn run_agent(a: RunArgs) -> Result<i32> {
         },
     };
     let mut agent = Agent::new(&pids, opts)?;
-    if !a.json {
+    if !a.watch.json {
         println!(
             "watching {} process(es); policy {}; page walk {walk_ns:.1} ns; every {} ms (SIGINT or SIGTERM ends)",
             pids.len(),
@@ -237,20 +212,21 @@ fn run_agent(a: RunArgs) -> Result<i32> {
         );
     }
     let t0 = Instant::now();
-    let l = crate::agent_loop::Loop {
-        interval: Duration::from_millis(a.interval_ms),
-        steps: a.steps,
-        metrics: a.metrics.clone(),
-        metrics_listen: a.metrics_listen.clone(),
-    };
     let first = agent.metrics();
-    let status = crate::agent_loop::drive(&l, &stop, child, first, || {
-        let step = agent.step()?;
-        report(&step, a.json)?;
-        Ok((agent.metrics(), agent.watching()))
-    })?;
+    let status = crate::agent_loop::drive(
+        &a.watch,
+        Duration::from_millis(a.interval_ms),
+        &stop,
+        child,
+        first,
+        || {
+            let step = agent.step()?;
+            report(&step, a.watch.json)?;
+            Ok((agent.metrics(), agent.watching()))
+        },
+    )?;
     let c = agent.counters();
-    if !a.json {
+    if !a.watch.json {
         println!(
             "{} steps: {} promoted, {} refused by the kernel, {} passed over for the budget; the agent's CPU {:.1} ms ({:.2} % of one CPU)",
             c.steps,

@@ -364,6 +364,20 @@ fn assert_known_layout(
     assert!(found, "snapshot {id} holds the workload's region");
 }
 
+/// Compiles the C program `tests/c/NAME.c` into `dir`.
+fn c_program(dir: &std::path::Path, name: &str) -> std::path::PathBuf {
+    let exe = dir.join(name);
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
+    let st = Command::new("cc")
+        .args(["-O", "-Wall", "-Wextra", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .status()
+        .expect("running cc");
+    assert!(st.success(), "compiling {}", src.display());
+    exe
+}
+
 fn temp_dir(name: &str) -> std::path::PathBuf {
     let p = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("pagewise-cli-{name}-{}", std::process::id()));
@@ -912,15 +926,7 @@ fn thp_prezero_runs_ahead_of_a_growing_program() {
     }
     let dir = temp_dir("prezero");
     std::fs::create_dir_all(&dir).unwrap();
-    let exe = dir.join("prezero_grow");
-    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/prezero_grow.c");
-    let st = Command::new("cc")
-        .args(["-O", "-Wall", "-Wextra", "-Werror", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .status()
-        .expect("running cc");
-    assert!(st.success());
+    let exe = c_program(&dir, "prezero_grow");
     let resident = |out: &std::process::Output| -> u32 {
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(
@@ -977,15 +983,7 @@ fn dedup_run_merges_cold_duplicates_and_changes_no_output() {
     }
     let dir = temp_dir("dedup");
     std::fs::create_dir_all(&dir).unwrap();
-    let exe = dir.join("dedup_target");
-    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/dedup_target.c");
-    let st = Command::new("cc")
-        .args(["-O", "-Wall", "-Wextra", "-Werror", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .status()
-        .expect("running cc");
-    assert!(st.success());
+    let exe = c_program(&dir, "dedup_target");
     let plain = Command::new(&exe).arg("1").output().unwrap();
     assert!(plain.status.success());
     if !String::from_utf8_lossy(&plain.stderr).contains("huge 1") {

@@ -186,7 +186,6 @@ pub struct RegionWrites {
     /// Registered runs of regions.
     armed: Vec<crate::Region>,
     written: std::collections::BTreeSet<u64>,
-    since: Option<Instant>,
 }
 
 impl RegionWrites {
@@ -199,7 +198,6 @@ impl RegionWrites {
             wp: crate::track::UffdWp::open_in_sync(pid)?,
             armed: Vec::new(),
             written: Default::default(),
-            since: None,
         })
     }
 
@@ -227,7 +225,6 @@ impl RegionWrites {
                 self.armed.push(r);
             }
         }
-        self.since = Some(Instant::now());
         Ok(())
     }
 
@@ -269,7 +266,6 @@ impl RegionWrites {
     /// (their starts), every run unregistered.
     pub fn finish(&mut self) -> Result<std::collections::BTreeSet<u64>> {
         let drained = self.drain();
-        self.since = None;
         self.finish_quietly();
         drained?;
         Ok(std::mem::take(&mut self.written))

@@ -138,9 +138,8 @@ impl Thresholds {
 /// How the agent runs.
 #[derive(Debug, Clone, Serialize)]
 pub struct Options {
-    /// Time between steps.
-    pub interval: Duration,
-    /// The access window inside a step.
+    /// The access window inside a step (the caller sets the time between
+    /// steps).
     pub window: Duration,
     /// Which regions may be merged.
     pub policy: Policy,
@@ -161,7 +160,6 @@ pub struct Options {
 impl Default for Options {
     fn default() -> Self {
         Options {
-            interval: Duration::from_secs(2),
             window: Duration::from_millis(500),
             policy: Policy::SmartMd,
             sample: true,
@@ -976,7 +974,7 @@ impl Agent {
         let c = &self.counters;
         let mut s = String::new();
         let mut put = |name: &str, kind: &str, help: &str, v: f64| {
-            s += &format!("# HELP pagewise_dedup_{name} {help}\n# TYPE pagewise_dedup_{name} {kind}\npagewise_dedup_{name} {v}\n");
+            crate::prometheus_metric(&mut s, &format!("pagewise_dedup_{name}"), kind, help, v)
         };
         put(
             "steps_total",

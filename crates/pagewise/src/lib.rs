@@ -228,3 +228,9 @@ impl Error {
         }
     }
 }
+
+/// Appends one metric in the Prometheus text format (its help, its type
+/// and its value) to `out`.
+pub fn prometheus_metric(out: &mut String, name: &str, kind: &str, help: &str, v: f64) {
+    *out += &format!("# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n");
+}

@@ -1047,7 +1047,7 @@ impl Agent {
         let c = &self.counters;
         let mut s = String::new();
         let mut put = |name: &str, kind: &str, help: &str, v: f64| {
-            s += &format!("# HELP pagewise_thp_{name} {help}\n# TYPE pagewise_thp_{name} {kind}\npagewise_thp_{name} {v}\n");
+            crate::prometheus_metric(&mut s, &format!("pagewise_thp_{name}"), kind, help, v)
         };
         put(
             "steps_total",

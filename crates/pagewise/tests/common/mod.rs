@@ -468,3 +468,22 @@ pub fn close_inherited(keep: &[i32]) {
         from = k.saturating_add(1);
     }
 }
+
+/// Which of the `n` 2 MiB regions of process `pid` from `base` are mapped
+/// by a huge page.
+pub fn huge_regions(pid: i32, base: u64, n: usize) -> Vec<bool> {
+    let mut w = pagewise::walk::PageWalker::new(Some(pid)).unwrap();
+    let mut runs = Vec::new();
+    let h = pagewise_sys::pagemap::category::HUGE;
+    (0..n)
+        .map(|r| {
+            let reg = pagewise::Region::new(
+                base + (r * pagewise::HUGE_PAGE_SIZE) as u64,
+                pagewise::HUGE_PAGE_SIZE as u64,
+            )
+            .unwrap();
+            w.categories(reg, h, h, &mut runs).unwrap();
+            !runs.is_empty()
+        })
+        .collect()
+}

@@ -191,18 +191,7 @@ impl Drop for Target {
 }
 
 fn huge_regions(pid: i32) -> Vec<bool> {
-    let mut w = pagewise::walk::PageWalker::new(Some(pid)).unwrap();
-    let mut runs = Vec::new();
-    let h = pagewise_sys::pagemap::category::HUGE;
-    (0..REGIONS)
-        .map(|r| {
-            let reg =
-                pagewise::Region::new(LOW + (r * HUGE_PAGE_SIZE) as u64, HUGE_PAGE_SIZE as u64)
-                    .unwrap();
-            w.categories(reg, h, h, &mut runs).unwrap();
-            !runs.is_empty()
-        })
-        .collect()
+    common::huge_regions(pid, LOW, REGIONS)
 }
 
 /// Pages of region `r` of process `pid` that are KSM pages (the page's
