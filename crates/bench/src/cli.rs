@@ -76,7 +76,8 @@ enum What {
     /// content in huge pages, under no dedup, KSM everywhere, no splitting,
     /// Ingens-like and pagewise's agent. Short by default.
     Dedup {
-        /// The full experiment (256 MiB per process, 60 s per scheme).
+        /// The full experiment (256 MiB per process, 60 s per scheme, two
+        /// runs of each at overcommitment 0.8, 1.1 and 1.4).
         #[arg(long)]
         full: bool,
         /// Run only this scheme (repeatable): none, ksm-everywhere,
@@ -84,6 +85,30 @@ enum What {
         #[arg(long = "scheme")]
         schemes: Vec<String>,
         /// Seconds per scheme (default 16, or 60 with --full).
+        #[arg(long)]
+        seconds: Option<u64>,
+        /// Overcommitment levels, comma-separated: the processes' memory
+        /// against their memory cgroup's limit (default 0.8, or 0.8,1.1,1.4
+        /// with --full); above 1 needs zram for swap.
+        #[arg(long, value_delimiter = ',')]
+        overcommit: Vec<f64>,
+        /// Runs of each scheme at each level (default 1, or 2 with --full).
+        #[arg(long)]
+        repeats: Option<usize>,
+        #[command(flatten)]
+        output: Output,
+    },
+    /// SmartMD's comparison on four real redis-server instances with
+    /// overlapping data sets under redis-benchmark: memory saved, GET and
+    /// SET throughput and CPU of each scheme; every value read back.
+    DedupRedis {
+        /// The full experiment (256 MiB per server, 60 s per scheme).
+        #[arg(long)]
+        full: bool,
+        /// Run only this scheme (repeatable).
+        #[arg(long = "scheme")]
+        schemes: Vec<String>,
+        /// Seconds per scheme (default 20, or 60 with --full).
         #[arg(long)]
         seconds: Option<u64>,
         #[command(flatten)]
@@ -258,6 +283,8 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
             full,
             schemes,
             seconds,
+            overcommit,
+            repeats,
             output,
         } => {
             if let Some(bad) = schemes
@@ -275,9 +302,18 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
             } else {
                 crate::dedup::Config::quick()
             };
+            if let Some(bad) = overcommit.iter().find(|l| !(0.1..=4.0).contains(*l)) {
+                anyhow::bail!("--overcommit {bad}: a level between 0.1 and 4");
+            }
             let cfg = crate::dedup::Config {
                 schemes,
                 seconds: seconds.unwrap_or(cfg.seconds),
+                levels: if overcommit.is_empty() {
+                    cfg.levels
+                } else {
+                    overcommit
+                },
+                repeats: repeats.unwrap_or(cfg.repeats).max(1),
                 ..cfg
             };
             let report = crate::dedup::run(&cfg, &mut progress(quiet))?;
@@ -317,6 +353,45 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
             let rc = output.emit(&report, report.summary(), report.charts())?;
             if report.rows.iter().any(|r| !r.verified) {
                 anyhow::bail!("a process found its memory other than it wrote it");
+            }
+            Ok(rc)
+        }
+        What::DedupRedis {
+            full,
+            schemes,
+            seconds,
+            output,
+        } => {
+            if let Some(bad) = schemes
+                .iter()
+                .find(|s| !crate::dedup::SCHEMES.contains(&s.as_str()))
+            {
+                anyhow::bail!("--scheme {bad}: one of {:?}", crate::dedup::SCHEMES);
+            }
+            if let Some(why) = crate::dedup_redis::unavailable() {
+                println!("bench dedup-redis: skipped: {why}");
+                return Ok(0);
+            }
+            let cfg = if full {
+                crate::dedup_redis::Config::full()
+            } else {
+                crate::dedup_redis::Config::quick()
+            };
+            let cfg = crate::dedup_redis::Config {
+                schemes,
+                seconds: seconds.unwrap_or(cfg.seconds),
+                ..cfg
+            };
+            let report = crate::dedup_redis::run(&cfg, &mut progress(quiet))?;
+            let rc = output.emit(&report, report.summary(), report.charts())?;
+            let bad: Vec<&str> = report
+                .rows
+                .iter()
+                .filter(|r| r.values_ok != r.values_checked)
+                .map(|r| r.scheme.as_str())
+                .collect();
+            if !bad.is_empty() {
+                anyhow::bail!("values were lost or wrong under {bad:?}");
             }
             Ok(rc)
         }

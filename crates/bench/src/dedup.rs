@@ -1,11 +1,20 @@
 //! `pagewise bench dedup`: SmartMD's trade-off between memory saved by
 //! deduplication and access performance, on the stand-in for its four
-//! virtual machines: four forked processes whose memory is all huge pages,
-//! three quarters of it the same "table" in each (identical pages across
-//! the processes) and a quarter data of their own. Each process updates
-//! random words (`x ^= v`, GUPS-like: nearly every update misses the TLB
-//! with base pages) of a hot set: the first eighth of its table and the
-//! first quarter of its own data. Everything else is cold.
+//! virtual machines: four forked processes, three quarters of whose
+//! memory is the same "table" in each (identical pages across the
+//! processes) and a quarter data of their own. All of it is in huge pages
+//! but every eighth region of the table, which THP did not back (base
+//! pages: what no splitting can merge).
+//!
+//! Each process runs rounds of random operations on its hot set, the
+//! first sixteenth of its table and the first quarter of its own data
+//! (SmartMD found that most hot huge pages have few duplicates): reads
+//! anywhere in a hot region (GUPS-like: with base pages nearly every read
+//! misses the TLB), and one operation in sixteen a write (`x ^= v`) to one
+//! of every sixteenth page of the region. The pages of a hot table region
+//! that are only read stay duplicates, so KSM merges them and splits the
+//! huge page; a scheme that keeps hot regions whole keeps reading them
+//! through one TLB entry. Everything else is cold.
 //!
 //! Five schemes, one after the other, each on fresh processes, with ksmd
 //! paced by the agent in the same way (one pass over the mergeable pages
@@ -14,23 +23,25 @@
 //! - `none`: no deduplication;
 //! - `ksm-everywhere`: every region mergeable; KSM splits every huge page
 //!   in which it merges a page, the hot ones too;
-//! - `no-splitting`: only regions of base pages (here none);
-//! - `ingens-like`: cold huge pages, whatever their duplicates;
+//! - `no-splitting`: only regions of base pages;
+//! - `ingens-like`: base pages and cold huge pages, whatever their
+//!   duplicates;
 //! - `smartmd`: pagewise's agent (cold and duplicate-rich, rebuilt when hot).
 //!
 //! Reported per scheme: memory saved (KSM's `pages_sharing`, the pages that
-//! no longer take memory), throughput (updates per second of the four
+//! no longer take memory), throughput (operations per second of the four
 //! processes over the second half of the run), CPU (ksmd and the agent),
 //! and for smartmd the counting Bloom filter's error against the exact
-//! count. Each process undoes its updates at the end and checks every word
+//! count. Each process undoes its writes at the end and checks every word
 //! of its memory: a lost or torn write fails the benchmark.
 
-use crate::thp::{next, spawn_worker, Child};
+use crate::thp::{next, spawn_worker, stop_and_check_each, Child};
 use crate::Machine;
 use pagewise::dedup::{Agent, Options, Policy};
 use pagewise::workload::AnonMemory;
 use pagewise::{procfs, Error, Result, HUGE_PAGE_SIZE, PAGE_SIZE};
 use serde::Serialize;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// The experiment's size.
@@ -42,29 +53,42 @@ pub struct Config {
     pub regions: usize,
     /// Seconds each scheme runs.
     pub seconds: u64,
-    /// Updates per round of a process.
-    pub updates_per_round: u64,
+    /// Operations per round of a process.
+    pub ops_per_round: u64,
+    /// Pages of the whole memory read per round, in order (the warm sweep
+    /// that touches cold data now and then).
+    pub sweep_pages: usize,
     /// The agent's interval and window, ms.
     pub interval_ms: u64,
     /// The access window, ms.
     pub window_ms: u64,
     /// ksmd's pace: one pass over the mergeable pages in this time, ms.
     pub full_scan_ms: u64,
+    /// Overcommitment levels (SmartMD's 0.8, 1.1, 1.4): the processes'
+    /// memory against the limit of their memory cgroup. Each level runs
+    /// every scheme; above 1, zram swap takes what does not fit.
+    pub levels: Vec<f64>,
+    /// Runs of every scheme at every level (the order of the schemes turns
+    /// by one each time).
+    pub repeats: usize,
     /// The schemes to run (all of [`SCHEMES`] when empty).
     pub schemes: Vec<String>,
 }
 
 impl Config {
-    /// A short run (CI).
+    /// A short run (CI): one level where the memory fits.
     pub fn quick() -> Self {
         Config {
             processes: 4,
-            regions: 32,
+            regions: 64,
             seconds: 16,
-            updates_per_round: 100_000,
+            ops_per_round: 100_000,
+            sweep_pages: 100,
             interval_ms: 1000,
             window_ms: 250,
             full_scan_ms: 3000,
+            levels: vec![0.8],
+            repeats: 1,
             schemes: Vec::new(),
         }
     }
@@ -75,19 +99,26 @@ impl Config {
             processes: 4,
             regions: 128,
             seconds: 60,
-            updates_per_round: 400_000,
+            ops_per_round: 400_000,
+            sweep_pages: 400,
             interval_ms: 1000,
             window_ms: 250,
             full_scan_ms: 5000,
+            levels: vec![0.8, 1.1, 1.4],
+            repeats: 2,
             schemes: Vec::new(),
         }
     }
 
+    /// Bytes of all processes' memory.
+    fn demand(&self) -> u64 {
+        (self.processes * self.regions * HUGE_PAGE_SIZE) as u64
+    }
     fn table_regions(&self) -> usize {
         self.regions * 3 / 4
     }
     fn hot_table(&self) -> usize {
-        (self.table_regions() / 8).max(1)
+        (self.table_regions() / 16).max(1)
     }
     fn hot_own(&self) -> usize {
         ((self.regions - self.table_regions()) / 4).max(1)
@@ -108,30 +139,50 @@ pub const SCHEMES: [&str; 5] = [
 pub struct Sample {
     /// Since the scheme started, s.
     pub t_s: f64,
-    /// Memory saved, MiB.
+    /// Memory saved (KSM's `pages_sharing`), MiB.
     pub saved_mib: f64,
-    /// Updates per second of all processes since the last sample.
-    pub updates_per_s: f64,
+    /// What the processes' memory cgroup holds, MiB.
+    pub usage_mib: f64,
+    /// Swapped out, MiB.
+    pub swap_mib: f64,
+    /// Operations per second of all processes since the last sample.
+    pub ops_per_s: f64,
     /// Regions still huge, of all processes.
     pub huge: u64,
 }
 
-/// One scheme's run.
+/// One run of a scheme at one overcommitment level.
 #[derive(Debug, Clone, Serialize)]
 pub struct Row {
     /// Scheme.
     pub scheme: String,
-    /// Memory saved at the end, MiB.
+    /// Overcommitment level.
+    pub level: f64,
+    /// Which repeat.
+    pub repeat: usize,
+    /// Memory saved at the end (KSM's `pages_sharing`), MiB.
     pub saved_mib: f64,
-    /// Updates per second over the second half.
-    pub updates_per_s: f64,
+    /// Pages of the processes merged at the end (`ksm_merging_pages` of
+    /// `/proc/PID/ksm_stat`, summed), MiB.
+    pub merging_mib: f64,
+    /// What their memory cgroup holds at the end, MiB.
+    pub usage_mib: f64,
+    /// Swapped out at the end, MiB.
+    pub swap_mib: f64,
+    /// Operations per second: the median of the samples of the second
+    /// half of the run, and their lowest and highest.
+    pub ops_per_s: f64,
+    /// The lowest sample of the second half.
+    pub ops_min: f64,
+    /// The highest sample of the second half.
+    pub ops_max: f64,
     /// Regions huge at the end, of all processes.
     pub huge_end: u64,
     /// ksmd's CPU time during the run, ms.
     pub ksmd_cpu_ms: f64,
     /// The agent's CPU time during the run, ms.
     pub agent_cpu_ms: f64,
-    /// Regions made mergeable, of which huge pages, and rebuilt.
+    /// Regions made mergeable.
     pub merged: u64,
     /// Huge pages made mergeable.
     pub split: u64,
@@ -140,7 +191,9 @@ pub struct Row {
     /// The filter's false-positive rate and its labels against the exact
     /// count (smartmd): `[looked up, labelled, exact]`.
     pub filter: Option<(f64, [u64; 3])>,
-    /// Every process found its memory as it wrote it.
+    /// Processes the OOM killer ended (the memory did not fit).
+    pub oom_killed: u64,
+    /// Every process that was not killed found its memory as it wrote it.
     pub verified: bool,
     /// Samples over time.
     pub samples: Vec<Sample>,
@@ -160,7 +213,7 @@ pub struct Report {
     pub machine: Machine,
     /// Sizes.
     pub config: Config,
-    /// One per scheme.
+    /// One per scheme, level and repeat.
     pub rows: Vec<Row>,
 }
 
@@ -202,12 +255,30 @@ fn fill(mem: &AnonMemory, cfg: &Config, own: usize) {
     }
 }
 
-/// One round of updates to the hot set.
-fn round(base: usize, cfg: &Config, r: u64) {
+/// Whether region `r` of the table is kept in base pages (every eighth,
+/// none of the hot ones): memory that THP did not back, the only part
+/// that no splitting merges.
+fn base_region(cfg: &Config, r: usize) -> bool {
+    r < cfg.table_regions() && r >= cfg.hot_table() && r % 8 == 7
+}
+
+/// Of each hot region's pages, every `WRITE_STRIDE`-th is written; the
+/// others are only read.
+const WRITE_STRIDE: usize = 16;
+/// One operation in `WRITE_EVERY` is a write.
+const WRITE_EVERY: u64 = 16;
+
+/// One round of operations on the hot set: random reads of whole hot
+/// regions, and one in [`WRITE_EVERY`] a write (`x ^= v`) to a random
+/// word of the pages written. With `reads: false`, the writes alone (to
+/// undo a round).
+fn round(base: usize, cfg: &Config, r: u64, reads: bool) {
     let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ (r.wrapping_mul(0xD1B5_4A32_D192_ED03) | 1);
     let hot = cfg.hot_table() + cfg.hot_own();
     let words = HUGE_PAGE_SIZE / 8;
-    for _ in 0..cfg.updates_per_round {
+    let written_pages = HUGE_PAGE_SIZE / PAGE_SIZE / WRITE_STRIDE;
+    let mut sum = 0u64;
+    for _ in 0..cfg.ops_per_round {
         let a = next(&mut x);
         let b = next(&mut x);
         let k = (a as usize) % hot;
@@ -216,29 +287,59 @@ fn round(base: usize, cfg: &Config, r: u64) {
         } else {
             cfg.table_regions() + (k - cfg.hot_table())
         };
-        let at = base + region * HUGE_PAGE_SIZE + ((b >> 8) as usize % words) * 8;
-        // SAFETY: inside the child's regions.
-        unsafe {
-            let p = at as *mut u64;
-            std::ptr::write_volatile(p, std::ptr::read_volatile(p) ^ b);
+        let at = base + region * HUGE_PAGE_SIZE;
+        if (a >> 40).is_multiple_of(WRITE_EVERY) {
+            let page = (b as usize % written_pages) * WRITE_STRIDE;
+            let w = (b >> 32) as usize % (PAGE_SIZE / 8);
+            // SAFETY: inside the child's regions.
+            unsafe {
+                let p = (at + page * PAGE_SIZE + w * 8) as *mut u64;
+                std::ptr::write_volatile(p, std::ptr::read_volatile(p) ^ b);
+            }
+        } else if reads {
+            // SAFETY: inside the child's regions.
+            sum = sum.wrapping_add(unsafe {
+                std::ptr::read_volatile((at + ((b >> 8) as usize % words) * 8) as *const u64)
+            });
         }
     }
+    if reads {
+        let pages = cfg.regions * HUGE_PAGE_SIZE / PAGE_SIZE;
+        let from = (r as usize).wrapping_mul(cfg.sweep_pages);
+        for k in 0..cfg.sweep_pages {
+            let page = from.wrapping_add(k) % pages;
+            // SAFETY: inside the child's regions.
+            sum = sum.wrapping_add(unsafe {
+                std::ptr::read_volatile((base + page * PAGE_SIZE) as *const u64)
+            });
+        }
+    }
+    std::hint::black_box(sum);
 }
 
 fn start(cfg: &Config, own: usize) -> Result<Child> {
     let mem = AnonMemory::new(cfg.regions * HUGE_PAGE_SIZE)?;
     let _ = mem.madvise(0, mem.len(), libc::MADV_HUGEPAGE);
+    for r in (0..cfg.regions).filter(|&r| base_region(cfg, r)) {
+        let _ = mem.madvise(r * HUGE_PAGE_SIZE, HUGE_PAGE_SIZE, libc::MADV_NOHUGEPAGE);
+    }
     fill(&mem, cfg, own);
-    let _ = mem.madvise(0, mem.len(), pagewise_sys::mem::MADV_COLLAPSE);
+    for r in (0..cfg.regions).filter(|&r| !base_region(cfg, r)) {
+        let _ = mem.madvise(
+            r * HUGE_PAGE_SIZE,
+            HUGE_PAGE_SIZE,
+            pagewise_sys::mem::MADV_COLLAPSE,
+        );
+    }
     let base = mem.addr() as usize;
     let (c1, c2) = (cfg.clone(), cfg.clone());
     spawn_worker(
         mem,
         None,
-        move |r| round(base, &c1, r),
+        move |r| round(base, &c1, r, true),
         move |rounds| {
             for k in 0..rounds {
-                round(base, &c2, k);
+                round(base, &c2, k, false);
             }
             let table_pages = c2.table_regions() * HUGE_PAGE_SIZE / PAGE_SIZE;
             (0..c2.regions * HUGE_PAGE_SIZE / PAGE_SIZE).all(|page| {
@@ -278,7 +379,8 @@ fn huge_regions(children: &[Child], regions: usize) -> u64 {
         .sum()
 }
 
-fn ksm_sharing_mib() -> f64 {
+/// Memory KSM saves now (`pages_sharing`), MiB.
+pub(crate) fn ksm_sharing_mib() -> f64 {
     procfs::read_trimmed(format!("{}/pages_sharing", pagewise::dedup::KSM_DIR))
         .ok()
         .and_then(|v| v.parse::<f64>().ok())
@@ -287,10 +389,62 @@ fn ksm_sharing_mib() -> f64 {
         / (1 << 20) as f64
 }
 
-fn run_scheme(cfg: &Config, scheme: &str, progress: &mut dyn FnMut(&str)) -> Result<Row> {
-    let children: Vec<Child> = (0..cfg.processes)
-        .map(|i| start(cfg, i))
-        .collect::<Result<_>>()?;
+const MIB: f64 = (1 << 20) as f64;
+
+/// This process in the memory cgroup `to` until dropped, then back in the
+/// group it came from: what it allocates meanwhile (the processes it forks
+/// and fills) is charged to `to`.
+struct InGroup {
+    back: std::path::PathBuf,
+}
+
+impl InGroup {
+    fn join(to: &procfs::MemoryCgroup) -> Result<InGroup> {
+        let back = procfs::memory_cgroup_dir(None)?
+            .ok_or_else(|| Error::NotFound("this process's memory cgroup".into()))?;
+        to.add(std::process::id() as i32)?;
+        Ok(InGroup { back })
+    }
+}
+
+impl Drop for InGroup {
+    fn drop(&mut self) {
+        let procs = self.back.join("cgroup.procs");
+        if let Err(e) = std::fs::write(&procs, std::process::id().to_string()) {
+            eprintln!(
+                "pagewise: could not move back into {}: {e}",
+                procs.display()
+            );
+        }
+    }
+}
+
+fn run_scheme(
+    cfg: &Config,
+    scheme: &str,
+    level: f64,
+    repeat: usize,
+    swap: Option<&procfs::ZramSwap>,
+    stop: &AtomicBool,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Row> {
+    // The processes' memory is charged to a group of their own, without a
+    // limit while they fill it, then limited to the level's share.
+    let cg = procfs::MemoryCgroup::create(
+        &format!("pagewise-bench-dedup-{}", std::process::id()),
+        2 * cfg.demand(),
+    )?;
+    let children: Vec<Child> = {
+        let _in = InGroup::join(&cg)?;
+        (0..cfg.processes)
+            .map(|i| start(cfg, i))
+            .collect::<Result<_>>()?
+    };
+    progress(&format!(
+        "{scheme} at {level}: memory limited to {:.0} MiB",
+        cfg_limit_mib(cfg, level)
+    ));
+    cg.set_limit((cfg_limit_mib(cfg, level) * MIB) as u64)?;
     let pids: Vec<i32> = children.iter().map(|c| c.pid).collect();
     let mut agent = match Policy::parse(scheme) {
         Some(policy) => Some(Agent::new(
@@ -298,25 +452,37 @@ fn run_scheme(cfg: &Config, scheme: &str, progress: &mut dyn FnMut(&str)) -> Res
             Options {
                 window: Duration::from_millis(cfg.window_ms),
                 policy,
-                exact: policy == Policy::SmartMd,
                 full_scan: Some(Duration::from_millis(cfg.full_scan_ms)),
                 ..Options::default()
             },
         )?),
         None => None,
     };
+    let swapped = || swap.map_or(0.0, |z| z.used() as f64 / MIB);
+    let usage = || cg.usage().map_or(0.0, |u| u.usage as f64 / MIB);
     let ksmd = procfs::kernel_thread("ksmd");
     let ksmd0 = ksmd.and_then(|k| procfs::cpu_time(k).ok());
-    let updates = |cs: &[Child]| -> u64 { cs.iter().map(|c| c.rounds()).sum::<u64>() };
+    let rounds = |cs: &[Child]| -> u64 { cs.iter().map(|c| c.rounds()).sum::<u64>() };
     let t0 = Instant::now();
-    let mut samples = Vec::new();
-    let (mut last_t, mut last_u) = (0.0, updates(&children));
-    let mut half = None;
+    let mut samples: Vec<Sample> = Vec::new();
+    let (mut last_t, mut last_r) = (0.0, rounds(&children));
     let mut filter = None;
     let mut n = 0u32;
     while t0.elapsed() < Duration::from_secs(cfg.seconds) {
+        if stop.load(Ordering::SeqCst) {
+            // The processes are killed, the group removed and KSM's
+            // settings put back as `children`, `cg` and `agent` are dropped.
+            return Err(Error::Invalid(
+                "bench dedup interrupted: KSM's settings put back".into(),
+            ));
+        }
         n += 1;
         if let Some(a) = agent.as_mut() {
+            // The exact count beside the filter only in the last step: it
+            // is for the report, not for the agent's decisions or its CPU.
+            let last = t0.elapsed() + Duration::from_millis(cfg.interval_ms)
+                >= Duration::from_secs(cfg.seconds);
+            a.set_exact(last && a.options().policy == Policy::SmartMd);
             let s = a.step()?;
             if let Some(e) = s.filter.exact {
                 filter = Some((
@@ -328,43 +494,73 @@ fn run_scheme(cfg: &Config, scheme: &str, progress: &mut dyn FnMut(&str)) -> Res
         let due = t0 + Duration::from_millis(cfg.interval_ms) * n;
         std::thread::sleep(due.saturating_duration_since(Instant::now()));
         let t = t0.elapsed().as_secs_f64();
-        let u = updates(&children);
+        let r = rounds(&children);
         samples.push(Sample {
             t_s: t,
             saved_mib: ksm_sharing_mib(),
-            updates_per_s: (u - last_u) as f64 * cfg.updates_per_round as f64 / (t - last_t),
+            usage_mib: usage(),
+            swap_mib: swapped(),
+            ops_per_s: (r - last_r) as f64 * cfg.ops_per_round as f64 / (t - last_t),
             huge: huge_regions(&children, cfg.regions),
         });
-        if half.is_none() && t >= cfg.seconds as f64 / 2.0 {
-            half = Some((t, u));
-        }
-        (last_t, last_u) = (t, u);
+        (last_t, last_r) = (t, r);
     }
-    let (ht, hu) = half.unwrap_or((0.0, 0));
-    let updates_per_s =
-        (last_u - hu) as f64 * cfg.updates_per_round as f64 / (last_t - ht).max(1e-3);
+    let second_half: Vec<f64> = samples
+        .iter()
+        .filter(|s| s.t_s >= cfg.seconds as f64 / 2.0)
+        .map(|s| s.ops_per_s)
+        .collect();
+    let (ops_per_s, ops_min, ops_max) = crate::median_min_max(second_half);
     let ksmd_cpu_ms = match (ksmd, ksmd0) {
         (Some(k), Some(c0)) => procfs::cpu_time(k)
             .map(|c| c.saturating_sub(c0).as_secs_f64() * 1e3)
             .unwrap_or(0.0),
         _ => 0.0,
     };
-    let saved_mib = ksm_sharing_mib();
+    let merging_mib = pids
+        .iter()
+        .filter_map(|&p| procfs::ksm_stat(p))
+        .map(|k| k.merging_pages as f64 * PAGE_SIZE as f64 / MIB)
+        .sum();
+    let (saved_mib, usage_mib, swap_mib) = (ksm_sharing_mib(), usage(), swapped());
     let huge_end = huge_regions(&children, cfg.regions);
     let c = agent.as_ref().map(|a| a.counters()).unwrap_or_default();
-    progress(&format!("{scheme}: checking the processes' memory"));
-    let tc = Instant::now();
-    let verified = children.iter().all(|c| c.stop_and_check());
+    // What the OOM killer did during the run; then the limit is lifted
+    // for the check, which reads every page of every process at once
+    // (something the run never does).
+    let oom_kills = cg.oom_kills();
+    cg.set_limit(2 * cfg.demand())?;
     progress(&format!(
-        "{scheme}: checked in {:.1} s",
+        "{scheme} at {level}: checking the processes' memory"
+    ));
+    let tc = Instant::now();
+    // Undoing the writes takes a sixteenth of the run per process (more
+    // when their memory is swapped).
+    let answers = stop_and_check_each(
+        &children,
+        Duration::from_secs(60 + 2 * cfg.seconds * cfg.processes as u64),
+    );
+    // A process the OOM killer ended has nothing to check; any other
+    // without a good answer lost a write.
+    let killed = answers.iter().filter(|a| a.is_none()).count() as u64;
+    let verified = answers.iter().all(|a| *a != Some(false)) && killed <= oom_kills;
+    progress(&format!(
+        "{scheme} at {level}: checked in {:.1} s",
         tc.elapsed().as_secs_f64()
     ));
     drop(children);
     drop(agent);
     Ok(Row {
         scheme: scheme.into(),
+        level,
+        repeat,
         saved_mib,
-        updates_per_s,
+        merging_mib,
+        usage_mib,
+        swap_mib,
+        ops_per_s,
+        ops_min,
+        ops_max,
         huge_end,
         ksmd_cpu_ms,
         agent_cpu_ms: c.cpu_ms,
@@ -372,12 +568,13 @@ fn run_scheme(cfg: &Config, scheme: &str, progress: &mut dyn FnMut(&str)) -> Res
         split: c.split,
         rebuilt: c.rebuilt,
         filter,
+        oom_killed: killed,
         verified,
         samples,
     })
 }
 
-/// Runs every scheme.
+/// Runs every scheme at every level.
 pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
     if let Some(why) = unavailable() {
         return Err(Error::Unsupported {
@@ -385,13 +582,40 @@ pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
             why,
         });
     }
+    let stop =
+        pagewise_sys::signal::stop_flag().map_err(|e| Error::os("taking SIGINT and SIGTERM", e))?;
+    // What does not fit under the limit goes to swap on zram.
+    let swap = if cfg.levels.iter().any(|&l| l > 1.0) {
+        Some(procfs::ZramSwap::setup(cfg.demand())?)
+    } else {
+        None
+    };
+    let schemes: Vec<&str> = SCHEMES
+        .into_iter()
+        .filter(|s| cfg.schemes.is_empty() || cfg.schemes.iter().any(|c| c == s))
+        .collect();
     let mut rows = Vec::new();
-    for scheme in SCHEMES {
-        if !cfg.schemes.is_empty() && !cfg.schemes.iter().any(|s| s == scheme) {
-            continue;
+    for &level in &cfg.levels {
+        for repeat in 0..cfg.repeats {
+            for k in 0..schemes.len() {
+                let scheme = schemes[(k + repeat) % schemes.len()];
+                progress(&format!(
+                    "{scheme} at {level} (run {} of {}): {} s",
+                    repeat + 1,
+                    cfg.repeats,
+                    cfg.seconds
+                ));
+                rows.push(run_scheme(
+                    cfg,
+                    scheme,
+                    level,
+                    repeat,
+                    swap.as_ref(),
+                    &stop,
+                    progress,
+                )?);
+            }
         }
-        progress(&format!("{scheme}: {} s", cfg.seconds));
-        rows.push(run_scheme(cfg, scheme, progress)?);
     }
     Ok(Report {
         machine: Machine::this(),
@@ -400,106 +624,227 @@ pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
     })
 }
 
+/// A scheme's runs at one level, summed up: medians over the repeats.
+#[derive(Debug, Clone, Copy, Default)]
+struct Summary {
+    saved_mib: f64,
+    usage_mib: f64,
+    swap_mib: f64,
+    ops_per_s: f64,
+    ops_min: f64,
+    ops_max: f64,
+    huge_end: f64,
+    ksmd_cpu_ms: f64,
+    agent_cpu_ms: f64,
+    split: f64,
+    rebuilt: f64,
+    oom_killed: u64,
+    verified: bool,
+}
+
 impl Report {
-    fn row(&self, scheme: &str) -> Option<&Row> {
-        self.rows.iter().find(|r| r.scheme == scheme)
+    fn runs(&self, scheme: &str, level: f64) -> Vec<&Row> {
+        self.rows
+            .iter()
+            .filter(|r| r.scheme == scheme && r.level == level)
+            .collect()
     }
 
-    /// The table.
+    fn summary_of(&self, scheme: &str, level: f64) -> Option<Summary> {
+        let rs = self.runs(scheme, level);
+        if rs.is_empty() {
+            return None;
+        }
+        let med =
+            |f: fn(&Row) -> f64| crate::median(&mut rs.iter().map(|r| f(r)).collect::<Vec<_>>());
+        Some(Summary {
+            saved_mib: med(|r| r.saved_mib),
+            usage_mib: med(|r| r.usage_mib),
+            swap_mib: med(|r| r.swap_mib),
+            ops_per_s: med(|r| r.ops_per_s),
+            ops_min: rs.iter().map(|r| r.ops_min).fold(f64::INFINITY, f64::min),
+            ops_max: rs.iter().map(|r| r.ops_max).fold(0.0, f64::max),
+            huge_end: med(|r| r.huge_end as f64),
+            ksmd_cpu_ms: med(|r| r.ksmd_cpu_ms),
+            agent_cpu_ms: med(|r| r.agent_cpu_ms),
+            split: med(|r| r.split as f64),
+            rebuilt: med(|r| r.rebuilt as f64),
+            oom_killed: rs.iter().map(|r| r.oom_killed).sum(),
+            verified: rs.iter().all(|r| r.verified),
+        })
+    }
+
+    /// The tables, one per level, and how the agent compares.
     pub fn summary(&self) -> String {
         let c = &self.config;
         let mib = ((c.regions * HUGE_PAGE_SIZE) >> 20) as u64;
         let mut s = format!(
-            "pagewise bench dedup — {}\nSmartMD's trade-off: {} processes of {} MiB in huge pages, {} MiB of it the same table in each; hot: {} + {} regions of 2 MiB per process; {} s per scheme; ksmd paced to one pass in {} ms\n\n{:>15} {:>10} {:>9} {:>12} {:>9} {:>8} {:>9} {:>9} {:>7} {:>7} {:>9}\n",
+            "pagewise bench dedup — {}\nSmartMD's trade-off: {} processes of {} MiB, {} MiB of it the same table in each (every eighth table region in base pages, the rest huge); hot: {} table + {} own regions of 2 MiB per process (reads, one op in {WRITE_EVERY} a write to every {WRITE_STRIDE}th page); a sweep reads {} pages per round; {} s per scheme, {} run(s) each (medians; ops/s spread: lowest and highest 1 s sample of the second halves); ksmd paced to one pass in {} ms\n",
             self.machine,
             c.processes,
             mib,
             c.table_regions() * 2,
             c.hot_table(),
             c.hot_own(),
+            c.sweep_pages,
             c.seconds,
+            c.repeats,
             c.full_scan_ms,
-            "scheme", "saved MiB", "of KSM", "updates/s", "of no-spl", "huge", "ksmd ms", "agent ms", "CPU %", "split", "verified"
         );
-        let ksm = self.row("ksm-everywhere").map_or(0.0, |r| r.saved_mib);
-        let nosplit = self.row("no-splitting").map_or(0.0, |r| r.updates_per_s);
-        for r in &self.rows {
+        for &level in &c.levels {
             s += &format!(
-                "{:>15} {:>10.1} {:>8.1}% {:>12.0} {:>8.1}% {:>8} {:>9.0} {:>9.0} {:>7.1} {:>7} {:>9}\n",
-                r.scheme,
-                r.saved_mib,
-                r.saved_mib / ksm.max(1e-9) * 100.0,
-                r.updates_per_s,
-                r.updates_per_s / nosplit.max(1e-9) * 100.0,
-                r.huge_end,
-                r.ksmd_cpu_ms,
-                r.agent_cpu_ms,
-                r.cpu_pct(c.seconds),
-                r.split,
-                r.verified
+                "\novercommitment {level} (memory limited to {:.0} MiB of {:.0} MiB)\n{:>15} {:>9} {:>7} {:>8} {:>8} {:>12} {:>8} {:>23} {:>6} {:>8} {:>8} {:>6} {:>6} {:>7} {:>4} {:>8}\n",
+                cfg_limit_mib(c, level),
+                c.demand() as f64 / MIB,
+                "scheme", "saved MiB", "of KSM", "held MiB", "swap MiB", "ops/s", "of no-spl", "spread", "huge", "ksmd ms", "agent ms", "CPU %", "split", "rebuilt", "OOM", "verified"
             );
+            let ksm = self
+                .summary_of("ksm-everywhere", level)
+                .map_or(0.0, |r| r.saved_mib);
+            let nosplit = self
+                .summary_of("no-splitting", level)
+                .map_or(0.0, |r| r.ops_per_s);
+            for scheme in SCHEMES {
+                let Some(r) = self.summary_of(scheme, level) else {
+                    continue;
+                };
+                s += &format!(
+                    "{:>15} {:>9.1} {:>6.1}% {:>8.0} {:>8.0} {:>12.0} {:>7.1}% {:>11.0}-{:<11.0} {:>6.0} {:>8.0} {:>8.0} {:>6.1} {:>6.0} {:>7.0} {:>4} {:>8}\n",
+                    scheme,
+                    r.saved_mib,
+                    r.saved_mib / ksm.max(1e-9) * 100.0,
+                    r.usage_mib,
+                    r.swap_mib,
+                    r.ops_per_s,
+                    r.ops_per_s / nosplit.max(1e-9) * 100.0,
+                    r.ops_min,
+                    r.ops_max,
+                    r.huge_end,
+                    r.ksmd_cpu_ms,
+                    r.agent_cpu_ms,
+                    (r.ksmd_cpu_ms + r.agent_cpu_ms) / (c.seconds as f64 * 10.0),
+                    r.split,
+                    r.rebuilt,
+                    r.oom_killed,
+                    r.verified
+                );
+            }
+            if let Some(best) = SCHEMES
+                .iter()
+                .filter_map(|&sc| Some((sc, self.summary_of(sc, level)?.ops_per_s)))
+                .max_by(|a, b| a.1.total_cmp(&b.1))
+            {
+                s += &format!("best throughput at {level}: {}\n", best.0);
+            }
         }
-        if let Some((fp, [looked, labelled, exact])) = self.row("smartmd").and_then(|r| r.filter) {
+        let filters: Vec<(f64, [u64; 3])> = self
+            .rows
+            .iter()
+            .filter(|r| r.scheme == "smartmd")
+            .filter_map(|r| r.filter)
+            .collect();
+        if let Some(&(_, [looked, labelled, exact])) = filters.first() {
+            let fp: Vec<f64> = filters.iter().map(|f| f.0 * 100.0).collect();
+            let (m, lo, hi) = crate::median_min_max(fp);
             s += &format!(
-                "\nsmartmd's counting Bloom filter: {looked} pages looked up, {labelled} labelled duplicate, {exact} with a duplicate in fact; false positives {:.3} % of those looked up\n",
-                fp * 100.0
+                "\nsmartmd's counting Bloom filter (last step of a run): {looked} pages looked up, {labelled} labelled duplicate, {exact} with a duplicate in fact; false positives {m:.3} % of those looked up (runs: {lo:.3} to {hi:.3} %)\n"
             );
         }
         s
     }
 
-    /// SmartMD's trade-off (saving against throughput) and both over time.
+    /// SmartMD's trade-off (saving against throughput), throughput under
+    /// overcommitment, and saving and throughput over time.
     pub fn charts(&self) -> Vec<(String, crate::svg::Chart)> {
-        let per = |f: fn(&Sample) -> f64| -> Vec<crate::svg::Series> {
-            self.rows
+        let c = &self.config;
+        let present: Vec<&str> = SCHEMES
+            .into_iter()
+            .filter(|s| self.rows.iter().any(|r| r.scheme == *s))
+            .collect();
+        let first = c.levels.first().copied().unwrap_or(0.8);
+        let over_time = |f: fn(&Sample) -> f64| -> Vec<crate::svg::Series> {
+            present
                 .iter()
-                .map(|r| crate::svg::Series {
-                    label: r.scheme.clone(),
-                    points: r.samples.iter().map(|s| (s.t_s, f(s))).collect(),
+                .filter_map(|&sc| {
+                    let r = self.runs(sc, first).into_iter().next()?;
+                    Some(crate::svg::Series {
+                        label: sc.into(),
+                        points: r.samples.iter().map(|s| (s.t_s, f(s))).collect(),
+                    })
                 })
                 .collect()
         };
-        vec![
-            (
-                "dedup-tradeoff.svg".into(),
+        let mut charts = vec![(
+            "dedup-tradeoff.svg".into(),
+            crate::svg::Chart {
+                title: format!(
+                    "memory saved against throughput, per scheme (overcommitment {first})"
+                ),
+                x_label: "memory saved (MiB)".into(),
+                y_label: "operations per second (millions)".into(),
+                log_x: false,
+                log_y: false,
+                series: present
+                    .iter()
+                    .filter_map(|&sc| {
+                        let r = self.summary_of(sc, first)?;
+                        Some(crate::svg::Series {
+                            label: sc.into(),
+                            points: vec![(r.saved_mib, r.ops_per_s / 1e6)],
+                        })
+                    })
+                    .collect(),
+            },
+        )];
+        if c.levels.len() > 1 {
+            charts.push((
+                "dedup-overcommit.svg".into(),
                 crate::svg::Chart {
-                    title: "memory saved against throughput, per scheme".into(),
-                    x_label: "memory saved (MiB)".into(),
-                    y_label: "updates per second (millions)".into(),
+                    title: "throughput under overcommitment".into(),
+                    x_label: "overcommitment (memory of the processes / limit)".into(),
+                    y_label: "operations per second (millions)".into(),
                     log_x: false,
                     log_y: false,
-                    series: self
-                        .rows
+                    series: present
                         .iter()
-                        .map(|r| crate::svg::Series {
-                            label: r.scheme.clone(),
-                            points: vec![(r.saved_mib, r.updates_per_s / 1e6)],
+                        .map(|&sc| crate::svg::Series {
+                            label: sc.into(),
+                            points: c
+                                .levels
+                                .iter()
+                                .filter_map(|&l| Some((l, self.summary_of(sc, l)?.ops_per_s / 1e6)))
+                                .collect(),
                         })
                         .collect(),
                 },
-            ),
-            (
-                "dedup-saved.svg".into(),
-                crate::svg::Chart {
-                    title: "memory saved over time".into(),
-                    x_label: "time (s)".into(),
-                    y_label: "memory saved (MiB)".into(),
-                    log_x: false,
-                    log_y: false,
-                    series: per(|s| s.saved_mib),
-                },
-            ),
-            (
-                "dedup-throughput.svg".into(),
-                crate::svg::Chart {
-                    title: "throughput over time".into(),
-                    x_label: "time (s)".into(),
-                    y_label: "updates per second (millions)".into(),
-                    log_x: false,
-                    log_y: false,
-                    series: per(|s| s.updates_per_s / 1e6),
-                },
-            ),
-        ]
+            ));
+        }
+        charts.push((
+            "dedup-saved.svg".into(),
+            crate::svg::Chart {
+                title: format!("memory saved over time (overcommitment {first})"),
+                x_label: "time (s)".into(),
+                y_label: "memory saved (MiB)".into(),
+                log_x: false,
+                log_y: false,
+                series: over_time(|s| s.saved_mib),
+            },
+        ));
+        charts.push((
+            "dedup-throughput.svg".into(),
+            crate::svg::Chart {
+                title: format!("throughput over time (overcommitment {first})"),
+                x_label: "time (s)".into(),
+                y_label: "operations per second (millions)".into(),
+                log_x: false,
+                log_y: false,
+                series: over_time(|s| s.ops_per_s / 1e6),
+            },
+        ));
+        charts
     }
+}
+
+fn cfg_limit_mib(c: &Config, level: f64) -> f64 {
+    c.demand() as f64 / level / MIB
 }

@@ -5,6 +5,7 @@
 pub mod checkpoint;
 pub mod cli;
 pub mod dedup;
+pub mod dedup_redis;
 pub mod dump;
 pub mod farmem;
 pub mod farmem_redis;

@@ -311,13 +311,36 @@ impl Child {
 
     /// Tells the worker to stop and waits (up to 60 s) for its check.
     pub(crate) fn stop_and_check(&self) -> bool {
-        self.ctl.at(1).store(1, Ordering::SeqCst);
-        let t0 = Instant::now();
-        while self.ctl.at(3).load(Ordering::SeqCst) == 0 && t0.elapsed() < Duration::from_secs(60) {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        self.ctl.at(3).load(Ordering::SeqCst) == 1
+        stop_and_check_all(std::slice::from_ref(self), Duration::from_secs(60))
     }
+}
+
+/// Tells every worker to stop at once (a worker told later would go on
+/// and have more rounds to undo), then waits up to `within` for all their
+/// checks; whether every one found its memory as it wrote it.
+pub(crate) fn stop_and_check_all(children: &[Child], within: Duration) -> bool {
+    stop_and_check_each(children, within)
+        .iter()
+        .all(|c| *c == Some(true))
+}
+
+/// As [`stop_and_check_all`], each worker's answer: whether it found its
+/// memory as it wrote it, `None` when it was gone without an answer
+/// (killed, by the OOM killer say) or gave none in time.
+pub(crate) fn stop_and_check_each(children: &[Child], within: Duration) -> Vec<Option<bool>> {
+    for c in children {
+        c.ctl.at(1).store(1, Ordering::SeqCst);
+    }
+    let t0 = Instant::now();
+    let answer = |c: &Child| match c.ctl.at(3).load(Ordering::SeqCst) {
+        0 => None,
+        v => Some(v == 1),
+    };
+    let done = |c: &Child| answer(c).is_some() || !pagewise::procfs::is_alive(c.pid);
+    while !children.iter().all(done) && t0.elapsed() < within {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    children.iter().map(answer).collect()
 }
 
 /// Median ms of the next `n` rounds.

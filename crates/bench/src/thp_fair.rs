@@ -28,7 +28,7 @@
 //! random one undoes its updates; the stream finds every word incremented
 //! once per pass): a lost write fails the benchmark.
 
-use crate::thp::{next, rounds_ms, spawn_worker, Child};
+use crate::thp::{next, rounds_ms, spawn_worker, stop_and_check_all, Child};
 use crate::Machine;
 use pagewise::thp::agent::{Action, Agent, Budget, Options, Policy};
 use pagewise::workload::AnonMemory;
@@ -238,7 +238,7 @@ fn one(cfg: &Config, name: &str, policy: Policy, repeat: usize, walk_ns: f64) ->
     }
     drop(agent);
     let (stream_after_ms, random_after_ms) = both_ms(&s, &r, cfg.rounds);
-    let verified = s.stop_and_check() & r.stop_and_check();
+    let verified = stop_and_check_all(&[s, r], Duration::from_secs(60));
     Ok(Row {
         policy: name.into(),
         repeat,

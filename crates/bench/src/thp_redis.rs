@@ -298,7 +298,7 @@ fn load(
 }
 
 /// Starts redis-server inside `cg`, with THP allowed.
-fn start_redis(cg: &MemoryCgroup, port: u16) -> Result<crate::redis::Server> {
+pub(crate) fn start_redis(cg: &MemoryCgroup, port: u16) -> Result<crate::redis::Server> {
     let procs =
         std::ffi::CString::new(cg.dir().join("cgroup.procs").as_os_str().as_encoded_bytes())?;
     let mut c = Command::new("redis-server");

@@ -17,14 +17,19 @@
 //! when not. Accesses are writes, seen from outside by
 //! [`crate::access::RegionWrites`] (one write-protect fault per region and
 //! window, a huge page stays huge); a region only read looks cold. A new
-//! region starts in the middle.
+//! region starts hot ([`FREQ_MAX`]): it counts as cold only once it has
+//! gone unwritten for a few windows, so nothing is split before it has
+//! been watched.
 //!
 //! **Repetition rate** is the share of a region's resident pages labelled
 //! duplicate by SmartMD's counting Bloom filter ([`crate::bloom`]) over
 //! every watched process (zero-filled pages, which KSM merges too, count as
 //! duplicates). The agent keeps each page's digest; a region read before
 //! and not written in the last window has only a quarter of its pages read
-//! again (SmartMD's 25 % sampling), the others keep their digests. With
+//! again (SmartMD's 25 % sampling), the others keep their digests. Only
+//! pages in memory are read (reading a swapped page would bring it back;
+//! it keeps its digest), and a hot region is not read at all: it is kept
+//! whatever its rate, and read in full once it cools down. With
 //! [`Options::exact`] the exact count is made beside it and the filter's
 //! error reported. A region made mergeable is not read again (reading
 //! another process's memory with `process_vm_readv` pins its pages, and
@@ -440,6 +445,13 @@ impl Agent {
         &self.opts
     }
 
+    /// Turns the exact count of duplicates beside the filter on or off
+    /// from the next step (it costs CPU the agent does not otherwise need:
+    /// a benchmark turns it on for one step to measure the filter's error).
+    pub fn set_exact(&mut self, on: bool) {
+        self.opts.exact = on;
+    }
+
     /// Whether any watched process is still there.
     pub fn watching(&self) -> bool {
         self.targets.iter().any(|t| !t.gone)
@@ -463,7 +475,7 @@ impl Agent {
                             continue;
                         }
                         let mut s = t.regions.remove(&r.start).unwrap_or(RegionState {
-                            freq: FREQ_MAX / 2,
+                            freq: FREQ_MAX,
                             mergeable: false,
                             huge,
                             digests: vec![None; PAGES],
@@ -546,12 +558,6 @@ impl Agent {
                 }
             }
         }
-        // Repetition rates.
-        let filter = if self.opts.policy == Policy::SmartMd {
-            self.repetition(&written, &mut actions)
-        } else {
-            FilterReport::default()
-        };
         // Thresholds.
         let first = self.targets.iter().find(|t| !t.gone).map(|t| t.pid);
         let (utilisation, utilisation_of) =
@@ -560,6 +566,12 @@ impl Agent {
             .opts
             .thresholds
             .unwrap_or_else(|| Thresholds::adapted(utilisation));
+        // Repetition rates.
+        let filter = if self.opts.policy == Policy::SmartMd {
+            self.repetition(&written, th.hot_min, &mut actions)
+        } else {
+            FilterReport::default()
+        };
         // Decisions.
         let (mut kept_hot, mut kept_few) = (0, 0);
         let policy = self.opts.policy;
@@ -670,9 +682,12 @@ impl Agent {
 
     /// Reads the pages due (see the module), then labels every resident
     /// page of every watched process with the counting Bloom filter.
+    /// Regions at least `hot_min` are not read: hot, they are kept
+    /// whatever their rate, and are read in full once they cool down.
     fn repetition(
         &mut self,
         written: &HashMap<i32, std::collections::BTreeSet<u64>>,
+        hot_min: u8,
         actions: &mut Vec<Action>,
     ) -> FilterReport {
         let mut rep = FilterReport::default();
@@ -693,6 +708,7 @@ impl Agent {
                 }
             };
             let w = written.get(&t.pid);
+            let measured = w.is_some();
             for (&start, s) in t.regions.iter_mut() {
                 // A region made mergeable is not read again: its rate no
                 // longer decides anything, and a read by process_vm_readv
@@ -700,32 +716,46 @@ impl Agent {
                 if s.mergeable {
                     continue;
                 }
+                if measured && s.freq >= hot_min {
+                    s.read = false;
+                    continue;
+                }
                 let r = Region {
                     start,
                     len: HUGE_PAGE_SIZE as u64,
                 };
-                if walker.populated(r, &mut present).is_err() {
+                // Only pages in memory are read: reading a swapped page
+                // would bring it back. A swapped page keeps its digest.
+                let both = pagewise_sys::pagemap::category::PRESENT
+                    | pagewise_sys::pagemap::category::SWAPPED;
+                if walker.categories(r, both, both, &mut present).is_err() {
                     continue;
                 }
-                let mut resident = [false; PAGES];
-                for &(a, b) in &present {
+                let (mut resident, mut swapped) = ([false; PAGES], [false; PAGES]);
+                for run in &present {
                     let (from, to) = (
-                        (a - start) as usize / PAGE_SIZE,
-                        (b - start) as usize / PAGE_SIZE,
+                        (run.start - start) as usize / PAGE_SIZE,
+                        (run.end - start) as usize / PAGE_SIZE,
                     );
-                    resident[from..to].iter_mut().for_each(|r| *r = true);
+                    let in_memory = run.categories & pagewise_sys::pagemap::category::PRESENT != 0;
+                    let to_set = if in_memory {
+                        &mut resident
+                    } else {
+                        &mut swapped
+                    };
+                    to_set[from..to].iter_mut().for_each(|r| *r = true);
                 }
                 let full = !self.opts.sample || !s.read || w.is_some_and(|w| w.contains(&start));
                 let wanted: Vec<usize> = (0..PAGES)
                     .filter(|&p| resident[p] && (full || p % 4 == lane))
                     .collect();
-                let ok = if full {
+                let ok = if wanted.len() == PAGES {
                     crate::walk::read_remote(t.pid, start, &mut buf).is_ok()
                 } else {
                     let mut parts: Vec<(u64, &mut [u8])> = buf
                         .chunks_exact_mut(PAGE_SIZE)
                         .enumerate()
-                        .filter(|(p, _)| resident[*p] && p % 4 == lane)
+                        .filter(|(p, _)| resident[*p] && (full || p % 4 == lane))
                         .map(|(p, b)| (start + (p * PAGE_SIZE) as u64, b))
                         .collect();
                     crate::walk::read_remote_many(t.pid, &mut parts).is_ok()
@@ -733,8 +763,8 @@ impl Agent {
                 if !ok {
                     continue;
                 }
-                for (d, &r) in s.digests.iter_mut().zip(&resident) {
-                    if !r {
+                for (p, d) in s.digests.iter_mut().enumerate() {
+                    if !resident[p] && !swapped[p] {
                         *d = None;
                     }
                 }

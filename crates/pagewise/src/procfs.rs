@@ -533,13 +533,19 @@ impl MemoryCgroup {
         std::fs::create_dir(&dir)
             .map_err(|e| Error::os(format!("creating the cgroup {}", dir.display()), e))?;
         let g = MemoryCgroup { dir };
-        let file = if g.dir.join("memory.limit_in_bytes").exists() {
+        g.set_limit(limit)?;
+        Ok(g)
+    }
+
+    /// Sets the group's limit to `limit` bytes (the kernel reclaims what
+    /// is charged above it first: swaps, or refuses with `EBUSY`).
+    pub fn set_limit(&self, limit: u64) -> Result<()> {
+        let file = if self.dir.join("memory.limit_in_bytes").exists() {
             "memory.limit_in_bytes"
         } else {
             "memory.max"
         };
-        g.write(file, &limit.to_string())?;
-        Ok(g)
+        self.write(file, &limit.to_string())
     }
 
     fn write(&self, file: &str, value: &str) -> Result<()> {
@@ -600,6 +606,82 @@ impl Drop for MemoryCgroup {
                 self.dir.display()
             );
         }
+    }
+}
+
+/// Swap on a RAM-backed, compressed block device (`/dev/zram0`) for the
+/// length of a run: sized, formatted and switched on by [`ZramSwap::setup`],
+/// switched off and reset when dropped. Refused, with the reason, where
+/// zram is missing, the caller is not root, or the device is already in use.
+#[derive(Debug)]
+pub struct ZramSwap {
+    dev: &'static str,
+}
+
+impl ZramSwap {
+    const SYS: &'static str = "/sys/block/zram0";
+
+    /// Swap of `bytes` (uncompressed) on `/dev/zram0`.
+    pub fn setup(bytes: u64) -> Result<ZramSwap> {
+        let refused = |why: String| Error::Unsupported {
+            feature: "zram swap",
+            why,
+        };
+        if pagewise_sys::process::geteuid() != 0 {
+            return Err(refused("needs root to set up zram swap".into()));
+        }
+        if !Path::new(Self::SYS).exists() {
+            return Err(refused(
+                "no /sys/block/zram0 (zram not built in, or its module not loaded)".into(),
+            ));
+        }
+        let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
+        if swaps.contains("/dev/zram0") {
+            return Err(Error::Busy("/dev/zram0 is already in use as swap".into()));
+        }
+        if read_trimmed(format!("{}/disksize", Self::SYS)).unwrap_or_default() != "0" {
+            return Err(Error::Busy(
+                "/dev/zram0 is already initialised by someone else".into(),
+            ));
+        }
+        std::fs::write(format!("{}/disksize", Self::SYS), bytes.to_string())
+            .map_err(|e| Error::os("sizing /dev/zram0", e))?;
+        // From here on, dropping `me` resets the device.
+        let me = ZramSwap { dev: "/dev/zram0" };
+        for (cmd, args) in [("mkswap", [me.dev, "-q"]), ("swapon", [me.dev, "-p0"])] {
+            let out = std::process::Command::new(cmd)
+                .args(args)
+                .output()
+                .map_err(|e| Error::os(format!("running {cmd}"), e))?;
+            if !out.status.success() {
+                return Err(refused(format!(
+                    "{cmd} {}: {}",
+                    me.dev,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                )));
+            }
+        }
+        Ok(me)
+    }
+
+    /// Bytes swapped out to it now (`/proc/swaps`).
+    pub fn used(&self) -> u64 {
+        std::fs::read_to_string("/proc/swaps")
+            .unwrap_or_default()
+            .lines()
+            .find(|l| l.starts_with(self.dev))
+            .and_then(|l| l.split_whitespace().nth(3)?.parse::<u64>().ok())
+            .map_or(0, |kib| kib << 10)
+    }
+}
+
+impl Drop for ZramSwap {
+    fn drop(&mut self) {
+        let off = std::process::Command::new("swapoff").arg(self.dev).status();
+        if !off.is_ok_and(|s| s.success()) {
+            eprintln!("pagewise: could not switch off swap on {}", self.dev);
+        }
+        let _ = std::fs::write(format!("{}/reset", Self::SYS), "1");
     }
 }
 

@@ -573,66 +573,10 @@ fn unsafe_geteuid() -> u32 {
     unsafe { libc::geteuid() }
 }
 
-/// zram swap for the duration of a test, torn down on drop.
-struct ZramSwap {
-    dev: String,
-}
-
-impl ZramSwap {
-    fn setup() -> Result<Self, String> {
-        if unsafe_geteuid() != 0 {
-            return Err("needs root to set up zram swap".into());
-        }
-        let sys = "/sys/block/zram0";
-        if !std::path::Path::new(sys).exists() {
-            return Err("no /sys/block/zram0 (zram not built in or module not loaded)".into());
-        }
-        let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
-        if swaps.contains("/dev/zram0") {
-            return Err("/dev/zram0 is already in use as swap".into());
-        }
-        if procfs::read_trimmed(format!("{sys}/disksize")).unwrap_or_default() != "0" {
-            return Err("/dev/zram0 is already initialised by someone else".into());
-        }
-        std::fs::write(format!("{sys}/disksize"), "256M")
-            .map_err(|e| format!("sizing zram0: {e}"))?;
-        let me = ZramSwap {
-            dev: "/dev/zram0".into(),
-        };
-        let run = |cmd: &str, args: &[&str]| -> Result<(), String> {
-            let st = std::process::Command::new(cmd)
-                .args(args)
-                .output()
-                .map_err(|e| format!("{cmd}: {e}"))?;
-            if st.status.success() {
-                Ok(())
-            } else {
-                Err(format!(
-                    "{cmd} {}: {}",
-                    args.join(" "),
-                    String::from_utf8_lossy(&st.stderr).trim()
-                ))
-            }
-        };
-        run("mkswap", &[&me.dev])?;
-        run("swapon", &[&me.dev])?;
-        Ok(me)
-    }
-}
-
-impl Drop for ZramSwap {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("swapoff")
-            .arg(&self.dev)
-            .status();
-        let _ = std::fs::write("/sys/block/zram0/reset", "1");
-    }
-}
-
 #[test]
 fn pageout_to_swap_and_back() {
     let _g = GLOBAL_KNOBS.lock().unwrap_or_else(|e| e.into_inner());
-    let swap = match ZramSwap::setup() {
+    let swap = match procfs::ZramSwap::setup(256 << 20) {
         Ok(s) => s,
         Err(why) => {
             pagewise_testkit::skip!("{why}");
