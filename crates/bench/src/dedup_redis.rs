@@ -4,8 +4,8 @@
 //! [`VALUE_LEN`] bytes, identical in every instance: the data sets overlap)
 //! and data of its own (`own:N`, values unique to the instance), then
 //! driven by `redis-benchmark`, one per instance at once: GETs of the hot
-//! tenth of the table, then SETs of small keys (`key:N`, `redis-benchmark`'s
-//! values). Each scheme of [`crate::dedup::SCHEMES`] runs on fresh servers.
+//! tenth of the table, then SETs of small keys (`key:N`, a value of
+//! [`SET_LEN`] bytes). Each scheme of [`crate::dedup::SCHEMES`] runs on fresh servers.
 //!
 //! Reported per scheme: memory saved (KSM's `pages_sharing`, and the
 //! servers' `ksm_merging_pages`), what the cgroup holds, huge-page memory,
@@ -28,12 +28,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Bytes of a table or own value: large enough that jemalloc gives each
-/// one extent of its own, page-aligned, so that the pages of one value
-/// are the same in every instance.
-pub const VALUE_LEN: usize = 16_000;
+/// Bytes of a table or own value. With Redis's 5-byte string header this
+/// is jemalloc's 12 KiB size class, whose regions are three whole pages:
+/// each value starts on a page, at the same offset in every instance, so
+/// that its pages are the same in every instance. (From 16 KiB up,
+/// jemalloc places each allocation at a random multiple of 64 bytes into
+/// its first page, "cache-oblivious" placement: identical values then
+/// seldom make identical pages in two instances.)
+pub const VALUE_LEN: usize = 12_000;
 /// Bytes of the values the SETs write.
-const SET_LEN: usize = 512;
+pub const SET_LEN: usize = 512;
 /// Keys the SETs write.
 const SET_KEYS: u64 = 10_000;
 const THP: &str = "/sys/kernel/mm/transparent_hugepage/enabled";
@@ -211,7 +215,7 @@ fn load(port: u16, own: usize, cfg: &Config) -> Result<()> {
 fn verify(port: u16, own: usize, cfg: &Config) -> Result<(u64, u64)> {
     let mut c = Client::connect(port)?;
     let (mut ok, mut n) = (0, 0);
-    let set_value = vec![b'x'; SET_LEN];
+    let set_value = set_value();
     for (prefix, count, who) in [
         ("tbl", cfg.table_keys, Some(None)),
         ("own", cfg.own_keys, Some(Some(own))),
@@ -239,6 +243,12 @@ fn verify(port: u16, own: usize, cfg: &Config) -> Result<(u64, u64)> {
         }
     }
     Ok((ok, n))
+}
+
+/// The value the SETs write (`redis-benchmark` would write random bytes of
+/// its own, which could not be checked).
+fn set_value() -> Vec<u8> {
+    value(u64::MAX, SET_LEN)
 }
 
 /// One `redis-benchmark` against `port` (CSV): its requests per second.
@@ -285,10 +295,9 @@ fn round(ports: &[u16], cfg: &Config) -> Result<(f64, f64)> {
         (cfg.requests / 4).to_string(),
         "-r".into(),
         SET_KEYS.to_string(),
-        "-d".into(),
-        SET_LEN.to_string(),
-        "-t".into(),
-        "set".into(),
+        "SET".into(),
+        "key:__rand_int__".into(),
+        String::from_utf8(set_value()).expect("hex digits"),
     ];
     let mut out = [0.0; 2];
     for (k, args) in [&gets[..], &sets[..]].into_iter().enumerate() {

@@ -36,20 +36,26 @@ pub struct Watch {
     pub command: Vec<String>,
 }
 
-/// Checks the interval and the window inside it, starts the command (if
-/// any), and returns the pids to watch with the command.
-pub fn start(
-    w: &Watch,
-    interval_ms: u64,
-    window_ms: u64,
-) -> Result<(Vec<i32>, Option<std::process::Child>)> {
+/// Checks the interval and the window inside it, and returns the pids to
+/// watch given with `--pid`.
+pub fn check(w: &Watch, interval_ms: u64, window_ms: u64) -> Result<Vec<i32>> {
     if w.pids.is_empty() && w.command.is_empty() {
         bail!("give --pid PID (repeatable) or -- CMD");
     }
     if interval_ms == 0 || window_ms >= interval_ms {
         bail!("--window-ms must be shorter than --interval-ms, which must be above 0");
     }
-    let mut pids = w.pids.clone();
+    Ok(w.pids.clone())
+}
+
+/// As [`check`], then starts the command (if any) as it is; the pids to
+/// watch, the command's among them.
+pub fn start(
+    w: &Watch,
+    interval_ms: u64,
+    window_ms: u64,
+) -> Result<(Vec<i32>, Option<std::process::Child>)> {
+    let mut pids = check(w, interval_ms, window_ms)?;
     if w.command.is_empty() {
         return Ok((pids, None));
     }

@@ -3,6 +3,7 @@
 
 use anyhow::{bail, Result};
 use pagewise::dedup::{Action, Agent, Options, Policy, Step, Thresholds};
+use pagewise::inject::Inside;
 use std::io::Write;
 use std::time::{Duration, Instant};
 
@@ -109,7 +110,14 @@ fn run_agent(a: RunArgs) -> Result<i32> {
     };
     let thresholds = a.thresholds.as_deref().map(thresholds_of).transpose()?;
     let stop = pagewise_sys::signal::stop_flag()?;
-    let (pids, child) = crate::agent_loop::start(&a.watch, a.interval_ms, a.window_ms)?;
+    let pids = crate::agent_loop::check(&a.watch, a.interval_ms, a.window_ms)?;
+    // A command is started under the shim, which makes the calls asked of
+    // it without the program being stopped; where it cannot (a statically
+    // linked program), under ptrace like any other.
+    let started = match a.watch.command.is_empty() {
+        true => None,
+        false => Some(pagewise::launch::start_advised(&a.watch.command)?),
+    };
     let opts = Options {
         window: Duration::from_millis(a.window_ms),
         policy,
@@ -120,10 +128,46 @@ fn run_agent(a: RunArgs) -> Result<i32> {
         ..Options::default()
     };
     let mut agent = Agent::new(&pids, opts)?;
-    if !a.watch.json {
+    let child = match started {
+        None => None,
+        Some((mut c, shim)) => {
+            let pid = c.id() as i32;
+            let inside = match shim {
+                Ok(s) => Inside::Shim(s),
+                Err(why) => {
+                    eprintln!(
+                        "pagewise: {}: {why}; its advice is made under ptrace",
+                        a.watch.command[0]
+                    );
+                    Inside::Ptrace
+                }
+            };
+            if let Err(e) = agent.add_with(pid, inside) {
+                pagewise::launch::stop(&mut c, Duration::from_secs(5));
+                return Err(e.into());
+            }
+            Some(c)
+        }
+    };
+    if a.watch.json {
+        let how: Vec<_> = agent
+            .inside()
+            .iter()
+            .map(|(p, how)| serde_json::json!({ "pid": p, "inside": how }))
+            .collect();
         println!(
-            "watching {} process(es); policy {}; every {} ms (SIGINT or SIGTERM ends)",
-            pids.len(),
+            "{}",
+            serde_json::json!({ "watching": how, "policy": policy.name() })
+        );
+    } else {
+        let how: Vec<String> = agent
+            .inside()
+            .iter()
+            .map(|(p, how)| format!("{p} ({how})"))
+            .collect();
+        println!(
+            "watching {}; policy {}; every {} ms (SIGINT or SIGTERM ends)",
+            how.join(", "),
             policy.name(),
             a.interval_ms
         );

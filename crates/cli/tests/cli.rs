@@ -957,7 +957,8 @@ fn thp_prezero_runs_ahead_of_a_growing_program() {
 }
 
 /// `dedup run -- CMD` on a self-checking program with eight huge pages (four
-/// cold and identical, two hot, two cold and unique): exactly the four cold
+/// cold and identical, two hot, two cold and unique): the program's advice
+/// is made by its shim (it is never stopped), exactly the four cold
 /// identical ones are split and merged, KSM shares their pages, the
 /// program's output is that of a run without pagewise, the tool's exit
 /// status is the program's, and KSM's settings are as before.
@@ -1022,6 +1023,15 @@ fn dedup_run_merges_cold_duplicates_and_changes_no_output() {
             .lines()
             .collect::<Vec<_>>(),
         "the program's output changed"
+    );
+    let watching: serde_json::Value = text
+        .lines()
+        .find(|l| l.starts_with("{\"policy\"") || l.starts_with("{\"watching\""))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .expect("the line saying what is watched");
+    assert_eq!(
+        watching["watching"][0]["inside"], "shim",
+        "the program's advice not made by its shim: {watching}"
     );
     let steps: Vec<serde_json::Value> = text
         .lines()

@@ -43,8 +43,10 @@
 //! ([`Thresholds::adapted`]).
 //!
 //! KSM may act only on memory a process made mergeable itself: the agent
-//! makes the process call `madvise` while it is stopped
-//! ([`crate::inject::madvise_in`]), and `process_madvise(MADV_COLLAPSE)`
+//! makes the process call `madvise` ([`Inside`]): through its preload shim
+//! for a program started under pagewise ([`Agent::add_with`]; nothing is
+//! stopped), else while it is stopped under ptrace
+//! ([`crate::inject::madvise_in`]); and `process_madvise(MADV_COLLAPSE)`
 //! rebuilds from outside. ksmd is started if it was not and its pace
 //! (`pages_to_scan`) follows the pages made mergeable so that one pass
 //! over them takes [`Options::full_scan`]; every KSM setting is put back
@@ -56,6 +58,7 @@
 
 use crate::access::RegionWrites;
 use crate::hash::{page_digest, zero_page_digest, PageDigest};
+use crate::inject::Inside;
 use crate::walk::PageWalker;
 use crate::{procfs, Error, Region, Result, HUGE_PAGE_SIZE, PAGE_SIZE};
 use pagewise_sys::{mem, process};
@@ -348,6 +351,7 @@ struct RegionState {
 struct Target {
     pid: i32,
     pidfd: OwnedFd,
+    inside: Inside,
     writes: std::result::Result<RegionWrites, String>,
     regions: BTreeMap<u64, RegionState>,
     gone: bool,
@@ -416,8 +420,15 @@ impl Agent {
         Ok(a)
     }
 
-    /// Watches one more process.
+    /// Watches one more process; what it must call itself is made under
+    /// ptrace.
     pub fn add(&mut self, pid: i32) -> Result<()> {
+        self.add_with(pid, Inside::Ptrace)
+    }
+
+    /// Watches one more process, which makes the calls asked of it
+    /// through `inside` (its shim, for a program started under pagewise).
+    pub fn add_with(&mut self, pid: i32, inside: Inside) -> Result<()> {
         procfs::check_target(pid)?;
         let pidfd = process::pidfd_open(pid).map_err(|e| Error::for_pid(pid, "pidfd_open", e))?;
         let writes = if self.opts.policy.needs_frequency() {
@@ -428,11 +439,21 @@ impl Agent {
         self.targets.push(Target {
             pid,
             pidfd,
+            inside,
             writes,
             regions: BTreeMap::new(),
             gone: false,
         });
         Ok(())
+    }
+
+    /// How each watched process is made to call `madvise` itself: `shim`
+    /// or `ptrace`.
+    pub fn inside(&self) -> Vec<(i32, &'static str)> {
+        self.targets
+            .iter()
+            .map(|t| (t.pid, t.inside.name()))
+            .collect()
     }
 
     /// The counters so far.
@@ -836,7 +857,10 @@ impl Agent {
         }
         let t = &mut self.targets[i];
         let ranges: Vec<(u64, u64)> = starts.iter().map(|&s| (s, HUGE_PAGE_SIZE as u64)).collect();
-        match crate::inject::madvise_in(t.pid, &ranges, libc::MADV_MERGEABLE, "dedup") {
+        match t
+            .inside
+            .madvise(t.pid, &ranges, libc::MADV_MERGEABLE, "dedup")
+        {
             Ok(done) => {
                 for (&s, &n) in starts.iter().zip(&done) {
                     if n == 0 {
@@ -867,7 +891,10 @@ impl Agent {
         }
         let t = &mut self.targets[i];
         let ranges: Vec<(u64, u64)> = starts.iter().map(|&s| (s, HUGE_PAGE_SIZE as u64)).collect();
-        if let Err(e) = crate::inject::madvise_in(t.pid, &ranges, libc::MADV_UNMERGEABLE, "dedup") {
+        if let Err(e) = t
+            .inside
+            .madvise(t.pid, &ranges, libc::MADV_UNMERGEABLE, "dedup")
+        {
             self.counters.failed += 1;
             actions.push(Action::Failed {
                 pid: t.pid,
@@ -977,7 +1004,10 @@ impl Agent {
             }
             let ranges: Vec<(u64, u64)> =
                 starts.iter().map(|&s| (s, HUGE_PAGE_SIZE as u64)).collect();
-            match crate::inject::madvise_in(t.pid, &ranges, libc::MADV_UNMERGEABLE, "dedup") {
+            match t
+                .inside
+                .madvise(t.pid, &ranges, libc::MADV_UNMERGEABLE, "dedup")
+            {
                 Ok(_) => {
                     for s in &starts {
                         if let Some(r) = t.regions.get_mut(s) {

@@ -1,6 +1,8 @@
 //! Acting inside another process: a system call made by one of its threads,
-//! stopped under `ptrace` ([`Stopped`]), then put back exactly as it was.
-//! The one place pagewise executes anything in another process.
+//! stopped under `ptrace` ([`Stopped`]), then put back exactly as it was;
+//! or, in a program pagewise started, made by the preload shim on request
+//! ([`shim`], [`Inside`]). The one place pagewise executes anything in
+//! another process.
 //!
 //! The technique is CRIU's "parasite" (compel) reduced to one instruction:
 //! the thread's registers are saved; its instruction pointer is set to a
@@ -18,6 +20,45 @@
 
 use crate::stop::Stopped;
 use crate::{procfs, Error, Result};
+
+pub mod shim;
+
+/// How a process is made to call something itself: through the preload
+/// shim of a program pagewise started (nothing stopped), or under ptrace
+/// (any process: stopped for the moment of the call).
+#[derive(Debug)]
+pub enum Inside {
+    /// Stopped under ptrace for each request ([`madvise_in`]).
+    Ptrace,
+    /// Its shim's advice thread ([`shim`]).
+    Shim(shim::ShimAdvice),
+}
+
+impl Inside {
+    /// Makes process `pid` call `madvise(advice)` on each of `ranges`
+    /// (address, bytes) itself; the bytes advised per range. `feature`
+    /// names who asks, for the refusals of [`check_target`].
+    pub fn madvise(
+        &mut self,
+        pid: i32,
+        ranges: &[(u64, u64)],
+        advice: i32,
+        feature: &'static str,
+    ) -> Result<Vec<u64>> {
+        match self {
+            Inside::Ptrace => madvise_in(pid, ranges, advice, feature),
+            Inside::Shim(s) => s.madvise(ranges, advice),
+        }
+    }
+
+    /// `ptrace` or `shim`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Inside::Ptrace => "ptrace",
+            Inside::Shim(_) => "shim",
+        }
+    }
+}
 
 /// Whether process `pid` can be made to make `call` for `feature`: refused,
 /// with the reason, for a process under a seccomp filter (the call could be

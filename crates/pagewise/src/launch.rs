@@ -46,6 +46,11 @@ pub mod env {
     /// Read by the library in every process: the directory of instance files
     /// (default `/dev/shm`).
     pub const FARMEM_DIR: &str = "PAGEWISE_FARMEM_DIR";
+    /// Set by [`start_advised`](super::start_advised), read and removed by
+    /// the shim at start-up: the decimal number of the shim's end of the
+    /// socketpair that carries [`inject::shim`](crate::inject::shim)'s
+    /// requests.
+    pub const ADVISE_FD: &str = "PAGEWISE_ADVISE_FD";
     /// Pre-zeroed huge pages in the program (`pagewise thp prezero`):
     /// `AHEAD,RATE` (huge pages kept ahead, most per second).
     pub const PREZERO: &str = "PAGEWISE_PREZERO";
@@ -111,30 +116,60 @@ pub enum Tracked {
     Over(ExitStatus),
 }
 
-/// Starts `cmd` with the shim preloaded and tracking its writes with
-/// `backend`, and waits (10 s at most) for the shim's hello.
-pub fn start_tracked(cmd: &[String], backend: BackendKind) -> Result<Tracked> {
+/// `cmd` under the shim, started, with the shim's end of a new socketpair
+/// passed in the environment variable `var` (and `extra` beside it);
+/// returns the child and pagewise's end.
+fn spawn_with_socket(
+    cmd: &[String],
+    var: &str,
+    extra: &[(&str, &str)],
+) -> Result<(Child, UnixStream)> {
     let program = cmd
         .first()
         .ok_or(Error::Invalid("no command to start".into()))?;
     let (mine, theirs) =
         UnixStream::pair().map_err(|e| Error::os("creating the shim's socket", e))?;
     let fd = theirs.as_raw_fd();
-    let mut c = Command::new(program);
-    c.args(&cmd[1..])
-        .env("LD_PRELOAD", ld_preload()?)
-        .env(env::TRACK_FD, fd.to_string())
-        .env(env::TRACK_BACKEND, backend.name());
+    let mut c = shim_command(cmd)?;
+    c.env(var, fd.to_string());
+    for (k, v) in extra {
+        c.env(k, v);
+    }
     // SAFETY: the closure only clears FD_CLOEXEC (fcntl, async-signal-safe)
     // on an fd that is open in the child.
     unsafe {
         c.pre_exec(move || pagewise_sys::process::clear_cloexec(fd));
     }
-    let mut child = c
+    let child = c
         .spawn()
         .map_err(|e| Error::os(format!("starting {program}"), e))?;
     drop(theirs);
-    let mut s = mine;
+    Ok((child, mine))
+}
+
+/// Starts `cmd` under the shim, which takes requests for advice inside it
+/// ([`inject::shim`](crate::inject::shim)), and waits (5 s at most) for
+/// the shim's hello. Without one (a statically linked program, which loads
+/// no shim, or one that ended at once) the child comes back alone, with
+/// why: its advice must then be made under ptrace.
+pub fn start_advised(
+    cmd: &[String],
+) -> Result<(
+    Child,
+    std::result::Result<crate::inject::shim::ShimAdvice, String>,
+)> {
+    let (child, sock) = spawn_with_socket(cmd, env::ADVISE_FD, &[])?;
+    let shim = crate::inject::shim::ShimAdvice::hello(sock, Duration::from_secs(5))
+        .map_err(|e| format!("its shim did not answer ({e}): statically linked, or it ended"));
+    Ok((child, shim))
+}
+
+/// Starts `cmd` with the shim preloaded and tracking its writes with
+/// `backend`, and waits (10 s at most) for the shim's hello.
+pub fn start_tracked(cmd: &[String], backend: BackendKind) -> Result<Tracked> {
+    let (mut child, mut s) =
+        spawn_with_socket(cmd, env::TRACK_FD, &[(env::TRACK_BACKEND, backend.name())])?;
+    let program = &cmd[0];
     let hello = s
         .set_read_timeout(Some(Duration::from_secs(10)))
         .and_then(|_| protocol::hello(&mut s));

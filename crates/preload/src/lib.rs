@@ -12,6 +12,11 @@
 //! `pagewise farmem run`), the shim emulates far memory for the program's
 //! anonymous memory (see [`farmem`]).
 //!
+//! Advice inside the program: when `PAGEWISE_ADVISE_FD` names a socket
+//! inherited from pagewise (`pagewise dedup run -- CMD`), a thread of the
+//! shim makes the `madvise` calls asked of it (see
+//! `pagewise::inject::shim`), so that the program is never stopped for them.
+//!
 //! Pre-zeroed huge pages: when `PAGEWISE_PREZERO` is `AHEAD,RATE` (set by
 //! `pagewise thp prezero`), the shim starts the pre-zeroing thread
 //! ([`pagewise::thp::prezero`]) for the program's life.
@@ -59,6 +64,18 @@ fn prezero(spec: &str) {
     }
 }
 
+/// The socket pagewise passed in the variable `var`, taken (the variable is
+/// removed, and programs that CMD starts in turn do not inherit it).
+fn take_socket(var: &str) -> Option<UnixStream> {
+    let fd = std::env::var(var).ok()?;
+    std::env::remove_var(var);
+    let fd = fd.parse::<i32>().ok()?;
+    pagewise_sys::process::set_cloexec(fd).ok()?;
+    // SAFETY: pagewise passed this fd for the shim alone (it is open:
+    // FD_CLOEXEC was just set on it); we take ownership.
+    Some(unsafe { UnixStream::from_raw_fd(fd) })
+}
+
 extern "C" fn pagewise_preload_init() {
     if let Ok(name) = std::env::var(env::FARMEM_INSTANCE) {
         farmem::init(name);
@@ -67,26 +84,21 @@ extern "C" fn pagewise_preload_init() {
         std::env::remove_var(env::PREZERO);
         prezero(&spec);
     }
-    let Ok(fd) = std::env::var(env::TRACK_FD) else {
-        return;
-    };
+    if let Some(sock) = take_socket(env::ADVISE_FD) {
+        let _ = std::thread::Builder::new()
+            .name("pagewise-advise".into())
+            .spawn(move || pagewise::inject::shim::serve(sock));
+    }
     let backend = std::env::var(env::TRACK_BACKEND)
         .ok()
         .and_then(|b| b.parse().ok())
         .unwrap_or(BackendKind::UffdWp);
-    std::env::remove_var(env::TRACK_FD);
     std::env::remove_var(env::TRACK_BACKEND);
-    let Ok(fd) = fd.parse::<i32>() else { return };
-    // Programs that CMD starts in turn do not inherit it.
-    if pagewise_sys::process::set_cloexec(fd).is_err() {
-        return;
+    if let Some(sock) = take_socket(env::TRACK_FD) {
+        let _ = std::thread::Builder::new()
+            .name("pagewise-track".into())
+            .spawn(move || serve(sock, backend));
     }
-    // SAFETY: pagewise passed this fd for the shim alone (it is open: FD_CLOEXEC
-    // was just set on it); we take ownership.
-    let sock = unsafe { UnixStream::from_raw_fd(fd) };
-    let _ = std::thread::Builder::new()
-        .name("pagewise-track".into())
-        .spawn(move || serve(sock, backend));
 }
 
 #[used]

@@ -443,3 +443,58 @@ fn comparison_policies_choose_as_they_say() {
         t.check(false);
     }
 }
+
+/// The shim's advice thread, served here on a socketpair: advice that
+/// changes no byte is made (the range shows `mg` in smaps, then not),
+/// advice that could (`MADV_DONTNEED`) is refused for every range and the
+/// memory keeps its contents, and a closed connection ends the thread.
+#[test]
+fn shim_advice_takes_only_harmless_advice() {
+    use pagewise::inject::shim::{serve, ShimAdvice};
+    let (mine, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+    let server = std::thread::spawn(move || serve(theirs));
+    let mut shim = ShimAdvice::hello(mine, Duration::from_secs(5)).unwrap();
+    assert_eq!(shim.pid(), std::process::id() as i32);
+    let mem = pagewise::workload::AnonMemory::new(4 * PAGE_SIZE).unwrap();
+    for p in 0..4 {
+        // SAFETY: inside `mem`.
+        unsafe { *((mem.addr() as usize + p * PAGE_SIZE) as *mut u8) = 7 + p as u8 };
+    }
+    let ranges = [
+        (mem.addr(), 2 * PAGE_SIZE as u64),
+        (mem.addr() + 2 * PAGE_SIZE as u64, 2 * PAGE_SIZE as u64),
+    ];
+    let mg = || {
+        pagewise::procfs::with_vm_flag(None, &["mg"])
+            .unwrap()
+            .iter()
+            .any(|&(s, e)| s <= mem.addr() && mem.addr() < e)
+    };
+    let p = pagewise::probe::get();
+    if p.ksm {
+        assert_eq!(
+            shim.madvise(&ranges, libc::MADV_MERGEABLE).unwrap(),
+            vec![2 * PAGE_SIZE as u64; 2]
+        );
+        assert!(mg(), "MADV_MERGEABLE made by the shim did not take");
+        assert_eq!(
+            shim.madvise(&ranges, libc::MADV_UNMERGEABLE).unwrap(),
+            vec![2 * PAGE_SIZE as u64; 2]
+        );
+        assert!(!mg(), "MADV_UNMERGEABLE made by the shim did not take");
+    } else {
+        pagewise_testkit::skip!("MADV_MERGEABLE through the shim: {}", p.why("ksm"));
+    }
+    assert_eq!(
+        shim.madvise(&ranges, libc::MADV_DONTNEED).unwrap(),
+        vec![0, 0],
+        "MADV_DONTNEED was not refused"
+    );
+    for p in 0..4 {
+        // SAFETY: inside `mem`.
+        let v = unsafe { *((mem.addr() as usize + p * PAGE_SIZE) as *const u8) };
+        assert_eq!(v, 7 + p as u8, "page {p} lost its contents");
+    }
+    drop(shim);
+    server.join().unwrap();
+}

@@ -1,0 +1,151 @@
+//! Advice made inside a program started under pagewise, by the preload
+//! shim, without stopping it: the wire format between pagewise and the
+//! shim's advice thread over a `socketpair(AF_UNIX, SOCK_STREAM)` whose shim
+//! end is passed as the fd number in
+//! [`ADVISE_FD`](crate::launch::env::ADVISE_FD) (see
+//! [`launch::start_advised`](crate::launch::start_advised)).
+//!
+//! ```text
+//! pagewise                               shim (in CMD)
+//!    | <- hello: u32 magic "PGWA",        |   sent by the shim as it starts
+//!    |    u32 version, u32 pid            |   version rule: a reader refuses
+//!    |                                    |   any version but its own
+//!    | -- advise: u32 advice, u32 n,  --> |   n at most MAX_RANGES
+//!    |    n x (u64 start, u64 len)        |
+//!    | <- n x i64: bytes advised, or      |   each range its own madvise,
+//!    |    -errno                          |   in the order given
+//!    | -- close ------------------------> |   the thread ends
+//! ```
+//! All integers are little-endian. Only the advice of [`ALLOWED`] is
+//! taken (advice that changes no byte of the program's memory); any
+//! other is answered `-EPERM` for every range. A request that cannot be
+//! read whole, or holds more than [`MAX_RANGES`], ends the connection.
+
+use crate::{Error, Result};
+use std::io::{self, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+/// `PGWA`.
+pub const MAGIC: u32 = 0x4157_4750;
+/// Protocol version.
+pub const VERSION: u32 = 1;
+/// Most ranges in one request.
+pub const MAX_RANGES: u32 = 1 << 16;
+/// The advice the shim takes: `MADV_MERGEABLE`, `MADV_UNMERGEABLE`,
+/// `MADV_HUGEPAGE`, `MADV_NOHUGEPAGE`, `MADV_COLLAPSE`.
+pub const ALLOWED: [i32; 5] = [
+    libc::MADV_MERGEABLE,
+    libc::MADV_UNMERGEABLE,
+    libc::MADV_HUGEPAGE,
+    libc::MADV_NOHUGEPAGE,
+    pagewise_sys::mem::MADV_COLLAPSE,
+];
+
+fn u32_at(b: &[u8], i: usize) -> u32 {
+    u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"))
+}
+
+/// The shim's side: says hello, then serves requests until the connection
+/// ends.
+pub fn serve(mut sock: UnixStream) {
+    let mut hello = Vec::with_capacity(12);
+    for v in [MAGIC, VERSION, std::process::id()] {
+        hello.extend_from_slice(&v.to_le_bytes());
+    }
+    if sock.write_all(&hello).is_err() {
+        return;
+    }
+    let mut head = [0u8; 8];
+    while sock.read_exact(&mut head).is_ok() {
+        let (advice, n) = (u32_at(&head, 0) as i32, u32_at(&head, 4));
+        if n > MAX_RANGES {
+            return;
+        }
+        let mut body = vec![0u8; n as usize * 16];
+        if sock.read_exact(&mut body).is_err() {
+            return;
+        }
+        let mut reply = Vec::with_capacity(n as usize * 8);
+        for r in body.chunks_exact(16) {
+            let start = u64::from_le_bytes(r[..8].try_into().expect("8 bytes"));
+            let len = u64::from_le_bytes(r[8..].try_into().expect("8 bytes"));
+            let rc: i64 = if !ALLOWED.contains(&advice) {
+                -i64::from(libc::EPERM)
+            } else {
+                // SAFETY: the advice allowed changes no byte of the
+                // program's memory; a bad range is the kernel's to refuse.
+                match unsafe { pagewise_sys::mem::madvise(start, len as usize, advice) } {
+                    Ok(()) => len as i64,
+                    Err(e) => -i64::from(e.raw_os_error().unwrap_or(libc::EIO)),
+                }
+            };
+            reply.extend_from_slice(&rc.to_le_bytes());
+        }
+        if sock.write_all(&reply).is_err() {
+            return;
+        }
+    }
+}
+
+/// pagewise's side: the connection to one program's shim.
+#[derive(Debug)]
+pub struct ShimAdvice {
+    sock: UnixStream,
+    pid: i32,
+}
+
+impl ShimAdvice {
+    /// Waits up to `within` for the shim's hello on `sock`.
+    pub fn hello(mut sock: UnixStream, within: Duration) -> io::Result<ShimAdvice> {
+        sock.set_read_timeout(Some(within))?;
+        let mut b = [0u8; 12];
+        sock.read_exact(&mut b)?;
+        let (magic, version, pid) = (u32_at(&b, 0), u32_at(&b, 4), u32_at(&b, 8));
+        if magic != MAGIC || version != VERSION {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "shim speaks magic {magic:#x} version {version}, want {MAGIC:#x} version {VERSION}"
+                ),
+            ));
+        }
+        sock.set_read_timeout(Some(Duration::from_secs(60)))?;
+        Ok(ShimAdvice {
+            sock,
+            pid: pid as i32,
+        })
+    }
+
+    /// The program's pid, as its shim said.
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// `madvise(advice)` on each of `ranges` (address, bytes), made by the
+    /// program's shim; the bytes advised per range (0 where the kernel
+    /// refused it).
+    pub fn madvise(&mut self, ranges: &[(u64, u64)], advice: i32) -> Result<Vec<u64>> {
+        let mut done = Vec::with_capacity(ranges.len());
+        for part in ranges.chunks(MAX_RANGES as usize) {
+            let mut req = Vec::with_capacity(8 + part.len() * 16);
+            req.extend_from_slice(&(advice as u32).to_le_bytes());
+            req.extend_from_slice(&(part.len() as u32).to_le_bytes());
+            for &(a, n) in part {
+                req.extend_from_slice(&a.to_le_bytes());
+                req.extend_from_slice(&n.to_le_bytes());
+            }
+            let mut reply = vec![0u8; part.len() * 8];
+            self.sock
+                .write_all(&req)
+                .and_then(|()| self.sock.read_exact(&mut reply))
+                .map_err(|e| Error::for_pid(self.pid, "asking its shim for madvise", e))?;
+            done.extend(
+                reply
+                    .chunks_exact(8)
+                    .map(|r| i64::from_le_bytes(r.try_into().expect("8 bytes")).max(0) as u64),
+            );
+        }
+        Ok(done)
+    }
+}
