@@ -147,6 +147,10 @@ pub struct Sample {
     pub swap_mib: f64,
     /// Operations per second of all processes since the last sample.
     pub ops_per_s: f64,
+    /// Operations per second of the processes' own CPU time (user and
+    /// system) since the last sample: what each operation costs them,
+    /// whatever else ran on the CPUs (ksmd, the agent, the VM's noise).
+    pub ops_per_cpu_s: f64,
     /// Regions still huge, of all processes.
     pub huge: u64,
 }
@@ -176,6 +180,9 @@ pub struct Row {
     pub ops_min: f64,
     /// The highest sample of the second half.
     pub ops_max: f64,
+    /// Operations per second of the processes' CPU time: the median of
+    /// the samples of the second half.
+    pub ops_per_cpu_s: f64,
     /// Regions huge at the end, of all processes.
     pub huge_end: u64,
     /// ksmd's CPU time during the run, ms.
@@ -465,7 +472,13 @@ fn run_scheme(
     let rounds = |cs: &[Child]| -> u64 { cs.iter().map(|c| c.rounds()).sum::<u64>() };
     let t0 = Instant::now();
     let mut samples: Vec<Sample> = Vec::new();
-    let (mut last_t, mut last_r) = (0.0, rounds(&children));
+    let cpu = |cs: &[Child]| -> f64 {
+        cs.iter()
+            .filter_map(|c| procfs::cpu_time(c.pid).ok())
+            .map(|d| d.as_secs_f64())
+            .sum()
+    };
+    let (mut last_t, mut last_r, mut last_cpu) = (0.0, rounds(&children), cpu(&children));
     let mut filter = None;
     let mut n = 0u32;
     while t0.elapsed() < Duration::from_secs(cfg.seconds) {
@@ -494,16 +507,18 @@ fn run_scheme(
         let due = t0 + Duration::from_millis(cfg.interval_ms) * n;
         std::thread::sleep(due.saturating_duration_since(Instant::now()));
         let t = t0.elapsed().as_secs_f64();
-        let r = rounds(&children);
+        let (r, c) = (rounds(&children), cpu(&children));
+        let ops = (r - last_r) as f64 * cfg.ops_per_round as f64;
         samples.push(Sample {
             t_s: t,
             saved_mib: ksm_sharing_mib(),
             usage_mib: usage(),
             swap_mib: swapped(),
-            ops_per_s: (r - last_r) as f64 * cfg.ops_per_round as f64 / (t - last_t),
+            ops_per_s: ops / (t - last_t),
+            ops_per_cpu_s: ops / (c - last_cpu).max(1e-6),
             huge: huge_regions(&children, cfg.regions),
         });
-        (last_t, last_r) = (t, r);
+        (last_t, last_r, last_cpu) = (t, r, c);
     }
     let second_half: Vec<f64> = samples
         .iter()
@@ -511,6 +526,13 @@ fn run_scheme(
         .map(|s| s.ops_per_s)
         .collect();
     let (ops_per_s, ops_min, ops_max) = crate::median_min_max(second_half);
+    let ops_per_cpu_s = crate::median(
+        &mut samples
+            .iter()
+            .filter(|s| s.t_s >= cfg.seconds as f64 / 2.0)
+            .map(|s| s.ops_per_cpu_s)
+            .collect::<Vec<_>>(),
+    );
     let ksmd_cpu_ms = match (ksmd, ksmd0) {
         (Some(k), Some(c0)) => procfs::cpu_time(k)
             .map(|c| c.saturating_sub(c0).as_secs_f64() * 1e3)
@@ -561,6 +583,7 @@ fn run_scheme(
         ops_per_s,
         ops_min,
         ops_max,
+        ops_per_cpu_s,
         huge_end,
         ksmd_cpu_ms,
         agent_cpu_ms: c.cpu_ms,
@@ -631,6 +654,7 @@ struct Summary {
     usage_mib: f64,
     swap_mib: f64,
     ops_per_s: f64,
+    ops_per_cpu_s: f64,
     ops_min: f64,
     ops_max: f64,
     huge_end: f64,
@@ -662,6 +686,7 @@ impl Report {
             usage_mib: med(|r| r.usage_mib),
             swap_mib: med(|r| r.swap_mib),
             ops_per_s: med(|r| r.ops_per_s),
+            ops_per_cpu_s: med(|r| r.ops_per_cpu_s),
             ops_min: rs.iter().map(|r| r.ops_min).fold(f64::INFINITY, f64::min),
             ops_max: rs.iter().map(|r| r.ops_max).fold(0.0, f64::max),
             huge_end: med(|r| r.huge_end as f64),
@@ -679,7 +704,7 @@ impl Report {
         let c = &self.config;
         let mib = ((c.regions * HUGE_PAGE_SIZE) >> 20) as u64;
         let mut s = format!(
-            "pagewise bench dedup — {}\nSmartMD's trade-off: {} processes of {} MiB, {} MiB of it the same table in each (every eighth table region in base pages, the rest huge); hot: {} table + {} own regions of 2 MiB per process (reads, one op in {WRITE_EVERY} a write to every {WRITE_STRIDE}th page); a sweep reads {} pages per round; {} s per scheme, {} run(s) each (medians; ops/s spread: lowest and highest 1 s sample of the second halves); ksmd paced to one pass in {} ms\n",
+            "pagewise bench dedup — {}\nSmartMD's trade-off: {} processes of {} MiB, {} MiB of it the same table in each (every eighth table region in base pages, the rest huge); hot: {} table + {} own regions of 2 MiB per process (reads, one op in {WRITE_EVERY} a write to every {WRITE_STRIDE}th page); a sweep reads {} pages per round; {} s per scheme, {} run(s) each (medians; ops/s spread: lowest and highest 1 s sample of the second halves; ops/CPU-s: per second of the processes' own CPU time); ksmd paced to one pass in {} ms\n",
             self.machine,
             c.processes,
             mib,
@@ -693,33 +718,35 @@ impl Report {
         );
         for &level in &c.levels {
             s += &format!(
-                "\novercommitment {level} (memory limited to {:.0} MiB of {:.0} MiB)\n{:>15} {:>9} {:>7} {:>8} {:>8} {:>12} {:>8} {:>23} {:>6} {:>8} {:>8} {:>6} {:>6} {:>7} {:>4} {:>8}\n",
+                "\novercommitment {level} (memory limited to {:.0} MiB of {:.0} MiB)\n{:>15} {:>9} {:>7} {:>8} {:>8} {:>12} {:>8} {:>23} {:>6} {:>12} {:>8} {:>8} {:>8} {:>6} {:>6} {:>7} {:>4} {:>8}\n",
                 cfg_limit_mib(c, level),
                 c.demand() as f64 / MIB,
-                "scheme", "saved MiB", "of KSM", "held MiB", "swap MiB", "ops/s", "of no-spl", "spread", "huge", "ksmd ms", "agent ms", "CPU %", "split", "rebuilt", "OOM", "verified"
+                "scheme", "saved MiB", "of KSM", "held MiB", "swap MiB", "ops/s", "of no-spl", "spread", "huge", "ops/CPU-s", "of no-spl", "ksmd ms", "agent ms", "CPU %", "split", "rebuilt", "OOM", "verified"
             );
             let ksm = self
                 .summary_of("ksm-everywhere", level)
                 .map_or(0.0, |r| r.saved_mib);
-            let nosplit = self
+            let (nosplit, nosplit_cpu) = self
                 .summary_of("no-splitting", level)
-                .map_or(0.0, |r| r.ops_per_s);
+                .map_or((0.0, 0.0), |r| (r.ops_per_s, r.ops_per_cpu_s));
             for scheme in SCHEMES {
                 let Some(r) = self.summary_of(scheme, level) else {
                     continue;
                 };
                 s += &format!(
-                    "{:>15} {:>9.1} {:>6.1}% {:>8.0} {:>8.0} {:>12.0} {:>7.1}% {:>11.0}-{:<11.0} {:>6.0} {:>8.0} {:>8.0} {:>6.1} {:>6.0} {:>7.0} {:>4} {:>8}\n",
+                    "{:>15} {:>9.1} {:>7} {:>8.0} {:>8.0} {:>12.0} {:>8} {:>11.0}-{:<11.0} {:>6.0} {:>12.0} {:>8} {:>8.0} {:>8.0} {:>6.1} {:>6.0} {:>7.0} {:>4} {:>8}\n",
                     scheme,
                     r.saved_mib,
-                    r.saved_mib / ksm.max(1e-9) * 100.0,
+                    crate::pct(r.saved_mib, ksm),
                     r.usage_mib,
                     r.swap_mib,
                     r.ops_per_s,
-                    r.ops_per_s / nosplit.max(1e-9) * 100.0,
+                    crate::pct(r.ops_per_s, nosplit),
                     r.ops_min,
                     r.ops_max,
                     r.huge_end,
+                    r.ops_per_cpu_s,
+                    crate::pct(r.ops_per_cpu_s, nosplit_cpu),
                     r.ksmd_cpu_ms,
                     r.agent_cpu_ms,
                     (r.ksmd_cpu_ms + r.agent_cpu_ms) / (c.seconds as f64 * 10.0),

@@ -496,17 +496,17 @@ impl Report {
         let nosplit = row("no-splitting").map_or(0.0, |r| r.get_per_s);
         for r in &self.rows {
             s += &format!(
-                "{:>15} {:>9.1} {:>6.1}% {:>9.1} {:>10.0} {:>9.0} {:>4.0}→{:<4.0} {:>10.0} {:>8.1}% {:>10.0}-{:<10.0} {:>10.0} {:>8.0} {:>8.0} {:>6.1} {:>6} {:>6}/{:<6}\n",
+                "{:>15} {:>9.1} {:>7} {:>9.1} {:>10.0} {:>9.0} {:>4.0}→{:<4.0} {:>10.0} {:>9} {:>10.0}-{:<10.0} {:>10.0} {:>8.0} {:>8.0} {:>6.1} {:>6} {:>6}/{:<6}\n",
                 r.scheme,
                 r.saved_mib,
-                r.saved_mib / ksm.max(1e-9) * 100.0,
+                crate::pct(r.saved_mib, ksm),
                 r.merging_mib,
                 r.loaded_mib,
                 r.usage_mib,
                 r.huge_loaded_mib,
                 r.huge_end_mib,
                 r.get_per_s,
-                r.get_per_s / nosplit.max(1e-9) * 100.0,
+                crate::pct(r.get_per_s, nosplit),
                 r.get_min,
                 r.get_max,
                 r.set_per_s,

@@ -77,6 +77,16 @@ pub fn median_min_max(mut v: Vec<f64>) -> (f64, f64, f64) {
     (median(&mut v), lo, hi)
 }
 
+/// `v` as a percentage of `of`, one decimal, or `-` where there is no
+/// `of` to compare with.
+pub fn pct(v: f64, of: f64) -> String {
+    if of > 0.0 {
+        format!("{:.1}%", v / of * 100.0)
+    } else {
+        "-".into()
+    }
+}
+
 /// Median of a non-empty sample.
 pub fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
