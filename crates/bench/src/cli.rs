@@ -287,12 +287,7 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
             repeats,
             output,
         } => {
-            if let Some(bad) = schemes
-                .iter()
-                .find(|s| !crate::dedup::SCHEMES.contains(&s.as_str()))
-            {
-                anyhow::bail!("--scheme {bad}: one of {:?}", crate::dedup::SCHEMES);
-            }
+            crate::dedup::check_schemes(&schemes).map_err(anyhow::Error::msg)?;
             if let Some(why) = crate::dedup::unavailable() {
                 println!("bench dedup: skipped: {why}");
                 return Ok(0);
@@ -362,12 +357,7 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
             seconds,
             output,
         } => {
-            if let Some(bad) = schemes
-                .iter()
-                .find(|s| !crate::dedup::SCHEMES.contains(&s.as_str()))
-            {
-                anyhow::bail!("--scheme {bad}: one of {:?}", crate::dedup::SCHEMES);
-            }
+            crate::dedup::check_schemes(&schemes).map_err(anyhow::Error::msg)?;
             if let Some(why) = crate::dedup_redis::unavailable() {
                 println!("bench dedup-redis: skipped: {why}");
                 return Ok(0);

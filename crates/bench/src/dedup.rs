@@ -398,6 +398,39 @@ pub(crate) fn ksm_sharing_mib() -> f64 {
 
 const MIB: f64 = (1 << 20) as f64;
 
+/// ksmd's CPU time from now on.
+pub(crate) struct KsmdClock(Option<(i32, Duration)>);
+
+impl KsmdClock {
+    pub(crate) fn start() -> KsmdClock {
+        KsmdClock(procfs::kernel_thread("ksmd").and_then(|k| Some((k, procfs::cpu_time(k).ok()?))))
+    }
+
+    /// ms of CPU since [`KsmdClock::start`] (0 without a ksmd thread).
+    pub(crate) fn ms(&self) -> f64 {
+        self.0.map_or(0.0, |(k, c0)| {
+            procfs::cpu_time(k).map_or(0.0, |c| c.saturating_sub(c0).as_secs_f64() * 1e3)
+        })
+    }
+}
+
+/// The pages of `pids` that KSM merged (`ksm_merging_pages` of
+/// `/proc/PID/ksm_stat`, summed), MiB.
+pub(crate) fn merging_mib(pids: &[i32]) -> f64 {
+    pids.iter()
+        .filter_map(|&p| procfs::ksm_stat(p))
+        .map(|k| k.merging_pages as f64 * PAGE_SIZE as f64 / MIB)
+        .sum()
+}
+
+/// Refuses a scheme not in [`SCHEMES`].
+pub fn check_schemes(schemes: &[String]) -> std::result::Result<(), String> {
+    match schemes.iter().find(|s| !SCHEMES.contains(&s.as_str())) {
+        Some(bad) => Err(format!("--scheme {bad}: one of {SCHEMES:?}")),
+        None => Ok(()),
+    }
+}
+
 /// This process in the memory cgroup `to` until dropped, then back in the
 /// group it came from: what it allocates meanwhile (the processes it forks
 /// and fills) is charged to `to`.
@@ -467,8 +500,7 @@ fn run_scheme(
     };
     let swapped = || swap.map_or(0.0, |z| z.used() as f64 / MIB);
     let usage = || cg.usage().map_or(0.0, |u| u.usage as f64 / MIB);
-    let ksmd = procfs::kernel_thread("ksmd");
-    let ksmd0 = ksmd.and_then(|k| procfs::cpu_time(k).ok());
+    let ksmd = KsmdClock::start();
     let rounds = |cs: &[Child]| -> u64 { cs.iter().map(|c| c.rounds()).sum::<u64>() };
     let t0 = Instant::now();
     let mut samples: Vec<Sample> = Vec::new();
@@ -533,17 +565,8 @@ fn run_scheme(
             .map(|s| s.ops_per_cpu_s)
             .collect::<Vec<_>>(),
     );
-    let ksmd_cpu_ms = match (ksmd, ksmd0) {
-        (Some(k), Some(c0)) => procfs::cpu_time(k)
-            .map(|c| c.saturating_sub(c0).as_secs_f64() * 1e3)
-            .unwrap_or(0.0),
-        _ => 0.0,
-    };
-    let merging_mib = pids
-        .iter()
-        .filter_map(|&p| procfs::ksm_stat(p))
-        .map(|k| k.merging_pages as f64 * PAGE_SIZE as f64 / MIB)
-        .sum();
+    let ksmd_cpu_ms = ksmd.ms();
+    let merging_mib = merging_mib(&pids);
     let (saved_mib, usage_mib, swap_mib) = (ksm_sharing_mib(), usage(), swapped());
     let huge_end = huge_regions(&children, cfg.regions);
     let c = agent.as_ref().map(|a| a.counters()).unwrap_or_default();

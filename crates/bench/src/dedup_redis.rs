@@ -369,8 +369,7 @@ fn one(
         }
         None => None,
     };
-    let ksmd = procfs::kernel_thread("ksmd");
-    let ksmd0 = ksmd.and_then(|k| procfs::cpu_time(k).ok());
+    let ksmd = crate::dedup::KsmdClock::start();
     progress(&format!("{scheme}: {} s of load", cfg.seconds));
     let t0 = Instant::now();
     let mut samples = Vec::new();
@@ -396,23 +395,14 @@ fn one(
             }
         }
     }
-    let merging_mib = pids
-        .iter()
-        .filter_map(|&p| procfs::ksm_stat(p))
-        .map(|k| k.merging_pages as f64 * pagewise::PAGE_SIZE as f64 / MIB)
-        .sum();
+    let merging_mib = crate::dedup::merging_mib(&pids);
     let (saved_mib, usage_mib, huge_end_mib) =
         (crate::dedup::ksm_sharing_mib(), usage(), huge_mib(&pids));
     done.store(true, Ordering::SeqCst);
     let counters = agent
         .map(|h| h.join().expect("agent thread"))
         .unwrap_or_default();
-    let ksmd_cpu_ms = match (ksmd, ksmd0) {
-        (Some(k), Some(c0)) => procfs::cpu_time(k)
-            .map(|c| c.saturating_sub(c0).as_secs_f64() * 1e3)
-            .unwrap_or(0.0),
-        _ => 0.0,
-    };
+    let ksmd_cpu_ms = ksmd.ms();
     result?;
     progress(&format!("{scheme}: reading every value back"));
     let (mut values_ok, mut values_checked) = (0, 0);
