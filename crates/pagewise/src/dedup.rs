@@ -492,7 +492,11 @@ impl Agent {
                 Ok(rs) => {
                     let mut next = BTreeMap::new();
                     for (r, resident, huge) in rs {
-                        if resident == 0 {
+                        // A region with nothing in memory is left out until
+                        // it has some, unless it is known already: one swapped
+                        // out whole keeps its state (above all whether it was
+                        // made mergeable, to be unmerged at the end).
+                        if resident == 0 && !t.regions.contains_key(&r.start) {
                             continue;
                         }
                         let mut s = t.regions.remove(&r.start).unwrap_or(RegionState {

@@ -396,7 +396,9 @@ fn smartmd_splits_cold_duplicates_keeps_hot_and_rebuilds() {
 /// The comparison policies choose as they say, on the same known layout:
 /// KSM everywhere every region at once; no splitting none (all four are
 /// huge pages); Ingens-like the three cold ones, duplicates or not, and
-/// never the hot one. No write lost under any.
+/// never the hot one. No write lost under any. Under Ingens-like, the
+/// unique region made mergeable (KSM merges none of it) is then swapped
+/// out whole, and the agent still unmerges it at the end.
 #[test]
 fn comparison_policies_choose_as_they_say() {
     if !available() {
@@ -436,6 +438,9 @@ fn comparison_policies_choose_as_they_say() {
         let flags = mergeable(t.pid);
         for (r, &f) in flags.iter().enumerate() {
             assert_eq!(f, want.contains(&region(r)), "{policy:?} region {r}");
+        }
+        if policy == Policy::IngensLike {
+            swapped_out_whole_stays_known(&t, &mut agent);
         }
         agent.end();
         assert_eq!(mergeable(t.pid), vec![false; REGIONS], "{policy:?}");
@@ -497,4 +502,48 @@ fn shim_advice_takes_only_harmless_advice() {
     }
     drop(shim);
     server.join().unwrap();
+}
+
+/// Region 3 (made mergeable, none of it merged) is swapped out whole with
+/// `process_madvise(MADV_PAGEOUT)` to zram; the agent steps on with it
+/// out of memory. Skipped, with the reason, where zram swap cannot be
+/// set up or nothing reached it.
+fn swapped_out_whole_stays_known(t: &Target, agent: &mut Agent) {
+    let swap = match pagewise::procfs::ZramSwap::setup(64 << 20) {
+        Ok(s) => s,
+        Err(why) => {
+            pagewise_testkit::skip!("a mergeable region swapped out whole: {why}");
+            return;
+        }
+    };
+    let pidfd = pagewise_sys::process::pidfd_open(t.pid).unwrap();
+    let _ = pagewise_sys::process::process_madvise(
+        std::os::fd::AsRawFd::as_raw_fd(&pidfd),
+        &[(region(3), HUGE_PAGE_SIZE)],
+        libc::MADV_PAGEOUT,
+    );
+    let mut runs = Vec::new();
+    let present = pagewise::walk::PageWalker::new(Some(t.pid))
+        .unwrap()
+        .categories(
+            pagewise::Region::new(region(3), HUGE_PAGE_SIZE as u64).unwrap(),
+            pagewise_sys::pagemap::category::PRESENT,
+            pagewise_sys::pagemap::category::PRESENT,
+            &mut runs,
+        )
+        .map(|()| runs.len())
+        .unwrap();
+    if present != 0 || swap.used() == 0 {
+        pagewise_testkit::skip!(
+            "a mergeable region swapped out whole: MADV_PAGEOUT left {present} runs of it in memory ({} bytes swapped)",
+            swap.used()
+        );
+        return;
+    }
+    for _ in 0..2 {
+        agent.step().unwrap();
+    }
+    assert!(mergeable(t.pid)[3], "region 3 is still mergeable while out");
+    // `end` must still know region 3: the caller checks it is unmerged.
+    t.check(false);
 }
