@@ -480,11 +480,6 @@ fn run_scheme(
             .map(|i| start(cfg, i))
             .collect::<Result<_>>()?
     };
-    progress(&format!(
-        "{scheme} at {level}: memory limited to {:.0} MiB",
-        cfg_limit_mib(cfg, level)
-    ));
-    cg.set_limit((cfg_limit_mib(cfg, level) * MIB) as u64)?;
     let pids: Vec<i32> = children.iter().map(|c| c.pid).collect();
     let mut agent = match Policy::parse(scheme) {
         Some(policy) => Some(Agent::new(
@@ -498,9 +493,21 @@ fn run_scheme(
         )?),
         None => None,
     };
+    let ksmd = KsmdClock::start();
+    // The deduplication runs as memory fills up: its first step (the
+    // agent reads every page once) comes before the limit. Where memory is
+    // swapped out before the agent has read it, the agent knows the
+    // content of neither copy of a duplicate and merges little of it.
+    if let Some(a) = agent.as_mut() {
+        a.step()?;
+    }
+    progress(&format!(
+        "{scheme} at {level}: memory limited to {:.0} MiB",
+        cfg_limit_mib(cfg, level)
+    ));
+    cg.set_limit((cfg_limit_mib(cfg, level) * MIB) as u64)?;
     let swapped = || swap.map_or(0.0, |z| z.used() as f64 / MIB);
     let usage = || cg.usage().map_or(0.0, |u| u.usage as f64 / MIB);
-    let ksmd = KsmdClock::start();
     let rounds = |cs: &[Child]| -> u64 { cs.iter().map(|c| c.rounds()).sum::<u64>() };
     let t0 = Instant::now();
     let mut samples: Vec<Sample> = Vec::new();

@@ -19,7 +19,8 @@
 //! window, a huge page stays huge); a region only read looks cold. A new
 //! region starts hot ([`FREQ_MAX`]): it counts as cold only once it has
 //! gone unwritten for a few windows, so nothing is split before it has
-//! been watched.
+//! been watched. A region made mergeable is watched one step in
+//! [`MERGED_WATCH_EVERY`] (to see it turn hot).
 //!
 //! **Repetition rate** is the share of a region's resident pages labelled
 //! duplicate by SmartMD's counting Bloom filter ([`crate::bloom`]) over
@@ -69,6 +70,11 @@ use std::time::{Duration, Instant};
 
 /// The highest access frequency.
 pub const FREQ_MAX: u8 = 4;
+/// A region made mergeable is watched for writes one step in this many
+/// (its frequency moves only then): after KSM splits it, write-protecting
+/// it takes 512 page-table entries instead of one, the agent's largest
+/// cost, and it is watched only to see it turn hot.
+pub const MERGED_WATCH_EVERY: u64 = 4;
 const PAGES: usize = HUGE_PAGE_SIZE / PAGE_SIZE;
 /// KSM's settings.
 pub const KSM_DIR: &str = "/sys/kernel/mm/ksm";
@@ -340,6 +346,8 @@ pub struct Counters {
 
 struct RegionState {
     freq: u8,
+    /// Watched for writes in this step's window.
+    watched: bool,
     mergeable: bool,
     huge: bool,
     /// Per page: its digest, `None` when not resident or not read yet.
@@ -501,6 +509,7 @@ impl Agent {
                         }
                         let mut s = t.regions.remove(&r.start).unwrap_or(RegionState {
                             freq: FREQ_MAX,
+                            watched: false,
                             mergeable: false,
                             huge,
                             digests: vec![None; PAGES],
@@ -525,16 +534,21 @@ impl Agent {
         let mut written: HashMap<i32, std::collections::BTreeSet<u64>> = HashMap::new();
         if self.opts.policy.needs_frequency() {
             let mut armed = Vec::new();
+            let merged_too = self.scan % MERGED_WATCH_EVERY == 0;
             for t in self.targets.iter_mut().filter(|t| !t.gone) {
                 let pid = t.pid;
                 let rs: Vec<Region> = t
                     .regions
-                    .keys()
-                    .map(|&s| Region {
+                    .iter()
+                    .filter(|(_, s)| merged_too || !s.mergeable)
+                    .map(|(&s, _)| Region {
                         start: s,
                         len: HUGE_PAGE_SIZE as u64,
                     })
                     .collect();
+                for s in t.regions.values_mut() {
+                    s.watched = merged_too || !s.mergeable;
+                }
                 match t.writes.as_mut() {
                     Ok(w) => match w.start(&rs) {
                         Ok(()) => armed.push(w),
@@ -574,7 +588,7 @@ impl Agent {
             let Some(w) = written.get(&t.pid) else {
                 continue;
             };
-            for (start, s) in t.regions.iter_mut() {
+            for (start, s) in t.regions.iter_mut().filter(|(_, s)| s.watched) {
                 if w.contains(start) {
                     n_written += 1;
                     s.freq = (s.freq + 1).min(FREQ_MAX);
