@@ -534,7 +534,7 @@ impl Agent {
         let mut written: HashMap<i32, std::collections::BTreeSet<u64>> = HashMap::new();
         if self.opts.policy.needs_frequency() {
             let mut armed = Vec::new();
-            let merged_too = self.scan % MERGED_WATCH_EVERY == 0;
+            let merged_too = self.scan.is_multiple_of(MERGED_WATCH_EVERY);
             for t in self.targets.iter_mut().filter(|t| !t.gone) {
                 let pid = t.pid;
                 let rs: Vec<Region> = t
