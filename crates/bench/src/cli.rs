@@ -95,6 +95,10 @@ enum What {
         /// Runs of each scheme at each level (default 1, or 2 with --full).
         #[arg(long)]
         repeats: Option<usize>,
+        /// Append every step of the agent (its decisions and their
+        /// reasons) to FILE, one JSON object per line.
+        #[arg(long, value_name = "FILE")]
+        log: Option<std::path::PathBuf>,
         #[command(flatten)]
         output: Output,
     },
@@ -285,6 +289,7 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
             seconds,
             overcommit,
             repeats,
+            log,
             output,
         } => {
             crate::dedup::check_schemes(&schemes).map_err(anyhow::Error::msg)?;
@@ -309,6 +314,7 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
                     overcommit
                 },
                 repeats: repeats.unwrap_or(cfg.repeats).max(1),
+                log,
                 ..cfg
             };
             let report = crate::dedup::run(&cfg, &mut progress(quiet))?;

@@ -73,6 +73,9 @@ pub struct Config {
     pub repeats: usize,
     /// The schemes to run (all of [`SCHEMES`] when empty).
     pub schemes: Vec<String>,
+    /// Where every step of the agent goes, one JSON object per line
+    /// (scheme, level, repeat and the step with its decisions).
+    pub log: Option<std::path::PathBuf>,
 }
 
 impl Config {
@@ -90,6 +93,7 @@ impl Config {
             levels: vec![0.8],
             repeats: 1,
             schemes: Vec::new(),
+            log: None,
         }
     }
 
@@ -107,6 +111,7 @@ impl Config {
             levels: vec![0.8, 1.1, 1.4],
             repeats: 2,
             schemes: Vec::new(),
+            log: None,
         }
     }
 
@@ -536,6 +541,9 @@ fn run_scheme(
                 >= Duration::from_secs(cfg.seconds);
             a.set_exact(last && a.options().policy == Policy::SmartMd);
             let s = a.step()?;
+            if let Some(log) = &cfg.log {
+                log_step(log, scheme, level, repeat, &s)?;
+            }
             if let Some(e) = s.filter.exact {
                 filter = Some((
                     s.filter.false_positive_rate.unwrap_or(0.0),
@@ -625,6 +633,24 @@ fn run_scheme(
         verified,
         samples,
     })
+}
+
+fn log_step(
+    log: &std::path::Path,
+    scheme: &str,
+    level: f64,
+    repeat: usize,
+    step: &pagewise::dedup::Step,
+) -> Result<()> {
+    use std::io::Write;
+    let line =
+        serde_json::json!({ "scheme": scheme, "level": level, "repeat": repeat, "step": step });
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .and_then(|mut f| writeln!(f, "{line}"))
+        .map_err(|e| Error::os(format!("writing {}", log.display()), e))
 }
 
 /// Runs every scheme at every level.
