@@ -567,16 +567,15 @@ fn run_scheme(
         });
         (last_t, last_r, last_cpu) = (t, r, c);
     }
-    let second_half: Vec<f64> = samples
+    let second_half: Vec<&Sample> = samples
         .iter()
         .filter(|s| s.t_s >= cfg.seconds as f64 / 2.0)
-        .map(|s| s.ops_per_s)
         .collect();
-    let (ops_per_s, ops_min, ops_max) = crate::median_min_max(second_half);
+    let (ops_per_s, ops_min, ops_max) =
+        crate::median_min_max(second_half.iter().map(|s| s.ops_per_s).collect());
     let ops_per_cpu_s = crate::median(
-        &mut samples
+        &mut second_half
             .iter()
-            .filter(|s| s.t_s >= cfg.seconds as f64 / 2.0)
             .map(|s| s.ops_per_cpu_s)
             .collect::<Vec<_>>(),
     );

@@ -111,13 +111,6 @@ fn run_agent(a: RunArgs) -> Result<i32> {
     let thresholds = a.thresholds.as_deref().map(thresholds_of).transpose()?;
     let stop = pagewise_sys::signal::stop_flag()?;
     let pids = crate::agent_loop::check(&a.watch, a.interval_ms, a.window_ms)?;
-    // A command is started under the shim, which makes the calls asked of
-    // it without the program being stopped; where it cannot (a statically
-    // linked program), under ptrace like any other.
-    let started = match a.watch.command.is_empty() {
-        true => None,
-        false => Some(pagewise::launch::start_advised(&a.watch.command)?),
-    };
     let opts = Options {
         window: Duration::from_millis(a.window_ms),
         policy,
@@ -127,7 +120,15 @@ fn run_agent(a: RunArgs) -> Result<i32> {
         full_scan: (a.full_scan_ms > 0).then(|| Duration::from_millis(a.full_scan_ms)),
         ..Options::default()
     };
+    // The agent first: a command is not started where it cannot run.
     let mut agent = Agent::new(&pids, opts)?;
+    // A command is started under the shim, which makes the calls asked of
+    // it without the program being stopped; where it cannot (a statically
+    // linked program), under ptrace like any other.
+    let started = match a.watch.command.is_empty() {
+        true => None,
+        false => Some(pagewise::launch::start_advised(&a.watch.command)?),
+    };
     let child = match started {
         None => None,
         Some((mut c, shim)) => {

@@ -346,8 +346,6 @@ pub struct Counters {
 
 struct RegionState {
     freq: u8,
-    /// Watched for writes in this step's window.
-    watched: bool,
     mergeable: bool,
     huge: bool,
     /// Per page: its digest, `None` when not resident or not read yet.
@@ -509,7 +507,6 @@ impl Agent {
                         }
                         let mut s = t.regions.remove(&r.start).unwrap_or(RegionState {
                             freq: FREQ_MAX,
-                            watched: false,
                             mergeable: false,
                             huge,
                             digests: vec![None; PAGES],
@@ -532,23 +529,22 @@ impl Agent {
         }
         // Access frequency over one window, every process at once.
         let mut written: HashMap<i32, std::collections::BTreeSet<u64>> = HashMap::new();
+        // Which regions this step's window watches.
+        let merged_too = self.scan.is_multiple_of(MERGED_WATCH_EVERY);
+        let watched = |s: &RegionState| merged_too || !s.mergeable;
         if self.opts.policy.needs_frequency() {
             let mut armed = Vec::new();
-            let merged_too = self.scan.is_multiple_of(MERGED_WATCH_EVERY);
             for t in self.targets.iter_mut().filter(|t| !t.gone) {
                 let pid = t.pid;
                 let rs: Vec<Region> = t
                     .regions
                     .iter()
-                    .filter(|(_, s)| merged_too || !s.mergeable)
+                    .filter(|(_, s)| watched(s))
                     .map(|(&s, _)| Region {
                         start: s,
                         len: HUGE_PAGE_SIZE as u64,
                     })
                     .collect();
-                for s in t.regions.values_mut() {
-                    s.watched = merged_too || !s.mergeable;
-                }
                 match t.writes.as_mut() {
                     Ok(w) => match w.start(&rs) {
                         Ok(()) => armed.push(w),
@@ -588,7 +584,7 @@ impl Agent {
             let Some(w) = written.get(&t.pid) else {
                 continue;
             };
-            for (start, s) in t.regions.iter_mut().filter(|(_, s)| s.watched) {
+            for (start, s) in t.regions.iter_mut().filter(|(_, s)| watched(s)) {
                 if w.contains(start) {
                     n_written += 1;
                     s.freq = (s.freq + 1).min(FREQ_MAX);
@@ -794,7 +790,7 @@ impl Agent {
                     let mut parts: Vec<(u64, &mut [u8])> = buf
                         .chunks_exact_mut(PAGE_SIZE)
                         .enumerate()
-                        .filter(|(p, _)| resident[*p] && (full || p % 4 == lane))
+                        .filter(|(p, _)| wanted.binary_search(p).is_ok())
                         .map(|(p, b)| (start + (p * PAGE_SIZE) as u64, b))
                         .collect();
                     crate::walk::read_remote_many(t.pid, &mut parts).is_ok()
