@@ -18,19 +18,23 @@ enum Sub {
     /// Let KSM merge the cold, duplicate-rich memory of processes, keeping
     /// hot huge pages whole.
     ///
-    /// Each interval the agent notes, over a window, which 2 MiB regions
-    /// each process writes (from outside, one fault per region: huge pages
-    /// stay huge), keeps an access frequency per region (+1 written, -1
-    /// not), and estimates each region's share of duplicate pages with
-    /// SmartMD's counting Bloom filter across all the processes given
-    /// (reading a quarter of the pages of a region unchanged since it was
-    /// last read). A cold region with many duplicates is made mergeable
-    /// (the process is stopped for a moment and calls madvise itself); KSM
-    /// then splits its huge page and merges its pages. A hot region stays
+    /// Each interval the agent notes which 2 MiB regions each process
+    /// wrote since the step before (from outside, one fault per region,
+    /// served by a thread of the agent at any time: huge pages stay huge),
+    /// keeps an access frequency per region (+1 written, -1 not), and
+    /// estimates each region's share of duplicate pages with SmartMD's
+    /// counting Bloom filter across all the processes given (a region not
+    /// written since it was last read is known unchanged: one page in 16
+    /// is read again per step). A cold region with many duplicates is made
+    /// mergeable (the process calls madvise itself: through the preload
+    /// shim for a command started here, else stopped for a moment under
+    /// ptrace); KSM then splits its huge page and merges its pages. A hot region stays
     /// whole; a merged region that turns hot is unmerged and collapsed into
     /// a huge page again. The thresholds follow memory utilisation (the
     /// processes' memory cgroup against its limit, or the machine's). ksmd
-    /// is started and paced; every KSM setting is put back, and every
+    /// is started and paced, and KSM's smart scan turned off (it would skip
+    /// for many passes a page scanned before its twin was made mergeable);
+    /// every KSM setting is put back, and every
     /// region made mergeable is unmerged, when the agent ends (also on
     /// SIGINT/SIGTERM). Needs root (ksmd's settings; the write faults).
     Run(Box<RunArgs>),
@@ -41,7 +45,8 @@ struct RunArgs {
     /// Milliseconds between steps.
     #[arg(long, default_value_t = 2000)]
     interval_ms: u64,
-    /// Milliseconds of the access window inside a step.
+    /// Shortest span, in milliseconds, over which a step counts writes (a
+    /// step comes at least this long after the one before).
     #[arg(long, default_value_t = 500)]
     window_ms: u64,
     /// smartmd (cold and duplicate-rich regions), ksm-everywhere (every

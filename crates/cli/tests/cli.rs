@@ -993,8 +993,8 @@ fn dedup_run_merges_cold_duplicates_and_changes_no_output() {
         );
         return;
     }
-    let knobs = ["run", "pages_to_scan", "sleep_millisecs"]
-        .map(|k| std::fs::read_to_string(format!("/sys/kernel/mm/ksm/{k}")).unwrap());
+    let knobs = ["run", "pages_to_scan", "sleep_millisecs", "smart_scan"]
+        .map(|k| std::fs::read_to_string(format!("/sys/kernel/mm/ksm/{k}")).unwrap_or_default());
     let out = Command::new(BIN)
         .args([
             "dedup",
@@ -1072,8 +1072,8 @@ fn dedup_run_merges_cold_duplicates_and_changes_no_output() {
         sharing >= 2048,
         "KSM merged {sharing} of the program's pages, fewer than its 2048 identical ones"
     );
-    let after = ["run", "pages_to_scan", "sleep_millisecs"]
-        .map(|k| std::fs::read_to_string(format!("/sys/kernel/mm/ksm/{k}")).unwrap());
+    let after = ["run", "pages_to_scan", "sleep_millisecs", "smart_scan"]
+        .map(|k| std::fs::read_to_string(format!("/sys/kernel/mm/ksm/{k}")).unwrap_or_default());
     assert_eq!(after, knobs, "KSM's settings were not put back");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -22,12 +22,14 @@
 //!   regions not mapped by a huge page: the candidates for promotion.
 //!
 //! - **regions written, from outside, without splitting huge pages**
-//!   ([`RegionWrites`]): the same userfaultfd in synchronous mode. The first
-//!   write to a protected region stops the writing thread until this side
-//!   has noted the region and lifted its protection: one fault per region
-//!   written in a window, whatever the page size, and a huge page stays
+//!   ([`RegionWrites`]): the same userfaultfd in synchronous mode, served
+//!   by a thread of this side all the time. The first write to a
+//!   protected region stops the writing thread until that thread has noted
+//!   the region and lifted its protection: one fault per region written
+//!   between two takes, whatever the page size, and a huge page stays
 //!   huge. It tells whether a region was written, not how many of its
-//!   pages (SmartMD's access bit per huge page, for writes).
+//!   pages (SmartMD's access bit per huge page, for writes); a region not
+//!   written since it was last read is known unchanged.
 //!
 //! DAMON is not used: it samples one page per region and estimates, where
 //! this asks for every page.
@@ -35,7 +37,10 @@
 use crate::{procfs, Error, Result, HUGE_PAGE_SIZE, PAGE_SIZE};
 use pagewise_sys::pagemap;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// What one process touched in a window.
@@ -173,31 +178,84 @@ impl Drop for WriteCoverage {
     }
 }
 
-/// Which 2 MiB regions of another process are written in a window, from
-/// outside, without splitting a huge page (see the module):
-/// [`start`](Self::start) protects them, [`serve`] notes each first write
-/// and lets the writer go on at once, [`finish`](Self::finish) returns
-/// the regions written and unregisters everything (waking any writer still
-/// waiting). The process's threads wait on this side only while a window
-/// is open; if this side goes away, closing the descriptor wakes them.
+/// Which 2 MiB regions of another process are written, from outside,
+/// continuously, without splitting a huge page (see the module). A thread
+/// of this side serves the userfaultfd all the time: the first write to a
+/// protected region stops the writer only until that thread has noted the
+/// region and lifted its protection. [`take`](Self::take) returns the
+/// regions written since the last take, and [`watch`](Self::watch)
+/// protects them again (and registers regions new to it); a region not
+/// written stays protected and costs nothing. `munmap`, `mremap` and
+/// `MADV_DONTNEED` of a watched range are reported too (the content there
+/// is no longer what was read). A first write to a page not yet populated
+/// is not reported (the kernel has no entry there to protect, and
+/// protecting empty entries would build page tables where a huge page
+/// could go): the page map shows the new page. Dropping it unregisters everything and
+/// wakes any writer still waiting; if this side dies, closing the
+/// descriptor does the same.
 pub struct RegionWrites {
     pid: i32,
     wp: crate::track::UffdWp,
-    /// Registered runs of regions.
-    armed: Vec<crate::Region>,
-    written: std::collections::BTreeSet<u64>,
+    /// Starts of the regions registered.
+    registered: BTreeSet<u64>,
+    /// Starts of the regions protected by this side and not yet reported
+    /// written (the serving thread lifts the protection of a region it
+    /// reports).
+    protected: BTreeSet<u64>,
+    seen: Arc<Mutex<Seen>>,
+    stop: Arc<AtomicBool>,
+    server: Option<std::thread::JoinHandle<()>>,
+}
+
+/// What the serving thread saw since the last take.
+#[derive(Default)]
+struct Seen {
+    written: BTreeSet<u64>,
+    forgotten: Vec<(u64, u64)>,
+    failed: Option<(&'static str, std::io::Error)>,
+}
+
+/// What [`RegionWrites::take`] returns.
+#[derive(Debug, Default)]
+pub struct Taken {
+    /// Starts of the regions written.
+    pub written: BTreeSet<u64>,
+    /// Ranges `[start, end)` unmapped, moved or dropped (`MADV_DONTNEED`).
+    pub forgotten: Vec<(u64, u64)>,
+}
+
+impl Taken {
+    /// Whether the 2 MiB region at `start` overlaps a forgotten range.
+    pub fn forgets(&self, start: u64) -> bool {
+        let end = start + HUGE_PAGE_SIZE as u64;
+        self.forgotten.iter().any(|&(s, e)| s < end && start < e)
+    }
 }
 
 impl RegionWrites {
-    /// Makes the userfaultfd inside process `pid` (stopped for a moment);
-    /// refused with the reason where that cannot be done (see
-    /// [`crate::track::UffdWp::open_in_sync`]).
+    /// Makes the userfaultfd inside process `pid` (stopped for a moment)
+    /// and starts the thread serving it; refused with the reason where
+    /// that cannot be done (see [`crate::track::UffdWp::open_in_sync`]).
     pub fn new(pid: i32) -> Result<Self> {
+        let wp = crate::track::UffdWp::open_in_sync(pid)?;
+        let fd = wp.try_clone_fd()?;
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let server = {
+            let (seen, stop) = (seen.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name(format!("pagewise-wp-{pid}"))
+                .spawn(move || serve_writes(fd, &seen, &stop))
+                .map_err(|e| Error::os("starting the thread serving a userfaultfd", e))?
+        };
         Ok(RegionWrites {
             pid,
-            wp: crate::track::UffdWp::open_in_sync(pid)?,
-            armed: Vec::new(),
-            written: Default::default(),
+            wp,
+            registered: BTreeSet::new(),
+            protected: BTreeSet::new(),
+            seen,
+            stop,
+            server: Some(server),
         })
     }
 
@@ -206,131 +264,176 @@ impl RegionWrites {
         self.pid
     }
 
-    /// Protects `regions` (2 MiB-aligned, each inside one private
-    /// anonymous writable mapping), registered in runs of adjacent
-    /// regions: writes from now on are noted. A run that cannot be
-    /// registered (unmapped meanwhile) is left out.
-    pub fn start(&mut self, regions: &[crate::Region]) -> Result<()> {
-        self.finish_quietly();
+    /// Watches `regions` (2 MiB-aligned, each inside one private anonymous
+    /// writable mapping): registers those not registered and protects those
+    /// not protected, in runs of adjacent regions; those in `again` are
+    /// protected again even where they should still be. A run that cannot
+    /// be registered (unmapped meanwhile) is left out.
+    pub fn watch(&mut self, regions: &[crate::Region], again: &BTreeSet<u64>) -> Result<()> {
         self.wp.check_memory()?;
-        let mut runs: Vec<crate::Region> = Vec::new();
-        for &r in regions {
-            match runs.last_mut() {
-                Some(l) if l.end() == r.start => l.len += r.len,
-                _ => runs.push(r),
+        let huge = HUGE_PAGE_SIZE as u64;
+        let new = runs_of(
+            regions
+                .iter()
+                .map(|r| r.start)
+                .filter(|s| !self.registered.contains(s)),
+        );
+        // A run that cannot be registered whole (a hole, or a mapping of
+        // another kind, in it) is registered region by region.
+        for r in new {
+            let parts: Vec<crate::Region> = if self.wp.register(r, false).is_ok() {
+                vec![r]
+            } else {
+                (0..r.len / huge)
+                    .map(|i| crate::Region {
+                        start: r.start + i * huge,
+                        len: huge,
+                    })
+                    .filter(|p| self.wp.register(*p, false).is_ok())
+                    .collect()
+            };
+            for p in parts {
+                self.registered
+                    .extend((0..p.len / huge).map(|i| p.start + i * huge));
             }
         }
-        for r in runs {
-            if self.wp.register(r, true).is_ok() {
-                self.armed.push(r);
+        let protect = runs_of(
+            regions
+                .iter()
+                .map(|r| r.start)
+                .filter(|s| self.registered.contains(s))
+                .filter(|s| !self.protected.contains(s) || again.contains(s)),
+        );
+        for r in protect {
+            if self.wp.protect(r).is_ok() {
+                self.protected
+                    .extend((0..r.len / huge).map(|i| r.start + i * huge));
             }
         }
         Ok(())
     }
 
-    /// Notes the writes waiting now and lets their threads go on.
-    fn drain(&mut self) -> Result<()> {
-        use pagewise_sys::uffd;
+    /// The regions written and the ranges forgotten since the last take.
+    /// A written region is no longer protected until the next
+    /// [`watch`](Self::watch); a forgotten one is no longer registered.
+    pub fn take(&mut self) -> Result<Taken> {
+        let seen = std::mem::take(&mut *self.seen.lock().unwrap_or_else(|p| p.into_inner()));
+        if let Some((what, e)) = seen.failed {
+            self.wp.check_memory()?;
+            return Err(Error::for_pid(self.pid, what, e));
+        }
+        for s in &seen.written {
+            self.protected.remove(s);
+        }
         let huge = HUGE_PAGE_SIZE as u64;
-        loop {
-            let m = match uffd::read_msg(self.wp.fd().as_raw_fd()) {
-                Ok(m) => m,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(()),
-                Err(e) => return Err(Error::for_pid(self.pid, "reading its userfaultfd", e)),
-            };
-            if m.event != uffd::event::PAGEFAULT {
-                continue;
-            }
-            let at = m.pf_address() & !(huge - 1);
-            self.written.insert(at);
-            let r = crate::Region {
-                start: at,
-                len: huge,
-            };
-            // Lifting the protection wakes the writer; a region unmapped
-            // meanwhile has nothing to lift, and is woken all the same.
-            let mut tries = 0;
-            while let Err(e) = self.wp.unprotect(r) {
-                let again = e.errno() == libc::EAGAIN;
-                tries += 1;
-                if !again || tries > 100 {
-                    let _ = uffd::wake(self.wp.fd().as_raw_fd(), r.start, r.len);
-                    break;
-                }
-                std::thread::sleep(Duration::from_micros(200));
+        for &(from, to) in &seen.forgotten {
+            let first = from & !(huge - 1);
+            let gone: Vec<u64> = self.registered.range(first..to).copied().collect();
+            for s in gone {
+                self.registered.remove(&s);
+                self.protected.remove(&s);
             }
         }
+        Ok(Taken {
+            written: seen.written,
+            forgotten: seen.forgotten,
+        })
     }
 
-    /// Ends the window: the regions written since [`start`](Self::start)
-    /// (their starts), every run unregistered.
-    pub fn finish(&mut self) -> Result<std::collections::BTreeSet<u64>> {
-        let drained = self.drain();
-        self.finish_quietly();
-        drained?;
-        Ok(std::mem::take(&mut self.written))
-    }
-
-    fn finish_quietly(&mut self) {
-        for r in std::mem::take(&mut self.armed) {
-            let _ = self.wp.unregister(r);
+    /// Stops watching region `r` (unregisters it, waking any writer): for
+    /// a region about to be collapsed, which the kernel refuses while a
+    /// page of it is write-protected. [`watch`](Self::watch) takes it back.
+    pub fn release(&mut self, r: crate::Region) {
+        let _ = self.wp.unregister(r);
+        let huge = HUGE_PAGE_SIZE as u64;
+        for s in (0..r.len / huge).map(|i| r.start + i * huge) {
+            self.registered.remove(&s);
+            self.protected.remove(&s);
         }
     }
 }
 
 impl Drop for RegionWrites {
     fn drop(&mut self) {
-        self.finish_quietly();
+        // Unregistering lifts every protection and wakes every writer; the
+        // serving thread then has nothing left to wait for.
+        for r in runs_of(self.registered.iter().copied()) {
+            let _ = self.wp.unregister(r);
+        }
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.server.take() {
+            let _ = t.join();
+        }
     }
 }
 
-/// Serves the writes of every window in `windows` until `until` (see
-/// [`RegionWrites`]). A window whose process fails is returned with the
-/// error and served no longer.
-pub fn serve(windows: &mut [&mut RegionWrites], until: Instant) -> Vec<(i32, Error)> {
-    let mut failed = Vec::new();
-    let mut live: Vec<usize> = (0..windows.len()).collect();
-    while !live.is_empty() {
-        let left = until.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            break;
+/// Ascending 2 MiB region starts as runs of adjacent regions.
+fn runs_of(starts: impl Iterator<Item = u64>) -> Vec<crate::Region> {
+    let huge = HUGE_PAGE_SIZE as u64;
+    let mut runs: Vec<crate::Region> = Vec::new();
+    for s in starts {
+        match runs.last_mut() {
+            Some(l) if l.end() == s => l.len += huge,
+            _ => runs.push(crate::Region {
+                start: s,
+                len: huge,
+            }),
         }
-        let fds: Vec<i32> = live
-            .iter()
-            .take(64)
-            .map(|&i| windows[i].wp.fd().as_raw_fd())
-            .collect();
-        let ready = match pagewise_sys::uffd::poll_readable(
-            &fds,
-            left.as_millis().clamp(1, i32::MAX as u128) as i32,
-        ) {
-            Ok(r) => r,
-            Err(e) => {
-                for i in live.drain(..) {
-                    let e =
-                        std::io::Error::from_raw_os_error(e.raw_os_error().unwrap_or(libc::EIO));
-                    failed.push((windows[i].pid, Error::os("polling userfaultfds", e)));
-                }
-                break;
-            }
-        };
-        let mut k = 0;
-        live.retain(|&i| {
-            let bit = k < 64 && ready & (1 << k) != 0;
-            k += 1;
-            if !bit {
-                return true;
-            }
-            match windows[i].drain() {
-                Ok(()) => true,
-                Err(e) => {
-                    failed.push((windows[i].pid, e));
-                    false
-                }
-            }
-        });
     }
-    failed
+    runs
+}
+
+/// The thread serving a [`RegionWrites`]: notes each write fault's region
+/// and lifts its protection (under the lock, so that a take sees the
+/// region written exactly when its protection is lifted), and notes the
+/// ranges unmapped, moved or dropped. Polls `stop` every 100 ms.
+fn serve_writes(fd: std::os::fd::OwnedFd, seen: &Mutex<Seen>, stop: &AtomicBool) {
+    use pagewise_sys::uffd;
+    let huge = HUGE_PAGE_SIZE as u64;
+    let raw = fd.as_raw_fd();
+    let fail = |what: &'static str, e: std::io::Error| {
+        seen.lock().unwrap_or_else(|p| p.into_inner()).failed = Some((what, e));
+    };
+    while !stop.load(Ordering::SeqCst) {
+        match uffd::poll_readable(&[raw], 100) {
+            Ok(0) => continue,
+            Ok(_) => {}
+            Err(e) => return fail("polling its userfaultfd", e),
+        }
+        loop {
+            let m = match uffd::read_msg(raw) {
+                Ok(m) => m,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => return fail("reading its userfaultfd", e),
+            };
+            let mut s = seen.lock().unwrap_or_else(|p| p.into_inner());
+            match m.event {
+                uffd::event::PAGEFAULT => {
+                    let at = m.pf_address() & !(huge - 1);
+                    s.written.insert(at);
+                    // Lifting the protection wakes the writer; a region
+                    // unmapped meanwhile has nothing to lift, and is woken
+                    // all the same.
+                    let mut tries = 0;
+                    while let Err(e) = uffd::writeprotect(raw, at, huge, false) {
+                        tries += 1;
+                        if e.raw_os_error() != Some(libc::EAGAIN) || tries > 100 {
+                            let _ = uffd::wake(raw, at, huge);
+                            break;
+                        }
+                        std::thread::sleep(Duration::from_micros(200));
+                    }
+                }
+                uffd::event::UNMAP | uffd::event::REMOVE => s.forgotten.push(m.range()),
+                uffd::event::REMAP => {
+                    let (from, to, len) = m.remap();
+                    s.forgotten.push((from, from + len));
+                    s.forgotten.push((to, to + len));
+                }
+                _ => {}
+            }
+        }
+    }
 }
 
 /// Why idle page tracking cannot be used here, or `None` when it can.

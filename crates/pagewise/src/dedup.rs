@@ -13,21 +13,28 @@
 //!   huge page again (`MADV_COLLAPSE`, refused while KSM pages are in it).
 //!
 //! **Access frequency** is SmartMD's counter per region, 0 to
-//! [`FREQ_MAX`]: +1 when the region was accessed in the step's window, −1
+//! [`FREQ_MAX`]: +1 when the region was accessed since the last step, −1
 //! when not. Accesses are writes, seen from outside by
-//! [`crate::access::RegionWrites`] (one write-protect fault per region and
-//! window, a huge page stays huge); a region only read looks cold. A new
-//! region starts hot ([`FREQ_MAX`]): it counts as cold only once it has
-//! gone unwritten for a few windows, so nothing is split before it has
-//! been watched. A region made mergeable is watched one step in
-//! [`MERGED_WATCH_EVERY`] (to see it turn hot).
+//! [`crate::access::RegionWrites`], all the time: a region is
+//! write-protected until its first write, which is noted and lifts the
+//! protection until the next step (one fault per region and step, a huge
+//! page stays huge; a region not written costs nothing). A region only
+//! read looks cold. A new region starts hot ([`FREQ_MAX`]): it counts as
+//! cold only once it has gone unwritten for a few steps, so nothing is
+//! split before it has been watched. The protection of a region made
+//! mergeable is renewed one step in [`MERGED_WATCH_EVERY`] whether or not
+//! a write was reported.
 //!
 //! **Repetition rate** is the share of a region's resident pages labelled
 //! duplicate by SmartMD's counting Bloom filter ([`crate::bloom`]) over
 //! every watched process (zero-filled pages, which KSM merges too, count as
-//! duplicates). The agent keeps each page's digest; a region read before
-//! and not written in the last window has only a quarter of its pages read
-//! again (SmartMD's 25 % sampling), the others keep their digests. Only
+//! duplicates). The agent keeps each page's digest. Every region is
+//! protected again before it is read, so a write after a read is always
+//! seen: a region read before and not written since is known unchanged and
+//! has only one page in [`REFRESH_LANES`] read again per step (for a write
+//! no fault reports, a device's), where SmartMD, not knowing which pages
+//! changed, reads a quarter of them (the agent does so too for a process
+//! whose writes it cannot watch). A page newly in memory is read. Only
 //! pages in memory are read (reading a swapped page would bring it back;
 //! it keeps its digest), and a hot region is not read at all: it is kept
 //! whatever its rate, and read in full once it cools down. With
@@ -64,7 +71,7 @@ use crate::walk::PageWalker;
 use crate::{procfs, Error, Region, Result, HUGE_PAGE_SIZE, PAGE_SIZE};
 use pagewise_sys::{mem, process};
 use serde::Serialize;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
@@ -75,6 +82,9 @@ pub const FREQ_MAX: u8 = 4;
 /// it takes 512 page-table entries instead of one, the agent's largest
 /// cost, and it is watched only to see it turn hot.
 pub const MERGED_WATCH_EVERY: u64 = 4;
+/// A region not written since it was read has one page in this many read
+/// again per step.
+pub const REFRESH_LANES: usize = 16;
 const PAGES: usize = HUGE_PAGE_SIZE / PAGE_SIZE;
 /// KSM's settings.
 pub const KSM_DIR: &str = "/sys/kernel/mm/ksm";
@@ -152,8 +162,9 @@ impl Thresholds {
 /// How the agent runs.
 #[derive(Debug, Clone, Serialize)]
 pub struct Options {
-    /// The access window inside a step (the caller sets the time between
-    /// steps).
+    /// The shortest time over which a step counts writes: each step counts
+    /// those since the one before, and waits until this long has passed
+    /// since it (the caller sets the time between steps).
     pub window: Duration,
     /// Which regions may be merged.
     pub policy: Policy,
@@ -169,6 +180,14 @@ pub struct Options {
     pub full_scan: Option<Duration>,
     /// Regions rebuilt at most per step (each a collapse).
     pub rebuilds_per_step: usize,
+    /// What to set KSM's `smart_scan` to while the agent runs (`None`:
+    /// leave it). Smart scan skips, for up to 8 passes, a page that did
+    /// not merge; when regions are made mergeable one after another, a
+    /// page scanned before its twin was made mergeable is then skipped
+    /// long after the twin arrives. Only with [`Policy::SmartMd`] and
+    /// [`full_scan`](Self::full_scan): the comparison policies run ksmd as
+    /// the kernel has it.
+    pub smart_scan: Option<bool>,
 }
 
 impl Default for Options {
@@ -181,6 +200,7 @@ impl Default for Options {
             thresholds: None,
             full_scan: Some(Duration::from_secs(10)),
             rebuilds_per_step: 32,
+            smart_scan: Some(false),
         }
     }
 }
@@ -346,6 +366,8 @@ pub struct Counters {
 
 struct RegionState {
     freq: u8,
+    /// Watched for writes since the last step's count.
+    watched: bool,
     mergeable: bool,
     huge: bool,
     /// Per page: its digest, `None` when not resident or not read yet.
@@ -367,6 +389,7 @@ struct Target {
 struct Ksm {
     run: Option<procfs::KnobGuard>,
     pages_to_scan: Option<procfs::KnobGuard>,
+    smart_scan: Option<procfs::KnobGuard>,
     ksmd: Option<i32>,
     ksmd_cpu: Option<Duration>,
 }
@@ -383,6 +406,8 @@ pub struct Agent {
     targets: Vec<Target>,
     opts: Options,
     started: Instant,
+    /// When the writes were last counted.
+    last_take: Option<Instant>,
     scan: u64,
     ksm: Ksm,
     counters: Counters,
@@ -402,6 +427,7 @@ impl Agent {
         let mut ksm = Ksm {
             run: None,
             pages_to_scan: None,
+            smart_scan: None,
             ksmd: procfs::kernel_thread("ksmd"),
             ksmd_cpu: None,
         };
@@ -411,11 +437,27 @@ impl Agent {
                     .map_err(|e| Error::os(format!("starting ksmd ({KSM_DIR}/run)"), e))?,
             );
         }
+        // A kernel without smart scan (before 6.7) has no such file: there
+        // is nothing to set.
+        let smart = format!("{KSM_DIR}/smart_scan");
+        let smart_md = opts.policy == Policy::SmartMd;
+        if let (Some(on), Some(_), true) = (opts.smart_scan, opts.full_scan, smart_md) {
+            let want = if on { "1" } else { "0" };
+            if std::path::Path::new(&smart).exists()
+                && procfs::read_trimmed(&smart).ok().as_deref() != Some(want)
+            {
+                ksm.smart_scan = Some(
+                    procfs::KnobGuard::set(&smart, want)
+                        .map_err(|e| Error::os(format!("setting {smart}"), e))?,
+                );
+            }
+        }
         ksm.ksmd_cpu = ksm.ksmd.and_then(|k| procfs::cpu_time(k).ok());
         let mut a = Agent {
             targets: Vec::new(),
             opts,
             started: Instant::now(),
+            last_take: None,
             scan: 0,
             ksm,
             counters: Counters::default(),
@@ -507,6 +549,7 @@ impl Agent {
                         }
                         let mut s = t.regions.remove(&r.start).unwrap_or(RegionState {
                             freq: FREQ_MAX,
+                            watched: false,
                             mergeable: false,
                             huge,
                             digests: vec![None; PAGES],
@@ -527,69 +570,79 @@ impl Agent {
                 }
             }
         }
-        // Access frequency over one window, every process at once.
-        let mut written: HashMap<i32, std::collections::BTreeSet<u64>> = HashMap::new();
-        // Which regions this step's window watches.
-        let merged_too = self.scan.is_multiple_of(MERGED_WATCH_EVERY);
-        let watched = |s: &RegionState| merged_too || !s.mergeable;
+        // Access frequency: the writes since the last step (at least
+        // `window` ago), then every region watched again before anything
+        // is read, so that a write after a read is always seen.
+        let mut written: HashMap<i32, BTreeSet<u64>> = HashMap::new();
+        let mut n_written = 0;
         if self.opts.policy.needs_frequency() {
-            let mut armed = Vec::new();
+            if let Some(last) = self.last_take {
+                std::thread::sleep(self.opts.window.saturating_sub(last.elapsed()));
+            }
+            self.last_take = Some(Instant::now());
+            let again_turn = self.scan.is_multiple_of(MERGED_WATCH_EVERY);
             for t in self.targets.iter_mut().filter(|t| !t.gone) {
                 let pid = t.pid;
+                let w = match t.writes.as_mut() {
+                    Ok(w) => w,
+                    Err(why) => {
+                        actions.push(Action::NoCoverage {
+                            pid,
+                            why: why.clone(),
+                        });
+                        continue;
+                    }
+                };
+                let taken = match w.take() {
+                    Ok(x) => x,
+                    Err(e) => {
+                        actions.push(Action::NoCoverage {
+                            pid,
+                            why: e.to_string(),
+                        });
+                        continue;
+                    }
+                };
+                for (&start, s) in t.regions.iter_mut() {
+                    if taken.forgets(start) {
+                        // Unmapped, moved or dropped: what was read is gone,
+                        // and whether it was written is not known.
+                        s.digests.fill(None);
+                        s.read = false;
+                    } else if s.watched {
+                        if taken.written.contains(&start) {
+                            n_written += 1;
+                            s.freq = (s.freq + 1).min(FREQ_MAX);
+                        } else {
+                            s.freq = s.freq.saturating_sub(1);
+                        }
+                    }
+                }
                 let rs: Vec<Region> = t
                     .regions
-                    .iter()
-                    .filter(|(_, s)| watched(s))
-                    .map(|(&s, _)| Region {
-                        start: s,
+                    .keys()
+                    .map(|&start| Region {
+                        start,
                         len: HUGE_PAGE_SIZE as u64,
                     })
                     .collect();
-                match t.writes.as_mut() {
-                    Ok(w) => match w.start(&rs) {
-                        Ok(()) => armed.push(w),
-                        Err(e) => actions.push(Action::NoCoverage {
-                            pid,
-                            why: e.to_string(),
-                        }),
-                    },
-                    Err(why) => actions.push(Action::NoCoverage {
-                        pid,
-                        why: why.clone(),
-                    }),
-                }
-            }
-            let until = Instant::now() + self.opts.window;
-            for (pid, e) in crate::access::serve(&mut armed, until) {
-                actions.push(Action::NoCoverage {
-                    pid,
-                    why: e.to_string(),
-                });
-            }
-            for w in armed {
-                let pid = w.pid();
-                match w.finish() {
-                    Ok(set) => {
-                        written.insert(pid, set);
+                // A merged region's protection is renewed one step in
+                // MERGED_WATCH_EVERY, whether or not a write was reported.
+                let again: BTreeSet<u64> = t
+                    .regions
+                    .iter()
+                    .filter(|(_, s)| again_turn && s.mergeable)
+                    .map(|(&a, _)| a)
+                    .collect();
+                match w.watch(&rs, &again) {
+                    Ok(()) => {
+                        t.regions.values_mut().for_each(|s| s.watched = true);
+                        written.insert(pid, taken.written);
                     }
                     Err(e) => actions.push(Action::NoCoverage {
                         pid,
                         why: e.to_string(),
                     }),
-                }
-            }
-        }
-        let mut n_written = 0;
-        for t in self.targets.iter_mut().filter(|t| !t.gone) {
-            let Some(w) = written.get(&t.pid) else {
-                continue;
-            };
-            for (start, s) in t.regions.iter_mut().filter(|(_, s)| watched(s)) {
-                if w.contains(start) {
-                    n_written += 1;
-                    s.freq = (s.freq + 1).min(FREQ_MAX);
-                } else {
-                    s.freq = s.freq.saturating_sub(1);
                 }
             }
         }
@@ -721,7 +774,7 @@ impl Agent {
     /// whatever their rate, and are read in full once they cool down.
     fn repetition(
         &mut self,
-        written: &HashMap<i32, std::collections::BTreeSet<u64>>,
+        written: &HashMap<i32, BTreeSet<u64>>,
         hot_min: u8,
         actions: &mut Vec<Action>,
     ) -> FilterReport {
@@ -780,9 +833,24 @@ impl Agent {
                     };
                     to_set[from..to].iter_mut().for_each(|r| *r = true);
                 }
+                // A region written since its last read is read whole. One
+                // not written is known unchanged where writes are watched:
+                // one page in REFRESH_LANES is read again per step, for a
+                // write no fault reports (a device's). Where they are not,
+                // a quarter is, as SmartMD reads the pages it cannot tell
+                // unchanged.
                 let full = !self.opts.sample || !s.read || w.is_some_and(|w| w.contains(&start));
+                let (lanes, lane) = if measured {
+                    (REFRESH_LANES, (self.scan % REFRESH_LANES as u64) as usize)
+                } else {
+                    (4, lane)
+                };
+                // A page in memory with no digest is new (populated
+                // without a write fault) or back from swap: read it too.
                 let wanted: Vec<usize> = (0..PAGES)
-                    .filter(|&p| resident[p] && (full || p % 4 == lane))
+                    .filter(|&p| {
+                        resident[p] && (full || p % lanes == lane || s.digests[p].is_none())
+                    })
                     .collect();
                 let ok = if wanted.len() == PAGES {
                     crate::walk::read_remote(t.pid, start, &mut buf).is_ok()
@@ -918,6 +986,18 @@ impl Agent {
             return;
         }
         for &s in starts {
+            // The kernel does not collapse a range holding a
+            // write-protected page: the region leaves the write watch,
+            // and is watched again (not yet measured) from the next step.
+            if let Ok(w) = t.writes.as_mut() {
+                w.release(Region {
+                    start: s,
+                    len: HUGE_PAGE_SIZE as u64,
+                });
+            }
+            if let Some(st) = t.regions.get_mut(&s) {
+                st.watched = false;
+            }
             let r = process::process_madvise(
                 t.pidfd.as_raw_fd(),
                 &[(s, HUGE_PAGE_SIZE)],

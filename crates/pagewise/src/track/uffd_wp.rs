@@ -102,7 +102,12 @@ impl UffdWp {
 
     /// As [`open_in`](Self::open_in), in synchronous write-protect mode: a
     /// write to a protected page stops the writing thread until this side
-    /// answers (read [`fd`](Self::fd), then [`unprotect`](Self::unprotect)).
+    /// answers (reads the message from a descriptor of
+    /// [`try_clone_fd`](Self::try_clone_fd), then lifts the protection).
+    /// It also reports `munmap`, `mremap` and `MADV_DONTNEED`/`MADV_REMOVE`
+    /// of registered ranges, each of which waits until the event is read:
+    /// the descriptor must be served for as long as anything is
+    /// registered.
     /// Unlike the asynchronous mode, a write to a protected huge page does
     /// not split it. The descriptor is made without `UFFD_USER_MODE_ONLY`
     /// (otherwise a system call writing a protected buffer would fail with
@@ -141,7 +146,12 @@ impl UffdWp {
             remote.take_fd(fd as i32)?
         };
         let (want, what) = if sync {
-            (0, "UFFDIO_API")
+            (
+                uffd::feature::EVENT_UNMAP
+                    | uffd::feature::EVENT_REMOVE
+                    | uffd::feature::EVENT_REMAP,
+                "UFFDIO_API with EVENT_UNMAP|EVENT_REMOVE|EVENT_REMAP",
+            )
         } else {
             (
                 uffd::feature::WP_ASYNC | uffd::feature::WP_UNPOPULATED,
@@ -176,28 +186,23 @@ impl UffdWp {
             )
         })?;
         if protect {
-            uffd::writeprotect(self.uffd.as_raw_fd(), r.start, r.len, true).map_err(|e| {
-                Error::os(
-                    format!("UFFDIO_WRITEPROTECT of {:#x}+{:#x}", r.start, r.len),
-                    e,
-                )
-            })?;
+            self.protect(r)?;
         }
         Ok(())
     }
 
-    /// The userfaultfd, to poll and read in synchronous mode.
-    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        use std::os::fd::AsFd;
-        self.uffd.as_fd()
+    /// A second descriptor of the same userfaultfd, for a thread serving it.
+    pub fn try_clone_fd(&self) -> Result<OwnedFd> {
+        self.uffd
+            .try_clone()
+            .map_err(|e| Error::os("duplicating a userfaultfd", e))
     }
 
-    /// Removes the write protection of `r` and wakes the threads waiting
-    /// on a write to it (synchronous mode).
-    pub fn unprotect(&self, r: Region) -> Result<()> {
-        uffd::writeprotect(self.uffd.as_raw_fd(), r.start, r.len, false).map_err(|e| {
+    /// Write-protects `r` (registered).
+    pub fn protect(&self, r: Region) -> Result<()> {
+        uffd::writeprotect(self.uffd.as_raw_fd(), r.start, r.len, true).map_err(|e| {
             Error::os(
-                format!("UFFDIO_WRITEPROTECT(0) of {:#x}+{:#x}", r.start, r.len),
+                format!("UFFDIO_WRITEPROTECT of {:#x}+{:#x}", r.start, r.len),
                 e,
             )
         })

@@ -276,6 +276,9 @@ fn smartmd_splits_cold_duplicates_keeps_hot_and_rebuilds() {
     let _one = common::one_target_at_a_time();
     let run_before = std::fs::read_to_string("/sys/kernel/mm/ksm/run").unwrap();
     let scan_before = std::fs::read_to_string("/sys/kernel/mm/ksm/pages_to_scan").unwrap();
+    // Absent before Linux 6.7.
+    let smart_scan = || std::fs::read_to_string("/sys/kernel/mm/ksm/smart_scan").ok();
+    let smart_before = smart_scan();
     let t = Target::start();
     if t.ctl(3) != 1 {
         pagewise_testkit::skip!(
@@ -296,6 +299,13 @@ fn smartmd_splits_cold_duplicates_keeps_hot_and_rebuilds() {
         ..Options::default()
     };
     let mut agent = Agent::new(&[t.pid], opts).unwrap();
+    if smart_before.is_some() {
+        assert_eq!(
+            smart_scan().as_deref(),
+            Some("0\n"),
+            "smart scan off while the agent runs"
+        );
+    }
     // Phase 1: the cold identical regions are made mergeable and merged.
     let mut all = Vec::new();
     let mut last = None;
@@ -389,6 +399,7 @@ fn smartmd_splits_cold_duplicates_keeps_hot_and_rebuilds() {
         std::fs::read_to_string("/sys/kernel/mm/ksm/pages_to_scan").unwrap(),
         scan_before
     );
+    assert_eq!(smart_scan(), smart_before);
     t.check(true);
     assert_eq!(Policy::parse("smartmd"), Some(Policy::SmartMd));
 }
@@ -546,4 +557,191 @@ fn swapped_out_whole_stays_known(t: &Target, agent: &mut Agent) {
     assert!(mergeable(t.pid)[3], "region 3 is still mergeable while out");
     // `end` must still know region 3: the caller checks it is unmerged.
     t.check(false);
+}
+
+/// The continuous write watch against the writes a child makes on command
+/// (ground truth: the child's own commands, and its memory read back): a
+/// write between two takes is reported once, in its region only, whether
+/// the child or the kernel on its behalf (`read` from a pipe) makes it; a
+/// region not written stays unreported; a written region is watched again
+/// after `watch`; `MADV_DONTNEED` and `munmap` are reported as forgotten;
+/// every value written is in memory.
+#[test]
+fn region_writes_reports_every_write_between_takes() {
+    use pagewise::access::RegionWrites;
+    if pagewise_sys::process::geteuid() != 0 || pagewise::probe::get().uffd_access.is_none() {
+        pagewise_testkit::skip!("needs root and userfaultfd to watch another process's writes");
+        return;
+    }
+    const AT: u64 = 0x1300_0000_0000;
+    const N: usize = 4;
+    let ctl = pagewise_sys::mem::mmap_shared_anonymous(PAGE_SIZE).unwrap() as *mut AtomicU64;
+    let mut pipe = [0i32; 2];
+    // SAFETY: a two-element array for the descriptors.
+    assert_eq!(unsafe { libc::pipe(pipe.as_mut_ptr()) }, 0);
+    // SAFETY: the child maps its memory and obeys commands on the shared
+    // page: no allocation, no lock.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        common::close_inherited(&[pipe[0]]);
+        // SAFETY: the control page is mapped for the child's life.
+        let c = |i: usize| unsafe { &*ctl.add(i) };
+        // SAFETY: a new private mapping at an address nothing else holds.
+        let at = unsafe {
+            libc::mmap(
+                AT as *mut libc::c_void,
+                N * HUGE_PAGE_SIZE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                -1,
+                0,
+            )
+        };
+        if at as u64 != AT {
+            // SAFETY: ends the child.
+            unsafe { libc::_exit(1) };
+        }
+        // Every page populated: a write to a page not yet populated is
+        // not reported (there is nothing to protect).
+        for r in 0..N {
+            for p in 0..512 {
+                let at = AT as usize + r * HUGE_PAGE_SIZE + p * PAGE_SIZE;
+                // SAFETY: inside the mapping.
+                unsafe { std::ptr::write_volatile(at as *mut u64, 1) };
+            }
+        }
+        c(5).store(1, Ordering::SeqCst);
+        // Commands: ctl[0] = sequence, ctl[1] = what (1 write, 2 read from
+        // the pipe, 3 MADV_DONTNEED, 4 munmap, 9 exit), ctl[3] = region,
+        // ctl[4] = value; ctl[2] = the sequence done; ctl[5] = 1 once ready.
+        let mut done = 0;
+        loop {
+            let seq = c(0).load(Ordering::SeqCst);
+            if seq == done {
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
+            }
+            let r = c(3).load(Ordering::SeqCst) as usize;
+            let v = c(4).load(Ordering::SeqCst);
+            let p = (AT as usize + r * HUGE_PAGE_SIZE + 5 * PAGE_SIZE) as *mut u64;
+            // SAFETY: each inside the child's mapping.
+            unsafe {
+                match c(1).load(Ordering::SeqCst) {
+                    1 => std::ptr::write_volatile(p, v),
+                    2 => {
+                        libc::read(pipe[0], p as *mut libc::c_void, 8);
+                    }
+                    3 => {
+                        libc::madvise(p as *mut libc::c_void, PAGE_SIZE, libc::MADV_DONTNEED);
+                    }
+                    4 => {
+                        libc::munmap(p as *mut libc::c_void, PAGE_SIZE);
+                    }
+                    _ => libc::_exit(0),
+                }
+            }
+            done = seq;
+            c(2).store(seq, Ordering::SeqCst);
+        }
+    }
+    struct Kill(i32);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            // SAFETY: our own child, killed if the test ends early.
+            unsafe {
+                libc::kill(self.0, libc::SIGKILL);
+                libc::waitpid(self.0, std::ptr::null_mut(), 0);
+            }
+        }
+    }
+    let _kill = Kill(pid);
+    // SAFETY: the control page lives as long as the test.
+    let c = |i: usize| unsafe { &*ctl.add(i) };
+    let t0 = Instant::now();
+    while c(5).load(Ordering::SeqCst) != 1 && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert_eq!(c(5).load(Ordering::SeqCst), 1, "the child did not start");
+    let mut seq = 0;
+    let mut command = |what: u64, r: usize, v: u64| {
+        seq += 1;
+        c(1).store(what, Ordering::SeqCst);
+        c(3).store(r as u64, Ordering::SeqCst);
+        c(4).store(v, Ordering::SeqCst);
+        c(0).store(seq, Ordering::SeqCst);
+        let t0 = Instant::now();
+        while c(2).load(Ordering::SeqCst) != seq {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "command {what} not done"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
+    let region = |r: usize| AT + (r * HUGE_PAGE_SIZE) as u64;
+    let regions: Vec<pagewise::Region> = (0..N)
+        .map(|r| pagewise::Region {
+            start: region(r),
+            len: HUGE_PAGE_SIZE as u64,
+        })
+        .collect();
+    let none = std::collections::BTreeSet::new();
+    let mut w = RegionWrites::new(pid).unwrap();
+    w.watch(&regions, &none).unwrap();
+    let set = |v: &[usize]| {
+        v.iter()
+            .map(|&r| region(r))
+            .collect::<std::collections::BTreeSet<_>>()
+    };
+    assert_eq!(w.take().unwrap().written, set(&[]), "nothing written yet");
+    w.watch(&regions, &none).unwrap();
+    command(1, 1, 11);
+    command(1, 1, 12);
+    assert_eq!(
+        w.take().unwrap().written,
+        set(&[1]),
+        "two writes to region 1"
+    );
+    w.watch(&regions, &none).unwrap();
+    assert_eq!(w.take().unwrap().written, set(&[]), "no write since");
+    w.watch(&regions, &none).unwrap();
+    command(1, 1, 13);
+    command(1, 2, 21);
+    let bytes = [0x33u8; 8];
+    // SAFETY: writes 8 bytes from a local to the pipe.
+    let sent = unsafe { libc::write(pipe[1], bytes.as_ptr().cast(), 8) };
+    assert_eq!(sent, 8);
+    command(2, 0, 0);
+    assert_eq!(
+        w.take().unwrap().written,
+        set(&[0, 1, 2]),
+        "region 1 again after watch, region 2, and region 0 written by the kernel"
+    );
+    w.watch(&regions, &none).unwrap();
+    command(3, 3, 0);
+    let taken = w.take().unwrap();
+    assert!(taken.written.is_empty(), "{taken:?}");
+    assert!(
+        taken.forgets(region(3)) && !taken.forgets(region(2)),
+        "{taken:?}"
+    );
+    w.watch(&regions, &none).unwrap();
+    // The values are in memory.
+    let mut word = vec![0u8; PAGE_SIZE];
+    let value = |r: usize, page: &mut Vec<u8>| {
+        pagewise::walk::read_remote(pid, region(r) + 5 * PAGE_SIZE as u64, page).unwrap();
+        u64::from_ne_bytes(page[..8].try_into().unwrap())
+    };
+    assert_eq!(value(0, &mut word), 0x3333_3333_3333_3333);
+    assert_eq!(value(1, &mut word), 13);
+    assert_eq!(value(2, &mut word), 21);
+    assert_eq!(value(3, &mut word), 0, "dropped");
+    command(4, 2, 0);
+    let taken = w.take().unwrap();
+    assert!(taken.forgets(region(2)), "munmap: {taken:?}");
+    drop(w);
+    // Unwatched, the child goes on writing without anyone serving it.
+    command(1, 1, 14);
+    assert_eq!(value(1, &mut word), 14);
 }
