@@ -39,7 +39,7 @@ use pagewise_sys::pagemap;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -204,6 +204,8 @@ pub struct RegionWrites {
     protected: BTreeSet<u64>,
     seen: Arc<Mutex<Seen>>,
     stop: Arc<AtomicBool>,
+    /// The serving thread's CPU time, ns (updated as it serves).
+    cpu_ns: Arc<AtomicU64>,
     server: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -241,11 +243,12 @@ impl RegionWrites {
         let fd = wp.try_clone_fd()?;
         let seen = Arc::new(Mutex::new(Seen::default()));
         let stop = Arc::new(AtomicBool::new(false));
+        let cpu_ns = Arc::new(AtomicU64::new(0));
         let server = {
-            let (seen, stop) = (seen.clone(), stop.clone());
+            let (seen, stop, cpu) = (seen.clone(), stop.clone(), cpu_ns.clone());
             std::thread::Builder::new()
                 .name(format!("pagewise-wp-{pid}"))
-                .spawn(move || serve_writes(fd, &seen, &stop))
+                .spawn(move || serve_writes(fd, &seen, &stop, &cpu))
                 .map_err(|e| Error::os("starting the thread serving a userfaultfd", e))?
         };
         Ok(RegionWrites {
@@ -255,6 +258,7 @@ impl RegionWrites {
             protected: BTreeSet::new(),
             seen,
             stop,
+            cpu_ns,
             server: Some(server),
         })
     }
@@ -262,6 +266,11 @@ impl RegionWrites {
     /// The process.
     pub fn pid(&self) -> i32 {
         self.pid
+    }
+
+    /// CPU time the thread serving the faults has taken so far.
+    pub fn server_cpu(&self) -> Duration {
+        Duration::from_nanos(self.cpu_ns.load(Ordering::Relaxed))
     }
 
     /// Watches `regions` (2 MiB-aligned, each inside one private anonymous
@@ -386,8 +395,14 @@ fn runs_of(starts: impl Iterator<Item = u64>) -> Vec<crate::Region> {
 /// The thread serving a [`RegionWrites`]: notes each write fault's region
 /// and lifts its protection (under the lock, so that a take sees the
 /// region written exactly when its protection is lifted), and notes the
-/// ranges unmapped, moved or dropped. Polls `stop` every 100 ms.
-fn serve_writes(fd: std::os::fd::OwnedFd, seen: &Mutex<Seen>, stop: &AtomicBool) {
+/// ranges unmapped, moved or dropped. Polls `stop` every 100 ms, and
+/// publishes its CPU time in `cpu_ns`.
+fn serve_writes(
+    fd: std::os::fd::OwnedFd,
+    seen: &Mutex<Seen>,
+    stop: &AtomicBool,
+    cpu_ns: &AtomicU64,
+) {
     use pagewise_sys::uffd;
     let huge = HUGE_PAGE_SIZE as u64;
     let raw = fd.as_raw_fd();
@@ -395,6 +410,7 @@ fn serve_writes(fd: std::os::fd::OwnedFd, seen: &Mutex<Seen>, stop: &AtomicBool)
         seen.lock().unwrap_or_else(|p| p.into_inner()).failed = Some((what, e));
     };
     while !stop.load(Ordering::SeqCst) {
+        cpu_ns.store(pagewise_sys::process::thread_cpu_ns(), Ordering::Relaxed);
         match uffd::poll_readable(&[raw], 100) {
             Ok(0) => continue,
             Ok(_) => {}

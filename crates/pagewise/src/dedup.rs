@@ -337,7 +337,8 @@ pub struct Step {
     pub ksm: KsmReport,
     /// What was done.
     pub actions: Vec<Action>,
-    /// The agent's CPU time in the step, ms.
+    /// The agent's CPU time in the step, ms: its own thread's and those
+    /// of the threads serving write faults.
     pub cpu_ms: f64,
     /// The step's duration, ms (the window included).
     pub step_ms: f64,
@@ -529,7 +530,13 @@ impl Agent {
     /// Measures, decides and acts once (the access window included).
     pub fn step(&mut self) -> Result<Step> {
         let t0 = Instant::now();
-        let cpu0 = crate::thp::agent::thread_cpu_ms();
+        let servers = |ts: &[Target]| -> f64 {
+            ts.iter()
+                .filter_map(|t| t.writes.as_ref().ok())
+                .map(|w| w.server_cpu().as_secs_f64() * 1e3)
+                .sum()
+        };
+        let cpu0 = crate::thp::agent::thread_cpu_ms() + servers(&self.targets);
         let mut actions = Vec::new();
         self.scan += 1;
         // The regions of each process, their states carried over.
@@ -739,7 +746,8 @@ impl Agent {
             self.rebuild(i, &rebuild, &mut actions);
         }
         let ksm = self.pace(&mut actions);
-        let cpu_ms = crate::thp::agent::thread_cpu_ms() - cpu0;
+        // The agent's CPU: this thread's and the fault-serving threads'.
+        let cpu_ms = (crate::thp::agent::thread_cpu_ms() + servers(&self.targets) - cpu0).max(0.0);
         self.counters.steps += 1;
         self.counters.cpu_ms += cpu_ms;
         self.counters.pages_read += filter.pages_read;
