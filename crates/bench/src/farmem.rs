@@ -15,7 +15,7 @@
 
 use super::Machine;
 use pagewise::farmem::link::LinkConfig;
-use pagewise::farmem::{calibrate, policy, Calibration, Config, FarMemory};
+use pagewise::farmem::{calibrate, policy, Calibration, Config, FarMemory, FaultPath};
 use pagewise::workload::AnonMemory;
 use pagewise::{Error, Result, PAGE_SIZE};
 use pagewise_sys::uffd;
@@ -177,7 +177,7 @@ fn added_per_fault(n: usize, latency_ns: u64, calibration: Calibration) -> Resul
 /// Runs (a), (b), (c) and (f).
 pub fn run(c: &FarmemConfig, progress: &mut dyn FnMut(&str)) -> Result<FarmemReport> {
     progress("calibrating the floor");
-    let calibration = calibrate(2000)?;
+    let calibration = calibrate(2000, pagewise::farmem::FaultPath::Thread)?;
     progress("(a) DiME's Table 5.1");
     let table_5_1 = table_5_1()?;
     progress("(b) two-page test");
@@ -370,6 +370,9 @@ pub struct FaultPaths {
     /// maps the page and the access is retried, ns. A fault inside a system
     /// call fails it with `EFAULT` instead.
     pub sigbus_ns: Option<f64>,
+    /// The engine on the inline path (the same `SIGBUS`, with the engine's
+    /// books and lock), ns.
+    pub inline_ns: Option<f64>,
 }
 
 static SIGBUS_UFFD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
@@ -392,18 +395,24 @@ pub fn measure_fault_paths(pages: usize) -> Result<FaultPaths> {
     };
     let plain_ns = touch(&AnonMemory::new(pages * PAGE_SIZE)?);
     let mem = AnonMemory::new(pages * PAGE_SIZE)?;
-    let fm = pagewise::farmem::at_latency_zero(&mem, pages)?;
+    let fm = pagewise::farmem::at_latency_zero(&mem, pages, FaultPath::Thread)?;
     let thread_ns = touch(&mem);
     fm.stop()?;
-    let sigbus_ns = if pagewise::probe::get().uffd_has(uffd::feature::SIGBUS) {
-        Some(sigbus_path(pages, &touch)?)
+    let (sigbus_ns, inline_ns) = if pagewise::probe::get().uffd_has(uffd::feature::SIGBUS) {
+        let raw = sigbus_path(pages, &touch)?;
+        let mem = AnonMemory::new(pages * PAGE_SIZE)?;
+        let fm = pagewise::farmem::at_latency_zero(&mem, pages, FaultPath::Inline)?;
+        let inline = touch(&mem);
+        fm.stop()?;
+        (Some(raw), Some(inline))
     } else {
-        None
+        (None, None)
     };
     Ok(FaultPaths {
         plain_ns,
         thread_ns,
         sigbus_ns,
+        inline_ns,
     })
 }
 

@@ -2,7 +2,7 @@
 
 use anyhow::{bail, Context, Result};
 use pagewise::farmem::instance::{Access, Instance, Member, Settings};
-use pagewise::farmem::{self, Stats};
+use pagewise::farmem::{self, FaultPath, Stats};
 use pagewise::launch::{self, FarmemOptions, FarmemRun};
 use serde::Serialize;
 use std::path::PathBuf;
@@ -60,9 +60,18 @@ struct RunArgs {
     /// Argument string passed to a plugin policy.
     #[arg(long, default_value = "")]
     policy_args: String,
-    /// Emulate thread stacks too.
+    /// Emulate thread stacks too (faults then take the handler thread).
     #[arg(long)]
     stacks: bool,
+    /// Which thread serves a fault: `thread`, the engine's handler thread
+    /// (the faulting thread sleeps until its page is mapped), or `inline`,
+    /// the faulting thread itself in a SIGBUS handler (no sleep, no
+    /// wake-up: a lower and steadier floor; memory the program hands to the
+    /// kernel is fetched and held before each system call). Falls back to
+    /// `thread` where the kernel lacks UFFD_FEATURE_SIGBUS; the summary
+    /// says which path served faults.
+    #[arg(long, default_value = "thread")]
+    fault_path: FaultPath,
     /// Write the statistics of this run's processes as JSON to this file.
     #[arg(long)]
     stats_json: Option<PathBuf>,
@@ -130,7 +139,12 @@ fn report(inst: &Instance, tag: Option<u32>) -> Report {
     // Members whose slots were reused left their counts with the instance.
     let retired = inst.retired(tag);
     let mut stats = Stats::sum(members.iter().map(|m| &m.stats).chain([&retired]));
-    (stats.floor_ns, stats.unseen_ns) = inst.calibration();
+    let path = if stats.inline_faults > 0 {
+        FaultPath::Inline
+    } else {
+        FaultPath::Thread
+    };
+    (stats.floor_ns, stats.unseen_ns) = inst.calibration(path);
     stats.local_pages_now = members
         .iter()
         .filter(|m| m.live)
@@ -199,6 +213,7 @@ fn run_cmd(a: RunArgs) -> Result<i32> {
         policy_args: a.policy_args.clone(),
         stacks: a.stacks,
         trace: a.trace.clone(),
+        fault_path: a.fault_path,
     };
     let status = match run.command(&a.cmd, &opts)?.status() {
         Ok(st) => st,
@@ -229,9 +244,14 @@ fn run_cmd(a: RunArgs) -> Result<i32> {
         return Ok(launch::exit_code(status));
     }
     eprintln!(
-        "pagewise farmem: instance {}: {} faults, {} fetches, {} evictions ({} written back), {:.1} ms injected, floor {} ns",
+        "pagewise farmem: instance {}: {} faults ({}), {} fetches, {} evictions ({} written back), {:.1} ms injected, floor {} ns",
         rep.instance_id,
         rep.stats.page_fault_count,
+        if rep.stats.inline_faults > 0 {
+            "served in the faulting threads"
+        } else {
+            "served by the handler threads"
+        },
         rep.stats.remote_fetches,
         rep.stats.evictions,
         rep.stats.writebacks,

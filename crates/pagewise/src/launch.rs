@@ -41,6 +41,9 @@ pub mod env {
     pub const FARMEM_POLICY_ARGS: &str = "PAGEWISE_FARMEM_POLICY_ARGS";
     /// `1`: thread stacks are emulated too; anything else: they are not.
     pub const FARMEM_STACKS: &str = "PAGEWISE_FARMEM_STACKS";
+    /// `thread` or `inline`: which thread serves faults (see
+    /// [`crate::farmem::FaultPath`]).
+    pub const FARMEM_FAULT_PATH: &str = "PAGEWISE_FARMEM_FAULT_PATH";
     /// A path: each member writes its event trace to `PATH.PID`.
     pub const FARMEM_TRACE: &str = "PAGEWISE_FARMEM_TRACE";
     /// Read by the library in every process: the directory of instance files
@@ -205,6 +208,8 @@ pub struct FarmemOptions {
     pub stacks: bool,
     /// Write each member's trace to `PATH.PID`.
     pub trace: Option<PathBuf>,
+    /// Which thread serves faults.
+    pub fault_path: crate::farmem::FaultPath,
 }
 
 impl Default for FarmemOptions {
@@ -214,6 +219,7 @@ impl Default for FarmemOptions {
             policy_args: String::new(),
             stacks: false,
             trace: None,
+            fault_path: crate::farmem::FaultPath::Thread,
         }
     }
 }
@@ -262,8 +268,20 @@ impl FarmemRun {
         let name = name
             .map(str::to_string)
             .unwrap_or_else(|| instance::unpredictable_name(prefix));
-        let cal = crate::farmem::calibrate(2000)?;
-        let inst = match Instance::create(&name, want, cal.floor_ns, cal.unseen_ns) {
+        use crate::farmem::FaultPath;
+        let cal = crate::farmem::calibrate(2000, FaultPath::Thread)?;
+        // The inline path where the kernel has it (else it is never used).
+        let inline = if crate::probe::get().uffd_has(pagewise_sys::uffd::feature::SIGBUS) {
+            crate::farmem::calibrate(2000, FaultPath::Inline)?
+        } else {
+            cal
+        };
+        let inst = match Instance::create(
+            &name,
+            want,
+            (cal.floor_ns, cal.unseen_ns),
+            (inline.floor_ns, inline.unseen_ns),
+        ) {
             Ok(i) => i,
             // Another run created it meanwhile: join it.
             Err(_) if instance::exists(&name) => Instance::open(&name, Access::Join)?,
@@ -283,7 +301,12 @@ impl FarmemRun {
             local_pages: 1 << 40,
             local_percent: 0,
         };
-        let inst = Instance::create(&instance::unpredictable_name(prefix), settings, 0, 0)?;
+        let inst = Instance::create(
+            &instance::unpredictable_name(prefix),
+            settings,
+            (0, 0),
+            (0, 0),
+        )?;
         Ok(FarmemRun {
             inst,
             tag: std::process::id(),
@@ -307,7 +330,8 @@ impl FarmemRun {
             .env(env::FARMEM_TAG, self.tag.to_string())
             .env(env::FARMEM_POLICY, &opts.policy)
             .env(env::FARMEM_POLICY_ARGS, &opts.policy_args)
-            .env(env::FARMEM_STACKS, if opts.stacks { "1" } else { "0" });
+            .env(env::FARMEM_STACKS, if opts.stacks { "1" } else { "0" })
+            .env(env::FARMEM_FAULT_PATH, opts.fault_path.to_string());
         if let Some(t) = &opts.trace {
             c.env(env::FARMEM_TRACE, t);
         }

@@ -15,7 +15,7 @@
 
 use pagewise::farmem::instance::Instance;
 use pagewise::farmem::link::LinkConfig;
-use pagewise::farmem::{policy, Calibration, Config, FarMemory, Hooks};
+use pagewise::farmem::{policy, Calibration, Config, FarMemory, FaultPath, Hooks};
 use pagewise::{Region, PAGE_SIZE};
 use pagewise_sys::seccomp::{self, raw_syscall};
 use std::io::Write;
@@ -23,9 +23,9 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering}
 use std::sync::{Arc, Mutex};
 
 use pagewise::launch::env::{
-    FARMEM_INSTANCE as ENV_INSTANCE, FARMEM_POLICY as ENV_POLICY,
-    FARMEM_POLICY_ARGS as ENV_POLICY_ARGS, FARMEM_STACKS as ENV_STACKS, FARMEM_TAG as ENV_TAG,
-    FARMEM_TRACE as ENV_TRACE,
+    FARMEM_FAULT_PATH as ENV_FAULT_PATH, FARMEM_INSTANCE as ENV_INSTANCE,
+    FARMEM_POLICY as ENV_POLICY, FARMEM_POLICY_ARGS as ENV_POLICY_ARGS,
+    FARMEM_STACKS as ENV_STACKS, FARMEM_TAG as ENV_TAG, FARMEM_TRACE as ENV_TRACE,
 };
 
 /// The top of a thread stack left alone with `--stacks` (see on_sigsys).
@@ -312,6 +312,21 @@ extern "C" fn at_exit() {
     run.inst.leave(run.slot);
 }
 
+/// The fault path asked for. Emulated thread stacks take the handler
+/// thread: a fault on a thread's own stack cannot be served by a handler
+/// that runs on that stack.
+fn fault_path() -> FaultPath {
+    let asked = std::env::var(ENV_FAULT_PATH)
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_default();
+    if STACKS.load(Ordering::Relaxed) {
+        FaultPath::Thread
+    } else {
+        asked
+    }
+}
+
 /// Starts emulation in this process; on failure the program runs without
 /// it, and says so.
 pub fn init(name: String) {
@@ -476,7 +491,8 @@ fn start(name: &str, child: bool) -> Result<(), String> {
         regions.push(Region::new(p as u64, PAGE_SIZE as u64).expect("one page"));
     }
     let s = inst.settings();
-    let (floor_ns, unseen_ns) = inst.calibration();
+    let path = fault_path();
+    let (floor_ns, unseen_ns) = inst.calibration(path);
     let config = Config {
         local_pages: s.local_pages.max(1) as usize,
         link: LinkConfig {
@@ -488,6 +504,7 @@ fn start(name: &str, child: bool) -> Result<(), String> {
         discover: Some(Box::new(drain)),
         instance: Some((inst.clone(), slot)),
         remapping: Some(&CHANGING),
+        fault_path: path,
         on_start: Some(Box::new(|| {
             // SAFETY: gettid has no arguments and no side effect.
             let tid = unsafe { raw_syscall(libc::SYS_gettid, [0; 6]) };

@@ -27,6 +27,7 @@
 #![warn(missing_docs)]
 
 pub mod dl;
+pub mod futex;
 pub mod mem;
 pub mod pagemap;
 pub mod process;

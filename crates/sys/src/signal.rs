@@ -144,3 +144,61 @@ pub fn stop_flag() -> io::Result<std::sync::Arc<std::sync::atomic::AtomicBool>> 
         })?;
     Ok(stop)
 }
+
+/// The kernel's `struct sigaction` on x86-64 (`rt_sigaction(2)` takes this,
+/// not the C library's layout).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct KernelSigaction {
+    /// The handler, `SIG_DFL` (0) or `SIG_IGN` (1).
+    pub handler: usize,
+    /// `SA_*` flags.
+    pub flags: u64,
+    /// The restorer the C library installs (`SA_RESTORER`).
+    pub restorer: usize,
+    /// Signals blocked while the handler runs (bit `n - 1` for signal `n`).
+    pub mask: u64,
+}
+const _: () = assert!(std::mem::size_of::<KernelSigaction>() == 32);
+
+/// `rt_sigaction(2)` without the C library (see [`crate::futex::syscall`]):
+/// for a signal handler that must put back an action, and for a seccomp
+/// trap that makes the program's own call. Returns `-errno` on failure.
+///
+/// # Safety
+/// `act`, when given, is a valid action whose handler is valid code.
+pub unsafe fn raw_sigaction(
+    sig: libc::c_int,
+    act: Option<&KernelSigaction>,
+    old: Option<&mut KernelSigaction>,
+) -> i64 {
+    let a = act.map_or(0, |a| a as *const KernelSigaction as u64);
+    let o = old.map_or(0, |o| o as *mut KernelSigaction as u64);
+    // SAFETY: the caller vouches for `act`; `old` is valid storage.
+    unsafe { crate::futex::syscall(libc::SYS_rt_sigaction, [sig as u64, a, o, 8, 0, 0]) }
+}
+
+/// `rt_sigprocmask(2)` on the kernel's 64-bit mask, without the C library.
+/// Returns the mask before the call.
+pub fn raw_sigmask(how: libc::c_int, set: Option<u64>) -> u64 {
+    let mut old = 0u64;
+    let s = set.unwrap_or(0);
+    let sp = if set.is_some() {
+        &s as *const u64 as u64
+    } else {
+        0
+    };
+    // SAFETY: both pointers are to 8-byte locals (or null).
+    unsafe {
+        crate::futex::syscall(
+            libc::SYS_rt_sigprocmask,
+            [how as u64, sp, &mut old as *mut u64 as u64, 8, 0, 0],
+        )
+    };
+    old
+}
+
+/// The kernel mask bit of `sig`.
+pub const fn bit(sig: libc::c_int) -> u64 {
+    1u64 << (sig - 1)
+}

@@ -1,7 +1,7 @@
 //! What a fault costs this machine at latency 0: the floor below which no
 //! link can be emulated, measured on a scratch region.
 
-use super::{link::LinkConfig, policy, Config, FarMemory};
+use super::{link::LinkConfig, policy, Config, FarMemory, FaultPath, Hooks};
 use crate::workload::AnonMemory;
 use crate::{Result, PAGE_SIZE};
 use serde::Serialize;
@@ -28,10 +28,10 @@ impl Calibration {
     };
 }
 
-/// Measures the floor: `pages` first touches of scratch regions with a
-/// budget of one page and an unlimited link at latency 0, against the same
-/// touches of plain memory (in five rounds; the medians).
-pub fn calibrate(pages: usize) -> Result<Calibration> {
+/// Measures the floor on `path`: `pages` first touches of scratch regions
+/// with a budget of one page and an unlimited link at latency 0, against
+/// the same touches of plain memory (in five rounds; the medians).
+pub fn calibrate(pages: usize, path: FaultPath) -> Result<Calibration> {
     // Five rounds, the median of each figure: one slow wake-up of a vCPU
     // must not set the floor for everything after.
     const ROUNDS: usize = 5;
@@ -40,7 +40,7 @@ pub fn calibrate(pages: usize) -> Result<Calibration> {
     let mut unseen = Vec::new();
     let mut faults = 0;
     for _ in 0..ROUNDS {
-        let (f, u, n) = calibrate_once(per)?;
+        let (f, u, n) = calibrate_once(per, path)?;
         floors.push(f);
         unseen.push(u);
         faults += n;
@@ -55,9 +55,9 @@ pub fn calibrate(pages: usize) -> Result<Calibration> {
 }
 
 /// A scratch instance over `mem`: FIFO, an unlimited link at latency 0,
-/// no calibration — what a fault costs the engine itself (calibration and
-/// the benchmarks' fault-path measurement use it).
-pub fn at_latency_zero(mem: &AnonMemory, local_pages: usize) -> Result<FarMemory> {
+/// no calibration, faults served on `path` — what a fault costs the engine
+/// itself (calibration and the benchmarks' fault-path measurement use it).
+pub fn at_latency_zero(mem: &AnonMemory, local_pages: usize, path: FaultPath) -> Result<FarMemory> {
     let config = Config {
         local_pages,
         link: LinkConfig {
@@ -65,16 +65,20 @@ pub fn at_latency_zero(mem: &AnonMemory, local_pages: usize) -> Result<FarMemory
             bandwidth_bps: 0,
         },
     };
-    FarMemory::new(
+    FarMemory::new_with(
         &[mem.region()],
         config,
         Box::new(policy::Fifo::default()),
         Calibration::NONE,
+        Hooks {
+            fault_path: path,
+            ..Hooks::default()
+        },
     )
 }
 
 /// One round of [`calibrate`]: (floor, unseen part, faults).
-fn calibrate_once(pages: usize) -> Result<(u64, u64, u64)> {
+fn calibrate_once(pages: usize, path: FaultPath) -> Result<(u64, u64, u64)> {
     let touch = |mem: &AnonMemory| {
         let t0 = Instant::now();
         for p in 0..mem.pages() {
@@ -85,7 +89,7 @@ fn calibrate_once(pages: usize) -> Result<(u64, u64, u64)> {
     let plain = AnonMemory::new(pages * PAGE_SIZE)?;
     let base = touch(&plain);
     let mem = AnonMemory::new(pages * PAGE_SIZE)?;
-    let fm = at_latency_zero(&mem, 1)?;
+    let fm = at_latency_zero(&mem, 1, path)?;
     let t = touch(&mem);
     let st = fm.stop()?;
     let faults = st.page_fault_count.max(1);

@@ -3,6 +3,7 @@
 
 mod coverage;
 mod evict;
+mod held;
 mod regions;
 
 use super::*;
@@ -104,6 +105,11 @@ pub(super) struct Engine {
     window: Option<Instant>,
     /// Where a staged page is copied to be fingerprinted.
     page_buf: Vec<u8>,
+    /// Faults are served in the faulting thread (see [`super::inline`]).
+    pub(super) inline: bool,
+    /// Holds on each page (see [`super::inline::hold`]): a held page is
+    /// neither evicted nor parked.
+    held: Vec<u32>,
 }
 
 /// The handler met an error it cannot recover from: its books no longer
@@ -111,7 +117,7 @@ pub(super) struct Engine {
 /// wrong nor wait forever on faults no one serves: the process is aborted,
 /// while the userfaultfd is still open (closing it first would let the
 /// waiting threads run on over holes that read as zeros).
-fn fail(e: &Error) -> ! {
+pub(super) fn fail(e: &Error) -> ! {
     let msg = format!(
         "pagewise farmem: the fault handler failed: {e}; aborting the process, \
          whose emulated memory can no longer be trusted\n"
@@ -193,10 +199,16 @@ fn staged_page(addr: u64) -> &'static [u8] {
 const MADV_POPULATE_WRITE: libc::c_int = 23;
 
 impl Engine {
-    pub(super) fn new(regions: &[Region], policy: Box<dyn Policy>, unseen_ns: u64) -> Result<Self> {
+    pub(super) fn new(
+        regions: &[Region],
+        policy: Box<dyn Policy>,
+        unseen_ns: u64,
+        inline: bool,
+    ) -> Result<Self> {
         use uffd::feature as f;
+        let events = f::MOVE | f::EVENT_REMOVE | f::EVENT_UNMAP | f::EVENT_REMAP;
         let mut e = Engine {
-            uffd: open_uffd(f::MOVE | f::EVENT_REMOVE | f::EVENT_UNMAP | f::EVENT_REMAP)?,
+            uffd: open_uffd(if inline { events | f::SIGBUS } else { events })?,
             // SIGBUS: a read of a staging page that is not there fails at
             // once instead of waiting for a handler that is the reader.
             stage_uffd: open_uffd(
@@ -234,6 +246,8 @@ impl Engine {
             coverage: 0,
             coverage_todo: None,
             window: None,
+            inline,
+            held: Vec::new(),
         };
         for r in regions {
             e.add_region(*r)?;
@@ -281,48 +295,65 @@ impl Engine {
     }
 
     /// Serves faults and events until stopped; then maps every page back.
-    /// Never returns on an error (see [`fail`]).
-    pub(super) fn run(mut self, sh: &Shared, mut wake: std::io::PipeReader) {
-        let fds: [RawFd; 2] = [self.uffd.as_raw_fd(), wake.as_raw_fd()];
-        // A member of an instance also looks at it while idle, so that a
-        // smaller budget set from outside applies without a fault.
-        let idle_ms = if self.inst.is_some() { 50 } else { -1 };
+    /// Never returns on an error (see [`fail`]). The engine lives in `cell`
+    /// and is locked while an event or fault is served (on the inline path,
+    /// faulting threads lock it too).
+    pub(super) fn run(cell: &super::inline::Cell, mut wake: std::io::PipeReader) {
+        let sh = &*cell.shared;
+        let (fd, idle_ms) = {
+            let mut g = cell.lock();
+            let Some(e) = g.engine() else { return };
+            // A member of an instance also looks at it while idle, so that a
+            // smaller budget set from outside applies without a fault.
+            (e.uffd.as_raw_fd(), if e.inst.is_some() { 50 } else { -1 })
+        };
+        let fds: [RawFd; 2] = [fd, wake.as_raw_fd()];
         let result = loop {
+            let mut g = cell.lock();
+            let Some(this) = g.engine() else {
+                return;
+            };
             if sh.stop.load(Ordering::Acquire) {
                 break Ok(());
             }
-            self.follow_instance(sh);
-            if !self.changing_now() && sh.changed.swap(false, Ordering::AcqRel) {
-                if let Err(e) = self.fit_budget(sh) {
+            this.follow_instance(sh);
+            if !this.changing_now() && sh.changed.swap(false, Ordering::AcqRel) {
+                if let Err(e) = this.fit_budget(sh) {
                     break Err(e);
                 }
             }
-            if let Err(e) = self.apply_coverage(sh) {
+            if let Err(e) = this.apply_coverage(sh) {
                 break Err(e);
             }
             // Messages first; poll (one more system call) only when none is waiting.
-            let msg = match uffd::read_msg(self.uffd.as_raw_fd()) {
+            let msg = match uffd::read_msg(fd) {
                 Ok(m) => m,
                 Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
-                    if !(self.moves.is_empty() && self.adopts.is_empty() && self.later.is_empty()) {
-                        match self.settle(sh) {
+                    if !(this.moves.is_empty() && this.adopts.is_empty() && this.later.is_empty()) {
+                        let r = this.settle(sh);
+                        this.publish(sh);
+                        drop(g);
+                        match r {
                             Ok(true) => {}
                             Ok(false) => std::thread::yield_now(),
-                            Err(e) => break Err(e),
+                            Err(e) => fail(&e),
                         }
-                        self.publish(sh);
                         continue;
                     }
+                    drop(g);
                     match uffd::poll_readable(&fds, idle_ms) {
                         Ok(ready) if ready & 2 != 0 => {
                             let mut b = [0u8; 16];
                             let _ = wake.read(&mut b);
-                            if let Err(e) = self.discover_now() {
-                                break Err(e);
+                            let mut g = cell.lock();
+                            if let Some(this) = g.engine() {
+                                if let Err(e) = this.discover_now() {
+                                    fail(&e);
+                                }
                             }
                         }
                         Ok(_) => {}
-                        Err(e) => break Err(Error::os("poll of the userfaultfd", e)),
+                        Err(e) => fail(&Error::os("poll of the userfaultfd", e)),
                     }
                     continue;
                 }
@@ -332,13 +363,13 @@ impl Engine {
             let r = match msg.event {
                 uffd::event::PAGEFAULT => {
                     let addr = msg.pf_address();
-                    if !(self.moves.is_empty() && self.adopts.is_empty()) || self.changing_now() {
-                        self.later.push((addr, arrived));
+                    if !(this.moves.is_empty() && this.adopts.is_empty()) || this.changing_now() {
+                        this.later.push((addr, arrived));
                         Ok(())
                     } else {
-                        match self.fault(sh, addr, arrived) {
+                        match this.fault(sh, addr, arrived) {
                             Err(e) if again(&e) => {
-                                self.later.push((addr, arrived));
+                                this.later.push((addr, arrived));
                                 Ok(())
                             }
                             r => r,
@@ -347,27 +378,31 @@ impl Engine {
                 }
                 uffd::event::REMOVE => {
                     let (start, end) = msg.range();
-                    self.removing_started(start, end);
-                    self.dropped(sh, start, end)
+                    this.removing_started(start, end);
+                    this.dropped(sh, start, end)
                 }
                 uffd::event::UNMAP => {
                     let (start, end) = msg.range();
-                    self.dropped(sh, start, end)
+                    this.dropped(sh, start, end)
                 }
                 uffd::event::REMAP => {
                     let (from, to, len) = msg.remap();
-                    self.remapped(sh, from, to, len)
+                    this.remapped(sh, from, to, len)
                 }
                 _ => Ok(()),
             };
             if let Err(e) = r {
                 break Err(e);
             }
-            self.publish(sh);
+            this.publish(sh);
         };
-        if let Err(e) = result.and_then(|()| self.bring_all_back()) {
+        let mut g = cell.lock();
+        let Some(mut this) = g.take() else { return };
+        if let Err(e) = result.and_then(|()| this.bring_all_back()) {
             fail(&e);
         }
+        drop(g);
+        super::inline::unregister(cell);
     }
 
     /// Does the work that met `EAGAIN`, in order (moves, then adoptions,
@@ -535,7 +570,9 @@ impl Engine {
         let mut writeback_bytes = 0;
         // Always-remote pages visited since the last fault go back first.
         for v in std::mem::take(&mut self.visiting) {
-            if self.evict(sh, v)? {
+            if self.is_held(v) {
+                self.visiting.push(v);
+            } else if self.evict(sh, v)? {
                 writeback_bytes += PAGE_SIZE as u64;
             }
         }

@@ -58,7 +58,7 @@ use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 /// Processes one instance can hold at once.
 pub const MAX_MEMBERS: usize = 64;
 const MAGIC: u64 = 0x7061_6765_6661_726d; // "pagefarm"
-const LAYOUT: u64 = 3;
+const LAYOUT: u64 = 4;
 /// Runs whose exited members' counts an instance keeps apart (entry 0
 /// gathers the rest).
 const RETIRED: usize = 16;
@@ -114,6 +114,9 @@ struct Header {
     local_percent: AtomicU64,
     floor_ns: AtomicU64,
     unseen_ns: AtomicU64,
+    /// The same on the inline path.
+    inline_floor_ns: AtomicU64,
+    inline_unseen_ns: AtomicU64,
     /// Access-coverage windows asked for: odd opens one, even closes it.
     coverage: AtomicU64,
     slots: [Slot; MAX_MEMBERS],
@@ -123,11 +126,11 @@ struct Header {
 // The layout of the file (see the module's contract): a change here must
 // bump LAYOUT.
 const _: () = {
-    assert!(std::mem::size_of::<Counters>() == 344);
-    assert!(std::mem::size_of::<Slot>() == 368);
-    assert!(std::mem::size_of::<Retired>() == 352);
-    assert!(std::mem::size_of::<Header>() == 29_272);
-    assert!(LAYOUT == 3);
+    assert!(std::mem::size_of::<Counters>() == 352);
+    assert!(std::mem::size_of::<Slot>() == 376);
+    assert!(std::mem::size_of::<Retired>() == 360);
+    assert!(std::mem::size_of::<Header>() == 29_928);
+    assert!(LAYOUT == 4);
 };
 
 /// Where instance files live: `/dev/shm/pagewise-farmem` (or under the
@@ -314,8 +317,14 @@ impl Instance {
     }
 
     /// Creates instance `name` (which must not exist) with `settings` and
-    /// the machine's calibrated fault cost.
-    pub fn create(name: &str, settings: Settings, floor_ns: u64, unseen_ns: u64) -> Result<Self> {
+    /// the machine's calibrated fault cost (floor and unseen part, ns) on
+    /// the handler-thread path and on the inline path.
+    pub fn create(
+        name: &str,
+        settings: Settings,
+        thread: (u64, u64),
+        inline: (u64, u64),
+    ) -> Result<Self> {
         check_name(name)?;
         settings.check()?;
         let d = dir();
@@ -354,8 +363,10 @@ impl Instance {
             h.creator_pid = std::process::id();
         }
         let h = inst.h();
-        h.floor_ns.store(floor_ns, Ordering::Relaxed);
-        h.unseen_ns.store(unseen_ns, Ordering::Relaxed);
+        h.floor_ns.store(thread.0, Ordering::Relaxed);
+        h.unseen_ns.store(thread.1, Ordering::Relaxed);
+        h.inline_floor_ns.store(inline.0, Ordering::Relaxed);
+        h.inline_unseen_ns.store(inline.1, Ordering::Relaxed);
         inst.store(settings);
         std::sync::atomic::fence(Ordering::Release);
         // SAFETY: as above; last write of creation.
@@ -468,13 +479,24 @@ impl Instance {
         self.h().owner_uid
     }
 
-    /// The calibrated floor and unseen part of a fault, ns.
-    pub fn calibration(&self) -> (u64, u64) {
+    /// The calibration of the path whose counts `c` are (a member that
+    /// served a fault inline ran on the inline path).
+    fn calibration_of(&self, c: &Counters) -> (u64, u64) {
+        self.calibration(if c.served_inline() {
+            super::FaultPath::Inline
+        } else {
+            super::FaultPath::Thread
+        })
+    }
+
+    /// The calibrated floor and unseen part of a fault on `path`, ns.
+    pub fn calibration(&self, path: super::FaultPath) -> (u64, u64) {
         let h = self.h();
-        (
-            h.floor_ns.load(Ordering::Relaxed),
-            h.unseen_ns.load(Ordering::Relaxed),
-        )
+        let (f, u) = match path {
+            super::FaultPath::Thread => (&h.floor_ns, &h.unseen_ns),
+            super::FaultPath::Inline => (&h.inline_floor_ns, &h.inline_unseen_ns),
+        };
+        (f.load(Ordering::Relaxed), u.load(Ordering::Relaxed))
     }
 
     /// The settings now.
@@ -625,7 +647,6 @@ impl Instance {
     /// The counts of run `tag`'s members whose slots were reused (`None`:
     /// of every run).
     pub fn retired(&self, tag: Option<u32>) -> Stats {
-        let cal = self.calibration();
         let all: Vec<Stats> = self
             .h()
             .retired
@@ -635,7 +656,7 @@ impl Instance {
                 let used = *i == 0 || e.used.load(Ordering::Acquire) == 1;
                 used && tag.is_none_or(|t| *i != 0 && e.tag.load(Ordering::Relaxed) == t)
             })
-            .map(|(_, e)| e.counters.snapshot(cal))
+            .map(|(_, e)| e.counters.snapshot(self.calibration_of(&e.counters)))
             .collect();
         Stats::sum(&all)
     }
@@ -721,7 +742,7 @@ impl Instance {
                 tag: s.tag.load(Ordering::Relaxed),
                 live: st == 1 && crate::procfs::is_alive(pid),
                 data_pages: s.data_pages.load(Ordering::Relaxed),
-                stats: s.counters.snapshot(self.calibration()),
+                stats: s.counters.snapshot(self.calibration_of(&s.counters)),
             });
         }
         out

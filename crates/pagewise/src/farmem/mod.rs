@@ -57,6 +57,7 @@
 
 mod calibrate;
 mod engine;
+pub mod inline;
 pub mod instance;
 pub mod link;
 pub mod policy;
@@ -66,6 +67,7 @@ pub mod sampler;
 pub use calibrate::{at_latency_zero, calibrate, Calibration};
 pub use engine::is_staging;
 use engine::Engine;
+pub use inline::FaultPath;
 
 use crate::{Error, Region, Result, PAGE_SIZE};
 use link::LinkConfig;
@@ -164,6 +166,8 @@ pub struct Stats {
     /// Time the handler spent on faults, from reading the message to
     /// mapping the page, waits included, ns.
     pub handler_ns: u64,
+    /// Faults served in the thread that took them (the inline path).
+    pub inline_faults: u64,
     /// Shared pages (after a `fork`, or merged by KSM) given a copy of
     /// their own so that they could be evicted.
     pub unshared_pages: u64,
@@ -188,6 +192,7 @@ pub(crate) struct Counters {
     soft: AtomicU64,
     parks: AtomicU64,
     handled: AtomicU64,
+    inline: AtomicU64,
     unshared: AtomicU64,
     hist: [AtomicU64; HIST_BUCKETS],
 }
@@ -205,10 +210,16 @@ impl Counters {
             &self.soft,
             &self.parks,
             &self.handled,
+            &self.inline,
             &self.unshared,
         ]
         .into_iter()
         .chain(self.hist.iter())
+    }
+
+    /// Whether a fault was served inline.
+    pub(crate) fn served_inline(&self) -> bool {
+        self.inline.load(Ordering::Relaxed) > 0
     }
 
     pub(crate) fn clear(&self) {
@@ -250,6 +261,7 @@ impl Counters {
             parks: get(&self.parks),
             local_pages_now: get(&self.local),
             handler_ns: get(&self.handled),
+            inline_faults: get(&self.inline),
             unshared_pages: get(&self.unshared),
             delay_histogram: hist,
         }
@@ -275,6 +287,7 @@ impl Stats {
             t.parks += s.parks;
             t.local_pages_now += s.local_pages_now;
             t.handler_ns += s.handler_ns;
+            t.inline_faults += s.inline_faults;
             t.unshared_pages += s.unshared_pages;
             if t.delay_histogram.len() < s.delay_histogram.len() {
                 t.delay_histogram.resize(s.delay_histogram.len(), 0);
@@ -318,6 +331,10 @@ pub struct Hooks {
     /// so while the count is non-zero the engine reads events but defers
     /// adoptions, queued moves, faults and evictions for a new budget.
     pub remapping: Option<&'static std::sync::atomic::AtomicUsize>,
+    /// Which thread serves faults (see [`FaultPath`]). `Inline` falls back
+    /// to `Thread` where the kernel lacks `UFFD_FEATURE_SIGBUS`;
+    /// [`FarMemory::fault_path`] says which one runs.
+    pub fault_path: FaultPath,
 }
 
 impl Shared {
@@ -358,6 +375,19 @@ struct Shared {
     unseen_ns: u64,
 }
 
+/// Pages held local for the kernel ([`FarMemory::hold`]); released when
+/// dropped.
+#[derive(Debug)]
+pub struct HoldGuard(Option<inline::Held>);
+
+impl Drop for HoldGuard {
+    fn drop(&mut self) {
+        if let Some(h) = self.0.take() {
+            inline::release(h);
+        }
+    }
+}
+
 /// One emulated far memory over regions of the calling process.
 pub struct FarMemory {
     uffd_fd: RawFd,
@@ -366,6 +396,7 @@ pub struct FarMemory {
     /// Writing a byte wakes the handler to look at `changed` and `stop`.
     wake: std::io::PipeWriter,
     thread: Option<std::thread::JoinHandle<Result<()>>>,
+    path: FaultPath,
 }
 
 impl std::fmt::Debug for FarMemory {
@@ -428,20 +459,30 @@ impl FarMemory {
         });
         let (wake_r, wake_w) =
             std::io::pipe().map_err(|e| Error::os("creating the engine's wake pipe", e))?;
+        let path = match hooks.fault_path {
+            FaultPath::Inline
+                if !crate::probe::get().uffd_has(pagewise_sys::uffd::feature::SIGBUS) =>
+            {
+                FaultPath::Thread
+            }
+            p => p,
+        };
         let sh = shared.clone();
         // The handler thread exists before any page becomes remote: starting
         // a thread may touch the program's memory (the C library's own
-        // state), which only a running handler can serve.
+        // state), which only a running handler can serve. (On the inline
+        // path it still reads the program's events.)
         let (ready_tx, ready_rx) = reply::channel()?;
         let regions = sorted.clone();
         let unseen_ns = calibration.unseen_ns;
+        let inline = path == FaultPath::Inline;
         let thread = std::thread::Builder::new()
             .name("pagewise-farmem".into())
             .spawn(move || {
                 if let Some(f) = hooks.on_start {
                     f();
                 }
-                let mut engine = match Engine::new(&[], policy, unseen_ns) {
+                let mut engine = match Engine::new(&[], policy, unseen_ns, inline) {
                     Ok(e) => e,
                     Err(e) => {
                         let _ = ready_tx.send(Err(e));
@@ -460,15 +501,29 @@ impl FarMemory {
                         .excluded
                         .push(crate::region::PageRange { start: a, pages });
                 }
-                let pieces: Vec<Region> = regions.iter().flat_map(|r| engine.carve(*r)).collect();
-                for r in pieces {
-                    if let Err(e) = engine.add_region(r) {
+                let fd = engine.uffd.as_raw_fd();
+                let cell = Arc::new(inline::Cell::new(engine, sh));
+                if inline {
+                    if let Err(e) = inline::register(&cell) {
                         let _ = ready_tx.send(Err(e));
                         return Ok(());
                     }
                 }
-                let _ = ready_tx.send(Ok(engine.uffd.as_raw_fd()));
-                engine.run(&sh, wake_r);
+                {
+                    let mut g = cell.lock();
+                    let engine = g.engine().expect("a new engine");
+                    let pieces: Vec<Region> =
+                        regions.iter().flat_map(|r| engine.carve(*r)).collect();
+                    for r in pieces {
+                        if let Err(e) = engine.add_region(r) {
+                            drop(g.take());
+                            let _ = ready_tx.send(Err(e));
+                            return Ok(());
+                        }
+                    }
+                }
+                let _ = ready_tx.send(Ok(fd));
+                Engine::run(&cell, wake_r);
                 Ok(())
             })
             .map_err(|e| Error::os("starting the far-memory handler thread", e))?;
@@ -486,6 +541,7 @@ impl FarMemory {
             regions: sorted,
             wake: wake_w,
             thread: Some(thread),
+            path,
         })
     }
 
@@ -496,6 +552,23 @@ impl FarMemory {
         self.wake
             .write_all(what)
             .map_err(|e| Error::os("waking the far-memory handler", e))
+    }
+
+    /// Which thread serves faults.
+    pub fn fault_path(&self) -> FaultPath {
+        self.path
+    }
+
+    /// Fetches the pages of `range` and keeps them local until the guard
+    /// is dropped: on the inline path, memory handed to the kernel (a
+    /// `read()` into it, a `futex` on it) must be held, or the kernel's
+    /// access fails with `EFAULT`. On the thread path it holds nothing
+    /// (the kernel waits for the handler like any thread).
+    pub fn hold(&self, range: Region) -> HoldGuard {
+        if self.path != FaultPath::Inline {
+            return HoldGuard(None);
+        }
+        HoldGuard(Some(inline::hold(&[(range.start, range.len)])))
     }
 
     /// The emulated regions, sorted.

@@ -6,10 +6,89 @@
 mod common;
 
 use pagewise::farmem::link::LinkConfig;
-use pagewise::farmem::{policy, Calibration, Config, FarMemory, Stats};
+use pagewise::farmem::{policy, Calibration, Config, FarMemory, FaultPath, Hooks, Stats};
 use pagewise::workload::{AnonMemory, Rng};
 use pagewise::PAGE_SIZE;
 use std::sync::Arc;
+
+thread_local! {
+    /// The fault path the running test uses.
+    static PATH: std::cell::Cell<FaultPath> = const { std::cell::Cell::new(FaultPath::Thread) };
+}
+
+/// `FarMemory::new` on the running test's fault path.
+fn new_fm(
+    regions: &[pagewise::Region],
+    config: Config,
+    policy: Box<dyn policy::Policy>,
+    cal: Calibration,
+) -> pagewise::Result<FarMemory> {
+    let hooks = Hooks {
+        fault_path: PATH.with(|p| p.get()),
+        ..Hooks::default()
+    };
+    let fm = FarMemory::new_with(regions, config, policy, cal, hooks)?;
+    assert_eq!(
+        fm.fault_path(),
+        PATH.with(|p| p.get()),
+        "the engine runs the path asked for"
+    );
+    Ok(fm)
+}
+
+fn fm_path() -> FaultPath {
+    PATH.with(|p| p.get())
+}
+
+/// Runs `test` on `path`; the inline path only where the kernel has
+/// `UFFD_FEATURE_SIGBUS` (skipped, with the reason, elsewhere).
+fn on_path(path: FaultPath, name: &str, test: fn()) {
+    if path == FaultPath::Inline
+        && !pagewise::probe::get().uffd_has(pagewise_sys::uffd::feature::SIGBUS)
+    {
+        pagewise_testkit::skip!("{name} (inline): the kernel lacks UFFD_FEATURE_SIGBUS");
+        return;
+    }
+    PATH.with(|p| p.set(path));
+    test();
+}
+
+/// Every test runs on both fault paths: `NAME::thread` and `NAME::inline`.
+macro_rules! on_both_paths {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[test]
+            fn thread() {
+                super::on_path(super::FaultPath::Thread, stringify!($name), super::$name);
+            }
+            #[test]
+            fn inline() {
+                super::on_path(super::FaultPath::Inline, stringify!($name), super::$name);
+            }
+        }
+    )*};
+}
+
+on_both_paths!(
+    dime_table_5_1_exact_fetches,
+    dime_two_page_test_exact_faults,
+    writes_under_eviction_are_never_lost,
+    faults_inside_system_calls,
+    contents_survive_and_the_model_adds_up,
+    live_budget_change,
+    bad_configuration_is_refused,
+    placements_pinned_local_and_always_remote,
+    dropped_pages_read_as_zeros,
+    unmapped_part_is_forgotten,
+    policy_plugin_lifo,
+    bad_policy_plugins_are_refused,
+    clock_second_chance_exact,
+    learning_policies_keep_the_hot_page,
+    region_added_while_in_use,
+    trace_of_the_two_page_test,
+    a_range_found_after_it_changed_is_emulated_where_it_is_still_anonymous,
+    memory_types_other_than_private_anonymous_are_refused,
+);
 
 /// Whether userfaultfd works here; prints the reason when not.
 fn uffd_or_skip(test: &str) -> bool {
@@ -40,15 +119,13 @@ fn fifo() -> Box<dyn policy::Policy> {
 
 /// DiME's Table 5.1: 2000 pages touched in order, then the last x of them,
 /// with 1000 local pages and FIFO: 2000 fetches for x <= 1000, 2000 + x above.
-#[test]
 fn dime_table_5_1_exact_fetches() {
     if !uffd_or_skip("dime_table_5_1") {
         return;
     }
     for x in (0..=2000).step_by(100) {
         let mem = AnonMemory::new(2000 * PAGE_SIZE).unwrap();
-        let fm =
-            FarMemory::new(&[mem.region()], config(1000, 0), fifo(), Calibration::NONE).unwrap();
+        let fm = new_fm(&[mem.region()], config(1000, 0), fifo(), Calibration::NONE).unwrap();
         for p in 0..2000 {
             mem.write_byte(p * PAGE_SIZE, 1);
         }
@@ -71,13 +148,12 @@ fn dime_table_5_1_exact_fetches() {
 
 /// DiME's two-page test: one local page, two pages accessed alternately 1000
 /// times each: exactly 2000 faults.
-#[test]
 fn dime_two_page_test_exact_faults() {
     if !uffd_or_skip("dime_two_page") {
         return;
     }
     let mem = AnonMemory::new(1000 * PAGE_SIZE).unwrap();
-    let fm = FarMemory::new(&[mem.region()], config(1, 0), fifo(), Calibration::NONE).unwrap();
+    let fm = new_fm(&[mem.region()], config(1, 0), fifo(), Calibration::NONE).unwrap();
     for i in 0..1000u32 {
         mem.write_byte(7, i as u8);
         mem.write_byte(500 * PAGE_SIZE + 9, i as u8);
@@ -85,6 +161,13 @@ fn dime_two_page_test_exact_faults() {
     let st = fm.stop().unwrap();
     assert_eq!(st.page_fault_count, 2000);
     assert_eq!(st.evictions, 1999);
+    // Every fault was served where the path says.
+    let inline = if fm_path() == FaultPath::Inline {
+        2000
+    } else {
+        0
+    };
+    assert_eq!(st.inline_faults, inline);
     assert_eq!(mem.read_byte(7), (999 % 256) as u8);
     assert_eq!(mem.read_byte(500 * PAGE_SIZE + 9), (999 % 256) as u8);
 }
@@ -92,7 +175,6 @@ fn dime_two_page_test_exact_faults() {
 /// Threads write random bytes into their own pages while the engine evicts
 /// with a budget far below the working set; after stopping, memory equals
 /// each thread's shadow byte for byte.
-#[test]
 fn writes_under_eviction_are_never_lost() {
     if !uffd_or_skip("writes_under_eviction") {
         return;
@@ -102,7 +184,7 @@ fn writes_under_eviction_are_never_lost() {
     for name in ["fifo", "random", "clock", "lru"] {
         let pol = policy::by_name(name, 9).unwrap();
         let mem = Arc::new(AnonMemory::new(PAGES * PAGE_SIZE).unwrap());
-        let fm = FarMemory::new(&[mem.region()], config(8, 0), pol, Calibration::NONE).unwrap();
+        let fm = new_fm(&[mem.region()], config(8, 0), pol, Calibration::NONE).unwrap();
         let shadows: Vec<Vec<u8>> = std::thread::scope(|s| {
             let handles: Vec<_> = (0..THREADS)
                 .map(|t| {
@@ -145,8 +227,8 @@ fn writes_under_eviction_are_never_lost() {
 }
 
 /// A `read()` into a buffer whose pages are remote: the kernel's copy faults
-/// and waits for the handler.
-#[test]
+/// and waits for the handler (thread path), or the buffer is held first
+/// (inline path: 16 pages held with a budget of 2, over budget while held).
 fn faults_inside_system_calls() {
     if !uffd_or_skip("faults_in_syscalls") {
         return;
@@ -156,12 +238,16 @@ fn faults_inside_system_calls() {
     let data: Vec<u8> = (0..16 * PAGE_SIZE).map(|i| (i * 7 % 251) as u8).collect();
     std::fs::write(&dir, &data).unwrap();
     let mem = AnonMemory::new(16 * PAGE_SIZE).unwrap();
-    let fm = FarMemory::new(&[mem.region()], config(2, 0), fifo(), Calibration::NONE).unwrap();
+    let fm = new_fm(&[mem.region()], config(2, 0), fifo(), Calibration::NONE).unwrap();
     let file = std::fs::File::open(&dir).unwrap();
     use std::os::unix::fs::FileExt;
     // SAFETY: the buffer is this test's own mapping, 16 pages long.
     let buf = unsafe { std::slice::from_raw_parts_mut(mem.as_ptr(), 16 * PAGE_SIZE) };
+    // On the inline path memory handed to the kernel is held first (a
+    // no-op on the thread path).
+    let held = fm.hold(mem.region());
     file.read_exact_at(buf, 0).unwrap();
+    drop(held);
     let st = fm.stop().unwrap();
     std::fs::remove_file(&dir).unwrap();
     assert_eq!(mem.snapshot(), data);
@@ -170,7 +256,6 @@ fn faults_inside_system_calls() {
 
 /// Populated memory becomes remote and comes back intact at stop; the link
 /// model's sums are exact for sequential faults.
-#[test]
 fn contents_survive_and_the_model_adds_up() {
     if !uffd_or_skip("contents_and_model") {
         return;
@@ -192,7 +277,7 @@ fn contents_survive_and_the_model_adds_up() {
         unseen_ns: 100,
         faults: 1,
     };
-    let fm = FarMemory::new(&[mem.region()], cfg, fifo(), cal).unwrap();
+    let fm = new_fm(&[mem.region()], cfg, fifo(), cal).unwrap();
     for p in 0..64 {
         assert_eq!(mem.read_byte(p * PAGE_SIZE + 3), p as u8 + 1);
     }
@@ -209,13 +294,12 @@ fn contents_survive_and_the_model_adds_up() {
 }
 
 /// A smaller budget evicts at once; a larger one lets more pages stay.
-#[test]
 fn live_budget_change() {
     if !uffd_or_skip("live_budget") {
         return;
     }
     let mem = AnonMemory::new(100 * PAGE_SIZE).unwrap();
-    let mut fm = FarMemory::new(&[mem.region()], config(50, 0), fifo(), Calibration::NONE).unwrap();
+    let mut fm = new_fm(&[mem.region()], config(50, 0), fifo(), Calibration::NONE).unwrap();
     for p in 0..50 {
         mem.write_byte(p * PAGE_SIZE, 5);
     }
@@ -239,20 +323,18 @@ fn live_budget_change() {
     }
 }
 
-#[test]
 fn bad_configuration_is_refused() {
     let mem = AnonMemory::new(4 * PAGE_SIZE).unwrap();
-    let e = FarMemory::new(&[mem.region()], config(0, 0), fifo(), Calibration::NONE).unwrap_err();
+    let e = new_fm(&[mem.region()], config(0, 0), fifo(), Calibration::NONE).unwrap_err();
     assert!(matches!(e, pagewise::Error::Invalid(_)), "{e:?}");
     assert!(e.to_string().contains("local_pages"), "{e}");
-    let e = FarMemory::new(&[], config(1, 0), fifo(), Calibration::NONE).unwrap_err();
+    let e = new_fm(&[], config(1, 0), fifo(), Calibration::NONE).unwrap_err();
     assert!(matches!(e, pagewise::Error::Invalid(_)), "{e:?}");
     assert!(e.to_string().contains("no region"), "{e}");
 }
 
 /// Pinned pages cost no fetch and never leave; always-remote pages are
 /// fetched on every fault and take no budget.
-#[test]
 fn placements_pinned_local_and_always_remote() {
     use pagewise::farmem::Placement;
     use pagewise::Region;
@@ -260,7 +342,7 @@ fn placements_pinned_local_and_always_remote() {
         return;
     }
     let mem = AnonMemory::new(100 * PAGE_SIZE).unwrap();
-    let mut fm = FarMemory::new(&[mem.region()], config(5, 0), fifo(), Calibration::NONE).unwrap();
+    let mut fm = new_fm(&[mem.region()], config(5, 0), fifo(), Calibration::NONE).unwrap();
     let range = |p: usize, n: usize| {
         Region::new(mem.addr() + (p * PAGE_SIZE) as u64, (n * PAGE_SIZE) as u64).unwrap()
     };
@@ -301,7 +383,6 @@ fn placements_pinned_local_and_always_remote() {
 
 /// The program drops pages (`MADV_DONTNEED`), local and remote alike: they
 /// read as zeros afterwards, never as the engine's old copy.
-#[test]
 fn dropped_pages_read_as_zeros() {
     if !uffd_or_skip("dropped_pages") {
         return;
@@ -310,7 +391,7 @@ fn dropped_pages_read_as_zeros() {
     for p in 0..64 {
         mem.fill_page(p, p as u8 + 1);
     }
-    let fm = FarMemory::new(&[mem.region()], config(8, 0), fifo(), Calibration::NONE).unwrap();
+    let fm = new_fm(&[mem.region()], config(8, 0), fifo(), Calibration::NONE).unwrap();
     // Pages 8..16 local, 0..8 fetched and evicted again (remote, in staging).
     for p in 0..16 {
         assert_eq!(mem.read_byte(p * PAGE_SIZE), p as u8 + 1);
@@ -335,7 +416,6 @@ fn dropped_pages_read_as_zeros() {
 
 /// The program unmaps part of an emulated region: the engine forgets it and
 /// goes on serving the rest.
-#[test]
 fn unmapped_part_is_forgotten() {
     if !uffd_or_skip("unmapped_part") {
         return;
@@ -344,7 +424,7 @@ fn unmapped_part_is_forgotten() {
     for p in 0..32 {
         mem.fill_page(p, 7);
     }
-    let fm = FarMemory::new(&[mem.region()], config(4, 0), fifo(), Calibration::NONE).unwrap();
+    let fm = new_fm(&[mem.region()], config(4, 0), fifo(), Calibration::NONE).unwrap();
     for p in 0..32 {
         assert_eq!(mem.read_byte(p * PAGE_SIZE), 7);
     }
@@ -390,7 +470,6 @@ fn build_lifo_plugin() -> Option<std::path::PathBuf> {
 
 /// A policy loaded from a shared object decides the evictions: LIFO's exact
 /// counts, unlike FIFO's.
-#[test]
 fn policy_plugin_lifo() {
     if !uffd_or_skip("policy_plugin") {
         return;
@@ -402,7 +481,7 @@ fn policy_plugin_lifo() {
     let lifo = unsafe { policy::Plugin::load(so.to_str().unwrap(), "capacity=64") }.unwrap();
     assert_eq!(policy::Policy::name(&lifo), "lifo");
     let mem = AnonMemory::new(10 * PAGE_SIZE).unwrap();
-    let fm = FarMemory::new(
+    let fm = new_fm(
         &[mem.region()],
         config(4, 0),
         Box::new(lifo),
@@ -425,7 +504,6 @@ fn policy_plugin_lifo() {
     std::fs::remove_file(&so).unwrap();
 }
 
-#[test]
 fn bad_policy_plugins_are_refused() {
     // SAFETY: loading fails before any code of the object runs.
     let e = unsafe { policy::Plugin::load("/nonexistent/policy.so", "") }.unwrap_err();
@@ -445,14 +523,13 @@ fn bad_policy_plugins_are_refused() {
 
 /// CLOCK gives a page used again a second chance, learned by parking it:
 /// exact fetches, evictions and soft faults of a hand-worked trace.
-#[test]
 fn clock_second_chance_exact() {
     if !uffd_or_skip("clock") {
         return;
     }
     let mem = AnonMemory::new(8 * PAGE_SIZE).unwrap();
     let clock = policy::by_name("clock", 0).unwrap();
-    let fm = FarMemory::new(&[mem.region()], config(3, 0), clock, Calibration::NONE).unwrap();
+    let fm = new_fm(&[mem.region()], config(3, 0), clock, Calibration::NONE).unwrap();
     let touch = |p: usize| mem.write_byte(p * PAGE_SIZE, p as u8 + 1);
     for p in 0..3 {
         touch(p);
@@ -495,14 +572,13 @@ fn clock_second_chance_exact() {
 /// just used (its use while mapped is invisible), so the first sweep clears
 /// and parks all four and evicts the hot page, which comes back and is
 /// then seen on every use: 50 cold fetches + 2 hot ones.
-#[test]
 fn learning_policies_keep_the_hot_page() {
     if !uffd_or_skip("learning_policies") {
         return;
     }
     for name in ["clock", "lru", "fifo"] {
         let mem = AnonMemory::new(64 * PAGE_SIZE).unwrap();
-        let fm = FarMemory::new(
+        let fm = new_fm(
             &[mem.region()],
             config(4, 0),
             policy::by_name(name, 0).unwrap(),
@@ -531,7 +607,6 @@ fn learning_policies_keep_the_hot_page() {
 
 /// A region added while threads write to it: no write is lost, and its
 /// pages are remote from then on.
-#[test]
 fn region_added_while_in_use() {
     if !uffd_or_skip("region_added") {
         return;
@@ -542,8 +617,7 @@ fn region_added_while_in_use() {
     for p in 0..PAGES {
         mem.fill_page(p, 1);
     }
-    let mut fm =
-        FarMemory::new(&[first.region()], config(8, 0), fifo(), Calibration::NONE).unwrap();
+    let mut fm = new_fm(&[first.region()], config(8, 0), fifo(), Calibration::NONE).unwrap();
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let shadows: Vec<Vec<u8>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..2)
@@ -585,21 +659,19 @@ fn region_added_while_in_use() {
     }
     assert!(st.remote_fetches > 0, "{st:?}");
     // Adding an overlapping region is refused.
-    let mut fm =
-        FarMemory::new(&[first.region()], config(8, 0), fifo(), Calibration::NONE).unwrap();
+    let mut fm = new_fm(&[first.region()], config(8, 0), fifo(), Calibration::NONE).unwrap();
     assert!(fm.add(first.region()).is_err());
     fm.stop().unwrap();
 }
 
 /// The trace records every fetch and eviction, in order, with addresses.
-#[test]
 fn trace_of_the_two_page_test() {
     use pagewise::farmem::TraceKind;
     if !uffd_or_skip("trace") {
         return;
     }
     let mem = AnonMemory::new(4 * PAGE_SIZE).unwrap();
-    let mut fm = FarMemory::new(&[mem.region()], config(1, 0), fifo(), Calibration::NONE).unwrap();
+    let mut fm = new_fm(&[mem.region()], config(1, 0), fifo(), Calibration::NONE).unwrap();
     fm.trace(1000);
     for i in 0..100u8 {
         // Never the value already there: every visit changes the page.
@@ -635,7 +707,6 @@ fn trace_of_the_two_page_test() {
 /// emulating …: UFFDIO_REGISTER … Invalid argument", as `git` showed): the
 /// part still private anonymous memory is emulated, the rest left alone
 /// without a word.
-#[test]
 fn a_range_found_after_it_changed_is_emulated_where_it_is_still_anonymous() {
     if !uffd_or_skip("found_after_shrink") {
         return;
@@ -668,6 +739,7 @@ fn a_range_found_after_it_changed_is_emulated_where_it_is_still_anonymous() {
                 out.push(found);
             }
         })),
+        fault_path: PATH.with(|p| p.get()),
         ..Default::default()
     };
     let fm = FarMemory::new_with(
@@ -712,14 +784,13 @@ fn a_range_found_after_it_changed_is_emulated_where_it_is_still_anonymous() {
 /// Far-memory emulation works on private anonymous memory and refuses every
 /// other kind by name (it moves pages with UFFDIO_MOVE, which only private
 /// anonymous pages allow).
-#[test]
 fn memory_types_other_than_private_anonymous_are_refused() {
     use pagewise::procfs::MemoryKind as K;
     if !uffd_or_skip("memory_types_other_than_private_anonymous_are_refused") {
         return;
     }
     let ok = common::Mapped::new(K::PrivateAnonymous, 16).unwrap();
-    let fm = FarMemory::new(&[ok.region()], config(4, 0), fifo(), Calibration::NONE).unwrap();
+    let fm = new_fm(&[ok.region()], config(4, 0), fifo(), Calibration::NONE).unwrap();
     assert_eq!(
         ok.byte(5 * PAGE_SIZE + 9),
         5 | 1,
@@ -734,7 +805,7 @@ fn memory_types_other_than_private_anonymous_are_refused() {
                 continue;
             }
         };
-        let e = FarMemory::new(&[m.region()], config(4, 0), fifo(), Calibration::NONE).unwrap_err();
+        let e = new_fm(&[m.region()], config(4, 0), fifo(), Calibration::NONE).unwrap_err();
         assert!(
             matches!(e, pagewise::Error::MemoryType(_)),
             "{}: {e:?}",

@@ -92,7 +92,23 @@ impl Engine {
     /// Evicts the policy's victim and parks the pages it asks for; returns
     /// whether the victim was written back, `None` when there is no victim.
     pub(in crate::farmem) fn evict_victim(&mut self, sh: &Shared) -> Result<Option<bool>> {
-        let Some(v) = self.policy.victim() else {
+        // A page held for the kernel is passed over (and goes back to the
+        // policy as if just inserted).
+        let mut passed = Vec::new();
+        let v = loop {
+            match self.policy.victim() {
+                Some(v) if self.is_held(v) && passed.len() < self.local => passed.push(v),
+                Some(v) if self.is_held(v) => {
+                    passed.push(v);
+                    break None;
+                }
+                v => break v,
+            }
+        };
+        for p in passed {
+            self.policy.inserted(p);
+        }
+        let Some(v) = v else {
             return Ok(None);
         };
         let dirty = match self.evict(sh, v) {
@@ -129,7 +145,7 @@ impl Engine {
 
     /// Moves local page `g` to staging but keeps it local (see [`policy`]).
     pub(in crate::farmem) fn park(&mut self, sh: &Shared, g: usize) -> Result<()> {
-        if self.pages[g] != Where::Local {
+        if self.pages[g] != Where::Local || self.is_held(g) {
             return Ok(());
         }
         let (_, _, addr, staged) = self.addr_of(g);

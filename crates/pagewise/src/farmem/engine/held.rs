@@ -1,0 +1,84 @@
+//! The engine's side of the inline path (see [`crate::farmem::inline`]):
+//! a fault served in the thread that took it, and pages held for the kernel.
+
+use super::*;
+use crate::farmem::inline::Served;
+
+impl Engine {
+    /// Serves a user-mode fault at `addr` in the faulting thread.
+    pub(in crate::farmem) fn serve_inline(&mut self, sh: &Shared, addr: u64) -> Served {
+        if !(self.moves.is_empty() && self.adopts.is_empty()) || self.changing_now() {
+            return Served::Again;
+        }
+        // Changes asked for apply before the next fault is served, as on
+        // the handler thread.
+        self.follow_instance(sh);
+        if sh.changed.swap(false, Ordering::AcqRel) {
+            match self.fit_budget(sh) {
+                Ok(()) => {}
+                Err(e) if again(&e) => {
+                    sh.changed.store(true, Ordering::Release);
+                    return Served::Again;
+                }
+                Err(e) => fail(&e),
+            }
+        }
+        if self.locate(addr).is_none() {
+            if let Err(e) = self.discover_now() {
+                fail(&e);
+            }
+        }
+        if self.locate(addr).is_none() {
+            // Registered but not (or no longer) emulated: fresh memory,
+            // zeros. Not registered with this engine at all: not ours.
+            let page = addr & !(PAGE_SIZE as u64 - 1);
+            return match uffd::zeropage(self.uffd.as_raw_fd(), page, PAGE_SIZE as u64) {
+                Ok(()) => Served::Done,
+                Err(e) => match e.raw_os_error() {
+                    Some(libc::EEXIST) => Served::Done,
+                    Some(libc::EAGAIN) => Served::Again,
+                    _ => Served::NotMine,
+                },
+            };
+        }
+        match self.fault(sh, addr, Instant::now()) {
+            Ok(()) => {
+                sh.counters.inline.fetch_add(1, Ordering::Relaxed);
+                self.publish(sh);
+                Served::Done
+            }
+            Err(e) if again(&e) => Served::Again,
+            Err(e) => fail(&e),
+        }
+    }
+
+    /// Makes the page at `page` local (a fetch if it is not) and holds it.
+    pub(in crate::farmem) fn hold_page(&mut self, sh: &Shared, page: u64) -> Served {
+        let Some((_, g, _)) = self.locate(page) else {
+            return Served::NotMine;
+        };
+        if self.pages[g] != Where::Local {
+            match self.serve_inline(sh, page) {
+                Served::Done => {}
+                s => return s,
+            }
+        }
+        if self.pages[g] != Where::Local {
+            return Served::Again;
+        }
+        self.held[g] += 1;
+        Served::Done
+    }
+
+    /// Ends one hold of the page at `page`.
+    pub(in crate::farmem) fn release_page(&mut self, page: u64) {
+        if let Some((_, g, _)) = self.locate(page) {
+            self.held[g] = self.held[g].saturating_sub(1);
+        }
+    }
+
+    /// Whether page `g` is held for the kernel.
+    pub(in crate::farmem) fn is_held(&self, g: usize) -> bool {
+        self.held.get(g).is_some_and(|&h| h > 0)
+    }
+}

@@ -1,0 +1,505 @@
+//! Faults served in the faulting thread (`UFFD_FEATURE_SIGBUS`).
+//!
+//! On the *inline* path the regions are registered with a userfaultfd that
+//! asks for `SIGBUS`: a user-mode access to a remote page raises `SIGBUS` in
+//! the thread that made it, and this module's handler serves the fault
+//! right there (evicts a victim, waits out the modelled delay, moves the
+//! page in) and returns, so that the access runs again and succeeds. No
+//! other thread is woken and nobody sleeps: what a fault costs is the
+//! signal's delivery and return and the engine's own work.
+//!
+//! The engine's books are shared by every thread that faults and by the
+//! event thread (which still reads the program's `munmap`, `MADV_DONTNEED`
+//! and `mremap` as events) under one [`OwnedLock`], whose owner a handler
+//! can recognise. The handler blocks every asynchronous signal while it
+//! runs, so that a program's handler never interrupts a thread that holds
+//! the lock.
+//!
+//! # Memory the kernel touches
+//! A fault the kernel takes on the program's behalf (a `read()` into a
+//! remote buffer) cannot raise a signal: on this path it fails with
+//! `EFAULT`. Such memory is *held* before it is handed to the kernel
+//! ([`hold`]): its pages are fetched now and are neither evicted nor parked
+//! until the hold is released. The preload shim holds what every trapped
+//! system call will touch (see `kernel_access`); a library user holds
+//! buffers with [`super::FarMemory::hold`].
+//!
+//! # The program's own `SIGBUS`
+//! A `SIGBUS` that is not a fault on emulated memory (a file mapping read
+//! past its end, a signal sent by `kill`) goes to the action the program
+//! set ([`set_program_action`]; at first, the one found when the handler
+//! was installed): its handler is called, or the default action is put back
+//! and taken.
+
+use super::engine::Engine;
+use super::Shared;
+use pagewise_sys::futex::{gettid, OwnedLock};
+use pagewise_sys::signal::{self, KernelSigaction};
+use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
+use std::sync::{Arc, Once};
+
+/// Which thread serves a fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FaultPath {
+    /// The engine's handler thread; the faulting thread sleeps until the
+    /// page is mapped. Faults inside system calls wait like any other.
+    #[default]
+    Thread,
+    /// The faulting thread itself, in a `SIGBUS` handler. Memory handed to
+    /// the kernel must be held first (see the module docs).
+    Inline,
+}
+
+impl std::str::FromStr for FaultPath {
+    type Err = crate::Error;
+    fn from_str(s: &str) -> crate::Result<Self> {
+        match s {
+            "thread" => Ok(FaultPath::Thread),
+            "inline" => Ok(FaultPath::Inline),
+            _ => Err(crate::Error::Invalid(format!(
+                "unknown fault path {s:?} (thread or inline)"
+            ))),
+        }
+    }
+}
+
+impl std::fmt::Display for FaultPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            FaultPath::Thread => "thread",
+            FaultPath::Inline => "inline",
+        })
+    }
+}
+
+/// One engine and the lock over it.
+pub(super) struct Cell {
+    lock: OwnedLock,
+    engine: UnsafeCell<Option<Engine>>,
+    pub(super) shared: Arc<Shared>,
+}
+
+// SAFETY: the engine is reached only through `Guard`, which holds the lock.
+unsafe impl Sync for Cell {}
+// SAFETY: as above; the engine itself moves between threads only whole.
+unsafe impl Send for Cell {}
+
+/// The engine, locked.
+pub(super) struct Guard<'a> {
+    cell: &'a Cell,
+}
+
+impl Guard<'_> {
+    /// The engine (`None` once it stopped).
+    pub(super) fn engine(&mut self) -> Option<&mut Engine> {
+        // SAFETY: this guard holds the lock.
+        unsafe { (*self.cell.engine.get()).as_mut() }
+    }
+
+    /// Takes the engine out (it stops).
+    pub(super) fn take(&mut self) -> Option<Engine> {
+        // SAFETY: this guard holds the lock.
+        unsafe { (*self.cell.engine.get()).take() }
+    }
+}
+
+impl Drop for Guard<'_> {
+    fn drop(&mut self) {
+        self.cell.lock.unlock();
+    }
+}
+
+impl Cell {
+    pub(super) fn new(engine: Engine, shared: Arc<Shared>) -> Self {
+        Cell {
+            lock: OwnedLock::new(),
+            engine: UnsafeCell::new(Some(engine)),
+            shared,
+        }
+    }
+
+    pub(super) fn lock(&self) -> Guard<'_> {
+        self.lock.lock(gettid());
+        Guard { cell: self }
+    }
+
+    fn lock_as(&self, tid: i32) -> Guard<'_> {
+        self.lock.lock(tid);
+        Guard { cell: self }
+    }
+}
+
+/// The engines serving faults inline in this process. A cell, once here,
+/// is never freed (a handler may be about to look at it); a stopped one
+/// holds no engine and leaves its slot.
+const MAX_ENGINES: usize = 32;
+static CELLS: [AtomicPtr<Cell>; MAX_ENGINES] =
+    [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_ENGINES];
+
+/// Enters `cell` in the registry (installing the handler the first time).
+pub(super) fn register(cell: &Arc<Cell>) -> crate::Result<()> {
+    install_handler()?;
+    let p = Arc::into_raw(cell.clone()) as *mut Cell;
+    for slot in &CELLS {
+        if slot
+            .compare_exchange(std::ptr::null_mut(), p, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            return Ok(());
+        }
+    }
+    // SAFETY: `p` came from Arc::into_raw just above and was not stored.
+    drop(unsafe { Arc::from_raw(p) });
+    Err(crate::Error::Invalid(format!(
+        "at most {MAX_ENGINES} far-memory engines may serve faults inline in one process"
+    )))
+}
+
+/// Takes `cell` out of the registry once its engine stopped (the cell
+/// itself is never freed: a handler may still be looking at it).
+pub(super) fn unregister(cell: &Cell) {
+    for slot in &CELLS {
+        let _ = slot.compare_exchange(
+            cell as *const Cell as *mut Cell,
+            std::ptr::null_mut(),
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+    }
+}
+
+fn cells() -> impl Iterator<Item = &'static Cell> {
+    CELLS.iter().filter_map(|s| {
+        let p = s.load(Ordering::Acquire);
+        // SAFETY: a registered cell is never freed (see CELLS).
+        (!p.is_null()).then(|| unsafe { &*p })
+    })
+}
+
+/// Whether thread `tid` is inside an inline engine now (it holds one's
+/// lock): its system calls are the engine's own, never the program's.
+pub fn in_engine(tid: i32) -> bool {
+    cells().any(|c| c.lock.held_by(tid))
+}
+
+/// What serving a fault came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Served {
+    /// The page is mapped.
+    Done,
+    /// Not now (the address space is changing under events not read yet):
+    /// return and let the access fault again.
+    Again,
+    /// Not a page of this engine.
+    NotMine,
+}
+
+/// Serves a fault at `addr` taken by thread `tid`.
+fn serve(addr: u64, tid: i32) -> Served {
+    for c in cells() {
+        if c.lock.held_by(tid) {
+            super::engine::fail(&crate::Error::Internal(format!(
+                "the far-memory engine faulted on emulated memory at {addr:#x} while serving a fault"
+            )));
+        }
+        let mut g = c.lock_as(tid);
+        let sh = c.shared.clone();
+        let Some(e) = g.engine() else { continue };
+        match e.serve_inline(&sh, addr) {
+            Served::NotMine => continue,
+            s => return s,
+        }
+    }
+    Served::NotMine
+}
+
+/// Holds pages for the kernel (see [`hold`]); released by [`release`].
+#[derive(Debug, Default)]
+pub struct Held {
+    /// The engine slot and the pages held there.
+    pages: Vec<(usize, u64)>,
+}
+
+impl Held {
+    /// Whether nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.pages.is_empty()
+    }
+}
+
+/// Fetches the emulated pages of `ranges` (address, length) and holds them:
+/// they stay local until [`release`], so that the kernel can read and write
+/// them. Pages of no inline engine are left alone. Returns what it holds.
+pub fn hold(ranges: &[(u64, u64)]) -> Held {
+    let tid = gettid();
+    let mut held = Held::default();
+    for (i, slot) in CELLS.iter().enumerate() {
+        let p = slot.load(Ordering::Acquire);
+        if p.is_null() {
+            continue;
+        }
+        // SAFETY: a registered cell is never freed.
+        let c = unsafe { &*p };
+        for &(start, len) in ranges {
+            if len == 0 {
+                continue;
+            }
+            let first = start & !(crate::PAGE_SIZE as u64 - 1);
+            let mut page = first;
+            while page < start + len {
+                loop {
+                    let mut g = c.lock_as(tid);
+                    let sh = c.shared.clone();
+                    let Some(e) = g.engine() else { break };
+                    match e.hold_page(&sh, page) {
+                        Served::Done => {
+                            held.pages.push((i, page));
+                            break;
+                        }
+                        Served::NotMine => break,
+                        Served::Again => {
+                            drop(g);
+                            std::thread::yield_now();
+                        }
+                    }
+                }
+                page += crate::PAGE_SIZE as u64;
+            }
+        }
+    }
+    held
+}
+
+/// Releases what [`hold`] held.
+pub fn release(held: Held) {
+    if held.pages.is_empty() {
+        return;
+    }
+    let tid = gettid();
+    for (slot, cell) in CELLS.iter().enumerate() {
+        if !held.pages.iter().any(|&(s, _)| s == slot) {
+            continue;
+        }
+        let p = cell.load(Ordering::Acquire);
+        // SAFETY: a registered cell is never freed (and this one held pages).
+        let c = unsafe { &*p };
+        let mut g = c.lock_as(tid);
+        if let Some(e) = g.engine() {
+            for &(s, page) in &held.pages {
+                if s == slot {
+                    e.release_page(page);
+                }
+            }
+        }
+    }
+}
+
+/// A coarse, lock-free map of where emulated memory may be: one bit per
+/// 2 MiB of address space (8 MiB reserved, touched only where set). A clear
+/// bit means no inline engine emulates anything there.
+static SUMMARY: AtomicPtr<AtomicU64> = AtomicPtr::new(std::ptr::null_mut());
+const GRANULE_SHIFT: u32 = 21;
+const SUMMARY_BITS: u64 = 1 << (47 - GRANULE_SHIFT);
+
+fn summary() -> Option<&'static [AtomicU64]> {
+    let p = SUMMARY.load(Ordering::Acquire);
+    // SAFETY: once set, SUMMARY points at SUMMARY_BITS/64 words mapped for
+    // the life of the process.
+    (!p.is_null()).then(|| unsafe { std::slice::from_raw_parts(p, (SUMMARY_BITS / 64) as usize) })
+}
+
+/// Marks `[start, start+len)` as possibly emulated.
+pub(super) fn mark(start: u64, len: u64) {
+    let Some(s) = summary() else { return };
+    let (a, b) = (start >> GRANULE_SHIFT, (start + len - 1) >> GRANULE_SHIFT);
+    for g in a..=b.min(SUMMARY_BITS - 1) {
+        s[(g / 64) as usize].fetch_or(1 << (g % 64), Ordering::Release);
+    }
+}
+
+/// Whether any byte of `[start, start+len)` may be emulated by an inline
+/// engine (never a false "no"; cheap, lock-free, signal-safe).
+pub fn may_be_emulated(start: u64, len: u64) -> bool {
+    let Some(s) = summary() else { return false };
+    if len == 0 || start >= SUMMARY_BITS << GRANULE_SHIFT {
+        return false;
+    }
+    let (a, b) = (
+        start >> GRANULE_SHIFT,
+        (start.saturating_add(len - 1)) >> GRANULE_SHIFT,
+    );
+    (a..=b.min(SUMMARY_BITS - 1))
+        .any(|g| s[(g / 64) as usize].load(Ordering::Acquire) & (1 << (g % 64)) != 0)
+}
+
+/// The action the program set for `SIGBUS`, which faults that are not
+/// ours go to.
+static PROGRAM_ACTION: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
+static INSTALLED: AtomicBool = AtomicBool::new(false);
+
+fn program_action() -> KernelSigaction {
+    let g = |i: usize| PROGRAM_ACTION[i].load(Ordering::Acquire);
+    KernelSigaction {
+        handler: g(0) as usize,
+        flags: g(1),
+        restorer: g(2) as usize,
+        mask: g(3),
+    }
+}
+
+/// Sets the action faults that are not the engine's go to (the preload
+/// shim calls this for the program's `sigaction(SIGBUS, ...)`); returns the
+/// one it replaces. Without an inline engine, returns `None`: the caller
+/// makes the program's call itself.
+pub fn set_program_action(act: Option<&KernelSigaction>) -> Option<KernelSigaction> {
+    if !INSTALLED.load(Ordering::Acquire) {
+        return None;
+    }
+    let old = program_action();
+    if let Some(a) = act {
+        PROGRAM_ACTION[0].store(a.handler as u64, Ordering::Release);
+        PROGRAM_ACTION[1].store(a.flags, Ordering::Release);
+        PROGRAM_ACTION[2].store(a.restorer as u64, Ordering::Release);
+        PROGRAM_ACTION[3].store(a.mask, Ordering::Release);
+    }
+    Some(old)
+}
+
+/// Signals blocked while the handler runs: every one but those raised by
+/// faults (blocked, they would kill the process) and `SIGSYS` (which a
+/// seccomp trap raises for the engine's own calls).
+fn handler_mask() -> u64 {
+    let keep = [
+        libc::SIGBUS,
+        libc::SIGSEGV,
+        libc::SIGILL,
+        libc::SIGFPE,
+        libc::SIGTRAP,
+        libc::SIGSYS,
+    ];
+    keep.iter().fold(!0u64, |m, &s| m & !signal::bit(s))
+}
+
+fn install_handler() -> crate::Result<()> {
+    static ONCE: Once = Once::new();
+    let mut result = Ok(());
+    ONCE.call_once(|| {
+        if SUMMARY.load(Ordering::Acquire).is_null() {
+            match pagewise_sys::mem::mmap_anonymous_flags(
+                (SUMMARY_BITS / 8) as usize,
+                libc::MAP_NORESERVE,
+            ) {
+                Ok(p) => SUMMARY.store(p as *mut AtomicU64, Ordering::Release),
+                Err(e) => {
+                    result = Err(crate::Error::os("reserving the emulated-memory summary", e));
+                    return;
+                }
+            }
+        }
+        // Through the C library first, which supplies the restorer; then
+        // the kernel's own view, with the mask set.
+        // SAFETY: on_sigbus is async-signal-safe in the sense the module
+        // docs give: it takes only the engine lock, with async signals blocked.
+        let old = match unsafe { signal::install(libc::SIGBUS, on_sigbus) } {
+            Ok(o) => o,
+            Err(e) => {
+                result = Err(crate::Error::os("installing the SIGBUS handler", e));
+                return;
+            }
+        };
+        let mut now = KernelSigaction::default();
+        // SAFETY: reading the action only.
+        unsafe { signal::raw_sigaction(libc::SIGBUS, None, Some(&mut now)) };
+        now.mask = handler_mask();
+        now.flags &= !(libc::SA_RESTART as u64);
+        // SAFETY: the same handler and restorer, with a fuller mask.
+        unsafe { signal::raw_sigaction(libc::SIGBUS, Some(&now), None) };
+        let mut prev = KernelSigaction {
+            handler: old.sa_sigaction,
+            flags: old.sa_flags as u64,
+            restorer: 0,
+            mask: 0,
+        };
+        // The previous mask in the kernel's 64-bit form.
+        for s in 1..=64 {
+            // SAFETY: `old.sa_mask` is a valid sigset the kernel filled.
+            if unsafe { libc::sigismember(&old.sa_mask, s) } == 1 {
+                prev.mask |= signal::bit(s);
+            }
+        }
+        INSTALLED.store(true, Ordering::Release);
+        set_program_action(Some(&prev));
+    });
+    result?;
+    if INSTALLED.load(Ordering::Acquire) {
+        Ok(())
+    } else {
+        Err(crate::Error::Internal(
+            "the SIGBUS handler is not installed".into(),
+        ))
+    }
+}
+
+type Sigaction3 = extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void);
+type Sigaction1 = extern "C" fn(libc::c_int);
+
+extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler.
+    let (code, addr) = unsafe { ((*info).si_code, (*info).si_addr() as u64) };
+    if code == libc::BUS_ADRERR {
+        match serve(addr, gettid()) {
+            Served::Done => return,
+            Served::Again => {
+                // SAFETY: sched_yield has no arguments.
+                unsafe { pagewise_sys::futex::syscall(libc::SYS_sched_yield, [0; 6]) };
+                return;
+            }
+            Served::NotMine => {}
+        }
+    }
+    let act = program_action();
+    match act.handler {
+        0 | 1 => {
+            // The default action (or ignored, which a fault cannot be):
+            // put it back and take it.
+            let dfl = KernelSigaction::default();
+            // SAFETY: SIG_DFL needs no handler code.
+            unsafe { signal::raw_sigaction(libc::SIGBUS, Some(&dfl), None) };
+            if code <= 0 {
+                // Sent, not a fault: raise it again, now with the default.
+                // SAFETY: tgkill of this thread.
+                unsafe {
+                    pagewise_sys::futex::syscall(
+                        libc::SYS_tgkill,
+                        [
+                            std::process::id() as u64,
+                            gettid() as u64,
+                            sig as u64,
+                            0,
+                            0,
+                            0,
+                        ],
+                    )
+                };
+            }
+            // A fault: returning runs the access again, which faults again
+            // and takes the default action.
+        }
+        h => {
+            if act.flags & libc::SA_SIGINFO as u64 != 0 {
+                // SAFETY: the program installed this as an SA_SIGINFO handler.
+                let f: Sigaction3 = unsafe { std::mem::transmute::<usize, Sigaction3>(h) };
+                f(sig, info, ctx);
+            } else {
+                // SAFETY: the program installed this as a one-argument handler.
+                let f: Sigaction1 = unsafe { std::mem::transmute::<usize, Sigaction1>(h) };
+                f(sig);
+            }
+            if act.flags & libc::SA_RESETHAND as u64 != 0 {
+                set_program_action(Some(&KernelSigaction::default()));
+            }
+        }
+    }
+}
