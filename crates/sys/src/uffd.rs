@@ -263,6 +263,23 @@ pub fn userfaultfd(flags: libc::c_int) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
+/// `ioctl(fd, req, arg)` made without the C library
+/// ([`crate::futex::syscall`]): a seccomp trap of the C library's calls
+/// never sees the engine's ioctls, which may run inside a signal handler.
+///
+/// # Safety
+/// `arg` points at the structure `req` takes, valid for the call.
+unsafe fn raw_ioctl<T>(fd: RawFd, req: u64, arg: *mut T) -> io::Result<i64> {
+    // SAFETY: the caller vouches for `arg`.
+    let r =
+        unsafe { crate::futex::syscall(libc::SYS_ioctl, [fd as u64, req, arg as u64, 0, 0, 0]) };
+    if r < 0 {
+        Err(io::Error::from_raw_os_error(-r as i32))
+    } else {
+        Ok(r)
+    }
+}
+
 /// Creates a userfaultfd through `/dev/userfaultfd` (`USERFAULTFD_IOC_NEW`).
 pub fn userfaultfd_from_device(flags: libc::c_int) -> io::Result<OwnedFd> {
     let dev = std::fs::OpenOptions::new()
@@ -304,7 +321,7 @@ pub fn api(fd: RawFd, features: u64) -> io::Result<UffdioApi> {
         ioctls: 0,
     };
     // SAFETY: `arg` is a valid, writable `struct uffdio_api` that outlives the call.
-    cvt_int(unsafe { libc::ioctl(fd, UFFDIO_API as libc::c_ulong, &mut arg) })?;
+    unsafe { raw_ioctl(fd, UFFDIO_API, &mut arg) }?;
     Ok(arg)
 }
 
@@ -316,7 +333,7 @@ pub fn register(fd: RawFd, start: u64, len: u64, mode: u64) -> io::Result<Uffdio
         ioctls: 0,
     };
     // SAFETY: `arg` is a valid, writable `struct uffdio_register` that outlives the call.
-    cvt_int(unsafe { libc::ioctl(fd, UFFDIO_REGISTER as libc::c_ulong, &mut arg) })?;
+    unsafe { raw_ioctl(fd, UFFDIO_REGISTER, &mut arg) }?;
     Ok(arg)
 }
 
@@ -324,7 +341,7 @@ pub fn register(fd: RawFd, start: u64, len: u64, mode: u64) -> io::Result<Uffdio
 pub fn unregister(fd: RawFd, start: u64, len: u64) -> io::Result<()> {
     let mut arg = UffdioRange { start, len };
     // SAFETY: `arg` is a valid `struct uffdio_range` that outlives the call.
-    cvt_int(unsafe { libc::ioctl(fd, UFFDIO_UNREGISTER as libc::c_ulong, &mut arg) })?;
+    unsafe { raw_ioctl(fd, UFFDIO_UNREGISTER, &mut arg) }?;
     Ok(())
 }
 
@@ -335,7 +352,7 @@ pub fn writeprotect(fd: RawFd, start: u64, len: u64, protect: bool) -> io::Resul
         mode: if protect { WRITEPROTECT_MODE_WP } else { 0 },
     };
     // SAFETY: `arg` is a valid `struct uffdio_writeprotect` that outlives the call.
-    cvt_int(unsafe { libc::ioctl(fd, UFFDIO_WRITEPROTECT as libc::c_ulong, &mut arg) })?;
+    unsafe { raw_ioctl(fd, UFFDIO_WRITEPROTECT, &mut arg) }?;
     Ok(())
 }
 
@@ -345,17 +362,23 @@ pub fn read_msg(fd: RawFd) -> io::Result<UffdMsg> {
     loop {
         // SAFETY: `msg` is a valid, writable buffer of exactly one `struct uffd_msg`.
         let n = unsafe {
-            libc::read(
-                fd,
-                (&mut msg as *mut UffdMsg).cast(),
-                std::mem::size_of::<UffdMsg>(),
+            crate::futex::syscall(
+                libc::SYS_read,
+                [
+                    fd as u64,
+                    &mut msg as *mut UffdMsg as u64,
+                    std::mem::size_of::<UffdMsg>() as u64,
+                    0,
+                    0,
+                    0,
+                ],
             )
         };
-        if n == std::mem::size_of::<UffdMsg>() as isize {
+        if n == std::mem::size_of::<UffdMsg>() as i64 {
             return Ok(msg);
         }
         if n < 0 {
-            let e = io::Error::last_os_error();
+            let e = io::Error::from_raw_os_error(-n as i32);
             if e.raw_os_error() == Some(libc::EINTR) {
                 continue;
             }
@@ -376,7 +399,7 @@ pub fn zeropage(fd: RawFd, start: u64, len: u64) -> io::Result<()> {
         zeropage: 0,
     };
     // SAFETY: `arg` is a valid `struct uffdio_zeropage` that outlives the call.
-    cvt_int(unsafe { libc::ioctl(fd, UFFDIO_ZEROPAGE as libc::c_ulong, &mut arg) })?;
+    unsafe { raw_ioctl(fd, UFFDIO_ZEROPAGE, &mut arg) }?;
     Ok(())
 }
 
@@ -384,7 +407,7 @@ pub fn zeropage(fd: RawFd, start: u64, len: u64) -> io::Result<()> {
 pub fn wake(fd: RawFd, start: u64, len: u64) -> io::Result<()> {
     let mut arg = UffdioRange { start, len };
     // SAFETY: `arg` is a valid `struct uffdio_range` that outlives the call.
-    cvt_int(unsafe { libc::ioctl(fd, UFFDIO_WAKE as libc::c_ulong, &mut arg) })?;
+    unsafe { raw_ioctl(fd, UFFDIO_WAKE, &mut arg) }?;
     Ok(())
 }
 
@@ -441,7 +464,7 @@ pub fn move_pages(fd: RawFd, dst: u64, src: u64, len: u64, mode: u64) -> io::Res
         };
         // SAFETY: `arg` is a valid `struct uffdio_move` that outlives the
         // call; the kernel checks both ranges against the caller's mappings.
-        match cvt_int(unsafe { libc::ioctl(fd, UFFDIO_MOVE as libc::c_ulong, &mut arg) }) {
+        match unsafe { raw_ioctl(fd, UFFDIO_MOVE, &mut arg) } {
             Ok(_) => return Ok(()),
             Err(e) if e.raw_os_error() == Some(libc::EAGAIN) && arg.moved > 0 => {
                 done += arg.moved as u64;

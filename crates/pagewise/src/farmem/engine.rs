@@ -107,9 +107,6 @@ pub(super) struct Engine {
     page_buf: Vec<u8>,
     /// Faults are served in the faulting thread (see [`super::inline`]).
     pub(super) inline: bool,
-    /// Holds on each page (see [`super::inline::hold`]): a held page is
-    /// neither evicted nor parked.
-    held: Vec<u32>,
 }
 
 /// The handler met an error it cannot recover from: its books no longer
@@ -247,7 +244,6 @@ impl Engine {
             coverage_todo: None,
             window: None,
             inline,
-            held: Vec::new(),
         };
         for r in regions {
             e.add_region(*r)?;
@@ -383,10 +379,17 @@ impl Engine {
                 }
                 uffd::event::UNMAP => {
                     let (start, end) = msg.range();
+                    if this.inline {
+                        super::inline::unmark(start, end - start);
+                    }
                     this.dropped(sh, start, end)
                 }
                 uffd::event::REMAP => {
                     let (from, to, len) = msg.remap();
+                    if this.inline {
+                        super::inline::unmark(from, len);
+                        super::inline::mark(to, len);
+                    }
                     this.remapped(sh, from, to, len)
                 }
                 _ => Ok(()),
@@ -569,6 +572,7 @@ impl Engine {
         c.fetches.fetch_add(1, Ordering::Relaxed);
         let mut writeback_bytes = 0;
         // Always-remote pages visited since the last fault go back first.
+        let counted = self.inline.then(super::inline::evicting);
         for v in std::mem::take(&mut self.visiting) {
             if self.is_held(v) {
                 self.visiting.push(v);
@@ -576,6 +580,7 @@ impl Engine {
                 writeback_bytes += PAGE_SIZE as u64;
             }
         }
+        drop(counted);
         while class == Placement::Normal && !sh.paused.load(Ordering::Relaxed) && {
             let (local, budget) = self.load(&cfg);
             local >= budget

@@ -36,7 +36,7 @@ use super::Shared;
 use pagewise_sys::futex::{gettid, OwnedLock};
 use pagewise_sys::signal::{self, KernelSigaction};
 use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Once};
 
 /// Which thread serves a fault.
@@ -215,123 +215,218 @@ fn serve(addr: u64, tid: i32) -> Served {
     Served::NotMine
 }
 
-/// Holds pages for the kernel (see [`hold`]); released by [`release`].
+/// Where emulated memory is, one bit per page of the 47-bit address space
+/// (4 GiB reserved, touched only where set): set when an inline engine
+/// takes a region, cleared when the program unmaps it. Lock-free and
+/// signal-safe to read; a hold touches only pages whose bit is set.
+static PAGES: AtomicPtr<AtomicU64> = AtomicPtr::new(std::ptr::null_mut());
+const ADDRESS_BITS: u32 = 47;
+const PAGE_SHIFT: u32 = 12;
+const PAGE_BITS: u64 = 1 << (ADDRESS_BITS - PAGE_SHIFT);
+
+fn pages_map() -> Option<&'static [AtomicU64]> {
+    let p = PAGES.load(Ordering::Acquire);
+    // SAFETY: once set, PAGES points at PAGE_BITS/64 words mapped for the
+    // life of the process.
+    (!p.is_null()).then(|| unsafe { std::slice::from_raw_parts(p, (PAGE_BITS / 64) as usize) })
+}
+
+/// First and last page number of a range inside the address space.
+fn page_range(start: u64, len: u64) -> Option<(u64, u64)> {
+    if len == 0 || start >= 1 << ADDRESS_BITS {
+        return None;
+    }
+    let end = start.saturating_add(len).min(1 << ADDRESS_BITS);
+    Some((start >> PAGE_SHIFT, (end - 1) >> PAGE_SHIFT))
+}
+
+fn set_pages(start: u64, len: u64, on: bool) {
+    let (Some(m), Some((a, b))) = (pages_map(), page_range(start, len)) else {
+        return;
+    };
+    for p in a..=b {
+        let (w, bit) = ((p / 64) as usize, 1u64 << (p % 64));
+        if on {
+            m[w].fetch_or(bit, Ordering::AcqRel);
+        } else {
+            m[w].fetch_and(!bit, Ordering::AcqRel);
+        }
+    }
+}
+
+/// Marks `[start, start+len)` as emulated by an inline engine.
+pub(super) fn mark(start: u64, len: u64) {
+    set_pages(start, len, true);
+}
+
+/// Marks `[start, start+len)` as no longer emulated (unmapped).
+pub(super) fn unmark(start: u64, len: u64) {
+    set_pages(start, len, false);
+}
+
+/// Whether the page holding `addr` is emulated by an inline engine.
+pub fn is_emulated(addr: u64) -> bool {
+    let (Some(m), Some((p, _))) = (pages_map(), page_range(addr, 1)) else {
+        return false;
+    };
+    m[(p / 64) as usize].load(Ordering::Acquire) & (1 << (p % 64)) != 0
+}
+
+/// Whether any page of `[start, start+len)` is emulated by an inline engine
+/// (lock-free, signal-safe).
+pub fn may_be_emulated(start: u64, len: u64) -> bool {
+    let (Some(m), Some((a, b))) = (pages_map(), page_range(start, len)) else {
+        return false;
+    };
+    let mut p = a;
+    while p <= b {
+        let w = m[(p / 64) as usize].load(Ordering::Acquire);
+        let lo = p % 64;
+        let hi = (b - (p - lo)).min(63);
+        let mask = (!0u64 << lo) & (!0u64 >> (63 - hi));
+        if w & mask != 0 {
+            return true;
+        }
+        p = (p | 63) + 1;
+    }
+    false
+}
+
+/// Ranges held for the kernel: `(start, end)`, `end` stored last (0: not
+/// holding). An evictor counts itself in `EVICTING` before it reads the
+/// holds, and a holder publishes its range before it waits for
+/// `EVICTING` to be 0 and touches its pages (all sequentially consistent):
+/// either the evictor sees the hold and passes the page over, or the
+/// holder sees the evictor and touches the page after it is done,
+/// fetching it again.
+const HOLD_SLOTS: usize = 1024;
+static HOLD_START: [AtomicU64; HOLD_SLOTS] = [const { AtomicU64::new(0) }; HOLD_SLOTS];
+static HOLD_END: [AtomicU64; HOLD_SLOTS] = [const { AtomicU64::new(0) }; HOLD_SLOTS];
+static HOLD_CLAIMED: [AtomicBool; HOLD_SLOTS] = [const { AtomicBool::new(false) }; HOLD_SLOTS];
+/// One past the highest slot ever claimed.
+static HOLD_HIGH: AtomicUsize = AtomicUsize::new(0);
+/// Evictions (and parkings) in progress, in every inline engine.
+static EVICTING: AtomicU32 = AtomicU32::new(0);
+
+/// Pages held for the kernel ([`hold`]); released by [`release`].
 #[derive(Debug, Default)]
 pub struct Held {
-    /// The engine slot and the pages held there.
-    pages: Vec<(usize, u64)>,
+    slots: Vec<usize>,
 }
 
 impl Held {
     /// Whether nothing is held.
     pub fn is_empty(&self) -> bool {
-        self.pages.is_empty()
+        self.slots.is_empty()
     }
 }
 
-/// Fetches the emulated pages of `ranges` (address, length) and holds them:
-/// they stay local until [`release`], so that the kernel can read and write
-/// them. Pages of no inline engine are left alone. Returns what it holds.
+/// Makes the emulated pages of `ranges` (address, length) local and holds
+/// them: they are neither evicted nor parked until [`release`], so that
+/// the kernel can read and write them. Memory no inline engine emulates is
+/// left alone. Lock-free where the pages are local already; a remote page
+/// is fetched by touching it (a fault served in this thread). Never call
+/// it holding an engine's lock.
 pub fn hold(ranges: &[(u64, u64)]) -> Held {
-    let tid = gettid();
     let mut held = Held::default();
-    for (i, slot) in CELLS.iter().enumerate() {
-        let p = slot.load(Ordering::Acquire);
-        if p.is_null() {
+    for &(start, len) in ranges {
+        if !may_be_emulated(start, len) {
             continue;
         }
-        // SAFETY: a registered cell is never freed.
-        let c = unsafe { &*p };
-        for &(start, len) in ranges {
-            if len == 0 {
-                continue;
-            }
-            let first = start & !(crate::PAGE_SIZE as u64 - 1);
-            let mut page = first;
-            while page < start + len {
-                loop {
-                    let mut g = c.lock_as(tid);
-                    let sh = c.shared.clone();
-                    let Some(e) = g.engine() else { break };
-                    match e.hold_page(&sh, page) {
-                        Served::Done => {
-                            held.pages.push((i, page));
-                            break;
-                        }
-                        Served::NotMine => break,
-                        Served::Again => {
-                            drop(g);
-                            std::thread::yield_now();
-                        }
-                    }
-                }
-                page += crate::PAGE_SIZE as u64;
-            }
-        }
+        let Some(slot) = claim_slot() else {
+            // Every slot taken: the pages are touched but not held.
+            touch(start, len);
+            continue;
+        };
+        HOLD_START[slot].store(start, Ordering::SeqCst);
+        HOLD_END[slot].store(start + len, Ordering::SeqCst);
+        held.slots.push(slot);
+    }
+    if held.slots.is_empty() {
+        return held;
+    }
+    // Evictions that may not have seen these holds end first.
+    while EVICTING.load(Ordering::SeqCst) != 0 {
+        std::thread::yield_now();
+    }
+    for &slot in &held.slots {
+        let (s, e) = (
+            HOLD_START[slot].load(Ordering::Relaxed),
+            HOLD_END[slot].load(Ordering::Relaxed),
+        );
+        touch(s, e - s);
     }
     held
 }
 
+/// Holds `[start, start+len)` for the rest of the process's life (an
+/// alternate signal stack, which the kernel writes when a signal comes).
+pub fn hold_forever(start: u64, len: u64) {
+    std::mem::forget(hold(&[(start, len)]));
+}
+
 /// Releases what [`hold`] held.
 pub fn release(held: Held) {
-    if held.pages.is_empty() {
-        return;
+    for slot in held.slots {
+        HOLD_END[slot].store(0, Ordering::SeqCst);
+        HOLD_START[slot].store(0, Ordering::Relaxed);
+        HOLD_CLAIMED[slot].store(false, Ordering::Release);
     }
-    let tid = gettid();
-    for (slot, cell) in CELLS.iter().enumerate() {
-        if !held.pages.iter().any(|&(s, _)| s == slot) {
-            continue;
-        }
-        let p = cell.load(Ordering::Acquire);
-        // SAFETY: a registered cell is never freed (and this one held pages).
-        let c = unsafe { &*p };
-        let mut g = c.lock_as(tid);
-        if let Some(e) = g.engine() {
-            for &(s, page) in &held.pages {
-                if s == slot {
-                    e.release_page(page);
-                }
-            }
+}
+
+fn claim_slot() -> Option<usize> {
+    for (i, c) in HOLD_CLAIMED.iter().enumerate() {
+        if c.compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            HOLD_HIGH.fetch_max(i + 1, Ordering::AcqRel);
+            return Some(i);
         }
     }
+    None
 }
 
-/// A coarse, lock-free map of where emulated memory may be: one bit per
-/// 2 MiB of address space (8 MiB reserved, touched only where set). A clear
-/// bit means no inline engine emulates anything there.
-static SUMMARY: AtomicPtr<AtomicU64> = AtomicPtr::new(std::ptr::null_mut());
-const GRANULE_SHIFT: u32 = 21;
-const SUMMARY_BITS: u64 = 1 << (47 - GRANULE_SHIFT);
-
-fn summary() -> Option<&'static [AtomicU64]> {
-    let p = SUMMARY.load(Ordering::Acquire);
-    // SAFETY: once set, SUMMARY points at SUMMARY_BITS/64 words mapped for
-    // the life of the process.
-    (!p.is_null()).then(|| unsafe { std::slice::from_raw_parts(p, (SUMMARY_BITS / 64) as usize) })
-}
-
-/// Marks `[start, start+len)` as possibly emulated.
-pub(super) fn mark(start: u64, len: u64) {
-    let Some(s) = summary() else { return };
-    let (a, b) = (start >> GRANULE_SHIFT, (start + len - 1) >> GRANULE_SHIFT);
-    for g in a..=b.min(SUMMARY_BITS - 1) {
-        s[(g / 64) as usize].fetch_or(1 << (g % 64), Ordering::Release);
+/// Reads one byte of every emulated page of the range: a remote page
+/// faults and is fetched here.
+fn touch(start: u64, len: u64) {
+    let ps = crate::PAGE_SIZE as u64;
+    let mut page = start & !(ps - 1);
+    while page < start + len {
+        if is_emulated(page) {
+            // SAFETY: the page belongs to an emulated region, which is
+            // mapped readable and writable; reading it faults at most.
+            unsafe { std::ptr::read_volatile(page.max(start) as *const u8) };
+        }
+        page += ps;
     }
 }
 
-/// Whether any byte of `[start, start+len)` may be emulated by an inline
-/// engine (never a false "no"; cheap, lock-free, signal-safe).
-pub fn may_be_emulated(start: u64, len: u64) -> bool {
-    let Some(s) = summary() else { return false };
-    if len == 0 || start >= SUMMARY_BITS << GRANULE_SHIFT {
-        return false;
+/// Whether the page at `addr` is held for the kernel. The caller counted
+/// itself in with [`evicting`] first.
+pub(super) fn is_held(addr: u64) -> bool {
+    let high = HOLD_HIGH.load(Ordering::SeqCst);
+    (0..high).any(|i| {
+        let e = HOLD_END[i].load(Ordering::SeqCst);
+        e != 0 && {
+            let s = HOLD_START[i].load(Ordering::SeqCst);
+            addr + crate::PAGE_SIZE as u64 > s && addr < e
+        }
+    })
+}
+
+/// An eviction in progress, counted until dropped (see `HOLD_SLOTS`).
+pub(super) struct Evicting;
+
+/// Counts an eviction in: take it before looking at [`is_held`].
+pub(super) fn evicting() -> Evicting {
+    EVICTING.fetch_add(1, Ordering::SeqCst);
+    Evicting
+}
+
+impl Drop for Evicting {
+    fn drop(&mut self) {
+        EVICTING.fetch_sub(1, Ordering::SeqCst);
     }
-    let (a, b) = (
-        start >> GRANULE_SHIFT,
-        (start.saturating_add(len - 1)) >> GRANULE_SHIFT,
-    );
-    (a..=b.min(SUMMARY_BITS - 1))
-        .any(|g| s[(g / 64) as usize].load(Ordering::Acquire) & (1 << (g % 64)) != 0)
 }
 
 /// The action the program set for `SIGBUS`, which faults that are not
@@ -386,14 +481,14 @@ fn install_handler() -> crate::Result<()> {
     static ONCE: Once = Once::new();
     let mut result = Ok(());
     ONCE.call_once(|| {
-        if SUMMARY.load(Ordering::Acquire).is_null() {
+        if PAGES.load(Ordering::Acquire).is_null() {
             match pagewise_sys::mem::mmap_anonymous_flags(
-                (SUMMARY_BITS / 8) as usize,
+                (PAGE_BITS / 8) as usize,
                 libc::MAP_NORESERVE,
             ) {
-                Ok(p) => SUMMARY.store(p as *mut AtomicU64, Ordering::Release),
+                Ok(p) => PAGES.store(p as *mut AtomicU64, Ordering::Release),
                 Err(e) => {
-                    result = Err(crate::Error::os("reserving the emulated-memory summary", e));
+                    result = Err(crate::Error::os("reserving the map of emulated pages", e));
                     return;
                 }
             }

@@ -233,8 +233,11 @@ fn faults_inside_system_calls() {
     if !uffd_or_skip("faults_in_syscalls") {
         return;
     }
-    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("pagewise-farmem-read-{}", std::process::id()));
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "pagewise-farmem-read-{}-{}",
+        std::process::id(),
+        fm_path()
+    ));
     let data: Vec<u8> = (0..16 * PAGE_SIZE).map(|i| (i * 7 % 251) as u8).collect();
     std::fs::write(&dir, &data).unwrap();
     let mem = AnonMemory::new(16 * PAGE_SIZE).unwrap();
@@ -447,8 +450,11 @@ fn unmapped_part_is_forgotten() {
 /// compiler; `None` (with the reason printed) when there is none.
 fn build_lifo_plugin() -> Option<std::path::PathBuf> {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let out = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("pagewise-lifo-{}.so", std::process::id()));
+    let out = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "pagewise-lifo-{}-{}.so",
+        std::process::id(),
+        fm_path()
+    ));
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     match std::process::Command::new(&cc)
         .args([
@@ -817,4 +823,95 @@ fn memory_types_other_than_private_anonymous_are_refused() {
             assert_eq!(m.byte(i * PAGE_SIZE + 9), (i as u8) | 1);
         }
     }
+}
+
+/// Inline path: buffers held for the kernel stay local while other threads
+/// fault and evict through a budget of 4 pages: 300 `pread()`s into
+/// 3-page buffers (the budget cannot hold them all) succeed, and every
+/// byte read equals the file's; the writers' bytes equal their shadows.
+#[test]
+fn held_buffers_survive_eviction_inside_system_calls() {
+    if !uffd_or_skip("held_buffers") {
+        return;
+    }
+    if !pagewise::probe::get().uffd_has(pagewise_sys::uffd::feature::SIGBUS) {
+        pagewise_testkit::skip!("held_buffers: the kernel lacks UFFD_FEATURE_SIGBUS");
+        return;
+    }
+    use std::os::unix::fs::FileExt;
+    let file_path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("pagewise-farmem-held-{}", std::process::id()));
+    let data: Vec<u8> = (0..64 * PAGE_SIZE).map(|i| (i * 13 % 253) as u8).collect();
+    std::fs::write(&file_path, &data).unwrap();
+    const PAGES: usize = 96;
+    let mem = Arc::new(AnonMemory::new(PAGES * PAGE_SIZE).unwrap());
+    PATH.with(|p| p.set(FaultPath::Inline));
+    let fm = new_fm(&[mem.region()], config(4, 0), fifo(), Calibration::NONE).unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let shadow = std::thread::scope(|s| {
+        // A writer over pages 0..32.
+        let writer = {
+            let (mem, stop) = (mem.clone(), stop.clone());
+            s.spawn(move || {
+                let mut shadow = vec![0u8; 32 * PAGE_SIZE];
+                let mut rng = Rng::new(5);
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let off = rng.below((32 * PAGE_SIZE) as u64) as usize;
+                    let v = rng.below(255) as u8 + 1;
+                    mem.write_byte(off, v);
+                    shadow[off] = v;
+                }
+                shadow
+            })
+        };
+        // The writer stops also when a check below fails.
+        struct StopOnDrop(Arc<std::sync::atomic::AtomicBool>);
+        impl Drop for StopOnDrop {
+            fn drop(&mut self) {
+                self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        let _stop_writer = StopOnDrop(stop.clone());
+        let file = std::fs::File::open(&file_path).unwrap();
+        let mut rng = Rng::new(6);
+        for i in 0..300 {
+            // A 3-page buffer at a random place of pages 32..96, misaligned.
+            let page = 32 + rng.below(60) as usize;
+            let off = page * PAGE_SIZE + 100;
+            let len = 2 * PAGE_SIZE + 500;
+            let at = rng.below((60 * PAGE_SIZE) as u64);
+            let range =
+                pagewise::Region::new(mem.addr() + (page * PAGE_SIZE) as u64, 3 * PAGE_SIZE as u64)
+                    .unwrap();
+            let held = fm.hold(range);
+            // SAFETY: the buffer lies inside the test's own mapping.
+            let buf = unsafe { std::slice::from_raw_parts_mut(mem.as_ptr().add(off), len) };
+            let n = file
+                .read_at(buf, at)
+                .unwrap_or_else(|e| panic!("read {i}: {e}"));
+            drop(held);
+            assert_eq!(n, len, "read {i}");
+            let mut got = vec![0u8; len];
+            mem.read_into(off, &mut got);
+            assert!(
+                got[..] == data[at as usize..at as usize + len],
+                "read {i}: bytes differ"
+            );
+        }
+        drop(_stop_writer);
+        writer.join().unwrap()
+    });
+    let st = fm.stop().unwrap();
+    std::fs::remove_file(&file_path).unwrap();
+    let live = mem.snapshot();
+    assert!(
+        live[..32 * PAGE_SIZE] == shadow[..],
+        "a writer's byte was lost"
+    );
+    assert!(st.evictions > 300, "the budget forced evictions ({st:?})");
+    assert!(st.inline_faults > 300, "faults were served inline ({st:?})");
+    println!(
+        "     {} faults inline, {} evictions, 300 reads into held buffers",
+        st.inline_faults, st.evictions
+    );
 }

@@ -94,6 +94,7 @@ impl Engine {
     pub(in crate::farmem) fn evict_victim(&mut self, sh: &Shared) -> Result<Option<bool>> {
         // A page held for the kernel is passed over (and goes back to the
         // policy as if just inserted).
+        let _counted = self.inline.then(crate::farmem::inline::evicting);
         let mut passed = Vec::new();
         let v = loop {
             match self.policy.victim() {
@@ -145,6 +146,7 @@ impl Engine {
 
     /// Moves local page `g` to staging but keeps it local (see [`policy`]).
     pub(in crate::farmem) fn park(&mut self, sh: &Shared, g: usize) -> Result<()> {
+        let _counted = self.inline.then(crate::farmem::inline::evicting);
         if self.pages[g] != Where::Local || self.is_held(g) {
             return Ok(());
         }

@@ -52,33 +52,9 @@ impl Engine {
         }
     }
 
-    /// Makes the page at `page` local (a fetch if it is not) and holds it.
-    pub(in crate::farmem) fn hold_page(&mut self, sh: &Shared, page: u64) -> Served {
-        let Some((_, g, _)) = self.locate(page) else {
-            return Served::NotMine;
-        };
-        if self.pages[g] != Where::Local {
-            match self.serve_inline(sh, page) {
-                Served::Done => {}
-                s => return s,
-            }
-        }
-        if self.pages[g] != Where::Local {
-            return Served::Again;
-        }
-        self.held[g] += 1;
-        Served::Done
-    }
-
-    /// Ends one hold of the page at `page`.
-    pub(in crate::farmem) fn release_page(&mut self, page: u64) {
-        if let Some((_, g, _)) = self.locate(page) {
-            self.held[g] = self.held[g].saturating_sub(1);
-        }
-    }
-
-    /// Whether page `g` is held for the kernel.
+    /// Whether page `g` is held for the kernel (inline engines only; the
+    /// caller counted itself in with [`crate::farmem::inline::evicting`]).
     pub(in crate::farmem) fn is_held(&self, g: usize) -> bool {
-        self.held.get(g).is_some_and(|&h| h > 0)
+        self.inline && crate::farmem::inline::is_held(self.addr_of(g).2)
     }
 }

@@ -120,7 +120,6 @@ impl Engine {
             .resize(self.pages.len() + r.pages() as usize, Where::RemoteZero);
         self.fetched.resize(self.pages.len(), 0);
         self.class.resize(self.pages.len(), Placement::Normal);
-        self.held.resize(self.pages.len(), 0);
         if self.inline {
             crate::farmem::inline::mark(r.start, r.len);
         }
