@@ -70,7 +70,7 @@ struct RunArgs {
     /// kernel is fetched and held before each system call). Falls back to
     /// `thread` where the kernel lacks UFFD_FEATURE_SIGBUS; the summary
     /// says which path served faults.
-    #[arg(long, default_value = "thread")]
+    #[arg(long, env = "PAGEWISE_FARMEM_FAULT_PATH", default_value = "thread")]
     fault_path: FaultPath,
     /// Write the statistics of this run's processes as JSON to this file.
     #[arg(long)]

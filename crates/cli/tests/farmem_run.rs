@@ -167,7 +167,6 @@ fn same_as_native(tag: &str, program: &str, args: &[&str], option_sets: &[&[&str
 /// Regression: an mremap sequence (grow with a move, shrink in place, move
 /// over a PROT_NONE reservation with MREMAP_FIXED, grow after the move)
 /// read zeros instead of the data (17 MiB) and hung (LRU, 64 pages).
-#[test]
 fn mremap_sequence_keeps_every_byte() {
     need_support!();
     for mib in ["17", "16"] {
@@ -188,7 +187,6 @@ fn mremap_sequence_keeps_every_byte() {
 /// Regression: realloc cycles up to 48 MiB and back deadlocked in the
 /// second round (the handler faulted on a staged page it was hashing,
 /// which a stale adoption had moved away).
-#[test]
 fn realloc_cycles_neither_hang_nor_lose_data() {
     need_support!();
     same_as_native(
@@ -202,7 +200,6 @@ fn realloc_cycles_neither_hang_nor_lose_data() {
 /// Random mmap / munmap / mremap (every shape) / MADV_DONTNEED / realloc
 /// sequences, checked page by page by the program and against its native
 /// output, under several budgets and policies.
-#[test]
 fn random_memory_operations_match_native() {
     need_support!();
     // Under load: seed 4 with lru lost writes in 60 % of loaded runs while an
@@ -225,7 +222,6 @@ fn random_memory_operations_match_native() {
 /// When the engine's books and memory disagree (here: the program unmaps
 /// the engine's staging behind its back), the program is stopped loudly,
 /// never left running on wrong memory or waiting forever.
-#[test]
 fn a_failing_handler_stops_the_program() {
     need_support!();
     let dir = instance_dir("sabotage");
@@ -247,17 +243,74 @@ fn a_failing_handler_stops_the_program() {
 
 /// A private instance directory per test, so tests never see each other.
 fn instance_dir(tag: &str) -> PathBuf {
-    let d = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("pagewise-farmem-inst-{}-{tag}", std::process::id()));
+    let d = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "pagewise-farmem-inst-{}-{tag}-{}",
+        std::process::id(),
+        PATH.with(|p| p.get())
+    ));
     std::fs::create_dir_all(&d).unwrap();
     d
 }
 
 fn farmem(dir: &Path) -> Command {
     let mut c = Command::new(BIN);
-    c.arg("farmem").env("PAGEWISE_FARMEM_DIR", dir);
+    c.arg("farmem")
+        .env("PAGEWISE_FARMEM_DIR", dir)
+        .env("PAGEWISE_FARMEM_FAULT_PATH", PATH.with(|p| p.get()));
     c
 }
+
+thread_local! {
+    /// The fault path the running test uses (`farmem run` takes it from
+    /// PAGEWISE_FARMEM_FAULT_PATH).
+    static PATH: std::cell::Cell<&'static str> = const { std::cell::Cell::new("thread") };
+}
+
+/// Runs `test` with `farmem run --fault-path PATH`; the inline path only
+/// where the kernel has UFFD_FEATURE_SIGBUS (skipped, with the reason,
+/// elsewhere).
+fn on_path(path: &'static str, name: &str, test: fn()) {
+    if path == "inline" && !pagewise::probe::get().uffd_has(pagewise_sys::uffd::feature::SIGBUS) {
+        pagewise_testkit::skip!("{name} (inline): the kernel lacks UFFD_FEATURE_SIGBUS");
+        return;
+    }
+    PATH.with(|p| p.set(path));
+    test();
+}
+
+/// Every test runs on both fault paths: `NAME::thread` and `NAME::inline`.
+macro_rules! on_both_paths {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[test]
+            fn thread() {
+                super::on_path("thread", stringify!($name), super::$name);
+            }
+            #[test]
+            fn inline() {
+                super::on_path("inline", stringify!($name), super::$name);
+            }
+        }
+    )*};
+}
+
+on_both_paths!(
+    mremap_sequence_keeps_every_byte,
+    realloc_cycles_neither_hang_nor_lose_data,
+    random_memory_operations_match_native,
+    a_failing_handler_stops_the_program,
+    table_5_1_exact_under_farmem_run,
+    programs_keep_their_memory,
+    shared_instance_listed_and_set_live,
+    bad_input_is_refused_clearly,
+    planted_instances_are_never_joined,
+    bad_settings_are_refused_before_the_program_starts,
+    several_processes_add_up_and_free_their_slots,
+    snapshot_and_inspect_of_an_emulated_process_never_hang,
+    heap_grown_and_trimmed_with_brk_keeps_its_bytes,
+    unusable_trace_paths_and_static_programs_are_said,
+    a_missing_command_is_one_line,
+);
 
 fn run_target(dir: &Path, opts: &[&str], args: &[&str]) -> (String, String) {
     let out = farmem(dir)
@@ -308,7 +361,6 @@ fn trace_events(path: &Path) -> Vec<serde_json::Value> {
 /// DiME's Table 5.1 under `farmem run`: the 2000-page buffer is fetched
 /// exactly 2000 times for x <= 1000 and 2000 + x above; the C library adds
 /// only its malloc header page. Output is that of a plain run.
-#[test]
 fn table_5_1_exact_under_farmem_run() {
     need_support!();
     let dir = instance_dir("table");
@@ -378,7 +430,6 @@ fn table_5_1_exact_under_farmem_run() {
 
 /// Memory stays correct through read(), realloc (mremap), threads and fork,
 /// with a budget of 100 pages.
-#[test]
 fn programs_keep_their_memory() {
     need_support!();
     let dir = instance_dir("memory");
@@ -459,7 +510,6 @@ fn ls(dir: &Path) -> serde_json::Value {
 /// Two processes share one named instance; `ls` lists both with the
 /// instance's figures; `set` shrinks the budget and both fit under it at
 /// once; another user may not change it.
-#[test]
 fn shared_instance_listed_and_set_live() {
     need_support!();
     let dir = instance_dir("live");
@@ -578,7 +628,6 @@ fn unsafe_is_root() -> bool {
 }
 
 /// Bad input gets one clear line and a non-zero exit.
-#[test]
 fn bad_input_is_refused_clearly() {
     let dir = instance_dir("bad");
     let run = |args: &[&str]| {
@@ -598,7 +647,6 @@ fn bad_input_is_refused_clearly() {
 /// instance its own user owns, names are not predictable, instance files
 /// are owner-only, and a shared directory another user could rewrite is
 /// refused.
-#[test]
 fn planted_instances_are_never_joined() {
     need_support!();
     // SAFETY: geteuid has no preconditions.
@@ -687,7 +735,6 @@ fn planted_instances_are_never_joined() {
 /// does not load) only warned and ran the program without emulation. Each
 /// is refused in one line before the program starts, and `farmem set`
 /// refuses the same values on a live instance.
-#[test]
 fn bad_settings_are_refused_before_the_program_starts() {
     need_support!();
     let dir = instance_dir("badsettings");
@@ -775,7 +822,6 @@ fn bad_settings_are_refused_before_the_program_starts() {
 /// left through `_exit` kept their slots, so after 64 of them new processes
 /// ran without emulation. Totals are totals, checked against every
 /// process's own trace; slots of exited members are reused.
-#[test]
 fn several_processes_add_up_and_free_their_slots() {
     need_support!();
     let dir = instance_dir("stats");
@@ -840,7 +886,6 @@ fn several_processes_add_up_and_free_their_slots() {
 /// "more pages pushed than the regions hold" (or could wait forever on the
 /// handler it had stopped), and `inspect --pid` of one could hang. Now the
 /// snapshot is refused with the reason, and inspect finishes.
-#[test]
 fn snapshot_and_inspect_of_an_emulated_process_never_hang() {
     need_support!();
     let dir = instance_dir("outside");
@@ -909,7 +954,6 @@ fn snapshot_and_inspect_of_an_emulated_process_never_hang() {
 /// A heap grown with sbrk and given back at once, many times (growths the
 /// engine hears of after they are gone, then ones in use): no complaint, no
 /// byte lost, the output of a plain run.
-#[test]
 fn heap_grown_and_trimmed_with_brk_keeps_its_bytes() {
     need_support!();
     same_as_native(
@@ -927,7 +971,6 @@ fn heap_grown_and_trimmed_with_brk_keeps_its_bytes() {
 /// statically linked program got 0 faults with no word said. The trace's
 /// directory is checked before the program runs; a run no process joined
 /// says so (and still reports the program's status).
-#[test]
 fn unusable_trace_paths_and_static_programs_are_said() {
     need_support!();
     let dir = instance_dir("said");
@@ -978,7 +1021,6 @@ fn unusable_trace_paths_and_static_programs_are_said() {
 
 /// Regression: `farmem run -- /nonexistent` printed an instance summary
 /// before the error. Now one line, and no instance is left.
-#[test]
 fn a_missing_command_is_one_line() {
     need_support!();
     let dir = instance_dir("missing");

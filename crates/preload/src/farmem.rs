@@ -15,9 +15,11 @@
 
 use pagewise::farmem::instance::Instance;
 use pagewise::farmem::link::LinkConfig;
+use pagewise::farmem::{inline, syscalls};
 use pagewise::farmem::{policy, Calibration, Config, FarMemory, FaultPath, Hooks};
 use pagewise::{Region, PAGE_SIZE};
 use pagewise_sys::seccomp::{self, raw_syscall};
+use pagewise_sys::signal::{self, KernelSigaction};
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -133,6 +135,34 @@ fn remember_reserved(start: u64, len: u64) {
     RES_END[i].store(start + page_up(len), Ordering::Release);
 }
 
+/// A new mapping at `[start, start+len)`: a reservation it overlaps was
+/// unmapped there (the table never hears of `munmap`), so the reservation
+/// is cut back to the part that does not overlap (the larger one). Else a
+/// later `mprotect` of, say, a thread stack placed where a reservation's
+/// unused tail was would be taken for the reservation opening up.
+fn forget_reserved(start: u64, len: u64) {
+    let end = start + page_up(len);
+    for i in 0..RESERVED {
+        let s = RES_START[i].load(Ordering::Relaxed);
+        let e = RES_END[i].load(Ordering::Acquire);
+        if e <= s || e <= start || end <= s {
+            continue;
+        }
+        let (below, above) = (start.saturating_sub(s), e.saturating_sub(end));
+        let (ns, ne) = if below >= above {
+            (s, start.max(s))
+        } else {
+            (end.min(e), e)
+        };
+        RES_END[i].store(ns, Ordering::Release);
+        RES_START[i].store(ns, Ordering::Relaxed);
+        if ne > ns {
+            RES_START[i].store(ns, Ordering::Relaxed);
+            RES_END[i].store(ne, Ordering::Release);
+        }
+    }
+}
+
 fn is_reserved(start: u64, len: u64) -> bool {
     (0..RESERVED).any(|i| {
         let s = RES_START[i].load(Ordering::Relaxed);
@@ -141,10 +171,156 @@ fn is_reserved(start: u64, len: u64) -> bool {
     })
 }
 
+/// Faults are served inline: calls that hand memory to the kernel are
+/// trapped too, and their memory held first (see `kernel_call`).
+static INLINE: AtomicBool = AtomicBool::new(false);
+
+/// The calls trapped besides the memory ones on the inline path: every
+/// call `pagewise::farmem::syscalls` knows, and the signal calls that must
+/// leave `SIGBUS` to the engine.
+fn inline_trapped() -> Vec<libc::c_long> {
+    let mut v: Vec<libc::c_long> = seccomp::TRAPPED.to_vec();
+    v.extend_from_slice(syscalls::KNOWN);
+    v.extend_from_slice(&[
+        libc::SYS_rt_sigaction,
+        libc::SYS_rt_sigprocmask,
+        libc::SYS_sigaltstack,
+    ]);
+    v
+}
+
+/// Signals no thread of the program may block while faults are served in
+/// the faulting thread: `SIGBUS` (the faults) and `SIGSYS` (the trap); a
+/// blocked one would kill the process when it comes.
+const NEVER_BLOCKED: u64 = signal::bit(libc::SIGBUS) | signal::bit(libc::SIGSYS);
+
+/// Makes a trapped call that is not a memory call, on the inline path:
+/// the memory it hands to the kernel is held local for its duration; the
+/// program's `SIGBUS` action is kept aside for faults that are not the
+/// engine's, and neither `SIGBUS` nor `SIGSYS` may be blocked; an
+/// alternate signal stack in emulated memory stays local.
+fn kernel_call(nr: libc::c_long, a: [u64; 6], ctx: *mut libc::ucontext_t) -> i64 {
+    let tid = pagewise_sys::futex::gettid();
+    // SAFETY (every raw call below): the program's own call, with its own
+    // arguments, or with a copy of an argument the program handed over.
+    let engine = tid == HANDLER_TID.load(Ordering::Acquire) || inline::in_engine(tid);
+    if engine && nr != libc::SYS_rt_sigprocmask && nr != libc::SYS_sigaltstack {
+        return unsafe { raw_syscall(nr, a) };
+    }
+    match nr {
+        libc::SYS_rt_sigaction if a[0] == libc::SIGBUS as u64 => {
+            let held = inline::hold(&[(a[1], 32), (a[2], 32)]);
+            // SAFETY: the program's struct sigaction, held local.
+            let act = (a[1] != 0)
+                .then(|| unsafe { std::ptr::read_unaligned(a[1] as *const KernelSigaction) });
+            let r = match inline::set_program_action(act.as_ref()) {
+                Some(old) => {
+                    if a[2] != 0 {
+                        // SAFETY: where the program asked for the old action.
+                        unsafe { std::ptr::write_unaligned(a[2] as *mut KernelSigaction, old) };
+                    }
+                    0
+                }
+                None => unsafe { raw_syscall(nr, a) },
+            };
+            inline::release(held);
+            r
+        }
+        libc::SYS_rt_sigaction if a[1] != 0 => {
+            // A handler's mask may not block SIGBUS or SIGSYS either.
+            let held = inline::hold(&[(a[1], 32), (a[2], 32)]);
+            // SAFETY: the program's struct sigaction, held local.
+            let mut act = unsafe { std::ptr::read_unaligned(a[1] as *const KernelSigaction) };
+            act.mask &= !NEVER_BLOCKED;
+            let mut b = a;
+            b[1] = &act as *const KernelSigaction as u64;
+            let r = unsafe { raw_syscall(nr, b) };
+            inline::release(held);
+            r
+        }
+        libc::SYS_rt_sigprocmask => {
+            // Made on the frame: the return from this handler restores the
+            // mask saved there, so that is the mask to change.
+            if a[3] != 8 || a[0] > 2 {
+                return -(libc::EINVAL as i64);
+            }
+            let held = inline::hold(&[(a[1], 8), (a[2], 8)]);
+            // SAFETY: `ctx` is this handler's ucontext; the kernel's mask is
+            // the first word of uc_sigmask.
+            let saved = unsafe { &mut *(std::ptr::addr_of_mut!((*ctx).uc_sigmask) as *mut u64) };
+            let cur = *saved;
+            if a[1] != 0 {
+                // SAFETY: the program's mask, held local.
+                let set = unsafe { std::ptr::read_unaligned(a[1] as *const u64) };
+                let new = match a[0] as i32 {
+                    libc::SIG_BLOCK => cur | set,
+                    libc::SIG_UNBLOCK => cur & !set,
+                    _ => set,
+                };
+                *saved = new & !NEVER_BLOCKED;
+            }
+            if a[2] != 0 {
+                // SAFETY: where the program asked for the old mask, held local.
+                unsafe { std::ptr::write_unaligned(a[2] as *mut u64, cur) };
+            }
+            inline::release(held);
+            0
+        }
+        libc::SYS_sigaltstack => {
+            let held = inline::hold(&[(a[0], 24), (a[1], 24)]);
+            if a[0] != 0 {
+                // SAFETY: the program's stack_t (sp, flags, size), held local.
+                let [sp, flags, size] =
+                    unsafe { std::ptr::read_unaligned(a[0] as *const [u64; 3]) };
+                if flags as i32 & libc::SS_DISABLE == 0 {
+                    // The kernel writes signal frames there, where no fault
+                    // can be served: local for good.
+                    inline::hold_forever(sp, size);
+                }
+            }
+            let r = unsafe { raw_syscall(nr, a) };
+            if r == 0 && a[0] != 0 {
+                // The return from this handler restores the alternate stack
+                // saved on the frame: the new one goes there.
+                // SAFETY: `ctx` is this handler's ucontext; sigaltstack
+                // writes the current stack_t into its uc_stack.
+                unsafe {
+                    raw_syscall(
+                        libc::SYS_sigaltstack,
+                        [
+                            0,
+                            std::ptr::addr_of_mut!((*ctx).uc_stack) as u64,
+                            0,
+                            0,
+                            0,
+                            0,
+                        ],
+                    )
+                };
+            }
+            inline::release(held);
+            r
+        }
+        _ => {
+            let held = syscalls::hold_for(nr, &a);
+            let r = unsafe { raw_syscall(nr, a) };
+            inline::release(held);
+            r
+        }
+    }
+}
+
 extern "C" fn on_sigsys(_: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: the handler's own arguments, for a SIGSYS raised by our filter.
     let t = unsafe { seccomp::trapped(info, ctx) };
     let a = t.args;
+    if !seccomp::TRAPPED.contains(&t.nr) {
+        // Only the inline path traps other calls.
+        let r = kernel_call(t.nr, a, ctx as *mut libc::ucontext_t);
+        // SAFETY: as above.
+        unsafe { seccomp::set_result(ctx, r) };
+        return;
+    }
     let r = match t.nr {
         libc::SYS_brk => {
             // SAFETY: brk(0) only reads the break; then the program's call.
@@ -162,7 +338,9 @@ extern "C" fn on_sigsys(_: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
         _ => {
             // SAFETY: gettid has no arguments and no side effect.
             let tid = unsafe { raw_syscall(libc::SYS_gettid, [0; 6]) } as i32;
-            let program = tid != HANDLER_TID.load(Ordering::Acquire);
+            // The engine's own calls (on its handler thread, or in a thread
+            // serving a fault inline) map memory that is never emulated.
+            let program = tid != HANDLER_TID.load(Ordering::Acquire) && !inline::in_engine(tid);
             // An mremap is counted from before the call until it is over
             // and the engine has been told of its new range (see
             // Hooks::remapping). (madvise cannot be trapped: a thread's
@@ -181,6 +359,9 @@ extern "C" fn on_sigsys(_: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
                             != libc::MAP_SHARED_VALIDATE as u64
                 };
                 let writable = |prot: u64| prot & libc::PROT_WRITE as u64 != 0;
+                if t.nr == libc::SYS_mmap {
+                    forget_reserved(r as u64, a[1]);
+                }
                 match t.nr {
                     libc::SYS_mmap if anon_private(a[3]) => {
                         let stack = a[3] & libc::MAP_STACK as u64 != 0;
@@ -254,6 +435,9 @@ unsafe fn mask_without_sigsys(
     // SAFETY: `set` is the caller's valid sigset; we change a copy.
     let mut copy = unsafe { *set };
     pagewise_sys::signal::sigset_remove(&mut copy, libc::SIGSYS);
+    if INLINE.load(Ordering::Relaxed) {
+        pagewise_sys::signal::sigset_remove(&mut copy, libc::SIGBUS);
+    }
     // SAFETY: the caller's arguments, with the copy.
     unsafe { real(how, &copy, old) }
 }
@@ -372,6 +556,7 @@ extern "C" fn after_fork_parent() {
 /// with the parent, what it maps from now on is emulated.
 extern "C" fn after_fork_child() {
     crate::alloc::release_after_fork();
+    inline::after_fork_child();
     UFFD.store(-1, Ordering::Relaxed);
     if let Some(r) = RUNNING.lock().unwrap_or_else(|e| e.into_inner()).take() {
         // Its thread does not exist here: it must not be stopped or joined.
@@ -540,8 +725,15 @@ fn start(name: &str, child: bool) -> Result<(), String> {
             .map_err(|e| fail(&inst, format!("installing the SIGSYS handler: {e}")))?;
     }
     // A child inherits the filter and the handler.
+    let inline_path = fm.fault_path() == FaultPath::Inline;
+    INLINE.store(inline_path, Ordering::Release);
     if !child {
-        seccomp::trap_memory_syscalls(libc_text.0, libc_text.1).map_err(|e| {
+        let trapped = if inline_path {
+            inline_trapped()
+        } else {
+            seccomp::TRAPPED.to_vec()
+        };
+        seccomp::trap_syscalls(libc_text.0, libc_text.1, &trapped).map_err(|e| {
             fail(
                 &inst,
                 format!(

@@ -79,29 +79,60 @@ fn jump(code: u16, k: u32, jt: u8, jf: u8) -> libc::sock_filter {
 /// stays, the C library moves), go through. Sets `no_new_privs`, which
 /// seccomp requires. Install the `SIGSYS` handler first.
 pub fn trap_memory_syscalls(start: u64, end: u64) -> io::Result<()> {
+    trap_syscalls(start, end, &TRAPPED)
+}
+
+/// [`trap_memory_syscalls`] for any set of calls `nrs`: the filter tests
+/// the number against the set's runs of consecutive numbers (in order, a
+/// test or two per run), then the instruction pointer.
+pub fn trap_syscalls(start: u64, end: u64, nrs: &[libc::c_long]) -> io::Result<()> {
     if start >= end || end - start > 1 << 32 {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
+        let _ = nrs;
         return Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP));
     }
     #[cfg(target_arch = "x86_64")]
     {
+        let mut sorted: Vec<u32> = nrs.iter().map(|&n| n as u32).collect();
+        sorted.sort_unstable();
+        sorted.dedup();
+        let mut runs: Vec<(u32, u32)> = Vec::new();
+        for n in sorted {
+            match runs.last_mut() {
+                Some((_, hi)) if *hi + 1 == n => *hi = n,
+                _ => runs.push((n, n)),
+            }
+        }
+        // Two instructions per run; the match block follows the last run,
+        // and a jump reaches at most 255 instructions ahead.
+        if runs.is_empty() || runs.len() * 2 + 1 > 255 {
+            return Err(io::Error::from_raw_os_error(libc::E2BIG));
+        }
         // seccomp_data: nr at 0, arch at 4, instruction_pointer at 8 (low
         // half) and 12 (high half).
-        let n = TRAPPED.len() as u8;
         let mut prog = vec![
             stmt(BPF_LD_W_ABS, 4),
             jump(BPF_JEQ_K, AUDIT_ARCH_X86_64, 1, 0),
             stmt(BPF_RET_K, SECCOMP_RET_ALLOW),
             stmt(BPF_LD_W_ABS, 0),
         ];
-        // One test per trapped call: on a match jump to the IP check, which
-        // follows the "allow" after the last test.
-        for (i, nr) in TRAPPED.iter().enumerate() {
-            prog.push(jump(BPF_JEQ_K, *nr as u32, n - i as u8, 0));
+        // Run i (of n) starts at 2i after the header; "allow" sits at 2n,
+        // the match block at 2n + 1.
+        let n = runs.len();
+        for (i, &(lo, hi)) in runs.iter().enumerate() {
+            let here = 2 * i;
+            // nr > hi: the next run; else nr >= lo: a match, else allow.
+            prog.push(jump(BPF_JGT_K, hi, 1, 0));
+            let to_allow = (2 * n - (here + 2)) as u8;
+            let to_match = (2 * n + 1 - (here + 2)) as u8;
+            prog.push(jump(BPF_JGE_K, lo, to_match, to_allow));
+            // A miss on "nr > hi" for the last run falls into "allow".
         }
+        // The JGT of run i jumps over one instruction to run i+1 when the
+        // number is above it; past the last run, that lands on "allow".
         prog.push(stmt(BPF_RET_K, SECCOMP_RET_ALLOW));
         // The range in pieces that each lie in one 4 GiB window (the high
         // halves equal): trap when the IP is inside one.

@@ -178,6 +178,22 @@ fn cells() -> impl Iterator<Item = &'static Cell> {
     })
 }
 
+/// In the child of a `fork`: the parent's engines are not here (their
+/// threads were not copied, and a lock one of them held would never be
+/// released): forgets them, with every hold and eviction the parent's
+/// threads had under way.
+pub fn after_fork_child() {
+    for s in &CELLS {
+        s.store(std::ptr::null_mut(), Ordering::Release);
+    }
+    EVICTING.store(0, Ordering::Release);
+    for i in 0..HOLD_SLOTS {
+        HOLD_END[i].store(0, Ordering::Relaxed);
+        HOLD_START[i].store(0, Ordering::Relaxed);
+        HOLD_CLAIMED[i].store(false, Ordering::Release);
+    }
+}
+
 /// Whether thread `tid` is inside an inline engine now (it holds one's
 /// lock): its system calls are the engine's own, never the program's.
 pub fn in_engine(tid: i32) -> bool {
@@ -196,20 +212,28 @@ pub(super) enum Served {
     NotMine,
 }
 
-/// Serves a fault at `addr` taken by thread `tid`.
+/// Serves a fault at `addr` taken by thread `tid`: first by the engine
+/// whose books hold the page, then by one that learns of new regions (the
+/// preload shim's, which registers what the program maps before it tells
+/// the engine).
 fn serve(addr: u64, tid: i32) -> Served {
-    for c in cells() {
-        if c.lock.held_by(tid) {
-            super::engine::fail(&crate::Error::Internal(format!(
-                "the far-memory engine faulted on emulated memory at {addr:#x} while serving a fault"
-            )));
-        }
-        let mut g = c.lock_as(tid);
-        let sh = c.shared.clone();
-        let Some(e) = g.engine() else { continue };
-        match e.serve_inline(&sh, addr) {
-            Served::NotMine => continue,
-            s => return s,
+    for pass in [false, true] {
+        for c in cells() {
+            if c.lock.held_by(tid) {
+                super::engine::fail(&crate::Error::Internal(format!(
+                    "the far-memory engine faulted on emulated memory at {addr:#x} while serving a fault"
+                )));
+            }
+            let mut g = c.lock_as(tid);
+            let sh = c.shared.clone();
+            let Some(e) = g.engine() else { continue };
+            if !pass && !e.knows(addr) {
+                continue;
+            }
+            match e.serve_inline(&sh, addr, pass) {
+                Served::NotMine => continue,
+                s => return s,
+            }
         }
     }
     Served::NotMine
@@ -308,17 +332,69 @@ static HOLD_HIGH: AtomicUsize = AtomicUsize::new(0);
 /// Evictions (and parkings) in progress, in every inline engine.
 static EVICTING: AtomicU32 = AtomicU32::new(0);
 
-/// Pages held for the kernel ([`hold`]); released by [`release`].
+/// Ranges one [`Held`] can hold; more are merged (see [`hold`]).
+pub const HELD_MAX: usize = 32;
+
+/// Pages held for the kernel ([`hold`]); released by [`release`]. Fixed
+/// size: holding never allocates (it runs in signal handlers).
 #[derive(Debug, Default)]
 pub struct Held {
-    slots: Vec<usize>,
+    slots: [u16; HELD_MAX],
+    n: usize,
 }
 
 impl Held {
+    /// Adds `other`'s holds to these; what does not fit is let go (its
+    /// pages were made local, but may be evicted again).
+    pub fn merge(&mut self, other: Held) {
+        for &s in &other.slots[..other.n] {
+            if self.n < HELD_MAX {
+                self.slots[self.n] = s;
+                self.n += 1;
+            } else {
+                release_slot(s as usize);
+            }
+        }
+    }
+
+    /// Room for more ranges.
+    pub fn room(&self) -> usize {
+        HELD_MAX - self.n
+    }
+
     /// Whether nothing is held.
     pub fn is_empty(&self) -> bool {
-        self.slots.is_empty()
+        self.n == 0
     }
+
+    fn slots(&self) -> &[u16] {
+        &self.slots[..self.n]
+    }
+}
+
+/// Merges `v` (sorted by start) until at most `max` ranges are left,
+/// joining the closest neighbours first (a join covers the gap too, and
+/// only its emulated pages are touched).
+pub fn coalesce(v: &mut [(u64, u64)], mut n: usize, max: usize) -> usize {
+    while n > max.max(1) {
+        let mut best = 1;
+        let mut gap = u64::MAX;
+        for i in 1..n {
+            let g = v[i].0.saturating_sub(v[i - 1].0 + v[i - 1].1);
+            if g < gap {
+                gap = g;
+                best = i;
+            }
+        }
+        let (s, e) = (
+            v[best - 1].0,
+            (v[best - 1].0 + v[best - 1].1).max(v[best].0 + v[best].1),
+        );
+        v[best - 1] = (s, e - s);
+        v.copy_within(best + 1..n, best);
+        n -= 1;
+    }
+    n
 }
 
 /// Makes the emulated pages of `ranges` (address, length) local and holds
@@ -326,30 +402,38 @@ impl Held {
 /// the kernel can read and write them. Memory no inline engine emulates is
 /// left alone. Lock-free where the pages are local already; a remote page
 /// is fetched by touching it (a fault served in this thread). Never call
-/// it holding an engine's lock.
+/// it holding an engine's lock. At most [`HELD_MAX`] ranges are held: pass
+/// fewer (see [`coalesce`]).
 pub fn hold(ranges: &[(u64, u64)]) -> Held {
     let mut held = Held::default();
     for &(start, len) in ranges {
         if !may_be_emulated(start, len) {
             continue;
         }
-        let Some(slot) = claim_slot() else {
-            // Every slot taken: the pages are touched but not held.
+        let slot = if held.n < HELD_MAX {
+            claim_slot()
+        } else {
+            None
+        };
+        let Some(slot) = slot else {
+            // No slot: the pages are made local but not held.
             touch(start, len);
             continue;
         };
         HOLD_START[slot].store(start, Ordering::SeqCst);
         HOLD_END[slot].store(start + len, Ordering::SeqCst);
-        held.slots.push(slot);
+        held.slots[held.n] = slot as u16;
+        held.n += 1;
     }
-    if held.slots.is_empty() {
+    if held.is_empty() {
         return held;
     }
     // Evictions that may not have seen these holds end first.
     while EVICTING.load(Ordering::SeqCst) != 0 {
         std::thread::yield_now();
     }
-    for &slot in &held.slots {
+    for &slot in held.slots() {
+        let slot = slot as usize;
         let (s, e) = (
             HOLD_START[slot].load(Ordering::Relaxed),
             HOLD_END[slot].load(Ordering::Relaxed),
@@ -362,16 +446,21 @@ pub fn hold(ranges: &[(u64, u64)]) -> Held {
 /// Holds `[start, start+len)` for the rest of the process's life (an
 /// alternate signal stack, which the kernel writes when a signal comes).
 pub fn hold_forever(start: u64, len: u64) {
-    std::mem::forget(hold(&[(start, len)]));
+    // Never released: the slots stay claimed.
+    let _kept = hold(&[(start, len)]);
 }
 
 /// Releases what [`hold`] held.
 pub fn release(held: Held) {
-    for slot in held.slots {
-        HOLD_END[slot].store(0, Ordering::SeqCst);
-        HOLD_START[slot].store(0, Ordering::Relaxed);
-        HOLD_CLAIMED[slot].store(false, Ordering::Release);
+    for &slot in held.slots() {
+        release_slot(slot as usize);
     }
+}
+
+fn release_slot(slot: usize) {
+    HOLD_END[slot].store(0, Ordering::SeqCst);
+    HOLD_START[slot].store(0, Ordering::Relaxed);
+    HOLD_CLAIMED[slot].store(false, Ordering::Release);
 }
 
 fn claim_slot() -> Option<usize> {

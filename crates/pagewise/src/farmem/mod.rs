@@ -63,6 +63,8 @@ pub mod link;
 pub mod policy;
 mod reply;
 pub mod sampler;
+#[cfg(target_arch = "x86_64")]
+pub mod syscalls;
 
 pub use calibrate::{at_latency_zero, calibrate, Calibration};
 pub use engine::is_staging;

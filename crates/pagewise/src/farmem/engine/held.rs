@@ -5,8 +5,21 @@ use super::*;
 use crate::farmem::inline::Served;
 
 impl Engine {
-    /// Serves a user-mode fault at `addr` in the faulting thread.
-    pub(in crate::farmem) fn serve_inline(&mut self, sh: &Shared, addr: u64) -> Served {
+    /// Whether `addr` is in this engine's books.
+    pub(in crate::farmem) fn knows(&self, addr: u64) -> bool {
+        self.locate(addr).is_some()
+    }
+
+    /// Serves a user-mode fault at `addr` in the faulting thread; with
+    /// `discover`, also a page of a region not in the books yet (an engine
+    /// with a [`crate::farmem::Discover`] hook only: the kernel would let
+    /// any engine of the process map a page registered with another).
+    pub(in crate::farmem) fn serve_inline(
+        &mut self,
+        sh: &Shared,
+        addr: u64,
+        discover: bool,
+    ) -> Served {
         if !(self.moves.is_empty() && self.adopts.is_empty()) || self.changing_now() {
             return Served::Again;
         }
@@ -24,6 +37,9 @@ impl Engine {
             }
         }
         if self.locate(addr).is_none() {
+            if !discover || self.discover.is_none() {
+                return Served::NotMine;
+            }
             if let Err(e) = self.discover_now() {
                 fail(&e);
             }
