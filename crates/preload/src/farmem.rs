@@ -194,6 +194,14 @@ fn inline_trapped() -> Vec<libc::c_long> {
 /// blocked one would kill the process when it comes.
 const NEVER_BLOCKED: u64 = signal::bit(libc::SIGBUS) | signal::bit(libc::SIGSYS);
 
+/// Makes the program's call `nr` with `a` (its own arguments, or a copy of
+/// one it handed over) for it.
+fn program_call(nr: libc::c_long, a: [u64; 6]) -> i64 {
+    // SAFETY: the program made this very call with these arguments (or
+    // with an argument whose copy this is); the kernel checks them.
+    unsafe { raw_syscall(nr, a) }
+}
+
 /// Makes a trapped call that is not a memory call, on the inline path:
 /// the memory it hands to the kernel is held local for its duration; the
 /// program's `SIGBUS` action is kept aside for faults that are not the
@@ -201,11 +209,9 @@ const NEVER_BLOCKED: u64 = signal::bit(libc::SIGBUS) | signal::bit(libc::SIGSYS)
 /// alternate signal stack in emulated memory stays local.
 fn kernel_call(nr: libc::c_long, a: [u64; 6], ctx: *mut libc::ucontext_t) -> i64 {
     let tid = pagewise_sys::futex::gettid();
-    // SAFETY (every raw call below): the program's own call, with its own
-    // arguments, or with a copy of an argument the program handed over.
     let engine = tid == HANDLER_TID.load(Ordering::Acquire) || inline::in_engine(tid);
     if engine && nr != libc::SYS_rt_sigprocmask && nr != libc::SYS_sigaltstack {
-        return unsafe { raw_syscall(nr, a) };
+        return program_call(nr, a);
     }
     match nr {
         libc::SYS_rt_sigaction if a[0] == libc::SIGBUS as u64 => {
@@ -221,7 +227,7 @@ fn kernel_call(nr: libc::c_long, a: [u64; 6], ctx: *mut libc::ucontext_t) -> i64
                     }
                     0
                 }
-                None => unsafe { raw_syscall(nr, a) },
+                None => program_call(nr, a),
             };
             inline::release(held);
             r
@@ -234,7 +240,7 @@ fn kernel_call(nr: libc::c_long, a: [u64; 6], ctx: *mut libc::ucontext_t) -> i64
             act.mask &= !NEVER_BLOCKED;
             let mut b = a;
             b[1] = &act as *const KernelSigaction as u64;
-            let r = unsafe { raw_syscall(nr, b) };
+            let r = program_call(nr, b);
             inline::release(held);
             r
         }
@@ -278,7 +284,7 @@ fn kernel_call(nr: libc::c_long, a: [u64; 6], ctx: *mut libc::ucontext_t) -> i64
                     inline::hold_forever(sp, size);
                 }
             }
-            let r = unsafe { raw_syscall(nr, a) };
+            let r = program_call(nr, a);
             if r == 0 && a[0] != 0 {
                 // The return from this handler restores the alternate stack
                 // saved on the frame: the new one goes there.
@@ -303,7 +309,7 @@ fn kernel_call(nr: libc::c_long, a: [u64; 6], ctx: *mut libc::ucontext_t) -> i64
         }
         _ => {
             let held = syscalls::hold_for(nr, &a);
-            let r = unsafe { raw_syscall(nr, a) };
+            let r = program_call(nr, a);
             inline::release(held);
             r
         }
