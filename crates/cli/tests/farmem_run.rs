@@ -159,6 +159,14 @@ fn same_as_native(tag: &str, program: &str, args: &[&str], option_sets: &[&[&str
             !err.contains("not emulating") && !err.contains("failed"),
             "{program} {args:?} under farmem run {opts:?} complained:\n{err}"
         );
+        let served = match PATH.with(|p| p.get()) {
+            "inline" => "served in the faulting threads",
+            _ => "served by the handler threads",
+        };
+        assert!(
+            err.contains(served),
+            "{program} {args:?} under farmem run {opts:?}: faults not {served}:\n{err}"
+        );
         println!("{program} {args:?} under {opts:?}: {}", out.trim());
     }
     let _ = std::fs::remove_dir_all(&dir);
@@ -217,6 +225,33 @@ fn random_memory_operations_match_native() {
             ],
         );
     }
+}
+
+/// Memory the kernel reads and writes for the program, remote when it is
+/// handed over (a sweep of 1 MiB through a budget of 64 pages comes first):
+/// read/write/pread/readv/writev into heap buffers, stat and getdents64
+/// into heap structures, a path in the heap, send/recv and sendmsg/recvmsg
+/// with heap msghdr and iovecs, poll and epoll_wait arrays, a mutex and a
+/// condition variable in the heap, the program's own SIGBUS handler (raised,
+/// and a real bus error past a file's end), a sweep with every signal
+/// blocked, a handler on an alternate stack in the heap, and posix_spawn
+/// with argv and envp in the heap. The program checks each and prints
+/// what it saw: the same as natively.
+fn kernel_accesses_match_native() {
+    need_support!();
+    let scratch = instance_dir("kernel-scratch");
+    let d = scratch.to_str().unwrap();
+    same_as_native(
+        "kernel",
+        "farmem_kernel",
+        &[d],
+        &[
+            &["--local-pages", "64"],
+            &["--local-pages", "64", "--policy", "clock"],
+            &["--local-pages", "100000"],
+        ],
+    );
+    let _ = std::fs::remove_dir_all(&scratch);
 }
 
 /// When the engine's books and memory disagree (here: the program unmaps
@@ -295,6 +330,7 @@ macro_rules! on_both_paths {
 }
 
 on_both_paths!(
+    kernel_accesses_match_native,
     mremap_sequence_keeps_every_byte,
     realloc_cycles_neither_hang_nor_lose_data,
     random_memory_operations_match_native,
