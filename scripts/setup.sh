@@ -2,7 +2,9 @@
 # Installs what pagewise's tests and benchmarks need on a fresh Debian machine:
 # the Rust components for lint checks, Redis for LDT's experiment (d), CRIU
 # for SimGrid's experiment (c) (which skips with the reason where CRIU cannot
-# run on the kernel), and a C compiler for the C API's tests.
+# run on the kernel), Memcached and its load generator (libmemcached-tools'
+# memaslap) for DiME's Memcached experiment, and a C compiler for the C
+# API's tests.
 set -euo pipefail
 if command -v rustup >/dev/null; then
     rustup component add rustfmt clippy >/dev/null 2>&1 || true
@@ -12,6 +14,8 @@ command -v redis-server >/dev/null || need+=(redis-server)
 command -v redis-benchmark >/dev/null || need+=(redis-tools)
 command -v mkswap >/dev/null || need+=(util-linux)
 command -v criu >/dev/null || need+=(criu)
+command -v memcached >/dev/null || need+=(memcached)
+command -v memcslap >/dev/null || command -v memaslap >/dev/null || need+=(libmemcached-tools)
 command -v cc >/dev/null || need+=(gcc)
 if ((${#need[@]})); then
     SUDO=""
@@ -20,4 +24,6 @@ if ((${#need[@]})); then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 # Debian's package may start a system redis; the benchmarks start their own.
-echo "setup: ok ($(redis-server --version | cut -d' ' -f3), $(cargo --version))"
+# Debian's memcached package may start a system memcached too.
+systemctl disable --now memcached >/dev/null 2>&1 || true
+echo "setup: ok ($(redis-server --version | cut -d' ' -f3), memcached $(memcached -V | cut -d' ' -f2), $(cargo --version))"

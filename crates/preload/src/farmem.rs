@@ -175,6 +175,12 @@ fn is_reserved(start: u64, len: u64) -> bool {
 /// trapped too, and their memory held first (see `kernel_call`).
 static INLINE: AtomicBool = AtomicBool::new(false);
 
+/// Whether faults are served inline in this process (its wrapped calls
+/// then hold their memory).
+pub fn inline_path() -> bool {
+    INLINE.load(Ordering::Relaxed)
+}
+
 /// The calls trapped besides the memory ones on the inline path: every
 /// call `pagewise::farmem::syscalls` knows, and the signal calls that must
 /// leave `SIGBUS` to the engine.

@@ -25,6 +25,8 @@
 //! never from the program's `malloc`.
 
 mod alloc;
+#[cfg(target_arch = "x86_64")]
+mod calls;
 mod farmem;
 
 #[global_allocator]

@@ -1,0 +1,123 @@
+//! The C library's busiest calls that hand memory to the kernel, wrapped
+//! for the inline fault path: a server makes several for each request
+//! (`epoll_wait`, `read`, `write`, `sendmsg`, ...), and the seccomp trap
+//! that catches every other such call costs a signal each time. Here the
+//! call's memory is held (see `pagewise::farmem::inline`) and the call made
+//! directly. Off the inline path each wrapper hands over to the C
+//! library's own function.
+//!
+//! Made directly, these calls are not cancellation points
+//! (`pthread_cancel` of a thread blocked in one waits for the call to
+//! return).
+
+use crate::farmem::inline_path;
+use pagewise::farmem::{inline, syscalls};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Makes call `nr` with its memory held; the C library's convention for
+/// the result (-1 and `errno`).
+fn held_call(nr: libc::c_long, a: [u64; 6]) -> i64 {
+    let held = syscalls::hold_for(nr, &a);
+    // SAFETY: the program's own call with its own arguments.
+    let r = unsafe { pagewise_sys::seccomp::raw_syscall(nr, a) };
+    inline::release(held);
+    if r < 0 {
+        // SAFETY: this thread's errno.
+        unsafe { *pagewise_sys::process::errno_location() = -r as i32 };
+        -1
+    } else {
+        r
+    }
+}
+
+/// The C library's definition of `name` after the shim's.
+fn next(name: &std::ffi::CStr, cache: &AtomicUsize) -> usize {
+    let mut f = cache.load(Ordering::Acquire);
+    if f == 0 {
+        f = pagewise_sys::dl::next_symbol(name).map_or(0, |p| p as usize);
+        cache.store(f, Ordering::Release);
+    }
+    f
+}
+
+macro_rules! wrap {
+    ($(#[$doc:meta])* $name:ident($($arg:ident: $ty:ty),*) -> $ret:ty = $nr:expr, [$($a:expr),*]) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// As for the C library's function.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+            if inline_path() {
+                let mut a = [0u64; 6];
+                let v = [$($a as u64),*];
+                a[..v.len()].copy_from_slice(&v);
+                return held_call($nr, a) as $ret;
+            }
+            static REAL: AtomicUsize = AtomicUsize::new(0);
+            let f = next(
+                // SAFETY: a literal NUL-terminated name.
+                unsafe { std::ffi::CStr::from_bytes_with_nul_unchecked(concat!(stringify!($name), "\0").as_bytes()) },
+                &REAL,
+            );
+            if f == 0 {
+                // SAFETY: this thread's errno.
+                unsafe { *pagewise_sys::process::errno_location() = libc::ENOSYS };
+                return -1 as $ret;
+            }
+            // SAFETY: the next definition of this very function.
+            let real: unsafe extern "C" fn($($ty),*) -> $ret = unsafe { std::mem::transmute(f) };
+            // SAFETY: the caller's own arguments.
+            unsafe { real($($arg),*) }
+        }
+    };
+}
+
+type Sz = libc::size_t;
+type SSz = libc::ssize_t;
+type Ptr = *mut libc::c_void;
+type CPtr = *const libc::c_void;
+type Int = libc::c_int;
+
+wrap!(/// `read(2)`.
+    read(fd: Int, buf: Ptr, n: Sz) -> SSz = libc::SYS_read, [fd, buf, n]);
+wrap!(/// `write(2)`.
+    write(fd: Int, buf: CPtr, n: Sz) -> SSz = libc::SYS_write, [fd, buf, n]);
+wrap!(/// `pread(2)`.
+    pread(fd: Int, buf: Ptr, n: Sz, off: libc::off_t) -> SSz = libc::SYS_pread64, [fd, buf, n, off]);
+wrap!(/// `pread64(2)`.
+    pread64(fd: Int, buf: Ptr, n: Sz, off: libc::off_t) -> SSz = libc::SYS_pread64, [fd, buf, n, off]);
+wrap!(/// `pwrite(2)`.
+    pwrite(fd: Int, buf: CPtr, n: Sz, off: libc::off_t) -> SSz = libc::SYS_pwrite64, [fd, buf, n, off]);
+wrap!(/// `pwrite64(2)`.
+    pwrite64(fd: Int, buf: CPtr, n: Sz, off: libc::off_t) -> SSz = libc::SYS_pwrite64, [fd, buf, n, off]);
+wrap!(/// `readv(2)`.
+    readv(fd: Int, iov: *const libc::iovec, n: Int) -> SSz = libc::SYS_readv, [fd, iov, n]);
+wrap!(/// `writev(2)`.
+    writev(fd: Int, iov: *const libc::iovec, n: Int) -> SSz = libc::SYS_writev, [fd, iov, n]);
+wrap!(/// `recv(2)`.
+    recv(fd: Int, buf: Ptr, n: Sz, flags: Int) -> SSz = libc::SYS_recvfrom, [fd, buf, n, flags, 0, 0]);
+wrap!(/// `recvfrom(2)`.
+    recvfrom(fd: Int, buf: Ptr, n: Sz, flags: Int, addr: *mut libc::sockaddr, len: *mut libc::socklen_t) -> SSz
+        = libc::SYS_recvfrom, [fd, buf, n, flags, addr, len]);
+wrap!(/// `send(2)`.
+    send(fd: Int, buf: CPtr, n: Sz, flags: Int) -> SSz = libc::SYS_sendto, [fd, buf, n, flags, 0, 0]);
+wrap!(/// `sendto(2)`.
+    sendto(fd: Int, buf: CPtr, n: Sz, flags: Int, addr: *const libc::sockaddr, len: libc::socklen_t) -> SSz
+        = libc::SYS_sendto, [fd, buf, n, flags, addr, len]);
+wrap!(/// `recvmsg(2)`.
+    recvmsg(fd: Int, msg: *mut libc::msghdr, flags: Int) -> SSz = libc::SYS_recvmsg, [fd, msg, flags]);
+wrap!(/// `sendmsg(2)`.
+    sendmsg(fd: Int, msg: *const libc::msghdr, flags: Int) -> SSz = libc::SYS_sendmsg, [fd, msg, flags]);
+wrap!(/// `epoll_wait(2)`.
+    epoll_wait(ep: Int, ev: *mut libc::epoll_event, n: Int, timeout: Int) -> Int
+        = libc::SYS_epoll_wait, [ep, ev, n, timeout]);
+wrap!(/// `epoll_ctl(2)`.
+    epoll_ctl(ep: Int, op: Int, fd: Int, ev: *mut libc::epoll_event) -> Int
+        = libc::SYS_epoll_ctl, [ep, op, fd, ev]);
+wrap!(/// `poll(2)`.
+    poll(fds: *mut libc::pollfd, n: libc::nfds_t, timeout: Int) -> Int = libc::SYS_poll, [fds, n, timeout]);
+wrap!(/// `__read_chk` (a fortified `read`).
+    __read_chk(fd: Int, buf: Ptr, n: Sz, _buflen: Sz) -> SSz = libc::SYS_read, [fd, buf, n]);
+wrap!(/// `__recv_chk` (a fortified `recv`).
+    __recv_chk(fd: Int, buf: Ptr, n: Sz, _buflen: Sz, flags: Int) -> SSz = libc::SYS_recvfrom, [fd, buf, n, flags, 0, 0]);
