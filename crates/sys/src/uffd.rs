@@ -145,6 +145,10 @@ impl UffdMsg {
     pub fn pf_address(&self) -> u64 {
         self.arg[1]
     }
+    /// Page fault: its flags (`PAGEFAULT_FLAG_WRITE`, ...).
+    pub fn pf_flags(&self) -> u64 {
+        self.arg[0]
+    }
     /// Page fault with `THREAD_ID`: the faulting thread.
     pub fn pf_tid(&self) -> u32 {
         self.arg[2] as u32
@@ -175,6 +179,22 @@ pub mod event {
     pub const REMOVE: u8 = 0x15;
     /// `munmap` (`EVENT_UNMAP`).
     pub const UNMAP: u8 = 0x16;
+}
+
+/// `struct uffdio_copy`.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct UffdioCopy {
+    /// Where the copy is mapped.
+    pub dst: u64,
+    /// What is copied.
+    pub src: u64,
+    /// Bytes.
+    pub len: u64,
+    /// `COPY_MODE_DONTWAKE`, `COPY_MODE_WP`.
+    pub mode: u64,
+    /// Bytes copied, or a negative errno (out).
+    pub copy: i64,
 }
 
 /// `struct uffdio_zeropage`.
@@ -231,12 +251,19 @@ pub const UFFDIO_WRITEPROTECT: u64 = ioc(IOC_READ | IOC_WRITE, UFFDIO, 0x06, 24)
 pub const UFFDIO_WAKE: u64 = ioc(IOC_READ, UFFDIO, 0x02, 16);
 /// `UFFDIO_ZEROPAGE`.
 pub const UFFDIO_ZEROPAGE: u64 = ioc(IOC_READ | IOC_WRITE, UFFDIO, 0x04, 32);
+/// A page fault message's flag: the fault is a write.
+pub const PAGEFAULT_FLAG_WRITE: u64 = 1 << 0;
+
+/// `UFFDIO_COPY`.
+pub const UFFDIO_COPY: u64 = ioc(IOC_READ | IOC_WRITE, UFFDIO, 0x03, 40);
 /// `UFFDIO_MOVE` (Linux 6.8+).
 pub const UFFDIO_MOVE: u64 = ioc(IOC_READ | IOC_WRITE, UFFDIO, 0x05, 40);
 /// `USERFAULTFD_IOC_NEW` on `/dev/userfaultfd`.
 pub const USERFAULTFD_IOC_NEW: u64 = ioc(IOC_NONE, UFFDIO, 0x00, 0);
 
 const _: () = assert!(UFFDIO_API == 0xC018_AA3F);
+const _: () = assert!(UFFDIO_COPY == 0xC028_AA03);
+const _: () = assert!(std::mem::size_of::<UffdioCopy>() == 40);
 const _: () = assert!(UFFDIO_REGISTER == 0xC020_AA00);
 const _: () = assert!(UFFDIO_UNREGISTER == 0x8010_AA01);
 const _: () = assert!(UFFDIO_WRITEPROTECT == 0xC018_AA06);
@@ -442,6 +469,22 @@ pub fn poll_readable(fds: &[RawFd], timeout_ms: i32) -> io::Result<u64> {
         }
         return Ok(bits);
     }
+}
+
+/// `ioctl(UFFDIO_COPY)`: maps a new page at `dst` holding `len` bytes
+/// copied from `src` (page-aligned), and wakes the faulting threads.
+pub fn copy(fd: RawFd, dst: u64, src: u64, len: u64) -> io::Result<()> {
+    let mut arg = UffdioCopy {
+        dst,
+        src,
+        len,
+        mode: 0,
+        copy: 0,
+    };
+    // SAFETY: `arg` is a valid `struct uffdio_copy` that outlives the call;
+    // the kernel checks both ranges.
+    unsafe { raw_ioctl(fd, UFFDIO_COPY, &mut arg) }?;
+    Ok(())
 }
 
 /// `ioctl(UFFDIO_MOVE)`: moves the pages of `[src, src+len)` to `[dst, dst+len)`

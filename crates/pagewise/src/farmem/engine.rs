@@ -107,6 +107,12 @@ pub(super) struct Engine {
     page_buf: Vec<u8>,
     /// Faults are served in the faulting thread (see [`super::inline`]).
     pub(super) inline: bool,
+    /// The fault being served is a write: a page never written gets a
+    /// zeroed page of its own at once, not the shared zero page and a
+    /// second fault to copy it.
+    pub(super) write_fault: bool,
+    /// Zeros to copy from (see `write_fault`).
+    zeros: AnonMemory,
 }
 
 /// The handler met an error it cannot recover from: its books no longer
@@ -244,6 +250,8 @@ impl Engine {
             coverage_todo: None,
             window: None,
             inline,
+            write_fault: false,
+            zeros: AnonMemory::new(PAGE_SIZE)?,
         };
         for r in regions {
             e.add_region(*r)?;
@@ -359,6 +367,7 @@ impl Engine {
             let r = match msg.event {
                 uffd::event::PAGEFAULT => {
                     let addr = msg.pf_address();
+                    this.write_fault = msg.pf_flags() & uffd::PAGEFAULT_FLAG_WRITE != 0;
                     if !(this.moves.is_empty() && this.adopts.is_empty()) || this.changing_now() {
                         this.later.push((addr, arrived));
                         Ok(())
@@ -645,6 +654,7 @@ impl Engine {
         };
         let r = match was {
             Where::Remote => move_patiently(fd, addr, staged, PAGE_SIZE as u64, 0),
+            _ if self.write_fault => uffd::copy(fd, addr, self.zeros.addr(), PAGE_SIZE as u64),
             _ => uffd::zeropage(fd, addr, PAGE_SIZE as u64),
         };
         match r {
@@ -680,6 +690,12 @@ impl Engine {
                 "the staged page at {staged:#x} is missing: the engine's books are wrong"
             ))
         };
+        if self.inline {
+            // Read in place: a missing page raises SIGBUS in this thread,
+            // whose handler finds it inside the engine and stops the
+            // process (see `inline::serve`), never a wait.
+            return Ok(crate::hash::page_hash(staged_page(staged)));
+        }
         if crate::probe::get().uffd_has(uffd::feature::SIGBUS) {
             // The staging userfaultfd has SIGBUS: the kernel's copy fails
             // with EFAULT on a missing page.

@@ -216,7 +216,7 @@ pub(super) enum Served {
 /// whose books hold the page, then by one that learns of new regions (the
 /// preload shim's, which registers what the program maps before it tells
 /// the engine).
-fn serve(addr: u64, tid: i32) -> Served {
+fn serve(addr: u64, tid: i32, write: bool) -> Served {
     for pass in [false, true] {
         for c in cells() {
             if c.lock.held_by(tid) {
@@ -230,6 +230,7 @@ fn serve(addr: u64, tid: i32) -> Served {
             if !pass && !e.knows(addr) {
                 continue;
             }
+            e.write_fault = write;
             match e.serve_inline(&sh, addr, pass) {
                 Served::NotMine => continue,
                 s => return s,
@@ -626,6 +627,24 @@ fn install_handler() -> crate::Result<()> {
     }
 }
 
+/// Whether the fault the kernel saved in `ctx` was a write (x86-64: bit 1
+/// of the page fault's error code).
+fn is_write(ctx: *mut libc::c_void) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: `ctx` is the ucontext_t the kernel passed the handler.
+        let err = unsafe {
+            (*(ctx as *const libc::ucontext_t)).uc_mcontext.gregs[libc::REG_ERR as usize]
+        };
+        err & 2 != 0
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = ctx;
+        false
+    }
+}
+
 type Sigaction3 = extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void);
 type Sigaction1 = extern "C" fn(libc::c_int);
 
@@ -633,7 +652,7 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
     // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler.
     let (code, addr) = unsafe { ((*info).si_code, (*info).si_addr() as u64) };
     if code == libc::BUS_ADRERR {
-        match serve(addr, gettid()) {
+        match serve(addr, gettid(), is_write(ctx)) {
             Served::Done => return,
             Served::Again => {
                 // SAFETY: sched_yield has no arguments.
