@@ -66,8 +66,11 @@ pub(super) struct Engine {
     /// The staging mappings, one the size of each region.
     staging: Vec<AnonMemory>,
     pages: Vec<Where>,
-    /// Fingerprint of each local page when it was fetched (for write-backs).
+    /// Fingerprint of each local page when it was fetched (for write-backs);
+    /// of a remote page, when it left, where `fp_known` says so (a remote
+    /// page does not change: its fetch needs no new fingerprint).
     fetched: Vec<crate::hash::PageHash>,
+    fp_known: Vec<bool>,
     /// Placement of each page.
     class: Vec<Placement>,
     /// Always-remote pages mapped since the last fault.
@@ -228,6 +231,7 @@ impl Engine {
             first: Vec::new(),
             staging: Vec::new(),
             fetched: Vec::new(),
+            fp_known: Vec::new(),
             class: Vec::new(),
             visiting: Vec::new(),
             pages: Vec::new(),
@@ -264,6 +268,9 @@ impl Engine {
         let before = self.pages[g] != Where::RemoteZero;
         let after = w != Where::RemoteZero;
         self.pages[g] = w;
+        if !after {
+            self.fp_known[g] = false;
+        }
         match (before, after) {
             (false, true) => self.data += 1,
             (true, false) => self.data -= 1,
@@ -623,12 +630,23 @@ impl Engine {
             c.local.store(self.local as u64, Ordering::Relaxed);
             self.policy.inserted(g);
         }
-        c.handled
-            .fetch_add(arrived.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        if !self.inline {
+            c.handled
+                .fetch_add(arrived.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        }
         // Published before the page is mapped: the woken thread may exit at
         // once, taking this thread with it.
         self.publish(sh);
         let r = self.map(was, g);
+        if self.inline {
+            // In the faulting thread the mapping's own cost (a move, a copy)
+            // is seen too: what it added beyond the wait comes off the next
+            // wait. (On the handler thread the mapping wakes the faulting
+            // thread, whose wake-up is the unseen part.)
+            self.injector.mapped(arrived);
+            c.handled
+                .fetch_add(arrived.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        }
         if r.as_ref().is_err_and(again) {
             // Not mapped: undone, to be served again after the events.
             self.put(g, was);
@@ -649,6 +667,7 @@ impl Engine {
         let fd = self.uffd.as_raw_fd();
         let (_, _, addr, staged) = self.addr_of(g);
         self.fetched[g] = match was {
+            Where::Remote if self.fp_known[g] => self.fetched[g],
             Where::Remote => self.staged_hash(staged)?,
             _ => crate::hash::zero_page_hash(),
         };

@@ -77,6 +77,8 @@ pub struct Injector {
     pub unseen_ns: u64,
     /// Time owed (positive) or overpaid (negative), ns.
     carry_ns: i64,
+    /// What the last fault wanted in all, ns (see [`Injector::mapped`]).
+    want_ns: i64,
 }
 
 impl Injector {
@@ -85,6 +87,7 @@ impl Injector {
         Injector {
             unseen_ns,
             carry_ns: 0,
+            want_ns: 0,
         }
     }
 
@@ -100,10 +103,21 @@ impl Injector {
         } else {
             0
         };
-        let total = self.unseen_ns as i64 + arrived.elapsed().as_nanos() as i64;
-        // What this fault cost beyond its share is taken off the next ones.
-        self.carry_ns = (want - total).clamp(-1_000_000_000, 1_000_000_000);
+        self.want_ns = want;
+        self.settle(arrived);
         waited
+    }
+
+    /// The page of the fault that arrived at `arrived` is mapped now: what
+    /// the mapping added is settled too.
+    pub fn mapped(&mut self, arrived: Instant) {
+        self.settle(arrived);
+    }
+
+    /// What this fault cost beyond its share is taken off the next ones.
+    fn settle(&mut self, arrived: Instant) {
+        let total = self.unseen_ns as i64 + arrived.elapsed().as_nanos() as i64;
+        self.carry_ns = (self.want_ns - total).clamp(-1_000_000_000, 1_000_000_000);
     }
 }
 

@@ -224,7 +224,11 @@ impl Engine {
         let dirty = match moved {
             Ok(()) => {
                 self.put(g, Where::Remote);
-                crate::hash::page_hash(staged_page(staged)) != self.fetched[g]
+                let h = crate::hash::page_hash(staged_page(staged));
+                let dirty = h != self.fetched[g];
+                self.fetched[g] = h;
+                self.fp_known[g] = true;
+                dirty
             }
             // Not mapped (dropped between the event and the zap): zeros.
             // (ENOENT also means that staging is not mapped any more: the

@@ -119,6 +119,7 @@ impl Engine {
         self.pages
             .resize(self.pages.len() + r.pages() as usize, Where::RemoteZero);
         self.fetched.resize(self.pages.len(), 0);
+        self.fp_known.resize(self.pages.len(), false);
         self.class.resize(self.pages.len(), Placement::Normal);
         if self.inline {
             crate::farmem::inline::mark(r.start, r.len);
@@ -419,6 +420,7 @@ impl Engine {
                         )
                     })?;
                     self.fetched[d] = self.fetched[g];
+                    self.fp_known[d] = self.fp_known[g];
                     self.put(d, Where::Remote);
                 }
                 (Where::Remote | Where::Parked, None) => {
