@@ -310,7 +310,9 @@ fn path_run(
     let (floor_ns, floor_spread_ns) = delay
         .iter()
         .find(|d| d.latency_ns == 0)
-        .map_or((f64::NAN, (f64::NAN, f64::NAN)), |d| (d.measured_ns, d.spread_ns));
+        .map_or((f64::NAN, (f64::NAN, f64::NAN)), |d| {
+            (d.measured_ns, d.spread_ns)
+        });
     Ok(PathRun {
         path,
         load,
@@ -407,13 +409,15 @@ impl FarmemReport {
                                 .map(|d| (d.latency_ns as f64, d.measured_ns))
                                 .collect(),
                         })
-                        .chain(self.runs.first().map(|r| Series {
-                            label: "modelled (2 x latency)".into(),
-                            points: r
-                                .delay
-                                .iter()
-                                .map(|d| (d.latency_ns as f64, d.modelled_ns as f64))
-                                .collect(),
+                        .chain(self.runs.first().map(|r| {
+                            Series {
+                                label: "modelled (2 x latency)".into(),
+                                points: r
+                                    .delay
+                                    .iter()
+                                    .map(|d| (d.latency_ns as f64, d.modelled_ns as f64))
+                                    .collect(),
+                            }
                         }))
                         .collect(),
                 },
@@ -459,14 +463,27 @@ impl FarmemReport {
                 let _ = writeln!(
                     s,
                     "(a) Table 5.1: {}; (b) two-page test: {f} faults (expected 2000)",
-                    if e { "every count exact" } else { "COUNTS DIFFER" }
+                    if e {
+                        "every count exact"
+                    } else {
+                        "COUNTS DIFFER"
+                    }
                 );
             }
-            let _ = writeln!(s, "(c) delay accuracy (unlimited bandwidth; medians of the repeats, min-max)");
+            let _ = writeln!(
+                s,
+                "(c) delay accuracy (unlimited bandwidth; medians of the repeats, min-max)"
+            );
             let _ = writeln!(
                 s,
                 "{:>11} {:>12} {:>12} {:>19} {:>9} {:>7} {:>7}",
-                "latency ns", "modelled ns", "measured ns", "spread ns", "error ns", "floor<", "goal"
+                "latency ns",
+                "modelled ns",
+                "measured ns",
+                "spread ns",
+                "error ns",
+                "floor<",
+                "goal"
             );
             for d in &r.delay {
                 let _ = writeln!(
@@ -494,8 +511,14 @@ impl FarmemReport {
             );
         }
         for path in [FaultPath::Thread, FaultPath::Inline] {
-            let idle = self.runs.iter().find(|r| r.path == path && r.load == Load::Idle);
-            let busy = self.runs.iter().find(|r| r.path == path && r.load == Load::Busy);
+            let idle = self
+                .runs
+                .iter()
+                .find(|r| r.path == path && r.load == Load::Idle);
+            let busy = self
+                .runs
+                .iter()
+                .find(|r| r.path == path && r.load == Load::Busy);
             if let (Some(i), Some(b)) = (idle, busy) {
                 let _ = writeln!(
                     s,

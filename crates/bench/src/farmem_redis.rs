@@ -33,6 +33,9 @@ pub struct Args {
     /// The full experiment (more keys, requests and points; a few minutes).
     #[arg(long)]
     full: bool,
+    /// Which thread serves the emulated Redis's faults.
+    #[arg(long, default_value = "inline")]
+    fault_path: pagewise::farmem::FaultPath,
     #[command(flatten)]
     output: crate::cli::Output,
 }
@@ -55,6 +58,7 @@ struct Emulation {
     instance: String,
     local_percent: u64,
     latency_ns: u64,
+    fault_path: pagewise::farmem::FaultPath,
 }
 
 /// A Redis (emulated or not) and where its far-memory statistics go.
@@ -81,6 +85,8 @@ impl Server {
                     &e.local_percent.to_string(),
                     "--latency-ns",
                     &e.latency_ns.to_string(),
+                    "--fault-path",
+                    &e.fault_path.to_string(),
                 ]);
                 if let Some(s) = &stats {
                     c.arg("--stats-json").arg(s);
@@ -284,6 +290,7 @@ struct Report {
     machine: crate::Machine,
     redis_version: String,
     command: String,
+    fault_path: pagewise::farmem::FaultPath,
     keys: u64,
     value_bytes: usize,
     requests: u64,
@@ -340,6 +347,7 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
             instance: format!("bench-{me}-{name}"),
             local_percent: p,
             latency_ns: l,
+            fault_path: a.fault_path,
         })
     };
     progress("baseline: redis-server alone, not emulated");
@@ -408,9 +416,11 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
         machine: crate::Machine::this(),
         redis_version: version,
         command: format!(
-            "pagewise bench farmem-redis{}",
-            if a.full { " --full" } else { "" }
+            "pagewise bench farmem-redis{} --fault-path {}",
+            if a.full { " --full" } else { "" },
+            a.fault_path
         ),
+        fault_path: a.fault_path,
         keys: s.keys,
         value_bytes: s.value_bytes,
         requests: s.requests,

@@ -22,7 +22,16 @@
 //!    wakes the faulting thread.
 //!
 //! Faults taken inside system calls (a `read()` into a remote buffer) are
-//! handled the same way: the kernel waits for the handler. The program's
+//! handled the same way: the kernel waits for the handler.
+//!
+//! That is the *thread* path. On the *inline* path ([`FaultPath`], see
+//! [`inline`]) the faulting thread serves its own fault in a `SIGBUS`
+//! handler, under a lock shared with the other faulting threads and the
+//! event thread: no sleep, no wake-up; memory handed to the kernel must be
+//! held first ([`FarMemory::hold`]; the preload shim does it for every
+//! call, see [`syscalls`]).
+//!
+//! The program's
 //! `MADV_DONTNEED` and `munmap` of emulated memory arrive as events: those
 //! pages read as zeros afterwards, never as the engine's old copy. (The
 //! staging mappings are registered with a second userfaultfd that asks for
