@@ -301,35 +301,19 @@ thread_local! {
     static PATH: std::cell::Cell<&'static str> = const { std::cell::Cell::new("thread") };
 }
 
-/// Runs `test` with `farmem run --fault-path PATH`; the inline path only
-/// where the kernel has UFFD_FEATURE_SIGBUS (skipped, with the reason,
-/// elsewhere).
+/// Runs `test` with `farmem run --fault-path PATH` (see `per_fault_path!`).
 fn on_path(path: &'static str, name: &str, test: fn()) {
-    if path == "inline" && !pagewise::probe::get().uffd_has(pagewise_sys::uffd::feature::SIGBUS) {
-        pagewise_testkit::skip!("{name} (inline): the kernel lacks UFFD_FEATURE_SIGBUS");
+    let sigbus = pagewise::probe::get().uffd_has(pagewise_sys::uffd::feature::SIGBUS);
+    if !pagewise_testkit::fault_path_runs(path, name, sigbus) {
         return;
     }
     PATH.with(|p| p.set(path));
     test();
 }
 
-/// Every test runs on both fault paths: `NAME::thread` and `NAME::inline`.
-macro_rules! on_both_paths {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            #[test]
-            fn thread() {
-                super::on_path("thread", stringify!($name), super::$name);
-            }
-            #[test]
-            fn inline() {
-                super::on_path("inline", stringify!($name), super::$name);
-            }
-        }
-    )*};
-}
-
-on_both_paths!(
+// Every test runs on both fault paths: `NAME::thread` and `NAME::inline`.
+pagewise_testkit::per_fault_path!(
+    super::on_path;
     kernel_accesses_match_native,
     mremap_sequence_keeps_every_byte,
     realloc_cycles_neither_hang_nor_lose_data,

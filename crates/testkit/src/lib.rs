@@ -82,3 +82,34 @@ fn build_shim(dir: &std::path::Path, want: &std::path::Path) -> Result<std::path
         .map_err(|e| format!("copying the preload shim beside the binary: {e}"))?;
     Ok(want.to_path_buf())
 }
+
+/// Makes each named test function (`fn NAME()`) two tests, `NAME::thread`
+/// and `NAME::inline`, which call `runner("thread" | "inline", "NAME",
+/// NAME)`: the far-memory tests run on both fault paths.
+#[macro_export]
+macro_rules! per_fault_path {
+    ($runner:path; $($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[test]
+            fn thread() {
+                $runner("thread", stringify!($name), super::$name);
+            }
+            #[test]
+            fn inline() {
+                $runner("inline", stringify!($name), super::$name);
+            }
+        }
+    )*};
+}
+
+/// Whether test `name` can run on fault path `path` here (`sigbus`: the
+/// kernel has `UFFD_FEATURE_SIGBUS`); reports the skip when not.
+pub fn fault_path_runs(path: &str, name: &str, sigbus: bool) -> bool {
+    if path == "inline" && !sigbus {
+        report_skip(&format!(
+            "{name} (inline): the kernel lacks UFFD_FEATURE_SIGBUS"
+        ));
+        return false;
+    }
+    true
+}

@@ -40,36 +40,19 @@ fn fm_path() -> FaultPath {
     PATH.with(|p| p.get())
 }
 
-/// Runs `test` on `path`; the inline path only where the kernel has
-/// `UFFD_FEATURE_SIGBUS` (skipped, with the reason, elsewhere).
-fn on_path(path: FaultPath, name: &str, test: fn()) {
-    if path == FaultPath::Inline
-        && !pagewise::probe::get().uffd_has(pagewise_sys::uffd::feature::SIGBUS)
-    {
-        pagewise_testkit::skip!("{name} (inline): the kernel lacks UFFD_FEATURE_SIGBUS");
+/// Runs `test` on fault path `path` (see `per_fault_path!`).
+fn on_path(path: &str, name: &str, test: fn()) {
+    let sigbus = pagewise::probe::get().uffd_has(pagewise_sys::uffd::feature::SIGBUS);
+    if !pagewise_testkit::fault_path_runs(path, name, sigbus) {
         return;
     }
-    PATH.with(|p| p.set(path));
+    PATH.with(|p| p.set(path.parse().expect("a fault path")));
     test();
 }
 
-/// Every test runs on both fault paths: `NAME::thread` and `NAME::inline`.
-macro_rules! on_both_paths {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            #[test]
-            fn thread() {
-                super::on_path(super::FaultPath::Thread, stringify!($name), super::$name);
-            }
-            #[test]
-            fn inline() {
-                super::on_path(super::FaultPath::Inline, stringify!($name), super::$name);
-            }
-        }
-    )*};
-}
-
-on_both_paths!(
+// Every test runs on both fault paths: `NAME::thread` and `NAME::inline`.
+pagewise_testkit::per_fault_path!(
+    super::on_path;
     dime_table_5_1_exact_fetches,
     dime_two_page_test_exact_faults,
     writes_under_eviction_are_never_lost,
