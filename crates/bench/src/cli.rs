@@ -173,6 +173,12 @@ enum What {
     /// isolation between instances (with --full); every run checks a sample
     /// of keys and values.
     FarmemRedis(crate::farmem_redis::Args),
+    /// DiME's Memcached experiment (Figure 5.5): a real memcached under
+    /// `pagewise farmem run`, loaded by memaslap (90 % get, 10 % set):
+    /// throughput against local memory and latency, and isolation between
+    /// instances (with --full); every run checks a sample of keys and
+    /// values it stored.
+    FarmemMemcached(crate::farmem_redis::Args),
     /// The inspector's cost: time to inspect a process holding the known
     /// layout (128 MiB; 256 MiB, 1 GiB and 4 GiB with --full) against
     /// reading that memory once at this machine's bandwidth, the target's
@@ -425,6 +431,9 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
         What::Redis(r) => crate::redis::run(r, quiet),
         What::Checkpoint(r) => crate::checkpoint::run(r, quiet),
         What::FarmemRedis(r) => crate::farmem_redis::run(r, quiet),
+        What::FarmemMemcached(r) => {
+            crate::farmem_redis::run_app(crate::farmem_redis::App::Memcached, r, quiet)
+        }
         What::Inspect(r) => crate::inspect::run(r, quiet),
     }
 }

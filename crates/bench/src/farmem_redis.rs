@@ -1,13 +1,15 @@
-//! `pagewise bench farmem-redis`: DiME's experiments (d) and (e) on a real
-//! `redis-server` run by `pagewise farmem run`, loaded by `redis-benchmark`
-//! on loopback.
+//! `pagewise bench farmem-redis` and `farmem-memcached`: DiME's experiments
+//! (d) and (e) on a real server run by `pagewise farmem run` on loopback:
+//! `redis-server` loaded by `redis-benchmark`, or `memcached` loaded by
+//! `memaslap` (Debian's libmemcached-tools calls it `memcaslap`).
 //!
-//! Every run: start redis-server (emulated or not), load the data set with
-//! distinct values through a pipelined client of our own (keys
-//! `key:%012d`, the names redis-benchmark's `-r` asks for), drive GETs over
-//! the whole key space with redis-benchmark, then read back a sample of
-//! keys and check every value byte for byte. A wrong or missing value
-//! fails the benchmark.
+//! Every run: start the server (emulated or not), load the data set with
+//! distinct values through a client of our own (keys `key:%012d`, the
+//! names redis-benchmark's `-r` asks for), drive the load generator
+//! (Redis: GETs over the whole key space; Memcached: memaslap's 90 % get,
+//! 10 % set over keys of its own), then read back a sample of our keys and
+//! check every value byte for byte. A wrong or missing value fails the
+//! benchmark.
 //!
 //! (d) GET throughput against the local budget (percent of the pages
 //! holding data) and against latency (DiME's Figures 5.2 and 5.3);
@@ -41,6 +43,7 @@ pub struct Args {
 }
 
 struct Scale {
+    app: App,
     /// Runs per point; the point is the run with the median throughput.
     repeats: usize,
     keys: u64,
@@ -61,20 +64,210 @@ struct Emulation {
     fault_path: pagewise::farmem::FaultPath,
 }
 
-/// A Redis (emulated or not) and where its far-memory statistics go.
+/// The server under test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum App {
+    /// `redis-server`, loaded by `redis-benchmark` (GET).
+    Redis,
+    /// `memcached`, loaded by `memaslap` (90 % get, 10 % set).
+    Memcached,
+}
+
+impl App {
+    fn name(self) -> &'static str {
+        match self {
+            App::Redis => "redis",
+            App::Memcached => "memcached",
+        }
+    }
+
+    /// What its throughput counts.
+    fn unit(self) -> &'static str {
+        match self {
+            App::Redis => "GET/s",
+            App::Memcached => "ops/s",
+        }
+    }
+
+    /// The server's command line on `port`.
+    fn server(self, port: u16) -> (String, Vec<String>) {
+        match self {
+            App::Redis => ("redis-server".into(), server_args(port)),
+            App::Memcached => {
+                let mut a: Vec<String> = [
+                    "-l",
+                    "127.0.0.1",
+                    "-p",
+                    &port.to_string(),
+                    "-U",
+                    "0",
+                    "-m",
+                    "1024",
+                    "-t",
+                    "4",
+                    "-A",
+                ]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+                if pagewise_sys::process::geteuid() == 0 {
+                    // memcached refuses to run as root unless told whom to be.
+                    a.extend(["-u".to_string(), "root".to_string()]);
+                }
+                ("memcached".into(), a)
+            }
+        }
+    }
+
+    /// The programs it needs, and how to get them.
+    fn check_installed(self) -> Result<()> {
+        match self {
+            App::Redis if !which("redis-server") || !which("redis-benchmark") => bail!(
+                "redis-server and redis-benchmark are needed: run scripts/setup.sh (installs Debian's redis-server and redis-tools)"
+            ),
+            App::Memcached if !which("memcached") || memaslap().is_none() => bail!(
+                "memcached and memaslap are needed: run scripts/setup.sh (installs Debian's memcached and libmemcached-tools)"
+            ),
+            _ => Ok(()),
+        }
+    }
+
+    fn fill(self, port: u16, keys: u64, len: usize) -> Result<()> {
+        match self {
+            App::Redis => fill(port, keys, len),
+            App::Memcached => mc_fill(port, keys, len),
+        }
+    }
+
+    fn load(self, port: u16, keys: u64, requests: u64, len: usize) -> Result<f64> {
+        match self {
+            App::Redis => get_rps(port, keys, requests),
+            App::Memcached => mc_load(port, requests, len),
+        }
+    }
+
+    fn verify(self, port: u16, keys: u64, len: usize, samples: u64) -> Result<u64> {
+        match self {
+            App::Redis => verify(port, keys, len, samples),
+            App::Memcached => mc_verify(port, keys, len, samples),
+        }
+    }
+}
+
+/// memaslap, under the name this system gives it.
+fn memaslap() -> Option<&'static str> {
+    ["memcaslap", "memaslap"].into_iter().find(|c| which(c))
+}
+
+/// Stores keys `0..keys` with their values (memcached's text protocol,
+/// in batches).
+fn mc_fill(port: u16, keys: u64, len: usize) -> Result<()> {
+    let s = TcpStream::connect(("127.0.0.1", port))?;
+    let mut w = s.try_clone()?;
+    let mut r = BufReader::new(s);
+    let mut i = 0;
+    while i < keys {
+        let n = (keys - i).min(256);
+        let mut buf = Vec::new();
+        for k in i..i + n {
+            buf.extend_from_slice(format!("set {} 0 0 {len}\r\n", key(k)).as_bytes());
+            buf.extend_from_slice(&value(k, len));
+            buf.extend_from_slice(b"\r\n");
+        }
+        w.write_all(&buf)?;
+        for _ in 0..n {
+            let mut line = String::new();
+            std::io::BufRead::read_line(&mut r, &mut line)?;
+            if line != "STORED\r\n" {
+                bail!("memcached answered {line:?} to a set");
+            }
+        }
+        i += n;
+    }
+    Ok(())
+}
+
+/// Reads back every `keys/samples`-th key: all must hold their value.
+fn mc_verify(port: u16, keys: u64, len: usize, samples: u64) -> Result<u64> {
+    use std::io::{BufRead, Read};
+    let s = TcpStream::connect(("127.0.0.1", port))?;
+    let mut w = s.try_clone()?;
+    let mut r = BufReader::new(s);
+    let step = (keys / samples).max(1);
+    let mut checked = 0;
+    let mut k = 0;
+    while k < keys {
+        w.write_all(format!("get {}\r\n", key(k)).as_bytes())?;
+        let mut line = String::new();
+        r.read_line(&mut line)?;
+        if line == "END\r\n" {
+            bail!("memcached lost {}", key(k));
+        }
+        let n: usize = line
+            .split_whitespace()
+            .nth(3)
+            .and_then(|v| v.parse().ok())
+            .with_context(|| format!("memcached answered {line:?} to a get"))?;
+        let mut v = vec![0u8; n + 2];
+        r.read_exact(&mut v)?;
+        v.truncate(n);
+        if v != value(k, len) {
+            bail!("memcached returned a wrong value for {}", key(k));
+        }
+        line.clear();
+        r.read_line(&mut line)?;
+        if line != "END\r\n" {
+            bail!("memcached answered {line:?} after a value");
+        }
+        checked += 1;
+        k += step;
+    }
+    Ok(checked)
+}
+
+/// Operations/s of `requests` memaslap operations (90 % get, 10 % set,
+/// values of `len` bytes, 2 threads, 16 connections, a window of 2000 keys
+/// each).
+fn mc_load(port: u16, requests: u64, len: usize) -> Result<f64> {
+    let bin = memaslap().context("memaslap is not installed")?;
+    let out = Command::new(bin)
+        .args([
+            "-s",
+            &format!("127.0.0.1:{port}"),
+            "-T",
+            "2",
+            "-c",
+            "16",
+            "-w",
+            "2k",
+        ])
+        .args(["-x", &requests.to_string(), "-X", &len.to_string()])
+        .output()
+        .with_context(|| format!("running {bin}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .filter_map(|l| l.split("TPS: ").nth(1))
+        .filter_map(|t| t.split_whitespace().next()?.parse::<f64>().ok())
+        .next_back()
+        .with_context(|| format!("{bin} printed no TPS: {text}"))
+}
+
+/// A server (emulated or not) and where its far-memory statistics go.
 struct Server {
     redis: RedisServer,
+    app: App,
     stats: Option<PathBuf>,
 }
 
 impl Server {
-    fn start(em: Option<&Emulation>, stats: Option<PathBuf>) -> Result<Server> {
+    fn start(app: App, em: Option<&Emulation>, stats: Option<PathBuf>) -> Result<Server> {
         let port = free_port()?;
-        let redis = server_args(port);
+        let (prog, args) = app.server(port);
         let mut c = match em {
             None => {
-                let mut c = Command::new("redis-server");
-                c.args(&redis);
+                let mut c = Command::new(&prog);
+                c.args(&args);
                 c
             }
             Some(e) => {
@@ -91,7 +284,7 @@ impl Server {
                 if let Some(s) = &stats {
                     c.arg("--stats-json").arg(s);
                 }
-                c.args(["--", "redis-server"]).args(&redis);
+                c.arg("--").arg(&prog).args(&args);
                 c
             }
         };
@@ -102,9 +295,10 @@ impl Server {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .context("starting redis-server")?;
+            .with_context(|| format!("starting {prog}"))?;
         let s = Server {
             redis: RedisServer { child, port },
+            app,
             stats,
         };
         // Emulated with a tenth of its memory local, it can take a while.
@@ -114,6 +308,17 @@ impl Server {
 
     /// Shuts the server down and returns its far-memory statistics.
     fn stop(mut self) -> Result<Option<serde_json::Value>> {
+        if self.app == App::Memcached {
+            // Its own shutdown (`-A`): the process exits, and `farmem run`
+            // writes its statistics.
+            if let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.redis.port)) {
+                let _ = s.write_all(b"shutdown\r\n");
+            }
+            pagewise::launch::wait_or_kill(
+                &mut self.redis.child,
+                std::time::Duration::from_secs(10),
+            );
+        }
         self.redis.shutdown();
         match &self.stats {
             Some(p) => {
@@ -244,7 +449,7 @@ fn run_once(
         if let Some(p) = &stats {
             let _ = std::fs::remove_file(p);
         }
-        started.push(Server::start(em.as_ref(), stats)?);
+        started.push(Server::start(s.app, em.as_ref(), stats)?);
     }
     let results: Vec<Result<(f64, u64)>> = std::thread::scope(|sc| {
         let hs: Vec<_> = started
@@ -252,9 +457,9 @@ fn run_once(
             .map(|srv| {
                 let port = srv.redis.port;
                 sc.spawn(move || -> Result<(f64, u64)> {
-                    fill(port, s.keys, s.value_bytes)?;
-                    let rps = get_rps(port, s.keys, s.requests)?;
-                    let ok = verify(port, s.keys, s.value_bytes, 200)?;
+                    s.app.fill(port, s.keys, s.value_bytes)?;
+                    let rps = s.app.load(port, s.keys, s.requests, s.value_bytes)?;
+                    let ok = s.app.verify(port, s.keys, s.value_bytes, 200)?;
                     Ok((rps, ok))
                 })
             })
@@ -288,13 +493,15 @@ fn run_once(
 #[derive(Serialize)]
 struct Report {
     machine: crate::Machine,
-    redis_version: String,
+    app: App,
+    server_version: String,
     command: String,
     fault_path: pagewise::farmem::FaultPath,
     keys: u64,
     value_bytes: usize,
     requests: u64,
     baseline_get_rps: f64,
+    overhead: Vec<Point>,
     by_local: Vec<Point>,
     by_latency: Vec<Point>,
     isolation: Vec<Point>,
@@ -310,11 +517,15 @@ fn falls(ys: &[f64], tol: f64) -> bool {
 
 /// Runs the experiment; the process's exit code.
 pub fn run(a: Args, quiet: bool) -> Result<i32> {
-    if !which("redis-server") || !which("redis-benchmark") {
-        bail!("redis-server and redis-benchmark are needed: run scripts/setup.sh (installs Debian's redis-server and redis-tools)");
-    }
+    run_app(App::Redis, a, quiet)
+}
+
+/// Runs the experiment on `app`; the process's exit code.
+pub fn run_app(app: App, a: Args, quiet: bool) -> Result<i32> {
+    app.check_installed()?;
     let s = if a.full {
         Scale {
+            app,
             repeats: 3,
             keys: 40_000,
             value_bytes: 1024,
@@ -328,6 +539,7 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
         }
     } else {
         Scale {
+            app,
             repeats: 1,
             keys: 5_000,
             value_bytes: 1024,
@@ -350,9 +562,13 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
             fault_path: a.fault_path,
         })
     };
-    progress("baseline: redis-server alone, not emulated");
+    progress(&format!("baseline: {} alone, not emulated", app.name()));
     let base = run_together("baseline", &[None], &s, &tmp)?;
     let baseline = base[0].get_rps;
+    // What emulation itself costs: everything local, latency 0 (a first
+    // touch still faults, at the floor's cost).
+    progress("(d) overhead: local 100 % at 0 ns");
+    let overhead = run_together("overhead", &[em("overhead", 100, 0)], &s, &tmp)?;
     let mut by_local = Vec::new();
     for &p in &s.percents {
         progress(&format!("(d) local {p} % at {} ns", s.fixed_latency));
@@ -406,17 +622,19 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
         )?);
     }
     let _ = std::fs::remove_dir_all(&tmp);
-    let version = Command::new("redis-server")
-        .arg("--version")
+    let version = Command::new(app.server(0).0)
+        .arg(if app == App::Redis { "--version" } else { "-V" })
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default();
     let ys = |v: &[Point]| v.iter().map(|p| p.get_rps).collect::<Vec<_>>();
     let report = Report {
         machine: crate::Machine::this(),
-        redis_version: version,
+        app,
+        server_version: version,
         command: format!(
-            "pagewise bench farmem-redis{} --fault-path {}",
+            "pagewise bench farmem-{}{} --fault-path {}",
+            app.name(),
             if a.full { " --full" } else { "" },
             a.fault_path
         ),
@@ -427,6 +645,7 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
         baseline_get_rps: baseline,
         falls_with_less_local: falls(&ys(&by_local), 0.10),
         falls_with_more_latency: falls(&ys(&by_latency), 0.10),
+        overhead,
         by_local,
         by_latency,
         isolation,
@@ -435,18 +654,31 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
     use std::fmt::Write as _;
     writeln!(
         text,
-        "{} ({} keys x {} B, {} GETs per point)",
+        "{} ({} keys x {} B, {} requests per point)",
         report.command, s.keys, s.value_bytes, s.requests
     )?;
-    writeln!(text, "baseline (not emulated): {:.0} GET/s", baseline)?;
+    writeln!(
+        text,
+        "baseline (not emulated): {:.0} {}",
+        baseline,
+        app.unit()
+    )?;
     writeln!(
         text,
         "{:<10} {:>7} {:>9} {:>10} {:>8} {:>9} {:>9} {:>9}",
-        "series", "local%", "lat_ns", "GET/s", "x base", "faults", "evicts", "verified"
+        "series",
+        "local%",
+        "lat_ns",
+        app.unit(),
+        "x base",
+        "faults",
+        "evicts",
+        "verified"
     )?;
     for p in report
-        .by_local
+        .overhead
         .iter()
+        .chain(&report.by_local)
         .chain(&report.by_latency)
         .chain(&report.isolation)
     {
@@ -472,9 +704,13 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
     let pts =
         |v: &[Point], x: fn(&Point) -> f64| v.iter().map(|p| (x(p), p.get_rps)).collect::<Vec<_>>();
     let by_local = Chart {
-        title: format!("(d) redis GET/s against local memory ({fl} ns latency)"),
+        title: format!(
+            "(d) {} {} against local memory ({fl} ns latency)",
+            app.name(),
+            app.unit()
+        ),
         x_label: "local memory (% of pages holding data)".into(),
-        y_label: "GET requests/s".into(),
+        y_label: app.unit().into(),
         log_x: false,
         log_y: false,
         series: vec![
@@ -489,9 +725,13 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
         ],
     };
     let by_latency = Chart {
-        title: format!("(d) redis GET/s against latency ({fp} % local)"),
+        title: format!(
+            "(d) {} {} against latency ({fp} % local)",
+            app.name(),
+            app.unit()
+        ),
         x_label: "one-way latency (ns)".into(),
-        y_label: "GET requests/s".into(),
+        y_label: app.unit().into(),
         log_x: false,
         log_y: false,
         series: vec![Series {
@@ -500,8 +740,8 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
         }],
     };
     let charts = vec![
-        ("redis_local.svg".to_string(), by_local),
-        ("redis_latency.svg".to_string(), by_latency),
+        (format!("{}_local.svg", app.name()), by_local),
+        (format!("{}_latency.svg", app.name()), by_latency),
     ];
     a.output.emit(&report, text, charts)
 }

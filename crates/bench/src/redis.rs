@@ -102,7 +102,7 @@ pub(crate) fn wait_ready_within(port: u16, within: Duration) -> Result<()> {
         std::thread::sleep(Duration::from_millis(50));
     }
     bail!(
-        "redis-server did not listen on 127.0.0.1:{port} within {} s",
+        "the server did not listen on 127.0.0.1:{port} within {} s",
         within.as_secs()
     )
 }

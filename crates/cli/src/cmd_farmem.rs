@@ -43,7 +43,8 @@ struct RunArgs {
     /// Pages that may be local at once (across the instance's processes).
     #[arg(long, conflicts_with = "local_percent")]
     local_pages: Option<u64>,
-    /// Local budget as a percentage of the pages holding data (1-100).
+    /// Local budget as a percentage of the pages holding data (1-100), and
+    /// at least 256 pages (a program starting up holds little data).
     #[arg(long)]
     local_percent: Option<u64>,
     /// One-way latency of the link, ns; a fetch costs twice this plus the

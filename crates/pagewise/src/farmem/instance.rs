@@ -57,6 +57,11 @@ use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 
 /// Processes one instance can hold at once.
 pub const MAX_MEMBERS: usize = 64;
+
+/// The smallest budget a percentage gives, pages: a program that starts
+/// with little data (a server before its clients come) is not held to a
+/// page or two, where every loop over two pages would fault on each access.
+pub const MIN_PERCENT_BUDGET: u64 = 256;
 const MAGIC: u64 = 0x7061_6765_6661_726d; // "pagefarm"
 const LAYOUT: u64 = 4;
 /// Runs whose exited members' counts an instance keeps apart (entry 0
@@ -73,8 +78,8 @@ pub struct Settings {
     /// Pages that may be local at once across the members (0: use
     /// `local_percent`).
     pub local_pages: u64,
-    /// Local budget as a percentage of the pages the members hold data in
-    /// (0: use `local_pages`).
+    /// Local budget as a percentage of the pages the members hold data in,
+    /// and at least [`MIN_PERCENT_BUDGET`] pages (0: use `local_pages`).
     pub local_percent: u64,
 }
 
@@ -724,7 +729,9 @@ impl Instance {
         if s.local_pages > 0 {
             s.local_pages
         } else {
-            (data_pages * s.local_percent).div_ceil(100).max(1)
+            (data_pages * s.local_percent)
+                .div_ceil(100)
+                .max(MIN_PERCENT_BUDGET)
         }
     }
 
