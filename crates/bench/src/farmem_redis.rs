@@ -23,6 +23,7 @@ use crate::redis::{
 };
 use crate::svg::{Chart, Series};
 use anyhow::{bail, Context, Result};
+use pagewise::procfs::{MemoryCgroup, ZramSwap};
 use serde::Serialize;
 use std::io::{BufReader, Write};
 use std::net::TcpStream;
@@ -44,6 +45,9 @@ pub struct Args {
 
 struct Scale {
     app: App,
+    /// The data set, bytes: the largest resident set of a server not
+    /// emulated (the system-wide emulator's limits are percentages of it).
+    data_bytes: std::sync::atomic::AtomicU64,
     /// Runs per point; the point is the run with the median throughput.
     repeats: usize,
     keys: u64,
@@ -62,6 +66,11 @@ struct Emulation {
     local_percent: u64,
     latency_ns: u64,
     fault_path: pagewise::farmem::FaultPath,
+    /// The system-wide emulator instead of pagewise: the server in a memory
+    /// cgroup limited to `local_percent` of the data set (two servers of the
+    /// same `instance` share one group, with twice the limit), swapping to
+    /// zram; no delay is injected (see the module docs).
+    system: bool,
 }
 
 /// The server under test.
@@ -253,6 +262,20 @@ fn mc_load(port: u16, requests: u64, len: usize) -> Result<f64> {
         .with_context(|| format!("{bin} printed no TPS: {text}"))
 }
 
+/// The major faults (page-ins: swap-ins from zram) and resident set of
+/// process `pid` (`/proc/PID/stat`, `smaps_rollup`).
+fn faults_and_rss(pid: i32) -> (u64, u64) {
+    let majflt = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|t| {
+            let after = t.rsplit_once(')')?.1.to_string();
+            after.split_whitespace().nth(9)?.parse().ok()
+        })
+        .unwrap_or(0);
+    let rss = pagewise::procfs::resident(pid).map_or(0, |r| r.rss_kib);
+    (majflt, rss)
+}
+
 /// A server (emulated or not) and where its far-memory statistics go.
 struct Server {
     redis: RedisServer,
@@ -261,13 +284,27 @@ struct Server {
 }
 
 impl Server {
-    fn start(app: App, em: Option<&Emulation>, stats: Option<PathBuf>) -> Result<Server> {
+    fn start(
+        app: App,
+        em: Option<&Emulation>,
+        stats: Option<PathBuf>,
+        cg: Option<&MemoryCgroup>,
+    ) -> Result<Server> {
         let port = free_port()?;
         let (prog, args) = app.server(port);
         let mut c = match em {
             None => {
                 let mut c = Command::new(&prog);
                 c.args(&args);
+                c
+            }
+            Some(e) if e.system => {
+                let mut c = Command::new(&prog);
+                c.args(&args);
+                crate::thp_redis::join_cgroup_at_exec(
+                    &mut c,
+                    cg.context("a system-wide emulation without its cgroup")?,
+                )?;
                 c
             }
             Some(e) => {
@@ -410,6 +447,40 @@ struct Point {
     writebacks: u64,
     injected_delay_ns: u64,
     data_pages: u64,
+    /// The server's major faults (the system-wide emulator's swap-ins).
+    major_faults: u64,
+    /// The server's resident set at the end, KiB (not under pagewise).
+    rss_kib: u64,
+}
+
+/// The memory cgroup of system-wide emulation `e`, made for this run when
+/// it is the first server of its group: limited to `e.local_percent` of
+/// the data set for each server of `servers` in the group.
+fn system_group<'g>(
+    groups: &'g mut Vec<(String, MemoryCgroup)>,
+    e: &Emulation,
+    s: &Scale,
+    servers: &[Option<Emulation>],
+) -> Result<&'g MemoryCgroup> {
+    if let Some(i) = groups.iter().position(|(n, _)| *n == e.instance) {
+        return Ok(&groups[i].1);
+    }
+    let members = servers
+        .iter()
+        .flatten()
+        .filter(|o| o.system && o.instance == e.instance)
+        .count() as u64;
+    let data = s.data_bytes.load(std::sync::atomic::Ordering::Relaxed);
+    if data == 0 {
+        bail!("the data set's size is not known yet (the baseline runs first)");
+    }
+    let limit = (data * e.local_percent / 100 * members).max(4 << 20);
+    let cg = MemoryCgroup::create(
+        &format!("pagewise-farmem-{}-{}", e.instance, std::process::id()),
+        limit,
+    )?;
+    groups.push((e.instance.clone(), cg));
+    Ok(&groups.last().expect("just pushed").1)
 }
 
 /// [`run_once`] `s.repeats` times; for each server the run with the median
@@ -441,15 +512,21 @@ fn run_once(
     s: &Scale,
     dir: &std::path::Path,
 ) -> Result<Vec<Point>> {
+    let mut groups: Vec<(String, MemoryCgroup)> = Vec::new();
     let mut started = Vec::new();
     for (i, em) in servers.iter().enumerate() {
         let stats = em
             .as_ref()
+            .filter(|e| !e.system)
             .map(|_| dir.join(format!("stats-{}-{i}.json", std::process::id())));
         if let Some(p) = &stats {
             let _ = std::fs::remove_file(p);
         }
-        started.push(Server::start(s.app, em.as_ref(), stats)?);
+        let cg = match em {
+            Some(e) if e.system => Some(system_group(&mut groups, e, s, servers)?),
+            _ => None,
+        };
+        started.push(Server::start(s.app, em.as_ref(), stats, cg)?);
     }
     let results: Vec<Result<(f64, u64)>> = std::thread::scope(|sc| {
         let hs: Vec<_> = started
@@ -471,6 +548,15 @@ fn run_once(
     let mut out = Vec::new();
     for ((srv, em), r) in started.into_iter().zip(servers).zip(results) {
         let (rps, ok) = r?;
+        // The server itself: the child, unless pagewise runs it.
+        let (major_faults, rss_kib) = match em {
+            Some(e) if !e.system => (0, 0),
+            _ => faults_and_rss(srv.redis.child.id() as i32),
+        };
+        if em.is_none() {
+            s.data_bytes
+                .fetch_max(rss_kib << 10, std::sync::atomic::Ordering::Relaxed);
+        }
         let st = srv.stop()?;
         let g = |k: &str| st.as_ref().and_then(|v| v[k].as_u64()).unwrap_or(0);
         out.push(Point {
@@ -485,6 +571,8 @@ fn run_once(
             writebacks: g("writebacks"),
             injected_delay_ns: g("injected_delay_ns"),
             data_pages: g("data_pages"),
+            major_faults,
+            rss_kib,
         });
     }
     Ok(out)
@@ -502,6 +590,15 @@ struct Report {
     requests: u64,
     baseline_get_rps: f64,
     overhead: Vec<Point>,
+    /// The data set (the largest resident set not emulated), bytes.
+    data_bytes: u64,
+    /// pagewise at latency 0, against local memory (beside `system`).
+    local_0: Vec<Point>,
+    /// The system-wide emulator against local memory.
+    system: Vec<Point>,
+    system_isolation: Vec<Point>,
+    /// Why the system-wide emulator did not run, if it did not.
+    system_unavailable: Option<String>,
     by_local: Vec<Point>,
     by_latency: Vec<Point>,
     isolation: Vec<Point>,
@@ -526,6 +623,7 @@ pub fn run_app(app: App, a: Args, quiet: bool) -> Result<i32> {
     let s = if a.full {
         Scale {
             app,
+            data_bytes: Default::default(),
             repeats: 3,
             keys: 40_000,
             value_bytes: 1024,
@@ -540,6 +638,7 @@ pub fn run_app(app: App, a: Args, quiet: bool) -> Result<i32> {
     } else {
         Scale {
             app,
+            data_bytes: Default::default(),
             repeats: 1,
             keys: 5_000,
             value_bytes: 1024,
@@ -560,6 +659,18 @@ pub fn run_app(app: App, a: Args, quiet: bool) -> Result<i32> {
             local_percent: p,
             latency_ns: l,
             fault_path: a.fault_path,
+            system: false,
+        })
+    };
+    // The system-wide emulator: a cgroup limited to p % of the data set,
+    // swapping to zram.
+    let sys = |name: &str, p: u64| {
+        Some(Emulation {
+            instance: format!("sys-{name}"),
+            local_percent: p,
+            latency_ns: 0,
+            fault_path: a.fault_path,
+            system: true,
         })
     };
     progress(&format!("baseline: {} alone, not emulated", app.name()));
@@ -621,6 +732,66 @@ pub fn run_app(app: App, a: Args, quiet: bool) -> Result<i32> {
             &tmp,
         )?);
     }
+    // DiME's comparison with a system-wide emulator (Gao et al., OSDI'16,
+    // which delays the kernel's own paging): the closest this kernel has is
+    // Linux swapping to zram inside a memory cgroup of the same local
+    // memory. Nothing here can delay a swap-in (no dm-delay, no loadable
+    // modules; zram has no latency setting; blk-throttle caps rates only),
+    // so both sides run at latency 0: zram's own cost against pagewise's
+    // floor.
+    let mut system = Vec::new();
+    let mut local_0 = Vec::new();
+    let mut system_isolation = Vec::new();
+    let mut system_unavailable = None;
+    {
+        for &p in &s.percents {
+            progress(&format!("(d) pagewise, local {p} % at 0 ns"));
+            local_0.extend(run_together(
+                "local-0",
+                &[em(&format!("z{p}"), p, 0)],
+                &s,
+                &tmp,
+            )?);
+        }
+        let bytes = s.data_bytes.load(std::sync::atomic::Ordering::Relaxed);
+        match ZramSwap::setup((bytes * 4).max(1 << 30)) {
+            Err(e) => system_unavailable = Some(e.to_string()),
+            Ok(_zram) => {
+                for &p in &s.percents {
+                    progress(&format!("(d) system-wide: cgroup at {p} %, zram swap"));
+                    system.extend(run_together(
+                        "system",
+                        &[sys(&format!("p{p}"), p)],
+                        &s,
+                        &tmp,
+                    )?);
+                }
+                if a.full {
+                    progress("(e) system-wide: two sharing one cgroup");
+                    system_isolation.extend(run_together(
+                        "system-shared",
+                        &[sys("shared", fp), sys("shared", fp)],
+                        &s,
+                        &tmp,
+                    )?);
+                    progress("(e) system-wide: two in separate cgroups");
+                    system_isolation.extend(run_together(
+                        "system-separate",
+                        &[sys("sep-a", fp), sys("sep-b", fp)],
+                        &s,
+                        &tmp,
+                    )?);
+                    progress("(e) system-wide: one beside one not limited");
+                    system_isolation.extend(run_together(
+                        "system-beside",
+                        &[sys("beside", fp), None],
+                        &s,
+                        &tmp,
+                    )?);
+                }
+            }
+        }
+    }
     let _ = std::fs::remove_dir_all(&tmp);
     let version = Command::new(app.server(0).0)
         .arg(if app == App::Redis { "--version" } else { "-V" })
@@ -646,6 +817,11 @@ pub fn run_app(app: App, a: Args, quiet: bool) -> Result<i32> {
         falls_with_less_local: falls(&ys(&by_local), 0.10),
         falls_with_more_latency: falls(&ys(&by_latency), 0.10),
         overhead,
+        data_bytes: s.data_bytes.load(std::sync::atomic::Ordering::Relaxed),
+        local_0,
+        system,
+        system_isolation,
+        system_unavailable,
         by_local,
         by_latency,
         isolation,
@@ -665,7 +841,7 @@ pub fn run_app(app: App, a: Args, quiet: bool) -> Result<i32> {
     )?;
     writeln!(
         text,
-        "{:<10} {:>7} {:>9} {:>10} {:>8} {:>9} {:>9} {:>9}",
+        "{:<15} {:>7} {:>9} {:>10} {:>8} {:>9} {:>9} {:>9}",
         "series",
         "local%",
         "lat_ns",
@@ -681,21 +857,36 @@ pub fn run_app(app: App, a: Args, quiet: bool) -> Result<i32> {
         .chain(&report.by_local)
         .chain(&report.by_latency)
         .chain(&report.isolation)
+        .chain(&report.local_0)
+        .chain(&report.system)
+        .chain(&report.system_isolation)
     {
         writeln!(
             text,
-            "{:<10} {:>7} {:>9} {:>10.0} {:>8.3} {:>9} {:>9} {:>9}",
+            "{:<15} {:>7} {:>9} {:>10.0} {:>8.3} {:>9} {:>9} {:>9}",
             p.series,
             p.local_percent.map_or("-".into(), |v| v.to_string()),
             p.latency_ns.map_or("-".into(), |v| v.to_string()),
             p.get_rps,
             p.get_rps / baseline,
-            p.page_fault_count,
+            p.page_fault_count + p.major_faults,
             p.evictions,
             p.verified_keys
         )?;
     }
-    writeln!(text, "(each point: the median of {} runs)", s.repeats)?;
+    writeln!(text, "(each point: the median of {} runs; faults: pagewise's, or the server's major faults (swap-ins) under the system-wide emulator)", s.repeats)?;
+    if let Some(why) = &report.system_unavailable {
+        writeln!(
+            text,
+            "system-wide emulator (zram swap in a memory cgroup): not run: {why}"
+        )?;
+    } else {
+        writeln!(
+            text,
+            "system-wide emulator: a memory cgroup limited to local% of the data set ({:.0} MiB), swapping to zram; no delay injected (nothing on this kernel can delay a swap-in); compare with local-0",
+            report.data_bytes as f64 / (1 << 20) as f64
+        )?;
+    }
     writeln!(
         text,
         "throughput falls as local memory shrinks: {}; as latency grows: {} (10 % noise allowed)",
@@ -719,8 +910,50 @@ pub fn run_app(app: App, a: Args, quiet: bool) -> Result<i32> {
                 points: pts(&report.by_local, |p| p.local_percent.unwrap_or(0) as f64),
             },
             Series {
+                label: "emulated, latency 0".into(),
+                points: pts(&report.local_0, |p| p.local_percent.unwrap_or(0) as f64),
+            },
+            Series {
+                label: "system-wide (zram swap, cgroup)".into(),
+                points: pts(&report.system, |p| p.local_percent.unwrap_or(0) as f64),
+            },
+            Series {
                 label: "not emulated".into(),
                 points: vec![(10.0, baseline), (100.0, baseline)],
+            },
+        ],
+    };
+    let faults = |v: &[Point]| {
+        v.iter()
+            .map(|p| {
+                (
+                    p.local_percent.unwrap_or(0) as f64,
+                    (p.page_fault_count + p.major_faults) as f64,
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let faults_chart = Chart {
+        title: format!(
+            "{} faults against local memory (DiME Fig. 5.4a/5.5a)",
+            app.name()
+        ),
+        x_label: "local memory (% of the data set)".into(),
+        y_label: "faults per run".into(),
+        log_x: false,
+        log_y: true,
+        series: vec![
+            Series {
+                label: format!("emulated, {fl} ns"),
+                points: faults(&report.by_local),
+            },
+            Series {
+                label: "emulated, latency 0".into(),
+                points: faults(&report.local_0),
+            },
+            Series {
+                label: "system-wide (major faults)".into(),
+                points: faults(&report.system),
             },
         ],
     };
@@ -741,6 +974,7 @@ pub fn run_app(app: App, a: Args, quiet: bool) -> Result<i32> {
     };
     let charts = vec![
         (format!("{}_local.svg", app.name()), by_local),
+        (format!("{}_faults.svg", app.name()), faults_chart),
         (format!("{}_latency.svg", app.name()), by_latency),
     ];
     a.output.emit(&report, text, charts)

@@ -299,17 +299,27 @@ fn load(
 
 /// Starts redis-server inside `cg`, with THP allowed.
 pub(crate) fn start_redis(cg: &MemoryCgroup, port: u16) -> Result<crate::redis::Server> {
-    let procs =
-        std::ffi::CString::new(cg.dir().join("cgroup.procs").as_os_str().as_encoded_bytes())?;
     let mut c = Command::new("redis-server");
     c.args(server_args(port))
         .args(["--disable-thp", "no"])
         .stdout(Stdio::null())
         .stderr(Stdio::null());
+    join_cgroup_at_exec(&mut c, cg)?;
+    let child = c.spawn().context("starting redis-server in its cgroup")?;
+    let s = crate::redis::Server { child, port };
+    wait_ready(port)?;
+    Ok(s)
+}
+
+/// Makes the process `c` starts join `cg` before it runs (so that all its
+/// memory is charged there).
+pub(crate) fn join_cgroup_at_exec(c: &mut Command, cg: &MemoryCgroup) -> Result<()> {
+    let procs =
+        std::ffi::CString::new(cg.dir().join("cgroup.procs").as_os_str().as_encoded_bytes())?;
     // SAFETY: between fork and exec the child only opens, writes and
     // closes a file whose name was made before the fork (no allocation).
     unsafe {
-        std::os::unix::process::CommandExt::pre_exec(&mut c, move || {
+        std::os::unix::process::CommandExt::pre_exec(c, move || {
             let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
             if fd < 0 {
                 return Err(std::io::Error::last_os_error());
@@ -323,10 +333,7 @@ pub(crate) fn start_redis(cg: &MemoryCgroup, port: u16) -> Result<crate::redis::
             }
         })
     };
-    let child = c.spawn().context("starting redis-server in its cgroup")?;
-    let s = crate::redis::Server { child, port };
-    wait_ready(port)?;
-    Ok(s)
+    Ok(())
 }
 
 fn one(
