@@ -451,6 +451,9 @@ struct Point {
     major_faults: u64,
     /// The server's resident set at the end, KiB (not under pagewise).
     rss_kib: u64,
+    /// Killed by its memory cgroup's OOM killer (the system-wide
+    /// emulator): no throughput, nothing verified.
+    oom_killed: bool,
 }
 
 /// The memory cgroup of system-wide emulation `e`, made for this run when
@@ -547,7 +550,19 @@ fn run_once(
     });
     let mut out = Vec::new();
     for ((srv, em), r) in started.into_iter().zip(servers).zip(results) {
-        let (rps, ok) = r?;
+        // A server the system-wide emulator's cgroup killed for want of
+        // memory is a result, not a failure of the benchmark.
+        let oom = em.as_ref().filter(|e| e.system).map_or(0, |e| {
+            groups
+                .iter()
+                .find(|(n, _)| *n == e.instance)
+                .map_or(0, |(_, g)| g.oom_kills())
+        });
+        let (rps, ok) = match r {
+            Ok(v) => v,
+            Err(_) if oom > 0 => (0.0, 0),
+            Err(e) => return Err(e),
+        };
         // The server itself: the child, unless pagewise runs it.
         let (major_faults, rss_kib) = match em {
             Some(e) if !e.system => (0, 0),
@@ -557,7 +572,7 @@ fn run_once(
             s.data_bytes
                 .fetch_max(rss_kib << 10, std::sync::atomic::Ordering::Relaxed);
         }
-        let st = srv.stop()?;
+        let st = if oom > 0 { None } else { srv.stop()? };
         let g = |k: &str| st.as_ref().and_then(|v| v[k].as_u64()).unwrap_or(0);
         out.push(Point {
             series: label.to_string(),
@@ -573,6 +588,7 @@ fn run_once(
             data_pages: g("data_pages"),
             major_faults,
             rss_kib,
+            oom_killed: oom > 0,
         });
     }
     Ok(out)
@@ -871,7 +887,11 @@ pub fn run_app(app: App, a: Args, quiet: bool) -> Result<i32> {
             p.get_rps / baseline,
             p.page_fault_count + p.major_faults,
             p.evictions,
-            p.verified_keys
+            if p.oom_killed {
+                "OOM-KILLED".to_string()
+            } else {
+                p.verified_keys.to_string()
+            }
         )?;
     }
     writeln!(text, "(each point: the median of {} runs; faults: pagewise's, or the server's major faults (swap-ins) under the system-wide emulator)", s.repeats)?;
