@@ -21,7 +21,7 @@
 //! `EFAULT`. Such memory is *held* before it is handed to the kernel
 //! ([`hold`]): its pages are fetched now and are neither evicted nor parked
 //! until the hold is released. The preload shim holds what every trapped
-//! system call will touch (see `kernel_access`); a library user holds
+//! system call will touch (see [`super::syscalls`]); a library user holds
 //! buffers with [`super::FarMemory::hold`].
 //!
 //! # The program's own `SIGBUS`
