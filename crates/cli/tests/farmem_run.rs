@@ -322,6 +322,7 @@ pagewise_testkit::per_fault_path!(
     table_5_1_exact_under_farmem_run,
     programs_keep_their_memory,
     shared_instance_listed_and_set_live,
+    a_newcomer_gets_its_share_of_a_shared_budget,
     bad_input_is_refused_clearly,
     planted_instances_are_never_joined,
     bad_settings_are_refused_before_the_program_starts,
@@ -635,6 +636,96 @@ fn shared_instance_listed_and_set_live() {
         std::thread::sleep(Duration::from_millis(20));
     }
     for c in [a, b] {
+        let out = c.wait_with_output().unwrap();
+        assert!(out.status.success());
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "hold bad 0");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Regression: a process joining a shared instance whose other member sat
+/// above its share of a full budget was held to the few pages left (the
+/// other member, not faulting, never gave any back) and crawled. Now a
+/// member well above its share of a full budget comes down to it: the
+/// newcomer gets its share, the budget holds, and every byte is kept.
+fn a_newcomer_gets_its_share_of_a_shared_budget() {
+    need_support!();
+    let dir = instance_dir("share");
+    let spawn = |pages: u64, secs: u64| {
+        let mut c = farmem(&dir)
+            .args(["run", "--instance", "share"])
+            .args(if dir.join("share").exists() {
+                vec![]
+            } else {
+                vec!["--local-pages", "600", "--latency-ns", "1000"]
+            })
+            .arg("--")
+            .arg(target())
+            .args(["hold", &pages.to_string(), &secs.to_string()])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(c.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), format!("holding {pages}"));
+        c
+    };
+    let a = spawn(500, 8);
+    let b = spawn(400, 4);
+    let (pa, pb) = (a.id() as i64, b.id() as i64);
+    // The target's pages with data are 500 and 400 and a few of its own:
+    // shares of 600 near 333 and 267. Held to what `a` left, `b` had
+    // at most about 100.
+    let t0 = Instant::now();
+    let mut seen = Vec::new();
+    let got = loop {
+        let l = ls(&dir);
+        let i = l
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|i| i["instance_id"] == "share")
+            .expect("instance listed")
+            .clone();
+        let local = |pid: i64| {
+            i["members"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|m| m["live"] == true)
+                // `farmem run` runs the target as its child: the member is
+                // the run or its child.
+                .find(|m| {
+                    let p = m["pid"].as_i64().unwrap();
+                    p == pid
+                        || std::fs::read_to_string(format!("/proc/{p}/status"))
+                            .ok()
+                            .and_then(|t| pagewise::procfs::status_field(&t, "PPid"))
+                            == Some(pid as u64)
+                })
+                .map(|m| m["stats"]["local_pages_now"].as_u64().unwrap())
+        };
+        let (la, lb) = (local(pa), local(pb));
+        let total = i["local_pages_now"].as_u64().unwrap();
+        assert!(total <= 600 + 2, "budget broken: {i}");
+        seen.push((la, lb));
+        if let (Some(la), Some(lb)) = (la, lb) {
+            if lb >= 200 && la <= 333 + 30 {
+                break (la, lb);
+            }
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(3),
+            "the newcomer never got its share (local pages of the first and \
+             the newcomer over time: {seen:?})"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    eprintln!("shares reached: first {} pages, newcomer {}", got.0, got.1);
+    for c in [b, a] {
         let out = c.wait_with_output().unwrap();
         assert!(out.status.success());
         assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "hold bad 0");

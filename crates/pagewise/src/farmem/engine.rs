@@ -305,6 +305,10 @@ impl Engine {
         )
     }
 
+    /// How often a member of an instance checks that it holds no more than
+    /// its share (see [`Engine::keep`]); also its idle poll's timeout.
+    const SHARE_CHECK: std::time::Duration = std::time::Duration::from_millis(50);
+
     /// Serves faults and events until stopped; then maps every page back.
     /// Never returns on an error (see [`fail`]). The engine lives in `cell`
     /// and is locked while an event or fault is served (on the inline path,
@@ -316,9 +320,17 @@ impl Engine {
             let Some(e) = g.engine() else { return };
             // A member of an instance also looks at it while idle, so that a
             // smaller budget set from outside applies without a fault.
-            (e.uffd.as_raw_fd(), if e.inst.is_some() { 50 } else { -1 })
+            (
+                e.uffd.as_raw_fd(),
+                if e.inst.is_some() {
+                    Self::SHARE_CHECK.as_millis() as i32
+                } else {
+                    -1
+                },
+            )
         };
         let fds: [RawFd; 2] = [fd, wake.as_raw_fd()];
+        let mut shares_checked = Instant::now();
         let result = loop {
             let mut g = cell.lock();
             let Some(this) = g.engine() else {
@@ -328,6 +340,15 @@ impl Engine {
                 break Ok(());
             }
             this.follow_instance(sh);
+            if this.inst.is_some() && shares_checked.elapsed() >= Self::SHARE_CHECK {
+                // A member well above its share gives pages back even when
+                // it faults too, or a newcomer would be held to what the
+                // others left it.
+                shares_checked = Instant::now();
+                if this.keep(sh).is_some() {
+                    sh.changed.store(true, Ordering::Release);
+                }
+            }
             if !this.changing_now() && sh.changed.swap(false, Ordering::AcqRel) {
                 if let Err(e) = this.fit_budget(sh) {
                     break Err(e);
@@ -519,10 +540,34 @@ impl Engine {
         }
     }
 
-    /// Local pages counted against the budget now, and the budget.
-    fn load(&self, cfg: &Config) -> (u64, u64) {
+    /// How many local pages this engine should keep now, when fewer than
+    /// it has: alone, the budget. In an instance over its budget, each
+    /// member gives up its share of the excess; in an instance at its
+    /// budget, a member well above its share of the budget (by pages with
+    /// data) comes down to it, so that a member faulting is not held to
+    /// what idle members left it.
+    pub(in crate::farmem) fn keep(&self, sh: &Shared) -> Option<u64> {
+        let cfg = *sh.config.lock().unwrap_or_else(|e| e.into_inner());
+        let (total, budget, data) = self.load(&cfg);
+        let local = self.local as u64;
+        let mut target = local;
+        if total > budget {
+            target = local - ((total - budget) * local).div_ceil(total).min(local);
+        }
+        if self.inst.is_some() && total >= budget && data > 0 {
+            let share = (budget as u128 * self.data as u128 / data as u128) as u64;
+            if local > share + share / 16 + 4 {
+                target = target.min(share);
+            }
+        }
+        (target < local).then_some(target)
+    }
+
+    /// Local pages counted against the budget now, the budget, and the
+    /// pages with data it is a share of.
+    fn load(&self, cfg: &Config) -> (u64, u64, u64) {
         let Some((inst, slot)) = &self.inst else {
-            return (self.local as u64, cfg.local_pages as u64);
+            return (self.local as u64, cfg.local_pages as u64, self.data as u64);
         };
         // The instance holds every member's published figures, ours as of
         // the last event: replace ours with the current ones.
@@ -530,7 +575,7 @@ impl Engine {
         let (pub_local, pub_data) = inst.published(*slot);
         let local = local - pub_local + self.local as u64;
         let data = data - pub_data + self.data as u64;
-        (local, inst.budget(&inst.settings(), data))
+        (local, inst.budget(&inst.settings(), data), data)
     }
 
     fn fault(&mut self, sh: &Shared, addr: u64, arrived: Instant) -> Result<()> {
@@ -598,7 +643,7 @@ impl Engine {
         }
         drop(counted);
         while class == Placement::Normal && !sh.paused.load(Ordering::Relaxed) && {
-            let (local, budget) = self.load(&cfg);
+            let (local, budget, _) = self.load(&cfg);
             local >= budget
         } {
             match self.evict_victim(sh)? {

@@ -66,13 +66,7 @@ impl Engine {
                 .local
                 .store(self.local as u64, Ordering::Relaxed);
         }
-        let cfg = *sh.config.lock().unwrap_or_else(|e| e.into_inner());
-        let (total, budget) = self.load(&cfg);
-        if total > budget {
-            // Each member of an instance gives up its share of the excess
-            // (alone, that is all of it).
-            let local = self.local as u64;
-            let target = local - ((total - budget) * local).div_ceil(total).min(local);
+        if let Some(target) = self.keep(sh) {
             while self.local as u64 > target {
                 match self.evict_victim(sh) {
                     Ok(Some(_)) => {}
