@@ -142,13 +142,6 @@ impl App {
         }
     }
 
-    fn fill(self, port: u16, keys: u64, len: usize) -> Result<()> {
-        match self {
-            App::Redis => fill(port, keys, len),
-            App::Memcached => mc_fill(port, keys, len),
-        }
-    }
-
     fn load(self, port: u16, keys: u64, requests: u64, len: usize) -> Result<f64> {
         match self {
             App::Redis => get_rps(port, keys, requests),
@@ -156,62 +149,65 @@ impl App {
         }
     }
 
-    fn verify(self, port: u16, keys: u64, len: usize, samples: u64) -> Result<u64> {
+    /// Appends a request storing key `k` with its value.
+    fn put(self, buf: &mut Vec<u8>, k: u64, len: usize) {
         match self {
-            App::Redis => verify(port, keys, len, samples),
-            App::Memcached => mc_verify(port, keys, len, samples),
-        }
-    }
-}
-
-/// memaslap, under the name this system gives it.
-fn memaslap() -> Option<&'static str> {
-    ["memcaslap", "memaslap"].into_iter().find(|c| which(c))
-}
-
-/// Stores keys `0..keys` with their values (memcached's text protocol,
-/// in batches).
-fn mc_fill(port: u16, keys: u64, len: usize) -> Result<()> {
-    let s = TcpStream::connect(("127.0.0.1", port))?;
-    let mut w = s.try_clone()?;
-    let mut r = BufReader::new(s);
-    let mut i = 0;
-    while i < keys {
-        let n = (keys - i).min(256);
-        let mut buf = Vec::new();
-        for k in i..i + n {
-            buf.extend_from_slice(format!("set {} 0 0 {len}\r\n", key(k)).as_bytes());
-            buf.extend_from_slice(&value(k, len));
-            buf.extend_from_slice(b"\r\n");
-        }
-        w.write_all(&buf)?;
-        for _ in 0..n {
-            let mut line = String::new();
-            std::io::BufRead::read_line(&mut r, &mut line)?;
-            if line != "STORED\r\n" {
-                bail!("memcached answered {line:?} to a set");
+            App::Redis => {
+                buf.extend_from_slice(b"*3\r\n");
+                bulk(buf, b"SET");
+                bulk(buf, key(k).as_bytes());
+                bulk(buf, &value(k, len));
+            }
+            App::Memcached => {
+                buf.extend_from_slice(format!("set {} 0 0 {len}\r\n", key(k)).as_bytes());
+                buf.extend_from_slice(&value(k, len));
+                buf.extend_from_slice(b"\r\n");
             }
         }
-        i += n;
     }
-    Ok(())
-}
 
-/// Reads back every `keys/samples`-th key: all must hold their value.
-fn mc_verify(port: u16, keys: u64, len: usize, samples: u64) -> Result<u64> {
-    use std::io::{BufRead, Read};
-    let s = TcpStream::connect(("127.0.0.1", port))?;
-    let mut w = s.try_clone()?;
-    let mut r = BufReader::new(s);
-    let step = (keys / samples).max(1);
-    let mut checked = 0;
-    let mut k = 0;
-    while k < keys {
-        w.write_all(format!("get {}\r\n", key(k)).as_bytes())?;
+    /// Reads the answer to one [`App::put`].
+    fn stored(self, r: &mut BufReader<TcpStream>) -> Result<()> {
+        match self {
+            App::Redis => {
+                if reply(r)?.as_deref() != Some(b"OK") {
+                    bail!("SET failed");
+                }
+            }
+            App::Memcached => {
+                let mut line = String::new();
+                std::io::BufRead::read_line(r, &mut line)?;
+                if line != "STORED\r\n" {
+                    bail!("memcached answered {line:?} to a set");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Appends a request reading key `k`.
+    fn get(self, buf: &mut Vec<u8>, k: u64) {
+        match self {
+            App::Redis => {
+                buf.extend_from_slice(b"*2\r\n");
+                bulk(buf, b"GET");
+                bulk(buf, key(k).as_bytes());
+            }
+            App::Memcached => buf.extend_from_slice(format!("get {}\r\n", key(k)).as_bytes()),
+        }
+    }
+
+    /// Reads the answer to one [`App::get`]: the value, `None` when the
+    /// key is missing.
+    fn got(self, r: &mut BufReader<TcpStream>) -> Result<Option<Vec<u8>>> {
+        use std::io::{BufRead, Read};
+        if self == App::Redis {
+            return reply(r);
+        }
         let mut line = String::new();
         r.read_line(&mut line)?;
         if line == "END\r\n" {
-            bail!("memcached lost {}", key(k));
+            return Ok(None);
         }
         let n: usize = line
             .split_whitespace()
@@ -221,18 +217,18 @@ fn mc_verify(port: u16, keys: u64, len: usize, samples: u64) -> Result<u64> {
         let mut v = vec![0u8; n + 2];
         r.read_exact(&mut v)?;
         v.truncate(n);
-        if v != value(k, len) {
-            bail!("memcached returned a wrong value for {}", key(k));
-        }
         line.clear();
         r.read_line(&mut line)?;
         if line != "END\r\n" {
             bail!("memcached answered {line:?} after a value");
         }
-        checked += 1;
-        k += step;
+        Ok(Some(v))
     }
-    Ok(checked)
+}
+
+/// memaslap, under the name this system gives it.
+fn memaslap() -> Option<&'static str> {
+    ["memcaslap", "memaslap"].into_iter().find(|c| which(c))
 }
 
 /// Operations/s of `requests` memaslap operations (90 % get, 10 % set,
@@ -372,8 +368,8 @@ fn key(i: u64) -> String {
     format!("key:{i:012}")
 }
 
-/// Loads keys `0..keys` with their values, pipelined.
-fn fill(port: u16, keys: u64, len: usize) -> Result<()> {
+/// Stores keys `0..keys` with their values, pipelined in batches.
+fn fill(app: App, port: u16, keys: u64, len: usize) -> Result<()> {
     let s = TcpStream::connect(("127.0.0.1", port))?;
     let mut w = s.try_clone()?;
     let mut r = BufReader::new(s);
@@ -382,16 +378,11 @@ fn fill(port: u16, keys: u64, len: usize) -> Result<()> {
         let n = (keys - i).min(256);
         let mut buf = Vec::new();
         for k in i..i + n {
-            buf.extend_from_slice(b"*3\r\n");
-            bulk(&mut buf, b"SET");
-            bulk(&mut buf, key(k).as_bytes());
-            bulk(&mut buf, &value(k, len));
+            app.put(&mut buf, k, len);
         }
         w.write_all(&buf)?;
         for _ in 0..n {
-            if reply(&mut r)?.as_deref() != Some(b"OK") {
-                bail!("SET failed");
-            }
+            app.stored(&mut r)?;
         }
         i += n;
     }
@@ -399,7 +390,7 @@ fn fill(port: u16, keys: u64, len: usize) -> Result<()> {
 }
 
 /// Reads back every `keys/samples`-th key: all must hold their value.
-fn verify(port: u16, keys: u64, len: usize, samples: u64) -> Result<u64> {
+fn verify(app: App, port: u16, keys: u64, len: usize, samples: u64) -> Result<u64> {
     let s = TcpStream::connect(("127.0.0.1", port))?;
     let mut w = s.try_clone()?;
     let mut r = BufReader::new(s);
@@ -408,14 +399,12 @@ fn verify(port: u16, keys: u64, len: usize, samples: u64) -> Result<u64> {
     let mut k = 0;
     while k < keys {
         let mut buf = Vec::new();
-        buf.extend_from_slice(b"*2\r\n");
-        bulk(&mut buf, b"GET");
-        bulk(&mut buf, key(k).as_bytes());
+        app.get(&mut buf, k);
         w.write_all(&buf)?;
-        match reply(&mut r)? {
+        match app.got(&mut r)? {
             Some(v) if v == value(k, len) => checked += 1,
-            Some(_) => bail!("redis returned a wrong value for {}", key(k)),
-            None => bail!("redis lost {}", key(k)),
+            Some(_) => bail!("{} returned a wrong value for {}", app.name(), key(k)),
+            None => bail!("{} lost {}", app.name(), key(k)),
         }
         k += step;
     }
@@ -537,9 +526,9 @@ fn run_once(
             .map(|srv| {
                 let port = srv.redis.port;
                 sc.spawn(move || -> Result<(f64, u64)> {
-                    s.app.fill(port, s.keys, s.value_bytes)?;
+                    fill(s.app, port, s.keys, s.value_bytes)?;
                     let rps = s.app.load(port, s.keys, s.requests, s.value_bytes)?;
-                    let ok = s.app.verify(port, s.keys, s.value_bytes, 200)?;
+                    let ok = verify(s.app, port, s.keys, s.value_bytes, 200)?;
                     Ok((rps, ok))
                 })
             })

@@ -92,6 +92,8 @@ pub(super) struct Engine {
     pub(super) remapping: Option<&'static std::sync::atomic::AtomicUsize>,
     /// The instance generation applied.
     generation: u64,
+    /// When this member last checked that it holds no more than its share.
+    shares_checked: Instant,
     /// Work that met `EAGAIN` (the address space changing under an event
     /// not read yet), done once the events are read: staged pages to move
     /// to where the program moved their range, ranges to adopt, then faults.
@@ -246,6 +248,7 @@ impl Engine {
             removing: Vec::new(),
             inst: None,
             generation: 0,
+            shares_checked: Instant::now(),
             moves: Vec::new(),
             adopts: Vec::new(),
             later: Vec::new(),
@@ -330,7 +333,6 @@ impl Engine {
             )
         };
         let fds: [RawFd; 2] = [fd, wake.as_raw_fd()];
-        let mut shares_checked = Instant::now();
         let result = loop {
             let mut g = cell.lock();
             let Some(this) = g.engine() else {
@@ -339,20 +341,11 @@ impl Engine {
             if sh.stop.load(Ordering::Acquire) {
                 break Ok(());
             }
-            this.follow_instance(sh);
-            if this.inst.is_some() && shares_checked.elapsed() >= Self::SHARE_CHECK {
-                // A member well above its share gives pages back even when
-                // it faults too, or a newcomer would be held to what the
-                // others left it.
-                shares_checked = Instant::now();
-                if this.keep(sh).is_some() {
-                    sh.changed.store(true, Ordering::Release);
-                }
-            }
-            if !this.changing_now() && sh.changed.swap(false, Ordering::AcqRel) {
-                if let Err(e) = this.fit_budget(sh) {
-                    break Err(e);
-                }
+            match this.apply_changes(sh) {
+                Ok(()) => {}
+                // After the pending events: the change is tried again then.
+                Err(e) if again(&e) => {}
+                Err(e) => break Err(e),
             }
             if let Err(e) = this.apply_coverage(sh) {
                 break Err(e);
@@ -509,6 +502,32 @@ impl Engine {
     fn changing_now(&self) -> bool {
         self.remapping
             .is_some_and(|n| n.load(Ordering::Acquire) > 0)
+    }
+
+    /// Applies what changed since the last fault or event: the instance's
+    /// settings, a share to give back, new regions, placements and budgets
+    /// (see [`Engine::fit_budget`]). An error to retry after the pending
+    /// events leaves the change pending.
+    pub(in crate::farmem) fn apply_changes(&mut self, sh: &Shared) -> Result<()> {
+        self.follow_instance(sh);
+        if self.inst.is_some() && self.shares_checked.elapsed() >= Self::SHARE_CHECK {
+            // A member well above its share gives pages back even when it
+            // faults too, or a newcomer would be held to what the others
+            // left it.
+            self.shares_checked = Instant::now();
+            if self.keep(sh).is_some() {
+                sh.changed.store(true, Ordering::Release);
+            }
+        }
+        if !self.changing_now() && sh.changed.swap(false, Ordering::AcqRel) {
+            if let Err(e) = self.fit_budget(sh) {
+                if again(&e) {
+                    sh.changed.store(true, Ordering::Release);
+                }
+                return Err(e);
+            }
+        }
+        Ok(())
     }
 
     /// Applies the instance's settings when they changed.

@@ -25,16 +25,10 @@ impl Engine {
         }
         // Changes asked for apply before the next fault is served, as on
         // the handler thread.
-        self.follow_instance(sh);
-        if sh.changed.swap(false, Ordering::AcqRel) {
-            match self.fit_budget(sh) {
-                Ok(()) => {}
-                Err(e) if again(&e) => {
-                    sh.changed.store(true, Ordering::Release);
-                    return Served::Again;
-                }
-                Err(e) => fail(&e),
-            }
+        match self.apply_changes(sh) {
+            Ok(()) => {}
+            Err(e) if again(&e) => return Served::Again,
+            Err(e) => fail(&e),
         }
         if self.locate(addr).is_none() {
             if !discover || self.discover.is_none() {
@@ -57,13 +51,22 @@ impl Engine {
                 },
             };
         }
+        // Counted first: a fetch publishes the counters before it maps the
+        // page, and nothing else publishes them on this path.
+        let c = &sh.counters;
+        c.inline.fetch_add(1, Ordering::Relaxed);
+        let fetches = c.fetches.load(Ordering::Relaxed);
         match self.fault(sh, addr, Instant::now()) {
             Ok(()) => {
-                sh.counters.inline.fetch_add(1, Ordering::Relaxed);
-                self.publish(sh);
+                if c.fetches.load(Ordering::Relaxed) == fetches {
+                    self.publish(sh);
+                }
                 Served::Done
             }
-            Err(e) if again(&e) => Served::Again,
+            Err(e) if again(&e) => {
+                c.inline.fetch_sub(1, Ordering::Relaxed);
+                Served::Again
+            }
             Err(e) => fail(&e),
         }
     }
