@@ -214,7 +214,7 @@ fn program_call(nr: libc::c_long, a: [u64; 6]) -> i64 {
 /// engine's, and neither `SIGBUS` nor `SIGSYS` may be blocked; an
 /// alternate signal stack in emulated memory stays local.
 fn kernel_call(nr: libc::c_long, a: [u64; 6], ctx: *mut libc::ucontext_t) -> i64 {
-    let tid = pagewise_sys::futex::gettid();
+    let tid = inline::current_tid();
     let engine = tid == HANDLER_TID.load(Ordering::Acquire) || inline::in_engine(tid);
     if engine && nr != libc::SYS_rt_sigprocmask && nr != libc::SYS_sigaltstack {
         return program_call(nr, a);

@@ -121,7 +121,7 @@ impl Cell {
     }
 
     pub(super) fn lock(&self) -> Guard<'_> {
-        self.lock.lock(gettid());
+        self.lock.lock(current_tid());
         Guard { cell: self }
     }
 
@@ -183,6 +183,7 @@ fn cells() -> impl Iterator<Item = &'static Cell> {
 /// released): forgets them, with every hold and eviction the parent's
 /// threads had under way.
 pub fn after_fork_child() {
+    TID.with(|t| t.set(0));
     for s in &CELLS {
         s.store(std::ptr::null_mut(), Ordering::Release);
     }
@@ -192,6 +193,25 @@ pub fn after_fork_child() {
         HOLD_START[i].store(0, Ordering::Relaxed);
         HOLD_CLAIMED[i].store(false, Ordering::Release);
     }
+}
+
+thread_local! {
+    /// This thread's id, once asked (a system call each time costs a
+    /// fifth of a microsecond on a fault path of a few); cleared in a
+    /// forked child.
+    static TID: std::cell::Cell<i32> = const { std::cell::Cell::new(0) };
+}
+
+/// This thread's id, without a system call after the first time.
+pub fn current_tid() -> i32 {
+    TID.with(|t| match t.get() {
+        0 => {
+            let id = gettid();
+            t.set(id);
+            id
+        }
+        id => id,
+    })
 }
 
 /// Whether thread `tid` is inside an inline engine now (it holds one's
@@ -652,7 +672,7 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
     // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler.
     let (code, addr) = unsafe { ((*info).si_code, (*info).si_addr() as u64) };
     if code == libc::BUS_ADRERR {
-        match serve(addr, gettid(), is_write(ctx)) {
+        match serve(addr, current_tid(), is_write(ctx)) {
             Served::Done => return,
             Served::Again => {
                 // SAFETY: sched_yield has no arguments.

@@ -368,9 +368,10 @@ impl Drop for Plugin {
 pub struct Fifo {
     /// Pages in arrival order, with the arrival they stand for.
     queue: VecDeque<(usize, u64)>,
-    /// The current arrival of each local page; entries of the queue with an
-    /// older one are stale (the page left, and maybe came back later).
-    live: std::collections::HashMap<usize, u64>,
+    /// The current arrival of each page, by page (0: not local); entries
+    /// of the queue with another are stale (the page left, and maybe came
+    /// back later).
+    live: Vec<u64>,
     arrivals: u64,
 }
 
@@ -380,16 +381,21 @@ impl Policy for Fifo {
     }
     fn inserted(&mut self, page: usize) {
         self.arrivals += 1;
-        self.live.insert(page, self.arrivals);
+        if page >= self.live.len() {
+            self.live.resize((page + 1).next_power_of_two(), 0);
+        }
+        self.live[page] = self.arrivals;
         self.queue.push_back((page, self.arrivals));
     }
     fn removed(&mut self, page: usize) {
-        self.live.remove(&page);
+        if let Some(a) = self.live.get_mut(page) {
+            *a = 0;
+        }
     }
     fn victim(&mut self) -> Option<usize> {
         while let Some((p, arrival)) = self.queue.pop_front() {
-            if self.live.get(&p) == Some(&arrival) {
-                self.live.remove(&p);
+            if self.live[p] == arrival {
+                self.live[p] = 0;
                 return Some(p);
             }
         }
