@@ -6,7 +6,9 @@
 //! the preload shim) over its own memory; the instance ties them together:
 //! - **one budget:** an engine counts the local pages of every live member
 //!   against `local_pages`; when the instance is full it evicts one of its
-//!   own pages (local replacement: a process never takes another's page);
+//!   own pages (local replacement: a process never takes another's page),
+//!   and a member well above its share of a full budget (by pages with
+//!   data) gives pages back, checked every 50 ms, faulting or idle;
 //! - **one configuration:** [`Instance::set`] bumps a generation number that
 //!   every engine checks before each fault and while idle, so a change
 //!   applies at once;
