@@ -528,37 +528,41 @@ fn ls(dir: &Path) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// Starts `farmem run --instance NAME` of the target holding `pages`
+/// pages for `secs` seconds (creating the instance with a budget of 600
+/// pages and 1 µs latency if it does not exist); returns once it holds them.
+fn hold_in_instance(dir: &Path, name: &str, pages: u64, secs: u64) -> std::process::Child {
+    let mut c = farmem(dir)
+        .args(["run", "--instance", name])
+        .args(if dir.join(name).exists() {
+            vec![]
+        } else {
+            vec!["--local-pages", "600", "--latency-ns", "1000"]
+        })
+        .arg("--")
+        .arg(target())
+        .args(["hold", &pages.to_string(), &secs.to_string()])
+        .stdout(Stdio::piped())
+        // Its summary is not the test console's.
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(c.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), format!("holding {pages}"));
+    c
+}
+
 /// Two processes share one named instance; `ls` lists both with the
 /// instance's figures; `set` shrinks the budget and both fit under it at
 /// once; another user may not change it.
 fn shared_instance_listed_and_set_live() {
     need_support!();
     let dir = instance_dir("live");
-    let spawn = || {
-        let mut c = farmem(&dir)
-            .args(["run", "--instance", "shared"])
-            .args(if dir.join("shared").exists() {
-                vec![]
-            } else {
-                vec!["--local-pages", "600", "--latency-ns", "1000"]
-            })
-            .arg("--")
-            .arg(target())
-            .args(["hold", "400", "6"])
-            .stdout(Stdio::piped())
-            // Its summary is not the test console's.
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(c.stdout.as_mut().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        assert_eq!(line.trim(), "holding 400");
-        c
-    };
-    let a = spawn();
-    let b = spawn();
+    let a = hold_in_instance(&dir, "shared", 400, 6);
+    let b = hold_in_instance(&dir, "shared", 400, 6);
     let l = ls(&dir);
     let inst = l
         .as_array()
@@ -651,30 +655,8 @@ fn shared_instance_listed_and_set_live() {
 fn a_newcomer_gets_its_share_of_a_shared_budget() {
     need_support!();
     let dir = instance_dir("share");
-    let spawn = |pages: u64, secs: u64| {
-        let mut c = farmem(&dir)
-            .args(["run", "--instance", "share"])
-            .args(if dir.join("share").exists() {
-                vec![]
-            } else {
-                vec!["--local-pages", "600", "--latency-ns", "1000"]
-            })
-            .arg("--")
-            .arg(target())
-            .args(["hold", &pages.to_string(), &secs.to_string()])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(c.stdout.as_mut().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        assert_eq!(line.trim(), format!("holding {pages}"));
-        c
-    };
-    let a = spawn(500, 8);
-    let b = spawn(400, 4);
+    let a = hold_in_instance(&dir, "share", 500, 8);
+    let b = hold_in_instance(&dir, "share", 400, 4);
     let (pa, pb) = (a.id() as i64, b.id() as i64);
     // The target's pages with data are 500 and 400 and a few of its own:
     // shares of 600 near 333 and 267. Held to what `a` left, `b` had
