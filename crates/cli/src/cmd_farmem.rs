@@ -248,7 +248,9 @@ fn run_cmd(a: RunArgs) -> Result<i32> {
         "pagewise farmem: instance {}: {} faults ({}), {} fetches, {} evictions ({} written back), {:.1} ms injected, floor {} ns",
         rep.instance_id,
         rep.stats.page_fault_count,
-        if rep.stats.inline_faults > 0 {
+        if rep.stats.page_fault_count == 0 {
+            "none to serve"
+        } else if rep.stats.inline_faults > 0 {
             "served in the faulting threads"
         } else {
             "served by the handler threads"

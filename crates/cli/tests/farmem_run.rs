@@ -323,6 +323,7 @@ pagewise_testkit::per_fault_path!(
     programs_keep_their_memory,
     shared_instance_listed_and_set_live,
     a_newcomer_gets_its_share_of_a_shared_budget,
+    io_uring_and_aio_are_refused_inline_only,
     bad_input_is_refused_clearly,
     planted_instances_are_never_joined,
     bad_settings_are_refused_before_the_program_starts,
@@ -711,6 +712,32 @@ fn a_newcomer_gets_its_share_of_a_shared_budget() {
         let out = c.wait_with_output().unwrap();
         assert!(out.status.success());
         assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "hold bad 0");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// io_uring and Linux AIO use a program's buffers later, from the kernel's
+/// own threads or at completion, where the inline path cannot hold them:
+/// refused there with ENOSYS (as on a kernel without them) and one line
+/// saying why, even when made by code outside the C library; on the
+/// handler-thread path they answer as without pagewise.
+fn io_uring_and_aio_are_refused_inline_only() {
+    need_support!();
+    let dir = instance_dir("uring");
+    let (out, err) = run_target(&dir, &["--local-pages", "64"], &["uring"]);
+    if PATH.with(|p| p.get()) == "inline" {
+        let enosys = std::io::Error::from_raw_os_error(libc::ENOSYS).to_string();
+        // "Function not implemented (os error 38)": the C library's text.
+        let text = enosys.split(" (os error").next().unwrap();
+        assert_eq!(out, format!("io_uring_setup {text}\nio_setup {text}\n"));
+        assert_eq!(
+            err.matches("io_uring and Linux AIO are refused").count(),
+            1,
+            "{err}"
+        );
+    } else {
+        assert_eq!(out, plain(&["uring"]));
+        assert!(!err.contains("refused"), "{err}");
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

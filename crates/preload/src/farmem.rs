@@ -220,6 +220,17 @@ fn kernel_call(nr: libc::c_long, a: [u64; 6], ctx: *mut libc::ucontext_t) -> i64
         return program_call(nr, a);
     }
     match nr {
+        _ if syscalls::REFUSED_INLINE.contains(&nr) => {
+            static SAID: AtomicBool = AtomicBool::new(false);
+            if !SAID.swap(true, Ordering::AcqRel) {
+                let m = b"pagewise farmem: io_uring and Linux AIO are refused (ENOSYS) with --fault-path inline: the kernel would use their buffers where a remote page meets EFAULT; --fault-path thread serves them\n";
+                program_call(
+                    libc::SYS_write,
+                    [2, m.as_ptr() as u64, m.len() as u64, 0, 0, 0],
+                );
+            }
+            -libc::ENOSYS as i64
+        }
         libc::SYS_rt_sigaction if a[0] == libc::SIGBUS as u64 => {
             let held = inline::hold(&[(a[1], 32), (a[2], 32)]);
             // SAFETY: the program's struct sigaction, held local.
@@ -348,8 +359,7 @@ extern "C" fn on_sigsys(_: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
             r
         }
         _ => {
-            // SAFETY: gettid has no arguments and no side effect.
-            let tid = unsafe { raw_syscall(libc::SYS_gettid, [0; 6]) } as i32;
+            let tid = inline::current_tid();
             // The engine's own calls (on its handler thread, or in a thread
             // serving a fault inline) map memory that is never emulated.
             let program = tid != HANDLER_TID.load(Ordering::Acquire) && !inline::in_engine(tid);
@@ -745,7 +755,12 @@ fn start(name: &str, child: bool) -> Result<(), String> {
         } else {
             seccomp::TRAPPED.to_vec()
         };
-        seccomp::trap_syscalls(libc_text.0, libc_text.1, &trapped).map_err(|e| {
+        let everywhere: &[libc::c_long] = if inline_path {
+            syscalls::REFUSED_INLINE
+        } else {
+            &[]
+        };
+        seccomp::trap_syscalls(libc_text.0, libc_text.1, &trapped, everywhere).map_err(|e| {
             fail(
                 &inst,
                 format!(

@@ -79,13 +79,21 @@ fn jump(code: u16, k: u32, jt: u8, jf: u8) -> libc::sock_filter {
 /// stays, the C library moves), go through. Sets `no_new_privs`, which
 /// seccomp requires. Install the `SIGSYS` handler first.
 pub fn trap_memory_syscalls(start: u64, end: u64) -> io::Result<()> {
-    trap_syscalls(start, end, &TRAPPED)
+    trap_syscalls(start, end, &TRAPPED, &[])
 }
 
-/// [`trap_memory_syscalls`] for any set of calls `nrs`: the filter tests
-/// the number against the set's runs of consecutive numbers (in order, a
-/// test or two per run), then the instruction pointer.
-pub fn trap_syscalls(start: u64, end: u64, nrs: &[libc::c_long]) -> io::Result<()> {
+/// [`trap_memory_syscalls`] for any set of calls `nrs`, and the calls
+/// `everywhere` from any code at all (a library making its own system
+/// calls, as liburing does): the filter tests the number against
+/// `everywhere` (a test each), then against the runs of consecutive
+/// numbers of `nrs` (in order, a test or two per run), then the
+/// instruction pointer.
+pub fn trap_syscalls(
+    start: u64,
+    end: u64,
+    nrs: &[libc::c_long],
+    everywhere: &[libc::c_long],
+) -> io::Result<()> {
     if start >= end || end - start > 1 << 32 {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     }
@@ -119,6 +127,10 @@ pub fn trap_syscalls(start: u64, end: u64, nrs: &[libc::c_long]) -> io::Result<(
             stmt(BPF_RET_K, SECCOMP_RET_ALLOW),
             stmt(BPF_LD_W_ABS, 0),
         ];
+        for &nr in everywhere {
+            prog.push(jump(BPF_JEQ_K, nr as u32, 0, 1));
+            prog.push(stmt(BPF_RET_K, SECCOMP_RET_TRAP));
+        }
         // Run i (of n) starts at 2i after the header; "allow" sits at 2n,
         // the match block at 2n + 1.
         let n = runs.len();

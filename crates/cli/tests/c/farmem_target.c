@@ -1,12 +1,14 @@
 /* A self-checking program for `pagewise farmem run` tests. Every mode checks
  * its own memory against what it wrote and prints what the test compares. */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -142,6 +144,23 @@ static int hold(long n, long s) {
     return 0;
 }
 
+/* io_uring and Linux AIO set-up, made as a library making its own system
+ * calls would (liburing does): what each returns. */
+static int uring(void) {
+    char params[120];
+    memset(params, 0, sizeof params);
+    long fd = syscall(425 /* io_uring_setup */, 4, params);
+    int e = errno;
+    printf("io_uring_setup %s\n", fd >= 0 ? "ok" : strerror(e));
+    if (fd >= 0) close((int)fd);
+    unsigned long ctx = 0;
+    long r = syscall(206 /* io_setup */, 4, &ctx);
+    e = errno;
+    printf("io_setup %s\n", r == 0 ? "ok" : strerror(e));
+    if (r == 0) syscall(207 /* io_destroy */, ctx);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) { fprintf(stderr, "usage: farmem_target MODE ...\n"); return 2; }
     const char *m = argv[1];
@@ -151,5 +170,6 @@ int main(int argc, char **argv) {
     if (!strcmp(m, "threads")) return threads();
     if (!strcmp(m, "fork")) return forked();
     if (!strcmp(m, "hold")) return hold(atol(argv[2]), atol(argv[3]));
+    if (!strcmp(m, "uring")) return uring();
     return 2;
 }

@@ -143,6 +143,14 @@ pub const KNOWN: &[c_long] = &[
     SYS_process_vm_writev,
 ];
 
+/// Calls refused on the inline path, from any code: the kernel uses their
+/// buffers later, from its own threads or at completion (io_uring, Linux
+/// AIO), where a page not local meets `EFAULT` and no hold for the call
+/// can cover it. Refused with `ENOSYS`, as on a kernel without them, so a
+/// program takes its fallback instead of meeting `EFAULT` (the handler
+/// thread path serves them).
+pub const REFUSED_INLINE: &[c_long] = &[SYS_io_uring_setup, SYS_io_setup];
+
 /// Holds what `nr` with arguments `a` hands to the kernel; release it with
 /// [`inline::release`] after the call.
 pub fn hold_for(nr: c_long, a: &[u64; 6]) -> Held {
