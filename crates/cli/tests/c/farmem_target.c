@@ -109,6 +109,34 @@ static int threads(void) {
     return 0;
 }
 
+/* Threads that sleep while the main thread pushes the whole heap out
+ * (their C library thread-local tables included: they sit in the heap),
+ * then fault on their own pages first thing. */
+static pthread_barrier_t gate;
+static void *sleeper(void *a) {
+    struct job *j = a;
+    j->bad = 0;
+    pthread_barrier_wait(&gate);
+    pthread_barrier_wait(&gate);
+    worker(j);
+    return NULL;
+}
+static int parked(void) {
+    pthread_t t[4];
+    struct job j[4];
+    pthread_barrier_init(&gate, NULL, 5);
+    for (int i = 0; i < 4; i++) { j[i] = (struct job){ 64, 3000 + i * 31, 0 }; pthread_create(&t[i], NULL, sleeper, &j[i]); }
+    pthread_barrier_wait(&gate);
+    long n = 2048;
+    char *p = aligned_pages(n);
+    fill(p, n, 21);
+    long bad = check(p, n, 21);
+    pthread_barrier_wait(&gate);
+    for (int i = 0; i < 4; i++) { pthread_join(t[i], NULL); bad += j[i].bad; }
+    printf("parked threads bad %ld\n", bad);
+    return 0;
+}
+
 /* fork: the child checks the parent's data (much of it remote), writes its
  * own, and exits with the number of bad pages; then the parent checks. */
 static int forked(void) {
@@ -168,6 +196,7 @@ int main(int argc, char **argv) {
     if (!strcmp(m, "read")) return readinto(argv[2]);
     if (!strcmp(m, "grow")) return grow();
     if (!strcmp(m, "threads")) return threads();
+    if (!strcmp(m, "parked")) return parked();
     if (!strcmp(m, "fork")) return forked();
     if (!strcmp(m, "hold")) return hold(atol(argv[2]), atol(argv[3]));
     if (!strcmp(m, "uring")) return uring();

@@ -648,16 +648,23 @@ impl Engine {
             self.put(g, Where::Local);
             return self.map(was, g);
         }
-        c.faults.fetch_add(1, Ordering::Relaxed);
-        c.fetches.fetch_add(1, Ordering::Relaxed);
         let mut writeback_bytes = 0;
-        // Always-remote pages visited since the last fault go back first.
+        // Always-remote pages visited since the last fault go back first
+        // (those not sent back stay listed, also when one must wait).
         let counted = self.inline.then(super::inline::evicting);
-        for v in std::mem::take(&mut self.visiting) {
+        let mut visited = std::mem::take(&mut self.visiting).into_iter();
+        while let Some(v) = visited.next() {
             if self.is_held(v) {
                 self.visiting.push(v);
-            } else if self.evict(sh, v)? {
-                writeback_bytes += PAGE_SIZE as u64;
+                continue;
+            }
+            match self.evict(sh, v) {
+                Ok(dirty) => writeback_bytes += if dirty { PAGE_SIZE as u64 } else { 0 },
+                Err(e) => {
+                    self.visiting.push(v);
+                    self.visiting.extend(visited);
+                    return Err(e);
+                }
             }
         }
         drop(counted);
@@ -671,6 +678,10 @@ impl Engine {
                 Some(false) => {}
             }
         }
+        // Counted once room is made: a fault that must wait for pending
+        // events is served (and counted) again later.
+        c.faults.fetch_add(1, Ordering::Relaxed);
+        c.fetches.fetch_add(1, Ordering::Relaxed);
         let due = self
             .link
             .book(&cfg.link, arrived, PAGE_SIZE as u64, writeback_bytes);

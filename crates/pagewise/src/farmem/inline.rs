@@ -183,7 +183,6 @@ fn cells() -> impl Iterator<Item = &'static Cell> {
 /// released): forgets them, with every hold and eviction the parent's
 /// threads had under way.
 pub fn after_fork_child() {
-    TID.with(|t| t.set(0));
     for s in &CELLS {
         s.store(std::ptr::null_mut(), Ordering::Release);
     }
@@ -195,23 +194,12 @@ pub fn after_fork_child() {
     }
 }
 
-thread_local! {
-    /// This thread's id, once asked (a system call each time costs a
-    /// fifth of a microsecond on a fault path of a few); cleared in a
-    /// forked child.
-    static TID: std::cell::Cell<i32> = const { std::cell::Cell::new(0) };
-}
-
-/// This thread's id, without a system call after the first time.
+/// This thread's id. A system call each time (0.2 µs here): a thread-local
+/// copy would be read through the C library's thread-local tables, which
+/// for a thread the program created sit in the program's heap, emulated
+/// memory, so the fault handler would fault on them again.
 pub fn current_tid() -> i32 {
-    TID.with(|t| match t.get() {
-        0 => {
-            let id = gettid();
-            t.set(id);
-            id
-        }
-        id => id,
-    })
+    gettid()
 }
 
 /// Whether thread `tid` is inside an inline engine now (it holds one's
