@@ -543,6 +543,32 @@ impl FarmemReport {
                 None => "unavailable".into(),
             }
         );
+        let _ = writeln!(
+            s,
+            "the least inline fault with an eviction (a bare SIGBUS handler: one UFFDIO_MOVE out, one in; the floor's two pages): {}; a system call doing nothing: {:.0} ns",
+            match f.least_ns {
+                Some(v) => format!("{v:.0} ns"),
+                None => "unavailable (no UFFD_FEATURE_SIGBUS or MOVE)".into(),
+            },
+            f.syscall_ns
+        );
+        let idle_inline = self
+            .runs
+            .iter()
+            .find(|r| r.path == FaultPath::Inline && r.load == Load::Idle);
+        if let (Some(least), Some(r)) = (f.least_ns, idle_inline) {
+            let _ = writeln!(
+                s,
+                "the inline floor {:.0} ns = the least {least:.0} ns + {:.0} ns of the engine's own; DiME's 4850 ns is {} from user space on this machine now",
+                r.floor_ns,
+                r.floor_ns - least,
+                if least > 4850.0 {
+                    "out of reach (the least alone exceeds it)"
+                } else {
+                    "within reach of the least"
+                }
+            );
+        }
         s
     }
 }
@@ -563,6 +589,15 @@ pub struct FaultPaths {
     /// The engine on the inline path (the same `SIGBUS`, with the engine's
     /// books and lock), ns.
     pub inline_ns: Option<f64>,
+    /// The least a fault with an eviction can cost from user space here, on
+    /// the floor's pattern: a bare `SIGBUS` handler that moves the other
+    /// page out and the faulting page's data in (two `UFFDIO_MOVE`s, no
+    /// books, no fingerprint; the median of 5 runs), ns. What the
+    /// inline floor has beyond it is the engine's.
+    pub least_ns: Option<f64>,
+    /// One system call that does nothing (`getppid`), ns: the entry and
+    /// exit every `ioctl` and the signal's return pay on this machine.
+    pub syscall_ns: f64,
 }
 
 static SIGBUS_UFFD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
@@ -588,7 +623,8 @@ pub fn measure_fault_paths(pages: usize) -> Result<FaultPaths> {
     let fm = pagewise::farmem::at_latency_zero(&mem, pages, FaultPath::Thread)?;
     let thread_ns = touch(&mem);
     fm.stop()?;
-    let (sigbus_ns, inline_ns) = if pagewise::probe::get().uffd_has(uffd::feature::SIGBUS) {
+    let probe = pagewise::probe::get();
+    let (sigbus_ns, inline_ns) = if probe.uffd_has(uffd::feature::SIGBUS) {
         let raw = sigbus_path(pages, &touch)?;
         let mem = AnonMemory::new(pages * PAGE_SIZE)?;
         let fm = pagewise::farmem::at_latency_zero(&mem, pages, FaultPath::Inline)?;
@@ -598,30 +634,188 @@ pub fn measure_fault_paths(pages: usize) -> Result<FaultPaths> {
     } else {
         (None, None)
     };
+    let least_ns = if probe.uffd_has(uffd::feature::SIGBUS | uffd::feature::MOVE) {
+        let mut runs = (0..5)
+            .map(|_| least_path(20_000))
+            .collect::<Result<Vec<f64>>>()?;
+        runs.sort_by(f64::total_cmp);
+        Some(runs[2])
+    } else {
+        None
+    };
     Ok(FaultPaths {
         plain_ns,
         thread_ns,
         sigbus_ns,
         inline_ns,
+        least_ns,
+        syscall_ns: null_syscall_ns(),
     })
 }
 
-fn sigbus_path(pages: usize, touch: &dyn Fn(&AnonMemory) -> f64) -> Result<f64> {
+/// The median over 5 runs of 100 000 `getppid` calls, ns per call.
+fn null_syscall_ns() -> f64 {
+    let mut runs: Vec<f64> = (0..5)
+        .map(|_| {
+            let t0 = Instant::now();
+            for _ in 0..100_000 {
+                // SAFETY: getppid takes no arguments and cannot fail.
+                unsafe { libc::syscall(libc::SYS_getppid) };
+            }
+            t0.elapsed().as_nanos() as f64 / 100_000.0
+        })
+        .collect();
+    runs.sort_by(f64::total_cmp);
+    runs[2]
+}
+
+/// What the least inline fault works on: the uffd, the emulated pages,
+/// their staging slots, how many stay local, and which are mapped.
+static LEAST_UFFD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+static LEAST_MEM: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static LEAST_STAGE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static LEAST_PAGES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static LEAST_LOCAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static LEAST_MAPPED: std::sync::atomic::AtomicPtr<std::sync::atomic::AtomicBool> =
+    std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
+static LEAST_FAILED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+extern "C" fn evict_and_fetch_on_sigbus(
+    _: libc::c_int,
+    info: *mut libc::siginfo_t,
+    _: *mut libc::c_void,
+) {
+    let fd = LEAST_UFFD.load(Ordering::Relaxed);
+    let (mem, stage) = (
+        LEAST_MEM.load(Ordering::Relaxed),
+        LEAST_STAGE.load(Ordering::Relaxed),
+    );
+    let (n, k) = (
+        LEAST_PAGES.load(Ordering::Relaxed),
+        LEAST_LOCAL.load(Ordering::Relaxed),
+    );
+    let mapped = LEAST_MAPPED.load(Ordering::Relaxed);
+    // SAFETY: the kernel passes a valid siginfo to SA_SIGINFO handlers.
+    let addr = unsafe { (*info).si_addr() } as u64;
+    let i = (addr - mem) / PAGE_SIZE as u64;
+    let v = (i + n - k) % n;
+    let page = PAGE_SIZE as u64;
+    // SAFETY: `mapped` points to `n` flags that outlive the handler's
+    // installation (see least_path), and `i`, `v` < `n`.
+    let (mi, mv) = unsafe { (&*mapped.add(i as usize), &*mapped.add(v as usize)) };
+    // Only ioctls, which are async-signal-safe; a failure is counted (and
+    // the fault repeats).
+    if mv.load(Ordering::Relaxed) {
+        match uffd::move_pages(
+            fd,
+            stage + v * page,
+            mem + v * page,
+            page,
+            uffd::MOVE_MODE_DONTWAKE,
+        ) {
+            Ok(()) => mv.store(false, Ordering::Relaxed),
+            Err(_) => {
+                LEAST_FAILED.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+    match uffd::move_pages(fd, mem + i * page, stage + i * page, page, 0) {
+        Ok(()) => mi.store(true, Ordering::Relaxed),
+        Err(_) => {
+            LEAST_FAILED.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Measures [`FaultPaths::least_ns`] on the floor's own pattern (see
+/// `added_per_fault`): two pages with data, one local, written in turn, so
+/// that every write faults, evicts the other page and fetches its own; ns
+/// per fault beyond the same writes to plain memory.
+fn least_path(faults: usize) -> Result<f64> {
+    let pages = 2;
+    let touch = |mem: &AnonMemory| {
+        let t0 = Instant::now();
+        for i in 0..faults {
+            mem.write_byte((i % 2) * PAGE_SIZE, i as u8);
+        }
+        t0.elapsed().as_nanos() as f64
+    };
+    let plain = AnonMemory::new(pages * PAGE_SIZE)?;
+    let base = touch(&plain);
+    let mem = AnonMemory::new(pages * PAGE_SIZE)?;
+    let stage = AnonMemory::new(pages * PAGE_SIZE)?;
+    for p in 0..pages {
+        stage.fill_page(p, 1);
+    }
+    let fd = sigbus_uffd(uffd::feature::MOVE, &[&mem, &stage])?;
+    let mapped: Vec<std::sync::atomic::AtomicBool> = (0..pages)
+        .map(|_| std::sync::atomic::AtomicBool::new(false))
+        .collect();
+    LEAST_UFFD.store(fd.as_raw_fd(), Ordering::Relaxed);
+    LEAST_MEM.store(mem.addr(), Ordering::Relaxed);
+    LEAST_STAGE.store(stage.addr(), Ordering::Relaxed);
+    LEAST_PAGES.store(pages as u64, Ordering::Relaxed);
+    LEAST_LOCAL.store(1, Ordering::Relaxed);
+    LEAST_MAPPED.store(mapped.as_ptr() as *mut _, Ordering::Relaxed);
+    LEAST_FAILED.store(0, Ordering::Relaxed);
+    // SAFETY: the handler only issues ioctls and touches atomics.
+    let old = unsafe { pagewise_sys::signal::install(libc::SIGBUS, evict_and_fetch_on_sigbus) }
+        .map_err(|e| Error::os("installing a SIGBUS handler", e))?;
+    let t = touch(&mem);
+    // The last write to each page, and the rest of it as staged.
+    let last = |p: usize| (0..faults).rev().find(|i| i % 2 == p).map(|i| i as u8);
+    let mut wrong = 0;
+    for p in 0..pages {
+        let mut page = [0u8; PAGE_SIZE];
+        mem.read_page(p, &mut page);
+        let want_first = last(p).unwrap_or(1);
+        if page[0] != want_first || page[1..].iter().any(|&b| b != 1) {
+            wrong += 1;
+        }
+    }
+    // SAFETY: `old` is the action install returned.
+    unsafe { pagewise_sys::signal::restore(libc::SIGBUS, &old) }
+        .map_err(|e| Error::os("restoring the SIGBUS handler", e))?;
+    LEAST_MAPPED.store(std::ptr::null_mut(), Ordering::Relaxed);
+    LEAST_UFFD.store(-1, Ordering::Relaxed);
+    for m in [&mem, &stage] {
+        uffd::unregister(fd.as_raw_fd(), m.addr(), m.len() as u64)
+            .map_err(|e| Error::os("UFFDIO_UNREGISTER", e))?;
+    }
+    let failed = LEAST_FAILED.load(Ordering::Relaxed);
+    if wrong > 0 || failed > 0 {
+        return Err(Error::Internal(format!(
+            "the least inline fault: {wrong} pages read wrong, {failed} moves failed"
+        )));
+    }
+    Ok((t - base) / faults as f64)
+}
+
+/// A userfaultfd raising `SIGBUS` (with `features` besides) on missing
+/// pages of each of `mems`.
+fn sigbus_uffd(features: u64, mems: &[&AnonMemory]) -> Result<std::os::fd::OwnedFd> {
     let (fd, _) =
         uffd::open(libc::O_CLOEXEC | libc::O_NONBLOCK).map_err(|e| Error::Unsupported {
             feature: "userfaultfd",
             why: e.to_string(),
         })?;
-    uffd::api(fd.as_raw_fd(), uffd::feature::SIGBUS)
+    uffd::api(fd.as_raw_fd(), uffd::feature::SIGBUS | features)
         .map_err(|e| Error::os("UFFDIO_API(SIGBUS)", e))?;
+    for m in mems {
+        uffd::register(
+            fd.as_raw_fd(),
+            m.addr(),
+            m.len() as u64,
+            uffd::REGISTER_MODE_MISSING,
+        )
+        .map_err(|e| Error::os("UFFDIO_REGISTER", e))?;
+    }
+    Ok(fd)
+}
+
+fn sigbus_path(pages: usize, touch: &dyn Fn(&AnonMemory) -> f64) -> Result<f64> {
     let mem = AnonMemory::new(pages * PAGE_SIZE)?;
-    uffd::register(
-        fd.as_raw_fd(),
-        mem.addr(),
-        mem.len() as u64,
-        uffd::REGISTER_MODE_MISSING,
-    )
-    .map_err(|e| Error::os("UFFDIO_REGISTER", e))?;
+    let fd = sigbus_uffd(0, &[&mem])?;
     SIGBUS_UFFD.store(fd.as_raw_fd(), Ordering::Relaxed);
     // SAFETY: the handler only issues an ioctl, which is async-signal-safe.
     let old = unsafe { pagewise_sys::signal::install(libc::SIGBUS, map_zero_on_sigbus) }
