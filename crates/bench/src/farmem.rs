@@ -124,6 +124,12 @@ pub struct PathRun {
     pub floor_ns: f64,
     /// Its lowest and highest repeat, ns.
     pub floor_spread_ns: (f64, f64),
+    /// Inline only: the least a fault with an eviction can cost from user
+    /// space, on the floor's pattern (a bare `SIGBUS` handler making the
+    /// same two page moves and nothing else), measured after each of the
+    /// floor's repeats: median, lowest and highest, ns. The floor beyond it
+    /// is the engine's own.
+    pub least_ns: Option<(f64, (f64, f64))>,
 }
 
 /// Everything one run measured.
@@ -288,11 +294,15 @@ fn path_run(
         (None, None)
     };
     let mut delay = Vec::new();
+    let mut least = Vec::new();
     for &l in &c.latencies_ns {
         progress(&format!("[{tag}] (c) latency {l} ns"));
         let mut v = Vec::new();
         for _ in 0..c.repeats {
             v.push(added_per_fault(c.faults_per_point, l, calibration, path)?);
+            if l == 0 && path == FaultPath::Inline && least_here() {
+                least.push(least_path(c.faults_per_point)?);
+            }
         }
         let (measured, lo, hi) = super::median_min_max(v);
         let modelled = 2 * l;
@@ -322,7 +332,16 @@ fn path_run(
         delay,
         floor_ns,
         floor_spread_ns,
+        least_ns: (!least.is_empty()).then(|| {
+            let (m, lo, hi) = super::median_min_max(least);
+            (m, (lo, hi))
+        }),
     })
+}
+
+/// Whether the least inline fault can be measured here.
+fn least_here() -> bool {
+    pagewise::probe::get().uffd_has(uffd::feature::SIGBUS | uffd::feature::MOVE)
 }
 
 /// Runs (a), (b), (c) and (f) on every path, idle and (if asked) busy.
@@ -509,6 +528,18 @@ impl FarmemReport {
                 "(f) floor: {:.0} ns per fault at latency 0 (repeats {:.0}-{:.0}; goal <= 4850 ns, DiME's in the kernel; aim <= 3000 ns)",
                 r.floor_ns, r.floor_spread_ns.0, r.floor_spread_ns.1
             );
+            if let Some((least, (lo, hi))) = r.least_ns {
+                let _ = writeln!(
+                    s,
+                    "    the least inline fault with an eviction (a bare SIGBUS handler making the same two page moves, nothing else): {least:.0} ns (repeats {lo:.0}-{hi:.0}); the engine's own: {:.0} ns; DiME's 4850 ns is {} from user space here",
+                    r.floor_ns - least,
+                    if least > 4850.0 {
+                        "out of reach (the least alone exceeds it)"
+                    } else {
+                        "within the least's reach"
+                    }
+                );
+            }
         }
         for path in [FaultPath::Thread, FaultPath::Inline] {
             let idle = self
@@ -545,30 +576,9 @@ impl FarmemReport {
         );
         let _ = writeln!(
             s,
-            "the least inline fault with an eviction (a bare SIGBUS handler: one UFFDIO_MOVE out, one in; the floor's two pages): {}; a system call doing nothing: {:.0} ns",
-            match f.least_ns {
-                Some(v) => format!("{v:.0} ns"),
-                None => "unavailable (no UFFD_FEATURE_SIGBUS or MOVE)".into(),
-            },
+            "a system call doing nothing (getppid): {:.0} ns",
             f.syscall_ns
         );
-        let idle_inline = self
-            .runs
-            .iter()
-            .find(|r| r.path == FaultPath::Inline && r.load == Load::Idle);
-        if let (Some(least), Some(r)) = (f.least_ns, idle_inline) {
-            let _ = writeln!(
-                s,
-                "the inline floor {:.0} ns = the least {least:.0} ns + {:.0} ns of the engine's own; DiME's 4850 ns is {} from user space on this machine now",
-                r.floor_ns,
-                r.floor_ns - least,
-                if least > 4850.0 {
-                    "out of reach (the least alone exceeds it)"
-                } else {
-                    "within reach of the least"
-                }
-            );
-        }
         s
     }
 }
@@ -589,12 +599,6 @@ pub struct FaultPaths {
     /// The engine on the inline path (the same `SIGBUS`, with the engine's
     /// books and lock), ns.
     pub inline_ns: Option<f64>,
-    /// The least a fault with an eviction can cost from user space here, on
-    /// the floor's pattern: a bare `SIGBUS` handler that moves the other
-    /// page out and the faulting page's data in (two `UFFDIO_MOVE`s, no
-    /// books, no fingerprint; the median of 5 runs), ns. What the
-    /// inline floor has beyond it is the engine's.
-    pub least_ns: Option<f64>,
     /// One system call that does nothing (`getppid`), ns: the entry and
     /// exit every `ioctl` and the signal's return pay on this machine.
     pub syscall_ns: f64,
@@ -634,21 +638,11 @@ pub fn measure_fault_paths(pages: usize) -> Result<FaultPaths> {
     } else {
         (None, None)
     };
-    let least_ns = if probe.uffd_has(uffd::feature::SIGBUS | uffd::feature::MOVE) {
-        let mut runs = (0..5)
-            .map(|_| least_path(20_000))
-            .collect::<Result<Vec<f64>>>()?;
-        runs.sort_by(f64::total_cmp);
-        Some(runs[2])
-    } else {
-        None
-    };
     Ok(FaultPaths {
         plain_ns,
         thread_ns,
         sigbus_ns,
         inline_ns,
-        least_ns,
         syscall_ns: null_syscall_ns(),
     })
 }
@@ -727,7 +721,7 @@ extern "C" fn evict_and_fetch_on_sigbus(
     }
 }
 
-/// Measures [`FaultPaths::least_ns`] on the floor's own pattern (see
+/// Measures [`PathRun::least_ns`] on the floor's own pattern (see
 /// `added_per_fault`): two pages with data, one local, written in turn, so
 /// that every write faults, evicts the other page and fetches its own; ns
 /// per fault beyond the same writes to plain memory.
