@@ -68,9 +68,10 @@ struct RunArgs {
     /// (the faulting thread sleeps until its page is mapped), or `inline`,
     /// the faulting thread itself in a SIGBUS handler (no sleep, no
     /// wake-up: a lower and steadier floor; memory the program hands to the
-    /// kernel is fetched and held before each system call). Falls back to
-    /// `thread` where the kernel lacks UFFD_FEATURE_SIGBUS; the summary
-    /// says which path served faults.
+    /// kernel is fetched and held before each system call; io_uring and
+    /// Linux AIO set-up are refused with ENOSYS, so that the program falls
+    /// back to plain calls). Falls back to `thread` where the kernel lacks
+    /// UFFD_FEATURE_SIGBUS; the summary says which path served faults.
     #[arg(long, env = "PAGEWISE_FARMEM_FAULT_PATH", default_value = "thread")]
     fault_path: FaultPath,
     /// Write the statistics of this run's processes as JSON to this file.
