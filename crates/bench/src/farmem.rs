@@ -659,21 +659,21 @@ fn null_syscall_ns() -> f64 {
             t0.elapsed().as_nanos() as f64 / 100_000.0
         })
         .collect();
-    runs.sort_by(f64::total_cmp);
-    runs[2]
+    super::median(&mut runs)
 }
 
-/// What the least inline fault works on: the uffd, the emulated pages,
-/// their staging slots, how many stay local, and which are mapped.
+/// What the least inline fault works on: the uffd, the two emulated
+/// pages, their staging slots, which of the two is mapped, and how many
+/// moves failed.
 static LEAST_UFFD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
 static LEAST_MEM: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 static LEAST_STAGE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-static LEAST_PAGES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-static LEAST_LOCAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-static LEAST_MAPPED: std::sync::atomic::AtomicPtr<std::sync::atomic::AtomicBool> =
-    std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
+static LEAST_MAPPED: [std::sync::atomic::AtomicBool; 2] =
+    [const { std::sync::atomic::AtomicBool::new(false) }; 2];
 static LEAST_FAILED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
+/// Moves the other page out to staging (when mapped) and the faulting
+/// page's data in: nothing but the two moves.
 extern "C" fn evict_and_fetch_on_sigbus(
     _: libc::c_int,
     info: *mut libc::siginfo_t,
@@ -684,37 +684,30 @@ extern "C" fn evict_and_fetch_on_sigbus(
         LEAST_MEM.load(Ordering::Relaxed),
         LEAST_STAGE.load(Ordering::Relaxed),
     );
-    let (n, k) = (
-        LEAST_PAGES.load(Ordering::Relaxed),
-        LEAST_LOCAL.load(Ordering::Relaxed),
-    );
-    let mapped = LEAST_MAPPED.load(Ordering::Relaxed);
     // SAFETY: the kernel passes a valid siginfo to SA_SIGINFO handlers.
     let addr = unsafe { (*info).si_addr() } as u64;
-    let i = (addr - mem) / PAGE_SIZE as u64;
-    let v = (i + n - k) % n;
     let page = PAGE_SIZE as u64;
-    // SAFETY: `mapped` points to `n` flags that outlive the handler's
-    // installation (see least_path), and `i`, `v` < `n`.
-    let (mi, mv) = unsafe { (&*mapped.add(i as usize), &*mapped.add(v as usize)) };
+    let i = ((addr - mem) / page) as usize & 1;
+    let v = i ^ 1;
+    let off = |p: usize| p as u64 * page;
     // Only ioctls, which are async-signal-safe; a failure is counted (and
     // the fault repeats).
-    if mv.load(Ordering::Relaxed) {
+    if LEAST_MAPPED[v].load(Ordering::Relaxed) {
         match uffd::move_pages(
             fd,
-            stage + v * page,
-            mem + v * page,
+            stage + off(v),
+            mem + off(v),
             page,
             uffd::MOVE_MODE_DONTWAKE,
         ) {
-            Ok(()) => mv.store(false, Ordering::Relaxed),
+            Ok(()) => LEAST_MAPPED[v].store(false, Ordering::Relaxed),
             Err(_) => {
                 LEAST_FAILED.fetch_add(1, Ordering::Relaxed);
             }
         }
     }
-    match uffd::move_pages(fd, mem + i * page, stage + i * page, page, 0) {
-        Ok(()) => mi.store(true, Ordering::Relaxed),
+    match uffd::move_pages(fd, mem + off(i), stage + off(i), page, 0) {
+        Ok(()) => LEAST_MAPPED[i].store(true, Ordering::Relaxed),
         Err(_) => {
             LEAST_FAILED.fetch_add(1, Ordering::Relaxed);
         }
@@ -742,15 +735,12 @@ fn least_path(faults: usize) -> Result<f64> {
         stage.fill_page(p, 1);
     }
     let fd = sigbus_uffd(uffd::feature::MOVE, &[&mem, &stage])?;
-    let mapped: Vec<std::sync::atomic::AtomicBool> = (0..pages)
-        .map(|_| std::sync::atomic::AtomicBool::new(false))
-        .collect();
     LEAST_UFFD.store(fd.as_raw_fd(), Ordering::Relaxed);
     LEAST_MEM.store(mem.addr(), Ordering::Relaxed);
     LEAST_STAGE.store(stage.addr(), Ordering::Relaxed);
-    LEAST_PAGES.store(pages as u64, Ordering::Relaxed);
-    LEAST_LOCAL.store(1, Ordering::Relaxed);
-    LEAST_MAPPED.store(mapped.as_ptr() as *mut _, Ordering::Relaxed);
+    for m in &LEAST_MAPPED {
+        m.store(false, Ordering::Relaxed);
+    }
     LEAST_FAILED.store(0, Ordering::Relaxed);
     // SAFETY: the handler only issues ioctls and touches atomics.
     let old = unsafe { pagewise_sys::signal::install(libc::SIGBUS, evict_and_fetch_on_sigbus) }
@@ -770,7 +760,6 @@ fn least_path(faults: usize) -> Result<f64> {
     // SAFETY: `old` is the action install returned.
     unsafe { pagewise_sys::signal::restore(libc::SIGBUS, &old) }
         .map_err(|e| Error::os("restoring the SIGBUS handler", e))?;
-    LEAST_MAPPED.store(std::ptr::null_mut(), Ordering::Relaxed);
     LEAST_UFFD.store(-1, Ordering::Relaxed);
     for m in [&mem, &stage] {
         uffd::unregister(fd.as_raw_fd(), m.addr(), m.len() as u64)

@@ -369,7 +369,7 @@ fn key(i: u64) -> String {
 }
 
 /// Stores keys `0..keys` with their values, pipelined in batches.
-fn fill(app: App, port: u16, keys: u64, len: usize) -> Result<()> {
+pub fn fill(app: App, port: u16, keys: u64, len: usize) -> Result<()> {
     let s = TcpStream::connect(("127.0.0.1", port))?;
     let mut w = s.try_clone()?;
     let mut r = BufReader::new(s);
@@ -390,7 +390,7 @@ fn fill(app: App, port: u16, keys: u64, len: usize) -> Result<()> {
 }
 
 /// Reads back every `keys/samples`-th key: all must hold their value.
-fn verify(app: App, port: u16, keys: u64, len: usize, samples: u64) -> Result<u64> {
+pub fn verify(app: App, port: u16, keys: u64, len: usize, samples: u64) -> Result<u64> {
     let s = TcpStream::connect(("127.0.0.1", port))?;
     let mut w = s.try_clone()?;
     let mut r = BufReader::new(s);

@@ -82,7 +82,8 @@ pub(crate) fn baseline<R>(
     (base, nones)
 }
 
-pub(crate) fn free_port() -> Result<u16> {
+/// A TCP port free on loopback now.
+pub fn free_port() -> Result<u16> {
     let l = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok(l.local_addr()?.port())
 }
@@ -93,7 +94,7 @@ pub(crate) fn wait_ready(port: u16) -> Result<()> {
 
 /// As [`wait_ready`], for a server that may start slowly (under far-memory
 /// emulation with little local memory).
-pub(crate) fn wait_ready_within(port: u16, within: Duration) -> Result<()> {
+pub fn wait_ready_within(port: u16, within: Duration) -> Result<()> {
     let t0 = Instant::now();
     while t0.elapsed() < within {
         if TcpStream::connect(("127.0.0.1", port)).is_ok() {
@@ -157,7 +158,7 @@ pub(crate) struct Server {
 
 /// The arguments of a `redis-server` that listens on loopback at `port` and
 /// writes nothing to disk.
-pub(crate) fn server_args(port: u16) -> Vec<String> {
+pub fn server_args(port: u16) -> Vec<String> {
     let dir = std::env::temp_dir();
     [
         "--port",

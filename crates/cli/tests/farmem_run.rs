@@ -761,78 +761,30 @@ fn redis_keeps_every_value() {
         pagewise_testkit::skip!("redis-server is not installed (scripts/setup.sh installs it)");
         return;
     }
-    use std::io::{BufRead, Read, Write};
+    use pagewise_bench::farmem_redis::{fill, verify, App};
+    use pagewise_bench::redis::{free_port, server_args, wait_ready_within};
+    use std::io::Write;
     let dir = instance_dir("redis");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port().unwrap();
     let mut server = farmem(&dir)
         .args(["run", "--local-percent", "25", "--latency-ns", "1000", "--"])
-        .args(["redis-server", "--port", &port.to_string()])
-        .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        .arg("redis-server")
+        .args(server_args(port))
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let t0 = Instant::now();
-    let stream = loop {
-        match std::net::TcpStream::connect(("127.0.0.1", port)) {
-            Ok(s) => break s,
-            Err(_) if t0.elapsed() < Duration::from_secs(30) => {
-                std::thread::sleep(Duration::from_millis(50))
-            }
-            Err(e) => {
-                let _ = server.kill();
-                panic!("redis did not listen within 30 s: {e}");
-            }
-        }
-    };
-    let mut w = stream.try_clone().unwrap();
-    let mut r = BufReader::new(stream);
-    let value = |k: u32| -> Vec<u8> {
-        (0..1024u32)
-            .map(|i| b'a' + ((k.wrapping_mul(2654435761) ^ i.wrapping_mul(40503)) % 26) as u8)
-            .collect()
-    };
-    let bulk = |out: &mut Vec<u8>, b: &[u8]| {
-        out.extend_from_slice(format!("${}\r\n", b.len()).as_bytes());
-        out.extend_from_slice(b);
-        out.extend_from_slice(b"\r\n");
-    };
-    let keys = 3000u32;
-    for batch in (0..keys).collect::<Vec<_>>().chunks(100) {
-        let mut out = Vec::new();
-        for &k in batch {
-            out.extend_from_slice(b"*3\r\n");
-            bulk(&mut out, b"SET");
-            bulk(&mut out, format!("key:{k}").as_bytes());
-            bulk(&mut out, &value(k));
-        }
-        w.write_all(&out).unwrap();
-        for _ in batch {
-            let mut line = String::new();
-            r.read_line(&mut line).unwrap();
-            assert_eq!(line, "+OK\r\n", "SET answered {line:?}");
-        }
+    if let Err(e) = wait_ready_within(port, Duration::from_secs(30)) {
+        let _ = server.kill();
+        panic!("redis under farmem run: {e}");
     }
-    let mut checked = 0;
-    for k in 0..keys {
-        let mut out = Vec::new();
-        out.extend_from_slice(b"*2\r\n");
-        bulk(&mut out, b"GET");
-        bulk(&mut out, format!("key:{k}").as_bytes());
-        w.write_all(&out).unwrap();
-        let mut line = String::new();
-        r.read_line(&mut line).unwrap();
-        assert_eq!(line, "$1024\r\n", "GET key:{k} answered {line:?}");
-        let mut v = vec![0u8; 1026];
-        r.read_exact(&mut v).unwrap();
-        assert_eq!(&v[..1024], &value(k)[..], "key:{k} holds a wrong value");
-        checked += 1;
-    }
-    w.write_all(b"*2\r\n$8\r\nSHUTDOWN\r\n$6\r\nNOSAVE\r\n")
+    let (keys, len) = (3000, 1024);
+    fill(App::Redis, port, keys, len).unwrap();
+    let checked = verify(App::Redis, port, keys, len, keys).unwrap();
+    assert_eq!(checked, keys, "values read back");
+    std::net::TcpStream::connect(("127.0.0.1", port))
+        .unwrap()
+        .write_all(b"*2\r\n$8\r\nSHUTDOWN\r\n$6\r\nNOSAVE\r\n")
         .unwrap();
     let out = server.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
