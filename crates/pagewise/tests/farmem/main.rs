@@ -71,6 +71,7 @@ pagewise_testkit::per_fault_path!(
     trace_of_the_two_page_test,
     a_range_found_after_it_changed_is_emulated_where_it_is_still_anonymous,
     memory_types_other_than_private_anonymous_are_refused,
+    a_region_with_a_shared_page_keeps_every_byte,
 );
 
 /// Whether userfaultfd works here; prints the reason when not.
@@ -896,5 +897,84 @@ fn held_buffers_survive_eviction_inside_system_calls() {
     println!(
         "     {} faults inline, {} evictions, 300 reads into held buffers",
         st.inline_faults, st.evictions
+    );
+}
+
+/// A region whose middle page is shared with another process (a forked
+/// child still holds it, so `UFFDIO_MOVE` refuses it with `EBUSY` after the
+/// pages before it moved): the region is emulated around that page, none
+/// of the pages that reached staging is dropped, and every byte reads and
+/// writes back as in a shadow copy under eviction.
+fn a_region_with_a_shared_page_keeps_every_byte() {
+    if !uffd_or_skip("shared_page") {
+        return;
+    }
+    if std::env::var_os("PAGEWISE_FARMEM_ALONE").is_none() {
+        // fork(2) shares every page of the process, the other tests' too:
+        // this test runs alone in a process of its own.
+        let name = format!(
+            "a_region_with_a_shared_page_keeps_every_byte::{}",
+            fm_path()
+        );
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", &name, "--test-threads=1", "--nocapture"])
+            .env("PAGEWISE_FARMEM_ALONE", "1")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && text.contains("1 passed"),
+            "{name} alone:\n{text}"
+        );
+        return;
+    }
+    const PAGES: usize = 64;
+    const SHARED: usize = 40;
+    let mem = AnonMemory::new(PAGES * PAGE_SIZE).unwrap();
+    for p in 0..PAGES {
+        mem.fill_page(p, p as u8 + 1);
+    }
+    // SAFETY: the child only waits in pause(2) until it is killed.
+    let child = unsafe { libc::fork() };
+    assert!(child >= 0, "fork");
+    if child == 0 {
+        loop {
+            // SAFETY: pause(2) only waits for a signal.
+            unsafe { libc::pause() };
+        }
+    }
+    // Every page but one gets its own copy again; that one stays shared.
+    for p in (0..PAGES).filter(|&p| p != SHARED) {
+        mem.fill_page(p, p as u8 + 101);
+    }
+    let mut shadow = mem.snapshot();
+    let fm = new_fm(&[mem.region()], config(8, 0), fifo(), Calibration::NONE);
+    // SAFETY: kill(2) and waitpid(2) of the child forked above.
+    unsafe {
+        libc::kill(child, libc::SIGKILL);
+        libc::waitpid(child, std::ptr::null_mut(), 0);
+    }
+    let fm = fm.expect("a region with one shared page is emulated");
+    let mut rng = Rng::new(11);
+    for _ in 0..4000 {
+        let off = rng.below((PAGES * PAGE_SIZE) as u64) as usize;
+        if rng.below(2) == 0 {
+            let v = rng.below(256) as u8;
+            mem.write_byte(off, v);
+            shadow[off] = v;
+        } else {
+            assert_eq!(
+                mem.read_byte(off),
+                shadow[off],
+                "byte {off} under emulation"
+            );
+        }
+    }
+    let st = fm.stop().unwrap();
+    assert_eq!(mem.snapshot(), shadow, "memory after the engine stopped");
+    assert!(
+        st.remote_fetches > 0,
+        "nothing was fetched: the region was not emulated ({st:?})"
     );
 }

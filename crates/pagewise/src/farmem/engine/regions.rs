@@ -34,7 +34,8 @@ impl Engine {
             Err(_) => vec![(r.start, r.end())],
         };
         // Every populated page becomes remote now: moved to staging.
-        for &(a, b) in &pieces {
+        let mut failed = None;
+        for (k, &(a, b)) in pieces.iter().enumerate() {
             if let Err(e) = uffd::move_pages(
                 self.stage_uffd.as_raw_fd(),
                 st.addr() + (a - r.start),
@@ -42,22 +43,32 @@ impl Engine {
                 b - a,
                 uffd::MOVE_MODE_DONTWAKE | uffd::MOVE_MODE_ALLOW_SRC_HOLES,
             ) {
-                // Whatever reached staging goes back before the region is let go.
-                for &(a, b) in &pieces {
-                    let _ = uffd::move_pages(
-                        self.uffd.as_raw_fd(),
-                        a,
-                        st.addr() + (a - r.start),
-                        b - a,
-                        uffd::MOVE_MODE_ALLOW_SRC_HOLES,
-                    );
-                }
+                failed = Some((
+                    k,
+                    Error::os(
+                        format!("UFFDIO_MOVE of {:#x}+{:#x} to staging", a, b - a),
+                        e,
+                    ),
+                ));
+                break;
+            }
+        }
+        if let Some((k, err)) = failed {
+            // A move can stop part-way (a page shared or held by another
+            // task, the program changing its mappings meanwhile). Pages
+            // that reached staging are never moved back: that move could
+            // itself fail (under an event not read yet) and lose them.
+            // They stay remote, in the books; the pieces not moved are
+            // adopted again after the events, their pages reclaimed then.
+            let mut runs = Vec::new();
+            self.walker.populated(st.region(), &mut runs)?;
+            if runs.is_empty() {
                 let _ = uffd::unregister(self.stage_uffd.as_raw_fd(), st.addr(), r.len);
                 let _ = uffd::unregister(self.uffd.as_raw_fd(), r.start, r.len);
-                return Err(Error::os(
-                    format!("UFFDIO_MOVE of {:#x}+{:#x} to staging", a, b - a),
-                    e,
-                ));
+                return Err(err);
+            }
+            for &(a, b) in &pieces[k..] {
+                self.adopts.push(Region::new(a, b - a)?);
             }
         }
         let slot = self.push_region(r, st);
