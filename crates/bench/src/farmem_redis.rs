@@ -36,7 +36,7 @@ pub struct Args {
     /// The full experiment (more keys, requests and points; a few minutes).
     #[arg(long)]
     full: bool,
-    /// Which thread serves the emulated Redis's faults.
+    /// Which thread serves the emulated server's faults (Redis or Memcached).
     #[arg(long, default_value = "inline")]
     fault_path: pagewise::farmem::FaultPath,
     #[command(flatten)]
