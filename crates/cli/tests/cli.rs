@@ -1045,6 +1045,21 @@ fn dedup_run_merges_cold_duplicates_and_changes_no_output() {
         .find_map(|l| l.strip_prefix("base 0x")?.split_whitespace().next())
         .and_then(|h| u64::from_str_radix(h, 16).ok())
         .expect("the program's base address on stderr");
+    // Nothing outside the program's eight regions is acted on: not the
+    // shim's own heap or its threads' stacks.
+    let outside: Vec<&serde_json::Value> = steps
+        .iter()
+        .flat_map(|s| s["actions"].as_array().unwrap())
+        .filter(|a| {
+            a["start"]
+                .as_u64()
+                .is_some_and(|s| s < base || s >= base + 8 * (2 << 20))
+        })
+        .collect();
+    assert!(
+        outside.is_empty(),
+        "actions outside the program's regions (base {base:#x}): {outside:?}"
+    );
     let mut split: Vec<u64> = steps
         .iter()
         .flat_map(|s| s["actions"].as_array().unwrap().clone())

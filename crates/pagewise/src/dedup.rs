@@ -547,6 +547,10 @@ impl Agent {
                 Ok(rs) => {
                     let mut next = BTreeMap::new();
                     for (r, resident, huge) in rs {
+                        // The shim's own memory is never the program's.
+                        if t.inside.is_own_memory(r.start, r.len) {
+                            continue;
+                        }
                         // A region with nothing in memory is left out until
                         // it has some, unless it is known already: one swapped
                         // out whole keeps its state (above all whether it was

@@ -51,6 +51,19 @@ impl Inside {
         }
     }
 
+    /// Whether `[start, start+len)` overlaps pagewise's own memory in the
+    /// process: the shim's, as its hello named it (nothing under ptrace),
+    /// or a mapping named `[anon:pagewise-…]`, which the caller checks.
+    pub fn is_own_memory(&self, start: u64, len: u64) -> bool {
+        match self {
+            Inside::Ptrace => false,
+            Inside::Shim(s) => s
+                .own_memory()
+                .iter()
+                .any(|&(a, n)| a < start + len && start < a + n),
+        }
+    }
+
     /// `ptrace` or `shim`.
     pub fn name(&self) -> &'static str {
         match self {

@@ -38,6 +38,10 @@ pub mod workload;
 pub use pagewise_sys::{HUGE_PAGE_SIZE, PAGE_SIZE};
 pub use region::{PageRange, Region};
 
+/// The name a thread pagewise starts inside a program gives its stack
+/// (see [`procfs::Mapping::is_pagewise`]).
+pub const OWN_THREAD_STACK: &std::ffi::CStr = c"pagewise-thread-stack";
+
 /// Errors of the pagewise library. Each message says what was being done and with which value.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -80,6 +80,13 @@ impl Mapping {
                 || self.path.starts_with("[stack")
                 || self.path.starts_with("[anon:"))
     }
+    /// Whether it is pagewise's own memory inside the process (the preload
+    /// shim's heap and threads' stacks, a far-memory engine's staging):
+    /// named `[anon:pagewise-…]` where the kernel names mappings. The agents
+    /// never take it for the program's.
+    pub fn is_pagewise(&self) -> bool {
+        self.path.starts_with(OWN_MAPPING_PREFIX)
+    }
     /// Kernel-provided special mappings that must never be touched.
     pub fn is_special(&self) -> bool {
         matches!(
@@ -142,6 +149,10 @@ pub fn maps(pid: Option<i32>) -> Result<Vec<Mapping>> {
         .map_err(|e| Error::at(pid, format!("reading {}", path.display()), e))?;
     Ok(parse_maps(&text))
 }
+
+/// How `/proc/PID/maps` shows a mapping pagewise named as its own
+/// ([`Mapping::is_pagewise`]): every such name starts with `pagewise-`.
+pub const OWN_MAPPING_PREFIX: &str = "[anon:pagewise-";
 
 /// The writable private anonymous mappings of a process: what dirty tracking of
 /// "a process" watches.

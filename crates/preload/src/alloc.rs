@@ -84,6 +84,22 @@ fn reserve() -> usize {
     if p < 0 {
         return 0;
     }
+    // Named as pagewise's own, so that no agent takes it for the program's
+    // (an error where the kernel names no mappings changes nothing).
+    // SAFETY: PR_SET_VMA only labels the range; the kernel copies the name.
+    unsafe {
+        raw_syscall(
+            libc::SYS_prctl,
+            [
+                pagewise_sys::mem::PR_SET_VMA as u64,
+                pagewise_sys::mem::PR_SET_VMA_ANON_NAME,
+                p as u64,
+                RESERVE as u64,
+                c"pagewise-shim-heap".as_ptr() as u64,
+                0,
+            ],
+        )
+    };
     p as usize
 }
 

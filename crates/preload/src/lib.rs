@@ -87,9 +87,20 @@ extern "C" fn pagewise_preload_init() {
         prezero(&spec);
     }
     if let Some(sock) = take_socket(env::ADVISE_FD) {
+        // The shim's heap and the advice thread's stack are named to the
+        // agent as the shim's own, never the program's.
+        if let Some((start, len)) = alloc::arena() {
+            pagewise::inject::shim::note_own_memory(start, len);
+        }
         let _ = std::thread::Builder::new()
             .name("pagewise-advise".into())
-            .spawn(move || pagewise::inject::shim::serve(sock));
+            .spawn(move || {
+                if let Ok((start, len)) = pagewise_sys::mem::own_stack() {
+                    pagewise::inject::shim::note_own_memory(start, len as u64);
+                }
+                let _ = pagewise_sys::mem::name_own_stack(pagewise::OWN_THREAD_STACK);
+                pagewise::inject::shim::serve(sock)
+            });
     }
     let backend = std::env::var(env::TRACK_BACKEND)
         .ok()
@@ -99,7 +110,10 @@ extern "C" fn pagewise_preload_init() {
     if let Some(sock) = take_socket(env::TRACK_FD) {
         let _ = std::thread::Builder::new()
             .name("pagewise-track".into())
-            .spawn(move || serve(sock, backend));
+            .spawn(move || {
+                let _ = pagewise_sys::mem::name_own_stack(pagewise::OWN_THREAD_STACK);
+                serve(sock, backend)
+            });
     }
 }
 

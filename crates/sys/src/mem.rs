@@ -197,6 +197,34 @@ pub const PR_SET_VMA: libc::c_int = 0x5356_4d41;
 /// `PR_SET_VMA_ANON_NAME`.
 pub const PR_SET_VMA_ANON_NAME: libc::c_ulong = 0;
 
+/// The calling thread's stack mapping: `(start, len)`.
+pub fn own_stack() -> io::Result<(u64, usize)> {
+    // SAFETY: pthread_getattr_np fills `attr` for the calling thread, which
+    // pthread_attr_getstack reads and pthread_attr_destroy frees.
+    unsafe {
+        let mut attr: libc::pthread_attr_t = std::mem::zeroed();
+        let rc = libc::pthread_getattr_np(libc::pthread_self(), &mut attr);
+        if rc != 0 {
+            return Err(io::Error::from_raw_os_error(rc));
+        }
+        let mut addr: *mut libc::c_void = std::ptr::null_mut();
+        let mut len: libc::size_t = 0;
+        let rc = libc::pthread_attr_getstack(&attr, &mut addr, &mut len);
+        libc::pthread_attr_destroy(&mut attr);
+        if rc != 0 {
+            return Err(io::Error::from_raw_os_error(rc));
+        }
+        Ok((addr as u64, len))
+    }
+}
+
+/// Names the calling thread's stack mapping (see [`name_anon`]); an error
+/// where the kernel names no mappings or the stack cannot be found.
+pub fn name_own_stack(name: &std::ffi::CStr) -> io::Result<()> {
+    let (addr, len) = own_stack()?;
+    name_anon(addr, len, name)
+}
+
 /// Names the anonymous mapping `[addr, addr+len)`: `/proc/PID/maps` shows
 /// it as `[anon:NAME]` (kernels with `CONFIG_ANON_VMA_NAME`; an error
 /// elsewhere, which callers may ignore).

@@ -584,7 +584,14 @@ fn install_handler() -> crate::Result<()> {
                 (PAGE_BITS / 8) as usize,
                 libc::MAP_NORESERVE,
             ) {
-                Ok(p) => PAGES.store(p as *mut AtomicU64, Ordering::Release),
+                Ok(p) => {
+                    let _ = pagewise_sys::mem::name_anon(
+                        p as u64,
+                        (PAGE_BITS / 8) as usize,
+                        c"pagewise-farmem-pages",
+                    );
+                    PAGES.store(p as *mut AtomicU64, Ordering::Release)
+                }
                 Err(e) => {
                     result = Err(crate::Error::os("reserving the map of emulated pages", e));
                     return;

@@ -490,6 +490,7 @@ impl FarMemory {
         let thread = std::thread::Builder::new()
             .name("pagewise-farmem".into())
             .spawn(move || {
+                let _ = pagewise_sys::mem::name_own_stack(crate::OWN_THREAD_STACK);
                 if let Some(f) = hooks.on_start {
                     f();
                 }

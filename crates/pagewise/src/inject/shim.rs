@@ -8,8 +8,11 @@
 //! ```text
 //! pagewise                               shim (in CMD)
 //!    | <- hello: u32 magic "PGWA",        |   sent by the shim as it starts
-//!    |    u32 version, u32 pid            |   version rule: a reader refuses
-//!    |                                    |   any version but its own
+//!    |    u32 version, u32 pid,           |   version rule: a reader refuses
+//!    |    u32 m, m x (u64 start, u64 len) |   any version but its own; the
+//!    |                                    |   m ranges are the shim's own
+//!    |                                    |   memory (its heap, its thread's
+//!    |                                    |   stack): never the program's
 //!    | -- advise: u32 advice, u32 n,  --> |   n at most MAX_RANGES
 //!    |    n x (u64 start, u64 len)        |
 //!    | <- n x i64: bytes advised, or      |   each range its own madvise,
@@ -29,7 +32,23 @@ use std::time::Duration;
 /// `PGWA`.
 pub const MAGIC: u32 = 0x4157_4750;
 /// Protocol version.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
+/// Most ranges of the shim's own memory a hello names.
+pub const MAX_OWN: u32 = 64;
+
+/// The shim's own memory in this process (see [`note_own_memory`]).
+static OWN: std::sync::Mutex<Vec<(u64, u64)>> = std::sync::Mutex::new(Vec::new());
+
+/// Notes `[start, start+len)` as the shim's own memory in this process (its
+/// heap, a thread's stack), which its hello names so that no agent takes
+/// it for the program's. Where the kernel names anonymous mappings they are
+/// also named `[anon:pagewise-…]`; this works where it does not.
+pub fn note_own_memory(start: u64, len: u64) {
+    let mut own = OWN.lock().unwrap_or_else(|e| e.into_inner());
+    if own.len() < MAX_OWN as usize && len > 0 {
+        own.push((start, len));
+    }
+}
 /// Most ranges in one request.
 pub const MAX_RANGES: u32 = 1 << 16;
 /// The advice the shim takes: `MADV_MERGEABLE`, `MADV_UNMERGEABLE`,
@@ -49,9 +68,14 @@ fn u32_at(b: &[u8], i: usize) -> u32 {
 /// The shim's side: says hello, then serves requests until the connection
 /// ends.
 pub fn serve(mut sock: UnixStream) {
-    let mut hello = Vec::with_capacity(12);
-    for v in [MAGIC, VERSION, std::process::id()] {
+    let own = OWN.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let mut hello = Vec::with_capacity(16 + own.len() * 16);
+    for v in [MAGIC, VERSION, std::process::id(), own.len() as u32] {
         hello.extend_from_slice(&v.to_le_bytes());
+    }
+    for (start, len) in own {
+        hello.extend_from_slice(&start.to_le_bytes());
+        hello.extend_from_slice(&len.to_le_bytes());
     }
     if sock.write_all(&hello).is_err() {
         return;
@@ -93,6 +117,7 @@ pub fn serve(mut sock: UnixStream) {
 pub struct ShimAdvice {
     sock: UnixStream,
     pid: i32,
+    own: Vec<(u64, u64)>,
 }
 
 impl ShimAdvice {
@@ -110,11 +135,38 @@ impl ShimAdvice {
                 ),
             ));
         }
+        let mut m = [0u8; 4];
+        sock.read_exact(&mut m)?;
+        let m = u32_at(&m, 0);
+        if m > MAX_OWN {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("the shim names {m} ranges of its own memory, at most {MAX_OWN}"),
+            ));
+        }
+        let mut body = vec![0u8; m as usize * 16];
+        sock.read_exact(&mut body)?;
+        let own = body
+            .chunks_exact(16)
+            .map(|r| {
+                (
+                    u64::from_le_bytes(r[..8].try_into().expect("8 bytes")),
+                    u64::from_le_bytes(r[8..].try_into().expect("8 bytes")),
+                )
+            })
+            .collect();
         sock.set_read_timeout(Some(Duration::from_secs(60)))?;
         Ok(ShimAdvice {
             sock,
             pid: pid as i32,
+            own,
         })
+    }
+
+    /// The shim's own memory in the program's process, as its hello named
+    /// it: `(start, len)`.
+    pub fn own_memory(&self) -> &[(u64, u64)] {
+        &self.own
     }
 
     /// The program's pid, as its shim said.

@@ -409,7 +409,9 @@ pub(crate) fn regions_of(pid: i32, walker: &mut PageWalker) -> Result<Vec<(Regio
     let mut out = Vec::new();
     let mut runs = Vec::new();
     for m in procfs::writable_anonymous(Some(pid))? {
-        if m.kind() != procfs::MemoryKind::PrivateAnonymous {
+        // pagewise's own memory in the process (the shim's heap, a staging
+        // mapping) is never the program's to split, merge or collapse.
+        if m.kind() != procfs::MemoryKind::PrivateAnonymous || m.is_pagewise() {
             continue;
         }
         let (mut a, end) = (m.start.div_ceil(huge) * huge, m.end / huge * huge);
