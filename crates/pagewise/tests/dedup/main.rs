@@ -466,11 +466,24 @@ fn comparison_policies_choose_as_they_say() {
 /// memory keeps its contents, and a closed connection ends the thread.
 #[test]
 fn shim_advice_takes_only_harmless_advice() {
-    use pagewise::inject::shim::{serve, ShimAdvice};
+    use pagewise::inject::shim::{note_own_memory, serve, ShimAdvice};
     let (mine, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+    // The shim's own memory, named in its hello, reaches the agent as is.
+    let own = (0x7f00_0000_0000u64, 1u64 << 30);
+    note_own_memory(own.0, own.1);
     let server = std::thread::spawn(move || serve(theirs));
     let mut shim = ShimAdvice::hello(mine, Duration::from_secs(5)).unwrap();
     assert_eq!(shim.pid(), std::process::id() as i32);
+    assert_eq!(
+        shim.own_memory(),
+        &[own],
+        "the shim's own memory in its hello"
+    );
+    let inside = pagewise::inject::Inside::Ptrace;
+    assert!(
+        !inside.is_own_memory(own.0, 4096),
+        "ptrace names no own memory"
+    );
     let mem = pagewise::workload::AnonMemory::new(4 * PAGE_SIZE).unwrap();
     for p in 0..4 {
         // SAFETY: inside `mem`.
