@@ -85,7 +85,10 @@ fn reserve() -> usize {
         return 0;
     }
     // Named as pagewise's own, so that no agent takes it for the program's
-    // (an error where the kernel names no mappings changes nothing).
+    // (an error where the kernel names no mappings changes nothing). A raw
+    // call, not `mem::name_anon`: this runs under the heap's lock, and the
+    // C library's prctl could be trapped by the shim's seccomp filter,
+    // whose handler must never wait on that lock.
     // SAFETY: PR_SET_VMA only labels the range; the kernel copies the name.
     unsafe {
         raw_syscall(

@@ -65,6 +65,22 @@ fn u32_at(b: &[u8], i: usize) -> u32 {
     u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"))
 }
 
+/// Appends one range `(u64 start, u64 len)` as the wire carries it.
+fn put_range(out: &mut Vec<u8>, (start, len): (u64, u64)) {
+    out.extend_from_slice(&start.to_le_bytes());
+    out.extend_from_slice(&len.to_le_bytes());
+}
+
+/// The ranges `(start, len)` of a body of 16-byte records.
+fn ranges(body: &[u8]) -> impl Iterator<Item = (u64, u64)> + '_ {
+    body.chunks_exact(16).map(|r| {
+        (
+            u64::from_le_bytes(r[..8].try_into().expect("8 bytes")),
+            u64::from_le_bytes(r[8..].try_into().expect("8 bytes")),
+        )
+    })
+}
+
 /// The shim's side: says hello, then serves requests until the connection
 /// ends.
 pub fn serve(mut sock: UnixStream) {
@@ -73,9 +89,8 @@ pub fn serve(mut sock: UnixStream) {
     for v in [MAGIC, VERSION, std::process::id(), own.len() as u32] {
         hello.extend_from_slice(&v.to_le_bytes());
     }
-    for (start, len) in own {
-        hello.extend_from_slice(&start.to_le_bytes());
-        hello.extend_from_slice(&len.to_le_bytes());
+    for r in own {
+        put_range(&mut hello, r);
     }
     if sock.write_all(&hello).is_err() {
         return;
@@ -91,9 +106,7 @@ pub fn serve(mut sock: UnixStream) {
             return;
         }
         let mut reply = Vec::with_capacity(n as usize * 8);
-        for r in body.chunks_exact(16) {
-            let start = u64::from_le_bytes(r[..8].try_into().expect("8 bytes"));
-            let len = u64::from_le_bytes(r[8..].try_into().expect("8 bytes"));
+        for (start, len) in ranges(&body) {
             let rc: i64 = if !ALLOWED.contains(&advice) {
                 -i64::from(libc::EPERM)
             } else {
@@ -146,15 +159,7 @@ impl ShimAdvice {
         }
         let mut body = vec![0u8; m as usize * 16];
         sock.read_exact(&mut body)?;
-        let own = body
-            .chunks_exact(16)
-            .map(|r| {
-                (
-                    u64::from_le_bytes(r[..8].try_into().expect("8 bytes")),
-                    u64::from_le_bytes(r[8..].try_into().expect("8 bytes")),
-                )
-            })
-            .collect();
+        let own = ranges(&body).collect();
         sock.set_read_timeout(Some(Duration::from_secs(60)))?;
         Ok(ShimAdvice {
             sock,
@@ -183,9 +188,8 @@ impl ShimAdvice {
             let mut req = Vec::with_capacity(8 + part.len() * 16);
             req.extend_from_slice(&(advice as u32).to_le_bytes());
             req.extend_from_slice(&(part.len() as u32).to_le_bytes());
-            for &(a, n) in part {
-                req.extend_from_slice(&a.to_le_bytes());
-                req.extend_from_slice(&n.to_le_bytes());
+            for &r in part {
+                put_range(&mut req, r);
             }
             let mut reply = vec![0u8; part.len() * 8];
             self.sock

@@ -53,6 +53,10 @@ impl Engine {
                 break;
             }
         }
+        // What is in staging now is what the region held.
+        let stage = st.region();
+        let mut runs = Vec::new();
+        self.walker.populated(stage, &mut runs)?;
         if let Some((k, err)) = failed {
             // A move can stop part-way (a page shared or held by another
             // task, the program changing its mappings meanwhile). Pages
@@ -60,8 +64,6 @@ impl Engine {
             // itself fail (under an event not read yet) and lose them.
             // They stay remote, in the books; the pieces not moved are
             // adopted again after the events, their pages reclaimed then.
-            let mut runs = Vec::new();
-            self.walker.populated(st.region(), &mut runs)?;
             if runs.is_empty() {
                 let _ = uffd::unregister(self.stage_uffd.as_raw_fd(), st.addr(), r.len);
                 let _ = uffd::unregister(self.uffd.as_raw_fd(), r.start, r.len);
@@ -72,13 +74,9 @@ impl Engine {
             }
         }
         let slot = self.push_region(r, st);
-        // What is in staging now is what the region held.
-        let st = self.staging[slot].region();
-        let mut runs = Vec::new();
-        self.walker.populated(st, &mut runs)?;
         for &(a, b) in &runs {
-            let i0 = ((a - st.start) / PAGE_SIZE as u64) as usize;
-            let i1 = ((b - st.start) / PAGE_SIZE as u64) as usize;
+            let i0 = ((a - stage.start) / PAGE_SIZE as u64) as usize;
+            let i1 = ((b - stage.start) / PAGE_SIZE as u64) as usize;
             for i in i0..i1 {
                 self.put(self.first[slot] + i, Where::Remote);
             }
