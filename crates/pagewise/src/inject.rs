@@ -132,11 +132,18 @@ pub struct Remote<'a> {
     stopped: &'a Stopped,
     tid: i32,
     syscall_at: u64,
+    /// Whether a call has completed in the thread since the stop: its way
+    /// back through the signal code has put back any mask a `ppoll`-like
+    /// call had swapped in, so its mask may be set from here on.
+    stepped: std::cell::Cell<bool>,
 }
 
 /// Where a `syscall` instruction (`0f 05`) is in `pid`'s vDSO.
 fn find_syscall_instruction(pid: i32) -> Result<u64> {
     let maps = procfs::maps(Some(pid))?;
+    if maps.is_empty() && !procfs::is_alive(pid) {
+        return Err(Error::ProcessExited(pid));
+    }
     let vdso = maps
         .iter()
         .find(|m| m.path == "[vdso]")
@@ -157,8 +164,61 @@ fn find_syscall_instruction(pid: i32) -> Result<u64> {
         })
 }
 
+/// The code segment of 64-bit user code on x86-64 (`__USER_CS`); 32-bit
+/// (compat) code runs with 0x23.
+#[cfg(target_arch = "x86_64")]
+const USER_CS_64: u64 = 0x33;
+
+/// System calls that swap in a signal mask of their own and leave it to
+/// the way back to user mode to put the thread's back when interrupted;
+/// `PTRACE_SETSIGMASK` would cancel that.
+#[cfg(target_arch = "x86_64")]
+const SWAPS_MASK: &[i64] = &[
+    libc::SYS_rt_sigsuspend,
+    libc::SYS_ppoll,
+    libc::SYS_pselect6,
+    libc::SYS_epoll_pwait,
+    libc::SYS_epoll_pwait2,
+    333, // io_pgetevents
+    libc::SYS_io_uring_enter,
+];
+
+/// Whether a thread stopped with registers `r` may be leaving a call of
+/// [`SWAPS_MASK`], interrupted (its mask then is the call's, not its own).
+#[cfg(target_arch = "x86_64")]
+fn leaves_mask_swap(r: &pagewise_sys::process::Regs) -> bool {
+    SWAPS_MASK.contains(&(r.orig_rax as i64)) && (r.rax as i64) < 0
+}
+
+/// The kernel's own restart codes (`-ERESTARTSYS` … `-ERESTART_RESTARTBLOCK`):
+/// a call that returns one was interrupted before it did anything.
+#[cfg(target_arch = "x86_64")]
+const RESTART: std::ops::RangeInclusive<i64> = -516..=-512;
+
+/// How long one call made in a target may take before it is interrupted.
+const CALL_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Signals handed back before one call is given up.
+const MAX_TRIES: u32 = 200;
+
+/// How one single-stepped call ended.
+#[cfg(target_arch = "x86_64")]
+enum Step {
+    /// It ran: its raw result.
+    Done(i64),
+    /// A signal was taken before it ran (the thread is in that signal's
+    /// delivery stop).
+    Signal(libc::c_int),
+}
+
 impl<'a> Remote<'a> {
-    /// Prepares system calls in `stopped`, made by its first thread.
+    /// Prepares system calls in `stopped`. Refused for a process with a
+    /// thread in 32-bit (compat) mode, or whose mode cannot be read: a
+    /// `syscall` borrowed from a 32-bit vDSO enters the 32-bit table, so
+    /// every call would be another; and for one that ignores `SIGTRAP`
+    /// (the single step forces that signal, which resets an ignored
+    /// action to the default). The calls are made by a thread not leaving
+    /// a mask-swapping call where there is one.
     pub fn new(stopped: &'a Stopped) -> Result<Self> {
         if !cfg!(target_arch = "x86_64") {
             return Err(Error::Unsupported {
@@ -167,46 +227,202 @@ impl<'a> Remote<'a> {
             });
         }
         let pid = stopped.pid();
-        let tid = *stopped.tids().first().ok_or(Error::ProcessExited(pid))?;
+        let first = *stopped.tids().first().ok_or(Error::ProcessExited(pid))?;
+        let tid = Self::check_threads(stopped)?.unwrap_or(first);
+        let sigs = procfs::thread_signals(pid, tid)?;
+        if sigs.ignored & pagewise_sys::signal::bit(libc::SIGTRAP) != 0 {
+            return Err(Error::Unsupported {
+                feature: "system calls inside another process",
+                why: format!(
+                    "process {pid} ignores SIGTRAP: the single step that makes a call in it \
+                     would reset that to the default action"
+                ),
+            });
+        }
         Ok(Remote {
             stopped,
             tid,
             syscall_at: find_syscall_instruction(pid)?,
+            stepped: std::cell::Cell::new(false),
         })
+    }
+
+    /// Checks that every thread runs 64-bit code; a thread not leaving a
+    /// mask-swapping call, if any.
+    #[cfg(target_arch = "x86_64")]
+    fn check_threads(stopped: &Stopped) -> Result<Option<i32>> {
+        let pid = stopped.pid();
+        let mut calm = None;
+        for &t in stopped.tids() {
+            let r = pagewise_sys::process::ptrace_getregs(t).map_err(|e| Error::Unsupported {
+                feature: "system calls inside another process",
+                why: format!(
+                    "the mode (64- or 32-bit) of thread {t} of process {pid} cannot be read: {e}"
+                ),
+            })?;
+            if r.cs != USER_CS_64 {
+                return Err(Error::Unsupported {
+                    feature: "system calls inside another process",
+                    why: format!(
+                        "thread {t} of process {pid} runs 32-bit code (code segment {:#x}): a call \
+                         made in it would enter the 32-bit system-call table; only 64-bit processes \
+                         are acted in",
+                        r.cs
+                    ),
+                });
+            }
+            if calm.is_none() && !leaves_mask_swap(&r) {
+                calm = Some(t);
+            }
+        }
+        Ok(calm)
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    fn check_threads(_stopped: &Stopped) -> Result<Option<i32>> {
+        Ok(None)
     }
 
     /// Makes system call `nr` with `args` in the target; its raw result
     /// (a negative errno on failure).
+    ///
+    /// The thread's signals are blocked for the call (all but `SIGTRAP`,
+    /// which the step needs; `PTRACE_SETSIGMASK`) and its mask put back
+    /// after, so that none is taken meanwhile. A signal taken anyway (a
+    /// stop signal, or any where the mask cannot be set) before the call
+    /// ran is handed back as it came, on the thread's own registers, and
+    /// the call tried again (at most [`MAX_TRIES`] times). A result is used
+    /// only once the step's trap shows the instruction pointer just past
+    /// the `syscall`: the call ran.
     #[cfg(target_arch = "x86_64")]
     pub fn syscall(&self, nr: libc::c_long, args: [u64; 6]) -> Result<i64> {
+        use pagewise_sys::process as p;
+        let pid = self.stopped.pid();
+        let tid = self.tid;
+        let os = |what: &str, e| Error::for_pid(pid, format!("{what} of thread {tid}"), e);
+        for _ in 0..MAX_TRIES {
+            let saved = p::ptrace_getregs(tid).map_err(|e| os("PTRACE_GETREGS", e))?;
+            if saved.cs != USER_CS_64 {
+                return Err(Error::Unsupported {
+                    feature: "system calls inside another process",
+                    why: format!("thread {tid} of process {pid} switched to 32-bit code"),
+                });
+            }
+            let mask = p::ptrace_getsigmask(tid).map_err(|e| os("PTRACE_GETSIGMASK", e))?;
+            let block = self.stepped.get() || !leaves_mask_swap(&saved);
+            if block {
+                let all = !pagewise_sys::signal::bit(libc::SIGTRAP);
+                p::ptrace_setsigmask(tid, all).map_err(|e| os("PTRACE_SETSIGMASK", e))?;
+            }
+            let mut call = saved;
+            call.rip = self.syscall_at;
+            call.rax = nr as u64;
+            call.orig_rax = u64::MAX;
+            (call.rdi, call.rsi, call.rdx, call.r10, call.r8, call.r9) =
+                (args[0], args[1], args[2], args[3], args[4], args[5]);
+            let step = p::ptrace_setregs(tid, &call)
+                .map_err(|e| os("PTRACE_SETREGS", e))
+                .and_then(|()| self.step(&call));
+            // Every register and the mask back, whatever happened.
+            let put_back = p::ptrace_setregs(tid, &saved)
+                .map_err(|e| os("PTRACE_SETREGS (restoring)", e))
+                .and_then(|()| {
+                    if block {
+                        p::ptrace_setsigmask(tid, mask)
+                            .map_err(|e| os("PTRACE_SETSIGMASK (restoring)", e))
+                    } else {
+                        Ok(())
+                    }
+                });
+            let step = step?;
+            put_back?;
+            match step {
+                Step::Done(rax) => {
+                    self.stepped.set(true);
+                    return Ok(rax);
+                }
+                Step::Signal(sig) => {
+                    // Delivered now, on the thread's own registers, as it
+                    // would have been had the thread not been stopped; the
+                    // interrupt stops it again before it runs.
+                    p::ptrace_interrupt(tid).map_err(|e| os("PTRACE_INTERRUPT", e))?;
+                    p::ptrace_cont(tid, sig).map_err(|e| os("PTRACE_CONT", e))?;
+                    let deadline = std::time::Instant::now() + crate::stop::STOP_WAIT;
+                    if !crate::stop::settle(pid, tid, deadline)? {
+                        return Err(Error::ProcessExited(pid));
+                    }
+                }
+            }
+        }
+        Err(Error::Busy(format!(
+            "process {pid}: a signal arrived before each of {MAX_TRIES} tries of a system call \
+             made in it (each was delivered); try again"
+        )))
+    }
+
+    /// Single-steps the `syscall` that `call` set up until it has run or a
+    /// signal came first.
+    #[cfg(target_arch = "x86_64")]
+    fn step(&self, call: &pagewise_sys::process::Regs) -> Result<Step> {
         use pagewise_sys::process::{self as p, TraceStop};
         let pid = self.stopped.pid();
         let tid = self.tid;
         let os = |what: &str, e| Error::for_pid(pid, format!("{what} of thread {tid}"), e);
-        let saved = p::ptrace_getregs(tid).map_err(|e| os("PTRACE_GETREGS", e))?;
-        let mut r = saved;
-        r.rip = self.syscall_at;
-        r.rax = nr as u64;
-        r.orig_rax = u64::MAX;
-        (r.rdi, r.rsi, r.rdx, r.r10, r.r8, r.r9) =
-            (args[0], args[1], args[2], args[3], args[4], args[5]);
-        p::ptrace_setregs(tid, &r).map_err(|e| os("PTRACE_SETREGS", e))?;
-        let stepped = p::ptrace_singlestep(tid)
-            .map_err(|e| os("PTRACE_SINGLESTEP", e))
-            .and_then(|()| p::wait_traced(tid).map_err(|e| os("waiting for the step", e)));
-        let ret = match stepped {
-            Ok(TraceStop::Stopped { sig, .. }) if sig == libc::SIGTRAP => p::ptrace_getregs(tid)
-                .map(|a| a.rax as i64)
-                .map_err(|e| os("PTRACE_GETREGS", e)),
-            Ok(TraceStop::Stopped { sig, .. }) => Err(Error::Busy(format!(
-                "process {pid}: signal {sig} arrived while a system call was made in it; try again"
-            ))),
-            Ok(TraceStop::Gone) => return Err(Error::ProcessExited(pid)),
-            Err(e) => Err(e),
-        };
-        // Every register back, whatever happened.
-        p::ptrace_setregs(tid, &saved).map_err(|e| os("PTRACE_SETREGS (restoring)", e))?;
-        ret
+        let past = self.syscall_at + 2;
+        let mut deadline = std::time::Instant::now() + CALL_WAIT;
+        let mut interrupted = false;
+        loop {
+            p::ptrace_singlestep(tid).map_err(|e| os("PTRACE_SINGLESTEP", e))?;
+            let stop = loop {
+                match p::wait_traced_until(tid, deadline)
+                    .map_err(|e| os("waiting for the step", e))?
+                {
+                    Some(s) => break s,
+                    None if !interrupted => {
+                        // A call that blocks: interrupt it (it returns
+                        // EINTR or a restart code, taken as its result).
+                        p::ptrace_interrupt(tid).map_err(|e| os("PTRACE_INTERRUPT", e))?;
+                        interrupted = true;
+                        deadline = std::time::Instant::now() + crate::stop::STOP_WAIT;
+                    }
+                    None => {
+                        return Err(Error::Busy(format!(
+                            "a system call made in thread {tid} of process {pid} did not return"
+                        )))
+                    }
+                }
+            };
+            let (sig, event) = match stop {
+                TraceStop::Gone => return Err(Error::ProcessExited(pid)),
+                TraceStop::Stopped { sig, event } => (sig, event),
+            };
+            let r = p::ptrace_getregs(tid).map_err(|e| os("PTRACE_GETREGS", e))?;
+            if event == p::PTRACE_EVENT_STOP {
+                // An interrupt or a group stop, before or after the call
+                // ran; the next step runs it, or takes its trap first.
+                continue;
+            }
+            if r.rip == past && sig == libc::SIGTRAP {
+                let rax = r.rax as i64;
+                if RESTART.contains(&rax) && !interrupted {
+                    p::ptrace_setregs(tid, call).map_err(|e| os("PTRACE_SETREGS", e))?;
+                    continue;
+                }
+                return Ok(Step::Done(if RESTART.contains(&rax) {
+                    -(libc::EINTR as i64)
+                } else {
+                    rax
+                }));
+            }
+            if r.rip == self.syscall_at {
+                return Ok(Step::Signal(sig));
+            }
+            return Err(Error::Busy(format!(
+                "thread {tid} of process {pid} stopped with signal {sig} at {:#x} while a system \
+                 call was made in it",
+                r.rip
+            )));
+        }
     }
 
     /// Not available on this architecture.

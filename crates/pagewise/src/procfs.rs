@@ -290,6 +290,74 @@ pub fn status_field(text: &str, key: &str) -> Option<u64> {
     })
 }
 
+/// Reads one hexadecimal field of `/proc/PID/status`, such as `SigBlk`.
+pub fn status_hex(text: &str, key: &str) -> Option<u64> {
+    let key = key.strip_suffix(':').unwrap_or(key);
+    text.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        (k.trim() == key).then(|| u64::from_str_radix(v.trim(), 16).ok())?
+    })
+}
+
+/// A thread's signal sets (`/proc/PID/task/TID/status`; bit `n - 1` for
+/// signal `n`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ThreadSignals {
+    /// Pending for the thread or for its process (`SigPnd | ShdPnd`).
+    pub pending: u64,
+    /// Blocked (`SigBlk`).
+    pub blocked: u64,
+    /// Ignored (`SigIgn`).
+    pub ignored: u64,
+}
+
+impl ThreadSignals {
+    /// Pending and not blocked: what the thread would take on its way back
+    /// to user mode.
+    pub fn deliverable(&self) -> u64 {
+        self.pending & !self.blocked
+    }
+}
+
+/// The signal sets of thread `tid` of process `pid`.
+pub fn thread_signals(pid: i32, tid: i32) -> Result<ThreadSignals> {
+    let path = format!("/proc/{pid}/task/{tid}/status");
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| Error::for_pid(pid, format!("reading {path}"), e))?;
+    let f = |k| status_hex(&text, k).unwrap_or(0);
+    Ok(ThreadSignals {
+        pending: f("SigPnd") | f("ShdPnd"),
+        blocked: f("SigBlk"),
+        ignored: f("SigIgn"),
+    })
+}
+
+/// The system call thread `tid` of process `pid` is blocked in
+/// (`/proc/PID/task/TID/syscall`): its number and six arguments; `None`
+/// when it runs or is blocked outside a system call.
+pub fn thread_syscall(pid: i32, tid: i32) -> Result<Option<(i64, [u64; 6])>> {
+    let path = format!("/proc/{pid}/task/{tid}/syscall");
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| Error::for_pid(pid, format!("reading {path}"), e))?;
+    Ok(parse_syscall_line(&text))
+}
+
+/// Parses a `/proc/PID/syscall` line: `NR ARG1 … ARG6 SP PC` (hexadecimal
+/// arguments), `-1 SP PC` or `running`.
+pub fn parse_syscall_line(text: &str) -> Option<(i64, [u64; 6])> {
+    let mut it = text.split_whitespace();
+    let nr: i64 = it.next()?.parse().ok()?;
+    if nr < 0 {
+        return None;
+    }
+    let mut args = [0u64; 6];
+    for a in &mut args {
+        let v = it.next()?;
+        *a = u64::from_str_radix(v.trim_start_matches("0x"), 16).ok()?;
+    }
+    Some((nr, args))
+}
+
 /// What KSM merges of one process now (`/proc/PID/ksm_stat`, Linux 6.1+).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct KsmStat {

@@ -444,3 +444,92 @@ pub fn clock_ticks_per_second() -> u64 {
         100
     }
 }
+
+/// `PTRACE_GETSIGMASK` (Linux 3.11).
+const PTRACE_GETSIGMASK: libc::c_uint = 0x420a;
+/// `PTRACE_SETSIGMASK`.
+const PTRACE_SETSIGMASK: libc::c_uint = 0x420b;
+/// `PTRACE_EVENT_STOP`: the stop of `PTRACE_INTERRUPT` or of a group stop
+/// under `PTRACE_SEIZE` (the `event` of [`TraceStop::Stopped`]).
+pub const PTRACE_EVENT_STOP: libc::c_int = 128;
+
+/// `ptrace(PTRACE_GETSIGMASK)`: the signal mask of a stopped traced thread
+/// (bit `n - 1` for signal `n`).
+pub fn ptrace_getsigmask(tid: libc::pid_t) -> io::Result<u64> {
+    let mut m = 0u64;
+    // SAFETY: PTRACE_GETSIGMASK writes `addr` (8) bytes to `data`, an 8-byte local.
+    cvt_int(unsafe {
+        libc::ptrace(PTRACE_GETSIGMASK, tid, 8usize, &mut m as *mut u64) as libc::c_int
+    })?;
+    Ok(m)
+}
+
+/// `ptrace(PTRACE_SETSIGMASK)`: sets the signal mask of a stopped traced
+/// thread (the kernel leaves `SIGKILL` and `SIGSTOP` unblocked). It also
+/// drops the thread's pending restore of a mask saved by `ppoll`,
+/// `pselect6`, `rt_sigsuspend` or `epoll_pwait`: set it only where no such
+/// call is being left.
+pub fn ptrace_setsigmask(tid: libc::pid_t, mask: u64) -> io::Result<()> {
+    // SAFETY: PTRACE_SETSIGMASK reads `addr` (8) bytes from `data`, an 8-byte local.
+    cvt_int(unsafe {
+        libc::ptrace(PTRACE_SETSIGMASK, tid, 8usize, &mask as *const u64) as libc::c_int
+    })
+    .map(|_| ())
+}
+
+/// `ptrace(PTRACE_CONT)` delivering `sig` (0 for none): from a
+/// signal-delivery stop, `sig` is delivered with the siginfo it came with.
+pub fn ptrace_cont(tid: libc::pid_t, sig: libc::c_int) -> io::Result<()> {
+    // SAFETY: integer arguments only.
+    cvt_int(unsafe { libc::ptrace(libc::PTRACE_CONT, tid, 0usize, sig as usize) as libc::c_int })
+        .map(|_| ())
+}
+
+/// Waits until traced thread `tid` stops or ends, at most until
+/// `deadline`: `Ok(None)` when it did neither by then. Polls (a thread
+/// stuck in an uninterruptible wait, such as a `vfork` parent, must not
+/// hold the caller).
+pub fn wait_traced_until(
+    tid: libc::pid_t,
+    deadline: std::time::Instant,
+) -> io::Result<Option<TraceStop>> {
+    let mut nap = std::time::Duration::from_micros(20);
+    let mut spins = 0u32;
+    loop {
+        let mut status = 0;
+        // SAFETY: waits for a thread this thread traces; `status` is a valid out-pointer.
+        let r = unsafe { libc::waitpid(tid, &mut status, libc::__WALL | libc::WNOHANG) };
+        if r == tid {
+            if libc::WIFSTOPPED(status) {
+                return Ok(Some(TraceStop::Stopped {
+                    sig: libc::WSTOPSIG(status),
+                    event: (status >> 16) & 0xff,
+                }));
+            }
+            if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
+                return Ok(Some(TraceStop::Gone));
+            }
+            continue;
+        }
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EINTR) {
+                return Err(e);
+            }
+            continue;
+        }
+        let now = std::time::Instant::now();
+        if now >= deadline {
+            return Ok(None);
+        }
+        // A step or an interrupt stops a thread within microseconds: yield
+        // at first, then sleep longer and longer.
+        if spins < 200 {
+            spins += 1;
+            std::thread::yield_now();
+            continue;
+        }
+        std::thread::sleep(nap.min(deadline - now));
+        nap = (nap * 2).min(std::time::Duration::from_millis(5));
+    }
+}

@@ -113,3 +113,37 @@ pub fn fault_path_runs(path: &str, name: &str, sigbus: bool) -> bool {
     }
     true
 }
+
+/// Compiles the C program `src` with the system's C compiler (`$CC`, else
+/// `cc`) and `flags` into `out_dir`, once per test process and name; the
+/// executable's path. Panics when the compiler fails on it (the sources
+/// are the repository's own); `Err` with the reason when there is no
+/// compiler.
+pub fn c_program(
+    src: &std::path::Path,
+    out_dir: &std::path::Path,
+    flags: &[&str],
+) -> Result<std::path::PathBuf, String> {
+    use std::path::PathBuf;
+    static BUILT: std::sync::Mutex<Vec<(PathBuf, PathBuf)>> = std::sync::Mutex::new(Vec::new());
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, p)) = built.iter().find(|(s, _)| s == src) {
+        return Ok(p.clone());
+    }
+    let dir = out_dir.join(format!("pagewise-c-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let stem = src.file_stem().unwrap_or_default();
+    let out = dir.join(stem);
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let st = std::process::Command::new(&cc)
+        .args(["-O", "-Wall", "-Wextra", "-Werror"])
+        .args(flags)
+        .arg(src)
+        .arg("-o")
+        .arg(&out)
+        .status()
+        .map_err(|e| format!("no C compiler ({cc}: {e})"))?;
+    assert!(st.success(), "{cc} failed on {}", src.display());
+    built.push((src.to_path_buf(), out.clone()));
+    Ok(out)
+}

@@ -4,6 +4,10 @@
 //! stand still); dropped, the target runs again; a target its user had
 //! stopped stays stopped; a missing process is a clear error.
 
+#[path = "../common/mod.rs"]
+mod common;
+
+use common::{can_ptrace, fds};
 use pagewise::stop::Stopped;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -76,18 +80,6 @@ impl Drop for Spinner {
             libc::waitpid(self.pid, std::ptr::null_mut(), 0);
         }
     }
-}
-
-fn can_ptrace() -> Option<String> {
-    let scope = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope").unwrap_or_default();
-    // SAFETY: geteuid has no preconditions.
-    if scope.trim() == "3" || (scope.trim() == "2" && unsafe { libc::geteuid() } != 0) {
-        return Some(format!(
-            "ptrace is restricted here (kernel.yama.ptrace_scope = {})",
-            scope.trim()
-        ));
-    }
-    None
 }
 
 #[test]
@@ -167,16 +159,6 @@ fn missing_processes_are_clear_errors() {
         "{e:?}"
     );
     let _ = c.wait();
-}
-
-/// The fds of `pid`, as /proc lists them.
-fn fds(pid: i32) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
 }
 
 /// System calls made inside a stopped process return what they would there,

@@ -1,0 +1,330 @@
+//! Acting inside processes pagewise did not start, without damaging them
+//! (`pagewise::stop`, `pagewise::inject`): a target flooded with signals
+//! loses none and every call made in it runs once; a 32-bit target is
+//! refused before any call; a vforking target neither freezes nor holds
+//! the tool; calls blocked in the target do not see an EINTR the stop
+//! caused.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+use common::{can_ptrace, fds};
+use pagewise::inject::Remote;
+use pagewise::stop::Stopped;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A C target of `tests/c`, built with `flags`; `None` (skip printed)
+/// without a C compiler.
+fn target(name: &str, flags: &[&str]) -> Option<PathBuf> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
+    match pagewise_testkit::c_program(&src, Path::new(env!("CARGO_TARGET_TMPDIR")), flags) {
+        Ok(p) => Some(p),
+        Err(why) => {
+            pagewise_testkit::skip!("{why}");
+            None
+        }
+    }
+}
+
+/// A running target, killed when dropped.
+struct Target {
+    child: Child,
+    out: BufReader<std::process::ChildStdout>,
+}
+
+impl Target {
+    fn start(path: &Path, args: &[&str], wait_ready: bool) -> Target {
+        let mut child = Command::new(path)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("starting the target");
+        let out = BufReader::new(child.stdout.take().unwrap());
+        let mut t = Target { child, out };
+        if wait_ready {
+            assert_eq!(t.line(), "ready");
+        }
+        t
+    }
+    fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+    fn line(&mut self) -> String {
+        let mut l = String::new();
+        self.out.read_line(&mut l).unwrap();
+        l.trim().to_string()
+    }
+    fn signal(&self, sig: i32) {
+        // SAFETY: kill of our own child.
+        unsafe { libc::kill(self.pid(), sig) };
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Calls made in a target that takes a SIGALRM every 100 µs and a queued
+/// real-time signal every few tens of µs: every call runs (never given up),
+/// runs once (a userfaultfd made in it is a userfaultfd, and no descriptor
+/// of the target is closed in its place), and the target receives every
+/// queued signal exactly once, each with its own value.
+#[test]
+fn a_target_flooded_with_signals_loses_none() {
+    if let Some(why) = can_ptrace() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    let Some(path) = target("sigstorm", &[]) else {
+        return;
+    };
+    let mut t = Target::start(&path, &["100"], true);
+    let pid = t.pid();
+    let fds_before = fds(pid);
+    const SENT: u32 = 3000;
+    let sender = std::thread::spawn(move || {
+        let mut sum = 0u64;
+        for i in 1..=SENT {
+            let v = libc::sigval {
+                sival_ptr: i as usize as *mut libc::c_void,
+            };
+            // SAFETY: sigqueue to our own child with an integer value.
+            let r = unsafe { libc::sigqueue(pid, libc::SIGRTMIN(), v) };
+            assert_eq!(r, 0, "sigqueue: {}", std::io::Error::last_os_error());
+            sum += i as u64;
+            std::thread::sleep(Duration::from_micros(30));
+        }
+        sum
+    });
+    let mut calls = 0;
+    let mut rounds = 0;
+    while !sender.is_finished() || rounds < 50 {
+        let stopped = Stopped::new(pid).unwrap();
+        let r = Remote::new(&stopped).unwrap();
+        assert_eq!(r.syscall(libc::SYS_getpid, [0; 6]).unwrap(), pid as i64);
+        let fd = r
+            .syscall(
+                libc::SYS_userfaultfd,
+                [(libc::O_CLOEXEC | libc::O_NONBLOCK) as u64, 0, 0, 0, 0, 0],
+            )
+            .unwrap();
+        assert!(fd >= 0, "userfaultfd made in the target: {fd}");
+        let mine = r.take_fd(fd as i32).unwrap();
+        let link = std::fs::read_link(format!(
+            "/proc/self/fd/{}",
+            std::os::fd::AsRawFd::as_raw_fd(&mine)
+        ))
+        .unwrap();
+        assert!(
+            link.to_string_lossy().contains("userfaultfd"),
+            "the call did not run as a userfaultfd: fd {fd} is {link:?}"
+        );
+        calls += 3;
+        rounds += 1;
+        drop(stopped);
+    }
+    let sum = sender.join().unwrap();
+    assert_eq!(fds(pid), fds_before, "a descriptor of the target changed");
+    // Let the queue drain, then ask for the counts.
+    std::thread::sleep(Duration::from_millis(100));
+    t.signal(libc::SIGUSR2);
+    let counts = t.line();
+    let v: Vec<u64> = counts
+        .split_whitespace()
+        .map(|x| x.parse().unwrap())
+        .collect();
+    assert_eq!(v.len(), 3, "{counts:?}");
+    assert_eq!(
+        (v[0], v[1]),
+        (SENT as u64, sum),
+        "queued real-time signals received (count, sum of values) over {rounds} stops"
+    );
+    assert!(v[2] > 0, "the interval timer never fired: {counts}");
+    println!(
+        "     {rounds} stops, {calls} calls, {SENT} queued signals all received, {} alarms",
+        v[2]
+    );
+}
+
+/// Dirty tracking from outside (uffd-wp made inside the target) of a
+/// target flooded with signals starts every time.
+#[test]
+fn tracking_a_target_flooded_with_signals_starts_every_time() {
+    if let Some(why) = can_ptrace() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    use pagewise::track::{BackendKind, DirtyTracker};
+    if let Err(why) = BackendKind::UffdWp.available_for_pid() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    let Some(path) = target("sigstorm", &[]) else {
+        return;
+    };
+    let mut t = Target::start(&path, &["100"], true);
+    for i in 0..30 {
+        let mut tr = DirtyTracker::for_process(t.pid(), BackendKind::UffdWp)
+            .unwrap_or_else(|e| panic!("start {i}: {e}"));
+        let c = tr.collect().unwrap();
+        drop(c);
+    }
+    t.signal(libc::SIGUSR2);
+    let counts = t.line();
+    assert_eq!(counts.split_whitespace().count(), 3, "{counts}");
+}
+
+/// A 32-bit process is refused before a single call is made in it, by
+/// every way in: the calls of `Remote`, `madvise` made inside, uffd-wp
+/// from outside.
+#[test]
+fn a_32_bit_target_is_refused_before_any_call() {
+    if let Some(why) = can_ptrace() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    let Some(path) = target(
+        "compat32",
+        &["-m32", "-nostdlib", "-static", "-fno-pie", "-no-pie"],
+    ) else {
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("pagewise-compat32-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut c = Command::new(&path).current_dir(&dir).spawn().unwrap();
+    let pid = c.id() as i32;
+    std::thread::sleep(Duration::from_millis(50));
+    let fds_before = fds(pid);
+    {
+        let stopped = Stopped::new(pid).unwrap();
+        let e = Remote::new(&stopped).unwrap_err().to_string();
+        assert!(e.contains("32-bit"), "{e}");
+    }
+    let e = pagewise::inject::madvise_in(pid, &[(0x10000, 4096)], libc::MADV_MERGEABLE, "test")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("32-bit"), "{e}");
+    if pagewise::track::BackendKind::UffdWp
+        .available_for_pid()
+        .is_ok()
+    {
+        let e = match pagewise::track::DirtyTracker::for_process(
+            pid,
+            pagewise::track::BackendKind::UffdWp,
+        ) {
+            Ok(_) => panic!("uffd-wp tracking of a 32-bit process was not refused"),
+            Err(e) => e.to_string(),
+        };
+        assert!(e.contains("32-bit"), "{e}");
+    }
+    assert_eq!(fds(pid), fds_before, "a descriptor of the target changed");
+    let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+    assert!(left.is_empty(), "files appeared in its directory: {left:?}");
+    assert!(pagewise::procfs::is_alive(pid), "the target died");
+    let _ = c.kill();
+    let _ = c.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A target whose main thread waits for a vforked child: the stop is
+/// refused with the reason within its limit (not held for the child's
+/// life), and the target, let go, finishes its vfork when the child ends.
+#[test]
+fn a_vforking_target_is_waited_out_then_refused() {
+    if let Some(why) = can_ptrace() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    let Some(path) = target("vforker", &["-pthread"]) else {
+        return;
+    };
+    let mut t = Target::start(&path, &["3600"], true);
+    let pid = t.pid();
+    // Wait for the vfork itself: the child appears.
+    let t0 = Instant::now();
+    let child = loop {
+        let kids =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        if let Some(k) = kids.split_whitespace().next() {
+            break k.parse::<i32>().unwrap();
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "no vfork happened");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let r = Stopped::within(pid, Duration::from_millis(500)).map(|_| ());
+        let _ = tx.send(r.map_err(|e| e.to_string()));
+    });
+    // A liveness bound, not a timing claim: the refusal comes within the
+    // limit; a stop that hangs would never send.
+    let r = rx
+        .recv_timeout(Duration::from_secs(120))
+        .expect("the stop of a vforking target hung");
+    let e = r.expect_err("a vforking target was stopped");
+    assert!(e.contains("vfork"), "{e}");
+    // The target was not left stopped: once the child ends, it goes on.
+    // SAFETY: kill of our grandchild.
+    unsafe { libc::kill(child, libc::SIGKILL) };
+    assert_eq!(t.line(), "done 1");
+}
+
+/// Threads blocked in `epoll_wait`, `sigtimedwait` and `semop` see no
+/// EINTR from stops and calls made in their process: each returns what
+/// it waited for.
+#[test]
+fn blocked_calls_see_no_eintr_from_a_stop() {
+    if let Some(why) = can_ptrace() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    let Some(path) = target("eintr", &["-pthread"]) else {
+        return;
+    };
+    let mut t = Target::start(&path, &[], true);
+    let pid = t.pid();
+    // Wait until the three threads are blocked in their calls.
+    let t0 = Instant::now();
+    loop {
+        let tids = pagewise::procfs::tasks(pid).unwrap();
+        let blocked = tids
+            .iter()
+            .filter(|&&tid| tid != pid)
+            .filter(|&&tid| {
+                matches!(pagewise::procfs::thread_syscall(pid, tid), Ok(Some((nr, _)))
+                    if [libc::SYS_epoll_wait, libc::SYS_epoll_pwait, libc::SYS_rt_sigtimedwait,
+                        libc::SYS_semop, libc::SYS_semtimedop].contains(&nr))
+            })
+            .count();
+        if blocked == 3 {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the threads never blocked"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    for _ in 0..3 {
+        let stopped = Stopped::new(pid).unwrap();
+        let r = Remote::new(&stopped).unwrap();
+        assert_eq!(r.syscall(libc::SYS_getpid, [0; 6]).unwrap(), pid as i64);
+        drop(stopped);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    t.child.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    let mut got: Vec<String> = (0..3).map(|_| t.line()).collect();
+    got.sort();
+    assert_eq!(
+        got,
+        ["epoll 1 0", "semop 0 0", "sigtimedwait 10 0"],
+        "what the blocked calls returned (an EINTR shows as -1 4)"
+    );
+}
