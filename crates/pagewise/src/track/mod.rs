@@ -280,6 +280,11 @@ pub(crate) trait Backend: Send {
     fn remove_region(&mut self, region: Region) -> Result<()>;
     /// Tracked regions, sorted.
     fn regions(&self) -> Vec<Region>;
+    /// What the backend does differently from its kind's usual way, said
+    /// once (a region tracked by another means), if anything.
+    fn note(&self) -> Option<&str> {
+        None
+    }
 }
 
 /// Which process a tracker watches.
@@ -389,9 +394,11 @@ impl DirtyTracker {
         }
     }
 
-    /// Why the backend is not the best one `Auto` could have picked, if so.
+    /// Why the backend is not the best one `Auto` could have picked, or
+    /// what it does differently for part of the memory (a mapping another
+    /// userfaultfd holds, hashed instead), if so.
     pub fn note(&self) -> Option<&str> {
-        self.note.as_deref()
+        self.note.as_deref().or_else(|| self.backend.note())
     }
 
     fn for_process_with(pid: i32, kind: BackendKind) -> Result<Self> {

@@ -33,6 +33,8 @@ fn target(name: &str, flags: &[&str]) -> Option<PathBuf> {
 struct Target {
     child: Child,
     out: BufReader<std::process::ChildStdout>,
+    /// What followed "ready" on its first line.
+    ready: String,
 }
 
 impl Target {
@@ -44,9 +46,15 @@ impl Target {
             .spawn()
             .expect("starting the target");
         let out = BufReader::new(child.stdout.take().unwrap());
-        let mut t = Target { child, out };
+        let mut t = Target {
+            child,
+            out,
+            ready: String::new(),
+        };
         if wait_ready {
-            assert_eq!(t.line(), "ready");
+            let l = t.line();
+            assert!(l.starts_with("ready"), "the target said {l:?}");
+            t.ready = l["ready".len()..].trim().to_string();
         }
         t
     }
@@ -326,5 +334,64 @@ fn blocked_calls_see_no_eintr_from_a_stop() {
         got,
         ["epoll 1 0", "semop 0 0", "sigtimedwait 10 0"],
         "what the blocked calls returned (an EINTR shows as -1 4)"
+    );
+}
+
+/// Tracking from outside with uffd-wp a target that registered a region
+/// with a userfaultfd of its own: that region is hashed instead (said in
+/// the tracker's note) and every page written in it is reported, as in a
+/// plain region beside it.
+#[test]
+fn a_target_with_its_own_userfaultfd_loses_no_write() {
+    use pagewise::track::{BackendKind, DirtyTracker};
+    if let Some(why) = can_ptrace() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    if let Err(why) = BackendKind::UffdWp.available_for_pid() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    let Some(path) = target("own_uffd", &[]) else {
+        return;
+    };
+    let mut t = Target::start(&path, &[], true);
+    let addrs: Vec<u64> = t
+        .ready
+        .split_whitespace()
+        .map(|a| u64::from_str_radix(a.trim_start_matches("0x"), 16).unwrap())
+        .collect();
+    let (own, plain) = (addrs[0], addrs[1]);
+    let page = pagewise::PAGE_SIZE as u64;
+    let mut tr = DirtyTracker::for_process(t.pid(), BackendKind::UffdWp).unwrap();
+    let note = tr.note().map(str::to_string).unwrap_or_default();
+    assert!(note.contains("another userfaultfd"), "note: {note:?}");
+    tr.collect().unwrap();
+    const WRITTEN: u64 = 51;
+    t.child
+        .stdin
+        .as_mut()
+        .unwrap()
+        .write_all(format!("{WRITTEN}\n").as_bytes())
+        .unwrap();
+    assert_eq!(t.line(), "ok");
+    let c = tr.collect().unwrap();
+    let reported = |base: u64| {
+        (0..WRITTEN)
+            .filter(|i| {
+                let a = base + i * page;
+                c.ranges.iter().any(|r| r.start <= a && a < r.end())
+            })
+            .count() as u64
+    };
+    assert_eq!(
+        reported(plain),
+        WRITTEN,
+        "pages written in the plain region and reported"
+    );
+    assert_eq!(
+        reported(own),
+        WRITTEN,
+        "pages written in the region under the program's own userfaultfd and reported"
     );
 }
