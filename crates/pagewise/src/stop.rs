@@ -150,11 +150,97 @@ pub(crate) fn settle(pid: i32, tid: i32, deadline: Instant) -> Result<bool> {
     )))
 }
 
-/// All threads of a process, stopped until this is dropped.
+/// All threads of a process, and of every process sharing its memory,
+/// stopped until this is dropped.
 #[derive(Debug)]
 pub struct Stopped {
     pid: i32,
     tids: Vec<i32>,
+    /// Threads of other processes that share its memory (`CLONE_VM`).
+    sharers: Vec<i32>,
+}
+
+/// The other processes that share `pid`'s memory (`kcmp(KCMP_VM)` against
+/// every process this one may inspect).
+pub fn memory_sharers(pid: i32) -> Vec<i32> {
+    let me = std::process::id() as i32;
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut out: Vec<i32> = dir
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&p| p != pid && p != me)
+        .filter(|&p| process::share_memory(pid, p).unwrap_or(false))
+        .collect();
+    out.sort_unstable();
+    out
+}
+
+/// Seizes and stops every thread of process `owner` (repeating until no
+/// new thread appears), adding them to `tids`; `pid` is the process the
+/// stop is for, named in errors.
+fn seize_all(pid: i32, owner: i32, tids: &mut Vec<i32>, limit: Duration) -> Result<()> {
+    loop {
+        let mut new = 0;
+        let threads = match procfs::tasks(owner) {
+            Ok(t) => t,
+            // A sharer that ended meanwhile.
+            Err(_) if owner != pid => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        for tid in threads {
+            if tids.contains(&tid) {
+                continue;
+            }
+            match process::ptrace_seize(tid) {
+                Ok(()) => {}
+                // The thread exited meanwhile.
+                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => continue,
+                Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+                    return Err(Error::PermissionDenied {
+                        pid,
+                        what: if owner == pid {
+                            format!(
+                                "ptrace seize of thread {tid} (is it already traced by a debugger, or init?)"
+                            )
+                        } else {
+                            format!(
+                                "ptrace seize of thread {tid} of process {owner}, which shares its memory"
+                            )
+                        },
+                    })
+                }
+                Err(e) => {
+                    return Err(Error::for_pid(
+                        pid,
+                        format!("ptrace seize of thread {tid}"),
+                        e,
+                    ))
+                }
+            }
+            tids.push(tid);
+            new += 1;
+            process::ptrace_interrupt(tid)
+                .map_err(|e| Error::for_pid(pid, format!("ptrace interrupt of thread {tid}"), e))?;
+            match settle(owner, tid, Instant::now() + limit) {
+                Ok(true) => {}
+                Ok(false) => tids.retain(|&t| t != tid),
+                Err(e) => {
+                    // Seized but not stopped: it cannot be detached until
+                    // it stops (see the module).
+                    tids.retain(|&t| t != tid);
+                    STRAGGLERS
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push((gettid(), pid, tid));
+                    return Err(e);
+                }
+            }
+        }
+        if new == 0 {
+            return Ok(());
+        }
+    }
 }
 
 impl Stopped {
@@ -181,61 +267,17 @@ impl Stopped {
         let mut s = Stopped {
             pid,
             tids: Vec::new(),
+            sharers: Vec::new(),
         };
-        // Threads may be created while we seize: repeat until none is new.
-        loop {
-            let mut new = 0;
-            for tid in procfs::tasks(pid)? {
-                if s.tids.contains(&tid) {
-                    continue;
-                }
-                match process::ptrace_seize(tid) {
-                    Ok(()) => {}
-                    // The thread exited meanwhile.
-                    Err(e) if e.raw_os_error() == Some(libc::ESRCH) => continue,
-                    Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
-                        return Err(Error::PermissionDenied {
-                            pid,
-                            what: format!(
-                                "ptrace seize of thread {tid} (is it already traced by a debugger, or init?)"
-                            ),
-                        })
-                    }
-                    Err(e) => {
-                        return Err(Error::for_pid(
-                            pid,
-                            format!("ptrace seize of thread {tid}"),
-                            e,
-                        ))
-                    }
-                }
-                s.tids.push(tid);
-                new += 1;
-                process::ptrace_interrupt(tid).map_err(|e| {
-                    Error::for_pid(pid, format!("ptrace interrupt of thread {tid}"), e)
-                })?;
-                match settle(pid, tid, Instant::now() + limit) {
-                    Ok(true) => {}
-                    Ok(false) => s.tids.retain(|&t| t != tid),
-                    Err(e) => {
-                        // Seized but not stopped: it cannot be detached
-                        // until it stops (see the module).
-                        s.tids.retain(|&t| t != tid);
-                        STRAGGLERS.lock().unwrap_or_else(|e| e.into_inner()).push((
-                            gettid(),
-                            pid,
-                            tid,
-                        ));
-                        return Err(e);
-                    }
-                }
-            }
-            if new == 0 {
-                break;
-            }
-        }
+        seize_all(pid, pid, &mut s.tids, limit)?;
         if s.tids.is_empty() {
             return Err(Error::ProcessExited(pid));
+        }
+        // Processes that share its memory without being its threads
+        // (clone(CLONE_VM) without CLONE_THREAD) write the same pages.
+        for other in memory_sharers(pid) {
+            wait_out_vfork(other, Instant::now() + limit)?;
+            seize_all(pid, other, &mut s.sharers, limit)?;
         }
         Ok(s)
     }
@@ -250,9 +292,14 @@ impl Stopped {
         self.tids.len()
     }
 
-    /// The stopped threads' ids.
+    /// The stopped threads' ids (of the process itself).
     pub fn tids(&self) -> &[i32] {
         &self.tids
+    }
+
+    /// The stopped threads of other processes that share its memory.
+    pub fn sharer_tids(&self) -> &[i32] {
+        &self.sharers
     }
 }
 
@@ -335,6 +382,11 @@ pub(crate) fn rewind_eintr(_pid: i32, _tid: i32) -> bool {
 
 impl Drop for Stopped {
     fn drop(&mut self) {
+        for &tid in &self.sharers {
+            // /proc/TID/task/TID names any thread.
+            rewind_eintr(tid, tid);
+            let _ = process::ptrace_detach(tid);
+        }
         for &tid in &self.tids {
             rewind_eintr(self.pid, tid);
             // A thread that exited meanwhile cannot be detached; nothing to do.

@@ -533,3 +533,14 @@ pub fn wait_traced_until(
         nap = (nap * 2).min(std::time::Duration::from_millis(5));
     }
 }
+
+/// `KCMP_VM`: whether two processes share one address space.
+const KCMP_VM: libc::c_int = 1;
+
+/// `kcmp(2)` with `KCMP_VM`: whether processes `a` and `b` share their
+/// memory (one `mm`), as after `clone(CLONE_VM)` without `CLONE_THREAD`.
+pub fn share_memory(a: libc::pid_t, b: libc::pid_t) -> io::Result<bool> {
+    // SAFETY: integer arguments only.
+    let r = unsafe { libc::syscall(libc::SYS_kcmp, a, b, KCMP_VM, 0, 0) };
+    Ok(cvt(r)? == 0)
+}

@@ -395,3 +395,80 @@ fn a_target_with_its_own_userfaultfd_loses_no_write() {
         "pages written in the region under the program's own userfaultfd and reported"
     );
 }
+
+/// A process that shares the target's memory without being one of its
+/// threads (`clone(CLONE_VM)`) is stopped with it: while the target is
+/// stopped, neither writes.
+#[test]
+fn a_clone_vm_sibling_stands_still_with_the_target() {
+    if let Some(why) = can_ptrace() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    let Some(path) = target("clone_vm", &[]) else {
+        return;
+    };
+    let t = Target::start(&path, &[], true);
+    let f: Vec<&str> = t.ready.split_whitespace().collect();
+    let addr = u64::from_str_radix(f[0].trim_start_matches("0x"), 16).unwrap();
+    let sibling: i32 = f[1].parse().unwrap();
+    /// Kills the sibling (our grandchild), however the test ends.
+    struct Kill(i32);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            // SAFETY: kill of a process this test started.
+            unsafe { libc::kill(self.0, libc::SIGKILL) };
+        }
+    }
+    let _sibling = Kill(sibling);
+    let pid = t.pid();
+    let counts = || {
+        let mut b = [0u8; 16];
+        assert_eq!(
+            pagewise_sys::process::process_vm_read(pid, addr, &mut b).unwrap(),
+            16
+        );
+        [
+            u64::from_ne_bytes(b[..8].try_into().unwrap()),
+            u64::from_ne_bytes(b[8..].try_into().unwrap()),
+        ]
+    };
+    // Both run before the stop (waited for, not timed).
+    let a = counts();
+    let t0 = Instant::now();
+    while {
+        let b = counts();
+        b[0] == a[0] || b[1] == a[1]
+    } {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the writers never ran"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(pagewise::stop::memory_sharers(pid), vec![sibling]);
+    let stopped = Stopped::new(pid).unwrap();
+    assert!(
+        !stopped.sharer_tids().is_empty(),
+        "the sibling was not stopped"
+    );
+    let x = counts();
+    std::thread::sleep(Duration::from_millis(50));
+    let y = counts();
+    assert_eq!(
+        x, y,
+        "a writer ran while the target was stopped (target, sibling)"
+    );
+    drop(stopped);
+    let t0 = Instant::now();
+    while {
+        let z = counts();
+        z[0] == y[0] || z[1] == y[1]
+    } {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "a writer did not run again after the stop"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
