@@ -23,10 +23,24 @@ impl Region {
         if len == 0 || !start.is_multiple_of(ps) || !len.is_multiple_of(ps) {
             return Err(Error::Unaligned { start, len });
         }
-        start
-            .checked_add(len)
-            .ok_or(Error::Unaligned { start, len })?;
+        if start.checked_add(len).is_none() {
+            return Err(Error::Invalid(format!(
+                "range {start:#x}+{len:#x} runs past the top of the address space"
+            )));
+        }
         Ok(Region { start, len })
+    }
+
+    /// Where `[addr, addr+len)` lies in this region: its offset from the
+    /// start, or `None` when any byte of it lies outside (or `addr + len`
+    /// overflows). The one check for ranges that come from another party
+    /// (a network peer, a file, a tracked program).
+    pub fn offset_of(&self, addr: u64, len: u64) -> Option<usize> {
+        let end = addr.checked_add(len)?;
+        if addr < self.start || end > self.end() {
+            return None;
+        }
+        usize::try_from(addr - self.start).ok()
     }
 
     /// Exclusive end address.
@@ -55,6 +69,15 @@ pub struct PageRange {
 }
 
 impl PageRange {
+    /// A run from another party's numbers: `None` unless `start` is
+    /// page-aligned, `pages` is not zero and the run ends below the top of
+    /// the address space (overflow-checked).
+    pub fn checked(start: u64, pages: u64) -> Option<PageRange> {
+        let len = pages.checked_mul(PAGE_SIZE as u64)?;
+        Region::new(start, len).ok()?;
+        Some(PageRange { start, pages })
+    }
+
     /// Exclusive end address.
     pub fn end(&self) -> u64 {
         self.start + self.pages * PAGE_SIZE as u64

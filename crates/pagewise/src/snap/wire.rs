@@ -782,20 +782,23 @@ impl Receiver {
                     input.read_exact(&mut digests).map_err(broken)?;
                     payload.resize(plen, 0);
                     input.read_exact(&mut payload).map_err(broken)?;
-                    let Some((r, buf)) = m
+                    if addr % PAGE_SIZE as u64 != 0 {
+                        return Err(Stop::Refuse(format!("pages at unaligned {addr:#x}")));
+                    }
+                    let Some((off, buf)) = m
                         .regions
                         .iter_mut()
-                        .find(|(r, _)| r.start <= addr && addr + bytes as u64 <= r.end())
+                        .find_map(|(r, buf)| Some((r.offset_of(addr, bytes as u64)?, buf)))
                     else {
                         return Err(Stop::Refuse(format!(
                             "pages at {addr:#x}+{pages} lie in no region"
                         )));
                     };
-                    if addr % PAGE_SIZE as u64 != 0 {
-                        return Err(Stop::Refuse(format!("pages at unaligned {addr:#x}")));
-                    }
-                    let off = (addr - r.start) as usize;
-                    let dst = &mut buf[off..off + bytes];
+                    let Some(dst) = buf.get_mut(off..off + bytes) else {
+                        return Err(Stop::Refuse(format!(
+                            "pages at {addr:#x}+{pages} lie in no region"
+                        )));
+                    };
                     match enc {
                         ENC_RAW => dst.copy_from_slice(&payload),
                         ENC_ZERO => dst.fill(0),

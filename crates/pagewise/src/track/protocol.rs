@@ -180,15 +180,32 @@ pub fn read_collection(r: &mut impl Read) -> io::Result<Collection> {
             format!("shim announced {n} ranges"),
         ));
     }
-    let mut body = vec![0u8; n as usize * 16];
-    r.read_exact(&mut body)?;
-    let ranges: Vec<PageRange> = body
-        .chunks_exact(16)
-        .map(|c| PageRange {
-            start: u64::from_le_bytes(c[0..8].try_into().expect("8 bytes")),
-            pages: u64::from_le_bytes(c[8..16].try_into().expect("8 bytes")),
-        })
-        .collect();
+    // Read as it arrives, in bounded pieces: a peer that announces many
+    // ranges must send them before they take memory here.
+    let mut ranges: Vec<PageRange> = Vec::new();
+    let mut body = vec![0u8; 16 * 4096];
+    let mut left = n as usize;
+    while left > 0 {
+        let k = left.min(4096);
+        r.read_exact(&mut body[..k * 16])?;
+        for c in body[..k * 16].chunks_exact(16) {
+            let start = u64::from_le_bytes(c[0..8].try_into().expect("8 bytes"));
+            let pages = u64::from_le_bytes(c[8..16].try_into().expect("8 bytes"));
+            let range = PageRange::checked(start, pages)
+                .filter(|p| ranges.last().is_none_or(|l: &PageRange| l.end() <= p.start))
+                .ok_or_else(|| {
+                    io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!(
+                            "shim sent range {start:#x}+{pages} pages: unaligned, empty, \
+                             past the top of memory or out of order"
+                        ),
+                    )
+                })?;
+            ranges.push(range);
+        }
+        left -= k;
+    }
     let stats = CollectStats {
         pages_scanned: scanned,
         pages_dirty: crate::region::total_pages(&ranges),
@@ -251,6 +268,43 @@ mod tests {
         assert!(read_collection(&mut &huge[..]).is_err());
         let mut short = &buf[HELLO_LEN..HELLO_LEN + 18];
         assert!(read_collection(&mut short).is_err());
+    }
+
+    /// A shim that announces the most ranges and sends few takes no more
+    /// memory than it sent; ranges that wrap, are empty, unaligned or out
+    /// of order are refused.
+    #[test]
+    fn announced_ranges_are_read_as_they_come_and_checked() {
+        let mut b = Vec::new();
+        for v in [MAX_RANGES, 0, 0, 0] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        b.extend_from_slice(&0x1000u64.to_le_bytes());
+        b.extend_from_slice(&1u64.to_le_bytes());
+        let e = read_collection(&mut &b[..]).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof, "{e}");
+        for (start, pages) in [
+            (u64::MAX - 0xfff, 2u64),
+            (0x1000, 0),
+            (0x1001, 1),
+            (0x1000, u64::MAX / 2),
+        ] {
+            let mut b = Vec::new();
+            for v in [1u64, 0, 0, 0, start, pages] {
+                b.extend_from_slice(&v.to_le_bytes());
+            }
+            let e = read_collection(&mut &b[..]).unwrap_err();
+            assert_eq!(
+                e.kind(),
+                io::ErrorKind::InvalidData,
+                "{start:#x}+{pages}: {e}"
+            );
+        }
+        let mut b = Vec::new();
+        for v in [2u64, 0, 0, 0, 0x3000, 1, 0x1000, 1] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        assert!(read_collection(&mut &b[..]).is_err(), "out of order");
     }
 
     #[test]

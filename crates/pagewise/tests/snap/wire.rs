@@ -269,3 +269,50 @@ fn damaged_pages_and_strangers_are_refused() {
     rx.store().read_page(snap.entries[0], &mut back).unwrap();
     assert_eq!(back, page);
 }
+
+/// The kind of message that crashed a receiver: a region declared one page below
+/// the top of the address space, then zero pages whose end wraps past it.
+/// Refused with the reason; the receiver serves the next connection.
+#[test]
+fn a_range_that_wraps_the_address_space_is_refused() {
+    let dir = TempDir::new("wire-wrap");
+    let (addr, rx) = receiver(&dir.0, 2);
+    let top = u64::MAX - 2 * PAGE_SIZE as u64 + 1;
+    let mut m = Vec::new();
+    for v in [
+        pagewise::snap::wire::MAGIC,
+        pagewise::snap::wire::VERSION,
+        0,
+    ] {
+        m.extend_from_slice(&v.to_le_bytes());
+    }
+    m.push(b'B');
+    m.push(b'R');
+    m.extend_from_slice(&1u32.to_le_bytes());
+    m.extend_from_slice(&top.to_le_bytes());
+    m.extend_from_slice(&(PAGE_SIZE as u64).to_le_bytes());
+    let mut h = [0u8; 24];
+    h[0] = b'P';
+    h[1] = 2; // zero pages: no payload
+    h[4..8].copy_from_slice(&2u32.to_le_bytes());
+    h[8..16].copy_from_slice(&top.to_le_bytes());
+    m.extend_from_slice(&h);
+    m.extend_from_slice(&[0u8; 16]);
+    let mut s = TcpStream::connect(&addr).unwrap();
+    s.write_all(&m).unwrap();
+    let mut reply = Vec::new();
+    let _ = s.read_to_end(&mut reply);
+    let x = reply.iter().position(|&b| b == b'X').expect("no refusal");
+    assert!(
+        String::from_utf8_lossy(&reply[x + 5..]).contains("lie in no region"),
+        "{:?}",
+        String::from_utf8_lossy(&reply[x..])
+    );
+    // Still serving.
+    let page = vec![0x11u8; PAGE_SIZE];
+    let ok = hand_made(&addr, pagewise::hash::page_hash(&page), &page);
+    assert!(ok.contains(&b'A'), "{ok:?}");
+    let (_rx, got) = rx.join().unwrap();
+    assert!(got[0].saved.is_empty());
+    assert_eq!(got[1].saved.len(), 1);
+}
