@@ -321,7 +321,48 @@ fn open_regular(path: &Path, write: bool) -> Result<File> {
     if !md.is_file() {
         return Err(corrupt(path, "not a regular file"));
     }
+    check_owned(path, &md)?;
     Ok(f)
+}
+
+/// Refuses a store file or directory that is not the caller's own (its
+/// effective user's), as the open file says (not the path, which another
+/// user could swap): a store in another user's hands would hand them the
+/// memory saved into it, or feed this user theirs. A directory others may
+/// write is refused likewise.
+fn check_owned(path: &Path, md: &fs::Metadata) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let me = pagewise_sys::process::geteuid();
+    if md.uid() != me {
+        return Err(Error::NotPermitted(format!(
+            "{} belongs to user {}, not to you (user {me}): a store must be its user's own, \
+             or another user could read the memory saved in it",
+            path.display(),
+            md.uid()
+        )));
+    }
+    if md.is_dir() && md.mode() & 0o022 != 0 {
+        return Err(Error::NotPermitted(format!(
+            "{} may be written by other users (mode {:o}): a store's directory must be its \
+             user's alone",
+            path.display(),
+            md.mode() & 0o7777
+        )));
+    }
+    Ok(())
+}
+
+/// Checks the store directory `dir` with [`check_owned`], on the opened
+/// directory.
+fn check_dir(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let d = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY)
+        .open(dir)
+        .map_err(|e| io(dir, "opening", e))?;
+    let md = d.metadata().map_err(|e| io(dir, "reading", e))?;
+    check_owned(dir, &md)
 }
 
 /// The whole of a regular file (see [`open_regular`]).
@@ -349,43 +390,79 @@ impl DiskStore {
     /// Only one process may have a store open for writing. Cleans up after
     /// an interrupted save; refuses a store whose committed data is damaged.
     pub fn create(dir: impl AsRef<Path>, verify: bool) -> Result<Self> {
-        use std::os::unix::fs::DirBuilderExt;
         let dir = dir.as_ref().to_path_buf();
         let fresh = match fs::read_dir(&dir) {
             Ok(mut it) => it.next().is_none(),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                fs::DirBuilder::new()
-                    .recursive(true)
-                    .mode(0o700)
-                    .create(&dir)
-                    .map_err(|e| io(&dir, "creating", e))?;
-                true
-            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
             Err(e) => return Err(io(&dir, "reading", e)),
         };
         if fresh {
+            Self::create_whole(&dir)?;
+        }
+        let mut s = Self::open_inner(dir, true)?;
+        s.verify = verify;
+        s.recover()?;
+        Ok(s)
+    }
+
+    /// Makes a new, empty store at `dir` (absent or an empty directory):
+    /// built whole in a directory of its own beside it, then renamed into
+    /// place, so that two creators at once leave one complete store (the
+    /// second finds it made and opens it) and never a half-made one.
+    fn create_whole(dir: &Path) -> Result<()> {
+        use std::os::unix::fs::DirBuilderExt;
+        let parent = match dir.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&parent)
+            .map_err(|e| io(&parent, "creating", e))?;
+        let name = dir
+            .file_name()
+            .map_or_else(|| "store".into(), |n| n.to_string_lossy().into_owned());
+        let mut nonce = [0u8; 8];
+        pagewise_sys::process::getrandom(&mut nonce).map_err(|e| io(dir, "creating", e))?;
+        let tmp = parent.join(format!(
+            ".{name}.creating-{}-{:016x}",
+            std::process::id(),
+            u64::from_ne_bytes(nonce)
+        ));
+        fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&tmp)
+            .map_err(|e| io(&tmp, "creating", e))?;
+        let made = (|| {
             let store_id = new_store_id()?;
             let mut header = Vec::with_capacity(PACK_HEADER as usize);
             header.extend_from_slice(PACK_MAGIC);
             header.extend_from_slice(&VERSION.to_le_bytes());
             header.extend_from_slice(&0u32.to_le_bytes());
             header.extend_from_slice(&store_id);
-            write_synced(&dir.join(PACK_FILE), &header)?;
+            write_synced(&tmp.join(PACK_FILE), &header)?;
             let m = Manifest {
                 store_id,
                 pack_len: PACK_HEADER,
                 next_id: 1,
                 entries: Vec::new(),
             };
-            write_synced(&dir.join(MANIFEST_FILE), &m.encode())?;
+            write_synced(&tmp.join(MANIFEST_FILE), &m.encode())?;
             // STORE last: a directory with it is a complete store.
-            write_synced(&dir.join(STORE_FILE), STORE_TEXT.as_bytes())?;
-            sync_dir(&dir)?;
-        }
-        let mut s = Self::open_inner(dir, true)?;
-        s.verify = verify;
-        s.recover()?;
-        Ok(s)
+            write_synced(&tmp.join(STORE_FILE), STORE_TEXT.as_bytes())?;
+            sync_dir(&tmp)
+        })();
+        let placed = made.and_then(|()| match fs::rename(&tmp, dir) {
+            Ok(()) => sync_dir(&parent),
+            // Another creator placed its store first: it is complete.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTEMPTY) | Some(libc::EEXIST)) => {
+                Ok(())
+            }
+            Err(e) => Err(io(dir, "creating", e)),
+        });
+        let _ = fs::remove_dir_all(&tmp);
+        placed
     }
 
     /// Opens the store in `dir` for reading only.
@@ -394,6 +471,7 @@ impl DiskStore {
     }
 
     fn open_inner(dir: PathBuf, writable: bool) -> Result<Self> {
+        check_dir(&dir)?;
         let marker = dir.join(STORE_FILE);
         let text = match fs::symlink_metadata(&marker) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -482,6 +560,7 @@ impl DiskStore {
             .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
             .open(&path)
             .map_err(|e| io(&path, "opening", e))?;
+        check_owned(&path, &f.metadata().map_err(|e| io(&path, "reading", e))?)?;
         if let Err(e) = pagewise_sys::process::flock_exclusive_nonblocking(f.as_fd()) {
             return Err(if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
                 Error::Busy(format!(

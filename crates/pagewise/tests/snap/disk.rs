@@ -1009,3 +1009,83 @@ fn live_checkpoint_that_cannot_converge() {
         );
     }
 }
+
+/// A store made by another user — the directory, or one file in one's own
+/// directory — is refused for writing and for reading, before a byte of
+/// memory goes into it: root's snapshot must not land where another user
+/// reads it.
+#[test]
+fn another_users_store_is_refused() {
+    use std::os::unix::fs::chown;
+    if pagewise_sys::process::geteuid() != 0 {
+        pagewise_testkit::skip!("needs root to make files of another user");
+        return;
+    }
+    let nobody = 65534;
+    let dir = TempDir::new("other-user");
+    drop(DiskStore::create(&dir.0, true).unwrap());
+    // Their directory (as a user would make it in a shared place).
+    chown(&dir.0, Some(nobody), Some(nobody)).unwrap();
+    for e in std::fs::read_dir(&dir.0).unwrap() {
+        chown(e.unwrap().path(), Some(nobody), Some(nobody)).unwrap();
+    }
+    let e = DiskStore::create(&dir.0, true).unwrap_err();
+    assert!(matches!(e, pagewise::Error::NotPermitted(_)), "{e}");
+    assert!(e.to_string().contains("belongs to user 65534"), "{e}");
+    let e = DiskStore::open(&dir.0).unwrap_err();
+    assert!(matches!(e, pagewise::Error::NotPermitted(_)), "{e}");
+    // Our directory, their pack.
+    chown(&dir.0, Some(0), Some(0)).unwrap();
+    for e in std::fs::read_dir(&dir.0).unwrap() {
+        let p = e.unwrap().path();
+        if !p.ends_with("pages.pack") {
+            chown(&p, Some(0), Some(0)).unwrap();
+        }
+    }
+    let e = DiskStore::create(&dir.0, true).unwrap_err();
+    assert!(e.to_string().contains("pages.pack belongs to user"), "{e}");
+    // A directory others may write.
+    chown(dir.0.join("pages.pack"), Some(0), Some(0)).unwrap();
+    drop(DiskStore::create(&dir.0, true).unwrap());
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let e = DiskStore::create(&dir.0, true).unwrap_err();
+    assert!(e.to_string().contains("other users"), "{e}");
+}
+
+/// Two writers creating one new store at once: one complete store results;
+/// each writer either has it open or is told another writes it; nobody
+/// finds it corrupt, then or later.
+#[test]
+fn two_creators_of_one_store_leave_one_complete_store() {
+    for round in 0..20 {
+        let dir = TempDir::new(&format!("two-creators-{round}"));
+        let barrier = std::sync::Arc::new(std::sync::Barrier::new(4));
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let (d, b) = (dir.0.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    b.wait();
+                    DiskStore::create(&d, true).map(drop)
+                })
+            })
+            .collect();
+        let mut opened = 0;
+        for t in threads {
+            match t.join().unwrap() {
+                Ok(()) => opened += 1,
+                Err(pagewise::Error::Busy(_)) => {}
+                Err(e) => panic!("round {round}: a creator failed: {e}"),
+            }
+        }
+        assert!(opened >= 1, "round {round}: nobody had the store");
+        let s = DiskStore::create(&dir.0, true).unwrap();
+        assert!(s.ids().unwrap().is_empty());
+        let leftovers: Vec<_> = std::fs::read_dir(dir.0.parent().unwrap())
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().contains(".creating-"))
+            .collect();
+        assert!(leftovers.is_empty(), "half-made stores left: {leftovers:?}");
+    }
+}
