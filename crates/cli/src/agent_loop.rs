@@ -28,9 +28,15 @@ pub struct Watch {
     #[arg(long, value_name = "FILE")]
     pub metrics: Option<PathBuf>,
     /// Serve the counters in the Prometheus text format over HTTP at ADDR
-    /// (loopback, e.g. 127.0.0.1:9101).
+    /// (loopback, e.g. 127.0.0.1:9101; another address needs
+    /// --metrics-public).
     #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<String>,
+    /// Allow --metrics-listen on an address other than loopback: the
+    /// counters name the watched processes (pids, command lines) to anyone
+    /// who can reach it.
+    #[arg(long)]
+    pub metrics_public: bool,
     /// A command to start and watch (ends when it exits, with its status).
     #[arg(last = true)]
     pub command: Vec<String>,
@@ -44,6 +50,19 @@ pub fn check(w: &Watch, interval_ms: u64, window_ms: u64) -> Result<Vec<i32>> {
     }
     if interval_ms == 0 || window_ms >= interval_ms {
         bail!("--window-ms must be shorter than --interval-ms, which must be above 0");
+    }
+    if let (Some(addr), false) = (&w.metrics_listen, w.metrics_public) {
+        use std::net::ToSocketAddrs;
+        let all: Vec<_> = addr
+            .to_socket_addrs()
+            .with_context(|| format!("--metrics-listen {addr}"))?
+            .collect();
+        if all.is_empty() || all.iter().any(|a| !a.ip().is_loopback()) {
+            bail!(
+                "--metrics-listen {addr} is not a loopback address: the counters name the \
+                 watched processes; add --metrics-public to serve them there"
+            );
+        }
     }
     Ok(w.pids.clone())
 }
@@ -104,9 +123,7 @@ pub fn drive(
         let (text, watching) = step()?;
         n += 1;
         if let Some(path) = &w.metrics {
-            let tmp = path.with_extension("tmp");
-            std::fs::write(&tmp, &text).with_context(|| format!("writing {}", tmp.display()))?;
-            std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
+            pagewise::files::replace(path, text.as_bytes())?;
         }
         *served.lock().expect("not poisoned") = text;
         if !watching || w.steps.is_some_and(|s| n >= s) {

@@ -1092,3 +1092,19 @@ fn dedup_run_merges_cold_duplicates_and_changes_no_output() {
     assert_eq!(after, knobs, "KSM's settings were not put back");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--metrics-listen` on an address other than loopback is refused unless
+/// `--metrics-public` says so: the counters name the watched processes.
+#[test]
+fn metrics_listen_beyond_loopback_asks_for_metrics_public() {
+    for cmd in ["thp", "dedup"] {
+        let out = Command::new(BIN)
+            .args([cmd, "run", "--pid", "1", "--steps", "1"])
+            .args(["--metrics-listen", "0.0.0.0:0"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{cmd}: {err}");
+        assert!(err.contains("--metrics-public"), "{cmd}: {err}");
+    }
+}

@@ -21,6 +21,7 @@ pub mod access;
 pub mod bloom;
 pub mod dedup;
 pub mod farmem;
+pub mod files;
 pub mod hash;
 pub mod inject;
 pub mod inspect;

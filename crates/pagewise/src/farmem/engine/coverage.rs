@@ -39,12 +39,9 @@ impl Engine {
             self.bring_back(sh)?;
             if let Some((inst, _)) = &self.inst {
                 let path = inst.coverage_path(report.pid);
-                let tmp = path.with_extension("tmp");
                 let body = serde_json::to_vec(&report)
                     .map_err(|e| Error::Internal(format!("coverage report: {e}")))?;
-                std::fs::write(&tmp, body)
-                    .and_then(|_| std::fs::rename(&tmp, &path))
-                    .map_err(|e| Error::os(format!("writing {}", path.display()), e))?;
+                crate::files::replace(&path, &body)?;
             }
         }
         self.coverage = req;
