@@ -95,6 +95,8 @@ fn main() {
     let _ = pagewise_sys::signal::default_sigpipe();
     let cli = Cli::parse();
     progress::set_quiet(cli.quiet);
+    // Settings a killed pagewise left changed are put back first (and said).
+    pagewise::settings::recover();
     let r = match cli.cmd {
         Cmd::Probe(a) => cmd_probe::run(a),
         Cmd::Track(a) => cmd_track::run(a),

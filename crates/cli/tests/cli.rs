@@ -964,6 +964,7 @@ fn thp_prezero_runs_ahead_of_a_growing_program() {
 /// status is the program's, and KSM's settings are as before.
 #[test]
 fn dedup_run_merges_cold_duplicates_and_changes_no_output() {
+    let _ksm = ksm_agents_one_at_a_time();
     let p = pagewise::probe::get();
     if !p.ksm || !p.madv_collapse || !p.process_madvise {
         pagewise_testkit::skip!(
@@ -1107,4 +1108,80 @@ fn metrics_listen_beyond_loopback_asks_for_metrics_public() {
         assert!(!out.status.success(), "{cmd}: {err}");
         assert!(err.contains("--metrics-public"), "{cmd}: {err}");
     }
+}
+
+/// `dedup run` SIGKILLed at random points leaves KSM's settings as they
+/// were once the next `pagewise` command has run (it puts them back and
+/// says so); while one `dedup run` holds them, a second is refused with
+/// one line naming the first.
+#[test]
+fn a_killed_dedup_agent_is_repaired_and_a_second_is_refused() {
+    if !pagewise::probe::get().ksm || pagewise_sys::process::geteuid() != 0 {
+        pagewise_testkit::skip!("needs KSM and root");
+        return;
+    }
+    let knobs = || {
+        ["run", "pages_to_scan", "smart_scan"]
+            .map(|k| std::fs::read_to_string(format!("/sys/kernel/mm/ksm/{k}")).unwrap_or_default())
+    };
+    let _ksm = ksm_agents_one_at_a_time();
+    let before = knobs();
+    let mut target = Command::new("sleep").arg("60").spawn().unwrap();
+    let pid = target.id().to_string();
+    let agent = || {
+        Command::new(BIN)
+            .args(["dedup", "run", "--interval-ms", "200", "--window-ms", "50"])
+            .args(["--full-scan-ms", "300", "--pid", &pid])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    // A second agent while the first holds the settings.
+    let mut first = agent();
+    let t0 = std::time::Instant::now();
+    let journal = pagewise::settings::journal_dir().join("%sys%kernel%mm%ksm%run");
+    while !journal.exists() {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(60),
+            "the first agent never took KSM's settings"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let second = agent().wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert!(!second.status.success(), "the second agent ran: {err}");
+    assert!(
+        err.contains(&format!("held by pagewise process {}", first.id())),
+        "{err}"
+    );
+    first.kill().unwrap();
+    first.wait().unwrap();
+    // SIGKILL at random points, each followed by another command.
+    let mut seed = std::process::id() as u64 | 1;
+    for round in 0..8 {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let mut a = agent();
+        std::thread::sleep(std::time::Duration::from_millis(seed % 600));
+        a.kill().unwrap();
+        a.wait().unwrap();
+        let probe = Command::new(BIN).arg("probe").output().unwrap();
+        assert!(probe.status.success());
+        assert_eq!(
+            knobs(),
+            before,
+            "round {round}: KSM's settings left changed"
+        );
+    }
+    let _ = target.kill();
+    let _ = target.wait();
+}
+
+/// KSM's settings have one owner at a time: the tests that start a
+/// `dedup run` take turns.
+fn ksm_agents_one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE.lock().unwrap_or_else(|e| e.into_inner())
 }

@@ -432,11 +432,17 @@ impl Agent {
             ksmd: procfs::kernel_thread("ksmd"),
             ksmd_cpu: None,
         };
-        if opts.full_scan.is_some() && ksm_value("run") != 1 {
-            ksm.run = Some(
-                procfs::KnobGuard::set(format!("{KSM_DIR}/run"), "1")
-                    .map_err(|e| Error::os(format!("starting ksmd ({KSM_DIR}/run)"), e))?,
-            );
+        // The agent drives ksmd: it holds its settings for its whole run
+        // (journaled, put back at the end; a second agent is refused).
+        if opts.full_scan.is_some() {
+            let run = procfs::KnobGuard::claim(format!("{KSM_DIR}/run"))?;
+            if ksm_value("run") != 1 {
+                run.write("1")?;
+            }
+            ksm.run = Some(run);
+            ksm.pages_to_scan = Some(procfs::KnobGuard::claim(format!(
+                "{KSM_DIR}/pages_to_scan"
+            ))?);
         }
         // A kernel without smart scan (before 6.7) has no such file: there
         // is nothing to set.
@@ -444,13 +450,12 @@ impl Agent {
         let smart_md = opts.policy == Policy::SmartMd;
         if let (Some(on), Some(_), true) = (opts.smart_scan, opts.full_scan, smart_md) {
             let want = if on { "1" } else { "0" };
-            if std::path::Path::new(&smart).exists()
-                && procfs::read_trimmed(&smart).ok().as_deref() != Some(want)
-            {
-                ksm.smart_scan = Some(
-                    procfs::KnobGuard::set(&smart, want)
-                        .map_err(|e| Error::os(format!("setting {smart}"), e))?,
-                );
+            if std::path::Path::new(&smart).exists() {
+                let g = procfs::KnobGuard::claim(&smart)?;
+                if procfs::read_trimmed(&smart).ok().as_deref() != Some(want) {
+                    g.write(want)?;
+                }
+                ksm.smart_scan = Some(g);
             }
         }
         ksm.ksmd_cpu = ksm.ksmd.and_then(|k| procfs::cpu_time(k).ok());
@@ -1050,7 +1055,7 @@ impl Agent {
             if now != want {
                 let path = format!("{KSM_DIR}/pages_to_scan");
                 let r = match &self.ksm.pages_to_scan {
-                    Some(_) => std::fs::write(&path, want.to_string()),
+                    Some(g) => g.write(&want.to_string()),
                     None => procfs::KnobGuard::set(&path, &want.to_string())
                         .map(|g| self.ksm.pages_to_scan = Some(g)),
                 };

@@ -43,6 +43,22 @@ pub fn replace(path: &Path, bytes: &[u8]) -> Result<()> {
     })
 }
 
+/// Opens (creating, owner-only) a file that a process holds locked for as
+/// long as it keeps something (a store's writer lock, a setting's
+/// journal): read and write, never through a link, never waiting on a
+/// FIFO. The caller checks whose it is on the open file.
+pub fn open_lock_file(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

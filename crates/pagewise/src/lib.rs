@@ -29,6 +29,7 @@ pub mod launch;
 pub mod probe;
 pub mod procfs;
 pub mod region;
+pub mod settings;
 pub mod snap;
 pub mod stop;
 pub mod thp;

@@ -402,41 +402,8 @@ pub fn reset_peak_rss() -> Result<()> {
     .map_err(|e| Error::os("resetting the peak RSS through /proc/self/clear_refs", e))
 }
 
-/// Sets a system-wide knob and restores its previous value when dropped.
-#[derive(Debug)]
-pub struct KnobGuard {
-    path: PathBuf,
-    old: String,
-}
-
-impl KnobGuard {
-    /// Writes `value` to `path`, remembering the old contents.
-    pub fn set(path: impl AsRef<Path>, value: &str) -> std::io::Result<Self> {
-        let path = path.as_ref().to_path_buf();
-        let raw = std::fs::read_to_string(&path)?;
-        let old = bracketed_choice(&raw)
-            .map(str::to_string)
-            .unwrap_or_else(|| raw.trim().to_string());
-        std::fs::write(&path, value)?;
-        Ok(KnobGuard { path, old })
-    }
-    /// The value the knob had before.
-    pub fn old(&self) -> &str {
-        &self.old
-    }
-}
-
-impl Drop for KnobGuard {
-    fn drop(&mut self) {
-        if let Err(e) = std::fs::write(&self.path, &self.old) {
-            eprintln!(
-                "pagewise: could not restore {} to {:?}: {e}",
-                self.path.display(),
-                self.old
-            );
-        }
-    }
-}
+/// A system-wide setting, journaled and put back ([`crate::settings`]).
+pub use crate::settings::SettingGuard as KnobGuard;
 
 /// Checks that every region lies inside readable and writable mappings of
 /// the calling process whose memory is of one of the kinds `works_on`

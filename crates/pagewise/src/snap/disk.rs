@@ -549,17 +549,8 @@ impl DiskStore {
     /// Takes the store's writer lock, or says who holds it.
     fn lock(dir: &Path) -> Result<File> {
         use std::os::fd::AsFd;
-        use std::os::unix::fs::OpenOptionsExt;
         let path = dir.join(LOCK_FILE);
-        let f = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
-            .open(&path)
-            .map_err(|e| io(&path, "opening", e))?;
+        let f = crate::files::open_lock_file(&path).map_err(|e| io(&path, "opening", e))?;
         check_owned(&path, &f.metadata().map_err(|e| io(&path, "reading", e))?)?;
         if let Err(e) = pagewise_sys::process::flock_exclusive_nonblocking(f.as_fd()) {
             return Err(if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
