@@ -88,7 +88,8 @@ struct RunArgs {
     pressure: Option<String>,
     /// With --recover-bloat: zero-filled pages (of 512) a huge page must
     /// hold to give them back.
-    #[arg(long, default_value_t = 256, requires = "recover_bloat")]
+    #[arg(long, default_value_t = 256, requires = "recover_bloat",
+          value_parser = clap::value_parser!(u64).range(1..=512))]
     zero_pages: u64,
     /// With --recover-bloat: leave khugepaged's max_ptes_none alone (by
     /// default it is lowered to ZERO_PAGES - 1 while memory is tight, so
@@ -194,7 +195,7 @@ fn run_agent(a: RunArgs) -> Result<i32> {
         recovery: if a.recover_bloat {
             Some(Recovery {
                 when: pressure_of(a.pressure.as_deref())?,
-                zero_pages: a.zero_pages.clamp(1, 512),
+                zero_pages: a.zero_pages,
                 tune_khugepaged: !a.keep_khugepaged,
                 hold: Duration::from_secs_f64(a.hold_s.max(0.0)),
             })

@@ -1185,3 +1185,23 @@ fn ksm_agents_one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
     ONE.lock().unwrap_or_else(|e| e.into_inner())
 }
+
+/// Numbers out of range are refused with the range, not clamped.
+#[test]
+fn out_of_range_numbers_are_refused() {
+    let out = Command::new(BIN)
+        .args([
+            "thp",
+            "run",
+            "--pid",
+            "1",
+            "--recover-bloat",
+            "--zero-pages",
+            "9999",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("1..=512"), "{err}");
+}

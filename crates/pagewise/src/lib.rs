@@ -70,7 +70,7 @@ pub enum Error {
     #[error("no process with pid {0}")]
     NoSuchProcess(i32),
     /// The caller may not inspect or control the process.
-    #[error("permission denied on pid {pid}: {what} (run as the process's owner or root, or relax kernel.yama.ptrace_scope)")]
+    #[error("permission denied on pid {pid}: {what} ({})", permission_advice())]
     PermissionDenied {
         /// The process.
         pid: i32,
@@ -170,6 +170,16 @@ pub enum Error {
 
 /// Result alias of the library.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What to do about a refused `ptrace`: Yama's scope is named only where
+/// Yama is there.
+fn permission_advice() -> &'static str {
+    if std::path::Path::new("/proc/sys/kernel/yama/ptrace_scope").exists() {
+        "run as the process's owner or root, or relax kernel.yama.ptrace_scope"
+    } else {
+        "run as the process's owner or root"
+    }
+}
 
 impl Error {
     /// Wraps an OS error with what was being done.

@@ -218,6 +218,21 @@ mod tests {
     const P: u64 = PAGE_SIZE as u64;
 
     #[test]
+    fn a_range_past_the_top_is_named_so() {
+        let e = Region::new(u64::MAX - 4095, 8192).unwrap_err().to_string();
+        assert!(e.contains("past the top of the address space"), "{e}");
+        let e = Region::new(0x1001, 4096).unwrap_err().to_string();
+        assert!(e.contains("not page-aligned"), "{e}");
+        let r = Region::new(0x10000, 0x2000).unwrap();
+        assert_eq!(r.offset_of(0x11000, 0x1000), Some(0x1000));
+        assert_eq!(r.offset_of(0x11000, 0x1001), None);
+        assert_eq!(r.offset_of(0xf000, 0x1000), None);
+        assert_eq!(r.offset_of(0x11000, u64::MAX), None);
+        assert_eq!(PageRange::checked(u64::MAX - 4095, 2), None);
+        assert_eq!(PageRange::checked(0x1000, u64::MAX), None);
+    }
+
+    #[test]
     fn coalesces_adjacent_and_overlapping() {
         let mut v = vec![
             PageRange {

@@ -84,10 +84,10 @@ impl PageWalker {
             let n = pagemap::pagemap_scan(pm.as_raw_fd(), &mut arg, &mut self.scan_vec)
                 .map_err(|e| Error::at(self.pid, format!("PAGEMAP_SCAN of {addr:#x}"), e))?;
             out.extend_from_slice(&self.scan_vec[..n]);
-            if arg.walk_end <= addr {
-                break;
+            match pagemap::next_scan_start(addr, &arg, &self.scan_vec[..n]) {
+                Some(next) => addr = next,
+                None => break,
             }
-            addr = arg.walk_end;
         }
         Ok(())
     }

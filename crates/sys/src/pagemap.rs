@@ -126,6 +126,18 @@ pub fn pagemap_scan(
     Ok(n as usize)
 }
 
+/// Where the next `PAGEMAP_SCAN` of a walk that began this one at `from`
+/// starts, given the runs it returned: past both `walk_end` and the end of
+/// the last run (after a full vector `walk_end` can lie before that end,
+/// and a walk resumed there reports a run twice); `None` when the walk made
+/// no progress.
+pub fn next_scan_start(from: u64, arg: &PmScanArg, returned: &[PageRegion]) -> Option<u64> {
+    let next = returned
+        .last()
+        .map_or(arg.walk_end, |r| r.end.max(arg.walk_end));
+    (next > from).then_some(next)
+}
+
 /// Reads pagemap entries for `out.len()` pages starting at virtual address `addr`.
 pub fn read_entries(pagemap_fd: RawFd, addr: u64, out: &mut [u64]) -> io::Result<()> {
     let offset = (addr / crate::PAGE_SIZE as u64) * 8;

@@ -260,10 +260,10 @@ impl UffdWp {
             for r in &self.buf[..n] {
                 push_coalesced(out, r.start, r.end);
             }
-            if arg.walk_end <= addr {
-                break;
+            match pagemap::next_scan_start(addr, &arg, &self.buf[..n]) {
+                Some(next) => addr = next,
+                None => break,
             }
-            addr = arg.walk_end;
         }
         Ok(())
     }

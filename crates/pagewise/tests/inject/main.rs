@@ -472,3 +472,28 @@ fn a_clone_vm_sibling_stands_still_with_the_target() {
         std::thread::sleep(Duration::from_millis(1));
     }
 }
+
+/// A process that has just been killed (a zombie, its memory gone) is
+/// "exited", not a process without a vDSO.
+#[test]
+fn a_process_just_killed_is_said_to_have_exited() {
+    let mut c = Command::new("sleep").arg("60").spawn().unwrap();
+    let pid = c.id() as i32;
+    c.kill().unwrap();
+    // Not reaped yet: a zombie until wait.
+    let t0 = Instant::now();
+    while pagewise::procfs::is_alive(pid) {
+        assert!(t0.elapsed() < Duration::from_secs(30), "it never died");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let e = pagewise::inject::madvise_in(pid, &[(0x10000, 4096)], libc::MADV_MERGEABLE, "test")
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            pagewise::Error::NoSuchProcess(_) | pagewise::Error::ProcessExited(_)
+        ),
+        "{e}"
+    );
+    let _ = c.wait();
+}

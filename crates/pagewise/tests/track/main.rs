@@ -1199,3 +1199,60 @@ fn uffd_wp_from_outside_follows_the_process() {
         "after exit: {e:?}"
     );
 }
+
+/// Fragmented memory: more runs than one `PAGEMAP_SCAN` vector holds
+/// (every other page present, then every other page written). Each run is
+/// reported once, in order, and the pages add up to the exact count (a
+/// walk resumed at `walk_end` reported runs twice).
+#[test]
+fn fragmented_memory_is_walked_once() {
+    let p = pagewise::probe::get();
+    if !p.pagemap_scan {
+        pagewise_testkit::skip!("{}", p.why("pagemap_scan"));
+        return;
+    }
+    const PAGES: usize = 20_000;
+    let m = common::Mapped::new(pagewise::procfs::MemoryKind::PrivateAnonymous, PAGES).unwrap();
+    // Mapped fills every page; drop every other one.
+    for i in (1..PAGES).step_by(2) {
+        // SAFETY: a page of our own mapping, whose contents we do not need.
+        let r = unsafe {
+            libc::madvise(
+                (m.addr as usize + i * PAGE_SIZE) as *mut libc::c_void,
+                PAGE_SIZE,
+                libc::MADV_DONTNEED,
+            )
+        };
+        assert_eq!(r, 0);
+    }
+    let region = pagewise::Region::new(m.addr, (PAGES * PAGE_SIZE) as u64).unwrap();
+    let mut w = pagewise::walk::PageWalker::new(None).unwrap();
+    let mut runs = Vec::new();
+    let present = pagewise_sys::pagemap::category::PRESENT;
+    w.categories(region, present, present, &mut runs).unwrap();
+    assert_eq!(runs.len(), PAGES / 2, "runs of present pages");
+    assert!(
+        runs.windows(2).all(|r| r[0].end <= r[1].start),
+        "a run reported twice or out of order"
+    );
+    let pages: u64 = runs
+        .iter()
+        .map(|r| (r.end - r.start) / PAGE_SIZE as u64)
+        .sum();
+    assert_eq!(pages, (PAGES / 2) as u64);
+    if pagewise::track::BackendKind::UffdWp
+        .available_in_process()
+        .is_err()
+    {
+        pagewise_testkit::skip!("uffd-wp: the written-page scan half");
+        return;
+    }
+    let mut t = DirtyTracker::new(&[region], BackendKind::UffdWp).unwrap();
+    for i in (0..PAGES).step_by(2) {
+        // SAFETY: a byte of our own mapping.
+        unsafe { *((m.addr as usize + i * PAGE_SIZE) as *mut u8) ^= 1 };
+    }
+    let c = t.collect().unwrap();
+    assert_eq!(c.ranges.len(), PAGES / 2, "runs of written pages");
+    assert_eq!(pagewise::region::total_pages(&c.ranges), (PAGES / 2) as u64);
+}
