@@ -6,13 +6,48 @@
 //! passes (it captures only what the print macros write), and returns.
 
 /// Reports that the calling test skips (part of) what it is named after,
-/// and why. The test's name is its thread's, as the test harness names it.
+/// and why: a kernel feature, a tool or a privilege this machine lacks.
+/// The test's name is its thread's, as the test harness names it.
+///
+/// With `PAGEWISE_REQUIRE` set (a comma-separated list such as
+/// `uffd-wp,ksm,madv_collapse`), a skip whose reason names one of them
+/// (case-insensitive, `-` and `_` alike) fails the test instead: on a
+/// machine that must have a feature, its absence is a failure.
 pub fn report_skip(why: &str) {
-    let name = std::thread::current()
+    say(&format!("SKIP {}: {why}\n", test_name()));
+    if let Some(req) = required_in(why) {
+        panic!("PAGEWISE_REQUIRE names {req:?}, which this skip is about: {why}");
+    }
+}
+
+/// Reports that a precondition of the calling test did not happen this run
+/// (the kernel refused a collapse, KSM did not merge yet, the passes
+/// converged): what it is named after went unchecked this time. Such
+/// skips vary from run to run; `.ci/run` counts them but does not compare
+/// them with the machine's list.
+pub fn report_not_happened(why: &str) {
+    say(&format!("SKIP {}: (did not happen) {why}\n", test_name()));
+}
+
+/// The feature of `PAGEWISE_REQUIRE` that `why` names, if any.
+fn required_in(why: &str) -> Option<String> {
+    let norm = |t: &str| t.trim().to_lowercase().replace('_', "-");
+    let reason = norm(why);
+    std::env::var("PAGEWISE_REQUIRE")
+        .ok()?
+        .split(',')
+        .map(norm)
+        .find(|f| !f.is_empty() && reason.contains(f.as_str()))
+}
+
+fn test_name() -> String {
+    std::thread::current()
         .name()
         .unwrap_or("a test")
-        .to_string();
-    let line = format!("SKIP {name}: {why}\n");
+        .to_string()
+}
+
+fn say(line: &str) {
     // Straight to the file descriptor: the harness captures the print
     // macros' output of passing tests, and a skip must be seen.
     // SAFETY: write(2) of a valid buffer to standard error.
@@ -24,6 +59,15 @@ pub fn report_skip(why: &str) {
 macro_rules! skip {
     ($($t:tt)*) => {
         $crate::report_skip(&format!($($t)*))
+    };
+}
+
+/// `not_happened!("reason {x}")`: [`report_not_happened`] with a
+/// formatted reason.
+#[macro_export]
+macro_rules! not_happened {
+    ($($t:tt)*) => {
+        $crate::report_not_happened(&format!($($t)*))
     };
 }
 

@@ -376,8 +376,15 @@ impl Writer {
             let a = unsafe { &*(a as *const Arg) };
             let ctl = a.ctl as *const std::sync::atomic::AtomicU64;
             let mut x = a.seed | 1;
+            let mut n = 0u64;
             // SAFETY: the control page lives as long as the process.
             while unsafe { (*ctl).load(std::sync::atomic::Ordering::Relaxed) } == 0 {
+                n += 1;
+                if n % 256 == 0 {
+                    // SAFETY: the second word of the control page counts
+                    // batches of writes, for tests that wait for some.
+                    unsafe { (*ctl.add(1)).fetch_add(1, std::sync::atomic::Ordering::Relaxed) };
+                }
                 x ^= x << 13;
                 x ^= x >> 7;
                 x ^= x << 17;
@@ -422,6 +429,27 @@ impl Writer {
             region: pagewise::Region::new(mem as u64, (pages * pagewise::PAGE_SIZE) as u64)
                 .unwrap(),
             ctl,
+        }
+    }
+
+    /// Batches of 256 writes made so far (both threads).
+    pub fn writes(&self) -> u64 {
+        // SAFETY: the shared control page, two words.
+        unsafe { (*self.ctl.add(1)).load(std::sync::atomic::Ordering::Relaxed) }
+    }
+
+    /// Waits until the writer has made `batches` more batches of writes
+    /// (a liveness bound of a minute: a writer that never runs is a
+    /// failure, not a slow machine).
+    pub fn wait_for_writes(&self, batches: u64) {
+        let want = self.writes() + batches;
+        let t0 = std::time::Instant::now();
+        while self.writes() < want {
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(60),
+                "the writer did not run"
+            );
+            std::thread::sleep(std::time::Duration::from_micros(200));
         }
     }
 

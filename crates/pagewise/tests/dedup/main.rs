@@ -281,7 +281,7 @@ fn smartmd_splits_cold_duplicates_keeps_hot_and_rebuilds() {
     let smart_before = smart_scan();
     let t = Target::start();
     if t.ctl(3) != 1 {
-        pagewise_testkit::skip!(
+        pagewise_testkit::not_happened!(
             "the target's regions could not be made huge (MADV_COLLAPSE refused)"
         );
         return;
@@ -423,7 +423,7 @@ fn comparison_policies_choose_as_they_say() {
     ] {
         let t = Target::start();
         if t.ctl(3) != 1 {
-            pagewise_testkit::skip!(
+            pagewise_testkit::not_happened!(
                 "the target's regions could not be made huge (MADV_COLLAPSE refused)"
             );
             return;
@@ -558,7 +558,7 @@ fn swapped_out_whole_stays_known(t: &Target, agent: &mut Agent) {
         .map(|()| runs.len())
         .unwrap();
     if present != 0 || swap.used() == 0 {
-        pagewise_testkit::skip!(
+        pagewise_testkit::not_happened!(
             "a mergeable region swapped out whole: MADV_PAGEOUT left {present} runs of it in memory ({} bytes swapped)",
             swap.used()
         );

@@ -66,6 +66,23 @@ impl Spinner {
         })
     }
 
+    /// Waits until every counter has moved past `from` (a liveness bound
+    /// of a minute: a thread that never runs is a failure).
+    fn wait_all_advance(&self, from: [u64; 4]) {
+        let t0 = std::time::Instant::now();
+        loop {
+            let now = self.counts();
+            if (0..4).all(|i| now[i] > from[i]) {
+                return;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "a thread did not run: {from:?} -> {now:?}"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     fn state(&self) -> char {
         let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)).unwrap();
         stat[stat.rfind(')').unwrap() + 2..].chars().next().unwrap()
@@ -89,12 +106,8 @@ fn every_thread_stands_still_while_stopped() {
         return;
     }
     let s = Spinner::start();
-    std::thread::sleep(Duration::from_millis(200));
-    let before = s.counts();
-    assert!(
-        before.iter().all(|&c| c > 0),
-        "the threads never ran: {before:?}"
-    );
+    // Every thread runs before the stop (waited for, not timed).
+    s.wait_all_advance(s.counts());
     let stopped = Stopped::new(s.pid).unwrap();
     assert_eq!(stopped.threads(), 4);
     let a = s.counts();
@@ -102,11 +115,8 @@ fn every_thread_stands_still_while_stopped() {
     let b = s.counts();
     assert_eq!(a, b, "a thread ran while the process was stopped");
     drop(stopped);
-    std::thread::sleep(Duration::from_millis(200));
-    let c = s.counts();
-    for i in 0..4 {
-        assert!(c[i] > b[i], "thread {i} did not run again: {b:?} -> {c:?}");
-    }
+    // And every one runs again after it.
+    s.wait_all_advance(b);
 }
 
 /// A process its user stopped (SIGSTOP) is not resumed by pagewise.

@@ -232,7 +232,9 @@ fn promotes_by_coverage_within_the_budget_and_loses_no_write() {
             .filter(|a| matches!(a, Action::Failed { .. }))
             .collect();
         if !failed.is_empty() {
-            pagewise_testkit::skip!("{policy:?}: the kernel refused a collapse: {failed:?}");
+            pagewise_testkit::not_happened!(
+                "{policy:?}: the kernel refused a collapse: {failed:?}"
+            );
             return;
         }
         let got = promoted(&step.actions);
@@ -298,7 +300,7 @@ fn bloat_recovery_loses_no_write_of_concurrent_writers() {
     // process after fork would be split by the child's first write).
     let mem = AnonMemory::new(4 * HUGE_PAGE_SIZE).unwrap();
     if mem.madvise(0, mem.len(), 14 /* MADV_HUGEPAGE */).is_err() {
-        pagewise_testkit::skip!("MADV_HUGEPAGE refused");
+        pagewise_testkit::not_happened!("MADV_HUGEPAGE refused");
         return;
     }
     let base = mem.addr() as usize;
@@ -534,7 +536,7 @@ fn prezeroing_runs_ahead_and_loses_no_write() {
     use pagewise::thp::prezero::{PrezeroOptions, Prezeroer};
     let mem = AnonMemory::new(32 * HUGE_PAGE_SIZE).unwrap();
     if mem.madvise(0, mem.len(), 14 /* MADV_HUGEPAGE */).is_err() {
-        pagewise_testkit::skip!("MADV_HUGEPAGE refused");
+        pagewise_testkit::not_happened!("MADV_HUGEPAGE refused");
         return;
     }
     mem.write_byte(0, 1);
@@ -559,7 +561,7 @@ fn prezeroing_runs_ahead_and_loses_no_write() {
         .categories(mem.region(), h, h, &mut runs)
         .unwrap();
     if runs.is_empty() {
-        pagewise_testkit::skip!("the first touch did not take a huge page");
+        pagewise_testkit::not_happened!("the first touch did not take a huge page");
         return;
     }
     let p = Prezeroer::start(PrezeroOptions {

@@ -423,12 +423,14 @@ fn thp_collapse_and_split() {
         // not be collapsed: uffd-wp and mprotect ranges are refused), so
         // that tracking meets huge pages for real.
         if let Err(e) = mem.madvise(0, mem.len(), pagewise_sys::mem::MADV_COLLAPSE) {
-            pagewise_testkit::skip!("[{kind}] MADV_COLLAPSE of the fresh range refused: {e}");
+            pagewise_testkit::not_happened!(
+                "[{kind}] MADV_COLLAPSE of the fresh range refused: {e}"
+            );
             return;
         }
         let huge = anon_huge_kib(mem.addr());
         if huge == 0 {
-            pagewise_testkit::skip!(
+            pagewise_testkit::not_happened!(
                 "[{kind}] MADV_COLLAPSE succeeded but no huge page backs the range"
             );
             return;
@@ -972,12 +974,14 @@ fn uffd_wp_from_outside_thp_collapse_and_split() {
     }
     let mut s = common::Scripted::start(1024);
     if s.tell(b'h', 0) == 0 {
-        pagewise_testkit::skip!("MADV_COLLAPSE of the program's fresh 4 MiB refused by the kernel");
+        pagewise_testkit::not_happened!(
+            "MADV_COLLAPSE of the program's fresh 4 MiB refused by the kernel"
+        );
         return;
     }
     let huge = anon_huge_kib_of(s.pid, s.region.start);
     if huge == 0 {
-        pagewise_testkit::skip!(
+        pagewise_testkit::not_happened!(
             "MADV_COLLAPSE succeeded but no huge page backs the program's region"
         );
         return;
