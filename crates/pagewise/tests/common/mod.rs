@@ -380,7 +380,7 @@ impl Writer {
             // SAFETY: the control page lives as long as the process.
             while unsafe { (*ctl).load(std::sync::atomic::Ordering::Relaxed) } == 0 {
                 n += 1;
-                if n % 256 == 0 {
+                if n.is_multiple_of(256) {
                     // SAFETY: the second word of the control page counts
                     // batches of writes, for tests that wait for some.
                     unsafe { (*ctl.add(1)).fetch_add(1, std::sync::atomic::Ordering::Relaxed) };
