@@ -310,7 +310,7 @@ fn migrate(
         .local_addr()
         .map_err(|e| Error::os("listening on loopback", e))?
         .to_string();
-    let mut rx = Receiver::new(DiskStore::create(dir, false)?);
+    let rx = Receiver::new(DiskStore::create(dir, false)?);
     let server = std::thread::spawn(move || -> Result<Receiver> {
         let (s, _) = l.accept().map_err(|e| Error::os("accepting", e))?;
         let got = rx.serve(s, &mut |_| {})?;
@@ -326,7 +326,7 @@ fn migrate(
     let rx = server
         .join()
         .map_err(|_| Error::Internal("the receiver thread panicked".into()))??;
-    let wrong = wrong_pages(rx.store(), r.save.id, &truth)?;
+    let wrong = wrong_pages(&rx.store(), r.save.id, &truth)?;
     drop(rx);
     let _ = std::fs::remove_dir_all(dir);
     Ok(Migration {

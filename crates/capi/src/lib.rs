@@ -1287,8 +1287,8 @@ pub type pw_pause_fn = Option<unsafe extern "C" fn(user: *mut c_void, stop: c_in
 
 enum LiveDest {
     None,
-    Store(pw::snap::live::StoreSeries<DiskStore>),
-    Receiver(pw::snap::wire::Sender),
+    Store(Box<pw::snap::live::StoreSeries<DiskStore>>),
+    Receiver(Box<pw::snap::wire::Sender>),
 }
 
 /// Live checkpoints (pre-copy) of another process or of regions of the
@@ -1406,7 +1406,7 @@ pub unsafe extern "C" fn pw_live_to_store(
         // SAFETY: the caller's contract.
         let (l, dir) = unsafe { (obj(l, "live")?, str_of(dir, "dir")?) };
         let store = DiskStore::create(OsStr::from_bytes(dir.to_bytes()), verify != 0)?;
-        l.dest = LiveDest::Store(pw::snap::live::StoreSeries::new(store));
+        l.dest = LiveDest::Store(Box::new(pw::snap::live::StoreSeries::new(store)));
         l.inner.restart();
         Ok(())
     })
@@ -1436,7 +1436,7 @@ pub unsafe extern "C" fn pw_live_to_receiver(
         let addr = addr
             .to_str()
             .map_err(|_| invalid("host_port is not UTF-8"))?;
-        l.dest = LiveDest::Receiver(pw::snap::wire::Sender::connect(addr, c)?);
+        l.dest = LiveDest::Receiver(Box::new(pw::snap::wire::Sender::connect(addr, c)?));
         l.inner.restart();
         Ok(())
     })
@@ -1465,8 +1465,8 @@ pub unsafe extern "C" fn pw_live_checkpoint(
                     "no destination: call pw_live_to_store or pw_live_to_receiver first",
                 ))
             }
-            LiveDest::Store(s) => s,
-            LiveDest::Receiver(r) => r,
+            LiveDest::Store(s) => &mut **s,
+            LiveDest::Receiver(r) => &mut **r,
         };
         let r = l.inner.checkpoint(dest, &label, &mut |_| {}, &mut || {})?;
         let c = pw_live_report {

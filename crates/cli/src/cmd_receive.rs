@@ -1,26 +1,48 @@
 //! `pagewise receive`: the receiving end of a migration (`pagewise snapshot
 //! --live --to HOST:PORT`), saving each complete copy into a store.
+//! Connections are served concurrently, each in a thread of its own.
 
-use anyhow::{Context, Result};
-use pagewise::snap::wire::{Event, Receiver};
+use anyhow::{bail, Context, Result};
+use pagewise::snap::wire::{Event, Key, Received, Receiver};
 use pagewise::snap::DiskStore;
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 #[derive(clap::Args)]
 pub struct Args {
     /// Address to listen on, HOST:PORT (port 0: any free port, printed).
+    /// An address other than loopback needs --key.
     #[arg(long, value_name = "ADDR")]
     listen: String,
     /// The store directory the snapshots are saved into (created if missing
     /// or empty; appended to otherwise).
     #[arg(long)]
     out: PathBuf,
-    /// End after the first connection.
+    /// Authenticate every message with the shared secret in FILE (at least
+    /// 16 bytes, owner-only; the sender's --key): senders without it are
+    /// refused.
+    #[arg(long, value_name = "FILE")]
+    key: Option<PathBuf>,
+    /// End after the first complete migration (a connection that saved a
+    /// snapshot and ended cleanly), not the first connection.
     #[arg(long)]
     once: bool,
+    /// Most memory one connection's copy may hold, MiB (default: half the
+    /// memory available at start).
+    #[arg(long, value_name = "MIB")]
+    max_mib: Option<u64>,
+    /// Give a connection up after this long without a byte, seconds.
+    #[arg(long, value_name = "S", default_value_t = 60)]
+    idle_seconds: u64,
+    /// Give a connection up after this long in all, seconds.
+    #[arg(long, value_name = "S", default_value_t = 3600)]
+    max_seconds: u64,
+    /// Most connections served at once (more are refused, EBUSY).
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    max_connections: usize,
     /// Trust the 128-bit digest when a page matches a stored one, instead of
     /// comparing contents.
     #[arg(long)]
@@ -31,28 +53,51 @@ pub struct Args {
     json: bool,
 }
 
+/// The connections being served, to end them on SIGINT/SIGTERM.
+type Live = Arc<Mutex<Vec<(u64, TcpStream)>>>;
+
 pub fn run(a: Args) -> Result<i32> {
     // SIGINT and SIGTERM are taken by one thread, which ends the wait for a
-    // connection and the connection in progress (its copy is discarded; the
-    // store keeps its complete snapshots).
+    // connection and the connections in progress (their copies are
+    // discarded; the store keeps its complete snapshots).
     pagewise_sys::signal::block(&[libc::SIGINT, libc::SIGTERM])?;
+    let key = a.key.as_deref().map(Key::from_file).transpose()?;
     let listener =
         TcpListener::bind(&a.listen).with_context(|| format!("listening on {}", a.listen))?;
     let local = listener.local_addr()?;
+    if !local.ip().is_loopback() && key.is_none() {
+        bail!(
+            "--listen {local} is not a loopback address: any peer could store a snapshot; \
+             give both ends the same --key FILE"
+        );
+    }
     let store = DiskStore::create(&a.out, !a.no_verify)?;
     let mut rx = Receiver::new(store);
+    if let Some(k) = key {
+        rx = rx.with_key(k);
+    }
+    if let Some(m) = a.max_mib {
+        rx.max_bytes = m.saturating_mul(1 << 20);
+    }
+    rx.idle = Duration::from_secs(a.idle_seconds.max(1));
+    rx.max_time = Duration::from_secs(a.max_seconds.max(1));
+    rx.max_connections = a.max_connections.max(1);
+    let rx = Arc::new(rx);
     let stop = Arc::new(AtomicBool::new(false));
-    let current: Arc<Mutex<Option<TcpStream>>> = Arc::new(Mutex::new(None));
+    let live: Live = Arc::new(Mutex::new(Vec::new()));
+    let end = move |stop: &AtomicBool, live: &Live| {
+        stop.store(true, Ordering::SeqCst);
+        for (_, s) in live.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        // Wakes the accept.
+        let _ = TcpStream::connect(local);
+    };
     {
-        let (stop, current) = (stop.clone(), current.clone());
+        let (stop, live) = (stop.clone(), live.clone());
         std::thread::spawn(move || {
             if pagewise_sys::signal::wait(&[libc::SIGINT, libc::SIGTERM]).is_ok() {
-                stop.store(true, Ordering::SeqCst);
-                if let Some(s) = current.lock().expect("not poisoned").as_ref() {
-                    let _ = s.shutdown(std::net::Shutdown::Both);
-                }
-                // Wakes the accept.
-                let _ = TcpStream::connect(local);
+                end(&stop, &live);
             }
         });
     }
@@ -64,68 +109,95 @@ pub fn run(a: Args) -> Result<i32> {
             a.out.display()
         );
     }
-    let mut status = 0;
-    loop {
+    let status = Arc::new(AtomicI32::new(0));
+    let mut threads = Vec::new();
+    for n in 0u64.. {
         let (stream, _) = listener.accept().context("accepting a connection")?;
         if stop.load(Ordering::SeqCst) {
             break;
         }
-        *current.lock().expect("not poisoned") = Some(stream.try_clone()?);
-        let peer = stream
-            .peer_addr()
-            .map(|p| p.to_string())
-            .unwrap_or_default();
-        if !a.json {
-            println!("{peer}: connected");
-        }
-        let bar = crate::progress::spinner(format!("receiving from {peer}"));
-        let json = a.json;
-        let r = rx.serve(stream, &mut |e| match e {
-            Event::Pass(n, pages) => {
-                bar.set_message(format!("{peer}: pass {n}, {pages} pages received"))
-            }
-            Event::Saved(s) => {
-                if !json {
-                    bar.suspend(|| {
-                        println!(
-                            "{peer}: snapshot {} saved: {} pages, {} new to the store",
-                            s.id, s.pages, s.pages_new
-                        )
-                    });
+        live.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((n, stream.try_clone()?));
+        let (rx, stop, live, status) = (rx.clone(), stop.clone(), live.clone(), status.clone());
+        let (json, once) = (a.json, a.once);
+        threads.push(std::thread::spawn(move || {
+            let r = serve_one(&rx, stream, json, &stop);
+            live.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .retain(|(k, _)| *k != n);
+            match r {
+                Ok(got) => {
+                    if got.broken.is_some() {
+                        let _ = status.compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst);
+                    } else if once && !got.saved.is_empty() {
+                        // Its status is this migration's.
+                        status.store(-1, Ordering::SeqCst);
+                        end(&stop, &live);
+                    }
+                }
+                Err(e) => {
+                    eprintln!("pagewise: {e}");
+                    let _ = status.compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst);
                 }
             }
-        });
-        bar.finish_and_clear();
-        *current.lock().expect("not poisoned") = None;
-        let got = r?;
-        let kept = rx.store().ids()?.len();
-        if a.json {
-            println!("{}", serde_json::to_string(&got)?);
-        } else {
-            match &got.broken {
-                Some(why) => println!(
-                    "{peer}: {}; the store holds its {kept} complete snapshots",
-                    if stop.load(Ordering::SeqCst) {
-                        "interrupted".to_string()
-                    } else {
-                        why.clone()
-                    }
-                ),
-                None => println!(
-                    "{peer}: done: {} snapshots, {} pages in {} passes, {:.1} MiB on the wire",
-                    got.saved.len(),
-                    got.pages,
-                    got.passes,
-                    got.wire_bytes as f64 / 1048576.0
-                ),
+        }));
+        threads.retain(|t| !t.is_finished());
+    }
+    for t in threads {
+        let _ = t.join();
+    }
+    Ok(status.load(Ordering::SeqCst).max(0))
+}
+
+/// Serves one connection and reports it.
+fn serve_one(rx: &Receiver, stream: TcpStream, json: bool, stop: &AtomicBool) -> Result<Received> {
+    let peer = stream
+        .peer_addr()
+        .map(|p| p.to_string())
+        .unwrap_or_default();
+    if !json {
+        println!("{peer}: connected");
+    }
+    let bar = crate::progress::spinner(format!("receiving from {peer}"));
+    let got = rx.serve(stream, &mut |e| match e {
+        Event::Pass(n, pages) => {
+            bar.set_message(format!("{peer}: pass {n}, {pages} pages received"))
+        }
+        Event::Saved(s) => {
+            if !json {
+                bar.suspend(|| {
+                    println!(
+                        "{peer}: snapshot {} saved: {} pages, {} new to the store",
+                        s.id, s.pages, s.pages_new
+                    )
+                });
             }
         }
-        if got.broken.is_some() {
-            status = 1;
-        }
-        if a.once || stop.load(Ordering::SeqCst) {
-            break;
+    });
+    bar.finish_and_clear();
+    let got = got?;
+    let kept = rx.store().ids()?.len();
+    if json {
+        println!("{}", serde_json::to_string(&got)?);
+    } else {
+        match &got.broken {
+            Some(why) => println!(
+                "{peer}: {}; the store holds its {kept} complete snapshots",
+                if stop.load(Ordering::SeqCst) {
+                    "interrupted".to_string()
+                } else {
+                    why.clone()
+                }
+            ),
+            None => println!(
+                "{peer}: done: {} snapshots, {} pages in {} passes, {:.1} MiB on the wire",
+                got.saved.len(),
+                got.pages,
+                got.passes,
+                got.wire_bytes as f64 / 1048576.0
+            ),
         }
     }
-    Ok(status)
+    Ok(got)
 }

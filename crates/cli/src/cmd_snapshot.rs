@@ -72,6 +72,11 @@ struct TakeArgs {
     /// an eighth or more), lz4 (always) or none.
     #[arg(long, value_name = "HOW", default_value = "auto", requires = "to")]
     compress: pagewise::snap::wire::Compression,
+    /// With --to: authenticate every message with the shared secret in
+    /// FILE (owner-only; the receiver's --key). Needed by a receiver that
+    /// listens beyond loopback.
+    #[arg(long, value_name = "FILE", requires = "to")]
+    key: Option<PathBuf>,
 }
 
 #[derive(clap::Subcommand)]
@@ -115,7 +120,12 @@ fn take(t: TakeArgs) -> Result<i32> {
     }
     if let (Some(pid), Some(to)) = (t.pid, t.to.as_deref()) {
         pagewise::procfs::check_target(pid)?;
-        let mut tx = pagewise::snap::wire::Sender::connect(to, t.compress)?;
+        let key = t
+            .key
+            .as_deref()
+            .map(pagewise::snap::wire::Key::from_file)
+            .transpose()?;
+        let mut tx = pagewise::snap::wire::Sender::connect_with(to, t.compress, key.as_ref())?;
         take_live(&t, pid, &mut tx)?;
         let w = tx.stats();
         if !t.json {

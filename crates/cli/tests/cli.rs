@@ -764,17 +764,7 @@ fn live_migration_to_a_receiver_stores_the_known_layout() {
         return;
     }
     let dir = temp_dir("receive");
-    let mut rx = Command::new(BIN)
-        .args(["receive", "--listen", "127.0.0.1:0", "--json", "--out"])
-        .arg(&dir)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut rx_out = BufReader::new(rx.stdout.take().unwrap());
-    let mut first = String::new();
-    rx_out.read_line(&mut first).unwrap();
-    let v: serde_json::Value = serde_json::from_str(&first).unwrap();
-    let addr = v["listening"].as_str().unwrap().to_string();
+    let (mut rx, mut rx_out, addr) = start_receiver(&dir, &[]);
     let (mut wl, start, len) = spawn_workload(KNOWN_WORKLOAD);
     std::thread::sleep(std::time::Duration::from_millis(1200));
     let out = Command::new(BIN)
@@ -1204,4 +1194,81 @@ fn out_of_range_numbers_are_refused() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
     assert!(err.contains("1..=512"), "{err}");
+}
+
+/// `receive` beyond loopback needs a key; with `--once` it ends after the
+/// first complete migration, not after a first connection that breaks off.
+#[test]
+fn receive_needs_a_key_beyond_loopback_and_once_waits_for_a_complete_migration() {
+    let dir = temp_dir("receive-once");
+    let out = Command::new(BIN)
+        .args(["receive", "--listen", "0.0.0.0:0", "--out"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("--key"), "{err}");
+    if let Err(why) = pagewise::track::BackendKind::UffdWp.available_for_pid() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    let (mut rx, mut rx_out, addr) = start_receiver(&dir, &["--once"]);
+    // A connection that breaks off at once.
+    drop(std::net::TcpStream::connect(&addr).unwrap());
+    let mut broken = String::new();
+    rx_out.read_line(&mut broken).unwrap();
+    assert!(broken.contains("broken"), "{broken}");
+    assert!(
+        rx.try_wait().unwrap().is_none() || {
+            // It may not have looked yet; give it the time to say it ended.
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            rx.try_wait().unwrap().is_none()
+        },
+        "receive --once ended after a broken connection"
+    );
+    let (mut wl, _, _) = spawn_workload(KNOWN_WORKLOAD);
+    let out = Command::new(BIN)
+        .args(["snapshot", "--live", "--json", "--pid"])
+        .arg(wl.id().to_string())
+        .args(["--to", &addr])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = wl.kill();
+    let _ = wl.wait();
+    // It ends by itself now.
+    let st = rx.wait().unwrap();
+    assert!(st.success(), "{st:?}");
+}
+
+/// `receive --json` on a free loopback port saving into `dir`, with
+/// `extra` flags: the process, its output after the first line, and the
+/// address it listens on.
+fn start_receiver(
+    dir: &std::path::Path,
+    extra: &[&str],
+) -> (
+    std::process::Child,
+    BufReader<std::process::ChildStdout>,
+    String,
+) {
+    let mut rx = Command::new(BIN)
+        .args(["receive", "--listen", "127.0.0.1:0", "--json"])
+        .args(extra)
+        .arg("--out")
+        .arg(dir)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(rx.stdout.take().unwrap());
+    let mut first = String::new();
+    out.read_line(&mut first).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&first).unwrap();
+    let addr = v["listening"].as_str().unwrap().to_string();
+    (rx, out, addr)
 }

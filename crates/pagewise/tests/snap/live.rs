@@ -54,7 +54,7 @@ fn periodic_live_checkpoints_are_each_exact() {
         let rx_path = rx_dir.0.clone();
         let server = std::thread::spawn(move || {
             let (s, _) = l.accept().unwrap();
-            let mut rx = Receiver::new(DiskStore::create(&rx_path, true).unwrap());
+            let rx = Receiver::new(DiskStore::create(&rx_path, true).unwrap());
             let got = rx.serve(s, &mut |_| {}).unwrap();
             (rx, got)
         });
@@ -81,7 +81,7 @@ fn periodic_live_checkpoints_are_each_exact() {
         let (rx, got) = server.join().unwrap();
         assert_eq!(got.broken, None);
         let store: &DiskStore = if to_receiver {
-            rx.store()
+            &rx.store()
         } else {
             series.store
         };

@@ -21,7 +21,7 @@ fn receiver(
 ) -> (String, JoinHandle<(Receiver, Vec<Received>)>) {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap().to_string();
-    let mut rx = Receiver::new(DiskStore::create(dir, true).unwrap());
+    let rx = Receiver::new(DiskStore::create(dir, true).unwrap());
     let h = std::thread::spawn(move || {
         let mut got = Vec::new();
         for _ in 0..conns {
@@ -99,7 +99,7 @@ fn migration_over_loopback_holds_the_memory_at_the_stop() {
         assert_eq!(g.saved[0].id, r.save.id, "the sender heard another id");
         assert_eq!(g.pages, s.pages, "pages received against sent");
         assert_eq!(g.passes as usize, r.passes.len() + 1, "passes (+ the last)");
-        let wrong = pages_differing(rx.store(), r.save.id, &truths[i]);
+        let wrong = pages_differing(&rx.store(), r.save.id, &truths[i]);
         assert_eq!(
             wrong, 0,
             "{:?}: {wrong} pages differ from the memory at the stop",
@@ -190,14 +190,7 @@ fn a_broken_connection_leaves_the_last_complete_snapshot() {
 /// whose digest is `digest`; returns the receiver's reply bytes.
 fn hand_made(addr: &str, digest: u64, page: &[u8]) -> Vec<u8> {
     let mut s = TcpStream::connect(addr).unwrap();
-    let mut m = Vec::new();
-    for v in [
-        pagewise::snap::wire::MAGIC,
-        pagewise::snap::wire::VERSION,
-        0,
-    ] {
-        m.extend_from_slice(&v.to_le_bytes());
-    }
+    let mut m = hello();
     m.push(b'B');
     m.push(b'R');
     m.extend_from_slice(&1u32.to_le_bytes());
@@ -278,14 +271,7 @@ fn a_range_that_wraps_the_address_space_is_refused() {
     let dir = TempDir::new("wire-wrap");
     let (addr, rx) = receiver(&dir.0, 2);
     let top = u64::MAX - 2 * PAGE_SIZE as u64 + 1;
-    let mut m = Vec::new();
-    for v in [
-        pagewise::snap::wire::MAGIC,
-        pagewise::snap::wire::VERSION,
-        0,
-    ] {
-        m.extend_from_slice(&v.to_le_bytes());
-    }
+    let mut m = hello();
     m.push(b'B');
     m.push(b'R');
     m.extend_from_slice(&1u32.to_le_bytes());
@@ -315,4 +301,161 @@ fn a_range_that_wraps_the_address_space_is_refused() {
     let (_rx, got) = rx.join().unwrap();
     assert!(got[0].saved.is_empty());
     assert_eq!(got[1].saved.len(), 1);
+}
+
+/// A receiver serving each connection in a thread of its own; returns the
+/// address and, joined, what each connection heard (in the order they
+/// ended).
+type Served = JoinHandle<(std::sync::Arc<Receiver>, Vec<Received>)>;
+
+fn concurrent_receiver(rx: Receiver, conns: usize) -> (String, Served) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let rx = std::sync::Arc::new(rx);
+    let h = std::thread::spawn(move || {
+        let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut ts = Vec::new();
+        for _ in 0..conns {
+            let (s, _) = l.accept().unwrap();
+            let (rx, got) = (rx.clone(), got.clone());
+            ts.push(std::thread::spawn(move || {
+                let r = rx.serve(s, &mut |_: Event<'_>| {}).unwrap();
+                got.lock().unwrap().push(r);
+            }));
+        }
+        for t in ts {
+            t.join().unwrap();
+        }
+        let got = std::mem::take(&mut *got.lock().unwrap());
+        (rx, got)
+    });
+    (addr, h)
+}
+
+/// One page migrated by hand through a `Sender` (no process needed).
+fn send_one_page(addr: &str, key: Option<&pagewise::snap::wire::Key>) -> pagewise::Result<u64> {
+    let mut tx = Sender::connect_with(addr, Compression::None, key)?;
+    let r = Region::new(0x10000, PAGE_SIZE as u64).unwrap();
+    let page = vec![0x3cu8; PAGE_SIZE];
+    let regions = vec![(r, page)];
+    tx.pass(
+        &regions,
+        &[PageRange {
+            start: r.start,
+            pages: 1,
+        }],
+    )?;
+    tx.complete()?;
+    Ok(tx.finish(&regions, 1, "by hand")?.id)
+}
+
+/// With a key, every message is authenticated: the right key migrates; a
+/// sender without one, or with another, is refused and stores nothing.
+#[test]
+fn a_receiver_with_a_key_refuses_forged_senders() {
+    use pagewise::snap::wire::Key;
+    let dir = TempDir::new("wire-key");
+    let key = Key::from_bytes(b"0123456789abcdef-shared").unwrap();
+    let other = Key::from_bytes(b"0123456789abcdef-forged").unwrap();
+    let rx = Receiver::new(DiskStore::create(&dir.0, true).unwrap()).with_key(key.clone());
+    let (addr, h) = concurrent_receiver(rx, 3);
+    send_one_page(&addr, Some(&key)).unwrap();
+    let e = send_one_page(&addr, None).unwrap_err();
+    assert!(e.to_string().contains("needs a key"), "{e}");
+    let e = send_one_page(&addr, Some(&other)).unwrap_err();
+    assert!(e.to_string().contains("authentication tag"), "{e}");
+    let (rx, got) = h.join().unwrap();
+    assert_eq!(
+        rx.store().ids().unwrap().len(),
+        1,
+        "only the keyed sender's snapshot"
+    );
+    let broken: Vec<_> = got.iter().filter_map(|g| g.broken.clone()).collect();
+    assert_eq!(broken.len(), 2, "{got:?}");
+    assert!(
+        broken.iter().any(|b| b.contains("has no key")),
+        "{broken:?}"
+    );
+    assert!(
+        broken.iter().any(|b| b.contains("authentication tag")),
+        "{broken:?}"
+    );
+    // A keyless receiver refuses a keyed sender too.
+    let dir2 = TempDir::new("wire-nokey");
+    let (addr, h) =
+        concurrent_receiver(Receiver::new(DiskStore::create(&dir2.0, true).unwrap()), 1);
+    let e = send_one_page(&addr, Some(&key)).unwrap_err();
+    assert!(e.to_string().contains("has no key"), "{e}");
+    h.join().unwrap();
+}
+
+/// A peer that sends a byte now and then neither blocks a real migration
+/// served meanwhile nor holds its connection past the limits ("timed
+/// out"); a peer declaring more memory than the cap is refused before any
+/// of it is held.
+#[test]
+fn slow_and_greedy_peers_are_bounded() {
+    let dir = TempDir::new("wire-slow");
+    let mut rx = Receiver::new(DiskStore::create(&dir.0, true).unwrap());
+    rx.idle = std::time::Duration::from_secs(30);
+    rx.max_time = std::time::Duration::from_secs(5);
+    rx.max_bytes = 1 << 20;
+    let (addr, h) = concurrent_receiver(rx, 3);
+    // The slow peer: its hello, then a byte every 300 ms.
+    let slow_addr = addr.clone();
+    let slow = std::thread::spawn(move || {
+        let mut s = TcpStream::connect(&slow_addr).unwrap();
+        let m = hello();
+        s.write_all(&m).unwrap();
+        let mut reply = [0u8; pagewise::snap::wire::REPLY_LEN];
+        s.read_exact(&mut reply).unwrap();
+        s.write_all(b"B").unwrap();
+        for _ in 0..100 {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            if s.write_all(b"E").is_err() {
+                break;
+            }
+        }
+    });
+    // Meanwhile, a real migration goes through.
+    send_one_page(&addr, None).unwrap();
+    // A greedy peer: regions of 2 MiB, over the 1 MiB cap.
+    let mut g = TcpStream::connect(&addr).unwrap();
+    let mut m = hello();
+    m.push(b'B');
+    m.push(b'R');
+    m.extend_from_slice(&1u32.to_le_bytes());
+    m.extend_from_slice(&0x10000u64.to_le_bytes());
+    m.extend_from_slice(&(2u64 << 20).to_le_bytes());
+    g.write_all(&m).unwrap();
+    let mut reply = Vec::new();
+    let _ = g.read_to_end(&mut reply);
+    let (_rx, got) = h.join().unwrap();
+    slow.join().unwrap();
+    let broken: Vec<String> = got.iter().filter_map(|g| g.broken.clone()).collect();
+    assert!(
+        broken.iter().any(|b| b.contains("timed out")),
+        "the slow peer: {broken:?}"
+    );
+    assert!(
+        broken
+            .iter()
+            .any(|b| b.contains("more than this receiver holds")),
+        "the greedy peer: {broken:?}"
+    );
+    assert_eq!(got.iter().filter(|g| g.saved.len() == 1).count(), 1);
+}
+
+/// A sender's hello of this version, without a key.
+fn hello() -> Vec<u8> {
+    let mut m = Vec::new();
+    for v in [
+        pagewise::snap::wire::MAGIC,
+        pagewise::snap::wire::VERSION,
+        0,
+    ] {
+        m.extend_from_slice(&v.to_le_bytes());
+    }
+    m.extend_from_slice(&[7u8; pagewise::snap::wire::NONCE_LEN]);
+    m
 }
