@@ -60,7 +60,7 @@ impl Inside {
             Inside::Shim(s) => s
                 .own_memory()
                 .iter()
-                .any(|&(a, n)| a < start + len && start < a + n),
+                .any(|&(a, n)| a < start.saturating_add(len) && start < a.saturating_add(n)),
         }
     }
 

@@ -159,7 +159,13 @@ impl ShimAdvice {
         }
         let mut body = vec![0u8; m as usize * 16];
         sock.read_exact(&mut body)?;
-        let own = ranges(&body).collect();
+        let own: Vec<(u64, u64)> = ranges(&body).collect();
+        if let Some(&(a, n)) = own.iter().find(|&&(a, n)| a.checked_add(n).is_none()) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("the shim names memory {a:#x}+{n:#x}, past the top of the address space"),
+            ));
+        }
         sock.set_read_timeout(Some(Duration::from_secs(60)))?;
         Ok(ShimAdvice {
             sock,

@@ -497,3 +497,29 @@ fn a_process_just_killed_is_said_to_have_exited() {
     );
     let _ = c.wait();
 }
+
+/// A shim's hello naming memory that wraps the top of the address space is
+/// refused, and the check of a range against the shim's memory cannot
+/// overflow.
+#[test]
+fn a_shim_hello_past_the_top_of_memory_is_refused() {
+    use pagewise::inject::shim;
+    let hello = |start: u64, len: u64| {
+        let mut b = Vec::new();
+        for v in [shim::MAGIC, shim::VERSION, 1, 1] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        b.extend_from_slice(&start.to_le_bytes());
+        b.extend_from_slice(&len.to_le_bytes());
+        let (mut a, s) = std::os::unix::net::UnixStream::pair().unwrap();
+        a.write_all(&b).unwrap();
+        shim::ShimAdvice::hello(s, Duration::from_secs(5))
+    };
+    let e = hello(u64::MAX - 4095, 8192).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::InvalidData, "{e}");
+    let ok = hello(u64::MAX - 16383, 8192).unwrap();
+    let inside = pagewise::inject::Inside::Shim(ok);
+    assert!(inside.is_own_memory(u64::MAX - 12287, u64::MAX));
+    assert!(!inside.is_own_memory(u64::MAX - 4095, u64::MAX));
+    assert!(!inside.is_own_memory(0x1000, 0x1000));
+}
