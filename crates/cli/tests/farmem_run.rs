@@ -241,10 +241,22 @@ fn kernel_accesses_match_native() {
     need_support!();
     let scratch = instance_dir("kernel-scratch");
     let d = scratch.to_str().unwrap();
+    // process_vm_readv/writev on itself, larger than the budget: the inline
+    // path holds every buffer; the handler-thread path waits for ever on
+    // the kernel's pins (see farmem_kernel.c), so it runs that case only
+    // inline, and says so.
+    let args: &[&str] = if PATH.with(|p| p.get()) == "inline" {
+        &[d, "self-vm"]
+    } else {
+        pagewise_testkit::skip!(
+            "process_vm_readv/writev on itself larger than the budget: not served on the handler-thread path"
+        );
+        &[d]
+    };
     same_as_native(
         "kernel",
         "farmem_kernel",
-        &[d],
+        args,
         &[
             &["--local-pages", "64"],
             &["--local-pages", "64", "--policy", "clock"],

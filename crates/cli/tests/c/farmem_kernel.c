@@ -3,7 +3,8 @@
  * memory that a sweep over 1 MiB has just pushed out of a small budget,
  * then lets the kernel read or write them, and prints what came back.
  * The output must be the same natively and under `pagewise farmem run`
- * (both fault paths). Usage: farmem_kernel DIR (a scratch directory). */
+ * (both fault paths). Usage: farmem_kernel DIR [self-vm] (a scratch
+ * directory; self-vm adds process_vm_readv/writev on itself). */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
@@ -292,6 +293,27 @@ static void spawn(void) {
     printf("spawned child exited %d\n", WEXITSTATUS(status));
 }
 
+/* process_vm_readv and _writev on itself, with local and "remote"
+ * buffers (both this process's) larger than a small budget. Run with a
+ * second argument "self-vm": on the handler-thread path the kernel's pins
+ * of the remote pages keep the engine from making room, and the call
+ * waits for ever (a known gap of that path). */
+static void self_vm(void) {
+    size_t n = 1 << 20;
+    char *src = buffer(n, 5), *dst = buffer(n, 6);
+    memset(dst, 0, n);
+    sweep();
+    struct iovec l = {dst, n}, r = {src, n};
+    ssize_t got = process_vm_readv(getpid(), &l, 1, &r, 1, 0);
+    CHECK(got == (ssize_t)n, "process_vm_readv on itself");
+    printf("process_vm_readv on itself: %zd bytes, sum %llx\n", got, (unsigned long long)sum(dst, n));
+    memset(src, 0, n);
+    sweep();
+    got = process_vm_writev(getpid(), &l, 1, &r, 1, 0);
+    CHECK(got == (ssize_t)n, "process_vm_writev on itself");
+    printf("process_vm_writev on itself: %zd bytes, sum %llx\n", got, (unsigned long long)sum(src, n));
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) return 2;
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -302,6 +324,7 @@ int main(int argc, char **argv) {
     futexes();
     signals();
     spawn();
+    if (argc > 2 && strcmp(argv[2], "self-vm") == 0) self_vm();
     printf("failures %d\n", failures);
     return failures != 0;
 }

@@ -397,9 +397,15 @@ pub fn hold_for(nr: c_long, a: &[u64; 6]) -> Held {
         },
         SYS_process_vm_readv | SYS_process_vm_writev => {
             // The local buffers are this process's; the remote iovec array
-            // is read from here too.
+            // is read from here too, and where the "remote" process is this
+            // one, so are the buffers it names.
             h.iovecs(p(1), p(2));
-            h.range(p(3), p(4).saturating_mul(16));
+            // SAFETY: getpid has no preconditions (async-signal-safe).
+            if p(0) as i64 == i64::from(unsafe { libc::getpid() }) {
+                h.iovecs(p(3), p(4));
+            } else {
+                h.range(p(3), p(4).saturating_mul(16));
+            }
         }
         _ => {}
     }
