@@ -266,6 +266,20 @@ fn kernel_accesses_match_native() {
     let _ = std::fs::remove_dir_all(&scratch);
 }
 
+/// A forked child that blocks every signal, resets every handler to the
+/// default and allocates before it execs (git's run-command does) keeps
+/// being served: the shim's SIGSYS stays installed and unblocked (it died
+/// of SIGSYS at its first trapped call).
+fn a_child_resetting_its_signals_survives() {
+    need_support!();
+    same_as_native(
+        "forkreset",
+        "farmem_forkreset",
+        &[],
+        &[&["--local-pages", "64"], &["--local-pages", "4096"]],
+    );
+}
+
 /// When the engine's books and memory disagree (here: the program unmaps
 /// the engine's staging behind its back), the program is stopped loudly,
 /// never left running on wrong memory or waiting forever.
@@ -327,6 +341,7 @@ fn on_path(path: &'static str, name: &str, test: fn()) {
 pagewise_testkit::per_fault_path!(
     super::on_path;
     kernel_accesses_match_native,
+    a_child_resetting_its_signals_survives,
     mremap_sequence_keeps_every_byte,
     realloc_cycles_neither_hang_nor_lose_data,
     random_memory_operations_match_native,

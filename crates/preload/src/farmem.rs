@@ -333,10 +333,93 @@ fn kernel_call(nr: libc::c_long, a: [u64; 6], ctx: *mut libc::ucontext_t) -> i64
     }
 }
 
+/// The program's own `SIGSYS` action, as it set it: kept aside, never
+/// installed, while the filter needs the shim's handler (a child that
+/// resets every handler before `exec`, as git's does, would otherwise die
+/// of the next trapped call).
+static PROGRAM_SIGSYS: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
+
+/// `rt_sigaction(SIGSYS, act, old)` of the program: `act` is kept aside,
+/// `old` gets what it set last (the default at first).
+fn program_sigsys_action(a: [u64; 6]) -> i64 {
+    if a[3] != 8 {
+        return -(libc::EINVAL as i64);
+    }
+    let g = |i: usize| PROGRAM_SIGSYS[i].load(Ordering::Acquire);
+    let old = KernelSigaction {
+        handler: g(0) as usize,
+        flags: g(1),
+        restorer: g(2) as usize,
+        mask: g(3),
+    };
+    let held = inline::hold(&[(a[1], 32), (a[2], 32)]);
+    if a[1] != 0 {
+        // SAFETY: the program's struct sigaction, held local when emulated.
+        let act = unsafe { std::ptr::read_unaligned(a[1] as *const KernelSigaction) };
+        PROGRAM_SIGSYS[0].store(act.handler as u64, Ordering::Release);
+        PROGRAM_SIGSYS[1].store(act.flags, Ordering::Release);
+        PROGRAM_SIGSYS[2].store(act.restorer as u64, Ordering::Release);
+        PROGRAM_SIGSYS[3].store(act.mask, Ordering::Release);
+    }
+    if a[2] != 0 {
+        // SAFETY: where the program asked for the old action.
+        unsafe { std::ptr::write_unaligned(a[2] as *mut KernelSigaction, old) };
+    }
+    inline::release(held);
+    0
+}
+
+/// `rt_sigprocmask` of the program on the handler-thread path: made on the
+/// signal frame (the return from the handler restores that mask), with
+/// `SIGSYS` left unblocked (a blocked one is forced to its default action,
+/// which kills the process at the next trapped call).
+fn thread_path_sigmask(a: [u64; 6], ctx: *mut libc::ucontext_t) -> i64 {
+    if a[3] != 8 || a[0] > 2 {
+        return -(libc::EINVAL as i64);
+    }
+    // SAFETY: `ctx` is this handler's ucontext; the kernel's mask is the
+    // first word of uc_sigmask.
+    let saved = unsafe { &mut *(std::ptr::addr_of_mut!((*ctx).uc_sigmask) as *mut u64) };
+    let cur = *saved;
+    if a[1] != 0 {
+        // SAFETY: the program's mask (memory the handler thread serves).
+        let set = unsafe { std::ptr::read_unaligned(a[1] as *const u64) };
+        let new = match a[0] as i32 {
+            libc::SIG_BLOCK => cur | set,
+            libc::SIG_UNBLOCK => cur & !set,
+            _ => set,
+        };
+        *saved = new & !signal::bit(libc::SIGSYS);
+    }
+    if a[2] != 0 {
+        // SAFETY: where the program asked for the old mask.
+        unsafe { std::ptr::write_unaligned(a[2] as *mut u64, cur) };
+    }
+    0
+}
+
 extern "C" fn on_sigsys(_: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: the handler's own arguments, for a SIGSYS raised by our filter.
     let t = unsafe { seccomp::trapped(info, ctx) };
     let a = t.args;
+    if t.nr == libc::SYS_rt_sigaction && a[0] == libc::SIGSYS as u64 {
+        let r = program_sigsys_action(a);
+        // SAFETY: as above.
+        unsafe { seccomp::set_result(ctx, r) };
+        return;
+    }
+    if !inline_path() {
+        let r = match t.nr {
+            libc::SYS_rt_sigaction => Some(program_call(t.nr, a)),
+            libc::SYS_rt_sigprocmask => Some(thread_path_sigmask(a, ctx as *mut libc::ucontext_t)),
+            _ => None,
+        };
+        if let Some(r) = r {
+            // SAFETY: as above.
+            unsafe { seccomp::set_result(ctx, r) };
+            return;
+        }
+    }
     if !seccomp::TRAPPED.contains(&t.nr) {
         // Only the inline path traps other calls.
         let r = kernel_call(t.nr, a, ctx as *mut libc::ucontext_t);
@@ -753,7 +836,10 @@ fn start(name: &str, child: bool) -> Result<(), String> {
         let trapped = if inline_path {
             inline_trapped()
         } else {
-            seccomp::TRAPPED.to_vec()
+            // The signal calls too: SIGSYS stays the shim's, unblocked.
+            let mut v = seccomp::TRAPPED.to_vec();
+            v.extend_from_slice(&[libc::SYS_rt_sigaction, libc::SYS_rt_sigprocmask]);
+            v
         };
         let everywhere: &[libc::c_long] = if inline_path {
             syscalls::REFUSED_INLINE
