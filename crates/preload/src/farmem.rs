@@ -410,6 +410,16 @@ extern "C" fn on_sigsys(_: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
     }
     if !inline_path() {
         let r = match t.nr {
+            libc::SYS_rt_sigaction if a[1] != 0 => {
+                // A handler's mask may not block SIGSYS either (a call it
+                // makes would meet a blocked trap).
+                // SAFETY: the program's struct sigaction.
+                let mut act = unsafe { std::ptr::read_unaligned(a[1] as *const KernelSigaction) };
+                act.mask &= !signal::bit(libc::SIGSYS);
+                let mut b = a;
+                b[1] = &act as *const KernelSigaction as u64;
+                Some(program_call(t.nr, b))
+            }
             libc::SYS_rt_sigaction => Some(program_call(t.nr, a)),
             libc::SYS_rt_sigprocmask => Some(thread_path_sigmask(a, ctx as *mut libc::ucontext_t)),
             _ => None,
