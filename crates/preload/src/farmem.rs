@@ -77,6 +77,11 @@ fn emulate(start: u64, len: u64) {
     {
         return;
     }
+    // Held for the kernel like emulated memory from now on, before the
+    // engine adopts it (a read into a buffer realloc just moved met EFAULT).
+    if inline_path() {
+        inline::mark_registered(start, len);
+    }
     let i = HEAD.fetch_add(1, Ordering::AcqRel);
     // A full ring: wake the engine and wait for it to drain.
     while i - TAIL.load(Ordering::Acquire) >= RING {

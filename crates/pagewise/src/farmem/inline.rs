@@ -292,6 +292,15 @@ pub(super) fn mark(start: u64, len: u64) {
     set_pages(start, len, true);
 }
 
+/// Marks `[start, start+len)`, just registered with the engine's
+/// userfaultfd and queued for adoption (a new mapping, or one moved by
+/// `mremap`), as possibly emulated at once: until the engine has adopted
+/// it, a kernel access to one of its missing pages would fail with
+/// `EFAULT` if it were not held (touched) first like any emulated page.
+pub fn mark_registered(start: u64, len: u64) {
+    mark(start, len);
+}
+
 /// Marks `[start, start+len)` as no longer emulated (unmapped).
 pub(super) fn unmark(start: u64, len: u64) {
     set_pages(start, len, false);
