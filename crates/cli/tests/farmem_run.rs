@@ -142,7 +142,7 @@ fn same_as_native(tag: &str, program: &str, args: &[&str], option_sets: &[&[&str
 /// [`same_as_native`] for any program `prog`.
 fn same_as_native_cmd(tag: &str, prog: &Path, args: &[&str], option_sets: &[&[&str]]) {
     let program = prog.display();
-    let native = Command::new(&prog).args(args).output().unwrap();
+    let native = Command::new(prog).args(args).output().unwrap();
     let native_out = String::from_utf8_lossy(&native.stdout).into_owned();
     assert!(
         native.status.success(),
@@ -151,7 +151,7 @@ fn same_as_native_cmd(tag: &str, prog: &Path, args: &[&str], option_sets: &[&[&s
     let dir = instance_dir(tag);
     for opts in option_sets {
         let mut c = farmem(&dir);
-        c.arg("run").args(*opts).arg("--").arg(&prog).args(args);
+        c.arg("run").args(*opts).arg("--").arg(prog).args(args);
         let Some((code, out, err)) = run_with_deadline(c, Duration::from_secs(180)) else {
             panic!("{program} {args:?} under farmem run {opts:?} hung (killed after 180 s)");
         };
