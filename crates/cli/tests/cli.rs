@@ -1272,3 +1272,73 @@ fn start_receiver(
     let addr = v["listening"].as_str().unwrap().to_string();
     (rx, out, addr)
 }
+
+/// `dedup run --pid` SIGKILLed once it has made regions of a running
+/// process mergeable: the next `pagewise` command takes them back (the
+/// advice was journaled first), and the process runs on, checking itself.
+#[test]
+fn a_killed_dedup_agents_advice_is_taken_back() {
+    let p = pagewise::probe::get();
+    if !p.ksm || !p.madv_collapse || !p.process_madvise || pagewise_sys::process::geteuid() != 0 {
+        pagewise_testkit::skip!("needs KSM, MADV_COLLAPSE, process_madvise and root");
+        return;
+    }
+    let _ksm = ksm_agents_one_at_a_time();
+    let dir = temp_dir("dedup-advice");
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = c_program(&dir, "dedup_target");
+    let mut target = Command::new(&exe)
+        .arg("60")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(target.stderr.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    if !first.contains("huge 1") {
+        pagewise_testkit::not_happened!("the program's regions could not be made huge: {first}");
+        let _ = target.kill();
+        let _ = target.wait();
+        return;
+    }
+    let pid = target.id() as i32;
+    let mergeable = || pagewise::procfs::with_vm_flag(Some(pid), &["mg"]).unwrap();
+    let mut agent = Command::new(BIN)
+        .args(["dedup", "run", "--interval-ms", "400", "--window-ms", "150"])
+        .args(["--thresholds", "0,2,0.5", "--full-scan-ms", "300", "--pid"])
+        .arg(pid.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while mergeable().is_empty() {
+        if t0.elapsed() > std::time::Duration::from_secs(30) {
+            pagewise_testkit::not_happened!("the agent made nothing mergeable in 30 s");
+            let _ = agent.kill();
+            let _ = target.kill();
+            let _ = (agent.wait(), target.wait());
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    agent.kill().unwrap();
+    agent.wait().unwrap();
+    assert!(
+        !mergeable().is_empty(),
+        "left mergeable by the killed agent"
+    );
+    let probe = Command::new(BIN).arg("probe").output().unwrap();
+    assert!(probe.status.success());
+    let said = String::from_utf8_lossy(&probe.stderr);
+    assert!(said.contains("took back the advice"), "{said}");
+    assert!(
+        mergeable().is_empty(),
+        "still mergeable after the next command"
+    );
+    assert!(target.try_wait().unwrap().is_none(), "the process died");
+    let _ = target.kill();
+    let _ = target.wait();
+}

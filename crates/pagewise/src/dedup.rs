@@ -381,6 +381,9 @@ struct Target {
     pid: i32,
     pidfd: OwnedFd,
     inside: Inside,
+    /// The regions made mergeable, journaled before the call: taken back
+    /// by the next pagewise command if the agent dies first.
+    journal: crate::settings::AdviceJournal,
     writes: std::result::Result<RegionWrites, String>,
     regions: BTreeMap<u64, RegionState>,
     gone: bool,
@@ -490,10 +493,12 @@ impl Agent {
         } else {
             Err("the policy does not use access frequency".into())
         };
+        let journal = crate::settings::AdviceJournal::new(pid, libc::MADV_UNMERGEABLE)?;
         self.targets.push(Target {
             pid,
             pidfd,
             inside,
+            journal,
             writes,
             regions: BTreeMap::new(),
             gone: false,
@@ -956,6 +961,15 @@ impl Agent {
         }
         let t = &mut self.targets[i];
         let ranges: Vec<(u64, u64)> = starts.iter().map(|&s| (s, HUGE_PAGE_SIZE as u64)).collect();
+        if let Err(e) = t.journal.given(&ranges) {
+            self.counters.failed += 1;
+            actions.push(Action::Failed {
+                pid: t.pid,
+                what: "journaling madvise(MADV_MERGEABLE)".into(),
+                why: e.to_string(),
+            });
+            return;
+        }
         match t
             .inside
             .madvise(t.pid, &ranges, libc::MADV_MERGEABLE, "dedup")
@@ -1002,6 +1016,7 @@ impl Agent {
             });
             return;
         }
+        let _ = t.journal.taken_back(&ranges);
         for &s in starts {
             // The kernel does not collapse a range holding a
             // write-protected page: the region leaves the write watch,
@@ -1120,6 +1135,7 @@ impl Agent {
                 .madvise(t.pid, &ranges, libc::MADV_UNMERGEABLE, "dedup")
             {
                 Ok(_) => {
+                    let _ = t.journal.taken_back(&ranges);
                     for s in &starts {
                         if let Some(r) = t.regions.get_mut(s) {
                             r.mergeable = false;

@@ -267,6 +267,18 @@ pub fn process_state(pid: i32) -> std::io::Result<Option<String>> {
         .map(str::to_string))
 }
 
+/// When process `pid` started, in clock ticks since boot (`/proc/PID/stat`
+/// field 22): with the pid, it names one process, whose pid may be reused
+/// after it ends.
+pub fn start_time(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the parenthesised name, which may hold spaces: the
+    // state is field 3, the start time field 22.
+    stat.rfind(')')
+        .and_then(|i| stat[i + 1..].split_whitespace().nth(19))
+        .and_then(|f| f.parse().ok())
+}
+
 /// Reads a one-line file under `/proc` or `/sys`, trimmed.
 pub fn read_trimmed(path: impl AsRef<Path>) -> std::io::Result<String> {
     Ok(std::fs::read_to_string(path)?.trim().to_string())

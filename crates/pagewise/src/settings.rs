@@ -18,6 +18,11 @@
 //! - **Put back when dropped**, also on an error path, and by the agents on
 //!   SIGINT/SIGTERM (they end normally).
 //!
+//! The same holds for advice an agent gives inside a process
+//! ([`AdviceJournal`]: the regions `dedup run` made mergeable): journaled
+//! before the call, taken back by the next run if the agent died, as long
+//! as the process (its pid and start time) is still there.
+//!
 //! Journal format, version 1 (text, at most 64 KiB read):
 //! `pagewise-setting 1\npath=<setting>\nold=<value>\npid=<owner>\ncmd=<owner's name>\n`.
 
@@ -154,7 +159,7 @@ fn read_setting(path: &Path) -> std::io::Result<String> {
 /// what was put back, one line each (also said on stderr). Journals of
 /// live owners are left alone.
 pub fn recover() -> Vec<String> {
-    let mut said = Vec::new();
+    let mut said = recover_advice();
     let Ok(dir) = std::fs::read_dir(journal_dir()) else {
         return said;
     };
@@ -375,4 +380,147 @@ mod tests {
             assert_eq!(Journal::decode(bad), None, "{bad:?}");
         }
     }
+}
+
+/// The directory of advice journals.
+fn advice_dir() -> PathBuf {
+    journal_dir().with_file_name("advice")
+}
+
+const ADVICE_HEADER: &str = "pagewise-advice 1";
+/// Most ranges read back from one advice journal.
+const MAX_ADVICE_RANGES: usize = 1 << 16;
+
+/// Advice an agent gave inside process `pid` (`madvise(advice)` on
+/// ranges), journaled so that it is taken back (`undo`) if the agent dies
+/// first: by the next `pagewise` command, while the same process runs.
+/// Format, version 1: `pagewise-advice 1\npid=P\nstart=TICKS\nundo=ADVICE\n`
+/// then one `START LEN` line (hexadecimal) per range.
+#[derive(Debug)]
+pub struct AdviceJournal {
+    path: PathBuf,
+    file: File,
+    head: String,
+    ranges: std::collections::BTreeMap<u64, u64>,
+}
+
+impl AdviceJournal {
+    /// A journal of advice given in process `pid`, undone with `undo`.
+    pub fn new(pid: i32, undo: i32) -> Result<Self> {
+        recover();
+        let start = procfs::start_time(pid).ok_or(Error::NoSuchProcess(pid))?;
+        let path = advice_dir().join(format!("{pid}.{}", std::process::id()));
+        let file = open_journal(&path)?;
+        pagewise_sys::process::flock_exclusive_nonblocking(file.as_fd())
+            .map_err(|e| Error::os(format!("locking {}", path.display()), e))?;
+        let j = AdviceJournal {
+            path,
+            file,
+            head: format!("{ADVICE_HEADER}\npid={pid}\nstart={start}\nundo={undo}\n"),
+            ranges: Default::default(),
+        };
+        j.write()?;
+        Ok(j)
+    }
+
+    fn write(&self) -> Result<()> {
+        use std::fmt::Write as _;
+        let mut text = self.head.clone();
+        for (s, n) in &self.ranges {
+            let _ = writeln!(text, "{s:x} {n:x}");
+        }
+        let mut f = &self.file;
+        f.set_len(0)
+            .and_then(|()| f.rewind())
+            .and_then(|()| f.write_all(text.as_bytes()))
+            .and_then(|()| f.sync_data())
+            .map_err(|e| Error::os(format!("writing {}", self.path.display()), e))
+    }
+
+    /// Notes `ranges` before the advice is given on them.
+    pub fn given(&mut self, ranges: &[(u64, u64)]) -> Result<()> {
+        self.ranges.extend(ranges.iter().copied());
+        self.write()
+    }
+
+    /// Notes `ranges` taken back (undone by the agent itself).
+    pub fn taken_back(&mut self, ranges: &[(u64, u64)]) -> Result<()> {
+        for (s, _) in ranges {
+            self.ranges.remove(s);
+        }
+        self.write()
+    }
+}
+
+impl Drop for AdviceJournal {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Takes back the advice of agents that died (see [`AdviceJournal`]).
+fn recover_advice() -> Vec<String> {
+    let mut said = Vec::new();
+    let Ok(dir) = std::fs::read_dir(advice_dir()) else {
+        return said;
+    };
+    for e in dir.flatten() {
+        let j = e.path();
+        let Ok(mut f) = open_journal(&j) else {
+            continue;
+        };
+        if pagewise_sys::process::flock_exclusive_nonblocking(f.as_fd()).is_err()
+            || !still_linked(&f, &j)
+        {
+            continue;
+        }
+        let mut text = String::new();
+        let _ = f.rewind();
+        let _ = (&mut f).take(MAX_JOURNAL * 16).read_to_string(&mut text);
+        let mut lines = text.lines();
+        let head = (lines.next() == Some(ADVICE_HEADER))
+            .then(|| {
+                let mut field = |k: &str| -> Option<u64> {
+                    lines
+                        .next()?
+                        .strip_prefix(k)?
+                        .strip_prefix('=')?
+                        .parse()
+                        .ok()
+                };
+                Some((field("pid")?, field("start")?, field("undo")?))
+            })
+            .flatten();
+        let ranges: Vec<(u64, u64)> = lines
+            .take(MAX_ADVICE_RANGES)
+            .filter_map(|l| {
+                let (a, b) = l.split_once(' ')?;
+                let (a, b) = (
+                    u64::from_str_radix(a, 16).ok()?,
+                    u64::from_str_radix(b, 16).ok()?,
+                );
+                crate::Region::new(a, b).ok().map(|_| (a, b))
+            })
+            .collect();
+        if let Some((pid, start, undo)) = head {
+            let pid = i32::try_from(pid).unwrap_or(-1);
+            let same = pid > 0 && procfs::start_time(pid) == Some(start);
+            if same && !ranges.is_empty() {
+                let line = match crate::inject::madvise_in(pid, &ranges, undo as i32, "recovery") {
+                    Ok(_) => format!(
+                        "took back the advice a pagewise agent that ended without doing so had \
+                         given in process {pid} ({} ranges)",
+                        ranges.len()
+                    ),
+                    Err(e) => format!(
+                        "could not take back the advice a pagewise agent left in process {pid}: {e}"
+                    ),
+                };
+                eprintln!("pagewise: {line}");
+                said.push(line);
+            }
+        }
+        let _ = std::fs::remove_file(&j);
+    }
+    said
 }
