@@ -328,6 +328,121 @@ fn python3_reads_files_larger_than_the_budget() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Real programs, byte for byte as natively, at budgets of 64, 512 and
+/// 4,096 pages: perl (a hash and a sort), python3 (dicts and lists),
+/// sqlite3 (a table built and queried in memory), gzip and xz (compressed
+/// and back, digested), sort (lines of a file, digested), git (init,
+/// commits, gc, fsck, log, in a fresh repository with fixed dates).
+/// Threads, forks and a program's own SIGBUS handler are in
+/// farmem_kernel and farmem_forkreset. Inputs are a few MiB here;
+/// `PAGEWISE_REAL_PROGRAMS_MIB=200` gives sort its 200 MiB.
+fn real_programs_match_native() {
+    need_support!();
+    let dir = instance_dir("real-programs");
+    let work = dir.join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let sort_mib: usize = std::env::var("PAGEWISE_REAL_PROGRAMS_MIB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4);
+    // Text lines from a fixed generator: sort's input and the archivers'.
+    let mut text = String::new();
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    while text.len() < sort_mib << 20 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        text.push_str(&format!("{:016x} line {}\n", x, x % 100_003));
+    }
+    let input = work.join("input.txt");
+    std::fs::write(&input, &text).unwrap();
+    let inp = input.to_str().unwrap().to_string();
+    let repo = work.join("repo");
+    let git = format!(
+        "set -e; rm -rf {r}; mkdir {r}; cd {r}; export GIT_AUTHOR_DATE=2020-01-01T00:00:00Z \
+         GIT_COMMITTER_DATE=2020-01-01T00:00:00Z GIT_AUTHOR_NAME=a GIT_AUTHOR_EMAIL=a@b \
+         GIT_COMMITTER_NAME=a GIT_COMMITTER_EMAIL=a@b; git init -q -b main .; \
+         for i in 1 2 3; do head -c $((i * 300000)) {inp} > f$i; git add f$i; git commit -qm c$i; done; \
+         git gc -q; git fsck --no-progress 2>&1; git log --format='%H %s'; git count-objects -v",
+        r = repo.display()
+    );
+    let cases: Vec<(&str, Vec<String>)> = vec![
+        (
+            "perl",
+            vec![
+                "-e".into(),
+                "my %h; $h{\"k$_\"} = $_ * $_ for 1..200000; my $s = 0; $s += $h{\"k$_\"} for 1..200000; \
+                 my @a = sort { $a <=> $b } map { ($_ * 7919) % 100003 } 1..200000; \
+                 print \"$s $a[0] $a[-1] \", scalar(@a), \"\\n\";"
+                    .into(),
+            ],
+        ),
+        (
+            "/usr/bin/python3",
+            vec![
+                "-c".into(),
+                "d = {str(i): i * i for i in range(300000)}\n\
+                 l = sorted((i * 7919) % 100003 for i in range(300000))\n\
+                 print(sum(d.values()), l[0], l[-1], len(l), sum(l[::1000]))"
+                    .into(),
+            ],
+        ),
+        (
+            "sqlite3",
+            vec![
+                ":memory:".into(),
+                "create table t(a integer primary key, b integer, c text); \
+                 with recursive n(x) as (select 1 union all select x + 1 from n where x < 200000) \
+                 insert into t select x, (x * 7919) % 100003, hex(randomblob(0) || x) from n; \
+                 create index tb on t(b); select count(*), sum(b), min(c), max(c) from t; \
+                 select a from t order by b desc, a limit 3;"
+                    .into(),
+            ],
+        ),
+        ("sh", vec!["-c".into(), format!("gzip -c {inp} | gzip -dc | sha256sum; gzip -c {inp} | sha256sum")]),
+        ("sh", vec!["-c".into(), format!("xz -1 -T1 -c {inp} | xz -dc | sha256sum; xz -1 -T1 -c {inp} | sha256sum")]),
+        ("sh", vec!["-c".into(), format!("sort {inp} | sha256sum; sort -r -k3n {inp} | head -c 100000 | sha256sum")]),
+        ("sh", vec!["-c".into(), git]),
+    ];
+    for (prog, args) in &cases {
+        let path = if prog.starts_with('/') {
+            std::path::PathBuf::from(prog)
+        } else {
+            match which(prog) {
+                Some(p) => p,
+                None => {
+                    pagewise_testkit::skip!("{prog} is not installed");
+                    continue;
+                }
+            }
+        };
+        if !path.is_file() {
+            pagewise_testkit::skip!("{} is not installed", path.display());
+            continue;
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        same_as_native_cmd(
+            "real",
+            &path,
+            &args,
+            &[
+                &["--local-pages", "64"],
+                &["--local-pages", "512"],
+                &["--local-pages", "4096"],
+            ],
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The path of `prog` in /usr/bin or /bin (the system's own).
+fn which(prog: &str) -> Option<std::path::PathBuf> {
+    ["/usr/bin", "/bin"]
+        .iter()
+        .map(|d| Path::new(d).join(prog))
+        .find(|p| p.is_file())
+}
+
 /// A forked child that blocks every signal, resets every handler to the
 /// default and allocates before it execs (git's run-command does) keeps
 /// being served: the shim's SIGSYS stays installed and unblocked (it died
@@ -405,6 +520,7 @@ pagewise_testkit::per_fault_path!(
     kernel_accesses_match_native,
     a_child_resetting_its_signals_survives,
     python3_reads_files_larger_than_the_budget,
+    real_programs_match_native,
     mremap_sequence_keeps_every_byte,
     realloc_cycles_neither_hang_nor_lose_data,
     random_memory_operations_match_native,
