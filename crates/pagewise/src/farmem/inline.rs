@@ -496,15 +496,26 @@ fn claim_slot() -> Option<usize> {
 /// Reads one byte of every emulated page of the range: a remote page
 /// faults and is fetched here.
 fn touch(start: u64, len: u64) {
-    let ps = crate::PAGE_SIZE as u64;
-    let mut page = start & !(ps - 1);
-    while page < start + len {
-        if is_emulated(page) {
+    let (Some(m), Some((first, last))) = (pages_map(), page_range(start, len)) else {
+        return;
+    };
+    // Word by word of the page map: spans of memory that is not emulated
+    // (a call handed a length far beyond its buffer, or a huge mapping of
+    // another kind) are passed 64 pages at a time.
+    let mut p = first;
+    while p <= last {
+        let w = m[(p / 64) as usize].load(Ordering::Acquire);
+        if w == 0 {
+            p = (p | 63) + 1;
+            continue;
+        }
+        if w & (1 << (p % 64)) != 0 {
+            let page = p << PAGE_SHIFT;
             // SAFETY: the page belongs to an emulated region, which is
             // mapped readable and writable; reading it faults at most.
             unsafe { std::ptr::read_volatile(page.max(start) as *const u8) };
         }
-        page += ps;
+        p += 1;
     }
 }
 
