@@ -206,8 +206,17 @@ fn a_32_bit_target_is_refused_before_any_call() {
     };
     let dir = std::env::temp_dir().join(format!("pagewise-compat32-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let mut c = Command::new(&path).current_dir(&dir).spawn().unwrap();
+    let c = Command::new(&path).current_dir(&dir).spawn().unwrap();
     let pid = c.id() as i32;
+    /// Kills the target however the test ends (it never exits by itself).
+    struct Reap(std::process::Child);
+    impl Drop for Reap {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _reap = Reap(c);
     std::thread::sleep(Duration::from_millis(50));
     let fds_before = fds(pid);
     {
@@ -236,8 +245,6 @@ fn a_32_bit_target_is_refused_before_any_call() {
     let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
     assert!(left.is_empty(), "files appeared in its directory: {left:?}");
     assert!(pagewise::procfs::is_alive(pid), "the target died");
-    let _ = c.kill();
-    let _ = c.wait();
     let _ = std::fs::remove_dir_all(&dir);
 }
 
