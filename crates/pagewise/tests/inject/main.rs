@@ -273,6 +273,15 @@ fn a_vforking_target_is_waited_out_then_refused() {
         assert!(t0.elapsed() < Duration::from_secs(30), "no vfork happened");
         std::thread::sleep(Duration::from_millis(5));
     };
+    /// Kills the vforked child (our grandchild) however the test ends.
+    struct KillChild(i32);
+    impl Drop for KillChild {
+        fn drop(&mut self) {
+            // SAFETY: kill of a process this test's target started.
+            unsafe { libc::kill(self.0, libc::SIGKILL) };
+        }
+    }
+    let _child = KillChild(child);
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let r = Stopped::within(pid, Duration::from_millis(500)).map(|_| ());
