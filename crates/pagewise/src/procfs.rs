@@ -321,6 +321,8 @@ pub struct ThreadSignals {
     pub blocked: u64,
     /// Ignored (`SigIgn`).
     pub ignored: u64,
+    /// Caught by a handler (`SigCgt`).
+    pub caught: u64,
 }
 
 impl ThreadSignals {
@@ -341,6 +343,7 @@ pub fn thread_signals(pid: i32, tid: i32) -> Result<ThreadSignals> {
         pending: f("SigPnd") | f("ShdPnd"),
         blocked: f("SigBlk"),
         ignored: f("SigIgn"),
+        caught: f("SigCgt"),
     })
 }
 

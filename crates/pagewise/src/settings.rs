@@ -160,26 +160,31 @@ fn read_setting(path: &Path) -> std::io::Result<String> {
 /// live owners are left alone.
 pub fn recover() -> Vec<String> {
     let mut said = recover_advice();
-    let Ok(dir) = std::fs::read_dir(journal_dir()) else {
-        return said;
-    };
-    for e in dir.flatten() {
-        let j = e.path();
-        let Ok(mut f) = open_journal(&j) else {
-            continue;
-        };
-        if pagewise_sys::process::flock_exclusive_nonblocking(f.as_fd()).is_err() {
-            continue; // a live owner
-        }
-        if !still_linked(&f, &j) {
-            continue;
-        }
+    for (j, mut f) in orphans(&journal_dir()) {
         if let Some(line) = repair(&mut f, &j) {
             eprintln!("pagewise: {line}");
             said.push(line);
         }
     }
     said
+}
+
+/// The journals in `dir` whose owner is gone, each opened and locked (a
+/// journal a live owner holds is left alone, as is one its owner unlinked
+/// meanwhile).
+fn orphans(dir: &Path) -> Vec<(PathBuf, File)> {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    rd.flatten()
+        .filter_map(|e| {
+            let j = e.path();
+            let f = open_journal(&j).ok()?;
+            (pagewise_sys::process::flock_exclusive_nonblocking(f.as_fd()).is_ok()
+                && still_linked(&f, &j))
+            .then_some((j, f))
+        })
+        .collect()
 }
 
 /// With the lock of journal `j` held and its owner gone: writes the
@@ -461,19 +466,7 @@ impl Drop for AdviceJournal {
 /// Takes back the advice of agents that died (see [`AdviceJournal`]).
 fn recover_advice() -> Vec<String> {
     let mut said = Vec::new();
-    let Ok(dir) = std::fs::read_dir(advice_dir()) else {
-        return said;
-    };
-    for e in dir.flatten() {
-        let j = e.path();
-        let Ok(mut f) = open_journal(&j) else {
-            continue;
-        };
-        if pagewise_sys::process::flock_exclusive_nonblocking(f.as_fd()).is_err()
-            || !still_linked(&f, &j)
-        {
-            continue;
-        }
+    for (j, mut f) in orphans(&advice_dir()) {
         let mut text = String::new();
         let _ = f.rewind();
         let _ = (&mut f).take(MAX_JOURNAL * 16).read_to_string(&mut text);

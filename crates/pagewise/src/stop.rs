@@ -361,11 +361,7 @@ pub(crate) fn rewind_eintr(pid: i32, tid: i32) -> bool {
     let Ok(sigs) = procfs::thread_signals(pid, tid) else {
         return false;
     };
-    let caught = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status"))
-        .ok()
-        .and_then(|t| procfs::status_hex(&t, "SigCgt"))
-        .unwrap_or(u64::MAX);
-    let inert = sigs.ignored | (DEFAULT_IGNORED & !caught);
+    let inert = sigs.ignored | (DEFAULT_IGNORED & !sigs.caught);
     if sigs.deliverable() & !inert != 0 {
         // A signal will interrupt it anyway: the EINTR is the program's.
         return false;

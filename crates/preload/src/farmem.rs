@@ -267,32 +267,10 @@ fn kernel_call(nr: libc::c_long, a: [u64; 6], ctx: *mut libc::ucontext_t) -> i64
             r
         }
         libc::SYS_rt_sigprocmask => {
-            // Made on the frame: the return from this handler restores the
-            // mask saved there, so that is the mask to change.
-            if a[3] != 8 || a[0] > 2 {
-                return -(libc::EINVAL as i64);
-            }
             let held = inline::hold(&[(a[1], 8), (a[2], 8)]);
-            // SAFETY: `ctx` is this handler's ucontext; the kernel's mask is
-            // the first word of uc_sigmask.
-            let saved = unsafe { &mut *(std::ptr::addr_of_mut!((*ctx).uc_sigmask) as *mut u64) };
-            let cur = *saved;
-            if a[1] != 0 {
-                // SAFETY: the program's mask, held local.
-                let set = unsafe { std::ptr::read_unaligned(a[1] as *const u64) };
-                let new = match a[0] as i32 {
-                    libc::SIG_BLOCK => cur | set,
-                    libc::SIG_UNBLOCK => cur & !set,
-                    _ => set,
-                };
-                *saved = new & !NEVER_BLOCKED;
-            }
-            if a[2] != 0 {
-                // SAFETY: where the program asked for the old mask, held local.
-                unsafe { std::ptr::write_unaligned(a[2] as *mut u64, cur) };
-            }
+            let r = frame_sigmask(a, ctx, NEVER_BLOCKED);
             inline::release(held);
-            0
+            r
         }
         libc::SYS_sigaltstack => {
             let held = inline::hold(&[(a[0], 24), (a[1], 24)]);
@@ -374,11 +352,13 @@ fn program_sigsys_action(a: [u64; 6]) -> i64 {
     0
 }
 
-/// `rt_sigprocmask` of the program on the handler-thread path: made on the
-/// signal frame (the return from the handler restores that mask), with
-/// `SIGSYS` left unblocked (a blocked one is forced to its default action,
-/// which kills the process at the next trapped call).
-fn thread_path_sigmask(a: [u64; 6], ctx: *mut libc::ucontext_t) -> i64 {
+/// `rt_sigprocmask(how, set, old, 8)` of the program (`a`), made on the
+/// signal frame `ctx` (the return from the handler restores the mask saved
+/// there, so that is the mask to change), with `never` left unblocked: a
+/// blocked `SIGSYS` (or, inline, `SIGBUS`) is forced to its default
+/// action, which kills the process at the next trap. The program's memory
+/// is read and written here: on the inline path the caller holds it.
+fn frame_sigmask(a: [u64; 6], ctx: *mut libc::ucontext_t, never: u64) -> i64 {
     if a[3] != 8 || a[0] > 2 {
         return -(libc::EINVAL as i64);
     }
@@ -387,14 +367,14 @@ fn thread_path_sigmask(a: [u64; 6], ctx: *mut libc::ucontext_t) -> i64 {
     let saved = unsafe { &mut *(std::ptr::addr_of_mut!((*ctx).uc_sigmask) as *mut u64) };
     let cur = *saved;
     if a[1] != 0 {
-        // SAFETY: the program's mask (memory the handler thread serves).
+        // SAFETY: the program's mask (held local on the inline path).
         let set = unsafe { std::ptr::read_unaligned(a[1] as *const u64) };
         let new = match a[0] as i32 {
             libc::SIG_BLOCK => cur | set,
             libc::SIG_UNBLOCK => cur & !set,
             _ => set,
         };
-        *saved = new & !signal::bit(libc::SIGSYS);
+        *saved = new & !never;
     }
     if a[2] != 0 {
         // SAFETY: where the program asked for the old mask.
@@ -426,7 +406,11 @@ extern "C" fn on_sigsys(_: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
                 Some(program_call(t.nr, b))
             }
             libc::SYS_rt_sigaction => Some(program_call(t.nr, a)),
-            libc::SYS_rt_sigprocmask => Some(thread_path_sigmask(a, ctx as *mut libc::ucontext_t)),
+            libc::SYS_rt_sigprocmask => Some(frame_sigmask(
+                a,
+                ctx as *mut libc::ucontext_t,
+                signal::bit(libc::SIGSYS),
+            )),
             _ => None,
         };
         if let Some(r) = r {
