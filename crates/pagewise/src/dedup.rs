@@ -69,7 +69,7 @@ use crate::hash::{page_digest, zero_page_digest, PageDigest};
 use crate::inject::Inside;
 use crate::walk::PageWalker;
 use crate::{procfs, Error, Region, Result, HUGE_PAGE_SIZE, PAGE_SIZE};
-use pagewise_sys::{mem, process};
+use pagewise_sys::process;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -1030,11 +1030,7 @@ impl Agent {
             if let Some(st) = t.regions.get_mut(&s) {
                 st.watched = false;
             }
-            let r = process::process_madvise(
-                t.pidfd.as_raw_fd(),
-                &[(s, HUGE_PAGE_SIZE)],
-                mem::MADV_COLLAPSE,
-            );
+            let r = crate::inject::collapse(t.pidfd.as_raw_fd(), s, HUGE_PAGE_SIZE);
             let Some(st) = t.regions.get_mut(&s) else {
                 continue;
             };

@@ -73,6 +73,32 @@ impl Inside {
     }
 }
 
+/// Collapses `[start, start+len)` of the process behind `pidfd` into huge
+/// pages (`process_madvise(MADV_COLLAPSE)`, which needs no stop). The
+/// kernel answers `EAGAIN` for a state that passes on its own (a page
+/// locked or not yet on an LRU list, as right after copy-on-write broke a
+/// KSM page): such a refusal is retried, at most [`COLLAPSE_TRIES`] times,
+/// 20 ms apart. Any other refusal is answered at once.
+pub fn collapse(pidfd: std::os::fd::RawFd, start: u64, len: usize) -> std::io::Result<()> {
+    let mut tries = 1;
+    loop {
+        match pagewise_sys::process::process_madvise(
+            pidfd,
+            &[(start, len)],
+            pagewise_sys::mem::MADV_COLLAPSE,
+        ) {
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) && tries < COLLAPSE_TRIES => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            r => return r.map(|_| ()),
+        }
+    }
+}
+
+/// Most attempts [`collapse`] makes at a range the kernel says to retry.
+pub const COLLAPSE_TRIES: u32 = 5;
+
 /// Whether process `pid` can be made to make `call` for `feature`: refused,
 /// with the reason, for a process under a seccomp filter (the call could be
 /// refused, or kill it), one another tracer holds (a process has one), and

@@ -55,7 +55,7 @@
 use crate::access::WriteCoverage;
 use crate::walk::PageWalker;
 use crate::{procfs, Error, Region, Result, HUGE_PAGE_SIZE, PAGE_SIZE};
-use pagewise_sys::{mem, pagemap, process};
+use pagewise_sys::{pagemap, process};
 use serde::Serialize;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
@@ -928,11 +928,7 @@ impl Agent {
                 continue;
             };
             let tc = Instant::now();
-            let r = process::process_madvise(
-                t.pidfd.as_raw_fd(),
-                &[(c.start, HUGE_PAGE_SIZE)],
-                mem::MADV_COLLAPSE,
-            );
+            let r = crate::inject::collapse(t.pidfd.as_raw_fd(), c.start, HUGE_PAGE_SIZE);
             let ms = tc.elapsed().as_secs_f64() * 1e3;
             spent_ms += ms;
             self.counters.collapse_ms += ms;
