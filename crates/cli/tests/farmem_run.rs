@@ -136,7 +136,7 @@ impl Drop for Busy {
 /// each option set; every emulated run must end in time, succeed and print
 /// exactly what the native run printed.
 fn same_as_native(tag: &str, program: &str, args: &[&str], option_sets: &[&[&str]]) {
-    same_as_native_cmd(tag, &c_program(program), args, option_sets, true);
+    same_as_native_cmd(tag, &c_program(program), args, option_sets, true, &[]);
 }
 
 /// [`same_as_native`] for any program `prog`.
@@ -148,6 +148,7 @@ fn same_as_native_cmd(
     args: &[&str],
     option_sets: &[&[&str]],
     need_faults: bool,
+    env: &[(&str, &str)],
 ) {
     let program = prog.display();
     let native = Command::new(prog).args(args).output().unwrap();
@@ -160,6 +161,7 @@ fn same_as_native_cmd(
     for opts in option_sets {
         let mut c = farmem(&dir);
         c.arg("run").args(*opts).arg("--").arg(prog).args(args);
+        c.envs(env.iter().copied());
         let Some((code, out, err)) = run_with_deadline(c, Duration::from_secs(180)) else {
             panic!("{program} {args:?} under farmem run {opts:?} hung (killed after 180 s)");
         };
@@ -226,16 +228,22 @@ fn random_memory_operations_match_native() {
     // Under load: seed 4 with lru lost writes in 60 % of loaded runs while an
     // mremap or madvise was half done, and in 3 % of unloaded ones.
     let _busy = Busy::start();
-    for seed in ["1", "2", "3", "4"] {
-        same_as_native(
+    // Seeds 1006, 1210 and 1231 differed from the native run once each in
+    // a long randomized run (scripts/farmem-stress) on a loaded machine.
+    // The engine checks its books against the page tables at every fault
+    // (PAGEWISE_FARMEM_CHECK), all of them every 64 faults.
+    for seed in ["1", "2", "3", "4", "1006", "1210", "1231"] {
+        same_as_native_cmd(
             &format!("mmfuzz-{seed}"),
-            "farmem_mmfuzz",
+            &c_program("farmem_mmfuzz"),
             &[seed, "120"],
             &[
                 &["--local-pages", "256"],
                 &["--local-pages", "4096", "--policy", "lru"],
                 &["--local-pages", "512", "--policy", "clock"],
             ],
+            true,
+            &[(pagewise::launch::env::FARMEM_CHECK, "64")],
         );
     }
 }
@@ -332,6 +340,7 @@ fn python3_reads_files_larger_than_the_budget() {
         &[s, d],
         &[&["--local-pages", "512"], &["--local-pages", "64"]],
         true,
+        &[],
     );
     let _ = std::fs::remove_file(&data);
     let _ = std::fs::remove_dir_all(&dir);
@@ -451,6 +460,7 @@ fn real_programs_match_native() {
                 &[&["--local-pages", "4096"]]
             },
             *prog != "sh",
+            &[],
         );
     }
     let _ = std::fs::remove_dir_all(&dir);

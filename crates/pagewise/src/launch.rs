@@ -46,6 +46,11 @@ pub mod env {
     pub const FARMEM_FAULT_PATH: &str = "PAGEWISE_FARMEM_FAULT_PATH";
     /// A path: each member writes its event trace to `PATH.PID`.
     pub const FARMEM_TRACE: &str = "PAGEWISE_FARMEM_TRACE";
+    /// A number N: a debug mode; each member checks its books against the
+    /// page tables at every fault (every page of them every N faults) and
+    /// stops the program at the first disagreement (see
+    /// [`crate::farmem::Hooks::check_books`]). Slow.
+    pub const FARMEM_CHECK: &str = "PAGEWISE_FARMEM_CHECK";
     /// Read by the library in every process: the directory of instance files
     /// (default `/dev/shm`).
     pub const FARMEM_DIR: &str = "PAGEWISE_FARMEM_DIR";

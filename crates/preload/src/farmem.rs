@@ -25,9 +25,10 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering}
 use std::sync::{Arc, Mutex};
 
 use pagewise::launch::env::{
-    FARMEM_FAULT_PATH as ENV_FAULT_PATH, FARMEM_INSTANCE as ENV_INSTANCE,
-    FARMEM_POLICY as ENV_POLICY, FARMEM_POLICY_ARGS as ENV_POLICY_ARGS,
-    FARMEM_STACKS as ENV_STACKS, FARMEM_TAG as ENV_TAG, FARMEM_TRACE as ENV_TRACE,
+    FARMEM_CHECK as ENV_CHECK, FARMEM_FAULT_PATH as ENV_FAULT_PATH,
+    FARMEM_INSTANCE as ENV_INSTANCE, FARMEM_POLICY as ENV_POLICY,
+    FARMEM_POLICY_ARGS as ENV_POLICY_ARGS, FARMEM_STACKS as ENV_STACKS, FARMEM_TAG as ENV_TAG,
+    FARMEM_TRACE as ENV_TRACE,
 };
 
 /// The top of a thread stack left alone with `--stacks` (see on_sigsys).
@@ -794,6 +795,10 @@ fn start(name: &str, child: bool) -> Result<(), String> {
         instance: Some((inst.clone(), slot)),
         remapping: Some(&CHANGING),
         fault_path: path,
+        check_books: std::env::var(ENV_CHECK)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0),
         on_start: Some(Box::new(|| {
             // SAFETY: gettid has no arguments and no side effect.
             let tid = unsafe { raw_syscall(libc::SYS_gettid, [0; 6]) };

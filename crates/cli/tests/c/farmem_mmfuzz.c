@@ -4,7 +4,10 @@
  * kept in .bss: the buffer changed and one other after every step, all at
  * the end. The output depends only on the seed, so a
  * run under far-memory emulation must print what a plain run prints.
- * Usage: farmem_mmfuzz SEED STEPS */
+ * Usage: farmem_mmfuzz SEED STEPS
+ * With MMFUZZ_TRACE set, each step is also written to stderr with its
+ * buffer's address and pages (for a failure found by the debug mode of
+ * the far-memory engine, PAGEWISE_FARMEM_CHECK). */
 #define _GNU_SOURCE
 #include <stdint.h>
 #include <stdio.h>
@@ -66,6 +69,7 @@ int main(int argc, char **argv) {
     rng = strtoull(argv[1], 0, 0) * 0x9E3779B97F4A7C15ull + 1;
     long steps = strtol(argv[2], 0, 0);
     long counts[9] = {0};
+    int trace = getenv("MMFUZZ_TRACE") != 0;
     for (long s = 0; s < steps; s++) {
         int b = below(NB), op = below(9);
         if (!buf[b]) op = 0;
@@ -154,6 +158,9 @@ int main(int argc, char **argv) {
         }
         }
         counts[op]++;
+        if (trace)
+            fprintf(stderr, "step %ld: %s buffer %d at %p, %zu pages; heap at %p, %zu bytes\n", s, name, b,
+                    (void *)buf[b], npg[b], (void *)heap, heap_len);
         /* The buffer just changed, and one other. */
         if (buf[b]) check(b, name);
         int o = below(NB);

@@ -1,6 +1,7 @@
 //! The fault engine: the handler thread's state and its loop (see the
 //! module docs of [`crate::farmem`] for what it does).
 
+mod books;
 mod coverage;
 mod evict;
 mod held;
@@ -118,6 +119,9 @@ pub(super) struct Engine {
     pub(super) write_fault: bool,
     /// Zeros to copy from (see `write_fault`).
     zeros: AnonMemory,
+    /// See [`super::Hooks::check_books`]; faults checked so far.
+    pub(super) check_books: u64,
+    checked_faults: u64,
 }
 
 /// The handler met an error it cannot recover from: its books no longer
@@ -259,6 +263,8 @@ impl Engine {
             inline,
             write_fault: false,
             zeros: AnonMemory::new(PAGE_SIZE)?,
+            check_books: 0,
+            checked_faults: 0,
         };
         for r in regions {
             e.add_region(*r)?;
@@ -616,6 +622,9 @@ impl Engine {
                 }
             };
         };
+        if self.check_books > 0 {
+            self.check_fault(g)?;
+        }
         if self.pages[g] == Where::Local {
             // Mapped already (two threads faulted on it), or dropped behind
             // our back: zeros then, and a wake-up either way.

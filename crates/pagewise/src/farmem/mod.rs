@@ -346,6 +346,14 @@ pub struct Hooks {
     /// to `Thread` where the kernel lacks `UFFD_FEATURE_SIGBUS`;
     /// [`FarMemory::fault_path`] says which one runs.
     pub fault_path: FaultPath,
+    /// A debug mode, slow, on when non-zero: at every fault the engine
+    /// checks the page's place in its books against the page tables (a
+    /// page it holds as local is mapped, one it holds remote sits in
+    /// staging, a zero page does not), and, every `check_books` faults
+    /// while the program has one thread, every page of every region. The
+    /// first disagreement stops the program with the page, its place in
+    /// the books and what the page tables say (see the engine's `fail`).
+    pub check_books: u64,
 }
 
 impl Shared {
@@ -504,6 +512,7 @@ impl FarMemory {
                 engine.discover = hooks.discover;
                 engine.inst = hooks.instance;
                 engine.remapping = hooks.remapping;
+                engine.check_books = hooks.check_books;
                 // This thread's thread-local bookkeeping may sit in the very
                 // heap it emulates: it must never fault there.
                 if let Some((a, b)) = pagewise_sys::tls::dtv_range() {
@@ -535,7 +544,19 @@ impl FarMemory {
                     }
                 }
                 let _ = ready_tx.send(Ok(fd));
-                Engine::run(&cell, wake_r);
+                // A panic must not end this thread alone: the program would
+                // go on with pages nobody serves (a thread waiting on a fault
+                // forever, or, at the next wake-up, SIGPIPE from the closed
+                // wake pipe). It ends the process, as a failure does.
+                let run = std::panic::AssertUnwindSafe(|| Engine::run(&cell, wake_r));
+                if let Err(p) = std::panic::catch_unwind(run) {
+                    let what = p
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| p.downcast_ref::<String>().cloned())
+                        .unwrap_or_default();
+                    engine::fail(&Error::EngineStopped(format!("it panicked: {what}")));
+                }
                 Ok(())
             })
             .map_err(|e| Error::os("starting the far-memory handler thread", e))?;

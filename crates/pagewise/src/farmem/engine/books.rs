@@ -1,0 +1,126 @@
+//! The books against the page tables: a debug mode (see
+//! [`crate::farmem::Hooks::check_books`]) for the randomized tests, which
+//! finds a wrong place in the books at the fault it first matters to,
+//! instead of as a wrong byte read much later.
+//!
+//! What must hold, for a page of an emulated region:
+//!
+//! | books        | region page        | staging page |
+//! |--------------|--------------------|--------------|
+//! | `Local`      | present or swapped | absent       |
+//! | `Parked`     | absent             | present      |
+//! | `Remote`     | absent             | present      |
+//! | `RemoteZero` | absent             | absent       |
+//!
+//! (An address the program unmapped stays in the books as zeros; where the
+//! engine later maps a staging mapping there, its pages are checked as
+//! staging only.)
+//!
+//! At a fault only the faulting page is checked, and only what no other
+//! thread can be changing: its staging page (the engine's alone) and, for
+//! a page held local, that it is still mapped (a second thread faulting on
+//! the same page finds it mapped). The whole table is checked only while
+//! the program has a single thread, which is then waiting on this fault
+//! (or serving it), and no work is waiting on events: nothing else changes
+//! the page tables meanwhile. A page the program wrote again after it
+//! dropped it (`MADV_DONTNEED`) is outside the books by design (see
+//! `Engine::removing_started`): a zero page of a range being removed may
+//! be mapped.
+
+use super::*;
+
+impl Engine {
+    /// Checks the page `g` a fault is about to be served for; then, every
+    /// `check_books` faults, every page.
+    pub(in crate::farmem) fn check_fault(&mut self, g: usize) -> Result<()> {
+        let (_, _, addr, staged) = self.addr_of(g);
+        let w = self.pages[g];
+        let in_staging = self.present(staged)?;
+        let want_staged = matches!(w, Where::Remote | Where::Parked);
+        if in_staging != want_staged {
+            return Err(self.disagree(g, addr, None, Some(in_staging)));
+        }
+        if w == Where::Local && !self.present(addr)? {
+            return Err(self.disagree(g, addr, Some(false), Some(in_staging)));
+        }
+        self.checked_faults += 1;
+        if self.checked_faults.is_multiple_of(self.check_books) {
+            self.check_all()?;
+        }
+        Ok(())
+    }
+
+    /// Checks every page of every region, when the program has one thread
+    /// and nothing waits on events (see the module docs); otherwise does
+    /// nothing.
+    pub(in crate::farmem) fn check_all(&mut self) -> Result<()> {
+        if !(self.moves.is_empty() && self.adopts.is_empty() && self.later.is_empty())
+            || self.changing_now()
+            || program_threads() != Some(1)
+        {
+            return Ok(());
+        }
+        // A range the program unmapped stays in the books (as zeros), and
+        // the engine may map a staging mapping there later: those pages
+        // are checked as staging, never as the program's.
+        let stagings: Vec<(u64, u64)> = self.staging.iter().map(|st| st.mapping()).collect();
+        let mut mapped = Vec::new();
+        let mut staged_runs = Vec::new();
+        for ri in 0..self.regions.len() {
+            let r = self.regions[ri];
+            let stage = self.staging[ri].region();
+            // A range the program no longer maps has no page tables to
+            // read: its pages must all be zeros in the books.
+            let region_ok = self.walker.populated(r, &mut mapped).is_ok();
+            self.walker.populated(stage, &mut staged_runs)?;
+            let in_runs = |runs: &[(u64, u64)], a: u64| runs.iter().any(|&(x, y)| a >= x && a < y);
+            for i in 0..r.pages() as usize {
+                let g = self.first[ri] + i;
+                let addr = r.start + (i * PAGE_SIZE) as u64;
+                let w = self.pages[g];
+                let staged = in_runs(&staged_runs, stage.start + (i * PAGE_SIZE) as u64);
+                if in_runs(&stagings, addr) {
+                    continue;
+                }
+                let here = region_ok && in_runs(&mapped, addr);
+                let removing = self.removing.iter().any(|&(s, e)| addr >= s && addr < e);
+                let ok = match w {
+                    Where::Local => here && !staged,
+                    Where::Parked | Where::Remote => !here && staged,
+                    Where::RemoteZero => !staged && (!here || removing),
+                };
+                let ok = ok || (!region_ok && w == Where::RemoteZero && !staged);
+                if !ok {
+                    return Err(self.disagree(g, addr, region_ok.then_some(here), Some(staged)));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The error that stops the program: page `g` at `addr`, its place in
+    /// the books, what the page tables say of it and of its staging page.
+    fn disagree(&self, g: usize, addr: u64, here: Option<bool>, staged: Option<bool>) -> Error {
+        let say = |b: Option<bool>| match b {
+            Some(true) => "present",
+            Some(false) => "absent",
+            None => "not read",
+        };
+        Error::Internal(format!(
+            "the books disagree with the page tables at {addr:#x} (page {g}, {:?}, {:?}): \
+             the region page is {}, the staging page {}; fault {} of this engine",
+            self.pages[g],
+            self.class[g],
+            say(here),
+            say(staged),
+            self.checked_faults
+        ))
+    }
+}
+
+/// The program's threads (those of this process but the engine's own
+/// handler thread), when `/proc/self/status` says.
+fn program_threads() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    crate::procfs::status_field(&status, "Threads").map(|n| n.saturating_sub(1))
+}
