@@ -193,6 +193,9 @@ pub struct Row {
     pub verified: u64,
     /// Values missing or wrong.
     pub lost: u64,
+    /// Redis died after P3 completed, in this phase (`verify` or `GET`):
+    /// killed, by the OOM killer when `oom_kills` says so.
+    pub died_after_p3: Option<String>,
     /// CPU of the agent's thread, s.
     pub agent_cpu_s: f64,
     /// What the kernel did to huge pages during the run (`/proc/vmstat`
@@ -432,6 +435,14 @@ fn one(
         None => (Vec::new(), 0.0),
     };
     sampler.join().expect("sampler thread");
+    // A phase that lost its connection: say what became of the server.
+    let result = result.map_err(|e| match server.child.try_wait() {
+        Ok(Some(st)) => e.context(format!(
+            "redis-server ended ({st}) during the {way} run; its cgroup's OOM kills: {}",
+            cg.oom_kills()
+        )),
+        _ => e,
+    });
     server.shutdown();
     let mut row = result?;
     row.agent_cpu_s = agent_cpu_s;
@@ -609,6 +620,7 @@ fn phases(
         huge_share_end: 0.0,
         verified: 0,
         lost: 0,
+        died_after_p3: None,
         agent_cpu_s: 0.0,
         vmstat: Vec::new(),
         timeline: Vec::new(),
@@ -619,6 +631,35 @@ fn phases(
     }
     let r = pagewise::procfs::resident(pid)?;
     row.huge_share_end = r.anon_huge_kib as f64 / r.rss_kib.max(1) as f64;
+    let mut phase = "verify";
+    match after_p3(
+        cfg, &mut c, &gone, &mut row, &mut phase, shared, progress, way, stop,
+    ) {
+        // Killed after P3 (the OOM killer, at a limit Redis's memory
+        // reached): an outcome, not a failure of the benchmark.
+        Err(_) if !pagewise::procfs::is_alive(pid) => {
+            row.died_after_p3 = Some(phase.to_string());
+            Ok(row)
+        }
+        Err(e) => Err(e),
+        Ok(()) => Ok(row),
+    }
+}
+
+/// Reads every value back (phase `verify`), then measures GETs (`GET`);
+/// `phase` says which was running.
+#[allow(clippy::too_many_arguments)]
+fn after_p3(
+    cfg: &Config,
+    c: &mut Client,
+    gone: &[bool],
+    row: &mut Row,
+    phase: &mut &'static str,
+    shared: &Shared,
+    progress: &mut dyn FnMut(&str),
+    way: &str,
+    stop: &AtomicBool,
+) -> Result<()> {
     // Every value back, as written.
     set_phase(shared, "verify", progress, way);
     let kept: Vec<u64> = (0..cfg.p1_keys).filter(|&i| !gone[i as usize]).collect();
@@ -643,6 +684,7 @@ fn phases(
     check_all(&mut kept.iter().map(|&i| (p1_key(i), value(i, cfg.p1_bytes))))?;
     check_all(&mut (0..cfg.p3_keys).map(|i| (p3_key(i), value(P3_SEED + i, cfg.p3_bytes))))?;
     // GET throughput over the small values left.
+    *phase = "GET";
     set_phase(shared, "GET", progress, way);
     let t = Instant::now();
     let mut n = 0u64;
@@ -662,7 +704,7 @@ fn phases(
         n += 64;
     }
     row.get_per_s = Some(n as f64 / t.elapsed().as_secs_f64());
-    Ok(row)
+    Ok(())
 }
 
 /// Why the experiment cannot run here, or `None` when it can.
@@ -746,7 +788,9 @@ impl Report {
             s += &format!(
                 "{:<9} {:<15} {:>8.0}  {:>8.0}  {:>9.0}  {:>9}  {:>7}  {:>5}  {:>8.0}  {:>8.0}  {:>7}  {:>4.0}%  {}\n",
                 r.way,
-                if r.p3_completed {
+                if let Some(phase) = &r.died_after_p3 {
+                    format!("died in {phase}")
+                } else if r.p3_completed {
                     "completed".to_string()
                 } else {
                     format!("OOM ({}/{})", r.p3_inserted, c.p3_keys)
