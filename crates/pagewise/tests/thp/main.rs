@@ -225,7 +225,9 @@ fn promotes_by_coverage_within_the_budget_and_loses_no_write() {
             recovery: None,
         };
         let mut agent = Agent::new(&[t.pid], opts).unwrap();
+        let passes_before = t.passes();
         let step = agent.step().unwrap();
+        let passes = t.passes() - passes_before;
         let failed: Vec<&Action> = step
             .actions
             .iter()
@@ -248,8 +250,17 @@ fn promotes_by_coverage_within_the_budget_and_loses_no_write() {
                 .collect::<Vec<_>>()
         );
         assert_eq!(got.len(), 2, "{policy:?}: {:?}", step.actions);
-        assert_eq!(t.huge(), want, "{policy:?}: regions mapped by huge pages");
-        if policy == Policy::Coverage {
+        // The coverage measured is what the target wrote in the window:
+        // a figure only when the target made whole passes in it (on a
+        // loaded machine it may not have been given the CPU).
+        if policy == Policy::Coverage && passes < 3 {
+            pagewise_testkit::not_happened!(
+                "the target made {passes} passes during the step (3 needed to cover a region in the window): the choice by coverage not checked"
+            );
+        } else {
+            assert_eq!(t.huge(), want, "{policy:?}: regions mapped by huge pages");
+        }
+        if policy == Policy::Coverage && passes >= 3 {
             let touched: Vec<Option<u64>> = (0..4u64)
                 .map(|r| {
                     step.candidates
