@@ -46,6 +46,10 @@ pub struct RegionReport {
     pub anon: bool,
     /// Resident base pages.
     pub resident_pages: u64,
+    /// Of them, anonymous pages: those of an anonymous mapping, and the
+    /// pages of a private file mapping the process wrote (copies of its
+    /// own), as the kernel counts `Anonymous:` in smaps.
+    pub anon_pages: u64,
     /// Base pages mapped by a PMD huge page.
     pub huge_pages: u64,
     /// Swapped-out pages.
@@ -314,7 +318,7 @@ pub fn inspect(pids: &[i32], opts: Options, progress: &mut dyn FnMut(u64, u64)) 
             walker.categories(
                 r,
                 cat::PRESENT | cat::SWAPPED,
-                cat::PRESENT | cat::SWAPPED | cat::HUGE | cat::PFNZERO,
+                cat::PRESENT | cat::SWAPPED | cat::HUGE | cat::PFNZERO | cat::FILE,
                 &mut runs,
             )?;
             let mut a = m.start;
@@ -329,6 +333,7 @@ pub fn inspect(pids: &[i32], opts: Options, progress: &mut dyn FnMut(u64, u64)) 
                     path: m.path.clone(),
                     anon,
                     resident_pages: 0,
+                    anon_pages: 0,
                     huge_pages: 0,
                     swapped_pages: 0,
                     zero_pages: 0,
@@ -353,6 +358,9 @@ pub fn inspect(pids: &[i32], opts: Options, progress: &mut dyn FnMut(u64, u64)) 
                         continue;
                     }
                     rep.resident_pages += n;
+                    if pr.categories & cat::FILE == 0 {
+                        rep.anon_pages += n;
+                    }
                     let huge = pr.categories & cat::HUGE != 0;
                     if huge {
                         rep.huge_pages += n;
@@ -435,11 +443,10 @@ pub fn inspect(pids: &[i32], opts: Options, progress: &mut dyn FnMut(u64, u64)) 
     for r in &mut all {
         let b = PAGE_SIZE as u64;
         out.rss_bytes += r.resident_pages * b;
+        out.anon_bytes += r.anon_pages * b;
+        out.file_bytes += (r.resident_pages - r.anon_pages) * b;
         if r.anon {
-            out.anon_bytes += r.resident_pages * b;
             out.thp_bytes += r.huge_pages * b;
-        } else {
-            out.file_bytes += r.resident_pages * b;
         }
         out.swapped_bytes += r.swapped_pages * b;
         out.bloat_bytes += r.bloat_pages * b;
