@@ -262,6 +262,20 @@ fn run_cmd(a: RunArgs) -> Result<i32> {
         rep.stats.injected_delay_ns as f64 / 1e6,
         rep.stats.floor_ns
     );
+    if rep.stats.overshoot_pages > 0 {
+        eprintln!(
+            "pagewise farmem: the budget was exceeded by up to {} pages: {}",
+            rep.stats.overshoot_pages,
+            if rep.stats.inline_faults == 0 {
+                "on the handler-thread path each process keeps at least 4 pages (one instruction may need that many at once)".to_string()
+            } else {
+                format!(
+                    "{} faults of instructions that need more pages at once than the budget allows were served with those pages lent, or pages were held for the kernel",
+                    rep.stats.lent_faults
+                )
+            }
+        );
+    }
     run.finish();
     Ok(launch::exit_code(status))
 }

@@ -33,6 +33,65 @@ pub(super) enum Where {
     Parked,
 }
 
+/// Pages lent to one instruction beyond the budget. An instruction may need
+/// several pages at once (a `movs` whose source and destination each cross
+/// a page boundary needs four): under a budget smaller than that, each of
+/// its faults would evict a page another of its faults fetched, and it
+/// would fault for ever. On the inline path the engine knows the faulting
+/// thread and instruction: a fault of the same thread at the same
+/// instruction on a page fetched for it before (and evicted since) is a
+/// repeat without progress; the pages fetched for that instruction are then
+/// lent, kept local over the budget, until the thread faults elsewhere or
+/// on a page new to the instruction (a `rep movs` moving on). The overshoot
+/// is counted ([`super::Stats::lent_faults`], [`super::Stats::overshoot_pages`]).
+#[derive(Debug, Default)]
+struct Loan {
+    /// The instruction: thread and address.
+    site: Option<(i32, u64)>,
+    /// Pages fetched for it, the last [`Loan::MAX`].
+    fetched: Vec<usize>,
+    /// Those lent now.
+    lent: Vec<usize>,
+}
+
+impl Loan {
+    /// The most pages lent to one instruction.
+    const MAX: usize = 16;
+
+    /// Before serving a fault on page `g` at `site`: whether the fault is a
+    /// repeat without progress (and the pages are lent from now on).
+    fn before_fault(&mut self, site: Option<(i32, u64)>, g: usize) -> bool {
+        if site.is_none() || site != self.site {
+            self.site = site;
+            self.fetched.clear();
+            self.lent.clear();
+            return false;
+        }
+        if self.fetched.contains(&g) {
+            self.lent.clone_from(&self.fetched);
+            return true;
+        }
+        // A page new to the instruction: it moved on.
+        self.lent.clear();
+        false
+    }
+
+    /// Page `g` was fetched for the instruction.
+    fn fetched(&mut self, g: usize) {
+        if self.site.is_none() {
+            return;
+        }
+        if self.fetched.len() == Self::MAX {
+            self.fetched.remove(0);
+        }
+        self.fetched.push(g);
+    }
+
+    fn is_lent(&self, g: usize) -> bool {
+        self.lent.contains(&g)
+    }
+}
+
 /// The name of every staging mapping: `/proc/PID/maps` shows
 /// `[anon:pagewise-farmem-staging]` where the kernel names mappings.
 const STAGING_NAME: &std::ffi::CStr = c"pagewise-farmem-staging";
@@ -119,6 +178,11 @@ pub(super) struct Engine {
     pub(super) write_fault: bool,
     /// Zeros to copy from (see `write_fault`).
     zeros: AnonMemory,
+    /// The thread and instruction of the fault being served inline (on the
+    /// handler thread neither is known).
+    pub(super) fault_site: Option<(i32, u64)>,
+    /// Pages lent to one instruction (see [`Loan`]).
+    loan: Loan,
     /// See [`super::Hooks::check_books`]; faults checked so far.
     pub(super) check_books: u64,
     checked_faults: u64,
@@ -265,6 +329,8 @@ impl Engine {
             zeros: AnonMemory::new(PAGE_SIZE)?,
             check_books: 0,
             checked_faults: 0,
+            fault_site: None,
+            loan: Loan::default(),
         };
         for r in regions {
             e.add_region(*r)?;
@@ -588,6 +654,18 @@ impl Engine {
         (target < local).then_some(target)
     }
 
+    /// The fewest local pages this engine keeps, over the budget if need
+    /// be: on the handler-thread path an instruction's pages cannot be lent
+    /// (the faulting instruction is not known), so an engine there keeps
+    /// [`instance::MIN_LOCAL_PAGES_THREAD`]; inline, none.
+    pub(in crate::farmem) fn floor(&self) -> usize {
+        if self.inline {
+            0
+        } else {
+            instance::MIN_LOCAL_PAGES_THREAD as usize
+        }
+    }
+
     /// Local pages counted against the budget now, the budget, and the
     /// pages with data it is a share of.
     fn load(&self, cfg: &Config) -> (u64, u64, u64) {
@@ -605,6 +683,7 @@ impl Engine {
 
     fn fault(&mut self, sh: &Shared, addr: u64, arrived: Instant) -> Result<()> {
         let fd = self.uffd.as_raw_fd();
+        let site = self.fault_site.take();
         if self.locate(addr).is_none() {
             self.discover_now()?;
         }
@@ -657,6 +736,9 @@ impl Engine {
             self.put(g, Where::Local);
             return self.map(was, g);
         }
+        if self.loan.before_fault(site, g) {
+            sh.counters.lent.fetch_add(1, Ordering::Relaxed);
+        }
         let mut writeback_bytes = 0;
         // Always-remote pages visited since the last fault go back first
         // (those not sent back stay listed, also when one must wait).
@@ -677,9 +759,10 @@ impl Engine {
             }
         }
         drop(counted);
+        let floor = self.floor();
         while class == Placement::Normal && !sh.paused.load(Ordering::Relaxed) && {
             let (local, budget, _) = self.load(&cfg);
-            local >= budget
+            local >= budget && self.local >= floor
         } {
             match self.evict_victim(sh)? {
                 None => break,
@@ -730,6 +813,12 @@ impl Engine {
             self.injector.mapped(arrived);
             c.handled
                 .fetch_add(arrived.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        }
+        if r.is_ok() {
+            self.loan.fetched(g);
+            let (local, budget, _) = self.load(&cfg);
+            c.overshoot
+                .fetch_max(local.saturating_sub(budget), Ordering::Relaxed);
         }
         if r.as_ref().is_err_and(again) {
             // Not mapped: undone, to be served again after the events.

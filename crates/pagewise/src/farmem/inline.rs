@@ -224,7 +224,7 @@ pub(super) enum Served {
 /// whose books hold the page, then by one that learns of new regions (the
 /// preload shim's, which registers what the program maps before it tells
 /// the engine).
-fn serve(addr: u64, tid: i32, write: bool) -> Served {
+fn serve(addr: u64, tid: i32, (write, ip): (bool, u64)) -> Served {
     for pass in [false, true] {
         for c in cells() {
             if c.lock.held_by(tid) {
@@ -239,6 +239,7 @@ fn serve(addr: u64, tid: i32, write: bool) -> Served {
                 continue;
             }
             e.write_fault = write;
+            e.fault_site = Some((tid, ip));
             match e.serve_inline(&sh, addr, pass) {
                 Served::NotMine => continue,
                 s => return s,
@@ -663,20 +664,22 @@ fn install_handler() -> crate::Result<()> {
 }
 
 /// Whether the fault the kernel saved in `ctx` was a write (x86-64: bit 1
-/// of the page fault's error code).
-fn is_write(ctx: *mut libc::c_void) -> bool {
+/// of the page fault's error code), and the address of the instruction
+/// that took it.
+fn fault_site(ctx: *mut libc::c_void) -> (bool, u64) {
     #[cfg(target_arch = "x86_64")]
     {
         // SAFETY: `ctx` is the ucontext_t the kernel passed the handler.
-        let err = unsafe {
-            (*(ctx as *const libc::ucontext_t)).uc_mcontext.gregs[libc::REG_ERR as usize]
-        };
-        err & 2 != 0
+        let g = unsafe { &(*(ctx as *const libc::ucontext_t)).uc_mcontext.gregs };
+        (
+            g[libc::REG_ERR as usize] & 2 != 0,
+            g[libc::REG_RIP as usize] as u64,
+        )
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = ctx;
-        false
+        (false, 0)
     }
 }
 
@@ -687,7 +690,7 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
     // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler.
     let (code, addr) = unsafe { ((*info).si_code, (*info).si_addr() as u64) };
     if code == libc::BUS_ADRERR {
-        match serve(addr, current_tid(), is_write(ctx)) {
+        match serve(addr, current_tid(), fault_site(ctx)) {
             Served::Done => return,
             Served::Again => {
                 // SAFETY: sched_yield has no arguments.

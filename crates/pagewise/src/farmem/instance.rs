@@ -34,7 +34,7 @@
 //!   [`MAX_MEMBERS`] member slots and 16 retired-run entries.
 //! - **Version rule:** any change to a field's order, size or meaning in
 //!   `Header`, `Slot`, `Retired` or the engine's `Counters` bumps `LAYOUT`
-//!   (now 3); a process refuses an instance of another layout with an error
+//!   (now 5); a process refuses an instance of another layout with an error
 //!   that says so, never reads it.
 //! - Writers: the creator writes every other field once, then the magic
 //!   number last, after a release fence (a file without it is not yet an
@@ -65,7 +65,7 @@ pub const MAX_MEMBERS: usize = 64;
 /// page or two, where every loop over two pages would fault on each access.
 pub const MIN_PERCENT_BUDGET: u64 = 256;
 const MAGIC: u64 = 0x7061_6765_6661_726d; // "pagefarm"
-const LAYOUT: u64 = 4;
+const LAYOUT: u64 = 5;
 /// Runs whose exited members' counts an instance keeps apart (entry 0
 /// gathers the rest).
 const RETIRED: usize = 16;
@@ -133,11 +133,11 @@ struct Header {
 // The layout of the file (see the module's contract): a change here must
 // bump LAYOUT.
 const _: () = {
-    assert!(std::mem::size_of::<Counters>() == 352);
-    assert!(std::mem::size_of::<Slot>() == 376);
-    assert!(std::mem::size_of::<Retired>() == 360);
-    assert!(std::mem::size_of::<Header>() == 29_928);
-    assert!(LAYOUT == 4);
+    assert!(std::mem::size_of::<Counters>() == 368);
+    assert!(std::mem::size_of::<Slot>() == 392);
+    assert!(std::mem::size_of::<Retired>() == 376);
+    assert!(std::mem::size_of::<Header>() == 31_208);
+    assert!(LAYOUT == 5);
 };
 
 /// Where instance files live: `/dev/shm/pagewise-farmem` (or under the
@@ -155,10 +155,12 @@ pub fn dir() -> PathBuf {
     }
 }
 
-/// The smallest budget a program can run in: one instruction may need
-/// several pages at once (a `movs` whose source and destination each cross
-/// a page boundary needs four); with fewer it faults forever.
-pub const MIN_LOCAL_PAGES: u64 = 4;
+/// The smallest budget a program can run in on the handler-thread path:
+/// one instruction may need several pages at once (a `movs` whose source
+/// and destination each cross a page boundary needs four); with fewer it
+/// faults for ever. The inline path lends such an instruction its pages
+/// (see [`super::Stats::lent_faults`]) and runs with a budget of one.
+pub const MIN_LOCAL_PAGES_THREAD: u64 = 4;
 /// The largest one-way latency accepted: 60 s.
 pub const MAX_LATENCY_NS: u64 = 60_000_000_000;
 
@@ -169,12 +171,6 @@ impl Settings {
             return Err(Error::Invalid(format!(
                 "local_percent {}: use 1..=100",
                 self.local_percent
-            )));
-        }
-        if self.local_pages != 0 && self.local_pages < MIN_LOCAL_PAGES {
-            return Err(Error::Invalid(format!(
-                "local_npages {}: at least {MIN_LOCAL_PAGES} (one instruction may need that many pages at once)",
-                self.local_pages
             )));
         }
         if self.latency_ns > MAX_LATENCY_NS {

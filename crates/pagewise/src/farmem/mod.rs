@@ -182,6 +182,13 @@ pub struct Stats {
     /// Shared pages (after a `fork`, or merged by KSM) given a copy of
     /// their own so that they could be evicted.
     pub unshared_pages: u64,
+    /// Faults of an instruction that needs more pages at once than the
+    /// budget allows, served with its other pages lent beyond the budget
+    /// (inline path; see the engine's `Loan`).
+    pub lent_faults: u64,
+    /// The most pages local beyond the budget at once, for lent pages
+    /// and pages held for the kernel.
+    pub overshoot_pages: u64,
     /// Injected delay per fault: counts in power-of-two buckets, bucket `i`
     /// holding delays in `[2^i, 2^(i+1))` ns (bucket 0 also holds 0).
     pub delay_histogram: Vec<u64>,
@@ -205,6 +212,9 @@ pub(crate) struct Counters {
     handled: AtomicU64,
     inline: AtomicU64,
     unshared: AtomicU64,
+    lent: AtomicU64,
+    /// A maximum, not a count.
+    overshoot: AtomicU64,
     hist: [AtomicU64; HIST_BUCKETS],
 }
 
@@ -223,6 +233,8 @@ impl Counters {
             &self.handled,
             &self.inline,
             &self.unshared,
+            &self.lent,
+            &self.overshoot,
         ]
         .into_iter()
         .chain(self.hist.iter())
@@ -243,10 +255,13 @@ impl Counters {
         }
     }
 
-    /// Adds `other`'s counts to these (not its local pages: a gauge).
+    /// Adds `other`'s counts to these (not its local pages: a gauge; of
+    /// the overshoots, the larger).
     pub(crate) fn add_from(&self, other: &Counters) {
         for (d, s) in self.all().zip(other.all()) {
-            if !std::ptr::eq(d, &self.local) {
+            if std::ptr::eq(d, &self.overshoot) {
+                d.fetch_max(s.load(Ordering::Relaxed), Ordering::Relaxed);
+            } else if !std::ptr::eq(d, &self.local) {
                 d.fetch_add(s.load(Ordering::Relaxed), Ordering::Relaxed);
             }
         }
@@ -274,6 +289,8 @@ impl Counters {
             handler_ns: get(&self.handled),
             inline_faults: get(&self.inline),
             unshared_pages: get(&self.unshared),
+            lent_faults: get(&self.lent),
+            overshoot_pages: get(&self.overshoot),
             delay_histogram: hist,
         }
     }
@@ -300,6 +317,8 @@ impl Stats {
             t.handler_ns += s.handler_ns;
             t.inline_faults += s.inline_faults;
             t.unshared_pages += s.unshared_pages;
+            t.lent_faults += s.lent_faults;
+            t.overshoot_pages = t.overshoot_pages.max(s.overshoot_pages);
             if t.delay_histogram.len() < s.delay_histogram.len() {
                 t.delay_histogram.resize(s.delay_histogram.len(), 0);
             }

@@ -67,7 +67,7 @@ impl Engine {
                 .store(self.local as u64, Ordering::Relaxed);
         }
         if let Some(target) = self.keep(sh) {
-            while self.local as u64 > target {
+            while self.local as u64 > target.max(self.floor() as u64) {
                 match self.evict_victim(sh) {
                     Ok(Some(_)) => {}
                     Ok(None) => break,

@@ -71,9 +71,10 @@ impl Engine {
         }
     }
 
-    /// Whether page `g` is held for the kernel (inline engines only; the
-    /// caller counted itself in with [`crate::farmem::inline::evicting`]).
+    /// Whether page `g` is held for the kernel, or lent to the instruction
+    /// being served (inline engines only; the caller counted itself in
+    /// with [`crate::farmem::inline::evicting`]).
     pub(in crate::farmem) fn is_held(&self, g: usize) -> bool {
-        self.inline && crate::farmem::inline::is_held(self.addr_of(g).2)
+        self.inline && (self.loan.is_lent(g) || crate::farmem::inline::is_held(self.addr_of(g).2))
     }
 }
