@@ -112,6 +112,18 @@ static void files(const char *dir) {
     CHECK(got == 0, "getdents64");
     printf("getdents64: %ld entries named entry-*\n", names);
     close(dfd);
+    /* getcwd and getrandom into heap buffers straddling pages (their
+     * buffer is the first argument, not the second as for read) */
+    char *here = buffer(2 * PAGE, 9), *cwd = getcwd(NULL, 0);
+    sweep();
+    CHECK(syscall(SYS_getcwd, here, 2 * PAGE) > 0, "getcwd");
+    printf("getcwd into the heap: %s\n", cwd && !strcmp(here, cwd) ? "same" : "DIFFER");
+    free(cwd);
+    char *rnd = buffer(3 * PAGE, 10);
+    sweep();
+    long r = syscall(SYS_getrandom, rnd, 3 * PAGE, 0);
+    CHECK(r == 3 * PAGE, "getrandom");
+    printf("getrandom into the heap: %ld bytes\n", r);
 }
 
 static void sockets(void) {

@@ -157,8 +157,10 @@ pub fn hold_for(nr: c_long, a: &[u64; 6]) -> Held {
     let mut h = Holding::default();
     let p = |i: usize| a[i];
     match nr {
-        SYS_read | SYS_write | SYS_pread64 | SYS_pwrite64 | SYS_getdents | SYS_getdents64
-        | SYS_getrandom | SYS_getcwd => h.range(p(1), p(2)),
+        SYS_read | SYS_write | SYS_pread64 | SYS_pwrite64 | SYS_getdents | SYS_getdents64 => {
+            h.range(p(1), p(2))
+        }
+        SYS_getrandom | SYS_getcwd => h.range(p(0), p(1)),
         SYS_readv | SYS_writev | SYS_preadv | SYS_pwritev | SYS_preadv2 | SYS_pwritev2 => {
             h.iovecs(p(1), p(2))
         }
