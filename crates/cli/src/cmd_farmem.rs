@@ -64,15 +64,21 @@ struct RunArgs {
     /// Emulate thread stacks too (faults then take the handler thread).
     #[arg(long)]
     stacks: bool,
-    /// Which thread serves a fault: `thread`, the engine's handler thread
-    /// (the faulting thread sleeps until its page is mapped), or `inline`,
-    /// the faulting thread itself in a SIGBUS handler (no sleep, no
-    /// wake-up: a lower and steadier floor; memory the program hands to the
-    /// kernel is fetched and held before each system call; io_uring and
-    /// Linux AIO set-up are refused with ENOSYS, so that the program falls
-    /// back to plain calls). Falls back to `thread` where the kernel lacks
-    /// UFFD_FEATURE_SIGBUS; the summary says which path served faults.
-    #[arg(long, env = "PAGEWISE_FARMEM_FAULT_PATH", default_value = "thread")]
+    /// Which thread serves a fault. `inline` (the default): the faulting
+    /// thread itself, in a SIGBUS handler — no sleep and no wake-up, so a
+    /// lower and steadier cost per fault (the one that meets DiME's
+    /// accuracy goals); memory the program hands to the kernel is fetched
+    /// and held before each system call; an instruction that needs more
+    /// pages than the budget gets them lent, so budgets go down to one
+    /// page; io_uring and Linux AIO set-up are refused with ENOSYS, so
+    /// that the program falls back to plain calls. `thread`: the engine's
+    /// handler thread serves faults while the faulting thread sleeps; use
+    /// it for a program that needs io_uring or Linux AIO, or that hands the
+    /// kernel memory through a call pagewise does not know (a driver's
+    /// ioctl with pointers inside its structure); --stacks implies it. Falls back to `thread` where the
+    /// kernel lacks UFFD_FEATURE_SIGBUS; the summary says which path
+    /// served faults.
+    #[arg(long, env = "PAGEWISE_FARMEM_FAULT_PATH", default_value = "inline")]
     fault_path: FaultPath,
     /// Write the statistics of this run's processes as JSON to this file.
     #[arg(long)]

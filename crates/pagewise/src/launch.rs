@@ -224,7 +224,8 @@ impl Default for FarmemOptions {
             policy_args: String::new(),
             stacks: false,
             trace: None,
-            fault_path: crate::farmem::FaultPath::Thread,
+            // As `farmem run`'s default.
+            fault_path: crate::farmem::FaultPath::Inline,
         }
     }
 }
