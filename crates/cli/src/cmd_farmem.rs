@@ -270,13 +270,13 @@ fn run_cmd(a: RunArgs) -> Result<i32> {
     );
     if rep.stats.overshoot_pages > 0 {
         eprintln!(
-            "pagewise farmem: the budget was exceeded by up to {} pages: {}",
+            "pagewise farmem: the budget was exceeded by up to {} pages ({})",
             rep.stats.overshoot_pages,
             if rep.stats.inline_faults == 0 {
-                "on the handler-thread path each process keeps at least 4 pages (one instruction may need that many at once)".to_string()
+                "on the handler-thread path each process keeps at least 4 pages, and pages the kernel holds during a call stay local".to_string()
             } else {
                 format!(
-                    "{} faults of instructions that need more pages at once than the budget allows were served with those pages lent, or pages were held for the kernel",
+                    "{} faults of instructions that needed more pages at once than the budget were served with those pages lent; pages held for the kernel during a call stay local too",
                     rep.stats.lent_faults
                 )
             }

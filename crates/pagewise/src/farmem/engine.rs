@@ -183,6 +183,10 @@ pub(super) struct Engine {
     pub(super) fault_site: Option<(i32, u64)>,
     /// Pages lent to one instruction (see [`Loan`]).
     loan: Loan,
+    /// Pages a move found held by another task (a reference the kernel
+    /// took, as `process_vm_readv` pins pages while it copies), and until
+    /// when eviction passes them over.
+    busy: Vec<(usize, Instant)>,
     /// See [`super::Hooks::check_books`]; faults checked so far.
     pub(super) check_books: u64,
     checked_faults: u64,
@@ -331,6 +335,7 @@ impl Engine {
             checked_faults: 0,
             fault_site: None,
             loan: Loan::default(),
+            busy: Vec::new(),
         };
         for r in regions {
             e.add_region(*r)?;
@@ -749,7 +754,7 @@ impl Engine {
                 self.visiting.push(v);
                 continue;
             }
-            match self.evict(sh, v) {
+            match self.evict(sh, v, true) {
                 Ok(dirty) => writeback_bytes += if dirty { PAGE_SIZE as u64 } else { 0 },
                 Err(e) => {
                     self.visiting.push(v);

@@ -21,7 +21,7 @@ impl Engine {
                     continue;
                 }
                 self.policy.removed(g);
-                match self.evict(sh, g) {
+                match self.evict(sh, g, true) {
                     Ok(_) => {}
                     Err(e) if again(&e) => {
                         // Try the whole sweep again after the events.

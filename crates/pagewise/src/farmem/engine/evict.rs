@@ -56,7 +56,7 @@ impl Engine {
                             self.policy.inserted(g);
                         }
                         Placement::AlwaysRemote => {
-                            self.evict(sh, g)?;
+                            self.evict(sh, g, true)?;
                         }
                         Placement::PinnedLocal => {}
                     }
@@ -88,31 +88,44 @@ impl Engine {
     pub(in crate::farmem) fn evict_victim(&mut self, sh: &Shared) -> Result<Option<bool>> {
         // A page held for the kernel is passed over (and goes back to the
         // policy as if just inserted).
+        // So is a page another task holds (see `busy`): with no other
+        // victim the fault is served over the budget, never waits for a
+        // page the kernel pins while it waits for this very fault (a
+        // process_vm_readv of the program's own memory).
         let _counted = self.inline.then(crate::farmem::inline::evicting);
+        let now = Instant::now();
+        self.busy.retain(|&(_, until)| until > now);
         let mut passed = Vec::new();
-        let v = loop {
-            match self.policy.victim() {
-                Some(v) if self.is_held(v) && passed.len() < self.local => passed.push(v),
-                Some(v) if self.is_held(v) => {
-                    passed.push(v);
-                    break None;
+        let found = loop {
+            let v = loop {
+                match self.policy.victim() {
+                    Some(v) if self.passed_over(v) && passed.len() < self.local => passed.push(v),
+                    Some(v) if self.passed_over(v) => {
+                        passed.push(v);
+                        break None;
+                    }
+                    v => break v,
                 }
-                v => break v,
+            };
+            let Some(v) = v else {
+                break Ok(None);
+            };
+            match self.evict(sh, v, false) {
+                Ok(d) => break Ok(Some(d)),
+                // Held by another task: passed over like a held page.
+                Err(_) if self.is_busy(v) && passed.len() < self.local => passed.push(v),
+                Err(e) => {
+                    // Still local: back into the policy.
+                    passed.push(v);
+                    break Err(e);
+                }
             }
         };
         for p in passed {
             self.policy.inserted(p);
         }
-        let Some(v) = v else {
+        let Some(dirty) = found? else {
             return Ok(None);
-        };
-        let dirty = match self.evict(sh, v) {
-            Ok(d) => d,
-            Err(e) => {
-                // Still local: back into the policy.
-                self.policy.inserted(v);
-                return Err(e);
-            }
         };
         let mut park = Vec::new();
         self.policy.to_park(&mut park);
@@ -120,6 +133,17 @@ impl Engine {
             self.park(sh, p)?;
         }
         Ok(Some(dirty))
+    }
+
+    /// Whether eviction passes page `g` over for now: held for the kernel,
+    /// lent to an instruction, or held by another task (see `busy`).
+    fn passed_over(&self, g: usize) -> bool {
+        self.is_held(g) || self.is_busy(g)
+    }
+
+    /// Whether a move found page `g` held by another task lately.
+    fn is_busy(&self, g: usize) -> bool {
+        self.busy.iter().any(|&(b, _)| b == g)
     }
 
     /// Whether one page sits at `dst` and none at `src`: a move between them
@@ -176,7 +200,15 @@ impl Engine {
     /// Evicts local page `g`: one atomic move into staging, so a write
     /// racing it lands before (and moves with the page) or faults after.
     /// Returns whether its contents changed since the fetch (a write-back).
-    pub(in crate::farmem) fn evict(&mut self, sh: &Shared, g: usize) -> Result<bool> {
+    /// With `patient`, a page another task holds is waited for (up to about
+    /// 100 ms, see `move_patiently`); without, it is left at once (and
+    /// passed over as a victim for a while).
+    pub(in crate::farmem) fn evict(
+        &mut self,
+        sh: &Shared,
+        g: usize,
+        patient: bool,
+    ) -> Result<bool> {
         let (_, _, addr, staged) = self.addr_of(g);
         let moved = match self.pages[g] {
             Where::Local => match self.stage_page(addr, staged) {
@@ -205,13 +237,17 @@ impl Engine {
                 unsafe { mem::madvise(addr, PAGE_SIZE, MADV_POPULATE_WRITE) }
                     .map_err(|e| Error::os(format!("MADV_POPULATE_WRITE of {addr:#x}"), e))?;
                 sh.counters.unshared.fetch_add(1, Ordering::Relaxed);
-                move_patiently(
-                    self.stage_uffd.as_raw_fd(),
-                    staged,
-                    addr,
-                    PAGE_SIZE as u64,
-                    uffd::MOVE_MODE_DONTWAKE,
-                )
+                if patient {
+                    move_patiently(
+                        self.stage_uffd.as_raw_fd(),
+                        staged,
+                        addr,
+                        PAGE_SIZE as u64,
+                        uffd::MOVE_MODE_DONTWAKE,
+                    )
+                } else {
+                    self.stage_page(addr, staged)
+                }
             }
             r => r,
         };
@@ -238,7 +274,10 @@ impl Engine {
             }
             Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
                 // Held by another task for longer than a moment: later,
-                // after the events, as for any move that must wait.
+                // after the events, as for any move that must wait; and
+                // passed over as a victim meanwhile.
+                self.busy
+                    .push((g, Instant::now() + std::time::Duration::from_millis(50)));
                 return Err(Error::os(
                     format!("evicting {addr:#x}, held by another task"),
                     std::io::Error::from_raw_os_error(libc::EAGAIN),
