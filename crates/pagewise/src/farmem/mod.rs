@@ -433,6 +433,11 @@ pub struct FarMemory {
     regions: Vec<Region>,
     /// Writing a byte wakes the handler to look at `changed` and `stop`.
     wake: std::io::PipeWriter,
+    /// A reader of the wake pipe for as long as the engine exists: a
+    /// wake-up written after the handler thread ended (it may end between
+    /// `stop` and the byte that says so) must not raise SIGPIPE, which
+    /// kills a program that keeps its default action.
+    _wake_reader: std::io::PipeReader,
     thread: Option<std::thread::JoinHandle<Result<()>>>,
     path: FaultPath,
 }
@@ -497,6 +502,9 @@ impl FarMemory {
         });
         let (wake_r, wake_w) =
             std::io::pipe().map_err(|e| Error::os("creating the engine's wake pipe", e))?;
+        let wake_reader = wake_r
+            .try_clone()
+            .map_err(|e| Error::os("duplicating the engine's wake pipe", e))?;
         let path = match hooks.fault_path {
             FaultPath::Inline
                 if !crate::probe::get().uffd_has(pagewise_sys::uffd::feature::SIGBUS) =>
@@ -592,6 +600,7 @@ impl FarMemory {
             shared,
             regions: sorted,
             wake: wake_w,
+            _wake_reader: wake_reader,
             thread: Some(thread),
             path,
         })
@@ -776,5 +785,54 @@ impl Drop for FarMemory {
         if let Err(e) = self.shutdown() {
             eprintln!("pagewise farmem: stopping: {e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workload::AnonMemory;
+
+    /// Regression: the handler thread may end between `stop` and the wake
+    /// byte that says so; the byte then went to a pipe without a reader,
+    /// and SIGPIPE killed a process that keeps its default action (`farmem
+    /// run` exited 141 with no output, once in about 700 runs of the
+    /// randomized test on a loaded machine). Here the thread is made to end
+    /// first, then the byte is written with SIGPIPE at its default.
+    #[test]
+    fn a_wake_up_after_the_handler_ended_raises_no_sigpipe() {
+        let mem = AnonMemory::new(16 * PAGE_SIZE).unwrap();
+        let cfg = Config {
+            local_pages: 4,
+            link: LinkConfig {
+                latency_ns: 0,
+                bandwidth_bps: 0,
+            },
+        };
+        let fifo = Box::new(policy::Fifo::default());
+        let mut fm = match FarMemory::new(&[mem.region()], cfg, fifo, Calibration::NONE) {
+            Ok(fm) => fm,
+            Err(e) => {
+                pagewise_testkit::skip!("far-memory emulation: {e}");
+                return;
+            }
+        };
+        fm.shared.stop.store(true, Ordering::Release);
+        fm.wake.write_all(b"x").unwrap();
+        let t0 = std::time::Instant::now();
+        while !fm.thread.as_ref().unwrap().is_finished() {
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(10),
+                "the handler did not stop"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        pagewise_sys::signal::default_sigpipe().unwrap();
+        // The process dies here if the byte has no reader.
+        let r = fm.poke(b"c");
+        // SAFETY: back to what the test harness runs with.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
+        assert!(r.is_ok(), "{r:?}");
+        fm.stop().unwrap();
     }
 }

@@ -13,6 +13,9 @@ use std::sync::{Arc, Mutex};
 pub struct Tx<T> {
     slot: Arc<Mutex<Option<T>>>,
     pipe: std::io::PipeWriter,
+    /// The pipe's read end too: a caller gone before the answer must not
+    /// make the answer raise SIGPIPE.
+    _reader: std::io::PipeReader,
 }
 /// The caller's end.
 pub struct Rx<T> {
@@ -23,18 +26,22 @@ pub struct Rx<T> {
 /// A new channel for one answer.
 pub fn channel<T>() -> Result<(Tx<T>, Rx<T>)> {
     let (r, w) = std::io::pipe().map_err(|e| Error::os("creating a reply pipe", e))?;
+    let reader = r
+        .try_clone()
+        .map_err(|e| Error::os("duplicating a reply pipe", e))?;
     let slot = Arc::new(Mutex::new(None));
     Ok((
         Tx {
             slot: slot.clone(),
             pipe: w,
+            _reader: reader,
         },
         Rx { slot, pipe: r },
     ))
 }
 
 impl<T> Tx<T> {
-    /// Sends the answer; fails only when the caller is gone.
+    /// Sends the answer (which a caller gone meanwhile never reads).
     pub fn send(mut self, v: T) -> std::result::Result<(), ()> {
         *self.slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(v);
         self.pipe.write_all(b"r").map_err(|_| ())
@@ -45,7 +52,12 @@ impl<T> Rx<T> {
     /// Waits for the answer; `Err` when the sender went away without one.
     pub fn recv(mut self) -> std::result::Result<T, ()> {
         let mut b = [0u8; 1];
-        let _ = self.pipe.read(&mut b);
+        // A signal met while waiting is not the answer.
+        while let Err(e) = self.pipe.read(&mut b) {
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                break;
+            }
+        }
         self.slot
             .lock()
             .unwrap_or_else(|e| e.into_inner())
