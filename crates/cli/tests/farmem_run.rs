@@ -232,11 +232,23 @@ fn random_memory_operations_match_native() {
     // a long randomized run (scripts/farmem-stress) on a loaded machine.
     // The engine checks its books against the page tables at every fault
     // (PAGEWISE_FARMEM_CHECK), all of them every 64 faults.
-    for seed in ["1", "2", "3", "4", "1006", "1210", "1231"] {
+    // Seeds 5 and 6 run with two more threads faulting all the while on
+    // buffers of their own, racing the remap, unmap and remove events.
+    for (seed, helpers) in [
+        ("1", "0"),
+        ("2", "0"),
+        ("3", "0"),
+        ("4", "0"),
+        ("1006", "0"),
+        ("1210", "0"),
+        ("1231", "0"),
+        ("5", "2"),
+        ("6", "2"),
+    ] {
         same_as_native_cmd(
             &format!("mmfuzz-{seed}"),
             &c_program("farmem_mmfuzz"),
-            &[seed, "120"],
+            &[seed, "120", helpers],
             &[
                 &["--local-pages", "256"],
                 &["--local-pages", "4096", "--policy", "lru"],

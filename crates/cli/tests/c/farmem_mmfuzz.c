@@ -4,7 +4,11 @@
  * kept in .bss: the buffer changed and one other after every step, all at
  * the end. The output depends only on the seed, so a
  * run under far-memory emulation must print what a plain run prints.
- * Usage: farmem_mmfuzz SEED STEPS
+ * Usage: farmem_mmfuzz SEED STEPS [HELPERS]
+ * HELPERS threads (default 0) each write and check a buffer of their own
+ * all the while, so that faults in other threads race the remap, unmap
+ * and remove events of the main thread's steps; they report only wrong
+ * reads, so that the output still depends only on the seed.
  * With MMFUZZ_TRACE set, each step is also written to stderr with its
  * buffer's address and pages (for a failure found by the debug mode of
  * the far-memory engine, PAGEWISE_FARMEM_CHECK). */
@@ -13,6 +17,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <sys/mman.h>
 
 #define P 4096
@@ -27,6 +33,35 @@ static size_t heap_len;
 static uint32_t heap_tag;
 static uint64_t rng;
 static unsigned long checked, bad;
+
+static atomic_int helpers_stop;
+static atomic_ulong helpers_bad;
+
+/* A helper: its own buffer of 256 pages, a tag per page written and read
+ * back at random until the main thread is done. */
+static void *helper(void *arg) {
+    uint64_t x = (uintptr_t)arg * 0x9E3779B97F4A7C15ull + 7;
+    enum { HP = 256 };
+    uint32_t mine[HP] = {0};
+    unsigned char *m = mmap(0, HP * P, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) { atomic_fetch_add(&helpers_bad, 1); return 0; }
+    while (!atomic_load(&helpers_stop)) {
+        x ^= x >> 12; x ^= x << 25; x ^= x >> 27;
+        size_t p = (x >> 8) % HP, q = (x >> 24) % HP;
+        uint32_t t = (uint32_t)(x >> 32) | 1, got;
+        memcpy(m + p * P, &t, 4);
+        mine[p] = t;
+        memcpy(&got, m + q * P, 4);
+        if (got != mine[q]) atomic_fetch_add(&helpers_bad, 1);
+    }
+    for (size_t p = 0; p < HP; p++) {
+        uint32_t got;
+        memcpy(&got, m + p * P, 4);
+        if (got != mine[p]) atomic_fetch_add(&helpers_bad, 1);
+    }
+    munmap(m, HP * P);
+    return 0;
+}
 
 static uint64_t rnd(void) {
     rng ^= rng >> 12; rng ^= rng << 25; rng ^= rng >> 27;
@@ -68,6 +103,10 @@ int main(int argc, char **argv) {
     if (argc < 3) { fprintf(stderr, "usage: farmem_mmfuzz SEED STEPS\n"); return 2; }
     rng = strtoull(argv[1], 0, 0) * 0x9E3779B97F4A7C15ull + 1;
     long steps = strtol(argv[2], 0, 0);
+    int nhelpers = argc > 3 ? atoi(argv[3]) : 0;
+    pthread_t helpers[8];
+    if (nhelpers > 8) nhelpers = 8;
+    for (int i = 0; i < nhelpers; i++) pthread_create(&helpers[i], 0, helper, (void *)(uintptr_t)(i + 1));
     long counts[9] = {0};
     int trace = getenv("MMFUZZ_TRACE") != 0;
     for (long s = 0; s < steps; s++) {
@@ -169,6 +208,12 @@ int main(int argc, char **argv) {
     for (int k = 0; k < NB; k++)
         if (buf[k]) check(k, "the last step");
     heap_check("end");
+    atomic_store(&helpers_stop, 1);
+    for (int i = 0; i < nhelpers; i++) pthread_join(helpers[i], 0);
+    if (atomic_load(&helpers_bad)) {
+        printf("FAIL: the helper threads read %lu wrong values\n", atomic_load(&helpers_bad));
+        bad++;
+    }
     printf("seed %s: %ld steps (map %ld, write %ld, munmap %ld, grow %ld, shrink %ld, fixed %ld, over %ld, "
            "dontneed %ld, realloc %ld), %lu checks, %lu wrong\n",
            argv[1], steps, counts[0], counts[1], counts[2], counts[3], counts[4], counts[5], counts[6],
