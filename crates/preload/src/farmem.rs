@@ -795,6 +795,7 @@ fn start(name: &str, child: bool) -> Result<(), String> {
         instance: Some((inst.clone(), slot)),
         remapping: Some(&CHANGING),
         fault_path: path,
+        thread_floor: pagewise::farmem::instance::MIN_LOCAL_PAGES_THREAD as usize,
         check_books: std::env::var(ENV_CHECK)
             .ok()
             .and_then(|v| v.parse().ok())

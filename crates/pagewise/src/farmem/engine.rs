@@ -190,6 +190,8 @@ pub(super) struct Engine {
     /// See [`super::Hooks::check_books`]; faults checked so far.
     pub(super) check_books: u64,
     checked_faults: u64,
+    /// See [`super::Hooks::thread_floor`].
+    pub(super) thread_floor: usize,
 }
 
 /// The handler met an error it cannot recover from: its books no longer
@@ -333,6 +335,7 @@ impl Engine {
             zeros: AnonMemory::new(PAGE_SIZE)?,
             check_books: 0,
             checked_faults: 0,
+            thread_floor: 0,
             fault_site: None,
             loan: Loan::default(),
             busy: Vec::new(),
@@ -660,14 +663,12 @@ impl Engine {
     }
 
     /// The fewest local pages this engine keeps, over the budget if need
-    /// be: on the handler-thread path an instruction's pages cannot be lent
-    /// (the faulting instruction is not known), so an engine there keeps
-    /// [`instance::MIN_LOCAL_PAGES_THREAD`]; inline, none.
+    /// be (see [`super::Hooks::thread_floor`]); inline, none.
     pub(in crate::farmem) fn floor(&self) -> usize {
         if self.inline {
             0
         } else {
-            instance::MIN_LOCAL_PAGES_THREAD as usize
+            self.thread_floor
         }
     }
 

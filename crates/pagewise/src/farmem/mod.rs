@@ -373,6 +373,13 @@ pub struct Hooks {
     /// first disagreement stops the program with the page, its place in
     /// the books and what the page tables say (see the engine's `fail`).
     pub check_books: u64,
+    /// On the handler-thread path, the fewest local pages the engine keeps
+    /// even over the budget (0: the budget holds exactly). There the
+    /// faulting instruction is not known, so an instruction that needs
+    /// more pages at once than the budget would fault for ever; the
+    /// preload shim keeps [`instance::MIN_LOCAL_PAGES_THREAD`]. (The inline
+    /// path lends such an instruction its pages instead.)
+    pub thread_floor: usize,
 }
 
 impl Shared {
@@ -540,6 +547,7 @@ impl FarMemory {
                 engine.inst = hooks.instance;
                 engine.remapping = hooks.remapping;
                 engine.check_books = hooks.check_books;
+                engine.thread_floor = hooks.thread_floor;
                 // This thread's thread-local bookkeeping may sit in the very
                 // heap it emulates: it must never fault there.
                 if let Some((a, b)) = pagewise_sys::tls::dtv_range() {
