@@ -724,10 +724,36 @@ impl Engine {
             let (_, _, addr, staged) = self.addr_of(g);
             self.put(g, Where::Local);
             sh.counters.soft.fetch_add(1, Ordering::Relaxed);
-            if let Err(e) = uffd::move_pages(fd, addr, staged, PAGE_SIZE as u64, 0) {
-                self.put(g, Where::Parked);
-                sh.counters.soft.fetch_sub(1, Ordering::Relaxed);
-                return Err(Error::os(format!("UFFDIO_MOVE of {staged:#x} back"), e));
+            match uffd::move_pages(fd, addr, staged, PAGE_SIZE as u64, 0) {
+                Ok(()) => {}
+                // Moved all the same (see `moved_anyway`): only the wake-up
+                // is left.
+                Err(e)
+                    if e.raw_os_error() == Some(libc::EEXIST)
+                        && self.moved_anyway(addr, staged)? =>
+                {
+                    uffd::wake(fd, addr, PAGE_SIZE as u64)
+                        .map_err(|e| Error::os("UFFDIO_WAKE", e))?;
+                }
+                Err(e) => {
+                    self.put(g, Where::Parked);
+                    sh.counters.soft.fetch_sub(1, Ordering::Relaxed);
+                    // What the page tables say, for the report of a failure.
+                    let say = |p: Result<bool>| match p {
+                        Ok(true) => "a page",
+                        Ok(false) => "none",
+                        Err(_) => "not read",
+                    };
+                    let (here, there) = (self.present(addr), self.present(staged));
+                    return Err(Error::os(
+                        format!(
+                            "UFFDIO_MOVE of {staged:#x} back to {addr:#x} (page {g} parked; {} there, {} in staging)",
+                            say(here),
+                            say(there)
+                        ),
+                        e,
+                    ));
+                }
             }
             sh.record(addr, TraceKind::Soft);
             self.policy.accessed(g);
