@@ -190,6 +190,9 @@ pub(super) struct Engine {
     /// See [`super::Hooks::check_books`]; faults checked so far.
     pub(super) check_books: u64,
     checked_faults: u64,
+    /// In the debug mode, the engine's last steps, for the report of a
+    /// failure (see [`Engine::note`]).
+    history: std::collections::VecDeque<String>,
     /// See [`super::Hooks::thread_floor`].
     pub(super) thread_floor: usize,
 }
@@ -253,6 +256,20 @@ fn move_patiently(fd: RawFd, dst: u64, src: u64, len: u64, mode: u64) -> std::io
 /// userfaultfd event not read yet; read events, then try again.
 fn again(e: &Error) -> bool {
     matches!(e, Error::Os { source, .. } if source.raw_os_error() == Some(libc::EAGAIN))
+}
+
+/// Whether `e` is [`Engine::map`]'s answer for an address where no mapping
+/// is registered with the engine any more.
+pub(super) fn unregistered(e: &Error) -> bool {
+    matches!(e, Error::Os { source, what } if source.raw_os_error() == Some(libc::ENOENT)
+        && what.ends_with("no mapping registered with the engine there"))
+}
+
+/// Whether a mapping of this process whose missing faults a userfaultfd
+/// serves covers `addr` (smaps; an error path only). Unknown is yes.
+fn registered_here(addr: u64) -> bool {
+    crate::procfs::with_vm_flag(None, &["um"])
+        .map_or(true, |m| m.iter().any(|&(a, b)| addr >= a && addr < b))
 }
 
 fn open_uffd(features: u64) -> Result<OwnedFd> {
@@ -335,6 +352,7 @@ impl Engine {
             zeros: AnonMemory::new(PAGE_SIZE)?,
             check_books: 0,
             checked_faults: 0,
+            history: std::collections::VecDeque::new(),
             thread_floor: 0,
             fault_site: None,
             loan: Loan::default(),
@@ -437,11 +455,12 @@ impl Engine {
                     if !(this.moves.is_empty() && this.adopts.is_empty() && this.later.is_empty()) {
                         let r = this.settle(sh);
                         this.publish(sh);
+                        if let Err(e) = &r {
+                            this.fail(e);
+                        }
                         drop(g);
-                        match r {
-                            Ok(true) => {}
-                            Ok(false) => std::thread::yield_now(),
-                            Err(e) => fail(&e),
+                        if matches!(r, Ok(false)) {
+                            std::thread::yield_now();
                         }
                         continue;
                     }
@@ -453,7 +472,7 @@ impl Engine {
                             let mut g = cell.lock();
                             if let Some(this) = g.engine() {
                                 if let Err(e) = this.discover_now() {
-                                    fail(&e);
+                                    this.fail(&e);
                                 }
                             }
                         }
@@ -465,11 +484,13 @@ impl Engine {
                 Err(e) => break Err(Error::os("reading the userfaultfd", e)),
             };
             let arrived = Instant::now();
+            this.note(|| format!("read {}", books::describe(&msg)));
             let r = match msg.event {
                 uffd::event::PAGEFAULT => {
                     let addr = msg.pf_address();
                     this.write_fault = msg.pf_flags() & uffd::PAGEFAULT_FLAG_WRITE != 0;
                     if !(this.moves.is_empty() && this.adopts.is_empty()) || this.changing_now() {
+                        this.note(|| "  deferred".into());
                         this.later.push((addr, arrived));
                         Ok(())
                     } else {
@@ -512,7 +533,7 @@ impl Engine {
         let mut g = cell.lock();
         let Some(mut this) = g.take() else { return };
         if let Err(e) = result.and_then(|()| this.bring_all_back()) {
-            fail(&e);
+            this.fail(&e);
         }
         drop(g);
         super::inline::unregister(cell);
@@ -534,7 +555,10 @@ impl Engine {
                 PAGE_SIZE as u64,
                 uffd::MOVE_MODE_DONTWAKE,
             ) {
-                Ok(()) => progress = true,
+                Ok(()) => {
+                    self.note(|| format!("moved {src:#x} to {dst:#x} after mremap"));
+                    progress = true
+                }
                 Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => self.moves.push((src, dst)),
                 // The destination went away or was filled meanwhile: the
                 // program dropped that range.
@@ -544,6 +568,7 @@ impl Engine {
                         Some(libc::ENOENT | libc::EEXIST | libc::EINVAL)
                     ) =>
                 {
+                    self.note(|| format!("move of {src:#x} to {dst:#x} after mremap: {e}"));
                     progress = true
                 }
                 Err(e) => {
@@ -568,6 +593,7 @@ impl Engine {
             return Ok(progress);
         }
         for (addr, arrived) in std::mem::take(&mut self.later) {
+            self.note(|| format!("deferred fault {addr:#x}"));
             match self.fault(sh, addr, arrived) {
                 Ok(()) => progress = true,
                 Err(e) if again(&e) => self.later.push((addr, arrived)),
@@ -708,12 +734,22 @@ impl Engine {
             };
         };
         if self.check_books > 0 {
+            let w = self.pages[g];
+            self.note(|| match site {
+                Some((tid, ip)) => {
+                    format!("fault {addr:#x} in thread {tid} at {ip:#x}: page {g} {w:?}")
+                }
+                None => format!("  page {g} {w:?}"),
+            });
             self.check_fault(g)?;
         }
         if self.pages[g] == Where::Local {
             // Mapped already (two threads faulted on it), or dropped behind
             // our back: zeros then, and a wake-up either way.
-            return self.map(Where::RemoteZero, g);
+            return match self.map(Where::RemoteZero, g) {
+                Err(e) if unregistered(&e) => self.pass(addr, e),
+                r => r,
+            };
         }
         if self.pages[g] == Where::Parked {
             // A soft fault: the page is local, its policy learns it was used.
@@ -766,7 +802,13 @@ impl Engine {
             // Local by placement: mapped at once, not a fetch.
             let was = self.pages[g];
             self.put(g, Where::Local);
-            return self.map(was, g);
+            return match self.map(was, g) {
+                Err(e) if unregistered(&e) => {
+                    self.put(g, was);
+                    self.pass(addr, e)
+                }
+                r => r,
+            };
         }
         if self.loan.before_fault(site, g) {
             sh.counters.lent.fetch_add(1, Ordering::Relaxed);
@@ -852,8 +894,9 @@ impl Engine {
             c.overshoot
                 .fetch_max(local.saturating_sub(budget), Ordering::Relaxed);
         }
-        if r.as_ref().is_err_and(again) {
-            // Not mapped: undone, to be served again after the events.
+        if r.as_ref().is_err_and(|e| again(e) || unregistered(e)) {
+            // Not mapped: undone, to be served again after the events (or
+            // not the engine's, see `pass`).
             self.put(g, was);
             if class == Placement::AlwaysRemote {
                 self.visiting.retain(|&v| v != g);
@@ -863,7 +906,10 @@ impl Engine {
                 self.policy.removed(g);
             }
         }
-        r
+        match r {
+            Err(e) if unregistered(&e) => self.pass(addr, e),
+            r => r,
+        }
     }
 
     /// Maps page `g`, whose contents were `was`, into its region (this wakes
@@ -887,8 +933,34 @@ impl Engine {
             Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
                 uffd::wake(fd, addr, PAGE_SIZE as u64).map_err(|e| Error::os("UFFDIO_WAKE", e))
             }
+            // No mapping registered with the engine there now: the program
+            // unmapped the range since the fault (its event not read yet),
+            // or mapped something the engine does not emulate where
+            // emulated memory was (a file past its end raises SIGBUS too).
+            Err(e)
+                if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::EINVAL))
+                    && !registered_here(addr) =>
+            {
+                Err(Error::os(
+                    format!("mapping page {addr:#x}: no mapping registered with the engine there"),
+                    std::io::Error::from_raw_os_error(libc::ENOENT),
+                ))
+            }
             Err(e) => Err(Error::os(format!("mapping page {addr:#x}"), e)),
         }
+    }
+
+    /// The fault at `addr` met [`unregistered`]: not the engine's to serve.
+    /// On the handler thread the faulting thread is woken to fault again
+    /// on whatever is there now; inline the error goes back to the signal
+    /// handler, which hands the signal to the program.
+    fn pass(&self, addr: u64, e: Error) -> Result<()> {
+        if self.inline {
+            return Err(e);
+        }
+        let page = addr & !(PAGE_SIZE as u64 - 1);
+        uffd::wake(self.uffd.as_raw_fd(), page, PAGE_SIZE as u64)
+            .map_err(|e| Error::os("UFFDIO_WAKE", e))
     }
 
     /// Moves the page at `addr` of a region to its staging slot `staged`

@@ -29,7 +29,38 @@
 
 use super::*;
 
+/// Steps kept in the debug mode's history.
+const HISTORY: usize = 64;
+
 impl Engine {
+    /// In the debug mode, notes a step of the engine (a message read, a
+    /// deferred fault served, a region adopted): the last [`HISTORY`] are
+    /// reported if the engine fails. Otherwise nothing, not even `what`.
+    pub(in crate::farmem) fn note(&mut self, what: impl FnOnce() -> String) {
+        if self.check_books == 0 {
+            return;
+        }
+        if self.history.len() == HISTORY {
+            self.history.pop_front();
+        }
+        self.history.push_back(what());
+    }
+
+    /// Stops the process on `e` (see [`fail`]), after the debug mode's
+    /// history of the engine's last steps, oldest first.
+    pub(in crate::farmem) fn fail(&self, e: &Error) -> ! {
+        if !self.history.is_empty() {
+            let mut s = String::from("pagewise farmem: the engine's last steps, oldest first:\n");
+            for h in &self.history {
+                s.push_str("  ");
+                s.push_str(h);
+                s.push('\n');
+            }
+            let _ = pagewise_sys::process::write_fd(2, s.as_bytes());
+        }
+        fail(e)
+    }
+
     /// Checks the page `g` a fault is about to be served for; then, every
     /// `check_books` faults, every page.
     pub(in crate::farmem) fn check_fault(&mut self, g: usize) -> Result<()> {
@@ -123,4 +154,26 @@ impl Engine {
 fn program_threads() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     crate::procfs::status_field(&status, "Threads").map(|n| n.saturating_sub(1))
+}
+
+/// One line for a message read from the userfaultfd.
+pub(in crate::farmem) fn describe(m: &uffd::UffdMsg) -> String {
+    match m.event {
+        uffd::event::PAGEFAULT => format!(
+            "fault {:#x}{}",
+            m.pf_address(),
+            if m.pf_flags() & uffd::PAGEFAULT_FLAG_WRITE != 0 {
+                " (write)"
+            } else {
+                ""
+            }
+        ),
+        uffd::event::REMOVE => format!("remove {:#x}..{:#x}", m.arg[0], m.arg[1]),
+        uffd::event::UNMAP => format!("unmap {:#x}..{:#x}", m.arg[0], m.arg[1]),
+        uffd::event::REMAP => {
+            let (from, to, len) = m.remap();
+            format!("remap {from:#x} to {to:#x}, {len:#x} bytes")
+        }
+        e => format!("event {e:#x}"),
+    }
 }

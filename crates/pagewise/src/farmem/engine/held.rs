@@ -28,14 +28,14 @@ impl Engine {
         match self.apply_changes(sh) {
             Ok(()) => {}
             Err(e) if again(&e) => return Served::Again,
-            Err(e) => fail(&e),
+            Err(e) => self.fail(&e),
         }
         if self.locate(addr).is_none() {
             if !discover || self.discover.is_none() {
                 return Served::NotMine;
             }
             if let Err(e) = self.discover_now() {
-                fail(&e);
+                self.fail(&e);
             }
         }
         if self.locate(addr).is_none() {
@@ -67,7 +67,13 @@ impl Engine {
                 c.inline.fetch_sub(1, Ordering::Relaxed);
                 Served::Again
             }
-            Err(e) => fail(&e),
+            // A bus error of the program's own where emulated memory was
+            // (see `Engine::pass`).
+            Err(e) if super::unregistered(&e) => {
+                c.inline.fetch_sub(1, Ordering::Relaxed);
+                Served::NotMine
+            }
+            Err(e) => self.fail(&e),
         }
     }
 

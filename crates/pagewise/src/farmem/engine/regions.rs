@@ -178,6 +178,7 @@ impl Engine {
             return Ok(());
         }
         for r in found {
+            self.note(|| format!("adopt {:#x}..{:#x}", r.start, r.end()));
             self.adopt(r)?;
         }
         Ok(())
