@@ -225,6 +225,8 @@ pub struct UffdioMove {
     pub moved: i64,
 }
 
+/// `UFFDIO_COPY_MODE_DONTWAKE`: do not wake the faulting threads.
+pub const COPY_MODE_DONTWAKE: u64 = 1;
 /// `UFFDIO_MOVE_MODE_DONTWAKE`: do not wake the faulting threads.
 pub const MOVE_MODE_DONTWAKE: u64 = 1;
 /// `UFFDIO_MOVE_MODE_ALLOW_SRC_HOLES`: skip unmapped source pages.
@@ -474,11 +476,16 @@ pub fn poll_readable(fds: &[RawFd], timeout_ms: i32) -> io::Result<u64> {
 /// `ioctl(UFFDIO_COPY)`: maps a new page at `dst` holding `len` bytes
 /// copied from `src` (page-aligned), and wakes the faulting threads.
 pub fn copy(fd: RawFd, dst: u64, src: u64, len: u64) -> io::Result<()> {
+    copy_mode(fd, dst, src, len, 0)
+}
+
+/// [`copy`] with `COPY_MODE_*` bits (`COPY_MODE_DONTWAKE`: wake no one).
+pub fn copy_mode(fd: RawFd, dst: u64, src: u64, len: u64, mode: u64) -> io::Result<()> {
     let mut arg = UffdioCopy {
         dst,
         src,
         len,
-        mode: 0,
+        mode,
         copy: 0,
     };
     // SAFETY: `arg` is a valid `struct uffdio_copy` that outlives the call;

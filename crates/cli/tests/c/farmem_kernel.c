@@ -246,6 +246,34 @@ static void futexes(void) {
     printf("mutex and condition variable in the heap: %ld turns\n", t->count);
 }
 
+/* Memory the program makes read-only, inaccessible, or locked after
+ * writing it (a move of a page goes only between mappings alike: the
+ * engine copies into such a mapping and leaves its pages local). */
+static void protections(void) {
+    size_t n = 256 * PAGE;
+    unsigned char *a = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(a != MAP_FAILED, "mmap");
+    for (size_t i = 0; i < n; i++) a[i] = (unsigned char)(i * 7 + i / PAGE);
+    uint64_t want = sum(a, n);
+    sweep();
+    CHECK(mprotect(a, n / 2, PROT_READ) == 0, "mprotect read-only");
+    CHECK(mprotect(a + n / 2, n / 2, PROT_NONE) == 0, "mprotect none");
+    uint64_t ro = sum(a, n / 2);
+    sweep();
+    CHECK(mprotect(a + n / 2, n / 2, PROT_READ | PROT_WRITE) == 0, "mprotect back");
+    uint64_t all = sum(a, n);
+    sweep();
+    int locked = mlock(a + n / 2, n / 4) == 0;
+    for (size_t i = n / 2; i < n; i += PAGE) a[i] ^= 0x5a;
+    sweep();
+    for (size_t i = n / 2; i < n; i += PAGE) a[i] ^= 0x5a;
+    if (locked) munlock(a + n / 2, n / 4);
+    sweep();
+    printf("read-only, inaccessible and locked memory: %s, %s, %s\n", ro == sum(a, n / 2) ? "same" : "DIFFER",
+           all == want ? "same" : "DIFFER", sum(a, n) == want ? "same" : "DIFFER");
+    munmap(a, n);
+}
+
 /* The program's own signals. */
 static volatile sig_atomic_t bus_seen, usr_seen;
 static char *alt_base;
@@ -375,6 +403,7 @@ int main(int argc, char **argv) {
     memset(sweep_area, 1, SWEEP);
     files(argv[1]);
     grown();
+    protections();
     sockets();
     futexes();
     signals();

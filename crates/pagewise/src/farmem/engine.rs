@@ -252,6 +252,35 @@ fn move_patiently(fd: RawFd, dst: u64, src: u64, len: u64, mode: u64) -> std::io
     }
 }
 
+/// Puts the staged page at `src` into the program's page `dst` (registered
+/// with `fd`): one move (waiting for a page another task holds if
+/// `patient`), or, where the program's mapping is unlike staging in its
+/// protection or locking (made read-only or locked: `UFFDIO_MOVE` answers
+/// `EINVAL`), a copy and the staged page dropped. `mode` is
+/// `MOVE_MODE_DONTWAKE` or 0.
+fn put_back(fd: RawFd, dst: u64, src: u64, mode: u64, patient: bool) -> std::io::Result<()> {
+    let len = PAGE_SIZE as u64;
+    let moved = if patient {
+        move_patiently(fd, dst, src, len, mode)
+    } else {
+        uffd::move_pages(fd, dst, src, len, mode)
+    };
+    match moved {
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            let wake = if mode & uffd::MOVE_MODE_DONTWAKE != 0 {
+                uffd::COPY_MODE_DONTWAKE
+            } else {
+                0
+            };
+            uffd::copy_mode(fd, dst, src, len, wake)?;
+            // SAFETY: a staging page of this engine, which no one else uses;
+            // its userfaultfd asks for no events.
+            unsafe { mem::madvise(src, PAGE_SIZE, libc::MADV_DONTNEED) }
+        }
+        r => r,
+    }
+}
+
 /// Whether `e` is `EAGAIN`: the address space is changing under a
 /// userfaultfd event not read yet; read events, then try again.
 fn again(e: &Error) -> bool {
@@ -548,12 +577,12 @@ impl Engine {
         }
         let mut progress = false;
         for (src, dst) in std::mem::take(&mut self.moves) {
-            match uffd::move_pages(
+            match put_back(
                 self.uffd.as_raw_fd(),
                 dst,
                 src,
-                PAGE_SIZE as u64,
                 uffd::MOVE_MODE_DONTWAKE,
+                false,
             ) {
                 Ok(()) => {
                     self.note(|| format!("moved {src:#x} to {dst:#x} after mremap"));
@@ -760,7 +789,7 @@ impl Engine {
             let (_, _, addr, staged) = self.addr_of(g);
             self.put(g, Where::Local);
             sh.counters.soft.fetch_add(1, Ordering::Relaxed);
-            match uffd::move_pages(fd, addr, staged, PAGE_SIZE as u64, 0) {
+            match put_back(fd, addr, staged, 0, false) {
                 Ok(()) => {}
                 // Moved all the same (see `moved_anyway`): only the wake-up
                 // is left.
@@ -819,12 +848,14 @@ impl Engine {
         let counted = self.inline.then(super::inline::evicting);
         let mut visited = std::mem::take(&mut self.visiting).into_iter();
         while let Some(v) = visited.next() {
-            if self.is_held(v) {
+            if self.is_held(v) || self.is_busy(v) {
                 self.visiting.push(v);
                 continue;
             }
             match self.evict(sh, v, true) {
                 Ok(dirty) => writeback_bytes += if dirty { PAGE_SIZE as u64 } else { 0 },
+                // Passed over for now (see `Engine::evict`).
+                Err(_) if self.is_busy(v) => self.visiting.push(v),
                 Err(e) => {
                     self.visiting.push(v);
                     self.visiting.extend(visited);
@@ -923,7 +954,7 @@ impl Engine {
             _ => crate::hash::zero_page_hash(),
         };
         let r = match was {
-            Where::Remote => move_patiently(fd, addr, staged, PAGE_SIZE as u64, 0),
+            Where::Remote => put_back(fd, addr, staged, 0, true),
             _ if self.write_fault => uffd::copy(fd, addr, self.zeros.addr(), PAGE_SIZE as u64),
             _ => uffd::zeropage(fd, addr, PAGE_SIZE as u64),
         };

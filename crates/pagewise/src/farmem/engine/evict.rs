@@ -142,7 +142,7 @@ impl Engine {
     }
 
     /// Whether a move found page `g` held by another task lately.
-    fn is_busy(&self, g: usize) -> bool {
+    pub(in crate::farmem) fn is_busy(&self, g: usize) -> bool {
         self.busy.iter().any(|&(b, _)| b == g)
     }
 
@@ -181,9 +181,11 @@ impl Engine {
             Err(e)
                 if matches!(
                     e.raw_os_error(),
-                    Some(libc::ENOENT | libc::EBUSY | libc::EAGAIN)
+                    Some(libc::ENOENT | libc::EBUSY | libc::EAGAIN | libc::EINVAL)
                 ) =>
             {
+                // (EINVAL: the program made the page's mapping read-only or
+                // locked it; see `evict`.)
                 Ok(())
             }
             Err(e)
@@ -281,6 +283,19 @@ impl Engine {
                 return Err(Error::os(
                     format!("evicting {addr:#x}, held by another task"),
                     std::io::Error::from_raw_os_error(libc::EAGAIN),
+                ));
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) && self.pages[g] == Where::Local => {
+                // The program made the page's mapping read-only or locked it
+                // (mprotect, mlock): a move goes only between mappings alike,
+                // and the page stays local, passed over as a victim for a
+                // while (the budget is exceeded meanwhile, as the summary
+                // says).
+                self.busy
+                    .push((g, Instant::now() + std::time::Duration::from_secs(1)));
+                return Err(Error::os(
+                    format!("evicting {addr:#x}, whose mapping is read-only or locked"),
+                    e,
                 ));
             }
             Err(e) => return Err(Error::os(format!("UFFDIO_MOVE of {addr:#x} to staging"), e)),
