@@ -9,6 +9,9 @@
  * all the while, so that faults in other threads race the remap, unmap
  * and remove events of the main thread's steps; they report only wrong
  * reads, so that the output still depends only on the seed.
+ * After about one step in six, part of the buffer is made read-only for
+ * the check (drawn from a second generator: the steps themselves are
+ * those of the seed without it).
  * With MMFUZZ_TRACE set, each step is also written to stderr with its
  * buffer's address and pages (for a failure found by the debug mode of
  * the far-memory engine, PAGEWISE_FARMEM_CHECK). */
@@ -31,7 +34,7 @@ static uint32_t tag[NB][MAXP]; /* 0: the page must read as zeros */
 static unsigned char *heap;
 static size_t heap_len;
 static uint32_t heap_tag;
-static uint64_t rng;
+static uint64_t rng, prot_rng;
 static unsigned long checked, bad;
 
 static atomic_int helpers_stop;
@@ -68,6 +71,10 @@ static uint64_t rnd(void) {
     return rng * 2685821657736338717ull;
 }
 static size_t below(size_t n) { return n ? rnd() % n : 0; }
+static uint64_t prot_rnd(void) {
+    prot_rng ^= prot_rng >> 12; prot_rng ^= prot_rng << 25; prot_rng ^= prot_rng >> 27;
+    return prot_rng * 2685821657736338717ull;
+}
 
 static void put(int b, size_t p, uint32_t t) {
     unsigned char *m = buf[b] + p * P;
@@ -102,6 +109,8 @@ static void heap_check(const char *after) {
 int main(int argc, char **argv) {
     if (argc < 3) { fprintf(stderr, "usage: farmem_mmfuzz SEED STEPS\n"); return 2; }
     rng = strtoull(argv[1], 0, 0) * 0x9E3779B97F4A7C15ull + 1;
+    prot_rng = strtoull(argv[1], 0, 0) * 0xD1B54A32D192ED03ull + 3;
+    long protected = 0;
     long steps = strtol(argv[2], 0, 0);
     int nhelpers = argc > 3 ? atoi(argv[3]) : 0;
     pthread_t helpers[8];
@@ -200,8 +209,17 @@ int main(int argc, char **argv) {
         if (trace)
             fprintf(stderr, "step %ld: %s buffer %d at %p, %zu pages; heap at %p, %zu bytes\n", s, name, b,
                     (void *)buf[b], npg[b], (void *)heap, heap_len);
-        /* The buffer just changed, and one other. */
-        if (buf[b]) check(b, name);
+        /* The buffer just changed, and one other; now and then part of it
+         * read-only while it is checked. */
+        if (buf[b] && prot_rnd() % 6 == 0) {
+            size_t a = prot_rnd() % npg[b], n = 1 + prot_rnd() % (npg[b] - a);
+            if (mprotect(buf[b] + a * P, n * P, PROT_READ)) { perror("mprotect"); return 2; }
+            check(b, "mprotect");
+            if (mprotect(buf[b] + a * P, n * P, PROT_READ | PROT_WRITE)) { perror("mprotect back"); return 2; }
+            protected++;
+        } else if (buf[b]) {
+            check(b, name);
+        }
         int o = below(NB);
         if (o != b && buf[o]) check(o, name);
     }
@@ -215,8 +233,8 @@ int main(int argc, char **argv) {
         bad++;
     }
     printf("seed %s: %ld steps (map %ld, write %ld, munmap %ld, grow %ld, shrink %ld, fixed %ld, over %ld, "
-           "dontneed %ld, realloc %ld), %lu checks, %lu wrong\n",
+           "dontneed %ld, realloc %ld; %ld checked read-only), %lu checks, %lu wrong\n",
            argv[1], steps, counts[0], counts[1], counts[2], counts[3], counts[4], counts[5], counts[6],
-           counts[7], counts[8], checked, bad);
+           counts[7], counts[8], protected, checked, bad);
     return bad != 0;
 }

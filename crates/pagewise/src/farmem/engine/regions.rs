@@ -33,8 +33,11 @@ impl Engine {
                 .collect(),
             Err(_) => vec![(r.start, r.end())],
         };
-        // Every populated page becomes remote now: moved to staging.
+        // Every populated page becomes remote now: moved to staging. (A
+        // piece the program made read-only or locked cannot be moved, see
+        // `put_back`: its pages stay local.)
         let mut failed = None;
+        let mut unlike = Vec::new();
         for (k, &(a, b)) in pieces.iter().enumerate() {
             if let Err(e) = uffd::move_pages(
                 self.stage_uffd.as_raw_fd(),
@@ -43,6 +46,10 @@ impl Engine {
                 b - a,
                 uffd::MOVE_MODE_DONTWAKE | uffd::MOVE_MODE_ALLOW_SRC_HOLES,
             ) {
+                if e.raw_os_error() == Some(libc::EINVAL) {
+                    unlike.push((a, b));
+                    continue;
+                }
                 failed = Some((
                     k,
                     Error::os(
@@ -64,7 +71,7 @@ impl Engine {
             // itself fail (under an event not read yet) and lose them.
             // They stay remote, in the books; the pieces not moved are
             // adopted again after the events, their pages reclaimed then.
-            if runs.is_empty() {
+            if runs.is_empty() && unlike.is_empty() {
                 let _ = uffd::unregister(self.stage_uffd.as_raw_fd(), st.addr(), r.len);
                 let _ = uffd::unregister(self.uffd.as_raw_fd(), r.start, r.len);
                 return Err(err);
@@ -81,7 +88,35 @@ impl Engine {
                 self.put(self.first[slot] + i, Where::Remote);
             }
         }
+        for (a, b) in unlike {
+            let mut here = Vec::new();
+            self.walker.populated(Region::new(a, b - a)?, &mut here)?;
+            for (x, y) in here {
+                let i0 = ((x - r.start) / PAGE_SIZE as u64) as usize;
+                let i1 = ((y - r.start) / PAGE_SIZE as u64) as usize;
+                for i in i0..i1 {
+                    self.keep_local(self.first[slot] + i);
+                }
+            }
+        }
         Ok(())
+    }
+
+    /// Books page `g`, mapped in the program's memory and never fetched
+    /// (its mapping, read-only or locked, would not let it move), as local;
+    /// its first eviction writes it back.
+    fn keep_local(&mut self, g: usize) {
+        self.put(g, Where::Local);
+        self.fetched[g] = 0;
+        self.fp_known[g] = false;
+        match self.class[g] {
+            Placement::Normal => {
+                self.local += 1;
+                self.policy.inserted(g);
+            }
+            Placement::AlwaysRemote => self.visiting.push(g),
+            Placement::PinnedLocal => {}
+        }
     }
 
     /// Fails when `r` overlaps an emulated region.
@@ -311,6 +346,8 @@ impl Engine {
                             Err(e)
                                 if matches!(e.raw_os_error(), Some(libc::EBUSY | libc::ENOENT)) => {
                             }
+                            // Read-only or locked (see `put_back`): local.
+                            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => self.keep_local(g),
                             Err(e) => {
                                 return Err(Error::os(
                                     format!("UFFDIO_MOVE of {addr:#x} to staging"),
