@@ -109,6 +109,13 @@ impl Engine {
         self.put(g, Where::Local);
         self.fetched[g] = 0;
         self.fp_known[g] = false;
+        self.count_local(g);
+    }
+
+    /// Counts page `g`, just booked local, as its placement says: against
+    /// the budget and in the policy, among the always-remote pages to send
+    /// back, or not at all (pinned local).
+    fn count_local(&mut self, g: usize) {
         match self.class[g] {
             Placement::Normal => {
                 self.local += 1;
@@ -436,14 +443,7 @@ impl Engine {
                 (Where::Local, Some(d)) => {
                     self.put(d, Where::Local);
                     self.fetched[d] = self.fetched[g];
-                    match self.class[d] {
-                        Placement::Normal => {
-                            self.local += 1;
-                            self.policy.inserted(d);
-                        }
-                        Placement::AlwaysRemote => self.visiting.push(d),
-                        Placement::PinnedLocal => {}
-                    }
+                    self.count_local(d);
                 }
                 // Moved by the kernel; adopted below.
                 (Where::Local, None) => {}
