@@ -803,18 +803,13 @@ impl Engine {
                 Err(e) => {
                     self.put(g, Where::Parked);
                     sh.counters.soft.fetch_sub(1, Ordering::Relaxed);
-                    // What the page tables say, for the report of a failure.
-                    let say = |p: Result<bool>| match p {
-                        Ok(true) => "a page",
-                        Ok(false) => "none",
-                        Err(_) => "not read",
-                    };
                     let (here, there) = (self.present(addr), self.present(staged));
                     return Err(Error::os(
                         format!(
-                            "UFFDIO_MOVE of {staged:#x} back to {addr:#x} (page {g} parked; {} there, {} in staging)",
-                            say(here),
-                            say(there)
+                            "UFFDIO_MOVE of {staged:#x} back to {addr:#x} (page {g} parked; \
+                             the region page is {}, the staging page {})",
+                            books::presence(here.ok()),
+                            books::presence(there.ok())
                         ),
                         e,
                     ));
@@ -865,15 +860,19 @@ impl Engine {
         }
         drop(counted);
         let floor = self.floor();
-        while class == Placement::Normal && !sh.paused.load(Ordering::Relaxed) && {
-            let (local, budget, _) = self.load(&cfg);
-            local >= budget && self.local >= floor
-        } {
+        // Local pages against the budget, as of the last eviction.
+        let mut room = self.load(&cfg);
+        while class == Placement::Normal
+            && !sh.paused.load(Ordering::Relaxed)
+            && room.0 >= room.1
+            && self.local >= floor
+        {
             match self.evict_victim(sh)? {
                 None => break,
                 Some(true) => writeback_bytes += PAGE_SIZE as u64,
                 Some(false) => {}
             }
+            room = self.load(&cfg);
         }
         // Counted once room is made: a fault that must wait for pending
         // events is served (and counted) again later.
@@ -921,9 +920,11 @@ impl Engine {
         }
         if r.is_ok() {
             self.loan.fetched(g);
-            let (local, budget, _) = self.load(&cfg);
+            // This page is one more against the budget (an always-remote
+            // page is not counted).
+            let local = room.0 + u64::from(class == Placement::Normal);
             c.overshoot
-                .fetch_max(local.saturating_sub(budget), Ordering::Relaxed);
+                .fetch_max(local.saturating_sub(room.1), Ordering::Relaxed);
         }
         if r.as_ref().is_err_and(|e| again(e) || unregistered(e)) {
             // Not mapped: undone, to be served again after the events (or

@@ -132,11 +132,7 @@ impl Engine {
     /// The error that stops the program: page `g` at `addr`, its place in
     /// the books, what the page tables say of it and of its staging page.
     fn disagree(&self, g: usize, addr: u64, here: Option<bool>, staged: Option<bool>) -> Error {
-        let say = |b: Option<bool>| match b {
-            Some(true) => "present",
-            Some(false) => "absent",
-            None => "not read",
-        };
+        let say = presence;
         Error::Internal(format!(
             "the books disagree with the page tables at {addr:#x} (page {g}, {:?}, {:?}): \
              the region page is {}, the staging page {}; fault {} of this engine",
@@ -175,5 +171,14 @@ pub(in crate::farmem) fn describe(m: &uffd::UffdMsg) -> String {
             format!("remap {from:#x} to {to:#x}, {len:#x} bytes")
         }
         e => format!("event {e:#x}"),
+    }
+}
+
+/// What the page tables say of a page, for the report of a failure.
+pub(in crate::farmem) fn presence(b: Option<bool>) -> &'static str {
+    match b {
+        Some(true) => "present",
+        Some(false) => "absent",
+        None => "not read",
     }
 }
