@@ -385,6 +385,27 @@ mod tests {
             assert_eq!(Journal::decode(bad), None, "{bad:?}");
         }
     }
+
+    #[test]
+    fn an_advice_journal_holds_the_ranges_given_and_not_taken_back() {
+        let mut j = AdviceJournal::new(std::process::id() as i32, libc::MADV_UNMERGEABLE)
+            .expect("an advice journal for this process");
+        let ranges = |j: &AdviceJournal| -> Vec<String> {
+            let text = std::fs::read_to_string(&j.path).unwrap();
+            text.lines().skip(4).map(str::to_string).collect()
+        };
+        j.given(&[(0x1000, 0x2000), (0x8000, 0x1000)]).unwrap();
+        j.given(&[(0x1000, 0x2000)]).unwrap();
+        assert_eq!(ranges(&j), ["1000 2000", "8000 1000"]);
+        j.taken_back(&[(0x1000, 0x2000)]).unwrap();
+        j.taken_back(&[(0x1000, 0x2000), (0x5000, 0x1000)]).unwrap();
+        assert_eq!(ranges(&j), ["8000 1000"]);
+        j.given(&[(0x8000, 0x3000)]).unwrap();
+        assert_eq!(ranges(&j), ["8000 3000"]);
+        let path = j.path.clone();
+        drop(j);
+        assert!(!path.exists(), "the journal outlived its agent");
+    }
 }
 
 /// The directory of advice journals.
@@ -444,16 +465,26 @@ impl AdviceJournal {
 
     /// Notes `ranges` before the advice is given on them.
     pub fn given(&mut self, ranges: &[(u64, u64)]) -> Result<()> {
-        self.ranges.extend(ranges.iter().copied());
-        self.write()
+        let mut changed = false;
+        for &(s, n) in ranges {
+            changed |= self.ranges.insert(s, n) != Some(n);
+        }
+        if changed {
+            self.write()?;
+        }
+        Ok(())
     }
 
     /// Notes `ranges` taken back (undone by the agent itself).
     pub fn taken_back(&mut self, ranges: &[(u64, u64)]) -> Result<()> {
+        let mut changed = false;
         for (s, _) in ranges {
-            self.ranges.remove(s);
+            changed |= self.ranges.remove(s).is_some();
         }
-        self.write()
+        if changed {
+            self.write()?;
+        }
+        Ok(())
     }
 }
 
