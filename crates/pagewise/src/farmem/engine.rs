@@ -775,7 +775,12 @@ impl Engine {
         if self.pages[g] == Where::Local {
             // Mapped already (two threads faulted on it), or dropped behind
             // our back: zeros then, and a wake-up either way.
-            return match self.map(Where::RemoteZero, g) {
+            let missing = self.check_books > 0 && !self.present(addr)?;
+            let r = self.map(Where::RemoteZero, g);
+            if missing && r.is_ok() {
+                self.local_was_missing(g)?;
+            }
+            return match r {
                 Err(e) if unregistered(&e) => self.pass(addr, e),
                 r => r,
             };
