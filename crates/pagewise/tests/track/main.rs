@@ -547,7 +547,10 @@ fn ksm_merging() {
                                          // Merged before tracking starts, so that tracking meets KSM pages
                                          // (whose first write breaks the sharing) for real.
         if !wait_for("KSM merging", 30, || merging() >= before + 100) {
-            pagewise_testkit::skip!(
+            // ksmd runs (the test set it going): a merge that did not come
+            // in time is a precondition that did not happen (a loaded
+            // machine), not a missing feature.
+            pagewise_testkit::not_happened!(
                 "[{kind}] ksmd merged fewer than 100 of 1024 identical pages within 30 s"
             );
             return;
@@ -1028,7 +1031,7 @@ fn uffd_wp_from_outside_ksm() {
     s.tell(b'k', 0);
     let merging = |pid: i32| procfs::ksm_stat(pid).map_or(0, |k| k.merging_pages);
     if !wait_for("KSM merging", 30, || merging(s.pid) >= 100) {
-        pagewise_testkit::skip!(
+        pagewise_testkit::not_happened!(
             "ksmd merged fewer than 100 of the program's 1024 like pages within 30 s"
         );
         return;
