@@ -38,8 +38,9 @@
 use crate::thp::{next, spawn_worker, stop_and_check_each, Child};
 use crate::Machine;
 use pagewise::dedup::{Agent, Options, Policy};
+use pagewise::mech::{cgroup, procfs};
 use pagewise::workload::AnonMemory;
-use pagewise::{procfs, Error, Result, HUGE_PAGE_SIZE, PAGE_SIZE};
+use pagewise::{Error, Result, HUGE_PAGE_SIZE, PAGE_SIZE};
 use serde::Serialize;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -373,7 +374,7 @@ fn huge_regions(children: &[Child], regions: usize) -> u64 {
     children
         .iter()
         .map(|c| {
-            let Ok(mut w) = pagewise::walk::PageWalker::new(Some(c.pid)) else {
+            let Ok(mut w) = pagewise::mech::walk::PageWalker::new(Some(c.pid)) else {
                 return 0;
             };
             (0..regions)
@@ -444,8 +445,8 @@ struct InGroup {
 }
 
 impl InGroup {
-    fn join(to: &procfs::MemoryCgroup) -> Result<InGroup> {
-        let back = procfs::memory_cgroup_dir(None)?
+    fn join(to: &cgroup::MemoryCgroup) -> Result<InGroup> {
+        let back = cgroup::memory_cgroup_dir(None)?
             .ok_or_else(|| Error::NotFound("this process's memory cgroup".into()))?;
         to.add(std::process::id() as i32)?;
         Ok(InGroup { back })
@@ -469,13 +470,13 @@ fn run_scheme(
     scheme: &str,
     level: f64,
     repeat: usize,
-    swap: Option<&procfs::ZramSwap>,
+    swap: Option<&cgroup::ZramSwap>,
     stop: &AtomicBool,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Row> {
     // The processes' memory is charged to a group of their own, without a
     // limit while they fill it, then limited to the level's share.
-    let cg = procfs::MemoryCgroup::create(
+    let cg = cgroup::MemoryCgroup::create(
         &format!("pagewise-bench-dedup-{}", std::process::id()),
         2 * cfg.demand(),
     )?;
@@ -664,7 +665,7 @@ pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
         pagewise_sys::signal::stop_flag().map_err(|e| Error::os("taking SIGINT and SIGTERM", e))?;
     // What does not fit under the limit goes to swap on zram.
     let swap = if cfg.levels.iter().any(|&l| l > 1.0) {
-        Some(procfs::ZramSwap::setup(cfg.demand())?)
+        Some(cgroup::ZramSwap::setup(cfg.demand())?)
     } else {
         None
     };

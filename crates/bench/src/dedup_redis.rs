@@ -21,7 +21,9 @@ use crate::redis::{free_port, value, Client};
 use crate::Machine;
 use anyhow::{bail, Context, Result};
 use pagewise::dedup::{Agent, Options, Policy};
-use pagewise::procfs::{self, KnobGuard, MemoryCgroup};
+use pagewise::mech::cgroup::MemoryCgroup;
+use pagewise::mech::procfs;
+use pagewise::mech::settings::SettingGuard;
 use serde::Serialize;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -450,7 +452,7 @@ pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
         bail!("bench dedup-redis cannot run here: {why}");
     }
     let stop = pagewise_sys::signal::stop_flag()?;
-    let _thp = KnobGuard::set(THP, "always").with_context(|| format!("setting {THP}"))?;
+    let _thp = SettingGuard::set(THP, "always").with_context(|| format!("setting {THP}"))?;
     let mut rows = Vec::new();
     for scheme in crate::dedup::SCHEMES {
         if !cfg.schemes.is_empty() && !cfg.schemes.iter().any(|s| s == scheme) {

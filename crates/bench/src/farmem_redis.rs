@@ -23,7 +23,7 @@ use crate::redis::{
 };
 use crate::svg::{Chart, Series};
 use anyhow::{bail, Context, Result};
-use pagewise::procfs::{MemoryCgroup, ZramSwap};
+use pagewise::mech::cgroup::{MemoryCgroup, ZramSwap};
 use serde::Serialize;
 use std::io::{BufReader, Write};
 use std::net::TcpStream;
@@ -268,7 +268,7 @@ fn faults_and_rss(pid: i32) -> (u64, u64) {
             after.split_whitespace().nth(9)?.parse().ok()
         })
         .unwrap_or(0);
-    let rss = pagewise::procfs::resident(pid).map_or(0, |r| r.rss_kib);
+    let rss = pagewise::mech::procfs::resident(pid).map_or(0, |r| r.rss_kib);
     (majflt, rss)
 }
 
@@ -347,7 +347,7 @@ impl Server {
             if let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.redis.port)) {
                 let _ = s.write_all(b"shutdown\r\n");
             }
-            pagewise::launch::wait_or_kill(
+            pagewise::mech::child::wait_or_kill(
                 &mut self.redis.child,
                 std::time::Duration::from_secs(10),
             );

@@ -16,13 +16,14 @@
 //! is measured first, by a stop-and-copy of the same process.
 
 use crate::{median, Machine};
-use pagewise::hash::{page_hash, PageHash};
+use pagewise::mech::hash::{page_hash, PageHash};
+use pagewise::mech::procfs;
+use pagewise::mech::stop::Stopped;
 use pagewise::snap::live::{live_snapshot, Destination, LiveOptions, LiveReport, StoreSeries};
 use pagewise::snap::wire::{Compression, Receiver, Sender, WireStats};
 use pagewise::snap::DiskStore;
-use pagewise::stop::Stopped;
 use pagewise::workload::AnonMemory;
-use pagewise::{procfs, Error, Region, Result, PAGE_SIZE};
+use pagewise::{Error, Region, Result, PAGE_SIZE};
 use serde::Serialize;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -224,7 +225,7 @@ pub(crate) fn fingerprints(pid: i32) -> Result<Truth> {
         let mut off = 0;
         while off < r.len {
             let n = (r.len - off).min(b.len() as u64) as usize;
-            pagewise::walk::read_remote(pid, r.start + off, &mut b[..n])?;
+            pagewise::mech::walk::read_remote(pid, r.start + off, &mut b[..n])?;
             h.extend(b[..n].chunks_exact(PAGE_SIZE).map(page_hash));
             off += n as u64;
         }
@@ -238,7 +239,7 @@ fn read_all(pid: i32) -> Result<u64> {
     let mut bytes = 0;
     for m in procfs::writable(Some(pid))? {
         let mut b = vec![0u8; m.len() as usize];
-        pagewise::walk::read_remote(pid, m.start, &mut b)?;
+        pagewise::mech::walk::read_remote(pid, m.start, &mut b)?;
         bytes += b.len() as u64;
     }
     Ok(bytes)

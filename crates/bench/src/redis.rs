@@ -92,7 +92,7 @@ pub(crate) fn wait_ready(port: u16) -> Result<()> {
     wait_ready_within(port, Duration::from_secs(10))
 }
 
-/// As [`wait_ready`], for a server that may start slowly (under far-memory
+/// As `wait_ready`, for a server that may start slowly (under far-memory
 /// emulation with little local memory).
 pub fn wait_ready_within(port: u16, within: Duration) -> Result<()> {
     let t0 = Instant::now();
@@ -187,7 +187,7 @@ impl Server {
         if let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) {
             let _ = s.write_all(b"*2\r\n$8\r\nSHUTDOWN\r\n$6\r\nNOSAVE\r\n");
         }
-        pagewise::launch::wait_or_kill(&mut self.child, Duration::from_secs(10));
+        pagewise::mech::child::wait_or_kill(&mut self.child, Duration::from_secs(10));
         // A server started through another command in a process group of
         // its own (`pagewise farmem run -- redis-server`): whatever of the
         // group is left goes too. Without a group of its own, there is no

@@ -16,9 +16,10 @@
 //! the same checksums, and every restore is compared with the base contents.
 
 use super::{median, Machine};
+use pagewise::mech::procfs;
 use pagewise::snap::{SnapshotOptions, Snapshots};
 use pagewise::workload::{AnonMemory, Rng};
-use pagewise::{procfs, Error, Result, PAGE_SIZE};
+use pagewise::{Error, Result, PAGE_SIZE};
 use serde::Serialize;
 use std::collections::VecDeque;
 use std::time::Instant;

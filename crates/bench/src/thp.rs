@@ -336,7 +336,7 @@ pub(crate) fn stop_and_check_each(children: &[Child], within: Duration) -> Vec<O
         0 => None,
         v => Some(v == 1),
     };
-    let done = |c: &Child| answer(c).is_some() || !pagewise::procfs::is_alive(c.pid);
+    let done = |c: &Child| answer(c).is_some() || !pagewise::mech::procfs::is_alive(c.pid);
     while !children.iter().all(done) && t0.elapsed() < within {
         std::thread::sleep(Duration::from_millis(5));
     }

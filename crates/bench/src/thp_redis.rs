@@ -41,7 +41,8 @@ use crate::redis::{free_port, server_args, value, wait_ready, which, Client};
 use crate::svg::{Chart, Series};
 use crate::Machine;
 use anyhow::{bail, Context, Result};
-use pagewise::procfs::{KnobGuard, MemoryCgroup};
+use pagewise::mech::cgroup::MemoryCgroup;
+use pagewise::mech::settings::SettingGuard;
 use pagewise::thp::agent::{Action, Agent, Budget, Options, Policy, Pressure, Recovery};
 use serde::Serialize;
 use std::process::{Command, Stdio};
@@ -346,13 +347,13 @@ fn one(
     stop: &Arc<AtomicBool>,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Row> {
-    let _thp = KnobGuard::set(THP, if way == "ingens" { "madvise" } else { "always" })
+    let _thp = SettingGuard::set(THP, if way == "ingens" { "madvise" } else { "always" })
         .with_context(|| format!("setting {THP}"))?;
     let cg = MemoryCgroup::create(
         &format!("pagewise-thp-redis-{}-{way}", std::process::id()),
         cfg.limit_mib << 20,
     )?;
-    let vm0 = pagewise::procfs::vmstat(&VMSTAT)?;
+    let vm0 = pagewise::mech::procfs::vmstat(&VMSTAT)?;
     let port = free_port()?;
     let mut server = start_redis(&cg, port)?;
     let pid = server.child.id() as i32;
@@ -367,10 +368,10 @@ fn one(
         let (shared, dir) = (shared.clone(), cg.dir().to_path_buf());
         std::thread::spawn(move || {
             while !shared.done.load(Ordering::SeqCst) {
-                let usage = pagewise::procfs::memory_use(&dir)
+                let usage = pagewise::mech::cgroup::memory_use(&dir)
                     .map(|u| u.usage)
                     .unwrap_or(0);
-                let r = pagewise::procfs::resident(pid).unwrap_or_default();
+                let r = pagewise::mech::procfs::resident(pid).unwrap_or_default();
                 let phase = shared.phase.lock().expect("not poisoned").clone();
                 shared.samples.lock().expect("not poisoned").push(Sample {
                     t_s: t0.elapsed().as_secs_f64(),
@@ -446,7 +447,7 @@ fn one(
     server.shutdown();
     let mut row = result?;
     row.agent_cpu_s = agent_cpu_s;
-    let vm1 = pagewise::procfs::vmstat(&VMSTAT)?;
+    let vm1 = pagewise::mech::procfs::vmstat(&VMSTAT)?;
     row.vmstat = VMSTAT
         .iter()
         .zip(vm0.iter().zip(vm1))
@@ -559,7 +560,7 @@ fn phases(
     let (mut last, mut since) = (u64::MAX, Instant::now());
     while t.elapsed() < Duration::from_secs(cfg.settle_max_s) {
         check(stop)?;
-        let huge = pagewise::procfs::resident(pid)?.anon_huge_kib;
+        let huge = pagewise::mech::procfs::resident(pid)?.anon_huge_kib;
         if huge != last {
             (last, since) = (huge, Instant::now());
         }
@@ -592,7 +593,7 @@ fn phases(
         stop,
     );
     check(stop)?;
-    let alive = pagewise::procfs::is_alive(pid);
+    let alive = pagewise::mech::procfs::is_alive(pid);
     let end = cg.usage()?.usage;
     let p3_completed = err.is_none() && alive;
     if let (Some(e), true) = (&err, alive) {
@@ -629,7 +630,7 @@ fn phases(
     if !p3_completed {
         return Ok(row);
     }
-    let r = pagewise::procfs::resident(pid)?;
+    let r = pagewise::mech::procfs::resident(pid)?;
     row.huge_share_end = r.anon_huge_kib as f64 / r.rss_kib.max(1) as f64;
     let mut phase = "verify";
     match after_p3(
@@ -637,7 +638,7 @@ fn phases(
     ) {
         // Killed after P3 (the OOM killer, at a limit Redis's memory
         // reached): an outcome, not a failure of the benchmark.
-        Err(_) if !pagewise::procfs::is_alive(pid) => {
+        Err(_) if !pagewise::mech::procfs::is_alive(pid) => {
             row.died_after_p3 = Some(phase.to_string());
             Ok(row)
         }
@@ -717,7 +718,7 @@ pub fn unavailable() -> Option<String> {
             p.why("process_madvise")
         ));
     }
-    match pagewise::procfs::memory_cgroup_dir(None) {
+    match pagewise::mech::cgroup::memory_cgroup_dir(None) {
         Ok(Some(_)) => {}
         Ok(None) => {
             return Some(
@@ -736,12 +737,12 @@ pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
         bail!("redis-server is not installed (scripts/setup.sh installs it)");
     }
     let stop = pagewise_sys::signal::stop_flag()?;
-    let _pages = KnobGuard::set(
+    let _pages = SettingGuard::set(
         format!("{KHUGEPAGED}/pages_to_scan"),
         &cfg.khugepaged_pages.to_string(),
     )
     .context("setting khugepaged's pace")?;
-    let _sleep = KnobGuard::set(
+    let _sleep = SettingGuard::set(
         format!("{KHUGEPAGED}/scan_sleep_millisecs"),
         &cfg.khugepaged_sleep_ms.to_string(),
     )?;

@@ -11,7 +11,7 @@
 //! it would in use; the fault-based backends collect between passes.
 
 use super::{median, Machine};
-use pagewise::procfs::KnobGuard;
+use pagewise::mech::settings::SettingGuard;
 use pagewise::track::{BackendKind, DirtyTracker};
 use pagewise::workload::{AnonMemory, Rng};
 use pagewise::{Result, PAGE_SIZE};
@@ -386,7 +386,7 @@ pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
     let mut notes = Vec::new();
     // Random write faults split VMAs; give the mprotect baseline room (restored on drop).
     let _maps = if kinds.contains(&BackendKind::Mprotect) {
-        match KnobGuard::set("/proc/sys/vm/max_map_count", "4194304") {
+        match SettingGuard::set("/proc/sys/vm/max_map_count", "4194304") {
             Ok(g) => {
                 notes.push(format!("vm.max_map_count raised from {} to 4194304 for the mprotect baseline, restored afterwards", g.old()));
                 Some(g)

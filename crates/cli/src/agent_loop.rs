@@ -110,7 +110,7 @@ pub fn drive(
         }
         if let Some(c) = child.as_mut() {
             if let Some(st) = c.try_wait()? {
-                break pagewise::launch::exit_code(st);
+                break pagewise::mech::child::exit_code(st);
             }
         }
         let due = t0 + interval * n as u32;
@@ -123,7 +123,7 @@ pub fn drive(
         let (text, watching) = step()?;
         n += 1;
         if let Some(path) = &w.metrics {
-            pagewise::files::replace(path, text.as_bytes())?;
+            pagewise::mech::files::replace(path, text.as_bytes())?;
         }
         *served.lock().expect("not poisoned") = text;
         if !watching || w.steps.is_some_and(|s| n >= s) {
@@ -132,7 +132,7 @@ pub fn drive(
     };
     if let Some(mut c) = child {
         if stop.load(Ordering::SeqCst) {
-            pagewise::launch::stop(&mut c, Duration::from_secs(5));
+            pagewise::mech::child::stop(&mut c, Duration::from_secs(5));
         }
     }
     Ok(status)

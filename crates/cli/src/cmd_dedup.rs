@@ -3,7 +3,7 @@
 
 use anyhow::{bail, Result};
 use pagewise::dedup::{Action, Agent, Options, Policy, Step, Thresholds};
-use pagewise::inject::Inside;
+use pagewise::mech::inject::Inside;
 use std::io::Write;
 use std::time::{Duration, Instant};
 
@@ -132,7 +132,7 @@ fn run_agent(a: RunArgs) -> Result<i32> {
     // linked program), under ptrace like any other.
     let started = match a.watch.command.is_empty() {
         true => None,
-        false => Some(pagewise::launch::start_advised(&a.watch.command)?),
+        false => Some(pagewise::mech::shim::start_advised(&a.watch.command)?),
     };
     let child = match started {
         None => None,
@@ -149,7 +149,7 @@ fn run_agent(a: RunArgs) -> Result<i32> {
                 }
             };
             if let Err(e) = agent.add_with(pid, inside) {
-                pagewise::launch::stop(&mut c, Duration::from_secs(5));
+                pagewise::mech::child::stop(&mut c, Duration::from_secs(5));
                 return Err(e.into());
             }
             Some(c)

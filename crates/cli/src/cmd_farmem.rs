@@ -3,7 +3,8 @@
 use anyhow::{bail, Context, Result};
 use pagewise::farmem::instance::{Access, Instance, Member, Settings};
 use pagewise::farmem::{self, FaultPath, Stats};
-use pagewise::launch::{self, FarmemOptions, FarmemRun};
+use pagewise::farmem::{FarmemOptions, FarmemRun};
+use pagewise::mech::child;
 use serde::Serialize;
 use std::path::PathBuf;
 
@@ -249,7 +250,7 @@ fn run_cmd(a: RunArgs) -> Result<i32> {
     if a.json {
         eprintln!("{}", serde_json::to_string(&rep)?);
         run.finish();
-        return Ok(launch::exit_code(status));
+        return Ok(child::exit_code(status));
     }
     eprintln!(
         "pagewise farmem: instance {}: {} faults ({}), {} fetches, {} evictions ({} written back), {:.1} ms injected, floor {} ns",
@@ -283,7 +284,7 @@ fn run_cmd(a: RunArgs) -> Result<i32> {
         );
     }
     run.finish();
-    Ok(launch::exit_code(status))
+    Ok(child::exit_code(status))
 }
 
 fn ls(a: LsArgs) -> Result<i32> {

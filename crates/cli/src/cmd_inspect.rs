@@ -2,10 +2,11 @@
 //! coverage of processes.
 
 use anyhow::{bail, Context, Result};
-use pagewise::access::{self, Method};
 use pagewise::farmem::instance::Instance;
+use pagewise::farmem::{FarmemOptions, FarmemRun};
 use pagewise::inspect::{inspect, Options, RegionReport, Report};
-use pagewise::launch::{self, FarmemOptions, FarmemRun};
+use pagewise::mech::access::{self, Method};
+use pagewise::mech::child;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -76,7 +77,7 @@ impl Started {
 
 impl Drop for Started {
     fn drop(&mut self) {
-        launch::stop(&mut self.child, Duration::from_secs(5));
+        child::stop(&mut self.child, Duration::from_secs(5));
         if let Some(run) = self.run.take() {
             run.remove();
         }
@@ -123,7 +124,7 @@ pub fn run(a: Args) -> Result<i32> {
     }
     let mut pids: Vec<i32> = Vec::new();
     for &p in &a.pids {
-        pagewise::procfs::check_target(p)?;
+        pagewise::mech::procfs::check_target(p)?;
         if !pids.contains(&p) {
             pids.push(p);
         }

@@ -119,7 +119,7 @@ fn take(t: TakeArgs) -> Result<i32> {
         bail!("--count above 1 needs --every-ms MS");
     }
     if let (Some(pid), Some(to)) = (t.pid, t.to.as_deref()) {
-        pagewise::procfs::check_target(pid)?;
+        pagewise::mech::procfs::check_target(pid)?;
         let key = t
             .key
             .as_deref()
@@ -144,7 +144,7 @@ fn take(t: TakeArgs) -> Result<i32> {
     let (Some(pid), Some(out)) = (t.pid, t.out.clone()) else {
         bail!("give --pid PID and --out DIR, or --live --to HOST:PORT (or a subcommand: inspect, diff; see --help)");
     };
-    pagewise::procfs::check_target(pid)?;
+    pagewise::mech::procfs::check_target(pid)?;
     let existed = out.exists();
     let mut disk = DiskStore::create(&out, !t.no_verify)?;
     let r = if t.live {

@@ -111,15 +111,15 @@ pub fn run(a: Args) -> Result<i32> {
     match a.sub {
         Sub::Run(r) => run_agent(*r),
         Sub::Prezero(p) => {
-            let mut c = pagewise::launch::shim_command(&p.command)?;
+            let mut c = pagewise::mech::shim::shim_command(&p.command)?;
             c.env(
-                pagewise::launch::env::PREZERO,
+                pagewise::mech::shim::env::PREZERO,
                 format!("{},{}", p.ahead, p.rate),
             );
             let st = c
                 .status()
                 .with_context(|| format!("starting {}", p.command[0]))?;
-            Ok(pagewise::launch::exit_code(st))
+            Ok(pagewise::mech::child::exit_code(st))
         }
     }
 }
@@ -143,8 +143,8 @@ fn policy_of(s: &str) -> Result<Policy> {
 
 fn pressure_of(s: Option<&str>) -> Result<Pressure> {
     let Some(s) = s else {
-        let t = pagewise::procfs::read_trimmed("/proc/meminfo")?;
-        let total = pagewise::procfs::status_field(&t, "MemTotal").unwrap_or(0) * 1024;
+        let t = pagewise::mech::procfs::read_trimmed("/proc/meminfo")?;
+        let total = pagewise::mech::procfs::status_field(&t, "MemTotal").unwrap_or(0) * 1024;
         return Ok(Pressure::AvailableBelow(total / 10));
     };
     if s == "always" {

@@ -1,8 +1,9 @@
 //! `pagewise track`.
 
 use anyhow::{anyhow, bail, Context, Result};
-use pagewise::launch::{self, Tracked};
+use pagewise::mech::child;
 use pagewise::track::{protocol, BackendKind, Collection, DirtyTracker};
+use pagewise::track::{start_tracked, Tracked};
 use pagewise::PAGE_SIZE;
 use std::io::Write;
 use std::os::unix::net::UnixStream;
@@ -77,13 +78,13 @@ pub fn run(a: Args) -> Result<i32> {
                 BackendKind::UffdWp
                     .available_in_process()
                     .map_err(|why| anyhow!("uffd-wp is not available: {why}"))?;
-                let (child, src) = match launch::start_tracked(&a.cmd, BackendKind::UffdWp)? {
+                let (child, src) = match start_tracked(&a.cmd, BackendKind::UffdWp)? {
                     Tracked::Running(child, sock, backend) => (child, Source::Shim(sock, backend)),
                     Tracked::Over(st) => {
                         if !a.json {
                             eprintln!("pagewise: {} exited ({st}) before tracking began", a.cmd[0]);
                         }
-                        return Ok(launch::exit_code(st));
+                        return Ok(child::exit_code(st));
                     }
                 };
                 let pid = child.id() as i32;
@@ -128,7 +129,7 @@ pub fn run(a: Args) -> Result<i32> {
             if !a.json {
                 eprintln!("pagewise: {} exited ({st}) after {n} collections", a.cmd[0]);
             }
-            Ok(launch::exit_code(st))
+            Ok(child::exit_code(st))
         };
         if let Some(c) = child.as_mut() {
             if let Some(st) = c.try_wait()? {
@@ -141,12 +142,12 @@ pub fn run(a: Args) -> Result<i32> {
                 if let Some(ch) = child.as_mut() {
                     // A collection fails as the command exits: give it a
                     // moment to be reaped, and report its status.
-                    if let Some(st) = launch::wait_for(ch, Duration::from_secs(2)) {
+                    if let Some(st) = child::wait_for(ch, Duration::from_secs(2)) {
                         return ended(st);
                     }
                 }
                 if matches!(e, pagewise::Error::ProcessExited(_))
-                    || !pagewise::procfs::is_alive(pid)
+                    || !pagewise::mech::procfs::is_alive(pid)
                 {
                     bail!("process {pid} exited after {n} collections");
                 }

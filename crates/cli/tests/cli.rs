@@ -859,7 +859,7 @@ fn thp_run_promotes_within_the_budget_and_ends_on_sigterm() {
         }
     }
     assert_eq!(promoted.len(), 3, "{steps:?}");
-    let mut w = pagewise::walk::PageWalker::new(Some(wl.id() as i32)).unwrap();
+    let mut w = pagewise::mech::walk::PageWalker::new(Some(wl.id() as i32)).unwrap();
     let mut runs = Vec::new();
     for &start in &promoted {
         let r = pagewise::Region::new(start, 2 << 20).unwrap();
@@ -1134,7 +1134,7 @@ fn a_killed_dedup_agent_is_repaired_and_a_second_is_refused() {
     // A second agent while the first holds the settings.
     let mut first = agent();
     let t0 = std::time::Instant::now();
-    let journal = pagewise::settings::journal_dir().join("%sys%kernel%mm%ksm%run");
+    let journal = pagewise::mech::settings::journal_dir().join("%sys%kernel%mm%ksm%run");
     while !journal.exists() {
         assert!(
             t0.elapsed() < std::time::Duration::from_secs(60),
@@ -1308,7 +1308,7 @@ fn a_killed_dedup_agents_advice_is_taken_back() {
         return;
     }
     let pid = target.id() as i32;
-    let mergeable = || pagewise::procfs::with_vm_flag(Some(pid), &["mg"]).unwrap();
+    let mergeable = || pagewise::mech::procfs::with_vm_flag(Some(pid), &["mg"]).unwrap();
     let mut agent = Command::new(BIN)
         .args(["dedup", "run", "--interval-ms", "400", "--window-ms", "150"])
         .args(["--thresholds", "0,2,0.5", "--full-scan-ms", "300", "--pid"])

@@ -131,7 +131,10 @@ fn corpus(target: &str) -> Vec<Vec<u8>> {
 fn save_failure(target: &str, input: &[u8]) -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/fuzz");
     let _ = std::fs::create_dir_all(&dir);
-    let p = dir.join(format!("{target}-{}.bin", pagewise::hash::page_hash(input)));
+    let p = dir.join(format!(
+        "{target}-{}.bin",
+        pagewise::mech::hash::page_hash(input)
+    ));
     let _ = std::fs::write(&p, input);
     p
 }
@@ -169,7 +172,7 @@ fn wire_session(rng: &mut Rng) -> Vec<u8> {
         h[8..16].copy_from_slice(&(base + p * PAGE_SIZE as u64).to_le_bytes());
         h[16..20].copy_from_slice(&(payload.len() as u32).to_le_bytes());
         m.extend_from_slice(&h);
-        m.extend_from_slice(&pagewise::hash::page_hash(&page).to_le_bytes());
+        m.extend_from_slice(&pagewise::mech::hash::page_hash(&page).to_le_bytes());
         m.extend_from_slice(&payload);
     }
     m.push(b'E');
@@ -236,7 +239,7 @@ fn track_seeds(rng: &mut Rng) -> Vec<Vec<u8>> {
 
 /// A valid shim advice hello.
 fn shim_seed(rng: &mut Rng) -> Vec<u8> {
-    use pagewise::inject::shim;
+    use pagewise::mech::inject::shim;
     let m = rng.below(4) as u32;
     let mut b = Vec::new();
     for v in [shim::MAGIC, shim::VERSION, 4242, m] {
@@ -325,10 +328,10 @@ fn run_target(target: &str, rng: &mut Rng, until: Instant, work: &Path) -> Resul
                     let _ = a.write_all(&input);
                     drop(a);
                     if let Ok(s) =
-                        pagewise::inject::shim::ShimAdvice::hello(b, Duration::from_secs(1))
+                        pagewise::mech::inject::shim::ShimAdvice::hello(b, Duration::from_secs(1))
                     {
                         let own = s.own_memory().to_vec();
-                        let inside = pagewise::inject::Inside::Shim(s);
+                        let inside = pagewise::mech::inject::Inside::Shim(s);
                         for (start, len) in own {
                             let _ = inside.is_own_memory(start, len);
                             let _ = inside.is_own_memory(u64::MAX - 4095, 4096);

@@ -1,252 +1,37 @@
 //! pagewise: page-level memory management on a stock Linux kernel, from user space.
 //!
 //! The library is the product; the `pagewise` CLI, the preload shim and the C
-//! API are thin layers over it. Its modules follow the capabilities:
+//! API are thin layers over it. It has two layers (see `ARCHITECTURE.md`):
+//!
+//! **Capabilities**, each one system of the papers, at the crate root:
 //!
 //! | module | capability |
 //! |---|---|
 //! | [`track`] | dirty-page tracking (LDT): which pages were written since a consumer last asked |
-//! | [`snap`] | same-page-merging snapshots (SimGrid) |
+//! | [`snap`] | same-page-merging snapshots (SimGrid); built on `track` |
 //! | [`farmem`] | disaggregated-memory emulation (DiME) |
+//! | [`inspect`] | residency, huge pages, bloat, duplicates and access coverage of any process |
 //! | [`thp`] | huge-page policy (HawkEye) |
 //! | [`dedup`] | deduplication with mixed pages (SmartMD) |
 //!
-//! Shared mechanisms live in one place each: [`probe`] (what the kernel
-//! offers, probed once), [`procfs`] (parsing `/proc`), [`hash`] (page
-//! fingerprints), [`region`] (ranges and bitmaps), [`walk`] (populated pages, reading
-//! other processes), [`workload`] (the built-in
-//! self-checking workloads that tests, benchmarks and the demo share).
+//! A capability imports mechanisms, never another capability (except
+//! `snap`, built on `track`).
+//!
+//! **Mechanisms** ([`mech`]), what every capability uses, each in one
+//! place: what the kernel offers ([`probe`]), `/proc` ([`mech::procfs`]),
+//! page-table walks ([`mech::walk`]), userfaultfd write-protect
+//! ([`mech::wp`]), access coverage ([`mech::access`]), stopping a process
+//! ([`mech::stop`]) and acting inside it ([`mech::inject`]), system-setting
+//! guards ([`mech::settings`]), digests, the Bloom filter, metrics and the
+//! preload shim's contract ([`mech::shim`]).
 
-pub mod access;
-pub mod bloom;
-pub mod dedup;
-pub mod farmem;
-pub mod files;
-pub mod hash;
-pub mod inject;
-pub mod inspect;
-pub mod launch;
-pub mod probe;
-pub mod procfs;
-pub mod region;
-pub mod settings;
-pub mod snap;
-pub mod stop;
-pub mod thp;
-pub mod track;
-pub mod walk;
+mod cap;
+mod error;
+pub mod mech;
 pub mod workload;
 
+pub use cap::{dedup, farmem, inspect, snap, thp, track};
+pub use error::{Error, Result};
+pub use mech::probe;
+pub use mech::region::{PageRange, Region};
 pub use pagewise_sys::{HUGE_PAGE_SIZE, PAGE_SIZE};
-pub use region::{PageRange, Region};
-
-/// The name a thread pagewise starts inside a program gives its stack
-/// (see [`procfs::Mapping::is_pagewise`]).
-pub const OWN_THREAD_STACK: &std::ffi::CStr = c"pagewise-thread-stack";
-
-/// Errors of the pagewise library. Each message says what was being done and with which value.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// A range that is not page-aligned or is empty.
-    #[error(
-        "range {start:#x}+{len:#x} is not page-aligned and non-empty (page size {})",
-        PAGE_SIZE
-    )]
-    Unaligned {
-        /// Start address.
-        start: u64,
-        /// Length in bytes.
-        len: u64,
-    },
-    /// The kernel lacks a feature the request needs.
-    #[error("{feature} is not available: {why}")]
-    Unsupported {
-        /// The feature.
-        feature: &'static str,
-        /// Why, as the probe found it.
-        why: String,
-    },
-    /// No process with this pid.
-    #[error("no process with pid {0}")]
-    NoSuchProcess(i32),
-    /// The caller may not inspect or control the process.
-    #[error("permission denied on pid {pid}: {what} ({})", permission_advice())]
-    PermissionDenied {
-        /// The process.
-        pid: i32,
-        /// What was refused.
-        what: String,
-    },
-    /// The process exited while it was being worked on.
-    #[error("process {0} exited")]
-    ProcessExited(i32),
-    /// The process replaced its program (`exec`) while its memory was being
-    /// tracked from outside: the memory tracked is gone.
-    #[error("process {0} replaced its program (exec): the memory tracked is gone; start again to track the new program")]
-    ProgramReplaced(i32),
-    /// A system call failed.
-    #[error("{what}: {source}")]
-    Os {
-        /// What was being done.
-        what: String,
-        /// The kernel's answer.
-        #[source]
-        source: std::io::Error,
-    },
-    /// A stored file is damaged or not what it claims to be.
-    #[error("{path} is corrupt: {what}")]
-    Corrupt {
-        /// The file.
-        path: String,
-        /// What is wrong.
-        what: String,
-    },
-    /// Bad argument.
-    #[error("{0}")]
-    Invalid(String),
-    /// The thing asked for does not exist (an instance, a snapshot, a consumer).
-    #[error("{0}")]
-    NotFound(String),
-    /// It exists already.
-    #[error("{0}")]
-    Exists(String),
-    /// The caller may not do this to an object pagewise keeps (another
-    /// user's instance, an unsafe directory, a read-only handle).
-    #[error("{0}")]
-    NotPermitted(String),
-    /// Another process holds it (a store being written).
-    #[error("{0}")]
-    Busy(String),
-    /// A fixed limit was reached (regions per process, members, snapshot ids).
-    #[error("{0}")]
-    Limit(String),
-    /// Nothing is mapped where the request says, or not as it needs.
-    #[error("{0}")]
-    NotMapped(String),
-    /// Memory of a type this capability does not handle (shared, file-backed,
-    /// hugetlb); the message says which types it does.
-    #[error("{0}")]
-    MemoryType(String),
-    /// The engine's handler thread is gone (it died, or was stopped).
-    #[error("{0}")]
-    EngineStopped(String),
-    /// Waiting for another party ran out of time.
-    #[error("{0}")]
-    Timeout(String),
-    /// A policy plugin failed to load or start.
-    #[error("policy plugin {path}: {what}")]
-    Plugin {
-        /// The plugin's path.
-        path: String,
-        /// What went wrong.
-        what: String,
-    },
-    /// pagewise's own bookkeeping is inconsistent: a bug, reported rather
-    /// than turned into wrong data.
-    #[error("internal error: {0}")]
-    Internal(String),
-    /// The preload shim is not where pagewise looks for it.
-    #[error("libpagewise_preload.so not found beside {} (build it with `cargo build --release`, or set PAGEWISE_PRELOAD)", beside.display())]
-    ShimNotFound {
-        /// The executable beside which it was looked for.
-        beside: std::path::PathBuf,
-    },
-    /// A program started under the shim did not answer the handshake.
-    #[error("the preload shim in {program} did not answer ({source}); the program was stopped. A statically linked or setuid program ignores LD_PRELOAD, and a wrapper that replaces itself with exec leaves it behind; use --backend hash to watch it from outside")]
-    ShimSilent {
-        /// The program.
-        program: String,
-        /// What the handshake met.
-        #[source]
-        source: std::io::Error,
-    },
-    /// A far-memory instance exists with settings other than those asked for.
-    #[error("instance {name} exists with other settings: join it without them, or change them with `pagewise farmem set {name} key=value`")]
-    InstanceConflict {
-        /// The instance.
-        name: String,
-    },
-}
-
-/// Result alias of the library.
-pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-/// What to do about a refused `ptrace`: Yama's scope is named only where
-/// Yama is there.
-fn permission_advice() -> &'static str {
-    if std::path::Path::new("/proc/sys/kernel/yama/ptrace_scope").exists() {
-        "run as the process's owner or root, or relax kernel.yama.ptrace_scope"
-    } else {
-        "run as the process's owner or root"
-    }
-}
-
-impl Error {
-    /// Wraps an OS error with what was being done.
-    pub fn os(what: impl Into<String>, source: std::io::Error) -> Self {
-        Error::Os {
-            what: what.into(),
-            source,
-        }
-    }
-
-    /// Like [`Error::for_pid`] for another process (`Some(pid)`), and
-    /// [`Error::os`] for the calling process (`None`).
-    pub fn at(pid: Option<i32>, what: impl Into<String>, source: std::io::Error) -> Self {
-        match pid {
-            Some(p) => Error::for_pid(p, what, source),
-            None => Error::os(what, source),
-        }
-    }
-
-    /// The errno that says this error best to C callers and over the wire.
-    pub fn errno(&self) -> i32 {
-        match self {
-            Error::Unaligned { .. } | Error::Invalid(_) => libc::EINVAL,
-            Error::Unsupported { .. } => libc::EOPNOTSUPP,
-            Error::NoSuchProcess(_) | Error::ProcessExited(_) | Error::ProgramReplaced(_) => {
-                libc::ESRCH
-            }
-            Error::PermissionDenied { .. } => libc::EPERM,
-            Error::Os { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
-            Error::Corrupt { .. } => libc::EBADMSG,
-            Error::ShimNotFound { .. } => libc::ENOENT,
-            Error::ShimSilent { source, .. } => source.raw_os_error().unwrap_or(libc::EPROTO),
-            Error::InstanceConflict { .. } | Error::Exists(_) => libc::EEXIST,
-            Error::NotFound(_) => libc::ENOENT,
-            Error::NotPermitted(_) => libc::EACCES,
-            Error::Busy(_) => libc::EBUSY,
-            Error::Limit(_) => libc::ENOSPC,
-            Error::NotMapped(_) => libc::EFAULT,
-            Error::MemoryType(_) => libc::EINVAL,
-            Error::EngineStopped(_) => libc::EPIPE,
-            Error::Timeout(_) => libc::ETIMEDOUT,
-            Error::Plugin { .. } => libc::ELIBBAD,
-            Error::Internal(_) => libc::ENOTRECOVERABLE,
-        }
-    }
-
-    /// Maps an OS error met while working on process `pid` to the clearest error.
-    pub fn for_pid(pid: i32, what: impl Into<String>, source: std::io::Error) -> Self {
-        match source.raw_os_error() {
-            Some(libc::ESRCH) | Some(libc::ENOENT) => {
-                if !crate::procfs::is_alive(pid) {
-                    Error::ProcessExited(pid)
-                } else {
-                    Error::os(what, source)
-                }
-            }
-            Some(libc::EPERM) | Some(libc::EACCES) => Error::PermissionDenied {
-                pid,
-                what: what.into(),
-            },
-            _ => Error::os(what, source),
-        }
-    }
-}
-
-/// Appends one metric in the Prometheus text format (its help, its type
-/// and its value) to `out`.
-pub fn prometheus_metric(out: &mut String, name: &str, kind: &str, help: &str, v: f64) {
-    *out += &format!("# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n");
-}

@@ -24,7 +24,7 @@ use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use pagewise::launch::env::{
+use pagewise::mech::shim::env::{
     FARMEM_CHECK as ENV_CHECK, FARMEM_FAULT_PATH as ENV_FAULT_PATH,
     FARMEM_INSTANCE as ENV_INSTANCE, FARMEM_POLICY as ENV_POLICY,
     FARMEM_POLICY_ARGS as ENV_POLICY_ARGS, FARMEM_STACKS as ENV_STACKS, FARMEM_TAG as ENV_TAG,
@@ -724,7 +724,7 @@ fn start(name: &str, child: bool) -> Result<(), String> {
         std::env::var(ENV_STACKS).as_deref() == Ok("1"),
         Ordering::Relaxed,
     );
-    let maps = pagewise::procfs::maps(None).map_err(|e| fail(&inst, e.to_string()))?;
+    let maps = pagewise::mech::procfs::maps(None).map_err(|e| fail(&inst, e.to_string()))?;
     let libc_text = maps
         .iter()
         .find(|m| {
@@ -744,11 +744,11 @@ fn start(name: &str, child: bool) -> Result<(), String> {
         pagewise_sys::process::errno_location() as u64,
     ];
     let mut regions = Vec::new();
-    let mut prev: Option<&pagewise::procfs::Mapping> = None;
+    let mut prev: Option<&pagewise::mech::procfs::Mapping> = None;
     // A child after fork emulates only what it maps from now on: what it
     // inherited (the parent's heap, but also copies of the parent's handler
     // stack and staging) stays as it is, shared with the parent.
-    let inherited: &[pagewise::procfs::Mapping] = if child { &[] } else { &maps };
+    let inherited: &[pagewise::mech::procfs::Mapping] = if child { &[] } else { &maps };
     for m in inherited {
         let after_file = prev.is_some_and(|p| p.end == m.start && p.inode != 0);
         prev = Some(m);

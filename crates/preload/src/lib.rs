@@ -10,18 +10,18 @@
 //!
 //! Far-memory emulation: when `PAGEWISE_FARMEM` names an instance (set by
 //! `pagewise farmem run`), the shim emulates far memory for the program's
-//! anonymous memory (see [`farmem`]).
+//! anonymous memory (see `farmem`).
 //!
 //! Advice inside the program: when `PAGEWISE_ADVISE_FD` names a socket
 //! inherited from pagewise (`pagewise dedup run -- CMD`), a thread of the
 //! shim makes the `madvise` calls asked of it (see
-//! `pagewise::inject::shim`), so that the program is never stopped for them.
+//! `pagewise::mech::inject::shim`), so that the program is never stopped for them.
 //!
 //! Pre-zeroed huge pages: when `PAGEWISE_PREZERO` is `AHEAD,RATE` (set by
 //! `pagewise thp prezero`), the shim starts the pre-zeroing thread
 //! ([`pagewise::thp::prezero`]) for the program's life.
 //!
-//! The shim's own Rust code allocates from a heap of its own ([`alloc`]),
+//! The shim's own Rust code allocates from a heap of its own (`alloc`),
 //! never from the program's `malloc`.
 
 mod alloc;
@@ -32,7 +32,7 @@ mod farmem;
 #[global_allocator]
 static ALLOC: alloc::ShimAlloc = alloc::ShimAlloc;
 
-use pagewise::launch::env;
+use pagewise::mech::shim::env;
 use pagewise::track::{protocol, BackendKind, DirtyTracker};
 use std::io::BufReader;
 use std::os::fd::FromRawFd;
@@ -90,16 +90,16 @@ extern "C" fn pagewise_preload_init() {
         // The shim's heap and the advice thread's stack are named to the
         // agent as the shim's own, never the program's.
         if let Some((start, len)) = alloc::arena() {
-            pagewise::inject::shim::note_own_memory(start, len);
+            pagewise::mech::inject::shim::note_own_memory(start, len);
         }
         let _ = std::thread::Builder::new()
             .name("pagewise-advise".into())
             .spawn(move || {
                 if let Ok((start, len)) = pagewise_sys::mem::own_stack() {
-                    pagewise::inject::shim::note_own_memory(start, len as u64);
+                    pagewise::mech::inject::shim::note_own_memory(start, len as u64);
                 }
-                let _ = pagewise_sys::mem::name_own_stack(pagewise::OWN_THREAD_STACK);
-                pagewise::inject::shim::serve(sock)
+                let _ = pagewise_sys::mem::name_own_stack(pagewise::mech::procfs::OWN_THREAD_STACK);
+                pagewise::mech::inject::shim::serve(sock)
             });
     }
     let backend = std::env::var(env::TRACK_BACKEND)
@@ -111,7 +111,7 @@ extern "C" fn pagewise_preload_init() {
         let _ = std::thread::Builder::new()
             .name("pagewise-track".into())
             .spawn(move || {
-                let _ = pagewise_sys::mem::name_own_stack(pagewise::OWN_THREAD_STACK);
+                let _ = pagewise_sys::mem::name_own_stack(pagewise::mech::procfs::OWN_THREAD_STACK);
                 serve(sock, backend)
             });
     }

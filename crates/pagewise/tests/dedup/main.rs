@@ -137,10 +137,10 @@ impl Target {
 
     /// Stops the child and checks every page against what it must hold.
     fn check(&self, late_written: bool) -> u64 {
-        let stopped = pagewise::stop::Stopped::new(self.pid).unwrap();
+        let stopped = pagewise::mech::stop::Stopped::new(self.pid).unwrap();
         let done = self.ctl(0);
         let mut b = vec![0u8; REGIONS * HUGE_PAGE_SIZE];
-        pagewise::walk::read_remote(self.pid, LOW, &mut b).unwrap();
+        pagewise::mech::walk::read_remote(self.pid, LOW, &mut b).unwrap();
         drop(stopped);
         let mut want = vec![0u8; PAGE_SIZE];
         let mut n = 0;
@@ -216,7 +216,7 @@ fn ksm_pages(pid: i32, r: usize) -> usize {
 
 /// Which of the regions are mergeable (smaps `mg`).
 fn mergeable(pid: i32) -> Vec<bool> {
-    let mg = pagewise::procfs::with_vm_flag(Some(pid), &["mg"]).unwrap();
+    let mg = pagewise::mech::procfs::with_vm_flag(Some(pid), &["mg"]).unwrap();
     (0..REGIONS)
         .map(|r| {
             let a = LOW + (r * HUGE_PAGE_SIZE) as u64;
@@ -385,7 +385,7 @@ fn smartmd_splits_cold_duplicates_keeps_hot_and_rebuilds() {
     if refused_for_now {
         pagewise_testkit::not_happened!(
             "the kernel refused the collapse after unmerging {} times (EAGAIN): {why:?}",
-            pagewise::inject::COLLAPSE_TRIES
+            pagewise::mech::inject::COLLAPSE_TRIES
         );
     } else {
         assert!(huge, "the collapse after unmerging was refused: {why:?}");
@@ -478,7 +478,7 @@ fn comparison_policies_choose_as_they_say() {
 /// memory keeps its contents, and a closed connection ends the thread.
 #[test]
 fn shim_advice_takes_only_harmless_advice() {
-    use pagewise::inject::shim::{note_own_memory, serve, ShimAdvice};
+    use pagewise::mech::inject::shim::{note_own_memory, serve, ShimAdvice};
     let (mine, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
     // The shim's own memory, named in its hello, reaches the agent as is.
     let own = (0x7f00_0000_0000u64, 1u64 << 30);
@@ -491,7 +491,7 @@ fn shim_advice_takes_only_harmless_advice() {
         &[own],
         "the shim's own memory in its hello"
     );
-    let inside = pagewise::inject::Inside::Ptrace;
+    let inside = pagewise::mech::inject::Inside::Ptrace;
     assert!(
         !inside.is_own_memory(own.0, 4096),
         "ptrace names no own memory"
@@ -506,7 +506,7 @@ fn shim_advice_takes_only_harmless_advice() {
         (mem.addr() + 2 * PAGE_SIZE as u64, 2 * PAGE_SIZE as u64),
     ];
     let mg = || {
-        pagewise::procfs::with_vm_flag(None, &["mg"])
+        pagewise::mech::procfs::with_vm_flag(None, &["mg"])
             .unwrap()
             .iter()
             .any(|&(s, e)| s <= mem.addr() && mem.addr() < e)
@@ -545,7 +545,7 @@ fn shim_advice_takes_only_harmless_advice() {
 /// out of memory. Skipped, with the reason, where zram swap cannot be
 /// set up or nothing reached it.
 fn swapped_out_whole_stays_known(t: &Target, agent: &mut Agent) {
-    let swap = match pagewise::procfs::ZramSwap::setup(64 << 20) {
+    let swap = match pagewise::mech::cgroup::ZramSwap::setup(64 << 20) {
         Ok(s) => s,
         Err(why) => {
             pagewise_testkit::skip!("a mergeable region swapped out whole: {why}");
@@ -559,7 +559,7 @@ fn swapped_out_whole_stays_known(t: &Target, agent: &mut Agent) {
         libc::MADV_PAGEOUT,
     );
     let mut runs = Vec::new();
-    let present = pagewise::walk::PageWalker::new(Some(t.pid))
+    let present = pagewise::mech::walk::PageWalker::new(Some(t.pid))
         .unwrap()
         .categories(
             pagewise::Region::new(region(3), HUGE_PAGE_SIZE as u64).unwrap(),
@@ -593,7 +593,7 @@ fn swapped_out_whole_stays_known(t: &Target, agent: &mut Agent) {
 /// every value written is in memory.
 #[test]
 fn region_writes_reports_every_write_between_takes() {
-    use pagewise::access::RegionWrites;
+    use pagewise::mech::access::RegionWrites;
     if pagewise_sys::process::geteuid() != 0 || pagewise::probe::get().uffd_access.is_none() {
         pagewise_testkit::skip!("needs root and userfaultfd to watch another process's writes");
         return;
@@ -755,7 +755,7 @@ fn region_writes_reports_every_write_between_takes() {
     // The values are in memory.
     let mut word = vec![0u8; PAGE_SIZE];
     let value = |r: usize, page: &mut Vec<u8>| {
-        pagewise::walk::read_remote(pid, region(r) + 5 * PAGE_SIZE as u64, page).unwrap();
+        pagewise::mech::walk::read_remote(pid, region(r) + 5 * PAGE_SIZE as u64, page).unwrap();
         u64::from_ne_bytes(page[..8].try_into().unwrap())
     };
     assert_eq!(value(0, &mut word), 0x3333_3333_3333_3333);

@@ -1,9 +1,9 @@
-//! System-wide settings under a journal (`pagewise::settings`): an owner
+//! System-wide settings under a journal (`pagewise::mech::settings`): an owner
 //! SIGKILLed at any point leaves a journal the next claim (or `pagewise`
 //! command) repairs; a setting a live process holds is refused to another,
 //! naming the owner.
 
-use pagewise::settings::SettingGuard;
+use pagewise::mech::settings::SettingGuard;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -84,7 +84,7 @@ fn a_killed_owner_is_repaired_and_a_live_one_refuses_others() {
     c.kill().unwrap();
     c.wait().unwrap();
     assert_eq!(value(), "123", "left changed by the killed owner");
-    let said = pagewise::settings::recover();
+    let said = pagewise::mech::settings::recover();
     assert_eq!(said.len(), 1, "{said:?}");
     assert!(said[0].contains("put back"), "{said:?}");
     assert_eq!(value(), original, "put back by the next run");
@@ -121,7 +121,7 @@ fn sigkill_at_random_points_leaves_nothing_changed() {
         drop(g);
         assert_eq!(value(), original, "round {round}");
     }
-    let left: Vec<_> = std::fs::read_dir(pagewise::settings::journal_dir())
+    let left: Vec<_> = std::fs::read_dir(pagewise::mech::settings::journal_dir())
         .map(|d| d.flatten().map(|e| e.path()).collect())
         .unwrap_or_default();
     assert!(

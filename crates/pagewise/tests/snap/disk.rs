@@ -781,7 +781,7 @@ fn incremental_snapshots_of_a_process_are_exact() {
         let mut wrong = 0;
         // Not compared: shared mappings the child inherited from this test
         // process, which other tests write.
-        let shared: Vec<(u64, u64)> = pagewise::procfs::maps(Some(pid))
+        let shared: Vec<(u64, u64)> = pagewise::mech::procfs::maps(Some(pid))
             .unwrap()
             .iter()
             .filter(|m| m.shared)
@@ -799,7 +799,7 @@ fn incremental_snapshots_of_a_process_are_exact() {
                 disk.read_page(e, &mut stored).unwrap();
             }
             // A page unmapped meanwhile reads as zeros, as it was stored.
-            let n = pagewise::walk::read_remote(pid, addr, &mut live).unwrap();
+            let n = pagewise::mech::walk::read_remote(pid, addr, &mut live).unwrap();
             if n == P && stored != live {
                 wrong += 1;
             }
@@ -851,13 +851,13 @@ fn incremental_snapshots_of_a_process_are_exact() {
 /// inherited from this test process, are written by other tests).
 pub fn private_memory(pid: i32) -> Vec<(Region, Vec<u8>)> {
     let mut out = Vec::new();
-    for m in pagewise::procfs::writable(Some(pid)).unwrap() {
+    for m in pagewise::mech::procfs::writable(Some(pid)).unwrap() {
         if m.shared {
             continue;
         }
         let r = Region::new(m.start, m.len()).unwrap();
         let mut b = vec![0u8; r.len as usize];
-        pagewise::walk::read_remote(pid, r.start, &mut b).unwrap();
+        pagewise::mech::walk::read_remote(pid, r.start, &mut b).unwrap();
         out.push((r, b));
     }
     out

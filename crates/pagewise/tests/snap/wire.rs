@@ -224,7 +224,7 @@ fn damaged_pages_and_strangers_are_refused() {
     let dir = TempDir::new("wire-damaged");
     let (addr, rx) = receiver(&dir.0, 3);
     let page = vec![0x5au8; PAGE_SIZE];
-    let good = pagewise::hash::page_hash(&page);
+    let good = pagewise::mech::hash::page_hash(&page);
     let bad = hand_made(&addr, good ^ 1, &page);
     let x = bad.iter().position(|&b| b == b'X').expect("no refusal");
     assert!(
@@ -296,7 +296,7 @@ fn a_range_that_wraps_the_address_space_is_refused() {
     );
     // Still serving.
     let page = vec![0x11u8; PAGE_SIZE];
-    let ok = hand_made(&addr, pagewise::hash::page_hash(&page), &page);
+    let ok = hand_made(&addr, pagewise::mech::hash::page_hash(&page), &page);
     assert!(ok.contains(&b'A'), "{ok:?}");
     let (_rx, got) = rx.join().unwrap();
     assert!(got[0].saved.is_empty());

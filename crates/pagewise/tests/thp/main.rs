@@ -110,10 +110,10 @@ impl Target {
     /// consistent word for their place, no older than the last completed
     /// pass; others still hold the fill. Returns the pages checked.
     fn check(&self) -> u64 {
-        let stopped = pagewise::stop::Stopped::new(self.pid).unwrap();
+        let stopped = pagewise::mech::stop::Stopped::new(self.pid).unwrap();
         let done = self.passes();
         let mut b = vec![0u8; 4 * HUGE_PAGE_SIZE];
-        pagewise::walk::read_remote(self.pid, self.base, &mut b).unwrap();
+        pagewise::mech::walk::read_remote(self.pid, self.base, &mut b).unwrap();
         drop(stopped);
         let mut n = 0;
         for (r, &stride) in STRIDE.iter().enumerate() {
@@ -566,7 +566,7 @@ fn prezeroing_runs_ahead_and_loses_no_write() {
     }
     mem.write_byte(0, 1);
     let present = |r: usize| {
-        let mut w = pagewise::walk::PageWalker::new(None).unwrap();
+        let mut w = pagewise::mech::walk::PageWalker::new(None).unwrap();
         let mut runs = Vec::new();
         let reg = pagewise::Region::new(
             mem.addr() + (r * HUGE_PAGE_SIZE) as u64,
@@ -581,7 +581,7 @@ fn prezeroing_runs_ahead_and_loses_no_write() {
     };
     let h = pagewise_sys::pagemap::category::HUGE;
     let mut runs = Vec::new();
-    pagewise::walk::PageWalker::new(None)
+    pagewise::mech::walk::PageWalker::new(None)
         .unwrap()
         .categories(mem.region(), h, h, &mut runs)
         .unwrap();
@@ -653,7 +653,7 @@ struct Charged {
 impl Charged {
     /// `mib` MiB written page by page, or (`sparse`) in huge pages of which
     /// only the first base page is written: the rest is bloat.
-    fn start(cg: &pagewise::procfs::MemoryCgroup, mib: usize, sparse: bool) -> Charged {
+    fn start(cg: &pagewise::mech::cgroup::MemoryCgroup, mib: usize, sparse: bool) -> Charged {
         use std::io::{Read, Write};
         let (mut go_r, mut go_w) = std::io::pipe().unwrap();
         let (mut done_r, mut done_w) = std::io::pipe().unwrap();
@@ -724,9 +724,9 @@ fn recovery_only(recovery: pagewise::thp::agent::Recovery) -> Options {
 
 /// A memory cgroup of this test run with a limit; `None` (the test said it
 /// skips, and why) where none can be made.
-fn cgroup(what: &str, limit: u64) -> Option<pagewise::procfs::MemoryCgroup> {
+fn cgroup(what: &str, limit: u64) -> Option<pagewise::mech::cgroup::MemoryCgroup> {
     let name = format!("pagewise-test-{what}-{}", std::process::id());
-    match pagewise::procfs::MemoryCgroup::create(&name, limit) {
+    match pagewise::mech::cgroup::MemoryCgroup::create(&name, limit) {
         Ok(c) => Some(c),
         Err(e) => {
             pagewise_testkit::skip!("no memory cgroup to make: {e}");
@@ -765,7 +765,7 @@ fn a_cgroup_near_its_limit_is_pressure_and_khugepaged_is_put_back() {
     let me = std::process::id() as i32;
     assert!(!Pressure::LimitAbove(99.0).holds(me).unwrap().0);
 
-    let before = pagewise::procfs::read_trimmed(MAX_PTES_NONE).unwrap();
+    let before = pagewise::mech::procfs::read_trimmed(MAX_PTES_NONE).unwrap();
     let opts = recovery_only(Recovery {
         when: Pressure::LimitAbove(50.0),
         zero_pages: 64,
@@ -780,13 +780,16 @@ fn a_cgroup_near_its_limit_is_pressure_and_khugepaged_is_put_back() {
         .any(|a| matches!(a, Action::Tuned { to, .. } if to == "63"));
     if before.parse::<u64>().unwrap() > 63 {
         assert!(tuned, "max_ptes_none lowered: {:?}", step.actions);
-        assert_eq!(pagewise::procfs::read_trimmed(MAX_PTES_NONE).unwrap(), "63");
+        assert_eq!(
+            pagewise::mech::procfs::read_trimmed(MAX_PTES_NONE).unwrap(),
+            "63"
+        );
     } else {
         assert!(!tuned, "already at {before}: left alone");
     }
     drop(agent);
     assert_eq!(
-        pagewise::procfs::read_trimmed(MAX_PTES_NONE).unwrap(),
+        pagewise::mech::procfs::read_trimmed(MAX_PTES_NONE).unwrap(),
         before
     );
     drop(child);
@@ -807,7 +810,7 @@ fn recovered_bloat_is_uncharged_from_the_cgroup_at_once() {
         return;
     };
     let child = Charged::start(&cg, 32, true);
-    let held = pagewise::procfs::resident(child.pid).unwrap();
+    let held = pagewise::mech::procfs::resident(child.pid).unwrap();
     if held.anon_huge_kib < 16 * 2048 {
         pagewise_testkit::skip!(
             "the kernel gave the child {} KiB of huge pages, not 32 MiB (THP disabled or no free huge page)",
@@ -818,8 +821,12 @@ fn recovered_bloat_is_uncharged_from_the_cgroup_at_once() {
     let before = cg.usage().unwrap().usage;
     for r in 0..16u64 {
         let mut b = [0u8; PAGE_SIZE];
-        pagewise::walk::read_remote(child.pid, child.base + r * HUGE_PAGE_SIZE as u64, &mut b)
-            .unwrap();
+        pagewise::mech::walk::read_remote(
+            child.pid,
+            child.base + r * HUGE_PAGE_SIZE as u64,
+            &mut b,
+        )
+        .unwrap();
         assert_eq!(b[0], 1, "region {r} before recovery: the written page");
     }
     let opts = recovery_only(Recovery {
@@ -842,8 +849,12 @@ fn recovered_bloat_is_uncharged_from_the_cgroup_at_once() {
     // The written pages are still there.
     for r in 0..16u64 {
         let mut b = [0u8; PAGE_SIZE];
-        pagewise::walk::read_remote(child.pid, child.base + r * HUGE_PAGE_SIZE as u64, &mut b)
-            .unwrap();
+        pagewise::mech::walk::read_remote(
+            child.pid,
+            child.base + r * HUGE_PAGE_SIZE as u64,
+            &mut b,
+        )
+        .unwrap();
         assert_eq!(b[0], 1, "region {r}: the written page");
     }
     let after = cg.usage().unwrap().usage;

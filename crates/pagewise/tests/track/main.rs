@@ -11,9 +11,10 @@
 mod common;
 
 use common::for_each_backend;
+use pagewise::mech::procfs;
 use pagewise::track::{BackendKind, Collection, DirtyTracker};
 use pagewise::workload::{AnonMemory, Rng};
-use pagewise::{procfs, PAGE_SIZE};
+use pagewise::PAGE_SIZE;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -528,9 +529,13 @@ fn ksm_merging() {
         return;
     }
     let _g = GLOBAL_KNOBS.lock().unwrap_or_else(|e| e.into_inner());
-    let _run = procfs::KnobGuard::set("/sys/kernel/mm/ksm/run", "1").unwrap();
-    let _sleep = procfs::KnobGuard::set("/sys/kernel/mm/ksm/sleep_millisecs", "0").unwrap();
-    let _scan = procfs::KnobGuard::set("/sys/kernel/mm/ksm/pages_to_scan", "10000").unwrap();
+    let _run = pagewise::mech::settings::SettingGuard::set("/sys/kernel/mm/ksm/run", "1").unwrap();
+    let _sleep =
+        pagewise::mech::settings::SettingGuard::set("/sys/kernel/mm/ksm/sleep_millisecs", "0")
+            .unwrap();
+    let _scan =
+        pagewise::mech::settings::SettingGuard::set("/sys/kernel/mm/ksm/pages_to_scan", "10000")
+            .unwrap();
     let merge = pagewise_sys::mem::prctl(pagewise_sys::mem::PR_GET_MEMORY_MERGE, 0).unwrap();
     pagewise_sys::mem::prctl(pagewise_sys::mem::PR_SET_MEMORY_MERGE, 1).unwrap();
     let merging = || {
@@ -581,7 +586,7 @@ fn unsafe_geteuid() -> u32 {
 #[test]
 fn pageout_to_swap_and_back() {
     let _g = GLOBAL_KNOBS.lock().unwrap_or_else(|e| e.into_inner());
-    let swap = match procfs::ZramSwap::setup(256 << 20) {
+    let swap = match pagewise::mech::cgroup::ZramSwap::setup(256 << 20) {
         Ok(s) => s,
         Err(why) => {
             pagewise_testkit::skip!("{why}");
@@ -674,7 +679,7 @@ fn soft_dirty_refusal_is_clear_when_missing() {
 /// where configured.
 #[test]
 fn memory_types() {
-    use pagewise::procfs::MemoryKind as K;
+    use pagewise::mech::procfs::MemoryKind as K;
     for_each_backend("memory types", &[], |kind| {
         for mk in [K::Shared, K::FilePrivate, K::Hugetlb] {
             let m = match common::Mapped::new(mk, 64) {
@@ -763,9 +768,12 @@ fn uffd_wp_from_outside_loses_no_write() {
                 continue;
             }
             let off = (s - base) as usize;
-            let got =
-                pagewise::walk::read_remote(w.pid, s, &mut shadow[off..off + (e - s) as usize])
-                    .unwrap();
+            let got = pagewise::mech::walk::read_remote(
+                w.pid,
+                s,
+                &mut shadow[off..off + (e - s) as usize],
+            )
+            .unwrap();
             assert_eq!(got as u64, e - s);
             n += (e - s) / PAGE_SIZE as u64;
         }
@@ -777,7 +785,7 @@ fn uffd_wp_from_outside_loses_no_write() {
         let c = t.collect().unwrap();
         reported += update(&c, &mut shadow);
     }
-    let stopped = pagewise::stop::Stopped::new(w.pid).unwrap();
+    let stopped = pagewise::mech::stop::Stopped::new(w.pid).unwrap();
     let c = t.collect().unwrap();
     reported += update(&c, &mut shadow);
     let live = w.read_all();
@@ -864,7 +872,10 @@ fn uffd_wp_from_outside_leaves_no_trace() {
 /// `n` bytes of process `pid` at `at`.
 fn remote_bytes(pid: i32, at: u64, n: usize) -> Vec<u8> {
     let mut b = vec![0u8; n];
-    assert_eq!(pagewise::walk::read_remote(pid, at, &mut b).unwrap(), n);
+    assert_eq!(
+        pagewise::mech::walk::read_remote(pid, at, &mut b).unwrap(),
+        n
+    );
     b
 }
 
@@ -1023,9 +1034,13 @@ fn uffd_wp_from_outside_ksm() {
         return;
     }
     let _g = GLOBAL_KNOBS.lock().unwrap_or_else(|e| e.into_inner());
-    let _run = procfs::KnobGuard::set("/sys/kernel/mm/ksm/run", "1").unwrap();
-    let _sleep = procfs::KnobGuard::set("/sys/kernel/mm/ksm/sleep_millisecs", "0").unwrap();
-    let _scan = procfs::KnobGuard::set("/sys/kernel/mm/ksm/pages_to_scan", "10000").unwrap();
+    let _run = pagewise::mech::settings::SettingGuard::set("/sys/kernel/mm/ksm/run", "1").unwrap();
+    let _sleep =
+        pagewise::mech::settings::SettingGuard::set("/sys/kernel/mm/ksm/sleep_millisecs", "0")
+            .unwrap();
+    let _scan =
+        pagewise::mech::settings::SettingGuard::set("/sys/kernel/mm/ksm/pages_to_scan", "10000")
+            .unwrap();
     // Its pages are alike (one byte 3 at the start): KSM merges them.
     let mut s = common::Scripted::start(1024);
     s.tell(b'k', 0);
@@ -1219,7 +1234,8 @@ fn fragmented_memory_is_walked_once() {
         return;
     }
     const PAGES: usize = 20_000;
-    let m = common::Mapped::new(pagewise::procfs::MemoryKind::PrivateAnonymous, PAGES).unwrap();
+    let m =
+        common::Mapped::new(pagewise::mech::procfs::MemoryKind::PrivateAnonymous, PAGES).unwrap();
     // Mapped fills every page; drop every other one.
     for i in (1..PAGES).step_by(2) {
         // SAFETY: a page of our own mapping, whose contents we do not need.
@@ -1233,7 +1249,7 @@ fn fragmented_memory_is_walked_once() {
         assert_eq!(r, 0);
     }
     let region = pagewise::Region::new(m.addr, (PAGES * PAGE_SIZE) as u64).unwrap();
-    let mut w = pagewise::walk::PageWalker::new(None).unwrap();
+    let mut w = pagewise::mech::walk::PageWalker::new(None).unwrap();
     let mut runs = Vec::new();
     let present = pagewise_sys::pagemap::category::PRESENT;
     w.categories(region, present, present, &mut runs).unwrap();
@@ -1261,5 +1277,8 @@ fn fragmented_memory_is_walked_once() {
     }
     let c = t.collect().unwrap();
     assert_eq!(c.ranges.len(), PAGES / 2, "runs of written pages");
-    assert_eq!(pagewise::region::total_pages(&c.ranges), (PAGES / 2) as u64);
+    assert_eq!(
+        pagewise::mech::region::total_pages(&c.ranges),
+        (PAGES / 2) as u64
+    );
 }

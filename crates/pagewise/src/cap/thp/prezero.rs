@@ -1,0 +1,209 @@
+//! Pre-zeroed huge pages (HawkEye's asynchronous pre-zeroing, from user
+//! space): a background thread of the process faults huge pages in ahead of
+//! where its memory grows, so that the program's first touch of a new 2 MiB
+//! finds it present instead of waiting while the kernel zeroes it.
+//!
+//! The thread looks, every `scan` interval, at the process's private
+//! anonymous writable mappings that already hold a huge page (so the kernel
+//! gives them huge pages on a fault: THP `always`, or `MADV_HUGEPAGE`). In
+//! each, the *frontier* is the last 2 MiB region holding data (the first
+//! word of one of its pages is not zero); the resident regions after it
+//! that hold nothing yet are the pool, and regions past the last resident
+//! one are faulted in with `MADV_POPULATE_WRITE` (the kernel zeroes a huge
+//! page for each, in this thread's time) until the pool holds `ahead`. That fits memory that grows
+//! forward (a heap top, a buffer filled in order); memory touched in random
+//! order gains nothing and costs up to `ahead` huge pages per mapping.
+//!
+//! `MADV_POPULATE_WRITE` only faults pages in: a page the program wrote
+//! meanwhile keeps its contents (the fault finds it present), so no write
+//! can be lost. It is limited to `rate` huge pages per second.
+
+use crate::mech::procfs;
+use crate::mech::walk::PageWalker;
+use crate::{Region, Result, HUGE_PAGE_SIZE, PAGE_SIZE};
+use pagewise_sys::pagemap::category as cat;
+use serde::Serialize;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// `MADV_POPULATE_WRITE` (Linux 5.14).
+const MADV_POPULATE_WRITE: libc::c_int = 23;
+
+/// How the pre-zeroing thread runs.
+#[derive(Debug, Clone, Serialize)]
+pub struct PrezeroOptions {
+    /// Huge pages kept faulted in ahead of each growing mapping.
+    pub ahead: u64,
+    /// Most huge pages faulted in per second.
+    pub rate: f64,
+    /// Time between looks.
+    pub scan: Duration,
+}
+
+impl Default for PrezeroOptions {
+    fn default() -> Self {
+        PrezeroOptions {
+            ahead: 2,
+            rate: 500.0,
+            scan: Duration::from_micros(500),
+        }
+    }
+}
+
+/// What the thread has done.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct PrezeroStats {
+    /// Huge pages faulted in ahead.
+    pub populated: u64,
+    /// Looks taken.
+    pub scans: u64,
+    /// The thread's CPU time, ms.
+    pub cpu_ms: f64,
+}
+
+#[derive(Default)]
+struct Shared {
+    stop: AtomicBool,
+    populated: AtomicU64,
+    scans: AtomicU64,
+    cpu_us: AtomicU64,
+}
+
+/// The running pre-zeroing thread; stopped (and joined) when dropped.
+pub struct Prezeroer {
+    shared: Arc<Shared>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Whether the huge region at `start` holds anything but zeros: the first
+/// word of each of its pages, read with `process_vm_readv` (a region the
+/// program unmaps meanwhile reads as nothing, never a fault).
+fn holds_data(pid: i32, start: u64, words: &mut [[u8; 8]]) -> bool {
+    let mut parts: Vec<(u64, &mut [u8])> = words
+        .iter_mut()
+        .enumerate()
+        .map(|(k, w)| (start + (k * PAGE_SIZE) as u64, &mut w[..]))
+        .collect();
+    if crate::mech::walk::read_remote_many(pid, &mut parts).is_err() {
+        return true;
+    }
+    words.iter().any(|w| *w != [0u8; 8])
+}
+
+/// The huge regions to fault in now: per eligible mapping, past the last
+/// region holding data (the program's frontier), enough regions to have
+/// `ahead` resident ones holding nothing yet.
+fn due(walker: &mut PageWalker, ahead: u64, pid: i32) -> Result<Vec<Region>> {
+    let huge = HUGE_PAGE_SIZE as u64;
+    let mut out = Vec::new();
+    let mut runs = Vec::new();
+    let mut words = vec![[0u8; 8]; HUGE_PAGE_SIZE / PAGE_SIZE];
+    for m in procfs::writable_anonymous(None)? {
+        if m.kind() != procfs::MemoryKind::PrivateAnonymous || m.len() < 2 * huge {
+            continue;
+        }
+        let r = Region::new(m.start, m.len())?;
+        walker.categories(r, cat::PRESENT, cat::PRESENT | cat::HUGE, &mut runs)?;
+        if !runs.iter().any(|p| p.categories & cat::HUGE != 0) {
+            continue;
+        }
+        let Some(last) = runs.last() else { continue };
+        // Resident regions from the last one back: those holding nothing
+        // yet are the pool ahead; the first holding data is the frontier.
+        let end = last.end.div_ceil(huge) * huge;
+        let mut pool = 0;
+        let mut at = end;
+        while at >= m.start + huge && pool < ahead {
+            let start = at - huge;
+            if start < m.start.div_ceil(huge) * huge || holds_data(pid, start, &mut words) {
+                break;
+            }
+            pool += 1;
+            at = start;
+        }
+        let mut next = end;
+        for _ in pool..ahead {
+            if next + huge > m.end {
+                break;
+            }
+            out.push(Region::new(next, huge)?);
+            next += huge;
+        }
+    }
+    Ok(out)
+}
+
+fn run(shared: &Shared, opts: &PrezeroOptions) {
+    let Ok(mut walker) = PageWalker::new(None) else {
+        return;
+    };
+    let pid = std::process::id() as i32;
+    let mut allowance = 0.0f64;
+    let mut last = Instant::now();
+    while !shared.stop.load(Ordering::Relaxed) {
+        std::thread::sleep(opts.scan);
+        let now = Instant::now();
+        allowance = (allowance + now.duration_since(last).as_secs_f64() * opts.rate)
+            .min(opts.rate.max(1.0) * 0.1);
+        last = now;
+        shared.scans.fetch_add(1, Ordering::Relaxed);
+        let Ok(regions) = due(&mut walker, opts.ahead, pid) else {
+            continue;
+        };
+        for r in regions {
+            if allowance < 1.0 {
+                break;
+            }
+            // A page in it may have been touched since the look: the
+            // populate then leaves it as it is.
+            // SAFETY: the advice only faults pages in, never changes what a
+            // resident page holds; an unmapped range is an error, ignored.
+            let ok =
+                unsafe { pagewise_sys::mem::madvise(r.start, r.len as usize, MADV_POPULATE_WRITE) }
+                    .is_ok();
+            if ok {
+                allowance -= 1.0;
+                shared.populated.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        shared.cpu_us.store(
+            pagewise_sys::process::thread_cpu_ns() / 1000,
+            Ordering::Relaxed,
+        );
+    }
+}
+
+impl Prezeroer {
+    /// Starts the thread in this process.
+    pub fn start(opts: PrezeroOptions) -> Result<Prezeroer> {
+        let shared = Arc::new(Shared::default());
+        let s = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("pagewise-prezero".into())
+            .spawn(move || run(&s, &opts))
+            .map_err(|e| crate::Error::os("starting the pre-zeroing thread", e))?;
+        Ok(Prezeroer {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    /// What it has done so far.
+    pub fn stats(&self) -> PrezeroStats {
+        PrezeroStats {
+            populated: self.shared.populated.load(Ordering::Relaxed),
+            scans: self.shared.scans.load(Ordering::Relaxed),
+            cpu_ms: self.shared.cpu_us.load(Ordering::Relaxed) as f64 / 1e3,
+        }
+    }
+}
+
+impl Drop for Prezeroer {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

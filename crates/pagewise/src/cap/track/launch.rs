@@ -1,0 +1,49 @@
+//! Starting a program with the preload shim tracking its writes from inside
+//! (the other end of [`super::protocol`]).
+
+use super::{protocol, BackendKind};
+use crate::mech::child::wait_for;
+use crate::mech::shim::{env, spawn_with_socket};
+use crate::{Error, Result};
+use std::os::unix::net::UnixStream;
+use std::process::{Child, ExitStatus};
+use std::time::Duration;
+
+/// A program started with the shim tracking its writes (see [`start_tracked`]).
+pub enum Tracked {
+    /// Running, the shim answered: the socket to send requests on and the
+    /// backend the shim uses.
+    Running(Child, UnixStream, BackendKind),
+    /// It ended before the shim could answer: its status.
+    Over(ExitStatus),
+}
+
+/// Starts `cmd` with the shim preloaded and tracking its writes with
+/// `backend`, and waits (10 s at most) for the shim's hello.
+pub fn start_tracked(cmd: &[String], backend: BackendKind) -> Result<Tracked> {
+    let (mut child, mut s) =
+        spawn_with_socket(cmd, env::TRACK_FD, &[(env::TRACK_BACKEND, backend.name())])?;
+    let program = &cmd[0];
+    let hello = s
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .and_then(|_| protocol::hello(&mut s));
+    match hello {
+        Ok(got) => {
+            s.set_read_timeout(Some(Duration::from_secs(60)))
+                .map_err(|e| Error::os("setting the shim socket's timeout", e))?;
+            Ok(Tracked::Running(child, s, got))
+        }
+        // Over before the shim could answer: its status is the answer.
+        Err(_) if let Some(st) = wait_for(&mut child, Duration::from_millis(500)) => {
+            Ok(Tracked::Over(st))
+        }
+        Err(e) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            Err(Error::ShimSilent {
+                program: program.clone(),
+                source: e,
+            })
+        }
+    }
+}

@@ -1,0 +1,42 @@
+//! A child process's end: bounded waits, a polite stop, and the exit code a
+//! tool that ran it reports as its own.
+
+use std::process::{Child, ExitStatus};
+use std::time::{Duration, Instant};
+
+/// Waits up to `within` for `child` to end on its own; its status, or `None`
+/// if it is still running.
+pub fn wait_for(child: &mut Child, within: Duration) -> Option<ExitStatus> {
+    let t0 = Instant::now();
+    loop {
+        if let Ok(Some(st)) = child.try_wait() {
+            return Some(st);
+        }
+        if t0.elapsed() >= within {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Waits up to `within` for `child` to exit (after it was asked to), then
+/// kills it; reaps it either way.
+pub fn wait_or_kill(child: &mut Child, within: Duration) {
+    if wait_for(child, within).is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+/// Asks `child` to stop (SIGTERM), waits up to `within`, then kills it.
+pub fn stop(child: &mut Child, within: Duration) {
+    let _ = pagewise_sys::process::kill(child.id() as i32, libc::SIGTERM);
+    wait_or_kill(child, within);
+}
+
+/// The status a tool that ran a command reports as its own, like `time` and
+/// `strace`: the command's exit code, or 128 + the signal that killed it.
+pub fn exit_code(st: ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    st.code().unwrap_or_else(|| 128 + st.signal().unwrap_or(0))
+}

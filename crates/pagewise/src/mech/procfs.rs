@@ -1,0 +1,585 @@
+//! Reading `/proc` and `/sys`: the one place pagewise parses them.
+//! Memory cgroups and swap set up for a run are in [`super::cgroup`]; system
+//! settings changed and put back in [`super::settings`].
+
+use crate::{Error, Region, Result};
+use std::path::{Path, PathBuf};
+
+/// One line of `/proc/PID/maps`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mapping {
+    /// Start address.
+    pub start: u64,
+    /// End address (exclusive).
+    pub end: u64,
+    /// Readable.
+    pub read: bool,
+    /// Writable.
+    pub write: bool,
+    /// Executable.
+    pub exec: bool,
+    /// Shared (`s`) rather than private (`p`).
+    pub shared: bool,
+    /// File offset.
+    pub offset: u64,
+    /// Inode (0 for anonymous memory).
+    pub inode: u64,
+    /// Path or pseudo-name such as `[heap]`; empty for anonymous mappings.
+    pub path: String,
+}
+
+/// The kinds of memory a capability may be asked to work on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemoryKind {
+    /// Private anonymous memory: `malloc`, anonymous `mmap`, the heap and stacks.
+    PrivateAnonymous,
+    /// Shared memory: `MAP_SHARED` anonymous, shmem, `memfd`, shared files.
+    Shared,
+    /// A private mapping of a file (copy-on-write).
+    FilePrivate,
+    /// hugetlbfs pages (`MAP_HUGETLB`, hugetlb `memfd`).
+    Hugetlb,
+}
+
+impl MemoryKind {
+    /// How it is said in errors.
+    pub fn name(self) -> &'static str {
+        match self {
+            MemoryKind::PrivateAnonymous => "private anonymous",
+            MemoryKind::Shared => "shared (shmem, memfd or MAP_SHARED)",
+            MemoryKind::FilePrivate => "file-backed private",
+            MemoryKind::Hugetlb => "hugetlb",
+        }
+    }
+}
+
+impl Mapping {
+    /// The kind of memory this mapping holds. hugetlb is recognised by the
+    /// names the kernel gives it (`/anon_hugepage`, a hugetlbfs file under
+    /// a path with `hugepages` in it, a hugetlb memfd `/memfd:… (deleted)` is
+    /// seen as shared).
+    pub fn kind(&self) -> MemoryKind {
+        if self.path.starts_with("/anon_hugepage") || self.path.contains("hugepages") {
+            MemoryKind::Hugetlb
+        } else if self.shared {
+            MemoryKind::Shared
+        } else if self.is_anonymous() {
+            MemoryKind::PrivateAnonymous
+        } else {
+            MemoryKind::FilePrivate
+        }
+    }
+
+    /// Private memory not backed by a file: anonymous mappings, `[heap]`, `[stack]`.
+    pub fn is_anonymous(&self) -> bool {
+        !self.shared
+            && self.inode == 0
+            && (self.path.is_empty()
+                || self.path == "[heap]"
+                || self.path.starts_with("[stack")
+                || self.path.starts_with("[anon:"))
+    }
+    /// Whether it is pagewise's own memory inside the process (the preload
+    /// shim's heap and threads' stacks, a far-memory engine's staging):
+    /// named `[anon:pagewise-…]` where the kernel names mappings. The agents
+    /// never take it for the program's.
+    pub fn is_pagewise(&self) -> bool {
+        self.path.starts_with(OWN_MAPPING_PREFIX)
+    }
+    /// Whether it is a far-memory engine's staging (which holds remote pages
+    /// of the program's own regions; reading a hole in it could wait on its
+    /// engine). Only where the kernel names anonymous mappings.
+    pub fn is_staging(&self) -> bool {
+        self.path
+            .strip_prefix("[anon:")
+            .and_then(|n| n.strip_suffix(']'))
+            .is_some_and(|n| n.as_bytes() == STAGING_NAME.to_bytes())
+    }
+    /// Kernel-provided special mappings that must never be touched.
+    pub fn is_special(&self) -> bool {
+        matches!(
+            self.path.as_str(),
+            "[vvar]" | "[vdso]" | "[vsyscall]" | "[vvar_vclock]" | "[uprobes]"
+        )
+    }
+    /// Length in bytes.
+    pub fn len(&self) -> u64 {
+        self.end - self.start
+    }
+    /// Whether the mapping is empty (never, for a kernel-reported mapping).
+    pub fn is_empty(&self) -> bool {
+        self.end == self.start
+    }
+}
+
+/// Parses the text of a `maps` file.
+pub fn parse_maps(text: &str) -> Vec<Mapping> {
+    text.lines().filter_map(parse_maps_line).collect()
+}
+
+fn parse_maps_line(line: &str) -> Option<Mapping> {
+    let mut it = line.splitn(6, ' ');
+    let range = it.next()?;
+    let perms = it.next()?.as_bytes();
+    let offset = u64::from_str_radix(it.next()?, 16).ok()?;
+    let _dev = it.next()?;
+    let inode: u64 = it.next()?.parse().ok()?;
+    let path = it.next().unwrap_or("").trim_start().to_string();
+    let (s, e) = range.split_once('-')?;
+    if perms.len() < 4 {
+        return None;
+    }
+    Some(Mapping {
+        start: u64::from_str_radix(s, 16).ok()?,
+        end: u64::from_str_radix(e, 16).ok()?,
+        read: perms[0] == b'r',
+        write: perms[1] == b'w',
+        exec: perms[2] == b'x',
+        shared: perms[3] == b's',
+        offset,
+        inode,
+        path,
+    })
+}
+
+/// `/proc/PID` or `/proc/self`.
+pub fn proc_dir(pid: Option<i32>) -> PathBuf {
+    match pid {
+        Some(p) => PathBuf::from(format!("/proc/{p}")),
+        None => PathBuf::from("/proc/self"),
+    }
+}
+
+/// Reads and parses `/proc/PID/maps` (or `/proc/self/maps`).
+pub fn maps(pid: Option<i32>) -> Result<Vec<Mapping>> {
+    let path = proc_dir(pid).join("maps");
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| Error::at(pid, format!("reading {}", path.display()), e))?;
+    Ok(parse_maps(&text))
+}
+
+/// How `/proc/PID/maps` shows a mapping pagewise named as its own
+/// ([`Mapping::is_pagewise`]): every such name starts with `pagewise-`.
+pub const OWN_MAPPING_PREFIX: &str = "[anon:pagewise-";
+
+/// The name a thread pagewise starts inside a program gives its stack
+/// ([`Mapping::is_pagewise`]).
+pub const OWN_THREAD_STACK: &std::ffi::CStr = c"pagewise-thread-stack";
+
+/// The name of every far-memory staging mapping: `/proc/PID/maps` shows
+/// `[anon:pagewise-farmem-staging]` where the kernel names mappings
+/// ([`Mapping::is_staging`]).
+pub const STAGING_NAME: &std::ffi::CStr = c"pagewise-farmem-staging";
+
+/// The writable private anonymous mappings of a process: what dirty tracking of
+/// "a process" watches.
+pub fn writable_anonymous(pid: Option<i32>) -> Result<Vec<Mapping>> {
+    Ok(maps(pid)?
+        .into_iter()
+        .filter(|m| m.write && m.is_anonymous() && !m.is_special())
+        .collect())
+}
+
+/// The writable mappings of a process that hold its state: private and shared,
+/// anonymous and file-backed, without the kernel's special ones (`[vvar]`, …).
+pub fn writable(pid: Option<i32>) -> Result<Vec<Mapping>> {
+    Ok(maps(pid)?
+        .into_iter()
+        .filter(|m| m.read && m.write && !m.is_special())
+        .collect())
+}
+
+/// The thread ids of process `pid`.
+pub fn tasks(pid: i32) -> Result<Vec<i32>> {
+    let dir = proc_dir(Some(pid)).join("task");
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(&dir)
+        .map_err(|e| Error::for_pid(pid, format!("reading {}", dir.display()), e))?
+    {
+        let e = e.map_err(|e| Error::for_pid(pid, format!("reading {}", dir.display()), e))?;
+        if let Ok(tid) = e.file_name().to_string_lossy().parse() {
+            out.push(tid);
+        }
+    }
+    out.sort_unstable();
+    Ok(out)
+}
+
+/// Checks that `pid` names a process whose memory pagewise can work on:
+/// one that exists (a positive pid, not a zombie) and is not a kernel
+/// thread (which has no user memory). One clear error otherwise.
+pub fn check_target(pid: i32) -> Result<()> {
+    if pid <= 0 || !is_alive(pid) {
+        return Err(Error::NoSuchProcess(pid));
+    }
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return Err(Error::NoSuchProcess(pid));
+    };
+    // Field 9 (the flags) follows the parenthesised command name.
+    const PF_KTHREAD: u64 = 0x0020_0000;
+    let comm = stat
+        .find('(')
+        .zip(stat.rfind(')'))
+        .map_or("", |(a, b)| &stat[a + 1..b]);
+    let flags = stat
+        .rfind(')')
+        .and_then(|i| stat[i + 1..].split_whitespace().nth(6))
+        .and_then(|f| f.parse::<u64>().ok())
+        .unwrap_or(0);
+    if flags & PF_KTHREAD != 0 {
+        return Err(Error::Invalid(format!(
+            "process {pid} ({comm}) is a kernel thread: it has no user memory"
+        )));
+    }
+    Ok(())
+}
+
+/// The mappings of `pid` (`None`: this process) whose missing or minor
+/// faults a userfaultfd serves (`VmFlags` `um` or `ui` in smaps), as
+/// `(start, end)`: reading a page of one that is not there waits for that
+/// process's own handler (as under `pagewise farmem run`).
+pub fn uffd_served(pid: Option<i32>) -> Result<Vec<(u64, u64)>> {
+    with_vm_flag(pid, &["um", "ui"])
+}
+
+/// The mappings of `pid` (`None`: this process) whose smaps `VmFlags` hold
+/// any of `flags` (`mg`: KSM may merge it; `hg`: `MADV_HUGEPAGE`; ...), as
+/// `(start, end)`.
+pub fn with_vm_flag(pid: Option<i32>, flags: &[&str]) -> Result<Vec<(u64, u64)>> {
+    let path = proc_dir(pid).join("smaps");
+    let text = std::fs::read_to_string(&path).map_err(|e| match pid {
+        Some(p) => Error::for_pid(p, format!("reading {}", path.display()), e),
+        None => Error::os(format!("reading {}", path.display()), e),
+    })?;
+    let mut out = Vec::new();
+    let mut current = None;
+    for line in text.lines() {
+        if let Some(have) = line.strip_prefix("VmFlags:") {
+            if have.split_whitespace().any(|f| flags.contains(&f)) {
+                if let Some(r) = current {
+                    out.push(r);
+                }
+            }
+        } else if let Some(m) = parse_maps(line).first() {
+            current = Some((m.start, m.end));
+        }
+    }
+    Ok(out)
+}
+
+/// Whether process `pid` exists and is not a zombie.
+pub fn is_alive(pid: i32) -> bool {
+    matches!(process_state(pid), Ok(Some(state)) if !matches!(state.as_str(), "Z" | "X" | "x"))
+}
+
+/// The state letter of process `pid` (`/proc/PID/stat`: `R`, `S`, `T`,
+/// `Z`, ...); `None` where the line holds none. A plain I/O error (not an
+/// [`Error`]: [`Error::for_pid`] itself asks [`is_alive`]).
+pub fn process_state(pid: i32) -> std::io::Result<Option<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // The state follows the parenthesised command name, which may hold spaces.
+    Ok(stat
+        .rfind(')')
+        .and_then(|i| stat[i + 1..].split_whitespace().next())
+        .map(str::to_string))
+}
+
+/// When process `pid` started, in clock ticks since boot (`/proc/PID/stat`
+/// field 22): with the pid, it names one process, whose pid may be reused
+/// after it ends.
+pub fn start_time(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the parenthesised name, which may hold spaces: the
+    // state is field 3, the start time field 22.
+    stat.rfind(')')
+        .and_then(|i| stat[i + 1..].split_whitespace().nth(19))
+        .and_then(|f| f.parse().ok())
+}
+
+/// Reads a one-line file under `/proc` or `/sys`, trimmed.
+pub fn read_trimmed(path: impl AsRef<Path>) -> std::io::Result<String> {
+    Ok(std::fs::read_to_string(path)?.trim().to_string())
+}
+
+/// The selected value of a `[bracketed]` sysfs choice list such as
+/// `always [madvise] never`.
+pub fn bracketed_choice(text: &str) -> Option<&str> {
+    let s = text.find('[')?;
+    let e = text[s..].find(']')? + s;
+    Some(&text[s + 1..e])
+}
+
+/// Reads one `Key:   value kB` field of `/proc/PID/status` or `/proc/meminfo`, in the file's unit.
+/// The key may be given with or without its colon.
+pub fn status_field(text: &str, key: &str) -> Option<u64> {
+    let key = key.strip_suffix(':').unwrap_or(key);
+    text.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        (k.trim() == key).then(|| v.split_whitespace().next()?.parse().ok())?
+    })
+}
+
+/// Reads one hexadecimal field of `/proc/PID/status`, such as `SigBlk`.
+pub fn status_hex(text: &str, key: &str) -> Option<u64> {
+    let key = key.strip_suffix(':').unwrap_or(key);
+    text.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        (k.trim() == key).then(|| u64::from_str_radix(v.trim(), 16).ok())?
+    })
+}
+
+/// A thread's signal sets (`/proc/PID/task/TID/status`; bit `n - 1` for
+/// signal `n`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ThreadSignals {
+    /// Pending for the thread or for its process (`SigPnd | ShdPnd`).
+    pub pending: u64,
+    /// Blocked (`SigBlk`).
+    pub blocked: u64,
+    /// Ignored (`SigIgn`).
+    pub ignored: u64,
+    /// Caught by a handler (`SigCgt`).
+    pub caught: u64,
+}
+
+impl ThreadSignals {
+    /// Pending and not blocked: what the thread would take on its way back
+    /// to user mode.
+    pub fn deliverable(&self) -> u64 {
+        self.pending & !self.blocked
+    }
+}
+
+/// The signal sets of thread `tid` of process `pid`.
+pub fn thread_signals(pid: i32, tid: i32) -> Result<ThreadSignals> {
+    let path = format!("/proc/{pid}/task/{tid}/status");
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| Error::for_pid(pid, format!("reading {path}"), e))?;
+    let f = |k| status_hex(&text, k).unwrap_or(0);
+    Ok(ThreadSignals {
+        pending: f("SigPnd") | f("ShdPnd"),
+        blocked: f("SigBlk"),
+        ignored: f("SigIgn"),
+        caught: f("SigCgt"),
+    })
+}
+
+/// The system call thread `tid` of process `pid` is blocked in
+/// (`/proc/PID/task/TID/syscall`): its number and six arguments; `None`
+/// when it runs or is blocked outside a system call.
+pub fn thread_syscall(pid: i32, tid: i32) -> Result<Option<(i64, [u64; 6])>> {
+    let path = format!("/proc/{pid}/task/{tid}/syscall");
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| Error::for_pid(pid, format!("reading {path}"), e))?;
+    Ok(parse_syscall_line(&text))
+}
+
+/// Parses a `/proc/PID/syscall` line: `NR ARG1 … ARG6 SP PC` (hexadecimal
+/// arguments), `-1 SP PC` or `running`.
+pub fn parse_syscall_line(text: &str) -> Option<(i64, [u64; 6])> {
+    let mut it = text.split_whitespace();
+    let nr: i64 = it.next()?.parse().ok()?;
+    if nr < 0 {
+        return None;
+    }
+    let mut args = [0u64; 6];
+    for a in &mut args {
+        let v = it.next()?;
+        *a = u64::from_str_radix(v.trim_start_matches("0x"), 16).ok()?;
+    }
+    Some((nr, args))
+}
+
+/// What KSM merges of one process now (`/proc/PID/ksm_stat`, Linux 6.1+).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct KsmStat {
+    /// Pages of the process merged with others (`ksm_merging_pages`).
+    pub merging_pages: u64,
+    /// Pages merged into the zero page (`ksm_zero_pages`, Linux 6.10+).
+    pub zero_pages: u64,
+    /// What KSM saves the process, bytes, less its own cost (`ksm_process_profit`).
+    pub process_profit: i64,
+}
+
+/// Reads `/proc/PID/ksm_stat`; `None` where the kernel has none.
+pub fn ksm_stat(pid: i32) -> Option<KsmStat> {
+    let text = read_trimmed(proc_dir(Some(pid)).join("ksm_stat")).ok()?;
+    let field = |key: &str| {
+        text.lines().find_map(|l| {
+            let (k, v) = l.split_once(char::is_whitespace)?;
+            (k == key).then(|| v.trim().parse::<i64>().ok())?
+        })
+    };
+    Some(KsmStat {
+        merging_pages: field("ksm_merging_pages").unwrap_or(0).max(0) as u64,
+        zero_pages: field("ksm_zero_pages").unwrap_or(0).max(0) as u64,
+        process_profit: field("ksm_process_profit").unwrap_or(0),
+    })
+}
+
+/// Peak resident set size of the calling process (`VmHWM`), KiB.
+pub fn peak_rss_kib() -> Result<u64> {
+    let text =
+        read_trimmed("/proc/self/status").map_err(|e| Error::os("reading /proc/self/status", e))?;
+    status_field(&text, "VmHWM")
+        .ok_or_else(|| Error::NotFound("/proc/self/status has no VmHWM".into()))
+}
+
+/// Resets the peak RSS of the calling process to its current RSS.
+pub fn reset_peak_rss() -> Result<()> {
+    std::fs::write(
+        "/proc/self/clear_refs",
+        pagewise_sys::pagemap::CLEAR_REFS_PEAK_RSS,
+    )
+    .map_err(|e| Error::os("resetting the peak RSS through /proc/self/clear_refs", e))
+}
+
+/// Checks that every region lies inside readable and writable mappings of
+/// the calling process whose memory is of one of the kinds `works_on`
+/// (`capability` names who asks, for the error). Overlaps between regions
+/// are the caller's to refuse.
+pub fn check_mapped_writable(
+    regions: &[Region],
+    capability: &str,
+    works_on: &[MemoryKind],
+) -> Result<()> {
+    let maps = maps(None)?;
+    for r in regions {
+        let mut addr = r.start;
+        while addr < r.end() {
+            match maps.iter().find(|m| m.start <= addr && addr < m.end) {
+                Some(m) if m.read && m.write && !works_on.contains(&m.kind()) => {
+                    let kinds: Vec<&str> = works_on.iter().map(|k| k.name()).collect();
+                    return Err(Error::MemoryType(format!(
+                        "region {:#x}+{:#x}: the mapping at {:#x} is {} memory; {capability} works on {} memory",
+                        r.start,
+                        r.len,
+                        m.start,
+                        m.kind().name(),
+                        kinds.join(" and ")
+                    )));
+                }
+                Some(m) if m.read && m.write => addr = m.end,
+                Some(m) => {
+                    return Err(Error::NotMapped(format!(
+                        "region {:#x}+{:#x}: the mapping at {:#x} is not readable and writable",
+                        r.start, r.len, m.start
+                    )))
+                }
+                None => {
+                    return Err(Error::NotMapped(format!(
+                        "region {:#x}+{:#x}: nothing is mapped at {addr:#x}",
+                        r.start, r.len
+                    )))
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn parses_maps_lines() {
+        let t = "7f0000000000-7f0000021000 rw-p 00000000 00:00 0 \n\
+                 55d0c0a00000-55d0c0a21000 rw-p 00000000 00:00 0                          [heap]\n\
+                 7ffd1000-7ffd2000 r-xp 00001000 fd:01 1234                       /usr/lib/libc.so.6\n\
+                 ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsyscall]\n";
+        let m = parse_maps(t);
+        assert_eq!(m.len(), 4);
+        assert!(m[0].is_anonymous() && m[0].write && m[0].path.is_empty());
+        assert!(m[1].is_anonymous() && m[1].path == "[heap]");
+        assert!(!m[2].is_anonymous() && m[2].exec && m[2].offset == 0x1000 && m[2].inode == 1234);
+        assert!(m[3].is_special());
+        assert_eq!(m[0].len(), 0x21000);
+    }
+    #[test]
+    fn knows_the_living() {
+        assert!(is_alive(std::process::id() as i32));
+        assert!(!is_alive(i32::MAX));
+    }
+    #[test]
+    fn reads_choices_and_fields() {
+        assert_eq!(bracketed_choice("always [madvise] never"), Some("madvise"));
+        assert_eq!(
+            status_field("VmRSS:\t  1234 kB\nVmSwap: 0 kB", "VmRSS"),
+            Some(1234)
+        );
+        // With its colon too (three callers once read nothing that way).
+        assert_eq!(
+            status_field("MemTotal: 99 kB\nMemAvailable:  7 kB", "MemAvailable:"),
+            Some(7)
+        );
+    }
+}
+
+/// What a process holds resident (`/proc/PID/smaps_rollup`), KiB.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Resident {
+    /// Resident set (`Rss`).
+    pub rss_kib: u64,
+    /// Of it, anonymous memory mapped by huge pages (`AnonHugePages`).
+    pub anon_huge_kib: u64,
+}
+
+/// Reads what process `pid` holds resident.
+pub fn resident(pid: i32) -> Result<Resident> {
+    let path = proc_dir(Some(pid)).join("smaps_rollup");
+    let t = std::fs::read_to_string(&path)
+        .map_err(|e| Error::for_pid(pid, "reading smaps_rollup", e))?;
+    Ok(Resident {
+        rss_kib: status_field(&t, "Rss").unwrap_or(0),
+        anon_huge_kib: status_field(&t, "AnonHugePages").unwrap_or(0),
+    })
+}
+
+/// The counters of `/proc/vmstat` named in `keys`, in that order (0 for a
+/// counter this kernel does not have).
+pub fn vmstat(keys: &[&str]) -> Result<Vec<u64>> {
+    let t = std::fs::read_to_string("/proc/vmstat")
+        .map_err(|e| Error::os("reading /proc/vmstat", e))?;
+    Ok(keys
+        .iter()
+        .map(|k| {
+            t.lines()
+                .find_map(|l| {
+                    let (name, v) = l.split_once(' ')?;
+                    (name == *k).then(|| v.trim().parse().ok())?
+                })
+                .unwrap_or(0)
+        })
+        .collect())
+}
+
+/// CPU time process (or thread) `pid` has used, user and system, from
+/// `/proc/PID/stat` (clock-tick resolution).
+pub fn cpu_time(pid: i32) -> Result<std::time::Duration> {
+    let t = std::fs::read_to_string(proc_dir(Some(pid)).join("stat"))
+        .map_err(|e| Error::for_pid(pid, "reading stat", e))?;
+    // After the command name in parentheses: state is field 3, utime 14,
+    // stime 15.
+    let rest = t
+        .rsplit_once(')')
+        .map(|x| x.1)
+        .ok_or_else(|| Error::NotFound(format!("/proc/{pid}/stat has no command name")))?;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let tick = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    let ticks = tick(11) + tick(12);
+    let hz = pagewise_sys::process::clock_ticks_per_second();
+    Ok(std::time::Duration::from_nanos(
+        ticks.saturating_mul(1_000_000_000) / hz,
+    ))
+}
+
+/// The pid of the kernel thread named `name` (a child of `kthreadd`, pid
+/// 2), if there is one.
+pub fn kernel_thread(name: &str) -> Option<i32> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+        let comm = read_trimmed(e.path().join("comm")).ok()?;
+        let status = std::fs::read_to_string(e.path().join("status")).ok()?;
+        (comm == name && status_field(&status, "PPid") == Some(2)).then_some(pid)
+    })
+}

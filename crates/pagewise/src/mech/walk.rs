@@ -1,0 +1,210 @@
+//! Walking a process's page tables and reading its pages: the one place
+//! pagewise asks which pages of a range are populated (`PAGEMAP_SCAN`) and
+//! reads another process's memory (`process_vm_readv`).
+
+use crate::mech::{probe, procfs};
+use crate::{Error, Region, Result, HUGE_PAGE_SIZE, PAGE_SIZE};
+use pagewise_sys::{pagemap, process};
+use std::fs::File;
+use std::os::fd::AsRawFd;
+
+/// Finds populated runs of pages in the calling process or another one.
+#[derive(Debug)]
+pub struct PageWalker {
+    pid: Option<i32>,
+    pagemap: Option<File>,
+    scan_vec: Vec<pagemap::PageRegion>,
+}
+
+impl PageWalker {
+    /// A walker over process `pid` (`None`: the calling process). Without
+    /// `PAGEMAP_SCAN` every page counts as populated.
+    pub fn new(pid: Option<i32>) -> Result<Self> {
+        let pagemap = if probe::get().pagemap_scan {
+            let path = procfs::proc_dir(pid).join("pagemap");
+            Some(
+                File::open(&path)
+                    .map_err(|e| Error::at(pid, format!("opening {}", path.display()), e))?,
+            )
+        } else {
+            None
+        };
+        Ok(PageWalker {
+            pid,
+            pagemap,
+            scan_vec: vec![pagemap::PageRegion::default(); 1024],
+        })
+    }
+
+    /// Replaces `out` with the populated (present or swapped) runs `[a, b)` of
+    /// `r`, ascending and coalesced. Pages outside them read as zeros.
+    pub fn populated(&mut self, r: Region, out: &mut Vec<(u64, u64)>) -> Result<()> {
+        out.clear();
+        if self.pagemap.is_none() {
+            out.push((r.start, r.end()));
+            return Ok(());
+        }
+        let any = pagemap::category::PRESENT | pagemap::category::SWAPPED;
+        let mut runs = Vec::new();
+        self.categories(r, any, any, &mut runs)?;
+        for pr in runs {
+            match out.last_mut() {
+                Some(last) if last.1 == pr.start => last.1 = pr.end,
+                _ => out.push((pr.start, pr.end)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Replaces `out` with the runs of `r` in any of the `anyof`
+    /// categories (`pagemap::category`), each with its categories masked by
+    /// `report`, ascending. `Unsupported` without `PAGEMAP_SCAN`.
+    pub fn categories(
+        &mut self,
+        r: Region,
+        anyof: u64,
+        report: u64,
+        out: &mut Vec<pagemap::PageRegion>,
+    ) -> Result<()> {
+        out.clear();
+        let Some(pm) = &self.pagemap else {
+            return Err(Error::Unsupported {
+                feature: "PAGEMAP_SCAN",
+                why: "the kernel has no PAGEMAP_SCAN ioctl (Linux 6.7+)".into(),
+            });
+        };
+        let mut addr = r.start;
+        while addr < r.end() {
+            let mut arg = pagemap::PmScanArg {
+                start: addr,
+                end: r.end(),
+                category_anyof_mask: anyof,
+                return_mask: report,
+                ..Default::default()
+            };
+            let n = pagemap::pagemap_scan(pm.as_raw_fd(), &mut arg, &mut self.scan_vec)
+                .map_err(|e| Error::at(self.pid, format!("PAGEMAP_SCAN of {addr:#x}"), e))?;
+            out.extend_from_slice(&self.scan_vec[..n]);
+            match pagemap::next_scan_start(addr, &arg, &self.scan_vec[..n]) {
+                Some(next) => addr = next,
+                None => break,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Reads `buf.len()` bytes (whole pages) of process `pid` at `addr`. Pages
+/// unmapped meanwhile read as zeros; returns how many bytes were really read.
+/// A process that is exiting (its memory already gone) is
+/// [`Error::ProcessExited`]. Any length: `process_vm_readv` moves at most
+/// about 2 GiB per call, and a read is continued until it is whole or meets
+/// an unmapped page.
+pub fn read_remote(pid: i32, addr: u64, buf: &mut [u8]) -> Result<usize> {
+    read_remote_from(pid, addr, buf, 0)
+}
+
+/// Reads many ranges of process `pid`, each into its own buffer, up to 1024
+/// ranges per system call; errors as [`read_remote`], and a range that is
+/// not wholly mapped is read as far as it is and zero-filled after.
+pub fn read_remote_many(pid: i32, parts: &mut [(u64, &mut [u8])]) -> Result<()> {
+    for batch in parts.chunks_mut(1024) {
+        let want: usize = batch.iter().map(|(_, b)| b.len()).sum();
+        let got = match process::process_vm_readv_scatter(pid, batch) {
+            Ok(n) => n,
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
+                return Err(Error::ProcessExited(pid));
+            }
+            // Anything else: part by part, below.
+            Err(_) => 0,
+        };
+        if got == want {
+            continue;
+        }
+        // Short: the parts past `got` one at a time, with read_remote's
+        // handling of what is no longer mapped.
+        let mut skip = got;
+        for (addr, buf) in batch.iter_mut() {
+            if skip >= buf.len() {
+                skip -= buf.len();
+                continue;
+            }
+            read_remote_from(pid, *addr, buf, skip)?;
+            skip = 0;
+        }
+    }
+    Ok(())
+}
+
+/// [`read_remote`] of `buf` at `addr`, whose first `got` bytes are read.
+fn read_remote_from(pid: i32, addr: u64, buf: &mut [u8], mut got: usize) -> Result<usize> {
+    while got < buf.len() {
+        let at = addr + got as u64;
+        match process::process_vm_read(pid, at, &mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            // Nothing mapped at `at` any more: unmapped meanwhile, or the
+            // process is tearing its memory down on its way out.
+            Err(e) if e.raw_os_error() == Some(libc::EFAULT) => {
+                let gone = match procfs::maps(Some(pid)) {
+                    Ok(m) => m.is_empty(),
+                    Err(_) => true,
+                };
+                if gone || !procfs::is_alive(pid) {
+                    return Err(Error::ProcessExited(pid));
+                }
+                break;
+            }
+            // No task with this pid, or one whose memory is already gone: it
+            // is in exit(), before /proc shows it as a zombie.
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
+                return Err(Error::ProcessExited(pid));
+            }
+            Err(e) => {
+                return Err(Error::for_pid(
+                    pid,
+                    format!("process_vm_readv at {at:#x}"),
+                    e,
+                ))
+            }
+        }
+    }
+    let whole = got / PAGE_SIZE * PAGE_SIZE;
+    buf[whole..].fill(0);
+    Ok(whole)
+}
+
+/// The 2 MiB regions of `pid` wholly inside private anonymous writable
+/// mappings: `(region, resident pages, huge)`.
+pub fn huge_regions(pid: i32, walker: &mut PageWalker) -> Result<Vec<(Region, u64, bool)>> {
+    let huge = HUGE_PAGE_SIZE as u64;
+    let mut out = Vec::new();
+    let mut runs = Vec::new();
+    for m in procfs::writable_anonymous(Some(pid))? {
+        // pagewise's own memory in the process (the shim's heap, a staging
+        // mapping) is never the program's to split, merge or collapse.
+        if m.kind() != procfs::MemoryKind::PrivateAnonymous || m.is_pagewise() {
+            continue;
+        }
+        let (mut a, end) = (m.start.div_ceil(huge) * huge, m.end / huge * huge);
+        while a < end {
+            let r = Region::new(a, huge)?;
+            walker.categories(
+                r,
+                pagemap::category::PRESENT,
+                pagemap::category::PRESENT | pagemap::category::HUGE,
+                &mut runs,
+            )?;
+            let resident: u64 = runs
+                .iter()
+                .map(|p| (p.end - p.start) / PAGE_SIZE as u64)
+                .sum();
+            let is_huge = runs
+                .iter()
+                .any(|p| p.categories & pagemap::category::HUGE != 0);
+            out.push((r, resident, is_huge));
+            a += huge;
+        }
+    }
+    Ok(out)
+}
