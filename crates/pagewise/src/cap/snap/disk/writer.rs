@@ -1,0 +1,351 @@
+//! Saving a snapshot: pages pushed in order, each distinct content stored
+//! once (digest first, then the bytes compared), made visible only by
+//! [`SnapshotWriter::finish`].
+
+use super::*;
+
+impl DiskStore {
+    /// Starts saving a snapshot of `regions`: push its pages in order, then finish.
+    pub fn writer(
+        &mut self,
+        regions: &[Region],
+        pid: Option<i32>,
+        label: &str,
+    ) -> Result<SnapshotWriter<'_>> {
+        if !self.writable {
+            return Err(Error::NotPermitted(format!(
+                "store {} was opened read-only",
+                self.dir.display()
+            )));
+        }
+        if label.len() > MAX_LABEL {
+            return Err(Error::Invalid(format!(
+                "label longer than {MAX_LABEL} bytes"
+            )));
+        }
+        let id = self.manifest.next_id;
+        if id == u64::MAX {
+            return Err(Error::Limit(format!(
+                "store {} has used every snapshot id",
+                self.dir.display()
+            )));
+        }
+        let pages: u64 = regions.iter().map(Region::pages).sum();
+        let pack_path = self.dir.join(PACK_FILE);
+        let mut out = BufWriter::with_capacity(
+            1 << 20,
+            self.pack
+                .try_clone()
+                .map_err(|e| io(&pack_path, "opening", e))?,
+        );
+        std::io::Seek::seek(&mut out, std::io::SeekFrom::Start(self.pack_len))
+            .map_err(|e| io(&pack_path, "seeking in", e))?;
+        let flushed = self.pack_len;
+        Ok(SnapshotWriter {
+            store: self,
+            out,
+            id,
+            regions: regions.to_vec(),
+            pid,
+            label: label.to_string(),
+            entries: Vec::with_capacity(pages as usize),
+            pages,
+            stats: SaveStats::default(),
+            compressed: vec![0u8; lz4_flex::block::get_maximum_output_size(PAGE_SIZE)],
+            check: vec![0u8; PAGE_SIZE],
+            recent: RecordCache::new(),
+            flushed,
+        })
+    }
+
+    /// Saves the copy of a process's memory (its regions sorted by address,
+    /// each with its bytes) as one snapshot. With `since = Some((prev,
+    /// changed))`, the pages of a region `prev` also has, at the same place
+    /// and size, are taken over from `prev` unless they lie in `changed`
+    /// (sorted, coalesced): they are neither hashed nor looked up.
+    pub fn save(
+        &mut self,
+        regions: &[(Region, Vec<u8>)],
+        pid: Option<i32>,
+        label: &str,
+        since: Option<(&DiskSnapshot, &[PageRange])>,
+    ) -> Result<SaveStats> {
+        let order: Vec<Region> = regions.iter().map(|(r, _)| *r).collect();
+        let mut w = self.writer(&order, pid, label)?;
+        for (r, buf) in regions {
+            let before = since.and_then(|(p, changed)| p.first_page_of(r).map(|i| (p, i, changed)));
+            let Some((prev, first, changed)) = before else {
+                for page in buf.chunks_exact(PAGE_SIZE) {
+                    w.push(page)?;
+                }
+                continue;
+            };
+            // Walk the changed ranges that meet this region, in order.
+            let mut k = changed.partition_point(|c| c.end() <= r.start);
+            for (i, page) in buf.chunks_exact(PAGE_SIZE).enumerate() {
+                let addr = r.start + (i * PAGE_SIZE) as u64;
+                while k < changed.len() && changed[k].end() <= addr {
+                    k += 1;
+                }
+                if k < changed.len() && changed[k].start <= addr {
+                    w.push(page)?;
+                } else {
+                    w.push_unchanged(prev, first + i)?;
+                }
+            }
+        }
+        w.finish()
+    }
+}
+
+/// Saves one snapshot: push every page of its regions in order, then [`SnapshotWriter::finish`].
+/// Dropped without finishing, nothing becomes visible.
+pub struct SnapshotWriter<'s> {
+    store: &'s mut DiskStore,
+    out: BufWriter<File>,
+    id: u64,
+    regions: Vec<Region>,
+    pid: Option<i32>,
+    label: String,
+    entries: Vec<u64>,
+    pages: u64,
+    stats: SaveStats,
+    compressed: Vec<u8>,
+    check: Vec<u8>,
+    /// Pack bytes below this offset have reached the file (not only the buffer).
+    flushed: u64,
+    recent: RecordCache,
+}
+
+/// Contents of records this writer appended or read back, so that verifying
+/// a page against a record it just saw needs no read (a process repeats a
+/// few contents many times). Per writer: a record's offset names the same
+/// contents only while the writer that saw it lives (an unfinished save's
+/// records are overwritten later).
+pub(super) struct RecordCache {
+    offsets: Vec<u64>,
+    pages: Vec<u8>,
+}
+
+impl RecordCache {
+    const SLOTS: usize = 256;
+
+    pub(super) fn new() -> Self {
+        RecordCache {
+            // Offset 0 is never a record (the pack header is there): an empty slot.
+            offsets: vec![0; Self::SLOTS],
+            pages: vec![0; Self::SLOTS * PAGE_SIZE],
+        }
+    }
+
+    pub(super) fn slot(off: u64) -> usize {
+        (off.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 56) as usize % Self::SLOTS
+    }
+
+    pub(super) fn get(&self, off: u64) -> Option<&[u8]> {
+        let i = Self::slot(off);
+        (self.offsets[i] == off).then(|| &self.pages[i * PAGE_SIZE..(i + 1) * PAGE_SIZE])
+    }
+
+    pub(super) fn put(&mut self, off: u64, page: &[u8]) {
+        let i = Self::slot(off);
+        self.offsets[i] = off;
+        self.pages[i * PAGE_SIZE..(i + 1) * PAGE_SIZE].copy_from_slice(page);
+    }
+}
+
+impl std::fmt::Debug for SnapshotWriter<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SnapshotWriter")
+            .field("id", &self.id)
+            .field("pages", &self.entries.len())
+            .finish()
+    }
+}
+
+impl SnapshotWriter<'_> {
+    /// Appends the next page (4096 bytes).
+    pub fn push(&mut self, page: &[u8]) -> Result<()> {
+        let digest = page_digest(page);
+        self.push_digested(page, digest)
+    }
+
+    /// Appends the next page whose digest the caller computed.
+    pub fn push_digested(&mut self, page: &[u8], digest: PageDigest) -> Result<()> {
+        assert_eq!(page.len(), PAGE_SIZE);
+        if self.entries.len() as u64 >= self.pages {
+            return Err(Error::Invalid(
+                "more pages pushed than the regions hold".into(),
+            ));
+        }
+        if digest == zero_page_digest() && page == ZERO_PAGE {
+            self.entries.push(0);
+            self.stats.zero_pages += 1;
+            return Ok(());
+        }
+        if let Some(offs) = self.store.index.get(&digest).cloned() {
+            let mut found = None;
+            for o in offs {
+                if !self.store.verify || self.same_as_record(o, page)? {
+                    found = Some(o);
+                    break;
+                }
+            }
+            if let Some(o) = found {
+                self.entries.push(o);
+                return Ok(());
+            }
+        }
+        let off = self.append(page, digest)?;
+        self.store.index.entry(digest).or_default().push(off);
+        self.entries.push(off);
+        self.stats.pages_new += 1;
+        Ok(())
+    }
+
+    /// Appends, without reading it, page `i` of `prev`, an earlier snapshot
+    /// of this store: the caller knows the page has not changed since (a
+    /// dirty tracker said so). The new snapshot refers to the same record.
+    pub fn push_unchanged(&mut self, prev: &DiskSnapshot, i: usize) -> Result<()> {
+        if self.entries.len() as u64 >= self.pages {
+            return Err(Error::Invalid(
+                "more pages pushed than the regions hold".into(),
+            ));
+        }
+        if !self.store.manifest.entries.iter().any(|e| e.0 == prev.id) {
+            return Err(Error::Invalid(format!(
+                "snapshot {} is not in store {}",
+                prev.id,
+                self.store.dir.display()
+            )));
+        }
+        let e = *prev
+            .entries
+            .get(i)
+            .ok_or_else(|| Error::Invalid(format!("snapshot {} has no page {i}", prev.id)))?;
+        if e == 0 {
+            self.stats.zero_pages += 1;
+        }
+        self.entries.push(e);
+        Ok(())
+    }
+
+    /// Appends a run of `n` zero pages.
+    pub fn push_zeros(&mut self, n: u64) -> Result<()> {
+        if self.entries.len() as u64 + n > self.pages {
+            return Err(Error::Invalid(
+                "more pages pushed than the regions hold".into(),
+            ));
+        }
+        self.entries.extend(std::iter::repeat_n(0, n as usize));
+        self.stats.zero_pages += n;
+        Ok(())
+    }
+
+    pub(super) fn same_as_record(&mut self, off: u64, page: &[u8]) -> Result<bool> {
+        if let Some(seen) = self.recent.get(off) {
+            return Ok(seen == page);
+        }
+        if off >= self.flushed {
+            let path = self.store.dir.join(PACK_FILE);
+            self.out.flush().map_err(|e| io(&path, "writing", e))?;
+            self.flushed = self.store.pack_len;
+        }
+        let mut check = std::mem::take(&mut self.check);
+        let r = self.store.read_page(off, &mut check);
+        let same = r.is_ok() && check == page;
+        if r.is_ok() {
+            self.recent.put(off, &check);
+        }
+        self.check = check;
+        r.map(|_| same)
+    }
+
+    pub(super) fn append(&mut self, page: &[u8], digest: PageDigest) -> Result<u64> {
+        let n = lz4_flex::block::compress_into(page, &mut self.compressed)
+            .map_err(|e| Error::Internal(format!("lz4: {e}")))?;
+        let (enc, payload): (u8, &[u8]) = if n < PAGE_SIZE {
+            (1, &self.compressed[..n])
+        } else {
+            (0, page)
+        };
+        let mut header = [0u8; REC_HEADER];
+        header[0..4].copy_from_slice(&REC_MAGIC.to_le_bytes());
+        header[4] = enc;
+        header[8..12].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+        header[16..32].copy_from_slice(&digest.to_le_bytes());
+        let sum = record_checksum(&header, payload);
+        header[32..40].copy_from_slice(&sum.to_le_bytes());
+        let path = self.store.dir.join(PACK_FILE);
+        self.out
+            .write_all(&header)
+            .and_then(|_| self.out.write_all(payload))
+            .map_err(|e| io(&path, "writing", e))?;
+        let off = self.store.pack_len;
+        self.recent.put(off, page);
+        self.store.pack_len += (REC_HEADER + payload.len()) as u64;
+        self.stats.pack_bytes += (REC_HEADER + payload.len()) as u64;
+        Ok(off)
+    }
+
+    /// Makes the snapshot durable and visible; returns what was written.
+    pub fn finish(mut self) -> Result<SaveStats> {
+        if self.entries.len() as u64 != self.pages {
+            return Err(Error::Invalid(format!(
+                "{} pages pushed where the regions hold {}",
+                self.entries.len(),
+                self.pages
+            )));
+        }
+        let pack_path = self.store.dir.join(PACK_FILE);
+        self.out.flush().map_err(|e| io(&pack_path, "writing", e))?;
+        self.out
+            .get_ref()
+            .sync_data()
+            .map_err(|e| io(&pack_path, "syncing", e))?;
+        let mut b = Vec::with_capacity(SNAP_HEADER + self.entries.len() * 8 + 64);
+        b.extend_from_slice(SNAP_MAGIC);
+        b.extend_from_slice(&VERSION.to_le_bytes());
+        b.extend_from_slice(&(self.regions.len() as u32).to_le_bytes());
+        b.extend_from_slice(&self.id.to_le_bytes());
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        b.extend_from_slice(&now.to_le_bytes());
+        b.extend_from_slice(&(self.pid.unwrap_or(0) as i64).to_le_bytes());
+        b.extend_from_slice(&(self.label.len() as u32).to_le_bytes());
+        b.extend_from_slice(&0u32.to_le_bytes());
+        b.extend_from_slice(&self.store.manifest.store_id);
+        b.extend_from_slice(self.label.as_bytes());
+        for r in &self.regions {
+            b.extend_from_slice(&r.start.to_le_bytes());
+            b.extend_from_slice(&r.len.to_le_bytes());
+        }
+        for e in &self.entries {
+            b.extend_from_slice(&e.to_le_bytes());
+        }
+        let sum = checksum(&b);
+        b.extend_from_slice(&sum.to_le_bytes());
+        let path = self.store.index_path(self.id);
+        let tmp = path.with_extension("idx.tmp");
+        write_synced(&tmp, &b)?;
+        let mut manifest = self.store.manifest.clone();
+        manifest
+            .entries
+            .push((self.id, b.len() as u64, checksum(&b)));
+        manifest.pack_len = self.store.pack_len;
+        manifest.next_id = self.id + 1;
+        let mpath = self.store.dir.join(MANIFEST_FILE);
+        let mtmp = mpath.with_extension("tmp");
+        write_synced(&mtmp, &manifest.encode())?;
+        fs::rename(&tmp, &path).map_err(|e| io(&path, "renaming into", e))?;
+        // The commit.
+        fs::rename(&mtmp, &mpath).map_err(|e| io(&mpath, "renaming into", e))?;
+        sync_dir(&self.store.dir)?;
+        self.store.manifest = manifest;
+        self.stats.id = self.id;
+        self.stats.pages = self.pages;
+        self.stats.index_bytes = b.len() as u64;
+        Ok(self.stats)
+    }
+}
