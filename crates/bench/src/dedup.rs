@@ -38,6 +38,7 @@
 use crate::thp::{next, spawn_worker, stop_and_check_each, Child};
 use crate::Machine;
 use pagewise::dedup::{Agent, Options, Policy};
+use pagewise::mech::agent::Agent as _;
 use pagewise::mech::{cgroup, procfs};
 use pagewise::workload::AnonMemory;
 use pagewise::{Error, Result, HUGE_PAGE_SIZE, PAGE_SIZE};

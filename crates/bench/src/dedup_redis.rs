@@ -21,6 +21,7 @@ use crate::redis::{free_port, value, Client};
 use crate::Machine;
 use anyhow::{bail, Context, Result};
 use pagewise::dedup::{Agent, Options, Policy};
+use pagewise::mech::agent::Agent as _;
 use pagewise::mech::cgroup::MemoryCgroup;
 use pagewise::mech::procfs;
 use pagewise::mech::settings::SettingGuard;

@@ -26,6 +26,7 @@
 //! or torn write during a collapse would fail it.
 
 use crate::Machine;
+use pagewise::mech::agent::Agent as _;
 use pagewise::thp::agent::{Action, Agent, Budget, Options, Policy};
 use pagewise::workload::AnonMemory;
 use pagewise::{Error, Result, HUGE_PAGE_SIZE, PAGE_SIZE};

@@ -30,6 +30,7 @@
 
 use crate::thp::{next, rounds_ms, spawn_worker, stop_and_check_all, Child};
 use crate::Machine;
+use pagewise::mech::agent::Agent as _;
 use pagewise::thp::agent::{Action, Agent, Budget, Options, Policy};
 use pagewise::workload::AnonMemory;
 use pagewise::{Error, Result, HUGE_PAGE_SIZE};

@@ -41,6 +41,7 @@ use crate::redis::{free_port, server_args, value, wait_ready, which, Client};
 use crate::svg::{Chart, Series};
 use crate::Machine;
 use anyhow::{bail, Context, Result};
+use pagewise::mech::agent::Agent as _;
 use pagewise::mech::cgroup::MemoryCgroup;
 use pagewise::mech::settings::SettingGuard;
 use pagewise::thp::agent::{Action, Agent, Budget, Options, Policy, Pressure, Recovery};

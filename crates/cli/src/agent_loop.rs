@@ -4,6 +4,7 @@
 //! counters in the Prometheus text format to a file or over HTTP.
 
 use anyhow::{bail, Context, Result};
+use pagewise::mech::agent::Agent;
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -86,19 +87,20 @@ pub fn start(
     Ok((pids, Some(c)))
 }
 
-/// Steps with `step` (which reports and returns the counters' text and
-/// whether any watched process is left) until the end; returns the exit
-/// status: the command's when it ended, else 0. On SIGINT/SIGTERM the
-/// command is stopped.
-pub fn drive(
+/// Steps `agent` every `interval`, each step handed to `report` and its
+/// counters published, until SIGINT/SIGTERM, the end of the watched
+/// processes or of `--steps`; returns the exit status: the command's when
+/// it ended, else 0. On SIGINT/SIGTERM the command is stopped. The caller
+/// then ends the agent and drops it (which puts its settings back).
+pub fn drive<A: Agent>(
     w: &Watch,
     interval: Duration,
     stop: &AtomicBool,
     mut child: Option<std::process::Child>,
-    first_metrics: String,
-    mut step: impl FnMut() -> Result<(String, bool)>,
+    agent: &mut A,
+    mut report: impl FnMut(&A::Step) -> Result<()>,
 ) -> Result<i32> {
-    let served = Arc::new(Mutex::new(first_metrics));
+    let served = Arc::new(Mutex::new(agent.metrics()));
     if let Some(addr) = &w.metrics_listen {
         serve_metrics(addr, served.clone())?;
     }
@@ -120,7 +122,9 @@ pub fn drive(
         if stop.load(Ordering::SeqCst) {
             break 0;
         }
-        let (text, watching) = step()?;
+        let step = agent.step()?;
+        report(&step)?;
+        let (text, watching) = (agent.metrics(), agent.watching());
         n += 1;
         if let Some(path) = &w.metrics {
             pagewise::mech::files::replace(path, text.as_bytes())?;

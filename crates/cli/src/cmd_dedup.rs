@@ -3,6 +3,7 @@
 
 use anyhow::{bail, Result};
 use pagewise::dedup::{Action, Agent, Options, Policy, Step, Thresholds};
+use pagewise::mech::agent::Agent as _;
 use pagewise::mech::inject::Inside;
 use std::io::Write;
 use std::time::{Duration, Instant};
@@ -179,18 +180,13 @@ fn run_agent(a: RunArgs) -> Result<i32> {
         );
     }
     let t0 = Instant::now();
-    let first = agent.metrics();
     let status = crate::agent_loop::drive(
         &a.watch,
         Duration::from_millis(a.interval_ms),
         &stop,
         child,
-        first,
-        || {
-            let step = agent.step()?;
-            report(&step, a.watch.json)?;
-            Ok((agent.metrics(), agent.watching()))
-        },
+        &mut agent,
+        |step| report(step, a.watch.json),
     )?;
     if !a.keep_merged {
         for act in agent.end() {

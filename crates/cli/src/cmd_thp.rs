@@ -213,18 +213,13 @@ fn run_agent(a: RunArgs) -> Result<i32> {
         );
     }
     let t0 = Instant::now();
-    let first = agent.metrics();
     let status = crate::agent_loop::drive(
         &a.watch,
         Duration::from_millis(a.interval_ms),
         &stop,
         child,
-        first,
-        || {
-            let step = agent.step()?;
-            report(&step, a.watch.json)?;
-            Ok((agent.metrics(), agent.watching()))
-        },
+        &mut agent,
+        |step| report(step, a.watch.json),
     )?;
     let c = agent.counters();
     if !a.watch.json {

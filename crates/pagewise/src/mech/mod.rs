@@ -3,6 +3,7 @@
 //! capability.
 
 pub mod access;
+pub mod agent;
 pub mod anon;
 pub mod bloom;
 pub mod cgroup;

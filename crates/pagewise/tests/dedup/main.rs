@@ -11,6 +11,7 @@
 mod common;
 
 use pagewise::dedup::{Action, Agent, Options, Policy, Thresholds};
+use pagewise::mech::agent::Agent as _;
 use pagewise::{HUGE_PAGE_SIZE, PAGE_SIZE};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};

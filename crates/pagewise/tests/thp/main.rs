@@ -8,6 +8,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+use pagewise::mech::agent::Agent as _;
 use pagewise::thp::agent::{Action, Agent, Budget, Options, Policy};
 use pagewise::workload::AnonMemory;
 use pagewise::{HUGE_PAGE_SIZE, PAGE_SIZE};
