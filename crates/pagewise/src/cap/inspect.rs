@@ -28,7 +28,7 @@
 use crate::mech::procfs;
 use crate::mech::walk::{read_remote, PageWalker};
 use crate::{Region, Result, HUGE_PAGE_SIZE, PAGE_SIZE};
-use pagewise_sys::pagemap::category as cat;
+use pagewise_sys::pagemap::{category as cat, PageRegion};
 use serde::Serialize;
 use std::collections::HashMap;
 
@@ -268,215 +268,17 @@ pub fn inspect(pids: &[i32], opts: Options, progress: &mut dyn FnMut(u64, u64)) 
         }
     }
     let pids = &unique[..];
-    let mut out = Report {
-        pids: pids.to_vec(),
-        rss_bytes: 0,
-        anon_bytes: 0,
-        file_bytes: 0,
-        swapped_bytes: 0,
-        thp_bytes: 0,
-        bloat_bytes: 0,
-        zero_bytes: 0,
-        duplicate_bytes: 0,
-        cross_process_duplicate_bytes: 0,
-        pages_read: 0,
-        ksm_merging_bytes: None,
-        bloom: BloomReport {
-            entries: 0,
-            counter_bits: crate::mech::bloom::COUNTER_BITS,
-            hashes: crate::mech::bloom::HASHES as u32,
-            memory_bytes: 0,
-            sample_percent: if opts.bloom_sample { 25 } else { 100 },
-            duplicate_pages: 0,
-            exact_duplicate_pages: 0,
-            relative_error: Some(0.0),
-            max_region_rate_error: 0.0,
-        },
-        coverage: CoverageSummary::default(),
-        walk_cost: None,
-        regions: Vec::new(),
-    };
-    // A base page is looked up in the filter when it is in the sample.
-    let sampled = |addr: u64| !opts.bloom_sample || (addr / PAGE_SIZE as u64).is_multiple_of(4);
-    let mut all: Vec<RegionReport> = Vec::new();
-    // Digest of every non-zero anonymous page read, its region's index, and
-    // whether it is in the Bloom filter's sample.
-    let mut pages: Vec<(crate::mech::hash::PageDigest, u32, bool)> = Vec::new();
-    let mut plans = Vec::new();
-    let mut total = 0u64;
+    let mut out = Report::empty(pids, &opts);
+    let mut found = Found::default();
     for &pid in pids {
-        let maps = procfs::maps(Some(pid))?;
-        let mut walker = PageWalker::new(Some(pid))?;
-        let mut runs = Vec::new();
-        for m in maps
-            .iter()
-            .filter(|m| m.read && !m.is_special() && !m.is_staging())
-        {
-            let Ok(r) = Region::new(m.start, m.len()) else {
-                continue;
-            };
-            let anon = m.is_anonymous();
-            walker.categories(
-                r,
-                cat::PRESENT | cat::SWAPPED,
-                cat::PRESENT | cat::SWAPPED | cat::HUGE | cat::PFNZERO | cat::FILE,
-                &mut runs,
-            )?;
-            let mut a = m.start;
-            while a < m.end {
-                let next = ((a / HUGE_PAGE_SIZE as u64) + 1) * HUGE_PAGE_SIZE as u64;
-                let e = next.min(m.end);
-                let ri = all.len();
-                let mut rep = RegionReport {
-                    pid,
-                    start: a,
-                    len: e - a,
-                    path: m.path.clone(),
-                    anon,
-                    resident_pages: 0,
-                    anon_pages: 0,
-                    huge_pages: 0,
-                    swapped_pages: 0,
-                    zero_pages: 0,
-                    bloat_pages: 0,
-                    duplicate_pages: 0,
-                    repetition_rate: 0.0,
-                    bloom_repetition_rate: 0.0,
-                    touched_pages: None,
-                    access_rate: None,
-                    promotion_benefit_ns_per_s: None,
-                    bloom: BloomCount::default(),
-                };
-                for pr in runs.iter().filter(|p| p.start < e && a < p.end) {
-                    let (s, t) = (pr.start.max(a), pr.end.min(e));
-                    let n = (t - s) / PAGE_SIZE as u64;
-                    if pr.categories & cat::SWAPPED != 0 {
-                        rep.swapped_pages += n;
-                        continue;
-                    }
-                    if pr.categories & cat::PFNZERO != 0 {
-                        // The shared zero page: reads as zeros, holds no memory.
-                        continue;
-                    }
-                    rep.resident_pages += n;
-                    if pr.categories & cat::FILE == 0 {
-                        rep.anon_pages += n;
-                    }
-                    let huge = pr.categories & cat::HUGE != 0;
-                    if huge {
-                        rep.huge_pages += n;
-                    }
-                    if anon {
-                        plans.push((pid, ri, s, t, huge));
-                        total += n;
-                    }
-                }
-                all.push(rep);
-                a = e;
-            }
-        }
+        found.walk(pid)?;
     }
-    // Read every resident anonymous page once.
-    let mut buf = vec![0u8; 256 * PAGE_SIZE];
-    let mut done = 0u64;
-    for (pid, ri, s, t, huge) in plans {
-        let mut a = s;
-        while a < t {
-            let len = ((t - a) as usize).min(buf.len());
-            // Pages unmapped meanwhile read as zeros.
-            read_remote(pid, a, &mut buf[..len])?;
-            for (k, page) in buf[..len].chunks_exact(PAGE_SIZE).enumerate() {
-                let rep = &mut all[ri];
-                let look = sampled(a + (k * PAGE_SIZE) as u64);
-                if look {
-                    rep.bloom.looked_up += 1;
-                }
-                if page == crate::mech::hash::ZERO_PAGE {
-                    rep.zero_pages += 1;
-                    if huge {
-                        rep.bloat_pages += 1;
-                    }
-                } else {
-                    pages.push((crate::mech::hash::page_digest(page), ri as u32, look));
-                }
-            }
-            done += (len / PAGE_SIZE) as u64;
-            progress(done, total);
-            a += len as u64;
-        }
-    }
-    out.pages_read = done;
-    // SmartMD's counting Bloom filter, sized for every page read: every
-    // non-zero page is counted in, then the sample is looked up.
-    let mut bloom = crate::mech::bloom::CountingBloom::for_pages(done as usize);
-    for p in &pages {
-        bloom.insert(p.0);
-    }
-    for p in pages.iter().filter(|p| p.2) {
-        if bloom.probably_duplicate(p.0) {
-            all[p.1 as usize].bloom.labelled += 1;
-        }
-    }
-    out.bloom.entries = bloom.entries() as u64;
-    out.bloom.memory_bytes = bloom.packed_bytes();
-    drop(bloom);
-    // Duplicates: group identical digests.
-    pages.sort_unstable_by_key(|p| p.0);
-    let mut i = 0;
-    while i < pages.len() {
-        let mut j = i + 1;
-        while j < pages.len() && pages[j].0 == pages[i].0 {
-            j += 1;
-        }
-        if j - i > 1 {
-            out.duplicate_bytes += ((j - i - 1) * PAGE_SIZE) as u64;
-            let mut per_pid: HashMap<i32, u64> = HashMap::new();
-            for p in &pages[i..j] {
-                all[p.1 as usize].duplicate_pages += 1;
-                *per_pid.entry(all[p.1 as usize].pid).or_default() += 1;
-            }
-            // Merging within each process first; what is left is shared
-            // across processes.
-            out.cross_process_duplicate_bytes += ((per_pid.len() - 1) * PAGE_SIZE) as u64;
-        }
-        i = j;
-    }
-    for r in &mut all {
-        let b = PAGE_SIZE as u64;
-        out.rss_bytes += r.resident_pages * b;
-        out.anon_bytes += r.anon_pages * b;
-        out.file_bytes += (r.resident_pages - r.anon_pages) * b;
-        if r.anon {
-            out.thp_bytes += r.huge_pages * b;
-        }
-        out.swapped_bytes += r.swapped_pages * b;
-        out.bloat_bytes += r.bloat_pages * b;
-        out.zero_bytes += r.zero_pages * b;
-        if r.resident_pages > 0 {
-            r.repetition_rate = r.duplicate_pages as f64 / r.resident_pages as f64;
-        }
-        if r.bloom.looked_up > 0 {
-            r.bloom_repetition_rate = r.bloom.labelled as f64 / r.bloom.looked_up as f64;
-            // Scaled from the sample to the region's non-zero pages read.
-            out.bloom.duplicate_pages += (r.bloom_repetition_rate * r.resident_pages as f64)
-                .round()
-                .min((r.resident_pages - r.zero_pages) as f64)
-                as u64;
-            out.bloom.max_region_rate_error = out
-                .bloom
-                .max_region_rate_error
-                .max((r.bloom_repetition_rate - r.repetition_rate).abs());
-        }
-        if r.anon {
-            out.bloom.exact_duplicate_pages += r.duplicate_pages;
-        }
-    }
-    let (b, e) = (out.bloom.duplicate_pages, out.bloom.exact_duplicate_pages);
-    out.bloom.relative_error = match (b, e) {
-        (0, 0) => Some(0.0),
-        (_, 0) => None,
-        _ => Some((b as f64 - e as f64) / e as f64),
-    };
+    let mut pages = found.read(&opts, progress)?;
+    let mut all = found.regions;
+    out.pages_read = found.done;
+    out.label(&pages, &mut all);
+    out.count_duplicates(&mut pages, &mut all);
+    out.sum_regions(&mut all);
     for &pid in pids {
         if let Some(k) = procfs::ksm_stat(pid) {
             *out.ksm_merging_bytes.get_or_insert(0) += k.merging_pages * PAGE_SIZE as u64;
@@ -487,4 +289,258 @@ pub fn inspect(pids: &[i32], opts: Options, progress: &mut dyn FnMut(u64, u64)) 
         .filter(|r| r.resident_pages + r.swapped_pages > 0)
         .collect();
     Ok(out)
+}
+
+/// The digest of a non-zero anonymous page read, its region's index, and
+/// whether it is in the Bloom filter's sample.
+type PageSeen = (crate::mech::hash::PageDigest, u32, bool);
+
+/// What the walk of the processes found: a report per 2 MiB piece of each
+/// mapping, and the runs of resident anonymous pages to read.
+#[derive(Default)]
+struct Found {
+    regions: Vec<RegionReport>,
+    /// `(pid, region index, start, end, huge)`.
+    plans: Vec<(i32, usize, u64, u64, bool)>,
+    /// Pages to read in all.
+    total: u64,
+    /// Pages read so far.
+    done: u64,
+}
+
+impl Found {
+    /// Walks the page tables of every readable mapping of `pid`.
+    fn walk(&mut self, pid: i32) -> Result<()> {
+        let maps = procfs::maps(Some(pid))?;
+        let mut walker = PageWalker::new(Some(pid))?;
+        let mut runs = Vec::new();
+        for m in maps
+            .iter()
+            .filter(|m| m.read && !m.is_special() && !m.is_staging())
+        {
+            let Ok(r) = Region::new(m.start, m.len()) else {
+                continue;
+            };
+            walker.categories(
+                r,
+                cat::PRESENT | cat::SWAPPED,
+                cat::PRESENT | cat::SWAPPED | cat::HUGE | cat::PFNZERO | cat::FILE,
+                &mut runs,
+            )?;
+            let mut a = m.start;
+            while a < m.end {
+                let next = ((a / HUGE_PAGE_SIZE as u64) + 1) * HUGE_PAGE_SIZE as u64;
+                let e = next.min(m.end);
+                self.count(pid, m, a, e, &runs);
+                a = e;
+            }
+        }
+        Ok(())
+    }
+
+    /// Counts the pages of `[a, e)` of mapping `m` (inside one 2 MiB
+    /// region) from the page-table `runs`, and plans the reading of its
+    /// resident anonymous pages.
+    fn count(&mut self, pid: i32, m: &procfs::Mapping, a: u64, e: u64, runs: &[PageRegion]) {
+        let ri = self.regions.len();
+        let anon = m.is_anonymous();
+        let mut rep = RegionReport {
+            pid,
+            start: a,
+            len: e - a,
+            path: m.path.clone(),
+            anon,
+            resident_pages: 0,
+            anon_pages: 0,
+            huge_pages: 0,
+            swapped_pages: 0,
+            zero_pages: 0,
+            bloat_pages: 0,
+            duplicate_pages: 0,
+            repetition_rate: 0.0,
+            bloom_repetition_rate: 0.0,
+            touched_pages: None,
+            access_rate: None,
+            promotion_benefit_ns_per_s: None,
+            bloom: BloomCount::default(),
+        };
+        for pr in runs.iter().filter(|p| p.start < e && a < p.end) {
+            let (s, t) = (pr.start.max(a), pr.end.min(e));
+            let n = (t - s) / PAGE_SIZE as u64;
+            if pr.categories & cat::SWAPPED != 0 {
+                rep.swapped_pages += n;
+                continue;
+            }
+            if pr.categories & cat::PFNZERO != 0 {
+                // The shared zero page: reads as zeros, holds no memory.
+                continue;
+            }
+            rep.resident_pages += n;
+            if pr.categories & cat::FILE == 0 {
+                rep.anon_pages += n;
+            }
+            let huge = pr.categories & cat::HUGE != 0;
+            if huge {
+                rep.huge_pages += n;
+            }
+            if anon {
+                self.plans.push((pid, ri, s, t, huge));
+                self.total += n;
+            }
+        }
+        self.regions.push(rep);
+    }
+
+    /// Reads every resident anonymous page once: zero pages are counted
+    /// (and bloat, in a huge page), the others' digests returned.
+    fn read(
+        &mut self,
+        opts: &Options,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Vec<PageSeen>> {
+        // A base page is looked up in the filter when it is in the sample.
+        let sampled = |addr: u64| !opts.bloom_sample || (addr / PAGE_SIZE as u64).is_multiple_of(4);
+        let mut pages = Vec::new();
+        let mut buf = vec![0u8; 256 * PAGE_SIZE];
+        for &(pid, ri, s, t, huge) in &self.plans {
+            let mut a = s;
+            while a < t {
+                let len = ((t - a) as usize).min(buf.len());
+                // Pages unmapped meanwhile read as zeros.
+                read_remote(pid, a, &mut buf[..len])?;
+                for (k, page) in buf[..len].chunks_exact(PAGE_SIZE).enumerate() {
+                    let rep = &mut self.regions[ri];
+                    let look = sampled(a + (k * PAGE_SIZE) as u64);
+                    if look {
+                        rep.bloom.looked_up += 1;
+                    }
+                    if page == crate::mech::hash::ZERO_PAGE {
+                        rep.zero_pages += 1;
+                        if huge {
+                            rep.bloat_pages += 1;
+                        }
+                    } else {
+                        pages.push((crate::mech::hash::page_digest(page), ri as u32, look));
+                    }
+                }
+                self.done += (len / PAGE_SIZE) as u64;
+                progress(self.done, self.total);
+                a += len as u64;
+            }
+        }
+        Ok(pages)
+    }
+}
+
+impl Report {
+    /// A report of `pids` with nothing counted yet.
+    fn empty(pids: &[i32], opts: &Options) -> Report {
+        Report {
+            pids: pids.to_vec(),
+            rss_bytes: 0,
+            anon_bytes: 0,
+            file_bytes: 0,
+            swapped_bytes: 0,
+            thp_bytes: 0,
+            bloat_bytes: 0,
+            zero_bytes: 0,
+            duplicate_bytes: 0,
+            cross_process_duplicate_bytes: 0,
+            pages_read: 0,
+            ksm_merging_bytes: None,
+            bloom: BloomReport {
+                entries: 0,
+                counter_bits: crate::mech::bloom::COUNTER_BITS,
+                hashes: crate::mech::bloom::HASHES as u32,
+                memory_bytes: 0,
+                sample_percent: if opts.bloom_sample { 25 } else { 100 },
+                duplicate_pages: 0,
+                exact_duplicate_pages: 0,
+                relative_error: Some(0.0),
+                max_region_rate_error: 0.0,
+            },
+            coverage: CoverageSummary::default(),
+            walk_cost: None,
+            regions: Vec::new(),
+        }
+    }
+
+    /// SmartMD's counting Bloom filter, sized for every page read: every
+    /// non-zero page is counted in, then the sample is looked up.
+    fn label(&mut self, pages: &[PageSeen], all: &mut [RegionReport]) {
+        let mut bloom = crate::mech::bloom::CountingBloom::for_pages(self.pages_read as usize);
+        for p in pages {
+            bloom.insert(p.0);
+        }
+        for p in pages.iter().filter(|p| p.2) {
+            if bloom.probably_duplicate(p.0) {
+                all[p.1 as usize].bloom.labelled += 1;
+            }
+        }
+        self.bloom.entries = bloom.entries() as u64;
+        self.bloom.memory_bytes = bloom.packed_bytes();
+    }
+
+    /// Duplicates: identical digests grouped; merging within each process
+    /// first, what is left is shared across processes.
+    fn count_duplicates(&mut self, pages: &mut [PageSeen], all: &mut [RegionReport]) {
+        pages.sort_unstable_by_key(|p| p.0);
+        let mut i = 0;
+        while i < pages.len() {
+            let mut j = i + 1;
+            while j < pages.len() && pages[j].0 == pages[i].0 {
+                j += 1;
+            }
+            if j - i > 1 {
+                self.duplicate_bytes += ((j - i - 1) * PAGE_SIZE) as u64;
+                let mut per_pid: HashMap<i32, u64> = HashMap::new();
+                for p in &pages[i..j] {
+                    all[p.1 as usize].duplicate_pages += 1;
+                    *per_pid.entry(all[p.1 as usize].pid).or_default() += 1;
+                }
+                self.cross_process_duplicate_bytes += ((per_pid.len() - 1) * PAGE_SIZE) as u64;
+            }
+            i = j;
+        }
+    }
+
+    /// The totals over every region, their rates, and the filter's error.
+    fn sum_regions(&mut self, all: &mut [RegionReport]) {
+        let b = PAGE_SIZE as u64;
+        for r in all.iter_mut() {
+            self.rss_bytes += r.resident_pages * b;
+            self.anon_bytes += r.anon_pages * b;
+            self.file_bytes += (r.resident_pages - r.anon_pages) * b;
+            if r.anon {
+                self.thp_bytes += r.huge_pages * b;
+            }
+            self.swapped_bytes += r.swapped_pages * b;
+            self.bloat_bytes += r.bloat_pages * b;
+            self.zero_bytes += r.zero_pages * b;
+            if r.resident_pages > 0 {
+                r.repetition_rate = r.duplicate_pages as f64 / r.resident_pages as f64;
+            }
+            if r.bloom.looked_up > 0 {
+                r.bloom_repetition_rate = r.bloom.labelled as f64 / r.bloom.looked_up as f64;
+                // Scaled from the sample to the region's non-zero pages read.
+                self.bloom.duplicate_pages += (r.bloom_repetition_rate * r.resident_pages as f64)
+                    .round()
+                    .min((r.resident_pages - r.zero_pages) as f64)
+                    as u64;
+                self.bloom.max_region_rate_error = self
+                    .bloom
+                    .max_region_rate_error
+                    .max((r.bloom_repetition_rate - r.repetition_rate).abs());
+            }
+            if r.anon {
+                self.bloom.exact_duplicate_pages += r.duplicate_pages;
+            }
+        }
+        let (b, e) = (self.bloom.duplicate_pages, self.bloom.exact_duplicate_pages);
+        self.bloom.relative_error = match (b, e) {
+            (0, 0) => Some(0.0),
+            (_, 0) => None,
+            _ => Some((b as f64 - e as f64) / e as f64),
+        };
+    }
 }

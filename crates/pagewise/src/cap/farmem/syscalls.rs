@@ -153,17 +153,21 @@ pub const REFUSED_INLINE: &[c_long] = &[SYS_io_uring_setup, SYS_io_setup];
 
 /// Holds what `nr` with arguments `a` hands to the kernel; release it with
 /// [`inline::release`] after the call.
+/// Holds what `nr` with arguments `a` hands to the kernel; release it with
+/// [`inline::release`] after the call.
 pub fn hold_for(nr: c_long, a: &[u64; 6]) -> Held {
     let mut h = Holding::default();
+    let _ = hold_files(&mut h, nr, a)
+        || hold_io(&mut h, nr, a)
+        || hold_net(&mut h, nr, a)
+        || hold_process(&mut h, nr, a);
+    h.done()
+}
+
+/// [`hold_for`] for paths, file status, links and extended attributes, and `execve`; whether `nr` is one of them.
+fn hold_files(h: &mut Holding, nr: c_long, a: &[u64; 6]) -> bool {
     let p = |i: usize| a[i];
     match nr {
-        SYS_read | SYS_write | SYS_pread64 | SYS_pwrite64 | SYS_getdents | SYS_getdents64 => {
-            h.range(p(1), p(2))
-        }
-        SYS_getrandom | SYS_getcwd => h.range(p(0), p(1)),
-        SYS_readv | SYS_writev | SYS_preadv | SYS_pwritev | SYS_preadv2 | SYS_pwritev2 => {
-            h.iovecs(p(1), p(2))
-        }
         SYS_open | SYS_creat | SYS_chdir | SYS_mkdir | SYS_rmdir | SYS_unlink | SYS_chmod
         | SYS_chown | SYS_lchown | SYS_truncate | SYS_access | SYS_memfd_create => h.cstr(p(0)),
         SYS_openat
@@ -220,6 +224,46 @@ pub fn hold_for(nr: c_long, a: &[u64; 6]) -> Held {
             h.cstr(p(1));
             h.range(p(2), 32);
         }
+        SYS_execve => {
+            h.cstr(p(0));
+            h.cstr_array(p(1));
+            h.cstr_array(p(2));
+        }
+        SYS_execveat => {
+            h.cstr(p(1));
+            h.cstr_array(p(2));
+            h.cstr_array(p(3));
+        }
+        SYS_getxattr | SYS_lgetxattr | SYS_setxattr | SYS_lsetxattr => {
+            h.cstr(p(0));
+            h.cstr(p(1));
+            h.range(p(2), p(3));
+        }
+        SYS_fgetxattr | SYS_fsetxattr => {
+            h.cstr(p(1));
+            h.range(p(2), p(3));
+        }
+        SYS_listxattr | SYS_llistxattr => {
+            h.cstr(p(0));
+            h.range(p(1), p(2));
+        }
+        SYS_flistxattr => h.range(p(1), p(2)),
+        _ => return false,
+    }
+    true
+}
+
+/// [`hold_for`] for reads and writes, polling, `ioctl`, pipes and `fcntl`; whether `nr` is one of them.
+fn hold_io(h: &mut Holding, nr: c_long, a: &[u64; 6]) -> bool {
+    let p = |i: usize| a[i];
+    match nr {
+        SYS_read | SYS_write | SYS_pread64 | SYS_pwrite64 | SYS_getdents | SYS_getdents64 => {
+            h.range(p(1), p(2))
+        }
+        SYS_getrandom | SYS_getcwd => h.range(p(0), p(1)),
+        SYS_readv | SYS_writev | SYS_preadv | SYS_pwritev | SYS_preadv2 | SYS_pwritev2 => {
+            h.iovecs(p(1), p(2))
+        }
         SYS_poll => h.range(p(0), p(1).saturating_mul(8)),
         SYS_ppoll => {
             h.range(p(0), p(1).saturating_mul(8));
@@ -255,26 +299,6 @@ pub fn hold_for(nr: c_long, a: &[u64; 6]) -> Held {
             h.range(p(4), 8);
         }
         SYS_epoll_ctl => h.range(p(3), 12),
-        SYS_futex => {
-            h.range(p(0), 4);
-            let op = (p(1) as c_int) & FUTEX_CMD_MASK;
-            match op {
-                FUTEX_WAIT
-                | FUTEX_WAIT_BITSET
-                | FUTEX_LOCK_PI
-                | FUTEX_LOCK_PI2
-                | FUTEX_WAIT_REQUEUE_PI => h.range(p(3), 16),
-                _ => {}
-            }
-            match op {
-                FUTEX_REQUEUE
-                | FUTEX_CMP_REQUEUE
-                | FUTEX_WAKE_OP
-                | FUTEX_CMP_REQUEUE_PI
-                | FUTEX_WAIT_REQUEUE_PI => h.range(p(4), 4),
-                _ => {}
-            }
-        }
         SYS_ioctl => {
             // The size the request encodes, or a word for the old requests
             // that encode none.
@@ -282,26 +306,30 @@ pub fn hold_for(nr: c_long, a: &[u64; 6]) -> Held {
             h.range(p(2), if size == 0 { 8 } else { size });
         }
         SYS_pipe | SYS_pipe2 => h.range(p(0), 8),
-        SYS_socketpair => h.range(p(3), 8),
-        SYS_nanosleep => {
-            h.range(p(0), 16);
-            h.range(p(1), 16);
-        }
-        SYS_clock_nanosleep => {
-            h.range(p(2), 16);
-            h.range(p(3), 16);
-        }
-        SYS_clock_gettime | SYS_clock_getres => h.range(p(1), 16),
-        SYS_gettimeofday => {
-            h.range(p(0), 16);
-            h.range(p(1), 8);
-        }
-        SYS_time => h.range(p(0), 8),
         SYS_sendfile => h.range(p(2), 8),
         SYS_splice | SYS_copy_file_range => {
             h.range(p(1), 8);
             h.range(p(3), 8);
         }
+        SYS_fcntl => match p(1) as c_int {
+            F_GETLK | F_SETLK | F_SETLKW | F_OFD_GETLK | F_OFD_SETLK | F_OFD_SETLKW => {
+                h.range(p(2), 32)
+            }
+            // F_SETOWN_EX, F_GETOWN_EX (missing from the 6.1 headers).
+            15 | 16 => h.range(p(2), 8),
+            _ => {}
+        },
+        SYS_mincore => h.range(p(2), p(1).div_ceil(crate::PAGE_SIZE as u64)),
+        _ => return false,
+    }
+    true
+}
+
+/// [`hold_for`] for sockets: addresses, messages and options; whether `nr` is one of them.
+fn hold_net(h: &mut Holding, nr: c_long, a: &[u64; 6]) -> bool {
+    let p = |i: usize| a[i];
+    match nr {
+        SYS_socketpair => h.range(p(3), 8),
         SYS_connect | SYS_bind => h.range(p(1), p(2)),
         SYS_accept | SYS_accept4 | SYS_getsockname | SYS_getpeername => h.sockaddr_out(p(1), p(2)),
         SYS_sendto => {
@@ -330,6 +358,49 @@ pub fn hold_for(nr: c_long, a: &[u64; 6]) -> Held {
             let len = h.read::<u32>(p(4)).unwrap_or(0);
             h.range(p(3), len as u64);
         }
+        _ => return false,
+    }
+    true
+}
+
+/// [`hold_for`] for time, waits, limits, signals, futexes and process memory; whether `nr` is one of them.
+fn hold_process(h: &mut Holding, nr: c_long, a: &[u64; 6]) -> bool {
+    let p = |i: usize| a[i];
+    match nr {
+        SYS_futex => {
+            h.range(p(0), 4);
+            let op = (p(1) as c_int) & FUTEX_CMD_MASK;
+            match op {
+                FUTEX_WAIT
+                | FUTEX_WAIT_BITSET
+                | FUTEX_LOCK_PI
+                | FUTEX_LOCK_PI2
+                | FUTEX_WAIT_REQUEUE_PI => h.range(p(3), 16),
+                _ => {}
+            }
+            match op {
+                FUTEX_REQUEUE
+                | FUTEX_CMP_REQUEUE
+                | FUTEX_WAKE_OP
+                | FUTEX_CMP_REQUEUE_PI
+                | FUTEX_WAIT_REQUEUE_PI => h.range(p(4), 4),
+                _ => {}
+            }
+        }
+        SYS_nanosleep => {
+            h.range(p(0), 16);
+            h.range(p(1), 16);
+        }
+        SYS_clock_nanosleep => {
+            h.range(p(2), 16);
+            h.range(p(3), 16);
+        }
+        SYS_clock_gettime | SYS_clock_getres => h.range(p(1), 16),
+        SYS_gettimeofday => {
+            h.range(p(0), 16);
+            h.range(p(1), 8);
+        }
+        SYS_time => h.range(p(0), 8),
         SYS_wait4 => {
             h.range(p(1), 4);
             h.range(p(3), 144);
@@ -339,14 +410,6 @@ pub fn hold_for(nr: c_long, a: &[u64; 6]) -> Held {
             h.range(p(4), 144);
         }
         SYS_uname => h.range(p(0), 390),
-        SYS_fcntl => match p(1) as c_int {
-            F_GETLK | F_SETLK | F_SETLKW | F_OFD_GETLK | F_OFD_SETLK | F_OFD_SETLKW => {
-                h.range(p(2), 32)
-            }
-            // F_SETOWN_EX, F_GETOWN_EX (missing from the 6.1 headers).
-            15 | 16 => h.range(p(2), 8),
-            _ => {}
-        },
         SYS_getrlimit | SYS_setrlimit => h.range(p(1), 16),
         SYS_prlimit64 => {
             h.range(p(2), 16);
@@ -368,31 +431,6 @@ pub fn hold_for(nr: c_long, a: &[u64; 6]) -> Held {
         }
         SYS_timerfd_gettime | SYS_timer_gettime => h.range(p(1), 32),
         SYS_signalfd | SYS_signalfd4 => h.range(p(1), 8),
-        SYS_execve => {
-            h.cstr(p(0));
-            h.cstr_array(p(1));
-            h.cstr_array(p(2));
-        }
-        SYS_execveat => {
-            h.cstr(p(1));
-            h.cstr_array(p(2));
-            h.cstr_array(p(3));
-        }
-        SYS_getxattr | SYS_lgetxattr | SYS_setxattr | SYS_lsetxattr => {
-            h.cstr(p(0));
-            h.cstr(p(1));
-            h.range(p(2), p(3));
-        }
-        SYS_fgetxattr | SYS_fsetxattr => {
-            h.cstr(p(1));
-            h.range(p(2), p(3));
-        }
-        SYS_listxattr | SYS_llistxattr => {
-            h.cstr(p(0));
-            h.range(p(1), p(2));
-        }
-        SYS_flistxattr => h.range(p(1), p(2)),
-        SYS_mincore => h.range(p(2), p(1).div_ceil(crate::PAGE_SIZE as u64)),
         SYS_prctl => match p(0) as c_int {
             PR_SET_NAME | PR_GET_NAME => h.range(p(1), 16),
             _ => {}
@@ -409,9 +447,9 @@ pub fn hold_for(nr: c_long, a: &[u64; 6]) -> Held {
                 h.range(p(3), p(4).saturating_mul(16));
             }
         }
-        _ => {}
+        _ => return false,
     }
-    h.done()
+    true
 }
 
 /// Holds gathered for one call: ranges wait in a fixed buffer (no
