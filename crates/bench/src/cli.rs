@@ -75,49 +75,11 @@ enum What {
     /// throughput, on four self-checking processes sharing most of their
     /// content in huge pages, under no dedup, KSM everywhere, no splitting,
     /// Ingens-like and pagewise's agent. Short by default.
-    Dedup {
-        /// The full experiment (256 MiB per process, 60 s per scheme, two
-        /// runs of each at overcommitment 0.8, 1.1 and 1.4).
-        #[arg(long)]
-        full: bool,
-        /// Run only this scheme (repeatable): none, ksm-everywhere,
-        /// no-splitting, ingens-like, smartmd.
-        #[arg(long = "scheme")]
-        schemes: Vec<String>,
-        /// Seconds per scheme (default 16, or 60 with --full).
-        #[arg(long)]
-        seconds: Option<u64>,
-        /// Overcommitment levels, comma-separated: the processes' memory
-        /// against their memory cgroup's limit (default 0.8, or 0.8,1.1,1.4
-        /// with --full); above 1 needs zram for swap.
-        #[arg(long, value_delimiter = ',')]
-        overcommit: Vec<f64>,
-        /// Runs of each scheme at each level (default 1, or 2 with --full).
-        #[arg(long)]
-        repeats: Option<usize>,
-        /// Append every step of the agent (its decisions and their
-        /// reasons) to FILE, one JSON object per line.
-        #[arg(long, value_name = "FILE")]
-        log: Option<std::path::PathBuf>,
-        #[command(flatten)]
-        output: Output,
-    },
+    Dedup(DedupArgs),
     /// SmartMD's comparison on four real redis-server instances with
     /// overlapping data sets under redis-benchmark: memory saved, GET and
     /// SET throughput and CPU of each scheme; every value read back.
-    DedupRedis {
-        /// The full experiment (256 MiB per server, 60 s per scheme).
-        #[arg(long)]
-        full: bool,
-        /// Run only this scheme (repeatable).
-        #[arg(long = "scheme")]
-        schemes: Vec<String>,
-        /// Seconds per scheme (default 20, or 60 with --full).
-        #[arg(long)]
-        seconds: Option<u64>,
-        #[command(flatten)]
-        output: Output,
-    },
+    DedupRedis(DedupRedisArgs),
     /// HawkEye's experiment (b): time saved per huge page promoted, by
     /// coverage against address order and utilisation, on a self-checking
     /// random-update workload. Short by default.
@@ -260,82 +222,8 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
             let report = bo::run(&cfg, &mut progress(quiet))?;
             output.emit(&report, report.summary(), report.charts())
         }
-        What::Live { full, output } => {
-            use crate::live as bl;
-            let cfg = if full {
-                bl::Config::full()
-            } else {
-                bl::Config::quick()
-            };
-            let scratch =
-                std::env::temp_dir().join(format!("pagewise-bench-live-{}", std::process::id()));
-            let report = bl::run(&cfg, &scratch, &mut progress(quiet));
-            let _ = std::fs::remove_dir_all(&scratch);
-            let report = report?;
-            let wrong: u64 = report
-                .rows
-                .iter()
-                .map(|r| r.wrong_pages + r.migration.wrong_pages)
-                .chain(
-                    report
-                        .compression
-                        .iter()
-                        .flat_map(|c| c.runs.iter().map(|m| m.wrong_pages)),
-                )
-                .sum();
-            let rc = output.emit(&report, report.summary(), report.charts())?;
-            if wrong > 0 {
-                anyhow::bail!("{wrong} stored pages differ from the process's memory at the stop");
-            }
-            Ok(rc)
-        }
-        What::Dedup {
-            full,
-            schemes,
-            seconds,
-            overcommit,
-            repeats,
-            log,
-            output,
-        } => {
-            crate::dedup::check_schemes(&schemes).map_err(anyhow::Error::msg)?;
-            if let Some(why) = crate::dedup::unavailable() {
-                println!("bench dedup: skipped: {why}");
-                return Ok(0);
-            }
-            let cfg = if full {
-                crate::dedup::Config::full()
-            } else {
-                crate::dedup::Config::quick()
-            };
-            if let Some(bad) = overcommit.iter().find(|l| !(0.1..=4.0).contains(*l)) {
-                anyhow::bail!("--overcommit {bad}: a level between 0.1 and 4");
-            }
-            let cfg = crate::dedup::Config {
-                schemes,
-                seconds: seconds.unwrap_or(cfg.seconds),
-                levels: if overcommit.is_empty() {
-                    cfg.levels
-                } else {
-                    overcommit
-                },
-                repeats: repeats.unwrap_or(cfg.repeats).max(1),
-                log,
-                ..cfg
-            };
-            let report = crate::dedup::run(&cfg, &mut progress(quiet))?;
-            let rc = output.emit(&report, report.summary(), report.charts())?;
-            let bad: Vec<&str> = report
-                .rows
-                .iter()
-                .filter(|r| !r.verified)
-                .map(|r| r.scheme.as_str())
-                .collect();
-            if !bad.is_empty() {
-                anyhow::bail!("a process found its memory other than it wrote it under {bad:?}");
-            }
-            Ok(rc)
-        }
+        What::Live { full, output } => live(full, output, quiet),
+        What::Dedup(a) => dedup(a, quiet),
         What::Thp { full, output } => {
             let cfg = if full {
                 crate::thp::Config::full()
@@ -363,40 +251,7 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
             }
             Ok(rc)
         }
-        What::DedupRedis {
-            full,
-            schemes,
-            seconds,
-            output,
-        } => {
-            crate::dedup::check_schemes(&schemes).map_err(anyhow::Error::msg)?;
-            if let Some(why) = crate::dedup_redis::unavailable() {
-                println!("bench dedup-redis: skipped: {why}");
-                return Ok(0);
-            }
-            let cfg = if full {
-                crate::dedup_redis::Config::full()
-            } else {
-                crate::dedup_redis::Config::quick()
-            };
-            let cfg = crate::dedup_redis::Config {
-                schemes,
-                seconds: seconds.unwrap_or(cfg.seconds),
-                ..cfg
-            };
-            let report = crate::dedup_redis::run(&cfg, &mut progress(quiet))?;
-            let rc = output.emit(&report, report.summary(), report.charts())?;
-            let bad: Vec<&str> = report
-                .rows
-                .iter()
-                .filter(|r| r.values_ok != r.values_checked)
-                .map(|r| r.scheme.as_str())
-                .collect();
-            if !bad.is_empty() {
-                anyhow::bail!("values were lost or wrong under {bad:?}");
-            }
-            Ok(rc)
-        }
+        What::DedupRedis(a) => dedup_redis(a, quiet),
         What::ThpRedis { full, output } => {
             if let Some(why) = crate::thp_redis::unavailable() {
                 println!("bench thp-redis: skipped: {why}");
@@ -436,6 +291,170 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
         }
         What::Inspect(r) => crate::inspect::run(r, quiet),
     }
+}
+
+/// The arguments of `bench dedup`.
+#[derive(clap::Args)]
+struct DedupArgs {
+    /// The full experiment (256 MiB per process, 60 s per scheme, two
+    /// runs of each at overcommitment 0.8, 1.1 and 1.4).
+    #[arg(long)]
+    full: bool,
+    /// Run only this scheme (repeatable): none, ksm-everywhere,
+    /// no-splitting, ingens-like, smartmd.
+    #[arg(long = "scheme")]
+    schemes: Vec<String>,
+    /// Seconds per scheme (default 16, or 60 with --full).
+    #[arg(long)]
+    seconds: Option<u64>,
+    /// Overcommitment levels, comma-separated: the processes' memory
+    /// against their memory cgroup's limit (default 0.8, or 0.8,1.1,1.4
+    /// with --full); above 1 needs zram for swap.
+    #[arg(long, value_delimiter = ',')]
+    overcommit: Vec<f64>,
+    /// Runs of each scheme at each level (default 1, or 2 with --full).
+    #[arg(long)]
+    repeats: Option<usize>,
+    /// Append every step of the agent (its decisions and their
+    /// reasons) to FILE, one JSON object per line.
+    #[arg(long, value_name = "FILE")]
+    log: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    output: Output,
+}
+
+/// SmartMD's comparison of the dedup schemes (`bench dedup`).
+fn dedup(a: DedupArgs, quiet: bool) -> Result<i32> {
+    let DedupArgs {
+        full,
+        schemes,
+        seconds,
+        overcommit,
+        repeats,
+        log,
+        output,
+    } = a;
+    crate::dedup::check_schemes(&schemes).map_err(anyhow::Error::msg)?;
+    if let Some(why) = crate::dedup::unavailable() {
+        println!("bench dedup: skipped: {why}");
+        return Ok(0);
+    }
+    let cfg = if full {
+        crate::dedup::Config::full()
+    } else {
+        crate::dedup::Config::quick()
+    };
+    if let Some(bad) = overcommit.iter().find(|l| !(0.1..=4.0).contains(*l)) {
+        anyhow::bail!("--overcommit {bad}: a level between 0.1 and 4");
+    }
+    let cfg = crate::dedup::Config {
+        schemes,
+        seconds: seconds.unwrap_or(cfg.seconds),
+        levels: if overcommit.is_empty() {
+            cfg.levels
+        } else {
+            overcommit
+        },
+        repeats: repeats.unwrap_or(cfg.repeats).max(1),
+        log,
+        ..cfg
+    };
+    let report = crate::dedup::run(&cfg, &mut progress(quiet))?;
+    let rc = output.emit(&report, report.summary(), report.charts())?;
+    let bad: Vec<&str> = report
+        .rows
+        .iter()
+        .filter(|r| !r.verified)
+        .map(|r| r.scheme.as_str())
+        .collect();
+    if !bad.is_empty() {
+        anyhow::bail!("a process found its memory other than it wrote it under {bad:?}");
+    }
+    Ok(rc)
+}
+
+/// The arguments of `bench dedup-redis`.
+#[derive(clap::Args)]
+struct DedupRedisArgs {
+    /// The full experiment (256 MiB per server, 60 s per scheme).
+    #[arg(long)]
+    full: bool,
+    /// Run only this scheme (repeatable).
+    #[arg(long = "scheme")]
+    schemes: Vec<String>,
+    /// Seconds per scheme (default 20, or 60 with --full).
+    #[arg(long)]
+    seconds: Option<u64>,
+    #[command(flatten)]
+    output: Output,
+}
+
+/// SmartMD's comparison on real Redis servers (`bench dedup-redis`).
+fn dedup_redis(a: DedupRedisArgs, quiet: bool) -> Result<i32> {
+    let DedupRedisArgs {
+        full,
+        schemes,
+        seconds,
+        output,
+    } = a;
+    crate::dedup::check_schemes(&schemes).map_err(anyhow::Error::msg)?;
+    if let Some(why) = crate::dedup_redis::unavailable() {
+        println!("bench dedup-redis: skipped: {why}");
+        return Ok(0);
+    }
+    let cfg = if full {
+        crate::dedup_redis::Config::full()
+    } else {
+        crate::dedup_redis::Config::quick()
+    };
+    let cfg = crate::dedup_redis::Config {
+        schemes,
+        seconds: seconds.unwrap_or(cfg.seconds),
+        ..cfg
+    };
+    let report = crate::dedup_redis::run(&cfg, &mut progress(quiet))?;
+    let rc = output.emit(&report, report.summary(), report.charts())?;
+    let bad: Vec<&str> = report
+        .rows
+        .iter()
+        .filter(|r| r.values_ok != r.values_checked)
+        .map(|r| r.scheme.as_str())
+        .collect();
+    if !bad.is_empty() {
+        anyhow::bail!("values were lost or wrong under {bad:?}");
+    }
+    Ok(rc)
+}
+
+/// Live checkpoints and migration (`bench live`), every stored page
+/// compared with the process's memory at the stop.
+fn live(full: bool, output: Output, quiet: bool) -> Result<i32> {
+    use crate::live as bl;
+    let cfg = if full {
+        bl::Config::full()
+    } else {
+        bl::Config::quick()
+    };
+    let scratch = std::env::temp_dir().join(format!("pagewise-bench-live-{}", std::process::id()));
+    let report = bl::run(&cfg, &scratch, &mut progress(quiet));
+    let _ = std::fs::remove_dir_all(&scratch);
+    let report = report?;
+    let wrong: u64 = report
+        .rows
+        .iter()
+        .map(|r| r.wrong_pages + r.migration.wrong_pages)
+        .chain(
+            report
+                .compression
+                .iter()
+                .flat_map(|c| c.runs.iter().map(|m| m.wrong_pages)),
+        )
+        .sum();
+    let rc = output.emit(&report, report.summary(), report.charts())?;
+    if wrong > 0 {
+        anyhow::bail!("{wrong} stored pages differ from the process's memory at the stop");
+    }
+    Ok(rc)
 }
 
 /// Where a benchmark's report goes: every experiment takes these flags.

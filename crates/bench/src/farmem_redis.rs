@@ -304,7 +304,7 @@ impl Server {
                 c
             }
             Some(e) => {
-                let mut c = Command::new(std::env::current_exe()?);
+                let mut c = Command::new(crate::pagewise_tool()?);
                 c.args(["farmem", "run", "--instance", &e.instance]);
                 c.args([
                     "--local-percent",

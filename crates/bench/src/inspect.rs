@@ -86,7 +86,7 @@ fn point(bytes: u64, bw: f64, dir: &Path, bar: &mut dyn FnMut(&str)) -> Result<P
     let regions = (bytes >> 21) as usize;
     let truth = dir.join(format!("truth-{regions}"));
     let counter = dir.join(format!("passes-{regions}"));
-    let me = std::env::current_exe()?;
+    let me = crate::pagewise_tool()?;
     let child = Command::new(me)
         .args([
             "workload",

@@ -120,3 +120,21 @@ pub fn read_once_s(mem: &pagewise::workload::AnonMemory, reps: usize) -> f64 {
     }
     median(&mut times)
 }
+
+/// The `pagewise` tool, which some benchmarks run (a program tracked by
+/// `pagewise track`, under `pagewise farmem run`, a `pagewise workload`):
+/// `$PAGEWISE` if set, else `pagewise` beside this program (where `cargo
+/// build` and `make install` put both).
+pub fn pagewise_tool() -> anyhow::Result<std::path::PathBuf> {
+    if let Some(p) = std::env::var_os("PAGEWISE") {
+        return Ok(p.into());
+    }
+    let me = std::env::current_exe()?;
+    let beside = me.with_file_name("pagewise");
+    anyhow::ensure!(
+        beside.exists(),
+        "the pagewise tool is not beside {} (build it, or set PAGEWISE to its path)",
+        me.display()
+    );
+    Ok(beside)
+}

@@ -212,7 +212,7 @@ fn one_run(backend: Option<&str>, interval: u64, requests: u64) -> Result<Run> {
             c
         }
         Some(b) => {
-            let mut c = Command::new(std::env::current_exe()?);
+            let mut c = Command::new(crate::pagewise_tool()?);
             c.args([
                 "track",
                 "--json",

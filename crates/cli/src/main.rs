@@ -1,6 +1,7 @@
 //! `pagewise`: the command-line face of the pagewise library.
 
 mod agent_loop;
+mod cmd_bench;
 mod cmd_dedup;
 mod cmd_demo;
 mod cmd_farmem;
@@ -82,7 +83,16 @@ enum Cmd {
     /// rebuilds split regions that turn hot.
     Dedup(cmd_dedup::Args),
     /// Run the benchmarks of a capability and print ratios against the baselines.
-    Bench(pagewise_bench::cli::Args),
+    ///
+    /// The benchmarks are a program of their own, `pagewise-bench`, which
+    /// this runs with the arguments given (`pagewise bench --help` lists
+    /// the experiments).
+    #[command(disable_help_flag = true)]
+    Bench {
+        /// The experiment and its options (see `pagewise-bench --help`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// One-step tour: track a built-in workload with every available backend.
     Demo(cmd_demo::DemoArgs),
     /// Built-in self-checking workloads (used by the tests and benchmarks).
@@ -106,7 +116,7 @@ fn main() {
         Cmd::Inspect(a) => cmd_inspect::run(a),
         Cmd::Thp(a) => cmd_thp::run(a),
         Cmd::Dedup(a) => cmd_dedup::run(a),
-        Cmd::Bench(a) => pagewise_bench::cli::run(a, cli.quiet),
+        Cmd::Bench { args } => cmd_bench::run(args, cli.quiet),
         Cmd::Demo(a) => cmd_demo::demo(a),
         Cmd::Workload(a) => cmd_workload::run(a),
     };

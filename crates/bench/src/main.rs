@@ -1,0 +1,34 @@
+//! `pagewise-bench`: the experiments of the papers, each against its
+//! baselines in the same run, reported as ratios with their spread. A
+//! program of its own, so that the `pagewise` tool does not carry the
+//! experiments; `pagewise bench ...` runs it when it is installed beside
+//! `pagewise`.
+
+use clap::Parser;
+
+#[derive(Parser)]
+/// The benchmarks of pagewise: the papers' experiments against their
+/// baselines (LDT, SimGrid, DiME, HawkEye, SmartMD), on this machine.
+#[command(name = "pagewise-bench", version, long_about = None)]
+struct Cli {
+    /// No progress bars or spinners (they appear only on a terminal anyway).
+    #[arg(long, short, global = true)]
+    quiet: bool,
+    #[command(flatten)]
+    args: pagewise_bench::cli::Args,
+}
+
+fn main() {
+    // Output piped into `head` ends quietly when the reader goes away.
+    let _ = pagewise_sys::signal::default_sigpipe();
+    let cli = Cli::parse();
+    // Settings a killed pagewise left changed are put back first (and said).
+    pagewise::mech::settings::recover();
+    match pagewise_bench::cli::run(cli.args, cli.quiet) {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("pagewise-bench: {e:#}");
+            std::process::exit(1);
+        }
+    }
+}
