@@ -73,6 +73,52 @@ typedef struct pw_store pw_store;
 // A dirty-page tracker over regions of the calling process.
 typedef struct pw_tracker pw_tracker;
 
+// What a durable store holds.
+typedef struct pw_disk_stats {
+  // Snapshots.
+  uint64_t snapshots;
+  // Distinct non-zero pages.
+  uint64_t unique_pages;
+  // Zero-page entries over all snapshots.
+  uint64_t zero_pages;
+  // Non-zero page entries over all snapshots.
+  uint64_t referenced_pages;
+  // Bytes of every file of the store.
+  uint64_t bytes_on_disk;
+  // Bytes the snapshots stand for.
+  uint64_t bytes_represented;
+  // `bytes_represented / bytes_on_disk`.
+  double dedup_ratio;
+} pw_disk_stats;
+
+// What saving one snapshot to a durable store wrote.
+typedef struct pw_save_stats {
+  // Id of the snapshot in the durable store.
+  uint64_t id;
+  // Pages in it.
+  uint64_t pages;
+  // Pages new to the store.
+  uint64_t pages_new;
+  // Zero pages.
+  uint64_t zero_pages;
+  // Bytes appended to the pack file.
+  uint64_t pack_bytes;
+  // Bytes of the index file.
+  uint64_t index_bytes;
+} pw_save_stats;
+
+// How live checkpoints proceed. All zero: the defaults (50 ms, 30 passes,
+// no throttling).
+typedef struct pw_live_options {
+  // The longest the writers may be stopped, ms (0: 50).
+  double max_downtime_ms;
+  // Passes before the writers are stopped whatever is left (0: 30).
+  uint32_t max_passes;
+  // Non-zero: slow the writers down when they write faster than pages
+  // are copied.
+  int throttle;
+} pw_live_options;
+
 // A range of memory: `len` bytes from `start`, both multiples of the page size.
 typedef struct pw_region {
   // Start address.
@@ -81,47 +127,31 @@ typedef struct pw_region {
   uint64_t len;
 } pw_region;
 
-// `pages` pages from `start`.
-typedef struct pw_range {
-  // First page's address.
-  uint64_t start;
-  // Number of pages.
-  uint64_t pages;
-} pw_range;
+// Called with `stop` non-zero to stop every thread that writes the
+// regions (return once they are stopped), and with 0 to let them run.
+typedef void (*pw_pause_fn)(void *user, int stop);
 
-// What one collection of dirty pages cost and found.
-typedef struct pw_collect_stats {
-  // Pages tracked.
-  uint64_t pages_scanned;
-  // Pages reported written.
-  uint64_t pages_dirty;
-  // Ranges reported.
-  uint64_t ranges;
-  // Wall time, nanoseconds.
-  uint64_t elapsed_ns;
-  // Write faults handled since the previous collection (`mprotect` only).
-  uint64_t faults;
-  // Pages read to compute fingerprints (`hash` only).
-  uint64_t pages_hashed;
-} pw_collect_stats;
-
-// What a page store holds.
-typedef struct pw_store_stats {
-  // Distinct non-zero pages stored.
-  uint64_t unique_pages;
-  // References to stored pages.
-  uint64_t referenced_pages;
-  // References to the zero page, which is never stored.
-  uint64_t zero_pages;
-  // Bytes of page data kept.
-  uint64_t bytes_stored;
-  // Bytes the references stand for, zero pages included.
-  uint64_t bytes_referenced;
-  // `bytes_referenced - bytes_stored`.
-  uint64_t bytes_saved;
-  // Digest matches whose contents differed (verify mode), kept apart.
-  uint64_t digest_collisions;
-} pw_store_stats;
+// What one live checkpoint did.
+typedef struct pw_live_report {
+  // The snapshot saved (its id in the store or the receiver's store).
+  struct pw_save_stats save;
+  // Passes while the writers ran.
+  uint32_t passes;
+  // Non-zero when the rest fitted the budget before the passes ran out.
+  int converged;
+  // Pages copied while the writers were stopped.
+  uint64_t final_pages;
+  // Bytes copied in all.
+  uint64_t bytes_copied;
+  // How long the writers were stopped, ms.
+  double downtime_ms;
+  // From the stop to the destination holding the whole copy, ms.
+  double handover_ms;
+  // From the start to the writers running again, ms.
+  double copy_ms;
+  // The whole checkpoint, ms.
+  double total_ms;
+} pw_live_report;
 
 // What one restore did.
 typedef struct pw_restore_stats {
@@ -151,77 +181,47 @@ typedef struct pw_snapshot_info {
   uint64_t elapsed_ns;
 } pw_snapshot_info;
 
-// What saving one snapshot to a durable store wrote.
-typedef struct pw_save_stats {
-  // Id of the snapshot in the durable store.
-  uint64_t id;
-  // Pages in it.
+// `pages` pages from `start`.
+typedef struct pw_range {
+  // First page's address.
+  uint64_t start;
+  // Number of pages.
   uint64_t pages;
-  // Pages new to the store.
-  uint64_t pages_new;
-  // Zero pages.
-  uint64_t zero_pages;
-  // Bytes appended to the pack file.
-  uint64_t pack_bytes;
-  // Bytes of the index file.
-  uint64_t index_bytes;
-} pw_save_stats;
+} pw_range;
 
-// What a durable store holds.
-typedef struct pw_disk_stats {
-  // Snapshots.
-  uint64_t snapshots;
-  // Distinct non-zero pages.
+// What a page store holds.
+typedef struct pw_store_stats {
+  // Distinct non-zero pages stored.
   uint64_t unique_pages;
-  // Zero-page entries over all snapshots.
-  uint64_t zero_pages;
-  // Non-zero page entries over all snapshots.
+  // References to stored pages.
   uint64_t referenced_pages;
-  // Bytes of every file of the store.
-  uint64_t bytes_on_disk;
-  // Bytes the snapshots stand for.
-  uint64_t bytes_represented;
-  // `bytes_represented / bytes_on_disk`.
-  double dedup_ratio;
-} pw_disk_stats;
+  // References to the zero page, which is never stored.
+  uint64_t zero_pages;
+  // Bytes of page data kept.
+  uint64_t bytes_stored;
+  // Bytes the references stand for, zero pages included.
+  uint64_t bytes_referenced;
+  // `bytes_referenced - bytes_stored`.
+  uint64_t bytes_saved;
+  // Digest matches whose contents differed (verify mode), kept apart.
+  uint64_t digest_collisions;
+} pw_store_stats;
 
-// How live checkpoints proceed. All zero: the defaults (50 ms, 30 passes,
-// no throttling).
-typedef struct pw_live_options {
-  // The longest the writers may be stopped, ms (0: 50).
-  double max_downtime_ms;
-  // Passes before the writers are stopped whatever is left (0: 30).
-  uint32_t max_passes;
-  // Non-zero: slow the writers down when they write faster than pages
-  // are copied.
-  int throttle;
-} pw_live_options;
-
-// Called with `stop` non-zero to stop every thread that writes the
-// regions (return once they are stopped), and with 0 to let them run.
-typedef void (*pw_pause_fn)(void *user, int stop);
-
-// What one live checkpoint did.
-typedef struct pw_live_report {
-  // The snapshot saved (its id in the store or the receiver's store).
-  struct pw_save_stats save;
-  // Passes while the writers ran.
-  uint32_t passes;
-  // Non-zero when the rest fitted the budget before the passes ran out.
-  int converged;
-  // Pages copied while the writers were stopped.
-  uint64_t final_pages;
-  // Bytes copied in all.
-  uint64_t bytes_copied;
-  // How long the writers were stopped, ms.
-  double downtime_ms;
-  // From the stop to the destination holding the whole copy, ms.
-  double handover_ms;
-  // From the start to the writers running again, ms.
-  double copy_ms;
-  // The whole checkpoint, ms.
-  double total_ms;
-} pw_live_report;
+// What one collection of dirty pages cost and found.
+typedef struct pw_collect_stats {
+  // Pages tracked.
+  uint64_t pages_scanned;
+  // Pages reported written.
+  uint64_t pages_dirty;
+  // Ranges reported.
+  uint64_t ranges;
+  // Wall time, nanoseconds.
+  uint64_t elapsed_ns;
+  // Write faults handled since the previous collection (`mprotect` only).
+  uint64_t faults;
+  // Pages read to compute fingerprints (`hash` only).
+  uint64_t pages_hashed;
+} pw_collect_stats;
 
 // A far-memory replacement policy written in C, loaded at run time from a
 // shared object that exports `const pw_policy_ops *pw_policy_plugin(void)`.
@@ -262,105 +262,105 @@ size_t pw_page_size(void);
 // The name of a `PW_BACKEND_*` value ("uffd-wp", ...), or NULL for an unknown one.
 const char *pw_backend_name(uint32_t backend);
 
-// Tracks writes to `n` regions of the calling process with `backend` (a
-// `PW_BACKEND_*` value). The regions must be mapped, page-aligned and must
-// not overlap. Writes from now on are reported to every consumer.
+// Opens the durable store in directory `dir` for writing, creating it if it
+// does not exist. With `verify` non-zero, digest matches are confirmed by content.
 //
 // # Safety
-// `regions` points to `n` regions; `out` is writable.
-int pw_tracker_new(const struct pw_region *regions,
-                   size_t n,
-                   uint32_t backend,
-                   struct pw_tracker **out);
+// `dir` is a string; `out` is writable.
+int pw_disk_create(const char *dir, int verify, struct pw_disk **out);
 
-// Frees a tracker and stops tracking (NULL is ignored).
+// Opens an existing durable store read-only.
 //
 // # Safety
-// `t` is NULL or a tracker not freed yet.
-void pw_tracker_free(struct pw_tracker *t);
+// `dir` is a string; `out` is writable.
+int pw_disk_open(const char *dir, struct pw_disk **out);
 
-// The mechanism a tracker uses (a `PW_BACKEND_*` value other than AUTO), or
-// 0 for a NULL tracker.
+// Closes a durable store (NULL is ignored). Every save was already synced.
 //
 // # Safety
-// `t` is NULL or a live tracker.
-uint32_t pw_tracker_backend(const struct pw_tracker *t);
+// `d` is NULL or a store not freed yet.
+void pw_disk_free(struct pw_disk *d);
 
-// Adds a consumer, which sees every write from now on, and stores its number in `*consumer`.
+// The ids of the store's snapshots, oldest first: their number goes to `*n`
+// and the first `min(*n, cap)` to `ids` (which may be NULL when `cap` is 0).
 //
 // # Safety
-// `t` is a live tracker; `consumer` is writable.
-int pw_tracker_add_consumer(struct pw_tracker *t, uint32_t *consumer);
+// `d` is a live store; `ids` has room for `cap` entries; `n` is writable.
+int pw_disk_list(struct pw_disk *d, uint64_t *ids, size_t cap, size_t *n);
 
-// Removes a consumer; what it had not collected is dropped.
+// What the durable store holds, in `*stats`.
 //
 // # Safety
-// `t` is a live tracker.
-int pw_tracker_remove_consumer(struct pw_tracker *t, uint32_t consumer);
+// `d` is a live store; `stats` is writable.
+int pw_disk_get_stats(struct pw_disk *d, struct pw_disk_stats *stats);
 
-// Every page written since `consumer`'s previous collection, as sorted,
-// coalesced ranges in `*ranges` (`*n` of them; the array belongs to the
-// tracker), and what the collection cost in `*stats` (may be NULL).
+// Snapshots the writable memory of another process `pid` into the durable
+// store, stopping it (ptrace) for the copy and resuming it. What was
+// written goes to `*stats` (may be NULL).
 //
 // # Safety
-// `t` is a live tracker; `ranges` and `n` are writable; `stats` is NULL or writable.
-int pw_tracker_collect(struct pw_tracker *t,
-                       uint32_t consumer,
-                       const struct pw_range **ranges,
-                       size_t *n,
-                       struct pw_collect_stats *stats);
+// `d` is a live store; `label` is NULL or a string; `stats` is NULL or writable.
+int pw_snapshot_process(int32_t pid,
+                        struct pw_disk *d,
+                        const char *label,
+                        struct pw_save_stats *stats);
 
-// A new, empty page store. With `verify` non-zero, every digest match is
-// confirmed by comparing contents (recommended).
+// Live checkpoints of another process `pid` (its writable memory, tracked
+// with uffd-wp from outside, stopped with ptrace for the last pass).
+// `opts` may be NULL. Set a destination before the first checkpoint.
 //
 // # Safety
-// `out` is writable.
-int pw_store_new(int verify, struct pw_store **out);
+// `opts` is NULL or readable; `out` is writable.
+int pw_live_process(int32_t pid, const struct pw_live_options *opts, struct pw_live **out);
 
-// Frees a store and every page in it (NULL is ignored).
+// Live checkpoints of `n` regions of the calling process (private,
+// writable, mapped while the handle lives), tracked with uffd-wp inside.
+// `pause(user, 1)` must stop every thread that writes them and return once
+// they are stopped; `pause(user, 0)` lets them run. It is called from the
+// thread that calls `pw_live_checkpoint`. `opts` may be NULL.
 //
 // # Safety
-// `s` is NULL or a store not freed yet.
-void pw_store_free(struct pw_store *s);
+// `regions` holds `n` regions; `pause` is valid code until the handle is
+// freed; `opts` is NULL or readable; `out` is writable.
+int pw_live_regions(const struct pw_region *regions,
+                    size_t n,
+                    pw_pause_fn pause,
+                    void *user,
+                    const struct pw_live_options *opts,
+                    struct pw_live **out);
 
-// Stores one page (`pw_page_size()` bytes at `page`) unless the store has
-// its content already, takes a reference on it and stores its id in `*id`.
-// The zero page is never stored: its id is 0.
+// Saves the checkpoints into the durable store in directory `dir` (created
+// if missing; each snapshot after the first takes unchanged pages over from
+// the one before). Replaces any destination set before; the next
+// checkpoint copies everything.
 //
 // # Safety
-// `s` is a live store; `page` is readable for one page; `id` is writable.
-int pw_store_intern(struct pw_store *s, const void *page, uint32_t *id);
+// `l` is a live handle; `dir` is a string.
+int pw_live_to_store(struct pw_live *l, const char *dir, int verify);
 
-// The contents of page `id` in `*page` (`pw_page_size()` bytes, valid until
-// its last reference is dropped or the store is freed).
+// Streams the checkpoints to `pagewise receive` listening at `host_port`
+// ("HOST:PORT"), with compression `PW_COMPRESS_*`. Replaces any
+// destination set before; the next checkpoint copies everything.
 //
 // # Safety
-// `s` is a live store; `page` is writable.
-int pw_store_page(struct pw_store *s, uint32_t id, const void **page);
+// `l` is a live handle; `host_port` is a string.
+int pw_live_to_receiver(struct pw_live *l, const char *host_port, uint32_t compression);
 
-// The number of references held on page `id` in `*refs`.
+// Takes the next live checkpoint to the destination, labelled `label` (may
+// be NULL); what it did goes to `*report` (may be NULL). After the first,
+// a checkpoint starts from the pages written since the one before.
 //
 // # Safety
-// `s` is a live store; `refs` is writable.
-int pw_store_refs(struct pw_store *s, uint32_t id, uint64_t *refs);
+// `l` is a live handle; `label` is NULL or a string; `report` is NULL or writable.
+int pw_live_checkpoint(struct pw_live *l, const char *label, struct pw_live_report *report);
 
-// Takes one more reference on page `id`.
+// Stops tracking and frees the handle (NULL is ignored): nothing stays
+// registered in the process; a receiver's connection is closed (a snapshot
+// it had not finished is discarded there).
 //
 // # Safety
-// `s` is a live store.
-int pw_store_incref(struct pw_store *s, uint32_t id);
-
-// Drops one reference on page `id`; the page is freed with its last one.
-//
-// # Safety
-// `s` is a live store.
-int pw_store_decref(struct pw_store *s, uint32_t id);
-
-// What the store holds, in `*stats`.
-//
-// # Safety
-// `s` is a live store; `stats` is writable.
-int pw_store_get_stats(struct pw_store *s, struct pw_store_stats *stats);
+// `l` is NULL or a handle not freed yet.
+void pw_live_free(struct pw_live *l);
 
 // Snapshots of `n` regions of the calling process, which must be mapped,
 // writable, page-aligned and must not overlap; `backend` (a `PW_BACKEND_*`
@@ -479,105 +479,105 @@ int pw_snapshots_save(struct pw_snapshots *s,
 // `s` and `d` are live handles; `id` is writable.
 int pw_snapshots_load(struct pw_snapshots *s, struct pw_disk *d, uint64_t disk_id, uint64_t *id);
 
-// Opens the durable store in directory `dir` for writing, creating it if it
-// does not exist. With `verify` non-zero, digest matches are confirmed by content.
+// A new, empty page store. With `verify` non-zero, every digest match is
+// confirmed by comparing contents (recommended).
 //
 // # Safety
-// `dir` is a string; `out` is writable.
-int pw_disk_create(const char *dir, int verify, struct pw_disk **out);
+// `out` is writable.
+int pw_store_new(int verify, struct pw_store **out);
 
-// Opens an existing durable store read-only.
+// Frees a store and every page in it (NULL is ignored).
 //
 // # Safety
-// `dir` is a string; `out` is writable.
-int pw_disk_open(const char *dir, struct pw_disk **out);
+// `s` is NULL or a store not freed yet.
+void pw_store_free(struct pw_store *s);
 
-// Closes a durable store (NULL is ignored). Every save was already synced.
+// Stores one page (`pw_page_size()` bytes at `page`) unless the store has
+// its content already, takes a reference on it and stores its id in `*id`.
+// The zero page is never stored: its id is 0.
 //
 // # Safety
-// `d` is NULL or a store not freed yet.
-void pw_disk_free(struct pw_disk *d);
+// `s` is a live store; `page` is readable for one page; `id` is writable.
+int pw_store_intern(struct pw_store *s, const void *page, uint32_t *id);
 
-// The ids of the store's snapshots, oldest first: their number goes to `*n`
-// and the first `min(*n, cap)` to `ids` (which may be NULL when `cap` is 0).
+// The contents of page `id` in `*page` (`pw_page_size()` bytes, valid until
+// its last reference is dropped or the store is freed).
 //
 // # Safety
-// `d` is a live store; `ids` has room for `cap` entries; `n` is writable.
-int pw_disk_list(struct pw_disk *d, uint64_t *ids, size_t cap, size_t *n);
+// `s` is a live store; `page` is writable.
+int pw_store_page(struct pw_store *s, uint32_t id, const void **page);
 
-// What the durable store holds, in `*stats`.
+// The number of references held on page `id` in `*refs`.
 //
 // # Safety
-// `d` is a live store; `stats` is writable.
-int pw_disk_get_stats(struct pw_disk *d, struct pw_disk_stats *stats);
+// `s` is a live store; `refs` is writable.
+int pw_store_refs(struct pw_store *s, uint32_t id, uint64_t *refs);
 
-// Snapshots the writable memory of another process `pid` into the durable
-// store, stopping it (ptrace) for the copy and resuming it. What was
-// written goes to `*stats` (may be NULL).
+// Takes one more reference on page `id`.
 //
 // # Safety
-// `d` is a live store; `label` is NULL or a string; `stats` is NULL or writable.
-int pw_snapshot_process(int32_t pid,
-                        struct pw_disk *d,
-                        const char *label,
-                        struct pw_save_stats *stats);
+// `s` is a live store.
+int pw_store_incref(struct pw_store *s, uint32_t id);
 
-// Live checkpoints of another process `pid` (its writable memory, tracked
-// with uffd-wp from outside, stopped with ptrace for the last pass).
-// `opts` may be NULL. Set a destination before the first checkpoint.
+// Drops one reference on page `id`; the page is freed with its last one.
 //
 // # Safety
-// `opts` is NULL or readable; `out` is writable.
-int pw_live_process(int32_t pid, const struct pw_live_options *opts, struct pw_live **out);
+// `s` is a live store.
+int pw_store_decref(struct pw_store *s, uint32_t id);
 
-// Live checkpoints of `n` regions of the calling process (private,
-// writable, mapped while the handle lives), tracked with uffd-wp inside.
-// `pause(user, 1)` must stop every thread that writes them and return once
-// they are stopped; `pause(user, 0)` lets them run. It is called from the
-// thread that calls `pw_live_checkpoint`. `opts` may be NULL.
+// What the store holds, in `*stats`.
 //
 // # Safety
-// `regions` holds `n` regions; `pause` is valid code until the handle is
-// freed; `opts` is NULL or readable; `out` is writable.
-int pw_live_regions(const struct pw_region *regions,
-                    size_t n,
-                    pw_pause_fn pause,
-                    void *user,
-                    const struct pw_live_options *opts,
-                    struct pw_live **out);
+// `s` is a live store; `stats` is writable.
+int pw_store_get_stats(struct pw_store *s, struct pw_store_stats *stats);
 
-// Saves the checkpoints into the durable store in directory `dir` (created
-// if missing; each snapshot after the first takes unchanged pages over from
-// the one before). Replaces any destination set before; the next
-// checkpoint copies everything.
+// Tracks writes to `n` regions of the calling process with `backend` (a
+// `PW_BACKEND_*` value). The regions must be mapped, page-aligned and must
+// not overlap. Writes from now on are reported to every consumer.
 //
 // # Safety
-// `l` is a live handle; `dir` is a string.
-int pw_live_to_store(struct pw_live *l, const char *dir, int verify);
+// `regions` points to `n` regions; `out` is writable.
+int pw_tracker_new(const struct pw_region *regions,
+                   size_t n,
+                   uint32_t backend,
+                   struct pw_tracker **out);
 
-// Streams the checkpoints to `pagewise receive` listening at `host_port`
-// ("HOST:PORT"), with compression `PW_COMPRESS_*`. Replaces any
-// destination set before; the next checkpoint copies everything.
+// Frees a tracker and stops tracking (NULL is ignored).
 //
 // # Safety
-// `l` is a live handle; `host_port` is a string.
-int pw_live_to_receiver(struct pw_live *l, const char *host_port, uint32_t compression);
+// `t` is NULL or a tracker not freed yet.
+void pw_tracker_free(struct pw_tracker *t);
 
-// Takes the next live checkpoint to the destination, labelled `label` (may
-// be NULL); what it did goes to `*report` (may be NULL). After the first,
-// a checkpoint starts from the pages written since the one before.
+// The mechanism a tracker uses (a `PW_BACKEND_*` value other than AUTO), or
+// 0 for a NULL tracker.
 //
 // # Safety
-// `l` is a live handle; `label` is NULL or a string; `report` is NULL or writable.
-int pw_live_checkpoint(struct pw_live *l, const char *label, struct pw_live_report *report);
+// `t` is NULL or a live tracker.
+uint32_t pw_tracker_backend(const struct pw_tracker *t);
 
-// Stops tracking and frees the handle (NULL is ignored): nothing stays
-// registered in the process; a receiver's connection is closed (a snapshot
-// it had not finished is discarded there).
+// Adds a consumer, which sees every write from now on, and stores its number in `*consumer`.
 //
 // # Safety
-// `l` is NULL or a handle not freed yet.
-void pw_live_free(struct pw_live *l);
+// `t` is a live tracker; `consumer` is writable.
+int pw_tracker_add_consumer(struct pw_tracker *t, uint32_t *consumer);
+
+// Removes a consumer; what it had not collected is dropped.
+//
+// # Safety
+// `t` is a live tracker.
+int pw_tracker_remove_consumer(struct pw_tracker *t, uint32_t consumer);
+
+// Every page written since `consumer`'s previous collection, as sorted,
+// coalesced ranges in `*ranges` (`*n` of them; the array belongs to the
+// tracker), and what the collection cost in `*stats` (may be NULL).
+//
+// # Safety
+// `t` is a live tracker; `ranges` and `n` are writable; `stats` is NULL or writable.
+int pw_tracker_collect(struct pw_tracker *t,
+                       uint32_t consumer,
+                       const struct pw_range **ranges,
+                       size_t *n,
+                       struct pw_collect_stats *stats);
 
 #ifdef __cplusplus
 }  // extern "C"

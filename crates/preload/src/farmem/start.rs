@@ -1,0 +1,295 @@
+//! Starting emulation in the program (at start-up, and in a child after
+//! fork), and the fork handlers that keep a child's memory whole.
+
+use super::*;
+
+/// The fault path asked for. Emulated thread stacks take the handler
+/// thread: a fault on a thread's own stack cannot be served by a handler
+/// that runs on that stack.
+fn fault_path() -> FaultPath {
+    let asked = std::env::var(ENV_FAULT_PATH)
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_default();
+    if STACKS.load(Ordering::Relaxed) {
+        FaultPath::Thread
+    } else {
+        asked
+    }
+}
+
+/// Starts emulation in this process; on failure the program runs without
+/// it, and says so.
+pub fn init(name: String) {
+    if let Err(e) = start(&name, false) {
+        eprintln!("pagewise farmem: instance {name}: {e}; running without far-memory emulation");
+        return;
+    }
+    // SAFETY: after_fork_child allocates only from the shim's own heap,
+    // whose lock before_fork holds across the fork (so no other thread was
+    // inside it), and takes RUNNING, which only the fork handlers and the
+    // exit handler take; it touches none of the program's locks.
+    let forks =
+        unsafe { pagewise_sys::process::at_fork(before_fork, after_fork_parent, after_fork_child) };
+    if let Err(e) = forks {
+        eprintln!("pagewise farmem: instance {name}: pthread_atfork: {e}; a forked child would run without emulation");
+    }
+}
+
+/// Before `fork`: every remote page comes back, so that the child's copy of
+/// memory is complete (a remote page is not in the region, and the child
+/// inherits no engine).
+extern "C" fn before_fork() {
+    if let Some(r) = RUNNING.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+        if let Err(e) = r.fm.pause() {
+            eprintln!("pagewise farmem: before fork: {e}");
+        }
+    }
+    crate::alloc::hold_for_fork();
+}
+
+extern "C" fn after_fork_parent() {
+    crate::alloc::release_after_fork();
+    if let Some(r) = RUNNING.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+        if let Err(e) = r.fm.resume() {
+            eprintln!("pagewise farmem: after fork: {e}");
+        }
+    }
+}
+
+/// In the child: the parent's engine is not here (its thread was not
+/// copied) and its userfaultfd belongs to the parent. The child joins the
+/// instance with an engine of its own; the memory it inherited stays shared
+/// with the parent, what it maps from now on is emulated.
+extern "C" fn after_fork_child() {
+    crate::alloc::release_after_fork();
+    inline::after_fork_child();
+    UFFD.store(-1, Ordering::Relaxed);
+    if let Some(r) = RUNNING.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        // Its thread does not exist here: it must not be stopped or joined.
+        std::mem::forget(r);
+    }
+    HEAD.store(0, Ordering::Relaxed);
+    TAIL.store(0, Ordering::Relaxed);
+    HANDLER_TID.store(0, Ordering::Relaxed);
+    // Threads of the parent inside an mremap do not exist here.
+    CHANGING.store(0, Ordering::Relaxed);
+    let Ok(name) = std::env::var(ENV_INSTANCE) else {
+        return;
+    };
+    if let Err(e) = start(&name, true) {
+        eprintln!(
+            "pagewise farmem: instance {name}, child {}: {e}; running without far-memory emulation",
+            std::process::id()
+        );
+    }
+}
+
+/// Joins the instance `name` and starts this process's engine over the
+/// memory it has (none inherited, in a child after fork), then traps the
+/// C library's memory calls. On failure the slot is left.
+fn start(name: &str, child: bool) -> Result<(), String> {
+    let inst = Arc::new(
+        Instance::open(name, pagewise::farmem::instance::Access::Join)
+            .map_err(|e| e.to_string())?,
+    );
+    let pid = std::process::id() as i32;
+    let tag = std::env::var(ENV_TAG)
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(0);
+    // After an exec the process is a member already under its old image,
+    // which never left: that slot is done.
+    inst.leave_pid(pid);
+    let slot = inst.join(pid, tag).map_err(|e| e.to_string())?;
+    let fail = |e: String| {
+        inst.leave(slot);
+        e
+    };
+    let policy = policy_from_env(pid).map_err(fail)?;
+    STACKS.store(
+        std::env::var(ENV_STACKS).as_deref() == Ok("1"),
+        Ordering::Relaxed,
+    );
+    let maps = pagewise::mech::procfs::maps(None).map_err(|e| fail(e.to_string()))?;
+    let libc_text = maps
+        .iter()
+        .find(|m| {
+            m.exec
+                && m.start <= libc::mmap as *const () as u64
+                && (libc::mmap as *const () as u64) < m.end
+        })
+        .map(|m| (m.start, m.end))
+        .ok_or_else(|| fail("cannot find the C library's code".into()))?;
+    // A child after fork emulates only what it maps from now on: what it
+    // inherited (the parent's heap, but also copies of the parent's handler
+    // stack and staging) stays as it is, shared with the parent.
+    let regions = initial_regions(if child { &[] } else { &maps }).map_err(fail)?;
+    let mut fm = engine(&inst, slot, &regions, policy).map_err(fail)?;
+    let trace = std::env::var(ENV_TRACE).ok();
+    if trace.is_some() {
+        fm.trace(1 << 22);
+    }
+    let waker = fm.waker().map_err(|e| fail(e.to_string()))?;
+    WAKE.store(
+        std::os::fd::IntoRawFd::into_raw_fd(std::os::fd::OwnedFd::from(waker)),
+        Ordering::Relaxed,
+    );
+    UFFD.store(fm.uffd(), Ordering::Relaxed);
+    let inline_path = fm.fault_path() == FaultPath::Inline;
+    INLINE.store(inline_path, Ordering::Release);
+    // A child inherits the filter and the handler.
+    if !child {
+        trap(libc_text, inline_path).map_err(fail)?;
+    }
+    ACTIVE.store(true, Ordering::Release);
+    *RUNNING.lock().unwrap_or_else(|e| e.into_inner()) = Some(Running {
+        fm,
+        inst,
+        slot,
+        trace,
+    });
+    if !child {
+        // A child inherits it.
+        let _ = pagewise_sys::process::at_exit(at_exit);
+    }
+    Ok(())
+}
+
+/// The eviction policy the environment names: a built-in one, or a plugin
+/// (a path) with its argument string.
+fn policy_from_env(pid: i32) -> Result<Box<dyn policy::Policy>, String> {
+    let name = std::env::var(ENV_POLICY).unwrap_or_else(|_| "fifo".into());
+    if name.contains('/') {
+        let args = std::env::var(ENV_POLICY_ARGS).unwrap_or_default();
+        // SAFETY: the user named this plugin to be loaded into the program.
+        let plugin = unsafe { policy::Plugin::load(&name, &args) }.map_err(|e| e.to_string())?;
+        return Ok(Box::new(plugin));
+    }
+    policy::by_name(&name, pid as u64).ok_or_else(|| {
+        format!(
+            "unknown policy {name:?} (built in: {})",
+            policy::NAMES.join(", ")
+        )
+    })
+}
+
+/// The program's memory to emulate from the start, of `maps`: private
+/// anonymous writable mappings but the main stack, the `.bss` of loaded
+/// objects and the shim's own memory (its heap cut out of a neighbour it
+/// merged with). At least a page of its own: an engine needs a region.
+fn initial_regions(maps: &[pagewise::mech::procfs::Mapping]) -> Result<Vec<Region>, String> {
+    let arena = crate::alloc::arena();
+    let own = [
+        RING_START.as_ptr() as u64,
+        HEAD.as_ptr() as u64,
+        std::ptr::addr_of!(RUNNING) as u64,
+        // The main thread's static TLS (with its rseq area), which the
+        // kernel writes after every fault the thread takes.
+        pagewise_sys::process::errno_location() as u64,
+    ];
+    let mut regions = Vec::new();
+    let mut prev: Option<&pagewise::mech::procfs::Mapping> = None;
+    for m in maps {
+        let after_file = prev.is_some_and(|p| p.end == m.start && p.inode != 0);
+        prev = Some(m);
+        if !m.is_anonymous() || !m.write || !m.read || m.is_special() {
+            continue;
+        }
+        if m.path.starts_with("[stack") || (after_file && m.path != "[heap]") {
+            continue;
+        }
+        if own.iter().any(|&a| m.start <= a && a < m.end) {
+            continue;
+        }
+        // The shim's heap, which may have merged with a neighbour, is cut out.
+        let (cut_s, cut_e) = arena.map_or((0, 0), |(s, l)| (s, s + l));
+        for (s, e) in [
+            (m.start, m.end.min(cut_s).max(m.start)),
+            (m.start.max(cut_e), m.end),
+        ] {
+            if s < e && (cut_s == cut_e || e <= cut_s || s >= cut_e) {
+                if let Ok(r) = Region::new(s, e - s) {
+                    regions.push(r);
+                }
+            }
+        }
+    }
+    if regions.is_empty() {
+        let p = pagewise_sys::mem::mmap_anonymous(PAGE_SIZE).map_err(|e| e.to_string())?;
+        regions.push(Region::new(p as u64, PAGE_SIZE as u64).expect("one page"));
+    }
+    Ok(regions)
+}
+
+/// The engine over `regions` with the instance's budget, link and
+/// calibration, tied to the shim (new regions from the ring, the member's
+/// slot, the handler thread's id).
+fn engine(
+    inst: &Arc<Instance>,
+    slot: usize,
+    regions: &[Region],
+    policy: Box<dyn policy::Policy>,
+) -> Result<FarMemory, String> {
+    let s = inst.settings();
+    let path = fault_path();
+    let (floor_ns, unseen_ns) = inst.calibration(path);
+    let config = Config {
+        local_pages: s.local_pages.max(1) as usize,
+        link: LinkConfig {
+            latency_ns: s.latency_ns,
+            bandwidth_bps: s.bandwidth_bps,
+        },
+    };
+    let hooks = Hooks {
+        discover: Some(Box::new(drain)),
+        instance: Some((inst.clone(), slot)),
+        remapping: Some(&CHANGING),
+        fault_path: path,
+        thread_floor: pagewise::farmem::instance::MIN_LOCAL_PAGES_THREAD as usize,
+        check_books: std::env::var(ENV_CHECK)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0),
+        on_start: Some(Box::new(|| {
+            // SAFETY: gettid has no arguments and no side effect.
+            let tid = unsafe { raw_syscall(libc::SYS_gettid, [0; 6]) };
+            HANDLER_TID.store(tid as i32, Ordering::Release);
+        })),
+    };
+    let calibration = Calibration {
+        floor_ns,
+        unseen_ns,
+        faults: 0,
+    };
+    FarMemory::new_with(regions, config, policy, calibration, hooks).map_err(|e| e.to_string())
+}
+
+/// Installs the SIGSYS handler and the seccomp filter that traps the C
+/// library's memory calls (code in `libc_text`); on the inline path also
+/// the calls whose memory it holds, and refuses those it cannot serve.
+fn trap(libc_text: (u64, u64), inline_path: bool) -> Result<(), String> {
+    // SAFETY: the handler makes the trapped call itself and registers
+    // memory with ioctls: async-signal-safe, no allocation.
+    unsafe { pagewise_sys::signal::install(libc::SIGSYS, on_sigsys) }
+        .map_err(|e| format!("installing the SIGSYS handler: {e}"))?;
+    let trapped = if inline_path {
+        inline_trapped()
+    } else {
+        // The signal calls too: SIGSYS stays the shim's, unblocked.
+        let mut v = seccomp::TRAPPED.to_vec();
+        v.extend_from_slice(&[libc::SYS_rt_sigaction, libc::SYS_rt_sigprocmask]);
+        v
+    };
+    let everywhere: &[libc::c_long] = if inline_path {
+        syscalls::REFUSED_INLINE
+    } else {
+        &[]
+    };
+    seccomp::trap_syscalls(libc_text.0, libc_text.1, &trapped, everywhere).map_err(|e| {
+        format!(
+            "installing the seccomp filter for {:#x}..{:#x}: {e}",
+            libc_text.0, libc_text.1
+        )
+    })
+}
