@@ -122,6 +122,47 @@ pub fn run(a: Args) -> Result<i32> {
     if a.pids.is_empty() && a.cmd.is_empty() {
         bail!("give a process (--pid PID) or a command to start (-- CMD)");
     }
+    let (pids, started) = targets(&a)?;
+    let window = a
+        .coverage
+        .unwrap_or(if started.is_some() { 1000 } else { 0 });
+    // Contents first, as the program has them: the sampler serves memory
+    // page by page while its window is open, which splits huge pages.
+    let opts = Options {
+        bloom_sample: a.bloom_sample,
+    };
+    let reading = crate::progress::bar(0, "reading anonymous pages", "pages");
+    let mut rep: Report = inspect(&pids, opts, &mut |done, total| {
+        reading.set_length(total);
+        reading.set_position(done);
+    })?;
+    reading.finish_and_clear();
+    add_coverage(&mut rep, &pids, started.as_ref(), window)?;
+    drop(started);
+    if let Some(path) = &a.heatmap {
+        std::fs::write(path, heatmap(&rep).render())
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    let hottest: Vec<RegionReport> = rep.hottest(a.top).into_iter().cloned().collect();
+    let promote: Vec<RegionReport> = rep.promote_first(a.top).into_iter().cloned().collect();
+    if !a.regions {
+        rep.regions.clear();
+    }
+    if a.json {
+        let mut v = serde_json::to_value(&rep)?;
+        v["hottest"] = serde_json::to_value(&hottest)?;
+        v["promote_first"] = serde_json::to_value(&promote)?;
+        println!("{}", serde_json::to_string(&v)?);
+        return Ok(0);
+    }
+    print_summary(&rep);
+    print_lists(&a, &rep, &hottest, &promote);
+    Ok(0)
+}
+
+/// The processes to inspect: those given (each once), and the command's
+/// (every live member of its run) once it has run for `--after` ms.
+fn targets(a: &Args) -> Result<(Vec<i32>, Option<Started>)> {
     let mut pids: Vec<i32> = Vec::new();
     for &p in &a.pids {
         pagewise::mech::procfs::check_target(p)?;
@@ -161,26 +202,24 @@ pub fn run(a: Args) -> Result<i32> {
         }
         started = Some(s);
     }
-    let window = a
-        .coverage
-        .unwrap_or(if started.is_some() { 1000 } else { 0 });
-    // Contents first, as the program has them: the sampler serves memory
-    // page by page while its window is open, which splits huge pages.
-    let opts = Options {
-        bloom_sample: a.bloom_sample,
-    };
-    let reading = crate::progress::bar(0, "reading anonymous pages", "pages");
-    let mut rep: Report = inspect(&pids, opts, &mut |done, total| {
-        reading.set_length(total);
-        reading.set_position(done);
-    })?;
-    reading.finish_and_clear();
+    Ok((pids, started))
+}
+
+/// Access coverage over `window` ms (0: none asked), by the far-memory
+/// sampler where every process is under pagewise, else idle page
+/// tracking; with it, the regions ranked by the benefit of promotion.
+fn add_coverage(
+    rep: &mut Report,
+    pids: &[i32],
+    started: Option<&Started>,
+    window: u64,
+) -> Result<()> {
     let mut coverage: Option<(Method, Vec<access::CoverageReport>)> = None;
     let mut no_coverage = String::from("not asked for (--coverage-ms MS)");
     if window > 0 {
         let w = Duration::from_millis(window);
         let timeout = Duration::from_secs(60);
-        let mut sampled: Vec<Instance> = match &started {
+        let mut sampled: Vec<Instance> = match started {
             Some(s) => vec![Instance::open(
                 s.instance().name(),
                 pagewise::farmem::instance::Access::Control,
@@ -210,7 +249,7 @@ pub fn run(a: Args) -> Result<i32> {
             let watching = crate::progress::spinner(format!(
                 "watching accesses for {window} ms (idle page tracking)"
             ));
-            coverage = Some((Method::IdlePage, access::idle_pages(&pids, w)?));
+            coverage = Some((Method::IdlePage, access::idle_pages(pids, w)?));
             watching.finish_and_clear();
         } else {
             no_coverage = format!(
@@ -230,23 +269,11 @@ pub fn run(a: Args) -> Result<i32> {
         }
         None => rep.no_coverage(no_coverage),
     }
-    drop(started);
-    if let Some(path) = &a.heatmap {
-        std::fs::write(path, heatmap(&rep).render())
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
-    let hottest: Vec<RegionReport> = rep.hottest(a.top).into_iter().cloned().collect();
-    let promote: Vec<RegionReport> = rep.promote_first(a.top).into_iter().cloned().collect();
-    if !a.regions {
-        rep.regions.clear();
-    }
-    if a.json {
-        let mut v = serde_json::to_value(&rep)?;
-        v["hottest"] = serde_json::to_value(&hottest)?;
-        v["promote_first"] = serde_json::to_value(&promote)?;
-        println!("{}", serde_json::to_string(&v)?);
-        return Ok(0);
-    }
+    Ok(())
+}
+
+/// The totals of the report, one line each.
+fn print_summary(rep: &Report) {
     let pids: Vec<String> = rep.pids.iter().map(|p| p.to_string()).collect();
     println!("process {}", pids.join(", "));
     println!(
@@ -322,10 +349,15 @@ pub fn run(a: Args) -> Result<i32> {
             ),
         }
     }
+}
+
+/// The hottest regions, those to promote first, and with `--regions`
+/// every region.
+fn print_lists(a: &Args, rep: &Report, hottest: &[RegionReport], promote: &[RegionReport]) {
     if !hottest.is_empty() {
         println!();
         println!("hottest regions (distinct base pages touched per second):");
-        for r in &hottest {
+        for r in hottest {
             println!(
                 "  {:>8} {:>#16x} {:>10.0}/s  {:>3} of 512 touched  {:>3} huge  {}",
                 r.pid,
@@ -340,7 +372,7 @@ pub fn run(a: Args) -> Result<i32> {
     if !promote.is_empty() {
         println!();
         println!("promote first (page walks a huge page would save, at least):");
-        for r in &promote {
+        for r in promote {
             println!(
                 "  {:>8} {:>#16x} {:>10.2} ms/s  {}",
                 r.pid,
@@ -374,7 +406,6 @@ pub fn run(a: Args) -> Result<i32> {
             );
         }
     }
-    Ok(0)
 }
 
 /// One row per process and 64 regions of 2 MiB (128 MiB), in address
