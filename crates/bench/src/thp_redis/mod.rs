@@ -37,6 +37,8 @@
 //! agent's `max_ptes_none`, the cgroup) is put back at the end, on error,
 //! and on SIGINT/SIGTERM.
 
+mod report;
+
 use crate::redis::{free_port, server_args, value, wait_ready, which, Client};
 use crate::svg::{Chart, Series};
 use crate::Machine;
@@ -364,29 +366,87 @@ fn one(
         samples: Mutex::new(Vec::new()),
         done: AtomicBool::new(false),
     });
-    // The timeline, every 100 ms.
-    let sampler = {
-        let (shared, dir) = (shared.clone(), cg.dir().to_path_buf());
-        std::thread::spawn(move || {
-            while !shared.done.load(Ordering::SeqCst) {
-                let usage = pagewise::mech::cgroup::memory_use(&dir)
-                    .map(|u| u.usage)
-                    .unwrap_or(0);
-                let r = pagewise::mech::procfs::resident(pid).unwrap_or_default();
-                let phase = shared.phase.lock().expect("not poisoned").clone();
-                shared.samples.lock().expect("not poisoned").push(Sample {
-                    t_s: t0.elapsed().as_secs_f64(),
-                    phase,
-                    cgroup_mib: mib(usage),
-                    rss_mib: r.rss_kib as f64 / 1024.0,
-                    huge_mib: r.anon_huge_kib as f64 / 1024.0,
-                });
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        })
+    // The timeline, every 100 ms; the agent, where the policy has one.
+    let sampler = spawn_sampler(&shared, cg.dir().to_path_buf(), pid, t0);
+    let agent = spawn_agent(cfg, way, walk_ns, pid, &shared, t0)?;
+    let result = phases(cfg, way, port, pid, &cg, &shared, stop, progress);
+    shared.done.store(true, Ordering::SeqCst);
+    let (log, agent_cpu_s) = match agent {
+        Some(h) => h.join().expect("agent thread"),
+        None => (Vec::new(), 0.0),
     };
-    // The agent, where the policy has one: (time since t0, action).
-    let agent = match way {
+    sampler.join().expect("sampler thread");
+    // A phase that lost its connection: say what became of the server.
+    let result = result.map_err(|e| match server.child.try_wait() {
+        Ok(Some(st)) => e.context(format!(
+            "redis-server ended ({st}) during the {way} run; its cgroup's OOM kills: {}",
+            cg.oom_kills()
+        )),
+        _ => e,
+    });
+    server.shutdown();
+    let mut row = result?;
+    row.agent_cpu_s = agent_cpu_s;
+    let vm1 = pagewise::mech::procfs::vmstat(&VMSTAT)?;
+    row.vmstat = VMSTAT
+        .iter()
+        .zip(vm0.iter().zip(vm1))
+        .map(|(k, (a, b))| (k.to_string(), b.saturating_sub(*a)))
+        .collect();
+    row.timeline = std::mem::take(&mut *shared.samples.lock().expect("not poisoned"));
+    row.oom_kills = cg.oom_kills();
+    row.peak_mib = row
+        .timeline
+        .iter()
+        .map(|s| s.cgroup_mib)
+        .fold(0.0, f64::max);
+    account_recovery(&mut row, &log, cfg, way);
+    Ok(row)
+}
+
+/// What an agent thread returns: its decisions and its CPU time, s.
+type AgentThread = std::thread::JoinHandle<(Vec<(f64, Action)>, f64)>;
+
+/// The timeline: every 100 ms, the group's memory and the server's
+/// resident and huge memory, with the phase, until `shared.done`.
+fn spawn_sampler(
+    shared: &Arc<Shared>,
+    dir: std::path::PathBuf,
+    pid: i32,
+    t0: Instant,
+) -> std::thread::JoinHandle<()> {
+    let shared = shared.clone();
+    std::thread::spawn(move || {
+        while !shared.done.load(Ordering::SeqCst) {
+            let usage = pagewise::mech::cgroup::memory_use(&dir)
+                .map(|u| u.usage)
+                .unwrap_or(0);
+            let r = pagewise::mech::procfs::resident(pid).unwrap_or_default();
+            let phase = shared.phase.lock().expect("not poisoned").clone();
+            shared.samples.lock().expect("not poisoned").push(Sample {
+                t_s: t0.elapsed().as_secs_f64(),
+                phase,
+                cgroup_mib: mib(usage),
+                rss_mib: r.rss_kib as f64 / 1024.0,
+                huge_mib: r.anon_huge_kib as f64 / 1024.0,
+            });
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    })
+}
+
+/// The agent of `way` in a thread of its own (none for `linux`), stepping
+/// every interval until `shared.done`; it returns its decisions (time
+/// since `t0`, action) and its CPU time, s.
+fn spawn_agent(
+    cfg: &Config,
+    way: &str,
+    walk_ns: f64,
+    pid: i32,
+    shared: &Arc<Shared>,
+    t0: Instant,
+) -> Result<Option<AgentThread>> {
+    Ok(match way {
         "linux" => None,
         _ => {
             let opts = Options {
@@ -429,47 +489,20 @@ fn one(
                 (log, cpu)
             }))
         }
-    };
-    let result = phases(cfg, way, port, pid, &cg, &shared, stop, progress);
-    shared.done.store(true, Ordering::SeqCst);
-    let (log, agent_cpu_s) = match agent {
-        Some(h) => h.join().expect("agent thread"),
-        None => (Vec::new(), 0.0),
-    };
-    sampler.join().expect("sampler thread");
-    // A phase that lost its connection: say what became of the server.
-    let result = result.map_err(|e| match server.child.try_wait() {
-        Ok(Some(st)) => e.context(format!(
-            "redis-server ended ({st}) during the {way} run; its cgroup's OOM kills: {}",
-            cg.oom_kills()
-        )),
-        _ => e,
-    });
-    server.shutdown();
-    let mut row = result?;
-    row.agent_cpu_s = agent_cpu_s;
-    let vm1 = pagewise::mech::procfs::vmstat(&VMSTAT)?;
-    row.vmstat = VMSTAT
-        .iter()
-        .zip(vm0.iter().zip(vm1))
-        .map(|(k, (a, b))| (k.to_string(), b.saturating_sub(*a)))
-        .collect();
-    row.timeline = std::mem::take(&mut *shared.samples.lock().expect("not poisoned"));
-    row.oom_kills = cg.oom_kills();
-    row.peak_mib = row
-        .timeline
-        .iter()
-        .map(|s| s.cgroup_mib)
-        .fold(0.0, f64::max);
-    // Recovery: from the first sample above the pressure threshold; what
-    // counts is what was given back of the bloat measured before P3 (each
-    // region's recovered pages up to its bloat then), not the zero pages
-    // of huge pages P3 made since.
+    })
+}
+
+/// The recovery figures of `row` from the agent's decisions: from the
+/// first sample above the pressure threshold, what counts is what was
+/// given back of the bloat measured before P3 (each region's recovered
+/// pages up to its bloat then), not the zero pages of huge pages P3 made
+/// since.
+fn account_recovery(row: &mut Row, log: &[(f64, Action)], cfg: &Config, way: &str) {
     let page_mib = pagewise::PAGE_SIZE as f64 / (1u64 << 20) as f64;
     let mut left = row.bloat_regions.clone();
     let mut recovered: Vec<(f64, f64)> = Vec::new();
     let mut all = 0u64;
-    for (t, a) in &log {
+    for (t, a) in log {
         if let Action::Recovered {
             start, zero_pages, ..
         } = a
@@ -517,7 +550,6 @@ fn one(
             .sum();
         row.recovered_in_10s = Some((in10 / row.bloat_before_p3_mib).min(1.0));
     }
-    Ok(row)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -761,107 +793,4 @@ pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
         config: cfg.clone(),
         rows,
     })
-}
-
-fn opt(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
-    v.map_or("-".into(), f)
-}
-
-impl Report {
-    /// The human summary.
-    pub fn summary(&self) -> String {
-        let c = &self.config;
-        let mut s = format!(
-            "Redis bloat (HawkEye's P1 insert / P2 delete / P3 insert) on {}\n\
-             P1 {} keys x {} B, P2 deletes {:.0} %, P3 {} keys x {} KiB; cgroup limit {} MiB, no swap;\n\
-             khugepaged pages_to_scan {} every {} ms (default 4096 every 10000 ms)\n\n",
-            self.machine,
-            c.p1_keys,
-            c.p1_bytes,
-            c.delete_share * 100.0,
-            c.p3_keys,
-            c.p3_bytes >> 10,
-            c.limit_mib,
-            c.khugepaged_pages,
-            c.khugepaged_sleep_ms,
-        );
-        s += "policy    P3              peak MiB  after P2  bloat MiB  recovered  in 10 s  t90 s  P1 SET/s  P3 SET/s  GET/s    huge  lost\n";
-        for r in &self.rows {
-            s += &format!(
-                "{:<9} {:<15} {:>8.0}  {:>8.0}  {:>9.0}  {:>9}  {:>7}  {:>5}  {:>8.0}  {:>8.0}  {:>7}  {:>4.0}%  {}\n",
-                r.way,
-                if let Some(phase) = &r.died_after_p3 {
-                    format!("died in {phase}")
-                } else if r.p3_completed {
-                    "completed".to_string()
-                } else {
-                    format!("OOM ({}/{})", r.p3_inserted, c.p3_keys)
-                },
-                r.peak_mib,
-                r.after_p2_mib,
-                r.bloat_before_p3_mib,
-                if r.way == "pagewise" {
-                    format!("{:.0}/{:.0}", r.recovered_of_bloat_mib, r.recovered_mib)
-                } else {
-                    "-".into()
-                },
-                opt(r.recovered_in_10s, |v| format!("{:.0}%", v * 100.0)),
-                opt(r.t90_s, |v| format!("{v:.1}")),
-                r.p1_set_per_s,
-                r.p3_set_per_s,
-                opt(r.get_per_s, |v| format!("{v:.0}")),
-                r.huge_share_end * 100.0,
-                if r.p3_completed { r.lost.to_string() } else { "-".into() },
-            );
-        }
-        s += "\nrecovered: of the bloat before P3 / all zero pages given back (P3's new huge pages included); in 10 s: share of the bloat before P3 given back within 10 s of the cgroup first passing the pressure threshold; t90: time to 90 % of it\n";
-        s += "\nkernel counters over each run (/proc/vmstat differences):\n";
-        for r in &self.rows {
-            let v: Vec<String> = r.vmstat.iter().map(|(k, n)| format!("{k} {n}")).collect();
-            s += &format!("  {:<9} {}\n", r.way, v.join(", "));
-        }
-        for r in self.rows.iter().filter(|r| r.way != "linux") {
-            s += &format!(
-                "\n{}: agent CPU {:.2} s, {} huge pages promoted, longest stop for recovery {:.1} ms",
-                r.way, r.agent_cpu_s, r.promoted, r.max_stop_ms
-            );
-        }
-        s += "\n";
-        s
-    }
-
-    /// The cgroup's charge over time, per policy.
-    pub fn charts(&self) -> Vec<(String, Chart)> {
-        let mut series: Vec<Series> = self
-            .rows
-            .iter()
-            .map(|r| Series {
-                label: r.way.clone(),
-                points: r.timeline.iter().map(|s| (s.t_s, s.cgroup_mib)).collect(),
-            })
-            .collect();
-        let end = self
-            .rows
-            .iter()
-            .filter_map(|r| r.timeline.last().map(|s| s.t_s))
-            .fold(0.0, f64::max);
-        series.push(Series {
-            label: "limit".into(),
-            points: vec![
-                (0.0, self.config.limit_mib as f64),
-                (end, self.config.limit_mib as f64),
-            ],
-        });
-        vec![(
-            "thp-redis.svg".into(),
-            Chart {
-                title: "Redis P1 insert / P2 delete / P3 insert: memory charged".into(),
-                x_label: "time (s)".into(),
-                y_label: "cgroup memory (MiB)".into(),
-                log_x: false,
-                log_y: false,
-                series,
-            },
-        )]
-    }
 }

@@ -35,6 +35,8 @@
 //! count. Each process undoes its writes at the end and checks every word
 //! of its memory: a lost or torn write fails the benchmark.
 
+mod report;
+
 use crate::thp::{next, spawn_worker, stop_and_check_each, Child};
 use crate::Machine;
 use pagewise::dedup::{Agent, Options, Policy};
@@ -466,6 +468,23 @@ impl Drop for InGroup {
     }
 }
 
+/// One run of a scheme at an overcommitment level.
+struct SchemeRun<'a> {
+    cfg: &'a Config,
+    scheme: &'a str,
+    level: f64,
+    repeat: usize,
+    swap: Option<&'a cgroup::ZramSwap>,
+    stop: &'a AtomicBool,
+}
+
+/// What a run saw while it lasted: a sample per interval, and the Bloom
+/// filter against the exact count in the agent's last step.
+struct Measured {
+    samples: Vec<Sample>,
+    filter: Option<(f64, [u64; 3])>,
+}
+
 fn run_scheme(
     cfg: &Config,
     scheme: &str,
@@ -475,6 +494,14 @@ fn run_scheme(
     stop: &AtomicBool,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Row> {
+    let run = SchemeRun {
+        cfg,
+        scheme,
+        level,
+        repeat,
+        swap,
+        stop,
+    };
     // The processes' memory is charged to a group of their own, without a
     // limit while they fill it, then limited to the level's share.
     let cg = cgroup::MemoryCgroup::create(
@@ -513,62 +540,7 @@ fn run_scheme(
         cfg_limit_mib(cfg, level)
     ));
     cg.set_limit((cfg_limit_mib(cfg, level) * MIB) as u64)?;
-    let swapped = || swap.map_or(0.0, |z| z.used() as f64 / MIB);
-    let usage = || cg.usage().map_or(0.0, |u| u.usage as f64 / MIB);
-    let rounds = |cs: &[Child]| -> u64 { cs.iter().map(|c| c.rounds()).sum::<u64>() };
-    let t0 = Instant::now();
-    let mut samples: Vec<Sample> = Vec::new();
-    let cpu = |cs: &[Child]| -> f64 {
-        cs.iter()
-            .filter_map(|c| procfs::cpu_time(c.pid).ok())
-            .map(|d| d.as_secs_f64())
-            .sum()
-    };
-    let (mut last_t, mut last_r, mut last_cpu) = (0.0, rounds(&children), cpu(&children));
-    let mut filter = None;
-    let mut n = 0u32;
-    while t0.elapsed() < Duration::from_secs(cfg.seconds) {
-        if stop.load(Ordering::SeqCst) {
-            // The processes are killed, the group removed and KSM's
-            // settings put back as `children`, `cg` and `agent` are dropped.
-            return Err(Error::Invalid(
-                "bench dedup interrupted: KSM's settings put back".into(),
-            ));
-        }
-        n += 1;
-        if let Some(a) = agent.as_mut() {
-            // The exact count beside the filter only in the last step: it
-            // is for the report, not for the agent's decisions or its CPU.
-            let last = t0.elapsed() + Duration::from_millis(cfg.interval_ms)
-                >= Duration::from_secs(cfg.seconds);
-            a.set_exact(last && a.options().policy == Policy::SmartMd);
-            let s = a.step()?;
-            if let Some(log) = &cfg.log {
-                log_step(log, scheme, level, repeat, &s)?;
-            }
-            if let Some(e) = s.filter.exact {
-                filter = Some((
-                    s.filter.false_positive_rate.unwrap_or(0.0),
-                    [s.filter.looked_up, s.filter.labelled, e],
-                ));
-            }
-        }
-        let due = t0 + Duration::from_millis(cfg.interval_ms) * n;
-        std::thread::sleep(due.saturating_duration_since(Instant::now()));
-        let t = t0.elapsed().as_secs_f64();
-        let (r, c) = (rounds(&children), cpu(&children));
-        let ops = (r - last_r) as f64 * cfg.ops_per_round as f64;
-        samples.push(Sample {
-            t_s: t,
-            saved_mib: ksm_sharing_mib(),
-            usage_mib: usage(),
-            swap_mib: swapped(),
-            ops_per_s: ops / (t - last_t),
-            ops_per_cpu_s: ops / (c - last_cpu).max(1e-6),
-            huge: huge_regions(&children, cfg.regions),
-        });
-        (last_t, last_r, last_cpu) = (t, r, c);
-    }
+    let Measured { samples, filter } = run.measure(&cg, &children, &mut agent)?;
     let second_half: Vec<&Sample> = samples
         .iter()
         .filter(|s| s.t_s >= cfg.seconds as f64 / 2.0)
@@ -583,32 +555,10 @@ fn run_scheme(
     );
     let ksmd_cpu_ms = ksmd.ms();
     let merging_mib = merging_mib(&pids);
-    let (saved_mib, usage_mib, swap_mib) = (ksm_sharing_mib(), usage(), swapped());
+    let (saved_mib, usage_mib, swap_mib) = (ksm_sharing_mib(), run.usage(&cg), run.swapped());
     let huge_end = huge_regions(&children, cfg.regions);
     let c = agent.as_ref().map(|a| a.counters()).unwrap_or_default();
-    // What the OOM killer did during the run; then the limit is lifted
-    // for the check, which reads every page of every process at once
-    // (something the run never does).
-    let oom_kills = cg.oom_kills();
-    cg.set_limit(2 * cfg.demand())?;
-    progress(&format!(
-        "{scheme} at {level}: checking the processes' memory"
-    ));
-    let tc = Instant::now();
-    // Undoing the writes takes a sixteenth of the run per process (more
-    // when their memory is swapped).
-    let answers = stop_and_check_each(
-        &children,
-        Duration::from_secs(60 + 2 * cfg.seconds * cfg.processes as u64),
-    );
-    // A process the OOM killer ended has nothing to check; any other
-    // without a good answer lost a write.
-    let killed = answers.iter().filter(|a| a.is_none()).count() as u64;
-    let verified = answers.iter().all(|a| *a != Some(false)) && killed <= oom_kills;
-    progress(&format!(
-        "{scheme} at {level}: checked in {:.1} s",
-        tc.elapsed().as_secs_f64()
-    ));
+    let (killed, verified) = run.check(&cg, &children, progress)?;
     drop(children);
     drop(agent);
     Ok(Row {
@@ -634,6 +584,118 @@ fn run_scheme(
         verified,
         samples,
     })
+}
+
+impl SchemeRun<'_> {
+    /// Swap in use, MiB.
+    fn swapped(&self) -> f64 {
+        self.swap.map_or(0.0, |z| z.used() as f64 / MIB)
+    }
+
+    /// What the group charges, MiB.
+    fn usage(&self, cg: &cgroup::MemoryCgroup) -> f64 {
+        cg.usage().map_or(0.0, |u| u.usage as f64 / MIB)
+    }
+
+    /// Steps the agent (if any) every interval for the run's length, and
+    /// samples the memory saved and used and the processes' speed.
+    fn measure(
+        &self,
+        cg: &cgroup::MemoryCgroup,
+        children: &[Child],
+        agent: &mut Option<Agent>,
+    ) -> Result<Measured> {
+        let (cfg, scheme, level, repeat) = (self.cfg, self.scheme, self.level, self.repeat);
+        let rounds = |cs: &[Child]| -> u64 { cs.iter().map(|c| c.rounds()).sum::<u64>() };
+        let t0 = Instant::now();
+        let mut samples: Vec<Sample> = Vec::new();
+        let cpu = |cs: &[Child]| -> f64 {
+            cs.iter()
+                .filter_map(|c| procfs::cpu_time(c.pid).ok())
+                .map(|d| d.as_secs_f64())
+                .sum()
+        };
+        let (mut last_t, mut last_r, mut last_cpu) = (0.0, rounds(children), cpu(children));
+        let mut filter = None;
+        let mut n = 0u32;
+        while t0.elapsed() < Duration::from_secs(cfg.seconds) {
+            if self.stop.load(Ordering::SeqCst) {
+                // The processes are killed, the group removed and KSM's
+                // settings put back as `children`, `cg` and `agent` are dropped.
+                return Err(Error::Invalid(
+                    "bench dedup interrupted: KSM's settings put back".into(),
+                ));
+            }
+            n += 1;
+            if let Some(a) = agent.as_mut() {
+                // The exact count beside the filter only in the last step: it
+                // is for the report, not for the agent's decisions or its CPU.
+                let last = t0.elapsed() + Duration::from_millis(cfg.interval_ms)
+                    >= Duration::from_secs(cfg.seconds);
+                a.set_exact(last && a.options().policy == Policy::SmartMd);
+                let s = a.step()?;
+                if let Some(log) = &cfg.log {
+                    log_step(log, scheme, level, repeat, &s)?;
+                }
+                if let Some(e) = s.filter.exact {
+                    filter = Some((
+                        s.filter.false_positive_rate.unwrap_or(0.0),
+                        [s.filter.looked_up, s.filter.labelled, e],
+                    ));
+                }
+            }
+            let due = t0 + Duration::from_millis(cfg.interval_ms) * n;
+            std::thread::sleep(due.saturating_duration_since(Instant::now()));
+            let t = t0.elapsed().as_secs_f64();
+            let (r, c) = (rounds(children), cpu(children));
+            let ops = (r - last_r) as f64 * cfg.ops_per_round as f64;
+            samples.push(Sample {
+                t_s: t,
+                saved_mib: ksm_sharing_mib(),
+                usage_mib: self.usage(cg),
+                swap_mib: self.swapped(),
+                ops_per_s: ops / (t - last_t),
+                ops_per_cpu_s: ops / (c - last_cpu).max(1e-6),
+                huge: huge_regions(children, cfg.regions),
+            });
+            (last_t, last_r, last_cpu) = (t, r, c);
+        }
+        Ok(Measured { samples, filter })
+    }
+
+    /// Stops every process and has it check its memory, with the limit
+    /// lifted (the check reads every page at once, which the run never
+    /// does): the processes the OOM killer ended, and whether every other
+    /// found its memory as it wrote it.
+    fn check(
+        &self,
+        cg: &cgroup::MemoryCgroup,
+        children: &[Child],
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<(u64, bool)> {
+        let (cfg, scheme, level) = (self.cfg, self.scheme, self.level);
+        let oom_kills = cg.oom_kills();
+        cg.set_limit(2 * cfg.demand())?;
+        progress(&format!(
+            "{scheme} at {level}: checking the processes' memory"
+        ));
+        let tc = Instant::now();
+        // Undoing the writes takes a sixteenth of the run per process (more
+        // when their memory is swapped).
+        let answers = stop_and_check_each(
+            children,
+            Duration::from_secs(60 + 2 * cfg.seconds * cfg.processes as u64),
+        );
+        // A process the OOM killer ended has nothing to check; any other
+        // without a good answer lost a write.
+        let killed = answers.iter().filter(|a| a.is_none()).count() as u64;
+        let verified = answers.iter().all(|a| *a != Some(false)) && killed <= oom_kills;
+        progress(&format!(
+            "{scheme} at {level}: checked in {:.1} s",
+            tc.elapsed().as_secs_f64()
+        ));
+        Ok((killed, verified))
+    }
 }
 
 fn log_step(
@@ -702,231 +764,6 @@ pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
         config: cfg.clone(),
         rows,
     })
-}
-
-/// A scheme's runs at one level, summed up: medians over the repeats.
-#[derive(Debug, Clone, Copy, Default)]
-struct Summary {
-    saved_mib: f64,
-    usage_mib: f64,
-    swap_mib: f64,
-    ops_per_s: f64,
-    ops_per_cpu_s: f64,
-    ops_min: f64,
-    ops_max: f64,
-    huge_end: f64,
-    ksmd_cpu_ms: f64,
-    agent_cpu_ms: f64,
-    split: f64,
-    rebuilt: f64,
-    oom_killed: u64,
-    verified: bool,
-}
-
-impl Report {
-    fn runs(&self, scheme: &str, level: f64) -> Vec<&Row> {
-        self.rows
-            .iter()
-            .filter(|r| r.scheme == scheme && r.level == level)
-            .collect()
-    }
-
-    fn summary_of(&self, scheme: &str, level: f64) -> Option<Summary> {
-        let rs = self.runs(scheme, level);
-        if rs.is_empty() {
-            return None;
-        }
-        let med =
-            |f: fn(&Row) -> f64| crate::median(&mut rs.iter().map(|r| f(r)).collect::<Vec<_>>());
-        Some(Summary {
-            saved_mib: med(|r| r.saved_mib),
-            usage_mib: med(|r| r.usage_mib),
-            swap_mib: med(|r| r.swap_mib),
-            ops_per_s: med(|r| r.ops_per_s),
-            ops_per_cpu_s: med(|r| r.ops_per_cpu_s),
-            ops_min: rs.iter().map(|r| r.ops_min).fold(f64::INFINITY, f64::min),
-            ops_max: rs.iter().map(|r| r.ops_max).fold(0.0, f64::max),
-            huge_end: med(|r| r.huge_end as f64),
-            ksmd_cpu_ms: med(|r| r.ksmd_cpu_ms),
-            agent_cpu_ms: med(|r| r.agent_cpu_ms),
-            split: med(|r| r.split as f64),
-            rebuilt: med(|r| r.rebuilt as f64),
-            oom_killed: rs.iter().map(|r| r.oom_killed).sum(),
-            verified: rs.iter().all(|r| r.verified),
-        })
-    }
-
-    /// The tables, one per level, and how the agent compares.
-    pub fn summary(&self) -> String {
-        let c = &self.config;
-        let mib = ((c.regions * HUGE_PAGE_SIZE) >> 20) as u64;
-        let mut s = format!(
-            "pagewise bench dedup — {}\nSmartMD's trade-off: {} processes of {} MiB, {} MiB of it the same table in each (every eighth table region in base pages, the rest huge); hot: {} table + {} own regions of 2 MiB per process (reads, one op in {WRITE_EVERY} a write to every {WRITE_STRIDE}th page); a sweep reads {} pages per round; {} s per scheme, {} run(s) each (medians; ops/s spread: lowest and highest 1 s sample of the second halves; ops/CPU-s: per second of the processes' own CPU time); ksmd paced to one pass in {} ms\n",
-            self.machine,
-            c.processes,
-            mib,
-            c.table_regions() * 2,
-            c.hot_table(),
-            c.hot_own(),
-            c.sweep_pages,
-            c.seconds,
-            c.repeats,
-            c.full_scan_ms,
-        );
-        for &level in &c.levels {
-            s += &format!(
-                "\novercommitment {level} (memory limited to {:.0} MiB of {:.0} MiB)\n{:>15} {:>9} {:>7} {:>8} {:>8} {:>12} {:>8} {:>23} {:>6} {:>12} {:>8} {:>8} {:>8} {:>6} {:>6} {:>7} {:>4} {:>8}\n",
-                cfg_limit_mib(c, level),
-                c.demand() as f64 / MIB,
-                "scheme", "saved MiB", "of KSM", "held MiB", "swap MiB", "ops/s", "of no-spl", "spread", "huge", "ops/CPU-s", "of no-spl", "ksmd ms", "agent ms", "CPU %", "split", "rebuilt", "OOM", "verified"
-            );
-            let ksm = self
-                .summary_of("ksm-everywhere", level)
-                .map_or(0.0, |r| r.saved_mib);
-            let (nosplit, nosplit_cpu) = self
-                .summary_of("no-splitting", level)
-                .map_or((0.0, 0.0), |r| (r.ops_per_s, r.ops_per_cpu_s));
-            for scheme in SCHEMES {
-                let Some(r) = self.summary_of(scheme, level) else {
-                    continue;
-                };
-                s += &format!(
-                    "{:>15} {:>9.1} {:>7} {:>8.0} {:>8.0} {:>12.0} {:>8} {:>11.0}-{:<11.0} {:>6.0} {:>12.0} {:>8} {:>8.0} {:>8.0} {:>6.1} {:>6.0} {:>7.0} {:>4} {:>8}\n",
-                    scheme,
-                    r.saved_mib,
-                    crate::pct(r.saved_mib, ksm),
-                    r.usage_mib,
-                    r.swap_mib,
-                    r.ops_per_s,
-                    crate::pct(r.ops_per_s, nosplit),
-                    r.ops_min,
-                    r.ops_max,
-                    r.huge_end,
-                    r.ops_per_cpu_s,
-                    crate::pct(r.ops_per_cpu_s, nosplit_cpu),
-                    r.ksmd_cpu_ms,
-                    r.agent_cpu_ms,
-                    (r.ksmd_cpu_ms + r.agent_cpu_ms) / (c.seconds as f64 * 10.0),
-                    r.split,
-                    r.rebuilt,
-                    r.oom_killed,
-                    r.verified
-                );
-            }
-            if let Some(best) = SCHEMES
-                .iter()
-                .filter_map(|&sc| Some((sc, self.summary_of(sc, level)?.ops_per_s)))
-                .max_by(|a, b| a.1.total_cmp(&b.1))
-            {
-                s += &format!("best throughput at {level}: {}\n", best.0);
-            }
-        }
-        let filters: Vec<(f64, [u64; 3])> = self
-            .rows
-            .iter()
-            .filter(|r| r.scheme == "smartmd")
-            .filter_map(|r| r.filter)
-            .collect();
-        if let Some(&(_, [looked, labelled, exact])) = filters.first() {
-            let fp: Vec<f64> = filters.iter().map(|f| f.0 * 100.0).collect();
-            let (m, lo, hi) = crate::median_min_max(fp);
-            s += &format!(
-                "\nsmartmd's counting Bloom filter (last step of a run): {looked} pages looked up, {labelled} labelled duplicate, {exact} with a duplicate in fact; false positives {m:.3} % of those looked up (runs: {lo:.3} to {hi:.3} %)\n"
-            );
-        }
-        s
-    }
-
-    /// SmartMD's trade-off (saving against throughput), throughput under
-    /// overcommitment, and saving and throughput over time.
-    pub fn charts(&self) -> Vec<(String, crate::svg::Chart)> {
-        let c = &self.config;
-        let present: Vec<&str> = SCHEMES
-            .into_iter()
-            .filter(|s| self.rows.iter().any(|r| r.scheme == *s))
-            .collect();
-        let first = c.levels.first().copied().unwrap_or(0.8);
-        let over_time = |f: fn(&Sample) -> f64| -> Vec<crate::svg::Series> {
-            present
-                .iter()
-                .filter_map(|&sc| {
-                    let r = self.runs(sc, first).into_iter().next()?;
-                    Some(crate::svg::Series {
-                        label: sc.into(),
-                        points: r.samples.iter().map(|s| (s.t_s, f(s))).collect(),
-                    })
-                })
-                .collect()
-        };
-        let mut charts = vec![(
-            "dedup-tradeoff.svg".into(),
-            crate::svg::Chart {
-                title: format!(
-                    "memory saved against throughput, per scheme (overcommitment {first})"
-                ),
-                x_label: "memory saved (MiB)".into(),
-                y_label: "operations per second (millions)".into(),
-                log_x: false,
-                log_y: false,
-                series: present
-                    .iter()
-                    .filter_map(|&sc| {
-                        let r = self.summary_of(sc, first)?;
-                        Some(crate::svg::Series {
-                            label: sc.into(),
-                            points: vec![(r.saved_mib, r.ops_per_s / 1e6)],
-                        })
-                    })
-                    .collect(),
-            },
-        )];
-        if c.levels.len() > 1 {
-            charts.push((
-                "dedup-overcommit.svg".into(),
-                crate::svg::Chart {
-                    title: "throughput under overcommitment".into(),
-                    x_label: "overcommitment (memory of the processes / limit)".into(),
-                    y_label: "operations per second (millions)".into(),
-                    log_x: false,
-                    log_y: false,
-                    series: present
-                        .iter()
-                        .map(|&sc| crate::svg::Series {
-                            label: sc.into(),
-                            points: c
-                                .levels
-                                .iter()
-                                .filter_map(|&l| Some((l, self.summary_of(sc, l)?.ops_per_s / 1e6)))
-                                .collect(),
-                        })
-                        .collect(),
-                },
-            ));
-        }
-        charts.push((
-            "dedup-saved.svg".into(),
-            crate::svg::Chart {
-                title: format!("memory saved over time (overcommitment {first})"),
-                x_label: "time (s)".into(),
-                y_label: "memory saved (MiB)".into(),
-                log_x: false,
-                log_y: false,
-                series: over_time(|s| s.saved_mib),
-            },
-        ));
-        charts.push((
-            "dedup-throughput.svg".into(),
-            crate::svg::Chart {
-                title: format!("throughput over time (overcommitment {first})"),
-                x_label: "time (s)".into(),
-                y_label: "operations per second (millions)".into(),
-                log_x: false,
-                log_y: false,
-                series: over_time(|s| s.ops_per_s / 1e6),
-            },
-        ));
-        charts
-    }
 }
 
 fn cfg_limit_mib(c: &Config, level: f64) -> f64 {
