@@ -16,7 +16,7 @@
 //! [`Agent::end`], then drop, which puts back every system setting the
 //! agent changed.
 
-use crate::mech::{cpu, metrics, procfs, walk};
+use crate::mech::{procfs, walk};
 use crate::{Error, Region, Result};
 use pagewise_sys::process;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -99,7 +99,7 @@ impl Metric {
         for m in metrics {
             let name = format!("pagewise_{agent}_{}", m.name);
             match m.pid {
-                None => metrics::prometheus_metric(&mut s, &name, m.kind, m.help, m.value),
+                None => prometheus_metric(&mut s, &name, m.kind, m.help, m.value),
                 Some(pid) => s += &format!("{name}{{pid=\"{pid}\"}} {}\n", m.value),
             }
         }
@@ -236,6 +236,17 @@ impl<T> std::ops::IndexMut<usize> for Targets<T> {
     }
 }
 
+/// CPU time of the calling thread, ms.
+pub fn thread_cpu_ms() -> f64 {
+    process::thread_cpu_ns() as f64 / 1e6
+}
+
+/// Appends one metric in the Prometheus text format (its help, its type
+/// and its value) to `out`.
+pub fn prometheus_metric(out: &mut String, name: &str, kind: &str, help: &str, v: f64) {
+    *out += &format!("# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n");
+}
+
 /// A step's clock: its wall time and the CPU time the agent spent in it,
 /// its own thread's and, given at both ends, that of threads serving it.
 #[derive(Debug, Clone, Copy)]
@@ -250,13 +261,13 @@ impl StepClock {
     pub fn start(others_ms: f64) -> StepClock {
         StepClock {
             t0: Instant::now(),
-            cpu0: cpu::thread_cpu_ms() + others_ms,
+            cpu0: thread_cpu_ms() + others_ms,
         }
     }
 
     /// CPU time spent since the start, ms; `others_ms` as at the start.
     pub fn cpu_ms(&self, others_ms: f64) -> f64 {
-        (cpu::thread_cpu_ms() + others_ms - self.cpu0).max(0.0)
+        (thread_cpu_ms() + others_ms - self.cpu0).max(0.0)
     }
 
     /// Wall time since the start, ms.
