@@ -3,7 +3,7 @@
 //! watched processes are gone or the steps are done, and publishing the
 //! counters in the Prometheus text format to a file or over HTTP.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use pagewise::mech::agent::Agent;
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -47,10 +47,10 @@ pub struct Watch {
 /// watch given with `--pid`.
 pub fn check(w: &Watch, interval_ms: u64, window_ms: u64) -> Result<Vec<i32>> {
     if w.pids.is_empty() && w.command.is_empty() {
-        bail!("give --pid PID (repeatable) or -- CMD");
+        crate::usage!("give --pid PID (repeatable) or -- CMD");
     }
     if interval_ms == 0 || window_ms >= interval_ms {
-        bail!("--window-ms must be shorter than --interval-ms, which must be above 0");
+        crate::usage!("--window-ms must be shorter than --interval-ms, which must be above 0");
     }
     if let (Some(addr), false) = (&w.metrics_listen, w.metrics_public) {
         use std::net::ToSocketAddrs;
@@ -59,7 +59,7 @@ pub fn check(w: &Watch, interval_ms: u64, window_ms: u64) -> Result<Vec<i32>> {
             .with_context(|| format!("--metrics-listen {addr}"))?
             .collect();
         if all.is_empty() || all.iter().any(|a| !a.ip().is_loopback()) {
-            bail!(
+            crate::usage!(
                 "--metrics-listen {addr} is not a loopback address: the counters name the \
                  watched processes; add --metrics-public to serve them there"
             );

@@ -1,7 +1,7 @@
 //! `pagewise dedup`: the deduplication agent (SmartMD's split, keep and
 //! rebuild of huge pages, driving KSM).
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use pagewise::dedup::{Action, Agent, Options, Policy, Step, Thresholds};
 use pagewise::mech::agent::Agent as _;
 use pagewise::mech::inject::Inside;
@@ -86,7 +86,11 @@ pub fn run(a: Args) -> Result<i32> {
 
 fn thresholds_of(s: &str) -> Result<Thresholds> {
     let p: Vec<&str> = s.split(',').collect();
-    let bad = || anyhow::anyhow!("--thresholds {s}: COLD,HOT,REPETITION, e.g. 0,2,0.5");
+    let bad = || {
+        anyhow::Error::new(crate::exit::Usage(format!(
+            "--thresholds {s}: COLD,HOT,REPETITION, e.g. 0,2,0.5"
+        )))
+    };
     if p.len() != 3 {
         return Err(bad());
     }
@@ -96,20 +100,20 @@ fn thresholds_of(s: &str) -> Result<Thresholds> {
         repetition: p[2].parse().map_err(|_| bad())?,
     };
     if t.cold_max >= t.hot_min || t.hot_min > pagewise::dedup::FREQ_MAX {
-        bail!(
+        crate::usage!(
             "--thresholds {s}: COLD must be below HOT, and HOT at most {}",
             pagewise::dedup::FREQ_MAX
         );
     }
     if !(0.0..=1.0).contains(&t.repetition) {
-        bail!("--thresholds {s}: REPETITION is a share, 0 to 1");
+        crate::usage!("--thresholds {s}: REPETITION is a share, 0 to 1");
     }
     Ok(t)
 }
 
 fn run_agent(a: RunArgs) -> Result<i32> {
     let Some(policy) = Policy::parse(&a.policy) else {
-        bail!(
+        crate::usage!(
             "--policy {}: smartmd, ksm-everywhere, no-splitting or ingens-like",
             a.policy
         );

@@ -22,7 +22,7 @@ pub fn demo(a: DemoArgs) -> Result<i32> {
     use pagewise::workload::{AnonMemory, Rng};
     use pagewise::PAGE_SIZE;
     if a.mib == 0 {
-        bail!("--mib must be at least 1");
+        crate::usage!("--mib must be at least 1");
     }
     if !a.json {
         println!("pagewise demo: a program writes random pages of {} MiB; each backend reports what changed,", a.mib);

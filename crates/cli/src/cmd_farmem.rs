@@ -1,6 +1,6 @@
 //! `pagewise farmem`: far-memory emulation (DiME) of unmodified programs.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use pagewise::farmem::instance::{Access, Instance, Member, Settings};
 use pagewise::farmem::{self, FaultPath, Stats};
 use pagewise::farmem::{FarmemOptions, FarmemRun};
@@ -188,7 +188,7 @@ fn run_cmd(a: RunArgs) -> Result<i32> {
                 _ => std::path::Path::new("."),
             };
             if !parent.is_dir() {
-                bail!(
+                crate::usage!(
                     "{flag} {}: {} is not a directory",
                     p.display(),
                     parent.display()
@@ -197,10 +197,10 @@ fn run_cmd(a: RunArgs) -> Result<i32> {
         }
     }
     let want = match (a.local_pages, a.local_percent) {
-        (Some(0), _) => bail!("--local-pages must be at least 1"),
+        (Some(0), _) => crate::usage!("--local-pages must be at least 1"),
         (Some(n), _) => Some((n, 0)),
         (None, Some(p)) if (1..=100).contains(&p) => Some((0, p)),
-        (None, Some(p)) => bail!("--local-percent {p}: use 1..=100"),
+        (None, Some(p)) => crate::usage!("--local-percent {p}: use 1..=100"),
         (None, None) => None,
     };
     let exists = a
@@ -208,7 +208,7 @@ fn run_cmd(a: RunArgs) -> Result<i32> {
         .as_ref()
         .is_some_and(|n| pagewise::farmem::instance::exists(n));
     if want.is_none() && !exists {
-        bail!("give the local budget: --local-pages N or --local-percent P");
+        crate::usage!("give the local budget: --local-pages N or --local-percent P");
     }
     let want = want.map(|(local_pages, local_percent)| Settings {
         latency_ns: a.latency_ns,
@@ -371,7 +371,7 @@ fn check_policy(name: &str, args: &str) -> Result<()> {
         return Ok(());
     }
     if !farmem::policy::NAMES.contains(&name) {
-        bail!(
+        crate::usage!(
             "unknown policy {name:?}: use one of {} or the path of a plugin (a name with a '/')",
             farmem::policy::NAMES.join(", ")
         );

@@ -120,7 +120,7 @@ fn share(part: u64, whole: u64) -> String {
 
 pub fn run(a: Args) -> Result<i32> {
     if a.pids.is_empty() && a.cmd.is_empty() {
-        bail!("give a process (--pid PID) or a command to start (-- CMD)");
+        crate::usage!("give a process (--pid PID) or a command to start (-- CMD)");
     }
     let (pids, started) = targets(&a)?;
     let window = a

@@ -2,7 +2,7 @@
 //! --live --to HOST:PORT`), saving each complete copy into a store.
 //! Connections are served concurrently, each in a thread of its own.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use pagewise::snap::wire::{Event, Key, Received, Receiver};
 use pagewise::snap::DiskStore;
 use std::net::{TcpListener, TcpStream};
@@ -66,7 +66,7 @@ pub fn run(a: Args) -> Result<i32> {
         TcpListener::bind(&a.listen).with_context(|| format!("listening on {}", a.listen))?;
     let local = listener.local_addr()?;
     if !local.ip().is_loopback() && key.is_none() {
-        bail!(
+        crate::usage!(
             "--listen {local} is not a loopback address: any peer could store a snapshot; \
              give both ends the same --key FILE"
         );

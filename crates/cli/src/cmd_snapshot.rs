@@ -1,7 +1,7 @@
 //! `pagewise snapshot`: snapshots of another process into a durable store,
 //! and reading stores back (`inspect`, `diff`).
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use pagewise::snap::remote::snapshot_process;
 use pagewise::snap::DiskStore;
 use std::path::PathBuf;
@@ -113,10 +113,10 @@ pub fn run(a: Args) -> Result<i32> {
 
 fn take(t: TakeArgs) -> Result<i32> {
     if t.count == 0 {
-        bail!("--count must be at least 1");
+        crate::usage!("--count must be at least 1");
     }
     if t.count > 1 && t.every.is_none() {
-        bail!("--count above 1 needs --every-ms MS");
+        crate::usage!("--count above 1 needs --every-ms MS");
     }
     if let (Some(pid), Some(to)) = (t.pid, t.to.as_deref()) {
         pagewise::mech::procfs::check_target(pid)?;
@@ -142,7 +142,7 @@ fn take(t: TakeArgs) -> Result<i32> {
         return Ok(0);
     }
     let (Some(pid), Some(out)) = (t.pid, t.out.clone()) else {
-        bail!("give --pid PID and --out DIR, or --live --to HOST:PORT (or a subcommand: inspect, diff; see --help)");
+        crate::usage!("give --pid PID and --out DIR, or --live --to HOST:PORT (or a subcommand: inspect, diff; see --help)");
     };
     pagewise::mech::procfs::check_target(pid)?;
     let existed = out.exists();

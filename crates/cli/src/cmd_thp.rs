@@ -1,7 +1,7 @@
 //! `pagewise thp`: the huge-page agent (HawkEye's promotion by access
 //! coverage, fairly across processes, under a budget).
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use pagewise::thp::agent::{Action, Agent, Budget, Options, Policy, Pressure, Recovery, Step};
 use std::io::Write;
 use std::time::{Duration, Instant};
@@ -132,11 +132,11 @@ fn policy_of(s: &str) -> Result<Policy> {
             Some(f) => {
                 let f: f64 = f.parse().with_context(|| format!("policy {s}"))?;
                 if !(0.0..=1.0).contains(&f) {
-                    bail!("policy {s}: the threshold is a share, 0 to 1");
+                    crate::usage!("policy {s}: the threshold is a share, 0 to 1");
                 }
                 Policy::Utilisation(f)
             }
-            None => bail!("policy {s}: coverage, address or utilisation:F"),
+            None => crate::usage!("policy {s}: coverage, address or utilisation:F"),
         },
     })
 }
@@ -162,7 +162,7 @@ fn pressure_of(s: Option<&str>) -> Result<Pressure> {
         let pct: f64 = p.parse().with_context(|| format!("--pressure {s}"))?;
         return Ok(Pressure::LimitAbove(pct));
     }
-    bail!("--pressure {s}: always, available-below:MIB, stall-above:PCT or limit-above:PCT")
+    crate::usage!("--pressure {s}: always, available-below:MIB, stall-above:PCT or limit-above:PCT")
 }
 
 fn run_agent(a: RunArgs) -> Result<i32> {

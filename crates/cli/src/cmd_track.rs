@@ -1,6 +1,6 @@
 //! `pagewise track`.
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{bail, Context, Result};
 use pagewise::mech::child;
 use pagewise::track::{protocol, BackendKind, Collection, DirtyTracker};
 use pagewise::track::{start_tracked, Tracked};
@@ -75,9 +75,12 @@ pub fn run(a: Args) -> Result<i32> {
                 _ => false,
             };
             if inside {
-                BackendKind::UffdWp
-                    .available_in_process()
-                    .map_err(|why| anyhow!("uffd-wp is not available: {why}"))?;
+                BackendKind::UffdWp.available_in_process().map_err(|why| {
+                    pagewise::Error::Unsupported {
+                        feature: "uffd-wp",
+                        why,
+                    }
+                })?;
                 let (child, src) = match start_tracked(&a.cmd, BackendKind::UffdWp)? {
                     Tracked::Running(child, sock, backend) => (child, Source::Shim(sock, backend)),
                     Tracked::Over(st) => {
@@ -92,7 +95,10 @@ pub fn run(a: Args) -> Result<i32> {
             } else {
                 a.backend
                     .available_for_pid()
-                    .map_err(|why| anyhow!("{} is not available: {why}", a.backend))?;
+                    .map_err(|why| pagewise::Error::Unsupported {
+                        feature: a.backend.name(),
+                        why,
+                    })?;
                 let child = Command::new(&a.cmd[0])
                     .args(&a.cmd[1..])
                     .spawn()
@@ -102,8 +108,8 @@ pub fn run(a: Args) -> Result<i32> {
                 (Some(child), Source::Outside(t, pid), pid)
             }
         }
-        (None, true) => bail!("say which process: --pid PID, or -- CMD ARGS"),
-        (Some(_), false) => bail!("--pid and a command exclude each other"),
+        (None, true) => crate::usage!("say which process: --pid PID, or -- CMD ARGS"),
+        (Some(_), false) => crate::usage!("--pid and a command exclude each other"),
     };
     let backend = source.backend();
     if !a.json {

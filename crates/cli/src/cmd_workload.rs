@@ -72,7 +72,7 @@ pub fn run(a: Args) -> Result<i32> {
         return Ok(0);
     }
     if a.mib == 0 || a.mib > (1 << 20) {
-        anyhow::bail!("--mib {}: use 1..=1048576", a.mib);
+        crate::usage!("--mib {}: use 1..=1048576", a.mib);
     }
     let mem = AnonMemory::new(a.mib << 20)?;
     mem.write_pass(1, 1);

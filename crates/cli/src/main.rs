@@ -12,6 +12,7 @@ mod cmd_snapshot;
 mod cmd_thp;
 mod cmd_track;
 mod cmd_workload;
+mod exit;
 mod heatmap;
 mod progress;
 
@@ -21,7 +22,7 @@ use clap::{Parser, Subcommand};
 /// Page-level memory management from user space, on a stock Linux kernel:
 /// which pages a process writes (LDT), snapshots of it (SimGrid), how it
 /// runs on far memory (DiME), and what its memory holds (HawkEye, SmartMD).
-#[command(name = "pagewise", version, long_about = None)]
+#[command(name = "pagewise", version, long_about = None, after_help = exit::HELP)]
 struct Cli {
     /// No progress bars or spinners (they appear only on a terminal anyway).
     #[arg(long, short, global = true)]
@@ -124,7 +125,7 @@ fn main() {
         Ok(code) => std::process::exit(code),
         Err(e) => {
             eprintln!("pagewise: {}", message(&e));
-            std::process::exit(1);
+            std::process::exit(exit::code_of(&e));
         }
     }
 }

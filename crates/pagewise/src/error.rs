@@ -127,6 +127,24 @@ pub enum Error {
     },
 }
 
+/// What kind of failure an error is: what a caller (a script, the command
+/// line's exit status) needs to tell "not available here" from "failed".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ErrorClass {
+    /// The request itself is wrong (a bad argument, an unaligned range).
+    BadInput,
+    /// This kernel or machine lacks what it needs (a feature, a memory
+    /// type, the shim).
+    Unsupported,
+    /// Not allowed (on a process, a store, a setting).
+    Permission,
+    /// The process it was about went away (or replaced its program).
+    Gone,
+    /// Anything else: it was tried and failed.
+    Failed,
+}
+
 /// Result alias of the library.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -182,6 +200,26 @@ impl Error {
             Error::Timeout(_) => libc::ETIMEDOUT,
             Error::Plugin { .. } => libc::ELIBBAD,
             Error::Internal(_) => libc::ENOTRECOVERABLE,
+        }
+    }
+
+    /// Its class (see [`ErrorClass`]).
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            Error::Unaligned { .. } | Error::Invalid(_) => ErrorClass::BadInput,
+            Error::Unsupported { .. } | Error::MemoryType(_) | Error::ShimNotFound { .. } => {
+                ErrorClass::Unsupported
+            }
+            Error::PermissionDenied { .. } | Error::NotPermitted(_) => ErrorClass::Permission,
+            Error::NoSuchProcess(_) | Error::ProcessExited(_) | Error::ProgramReplaced(_) => {
+                ErrorClass::Gone
+            }
+            Error::Os { source, .. } => match source.raw_os_error() {
+                Some(libc::EPERM | libc::EACCES) => ErrorClass::Permission,
+                Some(libc::ENOSYS | libc::EOPNOTSUPP) => ErrorClass::Unsupported,
+                _ => ErrorClass::Failed,
+            },
+            _ => ErrorClass::Failed,
         }
     }
 

@@ -31,7 +31,7 @@ pub mod mech;
 pub mod workload;
 
 pub use cap::{dedup, farmem, inspect, snap, thp, track};
-pub use error::{Error, Result};
+pub use error::{Error, ErrorClass, Result};
 pub use mech::probe;
 pub use mech::region::{PageRange, Region};
 pub use pagewise_sys::{HUGE_PAGE_SIZE, PAGE_SIZE};

@@ -1,0 +1,63 @@
+//! The exit status by class of failure, so that a script can tell "not
+//! available here" from "failed" (`pagewise --help` and the README list
+//! them). A command started with `-- CMD` ends with that command's own
+//! status when it ran, as `time` and `strace` do.
+
+use pagewise::ErrorClass;
+
+/// The command line is wrong (clap's own errors exit with it too).
+pub const USAGE: i32 = 2;
+/// This kernel or machine lacks what the command needs.
+pub const UNSUPPORTED: i32 = 3;
+/// Not allowed: on a process, a store or a system setting.
+pub const PERMISSION: i32 = 4;
+/// The process it was about went away.
+pub const GONE: i32 = 5;
+/// Any other failure.
+pub const FAILED: i32 = 1;
+
+/// The text `pagewise --help` ends with.
+pub const HELP: &str = "Exit status: 0 done (with -- CMD: the command's own status), \
+1 failed, 2 wrong usage, 3 not supported on this kernel or machine, 4 not permitted, \
+5 the process went away.";
+
+/// A command line that is wrong, said in one line.
+#[derive(Debug)]
+pub struct Usage(pub String);
+
+impl std::fmt::Display for Usage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Usage {}
+
+/// Returns a [`Usage`] error from the enclosing function, formatted as
+/// `format!` does.
+#[macro_export]
+macro_rules! usage {
+    ($($t:tt)*) => {
+        return Err(anyhow::Error::new($crate::exit::Usage(format!($($t)*))))
+    };
+}
+
+/// The exit status for `e`: the class of the first error in its chain that
+/// has one.
+pub fn code_of(e: &anyhow::Error) -> i32 {
+    for cause in e.chain() {
+        if cause.downcast_ref::<Usage>().is_some() {
+            return USAGE;
+        }
+        if let Some(pe) = cause.downcast_ref::<pagewise::Error>() {
+            return match pe.class() {
+                ErrorClass::BadInput => USAGE,
+                ErrorClass::Unsupported => UNSUPPORTED,
+                ErrorClass::Permission => PERMISSION,
+                ErrorClass::Gone => GONE,
+                _ => FAILED,
+            };
+        }
+    }
+    FAILED
+}

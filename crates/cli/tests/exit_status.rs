@@ -1,0 +1,110 @@
+//! The exit status says the class of a failure (`pagewise --help`): 2 wrong
+//! usage, 3 not supported here, 4 not permitted, 5 the process went away,
+//! 1 any other failure; and the message stays one line.
+
+use std::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_pagewise");
+
+/// Runs `pagewise ARGS`: its status and its error output.
+fn run(args: &[&str]) -> (Option<i32>, String) {
+    let out = Command::new(BIN).args(args).output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn exit_status_says_the_class_of_failure() {
+    let mut cases: Vec<(Vec<&str>, i32, String)> = vec![
+        // Usage: clap's own, and the tool's checks of its arguments.
+        (
+            vec!["track", "--no-such-flag"],
+            2,
+            "unexpected argument".into(),
+        ),
+        (vec!["track", "--count", "1"], 2, "say which process".into()),
+        (
+            vec!["snapshot", "--count", "0"],
+            2,
+            "--count must be at least 1".into(),
+        ),
+        (vec!["inspect"], 2, "give a process".into()),
+        // The process went away (never was).
+        (
+            vec!["track", "--pid", "999999999", "--count", "1"],
+            5,
+            "no process with pid 999999999".into(),
+        ),
+        // Something else failed.
+        (
+            vec!["snapshot", "inspect", "/nonexistent/store"],
+            1,
+            "/nonexistent/store".into(),
+        ),
+    ];
+    // Not permitted: init cannot be stopped to act inside it.
+    if pagewise::track::BackendKind::UffdWp
+        .available_for_pid()
+        .is_ok()
+    {
+        cases.push((
+            vec![
+                "track",
+                "--pid",
+                "1",
+                "--backend",
+                "uffd-wp",
+                "--count",
+                "1",
+            ],
+            4,
+            "permission denied on pid 1".into(),
+        ));
+    }
+    // Not supported here: a backend this kernel lacks.
+    let missing = [
+        pagewise::track::BackendKind::SoftDirty,
+        pagewise::track::BackendKind::UffdWp,
+    ]
+    .into_iter()
+    .find_map(|b| b.available_for_pid().err().map(|why| (b, why)));
+    match missing {
+        Some((b, why)) => cases.push((
+            vec!["track", "--pid", "1", "--backend", b.name(), "--count", "1"],
+            3,
+            why,
+        )),
+        None => pagewise_testkit::not_happened!(
+            "every tracking backend is available here: no \"not supported\" case to run"
+        ),
+    }
+    for (args, want, text) in &cases {
+        let (code, err) = run(args);
+        assert_eq!(code, Some(*want), "{args:?}: {err}");
+        assert!(
+            err.contains(text.as_str()),
+            "{args:?}: {err:?} lacks {text:?}"
+        );
+        if *want != 2 || !err.contains("Usage:") {
+            assert_eq!(err.trim().lines().count(), 1, "{args:?}: one line: {err}");
+        }
+    }
+}
+
+#[test]
+fn help_lists_the_exit_statuses() {
+    let out = Command::new(BIN).arg("--help").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    for want in [
+        "Exit status",
+        "2 wrong usage",
+        "3 not supported",
+        "4 not permitted",
+        "5 the process went away",
+    ] {
+        assert!(text.contains(want), "--help lacks {want:?}: {text}");
+    }
+}
