@@ -137,7 +137,9 @@ fn run_agent(a: RunArgs) -> Result<i32> {
     // linked program), under ptrace like any other.
     let started = match a.watch.command.is_empty() {
         true => None,
-        false => Some(pagewise::mech::shim::start_advised(&a.watch.command)?),
+        false => Some(pagewise::mech::inject::shim::start_advised(
+            &a.watch.command,
+        )?),
     };
     let child = match started {
         None => None,

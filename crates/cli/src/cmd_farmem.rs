@@ -223,6 +223,7 @@ fn run_cmd(a: RunArgs) -> Result<i32> {
         stacks: a.stacks,
         trace: a.trace.clone(),
         fault_path: a.fault_path,
+        ..FarmemOptions::default()
     };
     let status = match run.command(&a.cmd, &opts)?.status() {
         Ok(st) => st,

@@ -111,11 +111,16 @@ pub fn run(a: Args) -> Result<i32> {
     match a.sub {
         Sub::Run(r) => run_agent(*r),
         Sub::Prezero(p) => {
-            let mut c = pagewise::mech::shim::shim_command(&p.command)?;
-            c.env(
-                pagewise::mech::shim::env::PREZERO,
-                format!("{},{}", p.ahead, p.rate),
-            );
+            use pagewise::mech::shim::{shim_command, PrezeroRequest, ShimRequest};
+            let mut c = shim_command(&p.command)?;
+            ShimRequest {
+                prezero: Some(PrezeroRequest {
+                    ahead: Some(p.ahead),
+                    rate: Some(p.rate),
+                }),
+                ..ShimRequest::default()
+            }
+            .apply(&mut c);
             let st = c
                 .status()
                 .with_context(|| format!("starting {}", p.command[0]))?;

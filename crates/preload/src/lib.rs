@@ -32,7 +32,7 @@ mod farmem;
 #[global_allocator]
 static ALLOC: alloc::ShimAlloc = alloc::ShimAlloc;
 
-use pagewise::mech::shim::env;
+use pagewise::mech::shim::{PrezeroRequest, ShimRequest};
 use pagewise::track::{protocol, BackendKind, DirtyTracker};
 use std::io::BufReader;
 use std::os::fd::FromRawFd;
@@ -49,14 +49,13 @@ fn serve(sock: UnixStream, backend: BackendKind) {
     drop(tracker);
 }
 
-fn prezero(spec: &str) {
+fn prezero(p: PrezeroRequest) {
     use pagewise::thp::prezero::{PrezeroOptions, Prezeroer};
-    let mut it = spec.split(',');
     let mut opts = PrezeroOptions::default();
-    if let Some(a) = it.next().and_then(|a| a.parse().ok()) {
+    if let Some(a) = p.ahead {
         opts.ahead = a;
     }
-    if let Some(r) = it.next().and_then(|r| r.parse().ok()) {
+    if let Some(r) = p.rate {
         opts.rate = r;
     }
     match Prezeroer::start(opts) {
@@ -66,12 +65,9 @@ fn prezero(spec: &str) {
     }
 }
 
-/// The socket pagewise passed in the variable `var`, taken (the variable is
-/// removed, and programs that CMD starts in turn do not inherit it).
-fn take_socket(var: &str) -> Option<UnixStream> {
-    let fd = std::env::var(var).ok()?;
-    std::env::remove_var(var);
-    let fd = fd.parse::<i32>().ok()?;
+/// The socket pagewise passed as fd `fd`, taken (it is closed on exec, so
+/// that programs CMD starts in turn do not inherit it).
+fn take_socket(fd: i32) -> Option<UnixStream> {
     pagewise_sys::process::set_cloexec(fd).ok()?;
     // SAFETY: pagewise passed this fd for the shim alone (it is open:
     // FD_CLOEXEC was just set on it); we take ownership.
@@ -79,14 +75,22 @@ fn take_socket(var: &str) -> Option<UnixStream> {
 }
 
 extern "C" fn pagewise_preload_init() {
-    if let Ok(name) = std::env::var(env::FARMEM_INSTANCE) {
-        farmem::init(name);
+    // What pagewise asked, read in one place (the contract's).
+    let req = match ShimRequest::from_env() {
+        Ok(Some(r)) => r,
+        Ok(None) => return,
+        Err(line) => {
+            eprintln!("pagewise shim: {line}");
+            return;
+        }
+    };
+    if let Some(f) = req.farmem {
+        farmem::init(f);
     }
-    if let Ok(spec) = std::env::var(env::PREZERO) {
-        std::env::remove_var(env::PREZERO);
-        prezero(&spec);
+    if let Some(p) = req.prezero {
+        prezero(p);
     }
-    if let Some(sock) = take_socket(env::ADVISE_FD) {
+    if let Some(sock) = req.advise.and_then(take_socket) {
         // The shim's heap and the advice thread's stack are named to the
         // agent as the shim's own, never the program's.
         if let Some((start, len)) = alloc::arena() {
@@ -102,18 +106,17 @@ extern "C" fn pagewise_preload_init() {
                 pagewise::mech::inject::shim::serve(sock)
             });
     }
-    let backend = std::env::var(env::TRACK_BACKEND)
-        .ok()
-        .and_then(|b| b.parse().ok())
-        .unwrap_or(BackendKind::UffdWp);
-    std::env::remove_var(env::TRACK_BACKEND);
-    if let Some(sock) = take_socket(env::TRACK_FD) {
-        let _ = std::thread::Builder::new()
-            .name("pagewise-track".into())
-            .spawn(move || {
-                let _ = pagewise_sys::mem::name_own_stack(pagewise::mech::procfs::OWN_THREAD_STACK);
-                serve(sock, backend)
-            });
+    if let Some((fd, backend)) = req.track {
+        let backend = backend.parse().unwrap_or(BackendKind::UffdWp);
+        if let Some(sock) = take_socket(fd) {
+            let _ = std::thread::Builder::new()
+                .name("pagewise-track".into())
+                .spawn(move || {
+                    let _ =
+                        pagewise_sys::mem::name_own_stack(pagewise::mech::procfs::OWN_THREAD_STACK);
+                    serve(sock, backend)
+                });
+        }
     }
 }
 

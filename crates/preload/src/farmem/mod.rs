@@ -28,12 +28,7 @@ use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use pagewise::mech::shim::env::{
-    FARMEM_CHECK as ENV_CHECK, FARMEM_FAULT_PATH as ENV_FAULT_PATH,
-    FARMEM_INSTANCE as ENV_INSTANCE, FARMEM_POLICY as ENV_POLICY,
-    FARMEM_POLICY_ARGS as ENV_POLICY_ARGS, FARMEM_STACKS as ENV_STACKS, FARMEM_TAG as ENV_TAG,
-    FARMEM_TRACE as ENV_TRACE,
-};
+use pagewise::mech::shim::FarmemRequest;
 
 /// The top of a thread stack left alone with `--stacks` (see on_sigsys).
 const STACK_TOP_KEPT: u64 = 64 << 10;

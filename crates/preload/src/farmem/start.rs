@@ -6,11 +6,8 @@ use super::*;
 /// The fault path asked for. Emulated thread stacks take the handler
 /// thread: a fault on a thread's own stack cannot be served by a handler
 /// that runs on that stack.
-fn fault_path() -> FaultPath {
-    let asked = std::env::var(ENV_FAULT_PATH)
-        .ok()
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_default();
+fn fault_path(req: &FarmemRequest) -> FaultPath {
+    let asked = req.fault_path.parse().unwrap_or_default();
     if STACKS.load(Ordering::Relaxed) {
         FaultPath::Thread
     } else {
@@ -20,8 +17,10 @@ fn fault_path() -> FaultPath {
 
 /// Starts emulation in this process; on failure the program runs without
 /// it, and says so.
-pub fn init(name: String) {
-    if let Err(e) = start(&name, false) {
+pub fn init(req: FarmemRequest) {
+    let name = req.instance.clone();
+    let req = REQUEST.get_or_init(|| req);
+    if let Err(e) = start(req, false) {
         eprintln!("pagewise farmem: instance {name}: {e}; running without far-memory emulation");
         return;
     }
@@ -74,10 +73,11 @@ extern "C" fn after_fork_child() {
     HANDLER_TID.store(0, Ordering::Relaxed);
     // Threads of the parent inside an mremap do not exist here.
     CHANGING.store(0, Ordering::Relaxed);
-    let Ok(name) = std::env::var(ENV_INSTANCE) else {
+    let Some(req) = REQUEST.get() else {
         return;
     };
-    if let Err(e) = start(&name, true) {
+    let name = &req.instance;
+    if let Err(e) = start(req, true) {
         eprintln!(
             "pagewise farmem: instance {name}, child {}: {e}; running without far-memory emulation",
             std::process::id()
@@ -85,19 +85,20 @@ extern "C" fn after_fork_child() {
     }
 }
 
-/// Joins the instance `name` and starts this process's engine over the
+/// What pagewise asked of the shim for far memory, kept for a child after
+/// fork (which joins the same instance).
+static REQUEST: std::sync::OnceLock<FarmemRequest> = std::sync::OnceLock::new();
+
+/// Joins the instance `req` names and starts this process's engine over the
 /// memory it has (none inherited, in a child after fork), then traps the
 /// C library's memory calls. On failure the slot is left.
-fn start(name: &str, child: bool) -> Result<(), String> {
+fn start(req: &FarmemRequest, child: bool) -> Result<(), String> {
     let inst = Arc::new(
-        Instance::open(name, pagewise::farmem::instance::Access::Join)
+        Instance::open(&req.instance, pagewise::farmem::instance::Access::Join)
             .map_err(|e| e.to_string())?,
     );
     let pid = std::process::id() as i32;
-    let tag = std::env::var(ENV_TAG)
-        .ok()
-        .and_then(|t| t.parse().ok())
-        .unwrap_or(0);
+    let tag = req.tag;
     // After an exec the process is a member already under its old image,
     // which never left: that slot is done.
     inst.leave_pid(pid);
@@ -106,11 +107,8 @@ fn start(name: &str, child: bool) -> Result<(), String> {
         inst.leave(slot);
         e
     };
-    let policy = policy_from_env(pid).map_err(fail)?;
-    STACKS.store(
-        std::env::var(ENV_STACKS).as_deref() == Ok("1"),
-        Ordering::Relaxed,
-    );
+    let policy = policy_of(req, pid).map_err(fail)?;
+    STACKS.store(req.stacks, Ordering::Relaxed);
     let maps = pagewise::mech::procfs::maps(None).map_err(|e| fail(e.to_string()))?;
     let libc_text = maps
         .iter()
@@ -125,8 +123,8 @@ fn start(name: &str, child: bool) -> Result<(), String> {
     // inherited (the parent's heap, but also copies of the parent's handler
     // stack and staging) stays as it is, shared with the parent.
     let regions = initial_regions(if child { &[] } else { &maps }).map_err(fail)?;
-    let mut fm = engine(&inst, slot, &regions, policy).map_err(fail)?;
-    let trace = std::env::var(ENV_TRACE).ok();
+    let mut fm = engine(req, &inst, slot, &regions, policy).map_err(fail)?;
+    let trace = req.trace.as_ref().map(|t| t.display().to_string());
     if trace.is_some() {
         fm.trace(1 << 22);
     }
@@ -156,17 +154,17 @@ fn start(name: &str, child: bool) -> Result<(), String> {
     Ok(())
 }
 
-/// The eviction policy the environment names: a built-in one, or a plugin
-/// (a path) with its argument string.
-fn policy_from_env(pid: i32) -> Result<Box<dyn policy::Policy>, String> {
-    let name = std::env::var(ENV_POLICY).unwrap_or_else(|_| "fifo".into());
+/// The eviction policy asked for: a built-in one, or a plugin (a path)
+/// with its argument string.
+fn policy_of(req: &FarmemRequest, pid: i32) -> Result<Box<dyn policy::Policy>, String> {
+    let name = &req.policy;
     if name.contains('/') {
-        let args = std::env::var(ENV_POLICY_ARGS).unwrap_or_default();
+        let args = &req.policy_args;
         // SAFETY: the user named this plugin to be loaded into the program.
-        let plugin = unsafe { policy::Plugin::load(&name, &args) }.map_err(|e| e.to_string())?;
+        let plugin = unsafe { policy::Plugin::load(name, args) }.map_err(|e| e.to_string())?;
         return Ok(Box::new(plugin));
     }
-    policy::by_name(&name, pid as u64).ok_or_else(|| {
+    policy::by_name(name, pid as u64).ok_or_else(|| {
         format!(
             "unknown policy {name:?} (built in: {})",
             policy::NAMES.join(", ")
@@ -226,13 +224,14 @@ fn initial_regions(maps: &[pagewise::mech::procfs::Mapping]) -> Result<Vec<Regio
 /// calibration, tied to the shim (new regions from the ring, the member's
 /// slot, the handler thread's id).
 fn engine(
+    req: &FarmemRequest,
     inst: &Arc<Instance>,
     slot: usize,
     regions: &[Region],
     policy: Box<dyn policy::Policy>,
 ) -> Result<FarMemory, String> {
     let s = inst.settings();
-    let path = fault_path();
+    let path = fault_path(req);
     let (floor_ns, unseen_ns) = inst.calibration(path);
     let config = Config {
         local_pages: s.local_pages.max(1) as usize,
@@ -247,10 +246,7 @@ fn engine(
         remapping: Some(&CHANGING),
         fault_path: path,
         thread_floor: pagewise::farmem::instance::MIN_LOCAL_PAGES_THREAD as usize,
-        check_books: std::env::var(ENV_CHECK)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0),
+        check_books: req.check,
         on_start: Some(Box::new(|| {
             // SAFETY: gettid has no arguments and no side effect.
             let tid = unsafe { raw_syscall(libc::SYS_gettid, [0; 6]) };

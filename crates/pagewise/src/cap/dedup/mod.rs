@@ -58,7 +58,7 @@
 //! rebuilds from outside. ksmd is started if it was not and its pace
 //! (`pages_to_scan`) follows the pages made mergeable so that one pass
 //! over them takes [`Options::full_scan`]; every KSM setting is put back
-//! when the agent is dropped, and with [`Agent::end`] the regions it made
+//! when the agent is dropped, and with [`Agent::end`](crate::mech::agent::Agent::end) the regions it made
 //! mergeable are unmerged.
 //!
 //! Three other policies are here for comparison ([`Policy`]): KSM

@@ -144,8 +144,8 @@ const _: () = {
 /// temporary directory where `/dev/shm` is missing); `PAGEWISE_FARMEM_DIR`
 /// overrides it.
 pub fn dir() -> PathBuf {
-    if let Some(d) = std::env::var_os(crate::mech::shim::env::FARMEM_DIR) {
-        return d.into();
+    if let Some(d) = crate::mech::shim::farmem_dir() {
+        return d;
     }
     let shm = Path::new("/dev/shm");
     if shm.is_dir() {

@@ -3,7 +3,7 @@
 //! the run's end.
 
 use super::instance::{self, Access, Instance, Settings};
-use crate::mech::shim::{env, shim_command};
+use crate::mech::shim::{shim_command, FarmemRequest, ShimRequest};
 use crate::{Error, Result};
 use std::path::PathBuf;
 use std::process::Command;
@@ -21,6 +21,10 @@ pub struct FarmemOptions {
     pub trace: Option<PathBuf>,
     /// Which thread serves faults.
     pub fault_path: crate::farmem::FaultPath,
+    /// A debug mode: each member checks its books against the page tables
+    /// every this many faults, and stops the program at the first
+    /// disagreement (0: off; see `Hooks::check_books`).
+    pub check: u64,
 }
 
 impl Default for FarmemOptions {
@@ -32,6 +36,7 @@ impl Default for FarmemOptions {
             trace: None,
             // As `farmem run`'s default.
             fault_path: crate::farmem::FaultPath::Inline,
+            check: 0,
         }
     }
 }
@@ -138,15 +143,20 @@ impl FarmemRun {
     /// `cmd` set up to run under the shim as a member of this run.
     pub fn command(&self, cmd: &[String], opts: &FarmemOptions) -> Result<Command> {
         let mut c = shim_command(cmd)?;
-        c.env(env::FARMEM_INSTANCE, self.inst.name())
-            .env(env::FARMEM_TAG, self.tag.to_string())
-            .env(env::FARMEM_POLICY, &opts.policy)
-            .env(env::FARMEM_POLICY_ARGS, &opts.policy_args)
-            .env(env::FARMEM_STACKS, if opts.stacks { "1" } else { "0" })
-            .env(env::FARMEM_FAULT_PATH, opts.fault_path.to_string());
-        if let Some(t) = &opts.trace {
-            c.env(env::FARMEM_TRACE, t);
+        ShimRequest {
+            farmem: Some(FarmemRequest {
+                instance: self.inst.name().to_string(),
+                tag: self.tag,
+                policy: opts.policy.clone(),
+                policy_args: opts.policy_args.clone(),
+                stacks: opts.stacks,
+                fault_path: opts.fault_path.to_string(),
+                trace: opts.trace.clone(),
+                check: opts.check,
+            }),
+            ..ShimRequest::default()
         }
+        .apply(&mut c);
         Ok(c)
     }
 

@@ -3,7 +3,7 @@
 
 use super::{protocol, BackendKind};
 use crate::mech::child::wait_for;
-use crate::mech::shim::{env, spawn_with_socket};
+use crate::mech::shim::{spawn_with_socket, ShimRequest};
 use crate::{Error, Result};
 use std::os::unix::net::UnixStream;
 use std::process::{Child, ExitStatus};
@@ -21,8 +21,10 @@ pub enum Tracked {
 /// Starts `cmd` with the shim preloaded and tracking its writes with
 /// `backend`, and waits (10 s at most) for the shim's hello.
 pub fn start_tracked(cmd: &[String], backend: BackendKind) -> Result<Tracked> {
-    let (mut child, mut s) =
-        spawn_with_socket(cmd, env::TRACK_FD, &[(env::TRACK_BACKEND, backend.name())])?;
+    let (mut child, mut s) = spawn_with_socket(cmd, |fd| ShimRequest {
+        track: Some((fd, backend.name().into())),
+        ..ShimRequest::default()
+    })?;
     let program = &cmd[0];
     let hello = s
         .set_read_timeout(Some(Duration::from_secs(10)))

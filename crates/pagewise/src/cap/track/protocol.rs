@@ -6,8 +6,8 @@
 //! ```text
 //! pagewise                         shim (in CMD)
 //!    | -- hello:   'H'  ---------------> |
-//!    | <- u32 magic "PGWS", u32 version, |   version rule: a reader refuses
-//!    |    u32 backend (wire value),      |   any version but its own
+//!    | <- u32 magic "PGWS", u32 contract,|   a reader refuses any contract
+//!    |    u32 backend (wire value),      |   but its own (mech::shim)
 //!    |    u32 status                     |   0: tracking; else an errno, and
 //!    |                                   |   the shim closes the socket
 //!    | -- collect: 'C'  ---------------> |
@@ -37,8 +37,9 @@ use std::io::{self, Read, Write};
 
 /// `PGWS`.
 pub const MAGIC: u32 = 0x5357_4750;
-/// Protocol version. 2: backends as wire values, a status in the hello.
-pub const VERSION: u32 = 2;
+/// Protocol version: the shim's contract ([`crate::mech::shim::CONTRACT`];
+/// since 2: backends as wire values, a status in the hello).
+pub const VERSION: u32 = crate::mech::shim::CONTRACT;
 /// Request: handshake.
 pub const REQ_HELLO: u8 = b'H';
 /// Request: collect.
@@ -54,7 +55,8 @@ pub const HELLO_LEN: usize = 16;
 /// that kept the shim from tracking.
 pub fn write_hello(w: &mut impl Write, backend: BackendKind, status: i32) -> io::Result<()> {
     let mut b = Vec::with_capacity(HELLO_LEN);
-    for v in [MAGIC, VERSION, backend.wire(), status as u32] {
+    b.extend_from_slice(&crate::mech::shim::hello_header(MAGIC));
+    for v in [backend.wire(), status as u32] {
         b.extend_from_slice(&v.to_le_bytes());
     }
     w.write_all(&b)
@@ -63,18 +65,11 @@ pub fn write_hello(w: &mut impl Write, backend: BackendKind, status: i32) -> io:
 /// Reads the hello reply; returns the shim's backend, or the shim's errno
 /// when it could not track.
 pub fn read_hello(r: &mut impl Read) -> io::Result<BackendKind> {
-    let mut b = [0u8; HELLO_LEN];
+    crate::mech::shim::check_hello(r, MAGIC)?;
+    let mut b = [0u8; HELLO_LEN - 8];
     r.read_exact(&mut b)?;
     let f = |i: usize| u32::from_le_bytes(b[i * 4..i * 4 + 4].try_into().expect("4 bytes"));
-    let (magic, version, wire, status) = (f(0), f(1), f(2), f(3));
-    if magic != MAGIC || version != VERSION {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!(
-                "shim speaks magic {magic:#x} version {version}, want {MAGIC:#x} version {VERSION}"
-            ),
-        ));
-    }
+    let (wire, status) = (f(0), f(1));
     if status != 0 {
         return Err(io::Error::from_raw_os_error(status as i32));
     }

@@ -3,13 +3,13 @@
 //! shim's advice thread over a `socketpair(AF_UNIX, SOCK_STREAM)` whose shim
 //! end is passed as the fd number in
 //! [`ADVISE_FD`](crate::mech::shim::env::ADVISE_FD) (see
-//! [`launch::start_advised`](crate::mech::shim::start_advised)).
+//! [`start_advised`]).
 //!
 //! ```text
 //! pagewise                               shim (in CMD)
 //!    | <- hello: u32 magic "PGWA",        |   sent by the shim as it starts
-//!    |    u32 version, u32 pid,           |   version rule: a reader refuses
-//!    |    u32 m, m x (u64 start, u64 len) |   any version but its own; the
+//!    |    u32 contract, u32 pid,          |   a reader refuses any contract
+//!    |    u32 m, m x (u64 start, u64 len) |   but its own (mech::shim); the
 //!    |                                    |   m ranges are the shim's own
 //!    |                                    |   memory (its heap, its thread's
 //!    |                                    |   stack): never the program's
@@ -24,15 +24,17 @@
 //! other is answered `-EPERM` for every range. A request that cannot be
 //! read whole, or holds more than [`MAX_RANGES`], ends the connection.
 
+use crate::mech::shim::ShimRequest;
 use crate::{Error, Result};
 use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
+use std::process::Child;
 use std::time::Duration;
 
 /// `PGWA`.
 pub const MAGIC: u32 = 0x4157_4750;
-/// Protocol version.
-pub const VERSION: u32 = 2;
+/// Protocol version: the shim's contract ([`crate::mech::shim::CONTRACT`]).
+pub const VERSION: u32 = crate::mech::shim::CONTRACT;
 /// Most ranges of the shim's own memory a hello names.
 pub const MAX_OWN: u32 = 64;
 
@@ -86,7 +88,8 @@ fn ranges(body: &[u8]) -> impl Iterator<Item = (u64, u64)> + '_ {
 pub fn serve(mut sock: UnixStream) {
     let own = OWN.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let mut hello = Vec::with_capacity(16 + own.len() * 16);
-    for v in [MAGIC, VERSION, std::process::id(), own.len() as u32] {
+    hello.extend_from_slice(&crate::mech::shim::hello_header(MAGIC));
+    for v in [std::process::id(), own.len() as u32] {
         hello.extend_from_slice(&v.to_le_bytes());
     }
     for r in own {
@@ -137,17 +140,10 @@ impl ShimAdvice {
     /// Waits up to `within` for the shim's hello on `sock`.
     pub fn hello(mut sock: UnixStream, within: Duration) -> io::Result<ShimAdvice> {
         sock.set_read_timeout(Some(within))?;
-        let mut b = [0u8; 12];
+        crate::mech::shim::check_hello(&mut sock, MAGIC)?;
+        let mut b = [0u8; 4];
         sock.read_exact(&mut b)?;
-        let (magic, version, pid) = (u32_at(&b, 0), u32_at(&b, 4), u32_at(&b, 8));
-        if magic != MAGIC || version != VERSION {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!(
-                    "shim speaks magic {magic:#x} version {version}, want {MAGIC:#x} version {VERSION}"
-                ),
-            ));
-        }
+        let pid = u32_at(&b, 0);
         let mut m = [0u8; 4];
         sock.read_exact(&mut m)?;
         let m = u32_at(&m, 0);
@@ -210,4 +206,19 @@ impl ShimAdvice {
         }
         Ok(done)
     }
+}
+
+/// Starts `cmd` under the shim, which takes requests for advice inside it
+/// (this module), and waits (5 s at most) for
+/// the shim's hello. Without one (a statically linked program, which loads
+/// no shim, or one that ended at once) the child comes back alone, with
+/// why: its advice must then be made under ptrace.
+pub fn start_advised(cmd: &[String]) -> Result<(Child, std::result::Result<ShimAdvice, String>)> {
+    let (child, sock) = crate::mech::shim::spawn_with_socket(cmd, |fd| ShimRequest {
+        advise: Some(fd),
+        ..ShimRequest::default()
+    })?;
+    let shim = ShimAdvice::hello(sock, Duration::from_secs(5))
+        .map_err(|e| format!("its shim did not answer ({e}): statically linked, or it ended"));
+    Ok((child, shim))
 }

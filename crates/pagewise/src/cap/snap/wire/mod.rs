@@ -3,7 +3,7 @@
 //! [`Sender`] (`pagewise snapshot --live --to HOST:PORT`) to a [`Receiver`]
 //! (`pagewise receive --listen ADDR --out DIR`), which keeps a copy of the
 //! process's memory and saves it, once complete, as an ordinary snapshot in
-//! its [`DiskStore`].
+//! its [`DiskStore`](super::DiskStore).
 //!
 //! # Protocol, version 2
 //!
@@ -37,7 +37,7 @@
 //! 1 LZ4 block, 2 zero pages: no payload), 2 zero bytes, `u32` page count
 //! (1 to [`MAX_CHUNK_PAGES`]), `u64` address of the first page, `u32`
 //! payload length, 4 zero bytes — then one `u64` xxh3-64 digest per page
-//! ([`page_hash`]) of its uncompressed contents, then the payload. The
+//! ([`page_hash`](crate::mech::hash::page_hash)) of its uncompressed contents, then the payload. The
 //! pages lie inside one region of the last `'R'`.
 //!
 //! The receiver's states:

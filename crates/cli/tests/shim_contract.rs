@@ -1,0 +1,73 @@
+//! The preload shim and pagewise agree on one versioned contract
+//! (`pagewise::mech::shim`): a shim asked by a pagewise of another
+//! contract does nothing it was asked, says so in one line, and the
+//! program runs as it would without it.
+
+use std::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_pagewise");
+
+fn shim() -> Option<std::path::PathBuf> {
+    pagewise_testkit::ensure_preload_shim(BIN).ok()
+}
+
+/// `echo hello` with the shim preloaded and `vars` set: its stdout and stderr.
+fn echo_under_shim(shim: &std::path::Path, vars: &[(&str, &str)]) -> (String, String) {
+    let mut c = Command::new("/bin/echo");
+    c.arg("hello").env("LD_PRELOAD", shim);
+    for k in [
+        pagewise::mech::shim::env::CONTRACT,
+        pagewise::mech::shim::env::FARMEM_INSTANCE,
+        pagewise::mech::shim::env::PREZERO,
+    ] {
+        c.env_remove(k);
+    }
+    c.envs(vars.iter().copied());
+    let out = c.output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_shim_refuses_a_request_of_another_contract_in_one_line() {
+    let Some(shim) = shim() else {
+        pagewise_testkit::skip!("the preload shim is not built (cargo build --release)");
+        return;
+    };
+    use pagewise::mech::shim::{env, CONTRACT};
+    // A far-memory request from a pagewise of contract 999: not joined (the
+    // instance does not exist either; the contract is checked first).
+    let (out, err) = echo_under_shim(
+        &shim,
+        &[
+            (env::CONTRACT, "999 9.9.9"),
+            (env::FARMEM_INSTANCE, "no-such-instance"),
+        ],
+    );
+    assert_eq!(out, "hello\n");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("contract 999 (9.9.9)"), "{err}");
+    assert!(
+        err.contains(&format!("this shim speaks contract {CONTRACT}")),
+        "{err}"
+    );
+    assert!(
+        !err.contains("no-such-instance"),
+        "acted on the request: {err}"
+    );
+    // A request with no contract at all (a pagewise before contracts).
+    let (out, err) = echo_under_shim(&shim, &[(env::PREZERO, "1,1")]);
+    assert_eq!(out, "hello\n");
+    assert!(err.contains("contract unknown"), "{err}");
+    // The same contract: the request is taken (pre-zeroing starts quietly).
+    let ours = format!("{CONTRACT} {}", pagewise::mech::shim::BUILD);
+    let (out, err) = echo_under_shim(&shim, &[(env::CONTRACT, &ours), (env::PREZERO, "1,1")]);
+    assert_eq!(out, "hello\n");
+    assert!(!err.contains("contract"), "{err}");
+    // Nothing asked: nothing said.
+    let (out, err) = echo_under_shim(&shim, &[]);
+    assert_eq!((out.as_str(), err.as_str()), ("hello\n", ""));
+}
