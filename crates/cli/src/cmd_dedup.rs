@@ -170,7 +170,7 @@ fn run_agent(a: RunArgs) -> Result<i32> {
             .collect();
         println!(
             "{}",
-            serde_json::json!({ "watching": how, "policy": policy.name() })
+            crate::json::line(&serde_json::json!({ "watching": how, "policy": policy.name() }))?
         );
     } else {
         let how: Vec<String> = agent
@@ -197,7 +197,7 @@ fn run_agent(a: RunArgs) -> Result<i32> {
     if !a.keep_merged {
         for act in agent.end() {
             if a.watch.json {
-                println!("{}", serde_json::json!({ "end": act }));
+                println!("{}", crate::json::line(&serde_json::json!({ "end": act }))?);
             } else {
                 action(&mut std::io::stdout().lock(), &act)?;
             }
@@ -227,7 +227,7 @@ fn run_agent(a: RunArgs) -> Result<i32> {
 fn report(step: &Step, json: bool) -> Result<()> {
     let mut out = std::io::stdout().lock();
     if json {
-        writeln!(out, "{}", serde_json::to_string(step)?)?;
+        writeln!(out, "{}", crate::json::line(step)?)?;
         return Ok(());
     }
     writeln!(

@@ -34,7 +34,7 @@ pub fn demo(a: DemoArgs) -> Result<i32> {
         if let Err(why) = k.available_in_process() {
             if a.json {
                 let v = serde_json::json!({"backend": k.name(), "skipped": true, "why": why});
-                println!("{v}");
+                println!("{}", crate::json::line(&v)?);
             } else {
                 println!("{:<10} skipped: {why}", k.name());
             }
@@ -72,7 +72,7 @@ pub fn demo(a: DemoArgs) -> Result<i32> {
                 "dirty_pages_reported": reported, "mean_collect_ms": total_ms / 5.0,
                 "shadow_matches": true,
             });
-            println!("{v}");
+            println!("{}", crate::json::line(&v)?);
         } else {
             println!(
                 "{:<10} 5 collections: {:>7} dirty pages reported, mean collection {:>8.3} ms, shadow copy matches",

@@ -245,11 +245,11 @@ fn run_cmd(a: RunArgs) -> Result<i32> {
         );
     }
     if let Some(p) = &a.stats_json {
-        std::fs::write(p, serde_json::to_string_pretty(&rep)? + "\n")
+        std::fs::write(p, crate::json::pretty(&rep)? + "\n")
             .with_context(|| format!("writing {}", p.display()))?;
     }
     if a.json {
-        eprintln!("{}", serde_json::to_string(&rep)?);
+        eprintln!("{}", crate::json::line(&rep)?);
         run.finish();
         return Ok(child::exit_code(status));
     }
@@ -296,7 +296,9 @@ fn ls(a: LsArgs) -> Result<i32> {
         .map(|i| report(i, None))
         .collect();
     if a.json {
-        println!("{}", serde_json::to_string(&all)?);
+        // An object, so that it carries the schema as every other output.
+        let v = serde_json::json!({ "instances": all });
+        println!("{}", crate::json::line(&v)?);
         return Ok(0);
     }
     if all.is_empty() {

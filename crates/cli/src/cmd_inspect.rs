@@ -152,7 +152,7 @@ pub fn run(a: Args) -> Result<i32> {
         let mut v = serde_json::to_value(&rep)?;
         v["hottest"] = serde_json::to_value(&hottest)?;
         v["promote_first"] = serde_json::to_value(&promote)?;
-        println!("{}", serde_json::to_string(&v)?);
+        println!("{}", crate::json::line(&v)?);
         return Ok(0);
     }
     print_summary(&rep);

@@ -34,7 +34,7 @@ pub fn run(a: Args) -> Result<i32> {
                 Err(why) => serde_json::json!({ "unavailable": why }),
             };
         }
-        println!("{}", serde_json::to_string(&v)?);
+        println!("{}", crate::json::line(&v)?);
         return Ok(0);
     }
     println!("Linux {}", p.kernel);

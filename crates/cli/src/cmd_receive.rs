@@ -102,7 +102,10 @@ pub fn run(a: Args) -> Result<i32> {
         });
     }
     if a.json {
-        println!("{}", serde_json::json!({ "listening": local.to_string() }));
+        println!(
+            "{}",
+            crate::json::line(&serde_json::json!({ "listening": local.to_string() }))?
+        );
     } else {
         println!(
             "listening on {local}; saving into {} (SIGINT or SIGTERM ends)",
@@ -179,7 +182,7 @@ fn serve_one(rx: &Receiver, stream: TcpStream, json: bool, stop: &AtomicBool) ->
     let got = got?;
     let kept = rx.store().ids()?.len();
     if json {
-        println!("{}", serde_json::to_string(&got)?);
+        println!("{}", crate::json::line(&got)?);
     } else {
         match &got.broken {
             Some(why) => println!(

@@ -210,7 +210,7 @@ fn take_live(
 
 fn print_live(t: &TakeArgs, r: &pagewise::snap::live::LiveReport) -> Result<()> {
     if t.json {
-        println!("{}", serde_json::to_string(r)?);
+        println!("{}", crate::json::line(r)?);
         return Ok(());
     }
     for (i, p) in r.passes.iter().enumerate() {
@@ -287,7 +287,7 @@ fn take_into(t: &TakeArgs, pid: i32, disk: &mut DiskStore) -> Result<()> {
             None => snapshot_process(pid, disk, &t.label)?,
         };
         if t.json {
-            println!("{}", serde_json::to_string(&s)?);
+            println!("{}", crate::json::line(&s)?);
         } else {
             println!(
                 "snapshot {:>4}: {} regions, {} pages ({} read, {} zero), {} new pages, {:.1} KiB written; process stopped {:.1} ms, total {:.1} ms",
@@ -330,7 +330,7 @@ fn inspect(dir: PathBuf, json: bool) -> Result<i32> {
         let mut v = serde_json::to_value(&stats)?;
         v["snapshots"] = serde_json::Value::from(stats.snapshots);
         v["snapshot_list"] = serde_json::Value::Array(snaps);
-        println!("{v}");
+        println!("{}", crate::json::line(&v)?);
         return Ok(0);
     }
     println!("store {}", dir.display());
@@ -371,7 +371,7 @@ fn diff(dir: PathBuf, a: u64, b: u64, json: bool) -> Result<i32> {
         let rs: Vec<[u64; 2]> = ranges.iter().map(|r| [r.start, r.pages]).collect();
         println!(
             "{}",
-            serde_json::json!({"a": a, "b": b, "pages": pages, "ranges": rs})
+            crate::json::line(&serde_json::json!({"a": a, "b": b, "pages": pages, "ranges": rs}))?
         );
     } else {
         for r in &ranges {

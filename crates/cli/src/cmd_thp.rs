@@ -245,7 +245,7 @@ fn run_agent(a: RunArgs) -> Result<i32> {
 fn report(step: &Step, json: bool) -> Result<()> {
     let mut out = std::io::stdout().lock();
     if json {
-        writeln!(out, "{}", serde_json::to_string(step)?)?;
+        writeln!(out, "{}", crate::json::line(step)?)?;
         return Ok(());
     }
     for p in &step.processes {

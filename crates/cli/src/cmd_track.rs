@@ -177,7 +177,7 @@ pub fn run(a: Args) -> Result<i32> {
                 "dirty_rate_bytes_per_s": rate, "collect_ns": c.stats.elapsed_ns,
                 "pages_scanned": c.stats.pages_scanned,
             });
-            writeln!(out, "{v}")?;
+            writeln!(out, "{}", crate::json::line(&v)?)?;
         } else {
             writeln!(
                 out,

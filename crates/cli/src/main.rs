@@ -14,6 +14,7 @@ mod cmd_track;
 mod cmd_workload;
 mod exit;
 mod heatmap;
+mod json;
 mod progress;
 
 use clap::{Parser, Subcommand};

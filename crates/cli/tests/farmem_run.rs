@@ -785,7 +785,9 @@ fn programs_keep_their_memory() {
 fn ls(dir: &Path) -> serde_json::Value {
     let out = farmem(dir).args(["ls", "--json"]).output().unwrap();
     assert!(out.status.success());
-    serde_json::from_slice(&out.stdout).unwrap()
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["schema"], 1, "{v}");
+    v["instances"].clone()
 }
 
 /// Starts `farmem run --instance NAME` of the target holding `pages`
