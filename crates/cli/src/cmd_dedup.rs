@@ -293,6 +293,7 @@ fn action(out: &mut impl Write, act: &Action) -> Result<()> {
             out,
             "          end: {regions} regions of pid {pid} unmerged"
         )?,
+        other => writeln!(out, "          {other:?}")?,
     }
     Ok(())
 }

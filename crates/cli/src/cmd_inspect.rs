@@ -319,6 +319,7 @@ fn print_summary(rep: &Report) {
                 Method::Sampler => "sampled by the far-memory engine inside the process",
                 Method::IdlePage => "idle page tracking",
                 Method::Writes => "pages written, tracked from outside",
+                _ => "measured",
             }
         ),
         (None, Some(why)) => println!("  access coverage {:>12}  ({why})", "-"),

@@ -167,16 +167,15 @@ fn serve_one(rx: &Receiver, stream: TcpStream, json: bool, stop: &AtomicBool) ->
         Event::Pass(n, pages) => {
             bar.set_message(format!("{peer}: pass {n}, {pages} pages received"))
         }
-        Event::Saved(s) => {
-            if !json {
-                bar.suspend(|| {
-                    println!(
-                        "{peer}: snapshot {} saved: {} pages, {} new to the store",
-                        s.id, s.pages, s.pages_new
-                    )
-                });
-            }
+        Event::Saved(s) if !json => {
+            bar.suspend(|| {
+                println!(
+                    "{peer}: snapshot {} saved: {} pages, {} new to the store",
+                    s.id, s.pages, s.pages_new
+                )
+            });
         }
+        _ => {}
     });
     bar.finish_and_clear();
     let got = got?;

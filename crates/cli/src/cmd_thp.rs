@@ -308,6 +308,7 @@ fn report(step: &Step, json: bool) -> Result<()> {
             Action::NoCoverage { pid, why } => {
                 writeln!(out, "          no coverage for pid {pid} (ranked by utilisation): {why}")?
             }
+            other => writeln!(out, "          {other:?}")?,
         }
     }
     Ok(())

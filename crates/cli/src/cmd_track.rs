@@ -89,6 +89,7 @@ pub fn run(a: Args) -> Result<i32> {
                         }
                         return Ok(child::exit_code(st));
                     }
+                    _ => bail!("{}: the shim answered as this tool does not know", a.cmd[0]),
                 };
                 let pid = child.id() as i32;
                 (Some(child), src, pid)

@@ -5,6 +5,7 @@ use crate::PAGE_SIZE;
 
 /// Errors of the pagewise library. Each message says what was being done and with which value.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// A range that is not page-aligned or is empty.
     #[error(

@@ -74,6 +74,7 @@ pub fn tally(regions: &mut Vec<[u64; 4]>, addr: u64, data: bool, touched: bool) 
 /// How coverage was measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
 pub enum Method {
     /// `/sys/kernel/mm/page_idle/bitmap`.
     IdlePage,

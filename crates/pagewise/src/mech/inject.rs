@@ -28,6 +28,7 @@ pub mod shim;
 /// shim of a program pagewise started (nothing stopped), or under ptrace
 /// (any process: stopped for the moment of the call).
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum Inside {
     /// Stopped under ptrace for each request ([`madvise_in`]).
     Ptrace,

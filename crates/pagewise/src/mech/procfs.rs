@@ -30,6 +30,7 @@ pub struct Mapping {
 
 /// The kinds of memory a capability may be asked to work on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum MemoryKind {
     /// Private anonymous memory: `malloc`, anonymous `mmap`, the heap and stacks.
     PrivateAnonymous,

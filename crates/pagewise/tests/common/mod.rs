@@ -79,6 +79,7 @@ impl Mapped {
                     None,
                 )
             }
+            other => return Err(format!("{other:?}: a memory kind the tests do not make")),
         };
         let fd = file.as_ref().map_or(-1, |f| f.as_raw_fd());
         // SAFETY: a new mapping at an address the kernel picks.

@@ -97,6 +97,7 @@ pub const KSM_DIR: &str = "/sys/kernel/mm/ksm";
 /// Which regions KSM may merge.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
 pub enum Policy {
     /// SmartMD: cold regions with many duplicates, rebuilt when hot.
     SmartMd,
@@ -213,6 +214,7 @@ impl Default for Options {
 /// What the agent did, and why.
 #[derive(Debug, Clone, Serialize)]
 #[serde(tag = "action", rename_all = "kebab-case")]
+#[non_exhaustive]
 pub enum Action {
     /// Made mergeable (a huge page: split and merge).
     Merge {

@@ -42,6 +42,7 @@ use std::sync::{Arc, Once};
 /// Which thread serves a fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
 pub enum FaultPath {
     /// The engine's handler thread; the faulting thread sleeps until the
     /// page is mapped. Faults inside system calls wait like any other.

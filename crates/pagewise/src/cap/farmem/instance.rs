@@ -185,6 +185,7 @@ impl Settings {
 
 /// What a process may do with an instance it opens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Access {
     /// List it and read its counters.
     Read,

@@ -107,6 +107,7 @@ pub struct Config {
 /// Where a range must live, whatever the policy says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
 pub enum Placement {
     /// Left to the budget and the policy.
     Normal,
@@ -122,6 +123,7 @@ pub enum Placement {
 /// What one trace event records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
 pub enum TraceKind {
     /// A remote page was fetched.
     Fetch,

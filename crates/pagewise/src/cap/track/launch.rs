@@ -10,6 +10,7 @@ use std::process::{Child, ExitStatus};
 use std::time::Duration;
 
 /// A program started with the shim tracking its writes (see [`start_tracked`]).
+#[non_exhaustive]
 pub enum Tracked {
     /// Running, the shim answered: the socket to send requests on and the
     /// backend the shim uses.

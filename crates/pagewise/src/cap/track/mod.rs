@@ -48,6 +48,7 @@ pub use launch::{start_tracked, Tracked};
 /// The discriminants are the wire values, in the track protocol and as the C
 /// API's `PW_BACKEND_*` constants: fixed, never renumbered.
 #[repr(u32)]
+#[non_exhaustive]
 pub enum BackendKind {
     /// Asynchronous userfaultfd write-protect with `PAGEMAP_SCAN`.
     UffdWp = 1,
@@ -291,6 +292,7 @@ pub(crate) trait Backend: Send {
 
 /// Which process a tracker watches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Target {
     /// The calling process.
     SelfProcess,

@@ -149,6 +149,7 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Whether the sender compresses pages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum Compression {
     /// Raw pages (zero pages still sent as such).
     None,

@@ -31,6 +31,7 @@ pub struct Received {
 
 /// Events a receiver reports while it serves a connection.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum Event<'a> {
     /// A pass arrived (its number, pages so far in this snapshot).
     Pass(u32, u64),

@@ -68,6 +68,7 @@ use std::time::{Duration, Instant};
 /// Which regions are promoted first.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 #[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
 pub enum Policy {
     /// HawkEye: highest coverage × walk cost first, fairly across processes.
     Coverage,
@@ -102,6 +103,7 @@ impl Default for Budget {
 /// When memory counts as tight, for bloat recovery.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 #[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
 pub enum Pressure {
     /// Every step (for tests and experiments).
     Always,
@@ -229,6 +231,7 @@ pub struct Candidate {
 /// What the agent did with a region, or to a process.
 #[derive(Debug, Clone, Serialize)]
 #[serde(tag = "action", rename_all = "kebab-case")]
+#[non_exhaustive]
 pub enum Action {
     /// Collapsed into a huge page.
     Promoted {
