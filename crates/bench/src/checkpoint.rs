@@ -194,11 +194,10 @@ fn checkpoints(
     };
     match mode {
         "live" => {
-            let opts = LiveOptions {
-                max_downtime_ms: budget_ms,
-                max_passes: 10,
-                throttle: false,
-            };
+            let opts = LiveOptions::default()
+                .max_downtime_ms(budget_ms)
+                .max_passes(10)
+                .throttle(false);
             let mut cp = Checkpointer::new(ProcessSource::new(pid)?, opts);
             let mut series = StoreSeries::new(&mut store);
             while !stop.load(Ordering::Relaxed) {

@@ -349,12 +349,10 @@ fn one(
         Some(policy) => {
             let mut a = Agent::new(
                 &pids,
-                Options {
-                    window: Duration::from_millis(cfg.window_ms),
-                    policy,
-                    full_scan: Some(Duration::from_millis(cfg.full_scan_ms)),
-                    ..Options::default()
-                },
+                Options::default()
+                    .window(Duration::from_millis(cfg.window_ms))
+                    .policy(policy)
+                    .full_scan(Some(Duration::from_millis(cfg.full_scan_ms))),
             )?;
             let (done, interval) = (done.clone(), Duration::from_millis(cfg.interval_ms));
             Some(std::thread::spawn(move || {

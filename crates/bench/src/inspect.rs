@@ -120,7 +120,11 @@ fn point(bytes: u64, bw: f64, dir: &Path, bar: &mut dyn FnMut(&str)) -> Result<P
     let rep = inspect(&[pid], Options::default(), &mut |_, _| {})?;
     let secs = t1.elapsed().as_secs_f64();
     let during = (passes(&counter) - p0) as f64 / secs;
-    let sampled = inspect(&[pid], Options { bloom_sample: true }, &mut |_, _| {})?;
+    let sampled = inspect(
+        &[pid],
+        Options::default().bloom_sample(true),
+        &mut |_, _| {},
+    )?;
     drop(target);
     let mine: Vec<_> = rep
         .regions

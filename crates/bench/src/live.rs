@@ -274,11 +274,10 @@ pub(crate) fn wrong_pages(disk: &DiskStore, id: u64, truth: &Truth) -> Result<u6
 fn live(pid: i32, dest: &mut dyn Destination, budget_ms: f64) -> Result<(LiveReport, Truth)> {
     let mut truth = Vec::new();
     let mut failed = None;
-    let opts = LiveOptions {
-        max_downtime_ms: budget_ms,
-        max_passes: 30,
-        throttle: false,
-    };
+    let opts = LiveOptions::default()
+        .max_downtime_ms(budget_ms)
+        .max_passes(30)
+        .throttle(false);
     let r = live_snapshot(
         pid,
         dest,

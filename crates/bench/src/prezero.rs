@@ -147,11 +147,9 @@ fn one(cfg: &Config, regime: &str, way: &str, repeat: usize) -> Result<Row> {
     let base = mem.addr() as usize;
     let mut lat = Vec::with_capacity(chunks);
     let pre = if way == "THP + pre-zeroing" {
-        Some(Prezeroer::start(PrezeroOptions {
-            ahead: cfg.ahead,
-            rate: cfg.rate,
-            ..PrezeroOptions::default()
-        })?)
+        Some(Prezeroer::start(
+            PrezeroOptions::default().ahead(cfg.ahead).rate(cfg.rate),
+        )?)
     } else {
         None
     };

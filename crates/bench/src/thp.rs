@@ -369,18 +369,18 @@ fn one(
 ) -> Result<Row> {
     let c = start(cfg)?;
     let before_ms = rounds_ms(&c, cfg.rounds);
-    let opts = Options {
-        interval: Duration::from_millis(300),
-        window: Duration::from_millis(100),
-        policy,
-        budget: Budget {
-            total: Some(k),
-            per_second: 1000.0,
-            cpu_share: 1.0,
-        },
-        walk_ns,
-        recovery: None,
-    };
+    let opts = Options::default()
+        .interval(Duration::from_millis(300))
+        .window(Duration::from_millis(100))
+        .policy(policy)
+        .budget(
+            Budget::default()
+                .total(Some(k))
+                .per_second(1000.0)
+                .cpu_share(1.0),
+        )
+        .walk_ns(walk_ns)
+        .recovery(None);
     let mut agent = Agent::new(&[c.pid], opts)?;
     let mut promoted = Vec::new();
     let mut steps = 0;
@@ -438,18 +438,18 @@ fn mean_round_ms(c: &Child, d: Duration, mut during: impl FnMut()) -> f64 {
 fn coverage_check(cfg: &Config, walk_ns: f64) -> Result<CoverageCheck> {
     let c = start(cfg)?;
     rounds_ms(&c, 2);
-    let opts = Options {
-        interval: Duration::from_millis(300),
-        window: Duration::from_millis(100),
-        policy: Policy::Coverage,
-        budget: Budget {
-            total: Some(0),
-            per_second: 0.0,
-            cpu_share: 0.0,
-        },
-        walk_ns,
-        recovery: None,
-    };
+    let opts = Options::default()
+        .interval(Duration::from_millis(300))
+        .window(Duration::from_millis(100))
+        .policy(Policy::Coverage)
+        .budget(
+            Budget::default()
+                .total(Some(0))
+                .per_second(0.0)
+                .cpu_share(0.0),
+        )
+        .walk_ns(walk_ns)
+        .recovery(None);
     let alone = mean_round_ms(&c, Duration::from_secs(3), || {});
     let mut agent = Agent::new(&[c.pid], opts)?;
     let (mut windows, mut truth, mut measured, mut diff) = (0u64, 0u64, 0u64, 0u64);
@@ -512,10 +512,7 @@ fn idle_cost(seconds: u64, walk_ns: f64) -> Result<IdleCost> {
         base: mem.addr(),
         ctl: Ctl::new()?,
     };
-    let opts = Options {
-        walk_ns,
-        ..Options::default()
-    };
+    let opts = Options::default().walk_ns(walk_ns);
     let interval = opts.interval;
     let mut agent = Agent::new(&[c.pid], opts)?;
     let t0 = Instant::now();

@@ -209,18 +209,18 @@ fn one(cfg: &Config, name: &str, policy: Policy, repeat: usize, walk_ns: f64) ->
     let r = random(cfg, cr)?;
     let (stream_before_ms, random_before_ms) = both_ms(&s, &r, cfg.rounds);
     let k = cfg.regions as u64;
-    let opts = Options {
-        interval: Duration::from_millis(cfg.interval_ms),
-        window: Duration::from_millis(cfg.window_ms),
-        policy,
-        budget: Budget {
-            total: Some(k),
-            per_second: 1000.0,
-            cpu_share: 1.0,
-        },
-        walk_ns,
-        recovery: None,
-    };
+    let opts = Options::default()
+        .interval(Duration::from_millis(cfg.interval_ms))
+        .window(Duration::from_millis(cfg.window_ms))
+        .policy(policy)
+        .budget(
+            Budget::default()
+                .total(Some(k))
+                .per_second(1000.0)
+                .cpu_share(1.0),
+        )
+        .walk_ns(walk_ns)
+        .recovery(None);
     let mut agent = Agent::new(&[s.pid, r.pid], opts)?;
     let (mut to_s, mut to_r, mut steps) = (0, 0, 0);
     while to_s + to_r < k && steps < 20 {

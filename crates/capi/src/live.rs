@@ -88,19 +88,18 @@ fn live_options(opts: *const pw_live_options) -> pw::snap::live::LiveOptions {
     // SAFETY: NULL or a readable options struct, by the caller's contract.
     let o = unsafe { opts.as_ref() }.copied().unwrap_or_default();
     let d = pw::snap::live::LiveOptions::default();
-    pw::snap::live::LiveOptions {
-        max_downtime_ms: if o.max_downtime_ms > 0.0 {
+    pw::snap::live::LiveOptions::default()
+        .max_downtime_ms(if o.max_downtime_ms > 0.0 {
             o.max_downtime_ms
         } else {
             d.max_downtime_ms
-        },
-        max_passes: if o.max_passes > 0 {
+        })
+        .max_passes(if o.max_passes > 0 {
             o.max_passes as usize
         } else {
             d.max_passes
-        },
-        throttle: o.throttle != 0,
-    }
+        })
+        .throttle(o.throttle != 0)
 }
 
 /// Live checkpoints of another process `pid` (its writable memory, tracked

@@ -25,10 +25,9 @@ pub unsafe extern "C" fn pw_snapshots_new(
     call("pw_snapshots_new", || {
         // SAFETY: the caller's contract.
         let regions = unsafe { regions_of(regions, n) }?;
-        let opts = SnapshotOptions {
-            verify: verify != 0,
-            backend: backend_of(backend)?,
-        };
+        let opts = SnapshotOptions::default()
+            .verify(verify != 0)
+            .backend(backend_of(backend)?);
         let s = pw_snapshots {
             inner: Snapshots::new(&regions, opts)?,
             last: Vec::new(),

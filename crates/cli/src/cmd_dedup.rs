@@ -121,15 +121,13 @@ fn run_agent(a: RunArgs) -> Result<i32> {
     let thresholds = a.thresholds.as_deref().map(thresholds_of).transpose()?;
     let stop = pagewise_sys::signal::stop_flag()?;
     let pids = crate::agent_loop::check(&a.watch, a.interval_ms, a.window_ms)?;
-    let opts = Options {
-        window: Duration::from_millis(a.window_ms),
-        policy,
-        sample: !a.no_sample,
-        exact: a.exact,
-        thresholds,
-        full_scan: (a.full_scan_ms > 0).then(|| Duration::from_millis(a.full_scan_ms)),
-        ..Options::default()
-    };
+    let opts = Options::default()
+        .window(Duration::from_millis(a.window_ms))
+        .policy(policy)
+        .sample(!a.no_sample)
+        .exact(a.exact)
+        .thresholds(thresholds)
+        .full_scan((a.full_scan_ms > 0).then(|| Duration::from_millis(a.full_scan_ms)));
     // The agent first: a command is not started where it cannot run.
     let mut agent = Agent::new(&pids, opts)?;
     // A command is started under the shim, which makes the calls asked of

@@ -217,14 +217,12 @@ fn run_cmd(a: RunArgs) -> Result<i32> {
         local_percent,
     });
     let run = FarmemRun::join_or_create(a.instance.as_deref(), "run", want)?;
-    let opts = FarmemOptions {
-        policy: a.policy.clone(),
-        policy_args: a.policy_args.clone(),
-        stacks: a.stacks,
-        trace: a.trace.clone(),
-        fault_path: a.fault_path,
-        ..FarmemOptions::default()
-    };
+    let opts = FarmemOptions::default()
+        .policy(a.policy.clone())
+        .policy_args(a.policy_args.clone())
+        .stacks(a.stacks)
+        .trace(a.trace.clone())
+        .fault_path(a.fault_path);
     let status = match run.command(&a.cmd, &opts)?.status() {
         Ok(st) => st,
         Err(e) => {

@@ -89,10 +89,7 @@ fn start(cmd: &[String]) -> Result<Started> {
     let run = FarmemRun::watch_only("inspect")?;
     // The handler thread: nothing to hold for the kernel, fewer calls
     // trapped, for an engine that only watches.
-    let opts = FarmemOptions {
-        fault_path: pagewise::farmem::FaultPath::Thread,
-        ..FarmemOptions::default()
-    };
+    let opts = FarmemOptions::default().fault_path(pagewise::farmem::FaultPath::Thread);
     let child = run.command(cmd, &opts)?.spawn();
     match child {
         Ok(child) => Ok(Started {
@@ -128,9 +125,7 @@ pub fn run(a: Args) -> Result<i32> {
         .unwrap_or(if started.is_some() { 1000 } else { 0 });
     // Contents first, as the program has them: the sampler serves memory
     // page by page while its window is open, which splits huge pages.
-    let opts = Options {
-        bloom_sample: a.bloom_sample,
-    };
+    let opts = Options::default().bloom_sample(a.bloom_sample);
     let reading = crate::progress::bar(0, "reading anonymous pages", "pages");
     let mut rep: Report = inspect(&pids, opts, &mut |done, total| {
         reading.set_length(total);

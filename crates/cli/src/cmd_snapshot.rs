@@ -178,11 +178,10 @@ fn take_live(
     dest: &mut dyn pagewise::snap::live::Destination,
 ) -> Result<()> {
     use pagewise::snap::live::{Checkpointer, LiveOptions, ProcessSource};
-    let opts = LiveOptions {
-        max_downtime_ms: t.max_downtime_ms,
-        max_passes: t.max_passes.max(1),
-        throttle: t.throttle,
-    };
+    let opts = LiveOptions::default()
+        .max_downtime_ms(t.max_downtime_ms)
+        .max_passes(t.max_passes.max(1))
+        .throttle(t.throttle);
     let mut cp = Checkpointer::new(ProcessSource::new(pid)?, opts);
     let every = Duration::from_millis(t.every.unwrap_or(0));
     let start = Instant::now();

@@ -187,27 +187,28 @@ fn run_agent(a: RunArgs) -> Result<i32> {
             }
         }
     };
-    let opts = Options {
-        interval: Duration::from_millis(a.interval_ms),
-        window: Duration::from_millis(a.window_ms),
-        policy,
-        budget: Budget {
-            total: a.budget_total,
-            per_second: a.budget_per_s,
-            cpu_share: a.cpu_share,
-        },
-        walk_ns,
-        recovery: if a.recover_bloat {
-            Some(Recovery {
-                when: pressure_of(a.pressure.as_deref())?,
-                zero_pages: a.zero_pages,
-                tune_khugepaged: !a.keep_khugepaged,
-                hold: Duration::from_secs_f64(a.hold_s.max(0.0)),
-            })
+    let opts = Options::default()
+        .interval(Duration::from_millis(a.interval_ms))
+        .window(Duration::from_millis(a.window_ms))
+        .policy(policy)
+        .budget(
+            Budget::default()
+                .total(a.budget_total)
+                .per_second(a.budget_per_s)
+                .cpu_share(a.cpu_share),
+        )
+        .walk_ns(walk_ns)
+        .recovery(if a.recover_bloat {
+            Some(
+                Recovery::default()
+                    .when(pressure_of(a.pressure.as_deref())?)
+                    .zero_pages(a.zero_pages)
+                    .tune_khugepaged(!a.keep_khugepaged)
+                    .hold(Duration::from_secs_f64(a.hold_s.max(0.0))),
+            )
         } else {
             None
-        },
-    };
+        });
     let mut agent = Agent::new(&pids, opts)?;
     if !a.watch.json {
         println!(

@@ -25,6 +25,24 @@
 //! guards ([`mech::settings`]), digests, the Bloom filter, metrics and the
 //! preload shim's contract ([`mech::shim`]).
 
+/// Builder methods for an options struct, one per field named: `fn
+/// field(self, value) -> Self`, so that callers outside the library (where
+/// the struct is `#[non_exhaustive]`) build it from its `Default`.
+macro_rules! setters {
+    ($ty:ty { $($field:ident : $t:ty),* $(,)? }) => {
+        impl $ty {
+            $(
+                #[doc = concat!("Sets [`", stringify!($field), "`](Self::", stringify!($field), ").")]
+                #[must_use]
+                pub fn $field(mut self, value: $t) -> Self {
+                    self.$field = value;
+                    self
+                }
+            )*
+        }
+    };
+}
+
 mod cap;
 mod error;
 pub mod mech;

@@ -518,12 +518,10 @@ fn run_scheme(
     let mut agent = match Policy::parse(scheme) {
         Some(policy) => Some(Agent::new(
             &pids,
-            Options {
-                window: Duration::from_millis(cfg.window_ms),
-                policy,
-                full_scan: Some(Duration::from_millis(cfg.full_scan_ms)),
-                ..Options::default()
-            },
+            Options::default()
+                .window(Duration::from_millis(cfg.window_ms))
+                .policy(policy)
+                .full_scan(Some(Duration::from_millis(cfg.full_scan_ms))),
         )?),
         None => None,
     };

@@ -449,27 +449,30 @@ fn spawn_agent(
     Ok(match way {
         "linux" => None,
         _ => {
-            let opts = Options {
-                interval: Duration::from_millis(cfg.interval_ms),
-                window: Duration::from_millis(cfg.interval_ms / 4),
-                policy: if way == "ingens" {
+            let opts = Options::default()
+                .interval(Duration::from_millis(cfg.interval_ms))
+                .window(Duration::from_millis(cfg.interval_ms / 4))
+                .policy(if way == "ingens" {
                     Policy::Utilisation(0.9)
                 } else {
                     Policy::Coverage
-                },
-                budget: Budget {
-                    total: None,
-                    per_second: 1000.0,
-                    cpu_share: 0.5,
-                },
-                walk_ns,
-                recovery: (way == "pagewise").then_some(Recovery {
-                    when: Pressure::LimitAbove(cfg.pressure_pct),
-                    zero_pages: cfg.zero_pages,
-                    tune_khugepaged: true,
-                    hold: Duration::from_secs(60),
-                }),
-            };
+                })
+                .budget(
+                    Budget::default()
+                        .total(None)
+                        .per_second(1000.0)
+                        .cpu_share(0.5),
+                )
+                .walk_ns(walk_ns)
+                .recovery(
+                    (way == "pagewise").then_some(
+                        Recovery::default()
+                            .when(Pressure::LimitAbove(cfg.pressure_pct))
+                            .zero_pages(cfg.zero_pages)
+                            .tune_khugepaged(true)
+                            .hold(Duration::from_secs(60)),
+                    ),
+                );
             let mut a = Agent::new(&[pid], opts)?;
             let shared = shared.clone();
             let interval = Duration::from_millis(cfg.interval_ms);
@@ -607,7 +610,7 @@ fn phases(
     let after_p2 = cg.usage()?.usage;
     let seen = pagewise::inspect::inspect(
         &[pid],
-        pagewise::inspect::Options { bloom_sample: true },
+        pagewise::inspect::Options::default().bloom_sample(true),
         &mut |_, _| {},
     )?;
     let bloat = seen.bloat_bytes;

@@ -88,11 +88,14 @@ struct BloomCount {
 
 /// How to inspect.
 #[derive(Debug, Clone, Copy, Default)]
+#[non_exhaustive]
 pub struct Options {
     /// Look up only every 4th base page of a region in the Bloom filter
     /// (SmartMD's 25 % sampling) and estimate from those.
     pub bloom_sample: bool,
 }
+
+setters!(Options { bloom_sample: bool });
 
 /// SmartMD's counting Bloom filter against the exact count.
 #[derive(Debug, Clone, Serialize)]

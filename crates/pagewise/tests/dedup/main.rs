@@ -288,17 +288,15 @@ fn smartmd_splits_cold_duplicates_keeps_hot_and_rebuilds() {
         return;
     }
     assert_eq!(huge_regions(t.pid), vec![true; REGIONS], "set-up");
-    let opts = Options {
-        window: Duration::from_millis(150),
-        thresholds: Some(Thresholds {
+    let opts = Options::default()
+        .window(Duration::from_millis(150))
+        .thresholds(Some(Thresholds {
             cold_max: 0,
             hot_min: 2,
             repetition: 0.5,
-        }),
-        full_scan: Some(Duration::from_millis(500)),
-        exact: true,
-        ..Options::default()
-    };
+        }))
+        .full_scan(Some(Duration::from_millis(500)))
+        .exact(true);
     let mut agent = Agent::new(&[t.pid], opts).unwrap();
     if smart_before.is_some() {
         assert_eq!(
@@ -441,16 +439,14 @@ fn comparison_policies_choose_as_they_say() {
             );
             return;
         }
-        let opts = Options {
-            window: Duration::from_millis(150),
-            policy,
-            thresholds: Some(Thresholds {
+        let opts = Options::default()
+            .window(Duration::from_millis(150))
+            .policy(policy)
+            .thresholds(Some(Thresholds {
                 cold_max: 0,
                 hot_min: 2,
                 repetition: 0.5,
-            }),
-            ..Options::default()
-        };
+            }));
         let mut agent = Agent::new(&[t.pid], opts).unwrap();
         let mut all = Vec::new();
         // A region starts hot: four unwritten windows make it cold.

@@ -18,9 +18,7 @@ fn known_layout_counted_exactly() {
     let mem = &layout.mem;
     let collapsed = layout.collapsed;
     let me = std::process::id() as i32;
-    let opts = Options {
-        bloom_sample: false,
-    };
+    let opts = Options::default().bloom_sample(false);
     let rep = inspect(&[me], opts, &mut |_, _| {}).unwrap();
     let mine: Vec<_> = rep
         .regions
@@ -65,7 +63,7 @@ fn known_layout_counted_exactly() {
     eprintln!("bloom: {b:?}");
     // Sampling a quarter of the pages estimates each region's rate from
     // 128 lookups: within 0.1 of the exact 0.2.
-    let sampled = inspect(&[me], Options { bloom_sample: true }, &mut |_, _| {}).unwrap();
+    let sampled = inspect(&[me], Options::default().bloom_sample(true), &mut |_, _| {}).unwrap();
     assert_eq!(sampled.bloom.sample_percent, 25);
     for r in sampled
         .regions
@@ -142,7 +140,11 @@ fn fragmented_process_counts_as_the_kernel_does() {
         .filter_map(|l| l.strip_prefix("Anonymous:"))
         .filter_map(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .sum();
-    let rep = inspect(&[pid], Options { bloom_sample: true }, &mut |_, _| {});
+    let rep = inspect(
+        &[pid],
+        Options::default().bloom_sample(true),
+        &mut |_, _| {},
+    );
     // SAFETY: our own child.
     unsafe {
         libc::kill(pid, libc::SIGKILL);

@@ -905,11 +905,10 @@ fn live_checkpoint_holds_the_memory_at_the_stop() {
     std::thread::sleep(std::time::Duration::from_millis(30));
     let mut at_stop: Vec<(Region, Vec<u8>)> = Vec::new();
     let pid = w.pid;
-    let opts = LiveOptions {
-        max_downtime_ms: 20.0,
-        max_passes: 10,
-        throttle: false,
-    };
+    let opts = LiveOptions::default()
+        .max_downtime_ms(20.0)
+        .max_passes(10)
+        .throttle(false);
     let r = live_snapshot(
         pid,
         &mut StoreSeries::new(&mut disk),
@@ -959,11 +958,10 @@ fn live_checkpoint_that_cannot_converge() {
         w.wait_for_writes(4);
         let pid = w.pid;
         let mut truth: Vec<(Region, Vec<u8>)> = Vec::new();
-        let opts = LiveOptions {
-            max_downtime_ms: 0.001,
-            max_passes: 4,
-            throttle,
-        };
+        let opts = LiveOptions::default()
+            .max_downtime_ms(0.001)
+            .max_passes(4)
+            .throttle(throttle);
         // After each pass the writer writes again before the next one, so
         // no pass can find nothing written: the checkpoint cannot converge.
         let r = live_snapshot(

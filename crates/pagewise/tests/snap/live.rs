@@ -28,11 +28,13 @@ fn uffd_wp_or_skip(outside: bool) -> bool {
     true
 }
 
-const OPTS: LiveOptions = LiveOptions {
-    max_downtime_ms: 20.0,
-    max_passes: 10,
-    throttle: false,
-};
+/// The options of every checkpoint here.
+fn opts() -> LiveOptions {
+    LiveOptions::default()
+        .max_downtime_ms(20.0)
+        .max_passes(10)
+        .throttle(false)
+}
 
 /// Five checkpoints of a process whose two threads write all the while, to
 /// a store and, over one connection, to a receiver: each snapshot on both
@@ -61,7 +63,7 @@ fn periodic_live_checkpoints_are_each_exact() {
         let mut disk = DiskStore::create(&dir.0, true).unwrap();
         let mut series = StoreSeries::new(&mut disk);
         let mut tx = Sender::connect(&addr, Compression::Auto).unwrap();
-        let mut cp = Checkpointer::new(ProcessSource::new(pid).unwrap(), OPTS);
+        let mut cp = Checkpointer::new(ProcessSource::new(pid).unwrap(), opts());
         let mut truths = Vec::new();
         let mut reports = Vec::new();
         for _ in 0..5 {
@@ -157,7 +159,7 @@ fn precopy_of_own_regions_holds_them_at_the_stop() {
     let dir = TempDir::new("own");
     let mut disk = DiskStore::create(&dir.0, true).unwrap();
     let mut truth: Vec<(Region, Vec<u8>)> = Vec::new();
-    let mut cp = Checkpointer::new(src, OPTS);
+    let mut cp = Checkpointer::new(src, opts());
     let r = cp
         .checkpoint(
             &mut StoreSeries::new(&mut disk),

@@ -192,14 +192,7 @@ fn run_model(kind: BackendKind, steps: usize, seed: u64) {
     let discards = kind != BackendKind::Mprotect;
     // Half the pages populated before the first snapshot.
     m.write_some(m.total_pages() / 2, false);
-    let mut s = Snapshots::new(
-        &m.regions(),
-        SnapshotOptions {
-            backend: kind,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let mut s = Snapshots::new(&m.regions(), SnapshotOptions::default().backend(kind)).unwrap();
     assert_eq!(s.backend(), kind);
     let (mut takes, mut restores, mut written) = (0, 0, 0u64);
     for step in 0..steps {
@@ -347,14 +340,8 @@ fn random_model_other_seeds() {
 fn unpopulated_memory_and_discards() {
     for_each_backend("discards", &[BackendKind::Mprotect], |kind| {
         let mem = AnonMemory::new(4 << 20).unwrap();
-        let mut s = Snapshots::new(
-            &[mem.region()],
-            SnapshotOptions {
-                backend: kind,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let mut s =
+            Snapshots::new(&[mem.region()], SnapshotOptions::default().backend(kind)).unwrap();
         // Nothing populated: the first snapshot is all zero pages and stores nothing.
         let empty = s.take().unwrap();
         assert_eq!(s.store().stats().unique_pages, 0);

@@ -57,11 +57,10 @@ fn migration_over_loopback_holds_the_memory_at_the_stop() {
     let w = super::common::Writer::start(4096);
     std::thread::sleep(std::time::Duration::from_millis(30));
     let pid = w.pid;
-    let opts = LiveOptions {
-        max_downtime_ms: 20.0,
-        max_passes: 10,
-        throttle: false,
-    };
+    let opts = LiveOptions::default()
+        .max_downtime_ms(20.0)
+        .max_passes(10)
+        .throttle(false);
     let mut truths = Vec::new();
     let mut reports = Vec::new();
     for mode in modes {

@@ -213,18 +213,18 @@ fn promotes_by_coverage_within_the_budget_and_loses_no_write() {
             );
             return;
         }
-        let opts = Options {
-            interval: Duration::from_millis(500),
-            window: Duration::from_millis(200),
-            policy,
-            budget: Budget {
-                total: Some(2),
-                per_second: 100.0,
-                cpu_share: 1.0,
-            },
-            walk_ns: 30.0,
-            recovery: None,
-        };
+        let opts = Options::default()
+            .interval(Duration::from_millis(500))
+            .window(Duration::from_millis(200))
+            .policy(policy)
+            .budget(
+                Budget::default()
+                    .total(Some(2))
+                    .per_second(100.0)
+                    .cpu_share(1.0),
+            )
+            .walk_ns(30.0)
+            .recovery(None);
         let mut agent = Agent::new(&[t.pid], opts).unwrap();
         let passes_before = t.passes();
         let step = agent.step().unwrap();
@@ -483,12 +483,13 @@ fn bloat_recovery_loses_no_write_of_concurrent_writers() {
         pagewise_testkit::skip!("none of the child's regions is a huge page: no bloat to recover");
         return;
     }
-    let opts = recovery_only(pagewise::thp::agent::Recovery {
-        when: pagewise::thp::agent::Pressure::Always,
-        zero_pages: 256,
-        tune_khugepaged: false,
-        hold: Duration::ZERO,
-    });
+    let opts = recovery_only(
+        pagewise::thp::agent::Recovery::default()
+            .when(pagewise::thp::agent::Pressure::Always)
+            .zero_pages(256)
+            .tune_khugepaged(false)
+            .hold(Duration::ZERO),
+    );
     let mut agent = Agent::new(&[pid], opts).unwrap();
     let writes_before = c(2).load(Ordering::Relaxed);
     let step = agent.step().unwrap();
@@ -590,11 +591,12 @@ fn prezeroing_runs_ahead_and_loses_no_write() {
         pagewise_testkit::not_happened!("the first touch did not take a huge page");
         return;
     }
-    let p = Prezeroer::start(PrezeroOptions {
-        ahead: 3,
-        rate: 10_000.0,
-        scan: Duration::from_micros(200),
-    })
+    let p = Prezeroer::start(
+        PrezeroOptions::default()
+            .ahead(3)
+            .rate(10_000.0)
+            .scan(Duration::from_micros(200)),
+    )
     .unwrap();
     let t0 = std::time::Instant::now();
     while present(3) < 512 && t0.elapsed() < Duration::from_secs(5) {
@@ -709,18 +711,18 @@ impl Drop for Charged {
 /// An agent that only recovers bloat (address order, no huge page to
 /// promote: no coverage is measured).
 fn recovery_only(recovery: pagewise::thp::agent::Recovery) -> Options {
-    Options {
-        interval: Duration::from_millis(100),
-        window: Duration::from_millis(10),
-        policy: Policy::AddressOrder,
-        budget: Budget {
-            total: Some(0),
-            per_second: 0.0,
-            cpu_share: 0.0,
-        },
-        walk_ns: 30.0,
-        recovery: Some(recovery),
-    }
+    Options::default()
+        .interval(Duration::from_millis(100))
+        .window(Duration::from_millis(10))
+        .policy(Policy::AddressOrder)
+        .budget(
+            Budget::default()
+                .total(Some(0))
+                .per_second(0.0)
+                .cpu_share(0.0),
+        )
+        .walk_ns(30.0)
+        .recovery(Some(recovery))
 }
 
 /// A memory cgroup of this test run with a limit; `None` (the test said it
@@ -767,12 +769,13 @@ fn a_cgroup_near_its_limit_is_pressure_and_khugepaged_is_put_back() {
     assert!(!Pressure::LimitAbove(99.0).holds(me).unwrap().0);
 
     let before = pagewise::mech::procfs::read_trimmed(MAX_PTES_NONE).unwrap();
-    let opts = recovery_only(Recovery {
-        when: Pressure::LimitAbove(50.0),
-        zero_pages: 64,
-        tune_khugepaged: true,
-        hold: Duration::from_secs(60),
-    });
+    let opts = recovery_only(
+        Recovery::default()
+            .when(Pressure::LimitAbove(50.0))
+            .zero_pages(64)
+            .tune_khugepaged(true)
+            .hold(Duration::from_secs(60)),
+    );
     let mut agent = Agent::new(&[child.pid], opts).unwrap();
     let step = agent.step().unwrap();
     let tuned = step
@@ -830,12 +833,13 @@ fn recovered_bloat_is_uncharged_from_the_cgroup_at_once() {
         .unwrap();
         assert_eq!(b[0], 1, "region {r} before recovery: the written page");
     }
-    let opts = recovery_only(Recovery {
-        when: Pressure::LimitAbove(5.0),
-        zero_pages: 256,
-        tune_khugepaged: false,
-        hold: Duration::ZERO,
-    });
+    let opts = recovery_only(
+        Recovery::default()
+            .when(Pressure::LimitAbove(5.0))
+            .zero_pages(256)
+            .tune_khugepaged(false)
+            .hold(Duration::ZERO),
+    );
     let mut agent = Agent::new(&[child.pid], opts).unwrap();
     let step = agent.step().unwrap();
     let given: u64 = step

@@ -167,6 +167,7 @@ impl Thresholds {
 
 /// How the agent runs.
 #[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
 pub struct Options {
     /// The shortest time over which a step counts writes: each step counts
     /// those since the one before, and waits until this long has passed
@@ -195,6 +196,17 @@ pub struct Options {
     /// the kernel has it.
     pub smart_scan: Option<bool>,
 }
+
+setters!(Options {
+    window: Duration,
+    policy: Policy,
+    sample: bool,
+    exact: bool,
+    thresholds: Option<Thresholds>,
+    full_scan: Option<Duration>,
+    rebuilds_per_step: usize,
+    smart_scan: Option<bool>,
+});
 
 impl Default for Options {
     fn default() -> Self {

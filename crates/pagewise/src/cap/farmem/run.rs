@@ -10,6 +10,7 @@ use std::process::Command;
 
 /// How the members of a far-memory run behave (see [`FarmemRun::command`]).
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct FarmemOptions {
     /// The eviction policy: a built-in name or a plugin's path.
     pub policy: String,
@@ -26,6 +27,15 @@ pub struct FarmemOptions {
     /// disagreement (0: off; see `Hooks::check_books`).
     pub check: u64,
 }
+
+setters!(FarmemOptions {
+    policy: String,
+    policy_args: String,
+    stacks: bool,
+    trace: Option<PathBuf>,
+    fault_path: crate::farmem::FaultPath,
+    check: u64,
+});
 
 impl Default for FarmemOptions {
     fn default() -> Self {

@@ -35,6 +35,7 @@ use std::time::{Duration, Instant};
 
 /// How a live checkpoint proceeds.
 #[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
 pub struct LiveOptions {
     /// The longest the process may be stopped, ms.
     pub max_downtime_ms: f64,
@@ -44,6 +45,12 @@ pub struct LiveOptions {
     /// Slow the process down when the passes do not converge.
     pub throttle: bool,
 }
+
+setters!(LiveOptions {
+    max_downtime_ms: f64,
+    max_passes: usize,
+    throttle: bool,
+});
 
 impl Default for LiveOptions {
     fn default() -> Self {

@@ -88,12 +88,18 @@ impl Table {
 
 /// How to build a [`Snapshots`].
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub struct SnapshotOptions {
     /// Compare page contents on every digest match (default true).
     pub verify: bool,
     /// Dirty-tracking backend (default: the best available).
     pub backend: BackendKind,
 }
+
+setters!(SnapshotOptions {
+    verify: bool,
+    backend: BackendKind,
+});
 
 impl Default for SnapshotOptions {
     fn default() -> Self {

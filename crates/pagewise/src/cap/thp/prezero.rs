@@ -32,6 +32,7 @@ const MADV_POPULATE_WRITE: libc::c_int = 23;
 
 /// How the pre-zeroing thread runs.
 #[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
 pub struct PrezeroOptions {
     /// Huge pages kept faulted in ahead of each growing mapping.
     pub ahead: u64,
@@ -40,6 +41,12 @@ pub struct PrezeroOptions {
     /// Time between looks.
     pub scan: Duration,
 }
+
+setters!(PrezeroOptions {
+    ahead: u64,
+    rate: f64,
+    scan: Duration,
+});
 
 impl Default for PrezeroOptions {
     fn default() -> Self {

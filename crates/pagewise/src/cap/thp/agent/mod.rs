@@ -81,6 +81,7 @@ pub enum Policy {
 
 /// Limits on what the agent does.
 #[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
 pub struct Budget {
     /// Huge pages promoted in all (`None`: no limit).
     pub total: Option<u64>,
@@ -89,6 +90,12 @@ pub struct Budget {
     /// Share of one CPU the collapses of one step may take (of the interval).
     pub cpu_share: f64,
 }
+
+setters!(Budget {
+    total: Option<u64>,
+    per_second: f64,
+    cpu_share: f64,
+});
 
 impl Default for Budget {
     fn default() -> Self {
@@ -159,6 +166,7 @@ impl Pressure {
 
 /// Bloat recovery (see the module).
 #[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
 pub struct Recovery {
     /// When to recover.
     pub when: Pressure,
@@ -177,12 +185,39 @@ pub struct Recovery {
     pub hold: Duration,
 }
 
+impl Default for Recovery {
+    /// Memory counts as tight when less than a tenth of it is available,
+    /// huge pages with at least half their pages zero give them back,
+    /// khugepaged is held to the same rule for a minute after.
+    fn default() -> Self {
+        let total = crate::mech::procfs::read_trimmed("/proc/meminfo")
+            .ok()
+            .and_then(|t| crate::mech::procfs::status_field(&t, "MemTotal"))
+            .unwrap_or(0)
+            * 1024;
+        Recovery {
+            when: Pressure::AvailableBelow(total / 10),
+            zero_pages: 256,
+            tune_khugepaged: true,
+            hold: Duration::from_secs(60),
+        }
+    }
+}
+
+setters!(Recovery {
+    when: Pressure,
+    zero_pages: u64,
+    tune_khugepaged: bool,
+    hold: Duration,
+});
+
 /// khugepaged's threshold of missing pages in a region it collapses (and
 /// the THP shrinker's threshold of zero-filled pages).
 pub const MAX_PTES_NONE: &str = "/sys/kernel/mm/transparent_hugepage/khugepaged/max_ptes_none";
 
 /// How the agent runs.
 #[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
 pub struct Options {
     /// Time between steps.
     pub interval: Duration,
@@ -197,6 +232,15 @@ pub struct Options {
     /// Bloat recovery, if wanted.
     pub recovery: Option<Recovery>,
 }
+
+setters!(Options {
+    interval: Duration,
+    window: Duration,
+    policy: Policy,
+    budget: Budget,
+    walk_ns: f64,
+    recovery: Option<Recovery>,
+});
 
 impl Default for Options {
     fn default() -> Self {
