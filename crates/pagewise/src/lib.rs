@@ -18,12 +18,16 @@
 //! `snap`, built on `track`).
 //!
 //! **Mechanisms** ([`mech`]), what every capability uses, each in one
-//! place: what the kernel offers ([`probe`]), `/proc` ([`mech::procfs`]),
-//! page-table walks ([`mech::walk`]), userfaultfd write-protect
-//! ([`mech::wp`]), access coverage ([`mech::access`]), stopping a process
-//! ([`mech::stop`]) and acting inside it ([`mech::inject`]), system-setting
-//! guards ([`mech::settings`]), digests, the Bloom filter, metrics and the
-//! preload shim's contract ([`mech::shim`]).
+//! place: what the kernel offers ([`probe`]), page-table walks
+//! ([`mech::walk`]) and their cost ([`mech::walk_cost`]), userfaultfd
+//! write-protect ([`mech::wp`]), access coverage ([`mech::access`]),
+//! digests and the Bloom filter ([`mech::hash`], [`mech::bloom`]), the
+//! frame of the agents ([`mech::agent`]); and, for pagewise's own faces,
+//! `/proc`, stopping a process and acting inside it, system-setting guards,
+//! cgroups and the preload shim's contract (hidden from these docs).
+//!
+//! Errors say their class ([`Error::class`]): bad input, unsupported here,
+//! not permitted, the process went away, or failed.
 
 /// Builder methods for an options struct, one per field named: `fn
 /// field(self, value) -> Self`, so that callers outside the library (where
@@ -46,6 +50,7 @@ macro_rules! setters {
 mod cap;
 mod error;
 pub mod mech;
+#[doc(hidden)]
 pub mod workload;
 
 pub use cap::{dedup, farmem, inspect, snap, thp, track};

@@ -66,15 +66,19 @@
 
 mod calibrate;
 mod engine;
+#[doc(hidden)]
 pub mod inline;
+#[doc(hidden)]
 pub mod instance;
 pub mod link;
 pub mod policy;
 mod reply;
 mod run;
+#[doc(hidden)]
 pub mod sampler;
 mod stats;
 #[cfg(target_arch = "x86_64")]
+#[doc(hidden)]
 pub mod syscalls;
 
 pub use calibrate::{at_latency_zero, calibrate, Calibration};

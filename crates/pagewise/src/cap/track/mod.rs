@@ -28,6 +28,7 @@
 mod hash;
 mod launch;
 mod mprotect;
+#[doc(hidden)]
 pub mod protocol;
 mod soft_dirty;
 mod uffd_wp;
