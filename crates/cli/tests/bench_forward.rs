@@ -1,9 +1,8 @@
 //! `pagewise bench` forwards to `pagewise-bench`, the benchmarks' own
 //! program, and says clearly when it is not installed.
 
-use std::process::Command;
-
-const BIN: &str = env!("CARGO_BIN_EXE_pagewise");
+mod support;
+use support::*;
 
 #[test]
 fn bench_runs_the_bench_program_beside_the_tool() {

@@ -2,9 +2,8 @@
 //! usage, 3 not supported here, 4 not permitted, 5 the process went away,
 //! 1 any other failure; and the message stays one line.
 
-use std::process::Command;
-
-const BIN: &str = env!("CARGO_BIN_EXE_pagewise");
+mod support;
+use support::*;
 
 /// Runs `pagewise ARGS`: its status and its error output.
 fn run(args: &[&str]) -> (Option<i32>, String) {

@@ -1,9 +1,8 @@
 //! `pagewise inspect` end to end on a real process (the exact counts are
 //! checked against a known layout in the library's tests).
 
-use std::process::Command;
-
-const BIN: &str = env!("CARGO_BIN_EXE_pagewise");
+mod support;
+use support::*;
 
 #[test]
 fn inspect_json_has_the_summary() {
@@ -17,15 +16,7 @@ fn inspect_json_has_the_summary() {
         keep.fill_page(p, 7);
     }
     let me = std::process::id().to_string();
-    let out = Command::new(BIN)
-        .args(["inspect", "--pid", &me, "--json", "--regions"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = ok(Command::new(BIN).args(["inspect", "--pid", &me, "--json", "--regions"]));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     for k in [
         "rss_bytes",
@@ -83,21 +74,14 @@ fn command_under_inspect_matches_its_layout() {
     std::fs::create_dir_all(&dir).unwrap();
     let truth_path = dir.join("truth.json");
     let svg = dir.join("map.svg");
-    let out = Command::new(BIN)
+    let out = ok(Command::new(BIN)
         .args(["inspect", "--json", "--regions", "--coverage", "1500"])
         .args(["--after", "4000", "--heatmap"])
         .arg(&svg)
         .args(["--", BIN, "workload", "--layout", "32", "--seconds", "60"])
         .arg("--truth")
         .arg(&truth_path)
-        .env("PAGEWISE_FARMEM_DIR", &dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .env("PAGEWISE_FARMEM_DIR", &dir));
     let t: pagewise::workload::LayoutTruth =
         serde_json::from_slice(&std::fs::read(&truth_path).unwrap()).unwrap();
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();

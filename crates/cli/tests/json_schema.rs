@@ -1,9 +1,8 @@
 //! Every JSON object the tool prints carries `"schema"`, the version of
 //! its output, first.
 
-use std::process::Command;
-
-const BIN: &str = env!("CARGO_BIN_EXE_pagewise");
+mod support;
+use support::*;
 
 /// The JSON lines `pagewise ARGS` prints, each checked for the schema.
 fn lines(args: &[&str]) -> Vec<serde_json::Value> {

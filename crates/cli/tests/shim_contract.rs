@@ -3,13 +3,8 @@
 //! contract does nothing it was asked, says so in one line, and the
 //! program runs as it would without it.
 
-use std::process::Command;
-
-const BIN: &str = env!("CARGO_BIN_EXE_pagewise");
-
-fn shim() -> Option<std::path::PathBuf> {
-    pagewise_testkit::ensure_preload_shim(BIN).ok()
-}
+mod support;
+use support::*;
 
 /// `echo hello` with the shim preloaded and `vars` set: its stdout and stderr.
 fn echo_under_shim(shim: &std::path::Path, vars: &[(&str, &str)]) -> (String, String) {

@@ -1,0 +1,422 @@
+//! `pagewise probe`, `track` and `workload` end to end: the known writes
+//! of a workload seen from outside and through the shim, bad input in one
+//! line, exit statuses, gone processes and closed pipes.
+
+#[macro_use]
+mod support;
+use support::*;
+
+#[test]
+fn probe_json_has_every_feature() {
+    let out = Command::new(BIN)
+        .args(["probe", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let names: Vec<&str> = v["features"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["name"].as_str().unwrap())
+        .collect();
+    for want in [
+        "userfaultfd",
+        "uffd.WP",
+        "uffd.WP_ASYNC",
+        "uffd.WP_UNPOPULATED",
+        "uffd.MINOR_SHMEM",
+        "uffd.SIGBUS",
+        "uffd.EVENT_FORK",
+        "uffd.MOVE",
+        "uffd.THREAD_ID",
+        "pagemap_scan",
+        "soft_dirty",
+        "thp",
+        "madv_collapse",
+        "ksm",
+        "ksm.memory_merge",
+        "process_madvise",
+        "idle_page_tracking",
+        "damon_vaddr",
+        "perf_hw_counters",
+    ] {
+        assert!(names.contains(&want), "probe lacks {want}");
+    }
+    for f in v["features"].as_array().unwrap() {
+        assert!(
+            !f["detail"].as_str().unwrap().is_empty(),
+            "{f} has no reason"
+        );
+    }
+}
+
+#[test]
+fn track_pid_from_outside_sees_the_known_writes() {
+    let (mut wl, addr, len) = spawn_workload(KNOWN_WORKLOAD);
+    let pid = wl.id().to_string();
+    let out = Command::new(BIN)
+        .args([
+            "track",
+            "--pid",
+            &pid,
+            "--backend",
+            "hash",
+            "--interval",
+            "300",
+            "--count",
+            "6",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    let _ = wl.wait();
+    let lines = ok_json_lines(&out);
+    assert_eq!(lines.len(), 6);
+    for l in &lines {
+        assert!(
+            l["t_ms"].is_u64() && l["dirty_pages"].is_u64() && l["ranges"].is_array(),
+            "{l}"
+        );
+    }
+    let got = pages_in(&lines, addr, len);
+    let want: std::collections::BTreeSet<u64> = (0..300).collect();
+    assert_eq!(
+        got, want,
+        "hash from outside must report exactly the 300 written pages"
+    );
+}
+
+#[test]
+fn track_command_through_the_shim_sees_the_known_writes() {
+    if let Err(why) = pagewise::track::BackendKind::UffdWp.available_in_process() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    let Some(shim) = shim() else {
+        pagewise_testkit::skip!("libpagewise_preload.so not built beside {BIN}");
+        return;
+    };
+    let out = Command::new(BIN)
+        .env("PAGEWISE_PRELOAD", &shim)
+        .args([
+            "track",
+            "--backend",
+            "uffd-wp",
+            "--interval",
+            "300",
+            "--count",
+            "6",
+            "--json",
+            "--",
+            BIN,
+        ])
+        .args(KNOWN_WORKLOAD)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let first = text
+        .lines()
+        .find(|l| l.starts_with("0x"))
+        .expect("workload prints its region");
+    let (addr, len) = region_line(first);
+    let lines = json_lines(&out.stdout);
+    assert!(lines.iter().all(|l| l["backend"] == "uffd-wp"));
+    let got = pages_in(&lines, addr, len);
+    // Every written page is reported; the initial 1-byte pass may add more (all pages).
+    assert!(
+        (0..300).all(|p| got.contains(&p)),
+        "a written page was not reported: {} of 300",
+        (0..300).filter(|p| got.contains(p)).count()
+    );
+}
+
+#[test]
+fn bad_input_gets_one_clear_line() {
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["track", "--pid", "999999999", "--count", "1"],
+            "no process with pid 999999999",
+        ),
+        (
+            &[
+                "track",
+                "--pid",
+                "1",
+                "--backend",
+                "uffd-wp",
+                "--count",
+                "1",
+            ],
+            // uffd-wp from outside stops the target to open a userfaultfd in
+            // it: init may not be stopped.
+            "permission denied on pid 1",
+        ),
+        (&["track", "--count", "1"], "say which process"),
+        (
+            &["track", "--backend", "bogus", "--pid", "1"],
+            "unknown backend",
+        ),
+        (
+            &["track", "--count", "1", "--", "/nonexistent/program"],
+            "starting /nonexistent/program",
+        ),
+    ];
+    let _ = shim();
+    for (args, want) in cases {
+        let out = Command::new(BIN).args(*args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(
+            err.contains(want),
+            "{args:?}: stderr {err:?} lacks {want:?}"
+        );
+        assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+    }
+    if let Err(why) = pagewise::track::BackendKind::SoftDirty.available_for_pid() {
+        let out = Command::new(BIN)
+            .args([
+                "track",
+                "--pid",
+                "1",
+                "--backend",
+                "soft-dirty",
+                "--count",
+                "1",
+            ])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(&why), "{err}");
+        assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    }
+}
+
+#[test]
+fn process_exiting_mid_run_is_reported() {
+    let mut wl = Command::new(BIN)
+        .args(["workload", "--mib", "4", "--seconds", "0.6"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = wl.id().to_string();
+    let out = Command::new(BIN)
+        .args([
+            "track",
+            "--pid",
+            &pid,
+            "--interval",
+            "200",
+            "--count",
+            "20",
+            "--backend",
+            "hash",
+        ])
+        .output()
+        .unwrap();
+    let _ = wl.wait();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "must fail when the process goes away"
+    );
+    assert!(err.contains(&format!("process {pid} exited")), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+/// Regression: the hidden `workload` command panicked on `--mib 0` and never
+/// returned with a rate beyond what the machine can write.
+#[test]
+fn workload_bad_input_and_huge_rates() {
+    let out = Command::new(BIN)
+        .args(["workload", "--mib", "0"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--mib 0"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let mut c = Command::new(BIN)
+        .args(["workload", "--mib", "4", "--seconds", "1"])
+        .args(["--pages-per-sec", "18446744073709551615"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while c.try_wait().unwrap().is_none() {
+        if t0.elapsed() > std::time::Duration::from_secs(60) {
+            let _ = c.kill();
+            panic!("workload --seconds 1 still ran after 60 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(c.wait().unwrap().success());
+}
+
+/// Regression: `track -- CMD` with a short command said the shim did not
+/// answer (exit 1), and for longer ones the command's exit status was lost.
+/// The tool's status is the command's, like `time` and `strace`: its exit
+/// code, or 128 + the signal that ended it.
+#[test]
+fn track_command_reports_the_commands_exit_status() {
+    if shim().is_none() {
+        pagewise_testkit::skip!("the preload shim is not built");
+        return;
+    }
+    for (script, want) in [
+        ("exit 3", 3),
+        ("sleep 0.5; exit 7", 7),
+        ("sleep 1.6; exit 9", 9),
+        ("kill -9 $$", 128 + 9),
+        ("sleep 1.2; kill -15 $$", 128 + 15),
+    ] {
+        let out = Command::new(BIN)
+            .args(["track", "--interval", "200", "--", "sh", "-c", script])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(want), "{script}: {err}");
+        assert!(!err.contains("did not answer"), "{script}: {err}");
+    }
+}
+
+/// Regression: `track --pid 0` said "process 0 exited"; a kernel thread
+/// gave `No such process` twice (or, to `snapshot`, advice to run as root);
+/// OS errors were printed twice; `inspect --pid X --pid X` counted X twice.
+/// Each now says what is true, once.
+#[test]
+fn special_pids_and_errors_are_said_once_and_truly() {
+    let one_line = |args: &[&str], want: &str| {
+        let out = Command::new(BIN).args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+        assert!(!err.contains("run as root"), "{args:?}: {err}");
+        err.to_string()
+    };
+    let dir = temp_dir("specialpids");
+    let d = dir.join("store");
+    let d = d.to_str().unwrap();
+    one_line(&["track", "--pid", "0"], "no process with pid 0");
+    one_line(
+        &["snapshot", "--pid", "0", "--out", d],
+        "no process with pid 0",
+    );
+    // A kernel thread: kthreadd is pid 2 wherever there is a kernel.
+    for args in [
+        &["track", "--pid", "2"][..],
+        &["snapshot", "--pid", "2", "--out", d],
+        &["inspect", "--pid", "2"],
+    ] {
+        one_line(args, "kernel thread");
+    }
+    assert!(!dir.join("store").exists());
+    // An OS error's text once.
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("plain-file");
+    std::fs::write(&file, "x").unwrap();
+    let err = one_line(
+        &["snapshot", "inspect", file.to_str().unwrap()],
+        "Not a directory",
+    );
+    assert_eq!(err.matches("Not a directory").count(), 1, "{err}");
+    // The same process twice is inspected once.
+    let (mut wl, _, _) = spawn_workload(&[
+        "workload",
+        "--mib",
+        "8",
+        "--seconds",
+        "3",
+        "--pages-per-sec",
+        "0",
+    ]);
+    let pid = wl.id().to_string();
+    let rss = |args: &[&str]| {
+        let out = Command::new(BIN).args(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        (
+            v["rss_bytes"].as_u64().unwrap(),
+            v["pids"].as_array().unwrap().len(),
+        )
+    };
+    let once = rss(&["inspect", "--json", "--pid", &pid]);
+    let twice = rss(&["inspect", "--json", "--pid", &pid, "--pid", &pid]);
+    let _ = wl.kill();
+    let _ = wl.wait();
+    assert_eq!(twice.1, 1, "the process is listed twice");
+    assert!(
+        twice.0 <= once.0 + (1 << 20),
+        "{} counted twice ({} once)",
+        twice.0,
+        once.0
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Regression: output piped into `head` panicked (exit 101) once the reader
+/// went away. Now the tool ends quietly, killed by SIGPIPE like other Unix
+/// tools.
+#[test]
+fn a_closed_pipe_ends_quietly() {
+    let (mut wl, _, _) = spawn_workload(&[
+        "workload",
+        "--mib",
+        "256",
+        "--seconds",
+        "5",
+        "--pages-per-sec",
+        "0",
+    ]);
+    let mut c = Command::new(BIN)
+        .args(["inspect", "--regions", "--pid", &wl.id().to_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(c.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    // The reader is gone now (its end of the pipe dropped).
+    let out = c.wait_with_output().unwrap();
+    let _ = wl.kill();
+    let _ = wl.wait();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    use std::os::unix::process::ExitStatusExt;
+    assert!(
+        out.status.signal() == Some(libc::SIGPIPE) || out.status.success(),
+        "{:?}: {err}",
+        out.status
+    );
+}
+
+/// Numbers out of range are refused with the range, not clamped.
+#[test]
+fn out_of_range_numbers_are_refused() {
+    let out = Command::new(BIN)
+        .args([
+            "thp",
+            "run",
+            "--pid",
+            "1",
+            "--recover-bloat",
+            "--zero-pages",
+            "9999",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("1..=512"), "{err}");
+}
