@@ -1,6 +1,10 @@
 //! The durable store against ground truth: what is loaded back equals what
 //! was saved, byte for byte; damaged stores give errors, never wrong data;
-//! a save killed at any moment leaves every earlier snapshot loadable.
+//! a save killed at any moment leaves every earlier snapshot loadable
+//! ([`writers`]); snapshots of another process are exact ([`process`]).
+
+mod process;
+mod writers;
 
 use super::assert_same;
 use pagewise::snap::{DiskStore, SnapshotOptions, Snapshots};
@@ -312,83 +316,6 @@ fn damaged_stores_never_give_wrong_data() {
     assert!(detected > 1000);
 }
 
-/// Child half of `killed_saves_leave_earlier_snapshots_loadable`, which
-/// runs it (with `--ignored`) in a process of its own: saves snapshots into
-/// the store named by `PAGEWISE_CRASH_DIR` until killed.
-#[test]
-#[ignore = "the child half of killed_saves_leave_earlier_snapshots_loadable, which runs it"]
-fn crash_child_writer() {
-    let dir = std::env::var("PAGEWISE_CRASH_DIR")
-        .expect("run by killed_saves_leave_earlier_snapshots_loadable, which names the store");
-    let mem = AnonMemory::new(8 << 20).unwrap();
-    let mut s = Snapshots::new(&[mem.region()], SnapshotOptions::default()).unwrap();
-    let mut disk = DiskStore::create(&dir, true).unwrap();
-    for round in 0.. {
-        // Every page new each round, so each save appends 2048 records.
-        crash_pattern(&mem, round);
-        let id = s.take().unwrap();
-        s.save(id, &mut disk, &round.to_string()).unwrap();
-        s.drop_snapshot(id).unwrap();
-    }
-}
-
-fn crash_pattern(mem: &AnonMemory, round: u64) {
-    for p in 0..mem.pages() {
-        mem.fill_page(p, (round % 200) as u8 + 1);
-        mem.write_byte(p * P, (p % 256) as u8);
-        mem.write_byte(p * P + 1, (p / 256) as u8);
-        mem.write_byte(p * P + 2, (round % 256) as u8);
-    }
-}
-
-#[test]
-fn killed_saves_leave_earlier_snapshots_loadable() {
-    let dir = TempDir::new("crash");
-    let exe = std::env::current_exe().unwrap();
-    let expected = AnonMemory::new(8 << 20).unwrap();
-    let mut rng = Rng::new(5);
-    let mut total = 0;
-    for attempt in 0..4 {
-        let mut child = std::process::Command::new(&exe)
-            .args([
-                "--exact",
-                "--ignored",
-                "disk::crash_child_writer",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env("PAGEWISE_CRASH_DIR", &dir.0)
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(150 + rng.below(400)));
-        child.kill().unwrap();
-        child.wait().unwrap();
-        // Whatever is there must load, and each snapshot must hold its round's pattern.
-        let got = read_everything(&dir.0)
-            .unwrap_or_else(|e| panic!("attempt {attempt}: store unreadable after a kill: {e}"));
-        let disk = DiskStore::open(&dir.0).unwrap();
-        for (id, data) in &got {
-            let label: u64 = disk.load(*id).unwrap().label.parse().unwrap();
-            crash_pattern(&expected, label);
-            assert_same(
-                &format!("snapshot {id} (round {label})"),
-                data,
-                &expected.snapshot(),
-            );
-        }
-        total = got.len();
-        // A writer opening it afterwards recovers and can save.
-        let mut w = DiskStore::create(&dir.0, true).unwrap();
-        let mut s = Snapshots::new(&[expected.region()], SnapshotOptions::default()).unwrap();
-        crash_pattern(&expected, 999);
-        let id = s.take().unwrap();
-        s.save(id, &mut w, "999").unwrap();
-    }
-    println!("     crash: 4 kills, {total} snapshots intact");
-    assert!(total > 4, "the child saved something before each kill");
-}
-
 /// A store of `rounds` snapshots of 24 pages; what each holds.
 fn small_store(dir: &Path, rounds: u64, seed: u64) -> BTreeMap<u64, Vec<u8>> {
     let mem = AnonMemory::new(24 * P).unwrap();
@@ -465,72 +392,6 @@ fn appending_to_a_damaged_store_is_refused() {
             }
         }
     }
-}
-
-/// Regression: two writers took the same next id. Now the second is refused
-/// while the first holds the store.
-#[test]
-fn one_writer_at_a_time() {
-    let dir = TempDir::new("two-writers");
-    small_store(&dir.0, 1, 3);
-    let first = DiskStore::create(&dir.0, true).unwrap();
-    let e = DiskStore::create(&dir.0, true).unwrap_err();
-    assert!(matches!(e, pagewise::Error::Busy(_)), "{e:?}");
-    let e = e.to_string();
-    assert!(e.contains("being written by another process"), "{e}");
-    // Readers are not held up.
-    assert_eq!(DiskStore::open(&dir.0).unwrap().ids().unwrap(), vec![1]);
-    drop(first);
-    assert_eq!(append_one(&dir.0, 5).unwrap(), 2);
-}
-
-/// Writers in several threads, each saving when it gets the store: every
-/// snapshot saved loads with exactly its pages, ids never repeat.
-#[test]
-fn concurrent_appends_keep_every_snapshot() {
-    let dir = TempDir::new("concurrent");
-    small_store(&dir.0, 1, 11);
-    let saved = std::sync::Mutex::new(BTreeMap::new());
-    let refused = std::sync::atomic::AtomicU64::new(0);
-    std::thread::scope(|sc| {
-        for t in 0..4u64 {
-            let (dir, saved, refused) = (&dir.0, &saved, &refused);
-            sc.spawn(move || {
-                for k in 0..6u64 {
-                    let seed = 1000 + t * 100 + k;
-                    match append_one(dir, seed) {
-                        Ok(id) => {
-                            let mem = AnonMemory::new(24 * P).unwrap();
-                            fill(&mem, seed);
-                            let bytes = (0..24 * P).map(|i| mem.read_byte(i)).collect::<Vec<u8>>();
-                            assert!(
-                                saved.lock().unwrap().insert(id, bytes).is_none(),
-                                "id {id} twice"
-                            );
-                        }
-                        Err(e) => {
-                            assert!(matches!(e, pagewise::Error::Busy(_)), "{e:?}");
-                            refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        }
-                    }
-                }
-            });
-        }
-    });
-    let got = read_everything(&dir.0).unwrap();
-    let saved = saved.into_inner().unwrap();
-    for (id, bytes) in &saved {
-        assert!(
-            got.get(id) == Some(bytes),
-            "snapshot {id} does not hold what was saved"
-        );
-    }
-    assert_eq!(got.len(), saved.len() + 1);
-    println!(
-        "     {} saves by 4 writers, {} refused while another held the store",
-        saved.len(),
-        refused.into_inner()
-    );
 }
 
 /// Regression: a pack or an index copied from another store (of the same
@@ -757,252 +618,6 @@ fn damaged_stores_are_never_appended_over() {
     assert!(refused > 0);
 }
 
-/// Incremental snapshots of a running process (uffd-wp from outside) hold,
-/// page for page, what the process held at each snapshot, while reading
-/// only the pages written since the previous one; between snapshots the
-/// process writes, drops pages (MADV_DONTNEED), forks a writing child and
-/// maps new memory.
-#[test]
-fn incremental_snapshots_of_a_process_are_exact() {
-    let _one = super::common::one_target_at_a_time();
-    use pagewise::snap::remote::Incremental;
-    if let Err(why) = pagewise::track::BackendKind::UffdWp.available_for_pid() {
-        pagewise_testkit::skip!("{why}");
-        return;
-    }
-    let dir = TempDir::new("incremental");
-    let mut disk = DiskStore::create(&dir.0, true).unwrap();
-    let mut s = super::common::Scripted::start(512);
-    let mut inc = Incremental::new(s.pid).unwrap();
-    let check = |disk: &DiskStore, id: u64, pid: i32| {
-        let snap = disk.load(id).unwrap();
-        let mut stored = vec![0u8; P];
-        let mut live = vec![0u8; P];
-        let mut wrong = 0;
-        // Not compared: shared mappings the child inherited from this test
-        // process, which other tests write.
-        let shared: Vec<(u64, u64)> = pagewise::mech::procfs::maps(Some(pid))
-            .unwrap()
-            .iter()
-            .filter(|m| m.shared)
-            .map(|m| (m.start, m.end))
-            .collect();
-        for i in 0..snap.pages() {
-            let addr = snap.address_of(i).unwrap();
-            if shared.iter().any(|&(a, b)| addr >= a && addr < b) {
-                continue;
-            }
-            let e = snap.entries[i as usize];
-            if e == 0 {
-                stored.fill(0);
-            } else {
-                disk.read_page(e, &mut stored).unwrap();
-            }
-            // A page unmapped meanwhile reads as zeros, as it was stored.
-            let n = pagewise::mech::walk::read_remote(pid, addr, &mut live).unwrap();
-            if n == P && stored != live {
-                wrong += 1;
-            }
-        }
-        wrong
-    };
-    let steps: [(&str, u8, u64); 5] = [
-        ("first", b'w', 1 | (7 << 16)),
-        ("writes", b'w', 300 | (9 << 16)),
-        ("MADV_DONTNEED of 40 pages", b'd', 100 | (40 << 16)),
-        ("fork, the child writes", b'f', 20),
-        ("new mapping", b'm', 16),
-    ];
-    let mut read = Vec::new();
-    let state = |pid: i32| {
-        let st = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-        st[st.rfind(')').unwrap() + 2..].chars().next().unwrap()
-    };
-    for (what, op, arg) in steps {
-        s.tell(op, arg);
-        // Held stopped (job control) from before the snapshot until the
-        // comparison: the memory compared is the memory snapshotted.
-        // SAFETY: our own child.
-        unsafe { libc::kill(s.pid, libc::SIGSTOP) };
-        let t0 = std::time::Instant::now();
-        while state(s.pid) != 'T' {
-            assert!(
-                t0.elapsed().as_secs() < 5,
-                "{what}: the child never stopped"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-        let r = inc.snapshot(&mut disk, what).unwrap();
-        let wrong = check(&disk, r.save.id, s.pid);
-        // SAFETY: our own child.
-        unsafe { libc::kill(s.pid, libc::SIGCONT) };
-        assert_eq!(wrong, 0, "{what}: stored pages differ from the process");
-        read.push(r.pages_read);
-        println!("     {what}: {} pages, {} read", r.save.pages, r.pages_read);
-    }
-    let first = read[0];
-    assert!(
-        read[1..].iter().all(|&n| n < first / 4),
-        "later snapshots read nearly everything again: {read:?}"
-    );
-}
-
-/// The private writable mappings of `pid` and their bytes (shared ones,
-/// inherited from this test process, are written by other tests).
-pub fn private_memory(pid: i32) -> Vec<(Region, Vec<u8>)> {
-    let mut out = Vec::new();
-    for m in pagewise::mech::procfs::writable(Some(pid)).unwrap() {
-        if m.shared {
-            continue;
-        }
-        let r = Region::new(m.start, m.len()).unwrap();
-        let mut b = vec![0u8; r.len as usize];
-        pagewise::mech::walk::read_remote(pid, r.start, &mut b).unwrap();
-        out.push((r, b));
-    }
-    out
-}
-
-/// Pages of snapshot `id` whose stored bytes differ from `truth` (regions
-/// `truth` lacks are not compared).
-pub fn pages_differing(disk: &DiskStore, id: u64, truth: &[(Region, Vec<u8>)]) -> usize {
-    let snap = disk.load(id).unwrap();
-    let (mut i, mut wrong, mut page) = (0usize, 0, vec![0u8; P]);
-    for reg in &snap.regions {
-        let Some((_, t)) = truth.iter().find(|(a, _)| a == reg) else {
-            i += reg.pages() as usize;
-            continue;
-        };
-        for k in 0..reg.pages() as usize {
-            let e = snap.entries[i];
-            if e == 0 {
-                page.fill(0);
-            } else {
-                disk.read_page(e, &mut page).unwrap();
-            }
-            wrong += (page[..] != t[k * P..(k + 1) * P]) as usize;
-            i += 1;
-        }
-    }
-    wrong
-}
-
-/// A live checkpoint of a process whose two threads write random pages all
-/// the while holds exactly its memory at the moment it was stopped (read
-/// from the process then), page for page; the passes before the stop copy
-/// less and less, and the process runs on afterwards.
-#[test]
-fn live_checkpoint_holds_the_memory_at_the_stop() {
-    let _one = super::common::one_target_at_a_time();
-    use pagewise::snap::live::{live_snapshot, LiveOptions, StoreSeries};
-    if let Err(why) = pagewise::track::BackendKind::UffdWp.available_for_pid() {
-        pagewise_testkit::skip!("{why}");
-        return;
-    }
-    let dir = TempDir::new("live");
-    let mut disk = DiskStore::create(&dir.0, true).unwrap();
-    let w = super::common::Writer::start(4096);
-    std::thread::sleep(std::time::Duration::from_millis(30));
-    let mut at_stop: Vec<(Region, Vec<u8>)> = Vec::new();
-    let pid = w.pid;
-    let opts = LiveOptions::default()
-        .max_downtime_ms(20.0)
-        .max_passes(10)
-        .throttle(false);
-    let r = live_snapshot(
-        pid,
-        &mut StoreSeries::new(&mut disk),
-        "live",
-        &opts,
-        &mut |_| {},
-        &mut || {
-            at_stop = private_memory(pid);
-        },
-    )
-    .unwrap();
-    let wrong = pages_differing(&disk, r.save.id, &at_stop);
-    println!(
-        "     live: {} passes {:?}, {} pages at the stop, downtime {:.2} ms, converged {}",
-        r.passes.len(),
-        r.passes.iter().map(|p| p.pages).collect::<Vec<_>>(),
-        r.final_pages,
-        r.downtime_ms,
-        r.converged
-    );
-    assert_eq!(
-        wrong, 0,
-        "{wrong} stored pages differ from the memory at the stop"
-    );
-    assert!(r.passes.len() >= 2 && r.passes[0].pages > r.final_pages);
-    let a = w.read_all();
-    std::thread::sleep(std::time::Duration::from_millis(30));
-    assert_ne!(a, w.read_all(), "the process does not run on");
-}
-
-/// A process that writes faster than a tiny budget allows: the passes stop
-/// at `max_passes` and say they did not converge; with `throttle` the
-/// process is held stopped for a growing share of the passes. Either way the
-/// snapshot holds the memory at the stop exactly.
-#[test]
-fn live_checkpoint_that_cannot_converge() {
-    let _one = super::common::one_target_at_a_time();
-    use pagewise::snap::live::{live_snapshot, LiveOptions, StoreSeries};
-    if let Err(why) = pagewise::track::BackendKind::UffdWp.available_for_pid() {
-        pagewise_testkit::skip!("{why}");
-        return;
-    }
-    for throttle in [false, true] {
-        let dir = TempDir::new("live-throttle");
-        let mut disk = DiskStore::create(&dir.0, true).unwrap();
-        let w = super::common::Writer::start(2048);
-        w.wait_for_writes(4);
-        let pid = w.pid;
-        let mut truth: Vec<(Region, Vec<u8>)> = Vec::new();
-        let opts = LiveOptions::default()
-            .max_downtime_ms(0.001)
-            .max_passes(4)
-            .throttle(throttle);
-        // After each pass the writer writes again before the next one, so
-        // no pass can find nothing written: the checkpoint cannot converge.
-        let r = live_snapshot(
-            pid,
-            &mut StoreSeries::new(&mut disk),
-            "",
-            &opts,
-            &mut |_| w.wait_for_writes(1),
-            &mut || {
-                truth = private_memory(pid);
-            },
-        )
-        .unwrap();
-        assert!(!r.converged, "converged although written after every pass");
-        assert_eq!(r.passes.len(), 4);
-        assert!(
-            r.dirty_rate_bps > 0.0,
-            "did not converge, yet nothing was written"
-        );
-        assert!(r.copy_rate_bps > 0.0);
-        if throttle && !r.converged {
-            assert!(
-                r.passes.iter().any(|p| p.throttle > 0.0),
-                "the process was never held: {:?}",
-                r.passes
-            );
-        }
-        let wrong = pages_differing(&disk, r.save.id, &truth);
-        assert_eq!(
-            wrong, 0,
-            "throttle {throttle}: {wrong} pages differ from the memory at the stop"
-        );
-        println!(
-            "     throttle {throttle}: passes {:?}, held {:?}, downtime {:.2} ms",
-            r.passes.iter().map(|p| p.pages).collect::<Vec<_>>(),
-            r.passes.iter().map(|p| p.throttle).collect::<Vec<_>>(),
-            r.downtime_ms
-        );
-    }
-}
-
 /// A store made by another user — the directory, or one file in one's own
 /// directory — is refused for writing and for reading, before a byte of
 /// memory goes into it: root's snapshot must not land where another user
@@ -1046,45 +661,42 @@ fn another_users_store_is_refused() {
     assert!(e.to_string().contains("other users"), "{e}");
 }
 
-/// Two writers creating one new store at once: one complete store results;
-/// each writer either has it open or is told another writes it; nobody
-/// finds it corrupt, then or later.
-#[test]
-fn two_creators_of_one_store_leave_one_complete_store() {
-    for round in 0..20 {
-        let dir = TempDir::new(&format!("two-creators-{round}"));
-        let barrier = std::sync::Arc::new(std::sync::Barrier::new(4));
-        let threads: Vec<_> = (0..4)
-            .map(|_| {
-                let (d, b) = (dir.0.clone(), barrier.clone());
-                std::thread::spawn(move || {
-                    b.wait();
-                    DiskStore::create(&d, true).map(drop)
-                })
-            })
-            .collect();
-        let mut opened = 0;
-        for t in threads {
-            match t.join().unwrap() {
-                Ok(()) => opened += 1,
-                Err(pagewise::Error::Busy(_)) => {}
-                Err(e) => panic!("round {round}: a creator failed: {e}"),
-            }
+/// The private writable mappings of `pid` and their bytes (shared ones,
+/// inherited from this test process, are written by other tests).
+pub fn private_memory(pid: i32) -> Vec<(Region, Vec<u8>)> {
+    let mut out = Vec::new();
+    for m in pagewise::mech::procfs::writable(Some(pid)).unwrap() {
+        if m.shared {
+            continue;
         }
-        assert!(opened >= 1, "round {round}: nobody had the store");
-        let s = DiskStore::create(&dir.0, true).unwrap();
-        assert!(s.ids().unwrap().is_empty());
-        // This store's half-made copies only: other tests create stores
-        // beside it meanwhile.
-        let mine = format!(
-            ".{}.creating-",
-            dir.0.file_name().unwrap().to_string_lossy()
-        );
-        let leftovers: Vec<_> = std::fs::read_dir(dir.0.parent().unwrap())
-            .unwrap()
-            .filter_map(|e| e.ok())
-            .filter(|e| e.file_name().to_string_lossy().starts_with(&mine))
-            .collect();
-        assert!(leftovers.is_empty(), "half-made stores left: {leftovers:?}");
+        let r = Region::new(m.start, m.len()).unwrap();
+        let mut b = vec![0u8; r.len as usize];
+        pagewise::mech::walk::read_remote(pid, r.start, &mut b).unwrap();
+        out.push((r, b));
     }
+    out
+}
+
+/// Pages of snapshot `id` whose stored bytes differ from `truth` (regions
+/// `truth` lacks are not compared).
+pub fn pages_differing(disk: &DiskStore, id: u64, truth: &[(Region, Vec<u8>)]) -> usize {
+    let snap = disk.load(id).unwrap();
+    let (mut i, mut wrong, mut page) = (0usize, 0, vec![0u8; P]);
+    for reg in &snap.regions {
+        let Some((_, t)) = truth.iter().find(|(a, _)| a == reg) else {
+            i += reg.pages() as usize;
+            continue;
+        };
+        for k in 0..reg.pages() as usize {
+            let e = snap.entries[i];
+            if e == 0 {
+                page.fill(0);
+            } else {
+                disk.read_page(e, &mut page).unwrap();
+            }
+            wrong += (page[..] != t[k * P..(k + 1) * P]) as usize;
+            i += 1;
+        }
+    }
+    wrong
 }
