@@ -539,3 +539,13 @@ pub fn fds(pid: i32) -> Vec<String> {
     v.sort();
     v
 }
+
+/// The name the test harness knows test `name` of module `module` (its
+/// `module_path!()`) by: the path without the test crate's name, for a test
+/// that runs itself again alone (`--exact`).
+pub fn test_path(module: &str, name: &str) -> String {
+    match module.split_once("::") {
+        Some((_, inner)) => format!("{inner}::{name}"),
+        None => name.to_string(),
+    }
+}

@@ -284,9 +284,12 @@ fn a_region_with_a_shared_page_keeps_every_byte() {
     if std::env::var_os("PAGEWISE_FARMEM_ALONE").is_none() {
         // fork(2) shares every page of the process, the other tests' too:
         // this test runs alone in a process of its own.
-        let name = format!(
-            "a_region_with_a_shared_page_keeps_every_byte::{}",
-            fm_path()
+        let name = crate::common::test_path(
+            module_path!(),
+            &format!(
+                "a_region_with_a_shared_page_keeps_every_byte::{}",
+                fm_path()
+            ),
         );
         let out = std::process::Command::new(std::env::current_exe().unwrap())
             .args(["--exact", &name, "--test-threads=1", "--nocapture"])

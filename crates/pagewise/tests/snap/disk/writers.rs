@@ -45,7 +45,7 @@ fn killed_saves_leave_earlier_snapshots_loadable() {
             .args([
                 "--exact",
                 "--ignored",
-                "disk::crash_child_writer",
+                &crate::common::test_path(module_path!(), "crash_child_writer"),
                 "--nocapture",
                 "--test-threads=1",
             ])
