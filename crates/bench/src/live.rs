@@ -144,35 +144,30 @@ struct Target {
     ctl: AnonShared,
 }
 
-/// One shared anonymous page for talking to the child.
-struct AnonShared(*mut AtomicU64);
+/// Counters shared with the child.
+struct AnonShared(pagewise_sys::mem::SharedAtomics);
 
 impl AnonShared {
     fn new() -> Result<Self> {
-        let m = pagewise_sys::mem::mmap_shared_anonymous(PAGE_SIZE)
-            .map_err(|e| Error::os("mapping a shared page", e))?;
-        Ok(AnonShared(m as *mut AtomicU64))
+        pagewise_sys::mem::SharedAtomics::new(2)
+            .map(AnonShared)
+            .map_err(|e| Error::os("mapping a shared page", e))
     }
     fn at(&self, i: usize) -> &AtomicU64 {
-        // SAFETY: the page holds 512 counters and lives as long as self.
-        unsafe { &*self.0.add(i) }
+        self.0.at(i)
     }
 }
 
 impl Target {
     fn spawn(mem: &AnonMemory, rate: f64) -> Result<Self> {
         let ctl = AnonShared::new()?;
-        let (stop, done) = (
-            ctl.at(0) as *const AtomicU64 as usize,
-            ctl.at(1) as *const AtomicU64 as usize,
-        );
         let pages = mem.pages();
         // SAFETY: the child only writes its memory, reads the clock and
         // sleeps: no allocation, no lock; the shared page it reads its
         // orders from outlives its loop.
         let pid = unsafe {
             pagewise_sys::process::fork_child(|| {
-                let (stop, done) = (&*(stop as *const AtomicU64), &*(done as *const AtomicU64));
+                let (stop, done) = (ctl.at(0), ctl.at(1));
                 let t0 = Instant::now();
                 let mut x = 0x2545_F491_4F6C_DD1Du64;
                 let mut n = 0u64;

@@ -207,8 +207,7 @@ impl StateKeeper for FullCopy {
         Ok(mem.snapshot())
     }
     fn restore(&mut self, mem: &AnonMemory, s: &Vec<u8>) -> Result<()> {
-        // SAFETY: `mem` owns its mapping of `s.len()` bytes; `s` is a separate buffer.
-        unsafe { std::ptr::copy_nonoverlapping(s.as_ptr(), mem.as_ptr(), s.len()) };
+        mem.write_at(0, s);
         Ok(())
     }
     fn drop_snap(&mut self, _s: Vec<u8>) -> Result<()> {

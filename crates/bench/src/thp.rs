@@ -163,23 +163,16 @@ pub struct Report {
 
 /// The control page shared with the child: [0] rounds done, [1] stop,
 /// [2] ns of the last round, [3] 1 when verified, 2 when not, [4] ready.
-pub(crate) struct Ctl(*mut AtomicU64);
-
-// SAFETY: the pointer is to a shared mapping of atomic counters that lives
-// as long as the Ctl; every access goes through the atomics.
-unsafe impl Sync for Ctl {}
-// SAFETY: as above.
-unsafe impl Send for Ctl {}
+pub(crate) struct Ctl(pagewise_sys::mem::SharedAtomics);
 
 impl Ctl {
     fn new() -> Result<Self> {
-        let m = pagewise_sys::mem::mmap_shared_anonymous(PAGE_SIZE)
-            .map_err(|e| Error::os("mapping a shared page", e))?;
-        Ok(Ctl(m as *mut AtomicU64))
+        pagewise_sys::mem::SharedAtomics::new(5)
+            .map(Ctl)
+            .map_err(|e| Error::os("mapping a shared page", e))
     }
     fn at(&self, i: usize) -> &AtomicU64 {
-        // SAFETY: the page holds 512 counters and lives as long as self.
-        unsafe { &*self.0.add(i) }
+        self.0.at(i)
     }
 }
 
@@ -205,7 +198,7 @@ pub(crate) fn next(x: &mut u64) -> u64 {
 }
 
 /// One round of updates over `mem` (round `r`).
-fn round(base: usize, cfg: &Config, r: u64) {
+fn round(mem: &AnonMemory, cfg: &Config, r: u64) {
     let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ (r.wrapping_mul(0xD1B5_4A32_D192_ED03) | 1);
     let words_per_page = PAGE_SIZE / 8;
     for _ in 0..cfg.updates_per_round {
@@ -221,12 +214,8 @@ fn round(base: usize, cfg: &Config, r: u64) {
             ((a >> 1) as usize % cfg.narrow, (b >> 9) as usize % 4)
         };
         let word = (b as usize) % words_per_page;
-        let at = base + region * HUGE_PAGE_SIZE + page * PAGE_SIZE + word * 8;
-        // SAFETY: inside the child's regions.
-        unsafe {
-            let p = at as *mut u64;
-            std::ptr::write_volatile(p, std::ptr::read_volatile(p) ^ b);
-        }
+        let w = (region * HUGE_PAGE_SIZE + page * PAGE_SIZE) / 8 + word;
+        mem.write_word(w, mem.read_word(w) ^ b);
     }
 }
 
@@ -235,24 +224,21 @@ fn start(cfg: &Config) -> Result<Child> {
     let mem = AnonMemory::new(regions * HUGE_PAGE_SIZE)?;
     // No advice: base pages at first touch (THP in `madvise` mode).
     for i in 0..mem.len() / 8 {
-        // SAFETY: inside `mem`.
-        unsafe { std::ptr::write((mem.addr() as usize + i * 8) as *mut u64, i as u64) };
+        mem.write_word(i, i as u64);
     }
-    let base = mem.addr() as usize;
     let (c1, c2) = (cfg.clone(), cfg.clone());
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     spawn_worker(
         mem,
         cpus.checked_sub(1).filter(|_| cpus > 1),
-        move |r| round(base, &c1, r),
-        move |rounds| {
+        move |m, r| round(m, &c1, r),
+        move |m, rounds| {
             // Undo every round and check.
             for k in 0..rounds {
-                round(base, &c2, k);
+                round(m, &c2, k);
             }
             let words = (c2.narrow + c2.wide) * HUGE_PAGE_SIZE / 8;
-            // SAFETY: inside the child's regions.
-            (0..words).all(|i| unsafe { std::ptr::read((base + i * 8) as *const u64) } == i as u64)
+            (0..words).all(|i| m.read_word(i) == i as u64)
         },
     )
 }
@@ -265,17 +251,16 @@ fn start(cfg: &Config) -> Result<Child> {
 pub(crate) fn spawn_worker(
     mem: AnonMemory,
     cpu: Option<usize>,
-    round: impl Fn(u64),
-    check: impl Fn(u64) -> bool,
+    round: impl Fn(&AnonMemory, u64),
+    check: impl Fn(&AnonMemory, u64) -> bool,
 ) -> Result<Child> {
     let ctl = Ctl::new()?;
     let base = mem.addr();
-    let ctlp = ctl.0 as usize;
     // SAFETY: the child runs its rounds over its own memory, reads the
     // clock and the shared page, and exits: no allocation, no lock.
     let pid = unsafe {
-        pagewise_sys::process::fork_child(move || {
-            let c = |i: usize| &*(ctlp as *const AtomicU64).add(i);
+        pagewise_sys::process::fork_child(|| {
+            let c = |i: usize| ctl.at(i);
             if let Some(cpu) = cpu {
                 let mut set: libc::cpu_set_t = std::mem::zeroed();
                 libc::CPU_SET(cpu, &mut set);
@@ -285,12 +270,12 @@ pub(crate) fn spawn_worker(
             let mut r = 0u64;
             while c(1).load(Ordering::SeqCst) == 0 {
                 let t = Instant::now();
-                round(r);
+                round(&mem, r);
                 c(2).store(t.elapsed().as_nanos() as u64, Ordering::SeqCst);
                 r += 1;
                 c(0).store(r, Ordering::SeqCst);
             }
-            c(3).store(if check(r) { 1 } else { 2 }, Ordering::SeqCst);
+            c(3).store(if check(&mem, r) { 1 } else { 2 }, Ordering::SeqCst);
             0
         })
     }

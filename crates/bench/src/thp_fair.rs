@@ -138,29 +138,23 @@ const POLICIES: [(&str, Policy); 3] = [
 fn random(cfg: &Config, cpu: Option<usize>) -> Result<Child> {
     let mem = AnonMemory::new(cfg.regions * HUGE_PAGE_SIZE)?;
     let words = mem.len() / 8;
-    let base = mem.addr() as usize;
     for i in 0..words {
-        // SAFETY: inside `mem`.
-        unsafe { std::ptr::write((base + i * 8) as *mut u64, i as u64) };
+        mem.write_word(i, i as u64);
     }
     let n = cfg.updates_per_round;
-    let round = move |r: u64| {
+    let round = move |m: &AnonMemory, r: u64| {
         let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ (r.wrapping_mul(0xD1B5_4A32_D192_ED03) | 1);
         for _ in 0..n {
             let a = next(&mut x);
-            // SAFETY: inside the child's memory.
-            unsafe {
-                let p = (base + (a as usize % words) * 8) as *mut u64;
-                std::ptr::write_volatile(p, std::ptr::read_volatile(p) ^ a);
-            }
+            let w = a as usize % words;
+            m.write_word(w, m.read_word(w) ^ a);
         }
     };
-    spawn_worker(mem, cpu, round, move |rounds| {
+    spawn_worker(mem, cpu, round, move |m, rounds| {
         for k in 0..rounds {
-            round(k);
+            round(m, k);
         }
-        // SAFETY: inside the child's memory.
-        (0..words).all(|i| unsafe { std::ptr::read((base + i * 8) as *const u64) } == i as u64)
+        (0..words).all(|i| m.read_word(i) == i as u64)
     })
 }
 
@@ -168,32 +162,24 @@ fn random(cfg: &Config, cpu: Option<usize>) -> Result<Child> {
 fn stream(cfg: &Config, cpu: Option<usize>) -> Result<Child> {
     let mem = AnonMemory::new(cfg.regions * HUGE_PAGE_SIZE)?;
     let words = mem.len() / 8;
-    let base = mem.addr() as usize;
     for i in 0..words {
-        // SAFETY: inside `mem`.
-        unsafe { std::ptr::write((base + i * 8) as *mut u64, i as u64) };
+        mem.write_word(i, i as u64);
     }
-    let round = move |_r: u64| {
+    let round = move |m: &AnonMemory, _r: u64| {
         let mut sum = 0u64;
         for i in 0..words {
-            // SAFETY: inside the child's memory.
-            unsafe {
-                let p = (base + i * 8) as *mut u64;
-                let w = std::ptr::read_volatile(p);
-                let mut h = w;
-                for _ in 0..HASH_ROUNDS {
-                    h = h.wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(29);
-                }
-                sum = sum.wrapping_add(h);
-                std::ptr::write_volatile(p, w.wrapping_add(1));
+            let w = m.read_word(i);
+            let mut h = w;
+            for _ in 0..HASH_ROUNDS {
+                h = h.wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(29);
             }
+            sum = sum.wrapping_add(h);
+            m.write_word(i, w.wrapping_add(1));
         }
         std::hint::black_box(sum);
     };
-    spawn_worker(mem, cpu, round, move |passes| {
-        // SAFETY: inside the child's memory.
-        (0..words)
-            .all(|i| unsafe { std::ptr::read((base + i * 8) as *const u64) } == i as u64 + passes)
+    spawn_worker(mem, cpu, round, move |m, passes| {
+        (0..words).all(|i| m.read_word(i) == i as u64 + passes)
     })
 }
 

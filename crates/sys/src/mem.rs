@@ -272,3 +272,265 @@ pub fn mmap_shared_file(
     }
     Ok(p.cast())
 }
+
+/// Advice that changes no byte of the memory it is given (only where and
+/// how the kernel keeps it), which [`advise`] takes from safe code.
+pub const HARMLESS_ADVICE: [libc::c_int; 10] = [
+    libc::MADV_NORMAL,
+    libc::MADV_WILLNEED,
+    libc::MADV_MERGEABLE,
+    libc::MADV_UNMERGEABLE,
+    libc::MADV_HUGEPAGE,
+    libc::MADV_NOHUGEPAGE,
+    MADV_COLD,
+    MADV_PAGEOUT,
+    MADV_COLLAPSE,
+    MADV_POPULATE_WRITE,
+];
+
+/// `MADV_POPULATE_WRITE` (Linux 5.14): fault the range in writable, as a
+/// write would, without changing a byte.
+pub const MADV_POPULATE_WRITE: libc::c_int = 23;
+
+/// `madvise(addr, len, advice)` for advice of [`HARMLESS_ADVICE`] only:
+/// it changes no byte of memory, so a range this process holds references
+/// into is no concern (the kernel refuses a range that is not mapped).
+/// Other advice is refused with `EINVAL` without a call.
+pub fn advise(addr: u64, len: usize, advice: libc::c_int) -> io::Result<()> {
+    if !HARMLESS_ADVICE.contains(&advice) {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    // SAFETY: the advice changes no byte of the range (see HARMLESS_ADVICE);
+    // an address that is not mapped is the kernel's to refuse.
+    unsafe { madvise(addr, len, advice) }
+}
+
+/// An owned private anonymous mapping, unmapped on drop, whose start is
+/// aligned to `align` (a power of two; 2 MiB lets huge pages back it).
+/// Its bytes are reached only by copies and volatile word access through
+/// `&self`: no Rust reference into it is ever handed out, so other threads
+/// (and the kernel) may write it at any time, and discarding its contents
+/// ([`OwnedMapping::discard`]) is sound.
+#[derive(Debug)]
+pub struct OwnedMapping {
+    map: *mut u8,
+    map_len: usize,
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain memory owned by this value; it is reached
+// only through raw pointers in bounds-checked copies and volatile accesses.
+unsafe impl Send for OwnedMapping {}
+// SAFETY: as above: shared access never makes a Rust reference into it.
+unsafe impl Sync for OwnedMapping {}
+
+impl OwnedMapping {
+    /// Maps `len` bytes (a whole number of pages), aligned to `align`,
+    /// with the extra `mmap` flags `flags` (`MAP_NORESERVE`, ...).
+    pub fn new(len: usize, align: usize, flags: libc::c_int) -> io::Result<Self> {
+        if !align.is_power_of_two() || !len.is_multiple_of(page_size()) {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        let map_len = len
+            .checked_add(align)
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))?;
+        let map = mmap_anonymous_flags(map_len, flags)?;
+        let start = (map as usize).div_ceil(align) * align;
+        Ok(OwnedMapping {
+            map,
+            map_len,
+            ptr: start as *mut u8,
+            len,
+        })
+    }
+
+    /// Start address.
+    pub fn addr(&self) -> u64 {
+        self.ptr as u64
+    }
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// The whole mapping behind it, alignment slack included: `(start, end)`.
+    pub fn mapping(&self) -> (u64, u64) {
+        (self.map as u64, self.map as u64 + self.map_len as u64)
+    }
+    /// Raw pointer to the first byte (for calls that take an address).
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    fn check(&self, off: usize, len: usize) {
+        assert!(
+            off.checked_add(len).is_some_and(|e| e <= self.len),
+            "{off:#x}+{len:#x} outside a mapping of {:#x} bytes",
+            self.len
+        );
+    }
+
+    /// Copies `buf.len()` bytes at offset `off` into `buf`.
+    pub fn read_into(&self, off: usize, buf: &mut [u8]) {
+        self.check(off, buf.len());
+        // SAFETY: in bounds (checked); `buf` is a Rust borrow, not this
+        // memory. Racing writers may tear the copy; callers that check it
+        // stop them first.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(off), buf.as_mut_ptr(), buf.len()) }
+    }
+
+    /// Copies `bytes` into the memory at offset `off`.
+    pub fn write_at(&self, off: usize, bytes: &[u8]) {
+        self.check(off, bytes.len());
+        // SAFETY: in bounds (checked); `bytes` does not overlap this memory
+        // (no Rust reference into it is ever made).
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.ptr.add(off), bytes.len()) }
+    }
+
+    /// Sets `len` bytes at offset `off` to `v`.
+    pub fn fill(&self, off: usize, len: usize, v: u8) {
+        self.check(off, len);
+        // SAFETY: in bounds (checked).
+        unsafe { std::ptr::write_bytes(self.ptr.add(off), v, len) }
+    }
+
+    /// Reads the byte at offset `off` (volatile: it really happens).
+    #[inline]
+    pub fn read_byte(&self, off: usize) -> u8 {
+        self.check(off, 1);
+        // SAFETY: in bounds (checked).
+        unsafe { std::ptr::read_volatile(self.ptr.add(off)) }
+    }
+
+    /// Writes the byte at offset `off` (volatile: never elided).
+    #[inline]
+    pub fn write_byte(&self, off: usize, v: u8) {
+        self.check(off, 1);
+        // SAFETY: in bounds (checked).
+        unsafe { std::ptr::write_volatile(self.ptr.add(off), v) }
+    }
+
+    /// Reads the 8-byte word `i` (at offset `8 i`; volatile).
+    #[inline]
+    pub fn read_word(&self, i: usize) -> u64 {
+        self.check(i.saturating_mul(8), 8);
+        // SAFETY: in bounds (checked) and 8-aligned (the mapping is
+        // page-aligned).
+        unsafe { std::ptr::read_volatile((self.ptr as *const u64).add(i)) }
+    }
+
+    /// Writes the 8-byte word `i` (at offset `8 i`; volatile).
+    #[inline]
+    pub fn write_word(&self, i: usize, v: u64) {
+        self.check(i.saturating_mul(8), 8);
+        // SAFETY: in bounds (checked) and 8-aligned.
+        unsafe { std::ptr::write_volatile((self.ptr as *mut u64).add(i), v) }
+    }
+
+    /// `madvise` of `[off, off+len)` with any advice: discarding the
+    /// contents (`MADV_DONTNEED`) is sound here, as no Rust reference into
+    /// this memory exists.
+    pub fn madvise(&self, off: usize, len: usize, advice: libc::c_int) -> io::Result<()> {
+        self.check(off, len);
+        // SAFETY: the range is this value's own memory, which no Rust
+        // reference covers; the advice may change its bytes, as any write.
+        unsafe { madvise(self.addr() + off as u64, len, advice) }
+    }
+}
+
+impl Drop for OwnedMapping {
+    fn drop(&mut self) {
+        // SAFETY: the whole mapping is this value's; nothing refers into it.
+        let _ = unsafe { munmap(self.map, self.map_len) };
+    }
+}
+
+/// Counters in a shared anonymous mapping (`MAP_SHARED`): a process and
+/// the children it forks see the same values. Unmapped on drop.
+#[derive(Debug)]
+pub struct SharedAtomics {
+    ptr: *mut std::sync::atomic::AtomicU64,
+    n: usize,
+}
+
+// SAFETY: the mapping holds atomics only, reached through `&AtomicU64`.
+unsafe impl Send for SharedAtomics {}
+// SAFETY: as above: atomics are safe to share.
+unsafe impl Sync for SharedAtomics {}
+
+impl SharedAtomics {
+    /// `n` counters, all 0.
+    pub fn new(n: usize) -> io::Result<Self> {
+        let bytes = (n.max(1) * 8).div_ceil(page_size()) * page_size();
+        let ptr = mmap_shared_anonymous(bytes)? as *mut std::sync::atomic::AtomicU64;
+        Ok(SharedAtomics { ptr, n })
+    }
+
+    /// Counter `i` (`i < n`).
+    pub fn at(&self, i: usize) -> &std::sync::atomic::AtomicU64 {
+        assert!(i < self.n, "counter {i} of {}", self.n);
+        // SAFETY: in bounds (checked) of a zero-filled, page-aligned shared
+        // mapping that lives as long as `self`; AtomicU64 has the layout of
+        // u64 and zero is a valid value.
+        unsafe { &*self.ptr.add(i) }
+    }
+}
+
+impl Drop for SharedAtomics {
+    fn drop(&mut self) {
+        let bytes = (self.n.max(1) * 8).div_ceil(page_size()) * page_size();
+        // SAFETY: the mapping is this value's; the references `at` handed
+        // out borrow `self` and are gone.
+        let _ = unsafe { munmap(self.ptr as *mut u8, bytes) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_owned_mapping_is_reached_in_bounds_only() {
+        let m = OwnedMapping::new(2 * page_size(), 1 << 21, 0).unwrap();
+        assert_eq!(m.addr() % (1 << 21), 0);
+        m.write_word(3, 0xdead_beef);
+        assert_eq!(m.read_word(3), 0xdead_beef);
+        m.write_at(100, b"pagewise");
+        let mut b = [0u8; 8];
+        m.read_into(100, &mut b);
+        assert_eq!(&b, b"pagewise");
+        m.fill(0, page_size(), 7);
+        assert_eq!(m.read_byte(page_size() - 1), 7);
+        m.madvise(0, page_size(), libc::MADV_DONTNEED).unwrap();
+        assert_eq!(m.read_byte(0), 0, "discarded pages read as zeros");
+        let out = std::panic::catch_unwind(|| m.read_word(2 * page_size() / 8));
+        assert!(out.is_err(), "a word past the end is refused");
+        let wraps = std::panic::catch_unwind(|| m.read_into(usize::MAX, &mut [0u8; 2]));
+        assert!(wraps.is_err(), "a range that wraps is refused");
+    }
+
+    #[test]
+    fn only_harmless_advice_is_taken_from_safe_code() {
+        let m = OwnedMapping::new(page_size(), page_size(), 0).unwrap();
+        m.write_byte(0, 9);
+        let e = advise(m.addr(), page_size(), libc::MADV_DONTNEED).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EINVAL));
+        assert_eq!(m.read_byte(0), 9, "the refused advice changed nothing");
+        advise(m.addr(), page_size(), libc::MADV_NOHUGEPAGE).unwrap();
+        assert_eq!(m.read_byte(0), 9);
+    }
+
+    #[test]
+    fn shared_counters_are_in_bounds() {
+        let c = SharedAtomics::new(3).unwrap();
+        c.at(2).store(5, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(c.at(2).load(std::sync::atomic::Ordering::SeqCst), 5);
+        assert!(
+            std::panic::catch_unwind(|| c.at(3).load(std::sync::atomic::Ordering::SeqCst)).is_err()
+        );
+    }
+}

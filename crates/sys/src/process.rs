@@ -544,3 +544,27 @@ pub fn share_memory(a: libc::pid_t, b: libc::pid_t) -> io::Result<bool> {
     let r = unsafe { libc::syscall(libc::SYS_kcmp, a, b, KCMP_VM, 0, 0) };
     Ok(cvt(r)? == 0)
 }
+
+/// The calling thread's id.
+pub fn gettid() -> libc::pid_t {
+    // SAFETY: gettid has no preconditions and cannot fail.
+    unsafe { libc::gettid() }
+}
+
+/// `sched_yield(2)`: lets another runnable thread run (async-signal-safe).
+pub fn sched_yield() {
+    // SAFETY: no preconditions; it cannot fail on Linux.
+    unsafe { libc::sched_yield() };
+}
+
+/// Sets up `c` so that the child keeps `fd` open across its `exec`
+/// (clears `FD_CLOEXEC` in the child, between fork and exec: one `fcntl`,
+/// async-signal-safe).
+pub fn keep_fd_across_exec(c: &mut std::process::Command, fd: RawFd) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure makes only fcntl(2) calls, which are
+    // async-signal-safe, on an fd number; it allocates nothing.
+    unsafe {
+        c.pre_exec(move || clear_cloexec(fd));
+    }
+}

@@ -82,6 +82,69 @@ pub fn default_sigpipe() -> io::Result<()> {
     Ok(())
 }
 
+/// Ignores `SIGPIPE`: a write to a pipe without a reader fails with `EPIPE`
+/// instead of ending the process (what the Rust runtime sets up).
+pub fn ignore_sigpipe() -> io::Result<()> {
+    // SAFETY: SIG_IGN is a valid disposition for SIGPIPE.
+    if unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) } == libc::SIG_ERR {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Whether `sig` is in `set`.
+pub fn sigset_contains(set: &libc::sigset_t, sig: libc::c_int) -> bool {
+    // SAFETY: `set` is a valid, initialised sigset_t; sigismember only reads it.
+    unsafe { libc::sigismember(set, sig) == 1 }
+}
+
+/// Raises `sig` in the calling thread (`tgkill` of itself; async-signal-safe).
+pub fn raise_in_this_thread(sig: libc::c_int) -> io::Result<()> {
+    // SAFETY: tgkill with this process's and this thread's ids; no memory
+    // is passed.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_tgkill,
+            libc::getpid(),
+            libc::gettid(),
+            sig as libc::c_long,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Calls a signal handler the program installed, as the kernel would:
+/// `handler` is its address, taking three arguments when `siginfo`
+/// (`SA_SIGINFO`), one otherwise.
+///
+/// # Safety
+///
+/// `handler` must be the address of a handler of that kind, and the call
+/// made where the kernel would make it (in a signal handler for `sig`, with
+/// the `info` and `ctx` it was given).
+pub unsafe fn call_handler(
+    handler: usize,
+    siginfo: bool,
+    sig: libc::c_int,
+    info: *mut libc::siginfo_t,
+    ctx: *mut libc::c_void,
+) {
+    type Three = extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void);
+    type One = extern "C" fn(libc::c_int);
+    if siginfo {
+        // SAFETY: the caller says `handler` is an SA_SIGINFO handler.
+        let f: Three = unsafe { std::mem::transmute::<usize, Three>(handler) };
+        f(sig, info, ctx);
+    } else {
+        // SAFETY: the caller says `handler` is a one-argument handler.
+        let f: One = unsafe { std::mem::transmute::<usize, One>(handler) };
+        f(sig);
+    }
+}
+
 /// Removes `sig` from `set`.
 pub fn sigset_remove(set: &mut libc::sigset_t, sig: libc::c_int) {
     // SAFETY: `set` is a valid, initialised sigset_t.

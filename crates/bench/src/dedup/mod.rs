@@ -260,13 +260,7 @@ fn fill(mem: &AnonMemory, cfg: &Config, own: usize) {
     for page in 0..mem.len() / PAGE_SIZE {
         let who = (page >= table_pages).then_some(own);
         for i in 0..words {
-            // SAFETY: inside `mem`.
-            unsafe {
-                std::ptr::write(
-                    (mem.addr() as usize + page * PAGE_SIZE + i * 8) as *mut u64,
-                    word(who, page, i),
-                )
-            };
+            mem.write_word(page * words + i, word(who, page, i));
         }
     }
 }
@@ -288,7 +282,7 @@ const WRITE_EVERY: u64 = 16;
 /// regions, and one in [`WRITE_EVERY`] a write (`x ^= v`) to a random
 /// word of the pages written. With `reads: false`, the writes alone (to
 /// undo a round).
-fn round(base: usize, cfg: &Config, r: u64, reads: bool) {
+fn round(mem: &AnonMemory, cfg: &Config, r: u64, reads: bool) {
     let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ (r.wrapping_mul(0xD1B5_4A32_D192_ED03) | 1);
     let hot = cfg.hot_table() + cfg.hot_own();
     let words = HUGE_PAGE_SIZE / 8;
@@ -303,20 +297,13 @@ fn round(base: usize, cfg: &Config, r: u64, reads: bool) {
         } else {
             cfg.table_regions() + (k - cfg.hot_table())
         };
-        let at = base + region * HUGE_PAGE_SIZE;
+        let at = region * HUGE_PAGE_SIZE / 8;
         if (a >> 40).is_multiple_of(WRITE_EVERY) {
             let page = (b as usize % written_pages) * WRITE_STRIDE;
-            let w = (b >> 32) as usize % (PAGE_SIZE / 8);
-            // SAFETY: inside the child's regions.
-            unsafe {
-                let p = (at + page * PAGE_SIZE + w * 8) as *mut u64;
-                std::ptr::write_volatile(p, std::ptr::read_volatile(p) ^ b);
-            }
+            let w = at + page * PAGE_SIZE / 8 + (b >> 32) as usize % (PAGE_SIZE / 8);
+            mem.write_word(w, mem.read_word(w) ^ b);
         } else if reads {
-            // SAFETY: inside the child's regions.
-            sum = sum.wrapping_add(unsafe {
-                std::ptr::read_volatile((at + ((b >> 8) as usize % words) * 8) as *const u64)
-            });
+            sum = sum.wrapping_add(mem.read_word(at + (b >> 8) as usize % words));
         }
     }
     if reads {
@@ -324,10 +311,7 @@ fn round(base: usize, cfg: &Config, r: u64, reads: bool) {
         let from = (r as usize).wrapping_mul(cfg.sweep_pages);
         for k in 0..cfg.sweep_pages {
             let page = from.wrapping_add(k) % pages;
-            // SAFETY: inside the child's regions.
-            sum = sum.wrapping_add(unsafe {
-                std::ptr::read_volatile((base + page * PAGE_SIZE) as *const u64)
-            });
+            sum = sum.wrapping_add(mem.read_word(page * PAGE_SIZE / 8));
         }
     }
     std::hint::black_box(sum);
@@ -347,25 +331,20 @@ fn start(cfg: &Config, own: usize) -> Result<Child> {
             pagewise_sys::mem::MADV_COLLAPSE,
         );
     }
-    let base = mem.addr() as usize;
     let (c1, c2) = (cfg.clone(), cfg.clone());
     spawn_worker(
         mem,
         None,
-        move |r| round(base, &c1, r, true),
-        move |rounds| {
+        move |m, r| round(m, &c1, r, true),
+        move |m, rounds| {
             for k in 0..rounds {
-                round(base, &c2, k, false);
+                round(m, &c2, k, false);
             }
             let table_pages = c2.table_regions() * HUGE_PAGE_SIZE / PAGE_SIZE;
             (0..c2.regions * HUGE_PAGE_SIZE / PAGE_SIZE).all(|page| {
                 let who = (page >= table_pages).then_some(own);
-                (0..PAGE_SIZE / 8).all(|i| {
-                    // SAFETY: inside the child's regions.
-                    let v =
-                        unsafe { std::ptr::read((base + page * PAGE_SIZE + i * 8) as *const u64) };
-                    v == word(who, page, i)
-                })
+                (0..PAGE_SIZE / 8)
+                    .all(|i| m.read_word(page * PAGE_SIZE / 8 + i) == word(who, page, i))
             })
         },
     )

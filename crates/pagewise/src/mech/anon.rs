@@ -7,20 +7,12 @@ use crate::{Error, Region, Result, HUGE_PAGE_SIZE, PAGE_SIZE};
 use pagewise_sys::mem;
 
 /// An owned private anonymous mapping, unmapped on drop. Its start is aligned
-/// to 2 MiB so that huge pages can back it.
+/// to 2 MiB so that huge pages can back it. Its bytes are reached by
+/// bounds-checked copies and volatile accesses
+/// ([`pagewise_sys::mem::OwnedMapping`]), never through a Rust reference:
+/// other threads and the kernel may write it at any time.
 #[derive(Debug)]
-pub struct AnonMemory {
-    map: *mut u8,
-    map_len: usize,
-    ptr: *mut u8,
-    len: usize,
-}
-
-// SAFETY: the mapping is plain memory owned by this value; access goes through
-// &self/&mut self or raw pointers whose users uphold their own contracts.
-unsafe impl Send for AnonMemory {}
-// SAFETY: as above; shared access only reads through raw pointers.
-unsafe impl Sync for AnonMemory {}
+pub struct AnonMemory(mem::OwnedMapping);
 
 impl AnonMemory {
     /// Maps `len` bytes (rounded up to whole pages), 2 MiB-aligned, unpopulated.
@@ -37,92 +29,86 @@ impl AnonMemory {
 
     fn with_flags(len: usize, flags: libc::c_int) -> Result<Self> {
         let len = len.div_ceil(PAGE_SIZE) * PAGE_SIZE;
-        let map_len = len + HUGE_PAGE_SIZE;
-        let map = mem::mmap_anonymous_flags(map_len, flags)
-            .map_err(|e| Error::os(format!("mmap of {map_len} bytes"), e))?;
-        let start = (map as usize).div_ceil(HUGE_PAGE_SIZE) * HUGE_PAGE_SIZE;
-        Ok(AnonMemory {
-            map,
-            map_len,
-            ptr: start as *mut u8,
-            len,
-        })
+        mem::OwnedMapping::new(len, HUGE_PAGE_SIZE, flags)
+            .map(AnonMemory)
+            .map_err(|e| Error::os(format!("mmap of {} bytes", len + HUGE_PAGE_SIZE), e))
     }
 
     /// The region it covers.
     pub fn region(&self) -> Region {
-        Region::new(self.ptr as u64, self.len as u64).expect("page-aligned by construction")
+        Region::new(self.addr(), self.len() as u64).expect("page-aligned by construction")
     }
     /// Start address.
     pub fn addr(&self) -> u64 {
-        self.ptr as u64
+        self.0.addr()
     }
     /// The whole mapping behind it, alignment slack included: `(start, end)`.
     pub fn mapping(&self) -> (u64, u64) {
-        (self.map as u64, self.map as u64 + self.map_len as u64)
+        self.0.mapping()
     }
     /// Length in bytes.
     pub fn len(&self) -> usize {
-        self.len
+        self.0.len()
     }
     /// Whether it is empty.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.0.is_empty()
     }
     /// Number of pages.
     pub fn pages(&self) -> usize {
-        self.len / PAGE_SIZE
+        self.len() / PAGE_SIZE
     }
-    /// Raw pointer to the first byte.
+    /// Raw pointer to the first byte (for calls that take an address).
     pub fn as_ptr(&self) -> *mut u8 {
-        self.ptr
+        self.0.as_ptr()
     }
 
     /// Copies the current contents out (a shadow copy for checks).
     pub fn snapshot(&self) -> Vec<u8> {
-        let mut v = vec![0u8; self.len];
+        let mut v = vec![0u8; self.len()];
         self.read_into(0, &mut v);
         v
     }
 
-    /// Copies `buf.len()` bytes at offset `off` into `buf`.
+    /// Copies `buf.len()` bytes at offset `off` into `buf` (concurrent
+    /// writers may race; callers that check results stop them first).
     pub fn read_into(&self, off: usize, buf: &mut [u8]) {
-        assert!(off + buf.len() <= self.len);
-        // SAFETY: the range is inside the mapping; volatile-free copy of plain bytes
-        // (concurrent writers may race; callers that check results stop them first).
-        unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(off), buf.as_mut_ptr(), buf.len()) }
+        self.0.read_into(off, buf)
     }
 
-    /// Writes one byte at offset `off`.
+    /// Writes one byte at offset `off` (volatile: never elided).
     #[inline]
     pub fn write_byte(&self, off: usize, v: u8) {
-        assert!(off < self.len);
-        // SAFETY: in bounds; a volatile store so the write is never elided.
-        unsafe { std::ptr::write_volatile(self.ptr.add(off), v) }
+        self.0.write_byte(off, v)
     }
 
-    /// Reads one byte at offset `off`.
+    /// Reads one byte at offset `off` (volatile: it really happens).
     #[inline]
     pub fn read_byte(&self, off: usize) -> u8 {
-        assert!(off < self.len);
-        // SAFETY: in bounds; volatile so the read really happens.
-        unsafe { std::ptr::read_volatile(self.ptr.add(off)) }
+        self.0.read_byte(off)
+    }
+
+    /// Reads the 8-byte word `i` (at offset `8 i`; volatile).
+    #[inline]
+    pub fn read_word(&self, i: usize) -> u64 {
+        self.0.read_word(i)
+    }
+
+    /// Writes the 8-byte word `i` (at offset `8 i`; volatile).
+    #[inline]
+    pub fn write_word(&self, i: usize, v: u64) {
+        self.0.write_word(i, v)
     }
 
     /// Fills page `page` with `v` (4096 bytes written).
     #[inline]
     pub fn fill_page(&self, page: usize, v: u8) {
-        assert!(page < self.pages());
-        // SAFETY: the page is inside the mapping.
-        unsafe { std::ptr::write_bytes(self.ptr.add(page * PAGE_SIZE), v, PAGE_SIZE) }
+        self.0.fill(page * PAGE_SIZE, PAGE_SIZE, v)
     }
 
     /// Copies `bytes` into the memory at offset `off`.
     pub fn write_at(&self, off: usize, bytes: &[u8]) {
-        assert!(off + bytes.len() <= self.len);
-        // SAFETY: the range is inside the mapping and `bytes` does not overlap it
-        // (it is a Rust borrow, not memory handed out by this value).
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.ptr.add(off), bytes.len()) }
+        self.0.write_at(off, bytes)
     }
 
     /// Copies page `page` into `out` (4096 bytes read).
@@ -131,12 +117,10 @@ impl AnonMemory {
         self.read_into(page * PAGE_SIZE, out)
     }
 
-    /// `madvise` on a sub-range `[off, off+len)`.
+    /// `madvise` on a sub-range `[off, off+len)`, any advice (discarding
+    /// the contents is sound: nothing refers into this memory).
     pub fn madvise(&self, off: usize, len: usize, advice: libc::c_int) -> std::io::Result<()> {
-        assert!(off + len <= self.len);
-        // SAFETY: the range lies inside memory this value owns; callers that
-        // discard contents (MADV_DONTNEED) hold no references into it.
-        unsafe { mem::madvise(self.addr() + off as u64, len, advice) }
+        self.0.madvise(off, len, advice)
     }
 
     /// Writes every page once: one byte (`bytes_per_page == 1`) or the whole page.
@@ -148,13 +132,6 @@ impl AnonMemory {
                 self.write_byte(p * PAGE_SIZE, v);
             }
         }
-    }
-}
-
-impl Drop for AnonMemory {
-    fn drop(&mut self) {
-        // SAFETY: we own the whole mapping; no references outlive self.
-        let _ = unsafe { mem::munmap(self.map, self.map_len) };
     }
 }
 

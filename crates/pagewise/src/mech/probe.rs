@@ -282,30 +282,17 @@ fn probe_uffd(f: &mut Vec<Feature>, unpriv: Option<&str>) -> (Option<UffdAccess>
 }
 
 /// A private anonymous scratch mapping for probes, unmapped on drop.
-struct Scratch {
-    ptr: *mut u8,
-    len: usize,
-}
+struct Scratch(mem::OwnedMapping);
+
 impl Scratch {
     fn new(len: usize) -> std::io::Result<Self> {
-        Ok(Scratch {
-            ptr: mem::mmap_anonymous(len)?,
-            len,
-        })
+        mem::OwnedMapping::new(len, PAGE_SIZE, 0).map(Scratch)
     }
     fn addr(&self) -> u64 {
-        self.ptr as u64
+        self.0.addr()
     }
     fn touch(&self, off: usize) {
-        // SAFETY: `off < len` by construction at every call site; the mapping is
-        // ours and writable; a volatile write keeps the compiler from eliding it.
-        unsafe { std::ptr::write_volatile(self.ptr.add(off), 1) }
-    }
-}
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        // SAFETY: the mapping was created by `Scratch::new` and nothing borrows it.
-        let _ = unsafe { mem::munmap(self.ptr, self.len) };
+        self.0.write_byte(off, 1)
     }
 }
 
@@ -426,8 +413,7 @@ fn probe_thp(f: &mut Vec<Feature>) -> (String, bool) {
         for p in (0..HUGE_PAGE_SIZE).step_by(PAGE_SIZE) {
             s.touch(off + p);
         }
-        // SAFETY: MADV_COLLAPSE keeps the contents of the probe's own scratch mapping.
-        unsafe { mem::madvise(aligned, HUGE_PAGE_SIZE, mem::MADV_COLLAPSE) }
+        mem::advise(aligned, HUGE_PAGE_SIZE, mem::MADV_COLLAPSE)
     })();
     let ok = match &collapse {
         Ok(()) => true,

@@ -26,7 +26,6 @@ use crate::{Error, Result};
 use std::io::{self, Read};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 
@@ -157,11 +156,7 @@ pub(crate) fn spawn_with_socket(
     let fd = theirs.as_raw_fd();
     let mut c = shim_command(cmd)?;
     ask(fd).apply(&mut c);
-    // SAFETY: the closure only clears FD_CLOEXEC (fcntl, async-signal-safe)
-    // on an fd that is open in the child.
-    unsafe {
-        c.pre_exec(move || pagewise_sys::process::clear_cloexec(fd));
-    }
+    pagewise_sys::process::keep_fd_across_exec(&mut c, fd);
     let child = c
         .spawn()
         .map_err(|e| Error::os(format!("starting {program}"), e))?;

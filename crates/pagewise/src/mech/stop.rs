@@ -46,8 +46,7 @@ static STRAGGLERS: Mutex<Vec<(i32, i32, i32)>> = Mutex::new(Vec::new());
 
 /// The calling thread's id (ptrace belongs to the tracer thread).
 fn gettid() -> i32 {
-    // SAFETY: gettid has no preconditions.
-    unsafe { libc::gettid() }
+    process::gettid()
 }
 
 /// Lets go of the threads an earlier stop from this thread seized but

@@ -38,7 +38,6 @@ pub struct WalkCost {
 /// per access when counted).
 fn chase(mem: &AnonMemory, accesses: u64, counter: Option<&std::fs::File>) -> (f64, Option<f64>) {
     let words = (mem.len() / 8) as u64;
-    let base = mem.addr() as *const u64;
     let mut rng = Rng::new(0x7a1c);
     let mut v = 0u64;
     let read = |c: Option<&std::fs::File>| {
@@ -52,9 +51,7 @@ fn chase(mem: &AnonMemory, accesses: u64, counter: Option<&std::fs::File>) -> (f
     for _ in 0..accesses {
         // Each address depends on the value loaded before: no overlap.
         let i = (rng.next_u64() ^ (v & 1)) % words;
-        // SAFETY: `i < words`, so the load is inside `mem`, which is mapped
-        // and populated for its whole length.
-        v = unsafe { std::ptr::read_volatile(base.add(i as usize)) };
+        v = mem.read_word(i as usize);
     }
     let ns = t.elapsed().as_nanos() as f64 / accesses as f64;
     let m1 = read(counter);

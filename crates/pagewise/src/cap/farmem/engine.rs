@@ -310,9 +310,6 @@ fn staged_page(addr: u64) -> &'static [u8] {
     unsafe { std::slice::from_raw_parts(addr as *const u8, PAGE_SIZE) }
 }
 
-/// `MADV_POPULATE_WRITE` (Linux 5.14), missing from the 6.1 headers' libc.
-const MADV_POPULATE_WRITE: libc::c_int = 23;
-
 impl Engine {
     pub(super) fn new(
         regions: &[Region],

@@ -646,8 +646,7 @@ fn install_handler() -> crate::Result<()> {
         };
         // The previous mask in the kernel's 64-bit form.
         for s in 1..=64 {
-            // SAFETY: `old.sa_mask` is a valid sigset the kernel filled.
-            if unsafe { libc::sigismember(&old.sa_mask, s) } == 1 {
+            if signal::sigset_contains(&old.sa_mask, s) {
                 prev.mask |= signal::bit(s);
             }
         }
@@ -684,9 +683,6 @@ fn fault_site(ctx: *mut libc::c_void) -> (bool, u64) {
     }
 }
 
-type Sigaction3 = extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void);
-type Sigaction1 = extern "C" fn(libc::c_int);
-
 extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler.
     let (code, addr) = unsafe { ((*info).si_code, (*info).si_addr() as u64) };
@@ -694,8 +690,7 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
         match serve(addr, current_tid(), fault_site(ctx)) {
             Served::Done => return,
             Served::Again => {
-                // SAFETY: sched_yield has no arguments.
-                unsafe { pagewise_sys::futex::syscall(libc::SYS_sched_yield, [0; 6]) };
+                pagewise_sys::process::sched_yield();
                 return;
             }
             Served::NotMine => {}
@@ -711,34 +706,17 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
             unsafe { signal::raw_sigaction(libc::SIGBUS, Some(&dfl), None) };
             if code <= 0 {
                 // Sent, not a fault: raise it again, now with the default.
-                // SAFETY: tgkill of this thread.
-                unsafe {
-                    pagewise_sys::futex::syscall(
-                        libc::SYS_tgkill,
-                        [
-                            std::process::id() as u64,
-                            gettid() as u64,
-                            sig as u64,
-                            0,
-                            0,
-                            0,
-                        ],
-                    )
-                };
+                let _ = signal::raise_in_this_thread(sig);
             }
             // A fault: returning runs the access again, which faults again
             // and takes the default action.
         }
         h => {
-            if act.flags & libc::SA_SIGINFO as u64 != 0 {
-                // SAFETY: the program installed this as an SA_SIGINFO handler.
-                let f: Sigaction3 = unsafe { std::mem::transmute::<usize, Sigaction3>(h) };
-                f(sig, info, ctx);
-            } else {
-                // SAFETY: the program installed this as a one-argument handler.
-                let f: Sigaction1 = unsafe { std::mem::transmute::<usize, Sigaction1>(h) };
-                f(sig);
-            }
+            let siginfo = act.flags & libc::SA_SIGINFO as u64 != 0;
+            // SAFETY: the program installed `h` as a handler of this kind
+            // for SIGBUS, and this is SIGBUS's handler, called as the
+            // kernel called it.
+            unsafe { signal::call_handler(h, siginfo, sig, info, ctx) };
             if act.flags & libc::SA_RESETHAND as u64 != 0 {
                 set_program_action(Some(&KernelSigaction::default()));
             }

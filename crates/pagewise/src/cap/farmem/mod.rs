@@ -670,8 +670,8 @@ mod tests {
         pagewise_sys::signal::default_sigpipe().unwrap();
         // The process dies here if the byte has no reader.
         let r = fm.poke(b"c");
-        // SAFETY: back to what the test harness runs with.
-        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
+        // Back to what the test harness runs with.
+        pagewise_sys::signal::ignore_sigpipe().unwrap();
         assert!(r.is_ok(), "{r:?}");
         fm.stop().unwrap();
     }

@@ -440,8 +440,8 @@ fn hold_process(h: &mut Holding, nr: c_long, a: &[u64; 6]) -> bool {
             // is read from here too, and where the "remote" process is this
             // one, so are the buffers it names.
             h.iovecs(p(1), p(2));
-            // SAFETY: getpid has no preconditions (async-signal-safe).
-            if p(0) as i64 == i64::from(unsafe { libc::getpid() }) {
+            // getpid is async-signal-safe.
+            if p(0) as i64 == i64::from(std::process::id()) {
                 h.iovecs(p(3), p(4));
             } else {
                 h.range(p(3), p(4).saturating_mul(16));

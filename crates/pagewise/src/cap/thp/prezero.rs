@@ -27,9 +27,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// `MADV_POPULATE_WRITE` (Linux 5.14).
-const MADV_POPULATE_WRITE: libc::c_int = 23;
-
 /// How the pre-zeroing thread runs.
 #[derive(Debug, Clone, Serialize)]
 #[non_exhaustive]
@@ -164,11 +161,14 @@ fn run(shared: &Shared, opts: &PrezeroOptions) {
             }
             // A page in it may have been touched since the look: the
             // populate then leaves it as it is.
-            // SAFETY: the advice only faults pages in, never changes what a
-            // resident page holds; an unmapped range is an error, ignored.
-            let ok =
-                unsafe { pagewise_sys::mem::madvise(r.start, r.len as usize, MADV_POPULATE_WRITE) }
-                    .is_ok();
+            // The advice only faults pages in, never changes what a resident
+            // page holds; an unmapped range is an error, ignored.
+            let ok = pagewise_sys::mem::advise(
+                r.start,
+                r.len as usize,
+                pagewise_sys::mem::MADV_POPULATE_WRITE,
+            )
+            .is_ok();
             if ok {
                 allowance -= 1.0;
                 shared.populated.fetch_add(1, Ordering::Relaxed);

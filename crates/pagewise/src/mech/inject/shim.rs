@@ -113,9 +113,9 @@ pub fn serve(mut sock: UnixStream) {
             let rc: i64 = if !ALLOWED.contains(&advice) {
                 -i64::from(libc::EPERM)
             } else {
-                // SAFETY: the advice allowed changes no byte of the
-                // program's memory; a bad range is the kernel's to refuse.
-                match unsafe { pagewise_sys::mem::madvise(start, len as usize, advice) } {
+                // The advice allowed changes no byte of the program's
+                // memory; a bad range is the kernel's to refuse.
+                match pagewise_sys::mem::advise(start, len as usize, advice) {
                     Ok(()) => len as i64,
                     Err(e) => -i64::from(e.raw_os_error().unwrap_or(libc::EIO)),
                 }

@@ -234,9 +234,7 @@ impl Engine {
                 // on the mapped page) gives it its own copy; then it moves,
                 // patiently: another task may also hold it for a moment (an
                 // inspector copying it).
-                // SAFETY: one mapped page of an emulated region; populating
-                // it changes no contents.
-                unsafe { mem::madvise(addr, PAGE_SIZE, MADV_POPULATE_WRITE) }
+                mem::advise(addr, PAGE_SIZE, mem::MADV_POPULATE_WRITE)
                     .map_err(|e| Error::os(format!("MADV_POPULATE_WRITE of {addr:#x}"), e))?;
                 sh.counters.unshared.fetch_add(1, Ordering::Relaxed);
                 if patient {
