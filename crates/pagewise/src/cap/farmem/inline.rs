@@ -30,6 +30,13 @@
 //! set ([`set_program_action`]; at first, the one found when the handler
 //! was installed): its handler is called, or the default action is put back
 //! and taken.
+//!
+//! **Why this module holds unsafe code.** It is the SIGBUS handler's frame
+//! work, which cannot be a safe call: reading the kernel's `siginfo` and
+//! `ucontext` (the faulting address and instruction), the engine's cell
+//! reached lock-free from a signal handler, installing the handler, and
+//! calling the program's own handler as the kernel would. Everything else
+//! it needs is a safe `pagewise-sys` call.
 
 use super::engine::Engine;
 use super::Shared;

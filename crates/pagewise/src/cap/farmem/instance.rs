@@ -49,6 +49,11 @@
 //!   [`Instance::coverage_path`] (`NAME.coverage.PID` beside the instance,
 //!   written under a temporary name and renamed), carrying the request's
 //!   number so that a reader never takes an older window's report.
+//!
+//! **Why this module holds unsafe code.** An instance is a file shared
+//! between processes, mapped as its `Header` (plain integers and atomics,
+//! every bit pattern valid, checked by its magic and layout number): the
+//! mapping, its creation before publication and its unmapping.
 
 use super::{Counters, Stats};
 use crate::{Error, Result};

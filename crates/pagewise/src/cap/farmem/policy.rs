@@ -18,6 +18,11 @@
 //! page as its hand clears the page's bit; the LRU approximation does the
 //! same to age pages. The price is one soft fault for each page used again
 //! after its bit was cleared.
+//!
+//! **Why this module holds unsafe code.** A plugin is C code loaded into
+//! the process (`dlopen`) and called through the function pointers of its
+//! `PolicyOps` (the C ABI of `include/pagewise.h`): every call into it is a
+//! foreign call, as at the C API's boundary.
 
 use crate::workload::Rng;
 use crate::{Error, Result};

@@ -14,6 +14,11 @@
 //! Not for programs that change the protection of tracked memory themselves,
 //! nor with another `SIGSEGV` user that is installed after pagewise; faults
 //! outside tracked regions are passed to the handler that was there before.
+//!
+//! **Why this module holds unsafe code.** Like the far-memory SIGBUS
+//! handler, its SIGSEGV handler works on the kernel's signal frame (the
+//! faulting address in `siginfo`) and on a fixed table reached from the
+//! handler without locks; installing it is unsafe by nature.
 
 use super::{Backend, BackendKind, CollectStats};
 use crate::mech::region::{push_coalesced, PageRange, Region};
