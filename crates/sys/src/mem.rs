@@ -310,7 +310,7 @@ pub fn advise(addr: u64, len: usize, advice: libc::c_int) -> io::Result<()> {
 /// Its bytes are reached only by copies and volatile word access through
 /// `&self`: no Rust reference into it is ever handed out, so other threads
 /// (and the kernel) may write it at any time, and discarding its contents
-/// ([`OwnedMapping::discard`]) is sound.
+/// ([`OwnedMapping::madvise`] with `MADV_DONTNEED`) is sound.
 #[derive(Debug)]
 pub struct OwnedMapping {
     map: *mut u8,
