@@ -93,6 +93,9 @@ pub enum Error {
     /// Waiting for another party ran out of time.
     #[error("{0}")]
     Timeout(String),
+    /// A process could not be stopped or acted inside (see the kinds).
+    #[error("{0}")]
+    Refused(#[from] crate::mech::stop::Refusal),
     /// A policy plugin failed to load or start.
     #[error("policy plugin {path}: {what}")]
     Plugin {
@@ -200,6 +203,8 @@ impl Error {
             Error::EngineStopped(_) => libc::EPIPE,
             Error::Timeout(_) => libc::ETIMEDOUT,
             Error::Plugin { .. } => libc::ELIBBAD,
+            Error::Refused(r) if r.is_permanent() => libc::EOPNOTSUPP,
+            Error::Refused(_) => libc::EBUSY,
             Error::Internal(_) => libc::ENOTRECOVERABLE,
         }
     }
@@ -211,6 +216,7 @@ impl Error {
             Error::Unsupported { .. } | Error::MemoryType(_) | Error::ShimNotFound { .. } => {
                 ErrorClass::Unsupported
             }
+            Error::Refused(r) if r.is_permanent() => ErrorClass::Unsupported,
             Error::PermissionDenied { .. } | Error::NotPermitted(_) => ErrorClass::Permission,
             Error::NoSuchProcess(_) | Error::ProcessExited(_) | Error::ProgramReplaced(_) => {
                 ErrorClass::Gone

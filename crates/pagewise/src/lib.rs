@@ -57,4 +57,5 @@ pub use cap::{dedup, farmem, inspect, snap, thp, track};
 pub use error::{Error, ErrorClass, Result};
 pub use mech::probe;
 pub use mech::region::{PageRange, Region};
+pub use mech::stop::Refusal;
 pub use pagewise_sys::{HUGE_PAGE_SIZE, PAGE_SIZE};

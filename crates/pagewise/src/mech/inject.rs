@@ -19,7 +19,7 @@
 //! x86-64 only; elsewhere [`Remote::new`] answers `Unsupported`.
 
 use crate::mech::procfs;
-use crate::mech::stop::Stopped;
+use crate::mech::stop::{Refusal, Stopped};
 use crate::{Error, Result};
 
 pub mod shim;
@@ -110,29 +110,31 @@ pub fn check_target(pid: i32, feature: &'static str, call: &str) -> Result<()> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
         .map_err(|e| Error::for_pid(pid, "reading its status", e))?;
     if procfs::status_field(&status, "Seccomp").unwrap_or(0) != 0 {
-        return Err(Error::Unsupported {
+        return Err(Refusal::Seccomp {
             feature,
-            why: format!(
-                "process {pid} runs under a seccomp filter: {call} made inside it could be refused or kill it"
-            ),
-        });
+            pid,
+            call: call.to_string(),
+        }
+        .into());
     }
     let tracer = procfs::status_field(&status, "TracerPid").unwrap_or(0);
     if tracer != 0 {
-        return Err(Error::Busy(format!(
-            "process {pid} is traced by process {tracer} (a debugger or another tool): \
-             {feature} must stop it under ptrace itself, and a process has one tracer"
-        )));
+        return Err(Refusal::Traced {
+            feature,
+            pid,
+            tracer,
+        }
+        .into());
     }
     let state =
         procfs::process_state(pid).map_err(|e| Error::for_pid(pid, "reading its state", e))?;
     if matches!(state.as_deref(), Some("T" | "t")) {
-        return Err(Error::Unsupported {
+        return Err(Refusal::JobStopped {
             feature,
-            why: format!(
-                "process {pid} is stopped (job control or a debugger): it cannot make {call} until it runs again"
-            ),
-        });
+            pid,
+            call: call.to_string(),
+        }
+        .into());
     }
     Ok(())
 }
@@ -249,23 +251,14 @@ impl<'a> Remote<'a> {
     /// a mask-swapping call where there is one.
     pub fn new(stopped: &'a Stopped) -> Result<Self> {
         if !cfg!(target_arch = "x86_64") {
-            return Err(Error::Unsupported {
-                feature: "system calls inside another process",
-                why: "implemented for x86-64 only".into(),
-            });
+            return Err(Refusal::NotX86_64.into());
         }
         let pid = stopped.pid();
         let first = *stopped.tids().first().ok_or(Error::ProcessExited(pid))?;
         let tid = Self::check_threads(stopped)?.unwrap_or(first);
         let sigs = procfs::thread_signals(pid, tid)?;
         if sigs.ignored & pagewise_sys::signal::bit(libc::SIGTRAP) != 0 {
-            return Err(Error::Unsupported {
-                feature: "system calls inside another process",
-                why: format!(
-                    "process {pid} ignores SIGTRAP: the single step that makes a call in it \
-                     would reset that to the default action"
-                ),
-            });
+            return Err(Refusal::IgnoresSigtrap { pid }.into());
         }
         Ok(Remote {
             stopped,
@@ -282,22 +275,18 @@ impl<'a> Remote<'a> {
         let pid = stopped.pid();
         let mut calm = None;
         for &t in stopped.tids() {
-            let r = pagewise_sys::process::ptrace_getregs(t).map_err(|e| Error::Unsupported {
-                feature: "system calls inside another process",
-                why: format!(
-                    "the mode (64- or 32-bit) of thread {t} of process {pid} cannot be read: {e}"
-                ),
+            let r = pagewise_sys::process::ptrace_getregs(t).map_err(|e| Refusal::ModeUnknown {
+                pid,
+                tid: t,
+                why: e.to_string(),
             })?;
             if r.cs != USER_CS_64 {
-                return Err(Error::Unsupported {
-                    feature: "system calls inside another process",
-                    why: format!(
-                        "thread {t} of process {pid} runs 32-bit code (code segment {:#x}): a call \
-                         made in it would enter the 32-bit system-call table; only 64-bit processes \
-                         are acted in",
-                        r.cs
-                    ),
-                });
+                return Err(Refusal::Compat32 {
+                    pid,
+                    tid: t,
+                    cs: r.cs,
+                }
+                .into());
             }
             if calm.is_none() && !leaves_mask_swap(&r) {
                 calm = Some(t);
@@ -331,10 +320,7 @@ impl<'a> Remote<'a> {
         for _ in 0..MAX_TRIES {
             let saved = p::ptrace_getregs(tid).map_err(|e| os("PTRACE_GETREGS", e))?;
             if saved.cs != USER_CS_64 {
-                return Err(Error::Unsupported {
-                    feature: "system calls inside another process",
-                    why: format!("thread {tid} of process {pid} switched to 32-bit code"),
-                });
+                return Err(Refusal::SwitchedTo32 { pid, tid }.into());
             }
             let mask = p::ptrace_getsigmask(tid).map_err(|e| os("PTRACE_GETSIGMASK", e))?;
             let block = self.stepped.get() || !leaves_mask_swap(&saved);
@@ -382,10 +368,11 @@ impl<'a> Remote<'a> {
                 }
             }
         }
-        Err(Error::Busy(format!(
-            "process {pid}: a signal arrived before each of {MAX_TRIES} tries of a system call \
-             made in it (each was delivered); try again"
-        )))
+        Err(Refusal::Signals {
+            pid,
+            tries: MAX_TRIES,
+        }
+        .into())
     }
 
     /// Single-steps the `syscall` that `call` set up until it has run or a
@@ -413,11 +400,7 @@ impl<'a> Remote<'a> {
                         interrupted = true;
                         deadline = std::time::Instant::now() + crate::mech::stop::STOP_WAIT;
                     }
-                    None => {
-                        return Err(Error::Busy(format!(
-                            "a system call made in thread {tid} of process {pid} did not return"
-                        )))
-                    }
+                    None => return Err(Refusal::NoReturn { pid, tid }.into()),
                 }
             };
             let (sig, event) = match stop {
@@ -445,21 +428,20 @@ impl<'a> Remote<'a> {
             if r.rip == self.syscall_at {
                 return Ok(Step::Signal(sig));
             }
-            return Err(Error::Busy(format!(
-                "thread {tid} of process {pid} stopped with signal {sig} at {:#x} while a system \
-                 call was made in it",
-                r.rip
-            )));
+            return Err(Refusal::StrangeStop {
+                pid,
+                tid,
+                sig,
+                rip: r.rip,
+            }
+            .into());
         }
     }
 
     /// Not available on this architecture.
     #[cfg(not(target_arch = "x86_64"))]
     pub fn syscall(&self, _nr: libc::c_long, _args: [u64; 6]) -> Result<i64> {
-        Err(Error::Unsupported {
-            feature: "system calls inside another process",
-            why: "implemented for x86-64 only".into(),
-        })
+        Err(Refusal::NotX86_64.into())
     }
 
     /// `madvise(advice)` on each of `runs` (address, bytes) in the target;

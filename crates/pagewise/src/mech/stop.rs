@@ -41,6 +41,163 @@ pub const STOP_WAIT: Duration = Duration::from_secs(3);
 const MAX_HANDED_BACK: u32 = 10_000;
 
 /// Threads seized whose stop never came in time: (tracer thread, pid, tid).
+/// Why pagewise could not stop a process or act inside it: a refusal
+/// before anything was done (the process cannot be acted in here), or a
+/// stop or a call that did not complete (worth trying again). Each says
+/// which process and thread.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// The process runs under a seccomp filter.
+    #[error("{feature} is not available: process {pid} runs under a seccomp filter: {call} made inside it could be refused or kill it")]
+    Seccomp {
+        /// What needed the call.
+        feature: &'static str,
+        /// The process.
+        pid: i32,
+        /// The call.
+        call: String,
+    },
+    /// Another tracer holds the process.
+    #[error("process {pid} is traced by process {tracer} (a debugger or another tool): {feature} must stop it under ptrace itself, and a process has one tracer")]
+    Traced {
+        /// What needed to stop it.
+        feature: &'static str,
+        /// The process.
+        pid: i32,
+        /// Its tracer.
+        tracer: u64,
+    },
+    /// Its user stopped it (job control or a debugger).
+    #[error("{feature} is not available: process {pid} is stopped (job control or a debugger): it cannot make {call} until it runs again")]
+    JobStopped {
+        /// What needed the call.
+        feature: &'static str,
+        /// The process.
+        pid: i32,
+        /// The call.
+        call: String,
+    },
+    /// Calls inside another process are made on x86-64 only.
+    #[error("system calls inside another process is not available: implemented for x86-64 only")]
+    NotX86_64,
+    /// The process ignores `SIGTRAP`, which the single step forces.
+    #[error("system calls inside another process is not available: process {pid} ignores SIGTRAP: the single step that makes a call in it would reset that to the default action")]
+    IgnoresSigtrap {
+        /// The process.
+        pid: i32,
+    },
+    /// A thread's mode (64- or 32-bit) could not be read.
+    #[error("system calls inside another process is not available: the mode (64- or 32-bit) of thread {tid} of process {pid} cannot be read: {why}")]
+    ModeUnknown {
+        /// The process.
+        pid: i32,
+        /// The thread.
+        tid: i32,
+        /// What the kernel said.
+        why: String,
+    },
+    /// A thread runs 32-bit code.
+    #[error("system calls inside another process is not available: thread {tid} of process {pid} runs 32-bit code (code segment {cs:#x}): a call made in it would enter the 32-bit system-call table; only 64-bit processes are acted in")]
+    Compat32 {
+        /// The process.
+        pid: i32,
+        /// The thread.
+        tid: i32,
+        /// Its code segment.
+        cs: u64,
+    },
+    /// A thread switched to 32-bit code while stopped.
+    #[error("system calls inside another process is not available: thread {tid} of process {pid} switched to 32-bit code")]
+    SwitchedTo32 {
+        /// The process.
+        pid: i32,
+        /// The thread.
+        tid: i32,
+    },
+    /// A signal came before each try of a call.
+    #[error("process {pid}: a signal arrived before each of {tries} tries of a system call made in it (each was delivered); try again")]
+    Signals {
+        /// The process.
+        pid: i32,
+        /// Tries made.
+        tries: u32,
+    },
+    /// A call made in a thread did not return.
+    #[error("a system call made in thread {tid} of process {pid} did not return")]
+    NoReturn {
+        /// The process.
+        pid: i32,
+        /// The thread.
+        tid: i32,
+    },
+    /// A thread stopped otherwise than the call's step.
+    #[error("thread {tid} of process {pid} stopped with signal {sig} at {rip:#x} while a system call was made in it")]
+    StrangeStop {
+        /// The process.
+        pid: i32,
+        /// The thread.
+        tid: i32,
+        /// The signal.
+        sig: i32,
+        /// Where.
+        rip: u64,
+    },
+    /// A thread waits for a child it vforked.
+    #[error("thread {tid} of process {pid} is waiting for a child it vforked to exec or exit, and cannot be stopped until then; try again later")]
+    InVfork {
+        /// The process.
+        pid: i32,
+        /// The thread.
+        tid: i32,
+    },
+    /// A thread did not stop in time.
+    #[error("thread {tid} of process {pid} did not stop in time (an uninterruptible wait, such as a vfork parent's)")]
+    NotStopping {
+        /// The process.
+        pid: i32,
+        /// The thread.
+        tid: i32,
+    },
+    /// A thread took signal after signal on its way into a stop.
+    #[error(
+        "thread {tid} of process {pid} took {n} signals in a row on its way into a stop; try again"
+    )]
+    SignalStorm {
+        /// The process.
+        pid: i32,
+        /// The thread.
+        tid: i32,
+        /// Signals handed back.
+        n: u32,
+    },
+    /// A thread has not yet left the wait that kept it from stopping before.
+    #[error("thread {tid} of process {pid} has not yet left the wait that kept it from stopping the last time; try again later")]
+    Straggler {
+        /// The process.
+        pid: i32,
+        /// The thread.
+        tid: i32,
+    },
+}
+
+impl Refusal {
+    /// Whether the process cannot be acted in here at all (rather than
+    /// this time): the class of the error.
+    pub fn is_permanent(&self) -> bool {
+        matches!(
+            self,
+            Refusal::Seccomp { .. }
+                | Refusal::JobStopped { .. }
+                | Refusal::NotX86_64
+                | Refusal::IgnoresSigtrap { .. }
+                | Refusal::ModeUnknown { .. }
+                | Refusal::Compat32 { .. }
+                | Refusal::SwitchedTo32 { .. }
+        )
+    }
+}
+
 /// Let go by [`release_stragglers`] once they stop.
 static STRAGGLERS: Mutex<Vec<(i32, i32, i32)>> = Mutex::new(Vec::new());
 
@@ -105,10 +262,7 @@ fn wait_out_vfork(pid: i32, deadline: Instant) -> Result<()> {
         let busy = procfs::tasks(pid)?.into_iter().find(|&t| in_vfork(pid, t));
         let Some(tid) = busy else { return Ok(()) };
         if Instant::now() >= deadline {
-            return Err(Error::Busy(format!(
-                "thread {tid} of process {pid} is waiting for a child it vforked to exec or exit, \
-                 and cannot be stopped until then; try again later"
-            )));
+            return Err(Refusal::InVfork { pid, tid }.into());
         }
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -118,7 +272,7 @@ fn wait_out_vfork(pid: i32, deadline: Instant) -> Result<()> {
 /// for (`PTRACE_EVENT_STOP`), delivering on the way every signal it takes
 /// (with its own siginfo: continued from its signal-delivery stop with the
 /// same signal; the interrupt still pending stops it right after).
-/// `Ok(false)` if the thread ended; [`Error::Busy`] if it did not stop by
+/// `Ok(false)` if the thread ended; [`Refusal::NotStopping`] if it did not stop by
 /// `deadline`. Callers issue the interrupt first.
 pub(crate) fn settle(pid: i32, tid: i32, deadline: Instant) -> Result<bool> {
     let os = |what: &str, e| Error::for_pid(pid, format!("{what} of thread {tid}"), e);
@@ -126,12 +280,7 @@ pub(crate) fn settle(pid: i32, tid: i32, deadline: Instant) -> Result<bool> {
         match process::wait_traced_until(tid, deadline)
             .map_err(|e| os("waiting for the stop", e))?
         {
-            None => {
-                return Err(Error::Busy(format!(
-                    "thread {tid} of process {pid} did not stop in time \
-                     (an uninterruptible wait, such as a vfork parent's)"
-                )))
-            }
+            None => return Err(Refusal::NotStopping { pid, tid }.into()),
             Some(TraceStop::Gone) => return Ok(false),
             Some(TraceStop::Stopped { event, .. }) if event == process::PTRACE_EVENT_STOP => {
                 return Ok(true)
@@ -145,9 +294,12 @@ pub(crate) fn settle(pid: i32, tid: i32, deadline: Instant) -> Result<bool> {
             }
         }
     }
-    Err(Error::Busy(format!(
-        "thread {tid} of process {pid} took {MAX_HANDED_BACK} signals in a row on its way into a stop; try again"
-    )))
+    Err(Refusal::SignalStorm {
+        pid,
+        tid,
+        n: MAX_HANDED_BACK,
+    }
+    .into())
 }
 
 /// All threads of a process, and of every process sharing its memory,
@@ -258,10 +410,7 @@ impl Stopped {
             return Err(Error::NoSuchProcess(pid));
         }
         if let Some(tid) = straggler_of(pid) {
-            return Err(Error::Busy(format!(
-                "thread {tid} of process {pid} has not yet left the wait that kept it from \
-                 stopping the last time; try again later"
-            )));
+            return Err(Refusal::Straggler { pid, tid }.into());
         }
         wait_out_vfork(pid, Instant::now() + limit)?;
         let mut s = Stopped {

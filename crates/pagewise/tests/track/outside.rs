@@ -126,7 +126,13 @@ fn uffd_wp_from_outside_leaves_no_trace() {
     assert!(wait_for("the child stopped", 5, || state(w.pid) == 'T'));
     // It cannot make the userfaultfd call: refused, and `auto` falls back.
     let e = DirtyTracker::for_process(w.pid, BackendKind::UffdWp).unwrap_err();
-    assert!(matches!(e, pagewise::Error::Unsupported { .. }), "{e:?}");
+    assert!(
+        matches!(
+            e,
+            pagewise::Error::Refused(pagewise::mech::stop::Refusal::JobStopped { pid, .. }) if pid == w.pid
+        ),
+        "{e:?}"
+    );
     let t = DirtyTracker::for_process(w.pid, BackendKind::Auto).unwrap();
     assert_ne!(t.backend(), BackendKind::UffdWp);
     assert!(

@@ -385,7 +385,10 @@ impl DirtyTracker {
                 if auto
                     && matches!(
                         e,
-                        Error::Unsupported { .. } | Error::PermissionDenied { .. } | Error::Busy(_)
+                        Error::Unsupported { .. }
+                            | Error::PermissionDenied { .. }
+                            | Error::Busy(_)
+                            | Error::Refused(_)
                     ) =>
             {
                 let fallback = BackendKind::without_the_target();
