@@ -93,6 +93,12 @@ pub enum Error {
     /// Waiting for another party ran out of time.
     #[error("{0}")]
     Timeout(String),
+    /// A migration went wrong (see the kinds).
+    #[error("{0}")]
+    Wire(#[from] crate::snap::wire::WireError),
+    /// A durable store refused or lacked something (see the kinds).
+    #[error("{0}")]
+    Store(#[from] crate::snap::StoreError),
     /// A process could not be stopped or acted inside (see the kinds).
     #[error("{0}")]
     Refused(#[from] crate::mech::stop::Refusal),
@@ -203,6 +209,8 @@ impl Error {
             Error::EngineStopped(_) => libc::EPIPE,
             Error::Timeout(_) => libc::ETIMEDOUT,
             Error::Plugin { .. } => libc::ELIBBAD,
+            Error::Store(s) => s.errno(),
+            Error::Wire(w) => w.errno(),
             Error::Refused(r) if r.is_permanent() => libc::EOPNOTSUPP,
             Error::Refused(_) => libc::EBUSY,
             Error::Internal(_) => libc::ENOTRECOVERABLE,
@@ -217,6 +225,16 @@ impl Error {
                 ErrorClass::Unsupported
             }
             Error::Refused(r) if r.is_permanent() => ErrorClass::Unsupported,
+            Error::Wire(w) => match w.errno() {
+                libc::EACCES => ErrorClass::Permission,
+                libc::EINVAL => ErrorClass::BadInput,
+                _ => ErrorClass::Failed,
+            },
+            Error::Store(s) => match s.errno() {
+                libc::EACCES => ErrorClass::Permission,
+                libc::EINVAL => ErrorClass::BadInput,
+                _ => ErrorClass::Failed,
+            },
             Error::PermissionDenied { .. } | Error::NotPermitted(_) => ErrorClass::Permission,
             Error::NoSuchProcess(_) | Error::ProcessExited(_) | Error::ProgramReplaced(_) => {
                 ErrorClass::Gone
@@ -246,5 +264,84 @@ impl Error {
             },
             _ => Error::os(what, source),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mech::stop::Refusal;
+    use crate::snap::wire::WireError;
+    use crate::snap::StoreError;
+
+    #[test]
+    fn structured_errors_say_their_class_and_errno() {
+        let cases: Vec<(Error, ErrorClass, i32)> = vec![
+            (
+                Refusal::Seccomp {
+                    feature: "uffd-wp",
+                    pid: 7,
+                    call: "userfaultfd".into(),
+                }
+                .into(),
+                ErrorClass::Unsupported,
+                libc::EOPNOTSUPP,
+            ),
+            (
+                Refusal::InVfork { pid: 7, tid: 8 }.into(),
+                ErrorClass::Failed,
+                libc::EBUSY,
+            ),
+            (
+                StoreError::Locked { store: "/s".into() }.into(),
+                ErrorClass::Failed,
+                libc::EBUSY,
+            ),
+            (
+                StoreError::NotOwned {
+                    path: "/s".into(),
+                    owner: 1,
+                    you: 0,
+                }
+                .into(),
+                ErrorClass::Permission,
+                libc::EACCES,
+            ),
+            (
+                StoreError::LabelTooLong { max: 4096 }.into(),
+                ErrorClass::BadInput,
+                libc::EINVAL,
+            ),
+            (
+                WireError::ShortKey { len: 3 }.into(),
+                ErrorClass::BadInput,
+                libc::EINVAL,
+            ),
+            (
+                WireError::KeyMismatch {
+                    peer: "p".into(),
+                    we_have_key: false,
+                }
+                .into(),
+                ErrorClass::Permission,
+                libc::EACCES,
+            ),
+            (
+                WireError::BadTag { peer: "p".into() }.into(),
+                ErrorClass::Failed,
+                libc::EBADMSG,
+            ),
+        ];
+        for (e, class, errno) in cases {
+            assert_eq!(e.class(), class, "{e}");
+            assert_eq!(e.errno(), errno, "{e}");
+            assert_eq!(e.to_string().lines().count(), 1, "{e}");
+        }
+        // The messages are those of before the kinds: the store's lock.
+        let e: Error = StoreError::Locked { store: "/s".into() }.into();
+        assert_eq!(
+            e.to_string(),
+            "store /s is being written by another process: one writer at a time"
+        );
     }
 }

@@ -34,7 +34,7 @@ pub mod remote;
 mod store;
 pub mod wire;
 
-pub use disk::{DiskSnapshot, DiskStats, DiskStore, SaveStats};
+pub use disk::{DiskSnapshot, DiskStats, DiskStore, SaveStats, StoreError};
 pub use store::{PageId, PageStore, StoreStats};
 
 use crate::mech::procfs;

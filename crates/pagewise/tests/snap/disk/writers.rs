@@ -3,6 +3,7 @@
 //! concurrent appends keep every snapshot, two creators leave one store.
 
 use super::*;
+use pagewise::snap::StoreError;
 
 /// Child half of `killed_saves_leave_earlier_snapshots_loadable`, which
 /// runs it (with `--ignored`) in a process of its own: saves snapshots into
@@ -89,7 +90,10 @@ fn one_writer_at_a_time() {
     small_store(&dir.0, 1, 3);
     let first = DiskStore::create(&dir.0, true).unwrap();
     let e = DiskStore::create(&dir.0, true).unwrap_err();
-    assert!(matches!(e, pagewise::Error::Busy(_)), "{e:?}");
+    assert!(
+        matches!(e, pagewise::Error::Store(StoreError::Locked { .. })),
+        "{e:?}"
+    );
     let e = e.to_string();
     assert!(e.contains("being written by another process"), "{e}");
     // Readers are not held up.
@@ -123,7 +127,10 @@ fn concurrent_appends_keep_every_snapshot() {
                             );
                         }
                         Err(e) => {
-                            assert!(matches!(e, pagewise::Error::Busy(_)), "{e:?}");
+                            assert!(
+                                matches!(e, pagewise::Error::Store(StoreError::Locked { .. })),
+                                "{e:?}"
+                            );
                             refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         }
                     }
@@ -168,7 +175,7 @@ fn two_creators_of_one_store_leave_one_complete_store() {
         for t in threads {
             match t.join().unwrap() {
                 Ok(()) => opened += 1,
-                Err(pagewise::Error::Busy(_)) => {}
+                Err(pagewise::Error::Store(StoreError::Locked { .. })) => {}
                 Err(e) => panic!("round {round}: a creator failed: {e}"),
             }
         }

@@ -30,20 +30,19 @@ pub(super) fn check_owned(path: &Path, md: &fs::Metadata) -> Result<()> {
     use std::os::unix::fs::MetadataExt;
     let me = pagewise_sys::process::geteuid();
     if md.uid() != me {
-        return Err(Error::NotPermitted(format!(
-            "{} belongs to user {}, not to you (user {me}): a store must be its user's own, \
-             or another user could read the memory saved in it",
-            path.display(),
-            md.uid()
-        )));
+        return Err(StoreError::NotOwned {
+            path: path.to_path_buf(),
+            owner: md.uid(),
+            you: me,
+        }
+        .into());
     }
     if md.is_dir() && md.mode() & 0o022 != 0 {
-        return Err(Error::NotPermitted(format!(
-            "{} may be written by other users (mode {:o}): a store's directory must be its \
-             user's alone",
-            path.display(),
-            md.mode() & 0o7777
-        )));
+        return Err(StoreError::WritableByOthers {
+            path: path.to_path_buf(),
+            mode: md.mode() & 0o7777,
+        }
+        .into());
     }
     Ok(())
 }

@@ -94,10 +94,7 @@ impl DiskStore {
         let marker = dir.join(STORE_FILE);
         let text = match fs::symlink_metadata(&marker) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(Error::NotFound(format!(
-                    "{} is not a pagewise snapshot store (it has no {STORE_FILE} file)",
-                    dir.display()
-                )))
+                return Err(StoreError::NotAStore { dir: dir.clone() }.into())
             }
             _ => read_regular(&marker)?,
         };
@@ -173,10 +170,10 @@ impl DiskStore {
         check_owned(&path, &f.metadata().map_err(|e| io(&path, "reading", e))?)?;
         if let Err(e) = pagewise_sys::process::flock_exclusive_nonblocking(f.as_fd()) {
             return Err(if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-                Error::Busy(format!(
-                    "store {} is being written by another process: one writer at a time",
-                    dir.display()
-                ))
+                StoreError::Locked {
+                    store: dir.to_path_buf(),
+                }
+                .into()
             } else {
                 io(&path, "locking", e)
             });

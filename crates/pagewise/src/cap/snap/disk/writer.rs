@@ -13,22 +13,20 @@ impl DiskStore {
         label: &str,
     ) -> Result<SnapshotWriter<'_>> {
         if !self.writable {
-            return Err(Error::NotPermitted(format!(
-                "store {} was opened read-only",
-                self.dir.display()
-            )));
+            return Err(StoreError::ReadOnly {
+                store: self.dir.clone(),
+            }
+            .into());
         }
         if label.len() > MAX_LABEL {
-            return Err(Error::Invalid(format!(
-                "label longer than {MAX_LABEL} bytes"
-            )));
+            return Err(StoreError::LabelTooLong { max: MAX_LABEL }.into());
         }
         let id = self.manifest.next_id;
         if id == u64::MAX {
-            return Err(Error::Limit(format!(
-                "store {} has used every snapshot id",
-                self.dir.display()
-            )));
+            return Err(StoreError::IdsExhausted {
+                store: self.dir.clone(),
+            }
+            .into());
         }
         let pages: u64 = regions.iter().map(Region::pages).sum();
         let pack_path = self.dir.join(PACK_FILE);
@@ -174,9 +172,7 @@ impl SnapshotWriter<'_> {
     pub fn push_digested(&mut self, page: &[u8], digest: PageDigest) -> Result<()> {
         assert_eq!(page.len(), PAGE_SIZE);
         if self.entries.len() as u64 >= self.pages {
-            return Err(Error::Invalid(
-                "more pages pushed than the regions hold".into(),
-            ));
+            return Err(StoreError::TooManyPages.into());
         }
         if digest == zero_page_digest() && page == ZERO_PAGE {
             self.entries.push(0);
@@ -208,16 +204,14 @@ impl SnapshotWriter<'_> {
     /// dirty tracker said so). The new snapshot refers to the same record.
     pub fn push_unchanged(&mut self, prev: &DiskSnapshot, i: usize) -> Result<()> {
         if self.entries.len() as u64 >= self.pages {
-            return Err(Error::Invalid(
-                "more pages pushed than the regions hold".into(),
-            ));
+            return Err(StoreError::TooManyPages.into());
         }
         if !self.store.manifest.entries.iter().any(|e| e.0 == prev.id) {
-            return Err(Error::Invalid(format!(
-                "snapshot {} is not in store {}",
-                prev.id,
-                self.store.dir.display()
-            )));
+            return Err(StoreError::NotInStore {
+                store: self.store.dir.clone(),
+                id: prev.id,
+            }
+            .into());
         }
         let e = *prev
             .entries
@@ -233,9 +227,7 @@ impl SnapshotWriter<'_> {
     /// Appends a run of `n` zero pages.
     pub fn push_zeros(&mut self, n: u64) -> Result<()> {
         if self.entries.len() as u64 + n > self.pages {
-            return Err(Error::Invalid(
-                "more pages pushed than the regions hold".into(),
-            ));
+            return Err(StoreError::TooManyPages.into());
         }
         self.entries.extend(std::iter::repeat_n(0, n as usize));
         self.stats.zero_pages += n;

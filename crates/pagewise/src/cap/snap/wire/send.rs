@@ -48,7 +48,10 @@ impl Sender {
     pub fn connect_with(addr: &str, compression: Compression, key: Option<&Key>) -> Result<Sender> {
         let addrs: Vec<_> = addr
             .to_socket_addrs()
-            .map_err(|e| Error::Invalid(format!("address {addr}: {e}")))?
+            .map_err(|e| WireError::BadAddress {
+                addr: addr.to_string(),
+                why: e.to_string(),
+            })?
             .collect();
         let mut last = None;
         for a in &addrs {
@@ -111,20 +114,19 @@ impl Sender {
         s.recv(&mut b[..20])?;
         let (magic, version, status) = (le_u32(&b, 0), le_u32(&b, 4), le_u32(&b, 8));
         if magic != MAGIC || version != VERSION {
-            return Err(wire_err(
-                peer,
-                format!("the receiver speaks magic {magic:#x} version {version}, want {MAGIC:#x} version {VERSION}"),
-            ));
+            return Err(WireError::OtherVersion {
+                peer: peer.to_string(),
+                magic,
+                version,
+            }
+            .into());
         }
         if status == libc::EACCES as u32 {
-            return Err(Error::NotPermitted(format!(
-                "the receiver at {peer} refused the connection: {}",
-                if key.is_some() {
-                    "it has no key (give both ends the same --key)"
-                } else {
-                    "it needs a key (--key FILE, the same at both ends)"
-                }
-            )));
+            return Err(WireError::KeyMismatch {
+                peer: peer.to_string(),
+                we_have_key: key.is_some(),
+            }
+            .into());
         }
         if status != 0 {
             return Err(Error::os(
@@ -176,7 +178,11 @@ impl Sender {
 
     fn broken(&mut self, doing: &str, e: io::Error) -> Error {
         match self.reason() {
-            Some(r) => wire_err(&self.peer, format!("the receiver refused ({r})")),
+            Some(r) => WireError::Refused {
+                peer: self.peer.clone(),
+                reason: r,
+            }
+            .into(),
             None => Error::os(format!("{doing} the receiver at {}", self.peer), e),
         }
     }
@@ -215,19 +221,19 @@ impl Sender {
             self.recv(&mut len)?;
             let mut text = vec![0u8; u32::from_le_bytes(len).min(MAX_REASON) as usize];
             self.recv(&mut text)?;
-            return Err(wire_err(
-                &self.peer,
-                format!("the receiver refused ({})", String::from_utf8_lossy(&text)),
-            ));
+            return Err(WireError::Refused {
+                peer: self.peer.clone(),
+                reason: String::from_utf8_lossy(&text).into_owned(),
+            }
+            .into());
         }
         if tag[0] != want {
-            return Err(wire_err(
-                &self.peer,
-                format!(
-                    "reply {:?} where {:?} was due",
-                    tag[0] as char, want as char
-                ),
-            ));
+            return Err(WireError::UnexpectedReply {
+                peer: self.peer.clone(),
+                got: tag[0],
+                want,
+            }
+            .into());
         }
         self.recv(body)?;
         if self.auth.is_some() {
@@ -237,10 +243,10 @@ impl Sender {
             a.read(&tag);
             a.read(body);
             if !a.check_read(&t) {
-                return Err(wire_err(
-                    &self.peer,
-                    "a reply whose authentication tag is wrong (another key?)",
-                ));
+                return Err(WireError::BadTag {
+                    peer: self.peer.clone(),
+                }
+                .into());
             }
         }
         Ok(())
@@ -329,10 +335,7 @@ impl Destination for Sender {
         let now: Vec<Region> = regions.iter().map(|(r, _)| *r).collect();
         if now != self.sent_regions {
             if now.len() > MAX_REGIONS as usize {
-                return Err(Error::Limit(format!(
-                    "{} regions: the wire carries at most {MAX_REGIONS}",
-                    now.len()
-                )));
+                return Err(WireError::TooManyRegions { n: now.len() }.into());
             }
             let mut b = Vec::with_capacity(5 + now.len() * 16);
             b.push(MSG_REGIONS);
@@ -393,9 +396,7 @@ impl Destination for Sender {
     ) -> Result<SaveStats> {
         self.complete()?;
         if label.len() > MAX_LABEL as usize {
-            return Err(Error::Invalid(format!(
-                "label longer than {MAX_LABEL} bytes"
-            )));
+            return Err(WireError::LabelTooLong.into());
         }
         let mut b = Vec::with_capacity(13 + label.len());
         b.push(MSG_FINISH);
