@@ -16,8 +16,9 @@
 //! [`Agent::end`], then drop, which puts back every system setting the
 //! agent changed.
 
+use crate::mech::walk::HugeRegion;
 use crate::mech::{procfs, walk};
-use crate::{Error, Region, Result};
+use crate::{Error, Result};
 use pagewise_sys::process;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::Instant;
@@ -107,18 +108,6 @@ impl Metric {
     }
 }
 
-/// A 2 MiB region of a watched process wholly inside a private anonymous
-/// writable mapping (see [`walk::huge_regions`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HugeRegion {
-    /// The region.
-    pub region: Region,
-    /// Its pages in memory.
-    pub resident: u64,
-    /// Mapped by a huge page.
-    pub huge: bool,
-}
-
 /// A process an agent watches, and the agent's state of it.
 #[derive(Debug)]
 pub struct Watched<T> {
@@ -203,16 +192,7 @@ impl<T> Targets<T> {
             let found = walk::PageWalker::new(Some(t.pid))
                 .and_then(|mut w| walk::huge_regions(t.pid, &mut w));
             match found {
-                Ok(rs) => out.push((
-                    i,
-                    rs.into_iter()
-                        .map(|(region, resident, huge)| HugeRegion {
-                            region,
-                            resident,
-                            huge,
-                        })
-                        .collect(),
-                )),
+                Ok(rs) => out.push((i, rs)),
                 Err(e) => {
                     t.gone = true;
                     gone(t.pid, &e);

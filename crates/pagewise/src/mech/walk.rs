@@ -174,9 +174,21 @@ fn read_remote_from(pid: i32, addr: u64, buf: &mut [u8], mut got: usize) -> Resu
     Ok(whole)
 }
 
+/// A 2 MiB region of a process wholly inside a private anonymous writable
+/// mapping (see [`huge_regions`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HugeRegion {
+    /// The region.
+    pub region: Region,
+    /// Its pages in memory.
+    pub resident: u64,
+    /// Mapped by a huge page.
+    pub huge: bool,
+}
+
 /// The 2 MiB regions of `pid` wholly inside private anonymous writable
-/// mappings: `(region, resident pages, huge)`.
-pub fn huge_regions(pid: i32, walker: &mut PageWalker) -> Result<Vec<(Region, u64, bool)>> {
+/// mappings.
+pub fn huge_regions(pid: i32, walker: &mut PageWalker) -> Result<Vec<HugeRegion>> {
     let huge = HUGE_PAGE_SIZE as u64;
     let mut out = Vec::new();
     let mut runs = Vec::new();
@@ -199,10 +211,13 @@ pub fn huge_regions(pid: i32, walker: &mut PageWalker) -> Result<Vec<(Region, u6
                 .iter()
                 .map(|p| (p.end - p.start) / PAGE_SIZE as u64)
                 .sum();
-            let is_huge = runs
-                .iter()
-                .any(|p| p.categories & pagemap::category::HUGE != 0);
-            out.push((r, resident, is_huge));
+            out.push(HugeRegion {
+                region: r,
+                resident,
+                huge: runs
+                    .iter()
+                    .any(|p| p.categories & pagemap::category::HUGE != 0),
+            });
             a += huge;
         }
     }
