@@ -148,9 +148,7 @@ fn policy_of(s: &str) -> Result<Policy> {
 
 fn pressure_of(s: Option<&str>) -> Result<Pressure> {
     let Some(s) = s else {
-        let t = pagewise::mech::procfs::read_trimmed("/proc/meminfo")?;
-        let total = pagewise::mech::procfs::status_field(&t, "MemTotal").unwrap_or(0) * 1024;
-        return Ok(Pressure::AvailableBelow(total / 10));
+        return Ok(Pressure::available_below_a_tenth()?);
     };
     if s == "always" {
         return Ok(Pressure::Always);

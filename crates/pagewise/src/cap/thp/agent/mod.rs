@@ -125,6 +125,15 @@ pub enum Pressure {
 }
 
 impl Pressure {
+    /// `MemAvailable` below a tenth of `MemTotal` (`/proc/meminfo`): the
+    /// default of [`Recovery`] and of `thp run --recover-bloat`.
+    pub fn available_below_a_tenth() -> Result<Pressure> {
+        let t = crate::mech::procfs::read_trimmed("/proc/meminfo")
+            .map_err(|e| Error::os("reading /proc/meminfo", e))?;
+        let total = crate::mech::procfs::status_field(&t, "MemTotal").unwrap_or(0) * 1024;
+        Ok(Pressure::AvailableBelow(total / 10))
+    }
+
     /// Whether it holds now for process `pid`, and what was read.
     pub fn holds(&self, pid: i32) -> Result<(bool, String)> {
         match *self {
@@ -190,13 +199,8 @@ impl Default for Recovery {
     /// huge pages with at least half their pages zero give them back,
     /// khugepaged is held to the same rule for a minute after.
     fn default() -> Self {
-        let total = crate::mech::procfs::read_trimmed("/proc/meminfo")
-            .ok()
-            .and_then(|t| crate::mech::procfs::status_field(&t, "MemTotal"))
-            .unwrap_or(0)
-            * 1024;
         Recovery {
-            when: Pressure::AvailableBelow(total / 10),
+            when: Pressure::available_below_a_tenth().unwrap_or(Pressure::AvailableBelow(0)),
             zero_pages: 256,
             tune_khugepaged: true,
             hold: Duration::from_secs(60),
