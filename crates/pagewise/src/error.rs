@@ -225,12 +225,7 @@ impl Error {
                 ErrorClass::Unsupported
             }
             Error::Refused(r) if r.is_permanent() => ErrorClass::Unsupported,
-            Error::Wire(w) => match w.errno() {
-                libc::EACCES => ErrorClass::Permission,
-                libc::EINVAL => ErrorClass::BadInput,
-                _ => ErrorClass::Failed,
-            },
-            Error::Store(s) => match s.errno() {
+            Error::Wire(_) | Error::Store(_) => match self.errno() {
                 libc::EACCES => ErrorClass::Permission,
                 libc::EINVAL => ErrorClass::BadInput,
                 _ => ErrorClass::Failed,
