@@ -10,18 +10,18 @@ use crate::{Region, HUGE_PAGE_SIZE, PAGE_SIZE};
 use pagewise_sys::pagemap::{category, PageRegion};
 use std::collections::{BTreeSet, HashMap};
 
-/// Reads the regions of one process.
-struct Reader {
+/// Reads the regions of one process (with the step's buffers).
+struct Reader<'a> {
     pid: i32,
     walker: PageWalker,
-    present: Vec<PageRegion>,
-    buf: Vec<u8>,
+    present: &'a mut Vec<PageRegion>,
+    buf: &'a mut [u8],
     /// The step's number: which lane of pages is read again.
     scan: u64,
     /// Read only a lane of the pages of a region known unchanged.
     sample: bool,
     /// The regions written since the last step, where writes are watched.
-    written: Option<BTreeSet<u64>>,
+    written: Option<&'a BTreeSet<u64>>,
 }
 
 impl Agent {
@@ -38,6 +38,7 @@ impl Agent {
         let mut rep = FilterReport::default();
         let (scan, sample) = (self.scan, self.opts.sample);
         let mut buf = vec![0u8; HUGE_PAGE_SIZE];
+        let mut present = Vec::new();
         for t in self.targets.live_mut() {
             let walker = match PageWalker::new(Some(t.pid)) {
                 Ok(w) => w,
@@ -53,11 +54,11 @@ impl Agent {
             let mut reader = Reader {
                 pid: t.pid,
                 walker,
-                present: Vec::new(),
-                buf: std::mem::take(&mut buf),
+                present: &mut present,
+                buf: &mut buf,
                 scan,
                 sample,
-                written: written.get(&t.pid).cloned(),
+                written: written.get(&t.pid),
             };
             for (&start, s) in t.state.regions.iter_mut() {
                 // A region made mergeable is not read again: its rate no
@@ -72,7 +73,6 @@ impl Agent {
                 }
                 rep.pages_read += reader.read(start, s).unwrap_or(0);
             }
-            buf = reader.buf;
         }
         self.label(&mut rep);
         rep
@@ -135,7 +135,7 @@ impl Agent {
     }
 }
 
-impl Reader {
+impl Reader<'_> {
     /// Which pages of region `start` are in memory and which swapped out.
     /// Only pages in memory are read: reading a swapped page would bring
     /// it back. A swapped page keeps its digest.
@@ -145,11 +145,9 @@ impl Reader {
             len: HUGE_PAGE_SIZE as u64,
         };
         let both = category::PRESENT | category::SWAPPED;
-        self.walker
-            .categories(r, both, both, &mut self.present)
-            .ok()?;
+        self.walker.categories(r, both, both, self.present).ok()?;
         let (mut resident, mut swapped) = ([false; PAGES], [false; PAGES]);
-        for run in &self.present {
+        for run in self.present.iter() {
             let (from, to) = (
                 (run.start - start) as usize / PAGE_SIZE,
                 (run.end - start) as usize / PAGE_SIZE,
@@ -174,7 +172,7 @@ impl Reader {
         // REFRESH_LANES is read again per step, for a write no fault
         // reports (a device's). Where they are not, a quarter is, as
         // SmartMD reads the pages it cannot tell unchanged.
-        let w = self.written.as_ref();
+        let w = self.written;
         let full = !self.sample || !s.read || w.is_some_and(|w| w.contains(&start));
         let lanes = if w.is_some() { REFRESH_LANES } else { 4 };
         let lane = (self.scan % lanes as u64) as usize;
@@ -184,7 +182,7 @@ impl Reader {
             .filter(|&p| resident[p] && (full || p % lanes == lane || s.digests[p].is_none()))
             .collect();
         let ok = if wanted.len() == PAGES {
-            walk::read_remote(self.pid, start, &mut self.buf).is_ok()
+            walk::read_remote(self.pid, start, self.buf).is_ok()
         } else {
             let mut parts: Vec<(u64, &mut [u8])> = self
                 .buf
