@@ -126,6 +126,48 @@ pub fn process_vm_readv_scatter(
     Ok(n as usize)
 }
 
+/// `process_vm_writev(2)` of `local` buffers (at most `IOV_MAX`, 1024)
+/// gathered, in order, into the `remote` ranges (at most 1024; their
+/// lengths add up to the buffers'). Returns the bytes written: fewer than
+/// asked when a remote range is not mapped or not writable (the parts
+/// before it are whole).
+pub fn process_vm_writev_gather(
+    pid: libc::pid_t,
+    local: &[&[u8]],
+    remote: &[(u64, usize)],
+) -> io::Result<usize> {
+    assert!(local.len() <= 1024, "more than IOV_MAX local parts");
+    assert!(remote.len() <= 1024, "more than IOV_MAX remote parts");
+    let lv: Vec<libc::iovec> = local
+        .iter()
+        .map(|b| libc::iovec {
+            iov_base: b.as_ptr() as *mut libc::c_void,
+            iov_len: b.len(),
+        })
+        .collect();
+    let rv: Vec<libc::iovec> = remote
+        .iter()
+        .map(|&(a, l)| libc::iovec {
+            iov_base: a as *mut libc::c_void,
+            iov_len: l,
+        })
+        .collect();
+    // SAFETY: each local iovec describes a buffer borrowed for the call,
+    // which the kernel only reads; the remote iovecs are only interpreted
+    // by the kernel in the other process.
+    let n = cvt(unsafe {
+        libc::process_vm_writev(
+            pid,
+            lv.as_ptr(),
+            lv.len() as libc::c_ulong,
+            rv.as_ptr(),
+            rv.len() as libc::c_ulong,
+            0,
+        ) as libc::c_long
+    })?;
+    Ok(n as usize)
+}
+
 /// `process_madvise(2)` with the given remote ranges.
 pub fn process_madvise(
     pidfd: RawFd,
@@ -362,6 +404,50 @@ pub fn ptrace_setregs(tid: libc::pid_t, r: &Regs) -> io::Result<()> {
     // SAFETY: PTRACE_SETREGS reads one user_regs_struct from `data`.
     cvt_int(unsafe {
         libc::ptrace(libc::PTRACE_SETREGS, tid, 0usize, r as *const Regs) as libc::c_int
+    })
+    .map(|_| ())
+}
+
+/// `NT_X86_XSTATE`: the regset of a thread's whole extended state (x87,
+/// SSE, AVX and beyond: the `XSAVE` area).
+pub const NT_X86_XSTATE: libc::c_int = 0x202;
+
+/// `ptrace(PTRACE_GETREGSET)` of regset `kind` into `buf`: the bytes the
+/// kernel filled (at most `buf.len()`).
+pub fn ptrace_getregset(tid: libc::pid_t, kind: libc::c_int, buf: &mut [u8]) -> io::Result<usize> {
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr() as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    // SAFETY: PTRACE_GETREGSET writes at most `iov_len` bytes to `iov_base`
+    // (`buf`, borrowed mutably) and stores the length written in `iov`.
+    cvt_int(unsafe {
+        libc::ptrace(
+            libc::PTRACE_GETREGSET,
+            tid,
+            kind as usize,
+            &mut iov as *mut libc::iovec,
+        ) as libc::c_int
+    })?;
+    Ok(iov.iov_len)
+}
+
+/// `ptrace(PTRACE_SETREGSET)` of regset `kind` from `buf` (as
+/// [`ptrace_getregset`] returned it).
+pub fn ptrace_setregset(tid: libc::pid_t, kind: libc::c_int, buf: &[u8]) -> io::Result<()> {
+    let mut iov = libc::iovec {
+        iov_base: buf.as_ptr() as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    // SAFETY: PTRACE_SETREGSET reads at most `iov_len` bytes from
+    // `iov_base` (`buf`, which it does not write).
+    cvt_int(unsafe {
+        libc::ptrace(
+            libc::PTRACE_SETREGSET,
+            tid,
+            kind as usize,
+            &mut iov as *mut libc::iovec,
+        ) as libc::c_int
     })
     .map(|_| ())
 }

@@ -216,14 +216,14 @@ const SWAPS_MASK: &[i64] = &[
 /// Whether a thread stopped with registers `r` may be leaving a call of
 /// [`SWAPS_MASK`], interrupted (its mask then is the call's, not its own).
 #[cfg(target_arch = "x86_64")]
-fn leaves_mask_swap(r: &pagewise_sys::process::Regs) -> bool {
+pub(crate) fn leaves_mask_swap(r: &pagewise_sys::process::Regs) -> bool {
     SWAPS_MASK.contains(&(r.orig_rax as i64)) && (r.rax as i64) < 0
 }
 
 /// The kernel's own restart codes (`-ERESTARTSYS` … `-ERESTART_RESTARTBLOCK`):
 /// a call that returns one was interrupted before it did anything.
 #[cfg(target_arch = "x86_64")]
-const RESTART: std::ops::RangeInclusive<i64> = -516..=-512;
+pub(crate) const RESTART: std::ops::RangeInclusive<i64> = -516..=-512;
 
 /// How long one call made in a target may take before it is interrupted.
 const CALL_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
@@ -266,6 +266,28 @@ impl<'a> Remote<'a> {
             syscall_at: find_syscall_instruction(pid)?,
             stepped: std::cell::Cell::new(false),
         })
+    }
+
+    /// The same calls made by thread `tid` of the stopped process (for
+    /// what is the thread's own: its alternate signal stack).
+    pub fn in_thread(&self, tid: i32) -> Result<Self> {
+        if !self.stopped.tids().contains(&tid) {
+            return Err(Error::Invalid(format!(
+                "thread {tid} is not a stopped thread of process {}",
+                self.stopped.pid()
+            )));
+        }
+        Ok(Remote {
+            stopped: self.stopped,
+            tid,
+            syscall_at: self.syscall_at,
+            stepped: std::cell::Cell::new(false),
+        })
+    }
+
+    /// The thread that makes the calls.
+    pub fn tid(&self) -> i32 {
+        self.tid
     }
 
     /// Checks that every thread runs 64-bit code; a thread not leaving a
@@ -313,6 +335,20 @@ impl<'a> Remote<'a> {
     /// the `syscall`: the call ran.
     #[cfg(target_arch = "x86_64")]
     pub fn syscall(&self, nr: libc::c_long, args: [u64; 6]) -> Result<i64> {
+        self.call(nr, args, false)
+    }
+
+    /// As [`Remote::syscall`], with the stack pointer at 0 for the call:
+    /// for `sigaltstack`, which refuses to change the alternate stack of a
+    /// thread whose stack pointer is on it (the thread's own is put back
+    /// after, as every register).
+    #[cfg(target_arch = "x86_64")]
+    pub fn syscall_off_stack(&self, nr: libc::c_long, args: [u64; 6]) -> Result<i64> {
+        self.call(nr, args, true)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    fn call(&self, nr: libc::c_long, args: [u64; 6], off_stack: bool) -> Result<i64> {
         use pagewise_sys::process as p;
         let pid = self.stopped.pid();
         let tid = self.tid;
@@ -332,6 +368,9 @@ impl<'a> Remote<'a> {
             call.rip = self.syscall_at;
             call.rax = nr as u64;
             call.orig_rax = u64::MAX;
+            if off_stack {
+                call.rsp = 0;
+            }
             (call.rdi, call.rsi, call.rdx, call.r10, call.r8, call.r9) =
                 (args[0], args[1], args[2], args[3], args[4], args[5]);
             let step = p::ptrace_setregs(tid, &call)
@@ -441,6 +480,12 @@ impl<'a> Remote<'a> {
     /// Not available on this architecture.
     #[cfg(not(target_arch = "x86_64"))]
     pub fn syscall(&self, _nr: libc::c_long, _args: [u64; 6]) -> Result<i64> {
+        Err(Refusal::NotX86_64.into())
+    }
+
+    /// Not available on this architecture.
+    #[cfg(not(target_arch = "x86_64"))]
+    pub fn syscall_off_stack(&self, _nr: libc::c_long, _args: [u64; 6]) -> Result<i64> {
         Err(Refusal::NotX86_64.into())
     }
 

@@ -23,6 +23,8 @@ pub mod files;
 pub mod hash;
 #[doc(hidden)]
 pub mod inject;
+#[doc(hidden)]
+pub mod layout;
 pub mod probe;
 #[doc(hidden)]
 pub mod procfs;
@@ -33,6 +35,9 @@ pub mod settings;
 pub mod shim;
 #[doc(hidden)]
 pub mod stop;
+#[doc(hidden)]
+#[cfg(target_arch = "x86_64")]
+pub mod threads;
 pub mod walk;
 pub mod walk_cost;
 pub mod wp;

@@ -492,6 +492,18 @@ pub(crate) fn rewind_eintr(pid: i32, tid: i32) -> bool {
     let Ok(mut r) = process::ptrace_getregs(tid) else {
         return false;
     };
+    if !stop_caused_eintr(pid, tid, &r) {
+        return false;
+    }
+    r.rip -= 2;
+    r.rax = r.orig_rax;
+    process::ptrace_setregs(tid, &r).is_ok()
+}
+
+/// Whether thread `tid`, stopped with registers `r`, is returning `EINTR`
+/// from a blocked call that only the stop interrupted (see the module).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn stop_caused_eintr(pid: i32, tid: i32, r: &process::Regs) -> bool {
     let is_syscall_return = r.cs == 0x33
         && r.rax as i64 == -(libc::EINTR as i64)
         && EINTR_AFTER_STOP.contains(&(r.orig_rax as i64))
@@ -511,13 +523,8 @@ pub(crate) fn rewind_eintr(pid: i32, tid: i32) -> bool {
         return false;
     };
     let inert = sigs.ignored | (DEFAULT_IGNORED & !sigs.caught);
-    if sigs.deliverable() & !inert != 0 {
-        // A signal will interrupt it anyway: the EINTR is the program's.
-        return false;
-    }
-    r.rip -= 2;
-    r.rax = r.orig_rax;
-    process::ptrace_setregs(tid, &r).is_ok()
+    // A signal to take interrupts it anyway: the EINTR is the program's.
+    sigs.deliverable() & !inert == 0
 }
 
 #[cfg(not(target_arch = "x86_64"))]

@@ -1,0 +1,412 @@
+//! A process's address-space layout, and the calls that make it what it
+//! was: which mappings exist, with which protection and backing; what
+//! changed between two layouts; and the `munmap`, `mmap` and `mprotect`
+//! calls, made inside the stopped process ([`Remote`]), that put a layout
+//! back.
+//!
+//! The kernel's special mappings (`[vdso]`, `[vvar]`, `[vsyscall]`,
+//! `[uprobes]`) and pagewise's own (`[anon:pagewise-…]`) are not part of
+//! a layout: they are never touched. Two layouts are compared page range by
+//! page range, not mapping by mapping: the kernel splits and merges
+//! mappings on its own (an `mprotect` of part of one splits it), and what
+//! matters is what each page is. A page mapped now and not then is
+//! unmapped; a page mapped then and not now, or now backed by something
+//! else, is mapped again (anonymous memory afresh, a file's at its offset:
+//! its contents are the caller's to write); a page of the same backing
+//! with another protection is re-protected. A shared anonymous mapping
+//! (`MAP_SHARED|MAP_ANONYMOUS`, shmem, memfd) that is gone cannot be made
+//! again: refused. The rest of a mapping's state is not compared: `madvise`
+//! advice, locks, names of anonymous mappings, a stack's growing down.
+
+use crate::mech::inject::Remote;
+use crate::mech::procfs::{self, Mapping};
+use crate::{Error, Result, PAGE_SIZE};
+
+/// What backs a mapping.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backing {
+    /// Anonymous memory (the heap and stacks among it).
+    Anonymous,
+    /// A file, by path and inode; the offset is the [`Vma`]'s.
+    File {
+        /// As `/proc/PID/maps` names it.
+        path: String,
+        /// Its inode.
+        inode: u64,
+    },
+    /// Shared anonymous memory or a file that cannot be opened by name
+    /// (deleted, a memfd, SysV shared memory), by its name in the maps.
+    Other(String),
+}
+
+/// One mapping of a layout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Vma {
+    /// Start address.
+    pub start: u64,
+    /// End address (exclusive).
+    pub end: u64,
+    /// `PROT_READ | PROT_WRITE | PROT_EXEC`.
+    pub prot: i32,
+    /// `MAP_SHARED` rather than `MAP_PRIVATE`.
+    pub shared: bool,
+    /// What backs it.
+    pub backing: Backing,
+    /// File offset of `start` (0 for anonymous memory).
+    pub offset: u64,
+}
+
+impl Vma {
+    /// From a line of the maps.
+    pub fn of(m: &Mapping) -> Vma {
+        let prot = (if m.read { libc::PROT_READ } else { 0 })
+            | (if m.write { libc::PROT_WRITE } else { 0 })
+            | (if m.exec { libc::PROT_EXEC } else { 0 });
+        let backing = if m.is_anonymous() {
+            Backing::Anonymous
+        } else if m.inode != 0 && m.path.starts_with('/') && !m.path.ends_with(" (deleted)") {
+            Backing::File {
+                path: m.path.clone(),
+                inode: m.inode,
+            }
+        } else {
+            Backing::Other(m.path.clone())
+        };
+        Vma {
+            start: m.start,
+            end: m.end,
+            prot,
+            shared: m.shared,
+            offset: if backing == Backing::Anonymous {
+                0
+            } else {
+                m.offset
+            },
+            backing,
+        }
+    }
+
+    /// Whether the page at `addr` (inside both) holds the same thing in
+    /// `self` as in `other`, whatever their protections.
+    fn same_backing_at(&self, other: &Vma, addr: u64) -> bool {
+        self.shared == other.shared
+            && self.backing == other.backing
+            && (self.backing == Backing::Anonymous
+                || self.offset + (addr - self.start) == other.offset + (addr - other.start))
+    }
+
+    /// Whether its pages are a snapshot's to save and a rollback's to write:
+    /// private and writable.
+    pub fn is_private_writable(&self) -> bool {
+        !self.shared && self.prot & libc::PROT_WRITE != 0
+    }
+}
+
+/// The layout of process `pid` (`None`: the calling process), without the
+/// special mappings and pagewise's own.
+pub fn read(pid: Option<i32>) -> Result<Vec<Vma>> {
+    Ok(procfs::maps(pid)?
+        .iter()
+        .filter(|m| !m.is_special() && !m.is_pagewise())
+        .map(Vma::of)
+        .collect())
+}
+
+/// One call that makes a layout more like another.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    /// `munmap` of `[start, end)`.
+    Unmap {
+        /// Start.
+        start: u64,
+        /// End.
+        end: u64,
+    },
+    /// `mmap(MAP_FIXED)` of `[start, end)` as `like` has it.
+    Map {
+        /// Start.
+        start: u64,
+        /// End.
+        end: u64,
+        /// The mapping of the wanted layout it is part of.
+        like: Vma,
+    },
+    /// `mprotect` of `[start, end)`.
+    Protect {
+        /// Start.
+        start: u64,
+        /// End.
+        end: u64,
+        /// The protection.
+        prot: i32,
+    },
+}
+
+impl Op {
+    /// The range it acts on.
+    pub fn range(&self) -> (u64, u64) {
+        match *self {
+            Op::Unmap { start, end }
+            | Op::Map { start, end, .. }
+            | Op::Protect { start, end, .. } => (start, end),
+        }
+    }
+}
+
+fn covering(layout: &[Vma], addr: u64) -> Option<&Vma> {
+    let i = layout.partition_point(|v| v.end <= addr);
+    layout.get(i).filter(|v| v.start <= addr)
+}
+
+/// The calls that make layout `have` into `want` (both sorted by address,
+/// as read). Refused where `want` has a mapping that cannot be made again
+/// (see the module).
+pub fn diff(want: &[Vma], have: &[Vma]) -> Result<Vec<Op>> {
+    let mut cuts: Vec<u64> = want
+        .iter()
+        .chain(have)
+        .flat_map(|v| [v.start, v.end])
+        .collect();
+    cuts.sort_unstable();
+    cuts.dedup();
+    let mut ops: Vec<Op> = Vec::new();
+    for w in cuts.windows(2) {
+        let (a, b) = (w[0], w[1]);
+        let op = match (covering(want, a), covering(have, a)) {
+            (None, None) => continue,
+            (None, Some(_)) => Op::Unmap { start: a, end: b },
+            (Some(x), Some(y)) if x.same_backing_at(y, a) => {
+                if x.prot == y.prot {
+                    continue;
+                }
+                Op::Protect {
+                    start: a,
+                    end: b,
+                    prot: x.prot,
+                }
+            }
+            (Some(x), _) => {
+                if let Backing::Other(name) = &x.backing {
+                    return Err(Error::MemoryType(format!(
+                        "{a:#x}..{b:#x} ({}) was a mapping of {} that is gone or replaced: \
+                         shared memory and deleted files cannot be mapped again",
+                        if x.shared { "shared" } else { "private" },
+                        if name.is_empty() {
+                            "shared anonymous memory"
+                        } else {
+                            name
+                        }
+                    )));
+                }
+                Op::Map {
+                    start: a,
+                    end: b,
+                    like: x.clone(),
+                }
+            }
+        };
+        push_merged(&mut ops, op);
+    }
+    Ok(ops)
+}
+
+/// Appends `op`, merged with the last one where they are one call.
+fn push_merged(ops: &mut Vec<Op>, op: Op) {
+    if let Some(last) = ops.last_mut() {
+        let merged = match (&*last, &op) {
+            (Op::Unmap { start, end }, Op::Unmap { start: s, end: e }) if end == s => {
+                Some(Op::Unmap {
+                    start: *start,
+                    end: *e,
+                })
+            }
+            (
+                Op::Protect { start, end, prot },
+                Op::Protect {
+                    start: s,
+                    end: e,
+                    prot: p,
+                },
+            ) if end == s && prot == p => Some(Op::Protect {
+                start: *start,
+                end: *e,
+                prot: *prot,
+            }),
+            (
+                Op::Map { start, end, like },
+                Op::Map {
+                    start: s,
+                    end: e,
+                    like: l,
+                },
+            ) if end == s && like == l => Some(Op::Map {
+                start: *start,
+                end: *e,
+                like: like.clone(),
+            }),
+            _ => None,
+        };
+        if let Some(m) = merged {
+            *last = m;
+            return;
+        }
+    }
+    ops.push(op);
+}
+
+/// Makes `ops` inside the stopped process of `remote`, in order.
+pub fn apply(remote: &Remote<'_>, pid: i32, ops: &[Op]) -> Result<()> {
+    let failed = |what: String, rc: i64| {
+        Error::for_pid(pid, what, std::io::Error::from_raw_os_error(-rc as i32))
+    };
+    for op in ops {
+        match op {
+            Op::Unmap { start, end } => {
+                let rc = remote.syscall(libc::SYS_munmap, [*start, end - start, 0, 0, 0, 0])?;
+                if rc < 0 {
+                    return Err(failed(
+                        format!("munmap({start:#x}..{end:#x}) made inside it"),
+                        rc,
+                    ));
+                }
+            }
+            Op::Protect { start, end, prot } => {
+                let rc = remote.syscall(
+                    libc::SYS_mprotect,
+                    [*start, end - start, *prot as u64, 0, 0, 0],
+                )?;
+                if rc < 0 {
+                    return Err(failed(
+                        format!("mprotect({start:#x}..{end:#x}) made inside it"),
+                        rc,
+                    ));
+                }
+            }
+            Op::Map { start, end, like } => map(remote, pid, *start, *end, like)?,
+        }
+    }
+    Ok(())
+}
+
+/// `mmap(MAP_FIXED)` of `[start, end)` as `like` has it, inside the target;
+/// a file is opened there by its path (written to a scratch page mapped
+/// for the call) and closed after.
+fn map(remote: &Remote<'_>, pid: i32, start: u64, end: u64, like: &Vma) -> Result<()> {
+    let failed = |what: String, rc: i64| {
+        Error::for_pid(pid, what, std::io::Error::from_raw_os_error(-rc as i32))
+    };
+    let len = end - start;
+    let share = if like.shared {
+        libc::MAP_SHARED
+    } else {
+        libc::MAP_PRIVATE
+    };
+    let Backing::File { path, .. } = &like.backing else {
+        let rc = remote.syscall(
+            libc::SYS_mmap,
+            [
+                start,
+                len,
+                like.prot as u64,
+                (share | libc::MAP_ANONYMOUS | libc::MAP_FIXED) as u64,
+                u64::MAX,
+                0,
+            ],
+        )?;
+        return match rc {
+            rc if rc < 0 => Err(failed(
+                format!("mmap({start:#x}..{end:#x}) made inside it"),
+                rc,
+            )),
+            _ => Ok(()),
+        };
+    };
+    let mut name = path.as_bytes().to_vec();
+    name.push(0);
+    if name.len() > PAGE_SIZE {
+        return Err(Error::Invalid(format!("a path longer than a page: {path}")));
+    }
+    let page = remote.syscall(
+        libc::SYS_mmap,
+        [
+            0,
+            PAGE_SIZE as u64,
+            (libc::PROT_READ | libc::PROT_WRITE) as u64,
+            (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64,
+            u64::MAX,
+            0,
+        ],
+    )?;
+    if page < 0 {
+        return Err(failed("mmap of a scratch page made inside it".into(), page));
+    }
+    let page = page as u64;
+    let opened = pagewise_sys::process::process_vm_write(pid, page, &name)
+        .map_err(|e| Error::for_pid(pid, "writing a path into it", e))
+        .and_then(|_| {
+            let write = like.shared && like.prot & libc::PROT_WRITE != 0;
+            let flags = libc::O_CLOEXEC | if write { libc::O_RDWR } else { libc::O_RDONLY };
+            remote.syscall(
+                libc::SYS_openat,
+                [libc::AT_FDCWD as i64 as u64, page, flags as u64, 0, 0, 0],
+            )
+        });
+    remote.syscall(libc::SYS_munmap, [page, PAGE_SIZE as u64, 0, 0, 0, 0])?;
+    let fd = opened?;
+    if fd < 0 {
+        return Err(failed(format!("opening {path} inside it"), fd));
+    }
+    let offset = like.offset + (start - like.start);
+    let rc = remote.syscall(
+        libc::SYS_mmap,
+        [
+            start,
+            len,
+            like.prot as u64,
+            (share | libc::MAP_FIXED) as u64,
+            fd as u64,
+            offset,
+        ],
+    );
+    remote.syscall(libc::SYS_close, [fd as u64, 0, 0, 0, 0, 0])?;
+    let rc = rc?;
+    if rc < 0 {
+        return Err(failed(
+            format!("mmap of {path} at {start:#x}..{end:#x} made inside it"),
+            rc,
+        ));
+    }
+    Ok(())
+}
+
+/// Checks, before anything is changed, that every file `ops` maps again is
+/// still the file it was (the same inode at the path, seen from the
+/// target's root).
+pub fn check(pid: i32, ops: &[Op]) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    for op in ops {
+        let Op::Map { like, .. } = op else { continue };
+        let Backing::File { path, inode } = &like.backing else {
+            continue;
+        };
+        let seen = std::fs::metadata(format!("/proc/{pid}/root{path}")).map(|m| m.ino());
+        if seen.as_ref().ok() != Some(inode) {
+            return Err(Error::MemoryType(format!(
+                "{path} was mapped at {:#x}..{:#x} and is gone or replaced since                  (inode {inode} then, {} now): it cannot be mapped again",
+                like.start,
+                like.end,
+                match seen {
+                    Ok(i) => i.to_string(),
+                    Err(e) => e.to_string(),
+                }
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `brk(addr)` inside the target; the break it answers (the old one when
+/// the kernel refuses).
+pub fn brk(remote: &Remote<'_>, addr: u64) -> Result<u64> {
+    Ok(remote.syscall(libc::SYS_brk, [addr, 0, 0, 0, 0, 0])? as u64)
+}
