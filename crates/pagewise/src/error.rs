@@ -102,6 +102,11 @@ pub enum Error {
     /// A process could not be stopped or acted inside (see the kinds).
     #[error("{0}")]
     Refused(#[from] crate::mech::stop::Refusal),
+    /// A rollback of another process was refused before anything changed
+    /// (see the kinds).
+    #[cfg(target_arch = "x86_64")]
+    #[error("{0}")]
+    Rollback(#[from] crate::snap::RollbackRefusal),
     /// A policy plugin failed to load or start.
     #[error("policy plugin {path}: {what}")]
     Plugin {
@@ -213,6 +218,11 @@ impl Error {
             Error::Wire(w) => w.errno(),
             Error::Refused(r) if r.is_permanent() => libc::EOPNOTSUPP,
             Error::Refused(_) => libc::EBUSY,
+            #[cfg(target_arch = "x86_64")]
+            Error::Rollback(r) => match r {
+                crate::snap::RollbackRefusal::MemoryOnly { .. } => libc::EOPNOTSUPP,
+                _ => libc::ESTALE,
+            },
             Error::Internal(_) => libc::ENOTRECOVERABLE,
         }
     }
@@ -225,6 +235,10 @@ impl Error {
                 ErrorClass::Unsupported
             }
             Error::Refused(r) if r.is_permanent() => ErrorClass::Unsupported,
+            #[cfg(target_arch = "x86_64")]
+            Error::Rollback(crate::snap::RollbackRefusal::MemoryOnly { .. }) => {
+                ErrorClass::Unsupported
+            }
             Error::Wire(_) | Error::Store(_) => match self.errno() {
                 libc::EACCES => ErrorClass::Permission,
                 libc::EINVAL => ErrorClass::BadInput,

@@ -30,12 +30,18 @@
 
 pub mod disk;
 pub mod live;
+#[cfg(target_arch = "x86_64")]
+pub mod process;
 pub mod remote;
 mod store;
+mod table;
 pub mod wire;
 
 pub use disk::{DiskSnapshot, DiskStats, DiskStore, SaveStats, StoreError};
+#[cfg(target_arch = "x86_64")]
+pub use process::{ProcessSnapshots, RestoreOptions, RestoreReport, RollbackRefusal};
 pub use store::{PageId, PageStore, StoreStats};
+use table::{Chunk, Table};
 
 use crate::mech::procfs;
 use crate::mech::region::{push_coalesced, PageRange};
@@ -61,30 +67,6 @@ pub const CHUNK_PAGES: usize = 32;
 
 /// Identifies a snapshot within its [`Snapshots`].
 pub type SnapId = u64;
-
-type Chunk = Arc<Vec<PageId>>;
-
-/// Page ids of one region, in chunks.
-#[derive(Clone, Debug)]
-struct Table {
-    chunks: Vec<Chunk>,
-}
-
-impl Table {
-    /// A table of fresh chunks holding `ids` (whose references the caller took).
-    fn from_ids(ids: &[PageId]) -> Self {
-        Table {
-            chunks: ids
-                .chunks(CHUNK_PAGES)
-                .map(|c| Arc::new(c.to_vec()))
-                .collect(),
-        }
-    }
-
-    fn get(&self, page: usize) -> PageId {
-        self.chunks[page / CHUNK_PAGES][page % CHUNK_PAGES]
-    }
-}
 
 /// How to build a [`Snapshots`].
 #[derive(Debug, Clone, Copy)]
@@ -186,14 +168,6 @@ impl std::fmt::Debug for Snapshots {
     }
 }
 
-fn set_bit(bits: &mut [u64], i: usize) {
-    bits[i / 64] |= 1 << (i % 64);
-}
-
-fn get_bit(bits: &[u64], i: usize) -> bool {
-    bits[i / 64] & (1 << (i % 64)) != 0
-}
-
 impl Snapshots {
     /// Snapshots of `regions` of the calling process, which must be mapped,
     /// writable, page-aligned and non-overlapping. Tracking starts now.
@@ -278,7 +252,7 @@ impl Snapshots {
                 tables
             }
         };
-        let copy = share(&mut self.spare, &tables);
+        let copy = table::share(&mut self.spare, &tables);
         let id = self.insert_snap(copy, stats, t0);
         self.current = Some(tables);
         Ok(id)
@@ -344,25 +318,12 @@ impl Snapshots {
             while addr < end {
                 let i = ((addr - region.start) / PAGE_SIZE as u64) as usize;
                 let new = self.intern(page_at(addr), stats);
-                let chunk = self.own_chunk(&mut tables[ri], i / CHUNK_PAGES);
+                let chunk = table::own_chunk(&mut self.store, &mut tables[ri], i / CHUNK_PAGES);
                 let old = std::mem::replace(&mut chunk[i % CHUNK_PAGES], new);
                 self.store.decref(old);
                 addr += PAGE_SIZE as u64;
             }
         }
-    }
-
-    /// Makes chunk `c` of `table` private to it (copying it and taking
-    /// references on its pages if it is shared) and returns it.
-    fn own_chunk<'t>(&mut self, table: &'t mut Table, c: usize) -> &'t mut Vec<PageId> {
-        let chunk = &mut table.chunks[c];
-        if Arc::get_mut(chunk).is_none() {
-            for &id in chunk.iter() {
-                self.store.incref(id);
-            }
-            *chunk = Arc::new(chunk.as_ref().clone());
-        }
-        Arc::get_mut(chunk).expect("just made unique")
     }
 
     /// Sets `self.marks` to exactly the pages of `ranges`.
@@ -375,7 +336,7 @@ impl Snapshots {
             while addr < r.end() {
                 if let Some(ri) = self.region_of(addr) {
                     let i = ((addr - self.regions[ri].start) / PAGE_SIZE as u64) as usize;
-                    set_bit(&mut self.marks[ri], i);
+                    table::set_bit(&mut self.marks[ri], i);
                 }
                 addr += PAGE_SIZE as u64;
             }
@@ -397,7 +358,7 @@ impl Snapshots {
     pub fn restore(&mut self, id: SnapId) -> Result<RestoreStats> {
         let t0 = Instant::now();
         self.snap(id)?;
-        let target = share(&mut self.spare, &self.snaps[&id].tables);
+        let target = table::share(&mut self.spare, &self.snaps[&id].tables);
         // Leave the dirty pages writable: the restore rewrites them, and the
         // collection after it re-protects them.
         let dirty = self.drain_dirty(false)?;
@@ -428,7 +389,7 @@ impl Snapshots {
                         Some(t) => !same && t.chunks[c][k] != want,
                         None => true,
                     };
-                    if differs || get_bit(marks, i) {
+                    if differs || table::get_bit(marks, i) {
                         let addr = region.start + (i * PAGE_SIZE) as u64;
                         write_page(addr, self.store.page(want));
                         push_coalesced(&mut written, addr, addr + PAGE_SIZE as u64);
@@ -445,25 +406,10 @@ impl Snapshots {
         self.pending = foreign;
         self.current = Some(target);
         if let Some(old) = current {
-            self.release_tables(old);
+            table::release(&mut self.store, &mut self.spare, old);
         }
         stats.elapsed_ns = t0.elapsed().as_nanos() as u64;
         Ok(stats)
-    }
-
-    /// Drops the references of tables about to be dropped: a chunk's pages lose
-    /// a reference when its last holder goes.
-    fn release_tables(&mut self, tables: Vec<Table>) {
-        for mut t in tables {
-            for chunk in t.chunks.drain(..) {
-                if let Some(ids) = Arc::into_inner(chunk) {
-                    for id in ids {
-                        self.store.decref(id);
-                    }
-                }
-            }
-            self.spare.push(t.chunks);
-        }
     }
 
     /// Drops snapshot `id`; pages no other snapshot uses are freed.
@@ -472,7 +418,7 @@ impl Snapshots {
             .snaps
             .remove(&id)
             .ok_or_else(|| Error::NotFound(format!("no snapshot {id}")))?;
-        self.release_tables(s.tables);
+        table::release(&mut self.store, &mut self.spare, s.tables);
         Ok(())
     }
 
@@ -576,7 +522,7 @@ impl Snapshots {
             for i in 0..region.pages() as usize {
                 let addr = region.start + (i * PAGE_SIZE) as u64;
                 let want = s.tables[ri].get(i);
-                let differs = if get_bit(&self.marks[ri], i) {
+                let differs = if table::get_bit(&self.marks[ri], i) {
                     page_at(addr) != self.store.page(want)
                 } else {
                     cur[ri].get(i) != want
@@ -647,20 +593,6 @@ impl Snapshots {
         let id = self.insert_snap(tables, stats, t0);
         Ok(id)
     }
-}
-
-/// Another holder of the chunks of `tables` (no page reference changes).
-/// Chunk lists come from `spare`, a pool of empty ones: a snapshot of a large
-/// region allocates no memory in the steady state.
-fn share(spare: &mut Vec<Vec<Chunk>>, tables: &[Table]) -> Vec<Table> {
-    tables
-        .iter()
-        .map(|t| {
-            let mut chunks = spare.pop().unwrap_or_default();
-            chunks.extend(t.chunks.iter().cloned());
-            Table { chunks }
-        })
-        .collect()
 }
 
 /// One page of the calling process's memory.

@@ -1,0 +1,523 @@
+//! Rollback of another process in place: [`ProcessSnapshots`] takes
+//! snapshots of a running process and puts any of them back, any number
+//! of times, in any order.
+//!
+//! While the handle is open the process is tracked from outside with
+//! userfaultfd write-protect ([`crate::mech::wp::UffdWp::open_in`], the
+//! mechanism of `track --pid`), over every private writable mapping
+//! (anonymous or a file's copy-on-write pages): a take reads, and a restore
+//! writes, only the pages written since the last take or restore, plus
+//! those whose contents differ between what memory held then and the
+//! snapshot. Nothing scans or hashes the whole memory after the first take.
+//!
+//! What a snapshot holds, and a restore puts back:
+//! - every page of every private writable mapping, byte for byte;
+//! - **the layout** ([`crate::mech::layout`]): mappings made since are
+//!   unmapped; mappings removed, shrunk, grown, moved or re-protected since
+//!   are made as they were; the program break;
+//! - **every thread's state** ([`crate::mech::threads`]): registers, the
+//!   `XSAVE` area, `fs`/`gs` bases, signal mask, alternate signal stack; a
+//!   thread caught in a system call makes it again.
+//!
+//! The kernel's rseq area of each thread (the CPU it runs on) is put back
+//! as taken, and written by the kernel again as soon as the thread runs.
+//!
+//! Not put back: pending signals, file descriptors and the files
+//! themselves, shared memory (a restore would change it under every other
+//! process that maps it; it is left as it is), hugetlb memory. A restore
+//! says which descriptors were opened or closed since the snapshot
+//! ([`RestoreReport::fd_changes`]).
+//!
+//! The thread set must be the snapshot's: a thread made or ended since is
+//! refused ([`RollbackRefusal::ThreadsChanged`]) unless the restore is
+//! memory-only ([`RestoreOptions::memory_only`]: memory and layout, not
+//! registers). Where nothing can be done inside the process (a seccomp
+//! filter, another tracer), only memory can be put back: the handle still
+//! opens ([`ProcessSnapshots::open`] says why in
+//! [`ProcessSnapshots::note`]), a restore must be memory-only, the layout
+//! must be the snapshot's, and every page is compared by digest.
+//!
+//! The process is stopped (every thread, [`crate::mech::stop`]) for each
+//! take and restore and left as it was found: a process its user stopped
+//! stays stopped, nothing stays registered after the handle is dropped.
+
+mod memory;
+
+use super::table::{self, Chunk, Table};
+use super::{PageStore, RestoreStats, SnapId, TakeStats};
+use crate::mech::inject::Remote;
+use crate::mech::layout::{self, Op, Vma};
+use crate::mech::procfs;
+use crate::mech::region::{push_coalesced, PageRange};
+use crate::mech::stop::Stopped;
+use crate::mech::threads::{self, ThreadState};
+use crate::mech::wp::UffdWp;
+use crate::{Error, Region, Result, PAGE_SIZE};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+/// Pages per `process_vm_readv`/`process_vm_writev` (each page its own
+/// local buffer; `IOV_MAX` is 1,024).
+const BATCH: usize = 1024;
+
+/// Why a rollback was refused before anything was changed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RollbackRefusal {
+    /// Threads were made or ended since the snapshot.
+    #[error(
+        "process {pid}: its threads changed since snapshot {id} (made since: {made:?}, ended \
+         since: {ended:?}); registers are put back only into the threads they were taken \
+         from: restore memory and layout alone with --memory-only"
+    )]
+    ThreadsChanged {
+        /// The process.
+        pid: i32,
+        /// The snapshot.
+        id: SnapId,
+        /// Threads made since.
+        made: Vec<i32>,
+        /// Threads ended since.
+        ended: Vec<i32>,
+    },
+    /// Nothing can be done inside the process: only memory can be put back.
+    #[error(
+        "process {pid}: {why}; only memory can be put back (the layout needs calls made \
+         inside the process, the registers ptrace): restore with --memory-only"
+    )]
+    MemoryOnly {
+        /// The process.
+        pid: i32,
+        /// Why.
+        why: String,
+    },
+    /// A memory-only restore without calls inside the process met a layout
+    /// that is not the snapshot's.
+    #[error(
+        "process {pid}: its mappings changed since snapshot {id} ({first}) and nothing can be \
+         done inside it to put them back"
+    )]
+    LayoutChanged {
+        /// The process.
+        pid: i32,
+        /// The snapshot.
+        id: SnapId,
+        /// The first change.
+        first: String,
+    },
+}
+
+/// How to restore.
+#[derive(Debug, Clone, Copy, Default)]
+#[non_exhaustive]
+pub struct RestoreOptions {
+    /// Put back memory (and the layout where calls can be made inside the
+    /// process), not the threads' registers.
+    pub memory_only: bool,
+}
+
+setters!(RestoreOptions { memory_only: bool });
+
+/// What one restore did.
+#[derive(Debug, Clone, Default, Serialize)]
+#[non_exhaustive]
+pub struct RestoreReport {
+    /// Pages and time, as for own regions.
+    #[serde(flatten)]
+    pub stats: RestoreStats,
+    /// Mapping calls made to put the layout back.
+    pub layout_calls: u64,
+    /// Threads whose state was put back.
+    pub threads: u64,
+    /// Descriptors opened (`+N`) or closed (`-N`) since the snapshot,
+    /// which a restore does not put back.
+    pub fd_changes: Vec<i64>,
+    /// Whether pages were compared by digest (no tracking: memory-only
+    /// without calls inside the process).
+    pub compared: bool,
+}
+
+/// One mapping's pages as memory held them at the last take or restore.
+struct Known {
+    region: Region,
+    table: Table,
+    /// Registered with the userfaultfd and protected: unwritten pages are
+    /// known to hold what `table` says.
+    watched: bool,
+}
+
+struct ProcSnap {
+    layout: Vec<Vma>,
+    data: Vec<(Region, Table)>,
+    brk: Option<u64>,
+    threads: Vec<ThreadState>,
+    tids: Vec<i32>,
+    fds: Vec<i64>,
+    take: TakeStats,
+}
+
+/// Snapshots of another process, put back in place (see the module).
+pub struct ProcessSnapshots {
+    pid: i32,
+    start_time: Option<u64>,
+    /// Why nothing can be done inside the process, if so.
+    no_inside: Option<String>,
+    wp: Option<UffdWp>,
+    store: PageStore,
+    snaps: BTreeMap<SnapId, ProcSnap>,
+    next_id: SnapId,
+    current: Vec<Known>,
+    spare: Vec<Vec<Chunk>>,
+    buf: Vec<u8>,
+}
+
+impl std::fmt::Debug for ProcessSnapshots {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProcessSnapshots")
+            .field("pid", &self.pid)
+            .field("snapshots", &self.snaps.len())
+            .field("no_inside", &self.no_inside)
+            .finish_non_exhaustive()
+    }
+}
+
+fn is_data(v: &Vma) -> bool {
+    v.is_private_writable()
+        && !matches!(&v.backing, layout::Backing::Other(n) if n.contains("hugepage"))
+}
+
+fn page_index(r: Region, addr: u64) -> usize {
+    ((addr - r.start) / PAGE_SIZE as u64) as usize
+}
+
+/// The descriptors process `pid` has open.
+fn open_fds(pid: i32) -> Vec<i64> {
+    let mut v: Vec<i64> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort_unstable();
+    v
+}
+
+impl ProcessSnapshots {
+    /// Opens a handle on process `pid`: tracking from outside starts now.
+    /// Where nothing can be done inside the process, the handle opens all
+    /// the same for memory-only restores, and [`note`](Self::note) says why.
+    pub fn open(pid: i32) -> Result<Self> {
+        procfs::check_target(pid)?;
+        let served = procfs::uffd_served(Some(pid))?;
+        if !served.is_empty() {
+            return Err(Error::MemoryType(format!(
+                "process {pid} serves its own page faults (a userfaultfd over {} mappings): \
+                 stopped, it could not serve the reads and writes of a rollback",
+                served.len()
+            )));
+        }
+        let (wp, no_inside) = match UffdWp::open_in(pid) {
+            Ok(wp) => (Some(wp), None),
+            Err(e @ (Error::Refused(_) | Error::Unsupported { .. })) => (None, Some(e.to_string())),
+            Err(e) => return Err(e),
+        };
+        Ok(ProcessSnapshots {
+            pid,
+            start_time: procfs::start_time(pid),
+            no_inside,
+            wp,
+            store: PageStore::new(true),
+            snaps: BTreeMap::new(),
+            next_id: 1,
+            current: Vec::new(),
+            spare: Vec::new(),
+            buf: vec![0u8; BATCH * PAGE_SIZE],
+        })
+    }
+
+    /// The process.
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// Why only memory can be put back, if so.
+    pub fn note(&self) -> Option<&str> {
+        self.no_inside.as_deref()
+    }
+
+    /// The page store.
+    pub fn store(&self) -> &PageStore {
+        &self.store
+    }
+
+    /// Stops the process, checking it is still the one the handle opened.
+    fn stop(&self) -> Result<Stopped> {
+        let s = Stopped::new(self.pid)?;
+        if procfs::start_time(self.pid) != self.start_time {
+            return Err(Error::ProcessExited(self.pid));
+        }
+        Ok(s)
+    }
+
+    /// Takes a snapshot of the process's memory, layout and threads.
+    pub fn take(&mut self) -> Result<SnapId> {
+        let t0 = Instant::now();
+        let stopped = self.stop()?;
+        let layout = layout::read(Some(self.pid))?;
+        let regions: Vec<Region> = layout
+            .iter()
+            .filter(|v| is_data(v))
+            .filter_map(|v| Region::new(v.start, v.end - v.start).ok())
+            .collect();
+        let (brk, threads) = match &self.no_inside {
+            None => {
+                let remote = Remote::new(&stopped)?;
+                let scratch = regions.first().map(|r| r.start).ok_or_else(|| {
+                    Error::MemoryType(format!(
+                        "process {} has no private writable memory",
+                        self.pid
+                    ))
+                })?;
+                let t = threads::capture(&stopped, &remote, scratch)?;
+                (Some(layout::brk(&remote, 0)?), t)
+            }
+            Some(_) => (None, Vec::new()),
+        };
+        let mut stats = TakeStats::default();
+        let data = self.read_memory(&regions, &mut stats)?;
+        let tids = stopped.tids().to_vec();
+        let fds = open_fds(self.pid);
+        drop(stopped);
+        stats.pages = regions.iter().map(Region::pages).sum();
+        stats.elapsed_ns = t0.elapsed().as_nanos() as u64;
+        let copy = data
+            .iter()
+            .map(|(r, t)| {
+                (
+                    *r,
+                    table::share(&mut self.spare, std::slice::from_ref(t)).remove(0),
+                )
+            })
+            .collect();
+        let id = self.next_id;
+        self.next_id += 1;
+        self.snaps.insert(
+            id,
+            ProcSnap {
+                layout,
+                data: copy,
+                brk,
+                threads,
+                tids,
+                fds,
+                take: stats,
+            },
+        );
+        Ok(id)
+    }
+
+    fn snap(&self, id: SnapId) -> Result<&ProcSnap> {
+        self.snaps
+            .get(&id)
+            .ok_or_else(|| Error::NotFound(format!("no snapshot {id}")))
+    }
+
+    /// Puts snapshot `id` back into the process (see the module).
+    pub fn restore(&mut self, id: SnapId, opts: RestoreOptions) -> Result<RestoreReport> {
+        let t0 = Instant::now();
+        self.snap(id)?;
+        if let (Some(why), false) = (&self.no_inside, opts.memory_only) {
+            return Err(RollbackRefusal::MemoryOnly {
+                pid: self.pid,
+                why: why.clone(),
+            }
+            .into());
+        }
+        let stopped = self.stop()?;
+        let mut report = RestoreReport::default();
+        let pid = self.pid;
+        let snap = &self.snaps[&id];
+        if !opts.memory_only {
+            let mut now = stopped.tids().to_vec();
+            now.sort_unstable();
+            let mut then = snap.tids.clone();
+            then.sort_unstable();
+            if now != then {
+                return Err(RollbackRefusal::ThreadsChanged {
+                    pid,
+                    id,
+                    made: now.iter().filter(|t| !then.contains(t)).copied().collect(),
+                    ended: then.iter().filter(|t| !now.contains(t)).copied().collect(),
+                }
+                .into());
+            }
+        }
+        let remote = match self.no_inside {
+            None => Some(Remote::new(&stopped)?),
+            Some(_) => None,
+        };
+        // The layout first: the break, then every mapping.
+        let mut fresh: Vec<(u64, u64)> = Vec::new();
+        match &remote {
+            Some(remote) => {
+                if let Some(b) = snap.brk {
+                    let got = layout::brk(remote, b)?;
+                    if got != b {
+                        return Err(Error::for_pid(
+                            pid,
+                            format!("brk({b:#x}) made inside it (the break stayed at {got:#x})"),
+                            std::io::Error::from_raw_os_error(libc::ENOMEM),
+                        ));
+                    }
+                }
+                let ops = layout::diff(&snap.layout, &layout::read(Some(pid))?)?;
+                layout::check(pid, &ops)?;
+                layout::apply(remote, pid, &ops)?;
+                report.layout_calls = ops.len() as u64;
+                fresh.extend(
+                    ops.iter()
+                        .filter(|o| matches!(o, Op::Map { .. }))
+                        .map(Op::range),
+                );
+            }
+            None => {
+                let ops = layout::diff(&snap.layout, &layout::read(Some(pid))?)?;
+                if let Some(first) = ops.first() {
+                    return Err(RollbackRefusal::LayoutChanged {
+                        pid,
+                        id,
+                        first: format!("{first:?}"),
+                    }
+                    .into());
+                }
+            }
+        }
+        // Then the threads, whose alternate stacks are set through a page
+        // the memory restore below writes anyway.
+        let scratch = snap.data.first().map(|(r, _)| r.start);
+        if let (Some(remote), false, Some(scratch)) = (&remote, opts.memory_only, scratch) {
+            threads::put_back(&stopped, remote, &snap.threads, scratch)?;
+            report.threads = snap.threads.len() as u64;
+        }
+        let target: Vec<(Region, Table)> = snap
+            .data
+            .iter()
+            .map(|(r, t)| {
+                (
+                    *r,
+                    table::share(&mut self.spare, std::slice::from_ref(t)).remove(0),
+                )
+            })
+            .collect();
+        let fds_then = snap.fds.clone();
+        let force = scratch.filter(|_| report.threads > 0);
+        report.compared = self.wp.is_none();
+        self.write_memory(&target, &fresh, force, &mut report.stats)?;
+        let fds_now = open_fds(pid);
+        drop(stopped);
+        report.fd_changes = fds_now
+            .iter()
+            .filter(|f| !fds_then.contains(f))
+            .copied()
+            .chain(fds_then.iter().filter(|f| !fds_now.contains(f)).map(|f| -f))
+            .collect();
+        report.stats.elapsed_ns = t0.elapsed().as_nanos() as u64;
+        Ok(report)
+    }
+
+    /// Drops snapshot `id`; pages no other snapshot uses are freed.
+    pub fn drop_snapshot(&mut self, id: SnapId) -> Result<()> {
+        let s = self
+            .snaps
+            .remove(&id)
+            .ok_or_else(|| Error::NotFound(format!("no snapshot {id}")))?;
+        let tables = s.data.into_iter().map(|(_, t)| t).collect();
+        table::release(&mut self.store, &mut self.spare, tables);
+        Ok(())
+    }
+
+    /// The snapshots' ids, oldest first.
+    pub fn ids(&self) -> Vec<SnapId> {
+        self.snaps.keys().copied().collect()
+    }
+
+    /// What taking snapshot `id` cost.
+    pub fn take_stats(&self, id: SnapId) -> Result<TakeStats> {
+        Ok(self.snap(id)?.take)
+    }
+
+    /// The private writable mappings snapshot `id` holds.
+    pub fn regions(&self, id: SnapId) -> Result<Vec<Region>> {
+        Ok(self.snap(id)?.data.iter().map(|(r, _)| *r).collect())
+    }
+
+    /// The recorded state of the threads in snapshot `id`.
+    pub fn threads(&self, id: SnapId) -> Result<&[ThreadState]> {
+        Ok(&self.snap(id)?.threads)
+    }
+
+    /// Reads `buf.len()` bytes at `addr` as snapshot `id` holds them
+    /// (inside one mapping).
+    pub fn read(&self, id: SnapId, addr: u64, buf: &mut [u8]) -> Result<()> {
+        let s = self.snap(id)?;
+        let (r, t) = s
+            .data
+            .iter()
+            .find(|(r, _)| r.contains(addr))
+            .ok_or_else(|| Error::NotMapped(format!("{addr:#x} is not in snapshot {id}")))?;
+        addr.checked_add(buf.len() as u64)
+            .filter(|&e| e <= r.end())
+            .ok_or_else(|| {
+                Error::Invalid(format!("{addr:#x}+{:#x} runs past its mapping", buf.len()))
+            })?;
+        let mut done = 0;
+        while done < buf.len() {
+            let off = (addr - r.start) as usize + done;
+            let (page, at) = (off / PAGE_SIZE, off % PAGE_SIZE);
+            let n = (PAGE_SIZE - at).min(buf.len() - done);
+            buf[done..done + n].copy_from_slice(&self.store.page(t.get(page))[at..at + n]);
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Ranges whose contents differ between snapshots `a` and `b` (a
+    /// mapping one has and the other not counts whole).
+    pub fn diff(&self, a: SnapId, b: SnapId) -> Result<Vec<PageRange>> {
+        let (sa, sb) = (self.snap(a)?, self.snap(b)?);
+        let mut out = Vec::new();
+        for (r, ta) in &sa.data {
+            match sb.data.iter().find(|(q, _)| q == r) {
+                Some((_, tb)) => {
+                    for i in 0..r.pages() as usize {
+                        if ta.get(i) != tb.get(i) {
+                            let at = r.start + (i * PAGE_SIZE) as u64;
+                            push_coalesced(&mut out, at, at + PAGE_SIZE as u64);
+                        }
+                    }
+                }
+                None => push_coalesced(&mut out, r.start, r.end()),
+            }
+        }
+        for (r, _) in &sb.data {
+            if !sa.data.iter().any(|(q, _)| q == r) {
+                push_coalesced(&mut out, r.start, r.end());
+            }
+        }
+        crate::mech::region::normalize(&mut out);
+        Ok(out)
+    }
+}
+
+impl Drop for ProcessSnapshots {
+    fn drop(&mut self) {
+        if let Some(wp) = &self.wp {
+            for k in &self.current {
+                if k.watched {
+                    let _ = wp.unregister(k.region);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,287 @@
+//! Rollback of another process in place (`pagewise::snap::ProcessSnapshots`)
+//! against ground truth: after every restore the target's memory, read
+//! through `/proc/PID/mem`, equals the snapshot page for page; the target
+//! (`tests/c/rollback.c`) checks its own callee-saved and vector registers
+//! and a thread-local across every read it makes, and answers the same
+//! input with the same output as in the run the snapshot was taken in;
+//! layout changes of every kind are put back; workers writing while the
+//! snapshot is taken and restored keep consistent hash chains.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+use common::can_ptrace;
+use pagewise::snap::{ProcessSnapshots, RestoreOptions, SnapId};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+
+/// The C target, built once; `None` (skip printed) without a C compiler or
+/// where ptrace is not allowed.
+fn target() -> Option<PathBuf> {
+    if let Some(why) = can_ptrace() {
+        pagewise_testkit::skip!("{why}");
+        return None;
+    }
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/rollback.c");
+    match pagewise_testkit::c_program(&src, Path::new(env!("CARGO_TARGET_TMPDIR")), &["-pthread"]) {
+        Ok(p) => Some(p),
+        Err(why) => {
+            pagewise_testkit::skip!("{why}");
+            None
+        }
+    }
+}
+
+/// A running target, killed when dropped.
+struct Target {
+    /// The main thread's rseq area, which the kernel writes whenever the
+    /// thread runs (the CPU it runs on): not compared.
+    rseq: Option<u64>,
+    child: Child,
+    input: ChildStdin,
+    out: BufReader<std::process::ChildStdout>,
+}
+
+impl Target {
+    fn start(path: &Path, args: &[&str]) -> Target {
+        let mut child = Command::new(path)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("starting the target");
+        let input = child.stdin.take().unwrap();
+        let out = BufReader::new(child.stdout.take().unwrap());
+        let mut t = Target {
+            rseq: None,
+            child,
+            input,
+            out,
+        };
+        let l = t.line();
+        assert!(l.starts_with("ready"), "the target said {l:?}");
+        t.rseq = l
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("rseq=0x"))
+            .and_then(|h| u64::from_str_radix(h, 16).ok());
+        t
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    fn line(&mut self) -> String {
+        let mut l = String::new();
+        self.out.read_line(&mut l).unwrap();
+        l.trim().to_string()
+    }
+
+    /// Sends one command and returns its answer.
+    fn ask(&mut self, cmd: &str) -> String {
+        writeln!(self.input, "{cmd}").unwrap();
+        let a = self.line();
+        assert!(!a.is_empty(), "the target ended on {cmd:?}");
+        a
+    }
+
+    /// Waits until the target's main thread blocks in its `read` of stdin
+    /// (it has answered and asks for the next line): its memory stands
+    /// still.
+    fn settle(&self) {
+        let pid = self.pid();
+        for _ in 0..5000 {
+            let call = std::fs::read_to_string(format!("/proc/{pid}/syscall")).unwrap_or_default();
+            if call.starts_with("0 0x0 ") {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
+        panic!("the target never blocked in its read");
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Every page of snapshot `id`, compared with the target's memory read
+/// through `/proc/PID/mem`: the number of pages compared.
+fn assert_memory_is(h: &ProcessSnapshots, id: SnapId, t: &Target) -> u64 {
+    let pid = t.pid();
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    let mut want = vec![0u8; 1 << 20];
+    let mut have = vec![0u8; 1 << 20];
+    let mut pages = 0;
+    for r in h.regions(id).unwrap() {
+        let mut at = r.start;
+        while at < r.end() {
+            let n = ((r.end() - at) as usize).min(want.len());
+            h.read(id, at, &mut want[..n]).unwrap();
+            mem.read_exact_at(&mut have[..n], at)
+                .unwrap_or_else(|e| panic!("reading {at:#x}+{n:#x} of the target: {e}"));
+            if let Some(rs) = t.rseq.filter(|&a| a >= at && a + 32 <= at + n as u64) {
+                let o = (rs - at) as usize;
+                have[o..o + 32].copy_from_slice(&want[o..o + 32]);
+            }
+            if want[..n] != have[..n] {
+                let p = (0..n)
+                    .step_by(4096)
+                    .find(|&p| want[p..p + 4096] != have[p..p + 4096])
+                    .unwrap();
+                let diffs: Vec<usize> = (p..p + 4096).filter(|&i| want[i] != have[i]).collect();
+                let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+                panic!(
+                    "page {:#x} differs from snapshot {id} at {} bytes from +{:#x} (want {:02x?}, have {:02x?}); region {r:?}\n{maps}",
+                    at + p as u64,
+                    diffs.len(),
+                    diffs[0] - p,
+                    &want[diffs[0]..(diffs[0] + 16).min(p + 4096)],
+                    &have[diffs[0]..(diffs[0] + 16).min(p + 4096)],
+                );
+            }
+            pages += (n / 4096) as u64;
+            at += n as u64;
+        }
+    }
+    pages
+}
+
+/// The target's layout (without the kernel's special mappings), as text.
+fn layout(pid: i32) -> Vec<String> {
+    pagewise::mech::layout::read(Some(pid))
+        .unwrap()
+        .iter()
+        .map(|v| {
+            format!(
+                "{:x}-{:x} {} {} {:?}",
+                v.start, v.end, v.prot, v.shared, v.backing
+            )
+        })
+        .collect()
+}
+
+/// Snapshots taken and restored in random orders: after each restore
+/// memory equals the snapshot page for page, the registers the target
+/// checks are right, and the target answers the same command as it did
+/// right after the snapshot was taken.
+#[test]
+fn rollbacks_in_random_order_match_the_snapshot_and_the_first_run() {
+    let Some(path) = target() else { return };
+    let mut t = Target::start(&path, &[]);
+    let pid = t.pid();
+    let mut h = ProcessSnapshots::open(pid).unwrap();
+    assert_eq!(h.note(), None, "calls can be made inside the target here");
+    // Per snapshot: the command sent right after it, and its answer.
+    let mut snaps: Vec<(SnapId, String, String)> = Vec::new();
+    let mut rng = pagewise::workload::Rng::new(0x5eed);
+    for round in 0..24u64 {
+        t.settle();
+        if snaps.is_empty() || rng.below(3) == 0 {
+            let id = h.take().unwrap();
+            let cmd = format!("w {} {}", 1 + rng.below(64), round);
+            let answer = t.ask(&cmd);
+            assert!(answer.contains("bad=0"), "{answer}");
+            snaps.push((id, cmd, answer));
+        } else {
+            let (id, cmd, answer) = snaps[rng.below(snaps.len() as u64) as usize].clone();
+            let report = h.restore(id, RestoreOptions::default()).unwrap();
+            assert_eq!(report.threads, 1);
+            let pages = assert_memory_is(&h, id, &t);
+            assert!(pages > 4096, "compared {pages} pages");
+            assert_eq!(
+                t.ask(&cmd),
+                answer,
+                "replay of {cmd:?} after restoring {id}"
+            );
+        }
+        // Writes between snapshots.
+        let cmd = format!("w {} {}", rng.below(300), 1000 + round);
+        t.ask(&cmd);
+    }
+    println!("ok   {} snapshots, 24 rounds", snaps.len());
+}
+
+/// Every kind of layout change is put back (munmap, mmap, mremap grow,
+/// shrink and move, mprotect, brk) and memory equals the snapshot.
+#[test]
+fn layout_changes_of_every_kind_are_put_back() {
+    let Some(path) = target() else { return };
+    for change in ["m", "u", "g", "s", "v", "p", "b", "b", "g"] {
+        let mut t = Target::start(&path, &[]);
+        let pid = t.pid();
+        t.ask("w 16 1");
+        let mut h = ProcessSnapshots::open(pid).unwrap();
+        t.settle();
+        let id = h.take().unwrap();
+        let before = layout(pid);
+        let first = t.ask("c");
+        h.restore(id, RestoreOptions::default()).unwrap();
+        t.settle();
+        assert_memory_is(&h, id, &t);
+        t.ask(change);
+        t.ask("w 7 2");
+        t.settle();
+        assert_ne!(layout(pid), before, "{change:?} changed the layout");
+        let report = h.restore(id, RestoreOptions::default()).unwrap();
+        // The break is put back by brk() alone, not counted.
+        assert!(
+            report.layout_calls > 0 || change == "b",
+            "{change:?}: {report:?}"
+        );
+        assert_eq!(layout(pid), before, "the layout after {change:?}");
+        assert_memory_is(&h, id, &t);
+        assert_eq!(t.ask("c"), first, "the answer after undoing {change:?}");
+        println!("ok   {change}: {} layout calls", report.layout_calls);
+    }
+}
+
+/// Workers writing all the time while snapshots are taken and restored:
+/// every restore puts memory and every thread's registers back at one
+/// instant, so their hash chains stay whole, and the main thread's
+/// registers check out.
+#[test]
+fn threads_writing_while_taken_and_restored_stay_consistent() {
+    let Some(path) = target() else { return };
+    let mut t = Target::start(&path, &["threads", "3"]);
+    let pid = t.pid();
+    let mut h = ProcessSnapshots::open(pid).unwrap();
+    let mut ids = Vec::new();
+    for round in 0..12 {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        if round % 3 == 0 {
+            ids.push(h.take().unwrap());
+            assert_eq!(h.threads(*ids.last().unwrap()).unwrap().len(), 4);
+        } else {
+            let id = ids[round % ids.len()];
+            let r = h.restore(id, RestoreOptions::default()).unwrap();
+            assert_eq!(r.threads, 4);
+        }
+        let a = t.ask("c");
+        assert!(
+            a.contains("bad=0") && a.contains("chains=ok"),
+            "round {round}: {a}"
+        );
+    }
+}
+
+/// A process that ended is one clear error, and a snapshot id that does
+/// not exist another.
+#[test]
+fn a_target_gone_or_an_unknown_snapshot_is_a_clear_error() {
+    let Some(path) = target() else { return };
+    let mut t = Target::start(&path, &[]);
+    let mut h = ProcessSnapshots::open(t.pid()).unwrap();
+    let id = h.take().unwrap();
+    let e = h.restore(id + 7, RestoreOptions::default()).unwrap_err();
+    assert!(e.to_string().contains("no snapshot"), "{e}");
+    t.child.kill().unwrap();
+    t.child.wait().unwrap();
+    let e = h.restore(id, RestoreOptions::default()).unwrap_err();
+    assert_eq!(e.class(), pagewise::ErrorClass::Gone, "{e}");
+}
