@@ -40,6 +40,21 @@ enum What {
         #[command(flatten)]
         output: Output,
     },
+    /// Rollback of another process in place: (a) the reset of a
+    /// fuzzing / model-checking loop (k pages written per input) against an
+    /// AFL-style fork server and re-exec + reload; (b) take + restore
+    /// cycles in another process against a fork server. Short by default.
+    Rollback {
+        /// The full experiment (64 MiB and 1 GiB, base pages and THP, 200
+        /// resets per point; a few minutes).
+        #[arg(long)]
+        full: bool,
+        /// Run only these experiments: any of a and b.
+        #[arg(long, default_value = "ab")]
+        only: String,
+        #[command(flatten)]
+        output: Output,
+    },
     /// DiME's validation: (a) Table 5.1 fetch counts, (b) the two-page test,
     /// (c) delay accuracy against the configured latency, (f) the cost of a
     /// fault at latency 0. Short by default.
@@ -200,6 +215,17 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
             };
             cfg.parts = only;
             let report = bs::run(&cfg, &mut progress(quiet))?;
+            output.emit(&report, report.summary(), report.charts())
+        }
+        What::Rollback { full, only, output } => {
+            use crate::rollback as br;
+            let mut cfg = if full {
+                br::Config::full()
+            } else {
+                br::Config::quick()
+            };
+            cfg.parts = only;
+            let report = br::run(&cfg, &mut progress(quiet))?;
             output.emit(&report, report.summary(), report.charts())
         }
         What::Farmem { full, output } => {

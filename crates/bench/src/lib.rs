@@ -14,6 +14,7 @@ pub mod live;
 pub mod outside;
 pub mod prezero;
 pub mod redis;
+pub mod rollback;
 pub mod snap;
 pub mod svg;
 pub mod thp;

@@ -21,6 +21,11 @@ struct Cli {
 fn main() {
     // Output piped into `head` ends quietly when the reader goes away.
     let _ = pagewise_sys::signal::default_sigpipe();
+    // The rollback experiments' target is this program too.
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("__rollback-target") {
+        std::process::exit(pagewise_bench::rollback::target::main(&args[2..]));
+    }
     let cli = Cli::parse();
     // Settings a killed pagewise left changed are put back first (and said).
     pagewise::mech::settings::recover();

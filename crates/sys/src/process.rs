@@ -452,6 +452,38 @@ pub fn ptrace_setregset(tid: libc::pid_t, kind: libc::c_int, buf: &[u8]) -> io::
     .map(|_| ())
 }
 
+/// `PTRACE_GET_RSEQ_CONFIGURATION` (Linux 5.13).
+const PTRACE_GET_RSEQ_CONFIGURATION: libc::c_uint = 0x420f;
+
+/// `struct ptrace_rseq_configuration`.
+#[repr(C)]
+#[derive(Default)]
+struct RseqConfiguration {
+    rseq_abi_pointer: u64,
+    rseq_abi_size: u32,
+    signature: u32,
+    flags: u32,
+    pad: u32,
+}
+const _: () = assert!(std::mem::size_of::<RseqConfiguration>() == 24);
+
+/// `ptrace(PTRACE_GET_RSEQ_CONFIGURATION)`: where a stopped traced thread's
+/// rseq area is and its size (`None` where it registered none).
+pub fn ptrace_rseq_area(tid: libc::pid_t) -> io::Result<Option<(u64, u32)>> {
+    let mut c = RseqConfiguration::default();
+    // SAFETY: the request writes at most `addr` (24) bytes to `data`, a
+    // local of that size.
+    cvt_int(unsafe {
+        libc::ptrace(
+            PTRACE_GET_RSEQ_CONFIGURATION,
+            tid,
+            std::mem::size_of::<RseqConfiguration>(),
+            &mut c as *mut RseqConfiguration,
+        ) as libc::c_int
+    })?;
+    Ok((c.rseq_abi_pointer != 0).then_some((c.rseq_abi_pointer, c.rseq_abi_size)))
+}
+
 /// `ptrace(PTRACE_SINGLESTEP)` with no signal: the stopped thread executes
 /// one instruction and stops again (`SIGTRAP`).
 pub fn ptrace_singlestep(tid: libc::pid_t) -> io::Result<()> {

@@ -206,6 +206,33 @@ pub fn tasks(pid: i32) -> Result<Vec<i32>> {
     Ok(out)
 }
 
+/// The children of every thread of process `pid` (`/proc/PID/task/*/children`);
+/// `None` where the kernel does not list them.
+pub fn children(pid: i32) -> Option<Vec<i32>> {
+    let mut out = Vec::new();
+    for tid in tasks(pid).ok()? {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/children")).ok()?;
+        out.extend(
+            text.split_whitespace()
+                .filter_map(|c| c.parse::<i32>().ok()),
+        );
+    }
+    out.sort_unstable();
+    out.dedup();
+    Some(out)
+}
+
+/// The parent of process `pid` (field 4 of `/proc/PID/stat`).
+pub fn parent(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
 /// Checks that `pid` names a process whose memory pagewise can work on:
 /// one that exists (a positive pid, not a zombie) and is not a kernel
 /// thread (which has no user memory). One clear error otherwise.

@@ -312,18 +312,45 @@ pub struct Stopped {
     sharers: Vec<i32>,
 }
 
-/// The other processes that share `pid`'s memory (`kcmp(KCMP_VM)` against
-/// every process this one may inspect).
+/// The other processes that share `pid`'s memory (`kcmp(KCMP_VM)`). Only
+/// `clone(CLONE_VM)` makes one, so the candidates are the process's
+/// parent, its parent's other children (`CLONE_PARENT`) and its own
+/// children, then the children of every sharer found; where the kernel
+/// does not list children, every process this one may inspect.
 pub fn memory_sharers(pid: i32) -> Vec<i32> {
     let me = std::process::id() as i32;
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
+    let shares = |p: i32| p != pid && p != me && process::share_memory(pid, p).unwrap_or(false);
+    let tree = (|| {
+        let parent = procfs::parent(pid)?;
+        let mut todo = procfs::children(pid)?;
+        if parent > 1 {
+            todo.push(parent);
+        }
+        todo.extend(procfs::children(parent)?);
+        Some(todo)
+    })();
+    let mut out: Vec<i32> = match tree {
+        Some(mut todo) => {
+            let mut found = Vec::new();
+            let mut seen = std::collections::BTreeSet::new();
+            while let Some(p) = todo.pop() {
+                if !seen.insert(p) || !shares(p) {
+                    continue;
+                }
+                found.push(p);
+                todo.extend(procfs::children(p).unwrap_or_default());
+            }
+            found
+        }
+        None => {
+            let Ok(dir) = std::fs::read_dir("/proc") else {
+                return Vec::new();
+            };
+            dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+                .filter(|&p| shares(p))
+                .collect()
+        }
     };
-    let mut out: Vec<i32> = dir
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|&p| p != pid && p != me)
-        .filter(|&p| process::share_memory(pid, p).unwrap_or(false))
-        .collect();
     out.sort_unstable();
     out
 }

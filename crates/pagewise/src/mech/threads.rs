@@ -19,6 +19,11 @@
 //! first makes a harmless call (`getpid`) in the target, whose way back
 //! puts its own mask back, then the mask is read.
 //!
+//! **The rseq area** of a thread (where the kernel writes the CPU it runs
+//! on) is memory like any other to a snapshot; the kernel writes it again
+//! as soon as the thread runs. Where it is is recorded
+//! ([`ThreadState::rseq`]), so that a comparison can leave it out.
+//!
 //! **Pending signals** are not recorded nor put back: a signal pending at a
 //! snapshot is delivered once, in the run that follows it.
 //!
@@ -83,6 +88,9 @@ pub struct ThreadState {
     pub altstack: AltStack,
     /// The system call the thread was rewound to make again, if any.
     pub rewound: Option<i64>,
+    /// Its rseq area (address, bytes), which the kernel writes (the CPU
+    /// the thread runs on) whenever the thread runs.
+    pub rseq: Option<(u64, u32)>,
 }
 
 impl std::fmt::Debug for ThreadState {
@@ -152,7 +160,10 @@ pub fn capture(stopped: &Stopped, remote: &Remote<'_>, scratch: u64) -> Result<V
         let mut ss = [0u8; STACK_T];
         read_exact(pid, scratch, &mut ss)?;
         let rewound = rewound(pid, tid, &mut regs);
+        // Older kernels do not say: nothing known.
+        let rseq = p::ptrace_rseq_area(tid).ok().flatten();
         out.push(ThreadState {
+            rseq,
             tid,
             regs,
             xstate: buf[..n].to_vec(),

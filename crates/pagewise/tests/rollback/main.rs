@@ -177,6 +177,12 @@ fn rollbacks_in_random_order_match_the_snapshot_and_the_first_run() {
     let pid = t.pid();
     let mut h = ProcessSnapshots::open(pid).unwrap();
     assert_eq!(h.note(), None, "calls can be made inside the target here");
+    t.settle();
+    let first = h.take().unwrap();
+    if let Some(rseq) = t.rseq {
+        // The rseq area the target reports is the one the kernel knows.
+        assert_eq!(h.threads(first).unwrap()[0].rseq.map(|r| r.0), Some(rseq));
+    }
     // Per snapshot: the command sent right after it, and its answer.
     let mut snaps: Vec<(SnapId, String, String)> = Vec::new();
     let mut rng = pagewise::workload::Rng::new(0x5eed);

@@ -39,7 +39,9 @@ pub mod wire;
 
 pub use disk::{DiskSnapshot, DiskStats, DiskStore, SaveStats, StoreError};
 #[cfg(target_arch = "x86_64")]
-pub use process::{ProcessSnapshots, RestoreOptions, RestoreReport, RollbackRefusal};
+pub use process::{
+    ProcessSnapshots, RestoreOptions, RestorePhases, RestoreReport, RollbackRefusal,
+};
 pub use store::{PageId, PageStore, StoreStats};
 use table::{Chunk, Table};
 

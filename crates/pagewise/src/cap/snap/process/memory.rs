@@ -32,7 +32,7 @@ impl ProcessSnapshots {
                 .remove(&r.start)
                 .filter(|k| k.region == r && k.watched);
             let dirty = match (&known, self.wp.as_mut()) {
-                (Some(_), Some(wp)) => written(wp, r)?,
+                (Some(_), Some(wp)) => written(wp, r, true)?,
                 _ => None,
             };
             let (table, watched) = match (known, dirty) {
@@ -83,7 +83,8 @@ impl ProcessSnapshots {
         }
     }
 
-    /// Reads the pages of `ranges` (inside `r`) into `t`.
+    /// Reads the pages of `ranges` (inside `r`) into `t`, up to `BATCH`
+    /// pages in runs per system call.
     fn read_runs(
         &mut self,
         r: Region,
@@ -91,24 +92,64 @@ impl ProcessSnapshots {
         ranges: &[PageRange],
         stats: &mut TakeStats,
     ) -> Result<()> {
-        for d in ranges {
-            let mut addr = d.start.max(r.start);
-            let end = d.end().min(r.end());
-            while addr < end {
-                let len = ((end - addr) as usize).min(self.buf.len());
-                crate::mech::walk::read_remote(self.pid, addr, &mut self.buf[..len])?;
-                for (k, page) in self.buf[..len].chunks_exact(PAGE_SIZE).enumerate() {
-                    let i = page_index(r, addr) + k;
-                    let new = self.store.intern(page);
-                    stats.pages_read += 1;
-                    if !new.is_zero() && self.store.refs(new) == 1 {
-                        stats.pages_new += 1;
-                    }
-                    let chunk = table::own_chunk(&mut self.store, t, i / CHUNK_PAGES);
-                    let old = std::mem::replace(&mut chunk[i % CHUNK_PAGES], new);
-                    self.store.decref(old);
+        let cap = self.buf.len() / PAGE_SIZE;
+        let mut batch: Vec<(u64, usize)> = Vec::new();
+        let mut pages = 0usize;
+        let clipped = ranges.iter().filter_map(|d| {
+            let (a, b) = (d.start.max(r.start), d.end().min(r.end()));
+            (a < b).then_some((a, b))
+        });
+        for (mut a, b) in clipped {
+            while a < b {
+                let n = (((b - a) as usize) / PAGE_SIZE).min(cap - pages);
+                batch.push((a, n));
+                pages += n;
+                a += (n * PAGE_SIZE) as u64;
+                if pages == cap || batch.len() == 1024 {
+                    self.read_batch(r, t, &batch, stats)?;
+                    batch.clear();
+                    pages = 0;
                 }
-                addr += len as u64;
+            }
+        }
+        self.read_batch(r, t, &batch, stats)
+    }
+
+    /// Reads `runs` (address, pages) of `r` in one call and puts their
+    /// pages into `t`.
+    fn read_batch(
+        &mut self,
+        r: Region,
+        t: &mut Table,
+        runs: &[(u64, usize)],
+        stats: &mut TakeStats,
+    ) -> Result<()> {
+        if runs.is_empty() {
+            return Ok(());
+        }
+        {
+            let mut rest: &mut [u8] = &mut self.buf;
+            let mut parts = Vec::with_capacity(runs.len());
+            for &(a, n) in runs {
+                let (head, tail) = rest.split_at_mut(n * PAGE_SIZE);
+                parts.push((a, head));
+                rest = tail;
+            }
+            crate::mech::walk::read_remote_many(self.pid, &mut parts)?;
+        }
+        let mut off = 0;
+        for &(a, n) in runs {
+            for k in 0..n {
+                let i = page_index(r, a) + k;
+                let new = self.store.intern(&self.buf[off..off + PAGE_SIZE]);
+                off += PAGE_SIZE;
+                stats.pages_read += 1;
+                if !new.is_zero() && self.store.refs(new) == 1 {
+                    stats.pages_new += 1;
+                }
+                let chunk = table::own_chunk(&mut self.store, t, i / CHUNK_PAGES);
+                let old = std::mem::replace(&mut chunk[i % CHUNK_PAGES], new);
+                self.store.decref(old);
             }
         }
         Ok(())
@@ -141,14 +182,15 @@ impl ProcessSnapshots {
     /// restore and those whose contents differ from what it held then; all
     /// of a mapping made afresh (`fresh`: its non-zero pages) or not known
     /// (compared by digest where nothing tracks it); the page at `force`.
-    /// Becomes `current`.
+    /// Becomes `current`. The nanoseconds spent finding written pages.
     pub(super) fn write_memory(
         &mut self,
         target: &[(Region, Table)],
         fresh: &[(u64, u64)],
         force: Option<u64>,
         stats: &mut RestoreStats,
-    ) -> Result<()> {
+    ) -> Result<u64> {
+        let mut walk_ns = 0u64;
         let old = std::mem::take(&mut self.current);
         let mut old_by_start: BTreeMap<u64, Known> =
             old.into_iter().map(|k| (k.region.start, k)).collect();
@@ -159,10 +201,12 @@ impl ProcessSnapshots {
             let known = old_by_start
                 .remove(&r.start)
                 .filter(|k| k.region == r && k.watched && !made);
+            let t_walk = std::time::Instant::now();
             let dirty = match (&known, self.wp.as_mut()) {
-                (Some(_), Some(wp)) => written(wp, r)?,
+                (Some(_), Some(wp)) => written(wp, r, false)?,
                 _ => None,
             };
+            walk_ns += t_walk.elapsed().as_nanos() as u64;
             let mut pages: Vec<usize> = Vec::new();
             match (&known, &dirty) {
                 (Some(k), Some(dirty)) => {
@@ -225,10 +269,24 @@ impl ProcessSnapshots {
             stats.pages_written += pages.len() as u64;
             let watched = match fresh_watch {
                 None => {
-                    // Protected again: only the pages written now.
-                    if let Some(wp) = &self.wp {
-                        for run in runs_of(r, &pages) {
-                            wp.protect(run)?;
+                    // Protected again: only the pages written now, one
+                    // call per run, or one walk over their span that
+                    // protects what is written in it (`PAGEMAP_SCAN`)
+                    // where that is cheaper (a call costs about what a
+                    // walk of a thousand entries does).
+                    if let (Some(wp), Some(&first), Some(&last)) =
+                        (self.wp.as_mut(), pages.first(), pages.last())
+                    {
+                        let runs = runs_of(r, &pages);
+                        let span = (last - first + 1) as u64;
+                        if (runs.len() as u64) * 1000 < span {
+                            for run in runs {
+                                wp.protect(run)?;
+                            }
+                        } else {
+                            let start = r.start + (first * PAGE_SIZE) as u64;
+                            let end = r.start + ((last + 1) * PAGE_SIZE) as u64;
+                            wp.scan_written(start, end, true, true, &mut Vec::new())?;
                         }
                     }
                     true
@@ -253,7 +311,7 @@ impl ProcessSnapshots {
             table::release(&mut self.store, &mut self.spare, vec![k.table]);
         }
         self.current = now;
-        Ok(())
+        Ok(walk_ns)
     }
 
     /// The pages of `r` whose contents differ from `tgt` (read and compared).
@@ -275,12 +333,14 @@ impl ProcessSnapshots {
     }
 }
 
-/// The pages of `r` written since it was last protected (protected again);
-/// `None` where part of it is no longer registered (mapped anew by the
-/// program): its contents are then unknown.
-fn written(wp: &mut UffdWp, r: Region) -> Result<Option<Vec<PageRange>>> {
+/// The pages of `r` written since it was last protected (with `rearm`,
+/// protected again; without, a restore leaves them writable, since it
+/// writes them and protects what it wrote); `None` where part of it is no
+/// longer registered (mapped anew by the program): its contents are then
+/// unknown.
+fn written(wp: &mut UffdWp, r: Region, rearm: bool) -> Result<Option<Vec<PageRange>>> {
     let mut out = Vec::new();
-    match wp.scan_written(r.start, r.end(), true, true, &mut out) {
+    match wp.scan_written(r.start, r.end(), true, rearm, &mut out) {
         Ok(()) => Ok(Some(out)),
         Err(Error::Os { source, .. }) if source.raw_os_error() == Some(libc::EPERM) => Ok(None),
         Err(e) => Err(e),

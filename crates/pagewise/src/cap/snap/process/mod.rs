@@ -136,6 +136,33 @@ pub struct RestoreReport {
     /// Whether pages were compared by digest (no tracking: memory-only
     /// without calls inside the process).
     pub compared: bool,
+    /// Where the time went.
+    pub phases: RestorePhases,
+}
+
+/// Where the time of one restore went, microseconds.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+#[non_exhaustive]
+pub struct RestorePhases {
+    /// Stopping every thread and checking the process.
+    pub stop_us: f64,
+    /// Preparing calls inside it, the break and the mappings.
+    pub layout_us: f64,
+    /// The threads' states.
+    pub threads_us: f64,
+    /// Finding the pages written since (the page-table walk).
+    pub walk_us: f64,
+    /// Writing pages and protecting them again.
+    pub copy_us: f64,
+    /// Descriptors compared and every thread let go.
+    pub resume_us: f64,
+}
+
+fn us_since(t: &mut Instant) -> f64 {
+    let now = Instant::now();
+    let d = (now - *t).as_secs_f64() * 1e6;
+    *t = now;
+    d
 }
 
 /// One mapping's pages as memory held them at the last take or restore.
@@ -291,22 +318,13 @@ impl ProcessSnapshots {
         drop(stopped);
         stats.pages = regions.iter().map(Region::pages).sum();
         stats.elapsed_ns = t0.elapsed().as_nanos() as u64;
-        let copy = data
-            .iter()
-            .map(|(r, t)| {
-                (
-                    *r,
-                    table::share(&mut self.spare, std::slice::from_ref(t)).remove(0),
-                )
-            })
-            .collect();
         let id = self.next_id;
         self.next_id += 1;
         self.snaps.insert(
             id,
             ProcSnap {
                 layout,
-                data: copy,
+                data,
                 brk,
                 threads,
                 tids,
@@ -334,8 +352,10 @@ impl ProcessSnapshots {
             }
             .into());
         }
+        let mut lap = t0;
         let stopped = self.stop()?;
         let mut report = RestoreReport::default();
+        report.phases.stop_us = us_since(&mut lap);
         let pid = self.pid;
         let snap = &self.snaps[&id];
         if !opts.memory_only {
@@ -393,6 +413,7 @@ impl ProcessSnapshots {
                 }
             }
         }
+        report.phases.layout_us = us_since(&mut lap);
         // Then the threads, whose alternate stacks are set through a page
         // the memory restore below writes anyway.
         let scratch = snap.data.first().map(|(r, _)| r.start);
@@ -413,7 +434,10 @@ impl ProcessSnapshots {
         let fds_then = snap.fds.clone();
         let force = scratch.filter(|_| report.threads > 0);
         report.compared = self.wp.is_none();
-        self.write_memory(&target, &fresh, force, &mut report.stats)?;
+        report.phases.threads_us = us_since(&mut lap);
+        let walk_ns = self.write_memory(&target, &fresh, force, &mut report.stats)?;
+        report.phases.walk_us = walk_ns as f64 / 1e3;
+        report.phases.copy_us = us_since(&mut lap) - report.phases.walk_us;
         let fds_now = open_fds(pid);
         drop(stopped);
         report.fd_changes = fds_now
@@ -423,6 +447,7 @@ impl ProcessSnapshots {
             .chain(fds_then.iter().filter(|f| !fds_now.contains(f)).map(|f| -f))
             .collect();
         report.stats.elapsed_ns = t0.elapsed().as_nanos() as u64;
+        report.phases.resume_us = us_since(&mut lap);
         Ok(report)
     }
 
