@@ -89,6 +89,11 @@ enum Sub {
         #[arg(long)]
         json: bool,
     },
+    /// Hold a running process for repeated rollbacks: take snapshots of it
+    /// and put any of them back, driven by one request per line on stdin
+    /// (one JSON line answers each).
+    #[command(after_help = crate::cmd_rollback::SERVE_HELP)]
+    Serve(crate::cmd_rollback::ServeArgs),
     /// Page ranges whose contents differ between snapshots A and B of a store.
     Diff {
         /// The store directory.
@@ -107,6 +112,7 @@ pub fn run(a: Args) -> Result<i32> {
     match a.sub {
         Some(Sub::Inspect { dir, json }) => inspect(dir, json),
         Some(Sub::Diff { dir, a, b, json }) => diff(dir, a, b, json),
+        Some(Sub::Serve(s)) => crate::cmd_rollback::serve(s),
         None => take(a.take),
     }
 }

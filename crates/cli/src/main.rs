@@ -8,6 +8,7 @@ mod cmd_farmem;
 mod cmd_inspect;
 mod cmd_probe;
 mod cmd_receive;
+mod cmd_rollback;
 mod cmd_snapshot;
 mod cmd_thp;
 mod cmd_track;

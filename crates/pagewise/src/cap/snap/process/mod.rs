@@ -160,7 +160,8 @@ pub struct RestorePhases {
 
 fn us_since(t: &mut Instant) -> f64 {
     let now = Instant::now();
-    let d = (now - *t).as_secs_f64() * 1e6;
+    // To a tenth of a microsecond, which is what a clock read costs.
+    let d = ((now - *t).as_secs_f64() * 1e7).round() / 10.0;
     *t = now;
     d
 }
@@ -436,8 +437,9 @@ impl ProcessSnapshots {
         report.compared = self.wp.is_none();
         report.phases.threads_us = us_since(&mut lap);
         let walk_ns = self.write_memory(&target, &fresh, force, &mut report.stats)?;
-        report.phases.walk_us = walk_ns as f64 / 1e3;
-        report.phases.copy_us = us_since(&mut lap) - report.phases.walk_us;
+        report.phases.walk_us = (walk_ns as f64 / 100.0).round() / 10.0;
+        report.phases.copy_us =
+            ((us_since(&mut lap) - report.phases.walk_us) * 10.0).round() / 10.0;
         let fds_now = open_fds(pid);
         drop(stopped);
         report.fd_changes = fds_now

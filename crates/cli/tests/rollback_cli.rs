@@ -1,0 +1,142 @@
+//! `pagewise snapshot serve` end to end: a target (`rollback.c`, which
+//! checks its own registers across every read) reset by requests on
+//! stdin answers an input after each reset as it did the first time; bad
+//! requests are answered and the next is read; SIGTERM ends the command
+//! between requests and leaves the target running, unregistered.
+
+#[macro_use]
+mod support;
+use std::io::Write;
+use std::process::{Child, ChildStdin, ChildStdout};
+use support::*;
+
+/// The rollback target of the library's tests, compiled once.
+fn rollback_target() -> Option<std::path::PathBuf> {
+    let src =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../pagewise/tests/c/rollback.c");
+    match pagewise_testkit::c_program(
+        &src,
+        std::path::Path::new(env!("CARGO_TARGET_TMPDIR")),
+        &["-pthread"],
+    ) {
+        Ok(p) => Some(p),
+        Err(why) => {
+            pagewise_testkit::skip!("{why}");
+            None
+        }
+    }
+}
+
+/// A child with piped stdin and stdout, read by lines; killed on drop.
+struct Piped {
+    child: Child,
+    input: ChildStdin,
+    out: BufReader<ChildStdout>,
+}
+
+impl Piped {
+    fn start(c: &mut Command) -> Piped {
+        let mut child = c
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let input = child.stdin.take().unwrap();
+        let out = BufReader::new(child.stdout.take().unwrap());
+        Piped { child, input, out }
+    }
+    fn line(&mut self) -> String {
+        let mut l = String::new();
+        self.out.read_line(&mut l).unwrap();
+        l.trim().to_string()
+    }
+    fn ask(&mut self, req: &str) -> String {
+        writeln!(self.input, "{req}").unwrap();
+        self.input.flush().unwrap();
+        self.line()
+    }
+    /// Waits until the target blocks in its read of stdin.
+    fn settle(&self) {
+        let pid = self.child.id();
+        for _ in 0..5000 {
+            let call = std::fs::read_to_string(format!("/proc/{pid}/syscall")).unwrap_or_default();
+            if call.starts_with("0 0x0 ") {
+                return;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        panic!("the target never blocked in its read");
+    }
+}
+
+impl Drop for Piped {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn json(line: &str) -> serde_json::Value {
+    serde_json::from_str(line).unwrap_or_else(|e| panic!("{line:?}: {e}"))
+}
+
+#[test]
+fn serve_resets_a_target_to_its_snapshot_on_request() {
+    need_support!();
+    let Some(path) = rollback_target() else {
+        return;
+    };
+    let mut t = Piped::start(&mut Command::new(path));
+    assert!(t.line().starts_with("ready"));
+    t.ask("w 32 1");
+    let mut s = Piped::start(Command::new(BIN).args([
+        "snapshot",
+        "serve",
+        "--pid",
+        &t.child.id().to_string(),
+    ]));
+    let hello = json(&s.line());
+    assert_eq!(hello["serving"], t.child.id());
+    t.settle();
+    let take = json(&s.ask("take"));
+    assert_eq!(take["schema"], 1);
+    let id = take["take"]["id"].as_u64().unwrap();
+    let first = t.ask("w 100 7");
+    assert!(first.contains("bad=0"), "{first}");
+    for round in 0..5 {
+        t.ask(&format!("w {} {}", 10 + round, 99 + round));
+        t.settle();
+        let r = json(&s.ask(&format!("restore {id}")));
+        assert_eq!(r["restore"]["id"], id, "{r}");
+        assert_eq!(r["restore"]["report"]["threads"], 1, "{r}");
+        assert_eq!(
+            t.ask("w 100 7"),
+            first,
+            "round {round}: the same input after a reset"
+        );
+    }
+    let bad = json(&s.ask("restore banana"));
+    assert_eq!(bad["class"], "bad-input", "{bad}");
+    let missing = json(&s.ask("restore 99"));
+    assert!(
+        missing["error"]
+            .as_str()
+            .unwrap()
+            .contains("no snapshot 99"),
+        "{missing}"
+    );
+    assert_eq!(json(&s.ask("list"))["snapshots"], serde_json::json!([id]));
+    // SIGTERM ends it; the target runs on, with nothing registered.
+    // SAFETY: kill of our own child.
+    unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) };
+    let st = s.child.wait().unwrap();
+    assert_eq!(st.code(), Some(0), "{st:?}");
+    let smaps = std::fs::read_to_string(format!("/proc/{}/smaps", t.child.id())).unwrap();
+    assert!(
+        !smaps
+            .lines()
+            .any(|l| l.starts_with("VmFlags:") && l.contains(" uw")),
+        "a mapping is still registered for write-protect"
+    );
+    assert!(t.ask("c").contains("bad=0"));
+}
