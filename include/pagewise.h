@@ -48,6 +48,9 @@
 // The default consumer of a tracker, which exists from `pw_tracker_new` on.
 #define PW_CONSUMER_DEFAULT 0
 
+// Restore memory and layout only, not the threads' registers.
+#define PW_RESTORE_MEMORY_ONLY 1
+
 // Compression on the wire to a receiver: LZ4 where it saves an eighth.
 #define PW_COMPRESS_AUTO 0
 
@@ -63,6 +66,9 @@ typedef struct pw_disk pw_disk;
 // Live checkpoints (pre-copy) of another process or of regions of the
 // calling process, to a store or a receiver (`pagewise receive`).
 typedef struct pw_live pw_live;
+
+// Snapshots of another running process, put back in place.
+typedef struct pw_process pw_process;
 
 // Snapshots of regions of the calling process, sharing one page store.
 typedef struct pw_snapshots pw_snapshots;
@@ -152,6 +158,22 @@ typedef struct pw_live_report {
   // The whole checkpoint, ms.
   double total_ms;
 } pw_live_report;
+
+// What one rollback of another process did.
+typedef struct pw_process_restore_stats {
+  // Pages written since the last take or restore.
+  uint64_t pages_dirty;
+  // Pages written back.
+  uint64_t pages_written;
+  // Calls made inside the process to put its mappings back.
+  uint64_t layout_calls;
+  // Threads whose registers were put back (0 with `PW_RESTORE_MEMORY_ONLY`).
+  uint64_t threads;
+  // Descriptors opened or closed since the snapshot (not put back).
+  uint64_t fd_changes;
+  // Wall time, nanoseconds.
+  uint64_t elapsed_ns;
+} pw_process_restore_stats;
 
 // What one restore did.
 typedef struct pw_restore_stats {
@@ -361,6 +383,57 @@ int pw_live_checkpoint(struct pw_live *l, const char *label, struct pw_live_repo
 // # Safety
 // `l` is NULL or a handle not freed yet.
 void pw_live_free(struct pw_live *l);
+
+// Opens a handle on process `pid` (which the caller may ptrace): its
+// private writable memory is tracked from outside from now on. What a
+// restore puts back: every page of every private writable mapping, the
+// layout (mappings and the program break) and every thread's registers,
+// signal mask and alternate signal stack. Not put back: file
+// descriptors, files, shared memory, pending signals.
+//
+// # Safety
+// `out` is writable.
+int pw_process_open(int32_t pid, struct pw_process **out);
+
+// Frees the handle and its snapshots (NULL is ignored); nothing stays
+// registered in the process.
+//
+// # Safety
+// `p` is NULL or a handle not freed yet.
+void pw_process_free(struct pw_process *p);
+
+// Takes a snapshot of the process (stopped for the moment) and stores
+// its id in `*id`.
+//
+// # Safety
+// `p` is a live handle; `id` is writable.
+int pw_process_take(struct pw_process *p, uint64_t *id);
+
+// Puts snapshot `id` back into the process; `flags` is 0 or
+// `PW_RESTORE_MEMORY_ONLY`. What it did goes to `*stats` (may be NULL).
+// Refused (-ESTALE) where threads were made or ended since the snapshot,
+// unless memory only; -EOPNOTSUPP where nothing can be done inside the
+// process and the restore is not memory only.
+//
+// # Safety
+// `p` is a live handle; `stats` is NULL or writable.
+int pw_process_restore(struct pw_process *p,
+                       uint64_t id,
+                       uint32_t flags,
+                       struct pw_process_restore_stats *stats);
+
+// Reads `len` bytes at address `addr` of the process as snapshot `id`
+// holds them into `buf` (inside one mapping).
+//
+// # Safety
+// `p` is a live handle; `buf` is writable for `len` bytes.
+int pw_process_read(struct pw_process *p, uint64_t id, uint64_t addr, void *buf, size_t len);
+
+// Drops snapshot `id`; pages no other snapshot uses are freed.
+//
+// # Safety
+// `p` is a live handle.
+int pw_process_drop(struct pw_process *p, uint64_t id);
 
 // Snapshots of `n` regions of the calling process, which must be mapped,
 // writable, page-aligned and must not overlap; `backend` (a `PW_BACKEND_*`

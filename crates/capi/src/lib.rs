@@ -24,6 +24,7 @@
 
 mod disk;
 mod live;
+mod process;
 mod snapshots;
 mod store;
 mod track;
@@ -255,6 +256,32 @@ pub struct pw_store {
 pub struct pw_snapshots {
     inner: Snapshots,
     last: Vec<pw_range>,
+}
+
+/// What one rollback of another process did.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct pw_process_restore_stats {
+    /// Pages written since the last take or restore.
+    pub pages_dirty: u64,
+    /// Pages written back.
+    pub pages_written: u64,
+    /// Calls made inside the process to put its mappings back.
+    pub layout_calls: u64,
+    /// Threads whose registers were put back (0 with `PW_RESTORE_MEMORY_ONLY`).
+    pub threads: u64,
+    /// Descriptors opened or closed since the snapshot (not put back).
+    pub fd_changes: u64,
+    /// Wall time, nanoseconds.
+    pub elapsed_ns: u64,
+}
+
+/// Restore memory and layout only, not the threads' registers.
+pub const PW_RESTORE_MEMORY_ONLY: u32 = 1;
+
+/// Snapshots of another running process, put back in place.
+pub struct pw_process {
+    inner: pw::snap::ProcessSnapshots,
 }
 
 /// A durable snapshot store: a directory.

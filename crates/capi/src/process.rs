@@ -1,0 +1,139 @@
+//! Rollback of another running process: open a handle on it, take
+//! snapshots, put any of them back in place, read them, drop them.
+
+use super::*;
+
+/// Opens a handle on process `pid` (which the caller may ptrace): its
+/// private writable memory is tracked from outside from now on. What a
+/// restore puts back: every page of every private writable mapping, the
+/// layout (mappings and the program break) and every thread's registers,
+/// signal mask and alternate signal stack. Not put back: file
+/// descriptors, files, shared memory, pending signals.
+///
+/// # Safety
+/// `out` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn pw_process_open(pid: i32, out: *mut *mut pw_process) -> c_int {
+    call("pw_process_open", || {
+        let p = pw_process {
+            inner: pw::snap::ProcessSnapshots::open(pid)?,
+        };
+        // SAFETY: the caller's contract.
+        unsafe { give(out, p) }
+    })
+}
+
+/// Frees the handle and its snapshots (NULL is ignored); nothing stays
+/// registered in the process.
+///
+/// # Safety
+/// `p` is NULL or a handle not freed yet.
+#[no_mangle]
+pub unsafe extern "C" fn pw_process_free(p: *mut pw_process) {
+    // SAFETY: the caller's contract: a handle this library made, freed once.
+    unsafe { free_handle(p) }
+}
+
+/// Takes a snapshot of the process (stopped for the moment) and stores
+/// its id in `*id`.
+///
+/// # Safety
+/// `p` is a live handle; `id` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn pw_process_take(p: *mut pw_process, id: *mut u64) -> c_int {
+    call("pw_process_take", || {
+        // SAFETY: the caller's contract.
+        let p = unsafe { obj(p, "process") }?;
+        if id.is_null() {
+            return Err(invalid("id is NULL"));
+        }
+        let got = p.inner.take()?;
+        // SAFETY: the caller's contract.
+        unsafe { put(id, got, "id") }
+    })
+}
+
+/// Puts snapshot `id` back into the process; `flags` is 0 or
+/// `PW_RESTORE_MEMORY_ONLY`. What it did goes to `*stats` (may be NULL).
+/// Refused (-ESTALE) where threads were made or ended since the snapshot,
+/// unless memory only; -EOPNOTSUPP where nothing can be done inside the
+/// process and the restore is not memory only.
+///
+/// # Safety
+/// `p` is a live handle; `stats` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn pw_process_restore(
+    p: *mut pw_process,
+    id: u64,
+    flags: u32,
+    stats: *mut pw_process_restore_stats,
+) -> c_int {
+    call("pw_process_restore", || {
+        // SAFETY: the caller's contract.
+        let p = unsafe { obj(p, "process") }?;
+        if flags & !PW_RESTORE_MEMORY_ONLY != 0 {
+            return Err(invalid(format!("unknown flags {flags:#x}")));
+        }
+        let opts =
+            pw::snap::RestoreOptions::default().memory_only(flags & PW_RESTORE_MEMORY_ONLY != 0);
+        let r = p.inner.restore(id, opts)?;
+        // SAFETY: the caller's contract.
+        unsafe {
+            put_opt(
+                stats,
+                pw_process_restore_stats {
+                    pages_dirty: r.stats.pages_dirty,
+                    pages_written: r.stats.pages_written,
+                    layout_calls: r.layout_calls,
+                    threads: r.threads,
+                    fd_changes: r.fd_changes.len() as u64,
+                    elapsed_ns: r.stats.elapsed_ns,
+                },
+            )
+        };
+        Ok(())
+    })
+}
+
+/// Reads `len` bytes at address `addr` of the process as snapshot `id`
+/// holds them into `buf` (inside one mapping).
+///
+/// # Safety
+/// `p` is a live handle; `buf` is writable for `len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn pw_process_read(
+    p: *mut pw_process,
+    id: u64,
+    addr: u64,
+    buf: *mut c_void,
+    len: usize,
+) -> c_int {
+    call("pw_process_read", || {
+        // SAFETY: the caller's contract.
+        let p = unsafe { obj(p, "process") }?;
+        if len == 0 {
+            return Ok(());
+        }
+        if buf.is_null() {
+            return Err(invalid("buf is NULL"));
+        }
+        // SAFETY: the caller's contract: `buf` is writable for `len` bytes.
+        let out = unsafe { std::slice::from_raw_parts_mut(buf as *mut u8, len) };
+        p.inner.read(id, addr, out)?;
+        Ok(())
+    })
+}
+
+/// Drops snapshot `id`; pages no other snapshot uses are freed.
+///
+/// # Safety
+/// `p` is a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn pw_process_drop(p: *mut pw_process, id: u64) -> c_int {
+    call("pw_process_drop", || {
+        // SAFETY: the caller's contract.
+        let p = unsafe { obj(p, "process") }?;
+        p.inner.drop_snapshot(id)?;
+        Ok(())
+    })
+}
