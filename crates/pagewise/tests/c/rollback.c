@@ -14,12 +14,20 @@
  *   v       move it (mremap to another address)
  *   p       make it read-only
  *   b       grow the break by 1 MiB and fill it
+ *   t       start a thread that waits for `x`
+ *   x       end the threads `t` started
+ *   n       sleep 300 ms in one nanosleep, and say how long it took
+ *           ("slept=MS"; a rollback that catches the sleep must make it
+ *           sleep in full again, not return at once)
  *   c       print the state
  *   q       exit
  * The first line, "ready", gives the addresses of big, keep and the main
  * thread's rseq area.
  * Every answer is "<cmd> sum=<checksum of big, keep and the break's
  * growth> bad=<mismatches> line=<lines read>".
+ *
+ * With "seccomp" as the argument, it installs a seccomp filter that allows
+ * everything (pagewise then cannot act inside it).
  *
  * With "threads N" as arguments, N workers each extend a hash chain in
  * their own buffer for as long as they run; "c" then also checks every
@@ -34,6 +42,10 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/rseq.h>
+#include <sys/prctl.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <time.h>
 #include <unistd.h>
 
 #define PAGE 4096
@@ -58,6 +70,16 @@ static struct worker *workers;
 static int nworkers;
 static volatile int pause_workers;
 static volatile int paused;
+static int waiters[2] = {-1, -1};
+static int started;
+
+static void *wait_for_x(void *arg)
+{
+    char c;
+    (void)arg;
+    (void)!read(waiters[0], &c, 1);
+    return NULL;
+}
 
 static uint64_t mix(uint64_t x)
 {
@@ -184,6 +206,15 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < (size_t)BIG_PAGES * PAGE; i += 64)
         big[i] = (unsigned char)(i >> 12);
     memset(keep, 0x5a, keep_pages * PAGE);
+    if (pipe(waiters) != 0)
+        return 2;
+    if (argc == 2 && strcmp(argv[1], "seccomp") == 0) {
+        struct sock_filter allow[] = {BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW)};
+        struct sock_fprog prog = {.len = 1, .filter = allow};
+        if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
+            prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0)
+            return 2;
+    }
     if (argc == 3 && strcmp(argv[1], "threads") == 0) {
         nworkers = atoi(argv[2]);
         workers = calloc((size_t)nworkers, sizeof *workers);
@@ -248,6 +279,28 @@ int main(int argc, char **argv)
             grown_len = 1 << 20;
             memset(grown, 0x42, grown_len);
             break;
+        case 't': {
+            pthread_t th;
+            if (pthread_create(&th, NULL, wait_for_x, NULL) != 0)
+                return 6;
+            pthread_detach(th);
+            started++;
+            break;
+        }
+        case 'x':
+            for (; started > 0; started--)
+                (void)!write(waiters[1], "x", 1);
+            usleep(20000);
+            break;
+        case 'n': {
+            struct timespec t0, t1, d = {0, 300 * 1000 * 1000};
+            clock_gettime(CLOCK_MONOTONIC, &t0);
+            if (nanosleep(&d, NULL) != 0)
+                return 7;
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            printf("slept=%ld ", (long)((t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000));
+            break;
+        }
         case 'c':
             break;
         case 'q':

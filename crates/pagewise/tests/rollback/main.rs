@@ -291,3 +291,168 @@ fn a_target_gone_or_an_unknown_snapshot_is_a_clear_error() {
     let e = h.restore(id, RestoreOptions::default()).unwrap_err();
     assert_eq!(e.class(), pagewise::ErrorClass::Gone, "{e}");
 }
+
+/// A thread made since the snapshot, or one ended since, is refused with
+/// the thread named; memory-only puts memory and layout back all the same.
+#[test]
+fn a_changed_thread_set_is_refused_unless_memory_only() {
+    use pagewise::snap::RollbackRefusal;
+    let Some(path) = target() else { return };
+    // Made since.
+    let mut t = Target::start(&path, &[]);
+    let mut h = ProcessSnapshots::open(t.pid()).unwrap();
+    t.ask("w 8 1");
+    t.settle();
+    let id = h.take().unwrap();
+    let first = t.ask("c");
+    t.ask("t");
+    t.ask("w 40 2");
+    t.settle();
+    match h.restore(id, RestoreOptions::default()) {
+        Err(pagewise::Error::Rollback(RollbackRefusal::ThreadsChanged { made, ended, .. })) => {
+            assert_eq!(
+                (made.len(), ended.len()),
+                (1, 0),
+                "made {made:?} ended {ended:?}"
+            );
+        }
+        other => panic!("a thread made since: {other:?}"),
+    }
+    // Refused before anything changed: the target answers as it would.
+    assert!(t.ask("c").contains("line="));
+    t.settle();
+    let r = h
+        .restore(id, RestoreOptions::default().memory_only(true))
+        .unwrap();
+    assert_eq!(r.threads, 0);
+    assert_memory_is(&h, id, &t);
+    // Ended since.
+    let mut t = Target::start(&path, &[]);
+    let mut h = ProcessSnapshots::open(t.pid()).unwrap();
+    t.ask("t");
+    t.settle();
+    let id = h.take().unwrap();
+    t.ask("x");
+    t.settle();
+    let e = h.restore(id, RestoreOptions::default()).unwrap_err();
+    assert!(
+        matches!(&e, pagewise::Error::Rollback(RollbackRefusal::ThreadsChanged { made, ended, .. }) if made.is_empty() && ended.len() == 1),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("--memory-only"), "{e}");
+    let _ = first;
+}
+
+/// A process that nothing can be done inside (a seccomp filter): the
+/// handle opens and says why, a full restore is refused, and a
+/// memory-only restore compares every page and puts memory back.
+#[test]
+fn a_seccomp_target_is_restored_memory_only_by_comparison() {
+    let Some(path) = target() else { return };
+    let mut t = Target::start(&path, &["seccomp"]);
+    let mut h = ProcessSnapshots::open(t.pid()).unwrap();
+    let note = h.note().expect("a note for a seccomp target").to_string();
+    assert!(note.contains("seccomp"), "{note}");
+    t.settle();
+    let id = h.take().unwrap();
+    assert!(h.threads(id).unwrap().is_empty());
+    let first = t.ask("w 20 5");
+    let e = h.restore(id, RestoreOptions::default()).unwrap_err();
+    assert!(e.to_string().contains("--memory-only"), "{e}");
+    t.ask("w 30 6");
+    t.settle();
+    let r = h
+        .restore(id, RestoreOptions::default().memory_only(true))
+        .unwrap();
+    assert!(r.compared && r.stats.pages_written >= 20, "{r:?}");
+    assert_memory_is(&h, id, &t);
+    // Registers are not put back: the target reads on from where it was,
+    // but its state is the snapshot's: the same input, the same digest.
+    let again = t.ask("w 20 5");
+    assert_eq!(
+        again.split(' ').nth(1),
+        first.split(' ').nth(1),
+        "{again} / {first}"
+    );
+}
+
+/// A thread caught in a nanosleep is recorded rewound: after a restore it
+/// sleeps the whole 300 ms again instead of returning at once.
+#[test]
+fn a_sleep_caught_by_the_snapshot_sleeps_in_full_after_a_restore() {
+    let Some(path) = target() else { return };
+    let mut t = Target::start(&path, &[]);
+    let mut h = ProcessSnapshots::open(t.pid()).unwrap();
+    writeln!(t.input, "n").unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let id = h.take().unwrap();
+    let rewound = h.threads(id).unwrap()[0].rewound;
+    assert!(
+        rewound == Some(libc::SYS_nanosleep) || rewound == Some(libc::SYS_clock_nanosleep),
+        "the sleeping thread's call: {rewound:?}"
+    );
+    let first = t.line();
+    let r = h.restore(id, RestoreOptions::default()).unwrap();
+    assert_eq!(r.threads, 1);
+    let second = t.line();
+    let slept = |l: &str| -> u64 {
+        l.split("slept=")
+            .nth(1)
+            .and_then(|v| v.split(' ').next()?.parse().ok())
+            .unwrap()
+    };
+    assert!(slept(&first) >= 300, "{first}");
+    // Measured from the start the snapshot holds: at least the 100 ms
+    // before it and the 300 ms sleep made again.
+    assert!(slept(&second) >= 400, "{second}");
+    assert!(second.contains("bad=0"), "{second}");
+}
+
+/// The target killed while a restore runs: one clear error, no hang.
+#[test]
+fn a_target_killed_during_a_restore_is_one_clear_error() {
+    let Some(path) = target() else { return };
+    let mut rng = pagewise::workload::Rng::new(7);
+    let mut outcomes = [0u32; 2];
+    for round in 0..12 {
+        let mut t = Target::start(&path, &[]);
+        let mut h = ProcessSnapshots::open(t.pid()).unwrap();
+        t.settle();
+        let id = h.take().unwrap();
+        t.ask("w 4096 9");
+        t.settle();
+        let pid = t.pid();
+        let delay = std::time::Duration::from_micros(rng.below(3000));
+        let killer = std::thread::spawn(move || {
+            std::thread::sleep(delay);
+            // SAFETY: kill of a child of this test.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        });
+        let t0 = std::time::Instant::now();
+        let r = h.restore(id, RestoreOptions::default());
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(10),
+            "round {round} hung"
+        );
+        killer.join().unwrap();
+        match r {
+            Ok(_) => outcomes[0] += 1,
+            Err(e) => {
+                assert_eq!(
+                    e.class(),
+                    pagewise::ErrorClass::Gone,
+                    "round {round}: {e:?}"
+                );
+                outcomes[1] += 1;
+            }
+        }
+        let _ = t.child.wait();
+    }
+    println!(
+        "ok   restores done before the kill: {}, ended by it: {}",
+        outcomes[0], outcomes[1]
+    );
+    if outcomes[1] == 0 {
+        pagewise_testkit::not_happened!("no kill landed during a restore");
+    }
+}

@@ -290,6 +290,25 @@ impl ProcessSnapshots {
 
     /// Takes a snapshot of the process's memory, layout and threads.
     pub fn take(&mut self) -> Result<SnapId> {
+        let r = self.take_stopped();
+        self.gone_or(r)
+    }
+
+    /// An error met while the process ended is that it ended (a call on
+    /// it answering `ESRCH` says so before its state does).
+    fn gone_or<T>(&self, r: Result<T>) -> Result<T> {
+        match r {
+            Err(e)
+                if e.class() != crate::ErrorClass::Gone
+                    && (e.errno() == libc::ESRCH || !procfs::is_alive(self.pid)) =>
+            {
+                Err(Error::ProcessExited(self.pid))
+            }
+            r => r,
+        }
+    }
+
+    fn take_stopped(&mut self) -> Result<SnapId> {
         let t0 = Instant::now();
         let stopped = self.stop()?;
         let layout = layout::read(Some(self.pid))?;
@@ -344,6 +363,11 @@ impl ProcessSnapshots {
 
     /// Puts snapshot `id` back into the process (see the module).
     pub fn restore(&mut self, id: SnapId, opts: RestoreOptions) -> Result<RestoreReport> {
+        let r = self.restore_stopped(id, opts);
+        self.gone_or(r)
+    }
+
+    fn restore_stopped(&mut self, id: SnapId, opts: RestoreOptions) -> Result<RestoreReport> {
         let t0 = Instant::now();
         self.snap(id)?;
         if let (Some(why), false) = (&self.no_inside, opts.memory_only) {
@@ -392,7 +416,21 @@ impl ProcessSnapshots {
                         ));
                     }
                 }
-                let ops = layout::diff(&snap.layout, &layout::read(Some(pid))?)?;
+                let mut ops = layout::diff(&snap.layout, &layout::read(Some(pid))?)?;
+                if opts.memory_only {
+                    // Threads keep their registers: a stack one of them
+                    // runs on now stays, whatever the snapshot had there.
+                    let sps: Vec<u64> = stopped
+                        .tids()
+                        .iter()
+                        .filter_map(|&t| pagewise_sys::process::ptrace_getregs(t).ok())
+                        .map(|r| r.rsp)
+                        .collect();
+                    ops.retain(|o| {
+                        let (a, b) = o.range();
+                        !sps.iter().any(|&sp| a <= sp && sp < b)
+                    });
+                }
                 layout::check(pid, &ops)?;
                 layout::apply(remote, pid, &ops)?;
                 report.layout_calls = ops.len() as u64;
