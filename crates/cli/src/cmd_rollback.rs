@@ -16,6 +16,8 @@ Requests, one per line on stdin; one JSON line answers each on stdout:
   restore-memory [N]    the same, memory and layout only (not registers)
   drop N                forget snapshot N
   list                  the snapshots held
+  save N DIR [LABEL]    save snapshot N into the store DIR (created if
+                        missing), with its layout and threads
   quit                  end (as end of input does)
 A request that fails answers {\"error\":...,\"class\":...} and the next is
 read; a process that ended ends the command (exit status 5).
@@ -41,6 +43,7 @@ enum Request {
     Restore(Option<SnapId>, bool),
     Drop(SnapId),
     List,
+    Save(SnapId, std::path::PathBuf, String),
     Quit,
 }
 
@@ -56,6 +59,12 @@ fn parse(line: &str) -> std::result::Result<Request, String> {
         Some("restore-memory") => Request::Restore(id(w.next())?, true),
         Some("drop") => Request::Drop(id(w.next())?.ok_or("drop needs a snapshot id")?),
         Some("list") => Request::List,
+        Some("save") => {
+            let id = id(w.next())?.ok_or("save needs a snapshot id and a directory")?;
+            let dir = w.next().ok_or("save needs a directory")?;
+            let label = w.by_ref().collect::<Vec<_>>().join(" ");
+            return Ok(Request::Save(id, dir.into(), label));
+        }
         Some("quit") | None => Request::Quit,
         Some(other) => return Err(format!("unknown request {other:?} (see --help)")),
     };
@@ -133,6 +142,9 @@ pub fn serve(a: ServeArgs) -> Result<i32> {
                     serde_json::json!({ "dropped": id })
                 }),
                 Request::List => Ok(serde_json::json!({ "snapshots": h.ids() })),
+                Request::Save(id, dir, label) => pagewise::snap::DiskStore::create(&dir, true)
+                    .and_then(|mut d| h.save(id, &mut d, &label))
+                    .map(|st| serde_json::json!({ "saved": { "id": id, "store": dir, "stats": st } })),
             }
         };
         match answer {
@@ -148,6 +160,171 @@ pub fn serve(a: ServeArgs) -> Result<i32> {
             }
         }
         out.flush()?;
+    }
+    Ok(0)
+}
+
+#[derive(clap::Args)]
+pub struct RestoreArgs {
+    /// The store directory.
+    dir: std::path::PathBuf,
+    /// The snapshot of the store to put back (default: its last).
+    id: Option<u64>,
+    /// The process to put it back into: the one it was taken of.
+    #[arg(long)]
+    pid: i32,
+    /// Put back memory (and the layout) only, not the threads' registers:
+    /// for a snapshot without them (store format 2), a process whose
+    /// threads changed since, or one nothing can be done inside (a seccomp
+    /// filter).
+    #[arg(long)]
+    memory_only: bool,
+    /// Restore a snapshot taken of another process (or of an earlier
+    /// process with the same pid) into this one.
+    #[arg(long)]
+    another_process: bool,
+    /// One JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+/// What `snapshot restore` says in `--help`.
+pub const RESTORE_HELP: &str = "\
+One restore compares every page of the snapshot with what the process
+holds now and writes those that differ; for repeated resets, hold the
+process with `pagewise snapshot serve --pid P`, which writes only the
+pages written since.
+Put back: every page of every private writable mapping, the layout and
+the program break, every thread's registers, signal mask and alternate
+signal stack. Not put back: file descriptors and files (the descriptors
+opened or closed since are reported), shared memory, pending signals.";
+
+pub fn restore(a: RestoreArgs) -> Result<i32> {
+    let disk = pagewise::snap::DiskStore::open(&a.dir)?;
+    let id = match a.id {
+        Some(id) => id,
+        None => *disk.ids()?.last().ok_or_else(|| {
+            crate::exit::Usage(format!("{}: the store holds no snapshot", a.dir.display()))
+        })?,
+    };
+    let mut h = ProcessSnapshots::open(a.pid)?;
+    if let (Some(note), false) = (h.note(), a.json) {
+        eprintln!("pagewise: {note}");
+    }
+    let sid = h.load(&disk, id, a.another_process)?;
+    let r = h.restore(sid, RestoreOptions::default().memory_only(a.memory_only))?;
+    if a.json {
+        let v = serde_json::json!({ "restored": { "store": a.dir, "id": id, "pid": a.pid, "report": r } });
+        println!("{}", crate::json::line(&v)?);
+    } else {
+        println!(
+            "restored snapshot {id} of {} into process {}: {} pages written, {} layout calls, {} threads, {:.2} ms",
+            a.dir.display(),
+            a.pid,
+            r.stats.pages_written,
+            r.layout_calls,
+            r.threads,
+            r.stats.elapsed_ns as f64 / 1e6
+        );
+        if !r.fd_changes.is_empty() {
+            eprintln!(
+                "pagewise: warning: descriptors opened (+) or closed (-) since the snapshot, not put back: {:?}",
+                r.fd_changes
+            );
+        }
+    }
+    Ok(0)
+}
+
+#[derive(clap::Args)]
+pub struct ExtractArgs {
+    /// The store directory.
+    dir: std::path::PathBuf,
+    /// The snapshot.
+    id: u64,
+    /// Where to write its pages (raw bytes).
+    #[arg(long)]
+    out: std::path::PathBuf,
+    /// Only the addresses A to B (hexadecimal, page-aligned, inside one
+    /// region), instead of every region one after the other.
+    #[arg(long, value_name = "A-B")]
+    range: Option<String>,
+    /// One JSON object: the regions and where each begins in the file.
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_range(s: &str) -> Result<(u64, u64)> {
+    let bad = || crate::exit::Usage(format!("--range {s}: give START-END in hexadecimal"));
+    let (a, b) = s.split_once('-').ok_or_else(bad)?;
+    let hex = |v: &str| u64::from_str_radix(v.trim_start_matches("0x"), 16).map_err(|_| bad());
+    let (a, b) = (hex(a)?, hex(b)?);
+    let page = pagewise::PAGE_SIZE as u64;
+    if a >= b || a % page != 0 || b % page != 0 {
+        crate::usage!("--range {s}: START must be below END, both page-aligned");
+    }
+    Ok((a, b))
+}
+
+pub fn extract(a: ExtractArgs) -> Result<i32> {
+    use std::io::Write as _;
+    let disk = pagewise::snap::DiskStore::open(&a.dir)?;
+    let snap = disk.load(a.id)?;
+    let want = a.range.as_deref().map(parse_range).transpose()?;
+    // Owner-only (it holds process memory), never through a planted link.
+    let file = {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&a.out)
+            .map_err(|e| anyhow::anyhow!("creating {}: {e}", a.out.display()))?
+    };
+    let mut out = std::io::BufWriter::new(file);
+    let mut page = vec![0u8; pagewise::PAGE_SIZE];
+    let mut i = 0usize;
+    let mut at_file = 0u64;
+    let mut map = Vec::new();
+    for r in &snap.regions {
+        let (lo, hi) = match want {
+            Some((x, y)) => (x.max(r.start), y.min(r.end())),
+            None => (r.start, r.end()),
+        };
+        if lo < hi {
+            map.push(serde_json::json!({ "start": lo, "end": hi, "file_offset": at_file }));
+            let first = i + ((lo - r.start) / pagewise::PAGE_SIZE as u64) as usize;
+            let n = ((hi - lo) / pagewise::PAGE_SIZE as u64) as usize;
+            for e in &snap.entries[first..first + n] {
+                disk.read_page(*e, &mut page)?;
+                out.write_all(&page)?;
+            }
+            at_file += hi - lo;
+        }
+        i += r.pages() as usize;
+    }
+    if let Some((x, y)) = want {
+        let covered: u64 = map
+            .iter()
+            .filter_map(|m| Some(m["end"].as_u64()? - m["start"].as_u64()?))
+            .sum();
+        if covered != y - x {
+            crate::usage!("--range {x:#x}-{y:#x} is not wholly inside snapshot {} ({covered} bytes of it are)", a.id);
+        }
+    }
+    out.flush()?;
+    if a.json {
+        let v = serde_json::json!({ "extracted": { "id": a.id, "out": a.out, "bytes": at_file, "regions": map } });
+        println!("{}", crate::json::line(&v)?);
+    } else {
+        println!(
+            "wrote {} bytes of snapshot {} to {}",
+            at_file,
+            a.id,
+            a.out.display()
+        );
     }
     Ok(0)
 }

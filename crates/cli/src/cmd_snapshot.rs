@@ -94,6 +94,12 @@ enum Sub {
     /// (one JSON line answers each).
     #[command(after_help = crate::cmd_rollback::SERVE_HELP)]
     Serve(crate::cmd_rollback::ServeArgs),
+    /// Put a snapshot of a store back into the running process it was
+    /// taken of: memory, layout and threads' registers, in place.
+    #[command(after_help = crate::cmd_rollback::RESTORE_HELP)]
+    Restore(crate::cmd_rollback::RestoreArgs),
+    /// Write a snapshot's pages to a file (raw bytes), for other tools.
+    Extract(crate::cmd_rollback::ExtractArgs),
     /// Page ranges whose contents differ between snapshots A and B of a store.
     Diff {
         /// The store directory.
@@ -113,6 +119,8 @@ pub fn run(a: Args) -> Result<i32> {
         Some(Sub::Inspect { dir, json }) => inspect(dir, json),
         Some(Sub::Diff { dir, a, b, json }) => diff(dir, a, b, json),
         Some(Sub::Serve(s)) => crate::cmd_rollback::serve(s),
+        Some(Sub::Restore(r)) => crate::cmd_rollback::restore(r),
+        Some(Sub::Extract(e)) => crate::cmd_rollback::extract(e),
         None => take(a.take),
     }
 }

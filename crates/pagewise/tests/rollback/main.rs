@@ -456,3 +456,76 @@ fn a_target_killed_during_a_restore_is_one_clear_error() {
         pagewise_testkit::not_happened!("no kill landed during a restore");
     }
 }
+
+/// A snapshot saved to a store (format 3: with its layout and threads) and
+/// loaded back restores as taken, layout and registers included; loading
+/// it into another process is refused; a snapshot saved without its
+/// threads (a seccomp target: nothing can be read inside it) restores
+/// memory alone.
+#[test]
+fn a_stored_snapshot_restores_as_taken_and_only_into_its_process() {
+    let Some(path) = target() else { return };
+    let dir = std::env::temp_dir().join(format!("pagewise-rollback-store-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut t = Target::start(&path, &[]);
+    let pid = t.pid();
+    let mut h = ProcessSnapshots::open(pid).unwrap();
+    t.ask("w 12 3");
+    t.settle();
+    let id = h.take().unwrap();
+    let mut disk = pagewise::snap::DiskStore::create(&dir, true).unwrap();
+    let saved = h.save(id, &mut disk, "before").unwrap();
+    let first = t.ask("w 50 4");
+    t.ask("m");
+    t.ask("b");
+    t.settle();
+    // A fresh handle, as a later run would have.
+    drop(h);
+    let mut h = ProcessSnapshots::open(pid).unwrap();
+    let loaded = h.load(&disk, saved.id, false).unwrap();
+    let r = h.restore(loaded, RestoreOptions::default()).unwrap();
+    assert_eq!(r.threads, 1, "{r:?}");
+    assert!(
+        r.layout_calls > 0,
+        "the mapping made since is unmapped: {r:?}"
+    );
+    t.settle();
+    assert_memory_is(&h, loaded, &t);
+    assert_eq!(
+        t.ask("w 50 4"),
+        first,
+        "the same input after restoring from the store"
+    );
+    // Into another process: refused, with the reason.
+    let other = Target::start(&path, &[]);
+    let mut h2 = ProcessSnapshots::open(other.pid()).unwrap();
+    let e = h2.load(&disk, saved.id, false).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            pagewise::Error::Rollback(pagewise::snap::RollbackRefusal::AnotherProcess { .. })
+        ),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("--another-process"), "{e}");
+    // Without threads or layout (nothing can be read inside a seccomp
+    // target): memory alone.
+    let mut s = Target::start(&path, &["seccomp"]);
+    s.ask("w 9 9");
+    s.settle();
+    let plain = pagewise::snap::remote::snapshot_process(s.pid(), &mut disk, "plain").unwrap();
+    assert!(disk.load(plain.save.id).unwrap().record.is_empty());
+    let answer = s.ask("w 30 1");
+    s.settle();
+    let mut hs = ProcessSnapshots::open(s.pid()).unwrap();
+    let ls = hs.load(&disk, plain.save.id, false).unwrap();
+    let e = hs.restore(ls, RestoreOptions::default()).unwrap_err();
+    assert!(e.to_string().contains("--memory-only"), "{e}");
+    hs.restore(ls, RestoreOptions::default().memory_only(true))
+        .unwrap();
+    assert_memory_is(&hs, ls, &s);
+    let again = s.ask("w 30 1");
+    assert_eq!(again.split(' ').nth(1), answer.split(' ').nth(1));
+    drop(disk);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

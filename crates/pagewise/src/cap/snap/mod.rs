@@ -542,17 +542,7 @@ impl Snapshots {
     pub fn save(&self, id: SnapId, disk: &mut DiskStore, label: &str) -> Result<SaveStats> {
         let s = self.snap(id)?;
         let mut w = disk.writer(&self.regions, None, label)?;
-        for t in &s.tables {
-            for chunk in &t.chunks {
-                for &p in chunk.iter() {
-                    if p.is_zero() {
-                        w.push_zeros(1)?;
-                    } else {
-                        w.push_digested(self.store.page(p), self.store.digest_of(p))?;
-                    }
-                }
-            }
-        }
+        table::push_pages(&mut w, &self.store, &s.tables)?;
         w.finish()
     }
 
@@ -564,34 +554,7 @@ impl Snapshots {
         let ds = disk.load(disk_id)?;
         disk::check_same_shape(&ds, &self.regions)?;
         let mut stats = TakeStats::default();
-        let mut seen: std::collections::HashMap<u64, PageId> = std::collections::HashMap::new();
-        let mut buf = vec![0u8; PAGE_SIZE];
-        let mut tables = Vec::with_capacity(self.regions.len());
-        let mut entries = ds.entries.iter();
-        for r in self.regions.clone() {
-            let mut ids = Vec::with_capacity(r.pages() as usize);
-            for _ in 0..r.pages() {
-                let e = *entries.next().expect("shape checked");
-                let id = match seen.get(&e) {
-                    Some(&id) => {
-                        self.store.incref(id);
-                        id
-                    }
-                    None if e == 0 => {
-                        self.store.incref(PageId::ZERO);
-                        PageId::ZERO
-                    }
-                    None => {
-                        disk.read_page(e, &mut buf)?;
-                        let id = self.intern(&buf, &mut stats);
-                        seen.insert(e, id);
-                        id
-                    }
-                };
-                ids.push(id);
-            }
-            tables.push(Table::from_ids(&ids));
-        }
+        let tables = table::from_disk(&mut self.store, disk, &ds, &mut stats)?;
         let id = self.insert_snap(tables, stats, t0);
         Ok(id)
     }

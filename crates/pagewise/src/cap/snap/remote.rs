@@ -118,6 +118,8 @@ fn snapshot_with(
     }
     let stopped = Stopped::new(pid)?;
     let threads = stopped.threads();
+    #[cfg(target_arch = "x86_64")]
+    let record = process_record(pid, &stopped);
     let maps = procfs::writable(Some(pid))?;
     let regions: Vec<(Region, bool)> = maps
         .iter()
@@ -194,6 +196,10 @@ fn snapshot_with(
         }
         w.push_zeros((r.end() - cursor) / PAGE_SIZE as u64)?;
     }
+    #[cfg(target_arch = "x86_64")]
+    if let Some(r) = &record {
+        w.process_record(r);
+    }
     drop(stopped);
     let stopped_ms = t0.elapsed().as_secs_f64() * 1e3;
     let save = w.finish()?;
@@ -204,5 +210,29 @@ fn snapshot_with(
         threads,
         stopped_ms,
         total_ms: t0.elapsed().as_secs_f64() * 1e3,
+    })
+}
+
+/// What a rollback needs besides pages (the layout, the program break,
+/// every thread's state, the start time), read while `stopped`; `None`
+/// where nothing can be done inside the process (a seccomp filter, for
+/// one): its snapshot then restores memory alone.
+#[cfg(target_arch = "x86_64")]
+fn process_record(pid: i32, stopped: &Stopped) -> Option<super::disk::ProcessRecord> {
+    use crate::mech::{layout, threads};
+    // A seccomp filter could refuse the calls made inside, or kill it.
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    if procfs::status_field(&status, "Seccomp").unwrap_or(0) != 0 {
+        return None;
+    }
+    let remote = crate::mech::inject::Remote::new(stopped).ok()?;
+    let layout = layout::read(Some(pid)).ok()?;
+    let scratch = layout.iter().find(|v| v.is_private_writable())?.start;
+    let threads = threads::capture(stopped, &remote, scratch).ok()?;
+    Some(super::disk::ProcessRecord {
+        start_time: procfs::start_time(pid)?,
+        brk: layout::brk(&remote, 0).ok(),
+        layout,
+        threads,
     })
 }

@@ -2,7 +2,9 @@
 //! shared between snapshots (copy on write), and the page references they
 //! hold in the [`PageStore`].
 
-use super::{PageId, PageStore, CHUNK_PAGES};
+use super::disk::SnapshotWriter;
+use super::{DiskSnapshot, DiskStore, PageId, PageStore, TakeStats, CHUNK_PAGES};
+use crate::{Result, PAGE_SIZE};
 use std::sync::Arc;
 
 pub(super) type Chunk = Arc<Vec<PageId>>;
@@ -81,4 +83,70 @@ pub(super) fn set_bit(bits: &mut [u64], i: usize) {
 
 pub(super) fn get_bit(bits: &[u64], i: usize) -> bool {
     bits[i / 64] & (1 << (i % 64)) != 0
+}
+
+/// The tables of stored snapshot `ds` of `disk`, one per region, its
+/// pages interned in `store` (each record read once); pages read and new
+/// are counted in `stats`.
+pub(super) fn from_disk(
+    store: &mut PageStore,
+    disk: &DiskStore,
+    ds: &DiskSnapshot,
+    stats: &mut TakeStats,
+) -> Result<Vec<Table>> {
+    let mut seen: std::collections::HashMap<u64, PageId> = std::collections::HashMap::new();
+    let mut buf = vec![0u8; PAGE_SIZE];
+    let mut tables = Vec::with_capacity(ds.regions.len());
+    let mut entries = ds.entries.iter();
+    for r in &ds.regions {
+        let mut ids = Vec::with_capacity(r.pages() as usize);
+        for _ in 0..r.pages() {
+            // The reader checked that the entries fill the regions.
+            let e = *entries.next().unwrap_or(&0);
+            let id = match seen.get(&e) {
+                Some(&id) => {
+                    store.incref(id);
+                    id
+                }
+                None if e == 0 => {
+                    store.incref(PageId::ZERO);
+                    PageId::ZERO
+                }
+                None => {
+                    disk.read_page(e, &mut buf)?;
+                    let id = store.intern(&buf);
+                    stats.pages_read += 1;
+                    if !id.is_zero() && store.refs(id) == 1 {
+                        stats.pages_new += 1;
+                    }
+                    seen.insert(e, id);
+                    id
+                }
+            };
+            ids.push(id);
+        }
+        tables.push(Table::from_ids(&ids));
+    }
+    Ok(tables)
+}
+
+/// Pushes the pages of `tables` from `store` into a store's writer, in
+/// order (their digests known: not computed again).
+pub(super) fn push_pages(
+    w: &mut SnapshotWriter<'_>,
+    store: &PageStore,
+    tables: &[Table],
+) -> Result<()> {
+    for t in tables {
+        for chunk in &t.chunks {
+            for &p in chunk.iter() {
+                if p.is_zero() {
+                    w.push_zeros(1)?;
+                } else {
+                    w.push_digested(store.page(p), store.digest_of(p))?;
+                }
+            }
+        }
+    }
+    Ok(())
 }

@@ -118,11 +118,9 @@ pub(super) fn parse_index(
     if &b[..8] != SNAP_MAGIC {
         return Err(corrupt(path, "not a snapshot index"));
     }
-    if u32_at(b, 8) != VERSION {
-        return Err(corrupt(
-            path,
-            format!("unknown index version {}", u32_at(b, 8)),
-        ));
+    let version = u32_at(b, 8);
+    if version != 2 && version != INDEX_VERSION {
+        return Err(corrupt(path, format!("unknown index version {version}")));
     }
     if &b[48..64] != store {
         return Err(corrupt(
@@ -142,6 +140,19 @@ pub(super) fn parse_index(
     let label = String::from_utf8(body[off..off + label_len].to_vec())
         .map_err(|_| corrupt(path, "the label is not UTF-8"))?;
     off += label_len;
+    // Version 3: the process record's length where version 2 has zero.
+    let record_len = u32_at(b, 44) as usize;
+    if record_len > MAX_RECORD || (version == 2 && record_len != 0) || record_len > body.len() - off
+    {
+        return Err(corrupt(path, "bad process record length"));
+    }
+    let record = body[off..off + record_len].to_vec();
+    off += record_len;
+    #[cfg(target_arch = "x86_64")]
+    if !record.is_empty() {
+        ProcessRecord::decode(&record)
+            .map_err(|why| corrupt(path, format!("bad process record: {why}")))?;
+    }
     if nregions.saturating_mul(16) > body.len() - off {
         return Err(corrupt(path, "region table runs past the end"));
     }
@@ -181,5 +192,6 @@ pub(super) fn parse_index(
         regions,
         entries,
         index_bytes: b.len() as u64,
+        record,
     })
 }

@@ -1,13 +1,15 @@
 //! The durable snapshot store: snapshots saved to a directory, each distinct
 //! page stored once across all of them, compressed, checksummed.
 //!
-//! # Format, version 2
+//! # Format, version 3
 //!
 //! All integers are little-endian. A store is a directory (mode 0700; every
 //! file 0600: it holds raw process memory) holding:
 //!
-//! * `STORE` — the text `pagewise-store 2\n`: marks the directory and names
-//!   the format version. A reader refuses any other version.
+//! * `STORE` — the text `pagewise-store 3\n`: marks the directory and names
+//!   the format version. A reader refuses any other version but 2, which it
+//!   reads as it is (format 3 only adds index version 3); the first writer
+//!   of a format-2 store makes it format 3.
 //! * `pages.pack` — a 32-byte header (`PWPACK\0\0`, `u32` version = 2,
 //!   `u32` 0, the 16-byte store identity) followed by page records, appended
 //!   only. A record is a 48-byte header then its payload:
@@ -25,10 +27,13 @@
 //!
 //!   The zero page is never stored.
 //! * `snap-NNNNNNNNNN.idx` — one per snapshot (`N`: its id, decimal, ten
-//!   digits): a 64-byte header (`PWSNAP\0\0`; `u32` version = 2; `u32`
-//!   region count; `u64` id; `u64` creation time, ms since the Unix epoch;
-//!   `i64` source pid or 0; `u32` label length; `u32` 0; the 16-byte store
-//!   identity), the label (UTF-8), the regions (`u64` start, `u64` length
+//!   digits): a 64-byte header (`PWSNAP\0\0`; `u32` version = 3 (2 is
+//!   read too); `u32` region count; `u64` id; `u64` creation time, ms since
+//!   the Unix epoch; `i64` source pid or 0; `u32` label length; `u32`
+//!   process record length, 0 in version 2; the 16-byte store identity), the
+//!   label (UTF-8), the process record of a snapshot of another process
+//!   (its layout, program break, threads and start time:
+//!   [`ProcessRecord`]), the regions (`u64` start, `u64` length
 //!   each), one `u64` per page of the regions in order — the offset of its
 //!   record in `pages.pack`, or 0 for a zero page — and last a `u64` xxh3-64
 //!   checksum of every byte before it.
@@ -66,10 +71,14 @@
 mod files;
 mod format;
 mod open;
+#[cfg(target_arch = "x86_64")]
+mod record;
 mod writer;
 
 use files::*;
 use format::*;
+#[cfg(target_arch = "x86_64")]
+pub use record::ProcessRecord;
 pub use writer::SnapshotWriter;
 
 use crate::mech::hash::{checksum, page_digest, zero_page_digest, PageDigest, ZERO_PAGE};
@@ -83,7 +92,10 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 const STORE_FILE: &str = "STORE";
-const STORE_TEXT: &str = "pagewise-store 2\n";
+const STORE_TEXT: &str = "pagewise-store 3\n";
+/// Format 2, read as it is and upgraded to 3 by the first writer (format
+/// 3 only adds index version 3).
+const STORE_TEXT_2: &str = "pagewise-store 2\n";
 const PACK_FILE: &str = "pages.pack";
 const MANIFEST_FILE: &str = "MANIFEST";
 const LOCK_FILE: &str = "LOCK";
@@ -96,6 +108,10 @@ const REC_HEADER: usize = 48;
 const SNAP_MAGIC: &[u8; 8] = b"PWSNAP\0\0";
 const SNAP_HEADER: usize = 64;
 const VERSION: u32 = 2;
+/// The version of the indices written (2 is read too).
+const INDEX_VERSION: u32 = 3;
+/// Longest process record read.
+const MAX_RECORD: usize = 64 << 20;
 /// Most snapshots a manifest may list when reading.
 const MAX_SNAPSHOTS: usize = 1 << 24;
 /// A store's identity, in every one of its files.
@@ -123,6 +139,10 @@ pub struct DiskSnapshot {
     pub entries: Vec<u64>,
     /// Size of the index file.
     pub index_bytes: u64,
+    /// The process record of a snapshot of another process (index
+    /// version 3), checked when read; empty otherwise.
+    #[serde(skip)]
+    pub record: Vec<u8>,
 }
 
 impl DiskSnapshot {

@@ -98,7 +98,8 @@ impl DiskStore {
             }
             _ => read_regular(&marker)?,
         };
-        if text != STORE_TEXT.as_bytes() {
+        let old_format = text == STORE_TEXT_2.as_bytes();
+        if text != STORE_TEXT.as_bytes() && !old_format {
             let text = String::from_utf8_lossy(&text);
             return Err(corrupt(
                 &marker,
@@ -119,6 +120,13 @@ impl DiskStore {
         } else {
             None
         };
+        if writable && old_format {
+            // Its next index may be of version 3: a reader of format 2
+            // must not take it for a store it reads.
+            let tmp = dir.join("STORE.tmp");
+            write_synced(&tmp, STORE_TEXT.as_bytes())?;
+            fs::rename(&tmp, &marker).map_err(|e| io(&marker, "renaming into", e))?;
+        }
         let pack_path = dir.join(PACK_FILE);
         let pack = open_regular(&pack_path, writable)?;
         let pack_file_len = pack

@@ -53,6 +53,7 @@ impl DiskStore {
             check: vec![0u8; PAGE_SIZE],
             recent: RecordCache::new(),
             flushed,
+            record: Vec::new(),
         })
     }
 
@@ -113,6 +114,8 @@ pub struct SnapshotWriter<'s> {
     /// Pack bytes below this offset have reached the file (not only the buffer).
     flushed: u64,
     recent: RecordCache,
+    /// The process record (index version 3), if any.
+    record: Vec<u8>,
 }
 
 /// Contents of records this writer appended or read back, so that verifying
@@ -280,6 +283,13 @@ impl SnapshotWriter<'_> {
         Ok(off)
     }
 
+    /// Saves `r` with the snapshot: what a rollback of the process it was
+    /// taken from needs besides its pages.
+    #[cfg(target_arch = "x86_64")]
+    pub fn process_record(&mut self, r: &ProcessRecord) {
+        self.record = r.encode();
+    }
+
     /// Makes the snapshot durable and visible; returns what was written.
     pub fn finish(mut self) -> Result<SaveStats> {
         if self.entries.len() as u64 != self.pages {
@@ -297,7 +307,7 @@ impl SnapshotWriter<'_> {
             .map_err(|e| io(&pack_path, "syncing", e))?;
         let mut b = Vec::with_capacity(SNAP_HEADER + self.entries.len() * 8 + 64);
         b.extend_from_slice(SNAP_MAGIC);
-        b.extend_from_slice(&VERSION.to_le_bytes());
+        b.extend_from_slice(&INDEX_VERSION.to_le_bytes());
         b.extend_from_slice(&(self.regions.len() as u32).to_le_bytes());
         b.extend_from_slice(&self.id.to_le_bytes());
         let now = std::time::SystemTime::now()
@@ -306,9 +316,10 @@ impl SnapshotWriter<'_> {
         b.extend_from_slice(&now.to_le_bytes());
         b.extend_from_slice(&(self.pid.unwrap_or(0) as i64).to_le_bytes());
         b.extend_from_slice(&(self.label.len() as u32).to_le_bytes());
-        b.extend_from_slice(&0u32.to_le_bytes());
+        b.extend_from_slice(&(self.record.len() as u32).to_le_bytes());
         b.extend_from_slice(&self.store.manifest.store_id);
         b.extend_from_slice(self.label.as_bytes());
+        b.extend_from_slice(&self.record);
         for r in &self.regions {
             b.extend_from_slice(&r.start.to_le_bytes());
             b.extend_from_slice(&r.len.to_le_bytes());

@@ -244,10 +244,10 @@ impl ProcessSnapshots {
                     // Mapped afresh: zero already, but for a file's pages.
                     pages.extend((0..r.pages() as usize).filter(|&i| !tgt.get(i).is_zero()));
                 }
-                _ if self.wp.is_none() => {
-                    self.differing(r, tgt, &mut pages)?;
-                }
-                _ => pages.extend(0..r.pages() as usize),
+                // Not known (no tracking, or a region the handle has not
+                // seen as it is): compared, so that only pages that differ
+                // are written (a zero page not populated stays so).
+                _ => self.differing(r, tgt, &mut pages)?,
             }
             // A mapping not known is registered before it is written: its
             // pages then join the neighbours' (a mapping made afresh merges

@@ -42,6 +42,7 @@
 //! stays stopped, nothing stays registered after the handle is dropped.
 
 mod memory;
+mod store;
 
 use super::table::{self, Chunk, Table};
 use super::{PageStore, RestoreStats, SnapId, TakeStats};
@@ -91,6 +92,21 @@ pub enum RollbackRefusal {
         pid: i32,
         /// Why.
         why: String,
+    },
+    /// A stored snapshot of another process (or of an earlier process with
+    /// the same pid).
+    #[error(
+        "snapshot {stored} of the store was taken of {}, not of process {pid} as it runs now: \
+         restoring it here needs --another-process",
+        match then { Some(p) => format!("process {p} (started at another time, or another pid)"), None => "the caller's own regions".to_string() }
+    )]
+    AnotherProcess {
+        /// The process restored into.
+        pid: i32,
+        /// The snapshot's id in the store.
+        stored: u64,
+        /// The process it was taken of.
+        then: Option<i32>,
     },
     /// A memory-only restore without calls inside the process met a layout
     /// that is not the snapshot's.
@@ -176,7 +192,8 @@ struct Known {
 }
 
 struct ProcSnap {
-    layout: Vec<Vma>,
+    /// `None` for a snapshot loaded from a store of format 2.
+    layout: Option<Vec<Vma>>,
     data: Vec<(Region, Table)>,
     brk: Option<u64>,
     threads: Vec<ThreadState>,
@@ -343,7 +360,7 @@ impl ProcessSnapshots {
         self.snaps.insert(
             id,
             ProcSnap {
-                layout,
+                layout: Some(layout),
                 data,
                 brk,
                 threads,
@@ -383,6 +400,15 @@ impl ProcessSnapshots {
         report.phases.stop_us = us_since(&mut lap);
         let pid = self.pid;
         let snap = &self.snaps[&id];
+        if snap.layout.is_none() && !opts.memory_only {
+            return Err(RollbackRefusal::MemoryOnly {
+                pid,
+                why: format!(
+                    "snapshot {id} holds memory alone, no layout or threads (a store of format 2)"
+                ),
+            }
+            .into());
+        }
         if !opts.memory_only {
             let mut now = stopped.tids().to_vec();
             now.sort_unstable();
@@ -403,55 +429,8 @@ impl ProcessSnapshots {
             Some(_) => None,
         };
         // The layout first: the break, then every mapping.
-        let mut fresh: Vec<(u64, u64)> = Vec::new();
-        match &remote {
-            Some(remote) => {
-                if let Some(b) = snap.brk {
-                    let got = layout::brk(remote, b)?;
-                    if got != b {
-                        return Err(Error::for_pid(
-                            pid,
-                            format!("brk({b:#x}) made inside it (the break stayed at {got:#x})"),
-                            std::io::Error::from_raw_os_error(libc::ENOMEM),
-                        ));
-                    }
-                }
-                let mut ops = layout::diff(&snap.layout, &layout::read(Some(pid))?)?;
-                if opts.memory_only {
-                    // Threads keep their registers: a stack one of them
-                    // runs on now stays, whatever the snapshot had there.
-                    let sps: Vec<u64> = stopped
-                        .tids()
-                        .iter()
-                        .filter_map(|&t| pagewise_sys::process::ptrace_getregs(t).ok())
-                        .map(|r| r.rsp)
-                        .collect();
-                    ops.retain(|o| {
-                        let (a, b) = o.range();
-                        !sps.iter().any(|&sp| a <= sp && sp < b)
-                    });
-                }
-                layout::check(pid, &ops)?;
-                layout::apply(remote, pid, &ops)?;
-                report.layout_calls = ops.len() as u64;
-                fresh.extend(
-                    ops.iter()
-                        .filter(|o| matches!(o, Op::Map { .. }))
-                        .map(Op::range),
-                );
-            }
-            None => {
-                let ops = layout::diff(&snap.layout, &layout::read(Some(pid))?)?;
-                if let Some(first) = ops.first() {
-                    return Err(RollbackRefusal::LayoutChanged {
-                        pid,
-                        id,
-                        first: format!("{first:?}"),
-                    }
-                    .into());
-                }
-            }
-        }
+        let (calls, fresh) = put_layout(pid, id, snap, &stopped, remote.as_ref(), opts)?;
+        report.layout_calls = calls;
         report.phases.layout_us = us_since(&mut lap);
         // Then the threads, whose alternate stacks are set through a page
         // the memory restore below writes anyway.
@@ -585,4 +564,88 @@ impl Drop for ProcessSnapshots {
             }
         }
     }
+}
+
+/// Puts the layout of `snap` back (the process stopped): the break, then
+/// every mapping, inside the process; without calls inside it, checks the
+/// layout is the snapshot's. The calls made and the ranges mapped afresh.
+fn put_layout(
+    pid: i32,
+    id: SnapId,
+    snap: &ProcSnap,
+    stopped: &Stopped,
+    remote: Option<&Remote<'_>>,
+    opts: RestoreOptions,
+) -> Result<(u64, Vec<(u64, u64)>)> {
+    let Some(want) = &snap.layout else {
+        let now = layout::read(Some(pid))?;
+        // Memory alone: its mappings must be there, private and writable.
+        for (r, _) in &snap.data {
+            let mut at = r.start;
+            for v in now.iter().filter(|v| v.end > r.start && v.start < r.end()) {
+                if v.start > at || !v.is_private_writable() {
+                    break;
+                }
+                at = v.end;
+            }
+            if at < r.end() {
+                return Err(RollbackRefusal::LayoutChanged {
+                    pid,
+                    id,
+                    first: format!(
+                        "{:#x}..{:#x} is not mapped private and writable",
+                        r.start,
+                        r.end()
+                    ),
+                }
+                .into());
+            }
+        }
+        return Ok((0, Vec::new()));
+    };
+    let Some(remote) = remote else {
+        let ops = layout::diff(want, &layout::read(Some(pid))?)?;
+        return match ops.first() {
+            Some(first) => Err(RollbackRefusal::LayoutChanged {
+                pid,
+                id,
+                first: format!("{first:?}"),
+            }
+            .into()),
+            None => Ok((0, Vec::new())),
+        };
+    };
+    if let Some(b) = snap.brk {
+        let got = layout::brk(remote, b)?;
+        if got != b {
+            return Err(Error::for_pid(
+                pid,
+                format!("brk({b:#x}) made inside it (the break stayed at {got:#x})"),
+                std::io::Error::from_raw_os_error(libc::ENOMEM),
+            ));
+        }
+    }
+    let mut ops = layout::diff(want, &layout::read(Some(pid))?)?;
+    if opts.memory_only {
+        // Threads keep their registers: a stack one of them runs on now
+        // stays, whatever the snapshot had there.
+        let sps: Vec<u64> = stopped
+            .tids()
+            .iter()
+            .filter_map(|&t| pagewise_sys::process::ptrace_getregs(t).ok())
+            .map(|r| r.rsp)
+            .collect();
+        ops.retain(|o| {
+            let (a, b) = o.range();
+            !sps.iter().any(|&sp| a <= sp && sp < b)
+        });
+    }
+    layout::check(pid, &ops)?;
+    layout::apply(remote, pid, &ops)?;
+    let fresh = ops
+        .iter()
+        .filter(|o| matches!(o, Op::Map { .. }))
+        .map(Op::range)
+        .collect();
+    Ok((ops.len() as u64, fresh))
 }
