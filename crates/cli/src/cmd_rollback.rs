@@ -218,7 +218,7 @@ pub fn restore(a: RestoreArgs) -> Result<i32> {
         println!("{}", crate::json::line(&v)?);
     } else {
         println!(
-            "restored snapshot {id} of {} into process {}: {} pages written, {} layout calls, {} threads, {:.2} ms",
+            "restored snapshot {id} of {} into process {}: {} pages written, {} layout calls, registers of {} thread(s), {:.2} ms",
             a.dir.display(),
             a.pid,
             r.stats.pages_written,

@@ -147,7 +147,8 @@ pub struct RestoreReport {
     /// Threads whose state was put back.
     pub threads: u64,
     /// Descriptors opened (`+N`) or closed (`-N`) since the snapshot,
-    /// which a restore does not put back.
+    /// which a restore does not put back (not known for a snapshot loaded
+    /// from a store: empty).
     pub fd_changes: Vec<i64>,
     /// Whether pages were compared by digest (no tracking: memory-only
     /// without calls inside the process).
@@ -198,7 +199,9 @@ struct ProcSnap {
     brk: Option<u64>,
     threads: Vec<ThreadState>,
     tids: Vec<i32>,
-    fds: Vec<i64>,
+    /// Descriptors open at the take (`None` for a snapshot loaded from a
+    /// store: not recorded).
+    fds: Option<Vec<i64>>,
     take: TakeStats,
 }
 
@@ -351,7 +354,7 @@ impl ProcessSnapshots {
         let mut stats = TakeStats::default();
         let data = self.read_memory(&regions, &mut stats)?;
         let tids = stopped.tids().to_vec();
-        let fds = open_fds(self.pid);
+        let fds = Some(open_fds(self.pid));
         drop(stopped);
         stats.pages = regions.iter().map(Region::pages).sum();
         stats.elapsed_ns = t0.elapsed().as_nanos() as u64;
@@ -457,14 +460,16 @@ impl ProcessSnapshots {
         report.phases.walk_us = (walk_ns as f64 / 100.0).round() / 10.0;
         report.phases.copy_us =
             ((us_since(&mut lap) - report.phases.walk_us) * 10.0).round() / 10.0;
-        let fds_now = open_fds(pid);
+        let fds_now = fds_then.as_ref().map(|_| open_fds(pid));
         drop(stopped);
-        report.fd_changes = fds_now
-            .iter()
-            .filter(|f| !fds_then.contains(f))
-            .copied()
-            .chain(fds_then.iter().filter(|f| !fds_now.contains(f)).map(|f| -f))
-            .collect();
+        if let (Some(then), Some(now)) = (&fds_then, &fds_now) {
+            report.fd_changes = now
+                .iter()
+                .filter(|f| !then.contains(f))
+                .copied()
+                .chain(then.iter().filter(|f| !now.contains(f)).map(|f| -f))
+                .collect();
+        }
         report.stats.elapsed_ns = t0.elapsed().as_nanos() as u64;
         report.phases.resume_us = us_since(&mut lap);
         Ok(report)

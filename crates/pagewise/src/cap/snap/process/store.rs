@@ -81,7 +81,7 @@ impl ProcessSnapshots {
                 brk,
                 threads,
                 tids,
-                fds: Vec::new(),
+                fds: None,
                 take: stats,
             },
         );
