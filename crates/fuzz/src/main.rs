@@ -34,7 +34,14 @@ struct Args {
     targets: Vec<String>,
 }
 
-const TARGETS: [&str; 5] = ["wire", "track-protocol", "shim-hello", "instance", "store"];
+const TARGETS: [&str; 6] = [
+    "wire",
+    "track-protocol",
+    "shim-hello",
+    "instance",
+    "store",
+    "process-record",
+];
 
 /// xorshift64*.
 struct Rng(u64);
@@ -255,6 +262,53 @@ fn shim_seed(rng: &mut Rng) -> Vec<u8> {
 static BEAT: AtomicU64 = AtomicU64::new(0);
 
 /// Runs `target` until `until`; the cases run.
+/// A process record with two mappings and two threads.
+fn record_seed(rng: &mut Rng) -> pagewise::snap::disk::ProcessRecord {
+    use pagewise::mech::layout::{Backing, Vma};
+    use pagewise::mech::threads::{AltStack, ThreadState};
+    let thread = |tid: i32, rng: &mut Rng| {
+        // SAFETY: user_regs_struct is plain integers; zero is a valid value.
+        let mut regs: libc::user_regs_struct = unsafe { std::mem::zeroed() };
+        regs.rip = rng.next();
+        regs.rsp = rng.next();
+        ThreadState {
+            tid,
+            regs,
+            xstate: (0..64).map(|_| rng.next() as u8).collect(),
+            sigmask: rng.next(),
+            altstack: AltStack::default(),
+            rewound: Some(35),
+            rseq: Some((0x7000, 32)),
+        }
+    };
+    pagewise::snap::disk::ProcessRecord {
+        start_time: rng.next(),
+        brk: Some(0x56000000),
+        layout: vec![
+            Vma {
+                start: 0x10000,
+                end: 0x20000,
+                prot: 3,
+                shared: false,
+                backing: Backing::Anonymous,
+                offset: 0,
+            },
+            Vma {
+                start: 0x400000,
+                end: 0x401000,
+                prot: 5,
+                shared: false,
+                backing: Backing::File {
+                    path: "/usr/bin/true".into(),
+                    inode: 42,
+                },
+                offset: 0x1000,
+            },
+        ],
+        threads: vec![thread(100, rng), thread(101, rng)],
+    }
+}
+
 fn run_target(target: &str, rng: &mut Rng, until: Instant, work: &Path) -> Result<u64> {
     let current = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
     let mut cases = 0u64;
@@ -440,6 +494,28 @@ fn run_target(target: &str, rng: &mut Rng, until: Instant, work: &Path) -> Resul
                 BEAT.fetch_add(1, Ordering::Relaxed);
             }
             let _ = std::fs::remove_dir_all(&case);
+        }
+        "process-record" => {
+            // A snapshot's process record (store format 3): any bytes are
+            // refused or read, never a panic; what is read writes back the
+            // same bytes.
+            use pagewise::snap::disk::ProcessRecord;
+            let mut seeds = corpus(target);
+            seeds.push(record_seed(rng).encode());
+            while Instant::now() < until {
+                let pick = rng.below(seeds.len());
+                let input = mutate(rng, &seeds[pick]);
+                let r = std::panic::catch_unwind(|| {
+                    if let Ok(rec) = ProcessRecord::decode(&input) {
+                        assert_eq!(rec.encode(), input, "a record read back writes other bytes");
+                    }
+                });
+                if let Err(e) = r {
+                    return Err(fail(&input, e));
+                }
+                cases += 1;
+                BEAT.fetch_add(1, Ordering::Relaxed);
+            }
         }
         other => bail!("no fuzz target {other:?}: {}", TARGETS.join(", ")),
     }

@@ -123,7 +123,9 @@ impl ProcessRecord {
         b
     }
 
-    /// Reads a record back; `Err` with what is wrong.
+    /// Reads a record back; `Err` with what is wrong. Only the bytes
+    /// [`encode`](Self::encode) writes are read: a record read writes back
+    /// the same bytes.
     pub fn decode(b: &[u8]) -> std::result::Result<Self, String> {
         let mut r = Reader { b, at: 0 };
         let start_time = r.u64()?;
@@ -139,7 +141,11 @@ impl ProcessRecord {
         for _ in 0..nv {
             let (start, end) = (r.u64()?, r.u64()?);
             let prot = r.u32()? as i32;
-            let shared = r.u32()? != 0;
+            let shared = match r.u32()? {
+                0 => false,
+                1 => true,
+                v => return Err(format!("a shared flag {v}")),
+            };
             let offset = r.u64()?;
             let inode = r.u64()?;
             let kind = r.u32()?;
@@ -157,6 +163,11 @@ impl ProcessRecord {
             }
             if prot & !(libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC) != 0 {
                 return Err(format!("a protection {prot:#x}"));
+            }
+            if (kind == 0 && (inode != 0 || offset != 0 || !name.is_empty()))
+                || (kind == 2 && inode != 0)
+            {
+                return Err(format!("fields a backing of kind {kind} does not have"));
             }
             let backing = match kind {
                 0 => Backing::Anonymous,
@@ -191,8 +202,15 @@ impl ProcessRecord {
                 flags: r.u32()? as i32,
                 size: r.u64()?,
             };
-            let rewound = Some(r.u64()? as i64).filter(|&v| v >= 0);
+            let rewound = match r.u64()? as i64 {
+                -1 => None,
+                v if v >= 0 => Some(v),
+                v => return Err(format!("a rewound call {v}")),
+            };
             let (ra, rl) = (r.u64()?, r.u32()?);
+            if ra == 0 && rl != 0 {
+                return Err("an rseq length without its address".into());
+            }
             threads.push(ThreadState {
                 tid,
                 regs: regs_of(&w),
