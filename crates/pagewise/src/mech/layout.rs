@@ -410,3 +410,141 @@ pub fn check(pid: i32, ops: &[Op]) -> Result<()> {
 pub fn brk(remote: &Remote<'_>, addr: u64) -> Result<u64> {
     Ok(remote.syscall(libc::SYS_brk, [addr, 0, 0, 0, 0, 0])? as u64)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const P: u64 = 0x1000;
+
+    fn anon(start: u64, end: u64, prot: i32) -> Vma {
+        Vma {
+            start: start * P,
+            end: end * P,
+            prot,
+            shared: false,
+            backing: Backing::Anonymous,
+            offset: 0,
+        }
+    }
+
+    fn file(start: u64, end: u64, offset: u64) -> Vma {
+        Vma {
+            start: start * P,
+            end: end * P,
+            prot: libc::PROT_READ,
+            shared: false,
+            backing: Backing::File {
+                path: "/lib/x.so".into(),
+                inode: 7,
+            },
+            offset: offset * P,
+        }
+    }
+
+    const RW: i32 = libc::PROT_READ | libc::PROT_WRITE;
+
+    #[test]
+    fn equal_layouts_need_nothing_however_split() {
+        let want = vec![anon(1, 9, RW), file(10, 12, 0)];
+        assert!(diff(&want, &want).unwrap().is_empty());
+        // The kernel split one mapping in two of the same kind: the same pages.
+        let have = vec![
+            anon(1, 4, RW),
+            anon(4, 9, RW),
+            file(10, 11, 0),
+            file(11, 12, 1),
+        ];
+        assert!(diff(&want, &have).unwrap().is_empty());
+    }
+
+    #[test]
+    fn each_change_is_undone_by_its_call() {
+        let want = vec![anon(1, 9, RW), file(10, 12, 0)];
+        // Made since, grown: unmapped.
+        let have = vec![anon(1, 9, RW), file(10, 12, 0), anon(20, 22, RW)];
+        assert_eq!(
+            diff(&want, &have).unwrap(),
+            vec![Op::Unmap {
+                start: 20 * P,
+                end: 22 * P
+            }]
+        );
+        let have = vec![anon(1, 12 - 3, RW), anon(9, 10, RW), file(10, 12, 0)];
+        assert_eq!(
+            diff(&want, &have).unwrap(),
+            vec![Op::Unmap {
+                start: 9 * P,
+                end: 10 * P
+            }]
+        );
+        // Removed, shrunk: mapped again as it was.
+        let have = vec![anon(1, 5, RW), file(10, 12, 0)];
+        assert_eq!(
+            diff(&want, &have).unwrap(),
+            vec![Op::Map {
+                start: 5 * P,
+                end: 9 * P,
+                like: anon(1, 9, RW)
+            }]
+        );
+        // Re-protected in part: that part protected again.
+        let have = vec![
+            anon(1, 3, RW),
+            anon(3, 6, libc::PROT_READ),
+            anon(6, 9, RW),
+            file(10, 12, 0),
+        ];
+        assert_eq!(
+            diff(&want, &have).unwrap(),
+            vec![Op::Protect {
+                start: 3 * P,
+                end: 6 * P,
+                prot: RW
+            }]
+        );
+        // Moved (mremap): the old place mapped, the new one unmapped.
+        let have = vec![file(10, 12, 0), anon(30, 38, RW)];
+        assert_eq!(
+            diff(&want, &have).unwrap(),
+            vec![
+                Op::Map {
+                    start: P,
+                    end: 9 * P,
+                    like: anon(1, 9, RW)
+                },
+                Op::Unmap {
+                    start: 30 * P,
+                    end: 38 * P
+                }
+            ]
+        );
+        // A file's pages at another offset, or anonymous memory in their
+        // place: mapped again from the file.
+        let have = vec![anon(1, 9, RW), file(10, 12, 4)];
+        assert_eq!(
+            diff(&want, &have).unwrap(),
+            vec![Op::Map {
+                start: 10 * P,
+                end: 12 * P,
+                like: file(10, 12, 0)
+            }]
+        );
+    }
+
+    #[test]
+    fn shared_memory_that_is_gone_is_refused() {
+        let shm = Vma {
+            start: P,
+            end: 3 * P,
+            prot: RW,
+            shared: true,
+            backing: Backing::Other("/dev/zero (deleted)".into()),
+            offset: 0,
+        };
+        let e = diff(&[shm.clone()], &[]).unwrap_err();
+        assert!(e.to_string().contains("cannot be mapped again"), "{e}");
+        // Still there: nothing to do.
+        assert!(diff(&[shm.clone()], &[shm]).unwrap().is_empty());
+    }
+}
