@@ -542,9 +542,11 @@ mod tests {
             backing: Backing::Other("/dev/zero (deleted)".into()),
             offset: 0,
         };
-        let e = diff(&[shm.clone()], &[]).unwrap_err();
+        let e = diff(std::slice::from_ref(&shm), &[]).unwrap_err();
         assert!(e.to_string().contains("cannot be mapped again"), "{e}");
         // Still there: nothing to do.
-        assert!(diff(&[shm.clone()], &[shm]).unwrap().is_empty());
+        assert!(diff(std::slice::from_ref(&shm), std::slice::from_ref(&shm))
+            .unwrap()
+            .is_empty());
     }
 }
