@@ -29,6 +29,16 @@ pub struct Sender {
     passes: u32,
     /// Chunks left before trying LZ4 again ([`Compression::Auto`]).
     skip_lz4: u32,
+    /// Bytes given to LZ4 and what it made of them (the compression rate
+    /// and ratio of [`Compression::Auto`]).
+    lz4_in: u64,
+    lz4_out: u64,
+    /// Raw page bytes sent and the time sending them took, ms (the link's
+    /// rate for [`Compression::Auto`]).
+    raw_bytes: u64,
+    raw_ms: f64,
+    /// Chunks sent since the last raw one.
+    since_raw: u32,
     lz4: Vec<u8>,
     stats: WireStats,
     /// Snapshots the receiver's store held at the hello.
@@ -89,6 +99,11 @@ impl Sender {
             complete: false,
             passes: 0,
             skip_lz4: 0,
+            lz4_in: 0,
+            lz4_out: 0,
+            raw_bytes: 0,
+            raw_ms: 0.0,
+            since_raw: 0,
             lz4: vec![
                 0;
                 lz4_flex::block::get_maximum_output_size(MAX_CHUNK_PAGES as usize * PAGE_SIZE)
@@ -252,6 +267,22 @@ impl Sender {
         Ok(())
     }
 
+    /// Whether compressing pays on this link, from the rates measured so
+    /// far: a byte costs `1/link` sent raw, `1/compress + ratio/link`
+    /// compressed (one thread does both); it must save a tenth. `None`
+    /// until both rates are known.
+    fn lz4_pays(&self) -> Option<bool> {
+        if self.raw_ms < 0.5 || self.stats.compress_ms < 0.1 || self.lz4_in == 0 {
+            return None;
+        }
+        let link = self.raw_bytes as f64 / self.raw_ms;
+        let compress = self.lz4_in as f64 / self.stats.compress_ms;
+        let ratio = self.lz4_out as f64 / self.lz4_in as f64;
+        // The receiver decompresses too: LZ4 decodes about three times as
+        // fast as it encodes.
+        Some(1.0 / compress + 1.0 / (3.0 * compress) + ratio / link < 0.9 / link)
+    }
+
     /// Sends the pages `buf` (at `addr`) as one chunk.
     fn chunk(&mut self, addr: u64, buf: &[u8]) -> Result<()> {
         let pages = buf.len() / PAGE_SIZE;
@@ -263,7 +294,11 @@ impl Sender {
                 h == crate::mech::hash::zero_page_hash() && p == &crate::mech::hash::ZERO_PAGE[..];
             digests.extend_from_slice(&h.to_le_bytes());
         }
+        // Auto sends one chunk in 16 raw whatever it saves: the link's
+        // rate is measured on raw bytes only.
+        let probe_raw = self.compression == Compression::Auto && self.since_raw >= 15;
         let try_lz4 = !zero
+            && !probe_raw
             && match self.compression {
                 Compression::None => false,
                 Compression::Lz4 => true,
@@ -276,10 +311,15 @@ impl Sender {
             clen = lz4_flex::block::compress_into(buf, &mut self.lz4)
                 .map_err(|e| Error::Internal(format!("lz4: {e}")))?;
             self.stats.compress_ms += t.elapsed().as_secs_f64() * 1e3;
-            if self.compression == Compression::Lz4 || clen <= buf.len() - buf.len() / 8 {
+            self.lz4_in += buf.len() as u64;
+            self.lz4_out += clen as u64;
+            let saves = clen <= buf.len() - buf.len() / 8;
+            let pays = self.lz4_pays();
+            if self.compression == Compression::Lz4 || (saves && pays != Some(false)) {
                 enc = ENC_LZ4;
             } else {
-                self.skip_lz4 = 16;
+                // Tried again now and then: the rates and the contents change.
+                self.skip_lz4 = if pays == Some(false) { 64 } else { 16 };
             }
         } else if self.skip_lz4 > 0 {
             self.skip_lz4 -= 1;
@@ -311,9 +351,17 @@ impl Sender {
             }
             _ => {
                 self.stats.chunks_raw += 1;
-                self.send(buf)
+                self.since_raw = 0;
+                let t = Instant::now();
+                let r = self.send(buf);
+                self.raw_ms += t.elapsed().as_secs_f64() * 1e3;
+                self.raw_bytes += buf.len() as u64;
+                r
             }
         };
+        if enc != ENC_RAW {
+            self.since_raw += 1;
+        }
         sent?;
         self.end_msg()?;
         self.stats.pages += pages as u64;
