@@ -13,6 +13,8 @@
  *   g / s   grow it to 16 pages / shrink it to 4 pages (mremap)
  *   v       move it (mremap to another address)
  *   p       make it read-only
+ *   d       drop 64 pages of the big buffer (MADV_DONTNEED: they read as
+ *           zero, with no write)
  *   b       grow the break by 1 MiB and fill it
  *   t       start a thread that waits for `x`
  *   x       end the threads `t` started
@@ -273,6 +275,9 @@ int main(int argc, char **argv)
         }
         case 'p':
             mprotect(keep, keep_pages * PAGE, PROT_READ);
+            break;
+        case 'd':
+            madvise(big + 100 * PAGE, 64 * PAGE, MADV_DONTNEED);
             break;
         case 'b':
             grown = sbrk(1 << 20);

@@ -529,3 +529,31 @@ fn a_stored_snapshot_restores_as_taken_and_only_into_its_process() {
     drop(disk);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Pages dropped with `MADV_DONTNEED` change (they read as zero) without a
+/// write: a restore puts them back, and a take after it reads them.
+#[test]
+fn pages_dropped_without_a_write_are_put_back() {
+    let Some(path) = target() else { return };
+    let mut t = Target::start(&path, &[]);
+    let mut h = ProcessSnapshots::open(t.pid()).unwrap();
+    t.settle();
+    let id = h.take().unwrap();
+    let first = t.ask("c");
+    h.restore(id, RestoreOptions::default()).unwrap();
+    t.ask("d");
+    t.settle();
+    let r = h.restore(id, RestoreOptions::default()).unwrap();
+    assert!(r.stats.pages_written >= 64, "{r:?}");
+    t.settle();
+    assert_memory_is(&h, id, &t);
+    assert_eq!(t.ask("c"), first);
+    // Dropped, then taken: the snapshot holds zero pages there.
+    t.ask("d");
+    t.settle();
+    let dropped = h.take().unwrap();
+    h.restore(id, RestoreOptions::default()).unwrap();
+    h.restore(dropped, RestoreOptions::default()).unwrap();
+    t.settle();
+    assert_memory_is(&h, dropped, &t);
+}
