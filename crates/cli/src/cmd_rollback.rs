@@ -242,13 +242,17 @@ pub struct ExtractArgs {
     dir: std::path::PathBuf,
     /// The snapshot.
     id: u64,
-    /// Where to write its pages (raw bytes).
+    /// Where to write its pages.
     #[arg(long)]
     out: std::path::PathBuf,
-    /// Only the addresses A to B (hexadecimal, page-aligned, inside one
-    /// region), instead of every region one after the other.
-    #[arg(long, value_name = "A-B")]
+    /// Only the addresses A to B (hexadecimal, page-aligned, inside the
+    /// snapshot's regions), instead of every region one after the other.
+    #[arg(long, value_name = "A-B", conflicts_with = "core")]
     range: Option<String>,
+    /// An ELF core file (`gdb PROGRAM FILE` reads it: a segment per
+    /// region, each thread's registers) instead of raw bytes.
+    #[arg(long)]
+    core: bool,
     /// One JSON object: the regions and where each begins in the file.
     #[arg(long)]
     json: bool,
@@ -258,19 +262,14 @@ fn parse_range(s: &str) -> Result<(u64, u64)> {
     let bad = || crate::exit::Usage(format!("--range {s}: give START-END in hexadecimal"));
     let (a, b) = s.split_once('-').ok_or_else(bad)?;
     let hex = |v: &str| u64::from_str_radix(v.trim_start_matches("0x"), 16).map_err(|_| bad());
-    let (a, b) = (hex(a)?, hex(b)?);
-    let page = pagewise::PAGE_SIZE as u64;
-    if a >= b || a % page != 0 || b % page != 0 {
-        crate::usage!("--range {s}: START must be below END, both page-aligned");
-    }
-    Ok((a, b))
+    Ok((hex(a)?, hex(b)?))
 }
 
 pub fn extract(a: ExtractArgs) -> Result<i32> {
     use std::io::Write as _;
     let disk = pagewise::snap::DiskStore::open(&a.dir)?;
     let snap = disk.load(a.id)?;
-    let want = a.range.as_deref().map(parse_range).transpose()?;
+    let range = a.range.as_deref().map(parse_range).transpose()?;
     // Owner-only (it holds process memory), never through a planted link.
     let file = {
         use std::os::unix::fs::OpenOptionsExt;
@@ -284,44 +283,28 @@ pub fn extract(a: ExtractArgs) -> Result<i32> {
             .map_err(|e| anyhow::anyhow!("creating {}: {e}", a.out.display()))?
     };
     let mut out = std::io::BufWriter::new(file);
-    let mut page = vec![0u8; pagewise::PAGE_SIZE];
-    let mut i = 0usize;
-    let mut at_file = 0u64;
-    let mut map = Vec::new();
-    for r in &snap.regions {
-        let (lo, hi) = match want {
-            Some((x, y)) => (x.max(r.start), y.min(r.end())),
-            None => (r.start, r.end()),
-        };
-        if lo < hi {
-            map.push(serde_json::json!({ "start": lo, "end": hi, "file_offset": at_file }));
-            let first = i + ((lo - r.start) / pagewise::PAGE_SIZE as u64) as usize;
-            let n = ((hi - lo) / pagewise::PAGE_SIZE as u64) as usize;
-            for e in &snap.entries[first..first + n] {
-                disk.read_page(*e, &mut page)?;
-                out.write_all(&page)?;
+    let (bytes, placed) = if a.core {
+        (
+            pagewise::snap::extract::core(&disk, &snap, &mut out)?,
+            Vec::new(),
+        )
+    } else {
+        let placed = match pagewise::snap::extract::raw(&disk, &snap, range, &mut out) {
+            Err(e) if e.class() == pagewise::ErrorClass::BadInput || e.errno() == libc::EFAULT => {
+                return Err(crate::exit::Usage(format!("--range: {e}")).into())
             }
-            at_file += hi - lo;
-        }
-        i += r.pages() as usize;
-    }
-    if let Some((x, y)) = want {
-        let covered: u64 = map
-            .iter()
-            .filter_map(|m| Some(m["end"].as_u64()? - m["start"].as_u64()?))
-            .sum();
-        if covered != y - x {
-            crate::usage!("--range {x:#x}-{y:#x} is not wholly inside snapshot {} ({covered} bytes of it are)", a.id);
-        }
-    }
+            r => r?,
+        };
+        (placed.iter().map(|p| p.end - p.start).sum(), placed)
+    };
     out.flush()?;
     if a.json {
-        let v = serde_json::json!({ "extracted": { "id": a.id, "out": a.out, "bytes": at_file, "regions": map } });
+        let v = serde_json::json!({ "extracted": { "id": a.id, "out": a.out, "bytes": bytes, "core": a.core, "regions": placed } });
         println!("{}", crate::json::line(&v)?);
     } else {
         println!(
             "wrote {} bytes of snapshot {} to {}",
-            at_file,
+            bytes,
             a.id,
             a.out.display()
         );

@@ -202,6 +202,40 @@ fn a_stored_snapshot_is_restored_and_extracted_from_the_command_line() {
         bytes == mem,
         "the extracted bytes are the restored memory's"
     );
+    // As an ELF core: a LOAD segment per region, one thread's registers,
+    // and the big buffer's bytes at its address.
+    let core = dir.with_extension("core");
+    ok(Command::new(BIN)
+        .args(["snapshot", "extract", "--core", "--out"])
+        .arg(&core)
+        .arg(&dir)
+        .arg(id.to_string()));
+    let elf = std::fs::read(&core).unwrap();
+    assert_eq!(&elf[..4], b"\x7fELF");
+    let u16_at = |o: usize| u16::from_le_bytes(elf[o..o + 2].try_into().unwrap()) as usize;
+    let u64_at = |o: usize| u64::from_le_bytes(elf[o..o + 8].try_into().unwrap());
+    let (phoff, phnum) = (u64_at(32) as usize, u16_at(56));
+    let mut covered = false;
+    for k in 0..phnum {
+        let h = phoff + k * 56;
+        let kind = u32::from_le_bytes(elf[h..h + 4].try_into().unwrap());
+        let (off, vaddr, size) = (u64_at(h + 8), u64_at(h + 16), u64_at(h + 32));
+        if kind == 1 && vaddr <= big && big + 16 * PAGE <= vaddr + size {
+            let at = (off + big - vaddr) as usize;
+            assert!(
+                elf[at..at + mem.len()] == mem[..],
+                "the core's bytes at the big buffer"
+            );
+            covered = true;
+        }
+    }
+    assert!(covered, "a LOAD segment holds the big buffer");
+    if let Some(readelf) = which("readelf") {
+        let notes = ok(Command::new(readelf).arg("-n").arg(&core));
+        let text = String::from_utf8_lossy(&notes.stdout);
+        assert_eq!(text.matches("NT_PRSTATUS").count(), 1, "{text}");
+    }
+    let _ = std::fs::remove_file(&core);
     // A range outside the snapshot is a usage error.
     let st = Command::new(BIN)
         .args(["snapshot", "extract", "--range", "1000-2000", "--out"])

@@ -29,6 +29,7 @@
 //!   under any Rust references into it, exactly as the program's own writes would.
 
 pub mod disk;
+pub mod extract;
 pub mod live;
 #[cfg(target_arch = "x86_64")]
 pub mod process;
