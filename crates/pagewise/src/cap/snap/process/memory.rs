@@ -185,7 +185,7 @@ impl ProcessSnapshots {
     /// Becomes `current`. The nanoseconds spent finding written pages.
     pub(super) fn write_memory(
         &mut self,
-        target: &[(Region, Table)],
+        target: Vec<(Region, Table)>,
         fresh: &[(u64, u64)],
         force: Option<u64>,
         stats: &mut RestoreStats,
@@ -196,7 +196,6 @@ impl ProcessSnapshots {
             old.into_iter().map(|k| (k.region.start, k)).collect();
         let mut now = Vec::with_capacity(target.len());
         for (r, tgt) in target {
-            let r = *r;
             let made = fresh.iter().any(|&(a, b)| a < r.end() && b > r.start);
             let known = old_by_start
                 .remove(&r.start)
@@ -247,7 +246,7 @@ impl ProcessSnapshots {
                 // Not known (no tracking, or a region the handle has not
                 // seen as it is): compared, so that only pages that differ
                 // are written (a zero page not populated stays so).
-                _ => self.differing(r, tgt, &mut pages)?,
+                _ => self.differing(r, &tgt, &mut pages)?,
             }
             // A mapping not known is registered before it is written: its
             // pages then join the neighbours' (a mapping made afresh merges
@@ -303,7 +302,7 @@ impl ProcessSnapshots {
             }
             now.push(Known {
                 region: r,
-                table: table::share(&mut self.spare, std::slice::from_ref(tgt)).remove(0),
+                table: tgt,
                 watched,
             });
         }

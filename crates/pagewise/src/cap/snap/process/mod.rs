@@ -456,7 +456,7 @@ impl ProcessSnapshots {
         let force = scratch.filter(|_| report.threads > 0);
         report.compared = self.wp.is_none();
         report.phases.threads_us = us_since(&mut lap);
-        let walk_ns = self.write_memory(&target, &fresh, force, &mut report.stats)?;
+        let walk_ns = self.write_memory(target, &fresh, force, &mut report.stats)?;
         report.phases.walk_us = (walk_ns as f64 / 100.0).round() / 10.0;
         report.phases.copy_us =
             ((us_since(&mut lap) - report.phases.walk_us) * 10.0).round() / 10.0;
