@@ -53,6 +53,17 @@ pub fn process_vm_write(pid: libc::pid_t, remote: u64, buf: &[u8]) -> io::Result
 /// by a process on itself (Linux 6.14+; `PIDFD_SELF_THREAD_GROUP`).
 pub const PIDFD_SELF_PROCESS: i32 = -10001;
 
+/// Iovecs naming ranges (address, bytes) of another process: only the
+/// kernel interprets them, in that process.
+fn remote_iovecs(ranges: impl Iterator<Item = (u64, usize)>) -> Vec<libc::iovec> {
+    ranges
+        .map(|(a, l)| libc::iovec {
+            iov_base: a as *mut libc::c_void,
+            iov_len: l,
+        })
+        .collect()
+}
+
 /// `process_vm_readv(2)` with several remote ranges into one contiguous buffer.
 pub fn process_vm_readv(
     pid: libc::pid_t,
@@ -65,13 +76,7 @@ pub fn process_vm_readv(
         iov_base: buf.as_mut_ptr() as *mut libc::c_void,
         iov_len: total,
     };
-    let iovs: Vec<libc::iovec> = remote
-        .iter()
-        .map(|&(a, l)| libc::iovec {
-            iov_base: a as *mut libc::c_void,
-            iov_len: l,
-        })
-        .collect();
+    let iovs = remote_iovecs(remote.iter().copied());
     // SAFETY: `local` describes the first `total` bytes of `buf`; the remote
     // iovecs are only interpreted by the kernel in the other process.
     let n = cvt(unsafe {
@@ -103,13 +108,7 @@ pub fn process_vm_readv_scatter(
             iov_len: b.len(),
         })
         .collect();
-    let remote: Vec<libc::iovec> = parts
-        .iter()
-        .map(|(a, b)| libc::iovec {
-            iov_base: *a as *mut libc::c_void,
-            iov_len: b.len(),
-        })
-        .collect();
+    let remote = remote_iovecs(parts.iter().map(|(a, b)| (*a, b.len())));
     // SAFETY: each local iovec describes a distinct writable buffer borrowed
     // mutably for the call; the remote iovecs are only interpreted by the
     // kernel in the other process.
@@ -145,13 +144,7 @@ pub fn process_vm_writev_gather(
             iov_len: b.len(),
         })
         .collect();
-    let rv: Vec<libc::iovec> = remote
-        .iter()
-        .map(|&(a, l)| libc::iovec {
-            iov_base: a as *mut libc::c_void,
-            iov_len: l,
-        })
-        .collect();
+    let rv = remote_iovecs(remote.iter().copied());
     // SAFETY: each local iovec describes a buffer borrowed for the call,
     // which the kernel only reads; the remote iovecs are only interpreted
     // by the kernel in the other process.
@@ -174,13 +167,7 @@ pub fn process_madvise(
     ranges: &[(u64, usize)],
     advice: libc::c_int,
 ) -> io::Result<usize> {
-    let iovs: Vec<libc::iovec> = ranges
-        .iter()
-        .map(|&(a, l)| libc::iovec {
-            iov_base: a as *mut libc::c_void,
-            iov_len: l,
-        })
-        .collect();
+    let iovs = remote_iovecs(ranges.iter().copied());
     // SAFETY: `iovs` is a valid array of iovecs that outlives the call; the
     // kernel interprets the addresses in the target process.
     let n = cvt(unsafe {
