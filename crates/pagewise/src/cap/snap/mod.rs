@@ -331,18 +331,9 @@ impl Snapshots {
 
     /// Sets `self.marks` to exactly the pages of `ranges`.
     fn mark(&mut self, ranges: &[PageRange]) {
-        for m in &mut self.marks {
+        for (m, r) in self.marks.iter_mut().zip(&self.regions) {
             m.fill(0);
-        }
-        for r in ranges {
-            let mut addr = r.start;
-            while addr < r.end() {
-                if let Some(ri) = self.region_of(addr) {
-                    let i = ((addr - self.regions[ri].start) / PAGE_SIZE as u64) as usize;
-                    table::set_bit(&mut self.marks[ri], i);
-                }
-                addr += PAGE_SIZE as u64;
-            }
+            table::mark(m, *r, ranges);
         }
     }
 
@@ -376,30 +367,13 @@ impl Snapshots {
         for (ri, region) in self.regions.iter().enumerate() {
             let tgt = &target[ri];
             let cur = current.as_ref().map(|c| &c[ri]);
-            let marks = &self.marks[ri];
-            for (c, chunk) in tgt.chunks.iter().enumerate() {
-                let base = c * CHUNK_PAGES;
-                let same = cur.is_some_and(|t| Arc::ptr_eq(&t.chunks[c], chunk));
-                let any_dirty = marks[base / 64..(base + chunk.len()).div_ceil(64)]
-                    .iter()
-                    .any(|&w| w != 0);
-                if same && !any_dirty {
-                    continue;
-                }
-                for (k, &want) in chunk.iter().enumerate() {
-                    let i = base + k;
-                    let differs = match cur {
-                        Some(t) => !same && t.chunks[c][k] != want,
-                        None => true,
-                    };
-                    if differs || table::get_bit(marks, i) {
-                        let addr = region.start + (i * PAGE_SIZE) as u64;
-                        write_page(addr, self.store.page(want));
-                        push_coalesced(&mut written, addr, addr + PAGE_SIZE as u64);
-                        stats.pages_written += 1;
-                    }
-                }
-            }
+            let store = &self.store;
+            table::pages_to_write(cur, tgt, &self.marks[ri], |i, want| {
+                let addr = region.start + (i * PAGE_SIZE) as u64;
+                write_page(addr, store.page(want));
+                push_coalesced(&mut written, addr, addr + PAGE_SIZE as u64);
+                stats.pages_written += 1;
+            });
         }
         // Our own writes are not the program's: clear them, and check that
         // nobody else wrote meanwhile.

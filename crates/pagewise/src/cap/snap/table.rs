@@ -77,6 +77,51 @@ pub(super) fn share(spare: &mut Vec<Vec<Chunk>>, tables: &[Table]) -> Vec<Table>
         .collect()
 }
 
+/// The pages of `tgt` that memory must be given, in order: those marked
+/// in `marks` (written since), and those whose id differs from `cur`'s
+/// (what memory held; `None`: not known, every page). A chunk `cur` shares
+/// with `tgt` and with no mark is skipped whole.
+pub(super) fn pages_to_write(
+    cur: Option<&Table>,
+    tgt: &Table,
+    marks: &[u64],
+    mut out: impl FnMut(usize, PageId),
+) {
+    for (c, chunk) in tgt.chunks.iter().enumerate() {
+        let base = c * CHUNK_PAGES;
+        let same = cur.is_some_and(|t| Arc::ptr_eq(&t.chunks[c], chunk));
+        let any = marks[base / 64..(base + chunk.len()).div_ceil(64)]
+            .iter()
+            .any(|&w| w != 0);
+        if same && !any {
+            continue;
+        }
+        for (k, &want) in chunk.iter().enumerate() {
+            let i = base + k;
+            let differs = match cur {
+                Some(t) => !same && t.chunks[c][k] != want,
+                None => true,
+            };
+            if differs || get_bit(marks, i) {
+                out(i, want);
+            }
+        }
+    }
+}
+
+/// Sets in `bits` (a bit per page of region `r`) the pages of `ranges`
+/// that lie in `r`.
+pub(super) fn mark(bits: &mut [u64], r: crate::Region, ranges: &[crate::PageRange]) {
+    for d in ranges {
+        let (a, b) = (d.start.max(r.start), d.end().min(r.end()));
+        let mut addr = a;
+        while addr < b {
+            set_bit(bits, ((addr - r.start) / PAGE_SIZE as u64) as usize);
+            addr += PAGE_SIZE as u64;
+        }
+    }
+}
+
 pub(super) fn set_bit(bits: &mut [u64], i: usize) {
     bits[i / 64] |= 1 << (i % 64);
 }

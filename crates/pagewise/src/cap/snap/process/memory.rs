@@ -211,33 +211,11 @@ impl ProcessSnapshots {
                 (Some(k), Some(dirty)) => {
                     stats.pages_dirty += crate::mech::region::total_pages(dirty);
                     let mut marks = vec![0u64; (r.pages() as usize).div_ceil(64)];
-                    for d in dirty {
-                        let mut a = d.start.max(r.start);
-                        while a < d.end().min(r.end()) {
-                            table::set_bit(&mut marks, page_index(r, a));
-                            a += PAGE_SIZE as u64;
-                        }
-                    }
+                    table::mark(&mut marks, r, dirty);
                     if let Some(f) = force.filter(|&f| r.contains(f)) {
                         table::set_bit(&mut marks, page_index(r, f));
                     }
-                    for (c, chunk) in tgt.chunks.iter().enumerate() {
-                        let base = c * CHUNK_PAGES;
-                        let same = std::sync::Arc::ptr_eq(&k.table.chunks[c], chunk);
-                        let any = marks[base / 64..(base + chunk.len()).div_ceil(64)]
-                            .iter()
-                            .any(|&m| m != 0);
-                        if same && !any {
-                            continue;
-                        }
-                        for (j, &want) in chunk.iter().enumerate() {
-                            let i = base + j;
-                            if table::get_bit(&marks, i) || (!same && k.table.chunks[c][j] != want)
-                            {
-                                pages.push(i);
-                            }
-                        }
-                    }
+                    table::pages_to_write(Some(&k.table), &tgt, &marks, |i, _| pages.push(i));
                 }
                 _ if made => {
                     // Mapped afresh: zero already, but for a file's pages.
