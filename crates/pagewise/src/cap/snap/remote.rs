@@ -219,19 +219,16 @@ fn snapshot_with(
 /// one): its snapshot then restores memory alone.
 #[cfg(target_arch = "x86_64")]
 fn process_record(pid: i32, stopped: &Stopped) -> Option<super::disk::ProcessRecord> {
-    use crate::mech::{layout, threads};
     // A seccomp filter could refuse the calls made inside, or kill it.
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     if procfs::status_field(&status, "Seccomp").unwrap_or(0) != 0 {
         return None;
     }
-    let remote = crate::mech::inject::Remote::new(stopped).ok()?;
-    let layout = layout::read(Some(pid)).ok()?;
-    let scratch = layout.iter().find(|v| v.is_private_writable())?.start;
-    let threads = threads::capture(stopped, &remote, scratch).ok()?;
+    let layout = crate::mech::layout::read(Some(pid)).ok()?;
+    let (brk, threads) = super::process::inside_state(stopped, &layout).ok()?;
     Some(super::disk::ProcessRecord {
         start_time: procfs::start_time(pid)?,
-        brk: layout::brk(&remote, 0).ok(),
+        brk: Some(brk),
         layout,
         threads,
     })

@@ -339,15 +339,8 @@ impl ProcessSnapshots {
             .collect();
         let (brk, threads) = match &self.no_inside {
             None => {
-                let remote = Remote::new(&stopped)?;
-                let scratch = regions.first().map(|r| r.start).ok_or_else(|| {
-                    Error::MemoryType(format!(
-                        "process {} has no private writable memory",
-                        self.pid
-                    ))
-                })?;
-                let t = threads::capture(&stopped, &remote, scratch)?;
-                (Some(layout::brk(&remote, 0)?), t)
+                let (brk, t) = inside_state(&stopped, &layout)?;
+                (Some(brk), t)
             }
             Some(_) => (None, Vec::new()),
         };
@@ -569,6 +562,28 @@ impl Drop for ProcessSnapshots {
             }
         }
     }
+}
+
+/// What a snapshot records besides memory, read inside `stopped`: the
+/// program break and every thread's state (`layout`: the process's, read
+/// while stopped; the calls use its first private writable page).
+pub(in crate::cap::snap) fn inside_state(
+    stopped: &Stopped,
+    layout: &[Vma],
+) -> Result<(u64, Vec<ThreadState>)> {
+    let remote = Remote::new(stopped)?;
+    let scratch = layout
+        .iter()
+        .find(|v| is_data(v))
+        .map(|v| v.start)
+        .ok_or_else(|| {
+            Error::MemoryType(format!(
+                "process {} has no private writable memory",
+                stopped.pid()
+            ))
+        })?;
+    let threads = threads::capture(stopped, &remote, scratch)?;
+    Ok((layout::brk(&remote, 0)?, threads))
 }
 
 /// Puts the layout of `snap` back (the process stopped): the break, then
