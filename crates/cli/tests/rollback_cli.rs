@@ -6,8 +6,7 @@
 
 #[macro_use]
 mod support;
-use std::io::Write;
-use std::process::{Child, ChildStdin, ChildStdout};
+use pagewise_testkit::Piped;
 use support::*;
 
 /// The rollback target of the library's tests, compiled once.
@@ -24,55 +23,6 @@ fn rollback_target() -> Option<std::path::PathBuf> {
             pagewise_testkit::skip!("{why}");
             None
         }
-    }
-}
-
-/// A child with piped stdin and stdout, read by lines; killed on drop.
-struct Piped {
-    child: Child,
-    input: ChildStdin,
-    out: BufReader<ChildStdout>,
-}
-
-impl Piped {
-    fn start(c: &mut Command) -> Piped {
-        let mut child = c
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let input = child.stdin.take().unwrap();
-        let out = BufReader::new(child.stdout.take().unwrap());
-        Piped { child, input, out }
-    }
-    fn line(&mut self) -> String {
-        let mut l = String::new();
-        self.out.read_line(&mut l).unwrap();
-        l.trim().to_string()
-    }
-    fn ask(&mut self, req: &str) -> String {
-        writeln!(self.input, "{req}").unwrap();
-        self.input.flush().unwrap();
-        self.line()
-    }
-    /// Waits until the target blocks in its read of stdin.
-    fn settle(&self) {
-        let pid = self.child.id();
-        for _ in 0..5000 {
-            let call = std::fs::read_to_string(format!("/proc/{pid}/syscall")).unwrap_or_default();
-            if call.starts_with("0 0x0 ") {
-                return;
-            }
-            std::thread::sleep(Duration::from_micros(200));
-        }
-        panic!("the target never blocked in its read");
-    }
-}
-
-impl Drop for Piped {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -97,7 +47,7 @@ fn serve_resets_a_target_to_its_snapshot_on_request() {
     ]));
     let hello = json(&s.line());
     assert_eq!(hello["serving"], t.child.id());
-    t.settle();
+    t.settle_in_read();
     let take = json(&s.ask("take"));
     assert_eq!(take["schema"], 1);
     let id = take["take"]["id"].as_u64().unwrap();
@@ -105,7 +55,7 @@ fn serve_resets_a_target_to_its_snapshot_on_request() {
     assert!(first.contains("bad=0"), "{first}");
     for round in 0..5 {
         t.ask(&format!("w {} {}", 10 + round, 99 + round));
-        t.settle();
+        t.settle_in_read();
         let r = json(&s.ask(&format!("restore {id}")));
         assert_eq!(r["restore"]["id"], id, "{r}");
         assert_eq!(r["restore"]["report"]["threads"], 1, "{r}");
@@ -162,14 +112,14 @@ fn a_stored_snapshot_is_restored_and_extracted_from_the_command_line() {
     let pid = t.child.id().to_string();
     let dir = temp_dir("rollback-cli-store");
     t.ask("w 20 1");
-    t.settle();
+    t.settle_in_read();
     let out = ok(Command::new(BIN)
         .args(["snapshot", "--pid", &pid, "--json", "--out"])
         .arg(&dir));
     let id = json_lines(&out.stdout)[0]["save"]["id"].as_u64().unwrap();
     let first = t.ask("w 64 2");
     t.ask("m");
-    t.settle();
+    t.settle_in_read();
     let out = ok(Command::new(BIN)
         .args(["snapshot", "restore", "--pid", &pid, "--json"])
         .arg(&dir));
@@ -182,7 +132,7 @@ fn a_stored_snapshot_is_restored_and_extracted_from_the_command_line() {
     ok(Command::new(BIN)
         .args(["snapshot", "restore", "--pid", &pid])
         .arg(&dir));
-    t.settle();
+    t.settle_in_read();
     let file = dir.with_extension("raw");
     let range = format!("{:x}-{:x}", big, big + 16 * PAGE);
     let out = ok(Command::new(BIN)

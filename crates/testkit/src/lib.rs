@@ -191,3 +191,74 @@ pub fn c_program(
     built.push((src.to_path_buf(), out.clone()));
     Ok(out)
 }
+
+/// A child with piped stdin and stdout that answers one line per line it
+/// is sent; killed and reaped when dropped.
+pub struct Piped {
+    /// The child.
+    pub child: std::process::Child,
+    /// Its stdin.
+    pub input: std::process::ChildStdin,
+    out: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl Piped {
+    /// Starts `c` with stdin and stdout piped.
+    pub fn start(c: &mut std::process::Command) -> Piped {
+        use std::process::Stdio;
+        let mut child = c
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("starting the child");
+        let input = child.stdin.take().expect("piped");
+        let out = std::io::BufReader::new(child.stdout.take().expect("piped"));
+        Piped { child, input, out }
+    }
+
+    /// Its pid.
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Its next line, trimmed (empty at its end).
+    pub fn line(&mut self) -> String {
+        use std::io::BufRead;
+        let mut l = String::new();
+        self.out
+            .read_line(&mut l)
+            .expect("reading the child's output");
+        l.trim().to_string()
+    }
+
+    /// Sends `req` as one line and returns the line it answers.
+    pub fn ask(&mut self, req: &str) -> String {
+        use std::io::Write;
+        writeln!(self.input, "{req}").expect("writing to the child");
+        self.input.flush().expect("writing to the child");
+        let a = self.line();
+        assert!(!a.is_empty(), "the child ended on {req:?}");
+        a
+    }
+
+    /// Waits until its main thread blocks in a `read` of its stdin (it has
+    /// answered and asks for the next line): its memory stands still.
+    pub fn settle_in_read(&self) {
+        let pid = self.pid();
+        for _ in 0..5000 {
+            let call = std::fs::read_to_string(format!("/proc/{pid}/syscall")).unwrap_or_default();
+            if call.starts_with("0 0x0 ") {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
+        panic!("the child never blocked in its read of stdin");
+    }
+}
+
+impl Drop for Piped {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -12,10 +12,11 @@ mod common;
 
 use common::can_ptrace;
 use pagewise::snap::{ProcessSnapshots, RestoreOptions, SnapId};
-use std::io::{BufRead, BufReader, Write};
+use pagewise_testkit::Piped;
+use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::Command;
 
 /// The C target, built once; `None` (skip printed) without a C compiler or
 /// where ptrace is not allowed.
@@ -34,79 +35,41 @@ fn target() -> Option<PathBuf> {
     }
 }
 
-/// A running target, killed when dropped.
+/// A running target (`tests/c/rollback.c`), killed when dropped.
 struct Target {
     /// The main thread's rseq area, which the kernel writes whenever the
     /// thread runs (the CPU it runs on): not compared.
     rseq: Option<u64>,
-    child: Child,
-    input: ChildStdin,
-    out: BufReader<std::process::ChildStdout>,
+    p: Piped,
+}
+
+impl std::ops::Deref for Target {
+    type Target = Piped;
+    fn deref(&self) -> &Piped {
+        &self.p
+    }
+}
+
+impl std::ops::DerefMut for Target {
+    fn deref_mut(&mut self) -> &mut Piped {
+        &mut self.p
+    }
 }
 
 impl Target {
     fn start(path: &Path, args: &[&str]) -> Target {
-        let mut child = Command::new(path)
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("starting the target");
-        let input = child.stdin.take().unwrap();
-        let out = BufReader::new(child.stdout.take().unwrap());
-        let mut t = Target {
-            rseq: None,
-            child,
-            input,
-            out,
-        };
-        let l = t.line();
+        let mut p = Piped::start(Command::new(path).args(args));
+        let l = p.line();
         assert!(l.starts_with("ready"), "the target said {l:?}");
-        t.rseq = l
+        let rseq = l
             .split_whitespace()
             .find_map(|w| w.strip_prefix("rseq=0x"))
             .and_then(|h| u64::from_str_radix(h, 16).ok());
-        t
+        Target { rseq, p }
     }
 
-    fn pid(&self) -> i32 {
-        self.child.id() as i32
-    }
-
-    fn line(&mut self) -> String {
-        let mut l = String::new();
-        self.out.read_line(&mut l).unwrap();
-        l.trim().to_string()
-    }
-
-    /// Sends one command and returns its answer.
-    fn ask(&mut self, cmd: &str) -> String {
-        writeln!(self.input, "{cmd}").unwrap();
-        let a = self.line();
-        assert!(!a.is_empty(), "the target ended on {cmd:?}");
-        a
-    }
-
-    /// Waits until the target's main thread blocks in its `read` of stdin
-    /// (it has answered and asks for the next line): its memory stands
-    /// still.
     fn settle(&self) {
-        let pid = self.pid();
-        for _ in 0..5000 {
-            let call = std::fs::read_to_string(format!("/proc/{pid}/syscall")).unwrap_or_default();
-            if call.starts_with("0 0x0 ") {
-                return;
-            }
-            std::thread::sleep(std::time::Duration::from_micros(200));
-        }
-        panic!("the target never blocked in its read");
-    }
-}
-
-impl Drop for Target {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.p.settle_in_read();
     }
 }
 
