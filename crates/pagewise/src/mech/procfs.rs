@@ -222,6 +222,19 @@ pub fn children(pid: i32) -> Option<Vec<i32>> {
     Some(out)
 }
 
+/// The descriptors process `pid` has open (`/proc/PID/fd`), sorted; none
+/// where they cannot be listed.
+pub fn open_fds(pid: i32) -> Vec<i64> {
+    let mut v: Vec<i64> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort_unstable();
+    v
+}
+
 /// The parent of process `pid` (field 4 of `/proc/PID/stat`).
 pub fn parent(pid: i32) -> Option<i32> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;

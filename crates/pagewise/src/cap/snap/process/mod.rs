@@ -239,18 +239,6 @@ fn page_index(r: Region, addr: u64) -> usize {
     ((addr - r.start) / PAGE_SIZE as u64) as usize
 }
 
-/// The descriptors process `pid` has open.
-fn open_fds(pid: i32) -> Vec<i64> {
-    let mut v: Vec<i64> = std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .map(|d| {
-            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default();
-    v.sort_unstable();
-    v
-}
-
 impl ProcessSnapshots {
     /// Opens a handle on process `pid`: tracking from outside starts now.
     /// Where nothing can be done inside the process, the handle opens all
@@ -347,7 +335,7 @@ impl ProcessSnapshots {
         let mut stats = TakeStats::default();
         let data = self.read_memory(&regions, &mut stats)?;
         let tids = stopped.tids().to_vec();
-        let fds = Some(open_fds(self.pid));
+        let fds = Some(procfs::open_fds(self.pid));
         drop(stopped);
         stats.pages = regions.iter().map(Region::pages).sum();
         stats.elapsed_ns = t0.elapsed().as_nanos() as u64;
@@ -453,7 +441,7 @@ impl ProcessSnapshots {
         report.phases.walk_us = (walk_ns as f64 / 100.0).round() / 10.0;
         report.phases.copy_us =
             ((us_since(&mut lap) - report.phases.walk_us) * 10.0).round() / 10.0;
-        let fds_now = fds_then.as_ref().map(|_| open_fds(pid));
+        let fds_now = fds_then.as_ref().map(|_| procfs::open_fds(pid));
         drop(stopped);
         if let (Some(then), Some(now)) = (&fds_then, &fds_now) {
             report.fd_changes = now
