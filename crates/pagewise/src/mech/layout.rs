@@ -254,17 +254,20 @@ fn push_merged(ops: &mut Vec<Op>, op: Op) {
     ops.push(op);
 }
 
+/// A call made inside process `pid` that answered `rc`, a negative errno.
+fn failed(pid: i32, what: String, rc: i64) -> Error {
+    Error::for_pid(pid, what, std::io::Error::from_raw_os_error(-rc as i32))
+}
+
 /// Makes `ops` inside the stopped process of `remote`, in order.
 pub fn apply(remote: &Remote<'_>, pid: i32, ops: &[Op]) -> Result<()> {
-    let failed = |what: String, rc: i64| {
-        Error::for_pid(pid, what, std::io::Error::from_raw_os_error(-rc as i32))
-    };
     for op in ops {
         match op {
             Op::Unmap { start, end } => {
                 let rc = remote.syscall(libc::SYS_munmap, [*start, end - start, 0, 0, 0, 0])?;
                 if rc < 0 {
                     return Err(failed(
+                        pid,
                         format!("munmap({start:#x}..{end:#x}) made inside it"),
                         rc,
                     ));
@@ -277,6 +280,7 @@ pub fn apply(remote: &Remote<'_>, pid: i32, ops: &[Op]) -> Result<()> {
                 )?;
                 if rc < 0 {
                     return Err(failed(
+                        pid,
                         format!("mprotect({start:#x}..{end:#x}) made inside it"),
                         rc,
                     ));
@@ -292,9 +296,6 @@ pub fn apply(remote: &Remote<'_>, pid: i32, ops: &[Op]) -> Result<()> {
 /// a file is opened there by its path (written to a scratch page mapped
 /// for the call) and closed after.
 fn map(remote: &Remote<'_>, pid: i32, start: u64, end: u64, like: &Vma) -> Result<()> {
-    let failed = |what: String, rc: i64| {
-        Error::for_pid(pid, what, std::io::Error::from_raw_os_error(-rc as i32))
-    };
     let len = end - start;
     let share = if like.shared {
         libc::MAP_SHARED
@@ -315,6 +316,7 @@ fn map(remote: &Remote<'_>, pid: i32, start: u64, end: u64, like: &Vma) -> Resul
         )?;
         return match rc {
             rc if rc < 0 => Err(failed(
+                pid,
                 format!("mmap({start:#x}..{end:#x}) made inside it"),
                 rc,
             )),
@@ -338,7 +340,11 @@ fn map(remote: &Remote<'_>, pid: i32, start: u64, end: u64, like: &Vma) -> Resul
         ],
     )?;
     if page < 0 {
-        return Err(failed("mmap of a scratch page made inside it".into(), page));
+        return Err(failed(
+            pid,
+            "mmap of a scratch page made inside it".into(),
+            page,
+        ));
     }
     let page = page as u64;
     let opened = pagewise_sys::process::process_vm_write(pid, page, &name)
@@ -354,7 +360,7 @@ fn map(remote: &Remote<'_>, pid: i32, start: u64, end: u64, like: &Vma) -> Resul
     remote.syscall(libc::SYS_munmap, [page, PAGE_SIZE as u64, 0, 0, 0, 0])?;
     let fd = opened?;
     if fd < 0 {
-        return Err(failed(format!("opening {path} inside it"), fd));
+        return Err(failed(pid, format!("opening {path} inside it"), fd));
     }
     let offset = like.offset + (start - like.start);
     let rc = remote.syscall(
@@ -372,6 +378,7 @@ fn map(remote: &Remote<'_>, pid: i32, start: u64, end: u64, like: &Vma) -> Resul
     let rc = rc?;
     if rc < 0 {
         return Err(failed(
+            pid,
             format!("mmap of {path} at {start:#x}..{end:#x} made inside it"),
             rc,
         ));
