@@ -270,7 +270,10 @@ fn contents_survive_and_the_model_adds_up() {
         st.modelled_delay_ns,
         64 * cfg.link.fetch_ns(PAGE_SIZE as u64)
     );
-    assert!(st.injected_delay_ns > 0);
+    // How much of the model the engine had to add by waiting is not
+    // checked: it is the part its own work did not already take, which is
+    // zero on a machine loaded enough that the engine alone outlasts every
+    // fault's model, and a spin preempted by the scheduler overshoots it.
     // The one timing check of the suite, one-sided: what faults took in
     // all (the engine's own time counts toward the model; it waits for
     // the rest) plus the part of each it cannot see is never less than
