@@ -18,6 +18,7 @@ pub mod bloom;
 pub mod cgroup;
 #[doc(hidden)]
 pub mod child;
+pub mod fault;
 #[doc(hidden)]
 pub mod files;
 pub mod hash;

@@ -8,6 +8,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 mod disk;
+mod lazy;
 mod live;
 mod wire;
 

@@ -9,12 +9,12 @@ mod held;
 mod regions;
 
 use super::*;
+use crate::mech::fault::{self as server, again};
 use crate::workload::AnonMemory;
 use crate::{Error, Region, Result, PAGE_SIZE};
 use link::{Injector, Link, LinkConfig};
 use pagewise_sys::{mem, uffd};
 use policy::Policy;
-use std::io::Read;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -184,20 +184,10 @@ pub(super) struct Engine {
     pub(super) thread_floor: usize,
 }
 
-/// The handler met an error it cannot recover from: its books no longer
-/// match the memory. The program must neither run on with pages that may be
-/// wrong nor wait forever on faults no one serves: the process is aborted,
-/// while the userfaultfd is still open (closing it first would let the
-/// waiting threads run on over holes that read as zeros).
+/// The handler met an error it cannot recover from: the process is
+/// aborted ([`server::abort`]).
 pub(super) fn fail(e: &Error) -> ! {
-    let msg = format!(
-        "pagewise farmem: the fault handler failed: {e}; aborting the process, \
-         whose emulated memory can no longer be trusted\n"
-    );
-    // Straight to the file descriptor: a thread waiting on a fault may hold
-    // the lock of the standard error stream.
-    let _ = pagewise_sys::process::write_fd(2, msg.as_bytes());
-    std::process::abort();
+    server::abort("farmem", e)
 }
 
 /// The parts of `r` mapped now as private anonymous writable memory.
@@ -268,12 +258,6 @@ fn put_back(fd: RawFd, dst: u64, src: u64, mode: u64, patient: bool) -> std::io:
     }
 }
 
-/// Whether `e` is `EAGAIN`: the address space is changing under a
-/// userfaultfd event not read yet; read events, then try again.
-fn again(e: &Error) -> bool {
-    matches!(e, Error::Os { source, .. } if source.raw_os_error() == Some(libc::EAGAIN))
-}
-
 /// Whether `e` is [`Engine::map`]'s answer for an address where no mapping
 /// is registered with the engine any more.
 pub(super) fn unregistered(e: &Error) -> bool {
@@ -286,20 +270,6 @@ pub(super) fn unregistered(e: &Error) -> bool {
 fn registered_here(addr: u64) -> bool {
     crate::mech::procfs::with_vm_flag(None, &["um"])
         .map_or(true, |m| m.iter().any(|&(a, b)| addr >= a && addr < b))
-}
-
-fn open_uffd(features: u64) -> Result<OwnedFd> {
-    // Non-blocking: poll may report a message another wake-up consumed.
-    let (fd, _) =
-        uffd::open(libc::O_CLOEXEC | libc::O_NONBLOCK).map_err(|e| Error::Unsupported {
-            feature: "userfaultfd",
-            why: e.to_string(),
-        })?;
-    uffd::api(fd.as_raw_fd(), features).map_err(|e| Error::Unsupported {
-        feature: "userfaultfd move and events",
-        why: format!("UFFDIO_API with features {features:#x}: {e}"),
-    })?;
-    Ok(fd)
 }
 
 /// One page of staging, which the engine reads only while it is mapped there.
@@ -320,10 +290,10 @@ impl Engine {
         use uffd::feature as f;
         let events = f::MOVE | f::EVENT_REMOVE | f::EVENT_UNMAP | f::EVENT_REMAP;
         let mut e = Engine {
-            uffd: open_uffd(if inline { events | f::SIGBUS } else { events })?,
+            uffd: server::open(if inline { events | f::SIGBUS } else { events })?,
             // SIGBUS: a read of a staging page that is not there fails at
             // once instead of waiting for a handler that is the reader.
-            stage_uffd: open_uffd(
+            stage_uffd: server::open(
                 f::MOVE
                     | if crate::mech::probe::get().uffd_has(f::SIGBUS) {
                         f::SIGBUS
@@ -443,7 +413,6 @@ impl Engine {
                 },
             )
         };
-        let fds: [RawFd; 2] = [fd, wake.as_raw_fd()];
         let result = loop {
             let mut g = cell.lock();
             let Some(this) = g.engine() else {
@@ -462,9 +431,9 @@ impl Engine {
                 break Err(e);
             }
             // Messages first; poll (one more system call) only when none is waiting.
-            let msg = match uffd::read_msg(fd) {
-                Ok(m) => m,
-                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
+            let msg = match server::read(fd) {
+                Ok(Some(m)) => m,
+                Ok(None) => {
                     if !(this.moves.is_empty() && this.adopts.is_empty() && this.later.is_empty()) {
                         let r = this.settle(sh);
                         this.publish(sh);
@@ -478,10 +447,8 @@ impl Engine {
                         continue;
                     }
                     drop(g);
-                    match uffd::poll_readable(&fds, idle_ms) {
-                        Ok(ready) if ready & 2 != 0 => {
-                            let mut b = [0u8; 16];
-                            let _ = wake.read(&mut b);
+                    match server::wait(fd, &mut wake, idle_ms) {
+                        Ok(true) => {
                             let mut g = cell.lock();
                             if let Some(this) = g.engine() {
                                 if let Err(e) = this.discover_now() {
@@ -489,12 +456,12 @@ impl Engine {
                                 }
                             }
                         }
-                        Ok(_) => {}
-                        Err(e) => fail(&Error::os("poll of the userfaultfd", e)),
+                        Ok(false) => {}
+                        Err(e) => fail(&e),
                     }
                     continue;
                 }
-                Err(e) => break Err(Error::os("reading the userfaultfd", e)),
+                Err(e) => break Err(e),
             };
             let arrived = Instant::now();
             this.note(|| format!("read {}", books::describe(&msg)));

@@ -30,6 +30,7 @@
 
 pub mod disk;
 pub mod extract;
+pub mod lazy;
 pub mod live;
 #[cfg(target_arch = "x86_64")]
 pub mod process;
@@ -39,6 +40,7 @@ mod table;
 pub mod wire;
 
 pub use disk::{DiskSnapshot, DiskStats, DiskStore, SaveStats, StoreError};
+pub use lazy::{LazyOptions, LazyRestore, LazyStats};
 #[cfg(target_arch = "x86_64")]
 pub use process::{
     ProcessSnapshots, RestoreOptions, RestorePhases, RestoreReport, RollbackRefusal,
