@@ -40,17 +40,19 @@ enum What {
         #[command(flatten)]
         output: Output,
     },
-    /// Rollback of another process in place: (a) the reset of a
-    /// fuzzing / model-checking loop (k pages written per input) against an
-    /// AFL-style fork server and re-exec + reload; (b) take + restore
-    /// cycles in another process against a fork server. Short by default.
+    /// Restore: (a) rollback of another process in place as the reset of
+    /// a fuzzing / model-checking loop (k pages written per input) against
+    /// an AFL-style fork server and re-exec + reload; (b) take + restore
+    /// cycles in another process against a fork server; (d) lazy restore
+    /// of own memory from a store against eager restore and the far-memory
+    /// floor. Short by default.
     Rollback {
         /// The full experiment (64 MiB and 1 GiB, base pages and THP, 200
-        /// resets per point; a few minutes).
+        /// resets per point; lazy restore of 4 GiB; several minutes).
         #[arg(long)]
         full: bool,
-        /// Run only these experiments: any of a and b.
-        #[arg(long, default_value = "ab")]
+        /// Run only these experiments: any of a, b and d.
+        #[arg(long, default_value = "abd")]
         only: String,
         #[command(flatten)]
         output: Output,

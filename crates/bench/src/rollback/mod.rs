@@ -14,6 +14,7 @@
 //! (b) **SimGrid's restore in another process.** Cycles of input (x % of
 //! the pages written, with their write-protect faults), take and restore.
 
+pub mod lazy;
 pub mod target;
 
 use crate::svg::{Chart, Series};
@@ -43,7 +44,9 @@ pub struct Config {
     pub cycle_percents: Vec<f64>,
     /// (b): cycles per point.
     pub cycle_reps: usize,
-    /// Which experiments: any of `a` and `b`.
+    /// (d): lazy restore from a store.
+    pub lazy: lazy::LazyConfig,
+    /// Which experiments: any of `a`, `b` and `d`.
     pub parts: String,
 }
 
@@ -58,7 +61,13 @@ impl Config {
             reload_reps: 2,
             cycle_percents: vec![1.0],
             cycle_reps: 10,
-            parts: "ab".into(),
+            lazy: lazy::LazyConfig {
+                mibs: vec![64],
+                reps: 3,
+                touches: 1000,
+                work: 1000,
+            },
+            parts: "abd".into(),
         }
     }
     /// The experiment (64 MiB and 1 GiB, base pages and THP).
@@ -71,7 +80,13 @@ impl Config {
             reload_reps: 5,
             cycle_percents: vec![0.1, 1.0, 10.0],
             cycle_reps: 50,
-            parts: "ab".into(),
+            lazy: lazy::LazyConfig {
+                mibs: vec![256, 1024, 4096],
+                reps: 5,
+                touches: 5000,
+                work: 1000,
+            },
+            parts: "abd".into(),
         }
     }
 }
@@ -161,6 +176,8 @@ pub struct Report {
     pub resets: Vec<ResetRow>,
     /// (b).
     pub cycles: Vec<CycleRow>,
+    /// (d).
+    pub lazy: Vec<lazy::LazyRow>,
 }
 
 /// A running target, ended when dropped.
@@ -507,6 +524,11 @@ pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
         let largest = cfg.sizes_mib.iter().copied().max().unwrap_or(64);
         cycle_rows.extend(cycles(cfg, largest, progress)?);
     }
+    let lazy_rows = if cfg.parts.contains('d') {
+        lazy::run(&cfg.lazy, progress)?
+    } else {
+        Vec::new()
+    };
     Ok(Report {
         machine: Machine::this(),
         commit: option_env!("PAGEWISE_COMMIT")
@@ -517,6 +539,7 @@ pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
         config: cfg.clone(),
         resets: resets_rows,
         cycles: cycle_rows,
+        lazy: lazy_rows,
     })
 }
 
@@ -604,6 +627,9 @@ impl Report {
                 );
             }
         }
+        if !self.lazy.is_empty() {
+            lazy::summary(&mut s, &self.lazy);
+        }
         s
     }
 
@@ -626,10 +652,11 @@ impl Report {
             }
         }
         series.retain(|s| !s.label.starts_with("re-exec"));
+        let mut charts: Vec<(String, Chart)> = lazy::chart(&self.lazy).into_iter().collect();
         if series.is_empty() {
-            return Vec::new();
+            return charts;
         }
-        vec![(
+        charts.push((
             "resets.svg".into(),
             Chart {
                 title: "Reset after an input writing k pages (median)".into(),
@@ -639,7 +666,8 @@ impl Report {
                 log_y: true,
                 series,
             },
-        )]
+        ));
+        charts
     }
 }
 

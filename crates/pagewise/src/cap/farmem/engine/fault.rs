@@ -54,11 +54,10 @@ impl Engine {
     fn zero_unknown(&self, addr: u64) -> Result<()> {
         let fd = self.uffd.as_raw_fd();
         let page = addr & !(PAGE_SIZE as u64 - 1);
-        match uffd::zeropage(fd, page, PAGE_SIZE as u64) {
-            Ok(()) => Ok(()),
-            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
-                Err(Error::os("UFFDIO_ZEROPAGE", e))
-            }
+        match crate::mech::fault::zero(fd, page, PAGE_SIZE as u64) {
+            Ok(_) => Ok(()),
+            Err(e) if again(&e) => Err(e),
+            // Unregistered meanwhile: whoever waits only needs waking.
             Err(_) => {
                 uffd::wake(fd, page, PAGE_SIZE as u64).map_err(|e| Error::os("UFFDIO_WAKE", e))
             }

@@ -42,13 +42,10 @@ impl Engine {
             // Registered but not (or no longer) emulated: fresh memory,
             // zeros. Not registered with this engine at all: not ours.
             let page = addr & !(PAGE_SIZE as u64 - 1);
-            return match uffd::zeropage(self.uffd.as_raw_fd(), page, PAGE_SIZE as u64) {
-                Ok(()) => Served::Done,
-                Err(e) => match e.raw_os_error() {
-                    Some(libc::EEXIST) => Served::Done,
-                    Some(libc::EAGAIN) => Served::Again,
-                    _ => Served::NotMine,
-                },
+            return match crate::mech::fault::zero(self.uffd.as_raw_fd(), page, PAGE_SIZE as u64) {
+                Ok(_) => Served::Done,
+                Err(e) if again(&e) => Served::Again,
+                Err(_) => Served::NotMine,
             };
         }
         // Counted first: a fetch publishes the counters before it maps the

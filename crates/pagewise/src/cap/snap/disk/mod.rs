@@ -314,7 +314,10 @@ impl DiskStore {
                     _ => io(&path, "reading", e),
                 })
         };
-        read(&mut buf[..REC_HEADER], offset)?;
+        // One read of the longest record that fits (a page's record is
+        // rarely followed by less than a page), a second only for the rest.
+        let first = (REC_HEADER + PAGE_SIZE).min((self.pack_len - offset) as usize);
+        read(&mut buf[..first], offset)?;
         let len = u32_at(&buf, 8) as usize;
         if u32_at(&buf, 0) != REC_MAGIC
             || len > PAGE_SIZE
@@ -322,10 +325,9 @@ impl DiskStore {
         {
             return Err(corrupt(&path, format!("bad record at offset {offset}")));
         }
-        read(
-            &mut buf[REC_HEADER..REC_HEADER + len],
-            offset + REC_HEADER as u64,
-        )?;
+        if REC_HEADER + len > first {
+            read(&mut buf[first..REC_HEADER + len], offset + first as u64)?;
+        }
         let header = &buf[..REC_HEADER];
         let payload = &buf[REC_HEADER..REC_HEADER + len];
         if record_checksum(header, payload) != u64_at(header, 32) {
