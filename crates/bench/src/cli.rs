@@ -43,16 +43,19 @@ enum What {
     /// Restore: (a) rollback of another process in place as the reset of
     /// a fuzzing / model-checking loop (k pages written per input) against
     /// an AFL-style fork server and re-exec + reload; (b) take + restore
-    /// cycles in another process against a fork server; (d) lazy restore
+    /// cycles in another process against a fork server; (c) a real Redis
+    /// reset between test cases against DEBUG RELOAD, a restart and an undo
+    /// journal; (d) lazy restore
     /// of own memory from a store against eager restore and the far-memory
     /// floor. Short by default.
     Rollback {
         /// The full experiment (64 MiB and 1 GiB, base pages and THP, 200
-        /// resets per point; lazy restore of 4 GiB; several minutes).
+        /// resets per point; Redis with a million keys; lazy restore of
+        /// 4 GiB; several minutes).
         #[arg(long)]
         full: bool,
-        /// Run only these experiments: any of a, b and d.
-        #[arg(long, default_value = "abd")]
+        /// Run only these experiments: any of a, b, c and d.
+        #[arg(long, default_value = "abcd")]
         only: String,
         #[command(flatten)]
         output: Output,

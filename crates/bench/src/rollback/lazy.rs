@@ -332,7 +332,8 @@ impl Drop for Pinned {
     }
 }
 
-struct Cleanup(std::path::PathBuf);
+/// A directory removed when dropped.
+pub(super) struct Cleanup(pub(super) std::path::PathBuf);
 
 impl Drop for Cleanup {
     fn drop(&mut self) {

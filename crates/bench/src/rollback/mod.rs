@@ -15,6 +15,7 @@
 //! the pages written, with their write-protect faults), take and restore.
 
 pub mod lazy;
+pub mod redis;
 pub mod target;
 
 use crate::svg::{Chart, Series};
@@ -44,9 +45,11 @@ pub struct Config {
     pub cycle_percents: Vec<f64>,
     /// (b): cycles per point.
     pub cycle_reps: usize,
+    /// (c): Redis test resets.
+    pub redis: redis::RedisConfig,
     /// (d): lazy restore from a store.
     pub lazy: lazy::LazyConfig,
-    /// Which experiments: any of `a`, `b` and `d`.
+    /// Which experiments: any of `a`, `b`, `c` and `d`.
     pub parts: String,
 }
 
@@ -61,13 +64,20 @@ impl Config {
             reload_reps: 2,
             cycle_percents: vec![1.0],
             cycle_reps: 10,
+            redis: redis::RedisConfig {
+                keys: 20_000,
+                ops: 2_000,
+                reps: 5,
+                slow_reps: 2,
+                sample: 200,
+            },
             lazy: lazy::LazyConfig {
                 mibs: vec![64],
                 reps: 3,
                 touches: 1000,
                 work: 1000,
             },
-            parts: "abd".into(),
+            parts: "abcd".into(),
         }
     }
     /// The experiment (64 MiB and 1 GiB, base pages and THP).
@@ -80,13 +90,20 @@ impl Config {
             reload_reps: 5,
             cycle_percents: vec![0.1, 1.0, 10.0],
             cycle_reps: 50,
+            redis: redis::RedisConfig {
+                keys: 1_000_000,
+                ops: 10_000,
+                reps: 20,
+                slow_reps: 5,
+                sample: 1000,
+            },
             lazy: lazy::LazyConfig {
                 mibs: vec![256, 1024, 4096],
                 reps: 5,
                 touches: 5000,
                 work: 1000,
             },
-            parts: "abd".into(),
+            parts: "abcd".into(),
         }
     }
 }
@@ -176,6 +193,8 @@ pub struct Report {
     pub resets: Vec<ResetRow>,
     /// (b).
     pub cycles: Vec<CycleRow>,
+    /// (c).
+    pub redis: Vec<redis::RedisRow>,
     /// (d).
     pub lazy: Vec<lazy::LazyRow>,
 }
@@ -524,6 +543,11 @@ pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
         let largest = cfg.sizes_mib.iter().copied().max().unwrap_or(64);
         cycle_rows.extend(cycles(cfg, largest, progress)?);
     }
+    let redis_rows = if cfg.parts.contains('c') {
+        redis::run(&cfg.redis, progress)?
+    } else {
+        Vec::new()
+    };
     let lazy_rows = if cfg.parts.contains('d') {
         lazy::run(&cfg.lazy, progress)?
     } else {
@@ -539,6 +563,7 @@ pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
         config: cfg.clone(),
         resets: resets_rows,
         cycles: cycle_rows,
+        redis: redis_rows,
         lazy: lazy_rows,
     })
 }
@@ -627,6 +652,7 @@ impl Report {
                 );
             }
         }
+        redis::summary(&mut s, &self.redis);
         if !self.lazy.is_empty() {
             lazy::summary(&mut s, &self.lazy);
         }

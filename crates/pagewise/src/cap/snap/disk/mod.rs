@@ -316,8 +316,17 @@ impl DiskStore {
         };
         // One read of the longest record that fits (a page's record is
         // rarely followed by less than a page), a second only for the rest.
-        let first = (REC_HEADER + PAGE_SIZE).min((self.pack_len - offset) as usize);
-        read(&mut buf[..first], offset)?;
+        // What a writer appended may not all be in the file yet: a short
+        // first read is fine if it holds the header.
+        let want = (REC_HEADER + PAGE_SIZE).min((self.pack_len - offset) as usize);
+        let first = read_up_to(&self.pack, &mut buf[..want], offset)
+            .map_err(|e| io(&path, "reading", e))?;
+        if first < REC_HEADER {
+            return Err(corrupt(
+                &path,
+                format!("the record at offset {offset} is truncated"),
+            ));
+        }
         let len = u32_at(&buf, 8) as usize;
         if u32_at(&buf, 0) != REC_MAGIC
             || len > PAGE_SIZE
@@ -585,6 +594,21 @@ impl StoreError {
 }
 
 /// Checks that `dest` has the shape (region count and sizes) of snapshot `s`.
+/// Reads from `at` into `buf` until it is full or the file ends; the
+/// bytes read.
+fn read_up_to(f: &File, buf: &mut [u8], at: u64) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match f.read_at(&mut buf[n..], at + n as u64) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
 pub(crate) fn check_same_shape(s: &DiskSnapshot, dest: &[Region]) -> Result<()> {
     let ok =
         s.regions.len() == dest.len() && s.regions.iter().zip(dest).all(|(a, b)| a.len == b.len);
