@@ -51,6 +51,10 @@
 // Restore memory and layout only, not the threads' registers.
 #define PW_RESTORE_MEMORY_ONLY 1
 
+// Start a lazy restore with no background fill: pages come in only when
+// touched, or at `pw_lazy_finish`.
+#define PW_LAZY_NO_BACKGROUND 1
+
 // Compression on the wire to a receiver: LZ4 where it saves an eighth.
 #define PW_COMPRESS_AUTO 0
 
@@ -62,6 +66,9 @@
 
 // A durable snapshot store: a directory.
 typedef struct pw_disk pw_disk;
+
+// A lazy restore in progress.
+typedef struct pw_lazy pw_lazy;
 
 // Live checkpoints (pre-copy) of another process or of regions of the
 // calling process, to a store or a receiver (`pagewise receive`).
@@ -113,6 +120,38 @@ typedef struct pw_save_stats {
   uint64_t index_bytes;
 } pw_save_stats;
 
+// A range of memory: `len` bytes from `start`, both multiples of the page size.
+typedef struct pw_region {
+  // Start address.
+  uint64_t start;
+  // Length in bytes.
+  uint64_t len;
+} pw_region;
+
+// What a lazy restore did so far.
+typedef struct pw_lazy_stats {
+  // Pages of the snapshot.
+  uint64_t pages;
+  // Zero pages among them (never read from the store).
+  uint64_t zero_pages;
+  // First touches served.
+  uint64_t faults;
+  // Pages copied from the store.
+  uint64_t copied;
+  // Pages copied in the background.
+  uint64_t background;
+  // Pages the program dropped or unmapped before they came in.
+  uint64_t dropped;
+  // Nanoseconds from reading a fault to its page mapped: median.
+  uint64_t service_p50_ns;
+  // Its 99th percentile.
+  uint64_t service_p99_ns;
+  // 1 once every page is in (or was dropped), else 0.
+  uint64_t complete;
+  // Nanoseconds from the start to completion (0 until complete).
+  uint64_t complete_ns;
+} pw_lazy_stats;
+
 // How live checkpoints proceed. All zero: the defaults (50 ms, 30 passes,
 // no throttling).
 typedef struct pw_live_options {
@@ -124,14 +163,6 @@ typedef struct pw_live_options {
   // are copied.
   int throttle;
 } pw_live_options;
-
-// A range of memory: `len` bytes from `start`, both multiples of the page size.
-typedef struct pw_region {
-  // Start address.
-  uint64_t start;
-  // Length in bytes.
-  uint64_t len;
-} pw_region;
 
 // Called with `stop` non-zero to stop every thread that writes the
 // regions (return once they are stopped), and with 0 to let them run.
@@ -326,6 +357,35 @@ int pw_snapshot_process(int32_t pid,
                         struct pw_disk *d,
                         const char *label,
                         struct pw_save_stats *stats);
+
+// Empties `regions` (private anonymous and writable, each the size of
+// the snapshot's region at the same place of the list) and serves their
+// first touches from snapshot `id` of the store in directory `dir`.
+// `flags` is 0 or `PW_LAZY_NO_BACKGROUND`. No other thread may touch the
+// regions during this call; any may from its return on. -EINVAL for a
+// shape unlike the snapshot's, -ENOSYS where userfaultfd is missing.
+//
+// # Safety
+// `dir` is a string; `regions` has `n` elements; `out` is writable.
+int pw_lazy_start(const char *dir,
+                  uint64_t id,
+                  const struct pw_region *regions,
+                  size_t n,
+                  uint32_t flags,
+                  struct pw_lazy **out);
+
+// What the lazy restore did so far goes to `*stats`.
+//
+// # Safety
+// `l` is a live handle; `stats` is writable.
+int pw_lazy_get_stats(struct pw_lazy *l, struct pw_lazy_stats *stats);
+
+// Brings in every page not in yet, stops serving, writes what was done to
+// `*stats` (may be NULL) and frees the handle.
+//
+// # Safety
+// `l` is a handle not freed yet; `stats` is NULL or writable.
+int pw_lazy_finish(struct pw_lazy *l, struct pw_lazy_stats *stats);
 
 // Live checkpoints of another process `pid` (its writable memory, tracked
 // with uffd-wp from outside, stopped with ptrace for the last pass).

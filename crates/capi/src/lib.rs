@@ -23,6 +23,7 @@
 #![allow(non_camel_case_types)]
 
 mod disk;
+mod lazy;
 mod live;
 mod process;
 mod snapshots;

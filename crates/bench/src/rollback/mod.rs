@@ -372,16 +372,7 @@ fn resets(
             checked += check(&h, id, pid, Some((8, rep as u64)))?;
         }
         checked += check(&h, id, pid, None)?;
-        let mid = |f: fn(&pagewise::snap::RestorePhases) -> f64| -> f64 {
-            crate::median(&mut phases.iter().map(f).collect::<Vec<_>>())
-        };
-        let mut ph = pagewise::snap::RestorePhases::default();
-        ph.stop_us = mid(|p| p.stop_us);
-        ph.layout_us = mid(|p| p.layout_us);
-        ph.threads_us = mid(|p| p.threads_us);
-        ph.walk_us = mid(|p| p.walk_us);
-        ph.copy_us = mid(|p| p.copy_us);
-        ph.resume_us = mid(|p| p.resume_us);
+        let ph = median_phases(&phases);
         rows.push(ResetRow {
             variant: "rollback".into(),
             mib,
@@ -695,6 +686,58 @@ impl Report {
         ));
         charts
     }
+}
+
+/// What writing `pages` distinct pages scattered over `mib` MiB of another
+/// process costs with `process_vm_writev` alone, in batches of 1024 as a
+/// restore writes them, ms (five rounds into a target holding the state):
+/// the floor of a restore's copy on this machine.
+fn writev_floor(mib: usize, pages: usize) -> Result<Ms> {
+    let mib = mib.next_power_of_two();
+    let t = Target::start(mib, false, &["serve"])?;
+    let pid = t.pid();
+    let len = (mib << 20) as u64;
+    let state = pagewise::mech::procfs::maps(Some(pid))?
+        .into_iter()
+        .filter(|m| m.write && m.end - m.start >= len)
+        .max_by_key(|m| m.end - m.start)
+        .context("finding the target's state")?;
+    let ps = pagewise::PAGE_SIZE;
+    let total = (len as usize) / ps;
+    let src = vec![7u8; pages.min(total) * ps];
+    let mut rounds = Vec::new();
+    for round in 0..5u64 {
+        let addrs: Vec<u64> = target::pages_of(pages, round, total)
+            .map(|p| state.start + (p * ps) as u64)
+            .collect();
+        let t0 = Instant::now();
+        for (chunk, bytes) in addrs.chunks(1024).zip(src.chunks(1024 * ps)) {
+            let local: Vec<&[u8]> = bytes.chunks(ps).collect();
+            let remote: Vec<(u64, usize)> = chunk.iter().map(|&a| (a, ps)).collect();
+            let n = pagewise_sys::process::process_vm_writev_gather(pid, &local, &remote)?;
+            if n != local.len() * ps {
+                bail!("process_vm_writev wrote {n} bytes of {}", local.len() * ps);
+            }
+        }
+        rounds.push(t0.elapsed().as_secs_f64() * 1e3);
+    }
+    drop(t);
+    Ok(Ms::of(rounds))
+}
+
+/// The median of every phase over `phases`.
+fn median_phases(phases: &[pagewise::snap::RestorePhases]) -> pagewise::snap::RestorePhases {
+    let mid = |f: fn(&pagewise::snap::RestorePhases) -> f64| -> f64 {
+        crate::median(&mut phases.iter().map(f).collect::<Vec<_>>())
+    };
+    let mut ph = pagewise::snap::RestorePhases::default();
+    ph.stop_us = mid(|p| p.stop_us);
+    ph.layout_us = mid(|p| p.layout_us);
+    ph.threads_us = mid(|p| p.threads_us);
+    ph.walk_us = mid(|p| p.walk_us);
+    ph.copy_us = mid(|p| p.copy_us);
+    ph.resume_us = mid(|p| p.resume_us);
+    ph
 }
 
 fn fmt_ms(m: &Ms) -> String {

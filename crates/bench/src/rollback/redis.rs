@@ -66,6 +66,11 @@ pub struct RedisRow {
     pub keys_checked: u64,
     /// Rollback: pages written back per reset (median).
     pub pages_written: Option<f64>,
+    /// Rollback: median phases of a reset, µs.
+    pub phases: Option<pagewise::snap::RestorePhases>,
+    /// Rollback: `process_vm_writev` alone writing as many pages scattered
+    /// over as much memory (the floor of the copy here), ms.
+    pub writev_floor: Option<Ms>,
 }
 
 const VALUE: usize = 1024;
@@ -267,10 +272,16 @@ fn row(c: &RedisConfig, method: &str, reps: usize) -> RedisRow {
         x_rollback: f64::NAN,
         keys_checked: 0,
         pages_written: None,
+        phases: None,
+        writev_floor: None,
     }
 }
 
-fn rollback(c: &RedisConfig, dir: &std::path::Path, progress: &mut dyn FnMut(&str)) -> Result<RedisRow> {
+fn rollback(
+    c: &RedisConfig,
+    dir: &std::path::Path,
+    progress: &mut dyn FnMut(&str),
+) -> Result<RedisRow> {
     std::fs::create_dir_all(dir)?;
     let r = Redis::start(dir, &[])?;
     progress(&format!("(c) rollback: loading {} keys", c.keys));
@@ -282,6 +293,7 @@ fn rollback(c: &RedisConfig, dir: &std::path::Path, progress: &mut dyn FnMut(&st
     let id = h.take()?;
     let mut out = row(c, "rollback", c.reps);
     let (mut reset, mut case, mut pages) = (Vec::new(), Vec::new(), Vec::new());
+    let mut phases = Vec::new();
     for rep in 0..c.reps {
         progress(&format!("(c) rollback: case {}/{}", rep + 1, c.reps));
         case.push(run_case(&r, &case_ops(c.keys, c.ops, rep as u64))?);
@@ -295,18 +307,34 @@ fn rollback(c: &RedisConfig, dir: &std::path::Path, progress: &mut dyn FnMut(&st
             rep_.fd_changes
         );
         pages.push(rep_.stats.pages_written as f64);
+        phases.push(rep_.phases);
         let last = rep + 1 == c.reps;
         let which = (!last).then(|| sample(c.keys, c.sample, rep as u64));
         out.keys_checked += check(&r, c.keys, which, "after a rollback")?;
     }
     drop(h);
+    let heap_mib = pagewise::mech::procfs::maps(Some(r.pid()))?
+        .iter()
+        .filter(|m| m.write)
+        .map(|m| (m.end - m.start) as usize)
+        .max()
+        .unwrap_or(0)
+        >> 20;
+    let median_pages = Ms::of(pages.clone()).median as usize;
+    progress("(c) rollback: the floor of process_vm_writev");
+    out.writev_floor = Some(super::writev_floor(heap_mib.max(16), median_pages)?);
     out.reset = Ms::of(reset);
     out.case = Ms::of(case);
     out.pages_written = Some(Ms::of(pages).median);
+    out.phases = Some(super::median_phases(&phases));
     Ok(out)
 }
 
-fn native(c: &RedisConfig, dir: &std::path::Path, progress: &mut dyn FnMut(&str)) -> Result<Vec<RedisRow>> {
+fn native(
+    c: &RedisConfig,
+    dir: &std::path::Path,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Vec<RedisRow>> {
     std::fs::create_dir_all(dir)?;
     let mut r = Redis::start(dir, &["--enable-debug-command", "yes"])?;
     progress(&format!("(c) native resets: loading {} keys", c.keys));
@@ -325,7 +353,11 @@ fn native(c: &RedisConfig, dir: &std::path::Path, progress: &mut dyn FnMut(&str)
         let ks: Vec<Vec<u8>> = touched.iter().map(|&i| key(i)).collect();
         let t0 = Instant::now();
         let mut cl = r.client()?;
-        let dumps = cl.pipeline(&ks.iter().map(|k| vec![&b"DUMP"[..], &k[..]]).collect::<Vec<_>>())?;
+        let dumps = cl.pipeline(
+            &ks.iter()
+                .map(|k| vec![&b"DUMP"[..], &k[..]])
+                .collect::<Vec<_>>(),
+        )?;
         before.push(t0.elapsed().as_secs_f64() * 1e3);
         drop(cl);
         case.push(run_case(&r, &ops)?);
@@ -353,7 +385,11 @@ fn native(c: &RedisConfig, dir: &std::path::Path, progress: &mut dyn FnMut(&str)
     let mut reload = row(c, "DEBUG RELOAD", c.slow_reps);
     let (mut reset, mut case) = (Vec::new(), Vec::new());
     for rep in 0..c.slow_reps {
-        progress(&format!("(c) DEBUG RELOAD: case {}/{}", rep + 1, c.slow_reps));
+        progress(&format!(
+            "(c) DEBUG RELOAD: case {}/{}",
+            rep + 1,
+            c.slow_reps
+        ));
         case.push(run_case(&r, &case_ops(c.keys, c.ops, 100 + rep as u64))?);
         let t0 = Instant::now();
         r.client()?
@@ -410,5 +446,20 @@ pub fn summary(s: &mut String, rows: &[RedisRow]) {
             r.pages_written.map_or("-".into(), |p| format!("{p:.0}")),
             r.keys_checked
         );
+        if let Some(p) = &r.phases {
+            let _ = writeln!(
+                s,
+                "{:<14} phases (median µs): stop {:.0}, layout {:.0}, threads {:.0}, walk {:.0}, \
+                 copy {:.0}, resume {:.0}; process_vm_writev alone for as many pages: {} ms",
+                "",
+                p.stop_us,
+                p.layout_us,
+                p.threads_us,
+                p.walk_us,
+                p.copy_us,
+                p.resume_us,
+                r.writev_floor.as_ref().map_or("-".into(), super::fmt_ms)
+            );
+        }
     }
 }
