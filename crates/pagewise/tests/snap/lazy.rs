@@ -224,3 +224,33 @@ fn lazy_restore_follows_drops_unmaps_and_moves() {
         assert!(!page_differs(&mem, &want, p), "page {p} after finish");
     }
 }
+
+/// Lazy restore works on private anonymous memory only; the other kinds are
+/// refused by name, before anything is dropped.
+#[test]
+fn lazy_restore_refuses_other_memory_types() {
+    use pagewise::mech::procfs::MemoryKind as K;
+    if !uffd_or_skip("lazy_memory_types") {
+        return;
+    }
+    let (_mem, _want, dir) = saved("lazy-types", 32);
+    for kind in [K::Shared, K::FilePrivate, K::Hugetlb] {
+        let m = match super::common::Mapped::new(kind, 32) {
+            Ok(m) => m,
+            Err(why) => {
+                pagewise_testkit::skip!("[{}] {why}", kind.name());
+                continue;
+            }
+        };
+        let before: Vec<u8> = (0..32).map(|i| m.byte(i * P + 9)).collect();
+        let disk = DiskStore::open(&dir.0).unwrap();
+        let e = LazyRestore::start(disk, 1, &[m.region()], LazyOptions::default()).unwrap_err();
+        assert!(
+            matches!(e, pagewise::Error::MemoryType(_)),
+            "{}: {e:?}",
+            kind.name()
+        );
+        let after: Vec<u8> = (0..32).map(|i| m.byte(i * P + 9)).collect();
+        assert_eq!(before, after, "{}: left as it was", kind.name());
+    }
+}
