@@ -152,8 +152,31 @@ impl PageStore {
     /// Stores `page` (exactly one page of bytes) if its content is new and
     /// returns its id with one more reference.
     pub fn intern(&mut self, page: &[u8]) -> PageId {
-        let d = self.digest(page);
-        self.intern_digested(page, d)
+        assert_eq!(page.len(), PAGE_SIZE, "a page is {PAGE_SIZE} bytes");
+        // A page that begins with zeros may be the zero page, never stored:
+        // digested where it is.
+        if page[..8] == [0; 8] {
+            let d = self.digest(page);
+            return self.intern_digested(page, d);
+        }
+        // Otherwise copied into a free slot first and digested there, hot
+        // in the cache: the page is read from memory once, not twice. A
+        // content the store has already gives the slot back.
+        let id = self.slot_for_new();
+        self.slot_mut(id).copy_from_slice(page);
+        let s = id as usize - 1;
+        let off = (s % SLAB_PAGES) * PAGE_SIZE;
+        let d = self.digest(&self.slabs[s / SLAB_PAGES][off..off + PAGE_SIZE]);
+        if self.index.contains_key(&d) {
+            self.free.push(id);
+            return self.intern_digested(page, d);
+        }
+        self.digests[id as usize] = d;
+        self.refs[id as usize] = 1;
+        self.unique += 1;
+        self.referenced += 1;
+        self.index.insert(d, id);
+        PageId(id)
     }
 
     /// [`PageStore::intern`] with the digest already computed by the caller.
@@ -186,12 +209,13 @@ impl PageStore {
         id
     }
 
-    fn store_new(&mut self, page: &[u8], digest: PageDigest) -> PageId {
-        let id = match self.free.pop() {
+    /// A free slot (its references 0), made if there is none.
+    fn slot_for_new(&mut self) -> u32 {
+        match self.free.pop() {
             Some(id) => id,
             None => {
                 let id = self.refs.len() as u32;
-                self.digests.push(digest);
+                self.digests.push(zero_page_digest());
                 self.refs.push(0);
                 // Slot `id - 1` of the slabs (id 0 is the zero page).
                 if (id as usize - 1) / SLAB_PAGES >= self.slabs.len() {
@@ -200,7 +224,11 @@ impl PageStore {
                 }
                 id
             }
-        };
+        }
+    }
+
+    fn store_new(&mut self, page: &[u8], digest: PageDigest) -> PageId {
+        let id = self.slot_for_new();
         self.digests[id as usize] = digest;
         self.refs[id as usize] = 1;
         self.slot_mut(id).copy_from_slice(page);
