@@ -137,7 +137,7 @@ fn lazy_restore_counts_first_touches_exactly() {
     let (mem, want, dir) = saved("lazy-counts", pages);
     let disk = DiskStore::open(&dir.0).unwrap();
     let opts = LazyOptions::default().background(false);
-    let lazy = LazyRestore::start(disk, 1, &[mem.region()], opts).unwrap();
+    let lazy = disk.restore_lazy(1, &[mem.region()], opts).unwrap();
     let touched: Vec<usize> = (0..pages).step_by(7).collect();
     for &p in &touched {
         assert!(

@@ -283,6 +283,19 @@ impl Drop for LazyRestore {
     }
 }
 
+impl DiskStore {
+    /// Restores snapshot `id` lazily into `regions`: see
+    /// [`LazyRestore::start`].
+    pub fn restore_lazy(
+        self,
+        id: u64,
+        regions: &[Region],
+        opts: LazyOptions,
+    ) -> Result<LazyRestore> {
+        LazyRestore::start(self, id, regions, opts)
+    }
+}
+
 /// The page fill batch between two looks at the fault queue.
 const BATCH: usize = 16;
 
