@@ -3,8 +3,8 @@
 # the Rust components for lint checks, Redis for LDT's experiment (d), CRIU
 # for SimGrid's experiment (c) (which skips with the reason where CRIU cannot
 # run on the kernel), Memcached and its load generator (libmemcached-tools'
-# memaslap) for DiME's Memcached experiment, and a C compiler for the C
-# API's tests.
+# memaslap) for DiME's Memcached experiment, a C compiler for the C API's
+# tests, and make, pkg-config and man-db for installing and packaging.
 set -euo pipefail
 if command -v rustup >/dev/null; then
     rustup component add rustfmt clippy >/dev/null 2>&1 || true
@@ -17,6 +17,12 @@ command -v criu >/dev/null || need+=(criu)
 command -v memcached >/dev/null || need+=(memcached)
 command -v memcslap >/dev/null || command -v memaslap >/dev/null || need+=(libmemcached-tools)
 command -v cc >/dev/null || need+=(gcc)
+# Installing and packaging (make install, make deb and their checks).
+command -v make >/dev/null || need+=(make)
+command -v pkg-config >/dev/null || need+=(pkgconf)
+command -v readelf >/dev/null || need+=(binutils)
+command -v man >/dev/null || need+=(man-db)
+[ -e /usr/share/bash-completion/bash_completion ] || need+=(bash-completion)
 if ((${#need[@]})); then
     SUDO=""
     [ "$(id -u)" -eq 0 ] || SUDO="sudo"

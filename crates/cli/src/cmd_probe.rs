@@ -23,8 +23,14 @@ pub fn run(a: Args) -> Result<i32> {
     } else {
         Err("the kernel lacks UFFD_FEATURE_SIGBUS".to_string())
     };
+    // Where the preload shim is (for `-- CMD` commands).
+    let shim = pagewise::mech::shim::shim_path().map_err(|e| e.to_string());
     if a.json {
         let mut v = serde_json::to_value(p)?;
+        v["preload_shim"] = match &shim {
+            Ok(path) => serde_json::json!(path.display().to_string()),
+            Err(why) => serde_json::json!({ "unavailable": why }),
+        };
         for (key, f) in [
             ("farmem_floor", &floor),
             ("farmem_floor_inline", &inline_floor),
@@ -69,6 +75,10 @@ pub fn run(a: Args) -> Result<i32> {
             c.floor_ns, c.unseen_ns, c.faults
         ),
         Err(why) => println!("farmem inline          unavailable: {why}"),
+    }
+    match shim {
+        Ok(path) => println!("preload shim           {}", path.display()),
+        Err(why) => println!("preload shim           not found: {why}"),
     }
     Ok(0)
 }

@@ -5,6 +5,7 @@ mod cmd_bench;
 mod cmd_dedup;
 mod cmd_demo;
 mod cmd_farmem;
+mod cmd_generate;
 mod cmd_inspect;
 mod cmd_probe;
 mod cmd_receive;
@@ -101,6 +102,9 @@ enum Cmd {
     /// Built-in self-checking workloads (used by the tests and benchmarks).
     #[command(hide = true)]
     Workload(cmd_workload::Args),
+    /// Write the man pages or the shell completions (for packaging).
+    #[command(hide = true)]
+    Generate(cmd_generate::Args),
 }
 
 fn main() {
@@ -122,6 +126,7 @@ fn main() {
         Cmd::Bench { args } => cmd_bench::run(args, cli.quiet),
         Cmd::Demo(a) => cmd_demo::demo(a),
         Cmd::Workload(a) => cmd_workload::run(a),
+        Cmd::Generate(a) => cmd_generate::run::<Cli>(a),
     };
     match r {
         Ok(code) => std::process::exit(code),

@@ -95,8 +95,10 @@ pub const SHIM_FILE: &str = "libpagewise_preload.so";
 
 /// The preload shim: [`env::PRELOAD`] if set, else the first of
 /// `libpagewise_preload.so` beside the running executable, in its parent
-/// directory, in `../lib`, and in the release directory of the source tree
-/// this library was built from (for `cargo install --path crates/cli`).
+/// directory, in `../lib/pagewise` (where `make install` and the Debian
+/// package put it: `PREFIX/bin` and `PREFIX/lib/pagewise`), in `../lib`,
+/// and in the release directory of the source tree this library was built
+/// from (for `cargo install --path crates/cli`, which installs no shim).
 pub fn shim_path() -> Result<PathBuf> {
     if let Some(p) = std::env::var_os(env::PRELOAD) {
         return Ok(p.into());
@@ -107,6 +109,7 @@ pub fn shim_path() -> Result<PathBuf> {
     let candidates = [
         dir.join(SHIM_FILE),
         dir.join("..").join(SHIM_FILE),
+        dir.join("../lib/pagewise").join(SHIM_FILE),
         dir.join("../lib").join(SHIM_FILE),
         Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../../target/release")

@@ -1,0 +1,81 @@
+# Installs pagewise like a system tool:
+#
+#   make install PREFIX=/usr/local     # (DESTDIR=... to stage)
+#   make deb                           # target/deb/pagewise_VERSION_ARCH.deb
+#   make uninstall PREFIX=/usr/local
+#
+# What goes where (PREFIX/...):
+#   bin/pagewise, bin/pagewise-bench       the tool and its benchmarks
+#   lib/pagewise/libpagewise_preload.so    the preload shim (found from bin/)
+#   lib/libpagewise.so.VERSION, .so.MAJOR, .so and include/pagewise.h
+#   lib/pkgconfig/pagewise.pc              pkg-config --cflags --libs pagewise
+#   share/man/man1/pagewise*.1             a man page per command
+#   share/bash-completion, zsh, fish       shell completions
+#   share/doc/pagewise                     README and licences
+
+PREFIX  ?= /usr/local
+DESTDIR ?=
+CARGO   ?= cargo
+# Where the built files are (install-files installs what is there).
+TARGET  ?= target/release
+
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
+MAJOR   := $(firstword $(subst ., ,$(VERSION)))
+ARCH    := $(shell dpkg --print-architecture 2>/dev/null || uname -m)
+
+ROOT    := $(DESTDIR)$(PREFIX)
+BIN     := $(ROOT)/bin
+LIB     := $(ROOT)/lib
+SHARE   := $(ROOT)/share
+
+.PHONY: all build install install-files uninstall deb
+
+all: build
+
+build:
+	$(CARGO) build --release --locked --workspace
+
+install: build install-files
+
+install-files:
+	install -d $(BIN) $(LIB)/pagewise $(LIB)/pkgconfig $(ROOT)/include \
+		$(SHARE)/man/man1 $(SHARE)/doc/pagewise \
+		$(SHARE)/bash-completion/completions $(SHARE)/zsh/vendor-completions \
+		$(SHARE)/fish/vendor_completions.d
+	install -m 755 $(TARGET)/pagewise $(TARGET)/pagewise-bench $(BIN)/
+	install -m 644 $(TARGET)/libpagewise_preload.so $(LIB)/pagewise/
+	install -m 755 $(TARGET)/libpagewise.so $(LIB)/libpagewise.so.$(VERSION)
+	ln -sf libpagewise.so.$(VERSION) $(LIB)/libpagewise.so.$(MAJOR)
+	ln -sf libpagewise.so.$(MAJOR) $(LIB)/libpagewise.so
+	install -m 644 include/pagewise.h $(ROOT)/include/
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' scripts/pagewise.pc.in \
+		> $(LIB)/pkgconfig/pagewise.pc
+	$(TARGET)/pagewise -q generate man $(SHARE)/man/man1
+	gzip -9nf $(SHARE)/man/man1/pagewise*.1
+	$(TARGET)/pagewise -q generate completions bash $(SHARE)/bash-completion/completions
+	mv -f $(SHARE)/bash-completion/completions/pagewise.bash $(SHARE)/bash-completion/completions/pagewise
+	$(TARGET)/pagewise -q generate completions zsh $(SHARE)/zsh/vendor-completions
+	$(TARGET)/pagewise -q generate completions fish $(SHARE)/fish/vendor_completions.d
+	install -m 644 README.md LICENSE-MIT LICENSE-APACHE $(SHARE)/doc/pagewise/
+
+uninstall:
+	rm -f $(BIN)/pagewise $(BIN)/pagewise-bench
+	rm -rf $(LIB)/pagewise $(SHARE)/doc/pagewise
+	rm -f $(LIB)/libpagewise.so $(LIB)/libpagewise.so.$(MAJOR) $(LIB)/libpagewise.so.$(VERSION)
+	rm -f $(ROOT)/include/pagewise.h $(LIB)/pkgconfig/pagewise.pc
+	rm -f $(SHARE)/man/man1/pagewise*.1.gz
+	rm -f $(SHARE)/bash-completion/completions/pagewise
+	rm -f $(SHARE)/zsh/vendor-completions/_pagewise $(SHARE)/fish/vendor_completions.d/pagewise.fish
+
+# A Debian package of what `install` puts under /usr.
+DEB := target/deb/pagewise_$(VERSION)_$(ARCH).deb
+deb: build
+	rm -rf target/deb/root
+	$(MAKE) install-files PREFIX=/usr DESTDIR=$(CURDIR)/target/deb/root
+	install -d target/deb/root/DEBIAN
+	sed -e 's|@VERSION@|$(VERSION)|' -e 's|@ARCH@|$(ARCH)|' \
+		-e "s|@SIZE@|$$(du -sk target/deb/root/usr | cut -f1)|" \
+		scripts/deb/control.in > target/deb/root/DEBIAN/control
+	install -m 755 scripts/deb/postinst scripts/deb/postrm target/deb/root/DEBIAN/
+	dpkg-deb --root-owner-group --build target/deb/root $(DEB)
+	@echo "built $(DEB)"
