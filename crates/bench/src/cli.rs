@@ -169,9 +169,11 @@ enum What {
 }
 
 /// Progress on stderr: a spinner with the step's message on a terminal;
-/// one line per step otherwise (a benchmark's log), nothing when `quiet`.
+/// nothing otherwise, or one line per step with
+/// `PAGEWISE_PROGRESS_LINES=1` (a benchmark's log); nothing when `quiet`.
 pub fn progress(quiet: bool) -> impl FnMut(&str) {
     let tty = std::io::stderr().is_terminal();
+    let lines = std::env::var_os("PAGEWISE_PROGRESS_LINES").is_some_and(|v| v == "1");
     let t0 = std::time::Instant::now();
     let spinner = (tty && !quiet).then(|| {
         let b = indicatif::ProgressBar::new_spinner();
@@ -190,7 +192,9 @@ pub fn progress(quiet: bool) -> impl FnMut(&str) {
                 b.set_position(n.into());
                 b.set_message(msg.to_string());
             }
-            None if !quiet => {
+            // Not a terminal: nothing, unless lines are asked for (a log
+            // of a long run): PAGEWISE_PROGRESS_LINES=1.
+            None if !quiet && lines => {
                 let mut e = std::io::stderr();
                 let _ = writeln!(e, "[{n:>3}] {:>6.1}s {msg}", t0.elapsed().as_secs_f64());
             }

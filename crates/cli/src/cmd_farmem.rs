@@ -26,11 +26,13 @@ enum Sub {
     /// --bandwidth-bps 1250000000 --stats-json s.json -- ./prog`.
     Run(RunArgs),
     /// List the instances running on this machine with their settings,
-    /// counters and member processes.
+    /// counters and member processes (also `farmem list`).
+    #[command(visible_alias = "list")]
     Ls(LsArgs),
     /// Change a running instance at once (its owner or root):
     /// `pagewise farmem set ID latency_ns=2000 bandwidth_bps=0
-    /// local_npages=5000`, or `local_percent=P`
+    /// local_npages=5000`, or `local_percent=P`; `latency=2us` and
+    /// `bandwidth=10GB/s` say their unit (a bare number there is refused)
     Set(SetArgs),
 }
 
@@ -343,23 +345,74 @@ fn ls(a: LsArgs) -> Result<i32> {
 }
 
 fn set(a: SetArgs) -> Result<i32> {
-    let inst = Instance::open(&a.id, Access::Control)?;
     let mut pairs = Vec::new();
     for p in &a.pairs {
-        let (k, v) = p
-            .split_once('=')
-            .with_context(|| format!("{p:?}: use key=value"))?;
-        let v: u64 = v
-            .parse()
-            .with_context(|| format!("{p:?}: the value must be a whole number"))?;
-        pairs.push((k.to_string(), v));
+        pairs.push(setting(p)?);
     }
+    let inst = Instance::open(&a.id, Access::Control)?;
     let s = inst.set(&pairs)?;
     println!(
         "{}: latency_ns={} bandwidth_bps={} local_npages={} local_percent={}",
         a.id, s.latency_ns, s.bandwidth_bps, s.local_pages, s.local_percent
     );
     Ok(0)
+}
+
+/// One `key=value` of `farmem set`. The keys with their unit in the name
+/// (`latency_ns`, `bandwidth_bps`, `local_npages`, `local_percent`) take a
+/// whole number; the short `latency` and `bandwidth` must say their unit
+/// (`latency=5us`, `bandwidth=10GB/s`): a bare number is refused, not
+/// taken as nanoseconds or bytes per second.
+fn setting(p: &str) -> Result<(String, u64)> {
+    let (k, v) = p
+        .split_once('=')
+        .with_context(|| format!("{p:?}: use key=value"))?;
+    let whole = |v: &str| -> Result<u64> {
+        v.parse()
+            .with_context(|| format!("{p:?}: the value must be a whole number"))
+    };
+    let with_unit = |v: &str, units: &[(&str, u64)], hint: &str| -> Result<u64> {
+        for &(u, mult) in units {
+            if let Some(n) = v.strip_suffix(u) {
+                if let Ok(n) = n.parse::<u64>() {
+                    return n
+                        .checked_mul(mult)
+                        .with_context(|| format!("{p:?}: too large"));
+                }
+            }
+        }
+        crate::usage!("{p:?}: say the unit ({hint})")
+    };
+    Ok(match k {
+        "latency" => (
+            "latency_ns".into(),
+            with_unit(
+                v,
+                &[
+                    ("ns", 1),
+                    ("us", 1_000),
+                    ("µs", 1_000),
+                    ("ms", 1_000_000),
+                    ("s", 1_000_000_000),
+                ],
+                "latency=5us, or latency_ns=5000",
+            )?,
+        ),
+        "bandwidth" => (
+            "bandwidth_bps".into(),
+            with_unit(
+                v,
+                &[
+                    ("GB/s", 1_000_000_000),
+                    ("MB/s", 1_000_000),
+                    ("kB/s", 1_000),
+                    ("B/s", 1),
+                ],
+                "bandwidth=10GB/s, or bandwidth_bps=10000000000",
+            )?,
+        ),
+        _ => (k.to_string(), whole(v)?),
+    })
 }
 
 /// Refuses a policy the program could not run with, before it starts: a

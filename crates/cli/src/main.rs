@@ -99,8 +99,8 @@ enum Cmd {
     },
     /// One-step tour: track a built-in workload with every available backend.
     Demo(cmd_demo::DemoArgs),
-    /// Built-in self-checking workloads (used by the tests and benchmarks).
-    #[command(hide = true)]
+    /// Built-in self-checking workloads: a program of known behaviour to
+    /// try the other commands on (the README's examples use it).
     Workload(cmd_workload::Args),
     /// Write the man pages or the shell completions (for packaging).
     #[command(hide = true)]

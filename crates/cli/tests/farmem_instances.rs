@@ -207,7 +207,9 @@ fn shared_instance_listed_and_set_live() {
         pagewise_testkit::skip!("owner check: needs root and setpriv");
     }
 
-    ok(farmem(&dir).args(["set", "shared", "local_npages=50", "latency_ns=2000"]));
+    // `latency=2us` says its unit; `farmem list` is `farmem ls`.
+    ok(farmem(&dir).args(["set", "shared", "local_npages=50", "latency=2us"]));
+    ok(farmem(&dir).args(["list"]));
     let t0 = Instant::now();
     loop {
         let l = ls(&dir);
@@ -315,6 +317,10 @@ fn bad_input_is_refused_clearly() {
     assert!(run(&["run", "--", "true"]).contains("--local-pages"));
     assert!(run(&["run", "--local-percent", "0", "--", "true"]).contains("1..=100"));
     assert!(run(&["set", "nosuch", "latency_ns=1"]).contains("no far-memory instance"));
+    // A bare number where the unit is not in the key's name is refused
+    // (before the instance is looked for), not taken as ns or bytes/s.
+    assert!(run(&["set", "nosuch", "latency=5"]).contains("say the unit"));
+    assert!(run(&["set", "nosuch", "bandwidth=7"]).contains("say the unit"));
     let _ = std::fs::remove_dir_all(&dir);
 }
 
