@@ -194,8 +194,9 @@ pub fn run(a: Args) -> Result<i32> {
         out.flush()?;
     }
     if let Some(mut c) = child {
-        let _ = c.kill();
-        let _ = c.wait();
+        // --count reached: the command is asked to end (SIGTERM), and
+        // killed only if it has not within 5 s.
+        pagewise::mech::child::stop(&mut c, std::time::Duration::from_secs(5));
     }
     Ok(0)
 }

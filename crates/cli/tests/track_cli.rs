@@ -284,6 +284,46 @@ fn track_command_reports_the_commands_exit_status() {
     }
 }
 
+/// `--count` ends the command it started with SIGTERM (and a grace
+/// period), not SIGKILL: the command's handler runs.
+#[test]
+fn count_ends_the_command_politely() {
+    if shim().is_none() {
+        pagewise_testkit::skip!("the preload shim is not built");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("pagewise-count-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mark = dir.join("termed");
+    let script = format!(
+        "trap 'echo term > {}; exit 0' TERM; while :; do sleep 0.05; done",
+        mark.display()
+    );
+    let out = Command::new(BIN)
+        .args([
+            "track",
+            "--interval",
+            "100",
+            "--count",
+            "2",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got = std::fs::read_to_string(&mark).unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(got.trim(), "term", "the command's SIGTERM handler ran");
+}
+
 /// Regression: `track --pid 0` said "process 0 exited"; a kernel thread
 /// gave `No such process` twice (or, to `snapshot`, advice to run as root);
 /// OS errors were printed twice; `inspect --pid X --pid X` counted X twice.
