@@ -321,6 +321,27 @@ fn bad_input_is_refused_clearly() {
     // (before the instance is looked for), not taken as ns or bytes/s.
     assert!(run(&["set", "nosuch", "latency=5"]).contains("say the unit"));
     assert!(run(&["set", "nosuch", "bandwidth=7"]).contains("say the unit"));
+    // A user without a full userfaultfd is told which setting says so.
+    let unpriv =
+        std::fs::read_to_string("/proc/sys/vm/unprivileged_userfaultfd").unwrap_or_default();
+    if unsafe_is_root() && Path::new("/usr/bin/setpriv").exists() && unpriv.trim() == "0" {
+        let out = Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", BIN])
+            .args(["farmem", "run", "--local-pages", "100", "--", "true"])
+            .env("PAGEWISE_FARMEM_DIR", &dir)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success(),
+            "farmem run without userfaultfd succeeded"
+        );
+        assert!(err.contains("vm.unprivileged_userfaultfd is 0"), "{err}");
+    } else {
+        pagewise_testkit::skip!(
+            "unprivileged farmem run: needs root, setpriv and vm.unprivileged_userfaultfd=0"
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

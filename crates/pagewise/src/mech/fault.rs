@@ -27,13 +27,30 @@ pub fn open(features: u64) -> Result<OwnedFd> {
     let (fd, _) =
         uffd::open(libc::O_CLOEXEC | libc::O_NONBLOCK).map_err(|e| Error::Unsupported {
             feature: "userfaultfd",
-            why: e.to_string(),
+            why: format!("{e}{}", refused_hint(&e)),
         })?;
     uffd::api(fd.as_raw_fd(), features).map_err(|e| Error::Unsupported {
         feature: "userfaultfd features",
         why: format!("UFFDIO_API with features {features:#x}: {e}"),
     })?;
     Ok(fd)
+}
+
+/// Why a userfaultfd that serves the kernel's faults too was refused, where
+/// the machine's setting says: a server of missing pages needs one (a
+/// system call reading the memory faults in the kernel), and unprivileged
+/// users get only user-mode faults when `vm.unprivileged_userfaultfd` is 0.
+fn refused_hint(e: &std::io::Error) -> &'static str {
+    if e.raw_os_error() != Some(libc::EPERM) {
+        return "";
+    }
+    match crate::mech::procfs::read_trimmed("/proc/sys/vm/unprivileged_userfaultfd").as_deref() {
+        Ok("0") => {
+            " (vm.unprivileged_userfaultfd is 0: serving faults the kernel takes too needs root \
+             or CAP_SYS_PTRACE, or that setting at 1)"
+        }
+        _ => "",
+    }
 }
 
 /// Whether `e` is `EAGAIN`: the address space is changing under a
