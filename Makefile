@@ -8,6 +8,9 @@
 #   bin/pagewise, bin/pagewise-bench       the tool and its benchmarks
 #   lib/pagewise/libpagewise_preload.so    the preload shim (found from bin/)
 #   lib/libpagewise.so.VERSION, .so.MAJOR, .so and include/pagewise.h
+#     (the installed copy gets its soname, libpagewise.so.MAJOR, from
+#     patchelf: the build tree's copy has none, so programs built against
+#     target/release keep finding it there)
 #   lib/pkgconfig/pagewise.pc              pkg-config --cflags --libs pagewise
 #   share/man/man1/pagewise*.1             a man page per command
 #   share/bash-completion, zsh, fish       shell completions
@@ -45,6 +48,7 @@ install-files:
 	install -m 755 $(TARGET)/pagewise $(TARGET)/pagewise-bench $(BIN)/
 	install -m 644 $(TARGET)/libpagewise_preload.so $(LIB)/pagewise/
 	install -m 755 $(TARGET)/libpagewise.so $(LIB)/libpagewise.so.$(VERSION)
+	patchelf --set-soname libpagewise.so.$(MAJOR) $(LIB)/libpagewise.so.$(VERSION)
 	ln -sf libpagewise.so.$(VERSION) $(LIB)/libpagewise.so.$(MAJOR)
 	ln -sf libpagewise.so.$(MAJOR) $(LIB)/libpagewise.so
 	install -m 644 include/pagewise.h $(ROOT)/include/

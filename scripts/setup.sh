@@ -19,6 +19,7 @@ command -v memcslap >/dev/null || command -v memaslap >/dev/null || need+=(libme
 command -v cc >/dev/null || need+=(gcc)
 # Installing and packaging (make install, make deb and their checks).
 command -v make >/dev/null || need+=(make)
+command -v patchelf >/dev/null || need+=(patchelf)
 command -v pkg-config >/dev/null || need+=(pkgconf)
 command -v readelf >/dev/null || need+=(binutils)
 command -v man >/dev/null || need+=(man-db)
