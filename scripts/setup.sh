@@ -30,7 +30,12 @@ if ((${#need[@]})); then
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
 fi
+# The documentation book's builder, a crate at a pinned version.
+MDBOOK_VERSION=0.4.52
+if ! mdbook --version 2>/dev/null | grep -qx "mdbook v$MDBOOK_VERSION"; then
+    cargo install --locked --quiet mdbook --version "$MDBOOK_VERSION"
+fi
 # Debian's package may start a system redis; the benchmarks start their own.
 # Debian's memcached package may start a system memcached too.
 systemctl disable --now memcached >/dev/null 2>&1 || true
-echo "setup: ok ($(redis-server --version | cut -d' ' -f3), memcached $(memcached -V | cut -d' ' -f2), $(cargo --version))"
+echo "setup: ok ($(redis-server --version | cut -d' ' -f3), memcached $(memcached -V | cut -d' ' -f2), $(mdbook --version), $(cargo --version))"
