@@ -205,6 +205,7 @@ pub fn progress(quiet: bool) -> impl FnMut(&str) {
 
 /// Runs the benchmark `a` names; the process's exit code.
 pub fn run(a: Args, quiet: bool) -> Result<i32> {
+    crate::provenance::begin();
     match a.what {
         What::Track { full, output } => {
             let cfg = if full {
@@ -512,17 +513,31 @@ impl Output {
         summary: String,
         charts: Vec<(String, crate::svg::Chart)>,
     ) -> Result<i32> {
+        // Every report says where, when and how it was measured.
+        let p = crate::provenance::now();
+        let mut v = serde_json::to_value(report)?;
+        if let Some(o) = v.as_object_mut() {
+            o.insert("provenance".into(), serde_json::to_value(&p)?);
+        }
+        let summary = format!(
+            "commit {}; {} to {}; load {:.2} -> {:.2}; {} ({})\ncommand: {}\n{summary}",
+            p.commit.as_deref().unwrap_or("unknown"),
+            p.started,
+            p.ended,
+            p.load.0,
+            p.load.1,
+            p.host,
+            p.kernel_build,
+            p.command
+        );
         if self.json {
-            println!("{}", serde_json::to_string(report)?);
+            println!("{}", serde_json::to_string(&v)?);
         } else {
             print!("{summary}");
         }
         if let Some(dir) = &self.out {
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-            std::fs::write(
-                dir.join("report.json"),
-                serde_json::to_string_pretty(report)?,
-            )?;
+            std::fs::write(dir.join("report.json"), serde_json::to_string_pretty(&v)?)?;
             std::fs::write(dir.join("summary.txt"), summary)?;
             for (name, chart) in charts {
                 std::fs::write(dir.join(&name), chart.render())?;

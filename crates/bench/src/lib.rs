@@ -13,6 +13,7 @@ pub mod inspect;
 pub mod live;
 pub mod outside;
 pub mod prezero;
+pub mod provenance;
 pub mod redis;
 pub mod rollback;
 pub mod snap;

@@ -319,13 +319,6 @@ fn check(h: &ProcessSnapshots, id: SnapId, pid: i32, sample: Option<(usize, u64)
     }
 }
 
-fn load() -> f64 {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|s| s.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0.0)
-}
-
 /// (a) for one size and page kind: rollback and the fork server at every
 /// `k`; re-exec + reload where asked.
 fn resets(
@@ -518,7 +511,7 @@ fn cycles(cfg: &Config, mib: usize, progress: &mut dyn FnMut(&str)) -> Result<Ve
 
 /// Runs the experiments.
 pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
-    let load0 = load();
+    let load0 = crate::provenance::load();
     let mut resets_rows = Vec::new();
     let mut cycle_rows = Vec::new();
     if cfg.parts.contains('a') {
@@ -548,25 +541,15 @@ pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
         machine: Machine::this(),
         commit: option_env!("PAGEWISE_COMMIT")
             .map(str::to_string)
-            .or_else(git_head),
+            .or_else(crate::provenance::commit),
         command: std::env::args().collect::<Vec<_>>().join(" "),
-        load: (load0, load()),
+        load: (load0, crate::provenance::load()),
         config: cfg.clone(),
         resets: resets_rows,
         cycles: cycle_rows,
         redis: redis_rows,
         lazy: lazy_rows,
     })
-}
-
-fn git_head() -> Option<String> {
-    let out = Command::new("git")
-        .args(["rev-parse", "--short", "HEAD"])
-        .output()
-        .ok()?;
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
 impl Report {
