@@ -170,6 +170,17 @@ fn pressure_of(s: Option<&str>) -> Result<Pressure> {
 
 fn run_agent(a: RunArgs) -> Result<i32> {
     let policy = policy_of(&a.policy)?;
+    // Said up front: without it every collapse would be refused, one by one.
+    const CAP_SYS_NICE: u32 = 23;
+    if !pagewise::mech::procfs::has_capability(CAP_SYS_NICE) {
+        return Err(pagewise::Error::NotPermitted(
+            "thp run collapses huge pages in other processes with \
+             process_madvise(MADV_COLLAPSE), which needs CAP_SYS_NICE: run it as root \
+             or give it that capability"
+                .into(),
+        )
+        .into());
+    }
     let stop = pagewise_sys::signal::stop_flag()?;
     let (pids, child) = crate::agent_loop::start(&a.watch, a.interval_ms, a.window_ms)?;
     let walk_ns = match a.walk_ns {

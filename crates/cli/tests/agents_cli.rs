@@ -462,3 +462,23 @@ fn a_killed_dedup_agents_advice_is_taken_back() {
     let _ = target.kill();
     let _ = target.wait();
 }
+
+/// Without CAP_SYS_NICE every collapse would be refused one by one: `thp
+/// run` says so up front and exits with the "not permitted" status (4),
+/// before it starts anything.
+#[test]
+fn thp_run_without_cap_sys_nice_says_so_up_front() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 || !std::path::Path::new("/usr/bin/setpriv").exists() {
+        pagewise_testkit::skip!("thp run as another user: needs root and setpriv");
+        return;
+    }
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", BIN])
+        .args(["thp", "run", "--pid", "1", "--steps", "1"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{err}");
+    assert!(err.contains("CAP_SYS_NICE"), "{err}");
+}

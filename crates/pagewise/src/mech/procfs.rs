@@ -360,6 +360,15 @@ pub fn status_field(text: &str, key: &str) -> Option<u64> {
     })
 }
 
+/// Whether this process has capability `cap` (a `CAP_*` number) in its
+/// effective set (`CapEff` of `/proc/self/status`); unknown is no.
+pub fn has_capability(cap: u32) -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|t| status_hex(&t, "CapEff"))
+        .is_some_and(|c| cap < 64 && c & (1u64 << cap) != 0)
+}
+
 /// Reads one hexadecimal field of `/proc/PID/status`, such as `SigBlk`.
 pub fn status_hex(text: &str, key: &str) -> Option<u64> {
     let key = key.strip_suffix(':').unwrap_or(key);
