@@ -154,3 +154,29 @@ fn coverage_unavailable_says_why() {
     let why = v["coverage"]["unavailable"].as_str().unwrap();
     assert!(why.contains("idle page tracking"), "{why}");
 }
+
+/// `inspect -- CMD` as a user who cannot open a full userfaultfd says so
+/// up front (exit 3, with the setting that decides it), not that the
+/// command exited.
+#[test]
+fn inspect_command_without_userfaultfd_says_why() {
+    let unpriv =
+        std::fs::read_to_string("/proc/sys/vm/unprivileged_userfaultfd").unwrap_or_default();
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if !root || !std::path::Path::new("/usr/bin/setpriv").exists() || unpriv.trim() != "0" {
+        pagewise_testkit::skip!(
+            "inspect -- CMD as another user: needs root, setpriv and vm.unprivileged_userfaultfd=0"
+        );
+        return;
+    }
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", BIN])
+        .args(["inspect", "--", "sleep", "2"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(err.contains("vm.unprivileged_userfaultfd is 0"), "{err}");
+    assert!(!err.contains("exited"), "{err}");
+}

@@ -121,6 +121,10 @@ impl FarmemRun {
     /// latency 0 and a budget nothing reaches, no calibration. For sampling
     /// which pages a program touches.
     pub fn watch_only(prefix: &str) -> Result<Self> {
+        // The program's shim will need a userfaultfd that serves the
+        // kernel's faults too; one this process cannot open, it cannot
+        // either (same user): said now, not as a program that seems gone.
+        crate::mech::fault::open(0)?;
         Instance::sweep();
         let settings = Settings {
             latency_ns: 0,
