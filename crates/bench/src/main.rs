@@ -26,6 +26,12 @@ fn main() {
     if args.get(1).map(String::as_str) == Some("__rollback-target") {
         std::process::exit(pagewise_bench::rollback::target::main(&args[2..]));
     }
+    // SIGINT or SIGTERM while no benchmark polls for it (those that run
+    // servers end their run themselves): the settings changed are put back
+    // before the process ends.
+    if let Err(e) = pagewise_sys::signal::on_stop_otherwise(stopped) {
+        eprintln!("pagewise-bench: taking SIGINT and SIGTERM: {e}");
+    }
     let cli = Cli::parse();
     // Settings a killed pagewise left changed are put back first (and said).
     pagewise::mech::settings::recover();
@@ -36,4 +42,14 @@ fn main() {
             std::process::exit(1);
         }
     }
+}
+
+/// Ends the process on SIGINT or SIGTERM after putting back every system
+/// setting it holds (its guards' drops will not run): 128 + the signal.
+fn stopped(sig: libc::c_int) {
+    for line in pagewise::mech::settings::put_back_own() {
+        eprintln!("pagewise-bench: {line}");
+    }
+    eprintln!("pagewise-bench: ended by signal {sig}");
+    std::process::exit(128 + sig);
 }

@@ -54,3 +54,52 @@ fn bench_without_the_bench_program_says_so() {
     );
     assert_eq!(err.lines().count(), 1, "{err}");
 }
+
+/// SIGINT in the middle of a benchmark that changed a system setting
+/// (`bench track` raises `vm.max_map_count` for its mprotect baseline) puts
+/// the setting back before the program ends, with status 130.
+#[test]
+fn a_bench_ended_by_sigint_puts_its_settings_back() {
+    let beside = std::path::Path::new(BIN).with_file_name("pagewise-bench");
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 || !beside.exists() {
+        pagewise_testkit::skip!("bench and SIGINT: needs root and pagewise-bench built");
+        return;
+    }
+    const KNOB: &str = "/proc/sys/vm/max_map_count";
+    let read = || std::fs::read_to_string(KNOB).unwrap().trim().to_string();
+    let orig = read();
+    if orig == "4194304" {
+        pagewise_testkit::not_happened!("bench and SIGINT: {KNOB} is at the bench's value already");
+        return;
+    }
+    let mut child = Command::new(&beside)
+        .arg("track")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while read() != "4194304" && t0.elapsed() < std::time::Duration::from_secs(60) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    if read() != "4194304" {
+        let _ = child.kill();
+        let _ = child.wait();
+        pagewise_testkit::not_happened!("bench and SIGINT: bench track never raised {KNOB}");
+        return;
+    }
+    // SAFETY: kill with a child's pid and a valid signal.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let st = pagewise::mech::child::wait_for(&mut child, std::time::Duration::from_secs(30));
+    let mut err = String::new();
+    use std::io::Read;
+    let _ = child.stderr.take().unwrap().read_to_string(&mut err);
+    if st.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    assert_eq!(read(), orig, "{KNOB} put back: {err}");
+    assert_eq!(st.and_then(|s| s.code()), Some(130), "{err}");
+    assert!(err.contains("put back"), "{err}");
+}

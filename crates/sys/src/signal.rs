@@ -188,24 +188,71 @@ pub fn wait(sigs: &[libc::c_int]) -> io::Result<libc::c_int> {
     Ok(sig)
 }
 
-/// Blocks SIGINT and SIGTERM in the calling thread (call it before starting
-/// other threads: they inherit the mask) and starts a thread that takes
-/// them: the flag returned turns true when one came. A program that puts
-/// system settings back when it ends polls the flag and ends normally.
-pub fn stop_flag() -> io::Result<std::sync::Arc<std::sync::atomic::AtomicBool>> {
+/// The process's SIGINT/SIGTERM flag: true once one came. Held by a part
+/// of the program that polls it and ends normally; while one is held, a
+/// signal only sets the flag (see [`on_stop_otherwise`]).
+pub struct StopFlag(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl std::ops::Deref for StopFlag {
+    type Target = std::sync::atomic::AtomicBool;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl Drop for StopFlag {
+    fn drop(&mut self) {
+        HOLDERS.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+static FLAG: std::sync::OnceLock<std::sync::Arc<std::sync::atomic::AtomicBool>> =
+    std::sync::OnceLock::new();
+static HOLDERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static OTHERWISE: std::sync::OnceLock<fn(libc::c_int)> = std::sync::OnceLock::new();
+
+/// Blocks SIGINT and SIGTERM in the calling thread (once, before other
+/// threads start: they inherit the mask) and starts the one thread that
+/// takes them.
+fn take_stop_signals() -> io::Result<&'static std::sync::Arc<std::sync::atomic::AtomicBool>> {
     use std::sync::atomic::{AtomicBool, Ordering};
+    if let Some(f) = FLAG.get() {
+        return Ok(f);
+    }
     let sigs = [libc::SIGINT, libc::SIGTERM];
     block(&sigs)?;
-    let stop = std::sync::Arc::new(AtomicBool::new(false));
-    let flag = stop.clone();
+    let flag = FLAG.get_or_init(|| std::sync::Arc::new(AtomicBool::new(false)));
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
-            if wait(&sigs).is_ok() {
+            while let Ok(sig) = wait(&sigs) {
                 flag.store(true, Ordering::SeqCst);
+                if HOLDERS.load(Ordering::SeqCst) == 0 {
+                    if let Some(f) = OTHERWISE.get() {
+                        f(sig);
+                    }
+                }
             }
         })?;
-    Ok(stop)
+    Ok(flag)
+}
+
+/// The SIGINT/SIGTERM flag (taking the signals from now on: call it before
+/// starting other threads): it turns true when one comes. A program that
+/// puts system settings back when it ends polls the flag and ends normally.
+pub fn stop_flag() -> io::Result<StopFlag> {
+    let flag = take_stop_signals()?;
+    HOLDERS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    Ok(StopFlag(flag.clone()))
+}
+
+/// What SIGINT or SIGTERM does while no [`StopFlag`] is held: `f(signal)`
+/// runs on the signals' thread (it should put back what the program
+/// changed and end the process, with 128 + the signal by convention). Call
+/// it first thing in `main`, before other threads start.
+pub fn on_stop_otherwise(f: fn(libc::c_int)) -> io::Result<()> {
+    let _ = OTHERWISE.set(f);
+    take_stop_signals().map(|_| ())
 }
 
 /// The kernel's `struct sigaction` on x86-64 (`rt_sigaction(2)` takes this,

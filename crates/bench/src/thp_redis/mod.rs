@@ -347,7 +347,7 @@ fn one(
     cfg: &Config,
     way: &str,
     walk_ns: f64,
-    stop: &Arc<AtomicBool>,
+    stop: &AtomicBool,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Row> {
     let _thp = SettingGuard::set(THP, if way == "ingens" { "madvise" } else { "always" })

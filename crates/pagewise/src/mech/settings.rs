@@ -170,6 +170,40 @@ pub fn recover() -> Vec<String> {
     said
 }
 
+/// Puts back every setting this process holds, now: for a program ending
+/// on a signal it took, which will not run its guards' drops. What was put
+/// back, one line each.
+pub fn put_back_own() -> Vec<String> {
+    let me = std::process::id() as i32;
+    let Ok(rd) = std::fs::read_dir(journal_dir()) else {
+        return Vec::new();
+    };
+    let mut said = Vec::new();
+    for j in rd.flatten().map(|e| e.path()) {
+        let Ok(mut f) = open_journal(&j) else {
+            continue;
+        };
+        let Some(jn) = read_journal(&mut f) else {
+            continue;
+        };
+        if jn.pid != me {
+            continue;
+        }
+        match write_setting(&jn.path, &jn.old) {
+            Ok(()) => {
+                let _ = std::fs::remove_file(&j);
+                said.push(format!("{} put back to {:?}", jn.path.display(), jn.old));
+            }
+            Err(e) => eprintln!(
+                "pagewise: could not put {} back to {:?}: {e}",
+                jn.path.display(),
+                jn.old
+            ),
+        }
+    }
+    said
+}
+
 /// The journals in `dir` whose owner is gone, each opened and locked (a
 /// journal a live owner holds is left alone, as is one its owner unlinked
 /// meanwhile).
