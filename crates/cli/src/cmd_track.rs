@@ -83,6 +83,32 @@ pub fn run(a: Args) -> Result<i32> {
                 })?;
                 let (child, src) = match start_tracked(&a.cmd, BackendKind::UffdWp)? {
                     Tracked::Running(child, sock, backend) => (child, Source::Shim(sock, backend)),
+                    // A wrapper that exec'd the real program (a pyenv shim)
+                    // leaves the shim's socket behind; the program runs on
+                    // under the same pid: watched from outside, said once.
+                    Tracked::Silent(mut child, why) => {
+                        let pid = child.id() as i32;
+                        match DirtyTracker::for_process(pid, a.backend) {
+                            Ok(t) => {
+                                eprintln!(
+                                    "pagewise: the preload shim in {} did not answer (a wrapper \
+                                     that replaced itself with exec?): tracking pid {pid} from \
+                                     outside",
+                                    a.cmd[0]
+                                );
+                                if let (Some(n), false) = (t.note(), a.json) {
+                                    eprintln!("pagewise: {n}");
+                                }
+                                (child, Source::Outside(t, pid))
+                            }
+                            Err(outside) => {
+                                pagewise::mech::child::stop(&mut child, Duration::from_secs(5));
+                                return Err(anyhow::Error::new(why).context(format!(
+                                    "watching it from outside failed too: {outside}"
+                                )));
+                            }
+                        }
+                    }
                     Tracked::Over(st) => {
                         if !a.json {
                             eprintln!("pagewise: {} exited ({st}) before tracking began", a.cmd[0]);

@@ -460,3 +460,42 @@ fn out_of_range_numbers_are_refused() {
     assert!(!out.status.success(), "{err}");
     assert!(err.contains("1..=512"), "{err}");
 }
+
+/// A wrapper that replaces itself with `exec` (a pyenv shim) leaves the
+/// preload shim's socket behind: the program it started, under the same
+/// pid, is tracked from outside instead, said once (it was stopped with an
+/// error before).
+#[test]
+fn a_wrapper_that_execs_is_tracked_from_outside() {
+    if shim().is_none() {
+        pagewise_testkit::skip!("the preload shim is not built");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("pagewise-wrapper-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let wrapper = dir.join("wrapper");
+    std::fs::write(&wrapper, "#!/bin/bash\nexec /bin/sleep \"$@\"\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = Command::new(BIN)
+        .args([
+            "track",
+            "--json",
+            "--interval-ms",
+            "200",
+            "--count",
+            "3",
+            "--",
+        ])
+        .arg(&wrapper)
+        .arg("5")
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("from outside"), "{err}");
+    let lines = String::from_utf8_lossy(&out.stdout).lines().count();
+    assert_eq!(lines, 3, "three collections: {err}");
+}

@@ -126,7 +126,7 @@ pub enum Error {
         beside: std::path::PathBuf,
     },
     /// A program started under the shim did not answer the handshake.
-    #[error("the preload shim in {program} did not answer ({source}); the program was stopped. A statically linked or setuid program ignores LD_PRELOAD, and a wrapper that replaces itself with exec leaves it behind; use --backend hash to watch it from outside")]
+    #[error("the preload shim in {program} did not answer ({source}): a statically linked or setuid program ignores LD_PRELOAD, and a wrapper that replaces itself with exec leaves it behind")]
     ShimSilent {
         /// The program.
         program: String,

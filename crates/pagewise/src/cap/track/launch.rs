@@ -17,6 +17,11 @@ pub enum Tracked {
     Running(Child, UnixStream, BackendKind),
     /// It ended before the shim could answer: its status.
     Over(ExitStatus),
+    /// It runs, but its shim did not answer: a wrapper that replaced itself
+    /// with `exec` (the program it started runs under the same pid,
+    /// without the shim's socket), or a program that ignores
+    /// `LD_PRELOAD`. The caller may watch it from outside, or stop it.
+    Silent(Child, Error),
 }
 
 /// Starts `cmd` with the shim preloaded and tracking its writes with
@@ -40,13 +45,12 @@ pub fn start_tracked(cmd: &[String], backend: BackendKind) -> Result<Tracked> {
         Err(_) if let Some(st) = wait_for(&mut child, Duration::from_millis(500)) => {
             Ok(Tracked::Over(st))
         }
-        Err(e) => {
-            let _ = child.kill();
-            let _ = child.wait();
-            Err(Error::ShimSilent {
+        Err(e) => Ok(Tracked::Silent(
+            child,
+            Error::ShimSilent {
                 program: program.clone(),
                 source: e,
-            })
-        }
+            },
+        )),
     }
 }
