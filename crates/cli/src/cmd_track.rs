@@ -59,6 +59,34 @@ impl Source {
     }
 }
 
+/// The program a silent shim left behind runs on under the same pid:
+/// watched from outside, said once; stopped if that fails too.
+fn watch_from_outside(
+    mut child: std::process::Child,
+    why: pagewise::Error,
+    a: &Args,
+) -> Result<(std::process::Child, Source)> {
+    let pid = child.id() as i32;
+    match DirtyTracker::for_process(pid, a.backend) {
+        Ok(t) => {
+            eprintln!(
+                "pagewise: the preload shim in {} did not answer (a wrapper that replaced \
+                 itself with exec?): tracking pid {pid} from outside",
+                a.cmd[0]
+            );
+            if let (Some(n), false) = (t.note(), a.json) {
+                eprintln!("pagewise: {n}");
+            }
+            Ok((child, Source::Outside(t, pid)))
+        }
+        Err(outside) => {
+            pagewise::mech::child::stop(&mut child, Duration::from_secs(5));
+            Err(anyhow::Error::new(why)
+                .context(format!("watching it from outside failed too: {outside}")))
+        }
+    }
+}
+
 pub fn run(a: Args) -> Result<i32> {
     let (mut child, mut source, pid) = match (a.pid, a.cmd.is_empty()) {
         (Some(pid), true) => {
@@ -84,31 +112,8 @@ pub fn run(a: Args) -> Result<i32> {
                 let (child, src) = match start_tracked(&a.cmd, BackendKind::UffdWp)? {
                     Tracked::Running(child, sock, backend) => (child, Source::Shim(sock, backend)),
                     // A wrapper that exec'd the real program (a pyenv shim)
-                    // leaves the shim's socket behind; the program runs on
-                    // under the same pid: watched from outside, said once.
-                    Tracked::Silent(mut child, why) => {
-                        let pid = child.id() as i32;
-                        match DirtyTracker::for_process(pid, a.backend) {
-                            Ok(t) => {
-                                eprintln!(
-                                    "pagewise: the preload shim in {} did not answer (a wrapper \
-                                     that replaced itself with exec?): tracking pid {pid} from \
-                                     outside",
-                                    a.cmd[0]
-                                );
-                                if let (Some(n), false) = (t.note(), a.json) {
-                                    eprintln!("pagewise: {n}");
-                                }
-                                (child, Source::Outside(t, pid))
-                            }
-                            Err(outside) => {
-                                pagewise::mech::child::stop(&mut child, Duration::from_secs(5));
-                                return Err(anyhow::Error::new(why).context(format!(
-                                    "watching it from outside failed too: {outside}"
-                                )));
-                            }
-                        }
-                    }
+                    // leaves the shim's socket behind.
+                    Tracked::Silent(child, why) => watch_from_outside(child, why, &a)?,
                     Tracked::Over(st) => {
                         if !a.json {
                             eprintln!("pagewise: {} exited ({st}) before tracking began", a.cmd[0]);
