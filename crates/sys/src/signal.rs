@@ -210,36 +210,72 @@ static FLAG: std::sync::OnceLock<std::sync::Arc<std::sync::atomic::AtomicBool>> 
     std::sync::OnceLock::new();
 static HOLDERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 static OTHERWISE: std::sync::OnceLock<fn(libc::c_int)> = std::sync::OnceLock::new();
+/// The write end of the pipe the handler tells the signals' thread through.
+static PIPE_W: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
 
-/// Blocks SIGINT and SIGTERM in the calling thread (once, before other
-/// threads start: they inherit the mask) and starts the one thread that
-/// takes them.
+/// SIGINT/SIGTERM handler: passes the signal's number to the signals'
+/// thread through a pipe (`write` is async-signal-safe).
+extern "C" fn on_stop_signal(sig: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    let fd = PIPE_W.load(std::sync::atomic::Ordering::Relaxed);
+    if fd >= 0 {
+        let b = [sig as u8];
+        // SAFETY: a one-byte buffer on the stack; errno is saved around it.
+        unsafe {
+            let e = *libc::__errno_location();
+            libc::write(fd, b.as_ptr().cast(), 1);
+            *libc::__errno_location() = e;
+        }
+    }
+}
+
+/// Catches SIGINT and SIGTERM (once) with a handler that wakes the one
+/// thread that acts on them. A handler, not a blocked mask: a program this
+/// process starts inherits no blocked signal (the mask survives `exec`, a
+/// caught signal's action does not), and keeps its own SIGINT and SIGTERM.
 fn take_stop_signals() -> io::Result<&'static std::sync::Arc<std::sync::atomic::AtomicBool>> {
     use std::sync::atomic::{AtomicBool, Ordering};
+    static INIT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _once = INIT.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(f) = FLAG.get() {
         return Ok(f);
     }
-    let sigs = [libc::SIGINT, libc::SIGTERM];
-    block(&sigs)?;
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two descriptors.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    PIPE_W.store(fds[1], Ordering::Relaxed);
     let flag = FLAG.get_or_init(|| std::sync::Arc::new(AtomicBool::new(false)));
+    let read_end = fds[0];
     std::thread::Builder::new()
         .name("signals".into())
-        .spawn(move || {
-            while let Ok(sig) = wait(&sigs) {
+        .spawn(move || loop {
+            let mut b = [0u8; 1];
+            // SAFETY: reads one byte into `b`.
+            let n = unsafe { libc::read(read_end, b.as_mut_ptr().cast(), 1) };
+            if n == 1 {
                 flag.store(true, Ordering::SeqCst);
                 if HOLDERS.load(Ordering::SeqCst) == 0 {
                     if let Some(f) = OTHERWISE.get() {
-                        f(sig);
+                        f(libc::c_int::from(b[0]));
                     }
                 }
+            } else if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                continue;
+            } else {
+                return;
             }
         })?;
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: the handler only writes one byte to a pipe.
+        unsafe { install(sig, on_stop_signal) }?;
+    }
     Ok(flag)
 }
 
-/// The SIGINT/SIGTERM flag (taking the signals from now on: call it before
-/// starting other threads): it turns true when one comes. A program that
-/// puts system settings back when it ends polls the flag and ends normally.
+/// The SIGINT/SIGTERM flag (the signals are caught from now on): it turns
+/// true when one comes. A program that puts system settings back when it
+/// ends polls the flag and ends normally.
 pub fn stop_flag() -> io::Result<StopFlag> {
     let flag = take_stop_signals()?;
     HOLDERS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -248,8 +284,7 @@ pub fn stop_flag() -> io::Result<StopFlag> {
 
 /// What SIGINT or SIGTERM does while no [`StopFlag`] is held: `f(signal)`
 /// runs on the signals' thread (it should put back what the program
-/// changed and end the process, with 128 + the signal by convention). Call
-/// it first thing in `main`, before other threads start.
+/// changed and end the process, with 128 + the signal by convention).
 pub fn on_stop_otherwise(f: fn(libc::c_int)) -> io::Result<()> {
     let _ = OTHERWISE.set(f);
     take_stop_signals().map(|_| ())
@@ -311,4 +346,40 @@ pub fn raw_sigmask(how: libc::c_int, set: Option<u64>) -> u64 {
 /// The kernel mask bit of `sig`.
 pub const fn bit(sig: libc::c_int) -> u64 {
     1u64 << (sig - 1)
+}
+
+#[cfg(test)]
+mod stop_tests {
+    /// A program started after the stop signals are taken inherits no
+    /// blocked signal: it keeps its own SIGINT and SIGTERM.
+    #[test]
+    fn children_keep_their_stop_signals() {
+        let flag = super::stop_flag().unwrap();
+        let out = std::process::Command::new("grep")
+            .args(["SigBlk", "/proc/self/status"])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mask = u64::from_str_radix(text.split_whitespace().nth(1).unwrap(), 16).unwrap();
+        for sig in [libc::SIGINT, libc::SIGTERM] {
+            assert_eq!(
+                mask & (1 << (sig - 1)),
+                0,
+                "signal {sig} blocked in the child: {text}"
+            );
+        }
+        // The flag turns true when one comes.
+        // SAFETY: raising a signal this process now catches.
+        unsafe { libc::raise(libc::SIGTERM) };
+        let t0 = std::time::Instant::now();
+        while !flag.load(std::sync::atomic::Ordering::SeqCst)
+            && t0.elapsed() < std::time::Duration::from_secs(10)
+        {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(
+            flag.load(std::sync::atomic::Ordering::SeqCst),
+            "SIGTERM set the flag"
+        );
+    }
 }
