@@ -57,10 +57,6 @@ pub struct Args {
 type Live = Arc<Mutex<Vec<(u64, TcpStream)>>>;
 
 pub fn run(a: Args) -> Result<i32> {
-    // SIGINT and SIGTERM are taken by one thread, which ends the wait for a
-    // connection and the connections in progress (their copies are
-    // discarded; the store keeps its complete snapshots).
-    pagewise_sys::signal::block(&[libc::SIGINT, libc::SIGTERM])?;
     let key = a.key.as_deref().map(Key::from_file).transpose()?;
     let listener =
         TcpListener::bind(&a.listen).with_context(|| format!("listening on {}", a.listen))?;
@@ -94,12 +90,11 @@ pub fn run(a: Args) -> Result<i32> {
         let _ = TcpStream::connect(local);
     };
     {
+        // SIGINT and SIGTERM end the wait for a connection and the
+        // connections in progress (their copies are discarded; the store
+        // keeps its complete snapshots).
         let (stop, live) = (stop.clone(), live.clone());
-        std::thread::spawn(move || {
-            if pagewise_sys::signal::wait(&[libc::SIGINT, libc::SIGTERM]).is_ok() {
-                end(&stop, &live);
-            }
-        });
+        pagewise_sys::signal::on_stop_otherwise(move |_| end(&stop, &live))?;
     }
     if a.json {
         println!(

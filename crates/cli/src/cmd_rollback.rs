@@ -89,17 +89,14 @@ pub fn serve(a: ServeArgs) -> Result<i32> {
     // SIGINT and SIGTERM end the command between requests, never inside a
     // take or a restore (the lock is held for each).
     let busy = Arc::new(Mutex::new(()));
-    pagewise_sys::signal::block(&[libc::SIGINT, libc::SIGTERM])?;
     {
         let busy = busy.clone();
-        std::thread::spawn(move || {
-            if pagewise_sys::signal::wait(&[libc::SIGINT, libc::SIGTERM]).is_ok() {
-                let _held = busy.lock();
-                // Exiting closes the userfaultfd: nothing stays registered
-                // in the process.
-                std::process::exit(0);
-            }
-        });
+        pagewise_sys::signal::on_stop_otherwise(move |_| {
+            let _held = busy.lock();
+            // Exiting closes the userfaultfd: nothing stays registered in
+            // the process.
+            std::process::exit(0);
+        })?;
     }
     let mut h = handle;
     let mut out = std::io::stdout().lock();

@@ -151,43 +151,6 @@ pub fn sigset_remove(set: &mut libc::sigset_t, sig: libc::c_int) {
     unsafe { libc::sigdelset(set, sig) };
 }
 
-fn set_of(sigs: &[libc::c_int]) -> libc::sigset_t {
-    // SAFETY: a zeroed sigset_t is valid storage for sigemptyset.
-    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `set` is valid storage.
-    unsafe { libc::sigemptyset(&mut set) };
-    for &s in sigs {
-        // SAFETY: `set` is an initialised sigset_t.
-        unsafe { libc::sigaddset(&mut set, s) };
-    }
-    set
-}
-
-/// Blocks `sigs` in the calling thread (threads it starts afterwards
-/// inherit the mask), so that one thread can take them with [`wait`].
-pub fn block(sigs: &[libc::c_int]) -> io::Result<()> {
-    let set = set_of(sigs);
-    // SAFETY: `set` is a valid sigset_t; the old mask is not wanted.
-    let r = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
-    if r != 0 {
-        return Err(io::Error::from_raw_os_error(r));
-    }
-    Ok(())
-}
-
-/// Waits until one of `sigs` (blocked in every thread) is pending, takes it
-/// and returns it: `sigwait(3)`.
-pub fn wait(sigs: &[libc::c_int]) -> io::Result<libc::c_int> {
-    let set = set_of(sigs);
-    let mut sig = 0;
-    // SAFETY: `set` is a valid sigset_t and `sig` valid storage.
-    let r = unsafe { libc::sigwait(&set, &mut sig) };
-    if r != 0 {
-        return Err(io::Error::from_raw_os_error(r));
-    }
-    Ok(sig)
-}
-
 /// The process's SIGINT/SIGTERM flag: true once one came. Held by a part
 /// of the program that polls it and ends normally; while one is held, a
 /// signal only sets the flag (see [`on_stop_otherwise`]).
@@ -209,7 +172,9 @@ impl Drop for StopFlag {
 static FLAG: std::sync::OnceLock<std::sync::Arc<std::sync::atomic::AtomicBool>> =
     std::sync::OnceLock::new();
 static HOLDERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-static OTHERWISE: std::sync::OnceLock<fn(libc::c_int)> = std::sync::OnceLock::new();
+/// What a signal does while no [`StopFlag`] is held.
+type Action = Box<dyn Fn(libc::c_int) + Send + Sync>;
+static OTHERWISE: std::sync::OnceLock<Action> = std::sync::OnceLock::new();
 /// The write end of the pipe the handler tells the signals' thread through.
 static PIPE_W: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
 
@@ -285,8 +250,13 @@ pub fn stop_flag() -> io::Result<StopFlag> {
 /// What SIGINT or SIGTERM does while no [`StopFlag`] is held: `f(signal)`
 /// runs on the signals' thread (it should put back what the program
 /// changed and end the process, with 128 + the signal by convention).
-pub fn on_stop_otherwise(f: fn(libc::c_int)) -> io::Result<()> {
-    let _ = OTHERWISE.set(f);
+pub fn on_stop_otherwise(f: impl Fn(libc::c_int) + Send + Sync + 'static) -> io::Result<()> {
+    if OTHERWISE.set(Box::new(f)).is_err() {
+        return Err(io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            "an action for SIGINT and SIGTERM is set already",
+        ));
+    }
     take_stop_signals().map(|_| ())
 }
 
