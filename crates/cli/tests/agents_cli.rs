@@ -468,13 +468,11 @@ fn a_killed_dedup_agents_advice_is_taken_back() {
 /// before it starts anything.
 #[test]
 fn thp_run_without_cap_sys_nice_says_so_up_front() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 || !std::path::Path::new("/usr/bin/setpriv").exists() {
+    let Some(mut nobody) = as_nobody() else {
         pagewise_testkit::skip!("thp run as another user: needs root and setpriv");
         return;
-    }
-    let out = Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", BIN])
+    };
+    let out = nobody
         .args(["thp", "run", "--pid", "1", "--steps", "1"])
         .output()
         .unwrap();

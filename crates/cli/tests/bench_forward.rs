@@ -61,8 +61,7 @@ fn bench_without_the_bench_program_says_so() {
 #[test]
 fn a_bench_ended_by_sigint_puts_its_settings_back() {
     let beside = std::path::Path::new(BIN).with_file_name("pagewise-bench");
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 || !beside.exists() {
+    if !unsafe_is_root() || !beside.exists() {
         pagewise_testkit::skip!("bench and SIGINT: needs root and pagewise-bench built");
         return;
     }

@@ -186,18 +186,9 @@ fn shared_instance_listed_and_set_live() {
     );
 
     // Another user may not change it.
-    if unsafe_is_root() && Path::new("/usr/bin/setpriv").exists() {
-        let out = Command::new("setpriv")
-            .args([
-                "--reuid=65534",
-                "--regid=65534",
-                "--clear-groups",
-                BIN,
-                "farmem",
-                "set",
-                "shared",
-                "local_npages=10",
-            ])
+    if let Some(mut nobody) = as_nobody() {
+        let out = nobody
+            .args(["farmem", "set", "shared", "local_npages=10"])
             .env("PAGEWISE_FARMEM_DIR", &dir)
             .output()
             .unwrap();
@@ -322,11 +313,8 @@ fn bad_input_is_refused_clearly() {
     assert!(run(&["set", "nosuch", "latency=5"]).contains("say the unit"));
     assert!(run(&["set", "nosuch", "bandwidth=7"]).contains("say the unit"));
     // A user without a full userfaultfd is told which setting says so.
-    let unpriv =
-        std::fs::read_to_string("/proc/sys/vm/unprivileged_userfaultfd").unwrap_or_default();
-    if unsafe_is_root() && Path::new("/usr/bin/setpriv").exists() && unpriv.trim() == "0" {
-        let out = Command::new("setpriv")
-            .args(["--reuid=65534", "--regid=65534", "--clear-groups", BIN])
+    if let (Some(mut nobody), true) = (as_nobody(), unprivileged_userfaultfd_off()) {
+        let out = nobody
             .args(["farmem", "run", "--local-pages", "100", "--", "true"])
             .env("PAGEWISE_FARMEM_DIR", &dir)
             .output()

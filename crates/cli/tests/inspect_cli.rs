@@ -160,18 +160,13 @@ fn coverage_unavailable_says_why() {
 /// command exited.
 #[test]
 fn inspect_command_without_userfaultfd_says_why() {
-    let unpriv =
-        std::fs::read_to_string("/proc/sys/vm/unprivileged_userfaultfd").unwrap_or_default();
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    if !root || !std::path::Path::new("/usr/bin/setpriv").exists() || unpriv.trim() != "0" {
+    let (Some(mut nobody), true) = (as_nobody(), unprivileged_userfaultfd_off()) else {
         pagewise_testkit::skip!(
             "inspect -- CMD as another user: needs root, setpriv and vm.unprivileged_userfaultfd=0"
         );
         return;
-    }
-    let out = Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", BIN])
+    };
+    let out = nobody
         .args(["inspect", "--", "sleep", "2"])
         .output()
         .unwrap();

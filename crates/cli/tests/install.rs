@@ -5,36 +5,22 @@
 //! are where `man` looks; the bash completion loads; `pkg-config` gives
 //! the flags a C program links with against the installed library.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod support;
+use support::*;
 
 fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-fn have(tool: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {tool}")])
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
+/// Runs `c`, which must succeed; its standard output.
 fn run(c: &mut Command) -> String {
-    let out = c.output().unwrap_or_else(|e| panic!("running {c:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{c:?} failed ({}):\n{}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    String::from_utf8_lossy(&ok(c).stdout).into_owned()
 }
 
 #[test]
 fn an_installed_tree_works_on_its_own() {
     for tool in ["make", "cc", "pkg-config", "bash", "gzip"] {
-        if !have(tool) {
+        if which(tool).is_none() {
             pagewise_testkit::skip!("install: {tool} is not installed here");
             return;
         }
@@ -114,7 +100,7 @@ fn an_installed_tree_works_on_its_own() {
     ] {
         assert!(man1.join(page).exists(), "{page} installed");
     }
-    if have("man") {
+    if which("man").is_some() {
         let path = run(Command::new("man")
             .args(["-w", "pagewise-track"])
             .env("MANPATH", prefix.join("share/man")));

@@ -292,8 +292,7 @@ fn count_ends_the_command_politely() {
         pagewise_testkit::skip!("the preload shim is not built");
         return;
     }
-    let dir = std::env::temp_dir().join(format!("pagewise-count-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = temp_dir("count");
     std::fs::create_dir_all(&dir).unwrap();
     let mark = dir.join("termed");
     let script = format!(
@@ -471,8 +470,7 @@ fn a_wrapper_that_execs_is_tracked_from_outside() {
         pagewise_testkit::skip!("the preload shim is not built");
         return;
     }
-    let dir = std::env::temp_dir().join(format!("pagewise-wrapper-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = temp_dir("wrapper");
     std::fs::create_dir_all(&dir).unwrap();
     let wrapper = dir.join("wrapper");
     std::fs::write(&wrapper, "#!/bin/bash\nexec /bin/sleep \"$@\"\n").unwrap();

@@ -405,6 +405,23 @@ pub fn hold_in_instance(dir: &Path, name: &str, pages: u64, secs: u64) -> std::p
     c
 }
 
+/// `pagewise` run as user nobody (65534) through `setpriv`; `None` where
+/// that cannot be here (not root, or no setpriv).
+pub fn as_nobody() -> Option<Command> {
+    if !unsafe_is_root() || !Path::new("/usr/bin/setpriv").exists() {
+        return None;
+    }
+    let mut c = Command::new("setpriv");
+    c.args(["--reuid=65534", "--regid=65534", "--clear-groups", BIN]);
+    Some(c)
+}
+
+/// Whether `vm.unprivileged_userfaultfd` is 0 here (users other than root
+/// get user-mode faults only).
+pub fn unprivileged_userfaultfd_off() -> bool {
+    std::fs::read_to_string("/proc/sys/vm/unprivileged_userfaultfd").is_ok_and(|v| v.trim() == "0")
+}
+
 pub fn unsafe_is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }

@@ -452,9 +452,7 @@ impl Server {
                 continue;
             }
             let Some(addr) = self.now_at(i) else {
-                self.state[i] = State::Dropped;
-                self.away -= 1;
-                self.bump(|s| s.dropped += 1);
+                self.forget(i);
                 continue;
             };
             match self.bring(fd, addr, i) {
@@ -480,15 +478,21 @@ impl Server {
         Ok(())
     }
 
+    /// Snapshot page `i`, not brought in, is not to be any more: the
+    /// program dropped or unmapped it.
+    fn forget(&mut self, i: usize) {
+        self.state[i] = State::Dropped;
+        self.away -= 1;
+        self.bump(|s| s.dropped += 1);
+    }
+
     /// The program dropped or unmapped `[start, end)` (where pages are
     /// now): what was not brought in is not brought in any more.
     fn dropped(&mut self, start: u64, end: u64) {
         for a in (start..end).step_by(PAGE_SIZE) {
             if let Some(i) = self.origin(a).and_then(|a| self.page_at(a)) {
                 if self.state[i] == State::Away {
-                    self.state[i] = State::Dropped;
-                    self.away -= 1;
-                    self.bump(|s| s.dropped += 1);
+                    self.forget(i);
                 }
             }
         }
