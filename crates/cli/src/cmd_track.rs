@@ -184,7 +184,10 @@ pub fn run(a: Args) -> Result<i32> {
                         return ended(st);
                     }
                 }
+                // ESRCH: its memory is gone already, though it may not be
+                // reaped yet (a zombie still counts as alive).
                 if matches!(e, pagewise::Error::ProcessExited(_))
+                    || e.errno() == libc::ESRCH
                     || !pagewise::mech::procfs::is_alive(pid)
                 {
                     bail!("process {pid} exited after {n} collections");

@@ -294,10 +294,11 @@ fn count_ends_the_command_politely() {
     }
     let dir = temp_dir("count");
     std::fs::create_dir_all(&dir).unwrap();
-    let mark = dir.join("termed");
+    let (mark, ready) = (dir.join("termed"), dir.join("ready"));
     let script = format!(
-        "trap 'echo term > {}; exit 0' TERM; while :; do sleep 0.05; done",
-        mark.display()
+        "trap 'echo term > {}; exit 0' TERM; : > {}; while :; do sleep 0.05; done",
+        mark.display(),
+        ready.display()
     );
     let out = Command::new(BIN)
         .args([
@@ -305,7 +306,7 @@ fn count_ends_the_command_politely() {
             "--interval",
             "100",
             "--count",
-            "2",
+            "10",
             "--",
             "sh",
             "-c",
@@ -318,8 +319,17 @@ fn count_ends_the_command_politely() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let got = std::fs::read_to_string(&mark).unwrap_or_default();
+    let (got, trapped) = (
+        std::fs::read_to_string(&mark).unwrap_or_default(),
+        ready.exists(),
+    );
     let _ = std::fs::remove_dir_all(&dir);
+    if !trapped {
+        pagewise_testkit::not_happened!(
+            "count_ends_the_command_politely: the shell had not set its trap when --count ended it"
+        );
+        return;
+    }
     assert_eq!(got.trim(), "term", "the command's SIGTERM handler ran");
 }
 
