@@ -28,8 +28,8 @@ pub(super) fn ksm_value(name: &str) -> u64 {
 
 impl Ksm {
     /// Takes ksmd's settings as `opts` asks: with [`Options::full_scan`],
-    /// ksmd is started and its pace held for the agent's whole run; smart
-    /// scan is set for [`Policy::SmartMd`] only.
+    /// ksmd is started, its pace held for the agent's whole run and smart
+    /// scan set as [`Options::smart_scan`] asks, whatever the policy.
     pub(super) fn claim(opts: &Options) -> Result<Ksm> {
         let mut ksm = Ksm {
             run: None,
@@ -51,8 +51,7 @@ impl Ksm {
         // A kernel without smart scan (before 6.7) has no such file: there
         // is nothing to set.
         let smart = format!("{KSM_DIR}/smart_scan");
-        let smart_md = opts.policy == Policy::SmartMd;
-        if let (Some(on), Some(_), true) = (opts.smart_scan, opts.full_scan, smart_md) {
+        if let (Some(on), Some(_)) = (opts.smart_scan, opts.full_scan) {
             let want = if on { "1" } else { "0" };
             if std::path::Path::new(&smart).exists() {
                 let g = SettingGuard::claim(&smart)?;

@@ -191,9 +191,9 @@ pub struct Options {
     /// leave it). Smart scan skips, for up to 8 passes, a page that did
     /// not merge; when regions are made mergeable one after another, a
     /// page scanned before its twin was made mergeable is then skipped
-    /// long after the twin arrives. Only with [`Policy::SmartMd`] and
-    /// [`full_scan`](Self::full_scan): the comparison policies run ksmd as
-    /// the kernel has it.
+    /// long after the twin arrives. Only with
+    /// [`full_scan`](Self::full_scan), and for every policy alike, so that
+    /// the comparison policies run ksmd as the SmartMD policy does.
     pub smart_scan: Option<bool>,
 }
 
