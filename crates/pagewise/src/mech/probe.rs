@@ -3,6 +3,33 @@
 //! [`get`] runs the probe the first time it is called and returns the same
 //! answer afterwards; nothing else in pagewise probes the kernel on its own.
 //! `pagewise probe` prints it.
+//!
+//! Each [`Feature`] has a stable name, whether pagewise can use it here, and
+//! how that was found or why not; a backend or test that needs a missing
+//! feature passes on [`Probe::why`]'s sentence. A feature is found by
+//! using it once on the probe's own scratch memory, never by the kernel's
+//! version number (distributions backport, and a setting can turn a
+//! feature off):
+//!
+//! - **userfaultfd**: opened in turn as `userfaultfd(2)`, with
+//!   `UFFD_USER_MODE_ONLY`, and through `/dev/userfaultfd`; the first that
+//!   answers `UFFDIO_API` is the way pagewise opens it from then on, and
+//!   each feature bit it reports is a feature `uffd.NAME` (`WP_ASYNC`,
+//!   `MINOR_SHMEM`, `MOVE`, …). `vm.unprivileged_userfaultfd` is read to
+//!   say why an unprivileged open failed.
+//! - **`PAGEMAP_SCAN`**: the ioctl on `/proc/self/pagemap` must find the
+//!   one page the probe wrote, as exactly one region.
+//! - **soft-dirty**: a page written must show the bit, lose it through
+//!   `clear_refs` and show it again when written again.
+//! - **transparent huge pages**: the mode in `enabled`, and
+//!   `MADV_COLLAPSE` on a filled, aligned 2 MiB (a refusal for want of
+//!   memory now, `EAGAIN` or `ENOMEM`, still counts as present).
+//! - **KSM, idle page tracking, DAMON**: their sysfs files (DAMON: the
+//!   operations an existing context offers; the probe creates no kdamond,
+//!   as that would change the system's state).
+//! - **`process_madvise`**: an empty request on a pidfd of the probe's own
+//!   process is accepted.
+//! - **hardware counters**: `perf_event_open` of the instruction count.
 
 use crate::mech::procfs;
 use pagewise_sys::{mem, pagemap, process, uffd, HUGE_PAGE_SIZE, PAGE_SIZE};
