@@ -7,7 +7,6 @@ use anyhow::{Context, Result};
 use pagewise::mech::agent::Agent;
 use std::io::{Read, Write};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -79,8 +78,10 @@ pub fn start(
     if w.command.is_empty() {
         return Ok((pids, None));
     }
-    let c = std::process::Command::new(&w.command[0])
-        .args(&w.command[1..])
+    let mut c = std::process::Command::new(&w.command[0]);
+    c.args(&w.command[1..]);
+    crate::stop::program_output(&mut c, w.json);
+    let c = c
         .spawn()
         .with_context(|| format!("starting {}", w.command[0]))?;
     pids.push(c.id() as i32);
@@ -95,7 +96,7 @@ pub fn start(
 pub fn drive<A: Agent>(
     w: &Watch,
     interval: Duration,
-    stop: &AtomicBool,
+    stop: &crate::stop::Stop,
     mut child: Option<std::process::Child>,
     agent: &mut A,
     mut report: impl FnMut(&A::Step) -> Result<()>,
@@ -107,7 +108,7 @@ pub fn drive<A: Agent>(
     let t0 = Instant::now();
     let mut n = 0u64;
     let status = loop {
-        if stop.load(Ordering::SeqCst) {
+        if stop.requested() {
             break 0;
         }
         if let Some(c) = child.as_mut() {
@@ -116,10 +117,7 @@ pub fn drive<A: Agent>(
             }
         }
         let due = t0 + interval * n as u32;
-        while Instant::now() < due && !stop.load(Ordering::SeqCst) {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        if stop.load(Ordering::SeqCst) {
+        if stop.sleep(due.saturating_duration_since(Instant::now())) {
             break 0;
         }
         let step = agent.step()?;
@@ -134,10 +132,12 @@ pub fn drive<A: Agent>(
             break 0;
         }
     };
-    if let Some(mut c) = child {
-        if stop.load(Ordering::SeqCst) {
-            pagewise::mech::child::stop(&mut c, Duration::from_secs(5));
+    if let Some(code) = stop.status() {
+        // SIGINT/SIGTERM: the command ended as the convention says.
+        if let Some(mut c) = child {
+            stop.end(&mut c);
         }
+        return Ok(code);
     }
     Ok(status)
 }

@@ -119,7 +119,7 @@ fn run_agent(a: RunArgs) -> Result<i32> {
         );
     };
     let thresholds = a.thresholds.as_deref().map(thresholds_of).transpose()?;
-    let stop = pagewise_sys::signal::stop_flag()?;
+    let stop = crate::stop::Stop::take()?;
     let pids = crate::agent_loop::check(&a.watch, a.interval_ms, a.window_ms)?;
     let opts = Options::default()
         .window(Duration::from_millis(a.window_ms))
@@ -137,6 +137,7 @@ fn run_agent(a: RunArgs) -> Result<i32> {
         true => None,
         false => Some(pagewise::mech::inject::shim::start_advised(
             &a.watch.command,
+            |c| crate::stop::program_output(c, a.watch.json),
         )?),
     };
     let child = match started {

@@ -4,7 +4,6 @@ use anyhow::{Context, Result};
 use pagewise::farmem::instance::{Access, Instance, Member, Settings};
 use pagewise::farmem::{self, FaultPath, Stats};
 use pagewise::farmem::{FarmemOptions, FarmemRun};
-use pagewise::mech::child;
 use serde::Serialize;
 use std::path::PathBuf;
 
@@ -86,8 +85,8 @@ struct RunArgs {
     /// Write the statistics of this run's processes as JSON to this file.
     #[arg(long)]
     stats_json: Option<PathBuf>,
-    /// Say the run's summary as one JSON object on stderr (stdout is the
-    /// program's), the same object --stats-json writes.
+    /// Say the run's summary as one JSON object on stdout, the same object
+    /// --stats-json writes; the program's stdout then goes to stderr.
     #[arg(long)]
     json: bool,
     /// Write a trace of (time, address, kind) events, kind one of fetch,
@@ -225,8 +224,11 @@ fn run_cmd(a: RunArgs) -> Result<i32> {
         .stacks(a.stacks)
         .trace(a.trace.clone())
         .fault_path(a.fault_path);
-    let status = match run.command(&a.cmd, &opts)?.status() {
-        Ok(st) => st,
+    let stop = crate::stop::Stop::take()?;
+    let mut cmd = run.command(&a.cmd, &opts)?;
+    crate::stop::program_output(&mut cmd, a.json);
+    let status = match cmd.spawn() {
+        Ok(mut c) => stop.wait(&mut c)?,
         Err(e) => {
             // Nothing ran: no summary, and no instance left behind.
             run.finish();
@@ -249,9 +251,9 @@ fn run_cmd(a: RunArgs) -> Result<i32> {
             .with_context(|| format!("writing {}", p.display()))?;
     }
     if a.json {
-        eprintln!("{}", crate::json::line(&rep)?);
+        println!("{}", crate::json::line(&rep)?);
         run.finish();
-        return Ok(child::exit_code(status));
+        return Ok(stop.exit_code(status));
     }
     eprintln!(
         "pagewise farmem: instance {}: {} faults ({}), {} fetches, {} evictions ({} written back), {:.1} ms injected, floor {} ns",
@@ -285,7 +287,7 @@ fn run_cmd(a: RunArgs) -> Result<i32> {
         );
     }
     run.finish();
-    Ok(child::exit_code(status))
+    Ok(stop.exit_code(status))
 }
 
 fn ls(a: LsArgs) -> Result<i32> {

@@ -84,13 +84,15 @@ impl Drop for Started {
     }
 }
 
-fn start(cmd: &[String]) -> Result<Started> {
+fn start(cmd: &[String], json: bool) -> Result<Started> {
     // Latency 0, no budget to speak of: the engine only watches.
     let run = FarmemRun::watch_only("inspect")?;
     // The handler thread: nothing to hold for the kernel, fewer calls
     // trapped, for an engine that only watches.
     let opts = FarmemOptions::default().fault_path(pagewise::farmem::FaultPath::Thread);
-    let child = run.command(cmd, &opts)?.spawn();
+    let mut c = run.command(cmd, &opts)?;
+    crate::stop::program_output(&mut c, json);
+    let child = c.spawn();
     match child {
         Ok(child) => Ok(Started {
             child,
@@ -167,7 +169,7 @@ fn targets(a: &Args) -> Result<(Vec<i32>, Option<Started>)> {
     }
     let mut started = None;
     if !a.cmd.is_empty() {
-        let s = start(&a.cmd)?;
+        let s = start(&a.cmd, a.json)?;
         let wait = crate::progress::spinner(format!(
             "started {} (pid {}); inspecting in {} ms",
             a.cmd[0],

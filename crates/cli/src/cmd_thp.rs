@@ -46,6 +46,10 @@ struct PrezeroArgs {
     /// Most huge pages faulted in per second.
     #[arg(long, default_value_t = 4000.0)]
     rate: f64,
+    /// Say what the thread did as one JSON object on stdout (the program's
+    /// stdout then goes to stderr).
+    #[arg(long)]
+    json: bool,
     /// The command.
     #[arg(last = true, required = true)]
     command: Vec<String>,
@@ -110,23 +114,61 @@ struct RunArgs {
 pub fn run(a: Args) -> Result<i32> {
     match a.sub {
         Sub::Run(r) => run_agent(*r),
-        Sub::Prezero(p) => {
-            use pagewise::mech::shim::{shim_command, PrezeroRequest, ShimRequest};
-            let mut c = shim_command(&p.command)?;
-            ShimRequest {
-                prezero: Some(PrezeroRequest {
-                    ahead: Some(p.ahead),
-                    rate: Some(p.rate),
-                }),
-                ..ShimRequest::default()
-            }
-            .apply(&mut c);
-            let st = c
-                .status()
-                .with_context(|| format!("starting {}", p.command[0]))?;
-            Ok(pagewise::mech::child::exit_code(st))
-        }
+        Sub::Prezero(p) => prezero(p),
     }
+}
+
+/// `thp prezero -- CMD`: the program runs with the pre-zeroing thread in
+/// it; what the thread did is said when it ends.
+fn prezero(p: PrezeroArgs) -> Result<i32> {
+    use pagewise::thp::prezero::{start_prezeroed, PrezeroOptions};
+    if p.ahead == 0 || p.rate.is_nan() || p.rate <= 0.0 {
+        crate::usage!("--ahead and --rate must be above 0");
+    }
+    let stop = crate::stop::Stop::take()?;
+    let opts = PrezeroOptions::default().ahead(p.ahead).rate(p.rate);
+    let t0 = Instant::now();
+    let mut z = start_prezeroed(&p.command, &opts, |c| {
+        crate::stop::program_output(c, p.json)
+    })?;
+    let st = stop.wait(&mut z.child)?;
+    let wall_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let code = stop.exit_code(st);
+    let report = z.report(Duration::from_secs(2));
+    if p.json {
+        let mut v = serde_json::json!({
+            "command": p.command, "status": code, "wall_ms": wall_ms,
+            "ahead": p.ahead, "rate": p.rate, "reported": report.is_ok(),
+        });
+        if let Ok(r) = &report {
+            v["populated"] = r.populated.into();
+            v["populated_bytes"] = (r.populated * pagewise::HUGE_PAGE_SIZE as u64).into();
+            v["scans"] = r.scans.into();
+            v["cpu_ms"] = r.cpu_ms.into();
+        }
+        println!("{}", crate::json::line(&v)?);
+        return Ok(code);
+    }
+    match report {
+        Ok(r) => eprintln!(
+            "pagewise: {} ended ({st}) after {:.0} ms: {} huge pages pre-zeroed ahead ({} MiB), \
+             {} looks, the thread's CPU {:.1} ms ({:.2} % of one CPU)",
+            p.command[0],
+            wall_ms,
+            r.populated,
+            r.populated * 2,
+            r.scans,
+            r.cpu_ms,
+            r.cpu_ms / wall_ms.max(1.0) * 100.0
+        ),
+        Err(e) => eprintln!(
+            "pagewise: {} ended ({st}) after {wall_ms:.0} ms without a pre-zeroing report \
+             (killed, ended with _exit, or it did not load the shim: statically linked or \
+             setuid): {e}",
+            p.command[0]
+        ),
+    }
+    Ok(code)
 }
 
 fn policy_of(s: &str) -> Result<Policy> {
@@ -181,7 +223,7 @@ fn run_agent(a: RunArgs) -> Result<i32> {
         )
         .into());
     }
-    let stop = pagewise_sys::signal::stop_flag()?;
+    let stop = crate::stop::Stop::take()?;
     let (pids, child) = crate::agent_loop::start(&a.watch, a.interval_ms, a.window_ms)?;
     let walk_ns = match a.walk_ns {
         Some(w) => w,

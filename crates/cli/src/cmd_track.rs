@@ -1,5 +1,6 @@
 //! `pagewise track`.
 
+use crate::stop::Stop;
 use anyhow::{bail, Context, Result};
 use pagewise::mech::child;
 use pagewise::track::{protocol, BackendKind, Collection, DirtyTracker};
@@ -87,14 +88,23 @@ fn watch_from_outside(
     }
 }
 
-pub fn run(a: Args) -> Result<i32> {
-    let (mut child, mut source, pid) = match (a.pid, a.cmd.is_empty()) {
+/// What `track` watches: a process (and the command's child, if it
+/// started one), or the status of a command that ended before tracking
+/// began.
+enum Watched {
+    Tracking(Option<std::process::Child>, Source, i32),
+    Over(i32),
+}
+
+/// Starts the command (if any) and the tracking of the process.
+fn watch(a: &Args) -> Result<Watched> {
+    Ok(match (a.pid, a.cmd.is_empty()) {
         (Some(pid), true) => {
             let t = DirtyTracker::for_process(pid, a.backend)?;
             if let (Some(n), false) = (t.note(), a.json) {
                 eprintln!("pagewise: {n}");
             }
-            (None, Source::Outside(t, pid), pid)
+            Watched::Tracking(None, Source::Outside(t, pid), pid)
         }
         (None, false) => {
             let inside = match a.backend {
@@ -109,21 +119,22 @@ pub fn run(a: Args) -> Result<i32> {
                         why,
                     }
                 })?;
-                let (child, src) = match start_tracked(&a.cmd, BackendKind::UffdWp)? {
+                let setup = |c: &mut Command| crate::stop::program_output(c, a.json);
+                let (child, src) = match start_tracked(&a.cmd, BackendKind::UffdWp, setup)? {
                     Tracked::Running(child, sock, backend) => (child, Source::Shim(sock, backend)),
                     // A wrapper that exec'd the real program (a pyenv shim)
                     // leaves the shim's socket behind.
-                    Tracked::Silent(child, why) => watch_from_outside(child, why, &a)?,
+                    Tracked::Silent(child, why) => watch_from_outside(child, why, a)?,
                     Tracked::Over(st) => {
                         if !a.json {
                             eprintln!("pagewise: {} exited ({st}) before tracking began", a.cmd[0]);
                         }
-                        return Ok(child::exit_code(st));
+                        return Ok(Watched::Over(child::exit_code(st)));
                     }
                     _ => bail!("{}: the shim answered as this tool does not know", a.cmd[0]),
                 };
                 let pid = child.id() as i32;
-                (Some(child), src, pid)
+                Watched::Tracking(Some(child), src, pid)
             } else {
                 a.backend
                     .available_for_pid()
@@ -131,17 +142,27 @@ pub fn run(a: Args) -> Result<i32> {
                         feature: a.backend.name(),
                         why,
                     })?;
-                let child = Command::new(&a.cmd[0])
-                    .args(&a.cmd[1..])
+                let mut c = Command::new(&a.cmd[0]);
+                c.args(&a.cmd[1..]);
+                crate::stop::program_output(&mut c, a.json);
+                let child = c
                     .spawn()
                     .with_context(|| format!("starting {}", a.cmd[0]))?;
                 let pid = child.id() as i32;
                 let t = DirtyTracker::for_process(pid, a.backend)?;
-                (Some(child), Source::Outside(t, pid), pid)
+                Watched::Tracking(Some(child), Source::Outside(t, pid), pid)
             }
         }
         (None, true) => crate::usage!("say which process: --pid PID, or -- CMD ARGS"),
         (Some(_), false) => crate::usage!("--pid and a command exclude each other"),
+    })
+}
+
+pub fn run(a: Args) -> Result<i32> {
+    let stop = Stop::take()?;
+    let (mut child, mut source, pid) = match watch(&a)? {
+        Watched::Tracking(child, source, pid) => (child, source, pid),
+        Watched::Over(code) => return Ok(code),
     };
     let backend = source.backend();
     if !a.json {
@@ -159,9 +180,8 @@ pub fn run(a: Args) -> Result<i32> {
             break;
         }
         next += Duration::from_millis(a.interval);
-        let now = Instant::now();
-        if next > now {
-            std::thread::sleep(next - now);
+        if stop.sleep(next.saturating_duration_since(Instant::now())) {
+            break;
         }
         let ended = |st: std::process::ExitStatus| {
             if !a.json {
@@ -227,10 +247,23 @@ pub fn run(a: Args) -> Result<i32> {
         }
         out.flush()?;
     }
+    if let Some(code) = stop.status() {
+        // SIGINT/SIGTERM: the command ended as the convention says.
+        let st = child.as_mut().map(|c| stop.end(c));
+        if !a.json {
+            let of = st.map(|st| format!("; {} ended ({st})", a.cmd[0]));
+            eprintln!(
+                "pagewise: stopped by signal {} after {n} collections{}",
+                code - 128,
+                of.unwrap_or_default()
+            );
+        }
+        return Ok(code);
+    }
     if let Some(mut c) = child {
         // --count reached: the command is asked to end (SIGTERM), and
         // killed only if it has not within 5 s.
-        pagewise::mech::child::stop(&mut c, std::time::Duration::from_secs(5));
+        pagewise::mech::child::stop(&mut c, crate::stop::GRACE);
     }
     Ok(0)
 }

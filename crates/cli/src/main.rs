@@ -18,6 +18,7 @@ mod exit;
 mod heatmap;
 mod json;
 mod progress;
+mod stop;
 
 use clap::{Parser, Subcommand};
 

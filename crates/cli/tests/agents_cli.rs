@@ -138,20 +138,73 @@ fn thp_prezero_runs_ahead_of_a_growing_program() {
             .unwrap()
     };
     let plain = resident(&Command::new(&exe).output().unwrap());
-    let pre = resident(
-        &Command::new(BIN)
-            .args(["thp", "prezero", "--ahead", "3", "--"])
-            .arg(&exe)
-            .output()
-            .unwrap(),
-    );
+    let run = Command::new(BIN)
+        .args(["thp", "prezero", "--ahead", "3", "--"])
+        .arg(&exe)
+        .output()
+        .unwrap();
+    let pre = resident(&run);
+    let _ = std::fs::remove_dir_all(&dir);
     if plain != 1 {
         pagewise_testkit::skip!("without pagewise {plain} regions were resident (THP `always` with khugepaged?): nothing to compare");
-        let _ = std::fs::remove_dir_all(&dir);
         return;
     }
     assert_eq!(pre, 4, "the first region and 3 ahead");
-    let _ = std::fs::remove_dir_all(&dir);
+    let said = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        said.contains("huge pages pre-zeroed ahead"),
+        "no summary: {said}"
+    );
+    // With --json: the program's lines on stderr, the report on stdout. The
+    // thread populated the 3 regions seen ahead, and at most the other 28
+    // of the 32 as the program wrote them.
+    let run = Command::new(BIN)
+        .args(["thp", "prezero", "--ahead", "3", "--json", "--"])
+        .arg(&exe)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        run.status.success() && err.contains("resident 4\n") && err.contains("ok\n"),
+        "{err}"
+    );
+    let v: serde_json::Value = serde_json::from_slice(&run.stdout).unwrap();
+    assert_eq!(v["reported"], true, "{v}");
+    assert_eq!(v["status"], 0, "{v}");
+    let n = v["populated"].as_u64().unwrap();
+    assert!((3..=31).contains(&n), "{n} huge pages populated: {v}");
+    assert_eq!(v["populated_bytes"].as_u64(), Some(n << 21), "{v}");
+}
+
+/// `thp prezero -- CMD` reports the program's own exit status, and says
+/// when no report came (a program killed outright cannot send one).
+#[test]
+fn thp_prezero_reports_the_status_and_a_missing_report() {
+    if shim().is_none() {
+        pagewise_testkit::skip!("the preload shim is not built");
+        return;
+    }
+    let json = |script: &str| -> serde_json::Value {
+        let out = Command::new(BIN)
+            .args(["thp", "prezero", "--json", "--", "sh", "-c", script])
+            .output()
+            .unwrap();
+        serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)))
+    };
+    let v = json("exit 3");
+    assert_eq!(
+        (v["status"].as_i64(), v["reported"].as_bool()),
+        (Some(3), Some(true)),
+        "{v}"
+    );
+    let v = json("kill -9 $$");
+    assert_eq!(
+        (v["status"].as_i64(), v["reported"].as_bool()),
+        (Some(137), Some(false)),
+        "{v}"
+    );
+    assert!(v.get("populated").is_none(), "{v}");
 }
 
 /// `dedup run -- CMD` on a self-checking program with eight huge pages (four

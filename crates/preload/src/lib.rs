@@ -17,9 +17,10 @@
 //! shim makes the `madvise` calls asked of it (see
 //! `pagewise::mech::inject::shim`), so that the program is never stopped for them.
 //!
-//! Pre-zeroed huge pages: when `PAGEWISE_PREZERO` is `AHEAD,RATE` (set by
-//! `pagewise thp prezero`), the shim starts the pre-zeroing thread
-//! ([`pagewise::thp::prezero`]) for the program's life.
+//! Pre-zeroed huge pages: when `PAGEWISE_PREZERO` is `AHEAD,RATE,FD` (set
+//! by `pagewise thp prezero`), the shim starts the pre-zeroing thread
+//! ([`pagewise::thp::prezero`]) for the program's life, and sends what it
+//! did on socket FD as the program exits.
 //!
 //! The shim's own Rust code allocates from a heap of its own (`alloc`),
 //! never from the program's `malloc`.
@@ -49,6 +50,17 @@ fn serve(sock: UnixStream, backend: BackendKind) {
     drop(tracker);
 }
 
+/// The pre-zeroing thread of this program and the socket its report goes
+/// to at exit.
+static PREZERO: std::sync::OnceLock<(
+    pagewise::thp::prezero::Prezeroer,
+    std::sync::Mutex<Option<UnixStream>>,
+)> = std::sync::OnceLock::new();
+
+/// The process the report is of: a child forked without `exec` inherits
+/// the exit handler, and its exit is not the program's.
+static PREZERO_PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
 fn prezero(p: PrezeroRequest) {
     use pagewise::thp::prezero::{PrezeroOptions, Prezeroer};
     let mut opts = PrezeroOptions::default();
@@ -58,11 +70,36 @@ fn prezero(p: PrezeroRequest) {
     if let Some(r) = p.rate {
         opts.rate = r;
     }
+    let report = p.report.and_then(take_socket);
     match Prezeroer::start(opts) {
         // Runs for the life of the program.
-        Ok(p) => std::mem::forget(p),
+        Ok(z) => {
+            let with_report = report.is_some();
+            if PREZERO.set((z, std::sync::Mutex::new(report))).is_ok() && with_report {
+                PREZERO_PID.store(std::process::id(), std::sync::atomic::Ordering::Relaxed);
+                // SAFETY: registers a function of no arguments that only
+                // reads counters and writes to a socket.
+                unsafe { libc::atexit(report_prezero) };
+            }
+        }
         Err(e) => eprintln!("pagewise shim: no pre-zeroing: {e}"),
     }
+}
+
+/// At the program's exit: what the pre-zeroing thread did, to pagewise.
+/// A pagewise that went away costs the program nothing (no SIGPIPE).
+extern "C" fn report_prezero() {
+    use std::os::fd::AsRawFd;
+    if PREZERO_PID.load(std::sync::atomic::Ordering::Relaxed) != std::process::id() {
+        return;
+    }
+    let Some((z, sock)) = PREZERO.get() else {
+        return;
+    };
+    let Some(sock) = sock.lock().ok().and_then(|mut s| s.take()) else {
+        return;
+    };
+    let _ = pagewise_sys::process::send_all_nosignal(sock.as_raw_fd(), &z.stats().encode());
 }
 
 /// The socket pagewise passed as fd `fd`, taken (it is closed on exec, so

@@ -662,6 +662,50 @@ pub fn sched_yield() {
     unsafe { libc::sched_yield() };
 }
 
+/// Sends all of `buf` on the socket `fd` with `MSG_NOSIGNAL`: a peer that
+/// has gone away is an `EPIPE` error, never a SIGPIPE to this process (the
+/// shim writes from inside a program whose SIGPIPE is its own).
+pub fn send_all_nosignal(fd: RawFd, mut buf: &[u8]) -> io::Result<()> {
+    while !buf.is_empty() {
+        // SAFETY: `buf` is valid for reading `buf.len()` bytes.
+        let n = unsafe { libc::send(fd, buf.as_ptr().cast(), buf.len(), libc::MSG_NOSIGNAL) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        buf = &buf[n as usize..];
+    }
+    Ok(())
+}
+
+/// Sets up `c` so that the child is sent `sig` when the thread that starts
+/// it ends (`PR_SET_PDEATHSIG`): a program started by a tool that is
+/// killed is not left running on its own. A child whose parent ended
+/// between the fork and the `prctl` is sent `sig` at once (its parent is no
+/// longer `parent`). The signal goes with the *thread* that forked, so
+/// start children from a thread that lives as long as they should.
+pub fn die_with_parent(c: &mut std::process::Command, sig: libc::c_int) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: getpid(2) takes nothing and cannot fail.
+    let parent = unsafe { libc::getpid() };
+    // SAFETY: the closure makes only prctl(2), getppid(2) and kill(2)
+    // calls, all async-signal-safe, and allocates nothing.
+    unsafe {
+        c.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, sig as libc::c_ulong, 0, 0, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if libc::getppid() != parent {
+                libc::kill(libc::getpid(), sig);
+            }
+            Ok(())
+        });
+    }
+}
+
 /// Sets up `c` so that the child keeps `fd` open across its `exec`
 /// (clears `FD_CLOEXEC` in the child, between fork and exec: one `fcntl`,
 /// async-signal-safe).

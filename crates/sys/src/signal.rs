@@ -163,6 +163,16 @@ impl std::ops::Deref for StopFlag {
     }
 }
 
+impl StopFlag {
+    /// The signal that set the flag (SIGINT or SIGTERM), once one came.
+    pub fn signal(&self) -> Option<libc::c_int> {
+        match LAST.load(std::sync::atomic::Ordering::SeqCst) {
+            0 => None,
+            sig => Some(sig),
+        }
+    }
+}
+
 impl Drop for StopFlag {
     fn drop(&mut self) {
         HOLDERS.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
@@ -172,6 +182,8 @@ impl Drop for StopFlag {
 static FLAG: std::sync::OnceLock<std::sync::Arc<std::sync::atomic::AtomicBool>> =
     std::sync::OnceLock::new();
 static HOLDERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+/// The first SIGINT or SIGTERM that came (0: none yet).
+static LAST: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
 /// What a signal does while no [`StopFlag`] is held.
 type Action = Box<dyn Fn(libc::c_int) + Send + Sync>;
 static OTHERWISE: std::sync::OnceLock<Action> = std::sync::OnceLock::new();
@@ -219,6 +231,8 @@ fn take_stop_signals() -> io::Result<&'static std::sync::Arc<std::sync::atomic::
             // SAFETY: reads one byte into `b`.
             let n = unsafe { libc::read(read_end, b.as_mut_ptr().cast(), 1) };
             if n == 1 {
+                let _ =
+                    LAST.compare_exchange(0, i32::from(b[0]), Ordering::SeqCst, Ordering::SeqCst);
                 flag.store(true, Ordering::SeqCst);
                 if HOLDERS.load(Ordering::SeqCst) == 0 {
                     if let Some(f) = OTHERWISE.get() {

@@ -1,8 +1,19 @@
-//! A child process's end: bounded waits, a polite stop, and the exit code a
-//! tool that ran it reports as its own.
+//! A child process's start and end: tied to the thread that starts it,
+//! bounded waits, a polite stop, and the exit code a tool that ran it
+//! reports as its own.
 
-use std::process::{Child, ExitStatus};
+use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
+
+/// Sets up `c` so that the program is sent SIGTERM if the thread that
+/// starts it ends (killed with its process, or simply done) before the
+/// program: every program pagewise starts is tied so, and none is left
+/// running on its own when pagewise is killed. The tie is to the starting
+/// *thread* (`PR_SET_PDEATHSIG`): start programs from a thread that lives
+/// as long as they should. A set-user-ID program clears it at `exec`.
+pub fn tie(c: &mut Command) {
+    pagewise_sys::process::die_with_parent(c, libc::SIGTERM);
+}
 
 /// Waits up to `within` for `child` to end on its own; its status, or `None`
 /// if it is still running.

@@ -30,9 +30,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 
 /// The version of everything pagewise and the preload shim must agree on
-/// (see the module). 3: this, the first contract carried by both hellos
-/// and the environment.
-pub const CONTRACT: u32 = 3;
+/// (see the module). 3: the first contract carried by both hellos and the
+/// environment; 4: the pre-zeroing report.
+pub const CONTRACT: u32 = 4;
 
 /// The package version of this build, said beside the contract.
 pub const BUILD: &str = env!("CARGO_PKG_VERSION");
@@ -86,7 +86,9 @@ pub mod env {
     /// requests.
     pub const ADVISE_FD: &str = "PAGEWISE_ADVISE_FD";
     /// Pre-zeroed huge pages in the program (`pagewise thp prezero`):
-    /// `AHEAD,RATE` (huge pages kept ahead, most per second).
+    /// `AHEAD,RATE,FD` (huge pages kept ahead, most per second, and the
+    /// decimal number of the shim's end of the socketpair its report goes
+    /// to as the program exits; any may be empty).
     pub const PREZERO: &str = "PAGEWISE_PREZERO";
 }
 
@@ -133,23 +135,27 @@ pub fn ld_preload() -> Result<String> {
     Ok(preload)
 }
 
-/// `cmd` (program and arguments) set up to start with the shim preloaded;
-/// the caller adds the environment that tells the shim what to do.
+/// `cmd` (program and arguments) set up to start with the shim preloaded
+/// and [tied](crate::mech::child::tie) to the starting thread; the caller
+/// adds the environment that tells the shim what to do.
 pub fn shim_command(cmd: &[String]) -> Result<Command> {
     let program = cmd
         .first()
         .ok_or(Error::Invalid("no command to start".into()))?;
     let mut c = Command::new(program);
     c.args(&cmd[1..]).env("LD_PRELOAD", ld_preload()?);
+    crate::mech::child::tie(&mut c);
     Ok(c)
 }
 
 /// `cmd` under the shim, started, with the shim's end of a new socketpair
-/// passed to it in the request `ask` makes of its fd number; returns the
-/// child and pagewise's end.
+/// passed to it in the request `ask` makes of its fd number, and the
+/// command set up further by `setup` (its standard streams, say); returns
+/// the child and pagewise's end.
 pub(crate) fn spawn_with_socket(
     cmd: &[String],
     ask: impl FnOnce(i32) -> ShimRequest,
+    setup: impl FnOnce(&mut Command),
 ) -> Result<(Child, UnixStream)> {
     let program = cmd
         .first()
@@ -159,6 +165,7 @@ pub(crate) fn spawn_with_socket(
     let fd = theirs.as_raw_fd();
     let mut c = shim_command(cmd)?;
     ask(fd).apply(&mut c);
+    setup(&mut c);
     pagewise_sys::process::keep_fd_across_exec(&mut c, fd);
     let child = c
         .spawn()
@@ -212,6 +219,9 @@ pub struct PrezeroRequest {
     pub ahead: Option<u64>,
     /// Most huge pages zeroed per second.
     pub rate: Option<f64>,
+    /// The shim's end of a socketpair on which it sends its report
+    /// ([`crate::thp::prezero::PrezeroStats::encode`]) as the program exits.
+    pub report: Option<i32>,
 }
 
 /// The variables a program's children must not inherit: their sockets are
@@ -253,9 +263,10 @@ impl ShimRequest {
             c.env(
                 env::PREZERO,
                 format!(
-                    "{},{}",
+                    "{},{},{}",
                     part(p.ahead.map(|a| a.to_string())),
-                    part(p.rate.map(|r| r.to_string()))
+                    part(p.rate.map(|r| r.to_string())),
+                    part(p.report.map(|f| f.to_string()))
                 ),
             );
         }
@@ -299,6 +310,10 @@ impl ShimRequest {
                 PrezeroRequest {
                     ahead: it.next().and_then(|a| a.trim().parse().ok()),
                     rate: it.next().and_then(|r| r.trim().parse().ok()),
+                    report: it
+                        .next()
+                        .and_then(|f| f.trim().parse().ok())
+                        .filter(|&f: &i32| f >= 0),
                 }
             }),
         };
@@ -416,6 +431,7 @@ mod tests {
             prezero: Some(PrezeroRequest {
                 ahead: Some(3),
                 rate: Some(1.5),
+                report: Some(11),
             }),
         };
         let mut c = Command::new("true");

@@ -3,7 +3,7 @@
 //! [`Options::smart_scan`] asks; every setting journaled and put back when
 //! the agent is dropped (a second agent is refused).
 
-use super::{Action, Agent, KsmReport, Options, Policy, KSM_DIR, PAGES};
+use super::{Action, Agent, KsmReport, Options, KSM_DIR, PAGES};
 use crate::mech::procfs;
 use crate::mech::settings::SettingGuard;
 use crate::Result;

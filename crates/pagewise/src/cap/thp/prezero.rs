@@ -23,6 +23,9 @@ use crate::mech::walk::PageWalker;
 use crate::{Region, Result, HUGE_PAGE_SIZE, PAGE_SIZE};
 use pagewise_sys::pagemap::category as cat;
 use serde::Serialize;
+use std::io::Read;
+use std::os::unix::net::UnixStream;
+use std::process::{Child, Command};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -72,6 +75,85 @@ struct Shared {
     populated: AtomicU64,
     scans: AtomicU64,
     cpu_us: AtomicU64,
+}
+
+/// The magic of the report the shim sends as a pre-zeroed program exits:
+/// `PGWZ`.
+pub const REPORT_MAGIC: u32 = u32::from_le_bytes(*b"PGWZ");
+/// The report's length: the hello header (magic, contract) and three
+/// `u64`s, little-endian: huge pages populated, looks taken, the thread's
+/// CPU time in µs.
+pub const REPORT_LEN: usize = 8 + 24;
+
+impl PrezeroStats {
+    /// The report of these statistics (see [`REPORT_LEN`]).
+    pub fn encode(&self) -> [u8; REPORT_LEN] {
+        let mut b = [0u8; REPORT_LEN];
+        b[..8].copy_from_slice(&crate::mech::shim::hello_header(REPORT_MAGIC));
+        b[8..16].copy_from_slice(&self.populated.to_le_bytes());
+        b[16..24].copy_from_slice(&self.scans.to_le_bytes());
+        let us = (self.cpu_ms * 1e3).max(0.0) as u64;
+        b[24..32].copy_from_slice(&us.to_le_bytes());
+        b
+    }
+
+    /// Reads a report: its header checked (magic, contract), then the
+    /// three counts.
+    pub fn decode(r: &mut impl Read) -> std::io::Result<PrezeroStats> {
+        crate::mech::shim::check_hello(r, REPORT_MAGIC)?;
+        let mut b = [0u8; 24];
+        r.read_exact(&mut b)?;
+        let u = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        Ok(PrezeroStats {
+            populated: u(0),
+            scans: u(8),
+            cpu_ms: u(16) as f64 / 1e3,
+        })
+    }
+}
+
+/// A program started with the shim pre-zeroing in it
+/// ([`start_prezeroed`]), and the socket its report comes on.
+pub struct Prezeroed {
+    /// The program.
+    pub child: Child,
+    report: UnixStream,
+}
+
+impl Prezeroed {
+    /// What the pre-zeroing thread did, sent by the shim as the program
+    /// exited (read within `within` once it has); `Err` when no report
+    /// came: the program was killed, ended with `_exit`, or did not load
+    /// the shim (statically linked, setuid).
+    pub fn report(mut self, within: Duration) -> std::io::Result<PrezeroStats> {
+        self.report.set_read_timeout(Some(within))?;
+        PrezeroStats::decode(&mut self.report)
+    }
+}
+
+/// Starts `cmd` with the shim pre-zeroing huge pages in it as `opts` says
+/// (its `scan` is the library's), the command set up further by `setup`
+/// (its standard streams, say). The shim reports on the returned socket
+/// as the program exits.
+pub fn start_prezeroed(
+    cmd: &[String],
+    opts: &PrezeroOptions,
+    setup: impl FnOnce(&mut Command),
+) -> Result<Prezeroed> {
+    use crate::mech::shim::{spawn_with_socket, PrezeroRequest, ShimRequest};
+    let (child, report) = spawn_with_socket(
+        cmd,
+        |fd| ShimRequest {
+            prezero: Some(PrezeroRequest {
+                ahead: Some(opts.ahead),
+                rate: Some(opts.rate),
+                report: Some(fd),
+            }),
+            ..ShimRequest::default()
+        },
+        setup,
+    )?;
+    Ok(Prezeroed { child, report })
 }
 
 /// The running pre-zeroing thread; stopped (and joined) when dropped.

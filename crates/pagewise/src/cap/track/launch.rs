@@ -6,7 +6,7 @@ use crate::mech::child::wait_for;
 use crate::mech::shim::{spawn_with_socket, ShimRequest};
 use crate::{Error, Result};
 use std::os::unix::net::UnixStream;
-use std::process::{Child, ExitStatus};
+use std::process::{Child, Command, ExitStatus};
 use std::time::Duration;
 
 /// A program started with the shim tracking its writes (see [`start_tracked`]).
@@ -25,12 +25,21 @@ pub enum Tracked {
 }
 
 /// Starts `cmd` with the shim preloaded and tracking its writes with
-/// `backend`, and waits (10 s at most) for the shim's hello.
-pub fn start_tracked(cmd: &[String], backend: BackendKind) -> Result<Tracked> {
-    let (mut child, mut s) = spawn_with_socket(cmd, |fd| ShimRequest {
-        track: Some((fd, backend.name().into())),
-        ..ShimRequest::default()
-    })?;
+/// `backend` (the command set up further by `setup`: its standard streams,
+/// say), and waits (10 s at most) for the shim's hello.
+pub fn start_tracked(
+    cmd: &[String],
+    backend: BackendKind,
+    setup: impl FnOnce(&mut Command),
+) -> Result<Tracked> {
+    let (mut child, mut s) = spawn_with_socket(
+        cmd,
+        |fd| ShimRequest {
+            track: Some((fd, backend.name().into())),
+            ..ShimRequest::default()
+        },
+        setup,
+    )?;
     let program = &cmd[0];
     let hello = s
         .set_read_timeout(Some(Duration::from_secs(10)))

@@ -212,12 +212,20 @@ impl ShimAdvice {
 /// (this module), and waits (5 s at most) for
 /// the shim's hello. Without one (a statically linked program, which loads
 /// no shim, or one that ended at once) the child comes back alone, with
-/// why: its advice must then be made under ptrace.
-pub fn start_advised(cmd: &[String]) -> Result<(Child, std::result::Result<ShimAdvice, String>)> {
-    let (child, sock) = crate::mech::shim::spawn_with_socket(cmd, |fd| ShimRequest {
-        advise: Some(fd),
-        ..ShimRequest::default()
-    })?;
+/// why: its advice must then be made under ptrace. `setup` sets the command
+/// up further (its standard streams, say).
+pub fn start_advised(
+    cmd: &[String],
+    setup: impl FnOnce(&mut std::process::Command),
+) -> Result<(Child, std::result::Result<ShimAdvice, String>)> {
+    let (child, sock) = crate::mech::shim::spawn_with_socket(
+        cmd,
+        |fd| ShimRequest {
+            advise: Some(fd),
+            ..ShimRequest::default()
+        },
+        setup,
+    )?;
     let shim = ShimAdvice::hello(sock, Duration::from_secs(5))
         .map_err(|e| format!("its shim did not answer ({e}): statically linked, or it ended"));
     Ok((child, shim))

@@ -1,0 +1,242 @@
+//! The conventions every command that runs a program (`-- CMD`) keeps
+//! (crates/cli/src/stop.rs): SIGINT/SIGTERM end it with its summary, the
+//! program ended first and the exit status 128 + the signal; a pagewise
+//! killed outright leaves no program behind; with `--json` its standard
+//! output holds JSON alone.
+
+mod support;
+use support::*;
+
+/// A shell that says it is ready, notes the signal it gets in `mark` and
+/// exits 0 on it, else loops.
+fn trapping_shell(dir: &Path) -> (String, PathBuf, PathBuf) {
+    let (mark, ready) = (dir.join("signalled"), dir.join("ready"));
+    let script = format!(
+        "trap 'echo term > {m}; exit 0' TERM; trap 'echo int > {m}; exit 0' INT; \
+         echo $$ > {r}; while :; do sleep 0.05; done",
+        m = mark.display(),
+        r = ready.display()
+    );
+    (script, mark, ready)
+}
+
+/// Waits (10 s at most) for `path` to exist; whether it did.
+fn appears(path: &Path) -> bool {
+    let t0 = Instant::now();
+    while !path.exists() {
+        if t0.elapsed() > Duration::from_secs(10) {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The writer may not have finished its line.
+    std::thread::sleep(Duration::from_millis(50));
+    true
+}
+
+/// Whether `pid` is gone or a zombie (its program no longer runs).
+fn ended(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(s) => s
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('Z') || rest.starts_with('X')),
+    }
+}
+
+/// Waits (5 s at most) for `pid` to end; whether it did.
+fn ends(pid: i32) -> bool {
+    let t0 = Instant::now();
+    while !ended(pid) {
+        if t0.elapsed() > Duration::from_secs(5) {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    true
+}
+
+/// The commands under test, each running the trapping shell (the shim is
+/// there: the callers checked [`unsupported`]).
+fn commands(script: &str) -> Vec<(&'static str, Command)> {
+    let mut t = Command::new(BIN);
+    t.args(["track", "--interval-ms", "100", "--", "sh", "-c", script]);
+    let inst = instance_dir("conventions");
+    let mut f = farmem(&inst);
+    f.args(["run", "--local-pages", "4096", "--", "sh", "-c", script]);
+    let mut z = Command::new(BIN);
+    z.args(["thp", "prezero", "--", "sh", "-c", script]);
+    vec![("track", t), ("farmem run", f), ("thp prezero", z)]
+}
+
+/// SIGTERM and SIGINT to pagewise alone (not to its process group, as a
+/// terminal would): the program gets the signal, pagewise says so in its
+/// summary and exits with 128 + the signal.
+#[test]
+fn a_signal_ends_the_program_then_pagewise_with_its_summary() {
+    if let Some(why) = unsupported() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    for (sig, word) in [(libc::SIGTERM, "term"), (libc::SIGINT, "int")] {
+        let dir = temp_dir(&format!("signal-{sig}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (script, mark, ready) = trapping_shell(&dir);
+        for (name, mut c) in commands(&script) {
+            let _ = std::fs::remove_file(&ready);
+            let _ = std::fs::remove_file(&mark);
+            let mut p = c
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            assert!(appears(&ready), "{name}: the program did not start");
+            // SAFETY: kill(2) of the pagewise this test started.
+            unsafe { libc::kill(p.id() as i32, sig) };
+            let t0 = Instant::now();
+            let st = loop {
+                if let Some(st) = p.try_wait().unwrap() {
+                    break Some(st);
+                }
+                if t0.elapsed() > Duration::from_secs(15) {
+                    let _ = p.kill();
+                    break None;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            };
+            let out = p.wait_with_output().unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            let st = st.unwrap_or_else(|| panic!("{name}: pagewise did not end on {sig}: {err}"));
+            assert_eq!(st.code(), Some(128 + sig), "{name} on signal {sig}: {err}");
+            assert_eq!(
+                std::fs::read_to_string(&mark).unwrap_or_default().trim(),
+                word,
+                "{name}: the program was handed signal {sig}"
+            );
+            // The summary is written as at a normal end.
+            let summary = match name {
+                "track" => "stopped by signal",
+                "farmem run" => "pagewise farmem: instance",
+                _ => "pre-zeroed ahead",
+            };
+            assert!(err.contains(summary), "{name}: no summary: {err}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// pagewise killed outright (SIGKILL): the program it started gets SIGTERM
+/// and ends; it is not left running on its own.
+#[test]
+fn a_killed_pagewise_leaves_no_program_behind() {
+    if let Some(why) = unsupported() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    let dir = temp_dir("orphan");
+    std::fs::create_dir_all(&dir).unwrap();
+    let (script, mark, ready) = trapping_shell(&dir);
+    for (name, mut c) in commands(&script) {
+        let _ = std::fs::remove_file(&ready);
+        let _ = std::fs::remove_file(&mark);
+        let mut p = c
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        assert!(appears(&ready), "{name}: the program did not start");
+        let pid: i32 = std::fs::read_to_string(&ready)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        p.kill().unwrap();
+        p.wait().unwrap();
+        let gone = ends(pid);
+        if !gone {
+            // SAFETY: kill(2) of the shell this test's pagewise started.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        assert!(
+            gone,
+            "{name}: program {pid} runs on after pagewise was killed"
+        );
+        assert_eq!(
+            std::fs::read_to_string(&mark).unwrap_or_default().trim(),
+            "term",
+            "{name}: the program was sent SIGTERM"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// With `--json`, stdout is JSON alone; the program's own stdout reaches
+/// stderr, whole.
+#[test]
+fn json_stays_apart_from_the_programs_output() {
+    if let Some(why) = unsupported() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    let script = "for i in 1 2 3 4 5 6; do echo program-line-$i; sleep 0.05; done";
+    let inst = instance_dir("json-apart");
+    let mut runs = vec![(
+        "track",
+        Command::new(BIN)
+            .args([
+                "track",
+                "--json",
+                "--interval-ms",
+                "50",
+                "--",
+                "sh",
+                "-c",
+                script,
+            ])
+            .output()
+            .unwrap(),
+    )];
+    runs.push((
+        "farmem run",
+        farmem(&inst)
+            .args([
+                "run",
+                "--json",
+                "--local-pages",
+                "4096",
+                "--",
+                "sh",
+                "-c",
+                script,
+            ])
+            .output()
+            .unwrap(),
+    ));
+    runs.push((
+        "thp prezero",
+        Command::new(BIN)
+            .args(["thp", "prezero", "--json", "--", "sh", "-c", script])
+            .output()
+            .unwrap(),
+    ));
+    for (name, out) in runs {
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert!(out.status.success(), "{name}: {stderr}");
+        assert!(!stdout.trim().is_empty(), "{name}: no JSON");
+        for l in stdout.lines() {
+            let v: serde_json::Value =
+                serde_json::from_str(l).unwrap_or_else(|e| panic!("{name}: not JSON ({e}): {l}"));
+            assert_eq!(v["schema"], 1, "{name}: {l}");
+        }
+        for i in 1..=6 {
+            assert!(
+                stderr.contains(&format!("program-line-{i}\n")),
+                "{name}: the program's line {i} is not on stderr: {stderr}"
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&inst);
+}
