@@ -1,10 +1,9 @@
 //! `pagewise farmem`: far-memory emulation (DiME) of unmodified programs.
 
 use anyhow::{Context, Result};
-use pagewise::farmem::instance::{Access, Instance, Member, Settings};
-use pagewise::farmem::{self, FaultPath, Stats};
+use pagewise::farmem::instance::{Access, Instance, Settings};
+use pagewise::farmem::{self, FaultPath};
 use pagewise::farmem::{FarmemOptions, FarmemRun};
-use serde::Serialize;
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -123,62 +122,6 @@ pub fn run(a: Args) -> Result<i32> {
     }
 }
 
-/// What `ls` and `--stats-json` report for an instance (or a run in it).
-#[derive(Serialize)]
-pub struct Report {
-    pub instance_id: String,
-    pub owner_uid: u32,
-    pub latency_ns: u64,
-    pub bandwidth_bps: u64,
-    pub local_npages: u64,
-    pub local_percent: u64,
-    pub pids: Vec<i32>,
-    #[serde(flatten)]
-    pub stats: Stats,
-    pub data_pages: u64,
-    pub members: Vec<Member>,
-}
-
-fn report(inst: &Instance, tag: Option<u32>) -> Report {
-    let s = inst.settings();
-    let members: Vec<Member> = inst
-        .members()
-        .into_iter()
-        .filter(|m| tag.is_none_or(|t| m.tag == t))
-        .collect();
-    // Members whose slots were reused left their counts with the instance.
-    let retired = inst.retired(tag);
-    let mut stats = Stats::sum(members.iter().map(|m| &m.stats).chain([&retired]));
-    let path = if stats.inline_faults > 0 {
-        FaultPath::Inline
-    } else {
-        FaultPath::Thread
-    };
-    (stats.floor_ns, stats.unseen_ns) = inst.calibration(path);
-    stats.local_pages_now = members
-        .iter()
-        .filter(|m| m.live)
-        .map(|m| m.stats.local_pages_now)
-        .sum();
-    Report {
-        instance_id: inst.name().to_string(),
-        owner_uid: inst.owner_uid(),
-        latency_ns: s.latency_ns,
-        bandwidth_bps: s.bandwidth_bps,
-        local_npages: s.local_pages,
-        local_percent: s.local_percent,
-        pids: members.iter().filter(|m| m.live).map(|m| m.pid).collect(),
-        // A finished run's figures are those its members left.
-        data_pages: members
-            .iter()
-            .filter(|m| m.live || tag.is_some())
-            .map(|m| m.data_pages)
-            .sum(),
-        stats,
-        members,
-    }
-}
-
 fn run_cmd(a: RunArgs) -> Result<i32> {
     check_policy(&a.policy, &a.policy_args)?;
     // Output paths are checked before the program runs, not after.
@@ -237,8 +180,7 @@ fn run_cmd(a: RunArgs) -> Result<i32> {
     };
     // A member killed before it could leave leaves now.
     run.reap_dead_members();
-    let inst = run.instance();
-    let rep = report(inst, Some(run.tag()));
+    let rep = run.report();
     if rep.members.is_empty() && rep.stats.page_fault_count == 0 && !a.json {
         eprintln!(
             "pagewise farmem: no process of {} joined the instance, so nothing was emulated: \
@@ -292,10 +234,10 @@ fn run_cmd(a: RunArgs) -> Result<i32> {
 
 fn ls(a: LsArgs) -> Result<i32> {
     Instance::sweep();
-    let all: Vec<Report> = Instance::list()?
+    let all: Vec<pagewise::farmem::Report> = Instance::list()?
         .iter()
         .filter(|i| !i.is_stale())
-        .map(|i| report(i, None))
+        .map(|i| i.report(None))
         .collect();
     if a.json {
         // An object, so that it carries the schema as every other output.

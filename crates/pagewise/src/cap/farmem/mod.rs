@@ -73,6 +73,7 @@ pub mod instance;
 pub mod link;
 pub mod policy;
 mod reply;
+mod report;
 mod run;
 #[doc(hidden)]
 pub mod sampler;
@@ -84,6 +85,7 @@ pub mod syscalls;
 pub use calibrate::{at_latency_zero, calibrate, Calibration};
 use engine::Engine;
 pub use inline::FaultPath;
+pub use report::Report;
 pub use run::{FarmemOptions, FarmemRun};
 pub use stats::Stats;
 pub(crate) use stats::{Counters, HIST_BUCKETS};

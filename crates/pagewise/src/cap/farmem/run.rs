@@ -174,6 +174,12 @@ impl FarmemRun {
         Ok(c)
     }
 
+    /// What this run's members did (those still running, and what the
+    /// departed left).
+    pub fn report(&self) -> super::Report {
+        self.inst.report(Some(self.tag))
+    }
+
     /// Members of this run that died without leaving (killed) leave now.
     pub fn reap_dead_members(&self) {
         for m in self.inst.members() {
