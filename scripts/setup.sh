@@ -4,7 +4,8 @@
 # for SimGrid's experiment (c) (which skips with the reason where CRIU cannot
 # run on the kernel), Memcached and its load generator (libmemcached-tools'
 # memaslap) for DiME's Memcached experiment, a C compiler for the C API's
-# tests, and make, pkg-config and man-db for installing and packaging.
+# tests, make, pkg-config and man-db for installing and packaging, Python's
+# venv for the wheel, and Chromium for the HTML report's test.
 set -euo pipefail
 if command -v rustup >/dev/null; then
     rustup component add rustfmt clippy >/dev/null 2>&1 || true
@@ -24,6 +25,10 @@ command -v pkg-config >/dev/null || need+=(pkgconf)
 command -v readelf >/dev/null || need+=(binutils)
 command -v man >/dev/null || need+=(man-db)
 [ -e /usr/share/bash-completion/bash_completion ] || need+=(bash-completion)
+# The Python package (a wheel built in a virtual environment of the
+# system's Python) and the HTML report's test (Debian's headless Chromium).
+/usr/bin/python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
+command -v chromium >/dev/null || need+=(chromium)
 if ((${#need[@]})); then
     SUDO=""
     [ "$(id -u)" -eq 0 ] || SUDO="sudo"

@@ -30,19 +30,21 @@ pub struct Provenance {
     pub load: (f64, f64),
 }
 
-static START: OnceLock<(SystemTime, f64)> = OnceLock::new();
+/// When the run began, the load then, and the tree's commit then (the
+/// tree may change while a long run goes on: the binary is the start's).
+static START: OnceLock<(SystemTime, f64, Option<String>)> = OnceLock::new();
 
 /// Notes the start of the run (the first call counts).
 pub fn begin() {
-    START.get_or_init(|| (SystemTime::now(), load()));
+    START.get_or_init(|| (SystemTime::now(), load(), commit()));
 }
 
 /// The provenance of a result written now.
 pub fn now() -> Provenance {
     begin();
-    let (t0, load0) = *START.get().expect("set by begin");
+    let (t0, load0, commit) = START.get().cloned().expect("set by begin");
     Provenance {
-        commit: commit(),
+        commit,
         command: std::env::args().collect::<Vec<_>>().join(" "),
         started: rfc3339(t0),
         ended: rfc3339(SystemTime::now()),

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 #[derive(clap::Args)]
 #[command(
-    after_help = "Examples:\n  pagewise track --pid 1234 --interval-ms 500 --count 10\n  pagewise track --json --interval-ms 1000 -- redis-server --port 7000\n\nJSON lines carry t_ms, dirty_pages, dirty_bytes, ranges ([start_address, page_count] pairs), range_count, dirty_rate_bytes_per_s, collect_ns, pages_scanned, backend and pid."
+    after_help = "Examples:\n  pagewise track --pid 1234 --interval-ms 500 --count 10\n  pagewise track --json --interval-ms 1000 -- redis-server --port 7000\n\nJSON lines carry t_ms, dirty_pages, dirty_bytes, ranges ([start_address, page_count] pairs), range_count, dirty_rate_bytes_per_s, collect_ns, pages_scanned, backend and pid; regions ([start_address, length] pairs) on the first line and when they change, where known."
 )]
 pub struct Args {
     /// Process to watch from outside (uffd-wp, soft-dirty or hash).
@@ -49,6 +49,14 @@ impl Source {
             Source::Shim(_, b) => *b,
         }
     }
+    /// The regions tracked, `[start, length]` (none known through the shim).
+    fn regions(&self) -> Vec<[u64; 2]> {
+        match self {
+            Source::Outside(t, _) => t.regions().iter().map(|r| [r.start, r.len]).collect(),
+            Source::Shim(..) => Vec::new(),
+        }
+    }
+
     fn collect(&mut self) -> pagewise::Result<Collection> {
         match self {
             Source::Outside(t, pid) => t
@@ -174,6 +182,7 @@ pub fn run(a: Args) -> Result<i32> {
     let t0 = Instant::now();
     let mut n = 0u64;
     let mut next = Instant::now();
+    let mut regions: Vec<[u64; 2]> = Vec::new();
     let stdout = std::io::stdout();
     loop {
         if a.count.is_some_and(|c| n >= c) {
@@ -225,13 +234,20 @@ pub fn run(a: Args) -> Result<i32> {
         let mut out = stdout.lock();
         if a.json {
             let ranges: Vec<[u64; 2]> = c.ranges.iter().map(|r| [r.start, r.pages]).collect();
-            let v = serde_json::json!({
+            let mut v = serde_json::json!({
                 "t_ms": t_ms, "pid": pid, "backend": backend.name(),
                 "dirty_pages": c.stats.pages_dirty, "dirty_bytes": bytes,
                 "ranges": ranges, "range_count": c.stats.ranges,
                 "dirty_rate_bytes_per_s": rate, "collect_ns": c.stats.elapsed_ns,
                 "pages_scanned": c.stats.pages_scanned,
             });
+            // The mappings tracked, on the first line and whenever they
+            // change ([start, length] pairs): what `report` draws per mapping.
+            let now = source.regions();
+            if now != regions {
+                v["regions"] = serde_json::json!(now);
+                regions = now;
+            }
             writeln!(out, "{}", crate::json::line(&v)?)?;
         } else {
             writeln!(

@@ -9,6 +9,7 @@ mod cmd_generate;
 mod cmd_inspect;
 mod cmd_probe;
 mod cmd_receive;
+mod cmd_report;
 mod cmd_rollback;
 mod cmd_snapshot;
 mod cmd_thp;
@@ -87,6 +88,14 @@ enum Cmd {
     /// duplicate-rich regions mergeable for KSM, keeps hot ones huge, and
     /// rebuilds split regions that turn hot.
     Dedup(cmd_dedup::Args),
+    /// Turn what the tools recorded into one HTML page of plots (no network
+    /// needed), or a Chrome/Perfetto trace of far-memory runs.
+    ///
+    /// `pagewise report FILE... --out report.html` reads a track --json
+    /// stream, farmem run --trace files, a thp run or dedup run --json log
+    /// and an inspect --json report; `--chrome-trace FILE` writes the
+    /// far-memory traces for ui.perfetto.dev or chrome://tracing.
+    Report(cmd_report::Args),
     /// Run the benchmarks of a capability and print ratios against the baselines.
     ///
     /// The benchmarks are a program of their own, `pagewise-bench`, which
@@ -126,6 +135,7 @@ fn main() {
         Cmd::Dedup(a) => cmd_dedup::run(a),
         Cmd::Bench { args } => cmd_bench::run(args, cli.quiet),
         Cmd::Demo(a) => cmd_demo::demo(a),
+        Cmd::Report(a) => cmd_report::run(a),
         Cmd::Workload(a) => cmd_workload::run(a),
         Cmd::Generate(a) => cmd_generate::run::<Cli>(a),
     };

@@ -150,6 +150,9 @@ pub struct TraceEvent {
     pub addr: u64,
     /// What happened.
     pub kind: TraceKind,
+    /// For a fetch: the fault's time until its page was ready to map
+    /// (room made, the link's wait), ns; 0 for the other kinds.
+    pub ns: u64,
 }
 
 #[derive(Default)]
@@ -213,14 +216,19 @@ pub struct Hooks {
 }
 
 impl Shared {
-    fn record(&self, addr: u64, kind: TraceKind) {
+    fn record(&self, addr: u64, kind: TraceKind, ns: u64) {
         if !self.tracing.load(Ordering::Relaxed) {
             return;
         }
         let t_ns = self.started.elapsed().as_nanos() as u64;
         let mut t = self.trace.lock().unwrap_or_else(|e| e.into_inner());
         if t.events.len() < t.capacity {
-            t.events.push(TraceEvent { t_ns, addr, kind });
+            t.events.push(TraceEvent {
+                t_ns,
+                addr,
+                kind,
+                ns,
+            });
         } else {
             t.dropped += 1;
         }

@@ -314,6 +314,7 @@ impl Engine {
             } else {
                 TraceKind::Evict
             },
+            0,
         );
         Ok(dirty)
     }

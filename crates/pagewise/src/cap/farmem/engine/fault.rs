@@ -113,7 +113,7 @@ impl Engine {
                 ));
             }
         }
-        sh.record(addr, TraceKind::Soft);
+        sh.record(addr, TraceKind::Soft, 0);
         self.policy.accessed(g);
         Ok(())
     }
@@ -141,11 +141,11 @@ impl Engine {
         // events is served (and counted) again later.
         c.faults.fetch_add(1, Ordering::Relaxed);
         c.fetches.fetch_add(1, Ordering::Relaxed);
-        self.pay_link(sh, &cfg, arrived, writeback_bytes);
+        let waited_ns = self.pay_link(sh, &cfg, arrived, writeback_bytes);
         // Book-keeping first: mapping the page wakes the faulting thread,
         // which may look at the counters at once.
         let was = self.pages[g];
-        sh.record(self.addr_of(g).2, TraceKind::Fetch);
+        sh.record(self.addr_of(g).2, TraceKind::Fetch, waited_ns);
         self.put(g, Where::Local);
         if class == Placement::AlwaysRemote {
             self.visiting.push(g);
@@ -254,7 +254,15 @@ impl Engine {
 
     /// Books the fetch (and its write-backs) on the modelled link and waits
     /// until it is due; counts the modelled and injected delay.
-    fn pay_link(&mut self, sh: &Shared, cfg: &Config, arrived: Instant, writeback_bytes: u64) {
+    /// Books the fetch on the link and waits for it; how long the fault
+    /// has taken so far (room made, the link's wait), ns.
+    fn pay_link(
+        &mut self,
+        sh: &Shared,
+        cfg: &Config,
+        arrived: Instant,
+        writeback_bytes: u64,
+    ) -> u64 {
         let c = &sh.counters;
         let due = self
             .link
@@ -267,6 +275,7 @@ impl Engine {
         c.injected.fetch_add(waited, Ordering::Relaxed);
         let bucket = (64 - waited.leading_zeros() as usize).saturating_sub(1);
         c.hist[bucket.min(HIST_BUCKETS - 1)].fetch_add(1, Ordering::Relaxed);
+        arrived.elapsed().as_nanos() as u64
     }
 
     /// Maps page `g`, whose contents were `was`, into its region (this wakes
