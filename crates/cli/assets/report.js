@@ -72,12 +72,13 @@
       })),
     };
     var data = [p.x].concat(p.series.map(function (s) { return s.values; }));
-    var u = new uPlot(opts, data, div);
     var n = 0;
     p.series.forEach(function (s) { s.values.forEach(function (v) { if (v !== null) n++; }); });
-    var b = u.bbox;
-    status.plots.push({ id: p.id, kind: p.kind, series: p.series.length, points: n,
-                        painted: painted(u.ctx.canvas, b, colors) });
+    var rec = { id: p.id, kind: p.kind, series: p.series.length, points: n, painted: 0 };
+    status.plots.push(rec);
+    // uPlot draws after this script's turn: its pixels are counted once drawn.
+    opts.hooks = { draw: [function (u) { rec.painted = painted(u.ctx.canvas, u.bbox, colors); publish(); }] };
+    new uPlot(opts, data, div);
   }
 
   function heatmap(p, div) {
