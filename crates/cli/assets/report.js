@@ -93,13 +93,14 @@
     var ctx = canvas.getContext("2d");
     ctx.fillStyle = "#ffffff";
     ctx.fillRect(0, 0, canvas.width, canvas.height);
-    var cells = 0;
+    var cells = 0, top = 0;
+    p.cells.forEach(function (row) { row.forEach(function (v) { if (v > top) top = v; }); });
     for (var r = 0; r < rows; r++) {
       for (var c = 0; c < cols; c++) {
         var v = p.cells[r][c];
         if (!v) continue;
-        // Light (little written) to dark red (all of the region).
-        var a = Math.max(0.08, Math.min(1, v));
+        // Light (little written) to dark red (the most of any cell).
+        var a = Math.max(0.08, Math.min(1, v / top));
         ctx.fillStyle = "rgba(214,39,40," + a.toFixed(3) + ")";
         ctx.fillRect(left + c * cw, r * rh, cw, rh);
         cells++;
@@ -111,7 +112,8 @@
       }
     }
     ctx.fillStyle = "#333";
-    ctx.fillText(p.xlabel + ": " + p.x[0] + " to " + p.x[cols - 1], left, rows * rh + 14);
+    ctx.fillText(p.xlabel + ": " + p.x[0] + " to " + p.x[cols - 1] + "; darkest: " +
+                 (100 * top).toFixed(1) + " % of a region written", left, rows * rh + 14);
     var box = { left: left, top: 0, width: cols * cw, height: rows * rh };
     var n = 0;
     var img = ctx.getImageData(box.left, box.top, Math.max(1, box.width), Math.max(1, box.height)).data;

@@ -149,6 +149,7 @@ fn trace(name: &str, pid: Option<i64>, events: &[Value]) -> Vec<Value> {
     let step = (end / 200).max(1_000_000);
     let n = (end / step + 1) as usize;
     let kinds = ["fetch", "evict", "writeback", "soft"];
+    let names = ["fetches", "evictions", "write-backs", "soft faults"];
     let mut counts = vec![vec![0u64; n]; kinds.len()];
     let mut lat: Vec<Vec<u64>> = vec![Vec::new(); n];
     for e in events {
@@ -162,11 +163,11 @@ fn trace(name: &str, pid: Option<i64>, events: &[Value]) -> Vec<Value> {
     }
     let per_s = 1e9 / step as f64;
     let x: Vec<f64> = (0..n).map(|i| (i as u64 * step) as f64 / 1e9).collect();
-    let series: Vec<Value> = kinds
+    let series: Vec<Value> = names
         .iter()
         .zip(&counts)
         .filter(|(_, c)| c.iter().any(|&v| v > 0))
-        .map(|(k, c)| json!({ "label": format!("{k}s/s"), "values": c.iter().map(|&v| v as f64 * per_s).collect::<Vec<_>>() }))
+        .map(|(k, c)| json!({ "label": format!("{k}/s"), "values": c.iter().map(|&v| v as f64 * per_s).collect::<Vec<_>>() }))
         .collect();
     for l in &mut lat {
         l.sort_unstable();
