@@ -3,6 +3,7 @@ notebook cell: run it in Jupyter or VS Code, or the whole file with
 `python examples/python/walkthrough.py`)."""
 
 # %% What this kernel offers
+import os
 import subprocess
 import sys
 import textwrap
@@ -24,6 +25,7 @@ print(f"{tracker.backend}: {c.pages} pages written, in {len(c.ranges)} ranges")
 assert c.pages >= 4
 
 # %% Snapshots of the buffer: take, change, diff, restore byte-exact
+del tracker                      # one tracker of a buffer at a time: Snapshots tracks it too
 snaps = pagewise.Snapshots(buf)
 before = snaps.take()
 buf[0:5] = b"hello"
@@ -35,16 +37,15 @@ print("restored; the later snapshot still reads", snaps.read(after, 0, 5))
 
 # %% Another process: watch its writes, then roll it back
 CHILD = textwrap.dedent("""
-    import mmap, sys, time
+    import mmap, time
     m = mmap.mmap(-1, 256 * 4096, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     print("ready", flush=True)
-    for i in range(256):
-        m[i * 4096] = 1
-        time.sleep(0.002)
-    sys.stdin.readline()
+    while True:                       # writes a page every 2 ms, round and round
+        for i in range(256):
+            m[i * 4096] = (m[i * 4096] + 1) % 256
+            time.sleep(0.002)
 """)
-child = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, text=True)
+child = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True)
 child.stdout.readline()
 try:
     watcher = pagewise.Tracker(pid=child.pid)
@@ -58,8 +59,7 @@ try:
 except OSError as e:
     print("another process:", e)
 finally:
-    child.stdin.write("\n")
-    child.stdin.flush()
+    child.kill()
     child.wait()
 
 # %% Far memory: how does a program behave with 100 local pages, 5 µs away?
@@ -72,6 +72,6 @@ else:
     print("far memory needs userfaultfd with UFFDIO_MOVE here")
 
 # %% What a process's memory holds
-rep = pagewise.inspect(child.pid if child.poll() is None else __import__("os").getpid())
+rep = pagewise.inspect(os.getpid())   # this very process
 print(f"rss {rep['rss_bytes'] / 2**20:.1f} MiB, anonymous {rep['anon_bytes'] / 2**20:.1f} MiB,"
       f" {len(rep['regions'])} regions")
