@@ -1,4 +1,5 @@
-//! `pagewise report` of real runs, opened in Debian's headless Chromium:
+//! `pagewise report` of real runs, opened in Debian's headless Chromium
+//! driven over the DevTools protocol:
 //! a track --json stream of Redis under load, a farmem run --trace of a
 //! real program, a thp run log and an inspect report. The page must load
 //! without a script error, draw every plot (its own pixels counted in the
@@ -13,38 +14,187 @@ fn chromium() -> Option<PathBuf> {
     which("chromium").or_else(|| which("chromium-browser"))
 }
 
-/// What the page reports it drew, read from the DOM Chromium dumps after
-/// its scripts ran.
-fn drawn(page: &Path) -> serde_json::Value {
-    let browser = chromium().unwrap();
-    let out = Command::new(browser)
-        .args([
+/// Headless Chromium driven over the DevTools protocol on a pipe
+/// (`--remote-debugging-pipe`: commands on its fd 3, replies and events on
+/// its fd 4, each message ending with a NUL byte).
+struct Browser {
+    child: std::process::Child,
+    to: std::fs::File,
+    from: BufReader<std::fs::File>,
+    next: u64,
+    /// Exceptions the page threw, and errors it logged.
+    errors: Vec<serde_json::Value>,
+}
+
+impl Browser {
+    fn start() -> Browser {
+        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+        use std::os::unix::process::CommandExt;
+        let pipe = || {
+            let mut fds = [0; 2];
+            // SAFETY: `fds` has room for the two descriptors pipe2 returns.
+            assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+            // SAFETY: both descriptors were just made and are ours alone.
+            unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
+        };
+        let (cmd_r, cmd_w) = pipe();
+        let (ev_r, ev_w) = pipe();
+        let (r, w) = (cmd_r.as_raw_fd(), ev_w.as_raw_fd());
+        let mut c = Command::new(chromium().unwrap());
+        c.args([
             "--headless",
             "--no-sandbox",
             "--disable-gpu",
             "--disable-background-networking",
             "--disable-component-update",
             "--no-first-run",
-            "--virtual-time-budget=15000",
-            "--dump-dom",
+            "--remote-debugging-pipe",
+            "about:blank",
         ])
-        .arg(format!("file://{}", page.display()))
-        .output()
-        .unwrap();
-    let dom = String::from_utf8_lossy(&out.stdout);
-    let start = dom.find("<pre id=\"pw-status\">").unwrap_or_else(|| {
-        panic!(
-            "no status in the page: {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    }) + "<pre id=\"pw-status\">".len();
-    let end = start + dom[start..].find("</pre>").unwrap();
-    let text = dom[start..end]
-        .replace("&lt;", "<")
-        .replace("&gt;", ">")
-        .replace("&quot;", "\"")
-        .replace("&amp;", "&");
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+        // SAFETY: between fork and exec only fcntl(2) and dup2(2),
+        // async-signal-safe, placing the two pipe ends where Chromium looks
+        // for them (moved above 10 first: either may be 3 or 4 already).
+        unsafe {
+            c.pre_exec(move || {
+                let (a, b) = (
+                    libc::fcntl(r, libc::F_DUPFD, 10),
+                    libc::fcntl(w, libc::F_DUPFD, 10),
+                );
+                if a < 0 || b < 0 || libc::dup2(a, 3) < 0 || libc::dup2(b, 4) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = c.spawn().unwrap();
+        drop((cmd_r, ev_w));
+        Browser {
+            child,
+            to: std::fs::File::from(cmd_w),
+            from: BufReader::new(std::fs::File::from(ev_r)),
+            next: 0,
+            errors: Vec::new(),
+        }
+    }
+
+    /// The next message, the page's errors noted on the way.
+    fn message(&mut self) -> serde_json::Value {
+        let mut buf = Vec::new();
+        self.from.read_until(0, &mut buf).unwrap();
+        assert_eq!(buf.pop(), Some(0), "the browser closed its pipe");
+        let v: serde_json::Value = serde_json::from_slice(&buf).unwrap();
+        let m = v["method"].as_str().unwrap_or("");
+        if m == "Runtime.exceptionThrown"
+            || (m == "Runtime.consoleAPICalled" && v["params"]["type"] == "error")
+        {
+            self.errors.push(v["params"].clone());
+        }
+        v
+    }
+
+    /// Sends `method` (to `session`, or the browser) and waits for its
+    /// result.
+    fn call(
+        &mut self,
+        session: Option<&str>,
+        method: &str,
+        params: serde_json::Value,
+    ) -> serde_json::Value {
+        use std::io::Write;
+        self.next += 1;
+        let id = self.next;
+        let mut m = serde_json::json!({ "id": id, "method": method, "params": params });
+        if let Some(s) = session {
+            m["sessionId"] = s.into();
+        }
+        let mut bytes = serde_json::to_vec(&m).unwrap();
+        bytes.push(0);
+        self.to.write_all(&bytes).unwrap();
+        loop {
+            let v = self.message();
+            if v["id"] == id {
+                assert!(v.get("error").is_none(), "{method}: {v}");
+                return v["result"].clone();
+            }
+        }
+    }
+
+    /// Opens `url` in a new page and waits for its load event: the page's
+    /// session.
+    fn open(&mut self, url: &str) -> String {
+        let t = self.call(
+            None,
+            "Target.createTarget",
+            serde_json::json!({ "url": "about:blank" }),
+        );
+        let s = self.call(
+            None,
+            "Target.attachToTarget",
+            serde_json::json!({ "targetId": t["targetId"], "flatten": true }),
+        );
+        let session = s["sessionId"].as_str().unwrap().to_string();
+        self.call(Some(&session), "Page.enable", serde_json::json!({}));
+        self.call(Some(&session), "Runtime.enable", serde_json::json!({}));
+        self.call(
+            Some(&session),
+            "Page.navigate",
+            serde_json::json!({ "url": url }),
+        );
+        while self.message()["method"] != "Page.loadEventFired" {}
+        session
+    }
+
+    /// The value of `expr` evaluated in the page (a promise awaited).
+    fn eval(&mut self, session: &str, expr: &str) -> serde_json::Value {
+        let r = self.call(
+            Some(session),
+            "Runtime.evaluate",
+            serde_json::json!({ "expression": expr, "returnByValue": true, "awaitPromise": true }),
+        );
+        assert!(r.get("exceptionDetails").is_none(), "{expr}: {r}");
+        r["result"]["value"].clone()
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Counts, per plot section, the canvas pixels painted in a colour (not
+/// transparent, not white) and the table cells: the test's own look at
+/// what was drawn, apart from the page's script.
+const COUNT_DRAWN: &str = "Array.from(document.querySelectorAll('section.plot')).map(s => \
+  Array.from(s.querySelectorAll('canvas')).reduce((n, c) => { \
+    const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data; let k = 0; \
+    for (let i = 0; i < d.length; i += 4) \
+      if (d[i + 3] > 0 && !(d[i] > 250 && d[i + 1] > 250 && d[i + 2] > 250)) k++; \
+    return n + k; }, 0) + s.querySelectorAll('td').length)";
+
+/// What the page drew: by its own account (`#pw-status`), by the test's
+/// count per plot, and the errors it threw or logged.
+fn drawn(page: &Path) -> (serde_json::Value, Vec<u64>, Vec<serde_json::Value>) {
+    let mut b = Browser::start();
+    let session = b.open(&format!("file://{}", page.display()));
+    // uPlot draws after the page's script: two animation frames later.
+    b.eval(
+        &session,
+        "new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))",
+    );
+    let text = b.eval(&session, "document.getElementById('pw-status').textContent");
+    let status: serde_json::Value = serde_json::from_str(text.as_str().unwrap()).unwrap();
+    let counted = b.eval(&session, COUNT_DRAWN);
+    let counted = counted
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    (status, counted, std::mem::take(&mut b.errors))
 }
 
 fn by_id_points(plots: &[serde_json::Value], prefix: &str) -> u64 {
@@ -253,7 +403,11 @@ fn report_of_real_runs_draws_every_plot_without_network() {
         .count();
     assert_eq!(slices, fetches, "a slice per fetch of the traces");
     // What the browser drew.
-    let status = drawn(&page);
+    let (status, counted, errors) = drawn(&page);
+    assert!(
+        errors.is_empty(),
+        "the page threw or logged errors: {errors:?}"
+    );
     assert_eq!(
         status["errors"],
         serde_json::json!([]),
@@ -262,12 +416,14 @@ fn report_of_real_runs_draws_every_plot_without_network() {
     let plots = status["plots"].as_array().unwrap();
     let want = 2 + 1 + 2 * drawn_traces + if agent.is_some() { 2 } else { 0 };
     assert_eq!(plots.len(), want, "{status}");
-    for p in plots {
-        // Every plot with something to show shows it in its own pixels.
+    assert_eq!(counted.len(), want, "a section per plot: {counted:?}");
+    for (p, &seen) in plots.iter().zip(&counted) {
+        // Every plot with something to show shows it in pixels of its own
+        // series' colours (the page's count) and the test sees it drawn.
         if p["points"].as_u64().unwrap() > 0 {
             assert!(
-                p["painted"].as_u64().unwrap() > 0,
-                "plot drawn with no pixel of its own: {p}"
+                p["painted"].as_u64().unwrap() > 0 && seen > 0,
+                "plot drawn with no pixel of its own: {p}, {seen} seen"
             );
         }
     }
