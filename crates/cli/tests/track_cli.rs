@@ -119,11 +119,19 @@ fn track_command_through_the_shim_sees_the_known_writes() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let text = String::from_utf8_lossy(&out.stdout);
+    // With --json the program's stdout (its region) is on stderr, the JSON
+    // alone on stdout.
+    let text = String::from_utf8_lossy(&out.stderr);
     let first = text
         .lines()
         .find(|l| l.starts_with("0x"))
         .expect("workload prints its region");
+    assert!(
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .all(|l| l.starts_with('{')),
+        "JSON alone on stdout"
+    );
     let (addr, len) = region_line(first);
     let lines = json_lines(&out.stdout);
     assert!(lines.iter().all(|l| l["backend"] == "uffd-wp"));
