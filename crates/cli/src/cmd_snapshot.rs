@@ -1,6 +1,7 @@
 //! `pagewise snapshot`: snapshots of another process into a durable store,
 //! and reading stores back (`inspect`, `diff`).
 
+use crate::stop::Stop;
 use anyhow::Result;
 use pagewise::snap::remote::snapshot_process;
 use pagewise::snap::DiskStore;
@@ -126,6 +127,7 @@ pub fn run(a: Args) -> Result<i32> {
 }
 
 fn take(t: TakeArgs) -> Result<i32> {
+    let stop = Stop::take()?;
     if t.count == 0 {
         crate::usage!("--count must be at least 1");
     }
@@ -140,7 +142,7 @@ fn take(t: TakeArgs) -> Result<i32> {
             .map(pagewise::snap::wire::Key::from_file)
             .transpose()?;
         let mut tx = pagewise::snap::wire::Sender::connect_with(to, t.compress, key.as_ref())?;
-        take_live(&t, pid, &mut tx)?;
+        take_live(&t, pid, &mut tx, &stop)?;
         let w = tx.stats();
         if !t.json {
             println!(
@@ -153,7 +155,7 @@ fn take(t: TakeArgs) -> Result<i32> {
                 w.compress_ms
             );
         }
-        return Ok(0);
+        return Ok(stop.status().unwrap_or(0));
     }
     let (Some(pid), Some(out)) = (t.pid, t.out.clone()) else {
         crate::usage!("give --pid PID and --out DIR, or --live --to HOST:PORT (or a subcommand: inspect, diff; see --help)");
@@ -166,9 +168,10 @@ fn take(t: TakeArgs) -> Result<i32> {
             &t,
             pid,
             &mut pagewise::snap::live::StoreSeries::new(&mut disk),
+            &stop,
         )
     } else {
-        take_into(&t, pid, &mut disk)
+        take_into(&t, pid, &mut disk, &stop)
     };
     if r.is_err() && !existed && disk.ids().is_ok_and(|ids| ids.is_empty()) {
         // A store this command created and never saved into: not left behind.
@@ -183,13 +186,15 @@ fn take(t: TakeArgs) -> Result<i32> {
             out.display()
         );
     }
-    Ok(0)
+    // SIGINT/SIGTERM between snapshots: those taken are kept, and said.
+    Ok(stop.status().unwrap_or(0))
 }
 
 fn take_live(
     t: &TakeArgs,
     pid: i32,
     dest: &mut dyn pagewise::snap::live::Destination,
+    stop: &Stop,
 ) -> Result<()> {
     use pagewise::snap::live::{Checkpointer, LiveOptions, ProcessSource};
     let opts = LiveOptions::default()
@@ -201,8 +206,8 @@ fn take_live(
     let start = Instant::now();
     for i in 0..t.count {
         let due = start + every * i as u32;
-        if let Some(wait) = due.checked_duration_since(Instant::now()) {
-            std::thread::sleep(wait);
+        if stop.sleep(due.saturating_duration_since(Instant::now())) {
+            break;
         }
         let bar = crate::progress::spinner("copying while the process runs");
         let mut n = 0;
@@ -272,7 +277,7 @@ fn print_live(t: &TakeArgs, r: &pagewise::snap::live::LiveReport) -> Result<()> 
     Ok(())
 }
 
-fn take_into(t: &TakeArgs, pid: i32, disk: &mut DiskStore) -> Result<()> {
+fn take_into(t: &TakeArgs, pid: i32, disk: &mut DiskStore, stop: &Stop) -> Result<()> {
     let every = Duration::from_millis(t.every.unwrap_or(0));
     let start = Instant::now();
     // More than one snapshot: after the first, read only what was written
@@ -292,8 +297,8 @@ fn take_into(t: &TakeArgs, pid: i32, disk: &mut DiskStore) -> Result<()> {
     };
     for i in 0..t.count {
         let due = start + every * i as u32;
-        if let Some(wait) = due.checked_duration_since(Instant::now()) {
-            std::thread::sleep(wait);
+        if stop.sleep(due.saturating_duration_since(Instant::now())) {
+            break;
         }
         let s = match incremental.as_mut() {
             Some(inc) => inc.snapshot(disk, &t.label)?,

@@ -243,3 +243,48 @@ fn json_stays_apart_from_the_programs_output() {
     }
     let _ = std::fs::remove_dir_all(&inst);
 }
+
+/// `snapshot --every-ms` ended by SIGTERM between snapshots: exit 143, the
+/// snapshots taken are in the store, as many as it said it took.
+#[test]
+fn periodic_snapshots_end_on_sigterm_keeping_those_taken() {
+    let (mut wl, _, _) = spawn_workload(&["workload", "--mib", "8", "--seconds", "20"]);
+    let dir = temp_dir("periodic");
+    std::fs::create_dir_all(&dir).unwrap();
+    let store = dir.join("s.d");
+    let p = Command::new(BIN)
+        .args(["snapshot", "--every-ms", "400", "--count", "50", "--pid"])
+        .arg(wl.id().to_string())
+        .arg("--out")
+        .arg(&store)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    // SAFETY: kill(2) of the pagewise this test started.
+    unsafe { libc::kill(p.id() as i32, libc::SIGTERM) };
+    let out = p.wait_with_output().unwrap();
+    let _ = wl.kill();
+    let _ = wl.wait();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(143),
+        "{text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let said = text.lines().filter(|l| l.starts_with("snapshot ")).count();
+    assert!((1..50).contains(&said), "{text}");
+    assert!(text.contains("store: "), "{text}");
+    let list = pagewise::snap::DiskStore::open(&store)
+        .unwrap()
+        .ids()
+        .unwrap();
+    assert_eq!(
+        list.len(),
+        said,
+        "the store holds the snapshots it said it took"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
