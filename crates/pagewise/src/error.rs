@@ -3,6 +3,9 @@
 
 use crate::PAGE_SIZE;
 
+mod kinds;
+pub use kinds::{Refusal, RollbackRefusal, StoreError, WireError};
+
 /// Errors of the pagewise library. Each message says what was being done and with which value.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -95,18 +98,18 @@ pub enum Error {
     Timeout(String),
     /// A migration went wrong (see the kinds).
     #[error("{0}")]
-    Wire(#[from] crate::snap::wire::WireError),
+    Wire(#[from] WireError),
     /// A durable store refused or lacked something (see the kinds).
     #[error("{0}")]
-    Store(#[from] crate::snap::StoreError),
+    Store(#[from] StoreError),
     /// A process could not be stopped or acted inside (see the kinds).
     #[error("{0}")]
-    Refused(#[from] crate::mech::stop::Refusal),
+    Refused(#[from] Refusal),
     /// A rollback of another process was refused before anything changed
     /// (see the kinds).
     #[cfg(target_arch = "x86_64")]
     #[error("{0}")]
-    Rollback(#[from] crate::snap::RollbackRefusal),
+    Rollback(#[from] RollbackRefusal),
     /// A policy plugin failed to load or start.
     #[error("policy plugin {path}: {what}")]
     Plugin {
@@ -220,7 +223,7 @@ impl Error {
             Error::Refused(_) => libc::EBUSY,
             #[cfg(target_arch = "x86_64")]
             Error::Rollback(r) => match r {
-                crate::snap::RollbackRefusal::MemoryOnly { .. } => libc::EOPNOTSUPP,
+                RollbackRefusal::MemoryOnly { .. } => libc::EOPNOTSUPP,
                 _ => libc::ESTALE,
             },
             Error::Internal(_) => libc::ENOTRECOVERABLE,
@@ -236,9 +239,7 @@ impl Error {
             }
             Error::Refused(r) if r.is_permanent() => ErrorClass::Unsupported,
             #[cfg(target_arch = "x86_64")]
-            Error::Rollback(crate::snap::RollbackRefusal::MemoryOnly { .. }) => {
-                ErrorClass::Unsupported
-            }
+            Error::Rollback(RollbackRefusal::MemoryOnly { .. }) => ErrorClass::Unsupported,
             Error::Wire(_) | Error::Store(_) => match self.errno() {
                 libc::EACCES => ErrorClass::Permission,
                 libc::EINVAL => ErrorClass::BadInput,
@@ -279,9 +280,6 @@ impl Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mech::stop::Refusal;
-    use crate::snap::wire::WireError;
-    use crate::snap::StoreError;
 
     #[test]
     fn structured_errors_say_their_class_and_errno() {

@@ -182,7 +182,7 @@ fn not_a_store_and_read_only() {
     std::fs::write(dir.0.join("something"), b"x").unwrap();
     let e = DiskStore::open(&dir.0).unwrap_err();
     assert!(
-        matches!(&e, pagewise::Error::Store(pagewise::snap::StoreError::NotAStore { dir: d }) if *d == dir.0),
+        matches!(&e, pagewise::Error::Store(pagewise::snap::StoreError::NotAStore { dir: d, .. }) if *d == dir.0),
         "{e:?}"
     );
     assert!(

@@ -75,6 +75,7 @@ mod open;
 mod record;
 mod writer;
 
+pub use crate::error::StoreError;
 use files::*;
 use format::*;
 #[cfg(target_arch = "x86_64")]
@@ -488,108 +489,6 @@ impl DiskStore {
             }
         }
         Ok(())
-    }
-}
-
-/// What went wrong with a durable store, other than damage
-/// ([`Error::Corrupt`]) and the system's answers ([`Error::Os`]): each kind
-/// with the store, file or snapshot it is about.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum StoreError {
-    /// A file or directory of the store belongs to another user.
-    #[error("{} belongs to user {owner}, not to you (user {you}): a store must be its user's own, or another user could read the memory saved in it", path.display())]
-    NotOwned {
-        /// The file or directory.
-        path: PathBuf,
-        /// Its owner.
-        owner: u32,
-        /// The caller.
-        you: u32,
-    },
-    /// The store's directory may be written by other users.
-    #[error("{} may be written by other users (mode {mode:o}): a store's directory must be its user's alone", path.display())]
-    WritableByOthers {
-        /// The directory.
-        path: PathBuf,
-        /// Its mode.
-        mode: u32,
-    },
-    /// The directory is not a store.
-    #[error("{} is not a pagewise snapshot store (it has no {STORE_FILE} file)", dir.display())]
-    NotAStore {
-        /// The directory.
-        dir: PathBuf,
-    },
-    /// No snapshot of that id.
-    #[error("store {} has no snapshot {id}", store.display())]
-    NoSnapshot {
-        /// The store.
-        store: PathBuf,
-        /// The id asked for.
-        id: u64,
-    },
-    /// Another process writes the store.
-    #[error("store {} is being written by another process: one writer at a time", store.display())]
-    Locked {
-        /// The store.
-        store: PathBuf,
-    },
-    /// The store was opened read-only.
-    #[error("store {} was opened read-only", store.display())]
-    ReadOnly {
-        /// The store.
-        store: PathBuf,
-    },
-    /// A label too long.
-    #[error("label longer than {max} bytes")]
-    LabelTooLong {
-        /// The most a label holds.
-        max: usize,
-    },
-    /// Every snapshot id is used.
-    #[error("store {} has used every snapshot id", store.display())]
-    IdsExhausted {
-        /// The store.
-        store: PathBuf,
-    },
-    /// More pages pushed to a writer than its regions hold.
-    #[error("more pages pushed than the regions hold")]
-    TooManyPages,
-    /// A snapshot of another store given as this store's.
-    #[error("snapshot {id} is not in store {}", store.display())]
-    NotInStore {
-        /// The store.
-        store: PathBuf,
-        /// The snapshot.
-        id: u64,
-    },
-    /// A snapshot restored into regions of other sizes.
-    #[error("snapshot {id} has regions of sizes {sizes:?}, the destination {want:?}")]
-    ShapeMismatch {
-        /// The snapshot.
-        id: u64,
-        /// Its regions' sizes.
-        sizes: Vec<u64>,
-        /// The destination's.
-        want: Vec<u64>,
-    },
-}
-
-impl StoreError {
-    /// The errno that says it to C callers.
-    pub fn errno(&self) -> i32 {
-        match self {
-            StoreError::NotOwned { .. }
-            | StoreError::WritableByOthers { .. }
-            | StoreError::ReadOnly { .. } => libc::EACCES,
-            StoreError::NotAStore { .. }
-            | StoreError::NoSnapshot { .. }
-            | StoreError::NotInStore { .. } => libc::ENOENT,
-            StoreError::Locked { .. } => libc::EBUSY,
-            StoreError::IdsExhausted { .. } => libc::ENOSPC,
-            _ => libc::EINVAL,
-        }
     }
 }
 

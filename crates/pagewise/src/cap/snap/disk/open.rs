@@ -94,7 +94,11 @@ impl DiskStore {
         let marker = dir.join(STORE_FILE);
         let text = match fs::symlink_metadata(&marker) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(StoreError::NotAStore { dir: dir.clone() }.into())
+                return Err(StoreError::NotAStore {
+                    dir: dir.clone(),
+                    file: STORE_FILE,
+                }
+                .into())
             }
             _ => read_regular(&marker)?,
         };

@@ -46,6 +46,7 @@ mod store;
 
 use super::table::{self, Chunk, Table};
 use super::{PageStore, RestoreStats, SnapId, TakeStats};
+pub use crate::error::RollbackRefusal;
 use crate::mech::inject::Remote;
 use crate::mech::layout::{self, Op, Vma};
 use crate::mech::procfs;
@@ -61,68 +62,6 @@ use std::time::Instant;
 /// Pages per `process_vm_readv`/`process_vm_writev` (each page its own
 /// local buffer; `IOV_MAX` is 1,024).
 const BATCH: usize = 1024;
-
-/// Why a rollback was refused before anything was changed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum RollbackRefusal {
-    /// Threads were made or ended since the snapshot.
-    #[error(
-        "process {pid}: its threads changed since snapshot {id} (made since: {made:?}, ended \
-         since: {ended:?}); registers are put back only into the threads they were taken \
-         from: restore memory and layout alone with --memory-only"
-    )]
-    ThreadsChanged {
-        /// The process.
-        pid: i32,
-        /// The snapshot.
-        id: SnapId,
-        /// Threads made since.
-        made: Vec<i32>,
-        /// Threads ended since.
-        ended: Vec<i32>,
-    },
-    /// Nothing can be done inside the process: only memory can be put back.
-    #[error(
-        "process {pid}: {why}; only memory can be put back (the layout needs calls made \
-         inside the process, the registers ptrace): restore with --memory-only"
-    )]
-    MemoryOnly {
-        /// The process.
-        pid: i32,
-        /// Why.
-        why: String,
-    },
-    /// A stored snapshot of another process (or of an earlier process with
-    /// the same pid).
-    #[error(
-        "snapshot {stored} of the store was taken of {}, not of process {pid} as it runs now: \
-         restoring it here needs --another-process",
-        match then { Some(p) => format!("process {p} (started at another time, or another pid)"), None => "the caller's own regions".to_string() }
-    )]
-    AnotherProcess {
-        /// The process restored into.
-        pid: i32,
-        /// The snapshot's id in the store.
-        stored: u64,
-        /// The process it was taken of.
-        then: Option<i32>,
-    },
-    /// A memory-only restore without calls inside the process met a layout
-    /// that is not the snapshot's.
-    #[error(
-        "process {pid}: its mappings changed since snapshot {id} ({first}) and nothing can be \
-         done inside it to put them back"
-    )]
-    LayoutChanged {
-        /// The process.
-        pid: i32,
-        /// The snapshot.
-        id: SnapId,
-        /// The first change.
-        first: String,
-    },
-}
 
 /// How to restore.
 #[derive(Debug, Clone, Copy, Default)]

@@ -101,6 +101,7 @@ mod auth;
 mod receive;
 mod send;
 
+pub use crate::error::WireError;
 pub use receive::{Event, Received, Receiver};
 pub use send::Sender;
 
@@ -245,102 +246,6 @@ pub struct WireStats {
     pub compress_ms: f64,
     /// Time spent writing to the connection (and waiting for the receiver), ms.
     pub send_ms: f64,
-}
-
-/// What went wrong with a migration, other than the system's answers
-/// ([`Error::Os`]): each kind with the peer, key or value it is about.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum WireError {
-    /// A key shorter than 16 bytes.
-    #[error("a key of {len} bytes: at least 16 are needed")]
-    ShortKey {
-        /// Its length.
-        len: usize,
-    },
-    /// A key file that others may read, or that is not the caller's.
-    #[error("the key {} must be yours and readable by you alone (chmod 600), not mode {mode:o} of user {owner}", path.display())]
-    KeyNotPrivate {
-        /// The file.
-        path: std::path::PathBuf,
-        /// Its mode.
-        mode: u32,
-        /// Its owner.
-        owner: u32,
-    },
-    /// An address that does not resolve.
-    #[error("address {addr}: {why}")]
-    BadAddress {
-        /// The address given.
-        addr: String,
-        /// Why.
-        why: String,
-    },
-    /// The peer speaks another protocol or version.
-    #[error("the connection with {peer} is corrupt: the receiver speaks magic {magic:#x} version {version}, want {MAGIC:#x} version {VERSION}")]
-    OtherVersion {
-        /// The peer.
-        peer: String,
-        /// Its magic.
-        magic: u32,
-        /// Its version.
-        version: u32,
-    },
-    /// One end has a key and the other not.
-    #[error("the receiver at {peer} refused the connection: {}", if *we_have_key { "it has no key (give both ends the same --key)" } else { "it needs a key (--key FILE, the same at both ends)" })]
-    KeyMismatch {
-        /// The peer.
-        peer: String,
-        /// Whether this end has a key.
-        we_have_key: bool,
-    },
-    /// The receiver refused, saying why.
-    #[error("the connection with {peer} is corrupt: the receiver refused ({reason})")]
-    Refused {
-        /// The peer.
-        peer: String,
-        /// What it said.
-        reason: String,
-    },
-    /// A reply out of turn.
-    #[error("the connection with {peer} is corrupt: reply {:?} where {:?} was due", *got as char, *want as char)]
-    UnexpectedReply {
-        /// The peer.
-        peer: String,
-        /// The reply's tag.
-        got: u8,
-        /// The tag due.
-        want: u8,
-    },
-    /// A reply whose authentication tag is wrong.
-    #[error("the connection with {peer} is corrupt: a reply whose authentication tag is wrong (another key?)")]
-    BadTag {
-        /// The peer.
-        peer: String,
-    },
-    /// More regions than the wire carries.
-    #[error("{n} regions: the wire carries at most {MAX_REGIONS}")]
-    TooManyRegions {
-        /// Regions asked for.
-        n: usize,
-    },
-    /// A label too long.
-    #[error("label longer than {MAX_LABEL} bytes")]
-    LabelTooLong,
-}
-
-impl WireError {
-    /// The errno that says it to C callers.
-    pub fn errno(&self) -> i32 {
-        match self {
-            WireError::ShortKey { .. } | WireError::BadAddress { .. } | WireError::LabelTooLong => {
-                libc::EINVAL
-            }
-            WireError::KeyNotPrivate { .. } | WireError::KeyMismatch { .. } => libc::EACCES,
-            WireError::TooManyRegions { .. } => libc::ENOSPC,
-            _ => libc::EBADMSG,
-        }
-    }
 }
 
 fn le_u32(b: &[u8], i: usize) -> u32 {

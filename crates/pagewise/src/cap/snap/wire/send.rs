@@ -133,6 +133,8 @@ impl Sender {
                 peer: peer.to_string(),
                 magic,
                 version,
+                want_magic: MAGIC,
+                want_version: VERSION,
             }
             .into());
         }
@@ -383,7 +385,11 @@ impl Destination for Sender {
         let now: Vec<Region> = regions.iter().map(|(r, _)| *r).collect();
         if now != self.sent_regions {
             if now.len() > MAX_REGIONS as usize {
-                return Err(WireError::TooManyRegions { n: now.len() }.into());
+                return Err(WireError::TooManyRegions {
+                    n: now.len(),
+                    max: MAX_REGIONS,
+                }
+                .into());
             }
             let mut b = Vec::with_capacity(5 + now.len() * 16);
             b.push(MSG_REGIONS);
@@ -444,7 +450,7 @@ impl Destination for Sender {
     ) -> Result<SaveStats> {
         self.complete()?;
         if label.len() > MAX_LABEL as usize {
-            return Err(WireError::LabelTooLong.into());
+            return Err(WireError::LabelTooLong { max: MAX_LABEL }.into());
         }
         let mut b = Vec::with_capacity(13 + label.len());
         b.push(MSG_FINISH);
