@@ -80,6 +80,7 @@ pub fn start(
     }
     let mut c = std::process::Command::new(&w.command[0]);
     c.args(&w.command[1..]);
+    pagewise::mech::child::tie(&mut c);
     crate::stop::program_output(&mut c, w.json);
     let c = c
         .spawn()

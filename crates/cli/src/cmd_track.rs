@@ -152,6 +152,7 @@ fn watch(a: &Args) -> Result<Watched> {
                     })?;
                 let mut c = Command::new(&a.cmd[0]);
                 c.args(&a.cmd[1..]);
+                child::tie(&mut c);
                 crate::stop::program_output(&mut c, a.json);
                 let child = c
                     .spawn()

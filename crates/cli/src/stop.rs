@@ -11,14 +11,16 @@
 //!   reached the program already (it is in the same process group), and
 //!   a second SIGINT could cut its own clean-up short. The program has
 //!   5 s to end, then it is killed; it is always waited for;
-//! - the program is tied to pagewise ([`pagewise::mech::child::tie`]): if
-//!   pagewise is killed outright (SIGKILL), the program gets SIGTERM;
+//! - the program is tied to pagewise ([`pagewise::mech::child::tie`], which
+//!   every program started under the shim gets): if pagewise is killed
+//!   outright (SIGKILL), the program gets SIGTERM;
 //! - with `--json`, pagewise's JSON is alone on its standard output and the
 //!   program's standard output goes to pagewise's standard error
 //!   ([`program_output`]), so `pagewise … --json -- CMD | jq` reads JSON
 //!   only, and the program's output is still seen.
 
 use anyhow::Result;
+use pagewise::mech::child;
 use pagewise_sys::signal::StopFlag;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::Ordering;
@@ -79,35 +81,26 @@ impl Stop {
     /// [`OWN_SIGINT`]), [`GRACE`] to end, then killed; reaped either way.
     pub fn end(&self, child: &mut Child) -> ExitStatus {
         let sig = self.0.signal().unwrap_or(libc::SIGTERM);
-        let wait = |c: &mut Child, d| pagewise::mech::child::wait_for(c, d);
         if sig == libc::SIGINT {
-            if let Some(st) = wait(child, OWN_SIGINT) {
+            if let Some(st) = child::wait_for(child, OWN_SIGINT) {
                 return st;
             }
         }
-        let _ = pagewise_sys::process::kill(child.id() as i32, sig);
-        if let Some(st) = wait(child, GRACE) {
-            return st;
-        }
-        let _ = child.kill();
-        child.wait().unwrap_or_else(|_| {
-            use std::os::unix::process::ExitStatusExt;
-            ExitStatus::from_raw(libc::SIGKILL)
-        })
+        child::signal_then_kill(child, sig, GRACE)
     }
 
     /// The exit status of a command that ran a program: 128 + the signal
     /// after a stop, else the program's own (as `time` and `strace` do).
     pub fn exit_code(&self, st: ExitStatus) -> i32 {
-        self.status()
-            .unwrap_or_else(|| pagewise::mech::child::exit_code(st))
+        self.status().unwrap_or_else(|| child::exit_code(st))
     }
 }
 
-/// Sets up a program started with `-- CMD`: tied to pagewise, and, with
-/// `--json`, its standard output sent to pagewise's standard error.
+/// With `--json`, sends the standard output of a program started with
+/// `-- CMD` to pagewise's standard error. (Programs started under the shim
+/// are tied by [`pagewise::mech::shim::shim_command`]; a command that
+/// starts one plainly ties it with [`pagewise::mech::child::tie`].)
 pub fn program_output(c: &mut Command, json: bool) {
-    pagewise::mech::child::tie(c);
     if json {
         use std::os::fd::AsFd;
         if let Ok(err) = std::io::stderr().as_fd().try_clone_to_owned() {

@@ -85,6 +85,17 @@ fn commands(script: &str) -> Vec<(&'static str, Command)> {
     vec![("track", t), ("farmem run", f), ("thp prezero", z)]
 }
 
+/// Commands that start their program plainly, not under the shim: `track`
+/// with a backend that works from outside, and an agent's `-- CMD`.
+fn plain_commands(script: &str) -> Vec<(&'static str, Command)> {
+    let mut t = Command::new(BIN);
+    t.args(["track", "--backend", "hash", "--interval-ms", "100"]);
+    t.args(["--", "sh", "-c", script]);
+    let mut a = Command::new(BIN);
+    a.args(["thp", "run", "--", "sh", "-c", script]);
+    vec![("track --backend hash", t), ("thp run", a)]
+}
+
 /// SIGTERM and SIGINT to pagewise alone (not to its process group, as a
 /// terminal would): the program gets the signal, pagewise says so in its
 /// summary and exits with 128 + the signal.
@@ -146,7 +157,7 @@ fn a_killed_pagewise_leaves_no_program_behind() {
     let dir = temp_dir("orphan");
     std::fs::create_dir_all(&dir).unwrap();
     let (script, mark, ready) = trapping_shell(&dir);
-    for (name, mut c) in commands(&script) {
+    for (name, mut c) in commands(&script).into_iter().chain(plain_commands(&script)) {
         let mut p = start(name, &mut c, &mark, &ready, Stdio::null);
         let pid: i32 = std::fs::read_to_string(&ready)
             .unwrap()

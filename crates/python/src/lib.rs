@@ -95,7 +95,7 @@ fn farmem_run(
             .command(&cmd, &opts)
             .map_err(os_error)
             .and_then(|mut c| {
-                pagewise::mech::child::tie(&mut c);
+                // Tied to this thread by the shim's command.
                 c.status()
                     .map_err(|e| os_error(pagewise::Error::os(format!("running {}", cmd[0]), e)))
             });

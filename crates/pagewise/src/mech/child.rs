@@ -31,18 +31,28 @@ pub fn wait_for(child: &mut Child, within: Duration) -> Option<ExitStatus> {
 }
 
 /// Waits up to `within` for `child` to exit (after it was asked to), then
-/// kills it; reaps it either way.
-pub fn wait_or_kill(child: &mut Child, within: Duration) {
-    if wait_for(child, within).is_none() {
-        let _ = child.kill();
-        let _ = child.wait();
+/// kills it; reaps it either way and gives its status.
+pub fn wait_or_kill(child: &mut Child, within: Duration) -> ExitStatus {
+    if let Some(st) = wait_for(child, within) {
+        return st;
     }
+    let _ = child.kill();
+    child.wait().unwrap_or_else(|_| {
+        use std::os::unix::process::ExitStatusExt;
+        ExitStatus::from_raw(libc::SIGKILL)
+    })
+}
+
+/// Sends `child` signal `sig`, waits up to `within`, then kills it; its
+/// status.
+pub fn signal_then_kill(child: &mut Child, sig: i32, within: Duration) -> ExitStatus {
+    let _ = pagewise_sys::process::kill(child.id() as i32, sig);
+    wait_or_kill(child, within)
 }
 
 /// Asks `child` to stop (SIGTERM), waits up to `within`, then kills it.
-pub fn stop(child: &mut Child, within: Duration) {
-    let _ = pagewise_sys::process::kill(child.id() as i32, libc::SIGTERM);
-    wait_or_kill(child, within);
+pub fn stop(child: &mut Child, within: Duration) -> ExitStatus {
+    signal_then_kill(child, libc::SIGTERM, within)
 }
 
 /// The status a tool that ran a command reports as its own, like `time` and
