@@ -25,19 +25,20 @@ struct Args {
     /// Seed of the mutations (default: from the clock; printed).
     #[arg(long)]
     seed: Option<u64>,
-    /// Write the built-in seeds of the wire, track-protocol and shim-hello
-    /// targets into `corpus/` and end.
+    /// Write the built-in seeds of the wire, track-protocol, shim-hello and
+    /// prezero-report targets into `corpus/` and end.
     #[arg(long)]
     write_corpus: bool,
     /// Targets to run (default: all): wire, track-protocol, shim-hello,
-    /// instance, store.
+    /// prezero-report, instance, store, process-record.
     targets: Vec<String>,
 }
 
-const TARGETS: [&str; 6] = [
+const TARGETS: [&str; 7] = [
     "wire",
     "track-protocol",
     "shim-hello",
+    "prezero-report",
     "instance",
     "store",
     "process-record",
@@ -258,6 +259,16 @@ fn shim_seed(rng: &mut Rng) -> Vec<u8> {
     b
 }
 
+/// A pre-zeroing report as the shim sends it at a program's exit.
+fn prezero_seed(rng: &mut Rng) -> Vec<u8> {
+    let s = pagewise::thp::prezero::PrezeroStats {
+        populated: rng.next() >> rng.below(64),
+        scans: rng.next() >> rng.below(64),
+        cpu_ms: (rng.next() >> 40) as f64 / 1e3,
+    };
+    s.encode().to_vec()
+}
+
 /// Cases run so far, for the watchdog.
 static BEAT: AtomicU64 = AtomicU64::new(0);
 
@@ -391,6 +402,36 @@ fn run_target(target: &str, rng: &mut Rng, until: Instant, work: &Path) -> Resul
                             let _ = inside.is_own_memory(u64::MAX - 4095, 4096);
                         }
                     }
+                });
+                if let Err(e) = r {
+                    return Err(fail(&input, e));
+                }
+                cases += 1;
+                BEAT.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        "prezero-report" => {
+            let mut seeds = corpus(target);
+            for _ in 0..8 {
+                seeds.push(prezero_seed(rng));
+            }
+            // A report reads back as it was written.
+            for _ in 0..64 {
+                let s = prezero_seed(rng);
+                let r = pagewise::thp::prezero::PrezeroStats::decode(&mut &s[..]);
+                let same = r.is_ok_and(|r| r.encode()[..24] == s[..24]);
+                if !same {
+                    bail!(
+                        "{target}: a report does not read back as written: {}",
+                        save_failure(target, &s).display()
+                    );
+                }
+            }
+            while Instant::now() < until {
+                let pick = rng.below(seeds.len());
+                let input = mutate(rng, &seeds[pick]);
+                let r = std::panic::catch_unwind(|| {
+                    let _ = pagewise::thp::prezero::PrezeroStats::decode(&mut &input[..]);
                 });
                 if let Err(e) = r {
                     return Err(fail(&input, e));
@@ -545,6 +586,7 @@ fn main() -> Result<()> {
                 put("track-protocol", 2 * i + k, b)?;
             }
             put("shim-hello", i, &shim_seed(&mut rng))?;
+            put("prezero-report", i, &prezero_seed(&mut rng))?;
         }
         println!("wrote {}", root.display());
         return Ok(());
