@@ -23,6 +23,11 @@ fn read_bytes<'py>(
     Ok(PyBytes::new(py, &buf))
 }
 
+/// A diff's page ranges, as `(start, pages)` pairs.
+fn page_ranges<'py>(py: Python<'py>, d: &[pagewise::PageRange]) -> Bound<'py, PyBytes> {
+    ranges(py, d.iter().map(|r| (r.start, r.pages)))
+}
+
 /// Snapshots of a buffer of this process: take, restore in place, read,
 /// diff, save into a store.
 #[pyclass(module = "pagewise._native")]
@@ -83,7 +88,7 @@ impl Snapshots {
     /// The page ranges that differ between snapshots `a` and `b`.
     fn diff<'py>(&self, py: Python<'py>, a: u64, b: u64) -> PyResult<Bound<'py, PyBytes>> {
         let d = py.detach(|| self.lock().diff(a, b)).map_err(os_error)?;
-        Ok(ranges(py, d.iter().map(|r| (r.start, r.pages))))
+        Ok(page_ranges(py, &d))
     }
 
     /// Saves snapshot `id` into the store at `path` (created if missing):
@@ -171,7 +176,7 @@ impl ProcessSnapshots {
     /// The page ranges that differ between snapshots `a` and `b`.
     fn diff<'py>(&self, py: Python<'py>, a: u64, b: u64) -> PyResult<Bound<'py, PyBytes>> {
         let d = py.detach(|| self.lock().diff(a, b)).map_err(os_error)?;
-        Ok(ranges(py, d.iter().map(|r| (r.start, r.pages))))
+        Ok(page_ranges(py, &d))
     }
 
     /// The regions of snapshot `id`, `(start, pages)` pairs.
@@ -199,6 +204,12 @@ pub struct Store {
     inner: Mutex<DiskStore>,
 }
 
+impl Store {
+    fn lock(&self) -> std::sync::MutexGuard<'_, DiskStore> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
 #[pymethods]
 impl Store {
     #[new]
@@ -211,30 +222,19 @@ impl Store {
 
     /// Every snapshot's record, as JSON.
     fn list_json(&self, py: Python<'_>) -> PyResult<String> {
-        let l = py
-            .detach(|| self.inner.lock().unwrap_or_else(|e| e.into_inner()).list())
-            .map_err(os_error)?;
+        let l = py.detach(|| self.lock().list()).map_err(os_error)?;
         json(&l)
     }
 
     /// The store's figures (`pagewise snapshot inspect`), as JSON.
     fn stats_json(&self, py: Python<'_>) -> PyResult<String> {
-        let s = py
-            .detach(|| self.inner.lock().unwrap_or_else(|e| e.into_inner()).stats())
-            .map_err(os_error)?;
+        let s = py.detach(|| self.lock().stats()).map_err(os_error)?;
         json(&s)
     }
 
     /// The page ranges that differ between snapshots `a` and `b`.
     fn diff<'py>(&self, py: Python<'py>, a: u64, b: u64) -> PyResult<Bound<'py, PyBytes>> {
-        let d = py
-            .detach(|| {
-                self.inner
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .diff(a, b)
-            })
-            .map_err(os_error)?;
-        Ok(ranges(py, d.iter().map(|r| (r.start, r.pages))))
+        let d = py.detach(|| self.lock().diff(a, b)).map_err(os_error)?;
+        Ok(page_ranges(py, &d))
     }
 }
