@@ -9,7 +9,6 @@
 
 use std::path::PathBuf;
 
-/// Threads seized whose stop never came in time: (tracer thread, pid, tid).
 /// Why pagewise could not stop a process or act inside it: a refusal
 /// before anything was done (the process cannot be acted in here), or a
 /// stop or a call that did not complete (worth trying again). Each says

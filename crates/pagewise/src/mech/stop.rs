@@ -41,7 +41,8 @@ pub const STOP_WAIT: Duration = Duration::from_secs(3);
 /// process flooded with signals still stops after this many).
 const MAX_HANDED_BACK: u32 = 10_000;
 
-/// Let go by [`release_stragglers`] once they stop.
+/// Threads seized whose stop never came in time: (tracer thread, pid, tid),
+/// let go by [`release_stragglers`] once they stop.
 static STRAGGLERS: Mutex<Vec<(i32, i32, i32)>> = Mutex::new(Vec::new());
 
 /// The calling thread's id (ptrace belongs to the tracer thread).

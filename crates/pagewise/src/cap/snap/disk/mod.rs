@@ -492,7 +492,6 @@ impl DiskStore {
     }
 }
 
-/// Checks that `dest` has the shape (region count and sizes) of snapshot `s`.
 /// Reads from `at` into `buf` until it is full or the file ends; the
 /// bytes read.
 fn read_up_to(f: &File, buf: &mut [u8], at: u64) -> std::io::Result<usize> {
@@ -508,6 +507,7 @@ fn read_up_to(f: &File, buf: &mut [u8], at: u64) -> std::io::Result<usize> {
     Ok(n)
 }
 
+/// Checks that `dest` has the shape (region count and sizes) of snapshot `s`.
 pub(crate) fn check_same_shape(s: &DiskSnapshot, dest: &[Region]) -> Result<()> {
     let ok =
         s.regions.len() == dest.len() && s.regions.iter().zip(dest).all(|(a, b)| a.len == b.len);
