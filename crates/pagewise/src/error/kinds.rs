@@ -167,8 +167,9 @@ impl Refusal {
 }
 
 /// What went wrong with a durable store, other than damage
-/// ([`Error::Corrupt`](super::Error::Corrupt)) and the system's answers ([`Error::Os`](super::Error::Os)): each kind
-/// with the store, file or snapshot it is about.
+/// ([`Error::Corrupt`](super::Error::Corrupt)) and the system's answers
+/// ([`Error::Os`](super::Error::Os)): each kind with the store, file or
+/// snapshot it is about.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
@@ -271,7 +272,8 @@ impl StoreError {
 }
 
 /// What went wrong with a migration, other than the system's answers
-/// ([`Error::Os`](super::Error::Os)): each kind with the peer, key or value it is about.
+/// ([`Error::Os`](super::Error::Os)): each kind with the peer, key or value
+/// it is about.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum WireError {
