@@ -1,6 +1,8 @@
 from os import PathLike
 from typing import Any, Optional, Sequence, Union
 
+__all__ = ["run", "Result"]
+
 class Result(dict[str, Any]):
     @property
     def status(self) -> int: ...
