@@ -177,6 +177,45 @@ fn thp_prezero_runs_ahead_of_a_growing_program() {
     assert_eq!(v["populated_bytes"].as_u64(), Some(n << 21), "{v}");
 }
 
+/// `thp prezero -- sh -c 'exec PROGRAM'`: the program that replaces the
+/// shell is the same process and is pre-zeroed (its regions ahead are
+/// resident; no report, its socket closed at the exec); with
+/// `sh -c 'PROGRAM; true'` the program is the shell's child and is not
+/// (one region resident, as without pagewise).
+#[test]
+fn thp_prezero_is_kept_across_exec_and_not_given_to_children() {
+    if shim().is_none() {
+        pagewise_testkit::skip!("the preload shim is not built");
+        return;
+    }
+    let exe = c_program("prezero_grow");
+    let plain = Command::new(&exe).output().unwrap();
+    if !String::from_utf8_lossy(&plain.stdout).contains("resident 1\n") {
+        pagewise_testkit::skip!(
+            "without pagewise the program saw {:?} (THP `always` with khugepaged?): nothing to compare",
+            String::from_utf8_lossy(&plain.stdout)
+        );
+        return;
+    }
+    let run = |script: String| {
+        let out = Command::new(BIN)
+            .args(["thp", "prezero", "--ahead", "3", "--json", "--", "sh", "-c"])
+            .arg(script)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(out.status.success() && err.contains("ok\n"), "{err}");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        (err, v)
+    };
+    let (err, v) = run(format!("exec {}", exe.display()));
+    assert!(err.contains("resident 4\n"), "after exec: {err}");
+    assert_eq!(v["reported"], false, "{v}");
+    let (err, v) = run(format!("{}; true", exe.display()));
+    assert!(err.contains("resident 1\n"), "a child: {err}");
+    assert_eq!(v["status"], 0, "{v}");
+}
+
 /// `thp prezero -- CMD` reports the program's own exit status, and says
 /// when no report came (a program killed outright cannot send one).
 #[test]

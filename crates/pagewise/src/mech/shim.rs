@@ -31,8 +31,9 @@ use std::process::{Child, Command};
 
 /// The version of everything pagewise and the preload shim must agree on
 /// (see the module). 3: the first contract carried by both hellos and the
-/// environment; 4: the pre-zeroing report.
-pub const CONTRACT: u32 = 4;
+/// environment; 4: the pre-zeroing report; 5: pre-zeroing kept across the
+/// program's `exec` (the request's owner).
+pub const CONTRACT: u32 = 5;
 
 /// The package version of this build, said beside the contract.
 pub const BUILD: &str = env!("CARGO_PKG_VERSION");
@@ -88,7 +89,12 @@ pub mod env {
     /// Pre-zeroed huge pages in the program (`pagewise thp prezero`):
     /// `AHEAD,RATE,FD` (huge pages kept ahead, most per second, and the
     /// decimal number of the shim's end of the socketpair its report goes
-    /// to as the program exits; any may be empty).
+    /// to as the program exits; any may be empty). The shim that takes the
+    /// request writes it back as `AHEAD,RATE,,PID:START` (its process's
+    /// pid and start time, [`crate::mech::procfs::start_time`]), so that
+    /// the program after an `exec` (the same process) is pre-zeroed again,
+    /// without a report (the socket closed at the `exec`), and its
+    /// children (other processes) are not.
     pub const PREZERO: &str = "PAGEWISE_PREZERO";
 }
 
@@ -224,6 +230,33 @@ pub struct PrezeroRequest {
     pub report: Option<i32>,
 }
 
+impl PrezeroRequest {
+    /// The value of [`env::PREZERO`] that asks for this, for the process
+    /// `owner` names where it is given.
+    fn spec(&self, owner: Option<&str>) -> String {
+        let part = |v: Option<String>| v.unwrap_or_default();
+        let mut s = format!(
+            "{},{},{}",
+            part(self.ahead.map(|a| a.to_string())),
+            part(self.rate.map(|r| r.to_string())),
+            part(self.report.map(|f| f.to_string()))
+        );
+        if let Some(o) = owner {
+            s.push(',');
+            s.push_str(o);
+        }
+        s
+    }
+}
+
+/// This process, as the owner of a pre-zeroing request names it
+/// (`PID:START`, see [`env::PREZERO`]).
+fn this_process() -> String {
+    let pid = std::process::id();
+    let start = super::procfs::start_time(pid as i32).unwrap_or(0);
+    format!("{pid}:{start}")
+}
+
 /// The variables a program's children must not inherit: their sockets are
 /// the program's, and pre-zeroing is asked for it alone.
 const NOT_INHERITED: [&str; 4] = [
@@ -259,16 +292,7 @@ impl ShimRequest {
             }
         }
         if let Some(p) = self.prezero {
-            let part = |v: Option<String>| v.unwrap_or_default();
-            c.env(
-                env::PREZERO,
-                format!(
-                    "{},{},{}",
-                    part(p.ahead.map(|a| a.to_string())),
-                    part(p.rate.map(|r| r.to_string())),
-                    part(p.report.map(|f| f.to_string()))
-                ),
-            );
+            c.env(env::PREZERO, p.spec(None));
         }
     }
 
@@ -305,15 +329,21 @@ impl ShimRequest {
                     .and_then(|c| u64::try_from(c).ok())
                     .unwrap_or(0),
             }),
-            prezero: var(env::PREZERO).map(|spec| {
+            prezero: var(env::PREZERO).and_then(|spec| {
                 let mut it = spec.split(',');
-                PrezeroRequest {
+                let req = PrezeroRequest {
                     ahead: it.next().and_then(|a| a.trim().parse().ok()),
                     rate: it.next().and_then(|r| r.trim().parse().ok()),
                     report: it
                         .next()
                         .and_then(|f| f.trim().parse().ok())
                         .filter(|&f: &i32| f >= 0),
+                };
+                // Written back by the shim of the process it was for: kept
+                // after that process's exec, not taken by its children.
+                match it.next().map(str::trim).filter(|o| !o.is_empty()) {
+                    Some(owner) if owner != this_process() => None,
+                    _ => Some(req),
                 }
             }),
         };
@@ -338,6 +368,10 @@ impl ShimRequest {
                     .nth(1)
                     .unwrap_or("an older pagewise")
             ));
+        }
+        if let Some(p) = req.prezero {
+            let again = PrezeroRequest { report: None, ..p };
+            std::env::set_var(env::PREZERO, again.spec(Some(&this_process())));
         }
         Ok(Some(req))
     }
