@@ -20,7 +20,9 @@
 //! Pre-zeroed huge pages: when `PAGEWISE_PREZERO` is `AHEAD,RATE,FD` (set
 //! by `pagewise thp prezero`), the shim starts the pre-zeroing thread
 //! ([`pagewise::thp::prezero`]) for the program's life, and sends what it
-//! did on socket FD as the program exits.
+//! did on socket FD as the program exits. The request is kept for the
+//! program an `exec` puts in the same process, not for its children
+//! (`pagewise::mech::shim::env::PREZERO`).
 //!
 //! The shim's own Rust code allocates from a heap of its own (`alloc`),
 //! never from the program's `malloc`.
