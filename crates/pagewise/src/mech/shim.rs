@@ -302,6 +302,10 @@ impl ShimRequest {
     /// when the request comes from a pagewise of another contract: nothing
     /// of it is to be done.
     pub fn from_env() -> std::result::Result<Option<ShimRequest>, String> {
+        // This process as a request's owner names it: read once, when a
+        // pre-zeroing request is there to check or to write back.
+        let me = std::cell::OnceCell::new();
+        let me = || me.get_or_init(this_process).as_str();
         let var = |k: &str| std::env::var(k).ok();
         let number = |k: &str| var(k).and_then(|v| v.parse::<i64>().ok());
         let fd = |k: &str| {
@@ -342,7 +346,7 @@ impl ShimRequest {
                 // Written back by the shim of the process it was for: kept
                 // after that process's exec, not taken by its children.
                 match it.next().map(str::trim).filter(|o| !o.is_empty()) {
-                    Some(owner) if owner != this_process() => None,
+                    Some(owner) if owner != me() => None,
                     _ => Some(req),
                 }
             }),
@@ -371,7 +375,7 @@ impl ShimRequest {
         }
         if let Some(p) = req.prezero {
             let again = PrezeroRequest { report: None, ..p };
-            std::env::set_var(env::PREZERO, again.spec(Some(&this_process())));
+            std::env::set_var(env::PREZERO, again.spec(Some(me())));
         }
         Ok(Some(req))
     }
