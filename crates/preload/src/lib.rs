@@ -114,6 +114,11 @@ fn take_socket(fd: i32) -> Option<UnixStream> {
 }
 
 extern "C" fn pagewise_preload_init() {
+    // The C library's functions the shim forwards to, looked up while no
+    // memory is served (see `calls::resolve_all`).
+    #[cfg(target_arch = "x86_64")]
+    calls::resolve_all();
+    farmem::resolve_masks();
     // What pagewise asked, read in one place (the contract's).
     let req = match ShimRequest::from_env() {
         Ok(Some(r)) => r,

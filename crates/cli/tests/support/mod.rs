@@ -137,6 +137,12 @@ pub fn target() -> PathBuf {
 
 /// A C program of `tests/c`, compiled once per test process.
 pub fn c_program(name: &str) -> PathBuf {
+    c_program_linked(name, &[])
+}
+
+/// [`c_program`] linked to the shared objects `libs` too (paths), each
+/// loaded whether or not the program uses it.
+pub fn c_program_linked(name: &str, libs: &[PathBuf]) -> PathBuf {
     static BUILT: std::sync::Mutex<Vec<(String, PathBuf)>> = std::sync::Mutex::new(Vec::new());
     let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
     if let Some((_, p)) = built.iter().find(|(n, _)| n == name) {
@@ -152,6 +158,8 @@ pub fn c_program(name: &str) -> PathBuf {
         .arg(&src)
         .arg("-o")
         .arg(&out)
+        .args((!libs.is_empty()).then_some("-Wl,--no-as-needed"))
+        .args(libs)
         .status()
         .expect("running cc");
     assert!(st.success(), "compiling {}", src.display());

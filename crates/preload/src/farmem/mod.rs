@@ -1,11 +1,11 @@
 //! Far-memory emulation of an unmodified program (`pagewise farmem run`).
 //!
 //! At start-up the shim joins the instance named by `PAGEWISE_FARMEM`,
-//! emulates the program's private anonymous writable memory (the heap and
-//! anonymous mappings; not the main stack, not the `.bss` of loaded objects,
-//! not the shim's own heap; thread stacks with `PAGEWISE_FARMEM_STACKS=1`)
-//! with an engine whose handler thread lives in the process, and from then
-//! on sees every `mmap`, `mprotect`, `brk` and `mremap` the C library makes
+//! emulates the program's private anonymous writable memory mapped from
+//! then on (the heap and anonymous mappings; not the shim's own heap;
+//! thread stacks with `PAGEWISE_FARMEM_STACKS=1`; nothing mapped before the
+//! shim starts: the loader's tables, the main stack, `.bss`) with an
+//! engine whose handler thread lives in the process, and from then on sees every `mmap`, `mprotect`, `brk` and `mremap` the C library makes
 //! (a seccomp filter turns them into `SIGSYS`; the handler makes the call and
 //! registers new anonymous writable memory before the program gets the
 //! address back). The engine learns of these ranges from a lock-free ring.
@@ -546,6 +546,21 @@ unsafe fn mask_without_sigsys(
     unsafe { real(how, &copy, old) }
 }
 
+/// The C library's `pthread_sigmask` and `sigprocmask`, looked up at
+/// start-up ([`resolve_masks`]).
+static MASK_REAL: [AtomicUsize; 2] = [const { AtomicUsize::new(0) }; 2];
+
+/// Looks up the C library's signal-mask functions now: a lookup walks the
+/// loader's tables, which a thread serving faults must never wait on.
+pub fn resolve_masks() {
+    for (name, cache) in [c"pthread_sigmask", c"sigprocmask"].iter().zip(&MASK_REAL) {
+        if cache.load(Ordering::Acquire) == 0 {
+            let f = pagewise_sys::dl::next_symbol(name).map_or(0, |p| p as usize);
+            cache.store(f, Ordering::Release);
+        }
+    }
+}
+
 /// `pthread_sigmask(3)`, interposed: see [`mask_without_sigsys`].
 ///
 /// # Safety
@@ -556,9 +571,8 @@ pub unsafe extern "C" fn pthread_sigmask(
     set: *const libc::sigset_t,
     old: *mut libc::sigset_t,
 ) -> libc::c_int {
-    static REAL: AtomicUsize = AtomicUsize::new(0);
     // SAFETY: forwarded as received.
-    unsafe { mask_without_sigsys(c"pthread_sigmask", &REAL, how, set, old) }
+    unsafe { mask_without_sigsys(c"pthread_sigmask", &MASK_REAL[0], how, set, old) }
 }
 
 /// `sigprocmask(2)`, interposed: see [`mask_without_sigsys`].
@@ -571,9 +585,8 @@ pub unsafe extern "C" fn sigprocmask(
     set: *const libc::sigset_t,
     old: *mut libc::sigset_t,
 ) -> libc::c_int {
-    static REAL: AtomicUsize = AtomicUsize::new(0);
     // SAFETY: forwarded as received.
-    unsafe { mask_without_sigsys(c"sigprocmask", &REAL, how, set, old) }
+    unsafe { mask_without_sigsys(c"sigprocmask", &MASK_REAL[1], how, set, old) }
 }
 
 extern "C" fn at_exit() {

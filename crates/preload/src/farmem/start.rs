@@ -119,10 +119,13 @@ fn start(req: &FarmemRequest, child: bool) -> Result<(), String> {
         })
         .map(|m| (m.start, m.end))
         .ok_or_else(|| fail("cannot find the C library's code".into()))?;
-    // A child after fork emulates only what it maps from now on: what it
-    // inherited (the parent's heap, but also copies of the parent's handler
-    // stack and staging) stays as it is, shared with the parent.
-    let regions = initial_regions(if child { &[] } else { &maps }).map_err(fail)?;
+    // Only what the program maps from now on is emulated. What exists
+    // already is the loader's and the C library's (link maps, scope lists,
+    // thread control blocks: every symbol lookup and thread start reads
+    // them, the handler thread's too, which must never wait on a fault
+    // only it can serve); in a child after fork, the parent's memory
+    // (and copies of its handler's stack and staging), shared with it.
+    let regions = vec![own_page().map_err(fail)?];
     let mut fm = engine(req, &inst, slot, &regions, policy).map_err(fail)?;
     let trace = req.trace.as_ref().map(|t| t.display().to_string());
     if trace.is_some() {
@@ -172,52 +175,11 @@ fn policy_of(req: &FarmemRequest, pid: i32) -> Result<Box<dyn policy::Policy>, S
     })
 }
 
-/// The program's memory to emulate from the start, of `maps`: private
-/// anonymous writable mappings but the main stack, the `.bss` of loaded
-/// objects and the shim's own memory (its heap cut out of a neighbour it
-/// merged with). At least a page of its own: an engine needs a region.
-fn initial_regions(maps: &[pagewise::mech::procfs::Mapping]) -> Result<Vec<Region>, String> {
-    let arena = crate::alloc::arena();
-    let own = [
-        RING_START.as_ptr() as u64,
-        HEAD.as_ptr() as u64,
-        std::ptr::addr_of!(RUNNING) as u64,
-        // The main thread's static TLS (with its rseq area), which the
-        // kernel writes after every fault the thread takes.
-        pagewise_sys::process::errno_location() as u64,
-    ];
-    let mut regions = Vec::new();
-    let mut prev: Option<&pagewise::mech::procfs::Mapping> = None;
-    for m in maps {
-        let after_file = prev.is_some_and(|p| p.end == m.start && p.inode != 0);
-        prev = Some(m);
-        if !m.is_anonymous() || !m.write || !m.read || m.is_special() {
-            continue;
-        }
-        if m.path.starts_with("[stack") || (after_file && m.path != "[heap]") {
-            continue;
-        }
-        if own.iter().any(|&a| m.start <= a && a < m.end) {
-            continue;
-        }
-        // The shim's heap, which may have merged with a neighbour, is cut out.
-        let (cut_s, cut_e) = arena.map_or((0, 0), |(s, l)| (s, s + l));
-        for (s, e) in [
-            (m.start, m.end.min(cut_s).max(m.start)),
-            (m.start.max(cut_e), m.end),
-        ] {
-            if s < e && (cut_s == cut_e || e <= cut_s || s >= cut_e) {
-                if let Ok(r) = Region::new(s, e - s) {
-                    regions.push(r);
-                }
-            }
-        }
-    }
-    if regions.is_empty() {
-        let p = pagewise_sys::mem::mmap_anonymous(PAGE_SIZE).map_err(|e| e.to_string())?;
-        regions.push(Region::new(p as u64, PAGE_SIZE as u64).expect("one page"));
-    }
-    Ok(regions)
+/// A page of the engine's own to start from (an engine needs a region;
+/// the program's memory joins it as the program maps it).
+fn own_page() -> Result<Region, String> {
+    let p = pagewise_sys::mem::mmap_anonymous(PAGE_SIZE).map_err(|e| e.to_string())?;
+    Region::new(p as u64, PAGE_SIZE as u64).map_err(|e| e.to_string())
 }
 
 /// The engine over `regions` with the instance's budget, link and
