@@ -225,6 +225,22 @@ pub fn run(a: Args) -> Result<i32> {
                 if matches!(e, pagewise::Error::ProgramReplaced(_)) {
                     bail!("{e} (after {n} collections)");
                 }
+                // The shim answered, then its program exec'd another (a
+                // wrapper such as a pyenv shim): the socket closed with the
+                // old image; the new one runs on under the same pid.
+                let lost = [libc::EPIPE, libc::ECONNRESET, libc::EIO].contains(&e.errno());
+                if matches!(source, Source::Shim(..)) && lost {
+                    let t = DirtyTracker::for_process(pid, a.backend).map_err(|outside| {
+                        anyhow::anyhow!("collecting from pid {pid}: {e}; watching it from outside failed too: {outside}")
+                    })?;
+                    eprintln!(
+                        "pagewise: the preload shim in {} went away with the program still \
+                         running (it exec'd another?): tracking pid {pid} from outside",
+                        a.cmd[0]
+                    );
+                    source = Source::Outside(t, pid);
+                    continue;
+                }
                 bail!("collecting from pid {pid}: {e}");
             }
         };

@@ -515,3 +515,56 @@ fn a_wrapper_that_execs_is_tracked_from_outside() {
     let lines = String::from_utf8_lossy(&out.stdout).lines().count();
     assert_eq!(lines, 3, "three collections: {err}");
 }
+
+/// Regression: tracking through the shim began on a thread of its own
+/// after the program's `main` (350–400 ms later on a loaded machine), so
+/// `track --interval-ms 50 -- sleep 0.3` said "exited before tracking
+/// began" (5 runs in 5), and with `--json` printed nothing; and it tracked
+/// the shim's own 64 GiB heap reservation (16,777,868 pages walked per
+/// collection of an idle `sleep`). Now the shim makes the tracker and
+/// answers the hello before `main`, and leaves its own memory out.
+#[test]
+fn a_short_program_is_tracked_from_its_start_and_not_the_shim() {
+    if shim().is_none() {
+        pagewise_testkit::skip!("the preload shim is not built");
+        return;
+    }
+    if let Err(why) = pagewise::track::BackendKind::UffdWp.available_in_process() {
+        pagewise_testkit::skip!("uffd-wp: {why}");
+        return;
+    }
+    let _busy = [Busy::start(), Busy::start()];
+    for run in 0..5 {
+        let out = Command::new(BIN)
+            .args([
+                "track",
+                "--json",
+                "--interval-ms",
+                "50",
+                "--",
+                "sleep",
+                "0.3",
+            ])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "run {run}: {err}");
+        let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert!(!lines.is_empty(), "run {run}: no collection: {err}");
+        for v in &lines {
+            let scanned = v["pages_scanned"].as_u64().unwrap();
+            assert!(
+                scanned < 1 << 20,
+                "run {run}: {scanned} pages walked for an idle sleep (the shim's heap tracked?)"
+            );
+        }
+        println!(
+            "run {run}: {} collections, {} pages walked in the first",
+            lines.len(),
+            lines[0]["pages_scanned"]
+        );
+    }
+}

@@ -41,15 +41,39 @@ use std::io::BufReader;
 use std::os::fd::FromRawFd;
 use std::os::unix::net::UnixStream;
 
-fn serve(sock: UnixStream, backend: BackendKind) {
+/// Tracking asked by `pagewise track -- CMD`: the tracker made and the
+/// hello answered here, before the program's `main` (tracking covers the
+/// program from its first write, and one that ends at once has been
+/// tracked); collections are then served on a thread of the shim's.
+fn track(sock: UnixStream, backend: BackendKind) {
     let tracker = DirtyTracker::for_self_anonymous(backend).map_err(|e| {
         eprintln!("pagewise shim: cannot track this process: {e}");
         e.errno()
     });
     let Ok(reader) = sock.try_clone() else { return };
     let mut writer = sock;
-    let tracker = protocol::serve(&mut BufReader::new(reader), &mut writer, tracker, backend);
-    drop(tracker);
+    // pagewise sends its hello as it starts the program: a bounded wait.
+    let mut reader = BufReader::new(reader);
+    let _ = writer.set_read_timeout(Some(std::time::Duration::from_secs(10)));
+    if !protocol::greet(&mut reader, &mut writer, &tracker, backend) {
+        return;
+    }
+    let _ = writer.set_read_timeout(None);
+    let _ = std::thread::Builder::new()
+        .name("pagewise-track".into())
+        .spawn(move || {
+            if let Ok((start, len)) = pagewise_sys::mem::own_stack() {
+                pagewise::mech::procfs::note_own_memory(start, len as u64);
+            }
+            let _ = pagewise_sys::mem::name_own_stack(pagewise::mech::procfs::OWN_THREAD_STACK);
+            drop(protocol::serve(
+                &mut reader,
+                &mut writer,
+                tracker,
+                backend,
+                true,
+            ));
+        });
 }
 
 /// The pre-zeroing thread of this program and the socket its report goes
@@ -128,6 +152,12 @@ extern "C" fn pagewise_preload_init() {
             return;
         }
     };
+    // The shim's heap (made by the first allocation, reading the request)
+    // is its own, never the program's: no tracker or agent takes it for
+    // the program's memory, even where mappings bear no names.
+    if let Some((start, len)) = alloc::arena() {
+        pagewise::mech::procfs::note_own_memory(start, len);
+    }
     if let Some(f) = req.farmem {
         farmem::init(f);
     }
@@ -135,11 +165,8 @@ extern "C" fn pagewise_preload_init() {
         prezero(p);
     }
     if let Some(sock) = req.advise.and_then(take_socket) {
-        // The shim's heap and the advice thread's stack are named to the
-        // agent as the shim's own, never the program's.
-        if let Some((start, len)) = alloc::arena() {
-            pagewise::mech::inject::shim::note_own_memory(start, len);
-        }
+        // The advice thread's stack is named to the agent as the shim's
+        // own (with its heap), never the program's.
         let _ = std::thread::Builder::new()
             .name("pagewise-advise".into())
             .spawn(move || {
@@ -153,13 +180,7 @@ extern "C" fn pagewise_preload_init() {
     if let Some((fd, backend)) = req.track {
         let backend = backend.parse().unwrap_or(BackendKind::UffdWp);
         if let Some(sock) = take_socket(fd) {
-            let _ = std::thread::Builder::new()
-                .name("pagewise-track".into())
-                .spawn(move || {
-                    let _ =
-                        pagewise_sys::mem::name_own_stack(pagewise::mech::procfs::OWN_THREAD_STACK);
-                    serve(sock, backend)
-                });
+            track(sock, backend);
         }
     }
 }

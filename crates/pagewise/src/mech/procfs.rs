@@ -172,12 +172,48 @@ pub const OWN_THREAD_STACK: &std::ffi::CStr = c"pagewise-thread-stack";
 /// ([`Mapping::is_staging`]).
 pub const STAGING_NAME: &std::ffi::CStr = c"pagewise-farmem-staging";
 
+/// Most ranges of pagewise's own memory noted in one process.
+pub const MAX_OWN: u32 = 64;
+
+/// pagewise's own memory in this process (the preload shim's heap, its
+/// threads' stacks), noted by the shim.
+static OWN: std::sync::Mutex<Vec<(u64, u64)>> = std::sync::Mutex::new(Vec::new());
+
+/// Notes `[start, start+len)` as pagewise's own memory in this process (the
+/// shim's heap, a thread's stack): left out of [`writable_anonymous`] here,
+/// and named in the advice socket's hello so that no agent takes it for the
+/// program's. Where the kernel names anonymous mappings they are also named
+/// `[anon:pagewise-…]`; this works where it does not. At most [`MAX_OWN`]
+/// ranges are kept.
+pub fn note_own_memory(start: u64, len: u64) {
+    let mut own = OWN.lock().unwrap_or_else(|e| e.into_inner());
+    if own.len() < MAX_OWN as usize && len > 0 {
+        own.push((start, len));
+    }
+}
+
+/// The ranges [`note_own_memory`] noted.
+pub fn own_memory() -> Vec<(u64, u64)> {
+    OWN.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
 /// The writable private anonymous mappings of a process: what dirty tracking of
-/// "a process" watches.
+/// "a process" watches. pagewise's own memory in it (the preload shim's
+/// heap, its threads' stacks: [`Mapping::is_pagewise`]) is not the program's
+/// and is left out.
 pub fn writable_anonymous(pid: Option<i32>) -> Result<Vec<Mapping>> {
+    let own = if pid.is_none() {
+        own_memory()
+    } else {
+        Vec::new()
+    };
     Ok(maps(pid)?
         .into_iter()
-        .filter(|m| m.write && m.is_anonymous() && !m.is_special())
+        .filter(|m| m.write && m.is_anonymous() && !m.is_special() && !m.is_pagewise())
+        .filter(|m| {
+            !own.iter()
+                .any(|&(s, l)| s < m.end && m.start < s.saturating_add(l))
+        })
         .collect())
 }
 

@@ -93,18 +93,44 @@ pub fn collect(s: &mut (impl Read + Write)) -> io::Result<Collection> {
     read_collection(s)
 }
 
+/// The shim's side of the handshake, made before the program's `main`, so
+/// that tracking covers the program from its first write and a program
+/// that ends at once has been tracked: reads the client's `H` (within the
+/// read timeout of `r`) and answers it. Whether to serve on ([`serve`]
+/// with `greeted`).
+pub fn greet(
+    r: &mut impl Read,
+    w: &mut impl Write,
+    tracker: &Result<DirtyTracker, i32>,
+    backend: BackendKind,
+) -> bool {
+    let mut req = [0u8; 1];
+    if r.read_exact(&mut req).is_err() || req[0] != REQ_HELLO {
+        return false;
+    }
+    match tracker {
+        Ok(t) => write_hello(w, t.backend(), 0).is_ok(),
+        Err(errno) => {
+            let _ = write_hello(w, backend, *errno);
+            false
+        }
+    }
+}
+
 /// The shim's side: serves requests from `r`, answering on `w`, until the
 /// connection ends (see the module's states). `tracker` is the tracker, or
 /// the errno that kept it from being made; `backend` is announced with that
-/// errno. Returns the tracker when the connection ends.
+/// errno; `greeted` says whether [`greet`] has answered the hello already.
+/// Returns the tracker when the connection ends.
 pub fn serve(
     r: &mut impl Read,
     w: &mut impl Write,
     tracker: Result<DirtyTracker, i32>,
     backend: BackendKind,
+    greeted: bool,
 ) -> Option<DirtyTracker> {
     let mut tracker = tracker;
-    let mut greeted = false;
+    let mut greeted = greeted;
     let mut req = [0u8; 1];
     while r.read_exact(&mut req).is_ok() {
         let ok = match (req[0], &mut tracker) {
@@ -306,7 +332,13 @@ mod tests {
     fn collect_before_hello_and_refused_tracking() {
         let t = DirtyTracker::for_self_anonymous(BackendKind::Hash).unwrap();
         let mut out = Vec::new();
-        let left = serve(&mut &b"CHCQC"[..], &mut out, Ok(t), BackendKind::Hash);
+        let left = serve(
+            &mut &b"CHCQC"[..],
+            &mut out,
+            Ok(t),
+            BackendKind::Hash,
+            false,
+        );
         assert!(left.is_some());
         let mut r = &out[..];
         assert_eq!(
@@ -324,6 +356,7 @@ mod tests {
             &mut out,
             Err(libc::EPERM),
             BackendKind::UffdWp,
+            false,
         );
         assert!(left.is_none());
         let mut r = &out[..];

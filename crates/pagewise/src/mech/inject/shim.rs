@@ -36,21 +36,9 @@ pub const MAGIC: u32 = 0x4157_4750;
 /// Protocol version: the shim's contract ([`crate::mech::shim::CONTRACT`]).
 pub const VERSION: u32 = crate::mech::shim::CONTRACT;
 /// Most ranges of the shim's own memory a hello names.
-pub const MAX_OWN: u32 = 64;
+pub use crate::mech::procfs::MAX_OWN;
 
-/// The shim's own memory in this process (see [`note_own_memory`]).
-static OWN: std::sync::Mutex<Vec<(u64, u64)>> = std::sync::Mutex::new(Vec::new());
-
-/// Notes `[start, start+len)` as the shim's own memory in this process (its
-/// heap, a thread's stack), which its hello names so that no agent takes
-/// it for the program's. Where the kernel names anonymous mappings they are
-/// also named `[anon:pagewise-…]`; this works where it does not.
-pub fn note_own_memory(start: u64, len: u64) {
-    let mut own = OWN.lock().unwrap_or_else(|e| e.into_inner());
-    if own.len() < MAX_OWN as usize && len > 0 {
-        own.push((start, len));
-    }
-}
+pub use crate::mech::procfs::note_own_memory;
 /// Most ranges in one request.
 pub const MAX_RANGES: u32 = 1 << 16;
 /// The advice the shim takes: `MADV_MERGEABLE`, `MADV_UNMERGEABLE`,
@@ -86,7 +74,7 @@ fn ranges(body: &[u8]) -> impl Iterator<Item = (u64, u64)> + '_ {
 /// The shim's side: says hello, then serves requests until the connection
 /// ends.
 pub fn serve(mut sock: UnixStream) {
-    let own = OWN.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let own = crate::mech::procfs::own_memory();
     let mut hello = Vec::with_capacity(16 + own.len() * 16);
     hello.extend_from_slice(&crate::mech::shim::hello_header(MAGIC));
     for v in [std::process::id(), own.len() as u32] {
