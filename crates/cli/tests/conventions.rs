@@ -60,6 +60,35 @@ fn ended(pid: i32) -> bool {
     }
 }
 
+/// What a process is doing, for a failure's message: its state, wait
+/// channel, signals and children.
+fn state(pid: i32) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let keep = [
+        "State", "PPid", "SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt",
+    ];
+    let lines: Vec<&str> = status
+        .lines()
+        .filter(|l| keep.iter().any(|k| l.starts_with(k)))
+        .collect();
+    let wchan = std::fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap_or_default();
+    let children =
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    let kids: Vec<String> = children
+        .split_whitespace()
+        .filter_map(|c| c.parse::<i32>().ok())
+        .map(|c| {
+            let cmd = std::fs::read_to_string(format!("/proc/{c}/cmdline")).unwrap_or_default();
+            format!("{c} {:?}: {}", cmd.replace('\0', " "), state(c))
+        })
+        .collect();
+    format!(
+        "{} wchan {wchan}; children [{}]",
+        lines.join(", "),
+        kids.join("; ")
+    )
+}
+
 /// Waits (5 s at most) for `pid` to end; whether it did.
 fn ends(pid: i32) -> bool {
     let t0 = Instant::now();
@@ -167,13 +196,14 @@ fn a_killed_pagewise_leaves_no_program_behind() {
         p.kill().unwrap();
         p.wait().unwrap();
         let gone = ends(pid);
+        let seen = state(pid);
         if !gone {
             // SAFETY: kill(2) of the shell this test's pagewise started.
             unsafe { libc::kill(pid, libc::SIGKILL) };
         }
         assert!(
             gone,
-            "{name}: program {pid} runs on after pagewise was killed"
+            "{name}: program {pid} runs on after pagewise was killed: {seen}"
         );
         assert_eq!(
             std::fs::read_to_string(&mark).unwrap_or_default().trim(),
