@@ -258,7 +258,9 @@ fn thp_prezero_reports_the_status_and_a_missing_report() {
 /// status is the program's, and KSM's settings are as before.
 #[test]
 fn dedup_run_merges_cold_duplicates_and_changes_no_output() {
-    let _ksm = ksm_agents_one_at_a_time();
+    let Some(_ksm) = ksm_agents_one_at_a_time() else {
+        return;
+    };
     let p = pagewise::probe::get();
     if !p.ksm || !p.madv_collapse || !p.process_madvise {
         pagewise_testkit::skip!(
@@ -427,7 +429,9 @@ fn a_killed_dedup_agent_is_repaired_and_a_second_is_refused() {
         ["run", "pages_to_scan", "smart_scan"]
             .map(|k| std::fs::read_to_string(format!("/sys/kernel/mm/ksm/{k}")).unwrap_or_default())
     };
-    let _ksm = ksm_agents_one_at_a_time();
+    let Some(_ksm) = ksm_agents_one_at_a_time() else {
+        return;
+    };
     let before = knobs();
     let mut target = Command::new("sleep").arg("60").spawn().unwrap();
     let pid = target.id().to_string();
@@ -483,10 +487,20 @@ fn a_killed_dedup_agent_is_repaired_and_a_second_is_refused() {
 }
 
 /// KSM's settings have one owner at a time: the tests that start a
-/// `dedup run` take turns.
-fn ksm_agents_one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+/// `dedup run` take turns, and wait (a minute at most) for a pagewise
+/// outside the tests (an agent on this machine) to let KSM go; `None`,
+/// said as not happened, when it did not.
+fn ksm_agents_one_at_a_time() -> Option<std::sync::MutexGuard<'static, ()>> {
     static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    ONE.lock().unwrap_or_else(|e| e.into_inner())
+    let g = ONE.lock().unwrap_or_else(|e| e.into_inner());
+    let ksm = "/sys/kernel/mm/ksm/run";
+    match pagewise::mech::settings::wait_until_free(ksm, Duration::from_secs(60)) {
+        Ok(()) => Some(g),
+        Err(e) => {
+            pagewise_testkit::not_happened!("{e}");
+            None
+        }
+    }
 }
 
 /// `dedup run --pid` SIGKILLed once it has made regions of a running
@@ -499,7 +513,9 @@ fn a_killed_dedup_agents_advice_is_taken_back() {
         pagewise_testkit::skip!("needs KSM, MADV_COLLAPSE, process_madvise and root");
         return;
     }
-    let _ksm = ksm_agents_one_at_a_time();
+    let Some(_ksm) = ksm_agents_one_at_a_time() else {
+        return;
+    };
     let dir = temp_dir("dedup-advice");
     std::fs::create_dir_all(&dir).unwrap();
     let exe = c_program("dedup_target");

@@ -256,6 +256,25 @@ fn repair(f: &mut File, j: &Path) -> Option<String> {
     line
 }
 
+/// Waits (`within` at most) until no other pagewise process holds setting
+/// `path`; `Err` with what [`SettingGuard::claim`] said (which process
+/// holds it) when one still does. Other errors are left to the claim that
+/// follows. The setting is not changed (taken and given back at once).
+pub fn wait_until_free(path: impl AsRef<Path>, within: std::time::Duration) -> Result<()> {
+    let t0 = std::time::Instant::now();
+    loop {
+        match SettingGuard::claim(path.as_ref()) {
+            Err(e @ Error::Busy(_)) => {
+                if t0.elapsed() >= within {
+                    return Err(e);
+                }
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            _ => return Ok(()),
+        }
+    }
+}
+
 /// One system-wide setting, held by this process: the original value is
 /// journaled, and written back when the guard is dropped.
 #[derive(Debug)]

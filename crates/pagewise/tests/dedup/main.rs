@@ -248,6 +248,14 @@ fn available() -> bool {
         pagewise_testkit::skip!("{why}");
         return false;
     }
+    // Another pagewise (an agent running on this machine) may hold KSM:
+    // waited for, a minute at most, then said.
+    if let Err(e) =
+        pagewise::mech::settings::wait_until_free("/sys/kernel/mm/ksm/run", Duration::from_secs(60))
+    {
+        pagewise_testkit::not_happened!("{e}");
+        return false;
+    }
     true
 }
 

@@ -92,6 +92,37 @@ fn a_killed_owner_is_repaired_and_a_live_one_refuses_others() {
     assert_eq!(g.old(), original);
 }
 
+/// A test (or a tool) that needs a setting another pagewise holds waits
+/// for it, bounded, and then says who holds it: before, a test of the
+/// dedup agent panicked at once with `Busy(... held by pagewise process N)`
+/// and cargo stopped at that binary.
+#[test]
+fn a_setting_held_elsewhere_is_waited_for_then_named() {
+    if let Some(why) = can_set() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    let _one = serial();
+    let (mut c, mut out) = start_owner();
+    wait_held(&mut out);
+    let t0 = std::time::Instant::now();
+    let e =
+        pagewise::mech::settings::wait_until_free(SETTING, Duration::from_millis(500)).unwrap_err();
+    assert!(t0.elapsed() >= Duration::from_millis(500), "it waited");
+    assert!(e.to_string().contains(&c.id().to_string()), "{e}");
+    let id = c.id();
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        c.kill().unwrap();
+        c.wait().unwrap();
+    });
+    pagewise::mech::settings::wait_until_free(SETTING, Duration::from_secs(30))
+        .unwrap_or_else(|e| panic!("free once owner {id} was killed: {e}"));
+    killer.join().unwrap();
+    let said = pagewise::mech::settings::recover();
+    assert!(said.iter().all(|l| l.contains("put back")), "{said:?}");
+}
+
 /// SIGKILL at random points of an owner's life (before, during and after
 /// its claim): after the next claim the setting always has its original
 /// value, and no journal is left once that claim ends.
