@@ -12,7 +12,7 @@
 
 use crate::farmem::inline_path;
 use pagewise::farmem::{inline, syscalls};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 
 /// Makes call `nr` with its memory held; the C library's convention for
 /// the result (-1 and `errno`).
@@ -30,16 +30,6 @@ fn held_call(nr: libc::c_long, a: [u64; 6]) -> i64 {
     }
 }
 
-/// The C library's definition of `name` after the shim's.
-fn next(name: &std::ffi::CStr, cache: &AtomicUsize) -> usize {
-    let mut f = cache.load(Ordering::Acquire);
-    if f == 0 {
-        f = pagewise_sys::dl::next_symbol(name).map_or(0, |p| p as usize);
-        cache.store(f, Ordering::Release);
-    }
-    f
-}
-
 /// Every wrapper's C library function, looked up once at start-up
 /// ([`resolve_all`]): a lookup walks the loader's own tables, and a thread
 /// serving far-memory faults that looked one up later would wait on a
@@ -49,7 +39,7 @@ static REAL: [AtomicUsize; NAMES.len()] = [const { AtomicUsize::new(0) }; NAMES.
 /// Looks up every wrapped function now, before any memory is served.
 pub fn resolve_all() {
     for (name, cache) in NAMES.iter().zip(&REAL) {
-        next(name, cache);
+        crate::forwarded(name, cache);
     }
 }
 
@@ -84,7 +74,7 @@ macro_rules! wrap {
                 a[..v.len()].copy_from_slice(&v);
                 return held_call($nr, a) as $ret;
             }
-            let f = next(NAMES[$i], &REAL[$i]);
+            let f = crate::forwarded(NAMES[$i], &REAL[$i]);
             if f == 0 {
                 // SAFETY: this thread's errno.
                 unsafe { *pagewise_sys::process::errno_location() = libc::ENOSYS };

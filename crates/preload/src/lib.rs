@@ -41,6 +41,19 @@ use std::io::BufReader;
 use std::os::fd::FromRawFd;
 use std::os::unix::net::UnixStream;
 
+/// The definition of `name` after the shim's (the C library's function an
+/// interposed one forwards to), looked up once and kept in `cache`; 0 when
+/// there is none.
+fn forwarded(name: &std::ffi::CStr, cache: &std::sync::atomic::AtomicUsize) -> usize {
+    use std::sync::atomic::Ordering;
+    let mut f = cache.load(Ordering::Acquire);
+    if f == 0 {
+        f = pagewise_sys::dl::next_symbol(name).map_or(0, |p| p as usize);
+        cache.store(f, Ordering::Release);
+    }
+    f
+}
+
 /// Tracking asked by `pagewise track -- CMD`: the tracker made and the
 /// hello answered here, before the program's `main` (tracking covers the
 /// program from its first write, and one that ends at once has been
@@ -138,11 +151,6 @@ fn take_socket(fd: i32) -> Option<UnixStream> {
 }
 
 extern "C" fn pagewise_preload_init() {
-    // The C library's functions the shim forwards to, looked up while no
-    // memory is served (see `calls::resolve_all`).
-    #[cfg(target_arch = "x86_64")]
-    calls::resolve_all();
-    farmem::resolve_masks();
     // What pagewise asked, read in one place (the contract's).
     let req = match ShimRequest::from_env() {
         Ok(Some(r)) => r,

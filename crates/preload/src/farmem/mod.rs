@@ -5,7 +5,8 @@
 //! then on (the heap and anonymous mappings; not the shim's own heap;
 //! thread stacks with `PAGEWISE_FARMEM_STACKS=1`; nothing mapped before the
 //! shim starts: the loader's tables, the main stack, `.bss`) with an
-//! engine whose handler thread lives in the process, and from then on sees every `mmap`, `mprotect`, `brk` and `mremap` the C library makes
+//! engine whose handler thread lives in the process, and from then on
+//! sees every `mmap`, `mprotect`, `brk` and `mremap` the C library makes
 //! (a seccomp filter turns them into `SIGSYS`; the handler makes the call and
 //! registers new anonymous writable memory before the program gets the
 //! address back). The engine learns of these ranges from a lock-free ring.
@@ -522,11 +523,7 @@ unsafe fn mask_without_sigsys(
     set: *const libc::sigset_t,
     old: *mut libc::sigset_t,
 ) -> libc::c_int {
-    let mut f = cache.load(Ordering::Acquire);
-    if f == 0 {
-        f = pagewise_sys::dl::next_symbol(name).map_or(0, |p| p as usize);
-        cache.store(f, Ordering::Release);
-    }
+    let f = crate::forwarded(name, cache);
     if f == 0 {
         return libc::ENOSYS;
     }
@@ -546,18 +543,22 @@ unsafe fn mask_without_sigsys(
     unsafe { real(how, &copy, old) }
 }
 
-/// The C library's `pthread_sigmask` and `sigprocmask`, looked up at
-/// start-up ([`resolve_masks`]).
+/// The C library's signal-mask functions the interposed ones forward to.
+const MASK_NAMES: [&std::ffi::CStr; 2] = [c"pthread_sigmask", c"sigprocmask"];
+
+/// The functions of [`MASK_NAMES`], looked up at start-up
+/// ([`resolve_forwarded`]).
 static MASK_REAL: [AtomicUsize; 2] = [const { AtomicUsize::new(0) }; 2];
 
-/// Looks up the C library's signal-mask functions now: a lookup walks the
-/// loader's tables, which a thread serving faults must never wait on.
-pub fn resolve_masks() {
-    for (name, cache) in [c"pthread_sigmask", c"sigprocmask"].iter().zip(&MASK_REAL) {
-        if cache.load(Ordering::Acquire) == 0 {
-            let f = pagewise_sys::dl::next_symbol(name).map_or(0, |p| p as usize);
-            cache.store(f, Ordering::Release);
-        }
+/// Looks up every C library function the shim forwards to now, before any
+/// memory is served: a lookup walks the loader's tables, and a thread
+/// serving faults that looked one up later would wait on a fault only it
+/// can serve.
+fn resolve_forwarded() {
+    #[cfg(target_arch = "x86_64")]
+    crate::calls::resolve_all();
+    for (name, cache) in MASK_NAMES.iter().zip(&MASK_REAL) {
+        crate::forwarded(name, cache);
     }
 }
 
@@ -572,7 +573,7 @@ pub unsafe extern "C" fn pthread_sigmask(
     old: *mut libc::sigset_t,
 ) -> libc::c_int {
     // SAFETY: forwarded as received.
-    unsafe { mask_without_sigsys(c"pthread_sigmask", &MASK_REAL[0], how, set, old) }
+    unsafe { mask_without_sigsys(MASK_NAMES[0], &MASK_REAL[0], how, set, old) }
 }
 
 /// `sigprocmask(2)`, interposed: see [`mask_without_sigsys`].
@@ -586,7 +587,7 @@ pub unsafe extern "C" fn sigprocmask(
     old: *mut libc::sigset_t,
 ) -> libc::c_int {
     // SAFETY: forwarded as received.
-    unsafe { mask_without_sigsys(c"sigprocmask", &MASK_REAL[1], how, set, old) }
+    unsafe { mask_without_sigsys(MASK_NAMES[1], &MASK_REAL[1], how, set, old) }
 }
 
 extern "C" fn at_exit() {

@@ -19,6 +19,7 @@ fn fault_path(req: &FarmemRequest) -> FaultPath {
 /// it, and says so.
 pub fn init(req: FarmemRequest) {
     let name = req.instance.clone();
+    resolve_forwarded();
     let req = REQUEST.get_or_init(|| req);
     if let Err(e) = start(req, false) {
         eprintln!("pagewise farmem: instance {name}: {e}; running without far-memory emulation");
