@@ -329,3 +329,38 @@ fn periodic_snapshots_end_on_sigterm_keeping_those_taken() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A signal sent to a program started under the shim reaches the program's
+/// own threads, never the shim's: `signal_owner.c` blocks SIGUSR1, sends
+/// it to its process, and checks it stays pending until it unblocks it,
+/// then runs on its main thread (20 rounds); and that no other thread of
+/// its takes SIGTERM, SIGINT or SIGUSR1. (A shell in `vfork` blocks every
+/// signal and drops one its handler gets meanwhile: a SIGTERM taken by a
+/// shim thread was lost, and the shell ran on.)
+#[test]
+fn the_programs_signals_reach_the_program_not_the_shim() {
+    if let Some(why) = unsupported() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    let prog = c_program("signal_owner");
+    let prog = prog.to_str().unwrap();
+    let inst = instance_dir("signal-owner");
+    let mut t = Command::new(BIN);
+    t.args(["track", "--interval-ms", "50", "--", prog]);
+    let mut f = farmem(&inst);
+    f.args(["run", "--local-pages", "4096", "--", prog]);
+    let mut z = Command::new(BIN);
+    z.args(["thp", "prezero", "--", prog]);
+    for (name, mut c) in [("track", t), ("farmem run", f), ("thp prezero", z)] {
+        let out = c.output().unwrap();
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        let said = format!("{stdout}{stderr}");
+        assert!(said.contains("ok\n"), "{name}: {said}");
+        assert!(out.status.success(), "{name}: {said}");
+    }
+    let _ = std::fs::remove_dir_all(&inst);
+}

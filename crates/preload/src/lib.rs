@@ -72,21 +72,19 @@ fn track(sock: UnixStream, backend: BackendKind) {
         return;
     }
     let _ = writer.set_read_timeout(None);
-    let _ = std::thread::Builder::new()
-        .name("pagewise-track".into())
-        .spawn(move || {
-            if let Ok((start, len)) = pagewise_sys::mem::own_stack() {
-                pagewise::mech::procfs::note_own_memory(start, len as u64);
-            }
-            let _ = pagewise_sys::mem::name_own_stack(pagewise::mech::procfs::OWN_THREAD_STACK);
-            drop(protocol::serve(
-                &mut reader,
-                &mut writer,
-                tracker,
-                backend,
-                true,
-            ));
-        });
+    let _ = pagewise_sys::signal::spawn_quiet("pagewise-track".into(), move || {
+        if let Ok((start, len)) = pagewise_sys::mem::own_stack() {
+            pagewise::mech::procfs::note_own_memory(start, len as u64);
+        }
+        let _ = pagewise_sys::mem::name_own_stack(pagewise::mech::procfs::OWN_THREAD_STACK);
+        drop(protocol::serve(
+            &mut reader,
+            &mut writer,
+            tracker,
+            backend,
+            true,
+        ));
+    });
 }
 
 /// The pre-zeroing thread of this program and the socket its report goes
@@ -175,15 +173,13 @@ extern "C" fn pagewise_preload_init() {
     if let Some(sock) = req.advise.and_then(take_socket) {
         // The advice thread's stack is named to the agent as the shim's
         // own (with its heap), never the program's.
-        let _ = std::thread::Builder::new()
-            .name("pagewise-advise".into())
-            .spawn(move || {
-                if let Ok((start, len)) = pagewise_sys::mem::own_stack() {
-                    pagewise::mech::inject::shim::note_own_memory(start, len as u64);
-                }
-                let _ = pagewise_sys::mem::name_own_stack(pagewise::mech::procfs::OWN_THREAD_STACK);
-                pagewise::mech::inject::shim::serve(sock)
-            });
+        let _ = pagewise_sys::signal::spawn_quiet("pagewise-advise".into(), move || {
+            if let Ok((start, len)) = pagewise_sys::mem::own_stack() {
+                pagewise::mech::inject::shim::note_own_memory(start, len as u64);
+            }
+            let _ = pagewise_sys::mem::name_own_stack(pagewise::mech::procfs::OWN_THREAD_STACK);
+            pagewise::mech::inject::shim::serve(sock)
+        });
     }
     if let Some((fd, backend)) = req.track {
         let backend = backend.parse().unwrap_or(BackendKind::UffdWp);

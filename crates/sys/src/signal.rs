@@ -332,6 +332,42 @@ pub const fn bit(sig: libc::c_int) -> u64 {
     1u64 << (sig - 1)
 }
 
+/// The signals a thread of pagewise's never blocks: those the kernel sends
+/// a thread for what it did itself (a fault, a trap, a seccomp `SIGSYS`,
+/// `abort`), which kill the process when blocked, and the C library's own
+/// two (32, cancellation; 33, `setuid` in every thread, which waits for
+/// each thread to take it).
+pub const NEVER_QUIETED: u64 = bit(libc::SIGSEGV)
+    | bit(libc::SIGBUS)
+    | bit(libc::SIGILL)
+    | bit(libc::SIGFPE)
+    | bit(libc::SIGTRAP)
+    | bit(libc::SIGSYS)
+    | bit(libc::SIGABRT)
+    | bit(32)
+    | bit(33);
+
+/// Starts a thread named `name` that takes none of its process's
+/// asynchronous signals (all but [`NEVER_QUIETED`] blocked from its first
+/// instruction: the calling thread's mask is narrowed around the start,
+/// which the new thread inherits, then put back).
+///
+/// Every thread pagewise runs inside a program (the shim's) is started so:
+/// a signal sent to the program must reach the program's own threads. A
+/// shell's handler run on a foreign thread while the shell waits in
+/// `vfork` drops the signal (dash's `onsig` returns early when `vforked`),
+/// so a `kill` of the program was lost.
+pub fn spawn_quiet<F, T>(name: String, f: F) -> io::Result<std::thread::JoinHandle<T>>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    let old = raw_sigmask(libc::SIG_BLOCK, Some(!NEVER_QUIETED));
+    let r = std::thread::Builder::new().name(name).spawn(f);
+    raw_sigmask(libc::SIG_SETMASK, Some(old));
+    r
+}
+
 #[cfg(test)]
 mod stop_tests {
     /// A program started after the stop signals are taken inherits no

@@ -248,10 +248,10 @@ impl RegionWrites {
         let cpu_ns = Arc::new(AtomicU64::new(0));
         let server = {
             let (seen, stop, cpu) = (seen.clone(), stop.clone(), cpu_ns.clone());
-            std::thread::Builder::new()
-                .name(format!("pagewise-wp-{pid}"))
-                .spawn(move || serve_writes(fd, &seen, &stop, &cpu))
-                .map_err(|e| Error::os("starting the thread serving a userfaultfd", e))?
+            pagewise_sys::signal::spawn_quiet(format!("pagewise-wp-{pid}"), move || {
+                serve_writes(fd, &seen, &stop, &cpu)
+            })
+            .map_err(|e| Error::os("starting the thread serving a userfaultfd", e))?
         };
         Ok(RegionWrites {
             pid,

@@ -367,72 +367,69 @@ impl FarMemory {
         let regions = sorted.clone();
         let unseen_ns = calibration.unseen_ns;
         let inline = path == FaultPath::Inline;
-        let thread = std::thread::Builder::new()
-            .name("pagewise-farmem".into())
-            .spawn(move || {
-                let _ = pagewise_sys::mem::name_own_stack(crate::mech::procfs::OWN_THREAD_STACK);
-                if let Some(f) = hooks.on_start {
-                    f();
+        let thread = pagewise_sys::signal::spawn_quiet("pagewise-farmem".into(), move || {
+            let _ = pagewise_sys::mem::name_own_stack(crate::mech::procfs::OWN_THREAD_STACK);
+            if let Some(f) = hooks.on_start {
+                f();
+            }
+            let mut engine = match Engine::new(&[], policy, unseen_ns, inline) {
+                Ok(e) => e,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return Ok(());
                 }
-                let mut engine = match Engine::new(&[], policy, unseen_ns, inline) {
-                    Ok(e) => e,
-                    Err(e) => {
+            };
+            engine.discover = hooks.discover;
+            engine.inst = hooks.instance;
+            engine.remapping = hooks.remapping;
+            engine.check_books = hooks.check_books;
+            engine.thread_floor = hooks.thread_floor;
+            // This thread's thread-local bookkeeping may sit in the very
+            // heap it emulates: it must never fault there.
+            if let Some((a, b)) = pagewise_sys::tls::dtv_range() {
+                let a = a & !(PAGE_SIZE as u64 - 1);
+                let pages = (b - a).div_ceil(PAGE_SIZE as u64);
+                engine
+                    .excluded
+                    .push(crate::mech::region::PageRange { start: a, pages });
+            }
+            let fd = engine.uffd.as_raw_fd();
+            let cell = Arc::new(inline::Cell::new(engine, sh));
+            if inline {
+                if let Err(e) = inline::register(&cell) {
+                    let _ = ready_tx.send(Err(e));
+                    return Ok(());
+                }
+            }
+            {
+                let mut g = cell.lock();
+                let engine = g.engine().expect("a new engine");
+                let pieces: Vec<Region> = regions.iter().flat_map(|r| engine.carve(*r)).collect();
+                for r in pieces {
+                    if let Err(e) = engine.add_region(r) {
+                        drop(g.take());
                         let _ = ready_tx.send(Err(e));
                         return Ok(());
                     }
-                };
-                engine.discover = hooks.discover;
-                engine.inst = hooks.instance;
-                engine.remapping = hooks.remapping;
-                engine.check_books = hooks.check_books;
-                engine.thread_floor = hooks.thread_floor;
-                // This thread's thread-local bookkeeping may sit in the very
-                // heap it emulates: it must never fault there.
-                if let Some((a, b)) = pagewise_sys::tls::dtv_range() {
-                    let a = a & !(PAGE_SIZE as u64 - 1);
-                    let pages = (b - a).div_ceil(PAGE_SIZE as u64);
-                    engine
-                        .excluded
-                        .push(crate::mech::region::PageRange { start: a, pages });
                 }
-                let fd = engine.uffd.as_raw_fd();
-                let cell = Arc::new(inline::Cell::new(engine, sh));
-                if inline {
-                    if let Err(e) = inline::register(&cell) {
-                        let _ = ready_tx.send(Err(e));
-                        return Ok(());
-                    }
-                }
-                {
-                    let mut g = cell.lock();
-                    let engine = g.engine().expect("a new engine");
-                    let pieces: Vec<Region> =
-                        regions.iter().flat_map(|r| engine.carve(*r)).collect();
-                    for r in pieces {
-                        if let Err(e) = engine.add_region(r) {
-                            drop(g.take());
-                            let _ = ready_tx.send(Err(e));
-                            return Ok(());
-                        }
-                    }
-                }
-                let _ = ready_tx.send(Ok(fd));
-                // A panic must not end this thread alone: the program would
-                // go on with pages nobody serves (a thread waiting on a fault
-                // forever, or, at the next wake-up, SIGPIPE from the closed
-                // wake pipe). It ends the process, as a failure does.
-                let run = std::panic::AssertUnwindSafe(|| Engine::run(&cell, wake_r));
-                if let Err(p) = std::panic::catch_unwind(run) {
-                    let what = p
-                        .downcast_ref::<&str>()
-                        .map(|s| s.to_string())
-                        .or_else(|| p.downcast_ref::<String>().cloned())
-                        .unwrap_or_default();
-                    engine::fail(&Error::EngineStopped(format!("it panicked: {what}")));
-                }
-                Ok(())
-            })
-            .map_err(|e| Error::os("starting the far-memory handler thread", e))?;
+            }
+            let _ = ready_tx.send(Ok(fd));
+            // A panic must not end this thread alone: the program would
+            // go on with pages nobody serves (a thread waiting on a fault
+            // forever, or, at the next wake-up, SIGPIPE from the closed
+            // wake pipe). It ends the process, as a failure does.
+            let run = std::panic::AssertUnwindSafe(|| Engine::run(&cell, wake_r));
+            if let Err(p) = std::panic::catch_unwind(run) {
+                let what = p
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| p.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                engine::fail(&Error::EngineStopped(format!("it panicked: {what}")));
+            }
+            Ok(())
+        })
+        .map_err(|e| Error::os("starting the far-memory handler thread", e))?;
         let uffd_fd = match ready_rx.recv() {
             Ok(r) => r?,
             Err(_) => {

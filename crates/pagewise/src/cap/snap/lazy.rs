@@ -233,10 +233,9 @@ impl LazyRestore {
             background: opts.background,
             t0: Instant::now(),
         };
-        let thread = std::thread::Builder::new()
-            .name("pagewise-lazy".into())
-            .spawn(move || server.run(rx))
-            .map_err(|e| Error::os("starting the lazy-restore thread", e))?;
+        let thread =
+            pagewise_sys::signal::spawn_quiet("pagewise-lazy".into(), move || server.run(rx))
+                .map_err(|e| Error::os("starting the lazy-restore thread", e))?;
         Ok(LazyRestore {
             shared,
             wake,

@@ -268,10 +268,9 @@ impl Prezeroer {
     pub fn start(opts: PrezeroOptions) -> Result<Prezeroer> {
         let shared = Arc::new(Shared::default());
         let s = shared.clone();
-        let thread = std::thread::Builder::new()
-            .name("pagewise-prezero".into())
-            .spawn(move || run(&s, &opts))
-            .map_err(|e| crate::Error::os("starting the pre-zeroing thread", e))?;
+        let thread =
+            pagewise_sys::signal::spawn_quiet("pagewise-prezero".into(), move || run(&s, &opts))
+                .map_err(|e| crate::Error::os("starting the pre-zeroing thread", e))?;
         Ok(Prezeroer {
             shared,
             thread: Some(thread),
