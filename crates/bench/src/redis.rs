@@ -410,13 +410,14 @@ pub(crate) fn reply(r: &mut BufReader<TcpStream>) -> Result<Option<Vec<u8>>> {
 }
 
 /// A client of one connection that sends commands in batches.
-pub(crate) struct Client {
+pub struct Client {
     w: TcpStream,
     r: BufReader<TcpStream>,
 }
 
 impl Client {
-    pub(crate) fn connect(port: u16) -> Result<Client> {
+    /// Connects to the server on loopback port `port`.
+    pub fn connect(port: u16) -> Result<Client> {
         let s = TcpStream::connect(("127.0.0.1", port))
             .with_context(|| format!("connecting to redis on 127.0.0.1:{port}"))?;
         Ok(Client {
@@ -425,8 +426,16 @@ impl Client {
         })
     }
 
+    /// Bounds every read and write of this client: an answer that does not
+    /// come within `d` is an error, never a wait for ever.
+    pub fn timeout(&self, d: Duration) -> Result<()> {
+        self.w.set_write_timeout(Some(d))?;
+        self.r.get_ref().set_read_timeout(Some(d))?;
+        Ok(())
+    }
+
     /// Sends every command at once, then reads their replies in order.
-    pub(crate) fn pipeline(&mut self, cmds: &[Vec<&[u8]>]) -> Result<Vec<Option<Vec<u8>>>> {
+    pub fn pipeline(&mut self, cmds: &[Vec<&[u8]>]) -> Result<Vec<Option<Vec<u8>>>> {
         let mut buf = Vec::new();
         for c in cmds {
             buf.extend_from_slice(format!("*{}\r\n", c.len()).as_bytes());

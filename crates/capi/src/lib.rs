@@ -271,7 +271,9 @@ pub struct pw_process_restore_stats {
     pub layout_calls: u64,
     /// Threads whose registers were put back (0 with `PW_RESTORE_MEMORY_ONLY`).
     pub threads: u64,
-    /// Descriptors opened or closed since the snapshot (not put back).
+    /// Descriptors opened or closed since the snapshot (those opened since
+    /// are closed inside the process unless `PW_RESTORE_KEEP_NEW_FDS`;
+    /// files closed since opened again).
     pub fd_changes: u64,
     /// Wall time, nanoseconds.
     pub elapsed_ns: u64,
@@ -279,6 +281,11 @@ pub struct pw_process_restore_stats {
 
 /// Restore memory and layout only, not the threads' registers.
 pub const PW_RESTORE_MEMORY_ONLY: u32 = 1;
+/// Leave open the descriptors opened since the snapshot.
+pub const PW_RESTORE_KEEP_NEW_FDS: u32 = 2;
+/// Restore even where descriptors the snapshot had are gone for good
+/// (they stay closed).
+pub const PW_RESTORE_IGNORE_MISSING_FDS: u32 = 4;
 
 /// Snapshots of another running process, put back in place.
 pub struct pw_process {

@@ -53,11 +53,14 @@ pub unsafe extern "C" fn pw_process_take(p: *mut pw_process, id: *mut u64) -> c_
     })
 }
 
-/// Puts snapshot `id` back into the process; `flags` is 0 or
-/// `PW_RESTORE_MEMORY_ONLY`. What it did goes to `*stats` (may be NULL).
-/// Refused (-ESTALE) where threads were made or ended since the snapshot,
-/// unless memory only; -EOPNOTSUPP where nothing can be done inside the
-/// process and the restore is not memory only.
+/// Puts snapshot `id` back into the process; `flags` is 0 or any of
+/// `PW_RESTORE_MEMORY_ONLY`, `PW_RESTORE_KEEP_NEW_FDS` and
+/// `PW_RESTORE_IGNORE_MISSING_FDS`. What it did goes to `*stats` (may be
+/// NULL). Refused (-ESTALE) where threads were made or ended since the
+/// snapshot, unless memory only, or where a descriptor the snapshot had is
+/// gone for good, unless `PW_RESTORE_IGNORE_MISSING_FDS`; -EOPNOTSUPP where
+/// nothing can be done inside the process and the restore is not memory
+/// only.
 ///
 /// # Safety
 /// `p` is a live handle; `stats` is NULL or writable.
@@ -71,11 +74,15 @@ pub unsafe extern "C" fn pw_process_restore(
     call("pw_process_restore", || {
         // SAFETY: the caller's contract.
         let p = unsafe { obj(p, "process") }?;
-        if flags & !PW_RESTORE_MEMORY_ONLY != 0 {
+        let known =
+            PW_RESTORE_MEMORY_ONLY | PW_RESTORE_KEEP_NEW_FDS | PW_RESTORE_IGNORE_MISSING_FDS;
+        if flags & !known != 0 {
             return Err(invalid(format!("unknown flags {flags:#x}")));
         }
-        let opts =
-            pw::snap::RestoreOptions::default().memory_only(flags & PW_RESTORE_MEMORY_ONLY != 0);
+        let opts = pw::snap::RestoreOptions::default()
+            .memory_only(flags & PW_RESTORE_MEMORY_ONLY != 0)
+            .keep_new_fds(flags & PW_RESTORE_KEEP_NEW_FDS != 0)
+            .ignore_missing_fds(flags & PW_RESTORE_IGNORE_MISSING_FDS != 0);
         let r = p.inner.restore(id, opts)?;
         // SAFETY: the caller's contract.
         unsafe {

@@ -24,10 +24,13 @@ read; a process that ended ends the command (exit status 5).
 
 What a restore puts back: every page of every private writable mapping,
 the layout (mappings made, removed, moved, grown, shrunk or re-protected
-since, and the program break) and every thread's registers, signal mask
-and alternate signal stack. Not put back: file descriptors and the files
-themselves (a restore reports the descriptors opened or closed since),
-shared memory, pending signals. The process is stopped for each take and
+since, and the program break), every thread's registers, signal mask
+and alternate signal stack, and the descriptor table: descriptors opened
+since are closed (a client that connected since sees its connection end),
+files closed since are opened again, files' offsets put back; a restore
+is refused where a descriptor the snapshot had is gone for good (a
+socket, a pipe), naming each. Not put back: the files themselves, shared
+memory, pending signals. The process is stopped for each take and
 restore, and left as it was found otherwise.";
 
 #[derive(clap::Args)]
@@ -35,6 +38,32 @@ pub struct ServeArgs {
     /// The process to hold.
     #[arg(long)]
     pid: i32,
+    #[command(flatten)]
+    fds: FdArgs,
+}
+
+/// What a restore does with descriptors, as the user asks.
+#[derive(clap::Args, Clone, Copy)]
+pub struct FdArgs {
+    /// Leave open the descriptors opened since the snapshot (by default
+    /// they are closed inside the process: a client that connected since
+    /// sees its connection end, and the program's memory, put back, no
+    /// longer knows them).
+    #[arg(long)]
+    keep_new_fds: bool,
+    /// Restore even where descriptors the snapshot had are gone for good
+    /// (a socket or pipe closed since, a file deleted): they stay closed.
+    #[arg(long)]
+    ignore_missing_fds: bool,
+}
+
+impl FdArgs {
+    fn options(self, memory_only: bool) -> RestoreOptions {
+        RestoreOptions::default()
+            .memory_only(memory_only)
+            .keep_new_fds(self.keep_new_fds)
+            .ignore_missing_fds(self.ignore_missing_fds)
+    }
 }
 
 /// One request, as read.
@@ -129,7 +158,7 @@ pub fn serve(a: ServeArgs) -> Result<i32> {
                 Request::Restore(id, memory_only) => match id.or(last) {
                     None => Err(pagewise::Error::NotFound("no snapshot taken yet".into())),
                     Some(id) => h
-                        .restore(id, RestoreOptions::default().memory_only(memory_only))
+                        .restore(id, a.fds.options(memory_only))
                         .map(|r| serde_json::json!({ "restore": { "id": id, "report": r } })),
                 },
                 Request::Drop(id) => h.drop_snapshot(id).map(|()| {
@@ -180,6 +209,8 @@ pub struct RestoreArgs {
     /// process with the same pid) into this one.
     #[arg(long)]
     another_process: bool,
+    #[command(flatten)]
+    fds: FdArgs,
     /// One JSON object.
     #[arg(long)]
     json: bool,
@@ -193,8 +224,12 @@ process with `pagewise snapshot serve --pid P`, which writes only the
 pages written since.
 Put back: every page of every private writable mapping, the layout and
 the program break, every thread's registers, signal mask and alternate
-signal stack. Not put back: file descriptors and files (the descriptors
-opened or closed since are reported), shared memory, pending signals.";
+signal stack, and the descriptor table (snapshots of store format 4):
+descriptors opened since are closed inside the process, files closed
+since are opened again at their path, flags and offset, the offsets of
+files open at both times put back; refused, naming each, where a
+descriptor the snapshot had is gone for good (a socket, a pipe). Not put
+back: the files themselves, shared memory, pending signals.";
 
 pub fn restore(a: RestoreArgs) -> Result<i32> {
     let disk = pagewise::snap::DiskStore::open(&a.dir)?;
@@ -209,7 +244,7 @@ pub fn restore(a: RestoreArgs) -> Result<i32> {
         eprintln!("pagewise: {note}");
     }
     let sid = h.load(&disk, id, a.another_process)?;
-    let r = h.restore(sid, RestoreOptions::default().memory_only(a.memory_only))?;
+    let r = h.restore(sid, a.fds.options(a.memory_only))?;
     if a.json {
         let v = serde_json::json!({ "restored": { "store": a.dir, "id": id, "pid": a.pid, "report": r } });
         println!("{}", crate::json::line(&v)?);
@@ -223,14 +258,47 @@ pub fn restore(a: RestoreArgs) -> Result<i32> {
             r.threads,
             r.stats.elapsed_ns as f64 / 1e6
         );
-        if !r.fd_changes.is_empty() {
-            eprintln!(
-                "pagewise: warning: descriptors opened (+) or closed (-) since the snapshot, not put back: {:?}",
-                r.fd_changes
-            );
+        for line in fd_lines(&r.fds) {
+            println!("{line}");
         }
     }
     Ok(0)
+}
+
+/// What a restore did with descriptors, a line per kind of change.
+fn fd_lines(r: &pagewise::snap::fds::FdReport) -> Vec<String> {
+    let list = |v: &[pagewise::snap::fds::FdNote]| {
+        v.iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if !r.recorded {
+        return vec![
+            "descriptors: not recorded in this snapshot (a store of format 3 or older): left as they are".into(),
+        ];
+    }
+    let mut out = Vec::new();
+    let said = if r.applied {
+        ""
+    } else {
+        " (nothing can be done inside the process: left as they are)"
+    };
+    for (what, v) in [
+        ("closed (opened since)", &r.closed),
+        ("left open (opened since)", &r.kept),
+        ("opened again (closed since)", &r.reopened),
+        ("offset put back", &r.rewound),
+        ("gone, left closed", &r.missing),
+    ] {
+        if !v.is_empty() {
+            out.push(format!("descriptors {what}{said}: {}", list(v)));
+        }
+    }
+    if out.is_empty() {
+        out.push("descriptors: as in the snapshot".into());
+    }
+    out
 }
 
 #[derive(clap::Args)]

@@ -317,6 +317,26 @@ fn record_seed(rng: &mut Rng) -> pagewise::snap::disk::ProcessRecord {
             },
         ],
         threads: vec![thread(100, rng), thread(101, rng)],
+        fds: Some(vec![
+            pagewise::mech::procfs::Descriptor {
+                fd: 3,
+                kind: pagewise::mech::procfs::FdKind::File,
+                dev: rng.next(),
+                ino: rng.next(),
+                flags: 0o2000002,
+                pos: rng.next() % 65536,
+                target: b"/var/lib/x.db".to_vec(),
+            },
+            pagewise::mech::procfs::Descriptor {
+                fd: 9,
+                kind: pagewise::mech::procfs::FdKind::Socket,
+                dev: 8,
+                ino: rng.next(),
+                flags: 0o4002,
+                pos: 0,
+                target: b"socket:[12345]".to_vec(),
+            },
+        ]),
     }
 }
 

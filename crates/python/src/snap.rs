@@ -153,9 +153,22 @@ impl ProcessSnapshots {
     }
 
     /// Puts snapshot `id` back into the process; what it did, as JSON.
-    #[pyo3(signature = (id, memory_only=false))]
-    fn restore(&self, py: Python<'_>, id: u64, memory_only: bool) -> PyResult<String> {
-        let opts = RestoreOptions::default().memory_only(memory_only);
+    /// Descriptors opened since are closed inside the process unless
+    /// `keep_new_fds`; a restore where one the snapshot had is gone for
+    /// good is refused unless `ignore_missing_fds`.
+    #[pyo3(signature = (id, memory_only=false, keep_new_fds=false, ignore_missing_fds=false))]
+    fn restore(
+        &self,
+        py: Python<'_>,
+        id: u64,
+        memory_only: bool,
+        keep_new_fds: bool,
+        ignore_missing_fds: bool,
+    ) -> PyResult<String> {
+        let opts = RestoreOptions::default()
+            .memory_only(memory_only)
+            .keep_new_fds(keep_new_fds)
+            .ignore_missing_fds(ignore_missing_fds);
         let r = py
             .detach(|| self.lock().restore(id, opts))
             .map_err(os_error)?;

@@ -423,6 +423,22 @@ pub enum RollbackRefusal {
         /// The process it was taken of.
         then: Option<i32>,
     },
+    /// Descriptors the snapshot had are gone and cannot be opened again
+    /// (a socket, a pipe, a file deleted or replaced since).
+    #[error(
+        "process {pid}: descriptors snapshot {id} had are gone and cannot be opened again: {}; \
+         the program's memory would name them: restore anyway, leaving them closed, with \
+         --ignore-missing-fds",
+        gone.join(", ")
+    )]
+    DescriptorsGone {
+        /// The process.
+        pid: i32,
+        /// The snapshot.
+        id: u64,
+        /// Each as `N (kind target)`.
+        gone: Vec<String>,
+    },
     /// A memory-only restore without calls inside the process met a layout
     /// that is not the snapshot's.
     #[error(

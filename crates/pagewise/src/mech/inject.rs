@@ -564,6 +564,54 @@ impl<'a> Remote<'a> {
         Ok(done)
     }
 
+    /// `openat(AT_FDCWD, path, flags)` inside the target, the path written
+    /// to a scratch page mapped for the call and unmapped after; its raw
+    /// result (the descriptor, or a negative errno). The path is the
+    /// target's own (its root and working directory).
+    pub fn open(&self, path: &[u8], flags: i32) -> Result<i64> {
+        let pid = self.stopped.pid();
+        let mut name = path.to_vec();
+        name.push(0);
+        if name.len() > crate::PAGE_SIZE || path.contains(&0) {
+            return Err(Error::Invalid(format!(
+                "a path longer than a page, or with a NUL: {}",
+                String::from_utf8_lossy(path)
+            )));
+        }
+        let page = self.syscall(
+            libc::SYS_mmap,
+            [
+                0,
+                crate::PAGE_SIZE as u64,
+                (libc::PROT_READ | libc::PROT_WRITE) as u64,
+                (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64,
+                u64::MAX,
+                0,
+            ],
+        )?;
+        if page < 0 {
+            return Err(Error::for_pid(
+                pid,
+                "mmap of a scratch page made inside it",
+                std::io::Error::from_raw_os_error(-page as i32),
+            ));
+        }
+        let page = page as u64;
+        let opened = pagewise_sys::process::process_vm_write(pid, page, &name)
+            .map_err(|e| Error::for_pid(pid, "writing a path into it", e))
+            .and_then(|_| {
+                self.syscall(
+                    libc::SYS_openat,
+                    [libc::AT_FDCWD as i64 as u64, page, flags as u64, 0, 0, 0],
+                )
+            });
+        self.syscall(
+            libc::SYS_munmap,
+            [page, crate::PAGE_SIZE as u64, 0, 0, 0, 0],
+        )?;
+        opened
+    }
+
     /// A descriptor the target opened, duplicated into this process
     /// (`pidfd_getfd`) and then closed in the target.
     pub fn take_fd(&self, fd: i32) -> Result<std::os::fd::OwnedFd> {

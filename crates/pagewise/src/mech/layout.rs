@@ -20,7 +20,7 @@
 
 use crate::mech::inject::Remote;
 use crate::mech::procfs::{self, Mapping};
-use crate::{Error, Result, PAGE_SIZE};
+use crate::{Error, Result};
 
 /// What backs a mapping.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -293,8 +293,7 @@ pub fn apply(remote: &Remote<'_>, pid: i32, ops: &[Op]) -> Result<()> {
 }
 
 /// `mmap(MAP_FIXED)` of `[start, end)` as `like` has it, inside the target;
-/// a file is opened there by its path (written to a scratch page mapped
-/// for the call) and closed after.
+/// a file is opened there by its path ([`Remote::open`]) and closed after.
 fn map(remote: &Remote<'_>, pid: i32, start: u64, end: u64, like: &Vma) -> Result<()> {
     let len = end - start;
     let share = if like.shared {
@@ -323,41 +322,9 @@ fn map(remote: &Remote<'_>, pid: i32, start: u64, end: u64, like: &Vma) -> Resul
             _ => Ok(()),
         };
     };
-    let mut name = path.as_bytes().to_vec();
-    name.push(0);
-    if name.len() > PAGE_SIZE {
-        return Err(Error::Invalid(format!("a path longer than a page: {path}")));
-    }
-    let page = remote.syscall(
-        libc::SYS_mmap,
-        [
-            0,
-            PAGE_SIZE as u64,
-            (libc::PROT_READ | libc::PROT_WRITE) as u64,
-            (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64,
-            u64::MAX,
-            0,
-        ],
-    )?;
-    if page < 0 {
-        return Err(failed(
-            pid,
-            "mmap of a scratch page made inside it".into(),
-            page,
-        ));
-    }
-    let page = page as u64;
-    let opened = pagewise_sys::process::process_vm_write(pid, page, &name)
-        .map_err(|e| Error::for_pid(pid, "writing a path into it", e))
-        .and_then(|_| {
-            let write = like.shared && like.prot & libc::PROT_WRITE != 0;
-            let flags = libc::O_CLOEXEC | if write { libc::O_RDWR } else { libc::O_RDONLY };
-            remote.syscall(
-                libc::SYS_openat,
-                [libc::AT_FDCWD as i64 as u64, page, flags as u64, 0, 0, 0],
-            )
-        });
-    remote.syscall(libc::SYS_munmap, [page, PAGE_SIZE as u64, 0, 0, 0, 0])?;
+    let write = like.shared && like.prot & libc::PROT_WRITE != 0;
+    let flags = libc::O_CLOEXEC | if write { libc::O_RDWR } else { libc::O_RDONLY };
+    let opened = remote.open(path.as_bytes(), flags);
     let fd = opened?;
     if fd < 0 {
         return Err(failed(pid, format!("opening {path} inside it"), fd));

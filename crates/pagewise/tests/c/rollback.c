@@ -21,6 +21,11 @@
  *   n       sleep 300 ms in one nanosleep, and say how long it took
  *           ("slept=MS"; a rollback that catches the sleep must make it
  *           sleep in full again, not return at once)
+ *   o PATH  open PATH read-write ("fd=N")
+ *   r       read 8 bytes of it ("read=BYTES pos=OFFSET")
+ *   k       close it
+ *   P       make a pipe ("pipe=A,B")
+ *   K       close it
  *   c       print the state
  *   q       exit
  * The first line, "ready", gives the addresses of big, keep and the main
@@ -37,6 +42,7 @@
  * registers breaks it) and prints "chains=ok" or "chains=broken".
  */
 #define _GNU_SOURCE
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -74,6 +80,8 @@ static volatile int pause_workers;
 static volatile int paused;
 static int waiters[2] = {-1, -1};
 static int started;
+static int file_fd = -1;
+static int pipe_fds[2] = {-1, -1};
 
 static void *wait_for_x(void *arg)
 {
@@ -306,6 +314,28 @@ int main(int argc, char **argv)
             printf("slept=%ld ", (long)((t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000));
             break;
         }
+        case 'o':
+            file_fd = open(cmd + 2, O_RDWR);
+            printf("fd=%d ", file_fd);
+            break;
+        case 'r': {
+            char b[9] = {0};
+            ssize_t n = read(file_fd, b, 8);
+            printf("read=%s pos=%ld ", n == 8 ? b : "short", (long)lseek(file_fd, 0, SEEK_CUR));
+            break;
+        }
+        case 'k':
+            close(file_fd);
+            break;
+        case 'P':
+            if (pipe(pipe_fds) != 0)
+                return 8;
+            printf("pipe=%d,%d ", pipe_fds[0], pipe_fds[1]);
+            break;
+        case 'K':
+            close(pipe_fds[0]);
+            close(pipe_fds[1]);
+            break;
         case 'c':
             break;
         case 'q':

@@ -520,3 +520,5 @@ fn pages_dropped_without_a_write_are_put_back() {
     t.settle();
     assert_memory_is(&h, dropped, &t);
 }
+
+mod fds;

@@ -212,8 +212,10 @@ class ProcessSnapshots:
     def take(self):
         return self._p.take()
 
-    def restore(self, snapshot, memory_only=False):
-        return _json.loads(self._p.restore(snapshot, memory_only))
+    def restore(self, snapshot, memory_only=False, keep_new_fds=False, ignore_missing_fds=False):
+        return _json.loads(
+            self._p.restore(snapshot, memory_only, keep_new_fds, ignore_missing_fds)
+        )
 
     def read(self, snapshot, address, length):
         return self._p.read(snapshot, address, length)

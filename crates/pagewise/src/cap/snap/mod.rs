@@ -38,6 +38,8 @@ pub mod remote;
 mod store;
 mod table;
 pub mod wire;
+#[cfg(target_arch = "x86_64")]
+pub use process::fds;
 
 pub use disk::{DiskSnapshot, DiskStats, DiskStore, SaveStats, StoreError};
 pub use lazy::{LazyOptions, LazyRestore, LazyStats};

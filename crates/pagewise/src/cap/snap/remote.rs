@@ -231,5 +231,6 @@ fn process_record(pid: i32, stopped: &Stopped) -> Option<super::disk::ProcessRec
         brk: Some(brk),
         layout,
         threads,
+        fds: procfs::descriptors(pid).ok(),
     })
 }

@@ -119,7 +119,7 @@ pub(super) fn parse_index(
         return Err(corrupt(path, "not a snapshot index"));
     }
     let version = u32_at(b, 8);
-    if version != 2 && version != INDEX_VERSION {
+    if !(2..=INDEX_VERSION).contains(&version) {
         return Err(corrupt(path, format!("unknown index version {version}")));
     }
     if &b[48..64] != store {
@@ -150,8 +150,15 @@ pub(super) fn parse_index(
     off += record_len;
     #[cfg(target_arch = "x86_64")]
     if !record.is_empty() {
-        ProcessRecord::decode(&record)
+        let r = ProcessRecord::decode(&record)
             .map_err(|why| corrupt(path, format!("bad process record: {why}")))?;
+        // Sections came with version 4.
+        if version < 4 && r.fds.is_some() {
+            return Err(corrupt(
+                path,
+                "a process record with sections in index version 3",
+            ));
+        }
     }
     if nregions.saturating_mul(16) > body.len() - off {
         return Err(corrupt(path, "region table runs past the end"));

@@ -102,7 +102,7 @@ impl DiskStore {
             }
             _ => read_regular(&marker)?,
         };
-        let old_format = text == STORE_TEXT_2.as_bytes();
+        let old_format = STORE_TEXT_OLD.iter().any(|t| text == t.as_bytes());
         if text != STORE_TEXT.as_bytes() && !old_format {
             let text = String::from_utf8_lossy(&text);
             return Err(corrupt(
@@ -125,8 +125,8 @@ impl DiskStore {
             None
         };
         if writable && old_format {
-            // Its next index may be of version 3: a reader of format 2
-            // must not take it for a store it reads.
+            // Its next index may be of version 4: a reader of an older
+            // format must not take it for a store it reads.
             let tmp = dir.join("STORE.tmp");
             write_synced(&tmp, STORE_TEXT.as_bytes())?;
             fs::rename(&tmp, &marker).map_err(|e| io(&marker, "renaming into", e))?;

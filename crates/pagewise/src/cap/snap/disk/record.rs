@@ -1,4 +1,4 @@
-//! A snapshot's process record (index version 3): what a rollback of
+//! A snapshot's process record (index versions 3 and 4): what a rollback of
 //! another process needs besides pages, and reading it back with every
 //! length checked.
 //!
@@ -12,8 +12,16 @@
 //! | thread count `T` | 4 |
 //! | `M` mappings: start, end (8 each), protection, shared (4 each), file offset, inode (8 each), backing (4: 0 anonymous, 1 file, 2 other), name length (4), name (UTF-8) | 48 + name |
 //! | `T` threads: tid (4), 27 general registers (`user_regs_struct`, 8 each), XSAVE length (4), XSAVE area, signal mask (8), alternate stack base (8), flags (4), size (8), rewound call or -1 (8), rseq address (8, 0 if none), rseq length (4) | 272 + XSAVE |
+//! | sections (index version 4), each: tag (4), body length (4), body | 8 + body |
+//!
+//! Sections follow the threads, each at most once, in tag order; a record
+//! of index version 3 has none. Tag 1, the descriptor table: count `F`
+//! (4), then `F` descriptors in increasing number: number (4), kind (4,
+//! [`FdKind::code`]), device (8), inode (8), open flags (4), offset (8),
+//! link length (4), link (what `/proc/PID/fd/N` reads) — 40 + link each.
 
 use crate::mech::layout::{Backing, Vma};
+use crate::mech::procfs::{Descriptor, FdKind};
 use crate::mech::threads::{AltStack, ThreadState};
 
 /// Most mappings a record may list when reading.
@@ -22,8 +30,12 @@ const MAX_VMAS: usize = 1 << 20;
 const MAX_THREADS: usize = 1 << 16;
 /// Longest XSAVE area (with AMX tiles, about 11 KiB).
 const MAX_XSTATE: usize = 64 << 10;
-/// Longest mapping name.
+/// Longest mapping name, and descriptor link.
 const MAX_NAME: usize = 4096;
+/// Most descriptors.
+const MAX_FDS: usize = 1 << 20;
+/// The tag of the descriptor table's section.
+const TAG_FDS: u32 = 1;
 
 /// What a snapshot of another process holds besides its pages.
 #[derive(Debug, Clone)]
@@ -37,6 +49,8 @@ pub struct ProcessRecord {
     pub layout: Vec<Vma>,
     /// Every thread's state.
     pub threads: Vec<ThreadState>,
+    /// Every open descriptor (`None` in a record of index version 3).
+    pub fds: Option<Vec<Descriptor>>,
 }
 
 fn regs_words(r: &libc::user_regs_struct) -> [u64; 27] {
@@ -119,6 +133,23 @@ impl ProcessRecord {
             put8(&mut b, t.rewound.unwrap_or(-1) as u64);
             put8(&mut b, t.rseq.map_or(0, |r| r.0));
             put4(&mut b, t.rseq.map_or(0, |r| r.1));
+        }
+        if let Some(fds) = &self.fds {
+            let mut body = Vec::new();
+            put4(&mut body, fds.len() as u32);
+            for d in fds {
+                put4(&mut body, d.fd as u32);
+                put4(&mut body, d.kind.code());
+                put8(&mut body, d.dev);
+                put8(&mut body, d.ino);
+                put4(&mut body, d.flags);
+                put8(&mut body, d.pos);
+                put4(&mut body, d.target.len() as u32);
+                body.extend_from_slice(&d.target);
+            }
+            put4(&mut b, TAG_FDS);
+            put4(&mut b, body.len() as u32);
+            b.extend_from_slice(&body);
         }
         b
     }
@@ -221,16 +252,73 @@ impl ProcessRecord {
                 rseq: (ra != 0).then_some((ra, rl)),
             });
         }
-        if r.at != b.len() {
-            return Err(format!("{} bytes after the last thread", b.len() - r.at));
+        let mut fds = None;
+        let mut last_tag = 0;
+        while r.at < b.len() {
+            let tag = r.u32()?;
+            let n = r.u32()? as usize;
+            if tag <= last_tag {
+                return Err(format!("a section {tag} after section {last_tag}"));
+            }
+            last_tag = tag;
+            let mut body = Reader {
+                b: r.bytes(n)?,
+                at: 0,
+            };
+            match tag {
+                TAG_FDS => fds = Some(decode_fds(&mut body)?),
+                t => return Err(format!("an unknown section {t}")),
+            }
+            if body.at != body.b.len() {
+                return Err(format!(
+                    "{} bytes after section {tag}",
+                    body.b.len() - body.at
+                ));
+            }
         }
         Ok(ProcessRecord {
             start_time,
             brk,
             layout,
             threads,
+            fds,
         })
     }
+}
+
+/// The descriptor table's section.
+fn decode_fds(r: &mut Reader<'_>) -> std::result::Result<Vec<Descriptor>, String> {
+    let n = r.u32()? as usize;
+    if n > MAX_FDS {
+        return Err(format!("{n} descriptors"));
+    }
+    let mut fds: Vec<Descriptor> = Vec::with_capacity(n.min(4096));
+    for _ in 0..n {
+        let fd = r.u32()? as i32;
+        let code = r.u32()?;
+        let kind = FdKind::from_code(code).ok_or_else(|| format!("a descriptor kind {code}"))?;
+        let (dev, ino) = (r.u64()?, r.u64()?);
+        let flags = r.u32()?;
+        let pos = r.u64()?;
+        let len = r.u32()? as usize;
+        if len > MAX_NAME {
+            return Err(format!("a descriptor link of {len} bytes"));
+        }
+        let target = r.bytes(len)?.to_vec();
+        if fd < 0 || fds.last().is_some_and(|l| l.fd >= fd) {
+            return Err(format!("descriptor {fd} out of order"));
+        }
+        fds.push(Descriptor {
+            fd,
+            kind,
+            dev,
+            ino,
+            flags,
+            pos,
+            target,
+        });
+    }
+    Ok(fds)
 }
 
 /// Reads fields off a byte slice, never past its end.
@@ -322,6 +410,26 @@ mod tests {
                 rewound: Some(35),
                 rseq: Some((0x9000, 32)),
             }],
+            fds: Some(vec![
+                Descriptor {
+                    fd: 0,
+                    kind: FdKind::CharDevice,
+                    dev: 5,
+                    ino: 6,
+                    flags: 0o2,
+                    pos: 0,
+                    target: b"/dev/null".to_vec(),
+                },
+                Descriptor {
+                    fd: 7,
+                    kind: FdKind::File,
+                    dev: 8,
+                    ino: 99,
+                    flags: 0o2000000,
+                    pos: 4096,
+                    target: b"/tmp/a \xff".to_vec(),
+                },
+            ]),
         }
     }
 
@@ -335,13 +443,24 @@ mod tests {
         assert_eq!(back.threads[0].regs.rip, 0x401000);
         assert_eq!(back.threads[0].regs.gs, 7);
         assert_eq!(back.threads[0].rewound, Some(35));
+        assert_eq!(back.fds, r.fds);
+        // A record of index version 3 (no sections) reads as one without a
+        // descriptor table.
+        let old = ProcessRecord { fds: None, ..r };
+        let b = old.encode();
+        assert!(ProcessRecord::decode(&b).unwrap().fds.is_none());
     }
 
     #[test]
     fn every_truncation_and_overrun_is_refused() {
         let b = sample().encode();
+        // Cut where the sections begin, it is a record of index version 3.
+        let v3 = b.len() - sample().fds_section_len();
         for n in 0..b.len() {
-            assert!(ProcessRecord::decode(&b[..n]).is_err(), "truncated at {n}");
+            match ProcessRecord::decode(&b[..n]) {
+                Ok(r) if n == v3 => assert!(r.fds.is_none()),
+                r => assert!(r.is_err(), "truncated at {n}"),
+            }
         }
         let mut long = b.clone();
         long.push(0);
@@ -350,5 +469,26 @@ mod tests {
         let mut big = b.clone();
         big[16..20].copy_from_slice(&u32::MAX.to_le_bytes());
         assert!(ProcessRecord::decode(&big).is_err());
+        // An unknown section, or the same one twice, is refused.
+        let mut unknown = b.clone();
+        unknown.extend_from_slice(&[9, 0, 0, 0, 0, 0, 0, 0]);
+        assert!(ProcessRecord::decode(&unknown).is_err());
+        let at = b.len() - sample().fds_section_len();
+        let mut twice = b.clone();
+        twice.extend_from_slice(&b[at..]);
+        assert!(ProcessRecord::decode(&twice).is_err());
+    }
+
+    impl ProcessRecord {
+        fn fds_section_len(&self) -> usize {
+            let a = self.encode().len();
+            let b = ProcessRecord {
+                fds: None,
+                ..self.clone()
+            }
+            .encode()
+            .len();
+            a - b
+        }
     }
 }

@@ -114,7 +114,7 @@ pub struct SnapshotWriter<'s> {
     /// Pack bytes below this offset have reached the file (not only the buffer).
     flushed: u64,
     recent: RecordCache,
-    /// The process record (index version 3), if any.
+    /// The process record (index version 3 and on), if any.
     record: Vec<u8>,
 }
 

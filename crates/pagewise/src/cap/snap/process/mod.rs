@@ -22,11 +22,14 @@
 //! The kernel's rseq area of each thread (the CPU it runs on) is put back
 //! as taken, and written by the kernel again as soon as the thread runs.
 //!
-//! Not put back: pending signals, file descriptors and the files
-//! themselves, shared memory (a restore would change it under every other
-//! process that maps it; it is left as it is), hugetlb memory. A restore
-//! says which descriptors were opened or closed since the snapshot
-//! ([`RestoreReport::fd_changes`]).
+//! - **descriptors** ([`fds`]): those opened since are closed, those
+//!   closed since opened again where they are files, the offsets of files
+//!   put back; a restore is refused where one the snapshot had is gone for
+//!   good (a socket, a pipe).
+//!
+//! Not put back: pending signals, the files themselves, shared memory (a
+//! restore would change it under every other process that maps it; it is
+//! left as it is), hugetlb memory.
 //!
 //! The thread set must be the snapshot's: a thread made or ended since is
 //! refused ([`RollbackRefusal::ThreadsChanged`]) unless the restore is
@@ -41,6 +44,7 @@
 //! take and restore and left as it was found: a process its user stopped
 //! stays stopped, nothing stays registered after the handle is dropped.
 
+pub mod fds;
 mod memory;
 mod store;
 
@@ -70,9 +74,19 @@ pub struct RestoreOptions {
     /// Put back memory (and the layout where calls can be made inside the
     /// process), not the threads' registers.
     pub memory_only: bool,
+    /// Leave open the descriptors opened since the snapshot (they are
+    /// closed by default).
+    pub keep_new_fds: bool,
+    /// Restore even where descriptors the snapshot had are gone for good
+    /// (they stay closed).
+    pub ignore_missing_fds: bool,
 }
 
-setters!(RestoreOptions { memory_only: bool });
+setters!(RestoreOptions {
+    memory_only: bool,
+    keep_new_fds: bool,
+    ignore_missing_fds: bool
+});
 
 /// What one restore did.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -85,10 +99,12 @@ pub struct RestoreReport {
     pub layout_calls: u64,
     /// Threads whose state was put back.
     pub threads: u64,
-    /// Descriptors opened (`+N`) or closed (`-N`) since the snapshot,
-    /// which a restore does not put back (not known for a snapshot loaded
-    /// from a store: empty).
+    /// Descriptors opened (`+N`) or closed (`-N`) since the snapshot
+    /// (empty where the snapshot holds no descriptor table); what was done
+    /// with each is in `fds`.
     pub fd_changes: Vec<i64>,
+    /// What was done with descriptors.
+    pub fds: fds::FdReport,
     /// Whether pages were compared by digest (no tracking: memory-only
     /// without calls inside the process).
     pub compared: bool,
@@ -138,9 +154,9 @@ struct ProcSnap {
     brk: Option<u64>,
     threads: Vec<ThreadState>,
     tids: Vec<i32>,
-    /// Descriptors open at the take (`None` for a snapshot loaded from a
-    /// store: not recorded).
-    fds: Option<Vec<i64>>,
+    /// Descriptors open at the take (`None` where not recorded: a snapshot
+    /// loaded from a store of format 3 or older).
+    fds: Option<Vec<procfs::Descriptor>>,
     take: TakeStats,
 }
 
@@ -274,7 +290,7 @@ impl ProcessSnapshots {
         let mut stats = TakeStats::default();
         let data = self.read_memory(&regions, &mut stats)?;
         let tids = stopped.tids().to_vec();
-        let fds = Some(procfs::open_fds(self.pid));
+        let fds = Some(procfs::descriptors(self.pid)?);
         drop(stopped);
         stats.pages = regions.iter().map(Region::pages).sum();
         stats.elapsed_ns = t0.elapsed().as_nanos() as u64;
@@ -347,6 +363,14 @@ impl ProcessSnapshots {
                 .into());
             }
         }
+        let fd_plan = fds::plan(
+            pid,
+            id,
+            snap.fds.as_deref(),
+            &procfs::descriptors(pid)?,
+            opts,
+            self.no_inside.is_none(),
+        )?;
         let remote = match self.no_inside {
             None => Some(Remote::new(&stopped)?),
             Some(_) => None,
@@ -362,6 +386,8 @@ impl ProcessSnapshots {
             threads::put_back(&stopped, remote, &snap.threads, scratch)?;
             report.threads = snap.threads.len() as u64;
         }
+        report.fds = fds::apply(remote.as_ref(), pid, fd_plan)?;
+        report.fd_changes = report.fds.changes();
         let target: Vec<(Region, Table)> = snap
             .data
             .iter()
@@ -372,7 +398,6 @@ impl ProcessSnapshots {
                 )
             })
             .collect();
-        let fds_then = snap.fds.clone();
         let force = scratch.filter(|_| report.threads > 0);
         report.compared = self.wp.is_none();
         report.phases.threads_us = us_since(&mut lap);
@@ -380,16 +405,7 @@ impl ProcessSnapshots {
         report.phases.walk_us = (walk_ns as f64 / 100.0).round() / 10.0;
         report.phases.copy_us =
             ((us_since(&mut lap) - report.phases.walk_us) * 10.0).round() / 10.0;
-        let fds_now = fds_then.as_ref().map(|_| procfs::open_fds(pid));
         drop(stopped);
-        if let (Some(then), Some(now)) = (&fds_then, &fds_now) {
-            report.fd_changes = now
-                .iter()
-                .filter(|f| !then.contains(f))
-                .copied()
-                .chain(then.iter().filter(|f| !now.contains(f)).map(|f| -f))
-                .collect();
-        }
         report.stats.elapsed_ns = t0.elapsed().as_nanos() as u64;
         report.phases.resume_us = us_since(&mut lap);
         Ok(report)

@@ -1,6 +1,6 @@
 //! Snapshots of another process saved to a durable store and loaded back
 //! to restore: the pages, and the process record (layout, program break,
-//! threads, start time) of store format 3.
+//! threads, start time; descriptors from store format 4).
 
 use super::{ProcSnap, ProcessSnapshots, RollbackRefusal};
 use crate::snap::disk::{DiskStore, ProcessRecord, SaveStats};
@@ -24,6 +24,7 @@ impl ProcessSnapshots {
                 brk: s.brk,
                 layout: layout.clone(),
                 threads: s.threads.clone(),
+                fds: s.fds.clone(),
             });
         }
         w.finish()
@@ -66,9 +67,9 @@ impl ProcessSnapshots {
         let data = ds.regions.iter().copied().zip(tables).collect();
         stats.pages = ds.pages();
         stats.elapsed_ns = t0.elapsed().as_nanos() as u64;
-        let (layout, brk, threads) = match record {
-            Some(r) => (Some(r.layout), r.brk, r.threads),
-            None => (None, None, Vec::new()),
+        let (layout, brk, threads, fds) = match record {
+            Some(r) => (Some(r.layout), r.brk, r.threads, r.fds),
+            None => (None, None, Vec::new(), None),
         };
         let id = self.next_id;
         self.next_id += 1;
@@ -81,7 +82,7 @@ impl ProcessSnapshots {
                 brk,
                 threads,
                 tids,
-                fds: None,
+                fds,
                 take: stats,
             },
         );

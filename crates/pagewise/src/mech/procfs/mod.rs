@@ -3,6 +3,9 @@
 //! settings changed and put back in [`super::settings`].
 
 use crate::{Error, Region, Result};
+
+mod fds;
+pub use fds::{descriptors, fd_kind, parse_fdinfo, Descriptor, FdKind};
 use std::path::{Path, PathBuf};
 
 /// One line of `/proc/PID/maps`.

@@ -1,0 +1,282 @@
+//! A real server rolled back with clients connected (`redis-server`):
+//! the descriptors the snapshot had stay, those opened since are closed
+//! inside the server, and the server keeps serving.
+//!
+//! Client A connects before the snapshot, B after it (B deletes keys and
+//! writes new ones), D sends requests all through the restore. After
+//! `snapshot restore`: A still works, B and D see their connections end
+//! (no wait for ever), a new client sees exactly the snapshot's data,
+//! `redis-benchmark` runs clean, the server is idle, and it holds exactly
+//! the snapshot's descriptors.
+
+#[macro_use]
+mod support;
+use pagewise_bench::redis::{free_port, server_args, wait_ready_within, Client};
+use support::*;
+
+const KEYS: usize = 2000;
+
+fn key(i: usize) -> Vec<u8> {
+    format!("key:{i:06}").into_bytes()
+}
+
+fn value(i: usize, v: u32) -> Vec<u8> {
+    format!("{i}:{v};").repeat(40).into_bytes()
+}
+
+/// A Redis of this test's own on loopback; killed when dropped.
+struct Redis {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn redis() -> Option<Redis> {
+    for tool in ["redis-server", "redis-benchmark"] {
+        if Command::new(tool).arg("--version").output().is_err() {
+            pagewise_testkit::skip!("{tool} is not installed (scripts/setup.sh installs it)");
+            return None;
+        }
+    }
+    let port = free_port().unwrap();
+    let child = Command::new("redis-server")
+        .args(server_args(port))
+        // The thread set stays the snapshot's.
+        .args(["--jemalloc-bg-thread", "no"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let r = Redis { child, port };
+    wait_ready_within(port, Duration::from_secs(60)).unwrap();
+    Some(r)
+}
+
+fn client(port: u16) -> Client {
+    let c = Client::connect(port).unwrap();
+    c.timeout(Duration::from_secs(10)).unwrap();
+    c
+}
+
+fn cmd<'a>(args: &[&'a [u8]]) -> Vec<&'a [u8]> {
+    args.to_vec()
+}
+
+/// One command's answer.
+fn ask(c: &mut Client, args: &[&[u8]]) -> anyhow::Result<Option<Vec<u8>>> {
+    Ok(c.pipeline(&[cmd(args)])?.remove(0))
+}
+
+/// Waits (10 s at most) until the server holds `want` descriptors.
+fn fds_become(pid: i32, want: usize) -> Vec<i64> {
+    let t0 = Instant::now();
+    loop {
+        let now = pagewise::mech::procfs::open_fds(pid);
+        if now.len() == want || t0.elapsed() > Duration::from_secs(10) {
+            return now;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// CPU time of `pid` over `d`, as a fraction of `d`.
+fn busy_over(pid: i32, d: Duration) -> f64 {
+    let a = pagewise::mech::procfs::cpu_time(pid).unwrap();
+    std::thread::sleep(d);
+    let b = pagewise::mech::procfs::cpu_time(pid).unwrap();
+    (b - a).as_secs_f64() / d.as_secs_f64()
+}
+
+/// Whether an error is a wait that ran out (the server kept the
+/// connection and never answered), not the connection ending.
+fn timed_out(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>().is_some_and(|io| {
+            matches!(
+                io.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            )
+        })
+    })
+}
+
+/// Whether the connection of `c` ends (end of file or a reset) on its next
+/// request, rather than an answer or no answer at all.
+fn ends(c: &mut Client) -> bool {
+    match ask(c, &[b"PING"]) {
+        Ok(_) => false,
+        Err(e) => !timed_out(&e),
+    }
+}
+
+#[test]
+fn a_server_rolled_back_with_clients_connected_keeps_serving() {
+    need_support!();
+    let Some(r) = redis() else { return };
+    let (port, pid) = (r.port, r.child.id() as i32);
+    let spid = pid.to_string();
+    // The data, from a loader that then leaves.
+    {
+        let mut l = client(port);
+        let keys: Vec<Vec<u8>> = (0..KEYS).map(key).collect();
+        let vals: Vec<Vec<u8>> = (0..KEYS).map(|i| value(i, 0)).collect();
+        let cmds: Vec<Vec<&[u8]>> = (0..KEYS)
+            .map(|i| cmd(&[b"SET", &keys[i], &vals[i]]))
+            .collect();
+        l.pipeline(&cmds).unwrap();
+    }
+    let mut a = client(port);
+    assert_eq!(ask(&mut a, &[b"PING"]).unwrap().unwrap(), b"PONG");
+    // The loader's connection closed on the server's side too.
+    let at_take = fds_become(pid, pagewise::mech::procfs::open_fds(pid).len());
+    let dir = temp_dir("rollback-redis");
+    let out = ok(Command::new(BIN)
+        .args(["snapshot", "--pid", &spid, "--json", "--out"])
+        .arg(&dir));
+    let id = json_lines(&out.stdout)[0]["save"]["id"].as_u64().unwrap();
+    // B, after the snapshot: deletes and writes.
+    let mut b = client(port);
+    let (k7, k8) = (key(7), key(8));
+    assert_eq!(ask(&mut b, &[b"DEL", &k7, &k8]).unwrap().unwrap(), b"2");
+    assert_eq!(
+        ask(&mut b, &[b"SET", b"new-key", b"x"]).unwrap().unwrap(),
+        b"OK"
+    );
+    // D: requests all through the restore, until its connection ends.
+    let stop = Arc::new(AtomicBool::new(false));
+    let d = {
+        let stop = stop.clone();
+        let mut d = client(port);
+        std::thread::spawn(move || {
+            let mut answered = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                match ask(&mut d, &[b"GET", b"key:000001"]) {
+                    Ok(_) => answered += 1,
+                    Err(e) => return Some((answered, timed_out(&e), e.to_string())),
+                }
+            }
+            None
+        })
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    let opened_since = pagewise::mech::procfs::open_fds(pid).len() - at_take.len();
+    assert_eq!(opened_since, 2, "B and D are connected");
+    let out = ok(Command::new(BIN)
+        .args(["snapshot", "restore", "--pid", &spid, "--json"])
+        .arg(&dir)
+        .arg(id.to_string()));
+    let report = &json_lines(&out.stdout)[0]["restored"]["report"];
+    let fds = &report["fds"];
+    assert_eq!(fds["recorded"], true, "{report}");
+    assert_eq!(fds["applied"], true, "{report}");
+    let closed = fds["closed"].as_array().unwrap();
+    assert_eq!(closed.len(), 2, "B's and D's sockets closed: {report}");
+    assert!(closed.iter().all(|c| c["kind"] == "socket"), "{report}");
+    assert!(fds["missing"].as_array().unwrap().is_empty(), "{report}");
+    // D's requests end with its connection, within its bound.
+    let d_end = d.join().unwrap();
+    stop.store(true, Ordering::Relaxed);
+    let (answered, waited, why) = d_end.expect("D's connection was closed");
+    println!("D: {answered} answers, then {why}");
+    assert!(!waited, "D waited for an answer that never came: {why}");
+    // B: its next request meets a closed connection, not a wait for ever.
+    assert!(ends(&mut b), "B's connection still answers");
+    // A, connected at the snapshot, keeps working.
+    assert_eq!(ask(&mut a, &[b"PING"]).unwrap().unwrap(), b"PONG");
+    assert_eq!(ask(&mut a, &[b"GET", &k7]).unwrap().unwrap(), value(7, 0));
+    // The descriptors are the snapshot's.
+    let now = fds_become(pid, at_take.len());
+    assert_eq!(now, at_take, "the server's descriptors after the restore");
+    // A new client sees exactly the snapshot's data.
+    let mut c = client(port);
+    assert_eq!(
+        ask(&mut c, &[b"DBSIZE"]).unwrap().unwrap(),
+        KEYS.to_string().as_bytes()
+    );
+    assert_eq!(
+        ask(&mut c, &[b"EXISTS", b"new-key"]).unwrap().unwrap(),
+        b"0"
+    );
+    let keys: Vec<Vec<u8>> = (0..KEYS).map(key).collect();
+    let gets: Vec<Vec<&[u8]>> = keys.iter().map(|k| cmd(&[b"GET", k])).collect();
+    let got = c.pipeline(&gets).unwrap();
+    for (i, v) in got.iter().enumerate() {
+        assert_eq!(v.as_deref(), Some(&value(i, 0)[..]), "key {i}");
+    }
+    drop(c);
+    // redis-benchmark runs clean.
+    let bench = Command::new("timeout")
+        .args(["60", "redis-benchmark", "-h", "127.0.0.1", "-p"])
+        .arg(port.to_string())
+        .args(["-n", "5000", "-c", "8", "-t", "set,get", "-q"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&bench.stdout);
+    assert!(bench.status.success(), "redis-benchmark: {said}");
+    assert!(!said.to_lowercase().contains("error"), "{said}");
+    // Every client gone: the server is idle and holds the snapshot's
+    // descriptors but A's.
+    drop(a);
+    drop(b);
+    let left = fds_become(pid, at_take.len() - 1);
+    assert_eq!(
+        left.len(),
+        at_take.len() - 1,
+        "{left:?} against {at_take:?}"
+    );
+    let busy = busy_over(pid, Duration::from_secs(1));
+    assert!(
+        busy < 0.3,
+        "the server spins: {:.0} % of a CPU",
+        busy * 100.0
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `snapshot serve` resetting a server after each client: no descriptor
+/// left behind per client, and every client after a reset sees the
+/// snapshot's data.
+#[test]
+fn serve_leaves_no_descriptor_per_client() {
+    need_support!();
+    let Some(r) = redis() else { return };
+    let (port, pid) = (r.port, r.child.id() as i32);
+    let at_take = pagewise::mech::procfs::open_fds(pid);
+    let mut s = pagewise_testkit::Piped::start(Command::new(BIN).args([
+        "snapshot",
+        "serve",
+        "--pid",
+        &pid.to_string(),
+    ]));
+    let _hello = s.line();
+    let take: serde_json::Value = serde_json::from_str(&s.ask("take")).unwrap();
+    let id = take["take"]["id"].as_u64().unwrap();
+    for round in 0..20 {
+        let mut c = client(port);
+        assert_eq!(
+            ask(&mut c, &[b"DBSIZE"]).unwrap().unwrap(),
+            b"0",
+            "round {round}"
+        );
+        ask(&mut c, &[b"SET", b"k", b"v"]).unwrap();
+        let r: serde_json::Value = serde_json::from_str(&s.ask(&format!("restore {id}"))).unwrap();
+        let closed = r["restore"]["report"]["fds"]["closed"].as_array().cloned();
+        assert_eq!(closed.map(|c| c.len()), Some(1), "round {round}: {r}");
+        assert!(ends(&mut c), "round {round}: the client still answers");
+        assert_eq!(
+            pagewise::mech::procfs::open_fds(pid),
+            at_take,
+            "round {round}"
+        );
+    }
+    use std::io::Write;
+    writeln!(s.input, "quit").unwrap();
+    let st = s.child.wait().unwrap();
+    assert!(st.success(), "serve: {st}");
+}
