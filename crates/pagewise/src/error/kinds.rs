@@ -127,6 +127,22 @@ pub enum Refusal {
         /// The thread.
         tid: i32,
     },
+    /// Threads were made faster than they could be found and stopped: the
+    /// kernel counts more threads than were held when the time ran out.
+    #[error(
+        "process {pid} makes threads faster than they can be stopped: {held} held, the kernel \
+         counts {counted}, after {ms} ms; try again"
+    )]
+    ThreadsUncounted {
+        /// The process.
+        pid: i32,
+        /// Threads held.
+        held: usize,
+        /// Threads the kernel counts (`Threads:` in its status).
+        counted: usize,
+        /// How long it tried.
+        ms: u64,
+    },
     /// A thread took signal after signal on its way into a stop.
     #[error(
         "thread {tid} of process {pid} took {n} signals in a row on its way into a stop; try again"

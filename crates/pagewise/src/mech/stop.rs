@@ -199,18 +199,44 @@ pub fn memory_sharers(pid: i32) -> Vec<i32> {
     out
 }
 
+/// The error of a refused `PTRACE_SEIZE` of thread `tid` of `owner`.
+fn seize_error(pid: i32, owner: i32, tid: i32, e: std::io::Error) -> Error {
+    if e.raw_os_error() != Some(libc::EPERM) {
+        return Error::for_pid(pid, format!("ptrace seize of thread {tid}"), e);
+    }
+    Error::PermissionDenied {
+        pid,
+        what: if owner == pid {
+            format!("ptrace seize of thread {tid} (is it already traced by a debugger, or init?)")
+        } else {
+            format!("ptrace seize of thread {tid} of process {owner}, which shares its memory")
+        },
+    }
+}
+
 /// Seizes and stops every thread of process `owner` (repeating until no
 /// new thread appears), adding them to `tids`; `pid` is the process the
 /// stop is for, named in errors.
 fn seize_all(pid: i32, owner: i32, tids: &mut Vec<i32>, limit: Duration) -> Result<()> {
+    let t0 = Instant::now();
+    // Threads of `owner` held by this call.
+    let mut held = 0usize;
     loop {
         let mut new = 0;
+        // Threads listed that are ending: they cannot be seized (EPERM),
+        // run no more code, and still count until they are gone.
+        let mut ending = 0usize;
+        let mut seized = Vec::new();
         let threads = match procfs::tasks(owner) {
             Ok(t) => t,
             // A sharer that ended meanwhile.
             Err(_) if owner != pid => return Ok(()),
             Err(e) => return Err(e),
         };
+        // An error stops the listing; the threads seized so far are
+        // waited for first (a thread seized but not stopped cannot be let
+        // go), then it is returned.
+        let mut failure = None;
         for tid in threads {
             if tids.contains(&tid) {
                 continue;
@@ -219,50 +245,79 @@ fn seize_all(pid: i32, owner: i32, tids: &mut Vec<i32>, limit: Duration) -> Resu
                 Ok(()) => {}
                 // The thread exited meanwhile.
                 Err(e) if e.raw_os_error() == Some(libc::ESRCH) => continue,
-                Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
-                    return Err(Error::PermissionDenied {
-                        pid,
-                        what: if owner == pid {
-                            format!(
-                                "ptrace seize of thread {tid} (is it already traced by a debugger, or init?)"
-                            )
-                        } else {
-                            format!(
-                                "ptrace seize of thread {tid} of process {owner}, which shares its memory"
-                            )
-                        },
-                    })
+                // A thread on its way out (a zombie) cannot be seized.
+                Err(e) if e.raw_os_error() == Some(libc::EPERM) && procfs::thread_ending(tid) => {
+                    ending += 1;
+                    continue;
                 }
                 Err(e) => {
-                    return Err(Error::for_pid(
-                        pid,
-                        format!("ptrace seize of thread {tid}"),
-                        e,
-                    ))
+                    failure = Some(seize_error(pid, owner, tid, e));
+                    break;
                 }
             }
             tids.push(tid);
             new += 1;
-            process::ptrace_interrupt(tid)
-                .map_err(|e| Error::for_pid(pid, format!("ptrace interrupt of thread {tid}"), e))?;
-            match settle(owner, tid, Instant::now() + limit) {
+            held += 1;
+            // Interrupted now, waited for below: every thread of the
+            // listing stops at once, not one after another.
+            if let Err(e) = process::ptrace_interrupt(tid) {
+                failure = Some(Error::for_pid(
+                    pid,
+                    format!("ptrace interrupt of thread {tid}"),
+                    e,
+                ));
+            }
+            seized.push(tid);
+            if failure.is_some() {
+                break;
+            }
+        }
+        let deadline = Instant::now() + limit;
+        for (k, &tid) in seized.iter().enumerate() {
+            match settle(owner, tid, deadline) {
                 Ok(true) => {}
-                Ok(false) => tids.retain(|&t| t != tid),
+                Ok(false) => {
+                    tids.retain(|&t| t != tid);
+                    held -= 1;
+                }
                 Err(e) => {
                     // Seized but not stopped: it cannot be detached until
-                    // it stops (see the module).
-                    tids.retain(|&t| t != tid);
-                    STRAGGLERS
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .push((gettid(), pid, tid));
+                    // it stops (see the module); nor can those not yet
+                    // waited for.
+                    let mut s = STRAGGLERS.lock().unwrap_or_else(|e| e.into_inner());
+                    for &t in &seized[k..] {
+                        tids.retain(|&x| x != t);
+                        s.push((gettid(), pid, t));
+                    }
                     return Err(e);
                 }
             }
         }
-        if new == 0 {
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        if new > 0 {
+            continue;
+        }
+        // A listing made while threads end can miss threads that run on
+        // (the kernel lists a directory by position): done only once the
+        // kernel's count has no thread besides those held and those ending.
+        let Some(counted) = procfs::thread_count(owner) else {
+            return Ok(());
+        };
+        if counted <= held + ending {
             return Ok(());
         }
+        if t0.elapsed() > limit {
+            return Err(Refusal::ThreadsUncounted {
+                pid: owner,
+                held,
+                counted,
+                ms: t0.elapsed().as_millis() as u64,
+            }
+            .into());
+        }
+        std::thread::yield_now();
     }
 }
 

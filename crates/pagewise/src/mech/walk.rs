@@ -146,11 +146,7 @@ fn read_remote_from(pid: i32, addr: u64, buf: &mut [u8], mut got: usize) -> Resu
             // Nothing mapped at `at` any more: unmapped meanwhile, or the
             // process is tearing its memory down on its way out.
             Err(e) if e.raw_os_error() == Some(libc::EFAULT) => {
-                let gone = match procfs::maps(Some(pid)) {
-                    Ok(m) => m.is_empty(),
-                    Err(_) => true,
-                };
-                if gone || !procfs::is_alive(pid) {
+                if !procfs::has_memory(pid) || !procfs::is_alive(pid) {
                     return Err(Error::ProcessExited(pid));
                 }
                 break;

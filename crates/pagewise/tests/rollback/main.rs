@@ -522,3 +522,4 @@ fn pages_dropped_without_a_write_are_put_back() {
 }
 
 mod fds;
+mod pools;

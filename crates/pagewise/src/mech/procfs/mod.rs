@@ -352,6 +352,18 @@ pub fn is_alive(pid: i32) -> bool {
     matches!(process_state(pid), Ok(Some(state)) if !matches!(state.as_str(), "Z" | "X" | "x"))
 }
 
+/// Whether process `pid` still has memory (`/proc/PID/statm` counts its
+/// pages; a process in `exit` whose memory is gone, or one gone, has
+/// none). Cheap whatever the number of mappings, unlike reading its maps.
+pub fn has_memory(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/statm")).is_ok_and(|s| {
+        s.split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<u64>().ok())
+            .is_some_and(|pages| pages > 0)
+    })
+}
+
 /// The state letter of process `pid` (`/proc/PID/stat`: `R`, `S`, `T`,
 /// `Z`, ...); `None` where the line holds none. A plain I/O error (not an
 /// [`Error`]: [`Error::for_pid`] itself asks [`is_alive`]).
@@ -362,6 +374,24 @@ pub fn process_state(pid: i32) -> std::io::Result<Option<String>> {
         .rfind(')')
         .and_then(|i| stat[i + 1..].split_whitespace().next())
         .map(str::to_string))
+}
+
+/// How many threads process `pid` has (`Threads:` in its status: the
+/// kernel's own count, exact where a listing of `/proc/PID/task` made while
+/// threads end can miss some); threads that are ending count until they
+/// are gone.
+pub fn thread_count(pid: i32) -> Option<usize> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status_field(&status, "Threads").map(|n| n as usize)
+}
+
+/// Whether thread `tid` is ending or gone (a zombie, dead, or no longer
+/// there).
+pub fn thread_ending(tid: i32) -> bool {
+    match process_state(tid) {
+        Ok(Some(s)) => s == "Z" || s == "X",
+        _ => true,
+    }
 }
 
 /// When process `pid` started, in clock ticks since boot (`/proc/PID/stat`

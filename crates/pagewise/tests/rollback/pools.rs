@@ -1,0 +1,111 @@
+//! Thread pools that never stand still (`tests/c/churn.c`: every thread
+//! checks its work, starts its successor and ends): snapshots and live
+//! snapshots of 5, 64 and 1,024 such threads leave the program unharmed
+//! (it exits 0, every thread's work right), refuse nothing they should
+//! take, and a restore is refused for the threads that changed — never a
+//! crash. A short slice runs by default; `PAGEWISE_LONG_RUNS=1` runs 100
+//! snapshots per size.
+
+use super::*;
+use pagewise::snap::RollbackRefusal;
+use std::io::BufRead;
+use std::time::Duration;
+
+fn churn() -> Option<PathBuf> {
+    if let Some(why) = can_ptrace() {
+        pagewise_testkit::skip!("{why}");
+        return None;
+    }
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/churn.c");
+    match pagewise_testkit::c_program(&src, Path::new(env!("CARGO_TARGET_TMPDIR")), &["-pthread"]) {
+        Ok(p) => Some(p),
+        Err(why) => {
+            pagewise_testkit::skip!("{why}");
+            None
+        }
+    }
+}
+
+fn long() -> bool {
+    std::env::var_os("PAGEWISE_LONG_RUNS").is_some_and(|v| v == "1")
+}
+
+/// One pool of `n` threads: `takes` snapshots, one live snapshot, one
+/// restore; then the program's own verdict.
+fn pool(path: &Path, n: usize, takes: usize) {
+    let mut child = Command::new(path)
+        .args([&n.to_string(), "600"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id() as i32;
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+    let mut h = ProcessSnapshots::open(pid).unwrap();
+    let mut slowest = Duration::ZERO;
+    let mut last = 0;
+    for i in 0..takes {
+        let t0 = std::time::Instant::now();
+        last = h
+            .take()
+            .unwrap_or_else(|e| panic!("{n} threads, snapshot {i}: {e}"));
+        slowest = slowest.max(t0.elapsed());
+        assert!(
+            pagewise::mech::procfs::is_alive(pid),
+            "{n} threads: the program died at snapshot {i}"
+        );
+    }
+    // The pool changed since: refused, naming the threads, not a crash.
+    match h.restore(last, RestoreOptions::default()) {
+        Err(pagewise::Error::Rollback(RollbackRefusal::ThreadsChanged { .. })) => {}
+        Ok(_) => println!("{n} threads: the pool stood still between take and restore"),
+        Err(e) => panic!("{n} threads: restore: {e}"),
+    }
+    drop(h);
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("rollback-pool-{n}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut dest = pagewise::snap::live::StoreSeries::new(
+        pagewise::snap::DiskStore::create(&dir, true).unwrap(),
+    );
+    let live = pagewise::snap::live::live_snapshot(
+        pid,
+        &mut dest,
+        "pool",
+        &pagewise::snap::live::LiveOptions::default(),
+        &mut |_| {},
+        &mut || {},
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    match live {
+        Ok(_) => {}
+        Err(e) => panic!("{n} threads: live snapshot: {e}"),
+    }
+    assert!(
+        pagewise::mech::procfs::is_alive(pid),
+        "{n} threads: died in the live snapshot"
+    );
+    // The program's verdict.
+    drop(child.stdin.take());
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    let st = child.wait().unwrap();
+    assert!(st.success(), "{n} threads: {st} {rest}");
+    assert!(rest.contains("bad=0"), "{n} threads: {rest}");
+    println!(
+        "{n} threads: {takes} snapshots, slowest {slowest:?}; {}",
+        rest.trim()
+    );
+}
+
+#[test]
+fn thread_pools_are_snapshotted_unharmed() {
+    let Some(path) = churn() else { return };
+    let takes = if long() { 100 } else { 10 };
+    pool(&path, 5, takes);
+    pool(&path, 64, takes);
+    pool(&path, 1024, if long() { 100 } else { 2 });
+}
