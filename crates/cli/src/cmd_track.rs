@@ -59,9 +59,17 @@ impl Source {
 
     fn collect(&mut self) -> pagewise::Result<Collection> {
         match self {
-            Source::Outside(t, pid) => t
-                .sync_process_mappings(Some(*pid), false)
-                .and_then(|_| t.collect()),
+            Source::Outside(t, pid) => {
+                t.sync_process_mappings(Some(*pid), false)?;
+                for (r, why) in t.take_untracked() {
+                    eprintln!(
+                        "pagewise: {:#x}..{:#x} of process {pid} is not tracked: {why}",
+                        r.start,
+                        r.end()
+                    );
+                }
+                t.collect()
+            }
             Source::Shim(s, _) => protocol::collect(s)
                 .map_err(|e| pagewise::Error::os("collecting through the preload shim", e)),
         }

@@ -320,6 +320,10 @@ pub struct DirtyTracker {
     lenient: bool,
     /// Why `Auto` fell back from its first choice (see [`DirtyTracker::note`]).
     note: Option<String>,
+    /// Mappings of the process it cannot track, with why, not yet taken
+    /// by [`DirtyTracker::take_untracked`]; and every one ever found.
+    untracked: Vec<(Region, String)>,
+    said: Vec<Region>,
 }
 
 impl std::fmt::Debug for DirtyTracker {
@@ -370,6 +374,8 @@ impl DirtyTracker {
             pending: vec![Some(Vec::new())],
             lenient: false,
             note: None,
+            untracked: Vec::new(),
+            said: Vec::new(),
         })
     }
 
@@ -432,6 +438,8 @@ impl DirtyTracker {
             pending: vec![Some(Vec::new())],
             lenient: true,
             note: None,
+            untracked: Vec::new(),
+            said: Vec::new(),
         };
         t.sync_process_mappings(Some(pid), true)?;
         Ok(t)
@@ -455,6 +463,8 @@ impl DirtyTracker {
             pending: vec![Some(Vec::new())],
             lenient: true,
             note: None,
+            untracked: Vec::new(),
+            said: Vec::new(),
         };
         t.sync_process_mappings(None, true)?;
         Ok(t)
@@ -473,7 +483,35 @@ impl DirtyTracker {
             .iter()
             .filter_map(|m| Region::new(m.start, m.len()).ok())
             .collect();
-        self.sync_regions(&wanted, baseline)
+        self.sync_regions(&wanted, baseline)?;
+        // Mappings userfaultfd cannot register (a droppable one: `dp` in
+        // its VmFlags) are left alone, and said once.
+        let have = self.backend.regions();
+        let missing: Vec<Region> = wanted
+            .iter()
+            .filter(|r| !have.contains(r) && !self.said.contains(r))
+            .copied()
+            .collect();
+        if !missing.is_empty() {
+            let dp = crate::mech::procfs::with_vm_flag(pid, &["dp"]).unwrap_or_default();
+            for r in missing {
+                if dp.contains(&(r.start, r.end())) {
+                    self.said.push(r);
+                    self.untracked.push((
+                        r,
+                        "a droppable mapping (MAP_DROPPABLE), which userfaultfd cannot register"
+                            .into(),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Mappings found since the last call that cannot be tracked, with
+    /// why (each said once).
+    pub fn take_untracked(&mut self) -> Vec<(Region, String)> {
+        std::mem::take(&mut self.untracked)
     }
 
     /// Makes the tracked regions equal `wanted` (sorted, non-overlapping). For a

@@ -70,13 +70,19 @@ impl ProcessSnapshots {
     }
 
     /// Registers `r` (and, with `protect`, protects it); whether it is
-    /// watched (not where another userfaultfd holds it, or without tracking).
+    /// watched (not where another userfaultfd holds it, where userfaultfd
+    /// cannot register it — a droppable mapping (`MAP_DROPPABLE`, `dp` in
+    /// its `VmFlags`) or another the kernel refuses —, or without tracking).
+    /// A mapping not watched is compared page by page at each take and
+    /// restore.
     fn watch(&self, r: Region, protect: bool) -> Result<bool> {
         let Some(wp) = &self.wp else { return Ok(false) };
         let _ = wp.unregister(r);
         match wp.register(r, protect) {
             Ok(()) => Ok(true),
-            Err(Error::Os { source, .. }) if source.raw_os_error() == Some(libc::EBUSY) => {
+            Err(Error::Os { source, .. })
+                if matches!(source.raw_os_error(), Some(libc::EBUSY | libc::EINVAL)) =>
+            {
                 Ok(false)
             }
             Err(e) => Err(e),
