@@ -163,10 +163,30 @@ const UPLOT_CSS: &str = include_str!("../assets/uPlot.min.css");
 const UPLOT_LICENSE: &str = include_str!("../assets/uPlot.LICENSE");
 const REPORT_JS: &str = include_str!("../assets/report.js");
 
+/// `data` as JSON that no input can end or comment out the script element
+/// it is put in: `<`, `>` and `&` (which begin `</script`, `<!--` and
+/// `-->`) and U+2028/U+2029 (line ends to older script parsers) written
+/// as `\uXXXX`, which JSON reads back as the same characters. They occur
+/// in strings only: JSON's own syntax has none of them.
+fn script_safe_json(data: &Value) -> Result<String> {
+    let text = serde_json::to_string(data)?;
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '<' => out.push_str("\\u003c"),
+            '>' => out.push_str("\\u003e"),
+            '&' => out.push_str("\\u0026"),
+            '\u{2028}' => out.push_str("\\u2028"),
+            '\u{2029}' => out.push_str("\\u2029"),
+            c => out.push(c),
+        }
+    }
+    Ok(out)
+}
+
 /// The page: the data as JSON, uPlot and the drawing script inline.
 fn page(data: &Value) -> Result<String> {
-    // Inside <script>, "</" would end the element: escaped in the JSON.
-    let data = serde_json::to_string(data)?.replace("</", "<\\/");
+    let data = script_safe_json(data)?;
     Ok(format!(
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n\
          <title>pagewise report</title>\n\
@@ -182,4 +202,26 @@ fn page(data: &Value) -> Result<String> {
         version = "1.6.32",
         license = UPLOT_LICENSE.replace("--", "- -"),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Hostile strings anywhere in the data neither end nor comment out
+    /// the script that holds it, and read back as they were.
+    #[test]
+    fn no_input_ends_or_comments_out_the_data() {
+        let hostile = "<!--<script>x</script>--> & \u{2028}\u{2029} </SCRIPT";
+        let v = json!({ "title": hostile, "plots": [{ "title": hostile, "x": [1] }] });
+        let html = page(&v).unwrap();
+        let start = html.find("id=\"pw-data\">").unwrap() + "id=\"pw-data\">".len();
+        let end = start + html[start..].find("</script>").unwrap();
+        let data = &html[start..end];
+        for bad in ["<", ">", "&", "\u{2028}", "\u{2029}"] {
+            assert!(!data.contains(bad), "{bad:?} in the data: {data}");
+        }
+        let back: Value = serde_json::from_str(data).unwrap();
+        assert_eq!(back, v);
+    }
 }

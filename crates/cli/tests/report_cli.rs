@@ -186,7 +186,9 @@ fn drawn(page: &Path) -> (serde_json::Value, Vec<u64>, Vec<serde_json::Value>) {
         "new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))",
     );
     let text = b.eval(&session, "document.getElementById('pw-status').textContent");
-    let status: serde_json::Value = serde_json::from_str(text.as_str().unwrap()).unwrap();
+    let mut status: serde_json::Value = serde_json::from_str(text.as_str().unwrap()).unwrap();
+    // The title as the page shows it (inputs' strings reach the page).
+    status["title_shown"] = b.eval(&session, "document.getElementById('pw-title').textContent");
     let counted = b.eval(&session, COUNT_DRAWN);
     let counted = counted
         .as_array()
@@ -219,6 +221,9 @@ fn heat_cells(lines: &[serde_json::Value]) -> usize {
     }
     cells.len()
 }
+
+/// A string that ended or commented out the page's data script.
+const HOSTILE: &str = "a <!--<script> & \u{2028}\u{2029} </SCRIPT end";
 
 #[test]
 fn report_of_real_runs_draws_every_plot_without_network() {
@@ -374,6 +379,7 @@ fn report_of_real_runs_draws_every_plot_without_network() {
     let r = Command::new(BIN)
         .arg("report")
         .args(&inputs)
+        .args(["--title", HOSTILE])
         .arg("--out")
         .arg(&page)
         .arg("--chrome-trace")
@@ -413,6 +419,7 @@ fn report_of_real_runs_draws_every_plot_without_network() {
         serde_json::json!([]),
         "script errors: {status}"
     );
+    assert_eq!(status["title_shown"], HOSTILE, "the title as given");
     let plots = status["plots"].as_array().unwrap();
     let want = 2 + 1 + 2 * drawn_traces + if agent.is_some() { 2 } else { 0 };
     assert_eq!(plots.len(), want, "{status}");
