@@ -280,3 +280,87 @@ fn serve_leaves_no_descriptor_per_client() {
     let st = s.child.wait().unwrap();
     assert!(st.success(), "serve: {st}");
 }
+
+/// A process that `exec`s since its snapshot is another program under the
+/// same pid and start time: a restore is refused, and the program it
+/// became runs on untouched — also with address randomisation off, where
+/// the new program's layout can match the old one's.
+#[test]
+fn a_program_that_exec_d_since_is_not_restored_into() {
+    need_support!();
+    let setarch = Command::new("setarch").arg("--help").output().is_ok();
+    for no_aslr in [false, true] {
+        if no_aslr && !setarch {
+            pagewise_testkit::skip!(
+                "setarch is not installed: the run without address randomisation"
+            );
+            continue;
+        }
+        let mut c = if no_aslr {
+            let mut c = Command::new("setarch");
+            c.args(["x86_64", "-R", "sh"]);
+            c
+        } else {
+            Command::new("sh")
+        };
+        c.args(["-c", "echo ready; read line; exec sleep 60"]);
+        let mut p = pagewise_testkit::Piped::start(&mut c);
+        assert_eq!(p.line(), "ready");
+        p.settle_in_read();
+        let pid = p.pid().to_string();
+        let dir = temp_dir(&format!("exec-since-{no_aslr}"));
+        ok(Command::new(BIN)
+            .args(["snapshot", "--pid", &pid, "--out"])
+            .arg(&dir));
+        // A held handle, too.
+        let mut s = pagewise_testkit::Piped::start(
+            Command::new(BIN).args(["snapshot", "serve", "--pid", &pid]),
+        );
+        let _hello = s.line();
+        let take: serde_json::Value = serde_json::from_str(&s.ask("take")).unwrap();
+        let id = take["take"]["id"].as_u64().unwrap();
+        use std::io::Write;
+        writeln!(p.input, "go").unwrap();
+        p.input.flush().unwrap();
+        // Until it runs sleep.
+        let t0 = Instant::now();
+        while std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .unwrap_or_default()
+            .trim()
+            != "sleep"
+        {
+            assert!(t0.elapsed() < Duration::from_secs(10), "no exec");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let out = Command::new(BIN)
+            .args(["snapshot", "restore", "--pid", &pid])
+            .arg(&dir)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success(),
+            "restored into the program it exec'd: {err}"
+        );
+        assert!(err.contains("replaced its program (exec)"), "{err}");
+        let r: serde_json::Value =
+            serde_json::from_str(&s.ask(&format!("restore {id}"))).unwrap_or_default();
+        assert!(
+            r["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("replaced its program")),
+            "serve: {r}"
+        );
+        assert!(
+            pagewise::mech::procfs::is_alive(p.pid()),
+            "the program it became died"
+        );
+        assert_eq!(
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .unwrap()
+                .trim(),
+            "sleep"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -337,6 +337,11 @@ fn record_seed(rng: &mut Rng) -> pagewise::snap::disk::ProcessRecord {
                 target: b"socket:[12345]".to_vec(),
             },
         ]),
+        identity: Some(pagewise::mech::procfs::ExecIdentity {
+            random_at: rng.next(),
+            random: [rng.next() as u8; 16],
+            entry: rng.next(),
+        }),
     }
 }
 

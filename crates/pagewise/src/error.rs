@@ -43,9 +43,9 @@ pub enum Error {
     /// The process exited while it was being worked on.
     #[error("process {0} exited")]
     ProcessExited(i32),
-    /// The process replaced its program (`exec`) while its memory was being
-    /// tracked from outside: the memory tracked is gone.
-    #[error("process {0} replaced its program (exec): the memory tracked is gone; start again to track the new program")]
+    /// The process replaced its program (`exec`) while pagewise held it
+    /// (tracked its memory, held its snapshots): what it held is gone.
+    #[error("process {0} replaced its program (exec): what pagewise held of it (tracked memory, snapshots) is of the old program; start again with the new one")]
     ProgramReplaced(i32),
     /// A system call failed.
     #[error("{what}: {source}")]

@@ -455,6 +455,19 @@ pub enum RollbackRefusal {
         /// Each as `N (kind target)`.
         gone: Vec<String>,
     },
+    /// A stored snapshot of the same process before it replaced its program
+    /// (`exec`): the program running now is another.
+    #[error(
+        "snapshot {stored} of the store was taken of process {pid} before it replaced its \
+         program (exec): the program running now is another; restoring it here needs \
+         --another-process"
+    )]
+    ExecSince {
+        /// The process restored into.
+        pid: i32,
+        /// The snapshot's id in the store.
+        stored: u64,
+    },
     /// A memory-only restore without calls inside the process met a layout
     /// that is not the snapshot's.
     #[error(

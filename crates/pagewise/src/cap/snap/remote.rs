@@ -232,5 +232,6 @@ fn process_record(pid: i32, stopped: &Stopped) -> Option<super::disk::ProcessRec
         layout,
         threads,
         fds: procfs::descriptors(pid).ok(),
+        identity: procfs::exec_identity(pid),
     })
 }

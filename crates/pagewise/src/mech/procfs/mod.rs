@@ -394,6 +394,54 @@ pub fn thread_ending(tid: i32) -> bool {
     }
 }
 
+/// What names the program a process runs, which changes at every `exec`
+/// though the pid and start time do not: the address of the 16 random
+/// bytes the kernel gave it (`AT_RANDOM`), the bytes themselves, and its
+/// entry point (`AT_ENTRY`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExecIdentity {
+    /// `AT_RANDOM`: where the bytes are.
+    pub random_at: u64,
+    /// The 16 bytes.
+    pub random: [u8; 16],
+    /// `AT_ENTRY`.
+    pub entry: u64,
+}
+
+/// The auxiliary vector's value of `key` in `auxv` (`/proc/PID/auxv`:
+/// pairs of native words, up to `AT_NULL`).
+pub fn auxv_value(auxv: &[u8], key: u64) -> Option<u64> {
+    for pair in auxv.chunks_exact(16) {
+        let k = u64::from_ne_bytes(pair[..8].try_into().ok()?);
+        let v = u64::from_ne_bytes(pair[8..].try_into().ok()?);
+        if k == 0 {
+            return None;
+        }
+        if k == key {
+            return Some(v);
+        }
+    }
+    None
+}
+
+/// The identity of the program process `pid` runs (see [`ExecIdentity`]);
+/// `None` where it cannot be read. The bytes are read through
+/// `/proc/PID/mem`, which leaves shared pages shared.
+pub fn exec_identity(pid: i32) -> Option<ExecIdentity> {
+    use std::os::unix::fs::FileExt;
+    let auxv = std::fs::read(format!("/proc/{pid}/auxv")).ok()?;
+    let random_at = auxv_value(&auxv, libc::AT_RANDOM)?;
+    let entry = auxv_value(&auxv, libc::AT_ENTRY)?;
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).ok()?;
+    let mut random = [0u8; 16];
+    mem.read_exact_at(&mut random, random_at).ok()?;
+    Some(ExecIdentity {
+        random_at,
+        random,
+        entry,
+    })
+}
+
 /// When process `pid` started, in clock ticks since boot (`/proc/PID/stat`
 /// field 22): with the pid, it names one process, whose pid may be reused
 /// after it ends.

@@ -153,7 +153,7 @@ pub(super) fn parse_index(
         let r = ProcessRecord::decode(&record)
             .map_err(|why| corrupt(path, format!("bad process record: {why}")))?;
         // Sections came with version 4.
-        if version < 4 && r.fds.is_some() {
+        if version < 4 && (r.fds.is_some() || r.identity.is_some()) {
             return Err(corrupt(
                 path,
                 "a process record with sections in index version 3",

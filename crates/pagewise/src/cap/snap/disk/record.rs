@@ -19,9 +19,11 @@
 //! (4), then `F` descriptors in increasing number: number (4), kind (4,
 //! [`FdKind::code`]), device (8), inode (8), open flags (4), offset (8),
 //! link length (4), link (what `/proc/PID/fd/N` reads) — 40 + link each.
+//! Tag 2, the program's identity (what changes at `exec`): the address of
+//! `AT_RANDOM` (8), its 16 bytes, `AT_ENTRY` (8) — 32 bytes.
 
 use crate::mech::layout::{Backing, Vma};
-use crate::mech::procfs::{Descriptor, FdKind};
+use crate::mech::procfs::{Descriptor, ExecIdentity, FdKind};
 use crate::mech::threads::{AltStack, ThreadState};
 
 /// Most mappings a record may list when reading.
@@ -36,6 +38,8 @@ const MAX_NAME: usize = 4096;
 const MAX_FDS: usize = 1 << 20;
 /// The tag of the descriptor table's section.
 const TAG_FDS: u32 = 1;
+/// The tag of the program identity's section.
+const TAG_IDENTITY: u32 = 2;
 
 /// What a snapshot of another process holds besides its pages.
 #[derive(Debug, Clone)]
@@ -51,6 +55,8 @@ pub struct ProcessRecord {
     pub threads: Vec<ThreadState>,
     /// Every open descriptor (`None` in a record of index version 3).
     pub fds: Option<Vec<Descriptor>>,
+    /// The program the process ran (`None` in a record of index version 3).
+    pub identity: Option<ExecIdentity>,
 }
 
 fn regs_words(r: &libc::user_regs_struct) -> [u64; 27] {
@@ -150,6 +156,13 @@ impl ProcessRecord {
             put4(&mut b, TAG_FDS);
             put4(&mut b, body.len() as u32);
             b.extend_from_slice(&body);
+        }
+        if let Some(id) = &self.identity {
+            put4(&mut b, TAG_IDENTITY);
+            put4(&mut b, 32);
+            put8(&mut b, id.random_at);
+            b.extend_from_slice(&id.random);
+            put8(&mut b, id.entry);
         }
         b
     }
@@ -253,6 +266,7 @@ impl ProcessRecord {
             });
         }
         let mut fds = None;
+        let mut identity = None;
         let mut last_tag = 0;
         while r.at < b.len() {
             let tag = r.u32()?;
@@ -267,6 +281,13 @@ impl ProcessRecord {
             };
             match tag {
                 TAG_FDS => fds = Some(decode_fds(&mut body)?),
+                TAG_IDENTITY => {
+                    identity = Some(ExecIdentity {
+                        random_at: body.u64()?,
+                        random: body.bytes(16)?.try_into().expect("16 bytes"),
+                        entry: body.u64()?,
+                    })
+                }
                 t => return Err(format!("an unknown section {t}")),
             }
             if body.at != body.b.len() {
@@ -282,6 +303,7 @@ impl ProcessRecord {
             layout,
             threads,
             fds,
+            identity,
         })
     }
 }
@@ -430,6 +452,11 @@ mod tests {
                     target: b"/tmp/a \xff".to_vec(),
                 },
             ]),
+            identity: Some(ExecIdentity {
+                random_at: 0x7ffc_0000_1000,
+                random: [7; 16],
+                entry: 0x401020,
+            }),
         }
     }
 
@@ -444,9 +471,14 @@ mod tests {
         assert_eq!(back.threads[0].regs.gs, 7);
         assert_eq!(back.threads[0].rewound, Some(35));
         assert_eq!(back.fds, r.fds);
+        assert_eq!(back.identity, r.identity);
         // A record of index version 3 (no sections) reads as one without a
         // descriptor table.
-        let old = ProcessRecord { fds: None, ..r };
+        let old = ProcessRecord {
+            fds: None,
+            identity: None,
+            ..r
+        };
         let b = old.encode();
         assert!(ProcessRecord::decode(&b).unwrap().fds.is_none());
     }
@@ -454,11 +486,14 @@ mod tests {
     #[test]
     fn every_truncation_and_overrun_is_refused() {
         let b = sample().encode();
-        // Cut where the sections begin, it is a record of index version 3.
-        let v3 = b.len() - sample().fds_section_len();
+        // Cut where a section begins, it is a record with the sections
+        // before it (none: index version 3).
+        let v3 = b.len() - sample().sections_len();
+        let fds_only = b.len() - 40;
         for n in 0..b.len() {
             match ProcessRecord::decode(&b[..n]) {
                 Ok(r) if n == v3 => assert!(r.fds.is_none()),
+                Ok(r) if n == fds_only => assert!(r.identity.is_none() && r.fds.is_some()),
                 r => assert!(r.is_err(), "truncated at {n}"),
             }
         }
@@ -473,17 +508,17 @@ mod tests {
         let mut unknown = b.clone();
         unknown.extend_from_slice(&[9, 0, 0, 0, 0, 0, 0, 0]);
         assert!(ProcessRecord::decode(&unknown).is_err());
-        let at = b.len() - sample().fds_section_len();
         let mut twice = b.clone();
-        twice.extend_from_slice(&b[at..]);
+        twice.extend_from_slice(&b[b.len() - 40..]);
         assert!(ProcessRecord::decode(&twice).is_err());
     }
 
     impl ProcessRecord {
-        fn fds_section_len(&self) -> usize {
+        fn sections_len(&self) -> usize {
             let a = self.encode().len();
             let b = ProcessRecord {
                 fds: None,
+                identity: None,
                 ..self.clone()
             }
             .encode()

@@ -164,6 +164,9 @@ struct ProcSnap {
 pub struct ProcessSnapshots {
     pid: i32,
     start_time: Option<u64>,
+    /// The program it ran when opened: a process that `exec`s keeps its
+    /// pid and start time, but is another program.
+    identity: Option<procfs::ExecIdentity>,
     /// Why nothing can be done inside the process, if so.
     no_inside: Option<String>,
     wp: Option<UffdWp>,
@@ -216,6 +219,7 @@ impl ProcessSnapshots {
         Ok(ProcessSnapshots {
             pid,
             start_time: procfs::start_time(pid),
+            identity: procfs::exec_identity(pid),
             no_inside,
             wp,
             store: PageStore::new(true),
@@ -242,11 +246,15 @@ impl ProcessSnapshots {
         &self.store
     }
 
-    /// Stops the process, checking it is still the one the handle opened.
+    /// Stops the process, checking it is still the one the handle opened,
+    /// running the same program.
     fn stop(&self) -> Result<Stopped> {
         let s = Stopped::new(self.pid)?;
         if procfs::start_time(self.pid) != self.start_time {
             return Err(Error::ProcessExited(self.pid));
+        }
+        if self.identity.is_some() && procfs::exec_identity(self.pid) != self.identity {
+            return Err(Error::ProgramReplaced(self.pid));
         }
         Ok(s)
     }

@@ -25,6 +25,7 @@ impl ProcessSnapshots {
                 layout: layout.clone(),
                 threads: s.threads.clone(),
                 fds: s.fds.clone(),
+                identity: self.identity,
             });
         }
         w.finish()
@@ -59,6 +60,17 @@ impl ProcessSnapshots {
                 pid: self.pid,
                 stored: disk_id,
                 then: ds.pid,
+            }
+            .into());
+        }
+        // The same process, but another program since (an exec): refused
+        // the same way. A record without an identity (index version 3)
+        // says nothing.
+        let then_program = record.as_ref().and_then(|r| r.identity);
+        if same && !another_process && then_program.is_some() && then_program != self.identity {
+            return Err(RollbackRefusal::ExecSince {
+                pid: self.pid,
+                stored: disk_id,
             }
             .into());
         }
