@@ -541,3 +541,56 @@ fn a_shim_hello_past_the_top_of_memory_is_refused() {
     assert!(!inside.is_own_memory(u64::MAX - 4095, u64::MAX));
     assert!(!inside.is_own_memory(0x1000, 0x1000));
 }
+
+/// A process serving its own page faults (a userfaultfd of its own) is
+/// refused by every kind of snapshot alike — plain, live, held for
+/// rollback — before anything is read, and keeps working.
+#[test]
+fn every_snapshot_refuses_a_process_serving_its_own_faults() {
+    if let Some(why) = can_ptrace() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    let Some(path) = target("own_uffd", &[]) else {
+        return;
+    };
+    let mut t = Target::start(&path, &[], true);
+    let pid = t.pid();
+    let refused = |what: &str, r: pagewise::Result<()>| match r {
+        Err(e @ pagewise::Error::MemoryType(_)) => {
+            assert!(
+                e.to_string().contains("serves its own page faults"),
+                "{what}: {e}"
+            );
+        }
+        other => panic!("{what}: {other:?}"),
+    };
+    let dir = std::env::temp_dir().join(format!("pagewise-own-uffd-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut disk = pagewise::snap::DiskStore::create(&dir, true).unwrap();
+    refused(
+        "snapshot",
+        pagewise::snap::remote::snapshot_process(pid, &mut disk, "x").map(|_| ()),
+    );
+    refused(
+        "held for rollback",
+        pagewise::snap::ProcessSnapshots::open(pid).map(|_| ()),
+    );
+    let mut dest = pagewise::snap::live::StoreSeries::new(&mut disk);
+    refused(
+        "live",
+        pagewise::snap::live::live_snapshot(
+            pid,
+            &mut dest,
+            "x",
+            &pagewise::snap::live::LiveOptions::default(),
+            &mut |_| {},
+            &mut || {},
+        )
+        .map(|_| ()),
+    );
+    // Its own handler still serves it.
+    t.child.stdin.as_mut().unwrap().write_all(b"7\n").unwrap();
+    assert_eq!(t.line(), "ok");
+    let _ = std::fs::remove_dir_all(&dir);
+}

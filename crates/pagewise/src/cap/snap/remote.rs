@@ -107,15 +107,7 @@ fn snapshot_with(
 ) -> Result<ProcessSnapshot> {
     let t0 = Instant::now();
     procfs::check_target(pid)?;
-    let served = procfs::uffd_served(Some(pid))?;
-    if !served.is_empty() {
-        return Err(Error::MemoryType(format!(
-            "process {pid} serves its own page faults (a userfaultfd over {} mappings, as under \
-             `pagewise farmem run`): stopped, it could not serve the reads of a snapshot, and its \
-             remote pages are not at their addresses; snapshot it without far-memory emulation",
-            served.len()
-        )));
-    }
+    not_self_served(pid)?;
     let stopped = Stopped::new(pid)?;
     let threads = stopped.threads();
     #[cfg(target_arch = "x86_64")]
@@ -211,6 +203,25 @@ fn snapshot_with(
         stopped_ms,
         total_ms: t0.elapsed().as_secs_f64() * 1e3,
     })
+}
+
+/// Refuses a process that serves its own page faults (a userfaultfd of its
+/// own over some of its memory): stopped, it could not serve the reads of
+/// a snapshot, and the pages it keeps elsewhere are not at their
+/// addresses. Every snapshot of another process asks (plain, live,
+/// held for rollback).
+pub fn not_self_served(pid: i32) -> Result<()> {
+    let served = procfs::uffd_served(Some(pid))?;
+    if served.is_empty() {
+        return Ok(());
+    }
+    Err(Error::MemoryType(format!(
+        "process {pid} serves its own page faults (a userfaultfd over {} mappings, as under \
+         `pagewise farmem run`): stopped, it could not serve the reads of a snapshot, and the \
+         pages it keeps elsewhere are not at their addresses; snapshot it without its fault \
+         handler (or far-memory emulation)",
+        served.len()
+    )))
 }
 
 /// What a rollback needs besides pages (the layout, the program break,

@@ -203,14 +203,7 @@ impl ProcessSnapshots {
     /// the same for memory-only restores, and [`note`](Self::note) says why.
     pub fn open(pid: i32) -> Result<Self> {
         procfs::check_target(pid)?;
-        let served = procfs::uffd_served(Some(pid))?;
-        if !served.is_empty() {
-            return Err(Error::MemoryType(format!(
-                "process {pid} serves its own page faults (a userfaultfd over {} mappings): \
-                 stopped, it could not serve the reads and writes of a rollback",
-                served.len()
-            )));
-        }
+        super::remote::not_self_served(pid)?;
         let (wp, no_inside) = match UffdWp::open_in(pid) {
             Ok(wp) => (Some(wp), None),
             Err(e @ (Error::Refused(_) | Error::Unsupported { .. })) => (None, Some(e.to_string())),
