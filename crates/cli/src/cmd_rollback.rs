@@ -199,10 +199,14 @@ pub struct RestoreArgs {
     /// The process to put it back into: the one it was taken of.
     #[arg(long)]
     pid: i32,
-    /// Put back memory (and the layout) only, not the threads' registers:
-    /// for a snapshot without them (store format 2), a process whose
-    /// threads changed since, or one nothing can be done inside (a seccomp
-    /// filter).
+    /// Put back memory (and the layout where calls can be made inside the
+    /// process) only, not the threads' registers: for a snapshot without
+    /// them (store format 2), a process whose threads changed since, or one
+    /// nothing can be done inside (a seccomp filter). The threads run on
+    /// from where they are, so the memory they run on is left as it is: the
+    /// mapping each thread's stack pointer is in and the one holding its
+    /// thread-control block and thread-local data (the output says how
+    /// many); descriptors are put back where calls can be made inside.
     #[arg(long)]
     memory_only: bool,
     /// Restore a snapshot taken of another process (or of an earlier
@@ -258,6 +262,12 @@ pub fn restore(a: RestoreArgs) -> Result<i32> {
             r.threads,
             r.stats.elapsed_ns as f64 / 1e6
         );
+        if r.thread_areas_left > 0 {
+            println!(
+                "memory-only: {} mapping(s) that running threads are on (stacks, thread-control blocks) left as they are",
+                r.thread_areas_left
+            );
+        }
         for line in fd_lines(&r.fds) {
             println!("{line}");
         }

@@ -109,3 +109,48 @@ fn thread_pools_are_snapshotted_unharmed() {
     pool(&path, 64, takes);
     pool(&path, 1024, if long() { 100 } else { 2 });
 }
+
+/// Memory-only restores leave every running thread's stack and
+/// thread-local data alone: `mt_selfcheck.c`'s five workers, which check
+/// both all the time, find nothing wrong over 100 memory-only restores,
+/// and every thread joins at the end.
+#[test]
+fn memory_only_restores_leave_running_threads_their_stacks() {
+    if let Some(why) = can_ptrace() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/mt_selfcheck.c");
+    let path = match pagewise_testkit::c_program(
+        &src,
+        Path::new(env!("CARGO_TARGET_TMPDIR")),
+        &["-pthread"],
+    ) {
+        Ok(p) => p,
+        Err(why) => {
+            pagewise_testkit::skip!("{why}");
+            return;
+        }
+    };
+    let mut t = pagewise_testkit::Piped::start(Command::new(path).arg("5"));
+    assert_eq!(t.line(), "ready");
+    let mut h = ProcessSnapshots::open(t.pid()).unwrap();
+    let id = h.take().unwrap();
+    let mut left = 0;
+    for i in 0..100 {
+        std::thread::sleep(Duration::from_millis(2));
+        let r = h
+            .restore(id, RestoreOptions::default().memory_only(true))
+            .unwrap_or_else(|e| panic!("restore {i}: {e}"));
+        left = r.thread_areas_left;
+    }
+    let c = t.ask("c");
+    assert!(
+        c.starts_with("bad=0 "),
+        "after 100 memory-only restores: {c}"
+    );
+    drop(h);
+    let end = t.ask("q");
+    assert_eq!(end, "joined bad=0");
+    assert!(left >= 5, "the workers' stacks were left: {left}");
+}

@@ -108,6 +108,9 @@ pub struct RestoreReport {
     /// Whether pages were compared by digest (no tracking: memory-only
     /// without calls inside the process).
     pub compared: bool,
+    /// Memory-only: mappings left as they are because a thread runs on
+    /// them (its stack, its thread-control block and thread-local data).
+    pub thread_areas_left: u64,
     /// Where the time went.
     pub phases: RestorePhases,
 }
@@ -389,9 +392,19 @@ impl ProcessSnapshots {
         }
         report.fds = fds::apply(remote.as_ref(), pid, fd_plan)?;
         report.fd_changes = report.fds.changes();
+        // Memory-only: threads keep their registers, so the memory they
+        // run on stays theirs: the mapping each stack pointer is in and the
+        // one its thread-control block (fs base) is in are left alone.
+        let own = match opts.memory_only {
+            true => thread_areas(&stopped)?,
+            false => Vec::new(),
+        };
+        let theirs = |r: &Region| own.iter().any(|&(a, b)| a < r.end() && b > r.start);
+        report.thread_areas_left = snap.data.iter().filter(|(r, _)| theirs(r)).count() as u64;
         let target: Vec<(Region, Table)> = snap
             .data
             .iter()
+            .filter(|(r, _)| !theirs(r))
             .map(|(r, t)| {
                 (
                     *r,
@@ -528,6 +541,26 @@ pub(in crate::cap::snap) fn inside_state(
         })?;
     let threads = threads::capture(stopped, &remote, scratch)?;
     Ok((layout::brk(&remote, 0)?, threads))
+}
+
+/// The mappings the threads of `stopped` run on: the one each stack
+/// pointer is in and the one each thread-control block (`fs` base: glibc's
+/// thread descriptor and thread-local data) is in, as `(start, end)`.
+fn thread_areas(stopped: &Stopped) -> Result<Vec<(u64, u64)>> {
+    let maps = procfs::maps(Some(stopped.pid()))?;
+    let mut out = Vec::new();
+    for &tid in stopped.tids() {
+        let r = pagewise_sys::process::ptrace_getregs(tid)
+            .map_err(|e| Error::for_pid(stopped.pid(), format!("PTRACE_GETREGS of {tid}"), e))?;
+        for at in [r.rsp, r.fs_base] {
+            if let Some(m) = maps.iter().find(|m| m.start <= at && at < m.end) {
+                out.push((m.start, m.end));
+            }
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    Ok(out)
 }
 
 /// Puts the layout of `snap` back (the process stopped): the break, then
