@@ -162,3 +162,12 @@ fn serve_metrics(addr: &str, text: Arc<Mutex<String>>) -> Result<()> {
     });
     Ok(())
 }
+
+/// Says, on standard error, which system settings were put back as the
+/// command ends (nothing where none was changed).
+pub fn say_put_back() {
+    let back = pagewise::mech::settings::take_put_back();
+    if !back.is_empty() {
+        eprintln!("pagewise: settings put back: {}", back.join(", "));
+    }
+}

@@ -220,6 +220,7 @@ fn run_agent(a: RunArgs) -> Result<i32> {
     }
     // KSM's settings are put back here.
     drop(agent);
+    crate::agent_loop::say_put_back();
     Ok(status)
 }
 

@@ -214,6 +214,12 @@ fn run_cmd(a: RunArgs) -> Result<i32> {
         rep.stats.injected_delay_ns as f64 / 1e6,
         rep.stats.floor_ns
     );
+    if a.latency_ns > 0 && rep.stats.floor_ns > 0 && a.latency_ns <= rep.stats.floor_ns {
+        eprintln!(
+            "pagewise farmem: --latency-ns {} is at or below this machine's floor ({} ns: what serving a fault costs here already), so no delay is added ({:.1} ms injected); a fetch takes the floor",
+            a.latency_ns, rep.stats.floor_ns, rep.stats.injected_delay_ns as f64 / 1e6
+        );
+    }
     if rep.stats.overshoot_pages > 0 {
         eprintln!(
             "pagewise farmem: the budget was exceeded by up to {} pages ({})",

@@ -291,6 +291,7 @@ fn run_agent(a: RunArgs) -> Result<i32> {
         );
     }
     drop(agent);
+    crate::agent_loop::say_put_back();
     Ok(status)
 }
 

@@ -110,7 +110,17 @@ fn open_journal(j: &Path) -> Result<File> {
         .recursive(true)
         .mode(0o700)
         .create(dir)
-        .map_err(|e| Error::os(format!("creating {}", dir.display()), e))?;
+        .map_err(|e| match e.raw_os_error() {
+            // Not root: say what the work needs, not which file failed.
+            Some(libc::EACCES | libc::EPERM) => Error::NotPermitted(format!(
+                "changing a system setting ({}) needs root: its old value is journaled in {} \
+                 first, which only root may write; run as root",
+                j.file_name()
+                    .map_or_else(String::new, |n| n.to_string_lossy().replace('%', "/")),
+                dir.display()
+            )),
+            _ => Error::os(format!("creating {}", dir.display()), e),
+        })?;
     let f = crate::mech::files::open_lock_file(j)
         .map_err(|e| Error::os(format!("opening {}", j.display()), e))?;
     let md = f
@@ -400,11 +410,24 @@ impl SettingGuard {
     }
 }
 
+/// Settings put back since the last [`take_put_back`], as `path=value`.
+static PUT_BACK: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// The settings put back (each `path=value`, in order) since the last
+/// call: what a command says at its end.
+pub fn take_put_back() -> Vec<String> {
+    std::mem::take(&mut *PUT_BACK.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
 impl Drop for SettingGuard {
     fn drop(&mut self) {
         match write_setting(&self.path, &self.old) {
             Ok(()) => {
                 let _ = std::fs::remove_file(&self.journal);
+                PUT_BACK
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(format!("{}={}", self.path.display(), self.old.trim()));
             }
             // The journal stays: the next run puts it back.
             Err(e) => eprintln!(
