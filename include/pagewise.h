@@ -51,6 +51,13 @@
 // Restore memory and layout only, not the threads' registers.
 #define PW_RESTORE_MEMORY_ONLY 1
 
+// Leave open the descriptors opened since the snapshot.
+#define PW_RESTORE_KEEP_NEW_FDS 2
+
+// Restore even where descriptors the snapshot had are gone for good
+// (they stay closed).
+#define PW_RESTORE_IGNORE_MISSING_FDS 4
+
 // Start a lazy restore with no background fill: pages come in only when
 // touched, or at `pw_lazy_finish`.
 #define PW_LAZY_NO_BACKGROUND 1
@@ -200,7 +207,9 @@ typedef struct pw_process_restore_stats {
   uint64_t layout_calls;
   // Threads whose registers were put back (0 with `PW_RESTORE_MEMORY_ONLY`).
   uint64_t threads;
-  // Descriptors opened or closed since the snapshot (not put back).
+  // Descriptors opened or closed since the snapshot (those opened since
+  // are closed inside the process unless `PW_RESTORE_KEEP_NEW_FDS`;
+  // files closed since opened again).
   uint64_t fd_changes;
   // Wall time, nanoseconds.
   uint64_t elapsed_ns;
@@ -469,11 +478,14 @@ void pw_process_free(struct pw_process *p);
 // `p` is a live handle; `id` is writable.
 int pw_process_take(struct pw_process *p, uint64_t *id);
 
-// Puts snapshot `id` back into the process; `flags` is 0 or
-// `PW_RESTORE_MEMORY_ONLY`. What it did goes to `*stats` (may be NULL).
-// Refused (-ESTALE) where threads were made or ended since the snapshot,
-// unless memory only; -EOPNOTSUPP where nothing can be done inside the
-// process and the restore is not memory only.
+// Puts snapshot `id` back into the process; `flags` is 0 or any of
+// `PW_RESTORE_MEMORY_ONLY`, `PW_RESTORE_KEEP_NEW_FDS` and
+// `PW_RESTORE_IGNORE_MISSING_FDS`. What it did goes to `*stats` (may be
+// NULL). Refused (-ESTALE) where threads were made or ended since the
+// snapshot, unless memory only, or where a descriptor the snapshot had is
+// gone for good, unless `PW_RESTORE_IGNORE_MISSING_FDS`; -EOPNOTSUPP where
+// nothing can be done inside the process and the restore is not memory
+// only.
 //
 // # Safety
 // `p` is a live handle; `stats` is NULL or writable.
