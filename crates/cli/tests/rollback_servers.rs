@@ -364,3 +364,51 @@ fn a_program_that_exec_d_since_is_not_restored_into() {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+/// A process another tracer holds (this test, standing for a debugger):
+/// every snapshot command says it is traced and by whom — not "run as
+/// root", and no restore is suggested that cannot work either.
+#[test]
+fn a_traced_process_is_named_as_traced() {
+    need_support!();
+    let mut target = Command::new("sleep").arg("30").spawn().unwrap();
+    let pid = target.id() as i32;
+    pagewise_sys::process::ptrace_seize(pid).unwrap();
+    let me = std::process::id().to_string();
+    let dir = temp_dir("traced");
+    for args in [
+        vec![
+            "snapshot",
+            "--pid",
+            &pid.to_string(),
+            "--out",
+            dir.to_str().unwrap(),
+        ],
+        vec![
+            "snapshot",
+            "--live",
+            "--pid",
+            &pid.to_string(),
+            "--out",
+            dir.to_str().unwrap(),
+        ],
+    ] {
+        let out = Command::new(BIN).args(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}: {err}");
+        // The tracer is named by the thread that seized it (this test's).
+        assert!(
+            err.contains(&format!("is traced by process {me}"))
+                || err.contains(&format!(
+                    "is traced by process {}",
+                    pagewise_sys::process::gettid()
+                )),
+            "{args:?}: {err}"
+        );
+        assert!(!err.contains("run as"), "{args:?}: {err}");
+    }
+    let _ = pagewise_sys::process::ptrace_detach(pid);
+    let _ = target.kill();
+    let _ = target.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}

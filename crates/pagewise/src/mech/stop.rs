@@ -204,6 +204,18 @@ fn seize_error(pid: i32, owner: i32, tid: i32, e: std::io::Error) -> Error {
     if e.raw_os_error() != Some(libc::EPERM) {
         return Error::for_pid(pid, format!("ptrace seize of thread {tid}"), e);
     }
+    // Another tracer (a debugger, strace): say so, whoever we are.
+    let status =
+        std::fs::read_to_string(format!("/proc/{owner}/task/{tid}/status")).unwrap_or_default();
+    let tracer = procfs::status_field(&status, "TracerPid").unwrap_or(0);
+    if tracer != 0 && tracer != std::process::id() as u64 {
+        return Refusal::Traced {
+            feature: "pagewise",
+            pid: owner,
+            tracer,
+        }
+        .into();
+    }
     Error::PermissionDenied {
         pid,
         what: if owner == pid {

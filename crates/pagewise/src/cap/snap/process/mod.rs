@@ -209,6 +209,9 @@ impl ProcessSnapshots {
         super::remote::not_self_served(pid)?;
         let (wp, no_inside) = match UffdWp::open_in(pid) {
             Ok(wp) => (Some(wp), None),
+            // Another tracer: it cannot even be stopped, so not even
+            // memory can be put back while it is traced.
+            Err(e @ Error::Refused(crate::error::Refusal::Traced { .. })) => return Err(e),
             Err(e @ (Error::Refused(_) | Error::Unsupported { .. })) => (None, Some(e.to_string())),
             Err(e) => return Err(e),
         };
