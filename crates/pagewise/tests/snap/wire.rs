@@ -458,3 +458,117 @@ fn hello() -> Vec<u8> {
     m.extend_from_slice(&[7u8; pagewise::snap::wire::NONCE_LEN]);
     m
 }
+
+/// Trickling peers: one sending its region list a byte at a time (each
+/// byte inside the idle limit) is cut when the connection has lasted its
+/// limit, not when the message ends; one that says it has a key but sends
+/// nothing authenticated is cut after one idle period. Neither lasts to
+/// the end of its trickle (30 s).
+#[test]
+fn trickling_peers_are_cut_inside_a_message() {
+    let dir = TempDir::new("wire-trickle");
+    let mut rx = Receiver::new(DiskStore::create(&dir.0, true).unwrap())
+        .with_key(pagewise::snap::wire::Key::from_bytes(b"0123456789abcdef-shared").unwrap());
+    rx.idle = std::time::Duration::from_secs(1);
+    rx.max_time = std::time::Duration::from_secs(2);
+    let (addr, h) = concurrent_receiver(rx, 1);
+    let t0 = std::time::Instant::now();
+    let mut s = TcpStream::connect(&addr).unwrap();
+    let mut m = hello();
+    m[8..12].copy_from_slice(&pagewise::snap::wire::FLAG_AUTH.to_le_bytes());
+    s.write_all(&m).unwrap();
+    let mut reply = [0u8; pagewise::snap::wire::REPLY_LEN];
+    s.read_exact(&mut reply).unwrap();
+    // What the store holds is not told before the key is shown.
+    assert_eq!(u64::from_le_bytes(reply[12..20].try_into().unwrap()), 0);
+    // BEGIN, then its tag a byte at a time.
+    s.write_all(b"B").unwrap();
+    for _ in 0..100 {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        if s.write_all(&[0]).is_err() {
+            break;
+        }
+    }
+    let (_rx, got) = h.join().unwrap();
+    let took = t0.elapsed();
+    let why = got[0].broken.clone().unwrap_or_default();
+    assert!(why.contains("did not complete its greeting"), "{why}");
+    assert!(
+        took < std::time::Duration::from_secs(15),
+        "held {took:?}: {why}"
+    );
+    // Keyless: a byte at a time inside one message.
+    let dir = TempDir::new("wire-trickle-2");
+    let mut rx = Receiver::new(DiskStore::create(&dir.0, true).unwrap());
+    rx.idle = std::time::Duration::from_secs(1);
+    rx.max_time = std::time::Duration::from_secs(2);
+    let (addr, h) = concurrent_receiver(rx, 1);
+    let t0 = std::time::Instant::now();
+    let mut s = TcpStream::connect(&addr).unwrap();
+    s.write_all(&hello()).unwrap();
+    s.read_exact(&mut reply).unwrap();
+    // BEGIN, then REGIONS with a count of 1000 regions, trickled.
+    let mut msg = vec![b'B', b'R'];
+    msg.extend_from_slice(&1000u32.to_le_bytes());
+    msg.extend(std::iter::repeat_n(0u8, 16 * 1000));
+    for b in msg {
+        if s.write_all(&[b]).is_err() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        if t0.elapsed() > std::time::Duration::from_secs(30) {
+            break;
+        }
+    }
+    let (_rx, got) = h.join().unwrap();
+    let took = t0.elapsed();
+    let why = got[0].broken.clone().unwrap_or_default();
+    assert!(why.contains("lasted longer than 2 s"), "{why}");
+    assert!(
+        took < std::time::Duration::from_secs(15),
+        "held {took:?}: {why}"
+    );
+}
+
+/// A receiver without a key takes snapshots from its own user only: a
+/// peer on this machine running as another user is refused at its hello,
+/// naming both users. (Needs root, to run the peer as another user.)
+#[test]
+fn a_keyless_receiver_refuses_other_users() {
+    if pagewise_sys::process::geteuid() != 0 {
+        pagewise_testkit::skip!("running a peer as another user needs root");
+        return;
+    }
+    if std::process::Command::new("python3")
+        .arg("-V")
+        .output()
+        .is_err()
+    {
+        pagewise_testkit::skip!("python3 is not installed (the peer of another user)");
+        return;
+    }
+    let dir = TempDir::new("wire-user");
+    let (addr, h) = concurrent_receiver(Receiver::new(DiskStore::create(&dir.0, true).unwrap()), 1);
+    let (host, port) = addr.rsplit_once(':').unwrap();
+    let hex: String = hello().iter().map(|b| format!("{b:02x}")).collect();
+    let script = format!(
+        "import socket; s = socket.create_connection(('{host}', {port})); \
+         s.sendall(bytes.fromhex('{hex}')); print(len(s.recv(64)))"
+    );
+    use std::os::unix::process::CommandExt;
+    let out = std::process::Command::new("python3")
+        .args(["-c", &script])
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (rx, got) = h.join().unwrap();
+    let why = got[0].broken.clone().unwrap_or_default();
+    assert!(why.contains("runs as uid 65534"), "{why}");
+    assert!(rx.store().ids().unwrap().is_empty());
+}

@@ -86,26 +86,60 @@ struct Conn<R, W> {
     /// Silence after which the connection is given up (for the message).
     idle: Duration,
     auth: Option<Auth>,
+    /// Until the greeting (and, with a key, the first authenticated
+    /// message) is done: when it must be.
+    handshake_until: Option<Instant>,
+    /// The user of a peer on this machine, where it is not this one's.
+    foreign_user: Option<u32>,
 }
 
 impl<R: Read, W: Write> Conn<R, W> {
     /// Reads exactly `b`, part of the message being read.
     fn read(&mut self, b: &mut [u8]) -> io::Result<()> {
-        if Instant::now() > self.deadline {
-            return Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!(
-                    "timed out: the connection lasted longer than {} s",
-                    self.max_time.as_secs()
-                ),
-            ));
-        }
-        self.input.read_exact(b)?;
+        self.fill(b)?;
         self.n += b.len() as u64;
         if let Some(a) = self.auth.as_mut() {
             a.read(b);
         }
         Ok(())
+    }
+
+    /// Fills `b` from the input. The deadlines hold inside a message: a
+    /// peer trickling a byte at a time is timed out when the connection
+    /// (or its handshake) has lasted too long, at most one idle period
+    /// late.
+    fn fill(&mut self, b: &mut [u8]) -> io::Result<()> {
+        let mut done = 0;
+        loop {
+            let now = Instant::now();
+            if self.handshake_until.is_some_and(|h| now > h) {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "timed out: the sender did not complete its greeting within {} s",
+                        self.idle.as_secs()
+                    ),
+                ));
+            }
+            if now > self.deadline {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "timed out: the connection lasted longer than {} s",
+                        self.max_time.as_secs()
+                    ),
+                ));
+            }
+            if done == b.len() {
+                return Ok(());
+            }
+            match self.input.read(&mut b[done..]) {
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// The message read since the last one is whole: its tag, when
@@ -115,9 +149,14 @@ impl<R: Read, W: Write> Conn<R, W> {
             return Ok(true);
         }
         let mut t = [0u8; TAG_LEN];
-        self.input.read_exact(&mut t)?;
+        self.fill(&mut t)?;
         self.n += TAG_LEN as u64;
-        Ok(self.auth.as_mut().expect("checked").check_read(&t))
+        let ok = self.auth.as_mut().expect("checked").check_read(&t);
+        if ok {
+            // The peer holds the key: its handshake is done.
+            self.handshake_until = None;
+        }
+        Ok(ok)
     }
 
     /// Why the connection ended, from the error a read or write met.
@@ -172,6 +211,19 @@ impl<R: Read, W: Write> Conn<R, W> {
     }
 }
 
+/// The user of the peer of a connection (`(local, peer)` addresses) that
+/// runs on this machine as another user than this process's; `None` for
+/// this user's own, or a peer on another machine.
+fn local_peer_user(
+    addrs: &(Option<std::net::SocketAddr>, Option<std::net::SocketAddr>),
+) -> Option<u32> {
+    let (Some(local), Some(peer)) = *addrs else {
+        return None;
+    };
+    let uid = crate::mech::procfs::tcp_owner(peer, local)?;
+    (uid != pagewise_sys::process::geteuid()).then_some(uid)
+}
+
 /// Why a connection ended early: the peer's fault (answered with `'X'`) or
 /// the connection's (nothing to answer).
 enum Stop {
@@ -224,6 +276,7 @@ impl Receiver {
         stream.set_nodelay(true).map_err(os)?;
         stream.set_read_timeout(Some(self.idle)).map_err(os)?;
         stream.set_write_timeout(Some(self.idle)).map_err(os)?;
+        let stream_addrs = (stream.local_addr().ok(), stream.peer_addr().ok());
         let out = BufWriter::new(stream.try_clone().map_err(os)?);
         let mut c = Conn {
             input: BufReader::with_capacity(1 << 20, stream),
@@ -233,6 +286,8 @@ impl Receiver {
             max_time: self.max_time,
             idle: self.idle,
             auth: None,
+            handshake_until: Some(Instant::now() + self.idle),
+            foreign_user: local_peer_user(&stream_addrs),
         };
         let mut got = Received {
             peer: peer.clone(),
@@ -277,6 +332,9 @@ impl Receiver {
         events: &mut dyn FnMut(Event<'_>),
     ) -> std::result::Result<(), Stop> {
         self.greet(c, busy)?;
+        if c.auth.is_none() {
+            c.handshake_until = None;
+        }
         *state = State::Idle;
         let mut last: Option<Mirror> = None;
         let mut payload = Vec::new();
@@ -352,9 +410,13 @@ impl Receiver {
         }
         let flags = le_u32(&hello, 8);
         let keys_agree = (flags & FLAG_AUTH != 0) == self.key.is_some();
+        // Without a key, only this user's own processes may send (a
+        // snapshot names a process and its memory: another user's would be
+        // restored as if it were one of this user's).
+        let foreign = self.key.is_none() && c.foreign_user.is_some();
         let status = if !version_ok {
             libc::EPROTO
-        } else if !keys_agree {
+        } else if !keys_agree || foreign {
             libc::EACCES
         } else if busy {
             libc::EBUSY
@@ -366,7 +428,9 @@ impl Receiver {
         reply.extend_from_slice(&MAGIC.to_le_bytes());
         reply.extend_from_slice(&VERSION.to_le_bytes());
         reply.extend_from_slice(&(status as u32).to_le_bytes());
-        let have = if status == 0 {
+        // What the store holds is told to no peer before it is known: with
+        // a key, to none at all here.
+        let have = if status == 0 && self.key.is_none() {
             self.store().ids().map_err(Stop::Local)?.len() as u64
         } else {
             0
@@ -387,11 +451,19 @@ impl Receiver {
                 )))
             }
             libc::EACCES => {
-                return Err(Stop::Broken(if self.key.is_some() {
-                    "refused: the sender has no key (this receiver needs --key)".into()
-                } else {
-                    "refused: the sender authenticates with a key this receiver lacks".into()
-                }))
+                return Err(Stop::Broken(
+                    if let (true, Some(u)) = (foreign, c.foreign_user) {
+                        format!(
+                            "refused: the sender runs as uid {u}; a receiver without a key takes \
+                         snapshots from its own user (uid {}) only: give both ends --key",
+                            pagewise_sys::process::geteuid()
+                        )
+                    } else if self.key.is_some() {
+                        "refused: the sender has no key (this receiver needs --key)".into()
+                    } else {
+                        "refused: the sender authenticates with a key this receiver lacks".into()
+                    },
+                ))
             }
             _ => {
                 return Err(Stop::Broken(format!(
