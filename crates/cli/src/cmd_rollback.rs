@@ -262,10 +262,10 @@ pub fn restore(a: RestoreArgs) -> Result<i32> {
             r.threads,
             r.stats.elapsed_ns as f64 / 1e6
         );
-        if r.thread_areas_left > 0 {
+        if !r.thread_areas.is_empty() {
             println!(
                 "memory-only: {} mapping(s) that running threads are on (stacks, thread-control blocks) left as they are",
-                r.thread_areas_left
+                r.thread_areas.len()
             );
         }
         for line in fd_lines(&r.fds) {

@@ -152,12 +152,18 @@ def test_another_process_is_rolled_back(child):
         pytest.skip(f"cannot act on another process here: {e}")
     a = ps.take()
     write([0, 7, 63])
-    ps.restore(a, memory_only=True)
+    r = ps.restore(a, memory_only=True)
     b = ps.take()
     got = ps.read(b, address, 64 * PAGE)
     want = b"".join(bytes([i + 1]) * PAGE for i in range(64))
     assert got == want, "memory is as it was when snapshot a was taken"
-    assert len(ps.diff(a, b)) == 0
+    # Memory-only leaves the memory the running threads are on (their
+    # stacks, thread-control blocks) as it is: any difference is there.
+    left = r["thread_areas"]
+    assert 1 <= len(left) <= 2, r
+    for start, pages in ps.diff(a, b):
+        end = start + pages * PAGE
+        assert any(s <= start and end <= e for s, e in left), (start, end, left)
     ps.drop(b)
     assert ps.ids() == [a]
 

@@ -108,9 +108,10 @@ pub struct RestoreReport {
     /// Whether pages were compared by digest (no tracking: memory-only
     /// without calls inside the process).
     pub compared: bool,
-    /// Memory-only: mappings left as they are because a thread runs on
-    /// them (its stack, its thread-control block and thread-local data).
-    pub thread_areas_left: u64,
+    /// Memory-only: the mappings left as they are because a thread runs
+    /// on them (its stack, its thread-control block and thread-local
+    /// data), `[start, end]`.
+    pub thread_areas: Vec<[u64; 2]>,
     /// Where the time went.
     pub phases: RestorePhases,
 }
@@ -403,7 +404,12 @@ impl ProcessSnapshots {
             false => Vec::new(),
         };
         let theirs = |r: &Region| own.iter().any(|&(a, b)| a < r.end() && b > r.start);
-        report.thread_areas_left = snap.data.iter().filter(|(r, _)| theirs(r)).count() as u64;
+        report.thread_areas = snap
+            .data
+            .iter()
+            .filter(|(r, _)| theirs(r))
+            .map(|(r, _)| [r.start, r.end()])
+            .collect();
         let target: Vec<(Region, Table)> = snap
             .data
             .iter()
