@@ -748,3 +748,21 @@ fn anon_huge_kib_of(pid: i32, addr: u64) -> u64 {
     }
     0
 }
+
+/// A second tracker over memory a first one holds is refused with the
+/// reason (a tracker or snapshot set of this process holds it), not a bare
+/// EBUSY; once the first is dropped, the second is made.
+#[test]
+fn a_second_tracker_over_the_same_memory_says_who_holds_it() {
+    if let Err(why) = BackendKind::UffdWp.available_in_process() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    let mem = AnonMemory::new(16 * PAGE_SIZE).unwrap();
+    let first = DirtyTracker::new(&[mem.region()], BackendKind::UffdWp).unwrap();
+    let e = DirtyTracker::new(&[mem.region()], BackendKind::UffdWp).unwrap_err();
+    assert_eq!(e.errno(), libc::EBUSY, "{e}");
+    assert!(e.to_string().contains("a tracker or a snapshot set"), "{e}");
+    drop(first);
+    DirtyTracker::new(&[mem.region()], BackendKind::UffdWp).unwrap();
+}

@@ -146,6 +146,16 @@ impl Backend for UffdWpBackend {
             {
                 return self.add_fallback(region, baseline);
             }
+            // Explicit regions of this process: say who may hold them.
+            Err(Error::Os { source, .. }) if source.raw_os_error() == Some(libc::EBUSY) => {
+                return Err(Error::Busy(format!(
+                    "{:#x}..{:#x} is registered with another userfaultfd already: a tracker or \
+                     a snapshot set of this process (pagewise.Tracker, Snapshots) over the same \
+                     memory holds it until it is dropped (closed), or the program registered it",
+                    region.start,
+                    region.end()
+                )));
+            }
             Err(e) => return Err(e),
         }
         let i = self.regions.partition_point(|r| r.start < region.start);
