@@ -561,6 +561,19 @@ fn a_short_program_is_tracked_from_its_start_and_not_the_shim() {
                 "run {run}: {scanned} pages walked for an idle sleep (the shim's heap tracked?)"
             );
         }
+        // Once started, the sleep writes nothing: its last three
+        // collections report no page (the shim's own data is not the
+        // program's).
+        for (i, v) in lines
+            .iter()
+            .enumerate()
+            .skip(lines.len().saturating_sub(3).max(1))
+        {
+            assert_eq!(
+                v["dirty_pages"], 0,
+                "run {run}: collection {i} of an idle sleep: {v}"
+            );
+        }
         println!(
             "run {run}: {} collections, {} pages walked in the first",
             lines.len(),

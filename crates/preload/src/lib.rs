@@ -164,6 +164,18 @@ extern "C" fn pagewise_preload_init() {
     if let Some((start, len)) = alloc::arena() {
         pagewise::mech::procfs::note_own_memory(start, len);
     }
+    // So is the shim's own zero-filled data (its .bss past the file's last
+    // page, an anonymous mapping of its own): the tracker's and the
+    // agents' statics, written as they work.
+    if let Ok(maps) = pagewise::mech::procfs::maps(None) {
+        let at = std::ptr::addr_of!(PREZERO_PID) as u64;
+        if let Some(m) = maps
+            .iter()
+            .find(|m| m.start <= at && at < m.end && m.is_anonymous())
+        {
+            pagewise::mech::procfs::note_own_memory(m.start, m.len());
+        }
+    }
     if let Some(f) = req.farmem {
         farmem::init(f);
     }
