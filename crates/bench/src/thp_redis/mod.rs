@@ -37,6 +37,7 @@
 //! agent's `max_ptes_none`, the cgroup) is put back at the end, on error,
 //! and on SIGINT/SIGTERM.
 
+mod oom;
 mod report;
 
 use crate::redis::{free_port, server_args, value, wait_ready, which, Client};
@@ -629,20 +630,7 @@ fn phases(
         stop,
     );
     check(stop)?;
-    let mut alive = pagewise::mech::procfs::is_alive(pid);
-    if err.is_some() {
-        // An OOM kill resets the connection before the process is seen to
-        // end: the cgroup's count says so, or it ends within 2 s.
-        let t0 = Instant::now();
-        while alive && t0.elapsed() < Duration::from_secs(2) {
-            if cg.oom_kills() > 0 {
-                alive = false;
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-            alive = pagewise::mech::procfs::is_alive(pid);
-        }
-    }
+    let alive = !oom::ended(pid, cg, err.is_some());
     let end = cg.usage()?.usage;
     let p3_completed = err.is_none() && alive;
     if let (Some(e), true) = (&err, alive) {
