@@ -156,6 +156,16 @@ pub fn madvise_in(
     remote.madvise_many(ranges, advice)
 }
 
+/// The error of a call made inside process `pid` that answered `rc`
+/// (a negative errno), saying `what` it was.
+pub fn failed(pid: i32, what: impl Into<String>, rc: i64) -> Error {
+    Error::for_pid(
+        pid,
+        what.into(),
+        std::io::Error::from_raw_os_error(-rc as i32),
+    )
+}
+
 /// System calls made inside a stopped process (see the module).
 #[derive(Debug)]
 pub struct Remote<'a> {
@@ -590,11 +600,7 @@ impl<'a> Remote<'a> {
             ],
         )?;
         if page < 0 {
-            return Err(Error::for_pid(
-                pid,
-                "mmap of a scratch page made inside it",
-                std::io::Error::from_raw_os_error(-page as i32),
-            ));
+            return Err(failed(pid, "mmap of a scratch page made inside it", page));
         }
         let page = page as u64;
         let opened = pagewise_sys::process::process_vm_write(pid, page, &name)

@@ -18,7 +18,7 @@
 //! again: refused. The rest of a mapping's state is not compared: `madvise`
 //! advice, locks, names of anonymous mappings, a stack's growing down.
 
-use crate::mech::inject::Remote;
+use crate::mech::inject::{failed, Remote};
 use crate::mech::procfs::{self, Mapping};
 use crate::{Error, Result};
 
@@ -255,10 +255,6 @@ fn push_merged(ops: &mut Vec<Op>, op: Op) {
 }
 
 /// A call made inside process `pid` that answered `rc`, a negative errno.
-fn failed(pid: i32, what: String, rc: i64) -> Error {
-    Error::for_pid(pid, what, std::io::Error::from_raw_os_error(-rc as i32))
-}
-
 /// Makes `ops` inside the stopped process of `remote`, in order.
 pub fn apply(remote: &Remote<'_>, pid: i32, ops: &[Op]) -> Result<()> {
     for op in ops {

@@ -302,7 +302,7 @@ fn read_around_shared(pid: i32, addr: u64, buf: &mut [u8], shared: &[u64]) -> Re
             read_remote_from(pid, at, &mut buf[from..to], 0)?
         };
         if n < to - from {
-            if !procfs::has_memory(pid) || !procfs::is_alive(pid) {
+            if gone(pid) {
                 return Err(Error::ProcessExited(pid));
             }
             let whole = (from + n) / PAGE_SIZE * PAGE_SIZE;
@@ -312,6 +312,12 @@ fn read_around_shared(pid: i32, addr: u64, buf: &mut [u8], shared: &[u64]) -> Re
         at = stop;
     }
     Ok(buf.len())
+}
+
+/// Whether process `pid` ended or is ending (its memory gone): what a
+/// read that stopped short asks.
+fn gone(pid: i32) -> bool {
+    !procfs::has_memory(pid) || !procfs::is_alive(pid)
 }
 
 /// [`read_remote`] of `buf` at `addr`, whose first `got` bytes are read.
@@ -324,7 +330,7 @@ fn read_remote_from(pid: i32, addr: u64, buf: &mut [u8], mut got: usize) -> Resu
             // Nothing mapped at `at` any more: unmapped meanwhile, or the
             // process is tearing its memory down on its way out.
             Err(e) if e.raw_os_error() == Some(libc::EFAULT) => {
-                if !procfs::has_memory(pid) || !procfs::is_alive(pid) {
+                if gone(pid) {
                     return Err(Error::ProcessExited(pid));
                 }
                 break;

@@ -23,7 +23,7 @@
 //! the report says what differs.
 
 use super::{RestoreOptions, RollbackRefusal};
-use crate::mech::inject::Remote;
+use crate::mech::inject::{failed, Remote};
 use crate::mech::procfs::{self, Descriptor, FdKind};
 use crate::snap::SnapId;
 use crate::{Error, Result};
@@ -175,10 +175,6 @@ pub(super) fn plan(
         .into());
     }
     Ok(p)
-}
-
-fn failed(pid: i32, what: String, rc: i64) -> Error {
-    Error::for_pid(pid, what, std::io::Error::from_raw_os_error(-rc as i32))
 }
 
 /// A call inside the process that must succeed.
