@@ -237,7 +237,7 @@ fn seize_all(pid: i32, owner: i32, tids: &mut Vec<i32>, limit: Duration) -> Resu
         let mut new = 0;
         // Threads listed that are ending: they cannot be seized (EPERM),
         // run no more code, and still count until they are gone.
-        let mut ending = 0usize;
+        let mut ending = Vec::new();
         let mut seized = Vec::new();
         let threads = match procfs::tasks(owner) {
             Ok(t) => t,
@@ -259,7 +259,7 @@ fn seize_all(pid: i32, owner: i32, tids: &mut Vec<i32>, limit: Duration) -> Resu
                 Err(e) if e.raw_os_error() == Some(libc::ESRCH) => continue,
                 // A thread on its way out (a zombie) cannot be seized.
                 Err(e) if e.raw_os_error() == Some(libc::EPERM) && procfs::thread_ending(tid) => {
-                    ending += 1;
+                    ending.push(tid);
                     continue;
                 }
                 Err(e) => {
@@ -317,6 +317,10 @@ fn seize_all(pid: i32, owner: i32, tids: &mut Vec<i32>, limit: Duration) -> Resu
         let Some(counted) = procfs::thread_count(owner) else {
             return Ok(());
         };
+        // Only the ending threads still there once the count was read are
+        // in it: one released meanwhile must not stand for a thread the
+        // listing missed, which would run on unheld.
+        let ending = ending.iter().filter(|&&t| procfs::thread_zombie(t)).count();
         if counted <= held + ending {
             return Ok(());
         }

@@ -49,9 +49,15 @@ fn pool(path: &Path, n: usize, takes: usize) {
     let mut last = 0;
     for i in 0..takes {
         let t0 = std::time::Instant::now();
-        last = h
-            .take()
-            .unwrap_or_else(|e| panic!("{n} threads, snapshot {i}: {e}"));
+        last = match h.take() {
+            Ok(id) => id,
+            Err(e) => {
+                drop(h);
+                std::thread::sleep(Duration::from_millis(200));
+                let how = child.try_wait();
+                panic!("{n} threads, snapshot {i}: {e} (the program: {how:?})")
+            }
+        };
         slowest = slowest.max(t0.elapsed());
         assert!(
             pagewise::mech::procfs::is_alive(pid),

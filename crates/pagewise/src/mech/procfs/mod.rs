@@ -394,6 +394,12 @@ pub fn thread_ending(tid: i32) -> bool {
     }
 }
 
+/// Whether thread `tid` is there as a zombie (or dead, not yet
+/// released): still counted in its process's `Threads:`, running nothing.
+pub fn thread_zombie(tid: i32) -> bool {
+    matches!(process_state(tid), Ok(Some(s)) if s == "Z" || s == "X")
+}
+
 /// What names the program a process runs, which changes at every `exec`
 /// though the pid and start time do not: the address of the 16 random
 /// bytes the kernel gave it (`AT_RANDOM`), the bytes themselves, and its
