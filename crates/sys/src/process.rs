@@ -248,9 +248,29 @@ pub fn wait_child(pid: libc::pid_t) -> io::Result<i32> {
 }
 
 /// `ptrace(PTRACE_SEIZE)` of one thread: attach without stopping it.
+/// With `PTRACE_O_TRACESYSGOOD`: a syscall stop shows as [`SYSCALL_STOP`].
 pub fn ptrace_seize(tid: libc::pid_t) -> io::Result<()> {
-    // SAFETY: PTRACE_SEIZE takes a tid and ignores addr/data pointers here (0).
-    cvt_int(unsafe { libc::ptrace(libc::PTRACE_SEIZE, tid, 0usize, 0usize) as libc::c_int })
+    // SAFETY: PTRACE_SEIZE takes a tid and its options in `data`; addr 0.
+    cvt_int(unsafe {
+        libc::ptrace(
+            libc::PTRACE_SEIZE,
+            tid,
+            0usize,
+            libc::PTRACE_O_TRACESYSGOOD as usize,
+        ) as libc::c_int
+    })
+    .map(|_| ())
+}
+
+/// The stop signal of a syscall-entry or syscall-exit stop of a thread
+/// seized by [`ptrace_seize`] (`SIGTRAP | 0x80`).
+pub const SYSCALL_STOP: libc::c_int = libc::SIGTRAP | 0x80;
+
+/// `ptrace(PTRACE_SYSCALL)`: resume a stopped thread until the next entry
+/// to or exit from a system call.
+pub fn ptrace_syscall(tid: libc::pid_t) -> io::Result<()> {
+    // SAFETY: integer arguments only; data 0 delivers no signal.
+    cvt_int(unsafe { libc::ptrace(libc::PTRACE_SYSCALL, tid, 0usize, 0usize) as libc::c_int })
         .map(|_| ())
 }
 

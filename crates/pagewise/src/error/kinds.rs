@@ -49,12 +49,6 @@ pub enum Refusal {
     /// Calls inside another process are made on x86-64 only.
     #[error("system calls inside another process is not available: implemented for x86-64 only")]
     NotX86_64,
-    /// The process ignores `SIGTRAP`, which the single step forces.
-    #[error("system calls inside another process is not available: process {pid} ignores SIGTRAP: the single step that makes a call in it would reset that to the default action")]
-    IgnoresSigtrap {
-        /// The process.
-        pid: i32,
-    },
     /// A thread's mode (64- or 32-bit) could not be read.
     #[error("system calls inside another process is not available: the mode (64- or 32-bit) of thread {tid} of process {pid} cannot be read: {why}")]
     ModeUnknown {
@@ -174,7 +168,6 @@ impl Refusal {
             Refusal::Seccomp { .. }
                 | Refusal::JobStopped { .. }
                 | Refusal::NotX86_64
-                | Refusal::IgnoresSigtrap { .. }
                 | Refusal::ModeUnknown { .. }
                 | Refusal::Compat32 { .. }
                 | Refusal::SwitchedTo32 { .. }

@@ -6,15 +6,23 @@
 //!
 //! The technique is CRIU's "parasite" (compel) reduced to one instruction:
 //! the thread's registers are saved; its instruction pointer is set to a
-//! `syscall` instruction that already exists in the target (in its vDSO),
-//! the call's number and arguments go into the registers, `orig_rax` is set
-//! to -1 so that the kernel does not take the step for the restart of a
-//! call the thread was interrupted in; one single-step executes the call;
-//! the result is read from `rax`, and every register is put back. A thread
-//! that was stopped inside a system call then restarts it as it would
-//! have. Nothing of the target's own memory is written: a call that needs
-//! an array in the target ([`Remote::madvise_many`]) gets a scratch mapping
-//! of its own, unmapped before the target runs again.
+//! `syscall` instruction that already exists in the target (a `syscall;
+//! ret` of its C library, else one in its vDSO), the call's number and
+//! arguments go into the registers, `orig_rax` is set to -1 so that the
+//! kernel does not take the call for the restart of one the thread was
+//! interrupted in; the thread runs to the call's exit (`PTRACE_SYSCALL`),
+//! the result is read from `rax`, the thread is brought back to a stop in
+//! the signal code, and every register is put back. A thread that was
+//! stopped inside a system call then restarts it as it would have.
+//!
+//! Should pagewise die during a call, the thread puts itself back: a
+//! signal frame written below its stack pointer beforehand holds its
+//! registers, extended state and mask, and the call returns into the
+//! target's `rt_sigreturn` trampoline (see `way_back`). No single step
+//! is used, so no trap is ever left pending. The bytes under the frame
+//! are put back after each call; an array a call needs in the target
+//! ([`Remote::madvise_many`]) gets a scratch mapping of its own, unmapped
+//! before the target runs again.
 //!
 //! x86-64 only; elsewhere [`Remote::new`] answers `Unsupported`.
 
@@ -23,6 +31,7 @@ use crate::mech::stop::{Refusal, Stopped};
 use crate::{Error, Result};
 
 pub mod shim;
+mod way_back;
 
 /// How a process is made to call something itself: through the preload
 /// shim of a program pagewise started (nothing stopped), or under ptrace
@@ -172,6 +181,8 @@ pub struct Remote<'a> {
     stopped: &'a Stopped,
     tid: i32,
     syscall_at: u64,
+    /// The way back should pagewise die during a call (`way_back`).
+    way_back: Option<way_back::Trampoline>,
     /// Whether a call has completed in the thread since the stop: its way
     /// back through the signal code has put back any mask a `ppoll`-like
     /// call had swapped in, so its mask may be set from here on.
@@ -202,6 +213,52 @@ fn find_syscall_instruction(pid: i32) -> Result<u64> {
             feature: "system calls inside another process",
             why: format!("no syscall instruction in the vDSO of process {pid}"),
         })
+}
+
+/// The moments of a call at which [`die_here`] may end pagewise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// The call prepared, nothing set in the thread.
+    Set = 0,
+    /// The call's registers set.
+    Registers = 1,
+    /// Its signals blocked.
+    Blocked = 2,
+    /// Stopped at the call's entry.
+    Entered = 3,
+    /// Stopped at its exit.
+    Exited = 4,
+    /// Back in the signal code, the call's registers still set.
+    Ran = 5,
+    /// The mask put back.
+    Mask = 6,
+    /// The registers put back, the stack under the frame not yet.
+    Back = 7,
+}
+
+/// For tests of pagewise's own death during a call: with
+/// `PAGEWISE_DIE_IN_CALL=N:P` in its environment, pagewise kills itself
+/// (SIGKILL) at phase `P` (0–7, see [`Phase`]) of the `N`th call (from 1)
+/// it makes inside another process. Unset, nothing happens.
+fn die_here(phase: Phase) {
+    static AT: std::sync::OnceLock<Option<(u64, u8)>> = std::sync::OnceLock::new();
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let Some((n, at)) = *AT.get_or_init(|| {
+        let v = std::env::var("PAGEWISE_DIE_IN_CALL").ok()?;
+        let (n, p) = v.split_once(':')?;
+        Some((n.parse().ok()?, p.parse().ok()?))
+    }) else {
+        return;
+    };
+    let call = if phase == Phase::Set {
+        CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1
+    } else {
+        CALLS.load(std::sync::atomic::Ordering::Relaxed)
+    };
+    if call == n && phase as u8 == at {
+        // SAFETY: kill(2) of this process; SIGKILL ends it here.
+        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+    }
 }
 
 /// The code segment of 64-bit user code on x86-64 (`__USER_CS`); 32-bit
@@ -255,10 +312,8 @@ impl<'a> Remote<'a> {
     /// Prepares system calls in `stopped`. Refused for a process with a
     /// thread in 32-bit (compat) mode, or whose mode cannot be read: a
     /// `syscall` borrowed from a 32-bit vDSO enters the 32-bit table, so
-    /// every call would be another; and for one that ignores `SIGTRAP`
-    /// (the single step forces that signal, which resets an ignored
-    /// action to the default). The calls are made by a thread not leaving
-    /// a mask-swapping call where there is one.
+    /// every call would be another. The calls are made by a thread not
+    /// leaving a mask-swapping call where there is one.
     pub fn new(stopped: &'a Stopped) -> Result<Self> {
         if !cfg!(target_arch = "x86_64") {
             return Err(Refusal::NotX86_64.into());
@@ -266,14 +321,11 @@ impl<'a> Remote<'a> {
         let pid = stopped.pid();
         let first = *stopped.tids().first().ok_or(Error::ProcessExited(pid))?;
         let tid = Self::check_threads(stopped)?.unwrap_or(first);
-        let sigs = procfs::thread_signals(pid, tid)?;
-        if sigs.ignored & pagewise_sys::signal::bit(libc::SIGTRAP) != 0 {
-            return Err(Refusal::IgnoresSigtrap { pid }.into());
-        }
         Ok(Remote {
             stopped,
             tid,
             syscall_at: find_syscall_instruction(pid)?,
+            way_back: way_back::find(pid),
             stepped: std::cell::Cell::new(false),
         })
     }
@@ -291,6 +343,7 @@ impl<'a> Remote<'a> {
             stopped: self.stopped,
             tid,
             syscall_at: self.syscall_at,
+            way_back: self.way_back,
             stepped: std::cell::Cell::new(false),
         })
     }
@@ -335,8 +388,8 @@ impl<'a> Remote<'a> {
     /// Makes system call `nr` with `args` in the target; its raw result
     /// (a negative errno on failure).
     ///
-    /// The thread's signals are blocked for the call (all but `SIGTRAP`,
-    /// which the step needs; `PTRACE_SETSIGMASK`) and its mask put back
+    /// The thread's signals are blocked for the call (all but `SIGTRAP`;
+    /// `PTRACE_SETSIGMASK`) and its mask put back
     /// after, so that none is taken meanwhile. A signal taken anyway (a
     /// stop signal, or any where the mask cannot be set) before the call
     /// ran is handed back as it came, on the thread's own registers, and
@@ -370,33 +423,63 @@ impl<'a> Remote<'a> {
             }
             let mask = p::ptrace_getsigmask(tid).map_err(|e| os("PTRACE_GETSIGMASK", e))?;
             let block = self.stepped.get() || !leaves_mask_swap(&saved);
-            if block {
-                let all = !pagewise_sys::signal::bit(libc::SIGTRAP);
-                p::ptrace_setsigmask(tid, all).map_err(|e| os("PTRACE_SETSIGMASK", e))?;
-            }
             let mut call = saved;
-            call.rip = self.syscall_at;
             call.rax = nr as u64;
             call.orig_rax = u64::MAX;
-            if off_stack {
-                call.rsp = 0;
-            }
             (call.rdi, call.rsi, call.rdx, call.r10, call.r8, call.r9) =
                 (args[0], args[1], args[2], args[3], args[4], args[5]);
+            // The way back, should pagewise die during the call (see
+            // `way_back`); none for a call off the stack.
+            let frame = match self.way_back {
+                Some(t) if !off_stack => {
+                    way_back::Frame::write(pid, tid, t, &saved, mask).map(|f| (t.syscall_ret, f))
+                }
+                _ => None,
+            };
+            match &frame {
+                Some((at, f)) => (call.rip, call.rsp) = (*at, f.at),
+                None => {
+                    call.rip = self.syscall_at;
+                    if off_stack {
+                        call.rsp = 0;
+                    }
+                }
+            }
+            // The call's registers first, then the mask: a thread let go in
+            // between makes the call on its own mask and comes back.
+            die_here(Phase::Set);
             let step = p::ptrace_setregs(tid, &call)
                 .map_err(|e| os("PTRACE_SETREGS", e))
-                .and_then(|()| self.step(&call));
-            // Every register and the mask back, whatever happened.
-            let put_back = p::ptrace_setregs(tid, &saved)
-                .map_err(|e| os("PTRACE_SETREGS (restoring)", e))
                 .and_then(|()| {
+                    die_here(Phase::Registers);
                     if block {
-                        p::ptrace_setsigmask(tid, mask)
-                            .map_err(|e| os("PTRACE_SETSIGMASK (restoring)", e))
-                    } else {
-                        Ok(())
+                        let all = !pagewise_sys::signal::bit(libc::SIGTRAP);
+                        p::ptrace_setsigmask(tid, all).map_err(|e| os("PTRACE_SETSIGMASK", e))?;
                     }
+                    die_here(Phase::Blocked);
+                    self.step(&call)
                 });
+            // The mask and every register back, whatever happened, in the
+            // reverse order; then the bytes under the frame.
+            die_here(Phase::Ran);
+            let put_back = (if block {
+                p::ptrace_setsigmask(tid, mask).map_err(|e| os("PTRACE_SETSIGMASK (restoring)", e))
+            } else {
+                Ok(())
+            })
+            .and_then(|()| {
+                die_here(Phase::Mask);
+                p::ptrace_setregs(tid, &saved).map_err(|e| os("PTRACE_SETREGS (restoring)", e))
+            })
+            .and_then(|()| {
+                die_here(Phase::Back);
+                match frame {
+                    Some((_, f)) => f
+                        .put_back(pid)
+                        .map_err(|e| os("writing back the stack under the call's frame", e)),
+                    None => Ok(()),
+                }
+            });
             let step = step?;
             put_back?;
             match step {
@@ -424,22 +507,26 @@ impl<'a> Remote<'a> {
         .into())
     }
 
-    /// Single-steps the `syscall` that `call` set up until it has run or a
-    /// signal came first.
+    /// Runs the `syscall` that `call` set up (`PTRACE_SYSCALL`: stopped at
+    /// its entry and its exit, never single-stepped, so nothing is left
+    /// pending should pagewise die) until it has run or a signal came
+    /// first; once it has run, brings the thread to a stop in the signal
+    /// code before it returns to its own code, where putting its registers
+    /// back restarts a call it was interrupted in as the kernel would.
     #[cfg(target_arch = "x86_64")]
     fn step(&self, call: &pagewise_sys::process::Regs) -> Result<Step> {
         use pagewise_sys::process::{self as p, TraceStop};
         let pid = self.stopped.pid();
         let tid = self.tid;
         let os = |what: &str, e| Error::for_pid(pid, format!("{what} of thread {tid}"), e);
-        let past = self.syscall_at + 2;
         let mut deadline = std::time::Instant::now() + CALL_WAIT;
         let mut interrupted = false;
+        let mut entered = false;
         loop {
-            p::ptrace_singlestep(tid).map_err(|e| os("PTRACE_SINGLESTEP", e))?;
+            p::ptrace_syscall(tid).map_err(|e| os("PTRACE_SYSCALL", e))?;
             let stop = loop {
                 match p::wait_traced_until(tid, deadline)
-                    .map_err(|e| os("waiting for the step", e))?
+                    .map_err(|e| os("waiting for the call", e))?
                 {
                     Some(s) => break s,
                     None if !interrupted => {
@@ -456,17 +543,32 @@ impl<'a> Remote<'a> {
                 TraceStop::Gone => return Err(Error::ProcessExited(pid)),
                 TraceStop::Stopped { sig, event } => (sig, event),
             };
-            let r = p::ptrace_getregs(tid).map_err(|e| os("PTRACE_GETREGS", e))?;
             if event == p::PTRACE_EVENT_STOP {
-                // An interrupt or a group stop, before or after the call
-                // ran; the next step runs it, or takes its trap first.
+                // An interrupt or a group stop, before the call ran; the
+                // next resume runs it, or takes a signal first.
                 continue;
             }
-            if r.rip == past && sig == libc::SIGTRAP {
+            if sig == p::SYSCALL_STOP && !entered {
+                entered = true;
+                die_here(Phase::Entered);
+                continue;
+            }
+            let r = p::ptrace_getregs(tid).map_err(|e| os("PTRACE_GETREGS", e))?;
+            if sig == p::SYSCALL_STOP {
+                die_here(Phase::Exited);
                 let rax = r.rax as i64;
                 if RESTART.contains(&rax) && !interrupted {
                     p::ptrace_setregs(tid, call).map_err(|e| os("PTRACE_SETREGS", e))?;
+                    entered = false;
                     continue;
+                }
+                // To the stop in the signal code (the interrupt makes the
+                // way back to user mode take it).
+                p::ptrace_interrupt(tid).map_err(|e| os("PTRACE_INTERRUPT", e))?;
+                p::ptrace_cont(tid, 0).map_err(|e| os("PTRACE_CONT", e))?;
+                let deadline = std::time::Instant::now() + crate::mech::stop::STOP_WAIT;
+                if !crate::mech::stop::settle(pid, tid, deadline)? {
+                    return Err(Error::ProcessExited(pid));
                 }
                 return Ok(Step::Done(if RESTART.contains(&rax) {
                     -(libc::EINTR as i64)
@@ -474,7 +576,7 @@ impl<'a> Remote<'a> {
                     rax
                 }));
             }
-            if r.rip == self.syscall_at {
+            if r.rip == call.rip && !entered {
                 return Ok(Step::Signal(sig));
             }
             return Err(Refusal::StrangeStop {

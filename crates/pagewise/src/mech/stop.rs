@@ -130,7 +130,7 @@ pub(crate) fn settle(pid: i32, tid: i32, deadline: Instant) -> Result<bool> {
                 return Ok(true)
             }
             // A signal-delivery stop: the signal goes on as it came.
-            Some(TraceStop::Stopped { sig, event: 0 }) => {
+            Some(TraceStop::Stopped { sig, event: 0 }) if sig != process::SYSCALL_STOP => {
                 process::ptrace_cont(tid, sig).map_err(|e| os("PTRACE_CONT", e))?
             }
             Some(TraceStop::Stopped { .. }) => {
