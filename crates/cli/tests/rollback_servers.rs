@@ -55,6 +55,18 @@ fn redis() -> Option<Redis> {
         .unwrap();
     let r = Redis { child, port };
     wait_ready_within(port, Duration::from_secs(60)).unwrap();
+    // The readiness check's connection is closed on the server's side
+    // too before any test counts descriptors: none changes for 200 ms.
+    let pid = r.child.id() as i32;
+    let (mut last, mut since) = (Vec::new(), Instant::now());
+    let t0 = Instant::now();
+    while since.elapsed() < Duration::from_millis(200) && t0.elapsed() < Duration::from_secs(10) {
+        let now = pagewise::mech::procfs::open_fds(pid);
+        if now != last {
+            (last, since) = (now, Instant::now());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
     Some(r)
 }
 

@@ -262,3 +262,16 @@ impl Drop for Piped {
         let _ = self.child.wait();
     }
 }
+
+/// Why ptrace cannot be used here, if it cannot (Yama's scope).
+pub fn can_ptrace() -> Option<String> {
+    let scope = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope").unwrap_or_default();
+    // SAFETY: geteuid has no preconditions.
+    if scope.trim() == "3" || (scope.trim() == "2" && unsafe { libc::geteuid() } != 0) {
+        return Some(format!(
+            "ptrace is restricted here (kernel.yama.ptrace_scope = {})",
+            scope.trim()
+        ));
+    }
+    None
+}

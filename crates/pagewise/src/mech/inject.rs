@@ -215,6 +215,9 @@ fn find_syscall_instruction(pid: i32) -> Result<u64> {
         })
 }
 
+/// Bytes of [`Remote::stack_scratch`].
+pub const STACK_SCRATCH: u64 = way_back::SCRATCH - 16;
+
 /// The moments of a call at which [`die_here`] may end pagewise.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
@@ -351,6 +354,28 @@ impl<'a> Remote<'a> {
     /// The thread that makes the calls.
     pub fn tid(&self) -> i32 {
         self.tid
+    }
+
+    /// An address of [`STACK_SCRATCH`] bytes that calls of this thread may
+    /// use for their arguments: in its stack, below its red zone, where no
+    /// code of the thread keeps anything (the kernel itself writes signal
+    /// frames there), so that what a call leaves there harms nothing should
+    /// pagewise die before putting the bytes back; the frame that puts the
+    /// thread back lies below.
+    pub fn stack_scratch(&self) -> Result<u64> {
+        let pid = self.stopped.pid();
+        let tid = self.tid;
+        let r = pagewise_sys::process::ptrace_getregs(tid)
+            .map_err(|e| Error::for_pid(pid, format!("PTRACE_GETREGS of thread {tid}"), e))?;
+        r.rsp
+            .checked_sub(way_back::RED_ZONE + STACK_SCRATCH)
+            .map(|a| a & !15)
+            .ok_or_else(|| {
+                Error::NotMapped(format!(
+                    "process {pid}: thread {tid} has no stack below {:#x}",
+                    r.rsp
+                ))
+            })
     }
 
     /// Checks that every thread runs 64-bit code; a thread not leaving a

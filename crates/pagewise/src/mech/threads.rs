@@ -128,14 +128,12 @@ fn rewound(pid: i32, tid: i32, r: &mut Regs) -> Option<i64> {
     again.then_some(nr)
 }
 
-/// Reads the state of every thread of `stopped`. `scratch` is an address
-/// of `STACK_T` writable bytes in the target that the calls may use (its
-/// bytes are put back after).
-pub fn capture(stopped: &Stopped, remote: &Remote<'_>, scratch: u64) -> Result<Vec<ThreadState>> {
+/// Reads the state of every thread of `stopped`. The calls it makes use
+/// bytes of each thread's own stack, below its red zone, put back after
+/// ([`Remote::stack_scratch`]).
+pub fn capture(stopped: &Stopped, remote: &Remote<'_>) -> Result<Vec<ThreadState>> {
     let pid = stopped.pid();
     let os = |what: String, e| Error::for_pid(pid, what, e);
-    let mut keep = [0u8; STACK_T];
-    read_exact(pid, scratch, &mut keep)?;
     let mut out = Vec::with_capacity(stopped.tids().len());
     let mut buf = vec![0u8; XSTATE_MAX];
     for &tid in stopped.tids() {
@@ -150,6 +148,9 @@ pub fn capture(stopped: &Stopped, remote: &Remote<'_>, scratch: u64) -> Result<V
             p::ptrace_getsigmask(tid).map_err(|e| os(format!("PTRACE_GETSIGMASK of {tid}"), e))?;
         let n = p::ptrace_getregset(tid, p::NT_X86_XSTATE, &mut buf)
             .map_err(|e| os(format!("PTRACE_GETREGSET(NT_X86_XSTATE) of {tid}"), e))?;
+        let scratch = inside.stack_scratch()?;
+        let mut keep = [0u8; STACK_T];
+        read_exact(pid, scratch, &mut keep)?;
         let rc = inside.syscall(libc::SYS_sigaltstack, [0, scratch, 0, 0, 0, 0])?;
         if rc < 0 {
             return Err(os(
@@ -159,6 +160,7 @@ pub fn capture(stopped: &Stopped, remote: &Remote<'_>, scratch: u64) -> Result<V
         }
         let mut ss = [0u8; STACK_T];
         read_exact(pid, scratch, &mut ss)?;
+        write_exact(pid, scratch, &keep)?;
         let rewound = rewound(pid, tid, &mut regs);
         // Older kernels do not say: nothing known.
         let rseq = p::ptrace_rseq_area(tid).ok().flatten();
@@ -172,7 +174,6 @@ pub fn capture(stopped: &Stopped, remote: &Remote<'_>, scratch: u64) -> Result<V
             rewound,
         });
     }
-    write_exact(pid, scratch, &keep)?;
     Ok(out)
 }
 

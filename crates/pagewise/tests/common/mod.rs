@@ -517,18 +517,8 @@ pub fn huge_regions(pid: i32, base: u64, n: usize) -> Vec<bool> {
         .collect()
 }
 
-/// Why ptrace cannot be used here, if it cannot (Yama's scope).
-pub fn can_ptrace() -> Option<String> {
-    let scope = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope").unwrap_or_default();
-    // SAFETY: geteuid has no preconditions.
-    if scope.trim() == "3" || (scope.trim() == "2" && unsafe { libc::geteuid() } != 0) {
-        return Some(format!(
-            "ptrace is restricted here (kernel.yama.ptrace_scope = {})",
-            scope.trim()
-        ));
-    }
-    None
-}
+#[allow(unused_imports)]
+pub use pagewise_testkit::can_ptrace;
 
 /// The fds of `pid`, as /proc lists them.
 pub fn fds(pid: i32) -> Vec<String> {

@@ -236,7 +236,7 @@ fn process_record(pid: i32, stopped: &Stopped) -> Option<super::disk::ProcessRec
         return None;
     }
     let layout = crate::mech::layout::read(Some(pid)).ok()?;
-    let (brk, threads) = super::process::inside_state(stopped, &layout).ok()?;
+    let (brk, threads) = super::process::inside_state(stopped).ok()?;
     Some(super::disk::ProcessRecord {
         start_time: procfs::start_time(pid)?,
         brk: Some(brk),

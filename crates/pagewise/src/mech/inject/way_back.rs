@@ -3,8 +3,8 @@
 //!
 //! Before a call, a signal frame (the kernel's `struct rt_sigframe`)
 //! holding the thread's registers, its extended state (`XSAVE` area) and
-//! its signal mask as they were is written below its stack pointer and red
-//! zone. The call then runs at a `syscall; ret` of the target's own code
+//! its signal mask as they were is written below its stack pointer, its
+//! red zone and the bytes calls may use for their arguments. The call then runs at a `syscall; ret` of the target's own code
 //! with its stack pointer at the frame, whose first word is the address of
 //! the target's `rt_sigreturn` trampoline (`mov $15, %rax; syscall`:
 //! glibc's and musl's `__restore_rt`).
@@ -134,12 +134,16 @@ fn position(text: &[u8], what: &[u8]) -> Option<usize> {
 const MAGIC1: u32 = 0x4650_5853;
 /// `FP_XSTATE_MAGIC2`, just past the area in a signal frame.
 const MAGIC2: u32 = 0x4650_5845;
-/// Where the software bytes (`struct _fpx_sw_bytes`) are in the area.
+/// Where the software bytes (`struct _fpx_sw_bytes`: magic, sizes,
+/// features; 48 bytes) are in the area.
 const SW_BYTES: usize = 464;
 /// `uc_flags`: `UC_FP_XSTATE | UC_SIGCONTEXT_SS | UC_STRICT_RESTORE_SS`.
 const UC_FLAGS: u64 = 0x1 | 0x2 | 0x4;
 /// The red zone below the stack pointer, which the thread's code may use.
-const RED_ZONE: u64 = 128;
+pub(crate) const RED_ZONE: u64 = 128;
+/// Bytes below the red zone that calls may use for their arguments
+/// ([`super::Remote::stack_scratch`]); the frame lies below them.
+pub(crate) const SCRATCH: u64 = 256;
 /// `pretcode` (8), `struct ucontext` (304), `siginfo_t` (128).
 const HEAD: usize = 8 + 304 + 128;
 /// Where the extended state starts in the frame (64-byte aligned).
@@ -172,17 +176,21 @@ impl Frame {
         mask: u64,
     ) -> Option<Frame> {
         let mut xstate = vec![0u8; 16 << 10];
-        let n = p::ptrace_getregset(tid, p::NT_X86_XSTATE, &mut xstate).ok()?;
-        let sw = xstate.get(SW_BYTES..SW_BYTES + 24)?;
-        if u32::from_ne_bytes(sw[0..4].try_into().ok()?) != MAGIC1 {
+        let size = p::ptrace_getregset(tid, p::NT_X86_XSTATE, &mut xstate).ok()?;
+        if size < 576 {
             return None;
         }
-        let size = u32::from_ne_bytes(sw[16..20].try_into().ok()?) as usize;
-        if size < 576 || size > n {
-            return None;
-        }
+        // The regset holds the features enabled (XCR0) where a signal
+        // frame has its software bytes: those are written here.
+        let xcr0 = u64::from_ne_bytes(xstate.get(SW_BYTES..SW_BYTES + 8)?.try_into().ok()?);
+        let mut sw = [0u8; 48];
+        sw[0..4].copy_from_slice(&MAGIC1.to_ne_bytes());
+        sw[4..8].copy_from_slice(&(size as u32 + 4).to_ne_bytes());
+        sw[8..16].copy_from_slice(&xcr0.to_ne_bytes());
+        sw[16..20].copy_from_slice(&(size as u32).to_ne_bytes());
+        xstate[SW_BYTES..SW_BYTES + 48].copy_from_slice(&sw);
         let total = FP_AT + size + 4;
-        let at = saved.rsp.checked_sub(RED_ZONE + total as u64)? & !63;
+        let at = saved.rsp.checked_sub(RED_ZONE + SCRATCH + total as u64)? & !63;
         let mut frame = vec![0u8; total];
         frame[0..8].copy_from_slice(&t.restorer.to_ne_bytes());
         let uc = 8;

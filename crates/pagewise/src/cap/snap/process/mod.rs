@@ -290,7 +290,7 @@ impl ProcessSnapshots {
             .collect();
         let (brk, threads) = match &self.no_inside {
             None => {
-                let (brk, t) = inside_state(&stopped, &layout)?;
+                let (brk, t) = inside_state(&stopped)?;
                 (Some(brk), t)
             }
             Some(_) => (None, Vec::new()),
@@ -531,24 +531,10 @@ impl Drop for ProcessSnapshots {
 }
 
 /// What a snapshot records besides memory, read inside `stopped`: the
-/// program break and every thread's state (`layout`: the process's, read
-/// while stopped; the calls use its first private writable page).
-pub(in crate::cap::snap) fn inside_state(
-    stopped: &Stopped,
-    layout: &[Vma],
-) -> Result<(u64, Vec<ThreadState>)> {
+/// program break and every thread's state.
+pub(in crate::cap::snap) fn inside_state(stopped: &Stopped) -> Result<(u64, Vec<ThreadState>)> {
     let remote = Remote::new(stopped)?;
-    let scratch = layout
-        .iter()
-        .find(|v| is_data(v))
-        .map(|v| v.start)
-        .ok_or_else(|| {
-            Error::MemoryType(format!(
-                "process {} has no private writable memory",
-                stopped.pid()
-            ))
-        })?;
-    let threads = threads::capture(stopped, &remote, scratch)?;
+    let threads = threads::capture(stopped, &remote)?;
     Ok((layout::brk(&remote, 0)?, threads))
 }
 
