@@ -109,6 +109,7 @@ fn class_name(e: &pagewise::Error) -> &'static str {
         pagewise::ErrorClass::Unsupported => "unsupported",
         pagewise::ErrorClass::Permission => "permission",
         pagewise::ErrorClass::Gone => "gone",
+        pagewise::ErrorClass::Busy => "busy",
         _ => "failed",
     }
 }

@@ -13,13 +13,17 @@ pub const UNSUPPORTED: i32 = 3;
 pub const PERMISSION: i32 = 4;
 /// The process it was about went away.
 pub const GONE: i32 = 5;
+/// Busy now, try again later: another tracer or agent holds what it
+/// needs, a store is locked, a `vfork` is in progress.
+pub const BUSY: i32 = 6;
 /// Any other failure.
 pub const FAILED: i32 = 1;
 
 /// The text `pagewise --help` ends with.
 pub const HELP: &str = "Exit status: 0 done (with -- CMD: the command's own status), \
 1 failed, 2 wrong usage, 3 not supported on this kernel or machine, 4 not permitted, \
-5 the process went away.";
+5 the process went away, 6 busy now (another tracer or agent holds it, a vfork in progress): \
+try again later.";
 
 /// A command line that is wrong, said in one line.
 #[derive(Debug)]
@@ -55,6 +59,7 @@ pub fn code_of(e: &anyhow::Error) -> i32 {
                 ErrorClass::Unsupported => UNSUPPORTED,
                 ErrorClass::Permission => PERMISSION,
                 ErrorClass::Gone => GONE,
+                ErrorClass::Busy => BUSY,
                 _ => FAILED,
             };
         }

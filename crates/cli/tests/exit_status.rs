@@ -103,7 +103,74 @@ fn help_lists_the_exit_statuses() {
         "3 not supported",
         "4 not permitted",
         "5 the process went away",
+        "6 busy now",
     ] {
         assert!(text.contains(want), "--help lacks {want:?}: {text}");
     }
+}
+
+/// A process pagewise cannot stop now exits 6 ("busy now, try again
+/// later") from every command that stops it: one traced by another tool
+/// (here this test), and one in the middle of a `vfork`.
+#[test]
+fn a_process_held_or_in_vfork_is_busy_everywhere() {
+    if let Some(why) = pagewise_testkit::can_ptrace() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    let commands = |pid: &str| -> Vec<Vec<String>> {
+        let dir = temp_dir("busy").display().to_string();
+        [
+            vec!["snapshot", "--pid", pid, "--out", &dir],
+            vec!["snapshot", "--live", "--pid", pid, "--out", &dir],
+            vec![
+                "track",
+                "--pid",
+                pid,
+                "--backend",
+                "uffd-wp",
+                "--count",
+                "1",
+            ],
+        ]
+        .iter()
+        .map(|c| c.iter().map(|s| s.to_string()).collect())
+        .collect()
+    };
+    // Traced: seized by this test's thread.
+    let mut sleeper = Command::new("sleep").arg("30").spawn().unwrap();
+    let spid = sleeper.id() as i32;
+    pagewise_sys::process::ptrace_seize(spid).unwrap();
+    for c in commands(&spid.to_string()) {
+        let args: Vec<&str> = c.iter().map(|s| s.as_str()).collect();
+        let (code, err) = run(&args);
+        assert_eq!(code, Some(6), "{args:?}: {err}");
+        assert!(err.contains("is traced by"), "{args:?}: {err}");
+    }
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+    // In vfork: the parent waits for its child, which sleeps.
+    let mut v = Command::new(c_program("vfork_wait"))
+        .arg("30")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(v.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let vpid = line.trim().to_string();
+    std::thread::sleep(Duration::from_millis(100));
+    for c in commands(&vpid) {
+        let args: Vec<&str> = c.iter().map(|s| s.as_str()).collect();
+        let (code, err) = run(&args);
+        assert_eq!(code, Some(6), "{args:?}: {err}");
+        assert!(err.contains("vfork"), "{args:?}: {err}");
+    }
+    for p in pagewise::mech::procfs::children(v.id() as i32).unwrap_or_default() {
+        // SAFETY: kill(2) of the vfork child, this test's grandchild.
+        unsafe { libc::kill(p, libc::SIGKILL) };
+    }
+    let _ = v.kill();
+    let _ = v.wait();
 }

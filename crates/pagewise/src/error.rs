@@ -159,6 +159,10 @@ pub enum ErrorClass {
     Permission,
     /// The process it was about went away (or replaced its program).
     Gone,
+    /// Held or in a passing state now: another tracer or pagewise agent
+    /// holds it, a store is locked by its writer, a `vfork` is in progress,
+    /// a thread would not stop. The same request may succeed later.
+    Busy,
     /// Anything else: it was tried and failed.
     Failed,
 }
@@ -238,6 +242,8 @@ impl Error {
                 ErrorClass::Unsupported
             }
             Error::Refused(r) if r.is_permanent() => ErrorClass::Unsupported,
+            Error::Refused(r) if r.is_passing() => ErrorClass::Busy,
+            Error::Busy(_) | Error::Store(StoreError::Locked { .. }) => ErrorClass::Busy,
             #[cfg(target_arch = "x86_64")]
             Error::Rollback(RollbackRefusal::MemoryOnly { .. }) => ErrorClass::Unsupported,
             Error::Wire(_) | Error::Store(_) => match self.errno() {

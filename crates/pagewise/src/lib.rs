@@ -27,7 +27,8 @@
 //! cgroups and the preload shim's contract (hidden from these docs).
 //!
 //! Errors say their class ([`Error::class`]): bad input, unsupported here,
-//! not permitted, the process went away, or failed.
+//! not permitted, the process went away, busy now (try again later), or
+//! failed.
 
 /// Builder methods for an options struct, one per field named: `fn
 /// field(self, value) -> Self`, so that callers outside the library (where

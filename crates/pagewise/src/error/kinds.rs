@@ -160,6 +160,22 @@ pub enum Refusal {
 }
 
 impl Refusal {
+    /// Whether the refusal is for now (another tracer holds the process,
+    /// a `vfork` is in progress, a thread would not stop): trying again
+    /// later may succeed. The class of the error.
+    pub fn is_passing(&self) -> bool {
+        matches!(
+            self,
+            Refusal::Traced { .. }
+                | Refusal::InVfork { .. }
+                | Refusal::NotStopping { .. }
+                | Refusal::ThreadsUncounted { .. }
+                | Refusal::SignalStorm { .. }
+                | Refusal::Straggler { .. }
+                | Refusal::Signals { .. }
+        )
+    }
+
     /// Whether the process cannot be acted in here at all (rather than
     /// this time): the class of the error.
     pub fn is_permanent(&self) -> bool {
