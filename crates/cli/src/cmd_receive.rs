@@ -30,8 +30,8 @@ pub struct Args {
     /// snapshot and ended cleanly), not the first connection.
     #[arg(long)]
     once: bool,
-    /// Most memory one connection's copy may hold, MiB (default: half the
-    /// memory available at start).
+    /// Most memory the copies of all connections together may hold, MiB
+    /// (default: half the memory available at start).
     #[arg(long, value_name = "MIB")]
     max_mib: Option<u64>,
     /// Give a connection up after this long without a byte, seconds.

@@ -445,6 +445,81 @@ fn slow_and_greedy_peers_are_bounded() {
     assert_eq!(got.iter().filter(|g| g.saved.len() == 1).count(), 1);
 }
 
+/// Memory is capped for the receiver as a whole: a peer whose regions fit
+/// the cap alone is refused while another connection's copy holds most of
+/// it; and chunks of zero pages over a copy that holds zeros commit no
+/// memory (before: 3.3 MB of them on the wire made the receiver hold
+/// 1.64 GB).
+#[test]
+fn memory_is_capped_for_the_receiver_as_a_whole() {
+    const MIB: u64 = 1 << 20;
+    let dir = TempDir::new("wire-cap");
+    let mut rx = Receiver::new(DiskStore::create(&dir.0, true).unwrap());
+    rx.max_bytes = 384 * MIB;
+    let (addr, h) = concurrent_receiver(rx, 2);
+    let regions = |len: u64| {
+        let mut m = hello();
+        m.push(b'B');
+        m.push(b'R');
+        m.extend_from_slice(&1u32.to_le_bytes());
+        m.extend_from_slice(&0x1000_0000u64.to_le_bytes());
+        m.extend_from_slice(&len.to_le_bytes());
+        m
+    };
+    let rss = || {
+        let t = std::fs::read_to_string("/proc/self/status").unwrap();
+        pagewise::mech::procfs::status_field(&t, "VmRSS").unwrap() * 1024
+    };
+    // A: 256 MiB declared, then all of it sent as zero pages.
+    let mut a = TcpStream::connect(&addr).unwrap();
+    a.write_all(&regions(256 * MIB)).unwrap();
+    let before = rss();
+    let chunk = pagewise::snap::wire::MAX_CHUNK_PAGES as u64;
+    let mut m = Vec::new();
+    for i in 0..(256 * MIB / PAGE_SIZE as u64 / chunk) {
+        m.push(b'P');
+        m.push(pagewise::snap::wire::ENC_ZERO);
+        m.extend_from_slice(&[0, 0]);
+        m.extend_from_slice(&(chunk as u32).to_le_bytes());
+        m.extend_from_slice(&(0x1000_0000 + i * chunk * PAGE_SIZE as u64).to_le_bytes());
+        m.extend_from_slice(&[0u8; 8]);
+        for _ in 0..chunk {
+            m.extend_from_slice(&pagewise::mech::hash::zero_page_hash().to_le_bytes());
+        }
+    }
+    let wire = m.len();
+    a.write_all(&m).unwrap();
+    // The pass ends, the copy is done: 'K' answers once every chunk is in.
+    a.write_all(b"E").unwrap();
+    a.write_all(&0u32.to_le_bytes()).unwrap();
+    a.write_all(b"D").unwrap();
+    let mut complete = [0u8; 9];
+    let mut reply = [0u8; pagewise::snap::wire::REPLY_LEN];
+    a.read_exact(&mut reply).unwrap();
+    a.read_exact(&mut complete).unwrap();
+    assert_eq!(complete[0], b'K', "the copy is complete");
+    let grew = rss().saturating_sub(before);
+    // B: 192 MiB, within the cap alone, not beside A's 256.
+    let mut b = TcpStream::connect(&addr).unwrap();
+    b.write_all(&regions(192 * MIB)).unwrap();
+    let mut r = Vec::new();
+    let _ = b.read_to_end(&mut r);
+    drop(a);
+    let (_rx, got) = h.join().unwrap();
+    let broken: Vec<String> = got.iter().filter_map(|g| g.broken.clone()).collect();
+    assert!(
+        broken
+            .iter()
+            .any(|b| b.contains("held by other connections")),
+        "B: {broken:?}"
+    );
+    println!("{wire} bytes of zero chunks over 256 MiB: the receiver grew by {grew} bytes");
+    assert!(
+        grew < 32 * MIB,
+        "zero chunks over 256 MiB committed {grew} bytes"
+    );
+}
+
 /// A sender's hello of this version, without a key.
 fn hello() -> Vec<u8> {
     let mut m = Vec::new();

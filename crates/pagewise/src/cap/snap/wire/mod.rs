@@ -77,8 +77,10 @@
 //! to replay. `'X'` is not authenticated: it only ends a connection, which
 //! anyone on the path can do anyway.
 //!
-//! Limits: a receiver holds at most [`Receiver::max_bytes`] per connection
-//! (the regions a sender declares, refused beyond), serves connections
+//! Limits: a receiver holds at most [`Receiver::max_bytes`] for all its
+//! connections together (the regions each sender declares, refused beyond;
+//! a chunk of zero pages commits no memory where the copy holds zeros
+//! already), serves connections
 //! concurrently (at most [`Receiver::max_connections`]; more are refused
 //! with status `EBUSY`), and gives a connection up when it is silent for
 //! [`Receiver::idle`] or lasts longer than [`Receiver::max_time`] in all

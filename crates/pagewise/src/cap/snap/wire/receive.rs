@@ -45,7 +45,8 @@ pub enum Event<'a> {
 /// the store take turns.
 pub struct Receiver {
     store: std::sync::Mutex<DiskStore>,
-    /// Most bytes a copy may hold (regions summed), per connection.
+    /// Most bytes the copies of all connections together may hold (the
+    /// regions each sender declares, summed).
     pub max_bytes: u64,
     /// Silence after which a connection is given up.
     pub idle: Duration,
@@ -55,6 +56,8 @@ pub struct Receiver {
     pub max_connections: usize,
     key: Option<Key>,
     serving: std::sync::atomic::AtomicUsize,
+    /// Bytes the copies of all connections hold now.
+    holding: std::sync::atomic::AtomicU64,
 }
 
 /// The copy being received.
@@ -91,6 +94,8 @@ struct Conn<R, W> {
     handshake_until: Option<Instant>,
     /// The user of a peer on this machine, where it is not this one's.
     foreign_user: Option<u32>,
+    /// Bytes this connection's copy holds, counted in the receiver's.
+    held: u64,
 }
 
 impl<R: Read, W: Write> Conn<R, W> {
@@ -234,7 +239,7 @@ enum Stop {
 
 impl Receiver {
     /// A receiver saving into `store`, without a key (for loopback), with
-    /// a per-connection cap of half the memory available now, an idle limit
+    /// a cap of half the memory available now for all its copies, an idle limit
     /// of [`IDLE_TIMEOUT`], connections of at most an hour, 8 at once.
     pub fn new(store: DiskStore) -> Receiver {
         let max_bytes = crate::mech::procfs::read_trimmed("/proc/meminfo")
@@ -249,6 +254,7 @@ impl Receiver {
             max_connections: 8,
             key: None,
             serving: std::sync::atomic::AtomicUsize::new(0),
+            holding: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -288,6 +294,7 @@ impl Receiver {
             auth: None,
             handshake_until: Some(Instant::now() + self.idle),
             foreign_user: local_peer_user(&stream_addrs),
+            held: 0,
         };
         let mut got = Received {
             peer: peer.clone(),
@@ -297,6 +304,7 @@ impl Receiver {
         let mut state = State::Greeting;
         let r = self.run(&mut c, &mut state, &mut got, busy, events);
         self.serving.fetch_sub(1, Ordering::SeqCst);
+        self.holding.fetch_sub(c.held, Ordering::SeqCst);
         got.wire_bytes = c.n;
         let in_progress = matches!(state, State::Copying(_) | State::Complete(_));
         match r {
@@ -504,12 +512,29 @@ impl Receiver {
             total = total.saturating_add(r.len);
             now.push(r);
         }
-        if total > self.max_bytes {
-            return Err(Stop::Refuse(format!(
-                "regions of {total} bytes, more than this receiver holds ({} bytes)",
-                self.max_bytes
-            )));
-        }
+        // Counted in what every connection's copy holds, this one's at its
+        // new size, before any of it is allocated.
+        let was = c.held;
+        let held = self
+            .holding
+            .fetch_update(
+                std::sync::atomic::Ordering::SeqCst,
+                std::sync::atomic::Ordering::SeqCst,
+                |all| {
+                    let now = all.saturating_sub(was).saturating_add(total);
+                    (now <= self.max_bytes).then_some(now)
+                },
+            )
+            .map_err(|all| {
+                Stop::Refuse(format!(
+                    "regions of {total} bytes, more than this receiver holds ({} bytes, {} of \
+                     them held by other connections)",
+                    self.max_bytes,
+                    all.saturating_sub(was)
+                ))
+            });
+        held?;
+        c.held = total;
         let mut sorted = now.clone();
         sorted.sort_by_key(|r| r.start);
         if sorted.windows(2).any(|w| w[0].end() > w[1].start) {
@@ -624,7 +649,15 @@ fn pages<R: Read, W: Write>(
     let dst = buf.get_mut(off..off + bytes).ok_or_else(nowhere)?;
     match enc {
         ENC_RAW => dst.copy_from_slice(payload),
-        ENC_ZERO => dst.fill(0),
+        // Only pages not zero already are written: a copy's pages start as
+        // zeros the kernel has not committed, and stay so.
+        ENC_ZERO => {
+            for p in dst.chunks_exact_mut(PAGE_SIZE) {
+                if p.iter().any(|&b| b != 0) {
+                    p.fill(0);
+                }
+            }
+        }
         _ => {
             // Straight into the copy: a chunk that fails is refused and the
             // copy dropped with it.
