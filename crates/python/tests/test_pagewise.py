@@ -7,6 +7,7 @@ A test whose kernel feature is missing is skipped with the reason."""
 import ctypes
 import errno
 import os
+import pathlib
 import random
 import subprocess
 import sys
@@ -166,6 +167,25 @@ def test_another_process_is_rolled_back(child):
         assert any(s <= start and end <= e for s, e in left), (start, end, left)
     ps.drop(b)
     assert ps.ids() == [a]
+
+
+def test_the_books_example_runs_top_to_bottom(child, tmp_path):
+    """The book's example (docs/book/src/python.md) as written, but for
+    what it leaves to the reader: the process 4242 and its `address` (a
+    child's), the program (/bin/true) and the store (a temporary one)."""
+    p, address, write = child
+    root = pathlib.Path(__file__).resolve().parents[3]
+    text = (root / "docs/book/src/python.md").read_text()
+    blocks = text.split("```python\n")
+    assert len(blocks) == 2, "one Python example in the book"
+    code = blocks[1].split("```")[0]
+    store = str(tmp_path / "store.d")
+    for what, by in [("4242", str(p.pid)), ('"./prog"', '"/bin/true"'),
+                     ('"store.d"', repr(store))]:
+        assert what in code, what
+        code = code.replace(what, by)
+    exec(compile(code, "python.md", "exec"), {"address": address})
+    assert pagewise.Store(store).snapshots(), "the example saved a snapshot"
 
 
 def test_errors_are_os_errors_with_their_errno():
