@@ -57,6 +57,18 @@ impl Source {
         }
     }
 
+    /// The collection the shim sent unasked as its program exited, if it
+    /// did (read within 1 s: a grandchild may hold the socket open).
+    fn last(&mut self) -> Option<Collection> {
+        match self {
+            Source::Outside(..) => None,
+            Source::Shim(s, _) => {
+                s.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+                protocol::read_collection(s).ok()
+            }
+        }
+    }
+
     fn collect(&mut self) -> pagewise::Result<Collection> {
         match self {
             Source::Outside(t, pid) => {
@@ -192,7 +204,6 @@ pub fn run(a: Args) -> Result<i32> {
     let mut n = 0u64;
     let mut next = Instant::now();
     let mut regions: Vec<[u64; 2]> = Vec::new();
-    let stdout = std::io::stdout();
     loop {
         if a.count.is_some_and(|c| n >= c) {
             break;
@@ -201,7 +212,18 @@ pub fn run(a: Args) -> Result<i32> {
         if stop.sleep(next.saturating_duration_since(Instant::now())) {
             break;
         }
-        let ended = |st: std::process::ExitStatus| {
+        // The command ended: its last collection, where its shim sent one
+        // at its exit, then its status.
+        let ended = |st: std::process::ExitStatus,
+                     source: &mut Source,
+                     n: &mut u64,
+                     regions: &mut Vec<[u64; 2]>|
+         -> Result<i32> {
+            if let Some(c) = source.last() {
+                *n += 1;
+                print(&a, pid, backend, t0, &c, source.regions(), regions)?;
+            }
+            let n = *n;
             if !a.json {
                 eprintln!("pagewise: {} exited ({st}) after {n} collections", a.cmd[0]);
             }
@@ -209,7 +231,7 @@ pub fn run(a: Args) -> Result<i32> {
         };
         if let Some(c) = child.as_mut() {
             if let Some(st) = c.try_wait()? {
-                return ended(st);
+                return ended(st, &mut source, &mut n, &mut regions);
             }
         }
         let c = match source.collect() {
@@ -219,7 +241,7 @@ pub fn run(a: Args) -> Result<i32> {
                     // A collection fails as the command exits: give it a
                     // moment to be reaped, and report its status.
                     if let Some(st) = child::wait_for(ch, Duration::from_secs(2)) {
-                        return ended(st);
+                        return ended(st, &mut source, &mut n, &mut regions);
                     }
                 }
                 // ESRCH: its memory is gone already, though it may not be
@@ -253,40 +275,7 @@ pub fn run(a: Args) -> Result<i32> {
             }
         };
         n += 1;
-        let t_ms = t0.elapsed().as_millis() as u64;
-        let bytes = c.stats.pages_dirty * PAGE_SIZE as u64;
-        let rate = bytes as f64 / (a.interval as f64 / 1000.0);
-        let mut out = stdout.lock();
-        if a.json {
-            let ranges: Vec<[u64; 2]> = c.ranges.iter().map(|r| [r.start, r.pages]).collect();
-            let mut v = serde_json::json!({
-                "t_ms": t_ms, "pid": pid, "backend": backend.name(),
-                "dirty_pages": c.stats.pages_dirty, "dirty_bytes": bytes,
-                "ranges": ranges, "range_count": c.stats.ranges,
-                "dirty_rate_bytes_per_s": rate, "collect_ns": c.stats.elapsed_ns,
-                "pages_scanned": c.stats.pages_scanned,
-            });
-            // The mappings tracked, on the first line and whenever they
-            // change ([start, length] pairs): what `report` draws per mapping.
-            let now = source.regions();
-            if now != regions {
-                v["regions"] = serde_json::json!(now);
-                regions = now;
-            }
-            writeln!(out, "{}", crate::json::line(&v)?)?;
-        } else {
-            writeln!(
-                out,
-                "{t_ms:>8} ms  {:>9} pages dirty ({:>8.1} MiB)  {:>7} ranges  {:>8.1} MiB/s  collect {:.2} ms of {} pages",
-                c.stats.pages_dirty,
-                bytes as f64 / 1048576.0,
-                c.stats.ranges,
-                rate / 1048576.0,
-                c.stats.elapsed_ns as f64 / 1e6,
-                c.stats.pages_scanned
-            )?;
-        }
-        out.flush()?;
+        print(&a, pid, backend, t0, &c, source.regions(), &mut regions)?;
     }
     if let Some(code) = stop.status() {
         // SIGINT/SIGTERM: the command ended as the convention says.
@@ -307,4 +296,52 @@ pub fn run(a: Args) -> Result<i32> {
         pagewise::mech::child::stop(&mut c, crate::stop::GRACE);
     }
     Ok(0)
+}
+
+/// Prints collection `c` (JSON or a line of text); `now` the mappings
+/// tracked, written in JSON when they differ from `regions`.
+fn print(
+    a: &Args,
+    pid: i32,
+    backend: BackendKind,
+    t0: Instant,
+    c: &Collection,
+    now: Vec<[u64; 2]>,
+    regions: &mut Vec<[u64; 2]>,
+) -> Result<()> {
+    let stdout = std::io::stdout();
+    let t_ms = t0.elapsed().as_millis() as u64;
+    let bytes = c.stats.pages_dirty * PAGE_SIZE as u64;
+    let rate = bytes as f64 / (a.interval as f64 / 1000.0);
+    let mut out = stdout.lock();
+    if a.json {
+        let ranges: Vec<[u64; 2]> = c.ranges.iter().map(|r| [r.start, r.pages]).collect();
+        let mut v = serde_json::json!({
+            "t_ms": t_ms, "pid": pid, "backend": backend.name(),
+            "dirty_pages": c.stats.pages_dirty, "dirty_bytes": bytes,
+            "ranges": ranges, "range_count": c.stats.ranges,
+            "dirty_rate_bytes_per_s": rate, "collect_ns": c.stats.elapsed_ns,
+            "pages_scanned": c.stats.pages_scanned,
+        });
+        // The mappings tracked, on the first line and whenever they
+        // change ([start, length] pairs): what `report` draws per mapping.
+        if now != *regions {
+            v["regions"] = serde_json::json!(now);
+            *regions = now;
+        }
+        writeln!(out, "{}", crate::json::line(&v)?)?;
+    } else {
+        writeln!(
+            out,
+            "{t_ms:>8} ms  {:>9} pages dirty ({:>8.1} MiB)  {:>7} ranges  {:>8.1} MiB/s  collect {:.2} ms of {} pages",
+            c.stats.pages_dirty,
+            bytes as f64 / 1048576.0,
+            c.stats.ranges,
+            rate / 1048576.0,
+            c.stats.elapsed_ns as f64 / 1e6,
+            c.stats.pages_scanned
+        )?;
+    }
+    out.flush()?;
+    Ok(())
 }

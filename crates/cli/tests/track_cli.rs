@@ -561,13 +561,14 @@ fn a_short_program_is_tracked_from_its_start_and_not_the_shim() {
                 "run {run}: {scanned} pages walked for an idle sleep (the shim's heap tracked?)"
             );
         }
-        // Once started, the sleep writes nothing: its last three
-        // collections report no page (the shim's own data is not the
-        // program's).
-        for (i, v) in lines
+        // Once started, the sleep writes nothing: the three collections
+        // before its last report no page (the shim's own data is not the
+        // program's); the last, sent as it exits, has what its exit wrote.
+        let idle = &lines[..lines.len() - 1];
+        for (i, v) in idle
             .iter()
             .enumerate()
-            .skip(lines.len().saturating_sub(3).max(1))
+            .skip(idle.len().saturating_sub(3).max(1))
         {
             assert_eq!(
                 v["dirty_pages"], 0,
@@ -579,5 +580,43 @@ fn a_short_program_is_tracked_from_its_start_and_not_the_shim() {
             lines.len(),
             lines[0]["pages_scanned"]
         );
+    }
+}
+
+/// A program that ends before the first collection gets its last one, sent
+/// by its shim as it exits: `write_and_exit.c` writes 100 pages of a fresh
+/// mapping and exits at once, under a 2 s interval. Before, `track --json`
+/// printed nothing ("after 0 collections").
+#[test]
+fn a_program_that_ends_first_gets_its_last_collection() {
+    if shim().is_none() {
+        pagewise_testkit::skip!("the preload shim is not built");
+        return;
+    }
+    if let Err(why) = pagewise::track::BackendKind::UffdWp.available_in_process() {
+        pagewise_testkit::skip!("uffd-wp: {why}");
+        return;
+    }
+    let prog = c_program("write_and_exit");
+    for json in [true, false] {
+        let out = Command::new(BIN)
+            .args(["track", "--interval-ms", "2000"])
+            .args(json.then_some("--json"))
+            .arg("--")
+            .arg(&prog)
+            .arg("100")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{err}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(text.lines().count(), 1, "one collection: {text} {err}");
+        if json {
+            let v: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
+            let pages = v["dirty_pages"].as_u64().unwrap();
+            assert!(pages >= 100, "the 100 pages written: {v}");
+        } else {
+            assert!(err.contains("after 1 collections"), "{err}");
+        }
     }
 }

@@ -72,19 +72,51 @@ fn track(sock: UnixStream, backend: BackendKind) {
         return;
     }
     let _ = writer.set_read_timeout(None);
+    let served = SERVED.get_or_init(|| protocol::Served::new(tracker, Quiet(writer), backend));
+    TRACK_PID.store(std::process::id(), std::sync::atomic::Ordering::Relaxed);
+    // SAFETY: registers a function of no arguments that collects this
+    // process's own memory and writes to a socket.
+    unsafe { libc::atexit(last_collection) };
     let _ = pagewise_sys::signal::spawn_quiet("pagewise-track".into(), move || {
         if let Ok((start, len)) = pagewise_sys::mem::own_stack() {
             pagewise::mech::procfs::note_own_memory(start, len as u64);
         }
         let _ = pagewise_sys::mem::name_own_stack(pagewise::mech::procfs::OWN_THREAD_STACK);
-        drop(protocol::serve(
-            &mut reader,
-            &mut writer,
-            tracker,
-            backend,
-            true,
-        ));
+        served.serve(&mut reader);
     });
+}
+
+/// The tracker served to `pagewise track`, shared with the exit handler.
+static SERVED: std::sync::OnceLock<protocol::Served<Quiet>> = std::sync::OnceLock::new();
+
+/// The shim's end of the tracking socket, written without SIGPIPE: a
+/// pagewise that went away costs the program nothing.
+struct Quiet(UnixStream);
+
+impl std::io::Write for Quiet {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        use std::os::fd::AsRawFd;
+        pagewise_sys::process::send_all_nosignal(self.0.as_raw_fd(), b)?;
+        Ok(b.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The process tracked: a child forked without `exec` inherits the exit
+/// handler, and its exit is not the program's.
+static TRACK_PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// At the program's exit: its last collection, to pagewise.
+extern "C" fn last_collection() {
+    if TRACK_PID.load(std::sync::atomic::Ordering::Relaxed) != std::process::id() {
+        return;
+    }
+    if let Some(s) = SERVED.get() {
+        s.last();
+    }
 }
 
 /// The pre-zeroing thread of this program and the socket its report goes

@@ -30,6 +30,12 @@
 //!
 //! In either state `Q`, the end of the stream, an unknown request byte or a
 //! failed write ends the connection, and the shim stops tracking.
+//!
+//! At the program's `exit` the shim sends one last collection unasked
+//! ([`Served::last`]): what the program wrote since the last collection
+//! (all it wrote, for a program that ends before the first). Nothing is
+//! written after it; the client reads it once it sees the program end
+//! (or as the reply to a request the shim did not serve in time).
 
 use super::{BackendKind, CollectStats, Collection, DirtyTracker};
 use crate::mech::region::PageRange;
@@ -133,30 +139,86 @@ pub fn serve(
     let mut greeted = greeted;
     let mut req = [0u8; 1];
     while r.read_exact(&mut req).is_ok() {
-        let ok = match (req[0], &mut tracker) {
-            (REQ_HELLO, Ok(t)) => {
-                greeted = true;
-                write_hello(w, t.backend(), 0).is_ok()
-            }
-            (REQ_HELLO, Err(errno)) => {
-                let _ = write_hello(w, backend, *errno);
-                false
-            }
-            (REQ_COLLECT, _) if !greeted => write_collection(w, &Err(libc::EPROTO)).is_ok(),
-            (REQ_COLLECT, Ok(t)) => {
-                let c = t
-                    .sync_process_mappings(None, false)
-                    .and_then(|_| t.collect())
-                    .map_err(|e| e.errno());
-                write_collection(w, &c).is_ok()
-            }
-            _ => false,
-        };
-        if !ok {
+        if !answer(req[0], &mut tracker, w, backend, &mut greeted) {
             break;
         }
     }
     tracker.ok()
+}
+
+/// The answer to request `req`; whether the connection goes on.
+fn answer(
+    req: u8,
+    tracker: &mut Result<DirtyTracker, i32>,
+    w: &mut impl Write,
+    backend: BackendKind,
+    greeted: &mut bool,
+) -> bool {
+    match (req, tracker) {
+        (REQ_HELLO, Ok(t)) => {
+            *greeted = true;
+            write_hello(w, t.backend(), 0).is_ok()
+        }
+        (REQ_HELLO, Err(errno)) => {
+            let _ = write_hello(w, backend, *errno);
+            false
+        }
+        (REQ_COLLECT, _) if !*greeted => write_collection(w, &Err(libc::EPROTO)).is_ok(),
+        (REQ_COLLECT, Ok(t)) => write_collection(w, &collect_now(t)).is_ok(),
+        _ => false,
+    }
+}
+
+/// A collection of the shim's own process (its mappings synced first).
+fn collect_now(t: &mut DirtyTracker) -> Result<Collection, i32> {
+    t.sync_process_mappings(None, false)
+        .and_then(|_| t.collect())
+        .map_err(|e| e.errno())
+}
+
+/// What the shim serves from, shared by the thread that answers requests
+/// ([`Served::serve`]) and the program's exit ([`Served::last`]): the
+/// tracker (or the errno that kept it from being made) and the reply side
+/// of the connection, after [`greet`] has answered.
+pub struct Served<W: Write> {
+    state: std::sync::Mutex<(Result<DirtyTracker, i32>, W)>,
+    backend: BackendKind,
+}
+
+impl<W: Write> Served<W> {
+    /// Serves `tracker` on `w`, the hello answered.
+    pub fn new(tracker: Result<DirtyTracker, i32>, w: W, backend: BackendKind) -> Self {
+        Served {
+            state: std::sync::Mutex::new((tracker, w)),
+            backend,
+        }
+    }
+
+    /// Serves requests from `r` until the connection ends, as [`serve`].
+    pub fn serve(&self, r: &mut impl Read) {
+        let mut greeted = true;
+        let mut req = [0u8; 1];
+        while r.read_exact(&mut req).is_ok() {
+            let mut g = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            let (tracker, w) = &mut *g;
+            if !answer(req[0], tracker, w, self.backend, &mut greeted) {
+                break;
+            }
+        }
+    }
+
+    /// At the program's exit: one last collection, sent unasked; nothing
+    /// is written after it (the connection stays locked until the process
+    /// is gone).
+    pub fn last(&self) {
+        let mut g = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let (tracker, w) = &mut *g;
+        if let Ok(t) = tracker {
+            let _ = write_collection(w, &collect_now(t));
+            let _ = w.flush();
+        }
+        std::mem::forget(g);
+    }
 }
 
 /// Writes a collect reply (`Err`: its errno).
