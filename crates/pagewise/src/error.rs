@@ -302,14 +302,15 @@ mod tests {
             ),
             (
                 Refusal::InVfork { pid: 7, tid: 8 }.into(),
-                ErrorClass::Failed,
+                ErrorClass::Busy,
                 libc::EBUSY,
             ),
             (
                 StoreError::Locked { store: "/s".into() }.into(),
-                ErrorClass::Failed,
+                ErrorClass::Busy,
                 libc::EBUSY,
             ),
+            (Error::Busy("ksm/run".into()), ErrorClass::Busy, libc::EBUSY),
             (
                 StoreError::NotOwned {
                     path: "/s".into(),
