@@ -1,6 +1,6 @@
 //! The exit status says the class of a failure (`pagewise --help`): 2 wrong
 //! usage, 3 not supported here, 4 not permitted, 5 the process went away,
-//! 1 any other failure; and the message stays one line.
+//! 6 busy now (try again later), 1 any other failure; and the message stays one line.
 
 mod support;
 use support::*;
