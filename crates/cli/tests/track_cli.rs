@@ -525,12 +525,8 @@ fn a_wrapper_that_execs_is_tracked_from_outside() {
 /// answers the hello before `main`, and leaves its own memory out.
 #[test]
 fn a_short_program_is_tracked_from_its_start_and_not_the_shim() {
-    if shim().is_none() {
-        pagewise_testkit::skip!("the preload shim is not built");
-        return;
-    }
-    if let Err(why) = pagewise::track::BackendKind::UffdWp.available_in_process() {
-        pagewise_testkit::skip!("uffd-wp: {why}");
+    if let Some(why) = no_shim_tracking() {
+        pagewise_testkit::skip!("{why}");
         return;
     }
     let _busy = [Busy::start(), Busy::start()];
@@ -592,12 +588,8 @@ fn a_short_program_is_tracked_from_its_start_and_not_the_shim() {
 /// printed nothing ("after 0 collections").
 #[test]
 fn a_program_that_ends_first_gets_its_last_collection() {
-    if shim().is_none() {
-        pagewise_testkit::skip!("the preload shim is not built");
-        return;
-    }
-    if let Err(why) = pagewise::track::BackendKind::UffdWp.available_in_process() {
-        pagewise_testkit::skip!("uffd-wp: {why}");
+    if let Some(why) = no_shim_tracking() {
+        pagewise_testkit::skip!("{why}");
         return;
     }
     let prog = c_program("write_and_exit");
@@ -622,4 +614,16 @@ fn a_program_that_ends_first_gets_its_last_collection() {
             assert!(err.contains("after 1 collections"), "{err}");
         }
     }
+}
+
+/// Why a command cannot be tracked through its shim here, if it cannot:
+/// the shim not built, or no uffd-wp inside a process.
+fn no_shim_tracking() -> Option<String> {
+    if shim().is_none() {
+        return Some("the preload shim is not built".into());
+    }
+    pagewise::track::BackendKind::UffdWp
+        .available_in_process()
+        .err()
+        .map(|why| format!("uffd-wp: {why}"))
 }
