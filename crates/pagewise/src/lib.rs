@@ -30,33 +30,17 @@
 //! not permitted, the process went away, busy now (try again later), or
 //! failed.
 
-/// Builder methods for an options struct, one per field named: `fn
-/// field(self, value) -> Self`, so that callers outside the library (where
-/// the struct is `#[non_exhaustive]`) build it from its `Default`.
-macro_rules! setters {
-    ($ty:ty { $($field:ident : $t:ty),* $(,)? }) => {
-        impl $ty {
-            $(
-                #[doc = concat!("Sets [`", stringify!($field), "`](Self::", stringify!($field), ").")]
-                #[must_use]
-                pub fn $field(mut self, value: $t) -> Self {
-                    self.$field = value;
-                    self
-                }
-            )*
-        }
-    };
-}
+#![forbid(unsafe_code)]
 
-mod cap;
-mod error;
-pub mod mech;
+pub use pagewise_dedup as dedup;
+pub use pagewise_farmem as farmem;
+pub use pagewise_inspect as inspect;
+pub use pagewise_snap as snap;
+pub use pagewise_thp as thp;
+pub use pagewise_track as track;
+
+pub use pagewise_mech as mech;
 #[doc(hidden)]
-pub mod workload;
-
-pub use cap::{dedup, farmem, inspect, snap, thp, track};
-pub use error::{Error, ErrorClass, Result};
-pub use mech::probe;
-pub use mech::region::{PageRange, Region};
-pub use mech::stop::Refusal;
-pub use pagewise_sys::{HUGE_PAGE_SIZE, PAGE_SIZE};
+pub use pagewise_mech::workload;
+pub use pagewise_mech::{probe, Error, ErrorClass, PageRange, Refusal, Region, Result};
+pub use pagewise_mech::{HUGE_PAGE_SIZE, PAGE_SIZE};

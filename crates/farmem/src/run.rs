@@ -1,0 +1,210 @@
+//! One run of programs under far-memory emulation: the instance its members
+//! join or create, the command that starts each under the preload shim, and
+//! the run's end.
+
+use super::instance::{self, Access, Instance, Settings};
+use pagewise_mech::shim::{shim_command, FarmemRequest, ShimRequest};
+use pagewise_mech::{Error, Result};
+use std::path::PathBuf;
+use std::process::Command;
+
+/// How the members of a far-memory run behave (see [`FarmemRun::command`]).
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct FarmemOptions {
+    /// The eviction policy: a built-in name or a plugin's path.
+    pub policy: String,
+    /// The plugin's argument string.
+    pub policy_args: String,
+    /// Emulate thread stacks too.
+    pub stacks: bool,
+    /// Write each member's trace to `PATH.PID`.
+    pub trace: Option<PathBuf>,
+    /// Which thread serves faults.
+    pub fault_path: crate::FaultPath,
+    /// A debug mode: each member checks its books against the page tables
+    /// every this many faults, and stops the program at the first
+    /// disagreement (0: off; see `Hooks::check_books`).
+    pub check: u64,
+}
+
+setters!(FarmemOptions {
+    policy: String,
+    policy_args: String,
+    stacks: bool,
+    trace: Option<PathBuf>,
+    fault_path: crate::FaultPath,
+    check: u64,
+});
+
+impl Default for FarmemOptions {
+    fn default() -> Self {
+        FarmemOptions {
+            policy: "fifo".into(),
+            policy_args: String::new(),
+            stacks: false,
+            trace: None,
+            // As `farmem run`'s default.
+            fault_path: crate::FaultPath::Inline,
+            check: 0,
+        }
+    }
+}
+
+/// The instance one run of programs under far-memory emulation uses, and the
+/// tag (this process's id) its members carry.
+pub struct FarmemRun {
+    inst: Instance,
+    tag: u32,
+}
+
+impl FarmemRun {
+    /// Joins the instance `name` if it exists, or creates it (`name`, or a
+    /// fresh name starting with `prefix`) with `want`, calibrating the fault
+    /// floor first. Joining with settings other than the instance's is
+    /// refused; `want: None` only joins. Instances whose processes all died
+    /// are swept first.
+    pub fn join_or_create(
+        name: Option<&str>,
+        prefix: &str,
+        want: Option<Settings>,
+    ) -> Result<Self> {
+        Instance::sweep();
+        let tag = std::process::id();
+        if let Some(n) = name.filter(|n| instance::exists(n)) {
+            let inst = Instance::open(n, Access::Join)?;
+            if let Some(w) = want {
+                let s = inst.settings();
+                let budget_differs =
+                    (w.local_pages, w.local_percent) != (s.local_pages, s.local_percent);
+                let link_differs =
+                    (w.latency_ns, w.bandwidth_bps) != (s.latency_ns, s.bandwidth_bps);
+                if budget_differs || link_differs {
+                    return Err(Error::InstanceConflict { name: n.into() });
+                }
+            }
+            return Ok(FarmemRun { inst, tag });
+        }
+        let Some(want) = want else {
+            return Err(Error::Invalid(format!(
+                "instance {} does not exist: give its settings to create it",
+                name.unwrap_or(prefix)
+            )));
+        };
+        want.check()?;
+        let name = name
+            .map(str::to_string)
+            .unwrap_or_else(|| instance::unpredictable_name(prefix));
+        use crate::FaultPath;
+        let cal = crate::calibrate(2000, FaultPath::Thread)?;
+        // The inline path where the kernel has it (else it is never used).
+        let inline = if pagewise_mech::probe::get().uffd_has(pagewise_sys::uffd::feature::SIGBUS) {
+            crate::calibrate(2000, FaultPath::Inline)?
+        } else {
+            cal
+        };
+        let inst = match Instance::create(
+            &name,
+            want,
+            (cal.floor_ns, cal.unseen_ns),
+            (inline.floor_ns, inline.unseen_ns),
+        ) {
+            Ok(i) => i,
+            // Another run created it meanwhile: join it.
+            Err(_) if instance::exists(&name) => Instance::open(&name, Access::Join)?,
+            Err(e) => return Err(e),
+        };
+        Ok(FarmemRun { inst, tag })
+    }
+
+    /// A private instance (fresh name from `prefix`) that only watches:
+    /// latency 0 and a budget nothing reaches, no calibration. For sampling
+    /// which pages a program touches.
+    pub fn watch_only(prefix: &str) -> Result<Self> {
+        // The program's shim will need a userfaultfd that serves the
+        // kernel's faults too; one this process cannot open, it cannot
+        // either (same user): said now, not as a program that seems gone.
+        pagewise_mech::fault::open(0)?;
+        Instance::sweep();
+        let settings = Settings {
+            latency_ns: 0,
+            bandwidth_bps: 0,
+            local_pages: 1 << 40,
+            local_percent: 0,
+        };
+        let inst = Instance::create(
+            &instance::unpredictable_name(prefix),
+            settings,
+            (0, 0),
+            (0, 0),
+        )?;
+        Ok(FarmemRun {
+            inst,
+            tag: std::process::id(),
+        })
+    }
+
+    /// The instance.
+    pub fn instance(&self) -> &Instance {
+        &self.inst
+    }
+
+    /// The tag this run's members carry.
+    pub fn tag(&self) -> u32 {
+        self.tag
+    }
+
+    /// `cmd` set up to run under the shim as a member of this run.
+    pub fn command(&self, cmd: &[String], opts: &FarmemOptions) -> Result<Command> {
+        let mut c = shim_command(cmd)?;
+        ShimRequest {
+            farmem: Some(FarmemRequest {
+                instance: self.inst.name().to_string(),
+                tag: self.tag,
+                policy: opts.policy.clone(),
+                policy_args: opts.policy_args.clone(),
+                stacks: opts.stacks,
+                fault_path: opts.fault_path.to_string(),
+                trace: opts.trace.clone(),
+                check: opts.check,
+            }),
+            ..ShimRequest::default()
+        }
+        .apply(&mut c);
+        Ok(c)
+    }
+
+    /// What this run's members did (those still running, and what the
+    /// departed left).
+    pub fn report(&self) -> super::Report {
+        self.inst.report(Some(self.tag))
+    }
+
+    /// Members of this run that died without leaving (killed) leave now.
+    pub fn reap_dead_members(&self) {
+        for m in self.inst.members() {
+            if m.tag == self.tag && !pagewise_mech::procfs::is_alive(m.pid) {
+                self.inst.leave_pid(m.pid);
+            }
+        }
+    }
+
+    /// Ends the run: reaps dead members, frees the slots its departed
+    /// members kept for their counts, and removes the instance if no live
+    /// member is left (the last one out; another may have done so).
+    pub fn finish(self) {
+        self.reap_dead_members();
+        self.inst.release_retired(self.tag);
+        if self.inst.members().iter().all(|m| !m.live) {
+            let _ = self.inst.remove();
+        }
+    }
+}
+
+impl FarmemRun {
+    /// Removes the instance, whatever members it still has (a private
+    /// instance whose program was stopped).
+    pub fn remove(self) {
+        let _ = self.inst.remove();
+    }
+}

@@ -1,0 +1,286 @@
+//! The frame every agent shares (`thp`'s promotion and `dedup`'s merging;
+//! a third agent is one file that implements [`Agent`]):
+//!
+//! - the processes it watches ([`Targets`]): each checked before it is
+//!   taken, held by a pidfd (so that a pid reused after its process ended
+//!   is never acted on), and marked gone, never dropped, when it ends;
+//! - their 2 MiB regions, found again every step ([`Targets::regions`]);
+//! - the step's clock and CPU time ([`StepClock`]), the agent's own
+//!   thread's and that of threads serving it;
+//! - its counters in the Prometheus text format ([`Metric`]).
+//!
+//! Each agent keeps its own per-process state (`T` in [`Targets`]), its own
+//! step (a short list of named phases) and its own actions, each with its
+//! reason. The command line drives any [`Agent`] the same way: a step per
+//! interval until SIGINT/SIGTERM, the metrics after each, then
+//! [`Agent::end`], then drop, which puts back every system setting the
+//! agent changed.
+
+use crate::walk::HugeRegion;
+use crate::{procfs, walk};
+use crate::{Error, Result};
+use pagewise_sys::process;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::time::Instant;
+
+/// An agent: watches processes, and each step measures, decides and acts
+/// under a budget, saying why.
+pub trait Agent {
+    /// What one step measured and did (one JSON object per step).
+    type Step: serde::Serialize;
+    /// One decision, with its reason.
+    type Action: serde::Serialize;
+    /// The agent's name: its metrics are `pagewise_NAME_…`.
+    const NAME: &'static str;
+
+    /// Watches one more process.
+    fn add(&mut self, pid: i32) -> Result<()>;
+    /// Whether any watched process is still there.
+    fn watching(&self) -> bool;
+    /// Measures, decides and acts once.
+    fn step(&mut self) -> Result<Self::Step>;
+    /// Takes back, in the processes still there, what the agent did that
+    /// must not outlive it. System settings are put back when the agent
+    /// is dropped.
+    fn end(&mut self) -> Vec<Self::Action>;
+    /// Its counters now.
+    fn metric_values(&self) -> Vec<Metric>;
+    /// The counters in the Prometheus text format.
+    fn metrics(&self) -> String {
+        Metric::render(Self::NAME, &self.metric_values())
+    }
+}
+
+/// One counter or gauge of an agent.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Metric {
+    /// Its name after `pagewise_AGENT_`.
+    pub name: &'static str,
+    /// `counter` or `gauge`.
+    pub kind: &'static str,
+    /// What it counts.
+    pub help: &'static str,
+    /// Its value.
+    pub value: f64,
+    /// The process it is of, for one line per process (no help line).
+    pub pid: Option<i32>,
+}
+
+impl Metric {
+    /// A counter (only grows).
+    pub fn counter(name: &'static str, help: &'static str, value: f64) -> Metric {
+        Metric {
+            name,
+            kind: "counter",
+            help,
+            value,
+            pid: None,
+        }
+    }
+
+    /// A gauge (goes up and down).
+    pub fn gauge(name: &'static str, help: &'static str, value: f64) -> Metric {
+        Metric {
+            kind: "gauge",
+            ..Metric::counter(name, help, value)
+        }
+    }
+
+    /// A value of one process (a `pid` label).
+    pub fn of_process(name: &'static str, pid: i32, value: f64) -> Metric {
+        Metric {
+            pid: Some(pid),
+            ..Metric::gauge(name, "", value)
+        }
+    }
+
+    /// `metrics` of agent `agent` in the Prometheus text format.
+    pub fn render(agent: &str, metrics: &[Metric]) -> String {
+        let mut s = String::new();
+        for m in metrics {
+            let name = format!("pagewise_{agent}_{}", m.name);
+            match m.pid {
+                None => prometheus_metric(&mut s, &name, m.kind, m.help, m.value),
+                Some(pid) => s += &format!("{name}{{pid=\"{pid}\"}} {}\n", m.value),
+            }
+        }
+        s
+    }
+}
+
+/// A process an agent watches, and the agent's state of it.
+#[derive(Debug)]
+pub struct Watched<T> {
+    /// The process.
+    pub pid: i32,
+    /// Held from the start: a pid reused by another process is never
+    /// acted on.
+    pub pidfd: OwnedFd,
+    /// It ended (or its memory could no longer be read): not stepped again.
+    pub gone: bool,
+    /// The agent's state of it.
+    pub state: T,
+}
+
+impl<T> Watched<T> {
+    /// Collapses `[start, start + len)` into huge pages from outside
+    /// (`process_madvise(MADV_COLLAPSE)` on the pidfd).
+    pub fn collapse(&self, start: u64, len: usize) -> std::io::Result<()> {
+        crate::inject::collapse(self.pidfd.as_raw_fd(), start, len)
+    }
+}
+
+/// The processes an agent watches, in the order they were added.
+#[derive(Debug)]
+pub struct Targets<T> {
+    list: Vec<Watched<T>>,
+}
+
+impl<T> Default for Targets<T> {
+    fn default() -> Self {
+        Targets { list: Vec::new() }
+    }
+}
+
+impl<T> Targets<T> {
+    /// Watches `pid` (which must exist and be one pagewise may act on),
+    /// with the state `state` makes for it.
+    pub fn add(&mut self, pid: i32, state: impl FnOnce(i32) -> Result<T>) -> Result<()> {
+        procfs::check_target(pid)?;
+        let pidfd = process::pidfd_open(pid).map_err(|e| Error::for_pid(pid, "pidfd_open", e))?;
+        let state = state(pid)?;
+        self.list.push(Watched {
+            pid,
+            pidfd,
+            gone: false,
+            state,
+        });
+        Ok(())
+    }
+
+    /// Whether any is still there.
+    pub fn watching(&self) -> bool {
+        self.list.iter().any(|t| !t.gone)
+    }
+
+    /// Every process watched, gone ones too.
+    pub fn all(&self) -> &[Watched<T>] {
+        &self.list
+    }
+
+    /// Every process watched, gone ones too.
+    pub fn all_mut(&mut self) -> &mut [Watched<T>] {
+        &mut self.list
+    }
+
+    /// Those still there.
+    pub fn live(&self) -> impl Iterator<Item = &Watched<T>> {
+        self.list.iter().filter(|t| !t.gone)
+    }
+
+    /// Those still there.
+    pub fn live_mut(&mut self) -> impl Iterator<Item = &mut Watched<T>> {
+        self.list.iter_mut().filter(|t| !t.gone)
+    }
+
+    /// The 2 MiB regions of each process still there, with its index. A
+    /// process whose maps or page map cannot be read is marked gone and
+    /// handed to `gone` with why.
+    pub fn regions(&mut self, mut gone: impl FnMut(i32, &Error)) -> Vec<(usize, Vec<HugeRegion>)> {
+        let mut out = Vec::new();
+        for (i, t) in self.list.iter_mut().enumerate().filter(|(_, t)| !t.gone) {
+            let found = walk::PageWalker::new(Some(t.pid))
+                .and_then(|mut w| walk::huge_regions(t.pid, &mut w));
+            match found {
+                Ok(rs) => out.push((i, rs)),
+                Err(e) => {
+                    t.gone = true;
+                    gone(t.pid, &e);
+                }
+            }
+        }
+        out
+    }
+}
+
+impl<T> std::ops::Index<usize> for Targets<T> {
+    type Output = Watched<T>;
+    fn index(&self, i: usize) -> &Watched<T> {
+        &self.list[i]
+    }
+}
+
+impl<T> std::ops::IndexMut<usize> for Targets<T> {
+    fn index_mut(&mut self, i: usize) -> &mut Watched<T> {
+        &mut self.list[i]
+    }
+}
+
+/// CPU time of the calling thread, ms.
+pub fn thread_cpu_ms() -> f64 {
+    process::thread_cpu_ns() as f64 / 1e6
+}
+
+/// Appends one metric in the Prometheus text format (its help, its type
+/// and its value) to `out`.
+pub fn prometheus_metric(out: &mut String, name: &str, kind: &str, help: &str, v: f64) {
+    *out += &format!("# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n");
+}
+
+/// A step's clock: its wall time and the CPU time the agent spent in it,
+/// its own thread's and, given at both ends, that of threads serving it.
+#[derive(Debug, Clone, Copy)]
+pub struct StepClock {
+    t0: Instant,
+    cpu0: f64,
+}
+
+impl StepClock {
+    /// Starts a step; `others_ms` is the CPU time of the threads serving
+    /// the agent so far.
+    pub fn start(others_ms: f64) -> StepClock {
+        StepClock {
+            t0: Instant::now(),
+            cpu0: thread_cpu_ms() + others_ms,
+        }
+    }
+
+    /// CPU time spent since the start, ms; `others_ms` as at the start.
+    pub fn cpu_ms(&self, others_ms: f64) -> f64 {
+        (thread_cpu_ms() + others_ms - self.cpu0).max(0.0)
+    }
+
+    /// Wall time since the start, ms.
+    pub fn elapsed_ms(&self) -> f64 {
+        self.t0.elapsed().as_secs_f64() * 1e3
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_render_as_prometheus_text() {
+        let m = [
+            Metric::counter("steps_total", "Steps taken.", 3.0),
+            Metric::gauge("watched", "Processes watched.", 1.0),
+            Metric::of_process("promoted", 42, 7.0),
+        ];
+        assert_eq!(
+            Metric::render("x", &m),
+            "# HELP pagewise_x_steps_total Steps taken.\n# TYPE pagewise_x_steps_total counter\n\
+             pagewise_x_steps_total 3\n# HELP pagewise_x_watched Processes watched.\n\
+             # TYPE pagewise_x_watched gauge\npagewise_x_watched 1\npagewise_x_promoted{pid=\"42\"} 7\n"
+        );
+    }
+
+    #[test]
+    fn a_process_that_is_not_there_is_refused() {
+        let mut t: Targets<()> = Targets::default();
+        assert!(t.add(i32::MAX, |_| Ok(())).is_err());
+        assert!(!t.watching());
+        t.add(std::process::id() as i32, |_| Ok(())).unwrap();
+        assert!(t.watching() && t.live().count() == 1);
+    }
+}

@@ -1,0 +1,70 @@
+//! pagewise's mechanisms: what every capability uses, each in one place,
+//! over the raw calls of `pagewise-sys`. A mechanism imports other
+//! mechanisms, never a capability (the capabilities are crates above this
+//! one, so the compiler keeps that rule).
+//!
+//! Those documented here are for users too: the agent frame, access
+//! coverage, page walks and their cost, write-protect, digests and the
+//! Bloom filter, regions, owned memory and the probe. The others (parsing
+//! `/proc`, stopping a process and acting inside it, system settings and
+//! cgroups, the preload shim's contract, children and files) are public
+//! for pagewise's own faces (the tool, the shim, the C API, the
+//! benchmarks) and hidden from these docs: they may change without notice.
+
+/// Builder methods for an options struct, one per field named: `fn
+/// field(self, value) -> Self`, so that callers outside the crate that
+/// defines it (where the struct is `#[non_exhaustive]`) build it from its
+/// `Default`.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! setters {
+    ($ty:ty { $($field:ident : $t:ty),* $(,)? }) => {
+        impl $ty {
+            $(
+                #[doc = concat!("Sets [`", stringify!($field), "`](Self::", stringify!($field), ").")]
+                #[must_use]
+                pub fn $field(mut self, value: $t) -> Self {
+                    self.$field = value;
+                    self
+                }
+            )*
+        }
+    };
+}
+
+mod error;
+#[doc(hidden)]
+pub mod workload;
+
+pub use error::{Error, ErrorClass, Result, RollbackRefusal, StoreError, WireError};
+pub use pagewise_sys::{HUGE_PAGE_SIZE, PAGE_SIZE};
+pub use region::{PageRange, Region};
+pub use stop::Refusal;
+
+pub mod access;
+pub mod agent;
+pub mod anon;
+pub mod bloom;
+#[doc(hidden)]
+pub mod cgroup;
+#[doc(hidden)]
+pub mod child;
+pub mod fault;
+#[doc(hidden)]
+pub mod files;
+pub mod hash;
+#[doc(hidden)]
+pub mod inject;
+pub mod probe;
+#[doc(hidden)]
+pub mod procfs;
+pub mod region;
+#[doc(hidden)]
+pub mod settings;
+#[doc(hidden)]
+pub mod shim;
+#[doc(hidden)]
+pub mod stop;
+pub mod walk;
+pub mod walk_cost;
+pub mod wp;

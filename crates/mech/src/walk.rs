@@ -1,0 +1,405 @@
+//! Walking a process's page tables and reading its pages: the one place
+//! pagewise asks which pages of a range are populated (`PAGEMAP_SCAN`) and
+//! reads another process's memory.
+//!
+//! Another process's memory is read with `process_vm_readv`, except pages
+//! it does not map exclusively (pagemap bit 56 clear on a present anonymous
+//! page: shared copy-on-write with a parent or child since `fork`, or a KSM
+//! page), which are read through `/proc/PID/mem`: `process_vm_readv` pins
+//! the pages it copies, and the kernel gives a pin its own copy of a page
+//! that is not exclusive, so a reader would turn every page a forked server
+//! shares with its child into two. `/proc/PID/mem` copies without a pin.
+
+use crate::{probe, procfs};
+use crate::{Error, Region, Result, HUGE_PAGE_SIZE, PAGE_SIZE};
+use pagewise_sys::{pagemap, process};
+use std::fs::File;
+use std::os::fd::AsRawFd;
+
+/// Finds populated runs of pages in the calling process or another one.
+#[derive(Debug)]
+pub struct PageWalker {
+    pid: Option<i32>,
+    pagemap: Option<File>,
+    scan_vec: Vec<pagemap::PageRegion>,
+}
+
+impl PageWalker {
+    /// A walker over process `pid` (`None`: the calling process). Without
+    /// `PAGEMAP_SCAN` every page counts as populated.
+    pub fn new(pid: Option<i32>) -> Result<Self> {
+        let pagemap = if probe::get().pagemap_scan {
+            let path = procfs::proc_dir(pid).join("pagemap");
+            Some(
+                File::open(&path)
+                    .map_err(|e| Error::at(pid, format!("opening {}", path.display()), e))?,
+            )
+        } else {
+            None
+        };
+        Ok(PageWalker {
+            pid,
+            pagemap,
+            scan_vec: vec![pagemap::PageRegion::default(); 1024],
+        })
+    }
+
+    /// Replaces `out` with the populated (present or swapped) runs `[a, b)` of
+    /// `r`, ascending and coalesced. Pages outside them read as zeros.
+    pub fn populated(&mut self, r: Region, out: &mut Vec<(u64, u64)>) -> Result<()> {
+        out.clear();
+        if self.pagemap.is_none() {
+            out.push((r.start, r.end()));
+            return Ok(());
+        }
+        let any = pagemap::category::PRESENT | pagemap::category::SWAPPED;
+        let mut runs = Vec::new();
+        self.categories(r, any, any, &mut runs)?;
+        for pr in runs {
+            match out.last_mut() {
+                Some(last) if last.1 == pr.start => last.1 = pr.end,
+                _ => out.push((pr.start, pr.end)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Replaces `out` with the runs of `r` in any of the `anyof`
+    /// categories (`pagemap::category`), each with its categories masked by
+    /// `report`, ascending. `Unsupported` without `PAGEMAP_SCAN`.
+    pub fn categories(
+        &mut self,
+        r: Region,
+        anyof: u64,
+        report: u64,
+        out: &mut Vec<pagemap::PageRegion>,
+    ) -> Result<()> {
+        out.clear();
+        let Some(pm) = &self.pagemap else {
+            return Err(Error::Unsupported {
+                feature: "PAGEMAP_SCAN",
+                why: "the kernel has no PAGEMAP_SCAN ioctl (Linux 6.7+)".into(),
+            });
+        };
+        let mut addr = r.start;
+        while addr < r.end() {
+            let mut arg = pagemap::PmScanArg {
+                start: addr,
+                end: r.end(),
+                category_anyof_mask: anyof,
+                return_mask: report,
+                ..Default::default()
+            };
+            let n = pagemap::pagemap_scan(pm.as_raw_fd(), &mut arg, &mut self.scan_vec)
+                .map_err(|e| Error::at(self.pid, format!("PAGEMAP_SCAN of {addr:#x}"), e))?;
+            out.extend_from_slice(&self.scan_vec[..n]);
+            match pagemap::next_scan_start(addr, &arg, &self.scan_vec[..n]) {
+                Some(next) => addr = next,
+                None => break,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Reads `buf.len()` bytes (whole pages) of process `pid` at `addr`. Pages
+/// unmapped meanwhile read as zeros; returns how many bytes were really read.
+/// A process that is exiting (its memory already gone) is
+/// [`Error::ProcessExited`]. Any length: `process_vm_readv` moves at most
+/// about 2 GiB per call, and a read is continued until it is whole or meets
+/// an unmapped page.
+pub fn read_remote(pid: i32, addr: u64, buf: &mut [u8]) -> Result<usize> {
+    let mut shared = Vec::new();
+    shared_pages(pid, &[(addr, buf.len())], &mut shared);
+    if shared.is_empty() {
+        return read_remote_from(pid, addr, buf, 0);
+    }
+    read_around_shared(pid, addr, buf, &shared)
+}
+
+/// Reads many ranges of process `pid`, each into its own buffer, up to 1024
+/// ranges per system call; errors as [`read_remote`], and a range that is
+/// not wholly mapped is read as far as it is and zero-filled after.
+pub fn read_remote_many(pid: i32, parts: &mut [(u64, &mut [u8])]) -> Result<()> {
+    let spans: Vec<(u64, usize)> = parts.iter().map(|(a, b)| (*a, b.len())).collect();
+    let mut shared = Vec::new();
+    shared_pages(pid, &spans, &mut shared);
+    if !shared.is_empty() {
+        // Parts with a page not mapped exclusively are read on their own,
+        // around it; the others together.
+        let mut rest: Vec<(u64, &mut [u8])> = Vec::with_capacity(parts.len());
+        for (addr, buf) in parts.iter_mut() {
+            let end = *addr + buf.len() as u64;
+            let lo = shared.partition_point(|&p| p + PAGE_SIZE as u64 <= *addr);
+            if shared.get(lo).is_some_and(|&p| p < end) {
+                read_around_shared(pid, *addr, buf, &shared)?;
+            } else {
+                rest.push((*addr, &mut buf[..]));
+            }
+        }
+        return read_scatter(pid, &mut rest);
+    }
+    read_scatter(pid, parts)
+}
+
+/// [`read_remote_many`] with `process_vm_readv` alone.
+fn read_scatter(pid: i32, parts: &mut [(u64, &mut [u8])]) -> Result<()> {
+    for batch in parts.chunks_mut(1024) {
+        let want: usize = batch.iter().map(|(_, b)| b.len()).sum();
+        let got = match process::process_vm_readv_scatter(pid, batch) {
+            Ok(n) => n,
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
+                return Err(Error::ProcessExited(pid));
+            }
+            // Anything else: part by part, below.
+            Err(_) => 0,
+        };
+        if got == want {
+            continue;
+        }
+        // Short: the parts past `got` one at a time, with read_remote's
+        // handling of what is no longer mapped.
+        let mut skip = got;
+        for (addr, buf) in batch.iter_mut() {
+            if skip >= buf.len() {
+                skip -= buf.len();
+                continue;
+            }
+            read_remote_from(pid, *addr, buf, skip)?;
+            skip = 0;
+        }
+    }
+    Ok(())
+}
+
+/// Pages two ranges of pagemap are read in one go across, at most.
+const PAGEMAP_GAP: u64 = 64;
+
+/// The files of the process last read from this thread: its pagemap and
+/// its memory (kept open: reads of a process come in series).
+struct Opened {
+    pid: i32,
+    pagemap: File,
+    mem: File,
+}
+
+thread_local! {
+    static OPENED: std::cell::RefCell<Option<Opened>> = const { std::cell::RefCell::new(None) };
+}
+
+/// `f` with the pagemap and memory of `pid`, opened (again) as needed: a
+/// file of a process that ended reads nothing, and is opened again once
+/// (the pid may be another process's now). `None` where they cannot be
+/// opened or read.
+fn with_opened<T>(pid: i32, mut f: impl FnMut(&Opened) -> std::io::Result<T>) -> Option<T> {
+    OPENED.with(|o| {
+        let mut o = o.borrow_mut();
+        for fresh in [false, true] {
+            if fresh || o.as_ref().is_none_or(|x| x.pid != pid) {
+                let dir = procfs::proc_dir(Some(pid));
+                *o = Some(Opened {
+                    pid,
+                    pagemap: File::open(dir.join("pagemap")).ok()?,
+                    mem: File::open(dir.join("mem")).ok()?,
+                });
+            }
+            if let Ok(v) = f(o.as_ref()?) {
+                return Some(v);
+            }
+        }
+        *o = None;
+        None
+    })
+}
+
+/// The frame of the zero page, where pagemap shows frames (root): its
+/// pages are mapped by everyone and never copied by a pin.
+fn zero_frame() -> Option<u64> {
+    static ZERO: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    *ZERO.get_or_init(|| {
+        let page = crate::anon::AnonMemory::new(PAGE_SIZE).ok()?;
+        // A read of a fresh private mapping maps the zero page there.
+        let mut b = [0u8; 1];
+        page.read_into(0, &mut b);
+        let pm = File::open("/proc/self/pagemap").ok()?;
+        let mut e = [0u64; 1];
+        pagemap::read_entries(pm.as_raw_fd(), page.addr(), &mut e).ok()?;
+        Some(e[0] & pagemap::entry::PFN_MASK).filter(|&f| f != 0)
+    })
+}
+
+/// Fills `out` (sorted) with the addresses of the pages of `spans`
+/// (address, bytes) that are present, anonymous and not mapped exclusively
+/// (not the zero page); empty where none is, or pagemap cannot be read.
+fn shared_pages(pid: i32, spans: &[(u64, usize)], out: &mut Vec<u64>) {
+    out.clear();
+    let page = PAGE_SIZE as u64;
+    let mut pages: Vec<(u64, u64)> = spans
+        .iter()
+        .filter(|&&(_, n)| n > 0)
+        .map(|&(a, n)| (a / page, (a + n as u64).div_ceil(page)))
+        .collect();
+    pages.sort_unstable();
+    // Runs of pages read in one go.
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    for (a, b) in pages {
+        match runs.last_mut() {
+            Some(last) if a <= last.1 + PAGEMAP_GAP => last.1 = last.1.max(b),
+            _ => runs.push((a, b)),
+        }
+    }
+    let zero = zero_frame();
+    use pagemap::entry::{EXCLUSIVE, FILE, PFN_MASK, PRESENT};
+    let mut entries = Vec::new();
+    for (a, b) in runs {
+        entries.resize((b - a) as usize, 0);
+        let read = with_opened(pid, |o| {
+            pagemap::read_entries(o.pagemap.as_raw_fd(), a * page, &mut entries)
+        });
+        if read.is_none() {
+            continue;
+        }
+        for (i, &e) in entries.iter().enumerate() {
+            let shared = e & PRESENT != 0 && e & (EXCLUSIVE | FILE) == 0;
+            if shared && zero != Some(e & PFN_MASK) {
+                out.push((a + i as u64) * page);
+            }
+        }
+    }
+}
+
+/// [`read_remote`] of a range holding pages not mapped exclusively
+/// (`shared`, sorted page addresses): those through `/proc/PID/mem`, the
+/// rest with `process_vm_readv`; stops, zero-filling the rest, at the first
+/// page no longer mapped.
+fn read_around_shared(pid: i32, addr: u64, buf: &mut [u8], shared: &[u64]) -> Result<usize> {
+    use std::os::unix::fs::FileExt;
+    let page = PAGE_SIZE as u64;
+    let end = addr + buf.len() as u64;
+    let mut at = addr;
+    while at < end {
+        let this = at / page * page;
+        let is_shared = shared.binary_search(&this).is_ok();
+        // The run of pages of the same kind from `at`.
+        let mut stop = (this + page).min(end);
+        while stop < end && shared.binary_search(&stop).is_ok() == is_shared {
+            stop = (stop + page).min(end);
+        }
+        let (from, to) = ((at - addr) as usize, (stop - addr) as usize);
+        let n = if is_shared {
+            with_opened(pid, |o| {
+                let mut done = 0;
+                while from + done < to {
+                    match o.mem.read_at(&mut buf[from + done..to], at + done as u64)? {
+                        0 => break,
+                        n => done += n,
+                    }
+                }
+                Ok(done)
+            })
+            .unwrap_or(0)
+        } else {
+            read_remote_from(pid, at, &mut buf[from..to], 0)?
+        };
+        if n < to - from {
+            if gone(pid) {
+                return Err(Error::ProcessExited(pid));
+            }
+            let whole = (from + n) / PAGE_SIZE * PAGE_SIZE;
+            buf[whole..].fill(0);
+            return Ok(whole);
+        }
+        at = stop;
+    }
+    Ok(buf.len())
+}
+
+/// Whether process `pid` ended or is ending (its memory gone): what a
+/// read that stopped short asks.
+fn gone(pid: i32) -> bool {
+    !procfs::has_memory(pid) || !procfs::is_alive(pid)
+}
+
+/// [`read_remote`] of `buf` at `addr`, whose first `got` bytes are read.
+fn read_remote_from(pid: i32, addr: u64, buf: &mut [u8], mut got: usize) -> Result<usize> {
+    while got < buf.len() {
+        let at = addr + got as u64;
+        match process::process_vm_read(pid, at, &mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            // Nothing mapped at `at` any more: unmapped meanwhile, or the
+            // process is tearing its memory down on its way out.
+            Err(e) if e.raw_os_error() == Some(libc::EFAULT) => {
+                if gone(pid) {
+                    return Err(Error::ProcessExited(pid));
+                }
+                break;
+            }
+            // No task with this pid, or one whose memory is already gone: it
+            // is in exit(), before /proc shows it as a zombie.
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
+                return Err(Error::ProcessExited(pid));
+            }
+            Err(e) => {
+                return Err(Error::for_pid(
+                    pid,
+                    format!("process_vm_readv at {at:#x}"),
+                    e,
+                ))
+            }
+        }
+    }
+    let whole = got / PAGE_SIZE * PAGE_SIZE;
+    buf[whole..].fill(0);
+    Ok(whole)
+}
+
+/// A 2 MiB region of a process wholly inside a private anonymous writable
+/// mapping (see [`huge_regions`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HugeRegion {
+    /// The region.
+    pub region: Region,
+    /// Its pages in memory.
+    pub resident: u64,
+    /// Mapped by a huge page.
+    pub huge: bool,
+}
+
+/// The 2 MiB regions of `pid` wholly inside private anonymous writable
+/// mappings.
+pub fn huge_regions(pid: i32, walker: &mut PageWalker) -> Result<Vec<HugeRegion>> {
+    let huge = HUGE_PAGE_SIZE as u64;
+    let mut out = Vec::new();
+    let mut runs = Vec::new();
+    for m in procfs::writable_anonymous(Some(pid))? {
+        // pagewise's own memory in the process (the shim's heap, a staging
+        // mapping) is never the program's to split, merge or collapse.
+        if m.kind() != procfs::MemoryKind::PrivateAnonymous || m.is_pagewise() {
+            continue;
+        }
+        let (mut a, end) = (m.start.div_ceil(huge) * huge, m.end / huge * huge);
+        while a < end {
+            let r = Region::new(a, huge)?;
+            walker.categories(
+                r,
+                pagemap::category::PRESENT,
+                pagemap::category::PRESENT | pagemap::category::HUGE,
+                &mut runs,
+            )?;
+            let resident: u64 = runs
+                .iter()
+                .map(|p| (p.end - p.start) / PAGE_SIZE as u64)
+                .sum();
+            out.push(HugeRegion {
+                region: r,
+                resident,
+                huge: runs
+                    .iter()
+                    .any(|p| p.categories & pagemap::category::HUGE != 0),
+            });
+            a += huge;
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,395 @@
+//! Reading and writing the process's pages for [`ProcessSnapshots`]: what
+//! memory holds at a take, what a restore writes, and the write-protection
+//! that tells which pages changed in between.
+
+use super::{page_index, Known, ProcessSnapshots, BATCH};
+use crate::table::{self, Table};
+use crate::{PageId, RestoreStats, TakeStats, CHUNK_PAGES};
+use pagewise_mech::region::PageRange;
+use pagewise_mech::walk::PageWalker;
+use pagewise_mech::wp::UffdWp;
+use pagewise_mech::{Error, Region, Result, PAGE_SIZE};
+use std::collections::BTreeMap;
+
+impl ProcessSnapshots {
+    /// The tables of `regions` as memory holds them now (the process
+    /// stopped): pages of a watched mapping known from the last take or
+    /// restore are reused unless written since; the rest are read. Every
+    /// region is watched afterwards where it can be. Becomes `current`.
+    pub(super) fn read_memory(
+        &mut self,
+        regions: &[Region],
+        stats: &mut TakeStats,
+    ) -> Result<Vec<(Region, Table)>> {
+        let old = std::mem::take(&mut self.current);
+        let mut old_by_start: BTreeMap<u64, Known> =
+            old.into_iter().map(|k| (k.region.start, k)).collect();
+        let mut out = Vec::with_capacity(regions.len());
+        let mut now = Vec::with_capacity(regions.len());
+        let mut walker = PageWalker::new(Some(self.pid))?;
+        for &r in regions {
+            let known = old_by_start
+                .remove(&r.start)
+                .filter(|k| k.region == r && k.watched);
+            let dirty = match (&known, self.wp.as_mut()) {
+                (Some(_), Some(wp)) => written(wp, r, true)?,
+                _ => None,
+            };
+            let (table, watched) = match (known, dirty) {
+                (Some(k), Some(dirty)) => {
+                    let mut t = k.table;
+                    self.read_runs(r, &mut t, &dirty, stats)?;
+                    (t, true)
+                }
+                (k, _) => {
+                    if let Some(k) = k {
+                        table::release(&mut self.store, &mut self.spare, vec![k.table]);
+                    }
+                    let watched = self.watch(r, true)?;
+                    (self.read_whole(r, &mut walker, stats)?, watched)
+                }
+            };
+            out.push((
+                r,
+                table::share(&mut self.spare, std::slice::from_ref(&table)).remove(0),
+            ));
+            now.push(Known {
+                region: r,
+                table,
+                watched,
+            });
+        }
+        for (_, k) in old_by_start {
+            if let Some(wp) = &self.wp {
+                let _ = wp.unregister(k.region);
+            }
+            table::release(&mut self.store, &mut self.spare, vec![k.table]);
+        }
+        self.current = now;
+        Ok(out)
+    }
+
+    /// Registers `r` (and, with `protect`, protects it); whether it is
+    /// watched (not where another userfaultfd holds it, where userfaultfd
+    /// cannot register it — a droppable mapping (`MAP_DROPPABLE`, `dp` in
+    /// its `VmFlags`) or another the kernel refuses —, or without tracking).
+    /// A mapping not watched is compared page by page at each take and
+    /// restore.
+    fn watch(&self, r: Region, protect: bool) -> Result<bool> {
+        let Some(wp) = &self.wp else { return Ok(false) };
+        let _ = wp.unregister(r);
+        match wp.register(r, protect) {
+            Ok(()) => Ok(true),
+            Err(Error::Os { source, .. })
+                if matches!(source.raw_os_error(), Some(libc::EBUSY | libc::EINVAL)) =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Reads the pages of `ranges` (inside `r`) into `t`, up to `BATCH`
+    /// pages in runs per system call.
+    fn read_runs(
+        &mut self,
+        r: Region,
+        t: &mut Table,
+        ranges: &[PageRange],
+        stats: &mut TakeStats,
+    ) -> Result<()> {
+        let cap = self.buf.len() / PAGE_SIZE;
+        let mut batch: Vec<(u64, usize)> = Vec::new();
+        let mut pages = 0usize;
+        let clipped = ranges.iter().filter_map(|d| {
+            let (a, b) = (d.start.max(r.start), d.end().min(r.end()));
+            (a < b).then_some((a, b))
+        });
+        for (mut a, b) in clipped {
+            while a < b {
+                let n = (((b - a) as usize) / PAGE_SIZE).min(cap - pages);
+                batch.push((a, n));
+                pages += n;
+                a += (n * PAGE_SIZE) as u64;
+                if pages == cap || batch.len() == 1024 {
+                    self.read_batch(r, t, &batch, stats)?;
+                    batch.clear();
+                    pages = 0;
+                }
+            }
+        }
+        self.read_batch(r, t, &batch, stats)
+    }
+
+    /// Reads `runs` (address, pages) of `r` in one call and puts their
+    /// pages into `t`.
+    fn read_batch(
+        &mut self,
+        r: Region,
+        t: &mut Table,
+        runs: &[(u64, usize)],
+        stats: &mut TakeStats,
+    ) -> Result<()> {
+        if runs.is_empty() {
+            return Ok(());
+        }
+        {
+            let mut rest: &mut [u8] = &mut self.buf;
+            let mut parts = Vec::with_capacity(runs.len());
+            for &(a, n) in runs {
+                let (head, tail) = rest.split_at_mut(n * PAGE_SIZE);
+                parts.push((a, head));
+                rest = tail;
+            }
+            pagewise_mech::walk::read_remote_many(self.pid, &mut parts)?;
+        }
+        let mut off = 0;
+        for &(a, n) in runs {
+            for k in 0..n {
+                let i = page_index(r, a) + k;
+                let new = self.store.intern(&self.buf[off..off + PAGE_SIZE]);
+                off += PAGE_SIZE;
+                stats.pages_read += 1;
+                if !new.is_zero() && self.store.refs(new) == 1 {
+                    stats.pages_new += 1;
+                }
+                let chunk = table::own_chunk(&mut self.store, t, i / CHUNK_PAGES);
+                let old = std::mem::replace(&mut chunk[i % CHUNK_PAGES], new);
+                self.store.decref(old);
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads every populated page of `r`; the others are zero pages.
+    fn read_whole(
+        &mut self,
+        r: Region,
+        walker: &mut PageWalker,
+        stats: &mut TakeStats,
+    ) -> Result<Table> {
+        let n = r.pages() as usize;
+        for _ in 0..n {
+            self.store.incref(PageId::ZERO);
+        }
+        let mut t = Table::from_ids(&vec![PageId::ZERO; n]);
+        let mut runs = Vec::new();
+        walker.populated(r, &mut runs)?;
+        let ranges: Vec<PageRange> = runs
+            .iter()
+            .filter_map(|&(a, b)| PageRange::checked(a, b - a))
+            .collect();
+        self.read_runs(r, &mut t, &ranges, stats)?;
+        Ok(t)
+    }
+
+    /// Makes memory hold `target` (the process stopped, its layout the
+    /// snapshot's): per mapping, the pages written since the last take or
+    /// restore and those whose contents differ from what it held then; all
+    /// of a mapping made afresh (`fresh`: its non-zero pages) or not known
+    /// (compared by digest where nothing tracks it); the page at `force`.
+    /// Becomes `current`. The nanoseconds spent finding written pages.
+    pub(super) fn write_memory(
+        &mut self,
+        target: Vec<(Region, Table)>,
+        fresh: &[(u64, u64)],
+        force: Option<u64>,
+        stats: &mut RestoreStats,
+    ) -> Result<u64> {
+        let mut walk_ns = 0u64;
+        let old = std::mem::take(&mut self.current);
+        let mut old_by_start: BTreeMap<u64, Known> =
+            old.into_iter().map(|k| (k.region.start, k)).collect();
+        let mut now = Vec::with_capacity(target.len());
+        for (r, tgt) in target {
+            let made = fresh.iter().any(|&(a, b)| a < r.end() && b > r.start);
+            let known = old_by_start
+                .remove(&r.start)
+                .filter(|k| k.region == r && k.watched && !made);
+            let t_walk = std::time::Instant::now();
+            let dirty = match (&known, self.wp.as_mut()) {
+                (Some(_), Some(wp)) => written(wp, r, false)?,
+                _ => None,
+            };
+            walk_ns += t_walk.elapsed().as_nanos() as u64;
+            let mut pages: Vec<usize> = Vec::new();
+            match (&known, &dirty) {
+                (Some(k), Some(dirty)) => {
+                    stats.pages_dirty += pagewise_mech::region::total_pages(dirty);
+                    let mut marks = vec![0u64; (r.pages() as usize).div_ceil(64)];
+                    table::mark(&mut marks, r, dirty);
+                    if let Some(f) = force.filter(|&f| r.contains(f)) {
+                        table::set_bit(&mut marks, page_index(r, f));
+                    }
+                    table::pages_to_write(Some(&k.table), &tgt, &marks, |i, _| pages.push(i));
+                }
+                _ if made => {
+                    // Mapped afresh: zero already, but for a file's pages.
+                    pages.extend((0..r.pages() as usize).filter(|&i| !tgt.get(i).is_zero()));
+                }
+                // Not known (no tracking, or a region the handle has not
+                // seen as it is): compared, so that only pages that differ
+                // are written (a zero page not populated stays so).
+                _ => self.differing(r, &tgt, &mut pages)?,
+            }
+            // A mapping not known is registered before it is written: its
+            // pages then join the neighbours' (a mapping made afresh merges
+            // with them as it was merged before).
+            let fresh_watch = match (&known, &dirty) {
+                (Some(_), Some(_)) => None,
+                _ => Some(self.watch(r, false)?),
+            };
+            {
+                let mut w = Writer::new(self.pid);
+                for &i in &pages {
+                    w.push(
+                        r.start + (i * PAGE_SIZE) as u64,
+                        self.store.page(tgt.get(i)),
+                    )?;
+                }
+                w.flush()?;
+            }
+            stats.pages_written += pages.len() as u64;
+            let watched = match fresh_watch {
+                None => {
+                    // Protected again: only the pages written now, one
+                    // call per run, or one walk over their span that
+                    // protects what is written in it (`PAGEMAP_SCAN`)
+                    // where that is cheaper (a call costs about what a
+                    // walk of a thousand entries does).
+                    if let (Some(wp), Some(&first), Some(&last)) =
+                        (self.wp.as_mut(), pages.first(), pages.last())
+                    {
+                        let runs = runs_of(r, &pages);
+                        let span = (last - first + 1) as u64;
+                        if (runs.len() as u64) * 1000 < span {
+                            for run in runs {
+                                wp.protect(run)?;
+                            }
+                        } else {
+                            let start = r.start + (first * PAGE_SIZE) as u64;
+                            let end = r.start + ((last + 1) * PAGE_SIZE) as u64;
+                            wp.scan_written(start, end, true, true, &mut Vec::new())?;
+                        }
+                    }
+                    true
+                }
+                Some(watched) => {
+                    if let (true, Some(wp)) = (watched, &self.wp) {
+                        wp.protect(r)?;
+                    }
+                    watched
+                }
+            };
+            if let Some(k) = known {
+                table::release(&mut self.store, &mut self.spare, vec![k.table]);
+            }
+            now.push(Known {
+                region: r,
+                table: tgt,
+                watched,
+            });
+        }
+        for (_, k) in old_by_start {
+            table::release(&mut self.store, &mut self.spare, vec![k.table]);
+        }
+        self.current = now;
+        Ok(walk_ns)
+    }
+
+    /// The pages of `r` whose contents differ from `tgt` (read and compared).
+    fn differing(&mut self, r: Region, tgt: &Table, pages: &mut Vec<usize>) -> Result<()> {
+        let mut addr = r.start;
+        while addr < r.end() {
+            let len = ((r.end() - addr) as usize).min(self.buf.len());
+            pagewise_mech::walk::read_remote(self.pid, addr, &mut self.buf[..len])?;
+            for (k, page) in self.buf[..len].chunks_exact(PAGE_SIZE).enumerate() {
+                let i = page_index(r, addr) + k;
+                let want = tgt.get(i);
+                if page != self.store.page(want) {
+                    pages.push(i);
+                }
+            }
+            addr += len as u64;
+        }
+        Ok(())
+    }
+}
+
+/// The pages of `r` written since it was last protected (with `rearm`,
+/// protected again; without, a restore leaves them writable, since it
+/// writes them and protects what it wrote); `None` where part of it is no
+/// longer registered (mapped anew by the program): its contents are then
+/// unknown.
+fn written(wp: &mut UffdWp, r: Region, rearm: bool) -> Result<Option<Vec<PageRange>>> {
+    let mut out = Vec::new();
+    match wp.scan_written(r.start, r.end(), true, rearm, &mut out) {
+        Ok(()) => Ok(Some(out)),
+        Err(Error::Os { source, .. }) if source.raw_os_error() == Some(libc::EPERM) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Sorted page indices of `r` as runs.
+fn runs_of(r: Region, pages: &[usize]) -> Vec<Region> {
+    let mut out: Vec<Region> = Vec::new();
+    for &i in pages {
+        let a = r.start + (i * PAGE_SIZE) as u64;
+        match out.last_mut() {
+            Some(l) if l.end() == a => l.len += PAGE_SIZE as u64,
+            _ => out.push(Region {
+                start: a,
+                len: PAGE_SIZE as u64,
+            }),
+        }
+    }
+    out
+}
+
+/// Pages written into another process in batches of `process_vm_writev`.
+struct Writer<'s> {
+    pid: i32,
+    local: Vec<&'s [u8]>,
+    remote: Vec<(u64, usize)>,
+}
+
+impl<'s> Writer<'s> {
+    fn new(pid: i32) -> Self {
+        Writer {
+            pid,
+            local: Vec::with_capacity(BATCH),
+            remote: Vec::with_capacity(BATCH),
+        }
+    }
+
+    fn push(&mut self, addr: u64, page: &'s [u8]) -> Result<()> {
+        if self.local.len() == BATCH {
+            self.flush()?;
+        }
+        self.local.push(page);
+        match self.remote.last_mut() {
+            Some((a, l)) if *a + *l as u64 == addr => *l += PAGE_SIZE,
+            _ => self.remote.push((addr, PAGE_SIZE)),
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        if self.local.is_empty() {
+            return Ok(());
+        }
+        let want = self.local.len() * PAGE_SIZE;
+        let n =
+            pagewise_sys::process::process_vm_writev_gather(self.pid, &self.local, &self.remote)
+                .map_err(|e| Error::for_pid(self.pid, "process_vm_writev", e))?;
+        if n != want {
+            return Err(Error::NotMapped(format!(
+                "process {}: wrote {n} of {want} bytes from {:#x}",
+                self.pid, self.remote[0].0
+            )));
+        }
+        self.local.clear();
+        self.remote.clear();
+        Ok(())
+    }
+}

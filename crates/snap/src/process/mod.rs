@@ -1,0 +1,648 @@
+//! Rollback of another process in place: [`ProcessSnapshots`] takes
+//! snapshots of a running process and puts any of them back, any number
+//! of times, in any order.
+//!
+//! While the handle is open the process is tracked from outside with
+//! userfaultfd write-protect ([`pagewise_mech::wp::UffdWp::open_in`], the
+//! mechanism of `track --pid`), over every private writable mapping
+//! (anonymous or a file's copy-on-write pages): a take reads, and a restore
+//! writes, only the pages written since the last take or restore, plus
+//! those whose contents differ between what memory held then and the
+//! snapshot. Nothing scans or hashes the whole memory after the first take.
+//!
+//! What a snapshot holds, and a restore puts back:
+//! - every page of every private writable mapping, byte for byte;
+//! - **the layout** ([`crate::process::layout`]): mappings made since are
+//!   unmapped; mappings removed, shrunk, grown, moved or re-protected since
+//!   are made as they were; the program break;
+//! - **every thread's state** ([`crate::process::threads`]): registers, the
+//!   `XSAVE` area, `fs`/`gs` bases, signal mask, alternate signal stack; a
+//!   thread caught in a system call makes it again.
+//!
+//! The kernel's rseq area of each thread (the CPU it runs on) is put back
+//! as taken, and written by the kernel again as soon as the thread runs.
+//!
+//! - **descriptors** ([`fds`]): those opened since are closed, those
+//!   closed since opened again where they are files, the offsets of files
+//!   put back; a restore is refused where one the snapshot had is gone for
+//!   good (a socket, a pipe).
+//!
+//! Not put back: pending signals, the files themselves, shared memory (a
+//! restore would change it under every other process that maps it; it is
+//! left as it is), hugetlb memory.
+//!
+//! The thread set must be the snapshot's: a thread made or ended since is
+//! refused ([`RollbackRefusal::ThreadsChanged`]) unless the restore is
+//! memory-only ([`RestoreOptions::memory_only`]: memory and layout, not
+//! registers). Where nothing can be done inside the process (a seccomp
+//! filter, another tracer), only memory can be put back: the handle still
+//! opens ([`ProcessSnapshots::open`] says why in
+//! [`ProcessSnapshots::note`]), a restore must be memory-only, the layout
+//! must be the snapshot's, and every page is compared by digest.
+//!
+//! The process is stopped (every thread, [`pagewise_mech::stop`]) for each
+//! take and restore and left as it was found: a process its user stopped
+//! stays stopped, nothing stays registered after the handle is dropped.
+
+pub mod fds;
+#[doc(hidden)]
+pub mod layout;
+mod memory;
+mod store;
+#[doc(hidden)]
+#[cfg(target_arch = "x86_64")]
+pub mod threads;
+
+use super::table::{self, Chunk, Table};
+use super::{PageStore, RestoreStats, SnapId, TakeStats};
+use layout::{Op, Vma};
+use pagewise_mech::inject::Remote;
+use pagewise_mech::procfs;
+use pagewise_mech::region::{push_coalesced, PageRange};
+use pagewise_mech::stop::Stopped;
+use pagewise_mech::wp::UffdWp;
+pub use pagewise_mech::RollbackRefusal;
+use pagewise_mech::{Error, Region, Result, PAGE_SIZE};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::time::Instant;
+use threads::ThreadState;
+
+/// Pages per `process_vm_readv`/`process_vm_writev` (each page its own
+/// local buffer; `IOV_MAX` is 1,024).
+const BATCH: usize = 1024;
+
+/// How to restore.
+#[derive(Debug, Clone, Copy, Default)]
+#[non_exhaustive]
+pub struct RestoreOptions {
+    /// Put back memory (and the layout where calls can be made inside the
+    /// process), not the threads' registers.
+    pub memory_only: bool,
+    /// Leave open the descriptors opened since the snapshot (they are
+    /// closed by default).
+    pub keep_new_fds: bool,
+    /// Restore even where descriptors the snapshot had are gone for good
+    /// (they stay closed).
+    pub ignore_missing_fds: bool,
+}
+
+setters!(RestoreOptions {
+    memory_only: bool,
+    keep_new_fds: bool,
+    ignore_missing_fds: bool
+});
+
+/// What one restore did.
+#[derive(Debug, Clone, Default, Serialize)]
+#[non_exhaustive]
+pub struct RestoreReport {
+    /// Pages and time, as for own regions.
+    #[serde(flatten)]
+    pub stats: RestoreStats,
+    /// Mapping calls made to put the layout back.
+    pub layout_calls: u64,
+    /// Threads whose state was put back.
+    pub threads: u64,
+    /// Descriptors opened (`+N`) or closed (`-N`) since the snapshot
+    /// (empty where the snapshot holds no descriptor table); what was done
+    /// with each is in `fds`.
+    pub fd_changes: Vec<i64>,
+    /// What was done with descriptors.
+    pub fds: fds::FdReport,
+    /// Whether pages were compared by digest (no tracking: memory-only
+    /// without calls inside the process).
+    pub compared: bool,
+    /// Memory-only: the mappings left as they are because a thread runs
+    /// on them (its stack, its thread-control block and thread-local
+    /// data), `[start, end]`.
+    pub thread_areas: Vec<[u64; 2]>,
+    /// Where the time went.
+    pub phases: RestorePhases,
+}
+
+/// Where the time of one restore went, microseconds.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+#[non_exhaustive]
+pub struct RestorePhases {
+    /// Stopping every thread and checking the process.
+    pub stop_us: f64,
+    /// Preparing calls inside it, the break and the mappings.
+    pub layout_us: f64,
+    /// The threads' states.
+    pub threads_us: f64,
+    /// Finding the pages written since (the page-table walk).
+    pub walk_us: f64,
+    /// Writing pages and protecting them again.
+    pub copy_us: f64,
+    /// Descriptors compared and every thread let go.
+    pub resume_us: f64,
+}
+
+fn us_since(t: &mut Instant) -> f64 {
+    let now = Instant::now();
+    // To a tenth of a microsecond, which is what a clock read costs.
+    let d = ((now - *t).as_secs_f64() * 1e7).round() / 10.0;
+    *t = now;
+    d
+}
+
+/// One mapping's pages as memory held them at the last take or restore.
+struct Known {
+    region: Region,
+    table: Table,
+    /// Registered with the userfaultfd and protected: unwritten pages are
+    /// known to hold what `table` says.
+    watched: bool,
+}
+
+struct ProcSnap {
+    /// `None` for a snapshot loaded from a store of format 2.
+    layout: Option<Vec<Vma>>,
+    data: Vec<(Region, Table)>,
+    brk: Option<u64>,
+    threads: Vec<ThreadState>,
+    tids: Vec<i32>,
+    /// Descriptors open at the take (`None` where not recorded: a snapshot
+    /// loaded from a store of format 3 or older).
+    fds: Option<Vec<procfs::Descriptor>>,
+    take: TakeStats,
+}
+
+/// Snapshots of another process, put back in place (see the module).
+pub struct ProcessSnapshots {
+    pid: i32,
+    start_time: Option<u64>,
+    /// The program it ran when opened: a process that `exec`s keeps its
+    /// pid and start time, but is another program.
+    identity: Option<procfs::ExecIdentity>,
+    /// Why nothing can be done inside the process, if so.
+    no_inside: Option<String>,
+    wp: Option<UffdWp>,
+    store: PageStore,
+    snaps: BTreeMap<SnapId, ProcSnap>,
+    next_id: SnapId,
+    current: Vec<Known>,
+    spare: Vec<Vec<Chunk>>,
+    buf: Vec<u8>,
+}
+
+impl std::fmt::Debug for ProcessSnapshots {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProcessSnapshots")
+            .field("pid", &self.pid)
+            .field("snapshots", &self.snaps.len())
+            .field("no_inside", &self.no_inside)
+            .finish_non_exhaustive()
+    }
+}
+
+fn is_data(v: &Vma) -> bool {
+    v.is_private_writable()
+        && !matches!(&v.backing, layout::Backing::Other(n) if n.contains("hugepage"))
+}
+
+fn page_index(r: Region, addr: u64) -> usize {
+    ((addr - r.start) / PAGE_SIZE as u64) as usize
+}
+
+impl ProcessSnapshots {
+    /// Opens a handle on process `pid`: tracking from outside starts now.
+    /// Where nothing can be done inside the process, the handle opens all
+    /// the same for memory-only restores, and [`note`](Self::note) says why.
+    pub fn open(pid: i32) -> Result<Self> {
+        procfs::check_target(pid)?;
+        super::remote::not_self_served(pid)?;
+        let (wp, no_inside) = match UffdWp::open_in(pid) {
+            Ok(wp) => (Some(wp), None),
+            // Another tracer: it cannot even be stopped, so not even
+            // memory can be put back while it is traced.
+            Err(e @ Error::Refused(pagewise_mech::Refusal::Traced { .. })) => return Err(e),
+            Err(e @ (Error::Refused(_) | Error::Unsupported { .. })) => (None, Some(e.to_string())),
+            Err(e) => return Err(e),
+        };
+        Ok(ProcessSnapshots {
+            pid,
+            start_time: procfs::start_time(pid),
+            identity: procfs::exec_identity(pid),
+            no_inside,
+            wp,
+            store: PageStore::new(true),
+            snaps: BTreeMap::new(),
+            next_id: 1,
+            current: Vec::new(),
+            spare: Vec::new(),
+            buf: vec![0u8; BATCH * PAGE_SIZE],
+        })
+    }
+
+    /// The process.
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// Why only memory can be put back, if so.
+    pub fn note(&self) -> Option<&str> {
+        self.no_inside.as_deref()
+    }
+
+    /// The page store.
+    pub fn store(&self) -> &PageStore {
+        &self.store
+    }
+
+    /// Stops the process, checking it is still the one the handle opened,
+    /// running the same program.
+    fn stop(&self) -> Result<Stopped> {
+        let s = Stopped::new(self.pid)?;
+        if procfs::start_time(self.pid) != self.start_time {
+            return Err(Error::ProcessExited(self.pid));
+        }
+        if self.identity.is_some() && procfs::exec_identity(self.pid) != self.identity {
+            return Err(Error::ProgramReplaced(self.pid));
+        }
+        Ok(s)
+    }
+
+    /// Takes a snapshot of the process's memory, layout and threads.
+    pub fn take(&mut self) -> Result<SnapId> {
+        let r = self.take_stopped();
+        self.gone_or(r)
+    }
+
+    /// An error met while the process ended is that it ended (a call on
+    /// it answering `ESRCH` says so before its state does).
+    fn gone_or<T>(&self, r: Result<T>) -> Result<T> {
+        match r {
+            Err(e)
+                if e.class() != pagewise_mech::ErrorClass::Gone
+                    && (e.errno() == libc::ESRCH || !procfs::is_alive(self.pid)) =>
+            {
+                Err(Error::ProcessExited(self.pid))
+            }
+            r => r,
+        }
+    }
+
+    fn take_stopped(&mut self) -> Result<SnapId> {
+        let t0 = Instant::now();
+        let stopped = self.stop()?;
+        let layout = layout::read(Some(self.pid))?;
+        let regions: Vec<Region> = layout
+            .iter()
+            .filter(|v| is_data(v))
+            .filter_map(|v| Region::new(v.start, v.end - v.start).ok())
+            .collect();
+        let (brk, threads) = match &self.no_inside {
+            None => {
+                let (brk, t) = inside_state(&stopped)?;
+                (Some(brk), t)
+            }
+            Some(_) => (None, Vec::new()),
+        };
+        let mut stats = TakeStats::default();
+        let data = self.read_memory(&regions, &mut stats)?;
+        let tids = stopped.tids().to_vec();
+        let fds = Some(procfs::descriptors(self.pid)?);
+        drop(stopped);
+        stats.pages = regions.iter().map(Region::pages).sum();
+        stats.elapsed_ns = t0.elapsed().as_nanos() as u64;
+        let id = self.next_id;
+        self.next_id += 1;
+        self.snaps.insert(
+            id,
+            ProcSnap {
+                layout: Some(layout),
+                data,
+                brk,
+                threads,
+                tids,
+                fds,
+                take: stats,
+            },
+        );
+        Ok(id)
+    }
+
+    fn snap(&self, id: SnapId) -> Result<&ProcSnap> {
+        self.snaps
+            .get(&id)
+            .ok_or_else(|| Error::NotFound(format!("no snapshot {id}")))
+    }
+
+    /// Puts snapshot `id` back into the process (see the module).
+    pub fn restore(&mut self, id: SnapId, opts: RestoreOptions) -> Result<RestoreReport> {
+        let r = self.restore_stopped(id, opts);
+        self.gone_or(r)
+    }
+
+    fn restore_stopped(&mut self, id: SnapId, opts: RestoreOptions) -> Result<RestoreReport> {
+        let t0 = Instant::now();
+        self.snap(id)?;
+        if let (Some(why), false) = (&self.no_inside, opts.memory_only) {
+            return Err(RollbackRefusal::MemoryOnly {
+                pid: self.pid,
+                why: why.clone(),
+            }
+            .into());
+        }
+        let mut lap = t0;
+        let stopped = self.stop()?;
+        let mut report = RestoreReport::default();
+        report.phases.stop_us = us_since(&mut lap);
+        let pid = self.pid;
+        let snap = &self.snaps[&id];
+        if snap.layout.is_none() && !opts.memory_only {
+            return Err(RollbackRefusal::MemoryOnly {
+                pid,
+                why: format!(
+                    "snapshot {id} holds memory alone, no layout or threads (a store of format 2)"
+                ),
+            }
+            .into());
+        }
+        if !opts.memory_only {
+            let mut now = stopped.tids().to_vec();
+            now.sort_unstable();
+            let mut then = snap.tids.clone();
+            then.sort_unstable();
+            if now != then {
+                return Err(RollbackRefusal::ThreadsChanged {
+                    pid,
+                    id,
+                    made: now.iter().filter(|t| !then.contains(t)).copied().collect(),
+                    ended: then.iter().filter(|t| !now.contains(t)).copied().collect(),
+                }
+                .into());
+            }
+        }
+        let fd_plan = fds::plan(
+            pid,
+            id,
+            snap.fds.as_deref(),
+            &procfs::descriptors(pid)?,
+            opts,
+            self.no_inside.is_none(),
+        )?;
+        let remote = match self.no_inside {
+            None => Some(Remote::new(&stopped)?),
+            Some(_) => None,
+        };
+        // The layout first: the break, then every mapping.
+        let (calls, fresh) = put_layout(pid, id, snap, &stopped, remote.as_ref(), opts)?;
+        report.layout_calls = calls;
+        report.phases.layout_us = us_since(&mut lap);
+        // Then the threads, whose alternate stacks are set through a page
+        // the memory restore below writes anyway.
+        let scratch = snap.data.first().map(|(r, _)| r.start);
+        if let (Some(remote), false, Some(scratch)) = (&remote, opts.memory_only, scratch) {
+            threads::put_back(&stopped, remote, &snap.threads, scratch)?;
+            report.threads = snap.threads.len() as u64;
+        }
+        report.fds = fds::apply(remote.as_ref(), pid, fd_plan)?;
+        report.fd_changes = report.fds.changes();
+        // Memory-only: threads keep their registers, so the memory they
+        // run on stays theirs: the mapping each stack pointer is in and the
+        // one its thread-control block (fs base) is in are left alone.
+        let own = match opts.memory_only {
+            true => thread_areas(&stopped)?,
+            false => Vec::new(),
+        };
+        let theirs = |r: &Region| own.iter().any(|&(a, b)| a < r.end() && b > r.start);
+        report.thread_areas = snap
+            .data
+            .iter()
+            .filter(|(r, _)| theirs(r))
+            .map(|(r, _)| [r.start, r.end()])
+            .collect();
+        let target: Vec<(Region, Table)> = snap
+            .data
+            .iter()
+            .filter(|(r, _)| !theirs(r))
+            .map(|(r, t)| {
+                (
+                    *r,
+                    table::share(&mut self.spare, std::slice::from_ref(t)).remove(0),
+                )
+            })
+            .collect();
+        let force = scratch.filter(|_| report.threads > 0);
+        report.compared = self.wp.is_none();
+        report.phases.threads_us = us_since(&mut lap);
+        let walk_ns = self.write_memory(target, &fresh, force, &mut report.stats)?;
+        report.phases.walk_us = (walk_ns as f64 / 100.0).round() / 10.0;
+        report.phases.copy_us =
+            ((us_since(&mut lap) - report.phases.walk_us) * 10.0).round() / 10.0;
+        drop(stopped);
+        report.stats.elapsed_ns = t0.elapsed().as_nanos() as u64;
+        report.phases.resume_us = us_since(&mut lap);
+        Ok(report)
+    }
+
+    /// Drops snapshot `id`; pages no other snapshot uses are freed.
+    pub fn drop_snapshot(&mut self, id: SnapId) -> Result<()> {
+        let s = self
+            .snaps
+            .remove(&id)
+            .ok_or_else(|| Error::NotFound(format!("no snapshot {id}")))?;
+        let tables = s.data.into_iter().map(|(_, t)| t).collect();
+        table::release(&mut self.store, &mut self.spare, tables);
+        Ok(())
+    }
+
+    /// The snapshots' ids, oldest first.
+    pub fn ids(&self) -> Vec<SnapId> {
+        self.snaps.keys().copied().collect()
+    }
+
+    /// What taking snapshot `id` cost.
+    pub fn take_stats(&self, id: SnapId) -> Result<TakeStats> {
+        Ok(self.snap(id)?.take)
+    }
+
+    /// The private writable mappings snapshot `id` holds.
+    pub fn regions(&self, id: SnapId) -> Result<Vec<Region>> {
+        Ok(self.snap(id)?.data.iter().map(|(r, _)| *r).collect())
+    }
+
+    /// The recorded state of the threads in snapshot `id`.
+    pub fn threads(&self, id: SnapId) -> Result<&[ThreadState]> {
+        Ok(&self.snap(id)?.threads)
+    }
+
+    /// Reads `buf.len()` bytes at `addr` as snapshot `id` holds them
+    /// (inside one mapping).
+    pub fn read(&self, id: SnapId, addr: u64, buf: &mut [u8]) -> Result<()> {
+        let s = self.snap(id)?;
+        let (r, t) = s
+            .data
+            .iter()
+            .find(|(r, _)| r.contains(addr))
+            .ok_or_else(|| Error::NotMapped(format!("{addr:#x} is not in snapshot {id}")))?;
+        addr.checked_add(buf.len() as u64)
+            .filter(|&e| e <= r.end())
+            .ok_or_else(|| {
+                Error::Invalid(format!("{addr:#x}+{:#x} runs past its mapping", buf.len()))
+            })?;
+        let mut done = 0;
+        while done < buf.len() {
+            let off = (addr - r.start) as usize + done;
+            let (page, at) = (off / PAGE_SIZE, off % PAGE_SIZE);
+            let n = (PAGE_SIZE - at).min(buf.len() - done);
+            buf[done..done + n].copy_from_slice(&self.store.page(t.get(page))[at..at + n]);
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Ranges whose contents differ between snapshots `a` and `b` (a
+    /// mapping one has and the other not counts whole).
+    pub fn diff(&self, a: SnapId, b: SnapId) -> Result<Vec<PageRange>> {
+        let (sa, sb) = (self.snap(a)?, self.snap(b)?);
+        let mut out = Vec::new();
+        for (r, ta) in &sa.data {
+            match sb.data.iter().find(|(q, _)| q == r) {
+                Some((_, tb)) => {
+                    for i in 0..r.pages() as usize {
+                        if ta.get(i) != tb.get(i) {
+                            let at = r.start + (i * PAGE_SIZE) as u64;
+                            push_coalesced(&mut out, at, at + PAGE_SIZE as u64);
+                        }
+                    }
+                }
+                None => push_coalesced(&mut out, r.start, r.end()),
+            }
+        }
+        for (r, _) in &sb.data {
+            if !sa.data.iter().any(|(q, _)| q == r) {
+                push_coalesced(&mut out, r.start, r.end());
+            }
+        }
+        pagewise_mech::region::normalize(&mut out);
+        Ok(out)
+    }
+}
+
+impl Drop for ProcessSnapshots {
+    fn drop(&mut self) {
+        if let Some(wp) = &self.wp {
+            for k in &self.current {
+                if k.watched {
+                    let _ = wp.unregister(k.region);
+                }
+            }
+        }
+    }
+}
+
+/// What a snapshot records besides memory, read inside `stopped`: the
+/// program break and every thread's state.
+pub(crate) fn inside_state(stopped: &Stopped) -> Result<(u64, Vec<ThreadState>)> {
+    let remote = Remote::new(stopped)?;
+    let threads = threads::capture(stopped, &remote)?;
+    Ok((layout::brk(&remote, 0)?, threads))
+}
+
+/// The mappings the threads of `stopped` run on: the one each stack
+/// pointer is in and the one each thread-control block (`fs` base: glibc's
+/// thread descriptor and thread-local data) is in, as `(start, end)`.
+fn thread_areas(stopped: &Stopped) -> Result<Vec<(u64, u64)>> {
+    let maps = procfs::maps(Some(stopped.pid()))?;
+    let mut out = Vec::new();
+    for &tid in stopped.tids() {
+        let r = pagewise_sys::process::ptrace_getregs(tid)
+            .map_err(|e| Error::for_pid(stopped.pid(), format!("PTRACE_GETREGS of {tid}"), e))?;
+        for at in [r.rsp, r.fs_base] {
+            if let Some(m) = maps.iter().find(|m| m.start <= at && at < m.end) {
+                out.push((m.start, m.end));
+            }
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    Ok(out)
+}
+
+/// Puts the layout of `snap` back (the process stopped): the break, then
+/// every mapping, inside the process; without calls inside it, checks the
+/// layout is the snapshot's. The calls made and the ranges mapped afresh.
+fn put_layout(
+    pid: i32,
+    id: SnapId,
+    snap: &ProcSnap,
+    stopped: &Stopped,
+    remote: Option<&Remote<'_>>,
+    opts: RestoreOptions,
+) -> Result<(u64, Vec<(u64, u64)>)> {
+    let Some(want) = &snap.layout else {
+        let now = layout::read(Some(pid))?;
+        // Memory alone: its mappings must be there, private and writable.
+        for (r, _) in &snap.data {
+            let mut at = r.start;
+            for v in now.iter().filter(|v| v.end > r.start && v.start < r.end()) {
+                if v.start > at || !v.is_private_writable() {
+                    break;
+                }
+                at = v.end;
+            }
+            if at < r.end() {
+                return Err(RollbackRefusal::LayoutChanged {
+                    pid,
+                    id,
+                    first: format!(
+                        "{:#x}..{:#x} is not mapped private and writable",
+                        r.start,
+                        r.end()
+                    ),
+                }
+                .into());
+            }
+        }
+        return Ok((0, Vec::new()));
+    };
+    let Some(remote) = remote else {
+        let ops = layout::diff(want, &layout::read(Some(pid))?)?;
+        return match ops.first() {
+            Some(first) => Err(RollbackRefusal::LayoutChanged {
+                pid,
+                id,
+                first: format!("{first:?}"),
+            }
+            .into()),
+            None => Ok((0, Vec::new())),
+        };
+    };
+    if let Some(b) = snap.brk {
+        let got = layout::brk(remote, b)?;
+        if got != b {
+            return Err(Error::for_pid(
+                pid,
+                format!("brk({b:#x}) made inside it (the break stayed at {got:#x})"),
+                std::io::Error::from_raw_os_error(libc::ENOMEM),
+            ));
+        }
+    }
+    let mut ops = layout::diff(want, &layout::read(Some(pid))?)?;
+    if opts.memory_only {
+        // Threads keep their registers: a stack one of them runs on now
+        // stays, whatever the snapshot had there.
+        let sps: Vec<u64> = stopped
+            .tids()
+            .iter()
+            .filter_map(|&t| pagewise_sys::process::ptrace_getregs(t).ok())
+            .map(|r| r.rsp)
+            .collect();
+        ops.retain(|o| {
+            let (a, b) = o.range();
+            !sps.iter().any(|&sp| a <= sp && sp < b)
+        });
+    }
+    layout::check(pid, &ops)?;
+    layout::apply(remote, pid, &ops)?;
+    let fresh = ops
+        .iter()
+        .filter(|o| matches!(o, Op::Map { .. }))
+        .map(Op::range)
+        .collect();
+    Ok((ops.len() as u64, fresh))
+}

@@ -1,0 +1,248 @@
+//! Snapshots of another process into a durable store.
+//!
+//! The process is stopped (see [`pagewise_mech::stop`]) while its writable mappings
+//! are read through `process_vm_readv`, and resumed before the snapshot is
+//! synced to disk. Anonymous memory that was never populated is recorded as
+//! zero pages without being read (`PAGEMAP_SCAN`); file-backed mappings are
+//! read whole, since their unpopulated pages hold the file's contents. Pages
+//! the store already has are not written again, so a series of snapshots
+//! costs the pages that changed (plus an index of 8 bytes per page).
+
+use super::disk::{DiskStore, SaveStats};
+use pagewise_mech::procfs;
+use pagewise_mech::stop::Stopped;
+use pagewise_mech::walk::{read_remote, PageWalker};
+use pagewise_mech::{Error, Region, Result, PAGE_SIZE};
+use serde::Serialize;
+use std::time::Instant;
+
+/// Bytes read per `process_vm_readv`.
+const CHUNK: usize = 1 << 20;
+
+/// What one snapshot of another process did.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProcessSnapshot {
+    /// What the store wrote.
+    pub save: SaveStats,
+    /// Mappings snapshotted.
+    pub regions: usize,
+    /// Pages read from the process.
+    pub pages_read: u64,
+    /// Threads stopped.
+    pub threads: usize,
+    /// How long the process was stopped, ms.
+    pub stopped_ms: f64,
+    /// The whole snapshot, ms (including the sync to disk).
+    pub total_ms: f64,
+}
+
+/// Snapshots the writable memory of process `pid` into `disk`.
+pub fn snapshot_process(pid: i32, disk: &mut DiskStore, label: &str) -> Result<ProcessSnapshot> {
+    snapshot_with(pid, disk, label, None)
+}
+
+/// Successive snapshots of one process that read, after the first, only
+/// the pages written since the previous one: a `uffd-wp` tracker from
+/// outside ([`pagewise_track::DirtyTracker::for_process`]) runs alongside,
+/// and is collected while the process is stopped for each snapshot. Pages
+/// it does not report are taken over from the previous snapshot unread. A
+/// mapping that is new, or changed in place or size, is read whole; so are
+/// file-backed mappings, which the tracker does not watch.
+pub struct Incremental {
+    pid: i32,
+    tracker: pagewise_track::DirtyTracker,
+    prev: Option<super::disk::DiskSnapshot>,
+}
+
+impl Incremental {
+    /// Starts tracking `pid` (refused, with the reason, where uffd-wp from
+    /// outside cannot be had: use [`snapshot_process`] then).
+    pub fn new(pid: i32) -> Result<Self> {
+        let tracker =
+            pagewise_track::DirtyTracker::for_process(pid, pagewise_track::BackendKind::UffdWp)?;
+        Ok(Incremental {
+            pid,
+            tracker,
+            prev: None,
+        })
+    }
+
+    /// Takes the next snapshot into `disk` (the store of every earlier one).
+    pub fn snapshot(&mut self, disk: &mut DiskStore, label: &str) -> Result<ProcessSnapshot> {
+        let prev = self.prev.take();
+        let s = snapshot_with(
+            self.pid,
+            disk,
+            label,
+            Some((&mut self.tracker, prev.as_ref())),
+        )?;
+        self.prev = Some(disk.load(s.save.id)?);
+        Ok(s)
+    }
+}
+
+/// Which pages of `r` (a mapping `prev` also had, at the same place and
+/// size) were written: a bit per page.
+fn written_pages(r: Region, dirty: &[pagewise_mech::PageRange]) -> Vec<bool> {
+    let mut w = vec![false; r.pages() as usize];
+    for d in dirty {
+        let (a, b) = (d.start.max(r.start), (d.start + d.len()).min(r.end()));
+        let mut x = a;
+        while x < b {
+            w[((x - r.start) / PAGE_SIZE as u64) as usize] = true;
+            x += PAGE_SIZE as u64;
+        }
+    }
+    w
+}
+
+fn snapshot_with(
+    pid: i32,
+    disk: &mut DiskStore,
+    label: &str,
+    mut incremental: Option<(
+        &mut pagewise_track::DirtyTracker,
+        Option<&super::disk::DiskSnapshot>,
+    )>,
+) -> Result<ProcessSnapshot> {
+    let t0 = Instant::now();
+    procfs::check_target(pid)?;
+    not_self_served(pid)?;
+    let stopped = Stopped::new(pid)?;
+    let threads = stopped.threads();
+    #[cfg(target_arch = "x86_64")]
+    let record = process_record(pid, &stopped);
+    let maps = procfs::writable(Some(pid))?;
+    let regions: Vec<(Region, bool)> = maps
+        .iter()
+        .filter_map(|m| {
+            Region::new(m.start, m.len())
+                .ok()
+                .map(|r| (r, m.inode == 0))
+        })
+        .collect();
+    let only: Vec<Region> = regions.iter().map(|r| r.0).collect();
+    // While stopped: what was written since the previous snapshot (and the
+    // tracker re-armed for the next one).
+    let (dirty, prev) = match incremental.as_mut() {
+        Some((t, prev)) => {
+            t.sync_process_mappings(Some(pid), false)?;
+            (t.collect()?.ranges, *prev)
+        }
+        None => (Vec::new(), None),
+    };
+    let mut walker = PageWalker::new(Some(pid))?;
+    let mut w = disk.writer(&only, Some(pid), label)?;
+    let mut buf = vec![0u8; CHUNK];
+    let mut runs = Vec::new();
+    let mut pages_read = 0u64;
+    for &(r, anonymous) in &regions {
+        // The same mapping in the previous snapshot: its first entry.
+        let before = prev
+            .filter(|_| anonymous)
+            .and_then(|p| p.first_page_of(&r).map(|i| (p, i)));
+        if let Some((p, first)) = before {
+            let written = written_pages(r, &dirty);
+            let mut i = 0usize;
+            while i < written.len() {
+                if !written[i] {
+                    w.push_unchanged(p, first + i)?;
+                    i += 1;
+                    continue;
+                }
+                let mut j = i;
+                while j < written.len() && written[j] && j - i < CHUNK / PAGE_SIZE {
+                    j += 1;
+                }
+                let addr = r.start + (i * PAGE_SIZE) as u64;
+                let len = (j - i) * PAGE_SIZE;
+                read_remote(pid, addr, &mut buf[..len])?;
+                for page in buf[..len].chunks_exact(PAGE_SIZE) {
+                    w.push(page)?;
+                }
+                pages_read += (j - i) as u64;
+                i = j;
+            }
+            continue;
+        }
+        if anonymous {
+            walker.populated(r, &mut runs)?;
+        } else {
+            runs.clear();
+            runs.push((r.start, r.end()));
+        }
+        let mut cursor = r.start;
+        for &(a, b) in &runs {
+            w.push_zeros((a - cursor) / PAGE_SIZE as u64)?;
+            let mut addr = a;
+            while addr < b {
+                let len = ((b - addr) as usize).min(CHUNK);
+                read_remote(pid, addr, &mut buf[..len])?;
+                for page in buf[..len].chunks_exact(PAGE_SIZE) {
+                    w.push(page)?;
+                }
+                pages_read += (len / PAGE_SIZE) as u64;
+                addr += len as u64;
+            }
+            cursor = b;
+        }
+        w.push_zeros((r.end() - cursor) / PAGE_SIZE as u64)?;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if let Some(r) = &record {
+        w.process_record(r);
+    }
+    drop(stopped);
+    let stopped_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let save = w.finish()?;
+    Ok(ProcessSnapshot {
+        save,
+        regions: regions.len(),
+        pages_read,
+        threads,
+        stopped_ms,
+        total_ms: t0.elapsed().as_secs_f64() * 1e3,
+    })
+}
+
+/// Refuses a process that serves its own page faults (a userfaultfd of its
+/// own over some of its memory): stopped, it could not serve the reads of
+/// a snapshot, and the pages it keeps elsewhere are not at their
+/// addresses. Every snapshot of another process asks (plain, live,
+/// held for rollback).
+pub fn not_self_served(pid: i32) -> Result<()> {
+    let served = procfs::uffd_served(Some(pid))?;
+    if served.is_empty() {
+        return Ok(());
+    }
+    Err(Error::MemoryType(format!(
+        "process {pid} serves its own page faults (a userfaultfd over {} mappings, as under \
+         `pagewise farmem run`): stopped, it could not serve the reads of a snapshot, and the \
+         pages it keeps elsewhere are not at their addresses; snapshot it without its fault \
+         handler (or far-memory emulation)",
+        served.len()
+    )))
+}
+
+/// What a rollback needs besides pages (the layout, the program break,
+/// every thread's state, the start time), read while `stopped`; `None`
+/// where nothing can be done inside the process (a seccomp filter, for
+/// one): its snapshot then restores memory alone.
+#[cfg(target_arch = "x86_64")]
+fn process_record(pid: i32, stopped: &Stopped) -> Option<super::disk::ProcessRecord> {
+    // A seccomp filter could refuse the calls made inside, or kill it.
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    if procfs::status_field(&status, "Seccomp").unwrap_or(0) != 0 {
+        return None;
+    }
+    let layout = crate::process::layout::read(Some(pid)).ok()?;
+    let (brk, threads) = super::process::inside_state(stopped).ok()?;
+    Some(super::disk::ProcessRecord {
+        start_time: procfs::start_time(pid)?,
+        brk: Some(brk),
+        layout,
+        threads,
+        fds: procfs::descriptors(pid).ok(),
+        identity: procfs::exec_identity(pid),
+    })
+}
