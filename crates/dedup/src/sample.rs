@@ -5,7 +5,7 @@
 use super::{Action, Agent, FilterReport, RegionState, PAGES, REFRESH_LANES};
 use pagewise_mech::bloom::CountingBloom;
 use pagewise_mech::hash::{page_digest, zero_page_digest, PageDigest};
-use pagewise_mech::walk::{self, PageWalker};
+use pagewise_mech::walk::PageWalker;
 use pagewise_mech::{Region, HUGE_PAGE_SIZE, PAGE_SIZE};
 use pagewise_sys::pagemap::{category, PageRegion};
 use std::collections::{BTreeSet, HashMap};
@@ -182,7 +182,7 @@ impl Reader<'_> {
             .filter(|&p| resident[p] && (full || p % lanes == lane || s.digests[p].is_none()))
             .collect();
         let ok = if wanted.len() == PAGES {
-            walk::read_remote(self.pid, start, self.buf).is_ok()
+            pagewise_mech::remote::read(self.pid, start, self.buf).is_ok()
         } else {
             let mut parts: Vec<(u64, &mut [u8])> = self
                 .buf
@@ -191,7 +191,7 @@ impl Reader<'_> {
                 .filter(|(p, _)| wanted.binary_search(p).is_ok())
                 .map(|(p, b)| (start + (p * PAGE_SIZE) as u64, b))
                 .collect();
-            walk::read_remote_many(self.pid, &mut parts).is_ok()
+            pagewise_mech::remote::read_many(self.pid, &mut parts).is_ok()
         };
         if !ok {
             return None;

@@ -29,7 +29,8 @@
 extern crate pagewise_mech;
 
 use pagewise_mech::procfs;
-use pagewise_mech::walk::{read_remote, PageWalker};
+use pagewise_mech::remote;
+use pagewise_mech::walk::PageWalker;
 use pagewise_mech::{Region, Result, HUGE_PAGE_SIZE, PAGE_SIZE};
 use pagewise_sys::pagemap::{category as cat, PageRegion};
 use serde::Serialize;
@@ -413,7 +414,7 @@ impl Found {
             while a < t {
                 let len = ((t - a) as usize).min(buf.len());
                 // Pages unmapped meanwhile read as zeros.
-                read_remote(pid, a, &mut buf[..len])?;
+                remote::read(pid, a, &mut buf[..len])?;
                 for (k, page) in buf[..len].chunks_exact(PAGE_SIZE).enumerate() {
                     let rep = &mut self.regions[ri];
                     let look = sampled(a + (k * PAGE_SIZE) as u64);

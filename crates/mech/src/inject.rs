@@ -499,9 +499,7 @@ impl<'a> Remote<'a> {
             .and_then(|()| {
                 die_here(Phase::Back);
                 match frame {
-                    Some((_, f)) => f
-                        .put_back(pid)
-                        .map_err(|e| os("writing back the stack under the call's frame", e)),
+                    Some((_, f)) => f.put_back(pid),
                     None => Ok(()),
                 }
             });
@@ -656,8 +654,7 @@ impl<'a> Remote<'a> {
                     .iter()
                     .flat_map(|&(a, n)| a.to_ne_bytes().into_iter().chain(n.to_ne_bytes()))
                     .collect();
-                let wrote = pagewise_sys::process::process_vm_write(pid, at, &iov)
-                    .map_err(|e| Error::for_pid(pid, "writing the advice's ranges", e))?;
+                let wrote = crate::remote::write(pid, at, &iov, "writing the advice's ranges")?;
                 if wrote != iov.len() {
                     break;
                 }
@@ -730,9 +727,8 @@ impl<'a> Remote<'a> {
             return Err(failed(pid, "mmap of a scratch page made inside it", page));
         }
         let page = page as u64;
-        let opened = pagewise_sys::process::process_vm_write(pid, page, &name)
-            .map_err(|e| Error::for_pid(pid, "writing a path into it", e))
-            .and_then(|_| {
+        let opened =
+            crate::remote::write(pid, page, &name, "writing a path into it").and_then(|_| {
                 self.syscall(
                     libc::SYS_openat,
                     [libc::AT_FDCWD as i64 as u64, page, flags as u64, 0, 0, 0],

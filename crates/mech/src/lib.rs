@@ -59,6 +59,7 @@ pub mod probe;
 #[doc(hidden)]
 pub mod procfs;
 pub mod region;
+pub mod remote;
 #[doc(hidden)]
 pub mod settings;
 #[doc(hidden)]

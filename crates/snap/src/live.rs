@@ -26,7 +26,6 @@
 use super::disk::{DiskSnapshot, DiskStore, SaveStats};
 use pagewise_mech::procfs;
 use pagewise_mech::stop::Stopped;
-use pagewise_mech::walk::read_remote;
 use pagewise_mech::{Error, PageRange, Region, Result, PAGE_SIZE};
 use pagewise_track::{BackendKind, DirtyTracker};
 use serde::Serialize;
@@ -259,10 +258,10 @@ impl Source for ProcessSource {
             .collect())
     }
     fn read(&mut self, addr: u64, buf: &mut [u8]) -> Result<()> {
-        read_remote(self.pid, addr, buf).map(|_| ())
+        pagewise_mech::remote::read(self.pid, addr, buf).map(|_| ())
     }
     fn read_many(&mut self, parts: &mut [(u64, &mut [u8])]) -> Result<()> {
-        pagewise_mech::walk::read_remote_many(self.pid, parts)
+        pagewise_mech::remote::read_many(self.pid, parts)
     }
     fn dirty(&mut self) -> Result<Vec<PageRange>> {
         self.tracker.sync_process_mappings(Some(self.pid), false)?;

@@ -10,8 +10,9 @@
 
 use super::disk::{DiskStore, SaveStats};
 use pagewise_mech::procfs;
+use pagewise_mech::remote;
 use pagewise_mech::stop::Stopped;
-use pagewise_mech::walk::{read_remote, PageWalker};
+use pagewise_mech::walk::PageWalker;
 use pagewise_mech::{Error, Region, Result, PAGE_SIZE};
 use serde::Serialize;
 use std::time::Instant;
@@ -156,7 +157,7 @@ fn snapshot_with(
                 }
                 let addr = r.start + (i * PAGE_SIZE) as u64;
                 let len = (j - i) * PAGE_SIZE;
-                read_remote(pid, addr, &mut buf[..len])?;
+                remote::read(pid, addr, &mut buf[..len])?;
                 for page in buf[..len].chunks_exact(PAGE_SIZE) {
                     w.push(page)?;
                 }
@@ -177,7 +178,7 @@ fn snapshot_with(
             let mut addr = a;
             while addr < b {
                 let len = ((b - addr) as usize).min(CHUNK);
-                read_remote(pid, addr, &mut buf[..len])?;
+                remote::read(pid, addr, &mut buf[..len])?;
                 for page in buf[..len].chunks_exact(PAGE_SIZE) {
                     w.push(page)?;
                 }

@@ -171,7 +171,7 @@ fn holds_data(pid: i32, start: u64, words: &mut [[u8; 8]]) -> bool {
         .enumerate()
         .map(|(k, w)| (start + (k * PAGE_SIZE) as u64, &mut w[..]))
         .collect();
-    if pagewise_mech::walk::read_remote_many(pid, &mut parts).is_err() {
+    if pagewise_mech::remote::read_many(pid, &mut parts).is_err() {
         return true;
     }
     words.iter().any(|w| *w != [0u8; 8])

@@ -134,7 +134,7 @@ impl HashBackend {
                 while addr < b {
                     let len = ((b - addr) as usize).min(REMOTE_CHUNK);
                     // A short read means the rest was unmapped meanwhile: it reads as zeros.
-                    pagewise_mech::walk::read_remote(pid, addr, &mut self.buf[..len])?;
+                    pagewise_mech::remote::read(pid, addr, &mut self.buf[..len])?;
                     let want = len / PAGE_SIZE;
                     pagewise_mech::hash::hash_pages(&self.buf[..len], &mut out[i..i + want]);
                     i += want;

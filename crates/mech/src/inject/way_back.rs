@@ -26,7 +26,7 @@
 //! or the frame cannot be written (a stack pointer at the very end of its
 //! stack), the call is made as before, without a way back.
 
-use crate::procfs;
+use crate::{procfs, remote};
 use pagewise_sys::process::{self as p, Regs};
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -218,22 +218,17 @@ impl Frame {
         frame[FP_AT..FP_AT + size].copy_from_slice(&xstate[..size]);
         frame[FP_AT + size..].copy_from_slice(&MAGIC2.to_ne_bytes());
         let mut covered = vec![0u8; total];
-        if p::process_vm_read(pid, at, &mut covered).ok()? != total {
-            return None;
-        }
-        if p::process_vm_write(pid, at, &frame).ok()? != total {
-            let _ = p::process_vm_write(pid, at, &covered);
+        remote::read_exact(pid, at, &mut covered).ok()?;
+        if remote::write_exact(pid, at, &frame).is_err() {
+            let _ = remote::write(pid, at, &covered, "putting back under a frame");
             return None;
         }
         Some(Frame { at, covered })
     }
 
     /// Puts back the bytes the frame covered.
-    pub(crate) fn put_back(self, pid: i32) -> std::io::Result<()> {
-        match p::process_vm_write(pid, self.at, &self.covered)? {
-            n if n == self.covered.len() => Ok(()),
-            _ => Err(std::io::Error::from_raw_os_error(libc::EFAULT)),
-        }
+    pub(crate) fn put_back(self, pid: i32) -> crate::Result<()> {
+        remote::write_exact(pid, self.at, &self.covered)
     }
 }
 

@@ -456,7 +456,7 @@ impl Writer {
 
     pub fn read_all(&self) -> Vec<u8> {
         let mut b = vec![0u8; self.region.len as usize];
-        let n = pagewise::mech::walk::read_remote(self.pid, self.region.start, &mut b).unwrap();
+        let n = pagewise::mech::remote::read(self.pid, self.region.start, &mut b).unwrap();
         assert_eq!(n, b.len());
         b
     }

@@ -141,7 +141,7 @@ impl Target {
         let stopped = pagewise::mech::stop::Stopped::new(self.pid).unwrap();
         let done = self.ctl(0);
         let mut b = vec![0u8; REGIONS * HUGE_PAGE_SIZE];
-        pagewise::mech::walk::read_remote(self.pid, LOW, &mut b).unwrap();
+        pagewise::mech::remote::read(self.pid, LOW, &mut b).unwrap();
         drop(stopped);
         let mut want = vec![0u8; PAGE_SIZE];
         let mut n = 0;
@@ -760,7 +760,7 @@ fn region_writes_reports_every_write_between_takes() {
     // The values are in memory.
     let mut word = vec![0u8; PAGE_SIZE];
     let value = |r: usize, page: &mut Vec<u8>| {
-        pagewise::mech::walk::read_remote(pid, region(r) + 5 * PAGE_SIZE as u64, page).unwrap();
+        pagewise::mech::remote::read(pid, region(r) + 5 * PAGE_SIZE as u64, page).unwrap();
         u64::from_ne_bytes(page[..8].try_into().unwrap())
     };
     assert_eq!(value(0, &mut word), 0x3333_3333_3333_3333);

@@ -686,7 +686,7 @@ pub fn private_memory(pid: i32) -> Vec<(Region, Vec<u8>)> {
         }
         let r = Region::new(m.start, m.len()).unwrap();
         let mut b = vec![0u8; r.len as usize];
-        pagewise::mech::walk::read_remote(pid, r.start, &mut b).unwrap();
+        pagewise::mech::remote::read(pid, r.start, &mut b).unwrap();
         out.push((r, b));
     }
     out

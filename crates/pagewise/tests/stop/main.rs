@@ -239,7 +239,7 @@ fn system_calls_inside_another_process() {
     );
 }
 
-/// `read_remote` of more than `process_vm_readv` moves in one call (about
+/// `remote::read` of more than `process_vm_readv` moves in one call (about
 /// 2 GiB): the bytes past 2 GiB are the process's, not zeros.
 #[test]
 fn reading_more_than_2_gib_of_another_process() {
@@ -265,7 +265,7 @@ fn reading_more_than_2_gib_of_another_process() {
     // Read our own memory through the same path as another process's.
     let me = std::process::id() as i32;
     let mut buf = vec![0u8; LEN];
-    let n = pagewise::mech::walk::read_remote(me, p as u64, &mut buf).unwrap();
+    let n = pagewise::mech::remote::read(me, p as u64, &mut buf).unwrap();
     assert_eq!(n, LEN, "a short read");
     for (i, &m) in marks.iter().enumerate() {
         assert_eq!(buf[m + 7], 0xA0 + i as u8, "the byte at {m:#x}");

@@ -167,12 +167,8 @@ fn recovered_bloat_is_uncharged_from_the_cgroup_at_once() {
     let before = cg.usage().unwrap().usage;
     for r in 0..16u64 {
         let mut b = [0u8; PAGE_SIZE];
-        pagewise::mech::walk::read_remote(
-            child.pid,
-            child.base + r * HUGE_PAGE_SIZE as u64,
-            &mut b,
-        )
-        .unwrap();
+        pagewise::mech::remote::read(child.pid, child.base + r * HUGE_PAGE_SIZE as u64, &mut b)
+            .unwrap();
         assert_eq!(b[0], 1, "region {r} before recovery: the written page");
     }
     let opts = recovery_only(
@@ -196,12 +192,8 @@ fn recovered_bloat_is_uncharged_from_the_cgroup_at_once() {
     // The written pages are still there.
     for r in 0..16u64 {
         let mut b = [0u8; PAGE_SIZE];
-        pagewise::mech::walk::read_remote(
-            child.pid,
-            child.base + r * HUGE_PAGE_SIZE as u64,
-            &mut b,
-        )
-        .unwrap();
+        pagewise::mech::remote::read(child.pid, child.base + r * HUGE_PAGE_SIZE as u64, &mut b)
+            .unwrap();
         assert_eq!(b[0], 1, "region {r}: the written page");
     }
     let after = cg.usage().unwrap().usage;

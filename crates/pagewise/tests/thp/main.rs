@@ -115,7 +115,7 @@ impl Target {
         let stopped = pagewise::mech::stop::Stopped::new(self.pid).unwrap();
         let done = self.passes();
         let mut b = vec![0u8; 4 * HUGE_PAGE_SIZE];
-        pagewise::mech::walk::read_remote(self.pid, self.base, &mut b).unwrap();
+        pagewise::mech::remote::read(self.pid, self.base, &mut b).unwrap();
         drop(stopped);
         let mut n = 0;
         for (r, &stride) in STRIDE.iter().enumerate() {

@@ -40,12 +40,9 @@ fn uffd_wp_from_outside_loses_no_write() {
                 continue;
             }
             let off = (s - base) as usize;
-            let got = pagewise::mech::walk::read_remote(
-                w.pid,
-                s,
-                &mut shadow[off..off + (e - s) as usize],
-            )
-            .unwrap();
+            let got =
+                pagewise::mech::remote::read(w.pid, s, &mut shadow[off..off + (e - s) as usize])
+                    .unwrap();
             assert_eq!(got as u64, e - s);
             n += (e - s) / PAGE_SIZE as u64;
         }
@@ -150,10 +147,7 @@ fn uffd_wp_from_outside_leaves_no_trace() {
 /// `n` bytes of process `pid` at `at`.
 fn remote_bytes(pid: i32, at: u64, n: usize) -> Vec<u8> {
     let mut b = vec![0u8; n];
-    assert_eq!(
-        pagewise::mech::walk::read_remote(pid, at, &mut b).unwrap(),
-        n
-    );
+    assert_eq!(pagewise::mech::remote::read(pid, at, &mut b).unwrap(), n);
     b
 }
 

@@ -2,10 +2,11 @@
 //! memory holds at a take, what a restore writes, and the write-protection
 //! that tells which pages changed in between.
 
-use super::{page_index, Known, ProcessSnapshots, BATCH};
+use super::{page_index, Known, ProcessSnapshots};
 use crate::table::{self, Table};
 use crate::{PageId, RestoreStats, TakeStats, CHUNK_PAGES};
 use pagewise_mech::region::PageRange;
+use pagewise_mech::remote;
 use pagewise_mech::walk::PageWalker;
 use pagewise_mech::wp::UffdWp;
 use pagewise_mech::{Error, Region, Result, PAGE_SIZE};
@@ -141,7 +142,7 @@ impl ProcessSnapshots {
                 parts.push((a, head));
                 rest = tail;
             }
-            pagewise_mech::walk::read_remote_many(self.pid, &mut parts)?;
+            pagewise_mech::remote::read_many(self.pid, &mut parts)?;
         }
         let mut off = 0;
         for &(a, n) in runs {
@@ -240,7 +241,7 @@ impl ProcessSnapshots {
                 _ => Some(self.watch(r, false)?),
             };
             {
-                let mut w = Writer::new(self.pid);
+                let mut w = remote::Writer::new(self.pid);
                 for &i in &pages {
                     w.push(
                         r.start + (i * PAGE_SIZE) as u64,
@@ -302,7 +303,7 @@ impl ProcessSnapshots {
         let mut addr = r.start;
         while addr < r.end() {
             let len = ((r.end() - addr) as usize).min(self.buf.len());
-            pagewise_mech::walk::read_remote(self.pid, addr, &mut self.buf[..len])?;
+            pagewise_mech::remote::read(self.pid, addr, &mut self.buf[..len])?;
             for (k, page) in self.buf[..len].chunks_exact(PAGE_SIZE).enumerate() {
                 let i = page_index(r, addr) + k;
                 let want = tgt.get(i);
@@ -344,52 +345,4 @@ fn runs_of(r: Region, pages: &[usize]) -> Vec<Region> {
         }
     }
     out
-}
-
-/// Pages written into another process in batches of `process_vm_writev`.
-struct Writer<'s> {
-    pid: i32,
-    local: Vec<&'s [u8]>,
-    remote: Vec<(u64, usize)>,
-}
-
-impl<'s> Writer<'s> {
-    fn new(pid: i32) -> Self {
-        Writer {
-            pid,
-            local: Vec::with_capacity(BATCH),
-            remote: Vec::with_capacity(BATCH),
-        }
-    }
-
-    fn push(&mut self, addr: u64, page: &'s [u8]) -> Result<()> {
-        if self.local.len() == BATCH {
-            self.flush()?;
-        }
-        self.local.push(page);
-        match self.remote.last_mut() {
-            Some((a, l)) if *a + *l as u64 == addr => *l += PAGE_SIZE,
-            _ => self.remote.push((addr, PAGE_SIZE)),
-        }
-        Ok(())
-    }
-
-    fn flush(&mut self) -> Result<()> {
-        if self.local.is_empty() {
-            return Ok(());
-        }
-        let want = self.local.len() * PAGE_SIZE;
-        let n =
-            pagewise_sys::process::process_vm_writev_gather(self.pid, &self.local, &self.remote)
-                .map_err(|e| Error::for_pid(self.pid, "process_vm_writev", e))?;
-        if n != want {
-            return Err(Error::NotMapped(format!(
-                "process {}: wrote {n} of {want} bytes from {:#x}",
-                self.pid, self.remote[0].0
-            )));
-        }
-        self.local.clear();
-        self.remote.clear();
-        Ok(())
-    }
 }

@@ -30,6 +30,7 @@
 //! x86-64 only.
 
 use pagewise_mech::inject::Remote;
+use pagewise_mech::remote::{read_exact, write_exact};
 use pagewise_mech::stop::Stopped;
 use pagewise_mech::{Error, Result};
 use pagewise_sys::process::{self as p, Regs};
@@ -210,26 +211,4 @@ pub fn put_back(
             .map_err(|e| os(format!("PTRACE_SETSIGMASK of {tid}"), e))?;
     }
     Ok(())
-}
-
-fn read_exact(pid: i32, at: u64, buf: &mut [u8]) -> Result<()> {
-    match p::process_vm_read(pid, at, buf) {
-        Ok(n) if n == buf.len() => Ok(()),
-        Ok(n) => Err(Error::NotMapped(format!(
-            "process {pid}: {at:#x}+{:#x} (read {n})",
-            buf.len()
-        ))),
-        Err(e) => Err(Error::for_pid(pid, format!("reading {at:#x}"), e)),
-    }
-}
-
-fn write_exact(pid: i32, at: u64, buf: &[u8]) -> Result<()> {
-    match p::process_vm_write(pid, at, buf) {
-        Ok(n) if n == buf.len() => Ok(()),
-        Ok(n) => Err(Error::NotMapped(format!(
-            "process {pid}: {at:#x}+{:#x} (wrote {n})",
-            buf.len()
-        ))),
-        Err(e) => Err(Error::for_pid(pid, format!("writing {at:#x}"), e)),
-    }
 }

@@ -162,7 +162,7 @@ pub(super) fn recover(
     let mut buf = vec![0u8; HUGE_PAGE_SIZE];
     let mut chosen = Vec::new();
     for r in regions {
-        pagewise_mech::walk::read_remote(pid, r.start, &mut buf)?;
+        pagewise_mech::remote::read(pid, r.start, &mut buf)?;
         let runs = zero_runs(r.start, &buf);
         if runs.iter().map(|z| z.1).sum::<u64>() >= threshold.max(1) {
             chosen.push((r.start, runs));
@@ -214,7 +214,7 @@ fn give_back(pid: i32, chosen: &[(u64, Vec<(u64, u64)>)]) -> Result<(Vec<(u64, u
                 parts.push((a, head));
                 rest = tail;
             }
-            pagewise_mech::walk::read_remote_many(pid, &mut parts)?;
+            pagewise_mech::remote::read_many(pid, &mut parts)?;
         }
         let mut off = 0;
         for &(a, n) in first {

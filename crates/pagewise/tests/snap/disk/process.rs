@@ -46,7 +46,7 @@ fn incremental_snapshots_of_a_process_are_exact() {
                 disk.read_page(e, &mut stored).unwrap();
             }
             // A page unmapped meanwhile reads as zeros, as it was stored.
-            let n = pagewise::mech::walk::read_remote(pid, addr, &mut live).unwrap();
+            let n = pagewise::mech::remote::read(pid, addr, &mut live).unwrap();
             if n == P && stored != live {
                 wrong += 1;
             }
