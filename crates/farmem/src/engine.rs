@@ -2,6 +2,7 @@
 //! module docs of [`crate`] for what it does).
 
 mod books;
+mod cell;
 mod coverage;
 mod evict;
 mod fault;
@@ -9,6 +10,8 @@ mod held;
 mod regions;
 
 use super::*;
+use crate::emulated;
+pub(crate) use cell::{Cell, Served};
 use link::{Injector, Link, LinkConfig};
 use pagewise_mech::fault::{self as server, again};
 use pagewise_mech::workload::AnonMemory;
@@ -397,7 +400,7 @@ impl Engine {
     /// Never returns on an error (see [`fail`]). The engine lives in `cell`
     /// and is locked while an event or fault is served (on the inline path,
     /// faulting threads lock it too).
-    pub(super) fn run(cell: &super::inline::Cell, mut wake: std::io::PipeReader) {
+    pub(super) fn run(cell: &Cell, mut wake: std::io::PipeReader) {
         let sh = &*cell.shared;
         let (fd, idle_ms) = {
             let mut g = cell.lock();
@@ -491,15 +494,15 @@ impl Engine {
                 uffd::event::UNMAP => {
                     let (start, end) = msg.range();
                     if this.inline {
-                        super::inline::unmark(start, end - start);
+                        emulated::unmark(start, end - start);
                     }
                     this.dropped(sh, start, end)
                 }
                 uffd::event::REMAP => {
                     let (from, to, len) = msg.remap();
                     if this.inline {
-                        super::inline::unmark(from, len);
-                        super::inline::mark(to, len);
+                        emulated::unmark(from, len);
+                        emulated::mark(to, len);
                     }
                     this.remapped(sh, from, to, len)
                 }
@@ -515,8 +518,6 @@ impl Engine {
         if let Err(e) = result.and_then(|()| this.bring_all_back()) {
             this.fail(&e);
         }
-        drop(g);
-        super::inline::unregister(cell);
     }
 
     /// Does the work that met `EAGAIN`, in order (moves, then adoptions,

@@ -68,6 +68,7 @@
 extern crate pagewise_mech;
 
 mod calibrate;
+mod emulated;
 mod engine;
 #[doc(hidden)]
 pub mod inline;
@@ -401,7 +402,7 @@ impl FarMemory {
                     .push(pagewise_mech::region::PageRange { start: a, pages });
             }
             let fd = engine.uffd.as_raw_fd();
-            let cell = Arc::new(inline::Cell::new(engine, sh));
+            let cell = Arc::new(engine::Cell::new(engine, sh));
             if inline {
                 if let Err(e) = inline::register(&cell) {
                     let _ = ready_tx.send(Err(e));
@@ -425,7 +426,10 @@ impl FarMemory {
             // go on with pages nobody serves (a thread waiting on a fault
             // forever, or, at the next wake-up, SIGPIPE from the closed
             // wake pipe). It ends the process, as a failure does.
-            let run = std::panic::AssertUnwindSafe(|| Engine::run(&cell, wake_r));
+            let run = std::panic::AssertUnwindSafe(|| {
+                Engine::run(&cell, wake_r);
+                inline::unregister(&cell);
+            });
             if let Err(p) = std::panic::catch_unwind(run) {
                 let what = p
                     .downcast_ref::<&str>()

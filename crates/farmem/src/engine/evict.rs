@@ -92,7 +92,7 @@ impl Engine {
         // victim the fault is served over the budget, never waits for a
         // page the kernel pins while it waits for this very fault (a
         // process_vm_readv of the program's own memory).
-        let _counted = self.inline.then(crate::inline::evicting);
+        let _counted = self.inline.then(crate::emulated::evicting);
         let now = Instant::now();
         self.busy.retain(|&(_, until)| until > now);
         let mut passed = Vec::new();
@@ -164,7 +164,7 @@ impl Engine {
 
     /// Moves local page `g` to staging but keeps it local (see [`policy`]).
     pub(crate) fn park(&mut self, sh: &Shared, g: usize) -> Result<()> {
-        let _counted = self.inline.then(crate::inline::evicting);
+        let _counted = self.inline.then(crate::emulated::evicting);
         if self.pages[g] != Where::Local || self.is_held(g) {
             return Ok(());
         }

@@ -196,7 +196,7 @@ impl Engine {
     /// (those not sent back stay listed, also when one must wait); returns
     /// the bytes written back.
     fn send_back_visited(&mut self, sh: &Shared) -> Result<u64> {
-        let _counted = self.inline.then(crate::inline::evicting);
+        let _counted = self.inline.then(crate::emulated::evicting);
         let mut writeback_bytes = 0;
         let mut visited = std::mem::take(&mut self.visiting).into_iter();
         while let Some(v) = visited.next() {

@@ -1,8 +1,8 @@
 //! The engine's side of the inline path (see [`crate::inline`]):
 //! a fault served in the thread that took it, and pages held for the kernel.
 
+use super::Served;
 use super::*;
-use crate::inline::Served;
 
 impl Engine {
     /// Whether `addr` is in this engine's books.
@@ -71,8 +71,8 @@ impl Engine {
 
     /// Whether page `g` is held for the kernel, or lent to the instruction
     /// being served (inline engines only; the caller counted itself in
-    /// with [`crate::inline::evicting`]).
+    /// with [`crate::emulated::evicting`]).
     pub(crate) fn is_held(&self, g: usize) -> bool {
-        self.inline && (self.loan.is_lent(g) || crate::inline::is_held(self.addr_of(g).2))
+        self.inline && (self.loan.is_lent(g) || crate::emulated::is_held(self.addr_of(g).2))
     }
 }

@@ -173,7 +173,7 @@ impl Engine {
         self.fp_known.resize(self.pages.len(), false);
         self.class.resize(self.pages.len(), Placement::Normal);
         if self.inline {
-            crate::inline::mark(r.start, r.len);
+            crate::emulated::mark(r.start, r.len);
         }
         self.regions.push(r);
         self.staging.push(st);
