@@ -56,7 +56,7 @@ pub struct Args {
     #[arg(long, default_value_t = 5.0)]
     max_downtime_ms: f64,
     #[command(flatten)]
-    output: crate::cli::Output,
+    output: crate::report::Output,
 }
 
 /// One checkpoint.
@@ -390,7 +390,7 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
         .unwrap_or_default();
     let scratch =
         std::env::temp_dir().join(format!("pagewise-bench-checkpoint-{}", std::process::id()));
-    let mut p = crate::cli::progress(quiet);
+    let mut p = crate::report::progress(quiet);
     let mut runs = Vec::new();
     let mut order = vec!["none".to_string()];
     order.extend(a.modes.iter().filter(|m| *m != "none").cloned());

@@ -18,7 +18,7 @@ pub struct Args {
     #[arg(long)]
     full: bool,
     #[command(flatten)]
-    output: crate::cli::Output,
+    output: crate::report::Output,
 }
 
 #[derive(Serialize)]
@@ -162,7 +162,7 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
             pagewise::probe::get().why("pagemap_scan")
         );
     }
-    let mut bar = crate::cli::progress(quiet);
+    let mut bar = crate::report::progress(quiet);
     bar("measuring memory read bandwidth");
     let bw = read_bandwidth()?;
     let dir = std::env::temp_dir().join(format!("pw-bench-inspect-{}", std::process::id()));

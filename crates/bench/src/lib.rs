@@ -15,6 +15,7 @@ pub mod outside;
 pub mod prezero;
 pub mod provenance;
 pub mod redis;
+pub mod report;
 pub mod rollback;
 pub mod snap;
 pub mod svg;

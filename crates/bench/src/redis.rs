@@ -25,7 +25,7 @@ pub struct Args {
     #[arg(long, value_delimiter = ',', default_value = "uffd-wp,hash")]
     backends: Vec<String>,
     #[command(flatten)]
-    output: crate::cli::Output,
+    output: crate::report::Output,
 }
 
 #[derive(Serialize, Clone)]
@@ -282,7 +282,7 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default();
-    let mut p = crate::cli::progress(quiet);
+    let mut p = crate::report::progress(quiet);
     let mut runs = Vec::new();
     p("untracked (first)");
     runs.push(one_run(None, 0, a.requests)?);

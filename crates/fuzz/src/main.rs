@@ -275,8 +275,8 @@ static BEAT: AtomicU64 = AtomicU64::new(0);
 /// Runs `target` until `until`; the cases run.
 /// A process record with two mappings and two threads.
 fn record_seed(rng: &mut Rng) -> pagewise::snap::disk::ProcessRecord {
-    use pagewise::snap::process::layout::{Backing, Vma};
-    use pagewise::snap::process::threads::{AltStack, ThreadState};
+    use pagewise::snap::layout::{Backing, Vma};
+    use pagewise::snap::threads::{AltStack, ThreadState};
     let thread = |tid: i32, rng: &mut Rng| {
         // SAFETY: user_regs_struct is plain integers; zero is a valid value.
         let mut regs: libc::user_regs_struct = unsafe { std::mem::zeroed() };

@@ -121,7 +121,7 @@ fn notes(snap: &DiskSnapshot) -> Result<Vec<u8>> {
         .layout
         .iter()
         .filter_map(|v| match &v.backing {
-            crate::process::layout::Backing::File { path, .. } => Some((v, path)),
+            crate::layout::Backing::File { path, .. } => Some((v, path)),
             _ => None,
         })
         .collect();

@@ -33,6 +33,8 @@ extern crate pagewise_mech;
 
 pub mod disk;
 pub mod extract;
+#[doc(hidden)]
+pub mod layout;
 pub mod lazy;
 pub mod live;
 #[cfg(target_arch = "x86_64")]
@@ -40,6 +42,9 @@ pub mod process;
 pub mod remote;
 mod store;
 mod table;
+#[doc(hidden)]
+#[cfg(target_arch = "x86_64")]
+pub mod threads;
 pub mod wire;
 #[cfg(target_arch = "x86_64")]
 pub use process::fds;

@@ -236,7 +236,7 @@ fn process_record(pid: i32, stopped: &Stopped) -> Option<super::disk::ProcessRec
     if procfs::status_field(&status, "Seccomp").unwrap_or(0) != 0 {
         return None;
     }
-    let layout = crate::process::layout::read(Some(pid)).ok()?;
+    let layout = crate::layout::read(Some(pid)).ok()?;
     let (brk, threads) = super::process::inside_state(stopped).ok()?;
     Some(super::disk::ProcessRecord {
         start_time: procfs::start_time(pid)?,

@@ -45,7 +45,7 @@ pub struct Args {
     #[arg(long, default_value = "inline")]
     fault_path: pagewise::farmem::FaultPath,
     #[command(flatten)]
-    output: crate::cli::Output,
+    output: crate::report::Output,
 }
 
 struct Scale {
@@ -446,7 +446,7 @@ pub fn run_app(app: App, a: Args, quiet: bool) -> Result<i32> {
     let s = Scale::new(app, a.full);
     let tmp = std::env::temp_dir().join(format!("pagewise-farmem-redis-{}", std::process::id()));
     std::fs::create_dir_all(&tmp)?;
-    let mut progress = crate::cli::progress(quiet);
+    let mut progress = crate::report::progress(quiet);
     let ex = Experiment {
         s: &s,
         tmp: &tmp,

@@ -127,7 +127,7 @@ fn assert_memory_is_but(h: &ProcessSnapshots, id: SnapId, t: &Target, skip: &[[u
 
 /// The target's layout (without the kernel's special mappings), as text.
 fn layout(pid: i32) -> Vec<String> {
-    pagewise::snap::process::layout::read(Some(pid))
+    pagewise::snap::layout::read(Some(pid))
         .unwrap()
         .iter()
         .map(|v| {

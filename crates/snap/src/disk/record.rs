@@ -22,8 +22,8 @@
 //! Tag 2, the program's identity (what changes at `exec`): the address of
 //! `AT_RANDOM` (8), its 16 bytes, `AT_ENTRY` (8) — 32 bytes.
 
-use crate::process::layout::{Backing, Vma};
-use crate::process::threads::{AltStack, ThreadState};
+use crate::layout::{Backing, Vma};
+use crate::threads::{AltStack, ThreadState};
 use pagewise_mech::procfs::{Descriptor, ExecIdentity, FdKind};
 
 /// Most mappings a record may list when reading.

@@ -12,10 +12,10 @@
 //!
 //! What a snapshot holds, and a restore puts back:
 //! - every page of every private writable mapping, byte for byte;
-//! - **the layout** ([`crate::process::layout`]): mappings made since are
+//! - **the layout** ([`crate::layout`]): mappings made since are
 //!   unmapped; mappings removed, shrunk, grown, moved or re-protected since
 //!   are made as they were; the program break;
-//! - **every thread's state** ([`crate::process::threads`]): registers, the
+//! - **every thread's state** ([`crate::threads`]): registers, the
 //!   `XSAVE` area, `fs`/`gs` bases, signal mask, alternate signal stack; a
 //!   thread caught in a system call makes it again.
 //!
@@ -45,17 +45,13 @@
 //! stays stopped, nothing stays registered after the handle is dropped.
 
 pub mod fds;
-#[doc(hidden)]
-pub mod layout;
 mod memory;
 mod store;
-#[doc(hidden)]
-#[cfg(target_arch = "x86_64")]
-pub mod threads;
 
 use super::table::{self, Chunk, Table};
 use super::{PageStore, RestoreStats, SnapId, TakeStats};
-use layout::{Op, Vma};
+use crate::layout::{self, Op, Vma};
+use crate::threads::{self, ThreadState};
 use pagewise_mech::inject::Remote;
 use pagewise_mech::procfs;
 use pagewise_mech::region::{push_coalesced, PageRange};
@@ -66,7 +62,6 @@ use pagewise_mech::{Error, Region, Result, PAGE_SIZE};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::time::Instant;
-use threads::ThreadState;
 
 /// Pages per `process_vm_readv`/`process_vm_writev` (each page its own
 /// local buffer; `IOV_MAX` is 1,024).
