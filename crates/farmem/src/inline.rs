@@ -10,7 +10,7 @@
 //!
 //! The engine's books are shared by every thread that faults and by the
 //! event thread (which still reads the program's `munmap`, `MADV_DONTNEED`
-//! and `mremap` as events) under one [`OwnedLock`], whose owner a handler
+//! and `mremap` as events) under one `OwnedLock` (`pagewise_sys::futex`), whose owner a handler
 //! can recognise. The handler blocks every asynchronous signal while it
 //! runs, so that a program's handler never interrupts a thread that holds
 //! the lock.
