@@ -10,7 +10,7 @@
 //! shares with its child into two. `/proc/PID/mem` copies without a pin.
 //!
 //! Memory is written with `process_vm_writev`: a page at a time
-//! ([`write_exact`], [`write`]) or in batches of up to 1,024 pages, each
+//! ([`write_exact`], [`write`](fn@write)) or in batches of up to 1,024 pages, each
 //! its own local buffer ([`Writer`], the rollback's page writer). A write
 //! unshares what it writes, as any write does.
 
