@@ -539,3 +539,44 @@ pub fn test_path(module: &str, name: &str) -> String {
         None => name.to_string(),
     }
 }
+
+/// Runs test `name` of module `module` (its `module_path!()`) again, alone in
+/// a process of its own, unless this is that process: for a test that
+/// measures or shares the whole process (its RSS, every page a `fork`
+/// copies), which the binary's other tests, running beside it, would
+/// disturb. Returns true in the process that launched the run (the test
+/// ends there: the run passed, exactly one test ran, and its skips are said
+/// again), false in the process where the test runs alone.
+pub fn ran_alone(module: &str, name: &str) -> bool {
+    const ALONE: &str = "PAGEWISE_TEST_ALONE";
+    if std::env::var_os(ALONE).is_some() {
+        return false;
+    }
+    let name = test_path(module, name);
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", &name, "--test-threads=1", "--nocapture"])
+        .env(ALONE, "1")
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && text.contains("1 passed"),
+        "{name} alone:\n{text}"
+    );
+    for line in text.lines() {
+        if line.starts_with("SKIP ") {
+            let why = line.split_once(": ").map_or(line, |(_, why)| why);
+            match why.strip_prefix("(did not happen) ") {
+                Some(why) => pagewise_testkit::not_happened!("{why}"),
+                None => pagewise_testkit::skip!("{why}"),
+            }
+        } else if !line.is_empty()
+            && !line.starts_with("running ")
+            && !line.starts_with("test result")
+        {
+            println!("alone: {line}");
+        }
+    }
+    true
+}

@@ -281,32 +281,13 @@ fn a_region_with_a_shared_page_keeps_every_byte() {
     if !uffd_or_skip("shared_page") {
         return;
     }
-    if std::env::var_os("PAGEWISE_FARMEM_ALONE").is_none() {
-        // fork(2) shares every page of the process, the other tests' too:
-        // this test runs alone in a process of its own.
-        let name = crate::common::test_path(
-            module_path!(),
-            &format!(
-                "a_region_with_a_shared_page_keeps_every_byte::{}",
-                fm_path()
-            ),
-        );
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", &name, "--test-threads=1", "--nocapture"])
-            .env("PAGEWISE_FARMEM_ALONE", "1")
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).into_owned()
-            + &String::from_utf8_lossy(&out.stderr);
-        assert!(
-            out.status.success() && text.contains("1 passed"),
-            "{name} alone:\n{text}"
-        );
-        // What the run alone could not check is said here too.
-        for line in text.lines().filter(|l| l.starts_with("SKIP ")) {
-            let why = line.split_once(": ").map_or(line, |(_, why)| why);
-            pagewise_testkit::skip!("{why}");
-        }
+    // fork(2) shares every page of the process, the other tests' too: this
+    // test runs alone in a process of its own.
+    let name = format!(
+        "a_region_with_a_shared_page_keeps_every_byte::{}",
+        fm_path()
+    );
+    if crate::common::ran_alone(module_path!(), &name) {
         return;
     }
     const PAGES: usize = 64;
