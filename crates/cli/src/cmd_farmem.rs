@@ -62,6 +62,15 @@ struct RunArgs {
     /// Argument string passed to a plugin policy.
     #[arg(long, default_value = "")]
     policy_args: String,
+    /// Load a plugin policy into pagewise itself first, to check that it
+    /// loads and initialises with --policy-args before the program starts.
+    /// pagewise then runs the plugin's code with its own privileges (often
+    /// root): give it only for a plugin you trust as you trust pagewise.
+    /// Without it the plugin is checked as a file (an ELF object, owned by
+    /// root or by you, writable by no one else) and first loaded by the
+    /// program, with the program's privileges.
+    #[arg(long)]
+    load_plugin_here: bool,
     /// Emulate thread stacks too (faults then take the handler thread).
     #[arg(long)]
     stacks: bool,
@@ -123,7 +132,7 @@ pub fn run(a: Args) -> Result<i32> {
 }
 
 fn run_cmd(a: RunArgs) -> Result<i32> {
-    check_policy(&a.policy, &a.policy_args)?;
+    check_policy(&a.policy, &a.policy_args, a.load_plugin_here)?;
     // Output paths are checked before the program runs, not after.
     for (flag, path) in [("--trace", &a.trace), ("--stats-json", &a.stats_json)] {
         if let Some(p) = path {
@@ -366,18 +375,57 @@ fn setting(p: &str) -> Result<(String, u64)> {
 }
 
 /// Refuses a policy the program could not run with, before it starts: a
-/// built-in name exactly, or a plugin that loads and initialises here.
-fn check_policy(name: &str, args: &str) -> Result<()> {
+/// built-in name exactly, or a plugin: a file that may be one (see
+/// [`check_plugin_file`]), or, with `--load-plugin-here`, one that loads
+/// and initialises here.
+fn check_policy(name: &str, args: &str, load_here: bool) -> Result<()> {
     if name.contains('/') {
-        // SAFETY: the user named this plugin to be loaded into the program;
-        // it is loaded here first to check it.
-        unsafe { farmem::policy::Plugin::load(name, args) }?;
+        check_plugin_file(name)?;
+        if load_here {
+            // SAFETY: the user asked for the plugin to be run in pagewise
+            // itself (--load-plugin-here), trusting it as pagewise; it
+            // follows the C ABI of include/pagewise.h.
+            unsafe { farmem::policy::Plugin::load(name, args) }?;
+        }
         return Ok(());
     }
     if !farmem::policy::NAMES.contains(&name) {
         crate::usage!(
             "unknown policy {name:?}: use one of {} or the path of a plugin (a name with a '/')",
             farmem::policy::NAMES.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// Checks, without loading it, that `path` may be a policy plugin: a
+/// regular file starting as an ELF object, owned by root or by the user
+/// pagewise runs as, and writable by neither its group nor others (a
+/// plugin another user could change is refused).
+fn check_plugin_file(path: &str) -> Result<()> {
+    use std::io::Read;
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).with_context(|| format!("policy plugin {path}"))?;
+    if !m.is_file() {
+        crate::usage!("policy plugin {path} is not a regular file");
+    }
+    let mut magic = [0u8; 4];
+    let read = std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut magic));
+    if read.is_err() || magic != *b"\x7fELF" {
+        crate::usage!("policy plugin {path} is not an ELF shared object");
+    }
+    // The effective user: /proc/self belongs to it.
+    let me = std::fs::metadata("/proc/self").map(|p| p.uid()).ok();
+    if m.uid() != 0 && Some(m.uid()) != me {
+        crate::usage!(
+            "policy plugin {path} belongs to user {}, neither root nor you: refused",
+            m.uid()
+        );
+    }
+    if m.mode() & 0o022 != 0 {
+        crate::usage!(
+            "policy plugin {path} is writable by its group or others (mode {:o}): refused",
+            m.mode() & 0o7777
         );
     }
     Ok(())

@@ -635,6 +635,47 @@ fn snapshot_and_inspect_of_an_emulated_process_never_hang() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A plugin policy is never loaded into pagewise unless asked: a file
+/// another user could change is refused unloaded, and one that is no
+/// plugin (a copy of /bin/true) passes the file check but is refused by
+/// `--load-plugin-here`, which loads it here first. Each refusal is one
+/// line before the program starts.
+fn plugins_are_loaded_into_pagewise_only_when_asked() {
+    need_support!();
+    use std::os::unix::fs::PermissionsExt;
+    let dir = instance_dir("plugins");
+    // Beside the instance directory (one per fault path), not in it: the
+    // directory's own mode is pagewise's to check.
+    let plugin = dir.with_extension("plugin.so");
+    std::fs::copy("/bin/true", &plugin).unwrap();
+    let refused = |extra: &[&str], want: &str| {
+        let out = farmem(&dir)
+            .arg("run")
+            .args(["--local-pages", "100", "--policy"])
+            .arg(&plugin)
+            .args(extra)
+            .args(["--", "sh", "-c", "echo the program ran"])
+            .output()
+            .unwrap();
+        let so = String::from_utf8_lossy(&out.stdout);
+        let se = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{extra:?} accepted:\n{so}{se}");
+        assert!(
+            !so.contains("the program ran"),
+            "{extra:?}: the program ran"
+        );
+        assert!(se.contains(want), "{extra:?}: {se}");
+        assert_eq!(se.trim().lines().count(), 1, "{extra:?}: one line: {se}");
+    };
+    std::fs::set_permissions(&plugin, std::fs::Permissions::from_mode(0o666)).unwrap();
+    refused(&[], "writable by its group or others");
+    refused(&["--load-plugin-here"], "writable by its group or others");
+    std::fs::set_permissions(&plugin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    refused(&["--load-plugin-here"], "policy plugin");
+    let _ = std::fs::remove_file(&plugin);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 // Every test runs on both fault paths: `NAME::thread` and `NAME::inline`.
 pagewise_testkit::per_fault_path!(
     super::on_path;
@@ -645,6 +686,7 @@ pagewise_testkit::per_fault_path!(
     bad_input_is_refused_clearly,
     planted_instances_are_never_joined,
     bad_settings_are_refused_before_the_program_starts,
+    plugins_are_loaded_into_pagewise_only_when_asked,
     several_processes_add_up_and_free_their_slots,
     snapshot_and_inspect_of_an_emulated_process_never_hang,
 );

@@ -64,6 +64,8 @@
 //! Three other policies are here for comparison ([`Policy`]): KSM
 //! everywhere, no splitting, and Ingens-like (by access frequency only).
 
+#![forbid(unsafe_code)]
+
 #[macro_use]
 extern crate pagewise_mech;
 

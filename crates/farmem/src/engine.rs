@@ -215,11 +215,14 @@ fn live_pieces(r: Region) -> Vec<Region> {
 /// move refuses (`EBUSY`) a page whose reference count another task raised,
 /// as `process_vm_readv` from an inspector does while it copies. Retries
 /// for up to about 100 ms before giving the `EBUSY` back.
+/// Called with pages of the engine only (its regions and staging).
 fn move_patiently(fd: RawFd, dst: u64, src: u64, len: u64, mode: u64) -> std::io::Result<()> {
     let mut wait_us = 1;
     let t0 = Instant::now();
     loop {
-        match uffd::move_pages(fd, dst, src, len, mode) {
+        // SAFETY: pages of the engine (every caller passes a region's page
+        // and its staging slot), which it emulates as raw memory.
+        match unsafe { uffd::move_pages(fd, dst, src, len, mode) } {
             Err(e)
                 if e.raw_os_error() == Some(libc::EBUSY)
                     && t0.elapsed() < std::time::Duration::from_millis(100) =>
@@ -237,13 +240,16 @@ fn move_patiently(fd: RawFd, dst: u64, src: u64, len: u64, mode: u64) -> std::io
 /// `patient`), or, where the program's mapping is unlike staging in its
 /// protection or locking (made read-only or locked: `UFFDIO_MOVE` answers
 /// `EINVAL`), a copy and the staged page dropped. `mode` is
-/// `MOVE_MODE_DONTWAKE` or 0.
+/// `MOVE_MODE_DONTWAKE` or 0. Called with pages of the engine only (a region's page and its staging
+/// slot).
 fn put_back(fd: RawFd, dst: u64, src: u64, mode: u64, patient: bool) -> std::io::Result<()> {
     let len = PAGE_SIZE as u64;
     let moved = if patient {
         move_patiently(fd, dst, src, len, mode)
     } else {
-        uffd::move_pages(fd, dst, src, len, mode)
+        // SAFETY: pages of the engine (every caller passes a region's page
+        // and its staging slot), which it emulates as raw memory.
+        unsafe { uffd::move_pages(fd, dst, src, len, mode) }
     };
     match moved {
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
@@ -252,7 +258,8 @@ fn put_back(fd: RawFd, dst: u64, src: u64, mode: u64, patient: bool) -> std::io:
             } else {
                 0
             };
-            uffd::copy_mode(fd, dst, src, len, wake)?;
+            // SAFETY: as above.
+            unsafe { uffd::copy_mode(fd, dst, src, len, wake) }?;
             // SAFETY: a staging page of this engine, which no one else uses;
             // its userfaultfd asks for no events.
             unsafe { mem::madvise(src, PAGE_SIZE, libc::MADV_DONTNEED) }
@@ -698,13 +705,16 @@ impl Engine {
     /// (one atomic `UFFDIO_MOVE`, waking no one): how every page leaves the
     /// program's memory.
     fn stage_page(&self, addr: u64, staged: u64) -> std::io::Result<()> {
-        uffd::move_pages(
-            self.stage_uffd.as_raw_fd(),
-            staged,
-            addr,
-            PAGE_SIZE as u64,
-            uffd::MOVE_MODE_DONTWAKE,
-        )
+        // SAFETY: a page of a region and its staging slot: the engine's own pages (its regions, registered with its userfaultfd, and their staging slots): memory it emulates for the program as raw memory, which no Rust reference of the engine relies on.
+        unsafe {
+            uffd::move_pages(
+                self.stage_uffd.as_raw_fd(),
+                staged,
+                addr,
+                PAGE_SIZE as u64,
+                uffd::MOVE_MODE_DONTWAKE,
+            )
+        }
     }
 
     /// The fingerprint of the page staged at `staged`, read without ever

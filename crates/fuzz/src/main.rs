@@ -278,8 +278,7 @@ fn record_seed(rng: &mut Rng) -> pagewise::snap::disk::ProcessRecord {
     use pagewise::snap::layout::{Backing, Vma};
     use pagewise::snap::threads::{AltStack, ThreadState};
     let thread = |tid: i32, rng: &mut Rng| {
-        // SAFETY: user_regs_struct is plain integers; zero is a valid value.
-        let mut regs: libc::user_regs_struct = unsafe { std::mem::zeroed() };
+        let mut regs = pagewise_sys::process::zeroed_regs();
         regs.rip = rng.next();
         regs.rsp = rng.next();
         ThreadState {

@@ -25,6 +25,8 @@
 //! pages it has checked before, only every 4th base page of a region is
 //! looked up and the region's rate is estimated from those.
 
+#![forbid(unsafe_code)]
+
 #[macro_use]
 extern crate pagewise_mech;
 

@@ -13,7 +13,8 @@
 //!   there (`EEXIST`: another fill won, or the program wrote it) wakes the
 //!   threads waiting on it and counts as done; a mapping changing under an
 //!   event not read yet (`EAGAIN`, see [`again`]) is given back, for the
-//!   server to read its events and try again.
+//!   server to read its events and try again. Both are `unsafe`: the
+//!   kernel writes the page, which may be the caller's own memory.
 
 use crate::{Error, Result, PAGE_SIZE};
 use pagewise_sys::uffd;
@@ -128,21 +129,33 @@ fn resolved(fd: RawFd, dst: u64, len: u64, r: std::io::Result<()>, what: &str) -
 
 /// Maps a copy of `page` (one page, any alignment) at the missing page
 /// `dst` of a range registered with `fd`, and wakes its waiters.
-pub fn fill(fd: RawFd, dst: u64, page: &[u8]) -> Result<Filled> {
+///
+/// # Safety
+/// The kernel writes the page at `dst` (only if it is missing) in the
+/// process that registered `fd`: where that is the caller's own memory,
+/// the range must be memory the caller serves (raw memory no Rust
+/// reference relies on), as a server's regions are.
+pub unsafe fn fill(fd: RawFd, dst: u64, page: &[u8]) -> Result<Filled> {
     assert_eq!(page.len(), PAGE_SIZE, "fill copies one page");
-    let r = uffd::copy(fd, dst, page.as_ptr() as u64, PAGE_SIZE as u64);
+    // SAFETY: the caller's guarantee; `page` is readable for a page.
+    let r = unsafe { uffd::copy(fd, dst, page.as_ptr() as u64, PAGE_SIZE as u64) };
     resolved(fd, dst, PAGE_SIZE as u64, r, "UFFDIO_COPY")
 }
 
 /// Maps the zero page at the missing pages of `[dst, dst+len)` and wakes
 /// their waiters. A range where a page is already there is resolved page
 /// by page, so that every missing page of it is mapped.
-pub fn zero(fd: RawFd, dst: u64, len: u64) -> Result<Filled> {
-    match uffd::zeropage(fd, dst, len) {
+///
+/// # Safety
+/// As for [`fill`], for `[dst, dst+len)`.
+pub unsafe fn zero(fd: RawFd, dst: u64, len: u64) -> Result<Filled> {
+    // SAFETY: the caller's guarantee.
+    match unsafe { uffd::zeropage(fd, dst, len) } {
         Err(e) if e.raw_os_error() == Some(libc::EEXIST) && len > PAGE_SIZE as u64 => {
             let mut any_now = false;
             for a in (dst..dst + len).step_by(PAGE_SIZE) {
-                if zero(fd, a, PAGE_SIZE as u64)? == Filled::Now {
+                // SAFETY: a page of the caller's range.
+                if unsafe { zero(fd, a, PAGE_SIZE as u64) }? == Filled::Now {
                     any_now = true;
                 }
             }

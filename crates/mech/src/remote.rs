@@ -288,13 +288,40 @@ pub fn read_exact(pid: i32, at: u64, buf: &mut [u8]) -> Result<()> {
 /// Writes `buf` into process `pid` at `at`; returns how many bytes were
 /// written (short where the range stops being mapped).
 pub fn write(pid: i32, at: u64, buf: &[u8], what: &str) -> Result<usize> {
-    process::process_vm_write(pid, at, buf).map_err(|e| Error::for_pid(pid, what.to_string(), e))
+    not_ours(pid)?;
+    // SAFETY: `pid` is another process (not_ours): no Rust reference of
+    // this process points into what the kernel writes.
+    unsafe { process::process_vm_write(pid, at, buf) }
+        .map_err(|e| Error::for_pid(pid, what.to_string(), e))
+}
+
+/// Refuses `pid` where it is this process (by its thread group): pagewise
+/// writes its own memory through Rust, never through here. A process that
+/// shares its memory with pagewise otherwise (`CLONE_VM` without a thread
+/// group) is never one pagewise acts on.
+fn not_ours(pid: i32) -> Result<()> {
+    let me = std::process::id() as i32;
+    let group = match pid {
+        p if p == me => me,
+        p => std::fs::read_to_string(format!("/proc/{p}/status"))
+            .ok()
+            .and_then(|t| procfs::status_field(&t, "Tgid"))
+            .map_or(p, |g| g as i32),
+    };
+    if group == me {
+        return Err(Error::Invalid(format!(
+            "process {pid} is pagewise itself: its memory is not written from outside"
+        )));
+    }
+    Ok(())
 }
 
 /// Writes all of `buf` into process `pid` at `at`: a short write is
 /// [`Error::NotMapped`].
 pub fn write_exact(pid: i32, at: u64, buf: &[u8]) -> Result<()> {
-    match process::process_vm_write(pid, at, buf) {
+    not_ours(pid)?;
+    // SAFETY: as in `write`.
+    match unsafe { process::process_vm_write(pid, at, buf) } {
         Ok(n) if n == buf.len() => Ok(()),
         Ok(n) => Err(Error::NotMapped(format!(
             "process {pid}: {at:#x}+{:#x} (wrote {n})",
@@ -318,13 +345,14 @@ impl<'s> Writer<'s> {
     /// Pages per call: `IOV_MAX`.
     pub const BATCH: usize = 1024;
 
-    /// A writer into process `pid`.
-    pub fn new(pid: i32) -> Self {
-        Writer {
+    /// A writer into process `pid`; refused where `pid` is this process.
+    pub fn new(pid: i32) -> Result<Self> {
+        not_ours(pid)?;
+        Ok(Writer {
             pid,
             local: Vec::with_capacity(Self::BATCH),
             remote: Vec::with_capacity(Self::BATCH),
-        }
+        })
     }
 
     /// Writes `page` (one page) at `addr`, when the batch is full or at
@@ -349,7 +377,8 @@ impl<'s> Writer<'s> {
             return Ok(());
         }
         let want = self.local.len() * PAGE_SIZE;
-        let n = process::process_vm_writev_gather(self.pid, &self.local, &self.remote)
+        // SAFETY: `pid` is another process (checked in `new`).
+        let n = unsafe { process::process_vm_writev_gather(self.pid, &self.local, &self.remote) }
             .map_err(|e| Error::for_pid(self.pid, "process_vm_writev", e))?;
         if n != want {
             return Err(Error::NotMapped(format!(

@@ -5,6 +5,8 @@
 //! lists). Every call that waits on the kernel or another process releases
 //! the GIL; every library error is an `OSError` with its errno.
 
+#![forbid(unsafe_code)]
+
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;

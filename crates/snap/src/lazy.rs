@@ -418,7 +418,8 @@ impl Server {
         Ok(match self.origin(addr).and_then(|a| self.page_at(a)) {
             // Not a page of the snapshot (a region grown since), or one
             // the program dropped: zeros, as without pagewise.
-            None => fault::zero(fd, addr, PAGE_SIZE as u64)?,
+            // SAFETY: a missing page of the regions this lazy restore serves, which its creator handed over as raw memory to be filled from the store.
+            None => unsafe { fault::zero(fd, addr, PAGE_SIZE as u64) }?,
             Some(i) => match self.state[i] {
                 State::Away => {
                     let f = self.bring(fd, addr, i)?;
@@ -426,7 +427,8 @@ impl Server {
                     self.away -= 1;
                     f
                 }
-                State::In | State::Dropped => fault::zero(fd, addr, PAGE_SIZE as u64)?,
+                // SAFETY: as above.
+                State::In | State::Dropped => unsafe { fault::zero(fd, addr, PAGE_SIZE as u64) }?,
             },
         })
     }
@@ -437,7 +439,8 @@ impl Server {
         let offset = self.snap.entries[i];
         self.disk.read_page(offset, &mut self.page)?;
         self.bump(|s| s.copied += 1);
-        fault::fill(fd, addr, &self.page).inspect_err(|_| self.bump(|s| s.copied -= 1))
+        // SAFETY: a missing page of the regions this lazy restore serves, which its creator handed over as raw memory to be filled from the store.
+        unsafe { fault::fill(fd, addr, &self.page) }.inspect_err(|_| self.bump(|s| s.copied -= 1))
     }
 
     /// Brings in up to [`BATCH`] pages not touched yet, in address order.

@@ -74,16 +74,24 @@ pub unsafe fn munmap(addr: *mut u8, len: usize) -> io::Result<()> {
     Ok(())
 }
 
-/// `mprotect(2)`. Safe because it changes no memory contents; a wrong
-/// protection is reported by the kernel as a fault, which callers handle.
-pub fn mprotect(addr: u64, len: usize, prot: libc::c_int) -> io::Result<()> {
-    // SAFETY: mprotect only changes page permissions; it never dereferences memory.
+/// `mprotect(2)`.
+///
+/// # Safety
+/// A protection taken away makes the next access to the range fault: the
+/// caller must hold no Rust reference into the range that will be used
+/// before the protection is given back, or handle the fault (a tracker's
+/// `SIGSEGV` handler does).
+pub unsafe fn mprotect(addr: u64, len: usize, prot: libc::c_int) -> io::Result<()> {
+    // SAFETY: the caller guarantees what the range's users meet.
     cvt_int(unsafe { libc::mprotect(addr as *mut libc::c_void, len, prot) })?;
     Ok(())
 }
 
 /// `mprotect(2)` for use inside a signal handler: returns the raw result.
-pub fn mprotect_raw(addr: u64, len: usize, prot: libc::c_int) -> libc::c_int {
+///
+/// # Safety
+/// As for [`mprotect`].
+pub unsafe fn mprotect_raw(addr: u64, len: usize, prot: libc::c_int) -> libc::c_int {
     // SAFETY: as in `mprotect`; the raw syscall is async-signal-safe.
     unsafe { libc::syscall(libc::SYS_mprotect, addr, len, prot) as libc::c_int }
 }

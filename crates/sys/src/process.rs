@@ -34,7 +34,13 @@ pub fn process_vm_read(pid: libc::pid_t, remote: u64, buf: &mut [u8]) -> io::Res
 
 /// `process_vm_writev(2)` of `buf` to one remote range. Returns the number
 /// of bytes written (short when part of the range is unmapped).
-pub fn process_vm_write(pid: libc::pid_t, remote: u64, buf: &[u8]) -> io::Result<usize> {
+///
+/// # Safety
+/// The kernel writes the memory of process `pid`: where that is the
+/// caller's own (its pid, or a process sharing its memory), nothing may rely
+/// on the range's contents (no live Rust reference into it), as for a
+/// write through a raw pointer.
+pub unsafe fn process_vm_write(pid: libc::pid_t, remote: u64, buf: &[u8]) -> io::Result<usize> {
     let local = libc::iovec {
         iov_base: buf.as_ptr() as *mut libc::c_void,
         iov_len: buf.len(),
@@ -130,7 +136,13 @@ pub fn process_vm_readv_scatter(
 /// lengths add up to the buffers'). Returns the bytes written: fewer than
 /// asked when a remote range is not mapped or not writable (the parts
 /// before it are whole).
-pub fn process_vm_writev_gather(
+///
+/// # Safety
+/// The kernel writes the memory of process `pid`: where that is the
+/// caller's own (its pid, or a process sharing its memory), nothing may rely
+/// on the range's contents (no live Rust reference into it), as for a
+/// write through a raw pointer.
+pub unsafe fn process_vm_writev_gather(
     pid: libc::pid_t,
     local: &[&[u8]],
     remote: &[(u64, usize)],
@@ -390,6 +402,13 @@ pub fn errno_location() -> *mut libc::c_int {
 /// The registers of a stopped traced thread (x86-64: `user_regs_struct`).
 #[cfg(target_arch = "x86_64")]
 pub type Regs = libc::user_regs_struct;
+
+/// Registers all zero (`Regs` is plain integers), to fill in.
+#[cfg(target_arch = "x86_64")]
+pub fn zeroed_regs() -> Regs {
+    // SAFETY: user_regs_struct is plain integers; all zero is valid.
+    unsafe { std::mem::zeroed() }
+}
 
 /// `ptrace(PTRACE_GETREGS)`: the registers of a stopped traced thread.
 #[cfg(target_arch = "x86_64")]

@@ -421,7 +421,12 @@ pub fn read_msg(fd: RawFd) -> io::Result<UffdMsg> {
 }
 
 /// `ioctl(UFFDIO_ZEROPAGE)`: maps the zero page into the missing pages of a range and wakes.
-pub fn zeropage(fd: RawFd, start: u64, len: u64) -> io::Result<()> {
+///
+/// # Safety
+/// The kernel fills `[start, start+len)` of the process that registered
+/// `fd`: where that is the caller's own memory, nothing may rely on the
+/// range's contents (no live Rust reference into it), as for a write.
+pub unsafe fn zeropage(fd: RawFd, start: u64, len: u64) -> io::Result<()> {
     let mut arg = UffdioZeropage {
         range: UffdioRange { start, len },
         mode: 0,
@@ -475,12 +480,22 @@ pub fn poll_readable(fds: &[RawFd], timeout_ms: i32) -> io::Result<u64> {
 
 /// `ioctl(UFFDIO_COPY)`: maps a new page at `dst` holding `len` bytes
 /// copied from `src` (page-aligned), and wakes the faulting threads.
-pub fn copy(fd: RawFd, dst: u64, src: u64, len: u64) -> io::Result<()> {
-    copy_mode(fd, dst, src, len, 0)
+///
+/// # Safety
+/// The kernel writes `[dst, dst+len)` of the process that registered `fd`:
+/// where that is the caller's own memory, nothing may rely on the range's
+/// contents (no live Rust reference into it). `src` must be readable for
+/// `len` bytes.
+pub unsafe fn copy(fd: RawFd, dst: u64, src: u64, len: u64) -> io::Result<()> {
+    // SAFETY: the caller's guarantees are `copy_mode`'s.
+    unsafe { copy_mode(fd, dst, src, len, 0) }
 }
 
 /// [`copy`] with `COPY_MODE_*` bits (`COPY_MODE_DONTWAKE`: wake no one).
-pub fn copy_mode(fd: RawFd, dst: u64, src: u64, len: u64, mode: u64) -> io::Result<()> {
+///
+/// # Safety
+/// As for [`copy`].
+pub unsafe fn copy_mode(fd: RawFd, dst: u64, src: u64, len: u64, mode: u64) -> io::Result<()> {
     let mut arg = UffdioCopy {
         dst,
         src,
@@ -502,7 +517,13 @@ pub fn copy_mode(fd: RawFd, dst: u64, src: u64, len: u64, mode: u64) -> io::Resu
 /// A move that stopped part way goes on from there; `EAGAIN` with nothing
 /// moved means the address space is changing under an event not read yet:
 /// the caller must read its events before trying again.
-pub fn move_pages(fd: RawFd, dst: u64, src: u64, len: u64, mode: u64) -> io::Result<()> {
+///
+/// # Safety
+/// The kernel takes the pages of `[src, src+len)` away and puts them at
+/// `[dst, dst+len)` of the process that registered `fd`: where those are
+/// the caller's own memory, nothing may rely on either range's contents
+/// (no live Rust reference into them).
+pub unsafe fn move_pages(fd: RawFd, dst: u64, src: u64, len: u64, mode: u64) -> io::Result<()> {
     let mut done = 0u64;
     loop {
         let mut arg = UffdioMove {

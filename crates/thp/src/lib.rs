@@ -6,6 +6,8 @@
 //! growing memory ([`prezero`]). The cost of a page walk it ranks by is a
 //! mechanism ([`pagewise_mech::walk_cost`]).
 
+#![forbid(unsafe_code)]
+
 #[macro_use]
 extern crate pagewise_mech;
 

@@ -47,6 +47,14 @@ const EMPTY_SLOT: Slot = Slot {
     faults: AtomicU64::new(0),
 };
 static SLOTS: [Slot; MAX_SLOTS] = [EMPTY_SLOT; MAX_SLOTS];
+/// `mprotect` of a range this backend tracks (or gives back).
+fn protect(start: u64, len: usize, prot: libc::c_int) -> std::io::Result<()> {
+    // SAFETY: the range is (part of) a tracked region: a write to it while
+    // it is read-only faults into `on_segv`, which makes the page writable
+    // again and lets the write go on; reads are never refused.
+    unsafe { mem::mprotect(start, len, prot) }
+}
+
 static SLOTS_USED: AtomicUsize = AtomicUsize::new(0);
 static INSTALL: Mutex<bool> = Mutex::new(false);
 static mut OLD_ACTION: std::mem::MaybeUninit<libc::sigaction> = std::mem::MaybeUninit::zeroed();
@@ -60,14 +68,21 @@ extern "C" fn on_segv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
         if addr >= start && addr < s.end.load(Ordering::Acquire) {
             let page = addr & !(PAGE_SIZE as u64 - 1);
             s.faults.fetch_add(1, Ordering::Relaxed);
-            if mem::mprotect_raw(page, PAGE_SIZE, libc::PROT_READ | libc::PROT_WRITE) != 0 {
+            // SAFETY: the page of a tracked region that faulted: giving write
+            // back lets the faulting write go on.
+            if unsafe { mem::mprotect_raw(page, PAGE_SIZE, libc::PROT_READ | libc::PROT_WRITE) }
+                != 0
+            {
                 // Out of VMAs: unprotect the whole region and report it whole.
                 let end = s.end.load(Ordering::Acquire);
-                if mem::mprotect_raw(
-                    start,
-                    (end - start) as usize,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                ) != 0
+                // SAFETY: the whole tracked region, made writable again.
+                if unsafe {
+                    mem::mprotect_raw(
+                        start,
+                        (end - start) as usize,
+                        libc::PROT_READ | libc::PROT_WRITE,
+                    )
+                } != 0
                 {
                     // The write cannot proceed (abort is async-signal-safe).
                     std::process::abort();
@@ -210,11 +225,11 @@ impl Backend for MprotectBackend {
             }
             // Re-protect after the bits were taken (see the module docs).
             if found.len() > 64 {
-                mem::mprotect(t.region.start, t.region.len as usize, libc::PROT_READ)
+                protect(t.region.start, t.region.len as usize, libc::PROT_READ)
                     .map_err(|e| Error::os("mprotect(PROT_READ) of a tracked region", e))?;
             } else {
                 for r in &found {
-                    mem::mprotect(r.start, r.len() as usize, libc::PROT_READ).map_err(|e| {
+                    protect(r.start, r.len() as usize, libc::PROT_READ).map_err(|e| {
                         Error::os(
                             format!("mprotect(PROT_READ) of {:#x}+{:#x}", r.start, r.len()),
                             e,
@@ -237,7 +252,7 @@ impl Backend for MprotectBackend {
         if !baseline {
             SLOTS[slot].all_dirty.store(true, Ordering::Release);
         }
-        if let Err(e) = mem::mprotect(region.start, region.len as usize, libc::PROT_READ) {
+        if let Err(e) = protect(region.start, region.len as usize, libc::PROT_READ) {
             release_slot(slot);
             return Err(Error::os(
                 format!(
@@ -255,7 +270,7 @@ impl Backend for MprotectBackend {
     fn remove_region(&mut self, region: Region) -> Result<()> {
         if let Some(i) = self.tracked.iter().position(|t| t.region == region) {
             let t = self.tracked.remove(i);
-            let _ = mem::mprotect(
+            let _ = protect(
                 region.start,
                 region.len as usize,
                 libc::PROT_READ | libc::PROT_WRITE,
@@ -273,7 +288,7 @@ impl Backend for MprotectBackend {
 impl Drop for MprotectBackend {
     fn drop(&mut self) {
         for t in std::mem::take(&mut self.tracked) {
-            let _ = mem::mprotect(
+            let _ = protect(
                 t.region.start,
                 t.region.len as usize,
                 libc::PROT_READ | libc::PROT_WRITE,

@@ -31,7 +31,9 @@ extern "C" fn map_zero_on_sigbus(_: libc::c_int, info: *mut libc::siginfo_t, _: 
     // SAFETY: the kernel passes a valid siginfo to SA_SIGINFO handlers.
     let addr = unsafe { (*info).si_addr() } as u64 & !(PAGE_SIZE as u64 - 1);
     // An ioctl is async-signal-safe; a failure leaves the fault to repeat.
-    let _ = uffd::zeropage(SIGBUS_UFFD.load(Ordering::Relaxed), addr, PAGE_SIZE as u64);
+    // SAFETY: a page of the measured mapping, registered with the
+    // userfaultfd for this measure alone; nothing else reads it.
+    let _ = unsafe { uffd::zeropage(SIGBUS_UFFD.load(Ordering::Relaxed), addr, PAGE_SIZE as u64) };
 }
 
 /// Measures [`FaultPaths`] over `pages` first touches each.
@@ -114,20 +116,26 @@ extern "C" fn evict_and_fetch_on_sigbus(
     // Only ioctls, which are async-signal-safe; a failure is counted (and
     // the fault repeats).
     if LEAST_MAPPED[v].load(Ordering::Relaxed) {
-        match uffd::move_pages(
-            fd,
-            stage + off(v),
-            mem + off(v),
-            page,
-            uffd::MOVE_MODE_DONTWAKE,
-        ) {
+        // SAFETY: the measure's two pages and their staging, which only
+        // this handler and the measuring loop touch.
+        let moved = unsafe {
+            uffd::move_pages(
+                fd,
+                stage + off(v),
+                mem + off(v),
+                page,
+                uffd::MOVE_MODE_DONTWAKE,
+            )
+        };
+        match moved {
             Ok(()) => LEAST_MAPPED[v].store(false, Ordering::Relaxed),
             Err(_) => {
                 LEAST_FAILED.fetch_add(1, Ordering::Relaxed);
             }
         }
     }
-    match uffd::move_pages(fd, mem + off(i), stage + off(i), page, 0) {
+    // SAFETY: as above.
+    match unsafe { uffd::move_pages(fd, mem + off(i), stage + off(i), page, 0) } {
         Ok(()) => LEAST_MAPPED[i].store(true, Ordering::Relaxed),
         Err(_) => {
             LEAST_FAILED.fetch_add(1, Ordering::Relaxed);

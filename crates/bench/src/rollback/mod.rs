@@ -697,7 +697,9 @@ fn writev_floor(mib: usize, pages: usize) -> Result<Ms> {
         for (chunk, bytes) in addrs.chunks(1024).zip(src.chunks(1024 * ps)) {
             let local: Vec<&[u8]> = bytes.chunks(ps).collect();
             let remote: Vec<(u64, usize)> = chunk.iter().map(|&a| (a, ps)).collect();
-            let n = pagewise_sys::process::process_vm_writev_gather(pid, &local, &remote)?;
+            // SAFETY: `pid` is the benchmark's target, a child process.
+            let n =
+                unsafe { pagewise_sys::process::process_vm_writev_gather(pid, &local, &remote) }?;
             if n != local.len() * ps {
                 bail!("process_vm_writev wrote {n} bytes of {}", local.len() * ps);
             }

@@ -49,7 +49,8 @@ impl Engine {
     fn zero_unknown(&self, addr: u64) -> Result<()> {
         let fd = self.uffd.as_raw_fd();
         let page = addr & !(PAGE_SIZE as u64 - 1);
-        match pagewise_mech::fault::zero(fd, page, PAGE_SIZE as u64) {
+        // SAFETY: a page registered with the engine's userfaultfd: the engine's own pages (its regions, registered with its userfaultfd, and their staging slots): memory it emulates for the program as raw memory, which no Rust reference of the engine relies on.
+        match unsafe { pagewise_mech::fault::zero(fd, page, PAGE_SIZE as u64) } {
             Ok(_) => Ok(()),
             Err(e) if again(&e) => Err(e),
             // Unregistered meanwhile: whoever waits only needs waking.
@@ -283,10 +284,13 @@ impl Engine {
             Where::Remote => self.staged_hash(staged)?,
             _ => pagewise_mech::hash::zero_page_hash(),
         };
-        let r = match was {
-            Where::Remote => put_back(fd, addr, staged, 0, true),
-            _ if self.write_fault => uffd::copy(fd, addr, self.zeros.addr(), PAGE_SIZE as u64),
-            _ => uffd::zeropage(fd, addr, PAGE_SIZE as u64),
+        // SAFETY: a page of a region and its staging slot: the engine's own pages (its regions, registered with its userfaultfd, and their staging slots): memory it emulates for the program as raw memory, which no Rust reference of the engine relies on.
+        let r = unsafe {
+            match was {
+                Where::Remote => put_back(fd, addr, staged, 0, true),
+                _ if self.write_fault => uffd::copy(fd, addr, self.zeros.addr(), PAGE_SIZE as u64),
+                _ => uffd::zeropage(fd, addr, PAGE_SIZE as u64),
+            }
         };
         match r {
             Ok(()) => Ok(()),

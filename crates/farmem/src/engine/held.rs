@@ -37,7 +37,11 @@ impl Engine {
             // Registered but not (or no longer) emulated: fresh memory,
             // zeros. Not registered with this engine at all: not ours.
             let page = addr & !(PAGE_SIZE as u64 - 1);
-            return match pagewise_mech::fault::zero(self.uffd.as_raw_fd(), page, PAGE_SIZE as u64) {
+            // SAFETY: a page registered with the engine's userfaultfd: the engine's own pages (its regions, registered with its userfaultfd, and their staging slots): memory it emulates for the program as raw memory, which no Rust reference of the engine relies on.
+            let zeroed = unsafe {
+                pagewise_mech::fault::zero(self.uffd.as_raw_fd(), page, PAGE_SIZE as u64)
+            };
+            return match zeroed {
                 Ok(_) => Served::Done,
                 Err(e) if again(&e) => Served::Again,
                 Err(_) => Served::NotMine,

@@ -39,13 +39,17 @@ impl Engine {
         let mut failed = None;
         let mut unlike = Vec::new();
         for (k, &(a, b)) in pieces.iter().enumerate() {
-            if let Err(e) = uffd::move_pages(
-                self.stage_uffd.as_raw_fd(),
-                st.addr() + (a - r.start),
-                a,
-                b - a,
-                uffd::MOVE_MODE_DONTWAKE | uffd::MOVE_MODE_ALLOW_SRC_HOLES,
-            ) {
+            // SAFETY: a piece of a region the engine takes, and its staging: the engine's own pages (its regions, registered with its userfaultfd, and their staging slots): memory it emulates for the program as raw memory, which no Rust reference of the engine relies on.
+            let moved = unsafe {
+                uffd::move_pages(
+                    self.stage_uffd.as_raw_fd(),
+                    st.addr() + (a - r.start),
+                    a,
+                    b - a,
+                    uffd::MOVE_MODE_DONTWAKE | uffd::MOVE_MODE_ALLOW_SRC_HOLES,
+                )
+            };
+            if let Err(e) = moved {
                 if e.raw_os_error() == Some(libc::EINVAL) {
                     unlike.push((a, b));
                     continue;

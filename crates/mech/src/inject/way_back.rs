@@ -260,8 +260,7 @@ mod tests {
     use super::*;
 
     fn regs() -> Regs {
-        // SAFETY: user_regs_struct is plain integers; all zero is valid.
-        unsafe { std::mem::zeroed() }
+        p::zeroed_regs()
     }
 
     #[test]

@@ -376,23 +376,20 @@ fn program_changing_protections() {
         let mut t = DirtyTracker::new(&[mem.region()], kind).unwrap();
         let mut s = Shadow::new(&mem);
         mem.write_byte(3 * PAGE_SIZE, 8);
-        pagewise_sys::mem::mprotect(mem.addr(), mem.len(), libc::PROT_READ).unwrap();
-        pagewise_sys::mem::mprotect(mem.addr(), mem.len(), libc::PROT_READ | libc::PROT_WRITE)
-            .unwrap();
+        // The program changes its own protections, as a program may; no
+        // access happens while they are taken away.
+        let protect = |at: u64, len: usize, prot: libc::c_int| {
+            // SAFETY: `mem` is raw memory of this test, not accessed until
+            // its protection is given back.
+            unsafe { pagewise_sys::mem::mprotect(at, len, prot) }.unwrap()
+        };
+        protect(mem.addr(), mem.len(), libc::PROT_READ);
+        protect(mem.addr(), mem.len(), libc::PROT_READ | libc::PROT_WRITE);
         mem.write_byte(10 * PAGE_SIZE, 8);
         s.collect_and_check(&mut t, "after RO/RW cycle");
-        pagewise_sys::mem::mprotect(
-            mem.addr() + 64 * PAGE_SIZE as u64,
-            16 * PAGE_SIZE,
-            libc::PROT_NONE,
-        )
-        .unwrap();
-        pagewise_sys::mem::mprotect(
-            mem.addr() + 64 * PAGE_SIZE as u64,
-            16 * PAGE_SIZE,
-            libc::PROT_READ | libc::PROT_WRITE,
-        )
-        .unwrap();
+        let sub = mem.addr() + 64 * PAGE_SIZE as u64;
+        protect(sub, 16 * PAGE_SIZE, libc::PROT_NONE);
+        protect(sub, 16 * PAGE_SIZE, libc::PROT_READ | libc::PROT_WRITE);
         mem.write_byte(70 * PAGE_SIZE, 4);
         mem.write_byte(90 * PAGE_SIZE, 4);
         s.collect_and_check(&mut t, "after PROT_NONE cycle on a subrange");

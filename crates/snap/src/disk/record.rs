@@ -390,8 +390,7 @@ mod tests {
     use super::*;
 
     fn sample() -> ProcessRecord {
-        // SAFETY: user_regs_struct is plain integers; zero is a valid value.
-        let mut regs: libc::user_regs_struct = unsafe { std::mem::zeroed() };
+        let mut regs = pagewise_sys::process::zeroed_regs();
         regs.rip = 0x401000;
         regs.gs = 7;
         regs.r15 = 1;

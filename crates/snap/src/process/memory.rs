@@ -241,7 +241,7 @@ impl ProcessSnapshots {
                 _ => Some(self.watch(r, false)?),
             };
             {
-                let mut w = remote::Writer::new(self.pid);
+                let mut w = remote::Writer::new(self.pid)?;
                 for &i in &pages {
                     w.push(
                         r.start + (i * PAGE_SIZE) as u64,
