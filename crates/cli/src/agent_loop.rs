@@ -1,14 +1,14 @@
-//! What the agents' commands (`thp run`, `dedup run`) share: starting the
-//! command to watch, stepping at an interval until SIGINT/SIGTERM, the
-//! watched processes are gone or the steps are done, and publishing the
-//! counters in the Prometheus text format to a file or over HTTP.
+//! What the agents' commands (`thp run`, `dedup run`) share: their flags,
+//! starting the command to watch, and the library's drive of an agent
+//! (`pagewise::mech::agent::drive`: a step per interval until SIGINT/SIGTERM,
+//! the watched processes are gone or the steps are done, the counters in
+//! the Prometheus text format to a file or over HTTP) ended as the tool's
+//! conventions say.
 
 use anyhow::{Context, Result};
-use pagewise::mech::agent::Agent;
-use std::io::{Read, Write};
+use pagewise::mech::agent::{self, Agent, Cadence, Ended};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// What the agents' commands take alike: what to watch, how long, and
 /// where the output goes.
@@ -89,8 +89,9 @@ pub fn start(
     Ok((pids, Some(c)))
 }
 
-/// Steps `agent` every `interval`, each step handed to `report` and its
-/// counters published, until SIGINT/SIGTERM, the end of the watched
+/// Steps `agent` every `interval` through the library's
+/// [`drive`](pagewise::mech::agent::drive), each step handed to `report` and
+/// its counters published, until SIGINT/SIGTERM, the end of the watched
 /// processes or of `--steps`; returns the exit status: the command's when
 /// it ended, else 0. On SIGINT/SIGTERM the command is stopped. The caller
 /// then ends the agent and drops it (which puts its settings back).
@@ -102,37 +103,14 @@ pub fn drive<A: Agent>(
     agent: &mut A,
     mut report: impl FnMut(&A::Step) -> Result<()>,
 ) -> Result<i32> {
-    let served = Arc::new(Mutex::new(agent.metrics()));
-    if let Some(addr) = &w.metrics_listen {
-        serve_metrics(addr, served.clone())?;
-    }
-    let t0 = Instant::now();
-    let mut n = 0u64;
-    let status = loop {
-        if stop.requested() {
-            break 0;
-        }
-        if let Some(c) = child.as_mut() {
-            if let Some(st) = c.try_wait()? {
-                break pagewise::mech::child::exit_code(st);
-            }
-        }
-        let due = t0 + interval * n as u32;
-        if stop.sleep(due.saturating_duration_since(Instant::now())) {
-            break 0;
-        }
-        let step = agent.step()?;
-        report(&step)?;
-        let (text, watching) = (agent.metrics(), agent.watching());
-        n += 1;
-        if let Some(path) = &w.metrics {
-            pagewise::mech::files::replace(path, text.as_bytes())?;
-        }
-        *served.lock().expect("not poisoned") = text;
-        if !watching || w.steps.is_some_and(|s| n >= s) {
-            break 0;
-        }
-    };
+    let cadence = Cadence::default()
+        .interval(interval)
+        .steps(w.steps)
+        .metrics_file(w.metrics.clone())
+        .metrics_listen(w.metrics_listen.clone());
+    let ended = agent::drive(agent, &cadence, stop, child.as_mut(), |step| {
+        report(step).map(|()| std::ops::ControlFlow::Continue(()))
+    })?;
     if let Some(code) = stop.status() {
         // SIGINT/SIGTERM: the command ended as the convention says.
         if let Some(mut c) = child {
@@ -140,27 +118,19 @@ pub fn drive<A: Agent>(
         }
         return Ok(code);
     }
-    Ok(status)
+    Ok(match ended {
+        Ended::ProgramExited(st) => pagewise::mech::child::exit_code(st),
+        _ => 0,
+    })
 }
 
-/// Serves `text` over HTTP at `addr` (any path), from a thread.
-fn serve_metrics(addr: &str, text: Arc<Mutex<String>>) -> Result<()> {
-    let l = std::net::TcpListener::bind(addr).with_context(|| format!("listening on {addr}"))?;
-    std::thread::spawn(move || {
-        for s in l.incoming() {
-            let Ok(mut s) = s else { continue };
-            let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-            let mut req = [0u8; 1024];
-            let _ = s.read(&mut req);
-            let body = text.lock().map(|t| t.clone()).unwrap_or_default();
-            let _ = write!(
-                s,
-                "HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\n\r\n{body}",
-                body.len()
-            );
-        }
-    });
-    Ok(())
+impl agent::Interrupt for crate::stop::Stop {
+    fn requested(&self) -> bool {
+        crate::stop::Stop::requested(self)
+    }
+    fn sleep(&self, d: Duration) -> bool {
+        crate::stop::Stop::sleep(self, d)
+    }
 }
 
 /// Says, on standard error, which system settings were put back as the

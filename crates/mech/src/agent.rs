@@ -11,10 +11,13 @@
 //!
 //! Each agent keeps its own per-process state (`T` in [`Targets`]), its own
 //! step (a short list of named phases) and its own actions, each with its
-//! reason. The command line drives any [`Agent`] the same way: a step per
-//! interval until SIGINT/SIGTERM, the metrics after each, then
-//! [`Agent::end`], then drop, which puts back every system setting the
-//! agent changed.
+//! reason. Every agent is driven the same way ([`drive`]): a step per
+//! interval until interrupted (SIGINT/SIGTERM for the tool), the metrics
+//! after each, then [`Agent::end`], then drop, which puts back every
+//! system setting the agent changed.
+
+mod drive;
+pub use drive::{drive, Cadence, Ended, Interrupt, Uninterrupted};
 
 use crate::walk::HugeRegion;
 use crate::{procfs, walk};

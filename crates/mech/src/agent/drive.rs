@@ -1,0 +1,243 @@
+//! Driving an agent: a step every interval until it is interrupted, the
+//! program it watches ends, no watched process is left, its steps are done
+//! or its reporter is done; the counters published after each step, to a
+//! file (for node_exporter's textfile collector) and over HTTP. The tool,
+//! the bindings and the benchmarks drive every agent through [`drive`].
+
+use super::Agent;
+use crate::{files, Error};
+use std::io::{Read, Write};
+use std::ops::ControlFlow;
+use std::path::PathBuf;
+use std::process::{Child, ExitStatus};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How an agent is driven: when it steps and where its counters go.
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct Cadence {
+    /// Time from one step's start to the next's (zero: back to back).
+    pub interval: Duration,
+    /// Stop after this many steps.
+    pub steps: Option<u64>,
+    /// Write the counters in the Prometheus text format here after each
+    /// step (whole, through a fresh file).
+    pub metrics_file: Option<PathBuf>,
+    /// Serve the counters over HTTP at this address, from a thread of its
+    /// own, for as long as the process lives.
+    pub metrics_listen: Option<String>,
+}
+
+setters!(Cadence {
+    interval: Duration,
+    steps: Option<u64>,
+    metrics_file: Option<PathBuf>,
+    metrics_listen: Option<String>,
+});
+
+/// What may end a drive between steps: for the tool, SIGINT and SIGTERM.
+pub trait Interrupt {
+    /// Whether the drive must end now.
+    fn requested(&self) -> bool;
+    /// Sleeps `d` unless interrupted; whether it was.
+    fn sleep(&self, d: Duration) -> bool;
+}
+
+/// Never interrupted: a drive ends by its program, its processes, its
+/// steps or its reporter.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Uninterrupted;
+
+impl Interrupt for Uninterrupted {
+    fn requested(&self) -> bool {
+        false
+    }
+    fn sleep(&self, d: Duration) -> bool {
+        std::thread::sleep(d);
+        false
+    }
+}
+
+/// Why a drive ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// The interrupt asked for it.
+    Interrupted,
+    /// The program started to be watched ended, with this status.
+    ProgramExited(ExitStatus),
+    /// No watched process is left.
+    NothingWatched,
+    /// [`Cadence::steps`] were made.
+    StepsDone,
+    /// The reporter said it has what it needs.
+    ReportDone,
+}
+
+/// Steps `agent` at `cadence` until one of [`Ended`] happens; each step is
+/// handed to `report` (which may end the drive) and the counters are
+/// published after it. `program`, when given, is a child watched among the
+/// agent's processes: its end ends the drive. The caller then ends the
+/// agent ([`Agent::end`]) and drops it, which puts its settings back.
+pub fn drive<A: Agent, E: From<Error>>(
+    agent: &mut A,
+    cadence: &Cadence,
+    interrupt: &dyn Interrupt,
+    mut program: Option<&mut Child>,
+    mut report: impl FnMut(&A::Step) -> Result<ControlFlow<()>, E>,
+) -> Result<Ended, E> {
+    let served = Arc::new(Mutex::new(agent.metrics()));
+    if let Some(addr) = &cadence.metrics_listen {
+        serve_metrics(addr, served.clone())?;
+    }
+    let t0 = Instant::now();
+    let mut n = 0u32;
+    loop {
+        if interrupt.requested() {
+            return Ok(Ended::Interrupted);
+        }
+        if let Some(c) = program.as_mut() {
+            let exited = c
+                .try_wait()
+                .map_err(|e| Error::os("waiting for the watched program", e))?;
+            if let Some(st) = exited {
+                return Ok(Ended::ProgramExited(st));
+            }
+        }
+        let due = t0 + cadence.interval * n;
+        if interrupt.sleep(due.saturating_duration_since(Instant::now())) {
+            return Ok(Ended::Interrupted);
+        }
+        let step = agent.step()?;
+        let flow = report(&step)?;
+        let (text, watching) = (agent.metrics(), agent.watching());
+        n = n.saturating_add(1);
+        if let Some(path) = &cadence.metrics_file {
+            files::replace(path, text.as_bytes())?;
+        }
+        *served.lock().unwrap_or_else(|p| p.into_inner()) = text;
+        if flow.is_break() {
+            return Ok(Ended::ReportDone);
+        }
+        if !watching {
+            return Ok(Ended::NothingWatched);
+        }
+        if cadence.steps.is_some_and(|s| u64::from(n) >= s) {
+            return Ok(Ended::StepsDone);
+        }
+    }
+}
+
+/// Serves `text` over HTTP at `addr` (any path), from a thread.
+fn serve_metrics(addr: &str, text: Arc<Mutex<String>>) -> Result<(), Error> {
+    let l = std::net::TcpListener::bind(addr)
+        .map_err(|e| Error::os(format!("listening on {addr}"), e))?;
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { continue };
+            let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+            let mut req = [0u8; 1024];
+            let _ = s.read(&mut req);
+            let body = text.lock().map(|t| t.clone()).unwrap_or_default();
+            let _ = write!(
+                s,
+                "HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::Metric;
+
+    /// Counts its steps; watches until `watch_for` steps were made.
+    struct Counter {
+        steps: u64,
+        watch_for: u64,
+    }
+
+    impl Agent for Counter {
+        type Step = u64;
+        type Action = ();
+        const NAME: &'static str = "counter";
+        fn add(&mut self, _: i32) -> crate::Result<()> {
+            Ok(())
+        }
+        fn watching(&self) -> bool {
+            self.steps < self.watch_for
+        }
+        fn step(&mut self) -> crate::Result<u64> {
+            self.steps += 1;
+            Ok(self.steps)
+        }
+        fn end(&mut self) -> Vec<()> {
+            Vec::new()
+        }
+        fn metric_values(&self) -> Vec<Metric> {
+            vec![Metric::counter("steps", "steps made", self.steps as f64)]
+        }
+    }
+
+    fn run(c: &mut Counter, cadence: &Cadence, stop_at: Option<u64>) -> (Ended, Vec<u64>) {
+        let mut seen = Vec::new();
+        let ended = drive(c, cadence, &Uninterrupted, None, |s: &u64| {
+            seen.push(*s);
+            Ok::<_, Error>(if Some(*s) == stop_at {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            })
+        })
+        .unwrap();
+        (ended, seen)
+    }
+
+    #[test]
+    fn a_drive_ends_for_its_reason_after_exactly_its_steps() {
+        let mut c = Counter {
+            steps: 0,
+            watch_for: 100,
+        };
+        let (ended, seen) = run(&mut c, &Cadence::default().steps(Some(7)), None);
+        assert_eq!((ended, seen), (Ended::StepsDone, (1..=7).collect()));
+        let mut c = Counter {
+            steps: 0,
+            watch_for: 4,
+        };
+        let (ended, seen) = run(&mut c, &Cadence::default(), None);
+        assert_eq!((ended, seen), (Ended::NothingWatched, (1..=4).collect()));
+        let mut c = Counter {
+            steps: 0,
+            watch_for: 100,
+        };
+        let (ended, seen) = run(&mut c, &Cadence::default().steps(Some(50)), Some(3));
+        assert_eq!((ended, seen), (Ended::ReportDone, vec![1, 2, 3]));
+    }
+
+    #[test]
+    fn the_counters_are_written_after_every_step_at_the_cadence() {
+        let dir = std::env::temp_dir().join(format!("pagewise-drive-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("counter.prom");
+        let mut c = Counter {
+            steps: 0,
+            watch_for: 100,
+        };
+        let cadence = Cadence::default()
+            .steps(Some(3))
+            .interval(Duration::from_millis(20))
+            .metrics_file(Some(file.clone()));
+        let t0 = Instant::now();
+        let (ended, _) = run(&mut c, &cadence, None);
+        assert_eq!(ended, Ended::StepsDone);
+        // Steps at 0, 20 and 40 ms: the third is not due before 40 ms.
+        assert!(t0.elapsed() >= Duration::from_millis(40), "{:?}", t0.elapsed());
+        let text = std::fs::read_to_string(&file).unwrap();
+        assert!(text.contains("pagewise_counter_steps 3"), "{text}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
