@@ -235,7 +235,11 @@ mod tests {
         let (ended, _) = run(&mut c, &cadence, None);
         assert_eq!(ended, Ended::StepsDone);
         // Steps at 0, 20 and 40 ms: the third is not due before 40 ms.
-        assert!(t0.elapsed() >= Duration::from_millis(40), "{:?}", t0.elapsed());
+        assert!(
+            t0.elapsed() >= Duration::from_millis(40),
+            "{:?}",
+            t0.elapsed()
+        );
         let text = std::fs::read_to_string(&file).unwrap();
         assert!(text.contains("pagewise_counter_steps 3"), "{text}");
         let _ = std::fs::remove_dir_all(&dir);
