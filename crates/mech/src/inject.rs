@@ -384,10 +384,17 @@ impl<'a> Remote<'a> {
         let pid = stopped.pid();
         let mut calm = None;
         for &t in stopped.tids() {
-            let r = pagewise_sys::process::ptrace_getregs(t).map_err(|e| Refusal::ModeUnknown {
-                pid,
-                tid: t,
-                why: e.to_string(),
+            // A held thread is gone (ESRCH) only if the process was killed
+            // meanwhile: it is gone, not of an unknown mode.
+            let r = pagewise_sys::process::ptrace_getregs(t).map_err(|e| {
+                if e.raw_os_error() == Some(libc::ESRCH) {
+                    return Error::ProcessExited(pid);
+                }
+                Error::from(Refusal::ModeUnknown {
+                    pid,
+                    tid: t,
+                    why: e.to_string(),
+                })
             })?;
             if r.cs != USER_CS_64 {
                 return Err(Refusal::Compat32 {
