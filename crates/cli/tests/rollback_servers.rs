@@ -179,7 +179,7 @@ fn a_server_rolled_back_with_clients_connected_keeps_serving() {
     // Redis accepts D in its own time (a CI run with the other vCPU busy
     // counted 1 after a fixed 100 ms): wait, bounded, until B and D are
     // both its descriptors.
-    let t0 = std::time::Instant::now();
+    let t0 = Instant::now();
     let opened_since = loop {
         let n = pagewise::mech::procfs::open_fds(pid)
             .len()

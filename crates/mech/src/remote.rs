@@ -301,14 +301,7 @@ pub fn write(pid: i32, at: u64, buf: &[u8], what: &str) -> Result<usize> {
 /// group) is never one pagewise acts on.
 fn not_ours(pid: i32) -> Result<()> {
     let me = std::process::id() as i32;
-    let group = match pid {
-        p if p == me => me,
-        p => std::fs::read_to_string(format!("/proc/{p}/status"))
-            .ok()
-            .and_then(|t| procfs::status_field(&t, "Tgid"))
-            .map_or(p, |g| g as i32),
-    };
-    if group == me {
+    if pid == me || procfs::thread_group(pid) == Some(me) {
         return Err(Error::Invalid(format!(
             "process {pid} is pagewise itself: its memory is not written from outside"
         )));
