@@ -156,7 +156,7 @@ fn populate(port: u16, n: u64) -> Result<()> {
 }
 
 fn writable_bytes(pid: i32) -> u64 {
-    pagewise::mech::procfs::writable(Some(pid))
+    pagewise::process::writable(Some(pid))
         .map(|m| m.iter().map(|m| m.len()).sum())
         .unwrap_or(0)
 }

@@ -20,12 +20,13 @@
 use crate::redis::{free_port, value, Client};
 use crate::Machine;
 use anyhow::{bail, Context, Result};
+use pagewise::agent::settings::SettingGuard;
+use pagewise::agent::{drive, Agent as _, Cadence};
 use pagewise::dedup::{Agent, Options, Policy};
-use pagewise::mech::agent::Agent as _;
-use pagewise::mech::cgroup::MemoryCgroup;
-use pagewise::mech::procfs;
-use pagewise::mech::settings::SettingGuard;
+use pagewise::process as procfs;
+use pagewise::system::MemoryCgroup;
 use serde::Serialize;
+use std::ops::ControlFlow;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -356,16 +357,15 @@ fn one(
             )?;
             let (done, interval) = (done.clone(), Duration::from_millis(cfg.interval_ms));
             Some(std::thread::spawn(move || {
-                while !done.load(Ordering::SeqCst) && a.watching() {
-                    let t = Instant::now();
-                    let _ = a.step();
-                    std::thread::sleep(interval.saturating_sub(t.elapsed()));
-                }
+                let cadence = Cadence::default().interval(interval);
+                let ended = drive(&mut a, &cadence, &*done, None, |_, _| {
+                    Ok::<_, pagewise::Error>(ControlFlow::Continue(()))
+                });
                 // Unmerged before the values are read back, as the
                 // command does at its end; KSM's settings come back when
                 // the agent is dropped.
                 a.end();
-                a.counters()
+                ended.map(|_| a.counters())
             }))
         }
         None => None,
@@ -400,9 +400,13 @@ fn one(
     let (saved_mib, usage_mib, huge_end_mib) =
         (crate::dedup::ksm_sharing_mib(), usage(), huge_mib(&pids));
     done.store(true, Ordering::SeqCst);
-    let counters = agent
-        .map(|h| h.join().expect("agent thread"))
-        .unwrap_or_default();
+    let counters = match agent {
+        Some(h) => h
+            .join()
+            .expect("agent thread")
+            .map_err(|e| anyhow::anyhow!("the {scheme} agent failed: {e}"))?,
+        None => Default::default(),
+    };
     let ksmd_cpu_ms = ksmd.ms();
     result?;
     progress(&format!("{scheme}: reading every value back"));

@@ -16,9 +16,9 @@
 //! is measured first, by a stop-and-copy of the same process.
 
 use crate::{median, Machine};
-use pagewise::mech::hash::{page_hash, PageHash};
-use pagewise::mech::procfs;
-use pagewise::mech::stop::Stopped;
+use pagewise::hash::{page_hash, PageHash};
+use pagewise::process as procfs;
+use pagewise::process::Stopped;
 use pagewise::snap::live::{live_snapshot, Destination, LiveOptions, LiveReport, StoreSeries};
 use pagewise::snap::wire::{Compression, Receiver, Sender, WireStats};
 use pagewise::snap::DiskStore;
@@ -220,7 +220,7 @@ pub(crate) fn fingerprints(pid: i32) -> Result<Truth> {
         let mut off = 0;
         while off < r.len {
             let n = (r.len - off).min(b.len() as u64) as usize;
-            pagewise::mech::remote::read(pid, r.start + off, &mut b[..n])?;
+            pagewise::process::read(pid, r.start + off, &mut b[..n])?;
             h.extend(b[..n].chunks_exact(PAGE_SIZE).map(page_hash));
             off += n as u64;
         }
@@ -234,7 +234,7 @@ fn read_all(pid: i32) -> Result<u64> {
     let mut bytes = 0;
     for m in procfs::writable(Some(pid))? {
         let mut b = vec![0u8; m.len() as usize];
-        pagewise::mech::remote::read(pid, m.start, &mut b)?;
+        pagewise::process::read(pid, m.start, &mut b)?;
         bytes += b.len() as u64;
     }
     Ok(bytes)

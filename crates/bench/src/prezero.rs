@@ -186,7 +186,7 @@ fn one(cfg: &Config, regime: &str, way: &str, repeat: usize) -> Result<Row> {
         };
         verified &= w == (i as u64 | 1 << 63) && bytes.iter().all(|&b| b == (i % 251) as u8);
     }
-    let mut w = pagewise::mech::walk::PageWalker::new(None)?;
+    let mut w = pagewise::walk::PageWalker::new(None)?;
     let mut runs = Vec::new();
     let h = pagewise_sys::pagemap::category::HUGE;
     w.categories(mem.region(), h, h, &mut runs)?;

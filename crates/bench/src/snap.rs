@@ -16,7 +16,7 @@
 //! the same checksums, and every restore is compared with the base contents.
 
 use super::{median, Machine};
-use pagewise::mech::procfs;
+use pagewise::process as procfs;
 use pagewise::snap::{SnapshotOptions, Snapshots};
 use pagewise::workload::{AnonMemory, Rng};
 use pagewise::{Error, Result, PAGE_SIZE};

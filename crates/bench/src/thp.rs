@@ -26,11 +26,12 @@
 //! or torn write during a collapse would fail it.
 
 use crate::Machine;
-use pagewise::mech::agent::Agent as _;
+use pagewise::agent::{drive, Cadence, Deadline, Uninterrupted};
 use pagewise::thp::agent::{Action, Agent, Budget, Options, Policy};
 use pagewise::workload::AnonMemory;
 use pagewise::{Error, Result, HUGE_PAGE_SIZE, PAGE_SIZE};
 use serde::Serialize;
+use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -322,7 +323,7 @@ pub(crate) fn stop_and_check_each(children: &[Child], within: Duration) -> Vec<O
         0 => None,
         v => Some(v == 1),
     };
-    let done = |c: &Child| answer(c).is_some() || !pagewise::mech::procfs::is_alive(c.pid);
+    let done = |c: &Child| answer(c).is_some() || !pagewise::process::is_alive(c.pid);
     while !children.iter().all(done) && t0.elapsed() < within {
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -369,15 +370,21 @@ fn one(
     let mut agent = Agent::new(&[c.pid], opts)?;
     let mut promoted = Vec::new();
     let mut steps = 0;
-    while (promoted.len() as u64) < k && steps < 10 {
-        let s = agent.step()?;
+    // Back to back, until k huge pages were promoted (10 steps at most).
+    let cadence = Cadence::default().steps(Some(10));
+    drive(&mut agent, &cadence, &Uninterrupted, None, |_, s| {
         steps += 1;
         for a in s.actions {
             if let Action::Promoted { start, .. } = a {
                 promoted.push(start);
             }
         }
-    }
+        Ok::<_, Error>(if promoted.len() as u64 >= k {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        })
+    })?;
     drop(agent);
     let after_ms = rounds_ms(&c, cfg.rounds);
     let verified = c.stop_and_check();
@@ -407,15 +414,18 @@ fn one(
 }
 
 /// Rounds completed and the time they took, over `d` (mean ms per round).
-fn mean_round_ms(c: &Child, d: Duration, mut during: impl FnMut()) -> f64 {
+fn mean_round_ms(
+    c: &Child,
+    d: Duration,
+    during: impl FnOnce(Deadline) -> Result<()>,
+) -> Result<f64> {
     let r0 = c.ctl.at(0).load(Ordering::SeqCst);
     let t0 = Instant::now();
-    while t0.elapsed() < d {
-        during();
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    let until = t0 + d;
+    during(Deadline(until))?;
+    std::thread::sleep(until.saturating_duration_since(Instant::now()));
     let r1 = c.ctl.at(0).load(Ordering::SeqCst);
-    t0.elapsed().as_secs_f64() * 1e3 / (r1 - r0).max(1) as f64
+    Ok(t0.elapsed().as_secs_f64() * 1e3 / (r1 - r0).max(1) as f64)
 }
 
 /// The coverage method against the workload's known coverage, and the
@@ -435,39 +445,30 @@ fn coverage_check(cfg: &Config, walk_ns: f64) -> Result<CoverageCheck> {
         )
         .walk_ns(walk_ns)
         .recovery(None);
-    let alone = mean_round_ms(&c, Duration::from_secs(3), || {});
+    let alone = mean_round_ms(&c, Duration::from_secs(3), |_| Ok(()))?;
     let mut agent = Agent::new(&[c.pid], opts)?;
     let (mut windows, mut truth, mut measured, mut diff) = (0u64, 0u64, 0u64, 0u64);
     let wide_from = c.base + (cfg.narrow * HUGE_PAGE_SIZE) as u64;
     let end = c.base + ((cfg.narrow + cfg.wide) * HUGE_PAGE_SIZE) as u64;
-    let mut next_step = Instant::now();
-    let mut failed = None;
-    let measured_ms = mean_round_ms(&c, Duration::from_secs(3), || {
-        if Instant::now() < next_step || failed.is_some() {
-            return;
-        }
-        next_step = Instant::now() + Duration::from_millis(300);
-        match agent.step() {
-            Ok(s) => {
-                windows += 1;
-                for cand in s
-                    .candidates
-                    .iter()
-                    .filter(|x| x.start >= c.base && x.start < end)
-                {
-                    let t = if cand.start >= wide_from { 512 } else { 4 };
-                    let m = cand.touched.unwrap_or(0);
-                    truth += t;
-                    measured += m;
-                    diff += m.abs_diff(t);
-                }
+    let every = Cadence::default().interval(Duration::from_millis(300));
+    let measured_ms = mean_round_ms(&c, Duration::from_secs(3), |until| {
+        drive(&mut agent, &every, &until, None, |_, s| {
+            windows += 1;
+            for cand in s
+                .candidates
+                .iter()
+                .filter(|x| x.start >= c.base && x.start < end)
+            {
+                let t = if cand.start >= wide_from { 512 } else { 4 };
+                let m = cand.touched.unwrap_or(0);
+                truth += t;
+                measured += m;
+                diff += m.abs_diff(t);
             }
-            Err(e) => failed = Some(e),
-        }
-    });
-    if let Some(e) = failed {
-        return Err(e);
-    }
+            Ok::<_, Error>(ControlFlow::Continue(()))
+        })
+        .map(|_| ())
+    })?;
     c.ctl.at(1).store(1, Ordering::SeqCst);
     Ok(CoverageCheck {
         windows,
@@ -501,15 +502,14 @@ fn idle_cost(seconds: u64, walk_ns: f64) -> Result<IdleCost> {
     let interval = opts.interval;
     let mut agent = Agent::new(&[c.pid], opts)?;
     let t0 = Instant::now();
-    let mut n = 0u32;
-    while t0.elapsed() < Duration::from_secs(seconds) {
-        let due = t0 + interval * n;
-        if let Some(w) = due.checked_duration_since(Instant::now()) {
-            std::thread::sleep(w);
-        }
-        agent.step()?;
-        n += 1;
-    }
+    let until = Deadline(t0 + Duration::from_secs(seconds));
+    drive(
+        &mut agent,
+        &Cadence::default().interval(interval),
+        &until,
+        None,
+        |_, _| Ok::<_, Error>(ControlFlow::Continue(())),
+    )?;
     let secs = t0.elapsed().as_secs_f64();
     let k = agent.counters();
     drop(mem);

@@ -30,11 +30,12 @@
 
 use crate::thp::{next, rounds_ms, spawn_worker, stop_and_check_all, Child};
 use crate::Machine;
-use pagewise::mech::agent::Agent as _;
+use pagewise::agent::{drive, Cadence, Uninterrupted};
 use pagewise::thp::agent::{Action, Agent, Budget, Options, Policy};
 use pagewise::workload::AnonMemory;
 use pagewise::{Error, Result, HUGE_PAGE_SIZE};
 use serde::Serialize;
+use std::ops::ControlFlow;
 use std::time::Duration;
 
 /// The experiment's size.
@@ -208,9 +209,13 @@ fn one(cfg: &Config, name: &str, policy: Policy, repeat: usize, walk_ns: f64) ->
         .walk_ns(walk_ns)
         .recovery(None);
     let mut agent = Agent::new(&[s.pid, r.pid], opts)?;
-    let (mut to_s, mut to_r, mut steps) = (0, 0, 0);
-    while to_s + to_r < k && steps < 20 {
-        let st = agent.step()?;
+    let (mut to_s, mut to_r) = (0, 0);
+    let mut steps = 0;
+    // Until k huge pages were promoted (20 steps at most).
+    let cadence = Cadence::default()
+        .steps(Some(20))
+        .interval(Duration::from_millis(cfg.interval_ms));
+    drive(&mut agent, &cadence, &Uninterrupted, None, |_, st| {
         steps += 1;
         for a in st.actions {
             if let Action::Promoted { pid, .. } = a {
@@ -221,8 +226,12 @@ fn one(cfg: &Config, name: &str, policy: Policy, repeat: usize, walk_ns: f64) ->
                 }
             }
         }
-        std::thread::sleep(Duration::from_millis(cfg.interval_ms));
-    }
+        Ok::<_, Error>(if to_s + to_r >= k {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        })
+    })?;
     drop(agent);
     let (stream_after_ms, random_after_ms) = both_ms(&s, &r, cfg.rounds);
     let verified = stop_and_check_all(&[s, r], Duration::from_secs(60));

@@ -11,7 +11,7 @@
 //! it would in use; the fault-based backends collect between passes.
 
 use super::{median, Machine};
-use pagewise::mech::settings::SettingGuard;
+use pagewise::agent::settings::SettingGuard;
 use pagewise::track::{BackendKind, DirtyTracker};
 use pagewise::workload::{AnonMemory, Rng};
 use pagewise::{Result, PAGE_SIZE};

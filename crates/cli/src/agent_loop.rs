@@ -1,12 +1,12 @@
 //! What the agents' commands (`thp run`, `dedup run`) share: their flags,
 //! starting the command to watch, and the library's drive of an agent
-//! (`pagewise::mech::agent::drive`: a step per interval until SIGINT/SIGTERM,
+//! (`pagewise::agent::drive`: a step per interval until SIGINT/SIGTERM,
 //! the watched processes are gone or the steps are done, the counters in
 //! the Prometheus text format to a file or over HTTP) ended as the tool's
 //! conventions say.
 
 use anyhow::{Context, Result};
-use pagewise::mech::agent::{self, Agent, Cadence, Ended};
+use pagewise::agent::{self, Agent, Cadence, Ended};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -80,7 +80,7 @@ pub fn start(
     }
     let mut c = std::process::Command::new(&w.command[0]);
     c.args(&w.command[1..]);
-    pagewise::mech::child::tie(&mut c);
+    pagewise::agent::child::tie(&mut c);
     crate::stop::program_output(&mut c, w.json);
     let c = c
         .spawn()
@@ -90,7 +90,7 @@ pub fn start(
 }
 
 /// Steps `agent` every `interval` through the library's
-/// [`drive`](pagewise::mech::agent::drive), each step handed to `report` and
+/// [`drive`](pagewise::agent::drive), each step handed to `report` and
 /// its counters published, until SIGINT/SIGTERM, the end of the watched
 /// processes or of `--steps`; returns the exit status: the command's when
 /// it ended, else 0. On SIGINT/SIGTERM the command is stopped. The caller
@@ -108,8 +108,8 @@ pub fn drive<A: Agent>(
         .steps(w.steps)
         .metrics_file(w.metrics.clone())
         .metrics_listen(w.metrics_listen.clone());
-    let ended = agent::drive(agent, &cadence, stop, child.as_mut(), |step| {
-        report(step).map(|()| std::ops::ControlFlow::Continue(()))
+    let ended = agent::drive(agent, &cadence, stop, child.as_mut(), |_, step| {
+        report(&step).map(|()| std::ops::ControlFlow::Continue(()))
     })?;
     if let Some(code) = stop.status() {
         // SIGINT/SIGTERM: the command ended as the convention says.
@@ -119,7 +119,7 @@ pub fn drive<A: Agent>(
         return Ok(code);
     }
     Ok(match ended {
-        Ended::ProgramExited(st) => pagewise::mech::child::exit_code(st),
+        Ended::ProgramExited(st) => pagewise::agent::child::exit_code(st),
         _ => 0,
     })
 }
@@ -136,7 +136,7 @@ impl agent::Interrupt for crate::stop::Stop {
 /// Says, on standard error, which system settings were put back as the
 /// command ends (nothing where none was changed).
 pub fn say_put_back() {
-    let back = pagewise::mech::settings::take_put_back();
+    let back = pagewise::agent::settings::take_put_back();
     if !back.is_empty() {
         eprintln!("pagewise: settings put back: {}", back.join(", "));
     }

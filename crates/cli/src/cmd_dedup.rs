@@ -2,9 +2,9 @@
 //! rebuild of huge pages, driving KSM).
 
 use anyhow::Result;
+use pagewise::agent::Agent as _;
 use pagewise::dedup::{Action, Agent, Options, Policy, Step, Thresholds};
-use pagewise::mech::agent::Agent as _;
-use pagewise::mech::inject::Inside;
+use pagewise::shim::Inside;
 use std::io::Write;
 use std::time::{Duration, Instant};
 
@@ -135,10 +135,9 @@ fn run_agent(a: RunArgs) -> Result<i32> {
     // linked program), under ptrace like any other.
     let started = match a.watch.command.is_empty() {
         true => None,
-        false => Some(pagewise::mech::inject::shim::start_advised(
-            &a.watch.command,
-            |c| crate::stop::program_output(c, a.watch.json),
-        )?),
+        false => Some(pagewise::shim::start_advised(&a.watch.command, |c| {
+            crate::stop::program_output(c, a.watch.json)
+        })?),
     };
     let child = match started {
         None => None,
@@ -155,7 +154,7 @@ fn run_agent(a: RunArgs) -> Result<i32> {
                 }
             };
             if let Err(e) = agent.add_with(pid, inside) {
-                pagewise::mech::child::stop(&mut c, Duration::from_secs(5));
+                pagewise::agent::child::stop(&mut c, Duration::from_secs(5));
                 return Err(e.into());
             }
             Some(c)

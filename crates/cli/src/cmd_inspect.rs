@@ -2,11 +2,11 @@
 //! coverage of processes.
 
 use anyhow::{bail, Context, Result};
+use pagewise::access::{self, Method};
+use pagewise::agent::child;
 use pagewise::farmem::instance::Instance;
 use pagewise::farmem::{FarmemOptions, FarmemRun};
 use pagewise::inspect::{inspect, Options, RegionReport, Report};
-use pagewise::mech::access::{self, Method};
-use pagewise::mech::child;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -162,7 +162,7 @@ pub fn run(a: Args) -> Result<i32> {
 fn targets(a: &Args) -> Result<(Vec<i32>, Option<Started>)> {
     let mut pids: Vec<i32> = Vec::new();
     for &p in &a.pids {
-        pagewise::mech::procfs::check_target(p)?;
+        pagewise::process::check_target(p)?;
         if !pids.contains(&p) {
             pids.push(p);
         }

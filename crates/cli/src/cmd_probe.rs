@@ -24,7 +24,7 @@ pub fn run(a: Args) -> Result<i32> {
         Err("the kernel lacks UFFD_FEATURE_SIGBUS".to_string())
     };
     // Where the preload shim is (for `-- CMD` commands).
-    let shim = pagewise::mech::shim::shim_path().map_err(|e| e.to_string());
+    let shim = pagewise::shim::shim_path().map_err(|e| e.to_string());
     if a.json {
         let mut v = serde_json::to_value(p)?;
         v["preload_shim"] = match &shim {

@@ -135,7 +135,7 @@ fn take(t: TakeArgs) -> Result<i32> {
         crate::usage!("--count above 1 needs --every-ms MS");
     }
     if let (Some(pid), Some(to)) = (t.pid, t.to.as_deref()) {
-        pagewise::mech::procfs::check_target(pid)?;
+        pagewise::process::check_target(pid)?;
         let key = t
             .key
             .as_deref()
@@ -160,7 +160,7 @@ fn take(t: TakeArgs) -> Result<i32> {
     let (Some(pid), Some(out)) = (t.pid, t.out.clone()) else {
         crate::usage!("give --pid PID and --out DIR, or --live --to HOST:PORT (or a subcommand: inspect, diff; see --help)");
     };
-    pagewise::mech::procfs::check_target(pid)?;
+    pagewise::process::check_target(pid)?;
     let existed = out.exists();
     let mut disk = DiskStore::create(&out, !t.no_verify)?;
     let r = if t.live {

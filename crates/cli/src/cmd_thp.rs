@@ -214,7 +214,7 @@ fn run_agent(a: RunArgs) -> Result<i32> {
     let policy = policy_of(&a.policy)?;
     // Said up front: without it every collapse would be refused, one by one.
     const CAP_SYS_NICE: u32 = 23;
-    if !pagewise::mech::procfs::has_capability(CAP_SYS_NICE) {
+    if !pagewise::system::has_capability(CAP_SYS_NICE) {
         return Err(pagewise::Error::NotPermitted(
             "thp run collapses huge pages in other processes with \
              process_madvise(MADV_COLLAPSE), which needs CAP_SYS_NICE: run it as root \

@@ -2,7 +2,7 @@
 
 use crate::stop::Stop;
 use anyhow::{bail, Context, Result};
-use pagewise::mech::child;
+use pagewise::agent::child;
 use pagewise::track::{protocol, BackendKind, Collection, DirtyTracker};
 use pagewise::track::{start_tracked, Tracked};
 use pagewise::PAGE_SIZE;
@@ -109,7 +109,7 @@ fn watch_from_outside(
             Ok((child, Source::Outside(t, pid)))
         }
         Err(outside) => {
-            pagewise::mech::child::stop(&mut child, Duration::from_secs(5));
+            pagewise::agent::child::stop(&mut child, Duration::from_secs(5));
             Err(anyhow::Error::new(why)
                 .context(format!("watching it from outside failed too: {outside}")))
         }
@@ -248,7 +248,7 @@ pub fn run(a: Args) -> Result<i32> {
                 // reaped yet (a zombie still counts as alive).
                 if matches!(e, pagewise::Error::ProcessExited(_))
                     || e.errno() == libc::ESRCH
-                    || !pagewise::mech::procfs::is_alive(pid)
+                    || !pagewise::process::is_alive(pid)
                 {
                     bail!("process {pid} exited after {n} collections");
                 }
@@ -293,7 +293,7 @@ pub fn run(a: Args) -> Result<i32> {
     if let Some(mut c) = child {
         // --count reached: the command is asked to end (SIGTERM), and
         // killed only if it has not within 5 s.
-        pagewise::mech::child::stop(&mut c, crate::stop::GRACE);
+        pagewise::agent::child::stop(&mut c, crate::stop::GRACE);
     }
     Ok(0)
 }

@@ -123,7 +123,7 @@ fn main() {
     let cli = Cli::parse();
     progress::set_quiet(cli.quiet);
     // Settings a killed pagewise left changed are put back first (and said).
-    pagewise::mech::settings::recover();
+    pagewise::agent::settings::recover();
     let r = match cli.cmd {
         Cmd::Probe(a) => cmd_probe::run(a),
         Cmd::Track(a) => cmd_track::run(a),

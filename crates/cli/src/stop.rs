@@ -11,7 +11,7 @@
 //!   reached the program already (it is in the same process group), and
 //!   a second SIGINT could cut its own clean-up short. The program has
 //!   5 s to end, then it is killed; it is always waited for;
-//! - the program is tied to pagewise ([`pagewise::mech::child::tie`], which
+//! - the program is tied to pagewise ([`pagewise::agent::child::tie`], which
 //!   every program started under the shim gets): if pagewise is killed
 //!   outright (SIGKILL), the program gets SIGTERM;
 //! - with `--json`, pagewise's JSON is alone on its standard output and the
@@ -20,7 +20,7 @@
 //!   only, and the program's output is still seen.
 
 use anyhow::Result;
-use pagewise::mech::child;
+use pagewise::agent::child;
 use pagewise_sys::signal::StopFlag;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::Ordering;
@@ -98,8 +98,8 @@ impl Stop {
 
 /// With `--json`, sends the standard output of a program started with
 /// `-- CMD` to pagewise's standard error. (Programs started under the shim
-/// are tied by [`pagewise::mech::shim::shim_command`]; a command that
-/// starts one plainly ties it with [`pagewise::mech::child::tie`].)
+/// are tied by [`pagewise::shim::shim_command`]; a command that
+/// starts one plainly ties it with [`pagewise::agent::child::tie`].)
 pub fn program_output(c: &mut Command, json: bool) {
     if json {
         use std::os::fd::AsFd;

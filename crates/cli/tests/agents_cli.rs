@@ -67,7 +67,7 @@ fn thp_run_promotes_within_the_budget_and_ends_on_sigterm() {
         }
     }
     assert_eq!(promoted.len(), 3, "{steps:?}");
-    let mut w = pagewise::mech::walk::PageWalker::new(Some(wl.id() as i32)).unwrap();
+    let mut w = pagewise::walk::PageWalker::new(Some(wl.id() as i32)).unwrap();
     let mut runs = Vec::new();
     for &start in &promoted {
         let r = pagewise::Region::new(start, 2 << 20).unwrap();
@@ -447,7 +447,7 @@ fn a_killed_dedup_agent_is_repaired_and_a_second_is_refused() {
     // A second agent while the first holds the settings.
     let mut first = agent();
     let t0 = std::time::Instant::now();
-    let journal = pagewise::mech::settings::journal_dir().join("%sys%kernel%mm%ksm%run");
+    let journal = pagewise_mech::settings::journal_dir().join("%sys%kernel%mm%ksm%run");
     while !journal.exists() {
         assert!(
             t0.elapsed() < std::time::Duration::from_secs(60),
@@ -494,7 +494,7 @@ fn ksm_agents_one_at_a_time() -> Option<std::sync::MutexGuard<'static, ()>> {
     static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let g = ONE.lock().unwrap_or_else(|e| e.into_inner());
     let ksm = "/sys/kernel/mm/ksm/run";
-    match pagewise::mech::settings::wait_until_free(ksm, Duration::from_secs(60)) {
+    match pagewise_mech::settings::wait_until_free(ksm, Duration::from_secs(60)) {
         Ok(()) => Some(g),
         Err(e) => {
             pagewise_testkit::not_happened!("{e}");
@@ -536,7 +536,7 @@ fn a_killed_dedup_agents_advice_is_taken_back() {
         return;
     }
     let pid = target.id() as i32;
-    let mergeable = || pagewise::mech::procfs::with_vm_flag(Some(pid), &["mg"]).unwrap();
+    let mergeable = || pagewise_mech::procfs::with_vm_flag(Some(pid), &["mg"]).unwrap();
     let mut agent = Command::new(BIN)
         .args(["dedup", "run", "--interval-ms", "400", "--window-ms", "150"])
         .args(["--thresholds", "0,2,0.5", "--full-scan-ms", "300", "--pid"])

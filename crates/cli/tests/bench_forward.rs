@@ -90,7 +90,7 @@ fn a_bench_ended_by_sigint_puts_its_settings_back() {
     }
     // SAFETY: kill with a child's pid and a valid signal.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    let st = pagewise::mech::child::wait_for(&mut child, std::time::Duration::from_secs(30));
+    let st = pagewise_mech::child::wait_for(&mut child, std::time::Duration::from_secs(30));
     let mut err = String::new();
     use std::io::Read;
     let _ = child.stderr.take().unwrap().read_to_string(&mut err);

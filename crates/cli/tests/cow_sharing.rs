@@ -57,7 +57,7 @@ fn pss(pair: &Pair) -> u64 {
         .iter()
         .map(|p| {
             let t = std::fs::read_to_string(format!("/proc/{p}/smaps_rollup")).unwrap();
-            pagewise::mech::procfs::status_field(&t, "Pss").unwrap()
+            pagewise_mech::procfs::status_field(&t, "Pss").unwrap()
         })
         .sum()
 }

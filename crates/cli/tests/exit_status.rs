@@ -167,7 +167,7 @@ fn a_process_held_or_in_vfork_is_busy_everywhere() {
         assert_eq!(code, Some(6), "{args:?}: {err}");
         assert!(err.contains("vfork"), "{args:?}: {err}");
     }
-    for p in pagewise::mech::procfs::children(v.id() as i32).unwrap_or_default() {
+    for p in pagewise_mech::procfs::children(v.id() as i32).unwrap_or_default() {
         // SAFETY: kill(2) of the vfork child, this test's grandchild.
         unsafe { libc::kill(p, libc::SIGKILL) };
     }

@@ -267,7 +267,7 @@ fn a_newcomer_gets_its_share_of_a_shared_budget() {
                     p == pid
                         || std::fs::read_to_string(format!("/proc/{p}/status"))
                             .ok()
-                            .and_then(|t| pagewise::mech::procfs::status_field(&t, "PPid"))
+                            .and_then(|t| pagewise_mech::procfs::status_field(&t, "PPid"))
                             == Some(pid as u64)
                 })
                 .map(|m| m["stats"]["local_pages_now"].as_u64().unwrap())
@@ -625,7 +625,7 @@ fn snapshot_and_inspect_of_an_emulated_process_never_hang() {
         assert!(v["rss_bytes"].as_u64().unwrap() >= 32 << 20, "{out}");
         // Its engine served the inspector's reads: the program runs on.
         assert!(
-            pagewise::mech::procfs::is_alive(pid.parse().unwrap()),
+            pagewise_mech::procfs::is_alive(pid.parse().unwrap()),
             "the emulated process died while inspected (run {i})"
         );
     }

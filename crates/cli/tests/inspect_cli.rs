@@ -139,7 +139,7 @@ fn coverage_unavailable_says_why() {
         pagewise_testkit::skip!("no PAGEMAP_SCAN");
         return;
     }
-    if pagewise::mech::access::idle_page_unavailable().is_none() {
+    if pagewise::access::idle_page_unavailable().is_none() {
         pagewise_testkit::skip!("this kernel has idle page tracking");
         return;
     }

@@ -61,7 +61,7 @@ fn redis() -> Option<Redis> {
     let (mut last, mut since) = (Vec::new(), Instant::now());
     let t0 = Instant::now();
     while since.elapsed() < Duration::from_millis(200) && t0.elapsed() < Duration::from_secs(10) {
-        let now = pagewise::mech::procfs::open_fds(pid);
+        let now = pagewise_mech::procfs::open_fds(pid);
         if now != last {
             (last, since) = (now, Instant::now());
         }
@@ -89,7 +89,7 @@ fn ask(c: &mut Client, args: &[&[u8]]) -> anyhow::Result<Option<Vec<u8>>> {
 fn fds_become(pid: i32, want: usize) -> Vec<i64> {
     let t0 = Instant::now();
     loop {
-        let now = pagewise::mech::procfs::open_fds(pid);
+        let now = pagewise_mech::procfs::open_fds(pid);
         if now.len() == want || t0.elapsed() > Duration::from_secs(10) {
             return now;
         }
@@ -99,9 +99,9 @@ fn fds_become(pid: i32, want: usize) -> Vec<i64> {
 
 /// CPU time of `pid` over `d`, as a fraction of `d`.
 fn busy_over(pid: i32, d: Duration) -> f64 {
-    let a = pagewise::mech::procfs::cpu_time(pid).unwrap();
+    let a = pagewise_mech::procfs::cpu_time(pid).unwrap();
     std::thread::sleep(d);
-    let b = pagewise::mech::procfs::cpu_time(pid).unwrap();
+    let b = pagewise_mech::procfs::cpu_time(pid).unwrap();
     (b - a).as_secs_f64() / d.as_secs_f64()
 }
 
@@ -146,7 +146,7 @@ fn a_server_rolled_back_with_clients_connected_keeps_serving() {
     let mut a = client(port);
     assert_eq!(ask(&mut a, &[b"PING"]).unwrap().unwrap(), b"PONG");
     // The loader's connection closed on the server's side too.
-    let at_take = fds_become(pid, pagewise::mech::procfs::open_fds(pid).len());
+    let at_take = fds_become(pid, pagewise_mech::procfs::open_fds(pid).len());
     let dir = temp_dir("rollback-redis");
     let out = ok(Command::new(BIN)
         .args(["snapshot", "--pid", &spid, "--json", "--out"])
@@ -181,7 +181,7 @@ fn a_server_rolled_back_with_clients_connected_keeps_serving() {
     // both its descriptors.
     let t0 = Instant::now();
     let opened_since = loop {
-        let n = pagewise::mech::procfs::open_fds(pid)
+        let n = pagewise_mech::procfs::open_fds(pid)
             .len()
             .saturating_sub(at_take.len());
         if n >= 2 || t0.elapsed() > Duration::from_secs(10) {
@@ -270,7 +270,7 @@ fn serve_leaves_no_descriptor_per_client() {
     need_support!();
     let Some(r) = redis() else { return };
     let (port, pid) = (r.port, r.child.id() as i32);
-    let at_take = pagewise::mech::procfs::open_fds(pid);
+    let at_take = pagewise_mech::procfs::open_fds(pid);
     let mut s = pagewise_testkit::Piped::start(Command::new(BIN).args([
         "snapshot",
         "serve",
@@ -293,7 +293,7 @@ fn serve_leaves_no_descriptor_per_client() {
         assert_eq!(closed.map(|c| c.len()), Some(1), "round {round}: {r}");
         assert!(ends(&mut c), "round {round}: the client still answers");
         assert_eq!(
-            pagewise::mech::procfs::open_fds(pid),
+            pagewise_mech::procfs::open_fds(pid),
             at_take,
             "round {round}"
         );
@@ -375,7 +375,7 @@ fn a_program_that_exec_d_since_is_not_restored_into() {
             "serve: {r}"
         );
         assert!(
-            pagewise::mech::procfs::is_alive(p.pid()),
+            pagewise_mech::procfs::is_alive(p.pid()),
             "the program it became died"
         );
         assert_eq!(

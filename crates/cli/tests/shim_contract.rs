@@ -1,5 +1,5 @@
 //! The preload shim and pagewise agree on one versioned contract
-//! (`pagewise::mech::shim`): a shim asked by a pagewise of another
+//! (`pagewise_mech::shim`): a shim asked by a pagewise of another
 //! contract does nothing it was asked, says so in one line, and the
 //! program runs as it would without it.
 
@@ -11,9 +11,10 @@ fn echo_under_shim(shim: &std::path::Path, vars: &[(&str, &str)]) -> (String, St
     let mut c = Command::new("/bin/echo");
     c.arg("hello").env("LD_PRELOAD", shim);
     for k in [
-        pagewise::mech::shim::env::CONTRACT,
-        pagewise::mech::shim::env::FARMEM_INSTANCE,
-        pagewise::mech::shim::env::PREZERO,
+        pagewise::shim::env::CONTRACT,
+        pagewise::shim::env::FARMEM_INSTANCE,
+        pagewise::shim::env::PREZERO,
+        pagewise::shim::env::FARMEM_FAULT_PATH,
     ] {
         c.env_remove(k);
     }
@@ -32,7 +33,7 @@ fn a_shim_refuses_a_request_of_another_contract_in_one_line() {
         pagewise_testkit::skip!("the preload shim is not built (cargo build --release)");
         return;
     };
-    use pagewise::mech::shim::{env, CONTRACT};
+    use pagewise::shim::{env, CONTRACT};
     // A far-memory request from a pagewise of contract 999: not joined (the
     // instance does not exist either; the contract is checked first).
     let (out, err) = echo_under_shim(
@@ -58,11 +59,46 @@ fn a_shim_refuses_a_request_of_another_contract_in_one_line() {
     assert_eq!(out, "hello\n");
     assert!(err.contains("contract unknown"), "{err}");
     // The same contract: the request is taken (pre-zeroing starts quietly).
-    let ours = format!("{CONTRACT} {}", pagewise::mech::shim::BUILD);
+    let ours = format!("{CONTRACT} {}", pagewise::shim::BUILD);
     let (out, err) = echo_under_shim(&shim, &[(env::CONTRACT, &ours), (env::PREZERO, "1,1")]);
     assert_eq!(out, "hello\n");
     assert!(!err.contains("contract"), "{err}");
     // Nothing asked: nothing said.
     let (out, err) = echo_under_shim(&shim, &[]);
     assert_eq!((out.as_str(), err.as_str()), ("hello\n", ""));
+}
+
+#[test]
+fn a_shim_refuses_a_value_it_cannot_read_naming_the_variable() {
+    let Some(shim) = shim() else {
+        pagewise_testkit::skip!("the preload shim is not built (cargo build --release)");
+        return;
+    };
+    use pagewise::shim::{env, BUILD, CONTRACT};
+    let ours = format!("{CONTRACT} {BUILD}");
+    // A far-memory request whose fault path is neither `thread` nor
+    // `inline`: refused before the instance is looked at, never taken for
+    // the default path.
+    let (out, err) = echo_under_shim(
+        &shim,
+        &[
+            (env::CONTRACT, &ours),
+            (env::FARMEM_INSTANCE, "no-such-instance"),
+            (env::FARMEM_FAULT_PATH, "sideways"),
+        ],
+    );
+    assert_eq!(out, "hello\n");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("no far-memory emulation: PAGEWISE_FARMEM_FAULT_PATH=\"sideways\""),
+        "{err}"
+    );
+    assert!(!err.contains("no-such-instance"), "acted on it: {err}");
+    // A pre-zeroing request with a rate that is not a number.
+    let (out, err) = echo_under_shim(&shim, &[(env::CONTRACT, &ours), (env::PREZERO, "1,fast")]);
+    assert_eq!(out, "hello\n");
+    assert!(
+        err.contains("no pre-zeroing: PAGEWISE_PREZERO=\"fast\" is not a f64"),
+        "{err}"
+    );
 }

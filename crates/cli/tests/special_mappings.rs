@@ -38,7 +38,7 @@ fn droppable_and_aio_mappings_do_not_stop_a_restore_or_tracking() {
     let pid = t.pid().to_string();
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
     assert!(maps.contains("/[aio]"), "no AIO ring: {maps}");
-    let dp = pagewise::mech::procfs::with_vm_flag(Some(t.pid()), &["dp"]).unwrap();
+    let dp = pagewise_mech::procfs::with_vm_flag(Some(t.pid()), &["dp"]).unwrap();
     assert_eq!(dp.len(), 1, "one droppable mapping: {dp:?}");
     t.ask("w 1");
     let then = checksums(&t.ask("c"));

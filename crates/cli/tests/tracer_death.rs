@@ -85,10 +85,10 @@ fn run(mut c: Command, kill_after: Option<Duration>) -> Result<(), (i32, String)
 fn unharmed(pid: i32, what: &str) {
     for _ in 0..1000 {
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-        let tracer = pagewise::mech::procfs::status_field(&status, "TracerPid");
-        let state = pagewise::mech::procfs::process_state(pid).ok().flatten();
+        let tracer = pagewise_mech::procfs::status_field(&status, "TracerPid");
+        let state = pagewise_mech::procfs::process_state(pid).ok().flatten();
         assert!(
-            pagewise::mech::procfs::is_alive(pid),
+            pagewise_mech::procfs::is_alive(pid),
             "the target died after {what}"
         );
         if tracer == Some(0) && !matches!(state.as_deref(), Some("t" | "T")) {

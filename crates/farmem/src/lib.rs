@@ -90,7 +90,7 @@ pub use calibrate::{at_latency_zero, calibrate, Calibration};
 use engine::Engine;
 pub use inline::FaultPath;
 pub use report::Report;
-pub use run::{FarmemOptions, FarmemRun};
+pub use run::{FarmemOptions, FarmemRequest, FarmemRun};
 pub use stats::Stats;
 pub(crate) use stats::{Counters, HIST_BUCKETS};
 

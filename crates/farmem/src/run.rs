@@ -3,7 +3,7 @@
 //! the run's end.
 
 use super::instance::{self, Access, Instance, Settings};
-use pagewise_mech::shim::{shim_command, FarmemRequest, ShimRequest};
+use pagewise_mech::shim::{ask, env, parsed, shim_command, Request};
 use pagewise_mech::{Error, Result};
 use std::path::PathBuf;
 use std::process::Command;
@@ -48,6 +48,82 @@ impl Default for FarmemOptions {
             fault_path: crate::FaultPath::Inline,
             check: 0,
         }
+    }
+}
+
+/// Far-memory emulation asked of the shim in a member of a run (see
+/// [`FarmemRun::command`]); its variables are `env::FARMEM_*`, inherited
+/// by the member's children (who join the run too).
+#[doc(hidden)]
+#[derive(Debug, Clone)]
+pub struct FarmemRequest {
+    /// The instance to join.
+    pub instance: String,
+    /// The tag the run's members share.
+    pub tag: u32,
+    /// How the member behaves.
+    pub options: FarmemOptions,
+}
+
+impl Request for FarmemRequest {
+    const KEY: &'static str = env::FARMEM_INSTANCE;
+    const VARS: &'static [&'static str] = &[
+        env::FARMEM_INSTANCE,
+        env::FARMEM_TAG,
+        env::FARMEM_POLICY,
+        env::FARMEM_POLICY_ARGS,
+        env::FARMEM_STACKS,
+        env::FARMEM_FAULT_PATH,
+        env::FARMEM_TRACE,
+        env::FARMEM_CHECK,
+    ];
+    const INHERITED: bool = true;
+    fn encode(&self, set: &mut dyn FnMut(&'static str, String)) {
+        let o = &self.options;
+        set(env::FARMEM_INSTANCE, self.instance.clone());
+        set(env::FARMEM_TAG, self.tag.to_string());
+        set(env::FARMEM_POLICY, o.policy.clone());
+        set(env::FARMEM_POLICY_ARGS, o.policy_args.clone());
+        set(env::FARMEM_STACKS, u8::from(o.stacks).to_string());
+        set(env::FARMEM_FAULT_PATH, o.fault_path.to_string());
+        if let Some(t) = &o.trace {
+            set(env::FARMEM_TRACE, t.display().to_string());
+        }
+        if o.check > 0 {
+            set(env::FARMEM_CHECK, o.check.to_string());
+        }
+    }
+    fn decode(
+        get: &dyn Fn(&'static str) -> Option<String>,
+    ) -> std::result::Result<Option<Self>, String> {
+        let Some(instance) = get(env::FARMEM_INSTANCE) else {
+            return Ok(None);
+        };
+        let stacks = match get(env::FARMEM_STACKS).as_deref() {
+            None | Some("0") => false,
+            Some("1") => true,
+            Some(v) => {
+                return Err(format!(
+                    "{}={v:?} is not 0 or 1: nothing of this request is done",
+                    env::FARMEM_STACKS
+                ))
+            }
+        };
+        let d = FarmemOptions::default();
+        let options = FarmemOptions {
+            policy: get(env::FARMEM_POLICY).unwrap_or(d.policy),
+            policy_args: get(env::FARMEM_POLICY_ARGS).unwrap_or_default(),
+            stacks,
+            trace: get(env::FARMEM_TRACE).map(PathBuf::from),
+            // Not said: the engine's default.
+            fault_path: parsed(get, env::FARMEM_FAULT_PATH)?.unwrap_or_default(),
+            check: parsed(get, env::FARMEM_CHECK)?.unwrap_or(0),
+        };
+        Ok(Some(FarmemRequest {
+            instance,
+            tag: parsed(get, env::FARMEM_TAG)?.unwrap_or(0),
+            options,
+        }))
     }
 }
 
@@ -157,20 +233,14 @@ impl FarmemRun {
     /// `cmd` set up to run under the shim as a member of this run.
     pub fn command(&self, cmd: &[String], opts: &FarmemOptions) -> Result<Command> {
         let mut c = shim_command(cmd)?;
-        ShimRequest {
-            farmem: Some(FarmemRequest {
+        ask(
+            &mut c,
+            &FarmemRequest {
                 instance: self.inst.name().to_string(),
                 tag: self.tag,
-                policy: opts.policy.clone(),
-                policy_args: opts.policy_args.clone(),
-                stacks: opts.stacks,
-                fault_path: opts.fault_path.to_string(),
-                trace: opts.trace.clone(),
-                check: opts.check,
-            }),
-            ..ShimRequest::default()
-        }
-        .apply(&mut c);
+                options: opts.clone(),
+            },
+        );
         Ok(c)
     }
 
@@ -206,5 +276,27 @@ impl FarmemRun {
     /// instance whose program was stopped).
     pub fn remove(self) {
         let _ = self.inst.remove();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_far_memory_request_goes_through_its_variables_unchanged() {
+        let asked = FarmemRequest {
+            instance: "inst".into(),
+            tag: 42,
+            options: FarmemOptions::default()
+                .policy("lru".into())
+                .policy_args("a b".into())
+                .stacks(true)
+                .fault_path(crate::FaultPath::Thread)
+                .trace(Some("/tmp/t".into()))
+                .check(64),
+        };
+        let got = pagewise_mech::shim::round_trip(&asked).unwrap().unwrap();
+        assert_eq!(format!("{got:?}"), format!("{asked:?}"));
     }
 }

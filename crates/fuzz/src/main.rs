@@ -141,7 +141,7 @@ fn save_failure(target: &str, input: &[u8]) -> PathBuf {
     let _ = std::fs::create_dir_all(&dir);
     let p = dir.join(format!(
         "{target}-{}.bin",
-        pagewise::mech::hash::page_hash(input)
+        pagewise_mech::hash::page_hash(input)
     ));
     let _ = std::fs::write(&p, input);
     p
@@ -180,7 +180,7 @@ fn wire_session(rng: &mut Rng) -> Vec<u8> {
         h[8..16].copy_from_slice(&(base + p * PAGE_SIZE as u64).to_le_bytes());
         h[16..20].copy_from_slice(&(payload.len() as u32).to_le_bytes());
         m.extend_from_slice(&h);
-        m.extend_from_slice(&pagewise::mech::hash::page_hash(&page).to_le_bytes());
+        m.extend_from_slice(&pagewise_mech::hash::page_hash(&page).to_le_bytes());
         m.extend_from_slice(&payload);
     }
     m.push(b'E');
@@ -247,7 +247,7 @@ fn track_seeds(rng: &mut Rng) -> Vec<Vec<u8>> {
 
 /// A valid shim advice hello.
 fn shim_seed(rng: &mut Rng) -> Vec<u8> {
-    use pagewise::mech::inject::shim;
+    use pagewise_mech::inject::shim;
     let m = rng.below(4) as u32;
     let mut b = Vec::new();
     for v in [shim::MAGIC, shim::VERSION, 4242, m] {
@@ -317,18 +317,18 @@ fn record_seed(rng: &mut Rng) -> pagewise::snap::disk::ProcessRecord {
         ],
         threads: vec![thread(100, rng), thread(101, rng)],
         fds: Some(vec![
-            pagewise::mech::procfs::Descriptor {
+            pagewise_mech::procfs::Descriptor {
                 fd: 3,
-                kind: pagewise::mech::procfs::FdKind::File,
+                kind: pagewise_mech::procfs::FdKind::File,
                 dev: rng.next(),
                 ino: rng.next(),
                 flags: 0o2000002,
                 pos: rng.next() % 65536,
                 target: b"/var/lib/x.db".to_vec(),
             },
-            pagewise::mech::procfs::Descriptor {
+            pagewise_mech::procfs::Descriptor {
                 fd: 9,
-                kind: pagewise::mech::procfs::FdKind::Socket,
+                kind: pagewise_mech::procfs::FdKind::Socket,
                 dev: 8,
                 ino: rng.next(),
                 flags: 0o4002,
@@ -336,7 +336,7 @@ fn record_seed(rng: &mut Rng) -> pagewise::snap::disk::ProcessRecord {
                 target: b"socket:[12345]".to_vec(),
             },
         ]),
-        identity: Some(pagewise::mech::procfs::ExecIdentity {
+        identity: Some(pagewise_mech::procfs::ExecIdentity {
             random_at: rng.next(),
             random: [rng.next() as u8; 16],
             entry: rng.next(),
@@ -417,10 +417,10 @@ fn run_target(target: &str, rng: &mut Rng, until: Instant, work: &Path) -> Resul
                     let _ = a.write_all(&input);
                     drop(a);
                     if let Ok(s) =
-                        pagewise::mech::inject::shim::ShimAdvice::hello(b, Duration::from_secs(1))
+                        pagewise_mech::inject::shim::ShimAdvice::hello(b, Duration::from_secs(1))
                     {
                         let own = s.own_memory().to_vec();
-                        let inside = pagewise::mech::inject::Inside::Shim(s);
+                        let inside = pagewise_mech::inject::Inside::Shim(s);
                         for (start, len) in own {
                             let _ = inside.is_own_memory(start, len);
                             let _ = inside.is_own_memory(u64::MAX - 4095, 4096);

@@ -17,7 +17,7 @@
 //! system setting the agent changed.
 
 mod drive;
-pub use drive::{drive, Cadence, Ended, Interrupt, Uninterrupted};
+pub use drive::{drive, Cadence, Deadline, Ended, Interrupt, Uninterrupted};
 
 use crate::walk::HugeRegion;
 use crate::{procfs, walk};

@@ -5,8 +5,9 @@
 //! [`CONTRACT`]:
 //!
 //! - **the environment** ([`env`](mod@env)): what pagewise asks of the shim. It
-//!   is written in one place ([`ShimRequest::apply`]) and read in one place
-//!   ([`ShimRequest::from_env`]), which also checks [`env::CONTRACT`];
+//!   is written in one place ([`ask`]) and read in one place ([`asked`],
+//!   after [`contract_of_request`] checked [`env::CONTRACT`]); each part of
+//!   a request is a typed [`Request`] owned by what it is for;
 //! - **the hellos** the shim sends first on its sockets: the tracking
 //!   socket (`track::protocol`, magic `PGWS`) and the advice socket
 //!   ([`super::inject::shim`], magic `PGWA`) both begin with their magic and
@@ -41,7 +42,7 @@ pub const BUILD: &str = env!("CARGO_PKG_VERSION");
 /// The environment between pagewise and the preload shim. Who sets each
 /// variable, who reads it, and its format.
 pub mod env {
-    /// Set with every request ([`ShimRequest::apply`](super::ShimRequest::apply)),
+    /// Set with every request ([`ask`](super::ask)),
     /// inherited by the program's children: `CONTRACT BUILD` of the
     /// pagewise that asked. A shim of another contract does nothing asked.
     pub const CONTRACT: &str = "PAGEWISE_CONTRACT";
@@ -155,12 +156,12 @@ pub fn shim_command(cmd: &[String]) -> Result<Command> {
 }
 
 /// `cmd` under the shim, started, with the shim's end of a new socketpair
-/// passed to it in the request `ask` makes of its fd number, and the
+/// passed to it in the request `ask` sets (see [`ask`](fn@ask)) with its fd number, and the
 /// command set up further by `setup` (its standard streams, say); returns
 /// the child and pagewise's end.
 pub fn spawn_with_socket(
     cmd: &[String],
-    ask: impl FnOnce(i32) -> ShimRequest,
+    ask: impl FnOnce(&mut Command, i32),
     setup: impl FnOnce(&mut Command),
 ) -> Result<(Child, UnixStream)> {
     let program = cmd
@@ -170,7 +171,7 @@ pub fn spawn_with_socket(
         UnixStream::pair().map_err(|e| Error::os("creating the shim's socket", e))?;
     let fd = theirs.as_raw_fd();
     let mut c = shim_command(cmd)?;
-    ask(fd).apply(&mut c);
+    ask(&mut c, fd);
     setup(&mut c);
     pagewise_sys::process::keep_fd_across_exec(&mut c, fd);
     let child = c
@@ -180,204 +181,132 @@ pub fn spawn_with_socket(
     Ok((child, mine))
 }
 
-/// What pagewise asks of the shim in one program, as the environment
-/// carries it (see [`env`](mod@env) for each variable).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct ShimRequest {
-    /// Track the program's writes, serving the socket at this fd, with the
-    /// backend of this name.
-    pub track: Option<(i32, String)>,
-    /// Make the `madvise` calls asked on the socket at this fd.
-    pub advise: Option<i32>,
-    /// Emulate far memory as a member of a run.
-    pub farmem: Option<FarmemRequest>,
-    /// Pre-zero huge pages ahead of the program's growing memory.
-    pub prezero: Option<PrezeroRequest>,
+/// One part of what pagewise asks of the shim in one program: a typed
+/// request owned by the capability or mechanism it is for (tracking, the
+/// advice socket, far memory, pre-zeroing), carried by variables of
+/// [`env`](mod@env). It is written in one place ([`ask`]) and read in one
+/// place ([`asked`]); a value the shim cannot read is refused with the
+/// variable's name ([`parsed`]), never taken for a default.
+pub trait Request: Sized {
+    /// The variable whose presence says this part is asked.
+    const KEY: &'static str;
+    /// Every variable of the part.
+    const VARS: &'static [&'static str];
+    /// Whether the program's children (other processes) may take the
+    /// request too; if not, the shim removes its variables at start-up.
+    const INHERITED: bool;
+    /// Sets each variable of the request (by `set(name, value)`).
+    fn encode(&self, set: &mut dyn FnMut(&'static str, String));
+    /// The request, from the variables `get` reads; `Ok(None)`: the
+    /// variables are there, but not for this process. An error (one line)
+    /// names the variable and what it holds.
+    fn decode(
+        get: &dyn Fn(&'static str) -> Option<String>,
+    ) -> std::result::Result<Option<Self>, String>;
 }
 
-/// Far-memory emulation asked of the shim (see `farmem::FarmemRun`).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct FarmemRequest {
-    /// The instance to join.
-    pub instance: String,
-    /// The tag the run's members share.
-    pub tag: u32,
-    /// The eviction policy: a built-in name or a plugin's path.
-    pub policy: String,
-    /// The plugin's argument string.
-    pub policy_args: String,
-    /// Emulate thread stacks too.
-    pub stacks: bool,
-    /// `thread` or `inline` (empty: the engine's default).
-    pub fault_path: String,
-    /// Each member writes its event trace to `PATH.PID`.
-    pub trace: Option<PathBuf>,
-    /// The books checked against the page tables every N faults (0: not):
-    /// read from pagewise's own environment and passed on.
-    pub check: u64,
-}
-
-/// Pre-zeroing asked of the shim (`pagewise thp prezero`); `None` fields
-/// take the library's defaults.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct PrezeroRequest {
-    /// Huge pages kept ahead.
-    pub ahead: Option<u64>,
-    /// Most huge pages zeroed per second.
-    pub rate: Option<f64>,
-    /// The shim's end of a socketpair on which it sends its report
-    /// (`pagewise::thp::prezero::PrezeroStats::encode`) as the program exits.
-    pub report: Option<i32>,
-}
-
-impl PrezeroRequest {
-    /// The value of [`env::PREZERO`] that asks for this, for the process
-    /// `owner` names where it is given.
-    fn spec(&self, owner: Option<&str>) -> String {
-        let part = |v: Option<String>| v.unwrap_or_default();
-        let mut s = format!(
-            "{},{},{}",
-            part(self.ahead.map(|a| a.to_string())),
-            part(self.rate.map(|r| r.to_string())),
-            part(self.report.map(|f| f.to_string()))
-        );
-        if let Some(o) = owner {
-            s.push(',');
-            s.push_str(o);
-        }
-        s
-    }
-}
-
-/// This process, as the owner of a pre-zeroing request names it
-/// (`PID:START`, see [`env::PREZERO`]).
-fn this_process() -> String {
-    let pid = std::process::id();
-    let start = super::procfs::start_time(pid as i32).unwrap_or(0);
-    format!("{pid}:{start}")
-}
-
-/// The variables a program's children must not inherit: their sockets are
-/// the program's, and pre-zeroing is asked for it alone.
-const NOT_INHERITED: [&str; 4] = [
+/// The variables whose presence asks something of the shim: one per
+/// [`Request`] (the contract is checked whenever one is set).
+pub const REQUEST_KEYS: [&str; 4] = [
     env::TRACK_FD,
-    env::TRACK_BACKEND,
     env::ADVISE_FD,
+    env::FARMEM_INSTANCE,
     env::PREZERO,
 ];
 
-impl ShimRequest {
-    /// Sets the environment of `c` that asks for this, with the contract.
-    pub fn apply(&self, c: &mut Command) {
-        c.env(env::CONTRACT, format!("{CONTRACT} {BUILD}"));
-        if let Some((fd, backend)) = &self.track {
-            c.env(env::TRACK_FD, fd.to_string())
-                .env(env::TRACK_BACKEND, backend);
-        }
-        if let Some(fd) = self.advise {
-            c.env(env::ADVISE_FD, fd.to_string());
-        }
-        if let Some(f) = &self.farmem {
-            c.env(env::FARMEM_INSTANCE, &f.instance)
-                .env(env::FARMEM_TAG, f.tag.to_string())
-                .env(env::FARMEM_POLICY, &f.policy)
-                .env(env::FARMEM_POLICY_ARGS, &f.policy_args)
-                .env(env::FARMEM_STACKS, if f.stacks { "1" } else { "0" })
-                .env(env::FARMEM_FAULT_PATH, &f.fault_path);
-            if let Some(t) = &f.trace {
-                c.env(env::FARMEM_TRACE, t);
-            }
-            if f.check > 0 {
-                c.env(env::FARMEM_CHECK, f.check.to_string());
-            }
-        }
-        if let Some(p) = self.prezero {
-            c.env(env::PREZERO, p.spec(None));
-        }
-    }
+/// Sets the environment of `c` that asks for `r`, with the contract.
+pub fn ask(c: &mut Command, r: &impl Request) {
+    c.env(env::CONTRACT, format!("{CONTRACT} {BUILD}"));
+    r.encode(&mut |k, v| {
+        c.env(k, v);
+    });
+}
 
-    /// What this process was asked, read from its environment (in the
-    /// shim, at start-up). The variables its children must not inherit
-    /// are removed. `Ok(None)`: nothing was asked. An error (one line)
-    /// when the request comes from a pagewise of another contract: nothing
-    /// of it is to be done.
-    pub fn from_env() -> std::result::Result<Option<ShimRequest>, String> {
-        // This process as a request's owner names it: read once, when a
-        // pre-zeroing request is there to check or to write back.
-        let me = std::cell::OnceCell::new();
-        let me = || me.get_or_init(this_process).as_str();
-        let var = |k: &str| std::env::var(k).ok();
-        let number = |k: &str| var(k).and_then(|v| v.parse::<i64>().ok());
-        let fd = |k: &str| {
-            number(k)
-                .and_then(|v| i32::try_from(v).ok())
-                .filter(|&f| f >= 0)
-        };
-        let req = ShimRequest {
-            track: fd(env::TRACK_FD).map(|f| {
-                let backend = var(env::TRACK_BACKEND).unwrap_or_else(|| "uffd-wp".into());
-                (f, backend)
-            }),
-            advise: fd(env::ADVISE_FD),
-            farmem: var(env::FARMEM_INSTANCE).map(|instance| FarmemRequest {
-                instance,
-                tag: number(env::FARMEM_TAG)
-                    .and_then(|t| u32::try_from(t).ok())
-                    .unwrap_or(0),
-                policy: var(env::FARMEM_POLICY).unwrap_or_else(|| "fifo".into()),
-                policy_args: var(env::FARMEM_POLICY_ARGS).unwrap_or_default(),
-                stacks: var(env::FARMEM_STACKS).as_deref() == Some("1"),
-                fault_path: var(env::FARMEM_FAULT_PATH).unwrap_or_default(),
-                trace: var(env::FARMEM_TRACE).map(PathBuf::from),
-                check: number(env::FARMEM_CHECK)
-                    .and_then(|c| u64::try_from(c).ok())
-                    .unwrap_or(0),
-            }),
-            prezero: var(env::PREZERO).and_then(|spec| {
-                let mut it = spec.split(',');
-                let req = PrezeroRequest {
-                    ahead: it.next().and_then(|a| a.trim().parse().ok()),
-                    rate: it.next().and_then(|r| r.trim().parse().ok()),
-                    report: it
-                        .next()
-                        .and_then(|f| f.trim().parse().ok())
-                        .filter(|&f: &i32| f >= 0),
-                };
-                // Written back by the shim of the process it was for: kept
-                // after that process's exec, not taken by its children.
-                match it.next().map(str::trim).filter(|o| !o.is_empty()) {
-                    Some(owner) if owner != me() => None,
-                    _ => Some(req),
-                }
-            }),
-        };
-        for k in NOT_INHERITED {
+/// Whether pagewise asked anything of this process (in the shim, at
+/// start-up, before any [`asked`]). An error (one line) when the request
+/// comes from a pagewise of another contract: nothing of it is to be done.
+pub fn contract_of_request() -> std::result::Result<bool, String> {
+    if !REQUEST_KEYS.iter().any(|k| std::env::var_os(k).is_some()) {
+        return Ok(false);
+    }
+    let said = std::env::var(env::CONTRACT).unwrap_or_default();
+    let theirs = said
+        .split_whitespace()
+        .next()
+        .and_then(|v| v.parse::<u32>().ok());
+    if theirs != Some(CONTRACT) {
+        return Err(format!(
+            "started by a pagewise of contract {} ({}), this shim speaks contract {CONTRACT} \
+             (pagewise {BUILD}): nothing asked of it is done; use the shim that came with \
+             that pagewise",
+            theirs.map_or("unknown".into(), |t| t.to_string()),
+            said.split_whitespace()
+                .nth(1)
+                .unwrap_or("an older pagewise")
+        ));
+    }
+    Ok(true)
+}
+
+/// The request of type `R` made of this process, read from its
+/// environment (in the shim, at start-up, after
+/// [`contract_of_request`]); its variables are removed when its children
+/// must not inherit it. `Ok(None)`: not asked.
+pub fn asked<R: Request>() -> std::result::Result<Option<R>, String> {
+    if std::env::var_os(R::KEY).is_none() {
+        return Ok(None);
+    }
+    let got = R::decode(&|k| std::env::var(k).ok());
+    if !R::INHERITED {
+        for k in R::VARS {
             std::env::remove_var(k);
         }
-        if req == ShimRequest::default() {
-            return Ok(None);
-        }
-        let said = var(env::CONTRACT).unwrap_or_default();
-        let theirs = said
-            .split_whitespace()
-            .next()
-            .and_then(|v| v.parse::<u32>().ok());
-        if theirs != Some(CONTRACT) {
-            return Err(format!(
-                "started by a pagewise of contract {} ({}), this shim speaks contract {CONTRACT} \
-                 (pagewise {BUILD}): nothing asked of it is done; use the shim that came with \
-                 that pagewise",
-                theirs.map_or("unknown".into(), |t| t.to_string()),
-                said.split_whitespace()
-                    .nth(1)
-                    .unwrap_or("an older pagewise")
-            ));
-        }
-        if let Some(p) = req.prezero {
-            let again = PrezeroRequest { report: None, ..p };
-            std::env::set_var(env::PREZERO, again.spec(Some(me())));
-        }
-        Ok(Some(req))
+    }
+    got
+}
+
+/// The value of variable `var` as a `T`: `Ok(None)` when unset or empty,
+/// an error naming the variable when it does not parse.
+pub fn parsed<T: std::str::FromStr>(
+    get: &dyn Fn(&'static str) -> Option<String>,
+    var: &'static str,
+) -> std::result::Result<Option<T>, String> {
+    match get(var) {
+        None => Ok(None),
+        Some(v) if v.trim().is_empty() => Ok(None),
+        Some(v) => v.trim().parse().map(Some).map_err(|_| {
+            format!(
+                "{var}={v:?} is not a {}: nothing of this request is done",
+                std::any::type_name::<T>()
+                    .rsplit("::")
+                    .next()
+                    .unwrap_or("value")
+            )
+        }),
+    }
+}
+
+/// `r` encoded and decoded again, through a map rather than the
+/// environment (for the capabilities' tests of their requests).
+#[doc(hidden)]
+pub fn round_trip<R: Request>(r: &R) -> std::result::Result<Option<R>, String> {
+    let mut vars = std::collections::HashMap::new();
+    r.encode(&mut |k, v| {
+        vars.insert(k, v);
+    });
+    R::decode(&|k| vars.get(k).cloned())
+}
+
+/// A descriptor number in variable `var` ([`parsed`], not negative).
+pub fn parsed_fd(
+    get: &dyn Fn(&'static str) -> Option<String>,
+    var: &'static str,
+) -> std::result::Result<Option<i32>, String> {
+    match parsed::<i32>(get, var)? {
+        Some(f) if f < 0 => Err(format!(
+            "{var}={f} is not a descriptor: nothing of this request is done"
+        )),
+        f => Ok(f),
     }
 }
 
@@ -451,45 +380,85 @@ mod tests {
         assert!(e.to_string().contains("not a pagewise shim"), "{e}");
     }
 
+    /// A request of two variables, for the tests.
+    #[derive(Debug, PartialEq)]
+    struct Asked {
+        fd: i32,
+        rate: Option<f64>,
+    }
+
+    impl Request for Asked {
+        const KEY: &'static str = env::ADVISE_FD;
+        const VARS: &'static [&'static str] = &[env::ADVISE_FD, env::PREZERO];
+        const INHERITED: bool = false;
+        fn encode(&self, set: &mut dyn FnMut(&'static str, String)) {
+            set(env::ADVISE_FD, self.fd.to_string());
+            if let Some(r) = self.rate {
+                set(env::PREZERO, r.to_string());
+            }
+        }
+        fn decode(
+            get: &dyn Fn(&'static str) -> Option<String>,
+        ) -> std::result::Result<Option<Self>, String> {
+            Ok(parsed_fd(get, env::ADVISE_FD)?.map(|fd| Asked {
+                fd,
+                rate: parsed(get, env::PREZERO).ok().flatten(),
+            }))
+        }
+    }
+
     #[test]
     fn a_request_goes_through_the_environment_unchanged() {
-        let asked = ShimRequest {
-            track: Some((7, "uffd-wp".into())),
-            advise: Some(9),
-            farmem: Some(FarmemRequest {
-                instance: "inst".into(),
-                tag: 42,
-                policy: "lru".into(),
-                policy_args: "a b".into(),
-                stacks: true,
-                fault_path: "inline".into(),
-                trace: Some("/tmp/t".into()),
-                check: 64,
-            }),
-            prezero: Some(PrezeroRequest {
-                ahead: Some(3),
-                rate: Some(1.5),
-                report: Some(11),
-            }),
+        let request = Asked {
+            fd: 9,
+            rate: Some(1.5),
         };
         let mut c = Command::new("true");
-        asked.apply(&mut c);
+        ask(&mut c, &request);
         // What the shim would read: the command's environment, here.
         let vars: Vec<(String, String)> = c
             .get_envs()
             .filter_map(|(k, v)| Some((k.to_str()?.to_string(), v?.to_str()?.to_string())))
             .collect();
-        let got = with_env(&vars, ShimRequest::from_env).unwrap().unwrap();
-        assert_eq!(got, asked);
+        let got = with_env(&vars, || {
+            let asked = contract_of_request().map(|any| any.then(asked::<Asked>));
+            // Taken once: its children do not inherit it.
+            (asked, std::env::var_os(env::ADVISE_FD))
+        });
+        assert_eq!(
+            got.0,
+            Ok(Some(Ok(Some(Asked {
+                fd: 9,
+                rate: Some(1.5)
+            }))))
+        );
+        assert_eq!(got.1, None, "the variable is removed once read");
         // Another contract: refused, in one line.
         let mut other = vars.clone();
         other.retain(|(k, _)| k != env::CONTRACT);
         other.push((env::CONTRACT.into(), "999 9.9.9".into()));
-        let e = with_env(&other, ShimRequest::from_env).unwrap_err();
+        let e = with_env(&other, contract_of_request).unwrap_err();
         assert!(e.contains("contract 999 (9.9.9)"), "{e}");
         assert_eq!(e.lines().count(), 1);
         // Nothing asked: nothing to refuse.
-        assert_eq!(with_env(&[], ShimRequest::from_env), Ok(None));
+        assert_eq!(with_env(&[], contract_of_request), Ok(false));
+        assert_eq!(with_env(&[], asked::<Asked>), Ok(None));
+    }
+
+    #[test]
+    fn a_value_the_shim_cannot_read_is_refused_with_its_variable() {
+        let vars = |fd: &str| vec![(env::ADVISE_FD.to_string(), fd.to_string())];
+        let e = with_env(&vars("seven"), asked::<Asked>).unwrap_err();
+        assert!(
+            e.starts_with("PAGEWISE_ADVISE_FD=\"seven\" is not a i32"),
+            "{e}"
+        );
+        let e = with_env(&vars("-3"), asked::<Asked>).unwrap_err();
+        assert!(
+            e.contains("PAGEWISE_ADVISE_FD=-3 is not a descriptor"),
+            "{e}"
+        );
+        assert_eq!(with_env(&vars(""), asked::<Asked>), Ok(None));
     }
 
     /// Runs `f` with exactly the pagewise variables `vars` set, then

@@ -17,14 +17,15 @@
 //! A capability imports mechanisms, never another capability (except
 //! `snap`, built on `track`).
 //!
-//! **Mechanisms** ([`mech`]), what every capability uses, each in one
-//! place: what the kernel offers ([`probe`]), page-table walks
-//! ([`mech::walk`]) and their cost ([`mech::walk_cost`]), userfaultfd
-//! write-protect ([`mech::wp`]), access coverage ([`mech::access`]),
-//! digests and the Bloom filter ([`mech::hash`], [`mech::bloom`]), the
-//! frame of the agents ([`mech::agent`]); and, for pagewise's own faces,
-//! `/proc`, stopping a process and acting inside it, system-setting guards,
-//! cgroups and the preload shim's contract (hidden from these docs).
+//! **Mechanisms** (the `pagewise-mech` crate), what every capability uses,
+//! each in one place. Those a user may need are re-exported here: what
+//! the kernel offers ([`probe`]), page-table walks ([`walk`]) and their
+//! cost ([`walk_cost`]), userfaultfd write-protect ([`wp`]), access
+//! coverage ([`access`]), digests ([`hash`]), and the frame of the agents
+//! ([`agent`]). The rest (parsing `/proc`, stopping a process and acting
+//! inside it, cgroups, the preload shim's contract) is reached through a
+//! few hidden modules for pagewise's own faces ([`process`], [`system`],
+//! [`shim`]), which may change without notice.
 //!
 //! Errors say their class ([`Error::class`]): bad input, unsupported here,
 //! not permitted, the process went away, busy now (try again later), or
@@ -39,8 +40,72 @@ pub use pagewise_snap as snap;
 pub use pagewise_thp as thp;
 pub use pagewise_track as track;
 
-pub use pagewise_mech as mech;
 #[doc(hidden)]
 pub use pagewise_mech::workload;
+pub use pagewise_mech::{access, hash, walk, walk_cost, wp};
 pub use pagewise_mech::{probe, Error, ErrorClass, PageRange, Refusal, Region, Result};
 pub use pagewise_mech::{HUGE_PAGE_SIZE, PAGE_SIZE};
+
+/// The frame every agent runs in: the [`Agent`](agent::Agent) trait, its
+/// targets and metrics, and [`drive`](agent::drive), the loop that steps
+/// an agent at its cadence until it is stopped or its program ends; the
+/// program an agent watches ([`child`](agent::child)), and the system
+/// settings agents change and put back ([`settings`](agent::settings)).
+pub mod agent {
+    pub use pagewise_mech::agent::*;
+
+    /// The program an agent (or a tool) starts and watches: tied to its
+    /// starter, stopped within a bound, its exit as a code.
+    pub mod child {
+        pub use pagewise_mech::child::{
+            exit_code, signal_then_kill, stop, tie, wait_for, wait_or_kill,
+        };
+    }
+
+    /// System settings changed for a run, journaled first and put back
+    /// when it ends, fails or is killed (the next run repairs a killed one).
+    pub mod settings {
+        pub use pagewise_mech::settings::{put_back_own, recover, take_put_back, SettingGuard};
+    }
+}
+
+/// What pagewise reads of a process: whether it may be a target, its
+/// mappings, residency, descriptors and CPU time, its memory (a page
+/// walk, a read), and a consistent stop of it. For pagewise's own faces
+/// and benchmarks; these may change without notice.
+#[doc(hidden)]
+pub mod process {
+    pub use pagewise_mech::procfs::{
+        check_target, cpu_time, is_alive, kernel_thread, ksm_stat, maps, open_fds, peak_rss_kib,
+        read_trimmed, reset_peak_rss, resident, status_field, writable, Descriptor, ExecIdentity,
+        FdKind, KsmStat, Mapping, Resident,
+    };
+    pub use pagewise_mech::remote::read;
+    pub use pagewise_mech::stop::Stopped;
+}
+
+/// The host around the targets: memory cgroups and zram swap for
+/// experiments under a memory limit, kernel counters, this process's
+/// capabilities, and files replaced whole. For pagewise's own faces and
+/// benchmarks; these may change without notice.
+#[doc(hidden)]
+pub mod system {
+    pub use pagewise_mech::cgroup::{
+        memory_cgroup_dir, memory_use, MemoryCgroup, MemoryUse, ZramSwap,
+    };
+    pub use pagewise_mech::files::replace;
+    pub use pagewise_mech::procfs::{has_capability, vmstat};
+}
+
+/// The preload shim's side of its contract with pagewise (what was asked
+/// of it, the advice socket it serves, its own memory), and starting a
+/// program under it. For the shim and pagewise's faces.
+#[doc(hidden)]
+pub mod shim {
+    pub use pagewise_mech::inject::shim::{serve, start_advised, AdviseRequest, ShimAdvice};
+    pub use pagewise_mech::inject::Inside;
+    pub use pagewise_mech::procfs::{maps, note_own_memory, OWN_THREAD_STACK};
+    pub use pagewise_mech::shim::{
+        asked, contract_of_request, env, shim_command, shim_path, Request, BUILD, CONTRACT,
+    };
+}

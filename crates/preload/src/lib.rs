@@ -15,14 +15,14 @@
 //! Advice inside the program: when `PAGEWISE_ADVISE_FD` names a socket
 //! inherited from pagewise (`pagewise dedup run -- CMD`), a thread of the
 //! shim makes the `madvise` calls asked of it (see
-//! `pagewise::mech::inject::shim`), so that the program is never stopped for them.
+//! `pagewise::shim::serve`), so that the program is never stopped for them.
 //!
 //! Pre-zeroed huge pages: when `PAGEWISE_PREZERO` is `AHEAD,RATE,FD` (set
 //! by `pagewise thp prezero`), the shim starts the pre-zeroing thread
 //! ([`pagewise::thp::prezero`]) for the program's life, and sends what it
 //! did on socket FD as the program exits. The request is kept for the
 //! program an `exec` puts in the same process, not for its children
-//! (`pagewise::mech::shim::env::PREZERO`).
+//! (`pagewise::shim::env::PREZERO`).
 //!
 //! The shim's own Rust code allocates from a heap of its own (`alloc`),
 //! never from the program's `malloc`.
@@ -35,7 +35,8 @@ mod farmem;
 #[global_allocator]
 static ALLOC: alloc::ShimAlloc = alloc::ShimAlloc;
 
-use pagewise::mech::shim::{PrezeroRequest, ShimRequest};
+use pagewise::shim;
+use pagewise::thp::prezero::PrezeroRequest;
 use pagewise::track::{protocol, BackendKind, DirtyTracker};
 use std::io::BufReader;
 use std::os::fd::FromRawFd;
@@ -79,9 +80,9 @@ fn track(sock: UnixStream, backend: BackendKind) {
     unsafe { libc::atexit(last_collection) };
     let _ = pagewise_sys::signal::spawn_quiet("pagewise-track".into(), move || {
         if let Ok((start, len)) = pagewise_sys::mem::own_stack() {
-            pagewise::mech::procfs::note_own_memory(start, len as u64);
+            shim::note_own_memory(start, len as u64);
         }
-        let _ = pagewise_sys::mem::name_own_stack(pagewise::mech::procfs::OWN_THREAD_STACK);
+        let _ = pagewise_sys::mem::name_own_stack(shim::OWN_THREAD_STACK);
         served.serve(&mut reader);
     });
 }
@@ -182,53 +183,67 @@ fn take_socket(fd: i32) -> Option<UnixStream> {
 
 extern "C" fn pagewise_preload_init() {
     // What pagewise asked, read in one place (the contract's).
-    let req = match ShimRequest::from_env() {
-        Ok(Some(r)) => r,
-        Ok(None) => return,
+    match shim::contract_of_request() {
+        Ok(true) => {}
+        Ok(false) => return,
         Err(line) => {
             eprintln!("pagewise shim: {line}");
             return;
         }
-    };
+    }
+    // Each part as its owner types it; a part that cannot be read is not
+    // done, and the shim says why.
+    fn part<R: shim::Request>(what: &str) -> Option<R> {
+        shim::asked::<R>().unwrap_or_else(|line| {
+            eprintln!("pagewise shim: no {what}: {line}");
+            None
+        })
+    }
+    let farmem_req = part::<pagewise::farmem::FarmemRequest>("far-memory emulation");
+    let prezero_req = pagewise::thp::prezero::PrezeroRequest::take().unwrap_or_else(|line| {
+        eprintln!("pagewise shim: no pre-zeroing: {line}");
+        None
+    });
+    let advise_req = part::<shim::AdviseRequest>("advice");
+    let track_req = part::<pagewise::track::TrackRequest>("tracking");
     // The shim's heap (made by the first allocation, reading the request)
     // is its own, never the program's: no tracker or agent takes it for
     // the program's memory, even where mappings bear no names.
     if let Some((start, len)) = alloc::arena() {
-        pagewise::mech::procfs::note_own_memory(start, len);
+        shim::note_own_memory(start, len);
     }
     // So is the shim's own zero-filled data (its .bss past the file's last
     // page, an anonymous mapping of its own): the tracker's and the
     // agents' statics, written as they work.
-    if let Ok(maps) = pagewise::mech::procfs::maps(None) {
+    if let Ok(maps) = shim::maps(None) {
         let at = std::ptr::addr_of!(PREZERO_PID) as u64;
         if let Some(m) = maps
             .iter()
             .find(|m| m.start <= at && at < m.end && m.is_anonymous())
         {
-            pagewise::mech::procfs::note_own_memory(m.start, m.len());
+            shim::note_own_memory(m.start, m.len());
         }
     }
-    if let Some(f) = req.farmem {
+    if let Some(f) = farmem_req {
         farmem::init(f);
     }
-    if let Some(p) = req.prezero {
+    if let Some(p) = prezero_req {
         prezero(p);
     }
-    if let Some(sock) = req.advise.and_then(take_socket) {
+    if let Some(sock) = advise_req.and_then(|a| take_socket(a.fd)) {
         // The advice thread's stack is named to the agent as the shim's
         // own (with its heap), never the program's.
         let _ = pagewise_sys::signal::spawn_quiet("pagewise-advise".into(), move || {
             if let Ok((start, len)) = pagewise_sys::mem::own_stack() {
-                pagewise::mech::inject::shim::note_own_memory(start, len as u64);
+                shim::note_own_memory(start, len as u64);
             }
-            let _ = pagewise_sys::mem::name_own_stack(pagewise::mech::procfs::OWN_THREAD_STACK);
-            pagewise::mech::inject::shim::serve(sock)
+            let _ = pagewise_sys::mem::name_own_stack(shim::OWN_THREAD_STACK);
+            shim::serve(sock)
         });
     }
-    if let Some((fd, backend)) = req.track {
-        let backend = backend.parse().unwrap_or(BackendKind::UffdWp);
-        if let Some(sock) = take_socket(fd) {
-            track(sock, backend);
+    if let Some(t) = track_req {
+        if let Some(sock) = take_socket(t.fd) {
+            track(sock, t.backend);
         }
     }
 }

@@ -111,7 +111,7 @@ fn farmem_run(
         run.reap_dead_members();
         let rep = json(&run.report());
         run.finish();
-        Ok((pagewise::mech::child::exit_code(status), rep?))
+        Ok((pagewise::agent::child::exit_code(status), rep?))
     })
 }
 

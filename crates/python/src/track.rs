@@ -25,7 +25,7 @@ impl Held {
         })?;
         // The range must be writable memory of this process, in one mapping.
         let end = region.start + region.len;
-        let mapped = pagewise::mech::procfs::writable(None)
+        let mapped = pagewise::process::writable(None)
             .map_err(crate::os_error)?
             .iter()
             .any(|m| m.start <= region.start && end <= m.end);

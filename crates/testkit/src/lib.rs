@@ -29,10 +29,44 @@ pub fn report_not_happened(why: &str) {
     say(&format!("SKIP {}: (did not happen) {why}\n", test_name()));
 }
 
-/// The feature of `PAGEWISE_REQUIRE` that `why` names, if any.
+/// Reports that a core claim of the calling test did not happen this run
+/// although the test did what makes it happen (the dedup agent merged
+/// nothing, the huge-page agent collapsed nothing): on a machine where
+/// `PAGEWISE_REQUIRE` names `feature`, that is a failure; elsewhere it is
+/// a skip whose precondition did not happen.
+pub fn report_claim_not_happened(feature: &str, why: &str) {
+    say(&format!(
+        "SKIP {}: (did not happen) [{feature}] {why}\n",
+        test_name()
+    ));
+    if let Some(req) = required(feature) {
+        panic!(
+            "PAGEWISE_REQUIRE names {req:?}: this machine must make it happen, and it did not: \
+             {why}"
+        );
+    }
+}
+
+/// The feature of `PAGEWISE_REQUIRE` that `why` is about, if any. A
+/// skip's reason may begin with tags, `[backend] [feature] text`: the
+/// leading ones name what the test was running (a tracking backend), the
+/// last one and the text after it what was missing.
 fn required_in(why: &str) -> Option<String> {
+    let mut rest = why.trim_start();
+    let mut last_tag = "";
+    while let Some(tail) = rest.strip_prefix('[') {
+        let Some(end) = tail.find(']') else { break };
+        last_tag = &tail[..end];
+        rest = tail[end + 1..].trim_start();
+    }
+    required(&format!("[{last_tag}] {rest}"))
+}
+
+/// The feature of `PAGEWISE_REQUIRE` that `text` names, if any
+/// (case-insensitive, `-` and `_` alike).
+fn required(text: &str) -> Option<String> {
     let norm = |t: &str| t.trim().to_lowercase().replace('_', "-");
-    let reason = norm(why);
+    let reason = norm(text);
     std::env::var("PAGEWISE_REQUIRE")
         .ok()?
         .split(',')
@@ -59,6 +93,15 @@ fn say(line: &str) {
 macro_rules! skip {
     ($($t:tt)*) => {
         $crate::report_skip(&format!($($t)*))
+    };
+}
+
+/// `claim_not_happened!("feature", "reason {x}")`:
+/// [`report_claim_not_happened`] with a formatted reason.
+#[macro_export]
+macro_rules! claim_not_happened {
+    ($feature:expr, $($t:tt)*) => {
+        $crate::report_claim_not_happened($feature, &format!($($t)*))
     };
 }
 
@@ -274,4 +317,31 @@ pub fn can_ptrace() -> Option<String> {
         ));
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_required_feature_is_matched_in_what_a_skip_is_about() {
+        // This test alone sets the variable in this process.
+        std::env::set_var("PAGEWISE_REQUIRE", "uffd-wp, KSM");
+        let cases = [
+            // The backend under test is named first, the missing feature last.
+            ("[uffd-wp] [hugetlb] no hugetlb pages configured", None),
+            ("[soft-dirty] pagemap bit 55 never set by a write", None),
+            ("[mprotect] does not apply to this backend", None),
+            ("the kernel lacks UFFD_WP for this user", Some("uffd-wp")),
+            ("[hash] [ksm] not built into this kernel", Some("ksm")),
+            ("needs KSM and root", Some("ksm")),
+        ];
+        for (why, want) in cases {
+            assert_eq!(super::required_in(why).as_deref(), want, "{why}");
+        }
+        assert_eq!(
+            super::required("[ksm] merged nothing").as_deref(),
+            Some("ksm")
+        );
+        std::env::remove_var("PAGEWISE_REQUIRE");
+        assert_eq!(super::required_in("needs KSM and root"), None);
+    }
 }

@@ -18,8 +18,8 @@
 //! meanwhile keeps its contents (the fault finds it present), so no write
 //! can be lost. It is limited to `rate` huge pages per second.
 
-use pagewise_mech::procfs;
 use pagewise_mech::walk::PageWalker;
+use pagewise_mech::{procfs, shim};
 use pagewise_mech::{Region, Result, HUGE_PAGE_SIZE, PAGE_SIZE};
 use pagewise_sys::pagemap::category as cat;
 use serde::Serialize;
@@ -131,6 +131,91 @@ impl Prezeroed {
     }
 }
 
+/// Pre-zeroing asked of the shim (`pagewise thp prezero`), in
+/// [`shim::env::PREZERO`]; `None` fields take the library's defaults.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PrezeroRequest {
+    /// Huge pages kept ahead.
+    pub ahead: Option<u64>,
+    /// Most huge pages zeroed per second.
+    pub rate: Option<f64>,
+    /// The shim's end of a socketpair on which it sends its report
+    /// ([`PrezeroStats::encode`]) as the program exits.
+    pub report: Option<i32>,
+}
+
+impl PrezeroRequest {
+    /// The value of [`shim::env::PREZERO`] that asks for this, for the
+    /// process `owner` names where it is given.
+    fn spec(&self, owner: Option<&str>) -> String {
+        let part = |v: Option<String>| v.unwrap_or_default();
+        let mut s = format!(
+            "{},{},{}",
+            part(self.ahead.map(|a| a.to_string())),
+            part(self.rate.map(|r| r.to_string())),
+            part(self.report.map(|f| f.to_string()))
+        );
+        if let Some(o) = owner {
+            s.push(',');
+            s.push_str(o);
+        }
+        s
+    }
+
+    /// The request made of this process (in the shim, at start-up, after
+    /// the contract was checked), written back without its report for
+    /// this process alone: the program after an `exec` (the same process)
+    /// is pre-zeroed again, its children (other processes) are not.
+    pub fn take() -> std::result::Result<Option<Self>, String> {
+        let got = shim::asked::<Self>()?;
+        if let Some(p) = got {
+            let again = PrezeroRequest { report: None, ..p };
+            std::env::set_var(shim::env::PREZERO, again.spec(Some(&this_process())));
+        }
+        Ok(got)
+    }
+}
+
+/// This process, as the owner of a pre-zeroing request names it
+/// (`PID:START`, see [`shim::env::PREZERO`]).
+fn this_process() -> String {
+    let pid = std::process::id();
+    let start = procfs::start_time(pid as i32).unwrap_or(0);
+    format!("{pid}:{start}")
+}
+
+impl shim::Request for PrezeroRequest {
+    const KEY: &'static str = shim::env::PREZERO;
+    const VARS: &'static [&'static str] = &[shim::env::PREZERO];
+    const INHERITED: bool = false;
+    fn encode(&self, set: &mut dyn FnMut(&'static str, String)) {
+        set(shim::env::PREZERO, self.spec(None));
+    }
+    fn decode(
+        get: &dyn Fn(&'static str) -> Option<String>,
+    ) -> std::result::Result<Option<Self>, String> {
+        let Some(spec) = get(shim::env::PREZERO) else {
+            return Ok(None);
+        };
+        let parts: Vec<String> = spec.split(',').map(|p| p.trim().to_string()).collect();
+        let part = |i: usize| parts.get(i).cloned();
+        // Each part read as the variable it is, so that a bad one is named.
+        let field = |i: usize| move |_: &'static str| part(i);
+        let req = PrezeroRequest {
+            ahead: shim::parsed(&field(0), shim::env::PREZERO)?,
+            rate: shim::parsed(&field(1), shim::env::PREZERO)?,
+            report: shim::parsed_fd(&field(2), shim::env::PREZERO)?,
+        };
+        // Written back by the shim of the process it was for: kept after
+        // that process's exec, not taken by its children.
+        match part(3).filter(|o| !o.is_empty()) {
+            Some(owner) if owner != this_process() => Ok(None),
+            _ => Ok(Some(req)),
+        }
+    }
+}
+
 /// Starts `cmd` with the shim pre-zeroing huge pages in it as `opts` says
 /// (its `scan` is the library's), the command set up further by `setup`
 /// (its standard streams, say). The shim reports on the returned socket
@@ -140,16 +225,15 @@ pub fn start_prezeroed(
     opts: &PrezeroOptions,
     setup: impl FnOnce(&mut Command),
 ) -> Result<Prezeroed> {
-    use pagewise_mech::shim::{spawn_with_socket, PrezeroRequest, ShimRequest};
-    let (child, report) = spawn_with_socket(
+    let (child, report) = shim::spawn_with_socket(
         cmd,
-        |fd| ShimRequest {
-            prezero: Some(PrezeroRequest {
+        |c, fd| {
+            let req = PrezeroRequest {
                 ahead: Some(opts.ahead),
                 rate: Some(opts.rate),
                 report: Some(fd),
-            }),
-            ..ShimRequest::default()
+            };
+            shim::ask(c, &req)
         },
         setup,
     )?;
@@ -293,5 +377,27 @@ impl Drop for Prezeroer {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod request_tests {
+    use super::*;
+
+    #[test]
+    fn a_prezeroing_request_goes_through_its_variable_unchanged() {
+        for asked in [
+            PrezeroRequest {
+                ahead: Some(3),
+                rate: Some(1.5),
+                report: Some(11),
+            },
+            PrezeroRequest::default(),
+        ] {
+            assert_eq!(shim::round_trip(&asked), Ok(Some(asked)));
+        }
+        // Another process's request (written back by its shim): not ours.
+        let theirs = |k: &'static str| (k == shim::env::PREZERO).then(|| "1,2,,1:1".to_string());
+        assert_eq!(<PrezeroRequest as shim::Request>::decode(&theirs), Ok(None));
     }
 }

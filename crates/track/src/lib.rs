@@ -40,7 +40,7 @@ use serde::Serialize;
 use std::time::Instant;
 
 pub use hash::HashBackend;
-pub use launch::{start_tracked, Tracked};
+pub use launch::{start_tracked, TrackRequest, Tracked};
 
 /// The tracking mechanisms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]

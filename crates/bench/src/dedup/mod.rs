@@ -39,12 +39,14 @@ mod report;
 
 use crate::thp::{next, spawn_worker, stop_and_check_each, Child};
 use crate::Machine;
+use pagewise::agent::{drive, Cadence, Deadline, Interrupt, Uninterrupted};
 use pagewise::dedup::{Agent, Options, Policy};
-use pagewise::mech::agent::Agent as _;
-use pagewise::mech::{cgroup, procfs};
+use pagewise::process as procfs;
+use pagewise::system as cgroup;
 use pagewise::workload::AnonMemory;
 use pagewise::{Error, Result, HUGE_PAGE_SIZE, PAGE_SIZE};
 use serde::Serialize;
+use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -356,7 +358,7 @@ fn huge_regions(children: &[Child], regions: usize) -> u64 {
     children
         .iter()
         .map(|c| {
-            let Ok(mut w) = pagewise::mech::walk::PageWalker::new(Some(c.pid)) else {
+            let Ok(mut w) = pagewise::walk::PageWalker::new(Some(c.pid)) else {
                 return 0;
             };
             (0..regions)
@@ -510,7 +512,10 @@ fn run_scheme(
     // swapped out before the agent has read it, the agent knows the
     // content of neither copy of a duplicate and merges little of it.
     if let Some(a) = agent.as_mut() {
-        a.step()?;
+        let once = Cadence::default().steps(Some(1));
+        drive(a, &once, &Uninterrupted, None, |_, _| {
+            Ok::<_, Error>(ControlFlow::Continue(()))
+        })?;
     }
     progress(&format!(
         "{scheme} at {level}: memory limited to {:.0} MiB",
@@ -593,35 +598,13 @@ impl SchemeRun<'_> {
                 .sum()
         };
         let (mut last_t, mut last_r, mut last_cpu) = (0.0, rounds(children), cpu(children));
-        let mut filter = None;
-        let mut n = 0u32;
-        while t0.elapsed() < Duration::from_secs(cfg.seconds) {
-            if self.stop.load(Ordering::SeqCst) {
-                // The processes are killed, the group removed and KSM's
-                // settings put back as `children`, `cg` and `agent` are dropped.
-                return Err(Error::Invalid(
-                    "bench dedup interrupted: KSM's settings put back".into(),
-                ));
-            }
-            n += 1;
-            if let Some(a) = agent.as_mut() {
-                // The exact count beside the filter only in the last step: it
-                // is for the report, not for the agent's decisions or its CPU.
-                let last = t0.elapsed() + Duration::from_millis(cfg.interval_ms)
-                    >= Duration::from_secs(cfg.seconds);
-                a.set_exact(last && a.options().policy == Policy::SmartMd);
-                let s = a.step()?;
-                if let Some(log) = &cfg.log {
-                    log_step(log, scheme, level, repeat, &s)?;
-                }
-                if let Some(e) = s.filter.exact {
-                    filter = Some((
-                        s.filter.false_positive_rate.unwrap_or(0.0),
-                        [s.filter.looked_up, s.filter.labelled, e],
-                    ));
-                }
-            }
-            let due = t0 + Duration::from_millis(cfg.interval_ms) * n;
+        let (interval, run_for) = (
+            Duration::from_millis(cfg.interval_ms),
+            Duration::from_secs(cfg.seconds),
+        );
+        // The n-th sample, due at n intervals.
+        let mut sample = |n: u32| {
+            let due = t0 + interval * n;
             std::thread::sleep(due.saturating_duration_since(Instant::now()));
             let t = t0.elapsed().as_secs_f64();
             let (r, c) = (rounds(children), cpu(children));
@@ -636,6 +619,47 @@ impl SchemeRun<'_> {
                 huge: huge_regions(children, cfg.regions),
             });
             (last_t, last_r, last_cpu) = (t, r, c);
+        };
+        // The exact count beside the filter only in the last step: it is
+        // for the report, not for the agent's decisions or its CPU.
+        let last_step =
+            |a: &Agent| t0.elapsed() + interval >= run_for && a.options().policy == Policy::SmartMd;
+        let mut filter = None;
+        let mut n = 0u32;
+        let ends = (self.stop, Deadline(t0 + run_for));
+        match agent.as_mut() {
+            Some(a) => {
+                a.set_exact(last_step(a));
+                // Back to back: each report sleeps until its sample is due.
+                drive(a, &Cadence::default(), &ends, None, |a, s| {
+                    if let Some(log) = &cfg.log {
+                        log_step(log, scheme, level, repeat, &s)?;
+                    }
+                    if let Some(e) = s.filter.exact {
+                        filter = Some((
+                            s.filter.false_positive_rate.unwrap_or(0.0),
+                            [s.filter.looked_up, s.filter.labelled, e],
+                        ));
+                    }
+                    n += 1;
+                    sample(n);
+                    a.set_exact(last_step(a));
+                    Ok::<_, Error>(ControlFlow::Continue(()))
+                })?;
+            }
+            None => {
+                while !ends.requested() {
+                    n += 1;
+                    sample(n);
+                }
+            }
+        }
+        if self.stop.load(Ordering::SeqCst) {
+            // The processes are killed, the group removed and KSM's
+            // settings put back as `children`, `cg` and `agent` are dropped.
+            return Err(Error::Invalid(
+                "bench dedup interrupted: KSM's settings put back".into(),
+            ));
         }
         Ok(Measured { samples, filter })
     }

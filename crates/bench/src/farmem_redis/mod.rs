@@ -28,7 +28,7 @@ use crate::redis::{
     Server as RedisServer,
 };
 use anyhow::{bail, Context, Result};
-use pagewise::mech::cgroup::{MemoryCgroup, ZramSwap};
+use pagewise::system::{MemoryCgroup, ZramSwap};
 use serde::Serialize;
 use std::io::{BufReader, Write};
 use std::net::TcpStream;

@@ -46,7 +46,7 @@ pub(super) fn faults_and_rss(pid: i32) -> (u64, u64) {
             after.split_whitespace().nth(9)?.parse().ok()
         })
         .unwrap_or(0);
-    let rss = pagewise::mech::procfs::resident(pid).map_or(0, |r| r.rss_kib);
+    let rss = pagewise::process::resident(pid).map_or(0, |r| r.rss_kib);
     (majflt, rss)
 }
 
@@ -125,7 +125,7 @@ impl Server {
             if let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.redis.port)) {
                 let _ = s.write_all(b"shutdown\r\n");
             }
-            pagewise::mech::child::wait_or_kill(
+            pagewise::agent::child::wait_or_kill(
                 &mut self.redis.child,
                 std::time::Duration::from_secs(10),
             );

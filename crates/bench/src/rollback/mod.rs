@@ -680,7 +680,7 @@ fn writev_floor(mib: usize, pages: usize) -> Result<Ms> {
     let t = Target::start(mib, false, &["serve"])?;
     let pid = t.pid();
     let len = (mib << 20) as u64;
-    let state = pagewise::mech::procfs::maps(Some(pid))?
+    let state = pagewise::process::maps(Some(pid))?
         .into_iter()
         .filter(|m| m.write && m.end - m.start >= len)
         .max_by_key(|m| m.end - m.start)

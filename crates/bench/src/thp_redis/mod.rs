@@ -44,11 +44,12 @@ use crate::redis::{free_port, server_args, value, wait_ready, which, Client};
 use crate::svg::{Chart, Series};
 use crate::Machine;
 use anyhow::{bail, Context, Result};
-use pagewise::mech::agent::Agent as _;
-use pagewise::mech::cgroup::MemoryCgroup;
-use pagewise::mech::settings::SettingGuard;
+use pagewise::agent::settings::SettingGuard;
+use pagewise::agent::{drive, Cadence};
+use pagewise::system::MemoryCgroup;
 use pagewise::thp::agent::{Action, Agent, Budget, Options, Policy, Pressure, Recovery};
 use serde::Serialize;
+use std::ops::ControlFlow;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -357,7 +358,7 @@ fn one(
         &format!("pagewise-thp-redis-{}-{way}", std::process::id()),
         cfg.limit_mib << 20,
     )?;
-    let vm0 = pagewise::mech::procfs::vmstat(&VMSTAT)?;
+    let vm0 = pagewise::system::vmstat(&VMSTAT)?;
     let port = free_port()?;
     let mut server = start_redis(&cg, port)?;
     let pid = server.child.id() as i32;
@@ -372,9 +373,9 @@ fn one(
     let agent = spawn_agent(cfg, way, walk_ns, pid, &shared, t0)?;
     let result = phases(cfg, way, port, pid, &cg, &shared, stop, progress);
     shared.done.store(true, Ordering::SeqCst);
-    let (log, agent_cpu_s) = match agent {
+    let agent = match agent {
         Some(h) => h.join().expect("agent thread"),
-        None => (Vec::new(), 0.0),
+        None => Ok((Vec::new(), 0.0)),
     };
     sampler.join().expect("sampler thread");
     // A phase that lost its connection: say what became of the server.
@@ -387,8 +388,9 @@ fn one(
     });
     server.shutdown();
     let mut row = result?;
+    let (log, agent_cpu_s) = agent.map_err(|e| anyhow::anyhow!("the {way} agent failed: {e}"))?;
     row.agent_cpu_s = agent_cpu_s;
-    let vm1 = pagewise::mech::procfs::vmstat(&VMSTAT)?;
+    let vm1 = pagewise::system::vmstat(&VMSTAT)?;
     row.vmstat = VMSTAT
         .iter()
         .zip(vm0.iter().zip(vm1))
@@ -406,7 +408,7 @@ fn one(
 }
 
 /// What an agent thread returns: its decisions and its CPU time, s.
-type AgentThread = std::thread::JoinHandle<(Vec<(f64, Action)>, f64)>;
+type AgentThread = std::thread::JoinHandle<pagewise::Result<(Vec<(f64, Action)>, f64)>>;
 
 /// The timeline: every 100 ms, the group's memory and the server's
 /// resident and huge memory, with the phase, until `shared.done`.
@@ -419,10 +421,10 @@ fn spawn_sampler(
     let shared = shared.clone();
     std::thread::spawn(move || {
         while !shared.done.load(Ordering::SeqCst) {
-            let usage = pagewise::mech::cgroup::memory_use(&dir)
+            let usage = pagewise::system::memory_use(&dir)
                 .map(|u| u.usage)
                 .unwrap_or(0);
-            let r = pagewise::mech::procfs::resident(pid).unwrap_or_default();
+            let r = pagewise::process::resident(pid).unwrap_or_default();
             let phase = shared.phase.lock().expect("not poisoned").clone();
             shared.samples.lock().expect("not poisoned").push(Sample {
                 t_s: t0.elapsed().as_secs_f64(),
@@ -480,17 +482,15 @@ fn spawn_agent(
             Some(std::thread::spawn(move || {
                 let mut log: Vec<(f64, Action)> = Vec::new();
                 let cpu0 = pagewise_sys::process::thread_cpu_ns();
-                while !shared.done.load(Ordering::SeqCst) && a.watching() {
-                    let s0 = Instant::now();
-                    if let Ok(step) = a.step() {
-                        let t = t0.elapsed().as_secs_f64();
-                        log.extend(step.actions.into_iter().map(|x| (t, x)));
-                    }
-                    std::thread::sleep(interval.saturating_sub(s0.elapsed()));
-                }
+                let cadence = Cadence::default().interval(interval);
+                drive(&mut a, &cadence, &shared.done, None, |_, step| {
+                    let t = t0.elapsed().as_secs_f64();
+                    log.extend(step.actions.into_iter().map(|x| (t, x)));
+                    Ok::<_, pagewise::Error>(ControlFlow::Continue(()))
+                })?;
                 let cpu = (pagewise_sys::process::thread_cpu_ns() - cpu0) as f64 / 1e9;
                 // The agent is dropped here: max_ptes_none is put back.
-                (log, cpu)
+                Ok((log, cpu))
             }))
         }
     })
@@ -597,7 +597,7 @@ fn phases(
     let (mut last, mut since) = (u64::MAX, Instant::now());
     while t.elapsed() < Duration::from_secs(cfg.settle_max_s) {
         check(stop)?;
-        let huge = pagewise::mech::procfs::resident(pid)?.anon_huge_kib;
+        let huge = pagewise::process::resident(pid)?.anon_huge_kib;
         if huge != last {
             (last, since) = (huge, Instant::now());
         }
@@ -667,7 +667,7 @@ fn phases(
     if !p3_completed {
         return Ok(row);
     }
-    let r = pagewise::mech::procfs::resident(pid)?;
+    let r = pagewise::process::resident(pid)?;
     row.huge_share_end = r.anon_huge_kib as f64 / r.rss_kib.max(1) as f64;
     let mut phase = "verify";
     match after_p3(
@@ -675,7 +675,7 @@ fn phases(
     ) {
         // Killed after P3 (the OOM killer, at a limit Redis's memory
         // reached): an outcome, not a failure of the benchmark.
-        Err(_) if !pagewise::mech::procfs::is_alive(pid) => {
+        Err(_) if !pagewise::process::is_alive(pid) => {
             row.died_after_p3 = Some(phase.to_string());
             Ok(row)
         }
@@ -755,7 +755,7 @@ pub fn unavailable() -> Option<String> {
             p.why("process_madvise")
         ));
     }
-    match pagewise::mech::cgroup::memory_cgroup_dir(None) {
+    match pagewise::system::memory_cgroup_dir(None) {
         Ok(Some(_)) => {}
         Ok(None) => {
             return Some(

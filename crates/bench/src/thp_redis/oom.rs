@@ -1,7 +1,7 @@
 //! Whether the server a phase lost its connection to was ended by its
 //! cgroup's OOM killer.
 
-use pagewise::mech::cgroup::MemoryCgroup;
+use pagewise::system::MemoryCgroup;
 use std::time::{Duration, Instant};
 
 /// Whether `pid` has ended. After a failed request (`failed`), an OOM kill
@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 pub(super) fn ended(pid: i32, cg: &MemoryCgroup, failed: bool) -> bool {
     let t0 = Instant::now();
     loop {
-        if !pagewise::mech::procfs::is_alive(pid) || (failed && cg.oom_kills() > 0) {
+        if !pagewise::process::is_alive(pid) || (failed && cg.oom_kills() > 0) {
             return true;
         }
         if !failed || t0.elapsed() >= Duration::from_secs(2) {

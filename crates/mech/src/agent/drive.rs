@@ -59,6 +59,67 @@ impl Interrupt for Uninterrupted {
     }
 }
 
+/// Interrupted once the flag is set (by another thread, say): a drive in a
+/// thread of its own ends within 50 ms of it.
+impl Interrupt for std::sync::atomic::AtomicBool {
+    fn requested(&self) -> bool {
+        self.load(std::sync::atomic::Ordering::SeqCst)
+    }
+    fn sleep(&self, d: Duration) -> bool {
+        sleep_looking(d, || self.requested())
+    }
+}
+
+/// Sleeps `d`, looking at `requested` every 50 ms; whether it was.
+fn sleep_looking(d: Duration, requested: impl Fn() -> bool) -> bool {
+    let until = Instant::now() + d;
+    loop {
+        if requested() {
+            return true;
+        }
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        std::thread::sleep(left.min(Duration::from_millis(50)));
+    }
+}
+
+/// Interrupted at an instant: a drive for a fixed time.
+#[derive(Debug, Clone, Copy)]
+pub struct Deadline(pub Instant);
+
+impl Interrupt for Deadline {
+    fn requested(&self) -> bool {
+        Instant::now() >= self.0
+    }
+    fn sleep(&self, d: Duration) -> bool {
+        let left = self.0.saturating_duration_since(Instant::now());
+        std::thread::sleep(d.min(left));
+        d >= left
+    }
+}
+
+impl<T: Interrupt + ?Sized> Interrupt for &T {
+    fn requested(&self) -> bool {
+        (**self).requested()
+    }
+    fn sleep(&self, d: Duration) -> bool {
+        (**self).sleep(d)
+    }
+}
+
+/// Interrupted when either is (a flag or a deadline, say), looked at
+/// every 50 ms while asleep.
+impl<A: Interrupt, B: Interrupt> Interrupt for (A, B) {
+    fn requested(&self) -> bool {
+        self.0.requested() || self.1.requested()
+    }
+    fn sleep(&self, d: Duration) -> bool {
+        sleep_looking(d, || self.requested())
+    }
+}
+
 /// Why a drive ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ended {
@@ -75,7 +136,8 @@ pub enum Ended {
 }
 
 /// Steps `agent` at `cadence` until one of [`Ended`] happens; each step is
-/// handed to `report` (which may end the drive) and the counters are
+/// handed to `report` with the agent (which it may set up for the next
+/// step; it may end the drive) and the counters are
 /// published after it. `program`, when given, is a child watched among the
 /// agent's processes: its end ends the drive. The caller then ends the
 /// agent ([`Agent::end`]) and drops it, which puts its settings back.
@@ -84,7 +146,7 @@ pub fn drive<A: Agent, E: From<Error>>(
     cadence: &Cadence,
     interrupt: &dyn Interrupt,
     mut program: Option<&mut Child>,
-    mut report: impl FnMut(&A::Step) -> Result<ControlFlow<()>, E>,
+    mut report: impl FnMut(&mut A, A::Step) -> Result<ControlFlow<()>, E>,
 ) -> Result<Ended, E> {
     let served = Arc::new(Mutex::new(agent.metrics()));
     if let Some(addr) = &cadence.metrics_listen {
@@ -109,7 +171,7 @@ pub fn drive<A: Agent, E: From<Error>>(
             return Ok(Ended::Interrupted);
         }
         let step = agent.step()?;
-        let flow = report(&step)?;
+        let flow = report(agent, step)?;
         let (text, watching) = (agent.metrics(), agent.watching());
         n = n.saturating_add(1);
         if let Some(path) = &cadence.metrics_file {
@@ -184,9 +246,9 @@ mod tests {
 
     fn run(c: &mut Counter, cadence: &Cadence, stop_at: Option<u64>) -> (Ended, Vec<u64>) {
         let mut seen = Vec::new();
-        let ended = drive(c, cadence, &Uninterrupted, None, |s: &u64| {
-            seen.push(*s);
-            Ok::<_, Error>(if Some(*s) == stop_at {
+        let ended = drive(c, cadence, &Uninterrupted, None, |_, s: u64| {
+            seen.push(s);
+            Ok::<_, Error>(if Some(s) == stop_at {
                 ControlFlow::Break(())
             } else {
                 ControlFlow::Continue(())
@@ -216,6 +278,31 @@ mod tests {
         };
         let (ended, seen) = run(&mut c, &Cadence::default().steps(Some(50)), Some(3));
         assert_eq!((ended, seen), (Ended::ReportDone, vec![1, 2, 3]));
+    }
+
+    #[test]
+    fn a_drive_ends_at_its_deadline_or_when_its_flag_is_set() {
+        let mut c = Counter {
+            steps: 0,
+            watch_for: u64::MAX,
+        };
+        let every = Cadence::default().interval(Duration::from_millis(10));
+        // A deadline at once: interrupted before any step.
+        let at = Deadline(Instant::now());
+        let ended = drive(&mut c, &every, &at, None, |_, _| {
+            Ok::<_, Error>(ControlFlow::Continue(()))
+        });
+        assert_eq!((ended.unwrap(), c.steps), (Ended::Interrupted, 0));
+        // A flag set by the reporter at the third step (as another thread
+        // would): no fourth step.
+        let flag = std::sync::atomic::AtomicBool::new(false);
+        let ended = drive(&mut c, &every, &flag, None, |_, s: u64| {
+            if s == 3 {
+                flag.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+            Ok::<_, Error>(ControlFlow::Continue(()))
+        });
+        assert_eq!((ended.unwrap(), c.steps), (Ended::Interrupted, 3));
     }
 
     #[test]

@@ -24,7 +24,7 @@
 //! other is answered `-EPERM` for every range. A request that cannot be
 //! read whole, or holds more than [`MAX_RANGES`], ends the connection.
 
-use crate::shim::ShimRequest;
+use crate::shim::{env, parsed_fd, Request};
 use crate::{Error, Result};
 use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
@@ -196,6 +196,28 @@ impl ShimAdvice {
     }
 }
 
+/// The shim is asked to make the `madvise` calls asked on the socket at
+/// descriptor `fd` ([`env::ADVISE_FD`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdviseRequest {
+    /// The shim's end of the socketpair.
+    pub fd: i32,
+}
+
+impl Request for AdviseRequest {
+    const KEY: &'static str = env::ADVISE_FD;
+    const VARS: &'static [&'static str] = &[env::ADVISE_FD];
+    const INHERITED: bool = false;
+    fn encode(&self, set: &mut dyn FnMut(&'static str, String)) {
+        set(env::ADVISE_FD, self.fd.to_string());
+    }
+    fn decode(
+        get: &dyn Fn(&'static str) -> Option<String>,
+    ) -> std::result::Result<Option<Self>, String> {
+        Ok(parsed_fd(get, env::ADVISE_FD)?.map(|fd| AdviseRequest { fd }))
+    }
+}
+
 /// Starts `cmd` under the shim, which takes requests for advice inside it
 /// (this module), and waits (5 s at most) for
 /// the shim's hello. Without one (a statically linked program, which loads
@@ -208,10 +230,7 @@ pub fn start_advised(
 ) -> Result<(Child, std::result::Result<ShimAdvice, String>)> {
     let (child, sock) = crate::shim::spawn_with_socket(
         cmd,
-        |fd| ShimRequest {
-            advise: Some(fd),
-            ..ShimRequest::default()
-        },
+        |c, fd| crate::shim::ask(c, &AdviseRequest { fd }),
         setup,
     )?;
     let shim = ShimAdvice::hello(sock, Duration::from_secs(5))

@@ -30,8 +30,8 @@ pub struct Mapped {
 impl Mapped {
     /// `pages` pages of `kind`, filled with a pattern; `None` (with the
     /// reason) where this machine cannot make it (hugetlb unconfigured).
-    pub fn new(kind: pagewise::mech::procfs::MemoryKind, pages: usize) -> Result<Self, String> {
-        use pagewise::mech::procfs::MemoryKind as K;
+    pub fn new(kind: pagewise_mech::procfs::MemoryKind, pages: usize) -> Result<Self, String> {
+        use pagewise_mech::procfs::MemoryKind as K;
         use std::os::fd::AsRawFd;
         let mut len = pages * pagewise::PAGE_SIZE;
         let (flags, file) = match kind {
@@ -66,7 +66,7 @@ impl Mapped {
                 (libc::MAP_PRIVATE, Some(f))
             }
             K::Hugetlb => {
-                let n: u64 = pagewise::mech::procfs::read_trimmed("/proc/sys/vm/nr_hugepages")
+                let n: u64 = pagewise_mech::procfs::read_trimmed("/proc/sys/vm/nr_hugepages")
                     .ok()
                     .and_then(|s| s.parse().ok())
                     .unwrap_or(0);
@@ -456,7 +456,7 @@ impl Writer {
 
     pub fn read_all(&self) -> Vec<u8> {
         let mut b = vec![0u8; self.region.len as usize];
-        let n = pagewise::mech::remote::read(self.pid, self.region.start, &mut b).unwrap();
+        let n = pagewise_mech::remote::read(self.pid, self.region.start, &mut b).unwrap();
         assert_eq!(n, b.len());
         b
     }
@@ -501,7 +501,7 @@ pub fn close_inherited(keep: &[i32]) {
 /// Which of the `n` 2 MiB regions of process `pid` from `base` are mapped
 /// by a huge page.
 pub fn huge_regions(pid: i32, base: u64, n: usize) -> Vec<bool> {
-    let mut w = pagewise::mech::walk::PageWalker::new(Some(pid)).unwrap();
+    let mut w = pagewise_mech::walk::PageWalker::new(Some(pid)).unwrap();
     let mut runs = Vec::new();
     let h = pagewise_sys::pagemap::category::HUGE;
     (0..n)

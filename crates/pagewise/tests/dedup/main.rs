@@ -11,8 +11,8 @@
 mod common;
 
 use pagewise::dedup::{Action, Agent, Options, Policy, Thresholds};
-use pagewise::mech::agent::Agent as _;
 use pagewise::{HUGE_PAGE_SIZE, PAGE_SIZE};
+use pagewise_mech::agent::Agent as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -138,10 +138,10 @@ impl Target {
 
     /// Stops the child and checks every page against what it must hold.
     fn check(&self, late_written: bool) -> u64 {
-        let stopped = pagewise::mech::stop::Stopped::new(self.pid).unwrap();
+        let stopped = pagewise_mech::stop::Stopped::new(self.pid).unwrap();
         let done = self.ctl(0);
         let mut b = vec![0u8; REGIONS * HUGE_PAGE_SIZE];
-        pagewise::mech::remote::read(self.pid, LOW, &mut b).unwrap();
+        pagewise_mech::remote::read(self.pid, LOW, &mut b).unwrap();
         drop(stopped);
         let mut want = vec![0u8; PAGE_SIZE];
         let mut n = 0;
@@ -217,7 +217,7 @@ fn ksm_pages(pid: i32, r: usize) -> usize {
 
 /// Which of the regions are mergeable (smaps `mg`).
 fn mergeable(pid: i32) -> Vec<bool> {
-    let mg = pagewise::mech::procfs::with_vm_flag(Some(pid), &["mg"]).unwrap();
+    let mg = pagewise_mech::procfs::with_vm_flag(Some(pid), &["mg"]).unwrap();
     (0..REGIONS)
         .map(|r| {
             let a = LOW + (r * HUGE_PAGE_SIZE) as u64;
@@ -251,7 +251,7 @@ fn available() -> bool {
     // Another pagewise (an agent running on this machine) may hold KSM:
     // waited for, a minute at most, then said.
     if let Err(e) =
-        pagewise::mech::settings::wait_until_free("/sys/kernel/mm/ksm/run", Duration::from_secs(60))
+        pagewise_mech::settings::wait_until_free("/sys/kernel/mm/ksm/run", Duration::from_secs(60))
     {
         pagewise_testkit::not_happened!("{e}");
         return false;
@@ -392,7 +392,7 @@ fn smartmd_splits_cold_duplicates_keeps_hot_and_rebuilds() {
     if refused_for_now {
         pagewise_testkit::not_happened!(
             "the kernel refused the collapse after unmerging {} times (EAGAIN): {why:?}",
-            pagewise::mech::inject::COLLAPSE_TRIES
+            pagewise_mech::inject::COLLAPSE_TRIES
         );
     } else {
         assert!(huge, "the collapse after unmerging was refused: {why:?}");
@@ -483,7 +483,7 @@ fn comparison_policies_choose_as_they_say() {
 /// memory keeps its contents, and a closed connection ends the thread.
 #[test]
 fn shim_advice_takes_only_harmless_advice() {
-    use pagewise::mech::inject::shim::{note_own_memory, serve, ShimAdvice};
+    use pagewise_mech::inject::shim::{note_own_memory, serve, ShimAdvice};
     let (mine, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
     // The shim's own memory, named in its hello, reaches the agent as is.
     let own = (0x7f00_0000_0000u64, 1u64 << 30);
@@ -496,7 +496,7 @@ fn shim_advice_takes_only_harmless_advice() {
         &[own],
         "the shim's own memory in its hello"
     );
-    let inside = pagewise::mech::inject::Inside::Ptrace;
+    let inside = pagewise_mech::inject::Inside::Ptrace;
     assert!(
         !inside.is_own_memory(own.0, 4096),
         "ptrace names no own memory"
@@ -511,7 +511,7 @@ fn shim_advice_takes_only_harmless_advice() {
         (mem.addr() + 2 * PAGE_SIZE as u64, 2 * PAGE_SIZE as u64),
     ];
     let mg = || {
-        pagewise::mech::procfs::with_vm_flag(None, &["mg"])
+        pagewise_mech::procfs::with_vm_flag(None, &["mg"])
             .unwrap()
             .iter()
             .any(|&(s, e)| s <= mem.addr() && mem.addr() < e)
@@ -550,7 +550,7 @@ fn shim_advice_takes_only_harmless_advice() {
 /// out of memory. Skipped, with the reason, where zram swap cannot be
 /// set up or nothing reached it.
 fn swapped_out_whole_stays_known(t: &Target, agent: &mut Agent) {
-    let swap = match pagewise::mech::cgroup::ZramSwap::setup(64 << 20) {
+    let swap = match pagewise_mech::cgroup::ZramSwap::setup(64 << 20) {
         Ok(s) => s,
         Err(why) => {
             pagewise_testkit::skip!("a mergeable region swapped out whole: {why}");
@@ -564,7 +564,7 @@ fn swapped_out_whole_stays_known(t: &Target, agent: &mut Agent) {
         libc::MADV_PAGEOUT,
     );
     let mut runs = Vec::new();
-    let present = pagewise::mech::walk::PageWalker::new(Some(t.pid))
+    let present = pagewise_mech::walk::PageWalker::new(Some(t.pid))
         .unwrap()
         .categories(
             pagewise::Region::new(region(3), HUGE_PAGE_SIZE as u64).unwrap(),
@@ -598,7 +598,7 @@ fn swapped_out_whole_stays_known(t: &Target, agent: &mut Agent) {
 /// every value written is in memory.
 #[test]
 fn region_writes_reports_every_write_between_takes() {
-    use pagewise::mech::access::RegionWrites;
+    use pagewise_mech::access::RegionWrites;
     if pagewise_sys::process::geteuid() != 0 || pagewise::probe::get().uffd_access.is_none() {
         pagewise_testkit::skip!("needs root and userfaultfd to watch another process's writes");
         return;
@@ -760,7 +760,7 @@ fn region_writes_reports_every_write_between_takes() {
     // The values are in memory.
     let mut word = vec![0u8; PAGE_SIZE];
     let value = |r: usize, page: &mut Vec<u8>| {
-        pagewise::mech::remote::read(pid, region(r) + 5 * PAGE_SIZE as u64, page).unwrap();
+        pagewise_mech::remote::read(pid, region(r) + 5 * PAGE_SIZE as u64, page).unwrap();
         u64::from_ne_bytes(page[..8].try_into().unwrap())
     };
     assert_eq!(value(0, &mut word), 0x3333_3333_3333_3333);

@@ -147,7 +147,7 @@ fn a_range_found_after_it_changed_is_emulated_where_it_is_still_anonymous() {
 /// other kind by name (it moves pages with UFFDIO_MOVE, which only private
 /// anonymous pages allow).
 fn memory_types_other_than_private_anonymous_are_refused() {
-    use pagewise::mech::procfs::MemoryKind as K;
+    use pagewise_mech::procfs::MemoryKind as K;
     if !uffd_or_skip("memory_types_other_than_private_anonymous_are_refused") {
         return;
     }

@@ -1,5 +1,5 @@
 //! Acting inside processes pagewise did not start, without damaging them
-//! (`pagewise::mech::stop`, `pagewise::mech::inject`): a target flooded with signals
+//! (`pagewise_mech::stop`, `pagewise_mech::inject`): a target flooded with signals
 //! loses none and every call made in it runs once; a 32-bit target is
 //! refused before any call; a vforking target neither freezes nor holds
 //! the tool; calls blocked in the target do not see an EINTR the stop
@@ -9,8 +9,8 @@
 mod common;
 
 use common::{can_ptrace, fds};
-use pagewise::mech::inject::Remote;
-use pagewise::mech::stop::Stopped;
+use pagewise_mech::inject::Remote;
+use pagewise_mech::stop::Stopped;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -225,7 +225,7 @@ fn a_32_bit_target_is_refused_before_any_call() {
         assert!(e.contains("32-bit"), "{e}");
     }
     let e =
-        pagewise::mech::inject::madvise_in(pid, &[(0x10000, 4096)], libc::MADV_MERGEABLE, "test")
+        pagewise_mech::inject::madvise_in(pid, &[(0x10000, 4096)], libc::MADV_MERGEABLE, "test")
             .unwrap_err()
             .to_string();
     assert!(e.contains("32-bit"), "{e}");
@@ -245,7 +245,7 @@ fn a_32_bit_target_is_refused_before_any_call() {
     assert_eq!(fds(pid), fds_before, "a descriptor of the target changed");
     let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
     assert!(left.is_empty(), "files appeared in its directory: {left:?}");
-    assert!(pagewise::mech::procfs::is_alive(pid), "the target died");
+    assert!(pagewise_mech::procfs::is_alive(pid), "the target died");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -318,12 +318,12 @@ fn blocked_calls_see_no_eintr_from_a_stop() {
     // Wait until the three threads are blocked in their calls.
     let t0 = Instant::now();
     loop {
-        let tids = pagewise::mech::procfs::tasks(pid).unwrap();
+        let tids = pagewise_mech::procfs::tasks(pid).unwrap();
         let blocked = tids
             .iter()
             .filter(|&&tid| tid != pid)
             .filter(|&&tid| {
-                matches!(pagewise::mech::procfs::thread_syscall(pid, tid), Ok(Some((nr, _)))
+                matches!(pagewise_mech::procfs::thread_syscall(pid, tid), Ok(Some((nr, _)))
                     if [libc::SYS_epoll_wait, libc::SYS_epoll_pwait, libc::SYS_rt_sigtimedwait,
                         libc::SYS_semop, libc::SYS_semtimedop].contains(&nr))
             })
@@ -463,7 +463,7 @@ fn a_clone_vm_sibling_stands_still_with_the_target() {
         );
         std::thread::sleep(Duration::from_millis(1));
     }
-    assert_eq!(pagewise::mech::stop::memory_sharers(pid), vec![sibling]);
+    assert_eq!(pagewise_mech::stop::memory_sharers(pid), vec![sibling]);
     let stopped = Stopped::new(pid).unwrap();
     assert!(
         !stopped.sharer_tids().is_empty(),
@@ -499,12 +499,12 @@ fn a_process_just_killed_is_said_to_have_exited() {
     c.kill().unwrap();
     // Not reaped yet: a zombie until wait.
     let t0 = Instant::now();
-    while pagewise::mech::procfs::is_alive(pid) {
+    while pagewise_mech::procfs::is_alive(pid) {
         assert!(t0.elapsed() < Duration::from_secs(30), "it never died");
         std::thread::sleep(Duration::from_millis(2));
     }
     let e =
-        pagewise::mech::inject::madvise_in(pid, &[(0x10000, 4096)], libc::MADV_MERGEABLE, "test")
+        pagewise_mech::inject::madvise_in(pid, &[(0x10000, 4096)], libc::MADV_MERGEABLE, "test")
             .unwrap_err();
     assert!(
         matches!(
@@ -521,7 +521,7 @@ fn a_process_just_killed_is_said_to_have_exited() {
 /// overflow.
 #[test]
 fn a_shim_hello_past_the_top_of_memory_is_refused() {
-    use pagewise::mech::inject::shim;
+    use pagewise_mech::inject::shim;
     let hello = |start: u64, len: u64| {
         let mut b = Vec::new();
         for v in [shim::MAGIC, shim::VERSION, 1, 1] {
@@ -536,7 +536,7 @@ fn a_shim_hello_past_the_top_of_memory_is_refused() {
     let e = hello(u64::MAX - 4095, 8192).unwrap_err();
     assert_eq!(e.kind(), std::io::ErrorKind::InvalidData, "{e}");
     let ok = hello(u64::MAX - 16383, 8192).unwrap();
-    let inside = pagewise::mech::inject::Inside::Shim(ok);
+    let inside = pagewise_mech::inject::Inside::Shim(ok);
     assert!(inside.is_own_memory(u64::MAX - 12287, u64::MAX));
     assert!(!inside.is_own_memory(u64::MAX - 4095, u64::MAX));
     assert!(!inside.is_own_memory(0x1000, 0x1000));

@@ -5,8 +5,8 @@
 //! restore before anything changes, unless asked to go on without it.
 
 use super::*;
-use pagewise::mech::procfs::{self, Descriptor, FdKind};
 use pagewise::snap::RollbackRefusal;
+use pagewise_mech::procfs::{self, Descriptor, FdKind};
 
 /// A file of known bytes: `0123456789abcdef…` over and over.
 fn known_file(name: &str) -> PathBuf {

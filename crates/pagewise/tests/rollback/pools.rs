@@ -60,7 +60,7 @@ fn pool(path: &Path, n: usize, takes: usize) {
         };
         slowest = slowest.max(t0.elapsed());
         assert!(
-            pagewise::mech::procfs::is_alive(pid),
+            pagewise_mech::procfs::is_alive(pid),
             "{n} threads: the program died at snapshot {i}"
         );
     }
@@ -91,7 +91,7 @@ fn pool(path: &Path, n: usize, takes: usize) {
         Err(e) => panic!("{n} threads: live snapshot: {e}"),
     }
     assert!(
-        pagewise::mech::procfs::is_alive(pid),
+        pagewise_mech::procfs::is_alive(pid),
         "{n} threads: died in the live snapshot"
     );
     // The program's verdict.

@@ -1,9 +1,9 @@
-//! System-wide settings under a journal (`pagewise::mech::settings`): an owner
+//! System-wide settings under a journal (`pagewise_mech::settings`): an owner
 //! SIGKILLed at any point leaves a journal the next claim (or `pagewise`
 //! command) repairs; a setting a live process holds is refused to another,
 //! naming the owner.
 
-use pagewise::mech::settings::SettingGuard;
+use pagewise_mech::settings::SettingGuard;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -84,7 +84,7 @@ fn a_killed_owner_is_repaired_and_a_live_one_refuses_others() {
     c.kill().unwrap();
     c.wait().unwrap();
     assert_eq!(value(), "123", "left changed by the killed owner");
-    let said = pagewise::mech::settings::recover();
+    let said = pagewise_mech::settings::recover();
     assert_eq!(said.len(), 1, "{said:?}");
     assert!(said[0].contains("put back"), "{said:?}");
     assert_eq!(value(), original, "put back by the next run");
@@ -107,7 +107,7 @@ fn a_setting_held_elsewhere_is_waited_for_then_named() {
     wait_held(&mut out);
     let t0 = std::time::Instant::now();
     let e =
-        pagewise::mech::settings::wait_until_free(SETTING, Duration::from_millis(500)).unwrap_err();
+        pagewise_mech::settings::wait_until_free(SETTING, Duration::from_millis(500)).unwrap_err();
     assert!(t0.elapsed() >= Duration::from_millis(500), "it waited");
     assert!(e.to_string().contains(&c.id().to_string()), "{e}");
     let id = c.id();
@@ -116,10 +116,10 @@ fn a_setting_held_elsewhere_is_waited_for_then_named() {
         c.kill().unwrap();
         c.wait().unwrap();
     });
-    pagewise::mech::settings::wait_until_free(SETTING, Duration::from_secs(30))
+    pagewise_mech::settings::wait_until_free(SETTING, Duration::from_secs(30))
         .unwrap_or_else(|e| panic!("free once owner {id} was killed: {e}"));
     killer.join().unwrap();
-    let said = pagewise::mech::settings::recover();
+    let said = pagewise_mech::settings::recover();
     assert!(said.iter().all(|l| l.contains("put back")), "{said:?}");
 }
 
@@ -152,7 +152,7 @@ fn sigkill_at_random_points_leaves_nothing_changed() {
         drop(g);
         assert_eq!(value(), original, "round {round}");
     }
-    let left: Vec<_> = std::fs::read_dir(pagewise::mech::settings::journal_dir())
+    let left: Vec<_> = std::fs::read_dir(pagewise_mech::settings::journal_dir())
         .map(|d| d.flatten().map(|e| e.path()).collect())
         .unwrap_or_default();
     assert!(

@@ -680,13 +680,13 @@ fn another_users_store_is_refused() {
 /// inherited from this test process, are written by other tests).
 pub fn private_memory(pid: i32) -> Vec<(Region, Vec<u8>)> {
     let mut out = Vec::new();
-    for m in pagewise::mech::procfs::writable(Some(pid)).unwrap() {
+    for m in pagewise_mech::procfs::writable(Some(pid)).unwrap() {
         if m.shared {
             continue;
         }
         let r = Region::new(m.start, m.len()).unwrap();
         let mut b = vec![0u8; r.len as usize];
-        pagewise::mech::remote::read(pid, r.start, &mut b).unwrap();
+        pagewise_mech::remote::read(pid, r.start, &mut b).unwrap();
         out.push((r, b));
     }
     out

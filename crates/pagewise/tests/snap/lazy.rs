@@ -229,7 +229,7 @@ fn lazy_restore_follows_drops_unmaps_and_moves() {
 /// refused by name, before anything is dropped.
 #[test]
 fn lazy_restore_refuses_other_memory_types() {
-    use pagewise::mech::procfs::MemoryKind as K;
+    use pagewise_mech::procfs::MemoryKind as K;
     if !uffd_or_skip("lazy_memory_types") {
         return;
     }

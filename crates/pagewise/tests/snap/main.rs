@@ -408,7 +408,7 @@ fn bad_input_is_refused() {
 /// restore checked), and refuse shared memory and hugetlb by name.
 #[test]
 fn memory_types() {
-    use pagewise::mech::procfs::MemoryKind as K;
+    use pagewise_mech::procfs::MemoryKind as K;
     for kind in [K::PrivateAnonymous, K::FilePrivate] {
         let m = common::Mapped::new(kind, 32).unwrap();
         let mut s = Snapshots::new(&[m.region()], SnapshotOptions::default()).unwrap();

@@ -223,7 +223,7 @@ fn damaged_pages_and_strangers_are_refused() {
     let dir = TempDir::new("wire-damaged");
     let (addr, rx) = receiver(&dir.0, 3);
     let page = vec![0x5au8; PAGE_SIZE];
-    let good = pagewise::mech::hash::page_hash(&page);
+    let good = pagewise_mech::hash::page_hash(&page);
     let bad = hand_made(&addr, good ^ 1, &page);
     let x = bad.iter().position(|&b| b == b'X').expect("no refusal");
     assert!(
@@ -295,7 +295,7 @@ fn a_range_that_wraps_the_address_space_is_refused() {
     );
     // Still serving.
     let page = vec![0x11u8; PAGE_SIZE];
-    let ok = hand_made(&addr, pagewise::mech::hash::page_hash(&page), &page);
+    let ok = hand_made(&addr, pagewise_mech::hash::page_hash(&page), &page);
     assert!(ok.contains(&b'A'), "{ok:?}");
     let (_rx, got) = rx.join().unwrap();
     assert!(got[0].saved.is_empty());
@@ -476,7 +476,7 @@ fn memory_is_capped_for_the_receiver_as_a_whole() {
     };
     let rss = || {
         let t = std::fs::read_to_string("/proc/self/status").unwrap();
-        pagewise::mech::procfs::status_field(&t, "VmRSS").unwrap() * 1024
+        pagewise_mech::procfs::status_field(&t, "VmRSS").unwrap() * 1024
     };
     // A: 256 MiB declared, then all of it sent as zero pages.
     let mut a = TcpStream::connect(&addr).unwrap();
@@ -492,7 +492,7 @@ fn memory_is_capped_for_the_receiver_as_a_whole() {
         m.extend_from_slice(&(0x1000_0000 + i * chunk * PAGE_SIZE as u64).to_le_bytes());
         m.extend_from_slice(&[0u8; 8]);
         for _ in 0..chunk {
-            m.extend_from_slice(&pagewise::mech::hash::zero_page_hash().to_le_bytes());
+            m.extend_from_slice(&pagewise_mech::hash::zero_page_hash().to_le_bytes());
         }
     }
     let wire = m.len();

@@ -1,4 +1,4 @@
-//! Stopping another process (`pagewise::mech::stop`), which snapshots and the
+//! Stopping another process (`pagewise_mech::stop`), which snapshots and the
 //! soft-dirty backend rely on to lose no write: while a [`Stopped`] guard
 //! lives, no thread of the target runs (counters written by every thread
 //! stand still); dropped, the target runs again; a target its user had
@@ -8,7 +8,7 @@
 mod common;
 
 use common::{can_ptrace, fds};
-use pagewise::mech::stop::Stopped;
+use pagewise_mech::stop::Stopped;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -177,7 +177,7 @@ fn missing_processes_are_clear_errors() {
 /// by the stop) finishes its sleep and exits normally.
 #[test]
 fn system_calls_inside_another_process() {
-    use pagewise::mech::inject::Remote;
+    use pagewise_mech::inject::Remote;
     if let Some(why) = can_ptrace() {
         pagewise_testkit::skip!("{why}");
         return;
@@ -265,7 +265,7 @@ fn reading_more_than_2_gib_of_another_process() {
     // Read our own memory through the same path as another process's.
     let me = std::process::id() as i32;
     let mut buf = vec![0u8; LEN];
-    let n = pagewise::mech::remote::read(me, p as u64, &mut buf).unwrap();
+    let n = pagewise_mech::remote::read(me, p as u64, &mut buf).unwrap();
     assert_eq!(n, LEN, "a short read");
     for (i, &m) in marks.iter().enumerate() {
         assert_eq!(buf[m + 7], 0xA0 + i as u8, "the byte at {m:#x}");
@@ -280,7 +280,7 @@ fn reading_more_than_2_gib_of_another_process() {
 /// the process's threads run on.
 #[test]
 fn madvise_inside_another_process() {
-    use pagewise::mech::inject::madvise_in;
+    use pagewise_mech::inject::madvise_in;
     if let Some(why) = can_ptrace() {
         pagewise_testkit::skip!("{why}");
         return;
@@ -306,7 +306,7 @@ fn madvise_inside_another_process() {
     // SAFETY: this process's copy goes; the child keeps its own.
     unsafe { libc::munmap(base, 48 * page) };
     std::thread::sleep(Duration::from_millis(50));
-    let mergeable = |pid| pagewise::mech::procfs::with_vm_flag(Some(pid), &["mg"]).unwrap();
+    let mergeable = |pid| pagewise_mech::procfs::with_vm_flag(Some(pid), &["mg"]).unwrap();
     assert!(mergeable(s.pid).is_empty(), "nothing mergeable at first");
     let len = 16 * page as u64;
     let done = madvise_in(s.pid, &[(a, len), (c, len)], libc::MADV_MERGEABLE, "test").unwrap();

@@ -15,7 +15,7 @@ struct Charged {
 impl Charged {
     /// `mib` MiB written page by page, or (`sparse`) in huge pages of which
     /// only the first base page is written: the rest is bloat.
-    fn start(cg: &pagewise::mech::cgroup::MemoryCgroup, mib: usize, sparse: bool) -> Charged {
+    fn start(cg: &pagewise_mech::cgroup::MemoryCgroup, mib: usize, sparse: bool) -> Charged {
         use std::io::{Read, Write};
         let (mut go_r, mut go_w) = std::io::pipe().unwrap();
         let (mut done_r, mut done_w) = std::io::pipe().unwrap();
@@ -69,9 +69,9 @@ impl Drop for Charged {
 
 /// A memory cgroup of this test run with a limit; `None` (the test said it
 /// skips, and why) where none can be made.
-fn cgroup(what: &str, limit: u64) -> Option<pagewise::mech::cgroup::MemoryCgroup> {
+fn cgroup(what: &str, limit: u64) -> Option<pagewise_mech::cgroup::MemoryCgroup> {
     let name = format!("pagewise-test-{what}-{}", std::process::id());
-    match pagewise::mech::cgroup::MemoryCgroup::create(&name, limit) {
+    match pagewise_mech::cgroup::MemoryCgroup::create(&name, limit) {
         Ok(c) => Some(c),
         Err(e) => {
             pagewise_testkit::skip!("no memory cgroup to make: {e}");
@@ -110,7 +110,7 @@ fn a_cgroup_near_its_limit_is_pressure_and_khugepaged_is_put_back() {
     let me = std::process::id() as i32;
     assert!(!Pressure::LimitAbove(99.0).holds(me).unwrap().0);
 
-    let before = pagewise::mech::procfs::read_trimmed(MAX_PTES_NONE).unwrap();
+    let before = pagewise_mech::procfs::read_trimmed(MAX_PTES_NONE).unwrap();
     let opts = recovery_only(
         Recovery::default()
             .when(Pressure::LimitAbove(50.0))
@@ -127,7 +127,7 @@ fn a_cgroup_near_its_limit_is_pressure_and_khugepaged_is_put_back() {
     if before.parse::<u64>().unwrap() > 63 {
         assert!(tuned, "max_ptes_none lowered: {:?}", step.actions);
         assert_eq!(
-            pagewise::mech::procfs::read_trimmed(MAX_PTES_NONE).unwrap(),
+            pagewise_mech::procfs::read_trimmed(MAX_PTES_NONE).unwrap(),
             "63"
         );
     } else {
@@ -135,7 +135,7 @@ fn a_cgroup_near_its_limit_is_pressure_and_khugepaged_is_put_back() {
     }
     drop(agent);
     assert_eq!(
-        pagewise::mech::procfs::read_trimmed(MAX_PTES_NONE).unwrap(),
+        pagewise_mech::procfs::read_trimmed(MAX_PTES_NONE).unwrap(),
         before
     );
     drop(child);
@@ -156,7 +156,7 @@ fn recovered_bloat_is_uncharged_from_the_cgroup_at_once() {
         return;
     };
     let child = Charged::start(&cg, 32, true);
-    let held = pagewise::mech::procfs::resident(child.pid).unwrap();
+    let held = pagewise_mech::procfs::resident(child.pid).unwrap();
     if held.anon_huge_kib < 16 * 2048 {
         pagewise_testkit::skip!(
             "the kernel gave the child {} KiB of huge pages, not 32 MiB (THP disabled or no free huge page)",
@@ -167,7 +167,7 @@ fn recovered_bloat_is_uncharged_from_the_cgroup_at_once() {
     let before = cg.usage().unwrap().usage;
     for r in 0..16u64 {
         let mut b = [0u8; PAGE_SIZE];
-        pagewise::mech::remote::read(child.pid, child.base + r * HUGE_PAGE_SIZE as u64, &mut b)
+        pagewise_mech::remote::read(child.pid, child.base + r * HUGE_PAGE_SIZE as u64, &mut b)
             .unwrap();
         assert_eq!(b[0], 1, "region {r} before recovery: the written page");
     }
@@ -192,7 +192,7 @@ fn recovered_bloat_is_uncharged_from_the_cgroup_at_once() {
     // The written pages are still there.
     for r in 0..16u64 {
         let mut b = [0u8; PAGE_SIZE];
-        pagewise::mech::remote::read(child.pid, child.base + r * HUGE_PAGE_SIZE as u64, &mut b)
+        pagewise_mech::remote::read(child.pid, child.base + r * HUGE_PAGE_SIZE as u64, &mut b)
             .unwrap();
         assert_eq!(b[0], 1, "region {r}: the written page");
     }

@@ -9,10 +9,10 @@ mod cgroup;
 #[path = "../common/mod.rs"]
 mod common;
 
-use pagewise::mech::agent::Agent as _;
 use pagewise::thp::agent::{Action, Agent, Budget, Options, Policy};
 use pagewise::workload::AnonMemory;
 use pagewise::{HUGE_PAGE_SIZE, PAGE_SIZE};
+use pagewise_mech::agent::Agent as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -112,10 +112,10 @@ impl Target {
     /// consistent word for their place, no older than the last completed
     /// pass; others still hold the fill. Returns the pages checked.
     fn check(&self) -> u64 {
-        let stopped = pagewise::mech::stop::Stopped::new(self.pid).unwrap();
+        let stopped = pagewise_mech::stop::Stopped::new(self.pid).unwrap();
         let done = self.passes();
         let mut b = vec![0u8; 4 * HUGE_PAGE_SIZE];
-        pagewise::mech::remote::read(self.pid, self.base, &mut b).unwrap();
+        pagewise_mech::remote::read(self.pid, self.base, &mut b).unwrap();
         drop(stopped);
         let mut n = 0;
         for (r, &stride) in STRIDE.iter().enumerate() {
@@ -569,7 +569,7 @@ fn prezeroing_runs_ahead_and_loses_no_write() {
     }
     mem.write_byte(0, 1);
     let present = |r: usize| {
-        let mut w = pagewise::mech::walk::PageWalker::new(None).unwrap();
+        let mut w = pagewise_mech::walk::PageWalker::new(None).unwrap();
         let mut runs = Vec::new();
         let reg = pagewise::Region::new(
             mem.addr() + (r * HUGE_PAGE_SIZE) as u64,
@@ -584,7 +584,7 @@ fn prezeroing_runs_ahead_and_loses_no_write() {
     };
     let h = pagewise_sys::pagemap::category::HUGE;
     let mut runs = Vec::new();
-    pagewise::mech::walk::PageWalker::new(None)
+    pagewise_mech::walk::PageWalker::new(None)
         .unwrap()
         .categories(mem.region(), h, h, &mut runs)
         .unwrap();

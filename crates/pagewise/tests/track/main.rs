@@ -12,10 +12,10 @@ mod common;
 mod outside;
 
 use common::for_each_backend;
-use pagewise::mech::procfs;
 use pagewise::track::{BackendKind, Collection, DirtyTracker};
 use pagewise::workload::{AnonMemory, Rng};
 use pagewise::PAGE_SIZE;
+use pagewise_mech::procfs;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -527,12 +527,12 @@ fn ksm_merging() {
         return;
     }
     let _g = GLOBAL_KNOBS.lock().unwrap_or_else(|e| e.into_inner());
-    let _run = pagewise::mech::settings::SettingGuard::set("/sys/kernel/mm/ksm/run", "1").unwrap();
+    let _run = pagewise_mech::settings::SettingGuard::set("/sys/kernel/mm/ksm/run", "1").unwrap();
     let _sleep =
-        pagewise::mech::settings::SettingGuard::set("/sys/kernel/mm/ksm/sleep_millisecs", "0")
+        pagewise_mech::settings::SettingGuard::set("/sys/kernel/mm/ksm/sleep_millisecs", "0")
             .unwrap();
     let _scan =
-        pagewise::mech::settings::SettingGuard::set("/sys/kernel/mm/ksm/pages_to_scan", "10000")
+        pagewise_mech::settings::SettingGuard::set("/sys/kernel/mm/ksm/pages_to_scan", "10000")
             .unwrap();
     let merge = pagewise_sys::mem::prctl(pagewise_sys::mem::PR_GET_MEMORY_MERGE, 0).unwrap();
     pagewise_sys::mem::prctl(pagewise_sys::mem::PR_SET_MEMORY_MERGE, 1).unwrap();
@@ -584,7 +584,7 @@ fn unsafe_geteuid() -> u32 {
 #[test]
 fn pageout_to_swap_and_back() {
     let _g = GLOBAL_KNOBS.lock().unwrap_or_else(|e| e.into_inner());
-    let swap = match pagewise::mech::cgroup::ZramSwap::setup(256 << 20) {
+    let swap = match pagewise_mech::cgroup::ZramSwap::setup(256 << 20) {
         Ok(s) => s,
         Err(why) => {
             pagewise_testkit::skip!("{why}");
@@ -677,7 +677,7 @@ fn soft_dirty_refusal_is_clear_when_missing() {
 /// where configured.
 #[test]
 fn memory_types() {
-    use pagewise::mech::procfs::MemoryKind as K;
+    use pagewise_mech::procfs::MemoryKind as K;
     for_each_backend("memory types", &[], |kind| {
         for mk in [K::Shared, K::FilePrivate, K::Hugetlb] {
             let m = match common::Mapped::new(mk, 64) {

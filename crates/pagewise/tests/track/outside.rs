@@ -41,7 +41,7 @@ fn uffd_wp_from_outside_loses_no_write() {
             }
             let off = (s - base) as usize;
             let got =
-                pagewise::mech::remote::read(w.pid, s, &mut shadow[off..off + (e - s) as usize])
+                pagewise_mech::remote::read(w.pid, s, &mut shadow[off..off + (e - s) as usize])
                     .unwrap();
             assert_eq!(got as u64, e - s);
             n += (e - s) / PAGE_SIZE as u64;
@@ -54,7 +54,7 @@ fn uffd_wp_from_outside_loses_no_write() {
         let c = t.collect().unwrap();
         reported += update(&c, &mut shadow);
     }
-    let stopped = pagewise::mech::stop::Stopped::new(w.pid).unwrap();
+    let stopped = pagewise_mech::stop::Stopped::new(w.pid).unwrap();
     let c = t.collect().unwrap();
     reported += update(&c, &mut shadow);
     let live = w.read_all();
@@ -126,7 +126,7 @@ fn uffd_wp_from_outside_leaves_no_trace() {
     assert!(
         matches!(
             e,
-            pagewise::Error::Refused(pagewise::mech::stop::Refusal::JobStopped { pid, .. }) if pid == w.pid
+            pagewise::Error::Refused(pagewise_mech::stop::Refusal::JobStopped { pid, .. }) if pid == w.pid
         ),
         "{e:?}"
     );
@@ -147,7 +147,7 @@ fn uffd_wp_from_outside_leaves_no_trace() {
 /// `n` bytes of process `pid` at `at`.
 fn remote_bytes(pid: i32, at: u64, n: usize) -> Vec<u8> {
     let mut b = vec![0u8; n];
-    assert_eq!(pagewise::mech::remote::read(pid, at, &mut b).unwrap(), n);
+    assert_eq!(pagewise_mech::remote::read(pid, at, &mut b).unwrap(), n);
     b
 }
 
@@ -290,12 +290,12 @@ fn uffd_wp_from_outside_ksm() {
         return;
     }
     let _g = GLOBAL_KNOBS.lock().unwrap_or_else(|e| e.into_inner());
-    let _run = pagewise::mech::settings::SettingGuard::set("/sys/kernel/mm/ksm/run", "1").unwrap();
+    let _run = pagewise_mech::settings::SettingGuard::set("/sys/kernel/mm/ksm/run", "1").unwrap();
     let _sleep =
-        pagewise::mech::settings::SettingGuard::set("/sys/kernel/mm/ksm/sleep_millisecs", "0")
+        pagewise_mech::settings::SettingGuard::set("/sys/kernel/mm/ksm/sleep_millisecs", "0")
             .unwrap();
     let _scan =
-        pagewise::mech::settings::SettingGuard::set("/sys/kernel/mm/ksm/pages_to_scan", "10000")
+        pagewise_mech::settings::SettingGuard::set("/sys/kernel/mm/ksm/pages_to_scan", "10000")
             .unwrap();
     // Its pages are alike (one byte 3 at the start): KSM merges them.
     let mut s = common::Scripted::start(1024);
@@ -491,7 +491,7 @@ fn fragmented_memory_is_walked_once() {
     }
     const PAGES: usize = 20_000;
     let m =
-        common::Mapped::new(pagewise::mech::procfs::MemoryKind::PrivateAnonymous, PAGES).unwrap();
+        common::Mapped::new(pagewise_mech::procfs::MemoryKind::PrivateAnonymous, PAGES).unwrap();
     // Mapped fills every page; drop every other one.
     for i in (1..PAGES).step_by(2) {
         // SAFETY: a page of our own mapping, whose contents we do not need.
@@ -505,7 +505,7 @@ fn fragmented_memory_is_walked_once() {
         assert_eq!(r, 0);
     }
     let region = pagewise::Region::new(m.addr, (PAGES * PAGE_SIZE) as u64).unwrap();
-    let mut w = pagewise::mech::walk::PageWalker::new(None).unwrap();
+    let mut w = pagewise_mech::walk::PageWalker::new(None).unwrap();
     let mut runs = Vec::new();
     let present = pagewise_sys::pagemap::category::PRESENT;
     w.categories(region, present, present, &mut runs).unwrap();
@@ -534,7 +534,7 @@ fn fragmented_memory_is_walked_once() {
     let c = t.collect().unwrap();
     assert_eq!(c.ranges.len(), PAGES / 2, "runs of written pages");
     assert_eq!(
-        pagewise::mech::region::total_pages(&c.ranges),
+        pagewise_mech::region::total_pages(&c.ranges),
         (PAGES / 2) as u64
     );
 }

@@ -29,7 +29,7 @@ use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use pagewise::mech::shim::FarmemRequest;
+use pagewise::farmem::FarmemRequest;
 
 /// The top of a thread stack left alone with `--stacks` (see on_sigsys).
 const STACK_TOP_KEPT: u64 = 64 << 10;

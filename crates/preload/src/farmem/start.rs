@@ -7,7 +7,7 @@ use super::*;
 /// thread: a fault on a thread's own stack cannot be served by a handler
 /// that runs on that stack.
 fn fault_path(req: &FarmemRequest) -> FaultPath {
-    let asked = req.fault_path.parse().unwrap_or_default();
+    let asked = req.options.fault_path;
     if STACKS.load(Ordering::Relaxed) {
         FaultPath::Thread
     } else {
@@ -109,8 +109,8 @@ fn start(req: &FarmemRequest, child: bool) -> Result<(), String> {
         e
     };
     let policy = policy_of(req, pid).map_err(fail)?;
-    STACKS.store(req.stacks, Ordering::Relaxed);
-    let maps = pagewise::mech::procfs::maps(None).map_err(|e| fail(e.to_string()))?;
+    STACKS.store(req.options.stacks, Ordering::Relaxed);
+    let maps = pagewise::shim::maps(None).map_err(|e| fail(e.to_string()))?;
     let libc_text = maps
         .iter()
         .find(|m| {
@@ -128,7 +128,7 @@ fn start(req: &FarmemRequest, child: bool) -> Result<(), String> {
     // (and copies of its handler's stack and staging), shared with it.
     let regions = vec![own_page().map_err(fail)?];
     let mut fm = engine(req, &inst, slot, &regions, policy).map_err(fail)?;
-    let trace = req.trace.as_ref().map(|t| t.display().to_string());
+    let trace = req.options.trace.as_ref().map(|t| t.display().to_string());
     if trace.is_some() {
         fm.trace(1 << 22);
     }
@@ -161,9 +161,9 @@ fn start(req: &FarmemRequest, child: bool) -> Result<(), String> {
 /// The eviction policy asked for: a built-in one, or a plugin (a path)
 /// with its argument string.
 fn policy_of(req: &FarmemRequest, pid: i32) -> Result<Box<dyn policy::Policy>, String> {
-    let name = &req.policy;
+    let name = &req.options.policy;
     if name.contains('/') {
-        let args = &req.policy_args;
+        let args = &req.options.policy_args;
         // SAFETY: the user named this plugin to be loaded into the program.
         let plugin = unsafe { policy::Plugin::load(name, args) }.map_err(|e| e.to_string())?;
         return Ok(Box::new(plugin));
@@ -209,7 +209,7 @@ fn engine(
         remapping: Some(&CHANGING),
         fault_path: path,
         thread_floor: pagewise::farmem::instance::MIN_LOCAL_PAGES_THREAD as usize,
-        check_books: req.check,
+        check_books: req.options.check,
         on_start: Some(Box::new(|| {
             // SAFETY: gettid has no arguments and no side effect.
             let tid = unsafe { raw_syscall(libc::SYS_gettid, [0; 6]) };

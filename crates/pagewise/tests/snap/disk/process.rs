@@ -28,7 +28,7 @@ fn incremental_snapshots_of_a_process_are_exact() {
         let mut wrong = 0;
         // Not compared: shared mappings the child inherited from this test
         // process, which other tests write.
-        let shared: Vec<(u64, u64)> = pagewise::mech::procfs::maps(Some(pid))
+        let shared: Vec<(u64, u64)> = pagewise_mech::procfs::maps(Some(pid))
             .unwrap()
             .iter()
             .filter(|m| m.shared)
@@ -46,7 +46,7 @@ fn incremental_snapshots_of_a_process_are_exact() {
                 disk.read_page(e, &mut stored).unwrap();
             }
             // A page unmapped meanwhile reads as zeros, as it was stored.
-            let n = pagewise::mech::remote::read(pid, addr, &mut live).unwrap();
+            let n = pagewise_mech::remote::read(pid, addr, &mut live).unwrap();
             if n == P && stored != live {
                 wrong += 1;
             }
