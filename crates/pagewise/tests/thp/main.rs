@@ -236,8 +236,9 @@ fn promotes_by_coverage_within_the_budget_and_loses_no_write() {
             .filter(|a| matches!(a, Action::Failed { .. }))
             .collect();
         if !failed.is_empty() {
-            pagewise_testkit::not_happened!(
-                "{policy:?}: the kernel refused a collapse: {failed:?}"
+            pagewise_testkit::claim_not_happened!(
+                "madv_collapse",
+                "{policy:?}: the huge-page agent's collapse was refused by the kernel: {failed:?}"
             );
             return;
         }
