@@ -556,7 +556,10 @@ fn a_killed_dedup_agents_advice_is_taken_back() {
     let t0 = std::time::Instant::now();
     while mergeable().is_empty() {
         if t0.elapsed() > std::time::Duration::from_secs(30) {
-            pagewise_testkit::claim_not_happened!("ksm", "the dedup agent made nothing mergeable in 30 s");
+            pagewise_testkit::claim_not_happened!(
+                "ksm",
+                "the dedup agent made nothing mergeable in 30 s"
+            );
             let _ = agent.kill();
             let _ = target.kill();
             let _ = (agent.wait(), target.wait());
