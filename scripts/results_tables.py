@@ -1,0 +1,207 @@
+"""The results tables of docs/benchmarks/README.md, each written from the
+report.json of one folder by a function here (`scripts/results tables`).
+
+A table stands between `<!-- table KIND FOLDER -->` and `<!-- /table -->`;
+KIND names a function of TABLES, which takes the report and returns the
+table's Markdown. A value measured over several runs or samples is shown
+as its median with its spread (min–max) where the report holds them; a
+report that kept one value per point says so in the table ("one run" or
+"median of N, spread not recorded"), so that no reader takes one number for
+a distribution.
+
+Kept in Python beside the script that checks the README: the reports are
+JSON written by the benchmarks, the tables Markdown; a table is a few
+lines of formatting over one report.
+"""
+import math
+
+
+def median(v):
+    v = sorted(v)
+    n = len(v)
+    return (v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2) if n else 0.0
+
+
+def sig(x, n=3):
+    """`x` to `n` significant digits, never in exponent form; thousands
+    grouped with a thin space as the README writes them."""
+    if x == 0 or not math.isfinite(x):
+        return "0" if x == 0 else str(x)
+    digits = max(0, n - 1 - int(math.floor(math.log10(abs(x)))))
+    s = f"{x:.{digits}f}"
+    return group(s)
+
+
+def fix(x, d):
+    """`x` with `d` decimals, thousands grouped."""
+    return group(f"{x:.{d}f}").replace("-", "−")
+
+
+def group(s):
+    neg = s.startswith("-")
+    s = s.lstrip("-")
+    whole, _, frac = s.partition(".")
+    if len(whole) > 4:
+        parts = []
+        while len(whole) > 3:
+            parts.insert(0, whole[-3:])
+            whole = whole[:-3]
+        parts.insert(0, whole)
+        whole = "\u202f".join(parts)
+    return ("−" if neg else "") + whole + ("." + frac if frac else "")
+
+
+def spread(vals, f):
+    """The median of `vals` with its spread, each shown by `f`."""
+    if len(vals) == 1:
+        return f"{f(vals[0])} (one run)"
+    return f"{f(median(vals))} ({f(min(vals))}–{f(max(vals))})"
+
+
+def md(header, rows):
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def mib(m):
+    return f"{m // 1024} GiB" if m >= 1024 else f"{m} MiB"
+
+
+# ---------------------------------------------------------------- track/
+
+
+def track_write(r):
+    """LDT (a): ms per write-only pass, median of `passes` (the report
+    keeps the median alone)."""
+    w = r["write_only"]
+    n = r["config"]["passes"]
+    at = {(x["size_mib"], x["bytes_per_page"], x["backend"]): x for x in w}
+    rows = []
+    for bpp in (1, 4096):
+        for size in r["config"]["sizes_mib"]:
+            if (size, bpp, "none") not in at or (bpp == 4096 and size < 1024):
+                continue
+            get = lambda b: at[(size, bpp, b)]["pass_ms"]
+            h = at[(size, bpp, "hash")]
+            rows.append([mib(size), bpp, f"{sig(get('none'))} ms", f"{sig(get('uffd-wp'))} ms",
+                         f"{sig(get('mprotect'))} ms",
+                         f"{sig(h['pass_ms'])} ms ({h['ratio_to_none']:.2f}×)",
+                         f"{get('mprotect') / get('uffd-wp'):.1f}×"])
+    return md(["working set", "B/page", "none", "uffd-wp", "mprotect", "hash",
+               "mprotect / uffd-wp"], rows) + \
+        f"\n\nEach time is the median of {n} passes; the report keeps the median alone (spread not recorded)."
+
+
+def track_collect(r):
+    """LDT (c): collection time after writing x % of the region, median
+    of `collect_reps`."""
+    c = r["collect"]
+    n = r["config"]["collect_reps"]
+    at = {(x["backend"], x["layout"], x["percent"]): x for x in c}
+    rows = []
+    for pct in (10, 100):
+        cell = lambda b, l: f"{sig(at[(b, l, pct)]['collect_ms'])} ms"
+        h = at[("hash", "random", pct)] if ("hash", "random", pct) in at else \
+            next(x for k, x in at.items() if k[0] == "hash" and k[2] == pct)
+        rows.append([f"{pct} %", cell("uffd-wp", "seq"), cell("uffd-wp", "random"),
+                     cell("mprotect", "random"),
+                     f"{sig(h['collect_ms'])} ms ({h['collect_ms'] / r['read_once_ms']:.2f}×)"])
+    return md(["x", "uffd-wp seq", "uffd-wp random", "mprotect random", "hash random"], rows) + \
+        f"\n\nEach time is the median of {n} collections (spread not recorded); " \
+        f"reading the region once took {sig(r['read_once_ms'])} ms."
+
+
+# ---------------------------------------------------------------- outside/
+
+
+def outside(r):
+    rows = []
+    for pct in r["config"]["percents"]:
+        at = {x["how"]: x for x in r["rows"] if x["percent"] == pct}
+        cell = lambda h: f"{at[h]['collect_ms']:.2f} ({at[h]['min_ms']:.2f}–{at[h]['max_ms']:.2f})"
+        rows.append([f"{pct:g}", cell("uffd-wp outside"), cell("hash outside"),
+                     cell("uffd-wp in-process"),
+                     f"{at['hash outside']['collect_ms'] / at['uffd-wp outside']['collect_ms']:.0f}×"])
+    return md(["x %", "uffd-wp outside, ms", "hash outside, ms", "uffd-wp in-process, ms",
+               "hash / outside"], rows) + \
+        f"\n\nMedian of {r['config']['reps']} collections (min–max)."
+
+
+# ---------------------------------------------------------------- thp-fair/ thp/ prezero/
+
+
+def thp_fair(r):
+    names = ["first-come", "utilisation", "pagewise"]
+    rows = []
+    for p in names:
+        rs = [x for x in r["rows"] if x["policy"] == p]
+        if not rs:
+            continue
+        sp = lambda a, b: [x[a] / x[b] for x in rs]
+        rows.append([p, spread(sp("random_before_ms", "random_after_ms"), lambda v: f"{v:.3f}"),
+                     spread(sp("stream_before_ms", "stream_after_ms"), lambda v: f"{v:.3f}")])
+    return md(["policy", "random: speedup, median (min–max)",
+               "stream: speedup, median (min–max)"], rows)
+
+
+def thp_saved(r):
+    names = [("coverage", "coverage (pagewise)"), ("address", "address order (khugepaged)"),
+             ("utilisation", "utilisation ≥ 0.9 (Ingens-like)")]
+    rows = []
+    for k in r["config"]["budgets"]:
+        row = [k]
+        for p, _ in names:
+            v = [x["saved_ms_per_huge_page"] for x in r["rows"] if x["policy"] == p and x["k"] == k]
+            row.append(spread(v, lambda y: fix(y, 2)) if v else "–")
+        rows.append(row)
+    return md(["k"] + [n for _, n in names], rows)
+
+
+def prezero(r):
+    regimes = {"compacted": "compacted", "after-base-pages": "after base pages"}
+    rows = []
+    seen = []
+    for x in r["rows"]:
+        key = (x["regime"], x["way"])
+        if key not in seen:
+            seen.append(key)
+    for regime, way in seen:
+        rs = [x for x in r["rows"] if x["regime"] == regime and x["way"] == way]
+        us = lambda v: sig(v, 2) if v < 1 else fix(v, 0)
+        rows.append([regimes.get(regime, regime), way,
+                     spread([x["p50_us"] for x in rs], us),
+                     spread([x["p99_us"] for x in rs], us),
+                     spread([x["run_ms"] for x in rs], lambda v: fix(v, 0))])
+    return md(["state", "way", "first touch p50, µs", "p99, µs", "run time, ms"], rows) + \
+        f"\n\nMedian of {r['config']['repeats']} runs (min–max); every run in `prezero/summary.txt`."
+
+
+# ---------------------------------------------------------------- redis/
+
+
+def redis(r):
+    runs = r["runs"]
+    base = [x for x in runs if x["backend"] == "none"]
+    rows = [["none (first, last)", "–", ", ".join(fix(x["mean_rps"], 0) for x in base),
+             ", ".join(f"{x['ratio_to_none']:.2f}" for x in base), "–", "–"]]
+    how = {"uffd-wp": "uffd-wp (shim)", "hash": "hash (outside)"}
+    for x in runs:
+        if x["backend"] == "none":
+            continue
+        rows.append([how.get(x["backend"], x["backend"]), f"{x['interval_s']} s",
+                     fix(x["mean_rps"], 0), f"{x['ratio_to_none']:.3f}", x["collections"],
+                     f"{sig(x['mean_collect_ms'])} ms"])
+    return md(["backend", "interval", "mean req/s", "ratio", "collections", "mean collect"],
+              rows) + "\n\nOne run per backend and interval (the untracked one twice)."
+
+
+TABLES = {
+    "track-write": track_write,
+    "track-collect": track_collect,
+    "outside": outside,
+    "thp-fair": thp_fair,
+    "thp-saved": thp_saved,
+    "prezero": prezero,
+    "redis": redis,
+}
