@@ -196,6 +196,96 @@ def redis(r):
               rows) + "\n\nOne run per backend and interval (the untracked one twice)."
 
 
+
+# ---------------------------------------------------------------- snap/
+
+
+def snap_dfs(r):
+    names = {"full-copy": "full copies", "page-store": "page store"}
+    rows = [[names.get(x["variant"], x["variant"]), f"{sig(x['seconds'])} s",
+             f"{fix(x['peak_rss_mib'], 0)} MiB", f"{fix(x['snapshot_mib'], 0)} MiB"]
+            for x in r["dfs"]]
+    return md(["variant", "time", "peak RSS", "snapshots"], rows) + \
+        f"\n\nOne search per variant ({r['dfs'][0]['states']} states)."
+
+
+def snap_cycles(r):
+    at = {(x["variant"], x["permille"]): x for x in r["cycles"]}
+    rows = []
+    for pm in r["config"]["cycle_permille"]:
+        ms = lambda v: f"{sig(at[(v, pm)]['cycle_ms'])} ms"
+        pages = at[("page-store", pm)]["pages_dirtied"]
+        rows.append([f"{pm / 10:g} % ({pages} pages)", ms("page-store"),
+                     ms("page-store restore-only"), ms("fork"), ms("memcpy"),
+                     f"{at[('fork', pm)]['cycle_ms'] / at[('page-store', pm)]['cycle_ms']:.1f}×"])
+    n = {v: at[(v, r["config"]["cycle_permille"][0])]["cycles"]
+         for v in ("page-store", "fork", "memcpy")}
+    return md(["dirtied", "page store", "restore-only", "fork", "memcpy",
+               "fork / page store"], rows) + \
+        f"\n\nMedian cycle time over {n['page-store']} cycles (fork {n['fork']}, memcpy " \
+        f"{n['memcpy']}); the report keeps the median alone (spread not recorded)."
+
+
+def snap_dump(r):
+    d = r["dump"]
+    names = {"pagewise first": "pagewise, first",
+             "pagewise after 1 %": "pagewise, after 1 % changed",
+             "pagewise after 1 % (no verify)": "pagewise, after 1 % changed, `--no-verify`"}
+    rows = [[names.get(x["tool"], x["tool"]), f"{fix(x['ms'], 0)} ms",
+             f"{fix(x['stopped_ms'], 0)} ms", f"{sig(x['bytes'] / 1048576)} MiB"]
+            for x in d["rows"]]
+    if d.get("criu_skipped"):
+        rows.append(["`criu dump`", "skipped", "", ""])
+    return md(["dump", "time", "process stopped", "bytes added"], rows) + \
+        "\n\nOne dump of each."
+
+
+# ---------------------------------------------------------------- rollback/
+
+
+def mmm(x, f):
+    """A `{median, min, max}` record: median (min–max)."""
+    return f"{f(x['median'])} ({f(x['min'])}–{f(x['max'])})"
+
+
+def rollback_resets(r):
+    rs = r["resets"]
+    at = {(x["variant"], x["mib"], x["thp"], x["k"]): x for x in rs}
+    rows = []
+    for thp in (False, True):
+        for mib_ in r["config"]["sizes_mib"]:
+            for k in r["config"]["ks"]:
+                if ("rollback", mib_, thp, k) not in at:
+                    continue
+                a, b = at[("rollback", mib_, thp, k)], at[("fork server", mib_, thp, k)]
+                rows.append([mib(mib_), "yes" if thp else "no", k,
+                             mmm(a["reset"], lambda v: sig(v)) + " ms",
+                             mmm(b["reset"], lambda v: sig(v)) + " ms",
+                             f"{b['reset']['median'] / a['reset']['median']:.1f}",
+                             f"{a['walk_share_pct']:.0f} %"])
+    return md(["state", "THP", "k", "rollback reset", "fork server", "x", "walk share"], rows) + \
+        f"\n\nMedian (min–max) of {r['config']['reps']} resets per point; x: fork server / rollback, by medians."
+
+
+def rollback_phases(r):
+    x = next(x for x in r["resets"] if x["variant"] == "rollback" and x["mib"] == 1024
+             and not x["thp"] and x["k"] == 16)
+    rows = [[k[:-3], f"{v:.0f}"] for k, v in x["phases"].items()]
+    return md(["phase", "µs"], rows) + \
+        f"\n\nMedian of each phase over {x['reps']} resets (1 GiB, k = 16, base pages); spread not recorded."
+
+
+def rollback_cycles(r):
+    rows = []
+    for x in r["cycles"]:
+        f = lambda v: sig(v)
+        rows.append([f"{x['percent']:g} %", mmm(x["input"], f) + " ms", mmm(x["take"], f) + " ms",
+                     mmm(x["restore"], f) + " ms", mmm(x["cycle"], f) + " ms",
+                     mmm(x["fork_cycle"], f) + " ms", f"{x['x_fork']:.1f}"])
+    return md(["x", "input", "take", "restore", "cycle", "fork cycle", "x fork"], rows) + \
+        f"\n\nMedian (min–max) of {r['config']['cycle_reps']} cycles per point; x fork by medians."
+
+
 TABLES = {
     "track-write": track_write,
     "track-collect": track_collect,
@@ -204,4 +294,10 @@ TABLES = {
     "thp-saved": thp_saved,
     "prezero": prezero,
     "redis": redis,
+    "snap-dfs": snap_dfs,
+    "snap-cycles": snap_cycles,
+    "snap-dump": snap_dump,
+    "rollback-resets": rollback_resets,
+    "rollback-phases": rollback_phases,
+    "rollback-cycles": rollback_cycles,
 }
