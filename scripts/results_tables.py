@@ -286,6 +286,68 @@ def rollback_cycles(r):
         f"\n\nMedian (min–max) of {r['config']['cycle_reps']} cycles per point; x fork by medians."
 
 
+
+# ---------------------------------------------------------------- live/
+
+
+def live_checkpoint(r):
+    rows = [[mib(x["mib"]), f"{x['percent']:g}", fix(x["pages_per_s"], 0),
+             f"{x['downtime_ms']:.2f}", x["passes"], fix(x["total_ms"], 0),
+             fix(x["stop_and_copy_ms"], 0), f"{fix(x['downtime_ratio'], 0)}×"]
+            for x in r["rows"]]
+    return md(["size", "dirty %", "pages/s", "live downtime, ms", "passes",
+               "until running again, ms", "stop-and-copy, ms", "ratio"], rows) + \
+        "\n\nOne run per point."
+
+
+def live_migration(r):
+    rows = []
+    for x in r["rows"]:
+        m = x["migration"]
+        down = f"{sig(m['downtime_ms'])}" + ("" if m["converged"] else " (not converged)")
+        rows.append([mib(x["mib"]), f"{x['percent']:g}", down, sig(m["handover_ms"]), m["passes"],
+                     fix(m["total_ms"], 0), fix(m["page_mib"], 0), f"{m['wire_mib']:.1f}"])
+    return md(["size", "dirty %", "downtime, ms", "handover, ms", "passes",
+               "until running again, ms", "pages sent, MiB", "on the wire, MiB"], rows) + \
+        "\n\nOne run per point."
+
+
+def live_compression(r):
+    c = r["compression"]
+    rows = [[x["compression"], fix(x["page_mib"], 0), f"{x['wire_mib']:.1f}",
+             fix(x["compress_ms"], 0), sig(x["handover_ms"]), fix(x["total_ms"], 0)]
+            for x in c["runs"]]
+    return md(["compression", "pages sent, MiB", "on the wire, MiB", "compressing, ms",
+               "handover, ms", "until running again, ms"], rows) + \
+        f"\n\nOne run each ({mib(c['mib'])}, {c['percent']:g} % dirty)."
+
+
+
+# ---------------------------------------------------------------- checkpoint/
+
+
+def checkpoint(r):
+    runs = r["runs"]
+    hash_read = next((x["mean_bytes_read"] for x in runs if x["mode"] == "hash"), 0)
+    rows, nones = [], 0
+    for x in runs:
+        mode = x["mode"]
+        if mode == "none":
+            mode = "none (first)" if nones == 0 else "none (last)"
+            nones += 1
+        cps = x["checkpoints"]
+        stopped = [c["stopped_ms"] for c in cps]
+        rows.append([mode, fix(x["set_rps"], 0), fix(x["get_rps"], 0), fix(x["mean_rps"], 0),
+                     f"{x['ratio_to_none']:.3f}", len(cps),
+                     spread(stopped, lambda v: sig(v)) if stopped else "",
+                     f"{x['mean_bytes_read'] / 1048576:.1f}" if cps else "",
+                     f"{hash_read / x['mean_bytes_read']:.1f}×" if cps and x["mean_bytes_read"] else ""])
+    return md(["mode", "SET/s", "GET/s", "mean req/s", "ratio", "checkpoints",
+               "stopped, median (min–max) ms", "read per checkpoint (mean), MiB",
+               "fewer bytes than hash"], rows) + \
+        f"\n\nOne {r['seconds']} s run per mode (the untracked one first and last), a checkpoint every {r['every_ms']} ms."
+
+
 TABLES = {
     "track-write": track_write,
     "track-collect": track_collect,
@@ -300,4 +362,8 @@ TABLES = {
     "rollback-resets": rollback_resets,
     "rollback-phases": rollback_phases,
     "rollback-cycles": rollback_cycles,
+    "live-checkpoint": live_checkpoint,
+    "live-migration": live_migration,
+    "live-compression": live_compression,
+    "checkpoint": checkpoint,
 }
