@@ -348,6 +348,35 @@ def checkpoint(r):
         f"\n\nOne {r['seconds']} s run per mode (the untracked one first and last), a checkpoint every {r['every_ms']} ms."
 
 
+
+# ---------------------------------------------------------------- thp-redis/
+
+
+def thp_redis(r):
+    names = {"linux": "Linux (THP `always`)",
+             "ingens": "Ingens-like (base pages at fault, promote at 90 %)",
+             "pagewise": "pagewise (`limit-above:{p:g}`, {z} zero pages)"}
+    c = r["config"]
+    rows = []
+    for x in r["rows"]:
+        name = names.get(x["way"], x["way"]).format(p=c["pressure_pct"], z=c["zero_pages"])
+        p3 = "completed" if x["p3_completed"] else \
+            f"**OOM-killed** at {fix(x['p3_inserted'], 0)} of {fix(c['p3_keys'], 0)}"
+        bloat = x["bloat_before_p3_mib"]
+        given = x["recovered_mib"]
+        rows.append([name, p3, fix(x["peak_mib"], 0),
+                     f"{fix(bloat, 0)} MiB" if bloat >= 1 else "0",
+                     f"{fix(x['recovered_of_bloat_mib'], 0)} / {fix(given, 0)} MiB" if given else "–",
+                     f"{100 * x['recovered_in_10s']:.0f} %" if x["recovered_in_10s"] is not None else "–",
+                     f"{x['t90_s']:.1f} s" if x["t90_s"] is not None else "–",
+                     fix(x["p1_set_per_s"], 0), fix(x["p3_set_per_s"], 0),
+                     fix(x["get_per_s"], 0) if x["get_per_s"] else "–",
+                     f"{100 * x['huge_share_end']:.0f} %" if x["huge_share_end"] else "–"])
+    return md(["policy", "P3", "peak MiB", "bloat before P3", "given back (of it / all)",
+               "in 10 s", "t90", "P1 SET/s", "P3 SET/s", "GET/s after", "huge"], rows) + \
+        "\n\nOne run per policy."
+
+
 TABLES = {
     "track-write": track_write,
     "track-collect": track_collect,
@@ -366,4 +395,5 @@ TABLES = {
     "live-migration": live_migration,
     "live-compression": live_compression,
     "checkpoint": checkpoint,
+    "thp-redis": thp_redis,
 }
