@@ -377,6 +377,38 @@ def thp_redis(r):
         "\n\nOne run per policy."
 
 
+
+# ---------------------------------------------------------------- dedup-redis/
+
+
+def dedup_redis(r):
+    names = {"none": "none", "ksm-everywhere": "KSM everywhere", "no-splitting": "no splitting",
+             "ingens-like": "Ingens-like", "smartmd": "pagewise (SmartMD)"}
+    at = {x["scheme"]: x for x in r["rows"]}
+    ksm = at.get("ksm-everywhere", {}).get("saved_mib", 0)
+    base = at.get("no-splitting", {}).get("get_per_s", 0)
+    secs = r["config"]["seconds"]
+    pct = lambda a, b: f"{100 * a / b:.1f} %" if b else "–"
+    rows = []
+    for key, name in names.items():
+        x = at.get(key)
+        if not x:
+            continue
+        ksmd, agent = x["ksmd_cpu_ms"], x["agent_cpu_ms"]
+        rows.append([name, f"{fix(x['saved_mib'], 0)} MiB", pct(x["saved_mib"], ksm),
+                     f"{fix(x['usage_mib'], 0)} MiB",
+                     f"{fix(x['huge_loaded_mib'], 0)} → {fix(x['huge_end_mib'], 0)} MiB",
+                     f"{fix(x['get_per_s'], 0)} ({fix(x['get_min'], 0)}–{fix(x['get_max'], 0)})",
+                     pct(x["get_per_s"], base), fix(x["set_per_s"], 0),
+                     f"{ksmd / 1e3:.2f} s" if ksmd else "–", f"{agent / 1e3:.2f} s" if agent else "–",
+                     f"{(ksmd + agent) / (secs * 10):.1f} %",
+                     "yes" if x["values_ok"] == x["values_checked"] else "**no**"])
+    return md(["scheme", "saved (pages_sharing)", "of KSM", "held by the cgroup (end)",
+               "huge pages (after load → end)", "GET/s, 4 servers (spread)", "of no-splitting",
+               "SET/s", "ksmd CPU", "agent CPU", "total CPU", "every value read back"], rows) + \
+        f"\n\nOne {secs} s run per scheme; the GET/s spread is that of its 1 s samples."
+
+
 TABLES = {
     "track-write": track_write,
     "track-collect": track_collect,
@@ -396,4 +428,5 @@ TABLES = {
     "live-compression": live_compression,
     "checkpoint": checkpoint,
     "thp-redis": thp_redis,
+    "dedup-redis": dedup_redis,
 }
