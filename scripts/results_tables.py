@@ -406,7 +406,7 @@ def dedup_redis(r):
     return md(["scheme", "saved (pages_sharing)", "of KSM", "held by the cgroup (end)",
                "huge pages (after load → end)", "GET/s, 4 servers (spread)", "of no-splitting",
                "SET/s", "ksmd CPU", "agent CPU", "total CPU", "every value read back"], rows) + \
-        f"\n\nOne {secs} s run per scheme; the GET/s spread is that of its 1 s samples."
+        f"\n\nOne {secs} s run per scheme; GET/s and SET/s are medians of its 1 s samples in the second half, GET/s with their spread."
 
 
 TABLES = {
