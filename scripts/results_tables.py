@@ -409,6 +409,37 @@ def dedup_redis(r):
         f"\n\nOne {secs} s run per scheme; GET/s and SET/s are medians of its 1 s samples in the second half, GET/s with their spread."
 
 
+
+# ---------------------------------------------------------------- rollback-redis/ rollback-lazy/
+
+
+def rollback_redis(r):
+    rows = []
+    for x in r["redis"]:
+        f = lambda v: sig(v)
+        before = mmm(x["before_case"], f) + " ms" if x["before_case"]["median"] else "–"
+        rows.append([x["method"], x["reps"], mmm(x["reset"], f) + " ms", before,
+                     mmm(x["case"], f) + " ms", f"{x['x_rollback']:.1f}×"])
+    return md(["method", "resets", "reset", "before each case", "case",
+               "reset over rollback's"], rows) + \
+        "\n\nMedian (min–max) over the resets of each method; the ratio by medians."
+
+
+def rollback_lazy(r):
+    rows = []
+    for x in r["lazy"]:
+        cpus = {"all": r["machine"].get("cpus", "all"), "one": 1}.get(x["cpus"], x["cpus"])
+        f = lambda v: sig(v)
+        rows.append([x["mib"], x["store"], cpus, mmm(x["eager"], f) + " ms",
+                     mmm(x["first_work_eager"], f) + " ms", mmm(x["first_work_lazy"], f) + " ms",
+                     mmm(x["touch_p50_us"], f) + " µs", mmm(x["touch_p99_us"], f) + " µs",
+                     mmm(x["floor_p50_us"], f) + " µs", f"{x['x_floor']:.2f}",
+                     mmm(x["background_complete"], f) + " ms"])
+    return md(["MiB", "store", "CPUs", "eager", "first work, eager", "first work, lazy",
+               "first touch p50", "p99", "floor p50", "x floor", "all in (background)"], rows) + \
+        f"\n\nMedian (min–max) of {r['config']['lazy']['reps']} restores per point; x floor by medians."
+
+
 TABLES = {
     "track-write": track_write,
     "track-collect": track_collect,
@@ -429,4 +460,6 @@ TABLES = {
     "checkpoint": checkpoint,
     "thp-redis": thp_redis,
     "dedup-redis": dedup_redis,
+    "rollback-redis": rollback_redis,
+    "rollback-lazy": rollback_lazy,
 }
