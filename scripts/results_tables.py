@@ -440,6 +440,72 @@ def rollback_lazy(r):
         f"\n\nMedian (min–max) of {r['config']['lazy']['reps']} restores per point; x floor by medians."
 
 
+
+# ---------------------------------------------------------------- farmem/ farmem-paths/
+
+
+def lat(ns):
+    return "0" if ns == 0 else f"{ns / 1000:g} µs"
+
+
+def err(e, modelled):
+    sign = "+" if e >= 0 else "−"
+    t = f"{sign}{abs(e) / 1000:.2f} µs" if abs(e) >= 1000 else f"{sign}{abs(e):.0f} ns"
+    if modelled and abs(e) >= 300:
+        t += f" ({sign}{100 * abs(e) / modelled:.1f} %)"
+    return t
+
+
+def verdict(d):
+    if not d["above_floor"]:
+        return "below the floor"
+    if d["within_goal"]:
+        return "met"
+    over = abs(d["error_ns"]) - max(0.05 * d["modelled_ns"], 300)
+    return f"**missed** by {over:.0f} ns"
+
+
+def farmem_delay(r):
+    rows = [[lat(d["latency_ns"]), lat(d["modelled_ns"]), f"{d['measured_ns'] / 1000:.2f} µs",
+             err(d["error_ns"], d["modelled_ns"] if d["above_floor"] else 0), verdict(d)]
+            for d in r["delay"]]
+    return md(["latency", "modelled", "measured", "error", "goal (±5 % or ±300 ns)"], rows) + \
+        f"\n\nMedian of {r['config']['repeats']} runs of {r['config']['faults_per_point']} faults " \
+        "per latency (spread not recorded in this report)."
+
+
+def farmem_fault_paths(r):
+    f = r["fault_paths"]
+    plain = f["plain_ns"]
+    rows = [["plain first touch", f"{plain / 1000:.2f} µs", "—"],
+            ["handler thread", f"{f['thread_ns'] / 1000:.2f} µs", f"+{(f['thread_ns'] - plain) / 1000:.2f} µs"],
+            ["`SIGBUS` in the faulting thread", f"{f['sigbus_ns'] / 1000:.2f} µs",
+             f"+{(f['sigbus_ns'] - plain) / 1000:.2f} µs"]]
+    if "inline_ns" in f:
+        rows.append(["inline engine (`SIGBUS`, books, lock)", f"{f['inline_ns'] / 1000:.2f} µs",
+                     f"+{(f['inline_ns'] - plain) / 1000:.2f} µs"])
+    return md(["path", "cost per fault", "added"], rows) + "\n\nMedians of one run."
+
+
+def farmem_paths_delay(r, path="inline"):
+    at = {(x["path"], x["load"]): x for x in r["runs"]}
+    idle, busy = at[(path, "idle")], at[(path, "busy")]
+    rows = []
+    for a, b in zip(idle["delay"], busy["delay"]):
+        cell = lambda d: f"{d['measured_ns'] / 1000:.2f} µs ({d['spread_ns'][0] / 1000:.2f}–{d['spread_ns'][1] / 1000:.2f})"
+        first = a["latency_ns"] == 0
+        rows.append(["0 (the floor)" if first else lat(a["latency_ns"]), lat(a["modelled_ns"]),
+                     cell(a), "—" if first else err(a["error_ns"], a["modelled_ns"] if a["above_floor"] else 0),
+                     cell(b), "—" if first else err(b["error_ns"], b["modelled_ns"] if b["above_floor"] else 0),
+                     "floor" if first else
+                     (verdict(a) if verdict(a) == verdict(b) else
+                      f"idle {verdict(a)}, busy {verdict(b)}")])
+    return md(["one-way latency", "modelled", "idle: measured (spread)", "error",
+               "busy: measured (spread)", "error", "goal (±5 % or ±300 ns)"], rows) + \
+        f"\n\nThe {path} path. Median (min–max) of {r['config']['repeats']} runs of " \
+        f"{r['config']['faults_per_point']} faults per latency."
+
+
 TABLES = {
     "track-write": track_write,
     "track-collect": track_collect,
@@ -462,4 +528,7 @@ TABLES = {
     "dedup-redis": dedup_redis,
     "rollback-redis": rollback_redis,
     "rollback-lazy": rollback_lazy,
+    "farmem-delay": farmem_delay,
+    "farmem-fault-paths": farmem_fault_paths,
+    "farmem-paths-delay": farmem_paths_delay,
 }
