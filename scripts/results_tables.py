@@ -506,6 +506,21 @@ def farmem_paths_delay(r, path="inline"):
         f"{r['config']['faults_per_point']} faults per latency."
 
 
+
+def farmem_least(r):
+    rows = []
+    us = lambda ns: f"{ns / 1000:.2f}"
+    for x in r["runs"]:
+        if x["path"] != "inline" or not x.get("least_ns"):
+            continue
+        least, (lo, hi) = x["least_ns"]
+        f0, f1 = x["floor_spread_ns"]
+        rows.append([x["load"], f"{us(x['floor_ns'])} µs ({us(f0)}–{us(f1)})",
+                     f"{us(least)} µs ({us(lo)}–{us(hi)})", f"{us(x['floor_ns'] - least)} µs"])
+    return md(["other vCPU", "inline floor", "the least (min–max)", "the engine's own"], rows) + \
+        f"\n\nMedian (min–max) of {r['config']['repeats']} repeats; the engine's own by medians."
+
+
 TABLES = {
     "track-write": track_write,
     "track-collect": track_collect,
@@ -531,4 +546,5 @@ TABLES = {
     "farmem-delay": farmem_delay,
     "farmem-fault-paths": farmem_fault_paths,
     "farmem-paths-delay": farmem_paths_delay,
+    "farmem-least": farmem_least,
 }
