@@ -521,6 +521,96 @@ def farmem_least(r):
         f"\n\nMedian (min–max) of {r['config']['repeats']} repeats; the engine's own by medians."
 
 
+
+# ---------------------------------------------------------------- farmem-redis/ farmem-memcached/
+
+
+def _app(r):
+    app = r.get("app", "redis")
+    return ("GET/s", "Redis") if app == "redis" else ("ops/s", app)
+
+
+def farmem_app_local(r):
+    unit, _ = _app(r)
+    base = r["baseline_get_rps"]
+    lat_ = r["by_local"][0]["latency_ns"] if r["by_local"] else 0
+    rows = []
+    for x in r["by_local"]:
+        faults = fix(x["page_fault_count"], 0)
+        if x["evictions"] == 0 or x["local_percent"] == 100:
+            faults += " (first touches)"
+        rows.append([f"{x['local_percent']} %", fix(x["get_rps"], 0),
+                     f"{x['get_rps'] / base:.2f}", faults])
+    return md([f"local memory ({lat(lat_)})", unit, "× not emulated", "faults"], rows) + \
+        f"\n\nOne run per point; not emulated: {fix(base, 0)} {unit}."
+
+
+def farmem_app_latency(r):
+    unit, _ = _app(r)
+    base = r["baseline_get_rps"]
+    pct = r["by_latency"][0]["local_percent"] if r["by_latency"] else 0
+    rows = [[lat(x["latency_ns"]), fix(x["get_rps"], 0), f"{x['get_rps'] / base:.2f}"]
+            for x in r["by_latency"]]
+    return md([f"one-way latency ({pct} % local)", unit, "× not emulated"], rows) + \
+        "\n\nOne run per point."
+
+
+def farmem_app_isolation(r):
+    unit, app = _app(r)
+    by = {}
+    for x in r["isolation"]:
+        by.setdefault(x["series"], []).append(fix(x["get_rps"], 0))
+    names = [("alone", "one emulated, alone"), ("separate", "two emulated, separate instances"),
+             ("shared", "two emulated, one shared instance"),
+             ("two-plain", "control: two not emulated"),
+             ("beside", "one emulated beside one not emulated")]
+    rows = []
+    for key, name in names:
+        v = by.get(key, [])
+        if not v:
+            continue
+        second = v[1] if len(v) > 1 else "—"
+        if key == "beside" and len(v) > 1:
+            second += " (not emulated)"
+        rows.append([name, v[0], second])
+    return md(["setting", f"{app} 1", f"{app} 2"], rows) + \
+        f"\n\n{unit}, one run per setting (50 % local, {lat(r['isolation'][0]['latency_ns'])})."
+
+
+def farmem_app_system(r):
+    unit, _ = _app(r)
+    ours = {x["local_percent"]: x for x in r["local_0"]}
+    rows = []
+    for x in r["system"]:
+        o = ours.get(x["local_percent"])
+        if x["oom_killed"]:
+            sysc = "**OOM-killed**" + (f" ({fix(x['major_faults'], 0)} page-ins before)"
+                                       if x["major_faults"] else "")
+        else:
+            sysc = f"{fix(x['get_rps'], 0)} ({fix(x['major_faults'], 0)})"
+        rows.append([f"{x['local_percent']} %",
+                     f"{fix(o['get_rps'], 0)} ({fix(o['page_fault_count'], 0)})" if o else "–",
+                     sysc])
+    return md(["local memory", f"pagewise, latency 0: {unit} (faults)",
+               f"system-wide: {unit} (major faults)"], rows) + "\n\nOne run per point."
+
+
+def farmem_app_system_isolation(r):
+    unit, _ = _app(r)
+    by = {}
+    for x in r["system_isolation"]:
+        by.setdefault(x["series"], []).append(fix(x["get_rps"], 0))
+    names = [("system-shared", "two sharing one cgroup (twice the limit)"),
+             ("system-separate", "two in separate cgroups"),
+             ("system-beside", "one limited beside one not")]
+    rows = []
+    for key, name in names:
+        v = by.get(key, [])
+        if len(v) == 2:
+            rows.append([name, v[0], v[1] + (" (not limited)" if key == "system-beside" else "")])
+    return md(["setting (50 %)", "system-wide: 1", "2"], rows) + f"\n\n{unit}, one run per setting."
+
+
 TABLES = {
     "track-write": track_write,
     "track-collect": track_collect,
@@ -547,4 +637,9 @@ TABLES = {
     "farmem-fault-paths": farmem_fault_paths,
     "farmem-paths-delay": farmem_paths_delay,
     "farmem-least": farmem_least,
+    "farmem-app-local": farmem_app_local,
+    "farmem-app-latency": farmem_app_latency,
+    "farmem-app-isolation": farmem_app_isolation,
+    "farmem-app-system": farmem_app_system,
+    "farmem-app-system-isolation": farmem_app_system_isolation,
 }
