@@ -611,6 +611,22 @@ def farmem_app_system_isolation(r):
     return md(["setting (50 %)", "system-wide: 1", "2"], rows) + f"\n\n{unit}, one run per setting."
 
 
+
+# ---------------------------------------------------------------- inspect/
+
+
+def inspect(r):
+    sgn = lambda e: f"{'+' if e >= 0 else '−'}{100 * abs(e):.2f} %"
+    rows = [[mib(x["bytes"] // 1048576), f"{x['inspect_s']:.3f} s", f"{x['read_once_s']:.3f} s",
+             f"{x['ratio']:.2f}×", fix(x["target_rate_before"], 0), fix(x["target_rate_during"], 0),
+             f"{x['target_slowdown']:.2f}×", "yes" if x["exact"] else "**no**",
+             sgn(x["bloom_relative_error"]), sgn(x["bloom_sampled_relative_error"])]
+            for x in r["points"]]
+    return md(["size", "inspect", "read once", "ratio", "target passes/s before",
+               "during the scan", "slowdown", "exact", "Bloom error", "Bloom, 25 % sampled"], rows) + \
+        f"\n\nOne scan per size; read once at {r['read_bandwidth_gb_s']:.2f} GB/s (best of 3)."
+
+
 TABLES = {
     "track-write": track_write,
     "track-collect": track_collect,
@@ -642,4 +658,5 @@ TABLES = {
     "farmem-app-isolation": farmem_app_isolation,
     "farmem-app-system": farmem_app_system,
     "farmem-app-system-isolation": farmem_app_system_isolation,
+    "inspect": inspect,
 }
