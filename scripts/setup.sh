@@ -5,10 +5,14 @@
 # run on the kernel), Memcached and its load generator (libmemcached-tools'
 # memaslap) for DiME's Memcached experiment, a C compiler for the C API's
 # tests, make, pkg-config and man-db for installing and packaging, Python's
-# venv for the wheel, and Chromium for the HTML report's test.
+# venv for the wheel, Chromium for the HTML report's test, and the nightly
+# toolchain for counting the public API.
 set -euo pipefail
 if command -v rustup >/dev/null; then
     rustup component add rustfmt clippy >/dev/null 2>&1 || true
+    # The nightly toolchain, for rustdoc's JSON (scripts/public-api).
+    rustup run nightly rustc --version >/dev/null 2>&1 ||
+        rustup toolchain install nightly --profile minimal >/dev/null
 fi
 need=()
 command -v redis-server >/dev/null || need+=(redis-server)

@@ -35,10 +35,10 @@ fn start() -> Pair {
 
 /// The frames of `[addr, addr+len)` in `pid` (0 where not shown).
 fn frames(pid: i32, addr: u64, len: u64) -> Vec<u64> {
-    use std::os::fd::AsRawFd;
+    use std::os::fd::AsFd;
     let f = std::fs::File::open(format!("/proc/{pid}/pagemap")).unwrap();
     let mut e = vec![0u64; (len / PAGE) as usize];
-    pagewise_sys::pagemap::read_entries(f.as_raw_fd(), addr, &mut e).unwrap();
+    pagewise_sys::pagemap::read_entries(f.as_fd(), addr, &mut e).unwrap();
     e.iter()
         .map(|x| x & pagewise_sys::pagemap::entry::PFN_MASK)
         .collect()

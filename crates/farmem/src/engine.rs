@@ -18,7 +18,7 @@ use pagewise_mech::workload::AnonMemory;
 use pagewise_mech::{Error, Region, Result, PAGE_SIZE};
 use pagewise_sys::{mem, uffd};
 use policy::Policy;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -104,7 +104,8 @@ impl Loan {
 /// `munmap` as events); the staging mappings with a second one, which asks
 /// for no events, so that dropping a staging page never waits on the handler.
 pub(super) struct Engine {
-    pub(super) uffd: OwnedFd,
+    /// Shared with the serving loop, which polls it with the engine unlocked.
+    pub(super) uffd: std::sync::Arc<OwnedFd>,
     stage_uffd: OwnedFd,
     /// The emulated regions, in the order they were added (their pages'
     /// global indices follow that order).
@@ -216,7 +217,13 @@ fn live_pieces(r: Region) -> Vec<Region> {
 /// as `process_vm_readv` from an inspector does while it copies. Retries
 /// for up to about 100 ms before giving the `EBUSY` back.
 /// Called with pages of the engine only (its regions and staging).
-fn move_patiently(fd: RawFd, dst: u64, src: u64, len: u64, mode: u64) -> std::io::Result<()> {
+fn move_patiently(
+    fd: BorrowedFd<'_>,
+    dst: u64,
+    src: u64,
+    len: u64,
+    mode: u64,
+) -> std::io::Result<()> {
     let mut wait_us = 1;
     let t0 = Instant::now();
     loop {
@@ -242,7 +249,13 @@ fn move_patiently(fd: RawFd, dst: u64, src: u64, len: u64, mode: u64) -> std::io
 /// `EINVAL`), a copy and the staged page dropped. `mode` is
 /// `MOVE_MODE_DONTWAKE` or 0. Called with pages of the engine only (a region's page and its staging
 /// slot).
-fn put_back(fd: RawFd, dst: u64, src: u64, mode: u64, patient: bool) -> std::io::Result<()> {
+fn put_back(
+    fd: BorrowedFd<'_>,
+    dst: u64,
+    src: u64,
+    mode: u64,
+    patient: bool,
+) -> std::io::Result<()> {
     let len = PAGE_SIZE as u64;
     let moved = if patient {
         move_patiently(fd, dst, src, len, mode)
@@ -300,7 +313,11 @@ impl Engine {
         use uffd::feature as f;
         let events = f::MOVE | f::EVENT_REMOVE | f::EVENT_UNMAP | f::EVENT_REMAP;
         let mut e = Engine {
-            uffd: server::open(if inline { events | f::SIGBUS } else { events })?,
+            uffd: std::sync::Arc::new(server::open(if inline {
+                events | f::SIGBUS
+            } else {
+                events
+            })?),
             // SIGBUS: a read of a staging page that is not there fails at
             // once instead of waiting for a handler that is the reader.
             stage_uffd: server::open(
@@ -409,13 +426,13 @@ impl Engine {
     /// faulting threads lock it too).
     pub(super) fn run(cell: &Cell, mut wake: std::io::PipeReader) {
         let sh = &*cell.shared;
-        let (fd, idle_ms) = {
+        let (uffd, idle_ms) = {
             let mut g = cell.lock();
             let Some(e) = g.engine() else { return };
             // A member of an instance also looks at it while idle, so that a
             // smaller budget set from outside applies without a fault.
             (
-                e.uffd.as_raw_fd(),
+                std::sync::Arc::clone(&e.uffd),
                 if e.inst.is_some() {
                     Self::SHARE_CHECK.as_millis() as i32
                 } else {
@@ -423,6 +440,7 @@ impl Engine {
                 },
             )
         };
+        let fd = uffd.as_fd();
         let result = loop {
             let mut g = cell.lock();
             let Some(this) = g.engine() else {
@@ -536,13 +554,7 @@ impl Engine {
         }
         let mut progress = false;
         for (src, dst) in std::mem::take(&mut self.moves) {
-            match put_back(
-                self.uffd.as_raw_fd(),
-                dst,
-                src,
-                uffd::MOVE_MODE_DONTWAKE,
-                false,
-            ) {
+            match put_back(self.uffd.as_fd(), dst, src, uffd::MOVE_MODE_DONTWAKE, false) {
                 Ok(()) => {
                     self.note(|| format!("moved {src:#x} to {dst:#x} after mremap"));
                     progress = true
@@ -708,7 +720,7 @@ impl Engine {
         // SAFETY: a page of a region and its staging slot: the engine's own pages (its regions, registered with its userfaultfd, and their staging slots): memory it emulates for the program as raw memory, which no Rust reference of the engine relies on.
         unsafe {
             uffd::move_pages(
-                self.stage_uffd.as_raw_fd(),
+                self.stage_uffd.as_fd(),
                 staged,
                 addr,
                 PAGE_SIZE as u64,

@@ -598,7 +598,9 @@ impl FarMemory {
 
     /// The userfaultfd the regions are registered with: a [`Discover`]
     /// source registers the ranges it reports with it (missing mode) before
-    /// the program can touch them.
+    /// the program can touch them. A number, not a borrow: the shim's
+    /// signal-safe paths keep it in an atomic, and the engine closes it when
+    /// it stops (which unregisters every range), before this is dropped.
     pub fn uffd(&self) -> RawFd {
         self.uffd_fd
     }

@@ -39,7 +39,7 @@ use crate::{Error, Result, HUGE_PAGE_SIZE, PAGE_SIZE};
 use pagewise_sys::pagemap;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -407,7 +407,7 @@ fn serve_writes(
 ) {
     use pagewise_sys::uffd;
     let huge = HUGE_PAGE_SIZE as u64;
-    let raw = fd.as_raw_fd();
+    let raw = fd.as_fd();
     let fail = |what: &'static str, e: std::io::Error| {
         seen.lock().unwrap_or_else(|p| p.into_inner()).failed = Some((what, e));
     };
@@ -490,7 +490,7 @@ pub fn idle_pages(pids: &[i32], window: Duration) -> Result<Vec<CoverageReport>>
             let mut a = m.start;
             while a < m.end {
                 let n = (((m.end - a) / PAGE_SIZE as u64) as usize).min(buf.len());
-                pagemap::read_entries(pm.as_raw_fd(), a, &mut buf[..n])
+                pagemap::read_entries(pm.as_fd(), a, &mut buf[..n])
                     .map_err(|e| Error::at(Some(pid), format!("reading pagemap at {a:#x}"), e))?;
                 for (i, &e) in buf[..n].iter().enumerate() {
                     let pfn = e & pagemap::entry::PFN_MASK;

@@ -19,7 +19,7 @@
 use crate::{Error, Result, PAGE_SIZE};
 use pagewise_sys::uffd;
 use std::io::Read;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 /// Opens a non-blocking userfaultfd (close-on-exec) and enables `features`.
 /// Non-blocking, because `poll` may report a message another wake-up
@@ -30,7 +30,7 @@ pub fn open(features: u64) -> Result<OwnedFd> {
             feature: "userfaultfd",
             why: format!("{e}{}", refused_hint(&e)),
         })?;
-    uffd::api(fd.as_raw_fd(), features).map_err(|e| Error::Unsupported {
+    uffd::api(fd.as_fd(), features).map_err(|e| Error::Unsupported {
         feature: "userfaultfd features",
         why: format!("UFFDIO_API with features {features:#x}: {e}"),
     })?;
@@ -61,7 +61,7 @@ pub fn again(e: &Error) -> bool {
 }
 
 /// The next message of `fd` if one is waiting, without blocking.
-pub fn read(fd: RawFd) -> Result<Option<uffd::UffdMsg>> {
+pub fn read(fd: BorrowedFd<'_>) -> Result<Option<uffd::UffdMsg>> {
     match uffd::read_msg(fd) {
         Ok(m) => Ok(Some(m)),
         Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => Ok(None),
@@ -71,8 +71,8 @@ pub fn read(fd: RawFd) -> Result<Option<uffd::UffdMsg>> {
 
 /// Waits until `fd` has a message, `wake` has bytes (drained here) or
 /// `timeout_ms` passes (-1: no timeout). Returns whether `wake` was written.
-pub fn wait(fd: RawFd, wake: &mut std::io::PipeReader, timeout_ms: i32) -> Result<bool> {
-    let fds: [RawFd; 2] = [fd, wake.as_raw_fd()];
+pub fn wait(fd: BorrowedFd<'_>, wake: &mut std::io::PipeReader, timeout_ms: i32) -> Result<bool> {
+    let fds = [fd, wake.as_fd()];
     let ready = uffd::poll_readable(&fds, timeout_ms)
         .map_err(|e| Error::os("poll of the userfaultfd", e))?;
     if ready & 2 != 0 {
@@ -112,7 +112,13 @@ pub enum Filled {
     Already,
 }
 
-fn resolved(fd: RawFd, dst: u64, len: u64, r: std::io::Result<()>, what: &str) -> Result<Filled> {
+fn resolved(
+    fd: BorrowedFd<'_>,
+    dst: u64,
+    len: u64,
+    r: std::io::Result<()>,
+    what: &str,
+) -> Result<Filled> {
     match r {
         Ok(()) => Ok(Filled::Now),
         Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
@@ -135,7 +141,7 @@ fn resolved(fd: RawFd, dst: u64, len: u64, r: std::io::Result<()>, what: &str) -
 /// process that registered `fd`: where that is the caller's own memory,
 /// the range must be memory the caller serves (raw memory no Rust
 /// reference relies on), as a server's regions are.
-pub unsafe fn fill(fd: RawFd, dst: u64, page: &[u8]) -> Result<Filled> {
+pub unsafe fn fill(fd: BorrowedFd<'_>, dst: u64, page: &[u8]) -> Result<Filled> {
     assert_eq!(page.len(), PAGE_SIZE, "fill copies one page");
     // SAFETY: the caller's guarantee; `page` is readable for a page.
     let r = unsafe { uffd::copy(fd, dst, page.as_ptr() as u64, PAGE_SIZE as u64) };
@@ -148,7 +154,7 @@ pub unsafe fn fill(fd: RawFd, dst: u64, page: &[u8]) -> Result<Filled> {
 ///
 /// # Safety
 /// As for [`fill`], for `[dst, dst+len)`.
-pub unsafe fn zero(fd: RawFd, dst: u64, len: u64) -> Result<Filled> {
+pub unsafe fn zero(fd: BorrowedFd<'_>, dst: u64, len: u64) -> Result<Filled> {
     // SAFETY: the caller's guarantee.
     match unsafe { uffd::zeropage(fd, dst, len) } {
         Err(e) if e.raw_os_error() == Some(libc::EEXIST) && len > PAGE_SIZE as u64 => {

@@ -34,7 +34,7 @@
 use crate::procfs;
 use pagewise_sys::{mem, pagemap, process, uffd, HUGE_PAGE_SIZE, PAGE_SIZE};
 use serde::Serialize;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::OnceLock;
 
 /// One feature: available or not, and why.
@@ -259,7 +259,7 @@ fn probe_uffd(f: &mut Vec<Feature>, unpriv: Option<&str>) -> (Option<UffdAccess>
             uffd::userfaultfd(flags)
         };
         match r {
-            Ok(fd) => match uffd::api(fd.as_raw_fd(), 0) {
+            Ok(fd) => match uffd::api(fd.as_fd(), 0) {
                 Ok(api) => {
                     let access = UffdAccess {
                         syscall: !dev,
@@ -375,13 +375,13 @@ fn probe_soft_dirty(f: &mut Vec<Feature>) -> bool {
         let pm = std::fs::File::open("/proc/self/pagemap")?;
         let mut e = [0u64; 1];
         s.touch(0);
-        pagemap::read_entries(pm.as_raw_fd(), s.addr(), &mut e)?;
+        pagemap::read_entries(pm.as_fd(), s.addr(), &mut e)?;
         let after_write = e[0] & pagemap::entry::SOFT_DIRTY != 0;
         std::fs::write("/proc/self/clear_refs", pagemap::CLEAR_REFS_SOFT_DIRTY)?;
-        pagemap::read_entries(pm.as_raw_fd(), s.addr(), &mut e)?;
+        pagemap::read_entries(pm.as_fd(), s.addr(), &mut e)?;
         let cleared = e[0] & pagemap::entry::SOFT_DIRTY == 0;
         s.touch(0);
-        pagemap::read_entries(pm.as_raw_fd(), s.addr(), &mut e)?;
+        pagemap::read_entries(pm.as_fd(), s.addr(), &mut e)?;
         Ok((
             after_write && cleared,
             e[0] & pagemap::entry::SOFT_DIRTY != 0,

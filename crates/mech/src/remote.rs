@@ -18,7 +18,7 @@ use crate::procfs;
 use crate::{Error, Result, PAGE_SIZE};
 use pagewise_sys::{pagemap, process};
 use std::fs::File;
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 
 /// Reads `buf.len()` bytes (whole pages) of process `pid` at `addr`. Pages
 /// unmapped meanwhile read as zeros; returns how many bytes were really read.
@@ -141,7 +141,7 @@ fn zero_frame() -> Option<u64> {
         page.read_into(0, &mut b);
         let pm = File::open("/proc/self/pagemap").ok()?;
         let mut e = [0u64; 1];
-        pagemap::read_entries(pm.as_raw_fd(), page.addr(), &mut e).ok()?;
+        pagemap::read_entries(pm.as_fd(), page.addr(), &mut e).ok()?;
         Some(e[0] & pagemap::entry::PFN_MASK).filter(|&f| f != 0)
     })
 }
@@ -172,7 +172,7 @@ fn shared_pages(pid: i32, spans: &[(u64, usize)], out: &mut Vec<u64>) {
     for (a, b) in runs {
         entries.resize((b - a) as usize, 0);
         let read = with_opened(pid, |o| {
-            pagemap::read_entries(o.pagemap.as_raw_fd(), a * page, &mut entries)
+            pagemap::read_entries(o.pagemap.as_fd(), a * page, &mut entries)
         });
         if read.is_none() {
             continue;

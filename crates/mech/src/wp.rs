@@ -23,7 +23,7 @@ use crate::region::{push_coalesced, PageRange, Region};
 use crate::{Error, Result};
 use pagewise_sys::{pagemap, uffd};
 use std::fs::File;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
 /// Region-vector capacity of one `PAGEMAP_SCAN` call.
 const SCAN_VEC: usize = 4096;
@@ -60,7 +60,7 @@ impl UffdWp {
         }
         .map_err(|e| Error::os("opening a userfaultfd", e))?;
         let want = uffd::feature::WP_ASYNC | uffd::feature::WP_UNPOPULATED;
-        uffd::api(fd.as_raw_fd(), want)
+        uffd::api(fd.as_fd(), want)
             .map_err(|e| Error::os("UFFDIO_API with WP_ASYNC|WP_UNPOPULATED", e))?;
         let pagemap = File::open("/proc/self/pagemap")
             .map_err(|e| Error::os("opening /proc/self/pagemap", e))?;
@@ -160,7 +160,7 @@ impl UffdWp {
                 "UFFDIO_API with WP_ASYNC|WP_UNPOPULATED",
             )
         };
-        uffd::api(fd.as_raw_fd(), want).map_err(|e| Error::os(what, e))?;
+        uffd::api(fd.as_fd(), want).map_err(|e| Error::os(what, e))?;
         let path = format!("/proc/{pid}/pagemap");
         let pagemap =
             File::open(&path).map_err(|e| Error::for_pid(pid, format!("opening {path}"), e))?;
@@ -175,13 +175,7 @@ impl UffdWp {
     /// Registers `r` for write-protect tracking; with `protect`, also protects it
     /// now so that only later writes are reported.
     pub fn register(&self, r: Region, protect: bool) -> Result<()> {
-        uffd::register(
-            self.uffd.as_raw_fd(),
-            r.start,
-            r.len,
-            uffd::REGISTER_MODE_WP,
-        )
-        .map_err(|e| {
+        uffd::register(self.uffd.as_fd(), r.start, r.len, uffd::REGISTER_MODE_WP).map_err(|e| {
             Error::os(
                 format!("UFFDIO_REGISTER(WP) of {:#x}+{:#x}", r.start, r.len),
                 e,
@@ -202,7 +196,7 @@ impl UffdWp {
 
     /// Write-protects `r` (registered).
     pub fn protect(&self, r: Region) -> Result<()> {
-        uffd::writeprotect(self.uffd.as_raw_fd(), r.start, r.len, true).map_err(|e| {
+        uffd::writeprotect(self.uffd.as_fd(), r.start, r.len, true).map_err(|e| {
             Error::os(
                 format!("UFFDIO_WRITEPROTECT of {:#x}+{:#x}", r.start, r.len),
                 e,
@@ -212,7 +206,7 @@ impl UffdWp {
 
     /// Unregisters `r`. An already unmapped range is not an error.
     pub fn unregister(&self, r: Region) -> Result<()> {
-        match uffd::unregister(self.uffd.as_raw_fd(), r.start, r.len) {
+        match uffd::unregister(self.uffd.as_fd(), r.start, r.len) {
             Ok(()) => Ok(()),
             Err(e)
                 if e.raw_os_error() == Some(libc::EINVAL)

@@ -96,8 +96,8 @@ struct Quiet(UnixStream);
 
 impl std::io::Write for Quiet {
     fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        use std::os::fd::AsRawFd;
-        pagewise_sys::process::send_all_nosignal(self.0.as_raw_fd(), b)?;
+        use std::os::fd::AsFd;
+        pagewise_sys::process::send_all_nosignal(self.0.as_fd(), b)?;
         Ok(b.len())
     }
 
@@ -159,7 +159,7 @@ fn prezero(p: PrezeroRequest) {
 /// At the program's exit: what the pre-zeroing thread did, to pagewise.
 /// A pagewise that went away costs the program nothing (no SIGPIPE).
 extern "C" fn report_prezero() {
-    use std::os::fd::AsRawFd;
+    use std::os::fd::AsFd;
     if PREZERO_PID.load(std::sync::atomic::Ordering::Relaxed) != std::process::id() {
         return;
     }
@@ -169,7 +169,7 @@ extern "C" fn report_prezero() {
     let Some(sock) = sock.lock().ok().and_then(|mut s| s.take()) else {
         return;
     };
-    let _ = pagewise_sys::process::send_all_nosignal(sock.as_raw_fd(), &z.stats().encode());
+    let _ = pagewise_sys::process::send_all_nosignal(sock.as_fd(), &z.stats().encode());
 }
 
 /// The socket pagewise passed as fd `fd`, taken (it is closed on exec, so

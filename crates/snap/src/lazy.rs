@@ -32,7 +32,7 @@ use pagewise_mech::{Error, Region, Result, PAGE_SIZE};
 use pagewise_sys::{mem, uffd};
 use serde::Serialize;
 use std::io::Write;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -128,7 +128,6 @@ enum State {
 
 /// The server thread's books.
 struct Server {
-    uffd: OwnedFd,
     disk: DiskStore,
     snap: DiskSnapshot,
     /// The regions as given: (region, index of its first page in the
@@ -193,18 +192,14 @@ impl LazyRestore {
             unsafe { mem::madvise(r.start, r.len as usize, libc::MADV_DONTNEED) }.map_err(|e| {
                 Error::os(format!("MADV_DONTNEED of {:#x}+{:#x}", r.start, r.len), e)
             })?;
-            uffd::register(
-                uffd.as_raw_fd(),
-                r.start,
-                r.len,
-                uffd::REGISTER_MODE_MISSING,
-            )
-            .map_err(|e| {
-                Error::os(
-                    format!("registering {:#x}+{:#x} for missing faults", r.start, r.len),
-                    e,
-                )
-            })?;
+            uffd::register(uffd.as_fd(), r.start, r.len, uffd::REGISTER_MODE_MISSING).map_err(
+                |e| {
+                    Error::os(
+                        format!("registering {:#x}+{:#x} for missing faults", r.start, r.len),
+                        e,
+                    )
+                },
+            )?;
         }
         let stats = LazyStats {
             pages: snap.entries.len() as u64,
@@ -219,7 +214,6 @@ impl LazyRestore {
         });
         let (rx, wake) = std::io::pipe().map_err(|e| Error::os("pipe", e))?;
         let server = Server {
-            uffd,
             disk: store,
             snap,
             regions: placed,
@@ -234,7 +228,7 @@ impl LazyRestore {
             t0: Instant::now(),
         };
         let thread =
-            pagewise_sys::signal::spawn_quiet("pagewise-lazy".into(), move || server.run(rx))
+            pagewise_sys::signal::spawn_quiet("pagewise-lazy".into(), move || server.run(uffd, rx))
                 .map_err(|e| Error::os("starting the lazy-restore thread", e))?;
         Ok(LazyRestore {
             shared,
@@ -306,16 +300,15 @@ const BATCH: usize = 16;
 const LINGER_US: u64 = 50;
 
 impl Server {
-    fn run(mut self, mut wake: std::io::PipeReader) {
-        let fd = self.uffd.as_raw_fd();
-        if let Err(e) = self.serve(fd, &mut wake) {
+    fn run(mut self, uffd: OwnedFd, mut wake: std::io::PipeReader) {
+        if let Err(e) = self.serve(uffd.as_fd(), &mut wake) {
             fault::abort("lazy restore", &e);
         }
         // Every page is in or was dropped: closing the userfaultfd
         // unregisters the regions (the pages left missing are zero pages).
     }
 
-    fn serve(&mut self, fd: RawFd, wake: &mut std::io::PipeReader) -> Result<()> {
+    fn serve(&mut self, fd: BorrowedFd<'_>, wake: &mut std::io::PipeReader) -> Result<()> {
         loop {
             while let Some(msg) = fault::read(fd)? {
                 self.message(fd, &msg)?;
@@ -348,7 +341,7 @@ impl Server {
     }
 
     /// Looks for a next fault for a short while before sleeping.
-    fn linger(&mut self, fd: RawFd) -> Result<bool> {
+    fn linger(&mut self, fd: BorrowedFd<'_>) -> Result<bool> {
         let until = Instant::now() + std::time::Duration::from_micros(LINGER_US);
         while Instant::now() < until {
             if let Some(msg) = fault::read(fd)? {
@@ -361,7 +354,7 @@ impl Server {
         Ok(false)
     }
 
-    fn message(&mut self, fd: RawFd, msg: &uffd::UffdMsg) -> Result<()> {
+    fn message(&mut self, fd: BorrowedFd<'_>, msg: &uffd::UffdMsg) -> Result<()> {
         match msg.event {
             uffd::event::PAGEFAULT => {
                 let arrived = Instant::now();
@@ -384,7 +377,7 @@ impl Server {
         Ok(())
     }
 
-    fn retry_later(&mut self, fd: RawFd) -> Result<()> {
+    fn retry_later(&mut self, fd: BorrowedFd<'_>) -> Result<()> {
         for (addr, arrived) in std::mem::take(&mut self.later) {
             match self.fault(fd, addr, arrived) {
                 Err(e) if again(&e) => self.later.push((addr, arrived)),
@@ -395,7 +388,7 @@ impl Server {
     }
 
     /// Serves a first touch at `addr` (where the page is now).
-    fn fault(&mut self, fd: RawFd, addr: u64, arrived: Instant) -> Result<()> {
+    fn fault(&mut self, fd: BorrowedFd<'_>, addr: u64, arrived: Instant) -> Result<()> {
         // Counted before the page is mapped (which wakes the thread), so
         // that a thread reading the counts after its touch sees its fault;
         // taken back if it must be served again after the events.
@@ -414,7 +407,7 @@ impl Server {
         Ok(())
     }
 
-    fn resolve(&mut self, fd: RawFd, addr: u64) -> Result<Filled> {
+    fn resolve(&mut self, fd: BorrowedFd<'_>, addr: u64) -> Result<Filled> {
         Ok(match self.origin(addr).and_then(|a| self.page_at(a)) {
             // Not a page of the snapshot (a region grown since), or one
             // the program dropped: zeros, as without pagewise.
@@ -435,7 +428,7 @@ impl Server {
 
     /// Copies snapshot page `i` from the store to `addr` (counted first,
     /// as a fault is).
-    fn bring(&mut self, fd: RawFd, addr: u64, i: usize) -> Result<Filled> {
+    fn bring(&mut self, fd: BorrowedFd<'_>, addr: u64, i: usize) -> Result<Filled> {
         let offset = self.snap.entries[i];
         self.disk.read_page(offset, &mut self.page)?;
         self.bump(|s| s.copied += 1);
@@ -444,7 +437,7 @@ impl Server {
     }
 
     /// Brings in up to [`BATCH`] pages not touched yet, in address order.
-    fn fill_some(&mut self, fd: RawFd) -> Result<()> {
+    fn fill_some(&mut self, fd: BorrowedFd<'_>) -> Result<()> {
         let mut done = 0;
         while done < BATCH && self.away > 0 {
             let n = self.state.len();

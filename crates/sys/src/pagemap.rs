@@ -139,7 +139,11 @@ pub fn next_scan_start(from: u64, arg: &PmScanArg, returned: &[PageRegion]) -> O
 }
 
 /// Reads pagemap entries for `out.len()` pages starting at virtual address `addr`.
-pub fn read_entries(pagemap_fd: RawFd, addr: u64, out: &mut [u64]) -> io::Result<()> {
+pub fn read_entries(
+    pagemap_fd: std::os::fd::BorrowedFd<'_>,
+    addr: u64,
+    out: &mut [u64],
+) -> io::Result<()> {
     let offset = (addr / crate::PAGE_SIZE as u64) * 8;
     let bytes = out.len() * 8;
     let mut done = 0usize;
@@ -148,7 +152,7 @@ pub fn read_entries(pagemap_fd: RawFd, addr: u64, out: &mut [u64]) -> io::Result
         // for `bytes - done` bytes.
         let n = unsafe {
             libc::pread(
-                pagemap_fd,
+                std::os::fd::AsRawFd::as_raw_fd(&pagemap_fd),
                 (out.as_mut_ptr() as *mut u8).add(done) as *mut libc::c_void,
                 bytes - done,
                 (offset + done as u64) as libc::off_t,

@@ -704,10 +704,17 @@ pub fn sched_yield() {
 /// Sends all of `buf` on the socket `fd` with `MSG_NOSIGNAL`: a peer that
 /// has gone away is an `EPIPE` error, never a SIGPIPE to this process (the
 /// shim writes from inside a program whose SIGPIPE is its own).
-pub fn send_all_nosignal(fd: RawFd, mut buf: &[u8]) -> io::Result<()> {
+pub fn send_all_nosignal(fd: std::os::fd::BorrowedFd<'_>, mut buf: &[u8]) -> io::Result<()> {
     while !buf.is_empty() {
         // SAFETY: `buf` is valid for reading `buf.len()` bytes.
-        let n = unsafe { libc::send(fd, buf.as_ptr().cast(), buf.len(), libc::MSG_NOSIGNAL) };
+        let n = unsafe {
+            libc::send(
+                std::os::fd::AsRawFd::as_raw_fd(&fd),
+                buf.as_ptr().cast(),
+                buf.len(),
+                libc::MSG_NOSIGNAL,
+            )
+        };
         if n < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {

@@ -7,7 +7,7 @@
 
 use crate::{cvt, cvt_int, ioc, IOC_NONE, IOC_READ, IOC_WRITE};
 use std::io;
-use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 /// `UFFD_API`: the only API version the kernel speaks.
 pub const UFFD_API: u64 = 0xAA;
@@ -343,50 +343,50 @@ pub fn open(flags: libc::c_int) -> io::Result<(OwnedFd, UffdSource)> {
 /// `ioctl(UFFDIO_API)`: the handshake. Returns the kernel's answer.
 ///
 /// Called with `features == 0`, the answer lists every supported feature.
-pub fn api(fd: RawFd, features: u64) -> io::Result<UffdioApi> {
+pub fn api(fd: BorrowedFd<'_>, features: u64) -> io::Result<UffdioApi> {
     let mut arg = UffdioApi {
         api: UFFD_API,
         features,
         ioctls: 0,
     };
     // SAFETY: `arg` is a valid, writable `struct uffdio_api` that outlives the call.
-    unsafe { raw_ioctl(fd, UFFDIO_API, &mut arg) }?;
+    unsafe { raw_ioctl(fd.as_raw_fd(), UFFDIO_API, &mut arg) }?;
     Ok(arg)
 }
 
 /// `ioctl(UFFDIO_REGISTER)` over `[start, start+len)` with `mode`.
-pub fn register(fd: RawFd, start: u64, len: u64, mode: u64) -> io::Result<UffdioRegister> {
+pub fn register(fd: BorrowedFd<'_>, start: u64, len: u64, mode: u64) -> io::Result<UffdioRegister> {
     let mut arg = UffdioRegister {
         range: UffdioRange { start, len },
         mode,
         ioctls: 0,
     };
     // SAFETY: `arg` is a valid, writable `struct uffdio_register` that outlives the call.
-    unsafe { raw_ioctl(fd, UFFDIO_REGISTER, &mut arg) }?;
+    unsafe { raw_ioctl(fd.as_raw_fd(), UFFDIO_REGISTER, &mut arg) }?;
     Ok(arg)
 }
 
 /// `ioctl(UFFDIO_UNREGISTER)` over `[start, start+len)`.
-pub fn unregister(fd: RawFd, start: u64, len: u64) -> io::Result<()> {
+pub fn unregister(fd: BorrowedFd<'_>, start: u64, len: u64) -> io::Result<()> {
     let mut arg = UffdioRange { start, len };
     // SAFETY: `arg` is a valid `struct uffdio_range` that outlives the call.
-    unsafe { raw_ioctl(fd, UFFDIO_UNREGISTER, &mut arg) }?;
+    unsafe { raw_ioctl(fd.as_raw_fd(), UFFDIO_UNREGISTER, &mut arg) }?;
     Ok(())
 }
 
 /// `ioctl(UFFDIO_WRITEPROTECT)`: protect (`protect == true`) or unprotect a range.
-pub fn writeprotect(fd: RawFd, start: u64, len: u64, protect: bool) -> io::Result<()> {
+pub fn writeprotect(fd: BorrowedFd<'_>, start: u64, len: u64, protect: bool) -> io::Result<()> {
     let mut arg = UffdioWriteprotect {
         range: UffdioRange { start, len },
         mode: if protect { WRITEPROTECT_MODE_WP } else { 0 },
     };
     // SAFETY: `arg` is a valid `struct uffdio_writeprotect` that outlives the call.
-    unsafe { raw_ioctl(fd, UFFDIO_WRITEPROTECT, &mut arg) }?;
+    unsafe { raw_ioctl(fd.as_raw_fd(), UFFDIO_WRITEPROTECT, &mut arg) }?;
     Ok(())
 }
 
 /// Reads one message from a userfaultfd (blocking unless it is `O_NONBLOCK`).
-pub fn read_msg(fd: RawFd) -> io::Result<UffdMsg> {
+pub fn read_msg(fd: BorrowedFd<'_>) -> io::Result<UffdMsg> {
     let mut msg = UffdMsg::default();
     loop {
         // SAFETY: `msg` is a valid, writable buffer of exactly one `struct uffd_msg`.
@@ -394,7 +394,7 @@ pub fn read_msg(fd: RawFd) -> io::Result<UffdMsg> {
             crate::futex::syscall(
                 libc::SYS_read,
                 [
-                    fd as u64,
+                    fd.as_raw_fd() as u64,
                     &mut msg as *mut UffdMsg as u64,
                     std::mem::size_of::<UffdMsg>() as u64,
                     0,
@@ -426,34 +426,34 @@ pub fn read_msg(fd: RawFd) -> io::Result<UffdMsg> {
 /// The kernel fills `[start, start+len)` of the process that registered
 /// `fd`: where that is the caller's own memory, nothing may rely on the
 /// range's contents (no live Rust reference into it), as for a write.
-pub unsafe fn zeropage(fd: RawFd, start: u64, len: u64) -> io::Result<()> {
+pub unsafe fn zeropage(fd: BorrowedFd<'_>, start: u64, len: u64) -> io::Result<()> {
     let mut arg = UffdioZeropage {
         range: UffdioRange { start, len },
         mode: 0,
         zeropage: 0,
     };
     // SAFETY: `arg` is a valid `struct uffdio_zeropage` that outlives the call.
-    unsafe { raw_ioctl(fd, UFFDIO_ZEROPAGE, &mut arg) }?;
+    unsafe { raw_ioctl(fd.as_raw_fd(), UFFDIO_ZEROPAGE, &mut arg) }?;
     Ok(())
 }
 
 /// `ioctl(UFFDIO_WAKE)`: wakes the threads waiting on faults in a range.
-pub fn wake(fd: RawFd, start: u64, len: u64) -> io::Result<()> {
+pub fn wake(fd: BorrowedFd<'_>, start: u64, len: u64) -> io::Result<()> {
     let mut arg = UffdioRange { start, len };
     // SAFETY: `arg` is a valid `struct uffdio_range` that outlives the call.
-    unsafe { raw_ioctl(fd, UFFDIO_WAKE, &mut arg) }?;
+    unsafe { raw_ioctl(fd.as_raw_fd(), UFFDIO_WAKE, &mut arg) }?;
     Ok(())
 }
 
 /// Waits until one of `fds` is readable (or `timeout_ms` passes; -1 waits
 /// for ever). Returns a bit per fd, bit `i` set when `fds[i]` is readable or
 /// hung up.
-pub fn poll_readable(fds: &[RawFd], timeout_ms: i32) -> io::Result<u64> {
+pub fn poll_readable(fds: &[BorrowedFd<'_>], timeout_ms: i32) -> io::Result<u64> {
     assert!(fds.len() <= 64, "at most 64 fds");
     let mut p: Vec<libc::pollfd> = fds
         .iter()
-        .map(|&fd| libc::pollfd {
-            fd,
+        .map(|fd| libc::pollfd {
+            fd: fd.as_raw_fd(),
             events: libc::POLLIN,
             revents: 0,
         })
@@ -486,7 +486,7 @@ pub fn poll_readable(fds: &[RawFd], timeout_ms: i32) -> io::Result<u64> {
 /// where that is the caller's own memory, nothing may rely on the range's
 /// contents (no live Rust reference into it). `src` must be readable for
 /// `len` bytes.
-pub unsafe fn copy(fd: RawFd, dst: u64, src: u64, len: u64) -> io::Result<()> {
+pub unsafe fn copy(fd: BorrowedFd<'_>, dst: u64, src: u64, len: u64) -> io::Result<()> {
     // SAFETY: the caller's guarantees are `copy_mode`'s.
     unsafe { copy_mode(fd, dst, src, len, 0) }
 }
@@ -495,7 +495,13 @@ pub unsafe fn copy(fd: RawFd, dst: u64, src: u64, len: u64) -> io::Result<()> {
 ///
 /// # Safety
 /// As for [`copy`].
-pub unsafe fn copy_mode(fd: RawFd, dst: u64, src: u64, len: u64, mode: u64) -> io::Result<()> {
+pub unsafe fn copy_mode(
+    fd: BorrowedFd<'_>,
+    dst: u64,
+    src: u64,
+    len: u64,
+    mode: u64,
+) -> io::Result<()> {
     let mut arg = UffdioCopy {
         dst,
         src,
@@ -505,7 +511,7 @@ pub unsafe fn copy_mode(fd: RawFd, dst: u64, src: u64, len: u64, mode: u64) -> i
     };
     // SAFETY: `arg` is a valid `struct uffdio_copy` that outlives the call;
     // the kernel checks both ranges.
-    unsafe { raw_ioctl(fd, UFFDIO_COPY, &mut arg) }?;
+    unsafe { raw_ioctl(fd.as_raw_fd(), UFFDIO_COPY, &mut arg) }?;
     Ok(())
 }
 
@@ -523,7 +529,13 @@ pub unsafe fn copy_mode(fd: RawFd, dst: u64, src: u64, len: u64, mode: u64) -> i
 /// `[dst, dst+len)` of the process that registered `fd`: where those are
 /// the caller's own memory, nothing may rely on either range's contents
 /// (no live Rust reference into them).
-pub unsafe fn move_pages(fd: RawFd, dst: u64, src: u64, len: u64, mode: u64) -> io::Result<()> {
+pub unsafe fn move_pages(
+    fd: BorrowedFd<'_>,
+    dst: u64,
+    src: u64,
+    len: u64,
+    mode: u64,
+) -> io::Result<()> {
     let mut done = 0u64;
     loop {
         let mut arg = UffdioMove {
@@ -535,7 +547,7 @@ pub unsafe fn move_pages(fd: RawFd, dst: u64, src: u64, len: u64, mode: u64) -> 
         };
         // SAFETY: `arg` is a valid `struct uffdio_move` that outlives the
         // call; the kernel checks both ranges against the caller's mappings.
-        match unsafe { raw_ioctl(fd, UFFDIO_MOVE, &mut arg) } {
+        match unsafe { raw_ioctl(fd.as_raw_fd(), UFFDIO_MOVE, &mut arg) } {
             Ok(_) => return Ok(()),
             Err(e) if e.raw_os_error() == Some(libc::EAGAIN) && arg.moved > 0 => {
                 done += arg.moved as u64;

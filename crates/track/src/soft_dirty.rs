@@ -15,7 +15,7 @@ use pagewise_mech::region::{push_coalesced, PageRange, Region};
 use pagewise_mech::{Error, Result, PAGE_SIZE};
 use pagewise_sys::pagemap;
 use std::fs::File;
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 
 pub(crate) struct SoftDirtyBackend {
     target: Target,
@@ -56,7 +56,7 @@ impl SoftDirtyBackend {
             let mut addr = r.start;
             while addr < r.end() {
                 let n = (((r.end() - addr) / PAGE_SIZE as u64) as usize).min(self.buf.len());
-                pagemap::read_entries(self.pagemap.as_raw_fd(), addr, &mut self.buf[..n])
+                pagemap::read_entries(self.pagemap.as_fd(), addr, &mut self.buf[..n])
                     .map_err(|e| Error::os(format!("reading pagemap at {addr:#x}"), e))?;
                 for (i, e) in self.buf[..n].iter().enumerate() {
                     if whole_region || e & pagemap::entry::SOFT_DIRTY != 0 {

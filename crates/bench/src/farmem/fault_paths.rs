@@ -3,6 +3,7 @@
 //! user-space handler could cost here, beside a null system call.
 
 use super::*;
+use std::os::fd::AsFd;
 
 /// The two ways a fault can reach the engine, measured raw (first touches
 /// mapped with the zero page, no eviction, no delay).
@@ -32,8 +33,13 @@ extern "C" fn map_zero_on_sigbus(_: libc::c_int, info: *mut libc::siginfo_t, _: 
     let addr = unsafe { (*info).si_addr() } as u64 & !(PAGE_SIZE as u64 - 1);
     // An ioctl is async-signal-safe; a failure leaves the fault to repeat.
     // SAFETY: a page of the measured mapping, registered with the
-    // userfaultfd for this measure alone; nothing else reads it.
-    let _ = unsafe { uffd::zeropage(SIGBUS_UFFD.load(Ordering::Relaxed), addr, PAGE_SIZE as u64) };
+    // userfaultfd for this measure alone; nothing else reads it. The
+    // userfaultfd is open while the handler is installed (the measure
+    // closes it after putting the old handler back).
+    let _ = unsafe {
+        let fd = std::os::fd::BorrowedFd::borrow_raw(SIGBUS_UFFD.load(Ordering::Relaxed));
+        uffd::zeropage(fd, addr, PAGE_SIZE as u64)
+    };
 }
 
 /// Measures [`FaultPaths`] over `pages` first touches each.
@@ -102,7 +108,9 @@ extern "C" fn evict_and_fetch_on_sigbus(
     info: *mut libc::siginfo_t,
     _: *mut libc::c_void,
 ) {
-    let fd = LEAST_UFFD.load(Ordering::Relaxed);
+    // SAFETY: the userfaultfd is open while the handler is installed (the
+    // measure closes it after putting the old handler back).
+    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(LEAST_UFFD.load(Ordering::Relaxed)) };
     let (mem, stage) = (
         LEAST_MEM.load(Ordering::Relaxed),
         LEAST_STAGE.load(Ordering::Relaxed),
@@ -191,7 +199,7 @@ pub(super) fn least_path(faults: usize) -> Result<f64> {
         .map_err(|e| Error::os("restoring the SIGBUS handler", e))?;
     LEAST_UFFD.store(-1, Ordering::Relaxed);
     for m in [&mem, &stage] {
-        uffd::unregister(fd.as_raw_fd(), m.addr(), m.len() as u64)
+        uffd::unregister(fd.as_fd(), m.addr(), m.len() as u64)
             .map_err(|e| Error::os("UFFDIO_UNREGISTER", e))?;
     }
     let failed = LEAST_FAILED.load(Ordering::Relaxed);
@@ -211,11 +219,11 @@ fn sigbus_uffd(features: u64, mems: &[&AnonMemory]) -> Result<std::os::fd::Owned
             feature: "userfaultfd",
             why: e.to_string(),
         })?;
-    uffd::api(fd.as_raw_fd(), uffd::feature::SIGBUS | features)
+    uffd::api(fd.as_fd(), uffd::feature::SIGBUS | features)
         .map_err(|e| Error::os("UFFDIO_API(SIGBUS)", e))?;
     for m in mems {
         uffd::register(
-            fd.as_raw_fd(),
+            fd.as_fd(),
             m.addr(),
             m.len() as u64,
             uffd::REGISTER_MODE_MISSING,
@@ -237,7 +245,7 @@ fn sigbus_path(pages: usize, touch: &dyn Fn(&AnonMemory) -> f64) -> Result<f64> 
     unsafe { pagewise_sys::signal::restore(libc::SIGBUS, &old) }
         .map_err(|e| Error::os("restoring the SIGBUS handler", e))?;
     SIGBUS_UFFD.store(-1, Ordering::Relaxed);
-    uffd::unregister(fd.as_raw_fd(), mem.addr(), mem.len() as u64)
+    uffd::unregister(fd.as_fd(), mem.addr(), mem.len() as u64)
         .map_err(|e| Error::os("UFFDIO_UNREGISTER", e))?;
     Ok(ns)
 }

@@ -234,7 +234,7 @@ impl Engine {
                 sh.counters.unshared.fetch_add(1, Ordering::Relaxed);
                 if patient {
                     move_patiently(
-                        self.stage_uffd.as_raw_fd(),
+                        self.stage_uffd.as_fd(),
                         staged,
                         addr,
                         PAGE_SIZE as u64,
@@ -351,8 +351,8 @@ impl Engine {
         }
         for (r, st) in self.regions.iter().zip(&self.staging) {
             // A range the program unmapped is not registered any more.
-            let _ = uffd::unregister(self.uffd.as_raw_fd(), r.start, r.len);
-            let _ = uffd::unregister(self.stage_uffd.as_raw_fd(), st.addr(), r.len);
+            let _ = uffd::unregister(self.uffd.as_fd(), r.start, r.len);
+            let _ = uffd::unregister(self.stage_uffd.as_fd(), st.addr(), r.len);
         }
         Ok(())
     }

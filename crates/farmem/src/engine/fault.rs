@@ -47,16 +47,14 @@ impl Engine {
     /// A fault on memory registered but not (or no longer) emulated: fresh
     /// memory, zeros; a wake-up if mapped meanwhile.
     fn zero_unknown(&self, addr: u64) -> Result<()> {
-        let fd = self.uffd.as_raw_fd();
         let page = addr & !(PAGE_SIZE as u64 - 1);
         // SAFETY: a page registered with the engine's userfaultfd: the engine's own pages (its regions, registered with its userfaultfd, and their staging slots): memory it emulates for the program as raw memory, which no Rust reference of the engine relies on.
-        match unsafe { pagewise_mech::fault::zero(fd, page, PAGE_SIZE as u64) } {
+        match unsafe { pagewise_mech::fault::zero(self.uffd.as_fd(), page, PAGE_SIZE as u64) } {
             Ok(_) => Ok(()),
             Err(e) if again(&e) => Err(e),
             // Unregistered meanwhile: whoever waits only needs waking.
-            Err(_) => {
-                uffd::wake(fd, page, PAGE_SIZE as u64).map_err(|e| Error::os("UFFDIO_WAKE", e))
-            }
+            Err(_) => uffd::wake(self.uffd.as_fd(), page, PAGE_SIZE as u64)
+                .map_err(|e| Error::os("UFFDIO_WAKE", e)),
         }
     }
 
@@ -81,18 +79,18 @@ impl Engine {
     /// wait for pending events, so the page is still parked when the fault
     /// is served again.
     fn soft_fault(&mut self, sh: &Shared, g: usize) -> Result<()> {
-        let fd = self.uffd.as_raw_fd();
         let (_, _, addr, staged) = self.addr_of(g);
         self.put(g, Where::Local);
         sh.counters.soft.fetch_add(1, Ordering::Relaxed);
-        match put_back(fd, addr, staged, 0, false) {
+        match put_back(self.uffd.as_fd(), addr, staged, 0, false) {
             Ok(()) => {}
             // Moved all the same (see `moved_anyway`): only the wake-up is
             // left.
             Err(e)
                 if e.raw_os_error() == Some(libc::EEXIST) && self.moved_anyway(addr, staged)? =>
             {
-                uffd::wake(fd, addr, PAGE_SIZE as u64).map_err(|e| Error::os("UFFDIO_WAKE", e))?;
+                uffd::wake(self.uffd.as_fd(), addr, PAGE_SIZE as u64)
+                    .map_err(|e| Error::os("UFFDIO_WAKE", e))?;
             }
             Err(e) => {
                 self.put(g, Where::Parked);
@@ -277,7 +275,6 @@ impl Engine {
     /// Maps page `g`, whose contents were `was`, into its region (this wakes
     /// the faulting threads) and notes its fingerprint.
     pub(crate) fn map(&mut self, was: Where, g: usize) -> Result<()> {
-        let fd = self.uffd.as_raw_fd();
         let (_, _, addr, staged) = self.addr_of(g);
         self.fetched[g] = match was {
             Where::Remote if self.fp_known[g] => self.fetched[g],
@@ -287,16 +284,19 @@ impl Engine {
         // SAFETY: a page of a region and its staging slot: the engine's own pages (its regions, registered with its userfaultfd, and their staging slots): memory it emulates for the program as raw memory, which no Rust reference of the engine relies on.
         let r = unsafe {
             match was {
-                Where::Remote => put_back(fd, addr, staged, 0, true),
-                _ if self.write_fault => uffd::copy(fd, addr, self.zeros.addr(), PAGE_SIZE as u64),
-                _ => uffd::zeropage(fd, addr, PAGE_SIZE as u64),
+                Where::Remote => put_back(self.uffd.as_fd(), addr, staged, 0, true),
+                _ if self.write_fault => {
+                    uffd::copy(self.uffd.as_fd(), addr, self.zeros.addr(), PAGE_SIZE as u64)
+                }
+                _ => uffd::zeropage(self.uffd.as_fd(), addr, PAGE_SIZE as u64),
             }
         };
         match r {
             Ok(()) => Ok(()),
             // Mapped meanwhile: only waking is left.
             Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
-                uffd::wake(fd, addr, PAGE_SIZE as u64).map_err(|e| Error::os("UFFDIO_WAKE", e))
+                uffd::wake(self.uffd.as_fd(), addr, PAGE_SIZE as u64)
+                    .map_err(|e| Error::os("UFFDIO_WAKE", e))
             }
             // No mapping registered with the engine there now: the program
             // unmapped the range since the fault (its event not read yet),
@@ -324,7 +324,7 @@ impl Engine {
             return Err(e);
         }
         let page = addr & !(PAGE_SIZE as u64 - 1);
-        uffd::wake(self.uffd.as_raw_fd(), page, PAGE_SIZE as u64)
+        uffd::wake(self.uffd.as_fd(), page, PAGE_SIZE as u64)
             .map_err(|e| Error::os("UFFDIO_WAKE", e))
     }
 }

@@ -38,9 +38,8 @@ impl Engine {
             // zeros. Not registered with this engine at all: not ours.
             let page = addr & !(PAGE_SIZE as u64 - 1);
             // SAFETY: a page registered with the engine's userfaultfd: the engine's own pages (its regions, registered with its userfaultfd, and their staging slots): memory it emulates for the program as raw memory, which no Rust reference of the engine relies on.
-            let zeroed = unsafe {
-                pagewise_mech::fault::zero(self.uffd.as_raw_fd(), page, PAGE_SIZE as u64)
-            };
+            let zeroed =
+                unsafe { pagewise_mech::fault::zero(self.uffd.as_fd(), page, PAGE_SIZE as u64) };
             return match zeroed {
                 Ok(_) => Served::Done,
                 Err(e) if again(&e) => Served::Again,

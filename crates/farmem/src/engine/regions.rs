@@ -11,14 +11,14 @@ impl Engine {
     pub(crate) fn add_region(&mut self, r: Region) -> Result<()> {
         self.check_disjoint(r)?;
         let reg = |fd: &OwnedFd, start: u64, len: u64| {
-            uffd::register(fd.as_raw_fd(), start, len, uffd::REGISTER_MODE_MISSING)
+            uffd::register(fd.as_fd(), start, len, uffd::REGISTER_MODE_MISSING)
                 .map_err(|e| Error::os(format!("UFFDIO_REGISTER of {start:#x}+{len:#x}"), e))
         };
         reg(&self.uffd, r.start, r.len)?;
         let st = match self.new_staging(r) {
             Ok(st) => st,
             Err(e) => {
-                let _ = uffd::unregister(self.uffd.as_raw_fd(), r.start, r.len);
+                let _ = uffd::unregister(self.uffd.as_fd(), r.start, r.len);
                 return Err(e);
             }
         };
@@ -42,7 +42,7 @@ impl Engine {
             // SAFETY: a piece of a region the engine takes, and its staging: the engine's own pages (its regions, registered with its userfaultfd, and their staging slots): memory it emulates for the program as raw memory, which no Rust reference of the engine relies on.
             let moved = unsafe {
                 uffd::move_pages(
-                    self.stage_uffd.as_raw_fd(),
+                    self.stage_uffd.as_fd(),
                     st.addr() + (a - r.start),
                     a,
                     b - a,
@@ -76,8 +76,8 @@ impl Engine {
             // They stay remote, in the books; the pieces not moved are
             // adopted again after the events, their pages reclaimed then.
             if runs.is_empty() && unlike.is_empty() {
-                let _ = uffd::unregister(self.stage_uffd.as_raw_fd(), st.addr(), r.len);
-                let _ = uffd::unregister(self.uffd.as_raw_fd(), r.start, r.len);
+                let _ = uffd::unregister(self.stage_uffd.as_fd(), st.addr(), r.len);
+                let _ = uffd::unregister(self.uffd.as_fd(), r.start, r.len);
                 return Err(err);
             }
             for &(a, b) in &pieces[k..] {
@@ -152,7 +152,7 @@ impl Engine {
         let st = AnonMemory::reserve(r.len as usize)?;
         let _ = mem::name_anon(st.addr(), st.len(), pagewise_mech::procfs::STAGING_NAME);
         uffd::register(
-            self.stage_uffd.as_raw_fd(),
+            self.stage_uffd.as_fd(),
             st.addr(),
             r.len,
             uffd::REGISTER_MODE_MISSING,
@@ -448,7 +448,7 @@ impl Engine {
                 (Where::Remote | Where::Parked, Some(d)) => {
                     let (_, _, _, to_staged) = self.addr_of(d);
                     move_patiently(
-                        self.stage_uffd.as_raw_fd(),
+                        self.stage_uffd.as_fd(),
                         to_staged,
                         staged,
                         PAGE_SIZE as u64,

@@ -198,12 +198,12 @@ fn huge_regions(pid: i32) -> Vec<bool> {
 /// Pages of region `r` of process `pid` that are KSM pages (the page's
 /// `KPF_KSM` flag in `/proc/kpageflags`, found by its frame in the page map).
 fn ksm_pages(pid: i32, r: usize) -> usize {
-    use std::os::fd::AsRawFd;
+    use std::os::fd::AsFd;
     use std::os::unix::fs::FileExt;
     const KPF_KSM: u64 = 1 << 21;
     let pm = std::fs::File::open(format!("/proc/{pid}/pagemap")).unwrap();
     let mut e = vec![0u64; 512];
-    pagewise_sys::pagemap::read_entries(pm.as_raw_fd(), region(r), &mut e).unwrap();
+    pagewise_sys::pagemap::read_entries(pm.as_fd(), region(r), &mut e).unwrap();
     let flags = std::fs::File::open("/proc/kpageflags").unwrap();
     e.iter()
         .filter(|&&x| x & pagewise_sys::pagemap::entry::PRESENT != 0)

@@ -114,8 +114,10 @@ fn a_range_found_after_it_changed_is_emulated_where_it_is_still_anonymous() {
     .unwrap();
     // The program registers what it maps before the engine looks (the shim
     // does this in its system-call trap).
+    // SAFETY: the engine's userfaultfd, open while `fm` runs.
+    let uffd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fm.uffd()) };
     pagewise_sys::uffd::register(
-        fm.uffd(),
+        uffd,
         late.addr(),
         32 * PAGE_SIZE as u64,
         pagewise_sys::uffd::REGISTER_MODE_MISSING,

@@ -72,7 +72,14 @@ fn emulate(start: u64, len: u64) {
     if len == 0 {
         return;
     }
-    let fd = UFFD.load(Ordering::Relaxed);
+    let raw = UFFD.load(Ordering::Relaxed);
+    if raw < 0 {
+        return;
+    }
+    // SAFETY: UFFD holds the running engine's userfaultfd (set when the
+    // engine starts, -1 in a child after fork); the engine keeps it open
+    // for the life of the program.
+    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(raw) };
     if pagewise_sys::uffd::register(fd, start, len, pagewise_sys::uffd::REGISTER_MODE_MISSING)
         .is_err()
     {
