@@ -109,6 +109,8 @@ typedef struct pw_disk_stats {
   uint64_t bytes_represented;
   // `bytes_represented / bytes_on_disk`.
   double dedup_ratio;
+  // Bytes of the pack file (a part of `bytes_on_disk`).
+  uint64_t pack_bytes;
 } pw_disk_stats;
 
 // What saving one snapshot to a durable store wrote.
@@ -157,6 +159,11 @@ typedef struct pw_lazy_stats {
   uint64_t complete;
   // Nanoseconds from the start to completion (0 until complete).
   uint64_t complete_ns;
+  // Faults that found their page brought in already (several threads
+  // touching one page).
+  uint64_t already;
+  // Nanoseconds from reading a fault to its page mapped: the largest.
+  uint64_t service_max_ns;
 } pw_lazy_stats;
 
 // How live checkpoints proceed. All zero: the defaults (50 ms, 30 passes,
@@ -213,6 +220,8 @@ typedef struct pw_process_restore_stats {
   uint64_t fd_changes;
   // Wall time, nanoseconds.
   uint64_t elapsed_ns;
+  // Pages written during the restore by someone else.
+  uint64_t foreign_writes;
 } pw_process_restore_stats;
 
 // What one restore did.

@@ -93,6 +93,7 @@ pub unsafe extern "C" fn pw_disk_get_stats(d: *mut pw_disk, stats: *mut pw_disk_
             bytes_on_disk: s.bytes_on_disk,
             bytes_represented: s.bytes_represented,
             dedup_ratio: s.dedup_ratio,
+            pack_bytes: s.pack_bytes,
         };
         // SAFETY: the caller's contract.
         unsafe { put(stats, c, "stats") }

@@ -37,6 +37,11 @@ pub struct pw_lazy_stats {
     pub complete: u64,
     /// Nanoseconds from the start to completion (0 until complete).
     pub complete_ns: u64,
+    /// Faults that found their page brought in already (several threads
+    /// touching one page).
+    pub already: u64,
+    /// Nanoseconds from reading a fault to its page mapped: the largest.
+    pub service_max_ns: u64,
 }
 
 fn stats_of(s: &pw::snap::LazyStats) -> pw_lazy_stats {
@@ -51,6 +56,8 @@ fn stats_of(s: &pw::snap::LazyStats) -> pw_lazy_stats {
         service_p99_ns: s.service_p99_ns,
         complete: s.complete as u64,
         complete_ns: s.complete_ns.unwrap_or(0),
+        already: s.already,
+        service_max_ns: s.service_max_ns,
     }
 }
 

@@ -238,6 +238,8 @@ pub struct pw_disk_stats {
     pub bytes_represented: u64,
     /// `bytes_represented / bytes_on_disk`.
     pub dedup_ratio: f64,
+    /// Bytes of the pack file (a part of `bytes_on_disk`).
+    pub pack_bytes: u64,
 }
 
 /// A dirty-page tracker over regions of the calling process.
@@ -277,6 +279,8 @@ pub struct pw_process_restore_stats {
     pub fd_changes: u64,
     /// Wall time, nanoseconds.
     pub elapsed_ns: u64,
+    /// Pages written during the restore by someone else.
+    pub foreign_writes: u64,
 }
 
 /// Restore memory and layout only, not the threads' registers.

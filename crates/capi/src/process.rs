@@ -95,6 +95,7 @@ pub unsafe extern "C" fn pw_process_restore(
                     threads: r.threads,
                     fd_changes: r.fd_changes.len() as u64,
                     elapsed_ns: r.stats.elapsed_ns,
+                    foreign_writes: r.stats.foreign_writes,
                 },
             )
         };

@@ -134,7 +134,7 @@ pub struct RestoreStats {
 }
 
 /// One snapshot, as [`Snapshots::list`] shows it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct SnapshotInfo {
     /// Its id.
     pub id: SnapId,

@@ -73,7 +73,7 @@ pub struct Pass {
 }
 
 /// What a live checkpoint did.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct LiveReport {
     /// The snapshot saved.
     pub save: SaveStats,
