@@ -288,7 +288,8 @@ fn dedup_run_merges_cold_duplicates_and_changes_no_output() {
     let plain = Command::new(&exe).arg("1").output().unwrap();
     assert!(plain.status.success());
     if !String::from_utf8_lossy(&plain.stderr).contains("huge 1") {
-        pagewise_testkit::not_happened!(
+        pagewise_testkit::claim_not_happened!(
+            "madv_collapse",
             "the program's regions could not be made huge (MADV_COLLAPSE refused)"
         );
         return;
@@ -538,7 +539,10 @@ fn a_killed_dedup_agents_advice_is_taken_back() {
         .read_line(&mut first)
         .unwrap();
     if !first.contains("huge 1") {
-        pagewise_testkit::not_happened!("the program's regions could not be made huge: {first}");
+        pagewise_testkit::claim_not_happened!(
+            "madv_collapse",
+            "the program's regions could not be made huge: {first}"
+        );
         let _ = target.kill();
         let _ = target.wait();
         return;

@@ -103,7 +103,10 @@ fn command_under_inspect_matches_its_layout() {
         assert_eq!(sum("huge_pages"), t.pages);
         assert_eq!(sum("bloat_pages"), t.zero_pages);
     } else {
-        pagewise_testkit::not_happened!("huge-page part: the layout could not be collapsed");
+        pagewise_testkit::claim_not_happened!(
+            "madv_collapse",
+            "huge-page part: the layout could not be collapsed"
+        );
     }
     assert_eq!(v["coverage"]["method"], "sampler", "{}", v["coverage"]);
     for r in &regions {

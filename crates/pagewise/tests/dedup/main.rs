@@ -290,7 +290,8 @@ fn smartmd_splits_cold_duplicates_keeps_hot_and_rebuilds() {
     let smart_before = smart_scan();
     let t = Target::start();
     if t.ctl(3) != 1 {
-        pagewise_testkit::not_happened!(
+        pagewise_testkit::claim_not_happened!(
+            "madv_collapse",
             "the target's regions could not be made huge (MADV_COLLAPSE refused)"
         );
         return;
@@ -442,7 +443,8 @@ fn comparison_policies_choose_as_they_say() {
     ] {
         let t = Target::start();
         if t.ctl(3) != 1 {
-            pagewise_testkit::not_happened!(
+            pagewise_testkit::claim_not_happened!(
+                "madv_collapse",
                 "the target's regions could not be made huge (MADV_COLLAPSE refused)"
             );
             return;

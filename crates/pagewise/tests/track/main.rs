@@ -422,7 +422,8 @@ fn thp_collapse_and_split() {
         // not be collapsed: uffd-wp and mprotect ranges are refused), so
         // that tracking meets huge pages for real.
         if let Err(e) = mem.madvise(0, mem.len(), pagewise_sys::mem::MADV_COLLAPSE) {
-            pagewise_testkit::not_happened!(
+            pagewise_testkit::claim_not_happened!(
+                "madv_collapse",
                 "[{kind}] MADV_COLLAPSE of the fresh range refused: {e}"
             );
             return;
