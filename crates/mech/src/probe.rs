@@ -336,7 +336,7 @@ fn probe_pagemap_scan(f: &mut Vec<Feature>) -> bool {
             ..Default::default()
         };
         let mut out = [pagemap::PageRegion::default(); 1];
-        pagemap::pagemap_scan(pm.as_raw_fd(), &mut arg, &mut out)
+        pagemap::pagemap_scan(pm.as_fd(), &mut arg, &mut out)
     })();
     match r {
         Ok(1) => {

@@ -6,7 +6,7 @@ use crate::{probe, procfs};
 use crate::{Error, Region, Result, HUGE_PAGE_SIZE, PAGE_SIZE};
 use pagewise_sys::pagemap;
 use std::fs::File;
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 
 /// Finds populated runs of pages in the calling process or another one.
 #[derive(Debug)]
@@ -82,7 +82,7 @@ impl PageWalker {
                 return_mask: report,
                 ..Default::default()
             };
-            let n = pagemap::pagemap_scan(pm.as_raw_fd(), &mut arg, &mut self.scan_vec)
+            let n = pagemap::pagemap_scan(pm.as_fd(), &mut arg, &mut self.scan_vec)
                 .map_err(|e| Error::at(self.pid, format!("PAGEMAP_SCAN of {addr:#x}"), e))?;
             out.extend_from_slice(&self.scan_vec[..n]);
             match pagemap::next_scan_start(addr, &arg, &self.scan_vec[..n]) {

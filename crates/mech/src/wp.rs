@@ -23,7 +23,7 @@ use crate::region::{push_coalesced, PageRange, Region};
 use crate::{Error, Result};
 use pagewise_sys::{pagemap, uffd};
 use std::fs::File;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 
 /// Region-vector capacity of one `PAGEMAP_SCAN` call.
 const SCAN_VEC: usize = 4096;
@@ -251,7 +251,7 @@ impl UffdWp {
                 return_mask: pagemap::category::WRITTEN,
                 ..Default::default()
             };
-            let n = pagemap::pagemap_scan(self.pagemap.as_raw_fd(), &mut arg, &mut self.buf)
+            let n = pagemap::pagemap_scan(self.pagemap.as_fd(), &mut arg, &mut self.buf)
                 .map_err(|e| Error::os(format!("PAGEMAP_SCAN of {addr:#x}..{end:#x}"), e))?;
             for r in &self.buf[..n] {
                 push_coalesced(out, r.start, r.end);

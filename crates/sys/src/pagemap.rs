@@ -6,7 +6,6 @@
 
 use crate::{cvt_int, ioc, IOC_READ, IOC_WRITE};
 use std::io;
-use std::os::fd::RawFd;
 
 /// Bits of a 64-bit pagemap entry.
 pub mod entry {
@@ -107,7 +106,7 @@ const _: () = assert!(PAGEMAP_SCAN == 0xC060_6610);
 /// Returns the number of regions the kernel filled in `out`; `arg.walk_end`
 /// tells where the walk stopped (it stops early when `out` is full).
 pub fn pagemap_scan(
-    pagemap_fd: RawFd,
+    pagemap_fd: std::os::fd::BorrowedFd<'_>,
     arg: &mut PmScanArg,
     out: &mut [PageRegion],
 ) -> io::Result<usize> {
@@ -118,7 +117,7 @@ pub fn pagemap_scan(
     // `out`, which is writable and outlives the call.
     let n = cvt_int(unsafe {
         libc::ioctl(
-            pagemap_fd,
+            std::os::fd::AsRawFd::as_raw_fd(&pagemap_fd),
             PAGEMAP_SCAN as libc::c_ulong,
             arg as *mut PmScanArg,
         )
