@@ -3,13 +3,13 @@
 //! mechanisms, never a capability (the capabilities are crates above this
 //! one, so the compiler keeps that rule).
 //!
-//! Those documented here are for users too: the agent frame, access
-//! coverage, page walks and their cost, write-protect, digests and the
-//! Bloom filter, regions, owned memory and the probe. The others (parsing
-//! `/proc`, stopping a process and acting inside it, system settings and
-//! cgroups, the preload shim's contract, children and files) are public
-//! for pagewise's own faces (the tool, the shim, the C API, the
-//! benchmarks) and hidden from these docs: they may change without notice.
+//! Users reach them through the facade (`pagewise`), which re-exports
+//! those a user may need (the agent frame, access coverage, page walks and
+//! their cost, write-protect, digests, regions, the probe) and, in hidden
+//! modules, what pagewise's own faces need (parsing `/proc`, children and
+//! system settings, cgroups, the preload shim's contract). The faces never
+//! depend on this crate; the other layers and the tests do. Modules hidden
+//! from these docs may change without notice.
 
 /// Builder methods for an options struct, one per field named: `fn
 /// field(self, value) -> Self`, so that callers outside the crate that
