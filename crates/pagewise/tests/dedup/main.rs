@@ -334,11 +334,16 @@ fn smartmd_splits_cold_duplicates_keeps_hot_and_rebuilds() {
         "made mergeable: {:?}",
         all
     );
-    // The filter found the duplicates: region 3 (unique) has none, and
-    // false positives are rare.
+    // The filter found the duplicates: those of the cold regions 0 and 1
+    // (identical) always, and those of region 2 too while it is not yet
+    // known to be hot (a step looks up cold regions only, and how soon the
+    // hot region is known depends on the machine's pace); region 3 (unique)
+    // has none, and false positives are rare.
+    let exact = s.filter.exact.unwrap();
+    let with_hot = (3 * 512 - 512 / STRIDE) as u64;
     assert!(
-        s.filter.exact.unwrap() >= (3 * 512 - 512 / STRIDE) as u64,
-        "{:?}",
+        exact == 1024 || exact >= with_hot,
+        "{exact} pages with a duplicate: {:?}",
         s.filter
     );
     assert!(
