@@ -94,11 +94,10 @@ fn thresholds_of(s: &str) -> Result<Thresholds> {
     if p.len() != 3 {
         return Err(bad());
     }
-    let t = Thresholds {
-        cold_max: p[0].parse().map_err(|_| bad())?,
-        hot_min: p[1].parse().map_err(|_| bad())?,
-        repetition: p[2].parse().map_err(|_| bad())?,
-    };
+    let t = Thresholds::default()
+        .cold_max(p[0].parse().map_err(|_| bad())?)
+        .hot_min(p[1].parse().map_err(|_| bad())?)
+        .repetition(p[2].parse().map_err(|_| bad())?);
     if t.cold_max >= t.hot_min || t.hot_min > pagewise::dedup::FREQ_MAX {
         crate::usage!(
             "--thresholds {s}: COLD must be below HOT, and HOT at most {}",

@@ -163,11 +163,12 @@ fn run_cmd(a: RunArgs) -> Result<i32> {
     if want.is_none() && !exists {
         crate::usage!("give the local budget: --local-pages N or --local-percent P");
     }
-    let want = want.map(|(local_pages, local_percent)| Settings {
-        latency_ns: a.latency_ns,
-        bandwidth_bps: a.bandwidth_bps,
-        local_pages,
-        local_percent,
+    let want = want.map(|(local_pages, local_percent)| {
+        Settings::default()
+            .latency_ns(a.latency_ns)
+            .bandwidth_bps(a.bandwidth_bps)
+            .local_pages(local_pages)
+            .local_percent(local_percent)
     });
     let run = FarmemRun::join_or_create(a.instance.as_deref(), "run", want)?;
     let opts = FarmemOptions::default()

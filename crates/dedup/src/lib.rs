@@ -144,7 +144,8 @@ impl Policy {
 }
 
 /// When a region counts as cold, hot and duplicate-rich.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct Thresholds {
     /// Cold: access frequency at most this.
     pub cold_max: u8,
@@ -153,6 +154,12 @@ pub struct Thresholds {
     /// Worth splitting: repetition rate at least this (0 to 1).
     pub repetition: f64,
 }
+
+setters!(Thresholds {
+    cold_max: u8,
+    hot_min: u8,
+    repetition: f64,
+});
 
 impl Thresholds {
     /// SmartMD's adaptation to memory utilisation `u` (0 to 1): up to half

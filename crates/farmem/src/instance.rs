@@ -76,7 +76,8 @@ const LAYOUT: u64 = 5;
 const RETIRED: usize = 16;
 
 /// What can be set on an instance.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct Settings {
     /// One-way latency, ns.
     pub latency_ns: u64,
@@ -89,6 +90,13 @@ pub struct Settings {
     /// and at least [`MIN_PERCENT_BUDGET`] pages (0: use `local_pages`).
     pub local_percent: u64,
 }
+
+setters!(Settings {
+    latency_ns: u64,
+    bandwidth_bps: u64,
+    local_pages: u64,
+    local_percent: u64,
+});
 
 #[repr(C)]
 struct Slot {

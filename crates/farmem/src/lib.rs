@@ -106,13 +106,21 @@ use std::time::Instant;
 
 /// How an instance behaves; every field can change while it runs
 /// ([`FarMemory::set`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+/// An input: built from its `Default` (no page local, a link of no
+/// latency and unlimited bandwidth) with its setters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct Config {
     /// Pages that may be local at once (at least 1).
     pub local_pages: usize,
     /// The link to the remote memory.
     pub link: LinkConfig,
 }
+
+setters!(Config {
+    local_pages: usize,
+    link: LinkConfig,
+});
 
 /// Where a range must live, whatever the policy says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -20,13 +20,21 @@ use serde::Serialize;
 use std::time::{Duration, Instant};
 
 /// A link's configuration.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+/// An input: built from its `Default` (no latency, unlimited bandwidth)
+/// with its setters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct LinkConfig {
     /// One-way propagation delay, ns.
     pub latency_ns: u64,
     /// Bandwidth in bits per second; 0 is unlimited.
     pub bandwidth_bps: u64,
 }
+
+setters!(LinkConfig {
+    latency_ns: u64,
+    bandwidth_bps: u64,
+});
 
 impl LinkConfig {
     /// Transmission time of `bytes`, ns.

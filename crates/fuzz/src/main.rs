@@ -470,12 +470,7 @@ fn run_target(target: &str, rng: &mut Rng, until: Instant, work: &Path) -> Resul
             let _ = std::fs::remove_file(pagewise::farmem::instance::dir().join(name));
             let inst = Instance::create(
                 name,
-                Settings {
-                    latency_ns: 1000,
-                    bandwidth_bps: 0,
-                    local_pages: 64,
-                    local_percent: 0,
-                },
+                Settings::default().latency_ns(1000).local_pages(64),
                 (1000, 100),
                 (800, 50),
             )?;

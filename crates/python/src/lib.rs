@@ -85,12 +85,10 @@ fn farmem_run(
         .policy(policy.to_string())
         .fault_path(path)
         .trace(trace);
-    let settings = Settings {
-        latency_ns,
-        bandwidth_bps,
-        local_pages,
-        local_percent: 0,
-    };
+    let settings = Settings::default()
+        .latency_ns(latency_ns)
+        .bandwidth_bps(bandwidth_bps)
+        .local_pages(local_pages);
     py.detach(|| {
         let run = FarmemRun::join_or_create(None, "py", Some(settings)).map_err(os_error)?;
         let status = run

@@ -196,13 +196,9 @@ fn fifo() -> Box<dyn policy::Policy> {
 }
 
 fn cfg(local_pages: usize, latency_ns: u64) -> Config {
-    Config {
-        local_pages,
-        link: LinkConfig {
-            latency_ns,
-            bandwidth_bps: 0,
-        },
-    }
+    Config::default()
+        .local_pages(local_pages)
+        .link(LinkConfig::default().latency_ns(latency_ns))
 }
 
 /// An engine over `mem` on `path`, FIFO.

@@ -299,11 +299,9 @@ fn smartmd_splits_cold_duplicates_keeps_hot_and_rebuilds() {
     assert_eq!(huge_regions(t.pid), vec![true; REGIONS], "set-up");
     let opts = Options::default()
         .window(Duration::from_millis(150))
-        .thresholds(Some(Thresholds {
-            cold_max: 0,
-            hot_min: 2,
-            repetition: 0.5,
-        }))
+        .thresholds(Some(
+            Thresholds::default().cold_max(0).hot_min(2).repetition(0.5),
+        ))
         .full_scan(Some(Duration::from_millis(500)))
         .exact(true);
     let mut agent = Agent::new(&[t.pid], opts).unwrap();
@@ -457,11 +455,9 @@ fn comparison_policies_choose_as_they_say() {
         let opts = Options::default()
             .window(Duration::from_millis(150))
             .policy(policy)
-            .thresholds(Some(Thresholds {
-                cold_max: 0,
-                hot_min: 2,
-                repetition: 0.5,
-            }));
+            .thresholds(Some(
+                Thresholds::default().cold_max(0).hot_min(2).repetition(0.5),
+            ));
         let mut agent = Agent::new(&[t.pid], opts).unwrap();
         let mut all = Vec::new();
         // A region starts hot: four unwritten windows make it cold.

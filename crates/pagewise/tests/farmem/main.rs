@@ -81,13 +81,9 @@ fn uffd_or_skip(test: &str) -> bool {
 }
 
 fn config(local_pages: usize, latency_ns: u64) -> Config {
-    Config {
-        local_pages,
-        link: LinkConfig {
-            latency_ns,
-            bandwidth_bps: 0,
-        },
-    }
+    Config::default()
+        .local_pages(local_pages)
+        .link(LinkConfig::default().latency_ns(latency_ns))
 }
 
 fn fifo() -> Box<dyn policy::Policy> {
@@ -245,13 +241,11 @@ fn contents_survive_and_the_model_adds_up() {
         mem.fill_page(p, p as u8 + 1);
     }
     let want = mem.snapshot();
-    let cfg = Config {
-        local_pages: 4,
-        link: LinkConfig {
-            latency_ns: 2000,
-            bandwidth_bps: 10_000_000_000,
-        },
-    };
+    let cfg = Config::default().local_pages(4).link(
+        LinkConfig::default()
+            .latency_ns(2000)
+            .bandwidth_bps(10_000_000_000),
+    );
     let cal = Calibration {
         floor_ns: 5000,
         unseen_ns: 100,

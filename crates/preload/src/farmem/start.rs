@@ -196,13 +196,13 @@ fn engine(
     let s = inst.settings();
     let path = fault_path(req);
     let (floor_ns, unseen_ns) = inst.calibration(path);
-    let config = Config {
-        local_pages: s.local_pages.max(1) as usize,
-        link: LinkConfig {
-            latency_ns: s.latency_ns,
-            bandwidth_bps: s.bandwidth_bps,
-        },
-    };
+    let config = Config::default()
+        .local_pages(s.local_pages.max(1) as usize)
+        .link(
+            LinkConfig::default()
+                .latency_ns(s.latency_ns)
+                .bandwidth_bps(s.bandwidth_bps),
+        );
     let hooks = Hooks {
         discover: Some(Box::new(drain)),
         instance: Some((inst.clone(), slot)),
