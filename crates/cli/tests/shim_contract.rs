@@ -102,3 +102,36 @@ fn a_shim_refuses_a_value_it_cannot_read_naming_the_variable() {
         "{err}"
     );
 }
+
+#[test]
+fn a_refused_request_is_not_inherited_where_it_was_for_the_program_alone() {
+    let Some(shim) = shim() else {
+        pagewise_testkit::skip!("the preload shim is not built (cargo build --release)");
+        return;
+    };
+    use pagewise::shim::env;
+    // A shell under the shim, asked by a pagewise of another contract,
+    // starts `env`: the program's own sockets and pre-zeroing are not
+    // handed on to it; far memory (which children join) is.
+    let out = Command::new("/bin/sh")
+        .args(["-c", "env"])
+        .env("LD_PRELOAD", &shim)
+        .env(env::CONTRACT, "999 9.9.9")
+        .env(env::TRACK_FD, "5")
+        .env(env::PREZERO, "1,1")
+        .env(env::FARMEM_INSTANCE, "no-such-instance")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let child_env = String::from_utf8_lossy(&out.stdout);
+    for gone in [env::TRACK_FD, env::PREZERO] {
+        assert!(
+            !child_env.contains(&format!("{gone}=")),
+            "{gone} inherited:\n{child_env}"
+        );
+    }
+    assert!(
+        child_env.contains(&format!("{}=no-such-instance", env::FARMEM_INSTANCE)),
+        "{child_env}"
+    );
+}

@@ -188,6 +188,12 @@ extern "C" fn pagewise_preload_init() {
         Ok(false) => return,
         Err(line) => {
             eprintln!("pagewise shim: {line}");
+            // Nothing asked is done, and the program's children do not
+            // inherit what was asked of it alone (its sockets, its
+            // pre-zeroing): taking those parts removes their variables.
+            let _ = shim::asked::<pagewise::track::TrackRequest>();
+            let _ = shim::asked::<shim::AdviseRequest>();
+            let _ = shim::asked::<PrezeroRequest>();
             return;
         }
     }
