@@ -206,10 +206,10 @@ extern "C" fn pagewise_preload_init() {
         })
     }
     let farmem_req = part::<pagewise::farmem::FarmemRequest>("far-memory emulation");
-    let prezero_req = pagewise::thp::prezero::PrezeroRequest::take().unwrap_or_else(|line| {
-        eprintln!("pagewise shim: no pre-zeroing: {line}");
-        None
-    });
+    let prezero_req = part::<PrezeroRequest>("pre-zeroing");
+    if let Some(p) = &prezero_req {
+        p.keep_for_exec();
+    }
     let advise_req = part::<shim::AdviseRequest>("advice");
     let track_req = part::<pagewise::track::TrackRequest>("tracking");
     // The shim's heap (made by the first allocation, reading the request)

@@ -163,17 +163,16 @@ impl PrezeroRequest {
         s
     }
 
-    /// The request made of this process (in the shim, at start-up, after
-    /// the contract was checked), written back without its report for
+    /// Writes this request (taken in the shim at start-up, which removed
+    /// its variable) back into the environment without its report, for
     /// this process alone: the program after an `exec` (the same process)
     /// is pre-zeroed again, its children (other processes) are not.
-    pub fn take() -> std::result::Result<Option<Self>, String> {
-        let got = shim::asked::<Self>()?;
-        if let Some(p) = got {
-            let again = PrezeroRequest { report: None, ..p };
-            std::env::set_var(shim::env::PREZERO, again.spec(Some(&this_process())));
-        }
-        Ok(got)
+    pub fn keep_for_exec(&self) {
+        let again = PrezeroRequest {
+            report: None,
+            ..*self
+        };
+        std::env::set_var(shim::env::PREZERO, again.spec(Some(&this_process())));
     }
 }
 
