@@ -44,6 +44,12 @@ MDBOOK_VERSION=0.4.52
 if ! mdbook --version 2>/dev/null | grep -qx "mdbook v$MDBOOK_VERSION"; then
     cargo install --locked --quiet mdbook --version "$MDBOOK_VERSION"
 fi
+# Coverage-guided fuzzing (scripts/fuzz): cargo fuzz, a crate at a pinned
+# version, on the nightly toolchain.
+CARGO_FUZZ_VERSION=0.13.2
+if ! cargo fuzz --version 2>/dev/null | grep -qx "cargo-fuzz $CARGO_FUZZ_VERSION"; then
+    cargo install --locked --quiet cargo-fuzz --version "$CARGO_FUZZ_VERSION"
+fi
 # Debian's package may start a system redis; the benchmarks start their own.
 # Debian's memcached package may start a system memcached too.
 systemctl disable --now memcached >/dev/null 2>&1 || true

@@ -1,0 +1,3 @@
+//! libFuzzer's entry to the target `instance` (`crates/fuzz/src/targets/instance.rs`).
+#![no_main]
+pagewise_fuzz::libfuzzer_main!("instance");

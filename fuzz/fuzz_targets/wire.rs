@@ -1,0 +1,3 @@
+//! libFuzzer's entry to the target `wire` (`crates/fuzz/src/targets/wire.rs`).
+#![no_main]
+pagewise_fuzz::libfuzzer_main!("wire");
