@@ -160,15 +160,16 @@ fn run_agent(a: RunArgs) -> Result<i32> {
         }
     };
     if a.watch.json {
-        let how: Vec<_> = agent
+        let watching: Vec<_> = agent
             .inside()
-            .iter()
-            .map(|(p, how)| serde_json::json!({ "pid": p, "inside": how }))
+            .into_iter()
+            .map(|(pid, inside)| Watched { pid, inside })
             .collect();
-        println!(
-            "{}",
-            crate::json::line(&serde_json::json!({ "watching": how, "policy": policy.name() }))?
-        );
+        let first = Line::Watching {
+            watching,
+            policy: policy.name(),
+        };
+        println!("{}", crate::json::line(&first)?);
     } else {
         let how: Vec<String> = agent
             .inside()
@@ -194,7 +195,7 @@ fn run_agent(a: RunArgs) -> Result<i32> {
     if !a.keep_merged {
         for act in agent.end() {
             if a.watch.json {
-                println!("{}", crate::json::line(&serde_json::json!({ "end": act }))?);
+                println!("{}", crate::json::line(&Line::End { end: &act })?);
             } else {
                 action(&mut std::io::stdout().lock(), &act)?;
             }
@@ -222,10 +223,40 @@ fn run_agent(a: RunArgs) -> Result<i32> {
     Ok(status)
 }
 
+/// `dedup run --json`: one object a line.
+#[derive(serde::Serialize, schemars::JsonSchema)]
+#[serde(untagged)]
+pub enum Line<'a> {
+    /// First: the processes watched and the policy.
+    Watching {
+        /// Each process, and how pagewise acts inside it.
+        watching: Vec<Watched>,
+        /// The policy's name.
+        policy: &'a str,
+    },
+    /// One step of the agent.
+    Step(&'a Step),
+    /// At the end, once per region: what was put back.
+    End {
+        /// The action.
+        end: &'a Action,
+    },
+}
+impl crate::json::Printed for Line<'_> {}
+
+/// A process the agent watches.
+#[derive(serde::Serialize, schemars::JsonSchema)]
+pub struct Watched {
+    /// Its pid.
+    pub pid: i32,
+    /// How pagewise acts inside it (`shim`, `ptrace`, ...).
+    pub inside: &'static str,
+}
+
 fn report(step: &Step, json: bool) -> Result<()> {
     let mut out = std::io::stdout().lock();
     if json {
-        writeln!(out, "{}", crate::json::line(step)?)?;
+        writeln!(out, "{}", crate::json::line(&Line::Step(step))?)?;
         return Ok(());
     }
     writeln!(

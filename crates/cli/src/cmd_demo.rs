@@ -17,6 +17,38 @@ pub struct DemoArgs {
 
 /// Tracks a writer thread over `mib` MiB with every available backend and
 /// checks each collection against a shadow copy.
+/// `demo --json`: one object a backend.
+#[derive(serde::Serialize, schemars::JsonSchema)]
+#[serde(untagged)]
+pub enum Line {
+    /// A backend this machine cannot run.
+    Skipped {
+        /// The backend.
+        backend: &'static str,
+        /// Always true here.
+        skipped: bool,
+        /// Why it cannot run here.
+        why: String,
+    },
+    /// A backend that ran, checked against a shadow copy.
+    Ran {
+        /// The backend.
+        backend: &'static str,
+        /// Always false here.
+        skipped: bool,
+        /// Collections made.
+        collections: u32,
+        /// Dirty pages the collections reported, in all.
+        dirty_pages_reported: u64,
+        /// Mean time of a collection.
+        mean_collect_ms: f64,
+        /// Whether every collection matched the shadow copy (the demo
+        /// fails otherwise).
+        shadow_matches: bool,
+    },
+}
+impl crate::json::Printed for Line {}
+
 pub fn demo(a: DemoArgs) -> Result<i32> {
     use pagewise::track::{BackendKind, DirtyTracker};
     use pagewise::workload::{AnonMemory, Rng};
@@ -33,7 +65,11 @@ pub fn demo(a: DemoArgs) -> Result<i32> {
     for k in BackendKind::ALL {
         if let Err(why) = k.available_in_process() {
             if a.json {
-                let v = serde_json::json!({"backend": k.name(), "skipped": true, "why": why});
+                let v = Line::Skipped {
+                    backend: k.name(),
+                    skipped: true,
+                    why: why.to_string(),
+                };
                 println!("{}", crate::json::line(&v)?);
             } else {
                 println!("{:<10} skipped: {why}", k.name());
@@ -67,11 +103,14 @@ pub fn demo(a: DemoArgs) -> Result<i32> {
             }
         }
         if a.json {
-            let v = serde_json::json!({
-                "backend": k.name(), "skipped": false, "collections": 5,
-                "dirty_pages_reported": reported, "mean_collect_ms": total_ms / 5.0,
-                "shadow_matches": true,
-            });
+            let v = Line::Ran {
+                backend: k.name(),
+                skipped: false,
+                collections: 5,
+                dirty_pages_reported: reported,
+                mean_collect_ms: total_ms / 5.0,
+                shadow_matches: true,
+            };
             println!("{}", crate::json::line(&v)?);
         } else {
             println!(

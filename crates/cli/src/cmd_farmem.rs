@@ -199,11 +199,11 @@ fn run_cmd(a: RunArgs) -> Result<i32> {
         );
     }
     if let Some(p) = &a.stats_json {
-        std::fs::write(p, crate::json::pretty(&rep)? + "\n")
+        std::fs::write(p, crate::json::pretty(&RunOutput(&rep))? + "\n")
             .with_context(|| format!("writing {}", p.display()))?;
     }
     if a.json {
-        println!("{}", crate::json::line(&rep)?);
+        println!("{}", crate::json::line(&RunOutput(&rep))?);
         run.finish();
         return Ok(stop.exit_code(status));
     }
@@ -248,6 +248,22 @@ fn run_cmd(a: RunArgs) -> Result<i32> {
     Ok(stop.exit_code(status))
 }
 
+/// `farmem run --json` (and `--stats-json`): the instance's report at the
+/// end.
+#[derive(serde::Serialize, schemars::JsonSchema)]
+#[serde(transparent)]
+pub struct RunOutput<'a>(pub &'a pagewise::farmem::Report);
+impl crate::json::Printed for RunOutput<'_> {}
+
+/// `farmem ls --json`: an object, so that it carries the schema as every
+/// other output.
+#[derive(serde::Serialize, schemars::JsonSchema)]
+pub struct Instances {
+    /// Each live instance, as `farmem run --json` reports one.
+    pub instances: Vec<pagewise::farmem::Report>,
+}
+impl crate::json::Printed for Instances {}
+
 fn ls(a: LsArgs) -> Result<i32> {
     Instance::sweep();
     let all: Vec<pagewise::farmem::Report> = Instance::list()?
@@ -256,9 +272,7 @@ fn ls(a: LsArgs) -> Result<i32> {
         .map(|i| i.report(None))
         .collect();
     if a.json {
-        // An object, so that it carries the schema as every other output.
-        let v = serde_json::json!({ "instances": all });
-        println!("{}", crate::json::line(&v)?);
+        println!("{}", crate::json::line(&Instances { instances: all })?);
         return Ok(0);
     }
     if all.is_empty() {

@@ -1,6 +1,7 @@
 //! `pagewise generate`: the man pages (one per command, from the same
-//! definitions as `--help`) and the shell completions, written into a
-//! directory for packaging (`make install` runs it).
+//! definitions as `--help`), the shell completions and the JSON Schema of
+//! every `--json` output (from the types the tool prints), written into a
+//! directory for packaging (`make install` runs it) or the book.
 
 use anyhow::{Context, Result};
 use clap::CommandFactory;
@@ -16,6 +17,12 @@ pub struct Args {
 enum What {
     /// A man page per command: pagewise.1, pagewise-track.1, pagewise-snapshot-restore.1, ...
     Man {
+        /// The directory to write them into (made if missing).
+        out: PathBuf,
+    },
+    /// The JSON Schema of each command's `--json` output, derived from the
+    /// types it prints: probe.json, track.json, snapshot-serve.json, ...
+    Schemas {
         /// The directory to write them into (made if missing).
         out: PathBuf,
     },
@@ -36,6 +43,17 @@ pub fn run<C: CommandFactory>(a: Args) -> Result<i32> {
             std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
             let n = man_pages(&cmd, "pagewise", &out)?;
             eprintln!("wrote {n} man pages into {}", out.display());
+        }
+        What::Schemas { out } => {
+            std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+            let all = crate::json::schemas();
+            for (name, schema) in &all {
+                let path = out.join(format!("{name}.json"));
+                let text = serde_json::to_string_pretty(schema)? + "\n";
+                std::fs::write(&path, text)
+                    .with_context(|| format!("writing {}", path.display()))?;
+            }
+            eprintln!("wrote {} schemas into {}", all.len(), out.display());
         }
         What::Completions { shell, out } => {
             std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;

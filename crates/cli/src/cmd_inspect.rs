@@ -117,6 +117,19 @@ fn share(part: u64, whole: u64) -> String {
     }
 }
 
+/// `inspect --json`: the report, and the regions to act on first.
+#[derive(serde::Serialize, schemars::JsonSchema)]
+pub struct Output<'a> {
+    /// The report (its regions only with `--regions`).
+    #[serde(flatten)]
+    pub report: &'a Report,
+    /// The regions written most often, most first.
+    pub hottest: Vec<RegionReport>,
+    /// The regions to promote to huge pages first.
+    pub promote_first: Vec<RegionReport>,
+}
+impl crate::json::Printed for Output<'_> {}
+
 pub fn run(a: Args) -> Result<i32> {
     if a.pids.is_empty() && a.cmd.is_empty() {
         crate::usage!("give a process (--pid PID) or a command to start (-- CMD)");
@@ -146,9 +159,11 @@ pub fn run(a: Args) -> Result<i32> {
         rep.regions.clear();
     }
     if a.json {
-        let mut v = serde_json::to_value(&rep)?;
-        v["hottest"] = serde_json::to_value(&hottest)?;
-        v["promote_first"] = serde_json::to_value(&promote)?;
+        let v = Output {
+            report: &rep,
+            hottest,
+            promote_first: promote,
+        };
         println!("{}", crate::json::line(&v)?);
         return Ok(0);
     }

@@ -2,12 +2,30 @@
 
 use anyhow::Result;
 
+use crate::json::OrUnavailable;
+
 #[derive(clap::Args)]
 pub struct Args {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
 }
+
+/// `probe --json`: what the kernel offers, where the shim is, what a
+/// far-memory fault costs here.
+#[derive(serde::Serialize, schemars::JsonSchema)]
+pub struct Output<'a> {
+    /// The kernel's features, as probed.
+    #[serde(flatten)]
+    pub probe: &'a pagewise::probe::Probe,
+    /// The preload shim's path.
+    pub preload_shim: OrUnavailable<String>,
+    /// What a far-memory fault costs at latency 0, served by a thread.
+    pub farmem_floor: OrUnavailable<pagewise::farmem::Calibration>,
+    /// The same, served inline in the faulting thread (SIGBUS).
+    pub farmem_floor_inline: OrUnavailable<pagewise::farmem::Calibration>,
+}
+impl crate::json::Printed for Output<'_> {}
 
 pub fn run(a: Args) -> Result<i32> {
     let p = pagewise::probe::get();
@@ -26,20 +44,16 @@ pub fn run(a: Args) -> Result<i32> {
     // Where the preload shim is (for `-- CMD` commands).
     let shim = pagewise::shim::shim_path().map_err(|e| e.to_string());
     if a.json {
-        let mut v = serde_json::to_value(p)?;
-        v["preload_shim"] = match &shim {
-            Ok(path) => serde_json::json!(path.display().to_string()),
-            Err(why) => serde_json::json!({ "unavailable": why }),
+        let v = Output {
+            probe: p,
+            preload_shim: shim
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .map_err(Clone::clone)
+                .into(),
+            farmem_floor: floor.clone().into(),
+            farmem_floor_inline: inline_floor.clone().into(),
         };
-        for (key, f) in [
-            ("farmem_floor", &floor),
-            ("farmem_floor_inline", &inline_floor),
-        ] {
-            v[key] = match f {
-                Ok(c) => serde_json::to_value(c)?,
-                Err(why) => serde_json::json!({ "unavailable": why }),
-            };
-        }
         println!("{}", crate::json::line(&v)?);
         return Ok(0);
     }

@@ -56,6 +56,20 @@ pub struct Args {
 /// The connections being served, to end them on SIGINT/SIGTERM.
 type Live = Arc<Mutex<Vec<(u64, TcpStream)>>>;
 
+/// `receive --json`: one object a line.
+#[derive(serde::Serialize, schemars::JsonSchema)]
+#[serde(untagged)]
+pub enum Line<'a> {
+    /// First: the address listened on.
+    Listening {
+        /// The address and port.
+        listening: String,
+    },
+    /// One connection served, to its end.
+    Received(&'a Received),
+}
+impl crate::json::Printed for Line<'_> {}
+
 pub fn run(a: Args) -> Result<i32> {
     let key = a.key.as_deref().map(Key::from_file).transpose()?;
     let listener =
@@ -97,10 +111,10 @@ pub fn run(a: Args) -> Result<i32> {
         pagewise_sys::signal::on_stop_otherwise(move |_| end(&stop, &live))?;
     }
     if a.json {
-        println!(
-            "{}",
-            crate::json::line(&serde_json::json!({ "listening": local.to_string() }))?
-        );
+        let first = Line::Listening {
+            listening: local.to_string(),
+        };
+        println!("{}", crate::json::line(&first)?);
     } else {
         println!(
             "listening on {local}; saving into {} (SIGINT or SIGTERM ends)",
@@ -176,7 +190,7 @@ fn serve_one(rx: &Receiver, stream: TcpStream, json: bool, stop: &AtomicBool) ->
     let got = got?;
     let kept = rx.store().ids()?.len();
     if json {
-        println!("{}", crate::json::line(&got)?);
+        println!("{}", crate::json::line(&Line::Received(&got))?);
     } else {
         match &got.broken {
             Some(why) => println!(

@@ -8,6 +8,128 @@ use pagewise::snap::{ProcessSnapshots, RestoreOptions, SnapId};
 use std::io::{BufRead, Write};
 use std::sync::{Arc, Mutex};
 
+/// `snapshot serve`: one JSON line a request, and one first.
+#[derive(serde::Serialize, schemars::JsonSchema)]
+#[serde(untagged)]
+// Built once per answer and printed at once: its size does not matter.
+#[allow(clippy::large_enum_variant)]
+pub enum ServeLine {
+    /// First: the process held, and what pagewise says of it.
+    Serving {
+        /// The process.
+        serving: i32,
+        /// A note on how it is held (null when none).
+        note: Option<String>,
+    },
+    /// A snapshot taken.
+    Take {
+        /// It.
+        take: Taken,
+    },
+    /// A snapshot put back.
+    Restore {
+        /// It.
+        restore: Restored,
+    },
+    /// A snapshot forgotten.
+    Dropped {
+        /// Its id.
+        dropped: SnapId,
+    },
+    /// The snapshots held, oldest first.
+    Snapshots {
+        /// Their ids.
+        snapshots: Vec<SnapId>,
+    },
+    /// A snapshot saved into a store.
+    Saved {
+        /// It.
+        saved: Saved,
+    },
+    /// A request that failed; the next is read.
+    Error {
+        /// What failed, as a sentence.
+        error: String,
+        /// Its class (`bad-input`, `unsupported`, `permission`, `gone`,
+        /// `busy`, `failed`).
+        class: &'static str,
+    },
+}
+impl crate::json::Printed for ServeLine {}
+
+/// A snapshot taken by `snapshot serve`.
+#[derive(serde::Serialize, schemars::JsonSchema)]
+pub struct Taken {
+    /// Its id.
+    pub id: SnapId,
+    /// What taking it cost.
+    pub stats: pagewise::snap::TakeStats,
+}
+
+/// A snapshot put back by `snapshot serve`.
+#[derive(serde::Serialize, schemars::JsonSchema)]
+pub struct Restored {
+    /// Its id.
+    pub id: SnapId,
+    /// What was put back.
+    pub report: pagewise::snap::RestoreReport,
+}
+
+/// A snapshot saved by `snapshot serve`.
+#[derive(serde::Serialize, schemars::JsonSchema)]
+pub struct Saved {
+    /// Its id in the process.
+    pub id: SnapId,
+    /// The store.
+    pub store: std::path::PathBuf,
+    /// What saving it wrote.
+    pub stats: pagewise::snap::SaveStats,
+}
+
+/// `snapshot restore --json`.
+#[derive(serde::Serialize, schemars::JsonSchema)]
+pub struct RestoreOutput {
+    /// The snapshot put back.
+    pub restored: RestoredFromStore,
+}
+impl crate::json::Printed for RestoreOutput {}
+
+/// A snapshot of a store put back into a process.
+#[derive(serde::Serialize, schemars::JsonSchema)]
+pub struct RestoredFromStore {
+    /// The store.
+    pub store: std::path::PathBuf,
+    /// The snapshot's id in the store.
+    pub id: u64,
+    /// The process.
+    pub pid: i32,
+    /// What was put back.
+    pub report: pagewise::snap::RestoreReport,
+}
+
+/// `snapshot extract --json`.
+#[derive(serde::Serialize, schemars::JsonSchema)]
+pub struct ExtractOutput {
+    /// What was written.
+    pub extracted: Extracted,
+}
+impl crate::json::Printed for ExtractOutput {}
+
+/// A snapshot's memory written to a file.
+#[derive(serde::Serialize, schemars::JsonSchema)]
+pub struct Extracted {
+    /// The snapshot's id in the store.
+    pub id: u64,
+    /// The file written.
+    pub out: std::path::PathBuf,
+    /// Bytes of memory written.
+    pub bytes: u64,
+    /// Whether it is an ELF core file.
+    pub core: bool,
+    /// Where each region's bytes are in a raw file (empty for a core).
+    pub regions: Vec<pagewise::snap::extract::Placed>,
+}
+
 /// What `snapshot serve` says about itself in `--help`.
 pub const SERVE_HELP: &str = "\
 Requests, one per line on stdin; one JSON line answers each on stdout:
@@ -130,7 +252,10 @@ pub fn serve(a: ServeArgs) -> Result<i32> {
     }
     let mut h = handle;
     let mut out = std::io::stdout().lock();
-    let hello = serde_json::json!({ "serving": a.pid, "note": h.note() });
+    let hello = ServeLine::Serving {
+        serving: a.pid,
+        note: h.note().map(str::to_string),
+    };
     writeln!(out, "{}", crate::json::line(&hello)?)?;
     out.flush()?;
     let mut last: Option<SnapId> = None;
@@ -139,7 +264,10 @@ pub fn serve(a: ServeArgs) -> Result<i32> {
         let req = match parse(&line) {
             Ok(r) => r,
             Err(why) => {
-                let e = serde_json::json!({ "error": why, "class": "bad-input" });
+                let e = ServeLine::Error {
+                    error: why.to_string(),
+                    class: "bad-input",
+                };
                 writeln!(out, "{}", crate::json::line(&e)?)?;
                 out.flush()?;
                 continue;
@@ -151,34 +279,48 @@ pub fn serve(a: ServeArgs) -> Result<i32> {
                 Request::Quit => break,
                 Request::Take => h.take().and_then(|id| {
                     last = Some(id);
-                    Ok(serde_json::json!({ "take": {
-                        "id": id,
-                        "stats": h.take_stats(id)?,
-                    }}))
+                    Ok(ServeLine::Take {
+                        take: Taken {
+                            id,
+                            stats: h.take_stats(id)?,
+                        },
+                    })
                 }),
                 Request::Restore(id, memory_only) => match id.or(last) {
                     None => Err(pagewise::Error::NotFound("no snapshot taken yet".into())),
-                    Some(id) => h
-                        .restore(id, a.fds.options(memory_only))
-                        .map(|r| serde_json::json!({ "restore": { "id": id, "report": r } })),
+                    Some(id) => {
+                        h.restore(id, a.fds.options(memory_only))
+                            .map(|report| ServeLine::Restore {
+                                restore: Restored { id, report },
+                            })
+                    }
                 },
                 Request::Drop(id) => h.drop_snapshot(id).map(|()| {
                     if last == Some(id) {
                         last = h.ids().last().copied();
                     }
-                    serde_json::json!({ "dropped": id })
+                    ServeLine::Dropped { dropped: id }
                 }),
-                Request::List => Ok(serde_json::json!({ "snapshots": h.ids() })),
+                Request::List => Ok(ServeLine::Snapshots { snapshots: h.ids() }),
                 Request::Save(id, dir, label) => pagewise::snap::DiskStore::create(&dir, true)
                     .and_then(|mut d| h.save(id, &mut d, &label))
-                    .map(|st| serde_json::json!({ "saved": { "id": id, "store": dir, "stats": st } })),
+                    .map(|stats| ServeLine::Saved {
+                        saved: Saved {
+                            id,
+                            store: dir,
+                            stats,
+                        },
+                    }),
             }
         };
         match answer {
             Ok(v) => writeln!(out, "{}", crate::json::line(&v)?)?,
             Err(e) => {
                 let gone = e.class() == pagewise::ErrorClass::Gone;
-                let v = serde_json::json!({ "error": e.to_string(), "class": class_name(&e) });
+                let v = ServeLine::Error {
+                    error: e.to_string(),
+                    class: class_name(&e),
+                };
                 writeln!(out, "{}", crate::json::line(&v)?)?;
                 out.flush()?;
                 if gone {
@@ -251,7 +393,14 @@ pub fn restore(a: RestoreArgs) -> Result<i32> {
     let sid = h.load(&disk, id, a.another_process)?;
     let r = h.restore(sid, a.fds.options(a.memory_only))?;
     if a.json {
-        let v = serde_json::json!({ "restored": { "store": a.dir, "id": id, "pid": a.pid, "report": r } });
+        let v = RestoreOutput {
+            restored: RestoredFromStore {
+                store: a.dir.clone(),
+                id,
+                pid: a.pid,
+                report: r,
+            },
+        };
         println!("{}", crate::json::line(&v)?);
     } else {
         println!(
@@ -375,7 +524,15 @@ pub fn extract(a: ExtractArgs) -> Result<i32> {
     };
     out.flush()?;
     if a.json {
-        let v = serde_json::json!({ "extracted": { "id": a.id, "out": a.out, "bytes": bytes, "core": a.core, "regions": placed } });
+        let v = ExtractOutput {
+            extracted: Extracted {
+                id: a.id,
+                out: a.out.clone(),
+                bytes,
+                core: a.core,
+                regions: placed,
+            },
+        };
         println!("{}", crate::json::line(&v)?);
     } else {
         println!(

@@ -226,9 +226,21 @@ fn take_live(
     Ok(())
 }
 
+/// `snapshot --json`: one object a snapshot taken (`--every-ms`), or the
+/// report of a live copy (`--live`).
+#[derive(serde::Serialize, schemars::JsonSchema)]
+#[serde(untagged)]
+pub enum Line<'a> {
+    /// A live copy or migration, pass by pass.
+    Live(&'a pagewise::snap::live::LiveReport),
+    /// A snapshot saved into the store.
+    Taken(&'a pagewise::snap::remote::ProcessSnapshot),
+}
+impl crate::json::Printed for Line<'_> {}
+
 fn print_live(t: &TakeArgs, r: &pagewise::snap::live::LiveReport) -> Result<()> {
     if t.json {
-        println!("{}", crate::json::line(r)?);
+        println!("{}", crate::json::line(&Line::Live(r))?);
         return Ok(());
     }
     for (i, p) in r.passes.iter().enumerate() {
@@ -305,7 +317,7 @@ fn take_into(t: &TakeArgs, pid: i32, disk: &mut DiskStore, stop: &Stop) -> Resul
             None => snapshot_process(pid, disk, &t.label)?,
         };
         if t.json {
-            println!("{}", crate::json::line(&s)?);
+            println!("{}", crate::json::line(&Line::Taken(&s))?);
         } else {
             println!(
                 "snapshot {:>4}: {} regions, {} pages ({} read, {} zero), {} new pages, {:.1} KiB written; process stopped {:.1} ms, total {:.1} ms",
@@ -324,30 +336,77 @@ fn take_into(t: &TakeArgs, pid: i32, disk: &mut DiskStore, stop: &Stop) -> Resul
     Ok(())
 }
 
+/// `snapshot inspect --json`: the store's totals and its snapshots.
+#[derive(serde::Serialize, schemars::JsonSchema)]
+pub struct InspectOutput<'a> {
+    /// The totals.
+    #[serde(flatten)]
+    pub stats: &'a pagewise::snap::DiskStats,
+    /// Each snapshot, oldest first.
+    pub snapshot_list: Vec<Listed>,
+}
+impl crate::json::Printed for InspectOutput<'_> {}
+
+/// A snapshot of a store.
+#[derive(serde::Serialize, schemars::JsonSchema)]
+pub struct Listed {
+    /// Its id.
+    pub id: u64,
+    /// Its label.
+    pub label: String,
+    /// The process it was taken of, when one.
+    pub pid: Option<i32>,
+    /// When it was taken (ms since the epoch).
+    pub created_ms: u64,
+    /// Its regions.
+    pub regions: usize,
+    /// Its pages.
+    pub pages: u64,
+    /// Of which zero.
+    pub zero_pages: u64,
+    /// The memory it represents.
+    pub bytes: u64,
+    /// The size of its index on disk.
+    pub index_bytes: u64,
+}
+
+/// `snapshot diff --json`: the pages that differ between two snapshots.
+#[derive(serde::Serialize, schemars::JsonSchema)]
+pub struct DiffOutput {
+    /// The first snapshot's id.
+    pub a: u64,
+    /// The second's.
+    pub b: u64,
+    /// Pages that differ.
+    pub pages: u64,
+    /// Where, as `[start address, pages]` pairs.
+    pub ranges: Vec<[u64; 2]>,
+}
+impl crate::json::Printed for DiffOutput {}
+
 fn inspect(dir: PathBuf, json: bool) -> Result<i32> {
     let disk = DiskStore::open(&dir)?;
     let list = disk.list()?;
     let stats = disk.stats_of(&list)?;
     if json {
-        let snaps: Vec<serde_json::Value> = list
+        let snapshot_list = list
             .iter()
-            .map(|s| {
-                serde_json::json!({
-                    "id": s.id,
-                    "label": s.label,
-                    "pid": s.pid,
-                    "created_ms": s.created_ms,
-                    "regions": s.regions.len(),
-                    "pages": s.pages(),
-                    "zero_pages": s.zero_pages(),
-                    "bytes": s.pages() * pagewise::PAGE_SIZE as u64,
-                    "index_bytes": s.index_bytes,
-                })
+            .map(|s| Listed {
+                id: s.id,
+                label: s.label.clone(),
+                pid: s.pid,
+                created_ms: s.created_ms,
+                regions: s.regions.len(),
+                pages: s.pages(),
+                zero_pages: s.zero_pages(),
+                bytes: s.pages() * pagewise::PAGE_SIZE as u64,
+                index_bytes: s.index_bytes,
             })
             .collect();
-        let mut v = serde_json::to_value(&stats)?;
-        v["snapshots"] = serde_json::Value::from(stats.snapshots);
-        v["snapshot_list"] = serde_json::Value::Array(snaps);
+        let v = InspectOutput {
+            stats: &stats,
+            snapshot_list,
+        };
         println!("{}", crate::json::line(&v)?);
         return Ok(0);
     }
@@ -387,10 +446,13 @@ fn diff(dir: PathBuf, a: u64, b: u64, json: bool) -> Result<i32> {
     let pages: u64 = ranges.iter().map(|r| r.pages).sum();
     if json {
         let rs: Vec<[u64; 2]> = ranges.iter().map(|r| [r.start, r.pages]).collect();
-        println!(
-            "{}",
-            crate::json::line(&serde_json::json!({"a": a, "b": b, "pages": pages, "ranges": rs}))?
-        );
+        let v = DiffOutput {
+            a,
+            b,
+            pages,
+            ranges: rs,
+        };
+        println!("{}", crate::json::line(&v)?);
     } else {
         for r in &ranges {
             println!("{:#x} {} pages", r.start, r.pages);

@@ -136,16 +136,19 @@ fn prezero(p: PrezeroArgs) -> Result<i32> {
     let code = stop.exit_code(st);
     let report = z.report(Duration::from_secs(2));
     if p.json {
-        let mut v = serde_json::json!({
-            "command": p.command, "status": code, "wall_ms": wall_ms,
-            "ahead": p.ahead, "rate": p.rate, "reported": report.is_ok(),
-        });
-        if let Ok(r) = &report {
-            v["populated"] = r.populated.into();
-            v["populated_bytes"] = (r.populated * pagewise::HUGE_PAGE_SIZE as u64).into();
-            v["scans"] = r.scans.into();
-            v["cpu_ms"] = r.cpu_ms.into();
-        }
+        let r = report.as_ref().ok();
+        let v = PrezeroOutput {
+            command: &p.command,
+            status: code,
+            wall_ms,
+            ahead: p.ahead,
+            rate: p.rate,
+            reported: r.is_some(),
+            populated: r.map(|r| r.populated),
+            populated_bytes: r.map(|r| r.populated * pagewise::HUGE_PAGE_SIZE as u64),
+            scans: r.map(|r| r.scans),
+            cpu_ms: r.map(|r| r.cpu_ms),
+        };
         println!("{}", crate::json::line(&v)?);
         return Ok(code);
     }
@@ -295,10 +298,47 @@ fn run_agent(a: RunArgs) -> Result<i32> {
     Ok(status)
 }
 
+/// `thp run --json`: one object a step of the agent.
+#[derive(serde::Serialize, schemars::JsonSchema)]
+#[serde(transparent)]
+pub struct RunLine<'a>(pub &'a Step);
+impl crate::json::Printed for RunLine<'_> {}
+
+/// `thp prezero --json`: the program's run and what the pre-zeroing thread
+/// did (its counts only when the shim reported them).
+#[derive(serde::Serialize, schemars::JsonSchema)]
+pub struct PrezeroOutput<'a> {
+    /// The command run.
+    pub command: &'a [String],
+    /// Its exit status.
+    pub status: i32,
+    /// How long it ran.
+    pub wall_ms: f64,
+    /// Huge pages kept faulted in ahead of each growing mapping.
+    pub ahead: u64,
+    /// Most huge pages made ready per second.
+    pub rate: f64,
+    /// Whether the shim sent its report.
+    pub reported: bool,
+    /// Huge pages the thread faulted in.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub populated: Option<u64>,
+    /// The same in bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub populated_bytes: Option<u64>,
+    /// Scans of the program's mappings.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scans: Option<u64>,
+    /// CPU time of the thread.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_ms: Option<f64>,
+}
+impl crate::json::Printed for PrezeroOutput<'_> {}
+
 fn report(step: &Step, json: bool) -> Result<()> {
     let mut out = std::io::stdout().lock();
     if json {
-        writeln!(out, "{}", crate::json::line(step)?)?;
+        writeln!(out, "{}", crate::json::line(&RunLine(step))?)?;
         return Ok(());
     }
     for p in &step.processes {

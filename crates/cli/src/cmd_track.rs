@@ -298,6 +298,36 @@ pub fn run(a: Args) -> Result<i32> {
     Ok(0)
 }
 
+/// `track --json`: one object a collection.
+#[derive(serde::Serialize, schemars::JsonSchema)]
+pub struct Line {
+    /// When, since tracking began.
+    pub t_ms: u64,
+    /// The process.
+    pub pid: i32,
+    /// The backend that tracked it.
+    pub backend: &'static str,
+    /// Pages written since the last collection.
+    pub dirty_pages: u64,
+    /// The same in bytes.
+    pub dirty_bytes: u64,
+    /// The pages written, as `[start address, pages]` pairs.
+    pub ranges: Vec<[u64; 2]>,
+    /// How many pairs.
+    pub range_count: u64,
+    /// Bytes written per second over the interval.
+    pub dirty_rate_bytes_per_s: f64,
+    /// What the collection cost.
+    pub collect_ns: u64,
+    /// Pages the collection looked at.
+    pub pages_scanned: u64,
+    /// The mappings tracked, as `[start, length in bytes]` pairs: on the
+    /// first line and whenever they change.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub regions: Option<Vec<[u64; 2]>>,
+}
+impl crate::json::Printed for Line {}
+
 /// Prints collection `c` (JSON or a line of text); `now` the mappings
 /// tracked, written in JSON when they differ from `regions`.
 fn print(
@@ -316,19 +346,25 @@ fn print(
     let mut out = stdout.lock();
     if a.json {
         let ranges: Vec<[u64; 2]> = c.ranges.iter().map(|r| [r.start, r.pages]).collect();
-        let mut v = serde_json::json!({
-            "t_ms": t_ms, "pid": pid, "backend": backend.name(),
-            "dirty_pages": c.stats.pages_dirty, "dirty_bytes": bytes,
-            "ranges": ranges, "range_count": c.stats.ranges,
-            "dirty_rate_bytes_per_s": rate, "collect_ns": c.stats.elapsed_ns,
-            "pages_scanned": c.stats.pages_scanned,
-        });
         // The mappings tracked, on the first line and whenever they
-        // change ([start, length] pairs): what `report` draws per mapping.
-        if now != *regions {
-            v["regions"] = serde_json::json!(now);
-            *regions = now;
-        }
+        // change: what `report` draws per mapping.
+        let changed = (now != *regions).then(|| {
+            *regions = now.clone();
+            now
+        });
+        let v = Line {
+            t_ms,
+            pid,
+            backend: backend.name(),
+            dirty_pages: c.stats.pages_dirty,
+            dirty_bytes: bytes,
+            ranges,
+            range_count: c.stats.ranges,
+            dirty_rate_bytes_per_s: rate,
+            collect_ns: c.stats.elapsed_ns,
+            pages_scanned: c.stats.pages_scanned,
+            regions: changed,
+        };
         writeln!(out, "{}", crate::json::line(&v)?)?;
     } else {
         writeln!(

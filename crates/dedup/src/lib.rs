@@ -100,7 +100,7 @@ const PAGES: usize = HUGE_PAGE_SIZE / PAGE_SIZE;
 pub const KSM_DIR: &str = "/sys/kernel/mm/ksm";
 
 /// Which regions KSM may merge.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 #[non_exhaustive]
 pub enum Policy {
@@ -144,7 +144,7 @@ impl Policy {
 }
 
 /// When a region counts as cold, hot and duplicate-rich.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, schemars::JsonSchema)]
 #[non_exhaustive]
 pub struct Thresholds {
     /// Cold: access frequency at most this.
@@ -178,7 +178,7 @@ impl Thresholds {
 }
 
 /// How the agent runs.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 #[non_exhaustive]
 pub struct Options {
     /// The shortest time over which a step counts writes: each step counts
@@ -236,7 +236,7 @@ impl Default for Options {
 }
 
 /// What the agent did, and why.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 #[serde(tag = "action", rename_all = "kebab-case")]
 #[non_exhaustive]
 pub enum Action {
@@ -308,7 +308,7 @@ pub enum Action {
 }
 
 /// The counting Bloom filter against the exact count, in one step.
-#[derive(Debug, Clone, Copy, Default, Serialize)]
+#[derive(Debug, Clone, Copy, Default, Serialize, schemars::JsonSchema)]
 pub struct FilterReport {
     /// Resident non-zero pages looked up.
     pub looked_up: u64,
@@ -325,7 +325,7 @@ pub struct FilterReport {
 }
 
 /// KSM as a step saw it.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, schemars::JsonSchema)]
 pub struct KsmReport {
     /// `pages_shared`: KSM pages in use.
     pub pages_shared: u64,
@@ -340,7 +340,7 @@ pub struct KsmReport {
 }
 
 /// What one step measured and did.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct Step {
     /// Since the agent started, ms.
     pub t_ms: u64,
@@ -376,7 +376,7 @@ pub struct Step {
 }
 
 /// Counters since the agent started (for metrics).
-#[derive(Debug, Clone, Copy, Default, Serialize)]
+#[derive(Debug, Clone, Copy, Default, Serialize, schemars::JsonSchema)]
 pub struct Counters {
     /// Steps taken.
     pub steps: u64,

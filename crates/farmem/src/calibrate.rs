@@ -8,7 +8,7 @@ use serde::Serialize;
 use std::time::Instant;
 
 /// What a fault costs this machine at latency 0, measured on a scratch region.
-#[derive(Debug, Clone, Copy, Default, Serialize)]
+#[derive(Debug, Clone, Copy, Default, Serialize, schemars::JsonSchema)]
 pub struct Calibration {
     /// Mean added time per fault seen by the faulting thread, ns: the floor.
     pub floor_ns: u64,

@@ -76,7 +76,7 @@ const LAYOUT: u64 = 5;
 const RETIRED: usize = 16;
 
 /// What can be set on an instance.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 #[non_exhaustive]
 pub struct Settings {
     /// One-way latency, ns.
@@ -295,7 +295,7 @@ impl Drop for Instance {
 }
 
 /// One member's view in [`Instance::members`].
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct Member {
     /// Its process id.
     pub pid: i32,

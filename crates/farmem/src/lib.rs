@@ -108,7 +108,7 @@ use std::time::Instant;
 /// ([`FarMemory::set`]).
 /// An input: built from its `Default` (no page local, a link of no
 /// latency and unlimited bandwidth) with its setters.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 #[non_exhaustive]
 pub struct Config {
     /// Pages that may be local at once (at least 1).
@@ -123,7 +123,7 @@ setters!(Config {
 });
 
 /// Where a range must live, whatever the policy says.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 #[non_exhaustive]
 pub enum Placement {
@@ -139,7 +139,7 @@ pub enum Placement {
 }
 
 /// What one trace event records.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 #[non_exhaustive]
 pub enum TraceKind {
@@ -154,7 +154,7 @@ pub enum TraceKind {
 }
 
 /// One event of the trace ([`FarMemory::trace`]).
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Copy, Serialize, schemars::JsonSchema)]
 pub struct TraceEvent {
     /// Time since the instance started, ns.
     pub t_ns: u64,

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 /// A link's configuration.
 /// An input: built from its `Default` (no latency, unlimited bandwidth)
 /// with its setters.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 #[non_exhaustive]
 pub struct LinkConfig {
     /// One-way propagation delay, ns.

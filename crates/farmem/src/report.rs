@@ -6,7 +6,7 @@ use super::{FaultPath, Stats};
 use serde::Serialize;
 
 /// What `ls` and `--stats-json` report for an instance (or a run in it).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 #[non_exhaustive]
 pub struct Report {
     /// The instance's name.

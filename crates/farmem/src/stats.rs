@@ -6,7 +6,7 @@ use serde::Serialize;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Counters of one instance.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, schemars::JsonSchema)]
 pub struct Stats {
     /// Faults on remote pages (each one a fetch).
     pub page_fault_count: u64,

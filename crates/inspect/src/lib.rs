@@ -39,7 +39,7 @@ use serde::Serialize;
 use std::collections::HashMap;
 
 /// One 2 MiB-aligned region (or the part of it a mapping covers).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct RegionReport {
     /// Process.
     pub pid: i32,
@@ -104,7 +104,7 @@ pub struct Options {
 setters!(Options { bloom_sample: bool });
 
 /// SmartMD's counting Bloom filter against the exact count.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct BloomReport {
     /// Counters (8 per page read).
     pub entries: u64,
@@ -130,7 +130,7 @@ pub struct BloomReport {
 }
 
 /// The whole inspection.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct Report {
     /// The processes inspected.
     pub pids: Vec<i32>,
@@ -169,7 +169,7 @@ pub struct Report {
 }
 
 /// How access coverage was measured ([`pagewise_mech::access`]).
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, schemars::JsonSchema)]
 pub struct CoverageSummary {
     /// How (`None`: not measured, see `unavailable`).
     pub method: Option<pagewise_mech::access::Method>,

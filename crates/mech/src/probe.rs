@@ -38,7 +38,7 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::sync::OnceLock;
 
 /// One feature: available or not, and why.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct Feature {
     /// Stable name, such as `uffd.WP_ASYNC` or `pagemap_scan`.
     pub name: String,
@@ -49,7 +49,7 @@ pub struct Feature {
 }
 
 /// How pagewise can open a userfaultfd here.
-#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct UffdAccess {
     /// Through the system call (`false`: only through `/dev/userfaultfd`).
     pub syscall: bool,
@@ -58,7 +58,7 @@ pub struct UffdAccess {
 }
 
 /// The probe's answer.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct Probe {
     /// Kernel release (`uname -r`).
     pub kernel: String,

@@ -8,7 +8,9 @@ use crate::{Error, Result, PAGE_SIZE};
 use serde::Serialize;
 
 /// A page-aligned, non-empty range of virtual addresses `[start, start+len)`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, schemars::JsonSchema,
+)]
 pub struct Region {
     /// Start address, page-aligned.
     pub start: u64,
@@ -60,7 +62,9 @@ impl Region {
 }
 
 /// A run of `pages` pages starting at `start`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, schemars::JsonSchema,
+)]
 pub struct PageRange {
     /// First page's address.
     pub start: u64,

@@ -11,7 +11,7 @@ use std::io::Read;
 use std::time::Instant;
 
 /// What a random memory access costs over 4 KiB pages and over huge pages.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct WalkCost {
     /// Size of the buffer accessed.
     pub bytes: u64,

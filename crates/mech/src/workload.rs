@@ -19,7 +19,7 @@ pub struct Layout {
 }
 
 /// What a [`Layout`] holds, as the inspector must find it.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
 pub struct LayoutTruth {
     /// Start of the memory.
     pub addr: u64,

@@ -10,7 +10,7 @@ use pagewise_mech::{Error, Result, PAGE_SIZE};
 use std::io::Write;
 
 /// Where one region's bytes went in the file written.
-#[derive(Debug, Clone, Copy, serde::Serialize)]
+#[derive(Debug, Clone, Copy, serde::Serialize, schemars::JsonSchema)]
 pub struct Placed {
     /// First address.
     pub start: u64,

@@ -61,7 +61,7 @@ impl LazyOptions {
 }
 
 /// What a lazy restore did so far.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, schemars::JsonSchema)]
 #[non_exhaustive]
 pub struct LazyStats {
     /// Pages of the snapshot.

@@ -108,7 +108,7 @@ impl Default for SnapshotOptions {
 }
 
 /// What taking one snapshot did.
-#[derive(Debug, Clone, Copy, Default, Serialize)]
+#[derive(Debug, Clone, Copy, Default, Serialize, schemars::JsonSchema)]
 pub struct TakeStats {
     /// Pages read and hashed.
     pub pages_read: u64,
@@ -121,7 +121,7 @@ pub struct TakeStats {
 }
 
 /// What one restore did.
-#[derive(Debug, Clone, Copy, Default, Serialize)]
+#[derive(Debug, Clone, Copy, Default, Serialize, schemars::JsonSchema)]
 pub struct RestoreStats {
     /// Pages reported written since the last snapshot or restore.
     pub pages_dirty: u64,
@@ -134,7 +134,7 @@ pub struct RestoreStats {
 }
 
 /// One snapshot, as [`Snapshots::list`] shows it.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, schemars::JsonSchema)]
 pub struct SnapshotInfo {
     /// Its id.
     pub id: SnapId,

@@ -33,7 +33,7 @@ use std::borrow::BorrowMut;
 use std::time::{Duration, Instant};
 
 /// How a live checkpoint proceeds.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 #[non_exhaustive]
 pub struct LiveOptions {
     /// The longest the process may be stopped, ms.
@@ -62,7 +62,7 @@ impl Default for LiveOptions {
 }
 
 /// One pass of the copy.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct Pass {
     /// Pages copied in this pass.
     pub pages: u64,
@@ -73,7 +73,7 @@ pub struct Pass {
 }
 
 /// What a live checkpoint did.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, schemars::JsonSchema)]
 pub struct LiveReport {
     /// The snapshot saved.
     pub save: SaveStats,

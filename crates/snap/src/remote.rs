@@ -21,7 +21,7 @@ use std::time::Instant;
 const CHUNK: usize = 1 << 20;
 
 /// What one snapshot of another process did.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct ProcessSnapshot {
     /// What the store wrote.
     pub save: SaveStats,

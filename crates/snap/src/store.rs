@@ -41,7 +41,7 @@ impl PageId {
 const SLAB_PAGES: usize = 512;
 
 /// What the store holds and what it saves.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct StoreStats {
     /// Distinct non-zero pages stored.
     pub unique_pages: u64,

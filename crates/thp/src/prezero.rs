@@ -31,7 +31,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How the pre-zeroing thread runs.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 #[non_exhaustive]
 pub struct PrezeroOptions {
     /// Huge pages kept faulted in ahead of each growing mapping.
@@ -59,7 +59,7 @@ impl Default for PrezeroOptions {
 }
 
 /// What the thread has done.
-#[derive(Debug, Clone, Copy, Default, Serialize)]
+#[derive(Debug, Clone, Copy, Default, Serialize, schemars::JsonSchema)]
 pub struct PrezeroStats {
     /// Huge pages faulted in ahead.
     pub populated: u64,

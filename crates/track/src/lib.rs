@@ -43,7 +43,7 @@ pub use hash::HashBackend;
 pub use launch::{start_tracked, TrackRequest, Tracked};
 
 /// The tracking mechanisms.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 ///
 /// The discriminants are the wire values, in the track protocol and as the C
@@ -219,7 +219,7 @@ impl std::fmt::Display for BackendKind {
 }
 
 /// What one collection cost and found.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, schemars::JsonSchema)]
 pub struct CollectStats {
     /// Pages the backend looked at (the tracked pages).
     pub pages_scanned: u64,
@@ -236,7 +236,7 @@ pub struct CollectStats {
 }
 
 /// One consumer's collection: the dirty ranges and what it cost.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, schemars::JsonSchema)]
 pub struct Collection {
     /// Sorted, coalesced dirty ranges.
     pub ranges: Vec<PageRange>,

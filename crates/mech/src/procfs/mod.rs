@@ -598,7 +598,7 @@ pub fn parse_syscall_line(text: &str) -> Option<(i64, [u64; 6])> {
 }
 
 /// What KSM merges of one process now (`/proc/PID/ksm_stat`, Linux 6.1+).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, schemars::JsonSchema)]
 pub struct KsmStat {
     /// Pages of the process merged with others (`ksm_merging_pages`).
     pub merging_pages: u64,
@@ -723,7 +723,7 @@ mod tests {
 }
 
 /// What a process holds resident (`/proc/PID/smaps_rollup`), KiB.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, schemars::JsonSchema)]
 pub struct Resident {
     /// Resident set (`Rss`).
     pub rss_kib: u64,

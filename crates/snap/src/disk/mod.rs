@@ -124,7 +124,7 @@ const MAX_LABEL: usize = 4096;
 const MAX_PAGES: u64 = 1 << 32;
 
 /// A snapshot as saved in a store.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct DiskSnapshot {
     /// Its id in the store.
     pub id: u64,
@@ -184,7 +184,7 @@ impl DiskSnapshot {
 }
 
 /// What a store holds, as `pagewise snapshot inspect` shows it.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, schemars::JsonSchema)]
 pub struct DiskStats {
     /// Snapshots in the store.
     pub snapshots: u64,
@@ -206,7 +206,7 @@ pub struct DiskStats {
 }
 
 /// What one save wrote.
-#[derive(Debug, Clone, Copy, Default, Serialize)]
+#[derive(Debug, Clone, Copy, Default, Serialize, schemars::JsonSchema)]
 pub struct SaveStats {
     /// Id of the new snapshot.
     pub id: u64,

@@ -30,7 +30,7 @@ use pagewise_mech::{Error, Result};
 use serde::Serialize;
 
 /// One descriptor, as a report names it.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, PartialEq, Eq, schemars::JsonSchema)]
 #[non_exhaustive]
 pub struct FdNote {
     /// Its number.
@@ -62,7 +62,7 @@ impl std::fmt::Display for FdNote {
 }
 
 /// What a restore did with descriptors.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, schemars::JsonSchema)]
 #[non_exhaustive]
 pub struct FdReport {
     /// Whether the snapshot holds a descriptor table (not one loaded from

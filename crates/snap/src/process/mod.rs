@@ -89,7 +89,7 @@ setters!(RestoreOptions {
 });
 
 /// What one restore did.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, schemars::JsonSchema)]
 #[non_exhaustive]
 pub struct RestoreReport {
     /// Pages and time, as for own regions.
@@ -117,7 +117,7 @@ pub struct RestoreReport {
 }
 
 /// Where the time of one restore went, microseconds.
-#[derive(Debug, Clone, Copy, Default, Serialize)]
+#[derive(Debug, Clone, Copy, Default, Serialize, schemars::JsonSchema)]
 #[non_exhaustive]
 pub struct RestorePhases {
     /// Stopping every thread and checking the process.

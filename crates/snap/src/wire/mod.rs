@@ -157,7 +157,7 @@ const MSG_ERROR: u8 = b'X';
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Whether the sender compresses pages.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 #[non_exhaustive]
 pub enum Compression {
@@ -230,7 +230,7 @@ impl Key {
 }
 
 /// What a sender put on the wire.
-#[derive(Debug, Clone, Copy, Default, Serialize)]
+#[derive(Debug, Clone, Copy, Default, Serialize, schemars::JsonSchema)]
 pub struct WireStats {
     /// Pages sent.
     pub pages: u64,

@@ -12,7 +12,7 @@ use std::net::TcpStream;
 use std::time::Instant;
 
 /// What a receiver heard on one connection.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, schemars::JsonSchema)]
 pub struct Received {
     /// The peer.
     pub peer: String,

@@ -66,7 +66,7 @@ use serde::Serialize;
 use std::time::{Duration, Instant};
 
 /// Which regions are promoted first.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 #[non_exhaustive]
 pub enum Policy {
@@ -80,7 +80,7 @@ pub enum Policy {
 }
 
 /// Limits on what the agent does.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 #[non_exhaustive]
 pub struct Budget {
     /// Huge pages promoted in all (`None`: no limit).
@@ -108,7 +108,7 @@ impl Default for Budget {
 }
 
 /// When memory counts as tight, for bloat recovery.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 #[non_exhaustive]
 pub enum Pressure {
@@ -174,7 +174,7 @@ impl Pressure {
 }
 
 /// Bloat recovery (see the module).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 #[non_exhaustive]
 pub struct Recovery {
     /// When to recover.
@@ -220,7 +220,7 @@ setters!(Recovery {
 pub const MAX_PTES_NONE: &str = "/sys/kernel/mm/transparent_hugepage/khugepaged/max_ptes_none";
 
 /// How the agent runs.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 #[non_exhaustive]
 pub struct Options {
     /// Time between steps.
@@ -260,7 +260,7 @@ impl Default for Options {
 }
 
 /// A region that could be promoted, as the last step measured it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct Candidate {
     /// Process.
     pub pid: i32,
@@ -277,7 +277,7 @@ pub struct Candidate {
 }
 
 /// What the agent did with a region, or to a process.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 #[serde(tag = "action", rename_all = "kebab-case")]
 #[non_exhaustive]
 pub enum Action {
@@ -373,7 +373,7 @@ pub enum Action {
 }
 
 /// What one step measured and did.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct Step {
     /// Since the agent started, ms.
     pub t_ms: u64,
@@ -390,7 +390,7 @@ pub struct Step {
 }
 
 /// One process as a step saw it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct ProcessState {
     /// Process.
     pub pid: i32,
@@ -405,7 +405,7 @@ pub struct ProcessState {
 }
 
 /// Counters since the agent started (for metrics).
-#[derive(Debug, Clone, Copy, Default, Serialize)]
+#[derive(Debug, Clone, Copy, Default, Serialize, schemars::JsonSchema)]
 pub struct Counters {
     /// Steps taken.
     pub steps: u64,
