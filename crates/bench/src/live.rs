@@ -310,7 +310,9 @@ fn migrate(
         let (s, _) = l.accept().map_err(|e| Error::os("accepting", e))?;
         let got = rx.serve(s, &mut |_| {})?;
         match got.broken {
-            Some(why) => Err(Error::Internal(format!("the migration broke: {why}"))),
+            Some(why) => Err(pagewise::Error::from(pagewise::MechError::Internal(
+                format!("the migration broke: {why}"),
+            ))),
             None => Ok(rx),
         }
     });
@@ -318,9 +320,11 @@ fn migrate(
     let (r, truth) = live(pid, &mut tx, budget_ms)?;
     let w: WireStats = tx.stats();
     drop(tx);
-    let rx = server
-        .join()
-        .map_err(|_| Error::Internal("the receiver thread panicked".into()))??;
+    let rx = server.join().map_err(|_| {
+        pagewise::Error::from(pagewise::MechError::Internal(
+            "the receiver thread panicked".into(),
+        ))
+    })??;
     let wrong = wrong_pages(&rx.store(), r.save.id, &truth)?;
     drop(rx);
     let _ = std::fs::remove_dir_all(dir);
@@ -345,10 +349,10 @@ pub fn run(
     progress: &mut dyn FnMut(&str),
 ) -> Result<Report> {
     if let Err(why) = pagewise::track::BackendKind::UffdWp.available_for_pid() {
-        return Err(Error::Unsupported {
+        return Err(pagewise::Error::from(pagewise::MechError::Unsupported {
             feature: "uffd-wp from outside",
             why,
-        });
+        }));
     }
     let mut rows = Vec::new();
     let mut rates = Vec::new();

@@ -14,7 +14,7 @@ use crate::svg::{Chart, Series};
 use crate::{median, Machine};
 use pagewise::track::{BackendKind, DirtyTracker};
 use pagewise::workload::{AnonMemory, Rng};
-use pagewise::{Error, Result, PAGE_SIZE};
+use pagewise::{Result, PAGE_SIZE};
 use serde::Serialize;
 use std::time::Instant;
 
@@ -101,9 +101,11 @@ fn measure(
         let c = t.collect()?;
         ms.push(t0.elapsed().as_secs_f64() * 1e3);
         if (c.stats.pages_dirty as usize) < written {
-            return Err(Error::Internal(format!(
-                "{how}: {} pages reported for {written} written",
-                c.stats.pages_dirty
+            return Err(pagewise::Error::from(pagewise::MechError::Internal(
+                format!(
+                    "{how}: {} pages reported for {written} written",
+                    c.stats.pages_dirty
+                ),
             )));
         }
         pages.push(c.stats.pages_dirty as f64);
@@ -122,10 +124,10 @@ fn measure(
 /// Runs the experiment.
 pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
     if let Err(why) = BackendKind::UffdWp.available_for_pid() {
-        return Err(Error::Unsupported {
+        return Err(pagewise::Error::from(pagewise::MechError::Unsupported {
             feature: "uffd-wp from outside",
             why,
-        });
+        }));
     }
     let len = cfg.mib << 20;
     let mut rows = Vec::new();

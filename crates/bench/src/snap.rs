@@ -218,13 +218,14 @@ impl StateKeeper for FullCopy {
 impl StateKeeper for Snapshots {
     type Snap = pagewise::snap::SnapId;
     fn take(&mut self, _mem: &AnonMemory) -> Result<Self::Snap> {
-        Snapshots::take(self)
+        Ok(Snapshots::take(self)?)
     }
     fn restore(&mut self, _mem: &AnonMemory, s: &Self::Snap) -> Result<()> {
-        Snapshots::restore(self, *s).map(|_| ())
+        Snapshots::restore(self, *s)?;
+        Ok(())
     }
     fn drop_snap(&mut self, s: Self::Snap) -> Result<()> {
-        self.drop_snapshot(s)
+        Ok(self.drop_snapshot(s)?)
     }
 }
 
@@ -309,13 +310,13 @@ pub fn dfs(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Vec<DfsRow>> 
     let full = run_dfs("full-copy", cfg, |_| Ok(FullCopy))?;
     progress("(a) search with the page store");
     let store = run_dfs("page-store", cfg, |m| {
-        Snapshots::new(&[m.region()], SnapshotOptions::default())
+        Ok(Snapshots::new(&[m.region()], SnapshotOptions::default())?)
     })?;
     if full.checksum != store.checksum || full.states != store.states {
-        return Err(Error::Invalid(format!(
+        return Err(pagewise::Error::from(pagewise::MechError::Invalid(format!(
             "the searches disagree: full copies saw {} states (checksum {:#x}), the page store {} ({:#x})",
             full.states, full.checksum, store.states, store.checksum
-        )));
+        ))));
     }
     Ok(vec![full, store])
 }
@@ -336,8 +337,8 @@ fn check_base(mem: &AnonMemory, pages: &[usize], what: &str) -> Result<()> {
     for &p in pages {
         for k in 0..8 {
             if mem.read_byte(p * PAGE_SIZE + 8 + k) != 0 {
-                return Err(Error::Invalid(format!(
-                    "{what}: page {p} not restored to its base contents"
+                return Err(pagewise::Error::from(pagewise::MechError::Invalid(
+                    format!("{what}: page {p} not restored to its base contents"),
                 )));
             }
         }
@@ -419,7 +420,9 @@ pub fn cycles(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<(Vec<Cycle
             .map_err(|e| Error::os("fork", e))?;
             t.push(t0.elapsed().as_secs_f64() * 1e3);
             if status != 0 {
-                return Err(Error::Invalid(format!("forked child failed: {status}")));
+                return Err(pagewise::Error::from(pagewise::MechError::Invalid(
+                    format!("forked child failed: {status}"),
+                )));
             }
             check_base(&mem, &pages, "fork")?;
         }
@@ -468,9 +471,8 @@ pub fn cycles(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<(Vec<Cycle
 /// Runs the experiments of `cfg.parts`: (a), (b) and (c).
 pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
     if cfg.parts.is_empty() || cfg.parts.chars().any(|c| !"abc".contains(c)) {
-        return Err(Error::Invalid(format!(
-            "parts {:?}: give any of a, b and c",
-            cfg.parts
+        return Err(pagewise::Error::from(pagewise::MechError::Invalid(
+            format!("parts {:?}: give any of a, b and c", cfg.parts),
         )));
     }
     // (c) first: its target is forked from this process and inherits its

@@ -526,10 +526,10 @@ fn idle_cost(seconds: u64, walk_ns: f64) -> Result<IdleCost> {
 pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
     let p = pagewise::probe::get();
     if !p.madv_collapse || !p.process_madvise {
-        return Err(Error::Unsupported {
+        return Err(pagewise::Error::from(pagewise::MechError::Unsupported {
             feature: "MADV_COLLAPSE through process_madvise",
             why: format!("{} / {}", p.why("madv_collapse"), p.why("process_madvise")),
-        });
+        }));
     }
     progress("measuring the page-walk cost");
     let cost = pagewise::thp::calibrate_walk_cost(64 << 20, 1 << 20)?;

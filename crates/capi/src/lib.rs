@@ -311,8 +311,8 @@ struct Fail {
     msg: String,
 }
 
-impl From<pw::Error> for Fail {
-    fn from(e: pw::Error) -> Self {
+impl<E: pw::Failure> From<E> for Fail {
+    fn from(e: E) -> Self {
         let errno = e.errno();
         Fail {
             errno,

@@ -225,7 +225,7 @@ fn parse(line: &str) -> std::result::Result<Request, String> {
     }
 }
 
-fn class_name(e: &pagewise::Error) -> &'static str {
+fn class_name(e: &impl pagewise::Failure) -> &'static str {
     match e.class() {
         pagewise::ErrorClass::BadInput => "bad-input",
         pagewise::ErrorClass::Unsupported => "unsupported",
@@ -287,7 +287,7 @@ pub fn serve(a: ServeArgs) -> Result<i32> {
                     })
                 }),
                 Request::Restore(id, memory_only) => match id.or(last) {
-                    None => Err(pagewise::Error::NotFound("no snapshot taken yet".into())),
+                    None => Err(pagewise::snap::Error::NoneTaken),
                     Some(id) => {
                         h.restore(id, a.fds.options(memory_only))
                             .map(|report| ServeLine::Restore {

@@ -69,7 +69,7 @@ impl Source {
         }
     }
 
-    fn collect(&mut self) -> pagewise::Result<Collection> {
+    fn collect(&mut self) -> pagewise::track::Result<Collection> {
         match self {
             Source::Outside(t, pid) => {
                 t.sync_process_mappings(Some(*pid), false)?;
@@ -82,8 +82,9 @@ impl Source {
                 }
                 t.collect()
             }
-            Source::Shim(s, _) => protocol::collect(s)
-                .map_err(|e| pagewise::Error::os("collecting through the preload shim", e)),
+            Source::Shim(s, _) => protocol::collect(s).map_err(|e| {
+                pagewise::MechError::os("collecting through the preload shim", e).into()
+            }),
         }
     }
 }
@@ -92,7 +93,7 @@ impl Source {
 /// watched from outside, said once; stopped if that fails too.
 fn watch_from_outside(
     mut child: std::process::Child,
-    why: pagewise::Error,
+    why: pagewise::track::Error,
     a: &Args,
 ) -> Result<(std::process::Child, Source)> {
     let pid = child.id() as i32;
@@ -142,10 +143,10 @@ fn watch(a: &Args) -> Result<Watched> {
             };
             if inside {
                 BackendKind::UffdWp.available_in_process().map_err(|why| {
-                    pagewise::Error::Unsupported {
+                    pagewise::Error::from(pagewise::MechError::Unsupported {
                         feature: "uffd-wp",
                         why,
-                    }
+                    })
                 })?;
                 let setup = |c: &mut Command| crate::stop::program_output(c, a.json);
                 let (child, src) = match start_tracked(&a.cmd, BackendKind::UffdWp, setup)? {
@@ -164,12 +165,12 @@ fn watch(a: &Args) -> Result<Watched> {
                 let pid = child.id() as i32;
                 Watched::Tracking(Some(child), src, pid)
             } else {
-                a.backend
-                    .available_for_pid()
-                    .map_err(|why| pagewise::Error::Unsupported {
+                a.backend.available_for_pid().map_err(|why| {
+                    pagewise::Error::from(pagewise::MechError::Unsupported {
                         feature: a.backend.name(),
                         why,
-                    })?;
+                    })
+                })?;
                 let mut c = Command::new(&a.cmd[0]);
                 c.args(&a.cmd[1..]);
                 child::tie(&mut c);
@@ -246,13 +247,18 @@ pub fn run(a: Args) -> Result<i32> {
                 }
                 // ESRCH: its memory is gone already, though it may not be
                 // reaped yet (a zombie still counts as alive).
-                if matches!(e, pagewise::Error::ProcessExited(_))
-                    || e.errno() == libc::ESRCH
+                if matches!(
+                    e,
+                    pagewise::track::Error::Mech(pagewise::MechError::ProcessExited(_))
+                ) || e.errno() == libc::ESRCH
                     || !pagewise::process::is_alive(pid)
                 {
                     bail!("process {pid} exited after {n} collections");
                 }
-                if matches!(e, pagewise::Error::ProgramReplaced(_)) {
+                if matches!(
+                    e,
+                    pagewise::track::Error::Mech(pagewise::MechError::ProgramReplaced(_))
+                ) {
                     bail!("{e} (after {n} collections)");
                 }
                 // The shim answered, then its program exec'd another (a

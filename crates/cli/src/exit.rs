@@ -46,6 +46,28 @@ macro_rules! usage {
     };
 }
 
+/// The library's error `cause` is, if it is one: the umbrella, the
+/// mechanisms' or a capability's own.
+pub fn failure<'a>(
+    cause: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a dyn pagewise::Failure> {
+    macro_rules! as_failure {
+        ($($t:ty),*) => {
+            $(if let Some(e) = cause.downcast_ref::<$t>() {
+                return Some(e);
+            })*
+        };
+    }
+    as_failure!(
+        pagewise::Error,
+        pagewise::MechError,
+        pagewise::track::Error,
+        pagewise::snap::Error,
+        pagewise::farmem::Error
+    );
+    None
+}
+
 /// The exit status for `e`: the class of the first error in its chain that
 /// has one.
 pub fn code_of(e: &anyhow::Error) -> i32 {
@@ -53,7 +75,7 @@ pub fn code_of(e: &anyhow::Error) -> i32 {
         if cause.downcast_ref::<Usage>().is_some() {
             return USAGE;
         }
-        if let Some(pe) = cause.downcast_ref::<pagewise::Error>() {
+        if let Some(pe) = failure(cause) {
             return match pe.class() {
                 ErrorClass::BadInput => USAGE,
                 ErrorClass::Unsupported => UNSUPPORTED,
@@ -65,4 +87,51 @@ pub fn code_of(e: &anyhow::Error) -> i32 {
         }
     }
     FAILED
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_error_of_the_library_gives_its_class_as_the_exit_status() {
+        use anyhow::Context;
+        let cases: Vec<(anyhow::Error, i32)> = vec![
+            (pagewise::MechError::ProcessExited(7).into(), GONE),
+            (
+                pagewise::track::Error::HeldElsewhere {
+                    start: 0x1000,
+                    end: 0x2000,
+                }
+                .into(),
+                BUSY,
+            ),
+            (pagewise::snap::Error::NoRegion.into(), USAGE),
+            (
+                pagewise::snap::Error::Mech(pagewise::MechError::PermissionDenied {
+                    pid: 7,
+                    what: "ptrace".into(),
+                })
+                .into(),
+                PERMISSION,
+            ),
+            (
+                pagewise::Error::from(pagewise::snap::Error::ServesOwnFaults {
+                    pid: 7,
+                    mappings: 1,
+                })
+                .into(),
+                UNSUPPORTED,
+            ),
+            (anyhow::anyhow!("no class"), FAILED),
+        ];
+        for (e, code) in cases {
+            let said = e.to_string();
+            assert_eq!(code_of(&e), code, "{said}");
+            // Under a context too.
+            let r: Result<(), anyhow::Error> = Err(e);
+            let e = r.context("doing it").unwrap_err();
+            assert_eq!(code_of(&e), code, "{said} (with a context)");
+        }
+    }
 }

@@ -2,8 +2,9 @@
 //! link can be emulated, measured on a scratch region.
 
 use super::{link::LinkConfig, policy, Config, FarMemory, FaultPath, Hooks};
+use crate::Result;
 use pagewise_mech::workload::AnonMemory;
-use pagewise_mech::{Result, PAGE_SIZE};
+use pagewise_mech::PAGE_SIZE;
 use serde::Serialize;
 use std::time::Instant;
 

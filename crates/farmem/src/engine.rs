@@ -11,11 +11,12 @@ mod regions;
 
 use super::*;
 use crate::emulated;
+use crate::{Error, Result};
 pub(crate) use cell::{Cell, Served};
 use link::{Injector, Link, LinkConfig};
 use pagewise_mech::fault::{self as server, again};
 use pagewise_mech::workload::AnonMemory;
-use pagewise_mech::{Error, Region, Result, PAGE_SIZE};
+use pagewise_mech::{Region, PAGE_SIZE};
 use pagewise_sys::{mem, uffd};
 use policy::Policy;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -190,7 +191,7 @@ pub(super) struct Engine {
 
 /// The handler met an error it cannot recover from: the process is
 /// aborted ([`server::abort`]).
-pub(super) fn fail(e: &Error) -> ! {
+pub(super) fn fail(e: &dyn std::fmt::Display) -> ! {
     server::abort("farmem", e)
 }
 
@@ -284,7 +285,8 @@ fn put_back(
 /// Whether `e` is [`Engine::map`]'s answer for an address where no mapping
 /// is registered with the engine any more.
 pub(super) fn unregistered(e: &Error) -> bool {
-    matches!(e, Error::Os { source, what } if source.raw_os_error() == Some(libc::ENOENT)
+    matches!(e, Error::Mech(pagewise_mech::Error::Os { source, what })
+        if source.raw_os_error() == Some(libc::ENOENT)
         && what.ends_with("no mapping registered with the engine there"))
 }
 
@@ -489,7 +491,7 @@ impl Engine {
                     }
                     continue;
                 }
-                Err(e) => break Err(e),
+                Err(e) => break Err(e.into()),
             };
             let arrived = Instant::now();
             this.note(|| format!("read {}", books::describe(&msg)));
@@ -734,10 +736,9 @@ impl Engine {
     /// memory only it could serve. A missing page is an error (the books
     /// and staging disagree), never a wait.
     fn staged_hash(&mut self, staged: u64) -> Result<pagewise_mech::hash::PageHash> {
-        let missing = || {
-            Error::Internal(format!(
-                "the staged page at {staged:#x} is missing: the engine's books are wrong"
-            ))
+        let missing = || Error::Internal {
+            what: "a staged page is missing: the engine's books are wrong",
+            addr: staged,
         };
         if self.inline {
             // Read in place: a missing page raises SIGBUS in this thread,

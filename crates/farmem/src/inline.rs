@@ -65,14 +65,14 @@ pub enum FaultPath {
 }
 
 impl std::str::FromStr for FaultPath {
-    type Err = pagewise_mech::Error;
-    fn from_str(s: &str) -> pagewise_mech::Result<Self> {
+    type Err = crate::Error;
+    fn from_str(s: &str) -> crate::Result<Self> {
         match s {
             "thread" => Ok(FaultPath::Thread),
             "inline" => Ok(FaultPath::Inline),
-            _ => Err(pagewise_mech::Error::Invalid(format!(
-                "unknown fault path {s:?} (thread or inline)"
-            ))),
+            _ => Err(crate::Error::UnknownFaultPath {
+                name: s.to_string(),
+            }),
         }
     }
 }
@@ -94,7 +94,7 @@ static CELLS: [AtomicPtr<Cell>; MAX_ENGINES] =
     [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_ENGINES];
 
 /// Enters `cell` in the registry (installing the handler the first time).
-pub(super) fn register(cell: &Arc<Cell>) -> pagewise_mech::Result<()> {
+pub(super) fn register(cell: &Arc<Cell>) -> crate::Result<()> {
     install_handler()?;
     let p = Arc::into_raw(cell.clone()) as *mut Cell;
     for slot in &CELLS {
@@ -107,9 +107,7 @@ pub(super) fn register(cell: &Arc<Cell>) -> pagewise_mech::Result<()> {
     }
     // SAFETY: `p` came from Arc::into_raw just above and was not stored.
     drop(unsafe { Arc::from_raw(p) });
-    Err(pagewise_mech::Error::Invalid(format!(
-        "at most {MAX_ENGINES} far-memory engines may serve faults inline in one process"
-    )))
+    Err(crate::Error::TooManyInlineEngines { max: MAX_ENGINES })
 }
 
 /// Takes `cell` out of the registry once its engine stopped (the cell
@@ -166,9 +164,10 @@ fn serve(addr: u64, tid: i32, (write, ip): (bool, u64)) -> Served {
     for pass in [false, true] {
         for c in cells() {
             if c.held_by(tid) {
-                super::engine::fail(&pagewise_mech::Error::Internal(format!(
-                    "the far-memory engine faulted on emulated memory at {addr:#x} while serving a fault"
-                )));
+                super::engine::fail(&crate::Error::Internal {
+                    what: "the far-memory engine faulted on emulated memory while serving a fault",
+                    addr,
+                });
             }
             let mut g = c.lock_as(tid);
             let sh = c.shared.clone();
@@ -235,7 +234,7 @@ fn handler_mask() -> u64 {
     keep.iter().fold(!0u64, |m, &s| m & !signal::bit(s))
 }
 
-fn install_handler() -> pagewise_mech::Result<()> {
+fn install_handler() -> crate::Result<()> {
     static ONCE: Once = Once::new();
     let mut result = Ok(());
     ONCE.call_once(|| {
@@ -280,9 +279,10 @@ fn install_handler() -> pagewise_mech::Result<()> {
     if INSTALLED.load(Ordering::Acquire) {
         Ok(())
     } else {
-        Err(pagewise_mech::Error::Internal(
-            "the SIGBUS handler is not installed".into(),
-        ))
+        Err(crate::Error::Internal {
+            what: "the SIGBUS handler is not installed",
+            addr: 0,
+        })
     }
 }
 

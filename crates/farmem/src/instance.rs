@@ -56,7 +56,7 @@
 //! mapping, its creation before publication and its unmapping.
 
 use super::{Counters, Stats};
-use pagewise_mech::{Error, Result};
+use crate::{Error, Result};
 use serde::Serialize;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -181,16 +181,18 @@ impl Settings {
     /// Refuses settings no emulation can run with, saying why.
     pub fn check(&self) -> Result<()> {
         if self.local_pages == 0 && !(1..=100).contains(&self.local_percent) {
-            return Err(Error::Invalid(format!(
-                "local_percent {}: use 1..=100",
-                self.local_percent
-            )));
+            return Err(Error::BadSetting {
+                key: "local_percent",
+                value: self.local_percent,
+                range: "1..=100",
+            });
         }
         if self.latency_ns > MAX_LATENCY_NS {
-            return Err(Error::Invalid(format!(
-                "latency_ns {}: at most {MAX_LATENCY_NS} (60 s)",
-                self.latency_ns
-            )));
+            return Err(Error::BadSetting {
+                key: "latency_ns",
+                value: self.latency_ns,
+                range: "0..=60000000000 (60 s)",
+            });
         }
         Ok(())
     }
@@ -236,13 +238,11 @@ fn check_dir(d: &Path) -> Result<()> {
     let others_write = mode & 0o022 != 0;
     if !md.is_dir() || (md.uid() != euid() && md.uid() != 0) || (others_write && mode & 0o1000 == 0)
     {
-        return Err(Error::NotPermitted(format!(
-            "{} is not a safe instance directory (a directory owned by you or root, \
-             sticky where others may write): owner uid {}, mode {:o}; set PAGEWISE_FARMEM_DIR",
-            d.display(),
-            md.uid(),
-            mode & 0o7777
-        )));
+        return Err(Error::UnsafeDirectory {
+            dir: d.to_path_buf(),
+            uid: md.uid(),
+            mode: mode & 0o7777,
+        });
     }
     Ok(())
 }
@@ -255,9 +255,9 @@ fn check_name(name: &str) -> Result<()> {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
         || name.starts_with('.')
     {
-        return Err(Error::Invalid(format!(
-            "instance name {name:?}: use 1-64 letters, digits, '-', '_' or '.'"
-        )));
+        return Err(Error::BadInstanceName {
+            name: name.to_string(),
+        });
     }
     Ok(())
 }
@@ -361,9 +361,11 @@ impl Instance {
             .mode(0o600)
             .custom_flags(libc::O_NOFOLLOW)
             .open(&path)
-            .map_err(|e| {
+            .map_err(|e| -> Error {
                 if e.kind() == std::io::ErrorKind::AlreadyExists {
-                    Error::Exists(format!("instance {name} exists already"))
+                    Error::InstanceExists {
+                        name: name.to_string(),
+                    }
                 } else {
                     Error::os(format!("creating {}", path.display()), e)
                 }
@@ -403,22 +405,25 @@ impl Instance {
             .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
             .open(&path)
             .map_err(|e| match e.kind() {
-                std::io::ErrorKind::NotFound => Error::NotFound(format!(
-                    "no far-memory instance {name} (see `pagewise farmem ls`)"
-                )),
-                std::io::ErrorKind::PermissionDenied => Error::NotPermitted(format!(
-                    "instance {name} belongs to another user: only its owner may join it"
-                )),
+                std::io::ErrorKind::NotFound => Error::NoInstance {
+                    name: name.to_string(),
+                },
+                std::io::ErrorKind::PermissionDenied => Error::NotOwner {
+                    name: name.to_string(),
+                    owner: None,
+                    join: access == Access::Join,
+                },
                 _ => Error::os(format!("opening {}", path.display()), e),
             })?;
         let meta = file
             .metadata()
             .map_err(|e| Error::os(format!("reading {}", path.display()), e))?;
         if !meta.is_file() || meta.len() < std::mem::size_of::<Header>() as u64 {
-            return Err(Error::Corrupt {
+            return Err(pagewise_mech::Error::Corrupt {
                 path: path.display().to_string(),
                 what: "not an instance file".into(),
-            });
+            }
+            .into());
         }
         let allowed = match access {
             Access::Read => true,
@@ -426,26 +431,23 @@ impl Instance {
             Access::Join => meta.uid() == euid(),
         };
         if !allowed {
-            return Err(Error::NotPermitted(format!(
-                "instance {name} belongs to uid {}: only its owner may {}",
-                meta.uid(),
-                if access == Access::Join {
-                    "run programs in it"
-                } else {
-                    "change it (or root)"
-                }
-            )));
+            return Err(Error::NotOwner {
+                name: name.to_string(),
+                owner: Some(meta.uid()),
+                join: access == Access::Join,
+            });
         }
         let inst = Self::map(name, file, writable)?;
         let h = inst.h();
         if h.magic != MAGIC || h.layout != LAYOUT {
-            return Err(Error::Corrupt {
+            return Err(pagewise_mech::Error::Corrupt {
                 path: path.display().to_string(),
                 what: format!(
                     "not an instance of this pagewise version (layout {}, this one reads {LAYOUT})",
                     h.layout
                 ),
-            });
+            }
+            .into());
         }
         Ok(inst)
     }
@@ -546,7 +548,9 @@ impl Instance {
     /// members' reports carry.
     pub fn request_coverage(&self, open: bool) -> Result<u64> {
         if !self.writable {
-            return Err(Error::NotPermitted("instance opened read-only".into()));
+            return Err(Error::ReadOnly {
+                name: self.name.clone(),
+            });
         }
         let h = self.h();
         let now = h.coverage.load(Ordering::Acquire);
@@ -575,7 +579,9 @@ impl Instance {
     /// Every member applies them before its next fault.
     pub fn set(&self, pairs: &[(String, u64)]) -> Result<Settings> {
         if !self.writable {
-            return Err(Error::NotPermitted("instance opened read-only".into()));
+            return Err(Error::ReadOnly {
+                name: self.name.clone(),
+            });
         }
         let mut s = self.settings();
         for (k, v) in pairs {
@@ -590,11 +596,7 @@ impl Instance {
                     s.local_percent = *v;
                     s.local_pages = 0;
                 }
-                _ => {
-                    return Err(Error::Invalid(format!(
-                        "unknown key {k:?}: use latency_ns, bandwidth_bps, local_npages or local_percent"
-                    )))
-                }
+                _ => return Err(Error::UnknownKey { key: k.clone() }),
             }
         }
         s.check()?;
@@ -605,7 +607,9 @@ impl Instance {
     /// Takes a member slot for process `pid`, tagged with `tag`.
     pub fn join(&self, pid: i32, tag: u32) -> Result<usize> {
         if !self.writable {
-            return Err(Error::NotPermitted("instance opened read-only".into()));
+            return Err(Error::ReadOnly {
+                name: self.name.clone(),
+            });
         }
         let h = self.h();
         for (i, s) in h.slots.iter().enumerate() {
@@ -631,10 +635,10 @@ impl Instance {
                 return Ok(i);
             }
         }
-        Err(Error::Limit(format!(
-            "instance {} has {MAX_MEMBERS} members already",
-            self.name
-        )))
+        Err(Error::TooManyMembers {
+            name: self.name.clone(),
+            max: MAX_MEMBERS,
+        })
     }
 
     /// Keeps the counts of a member whose slot is reused, with its run's.

@@ -95,7 +95,9 @@ pub use stats::Stats;
 pub(crate) use stats::{Counters, HIST_BUCKETS};
 
 use link::LinkConfig;
-use pagewise_mech::{Error, Region, Result, PAGE_SIZE};
+mod error;
+pub use error::{Error, Result};
+use pagewise_mech::{Region, PAGE_SIZE};
 use policy::Policy;
 use serde::Serialize;
 use std::io::Write;
@@ -335,10 +337,14 @@ impl FarMemory {
         hooks: Hooks,
     ) -> Result<Self> {
         if config.local_pages == 0 {
-            return Err(Error::Invalid("local_pages must be at least 1".into()));
+            return Err(Error::BadSetting {
+                key: "local_pages",
+                value: 0,
+                range: "at least 1",
+            });
         }
         if regions.is_empty() {
-            return Err(Error::Invalid("no region to emulate".into()));
+            return Err(Error::NoRegion);
         }
         let sorted = pagewise_mech::region::sorted_disjoint(regions)?;
         pagewise_mech::procfs::check_mapped_writable(
@@ -444,18 +450,14 @@ impl FarMemory {
                     .map(|s| s.to_string())
                     .or_else(|| p.downcast_ref::<String>().cloned())
                     .unwrap_or_default();
-                engine::fail(&Error::EngineStopped(format!("it panicked: {what}")));
+                engine::fail(&Error::EnginePanicked { message: what });
             }
             Ok(())
         })
         .map_err(|e| Error::os("starting the far-memory handler thread", e))?;
         let uffd_fd = match ready_rx.recv() {
             Ok(r) => r?,
-            Err(_) => {
-                return Err(Error::EngineStopped(
-                    "the far-memory handler thread died".into(),
-                ))
-            }
+            Err(_) => return Err(Error::EngineGone),
         };
         Ok(FarMemory {
             uffd_fd,
@@ -508,7 +510,11 @@ impl FarMemory {
     /// before the next fault is served.
     pub fn set(&mut self, config: Config) -> Result<()> {
         if config.local_pages == 0 {
-            return Err(Error::Invalid("local_pages must be at least 1".into()));
+            return Err(Error::BadSetting {
+                key: "local_pages",
+                value: 0,
+                range: "at least 1",
+            });
         }
         *self.shared.config.lock().unwrap_or_else(|e| e.into_inner()) = config;
         self.poke(b"c")
@@ -530,8 +536,7 @@ impl FarMemory {
             .unwrap_or_else(|e| e.into_inner())
             .push((region, tx));
         self.poke(b"a")?;
-        rx.recv()
-            .map_err(|_| Error::EngineStopped("the far-memory handler stopped".into()))??;
+        rx.recv().map_err(|_| Error::EngineGone)??;
         self.regions.push(region);
         self.regions.sort();
         Ok(())
@@ -549,8 +554,7 @@ impl FarMemory {
             .unwrap_or_else(|e| e.into_inner())
             .push(tx);
         self.poke(b"f")?;
-        rx.recv()
-            .map_err(|_| Error::EngineStopped("the far-memory handler stopped".into()))?
+        rx.recv().map_err(|_| Error::EngineGone)?
     }
 
     /// Ends a [`FarMemory::pause`]: evicts down to the budget.
@@ -567,10 +571,10 @@ impl FarMemory {
             .iter()
             .any(|r| r.start <= range.start && range.end() <= r.end())
         {
-            return Err(Error::NotMapped(format!(
-                "{:#x}+{:#x} is not inside one emulated region",
-                range.start, range.len
-            )));
+            return Err(Error::NotEmulated {
+                start: range.start,
+                len: range.len,
+            });
         }
         self.shared
             .placements
@@ -641,9 +645,9 @@ impl FarMemory {
         let _ = self.wake.write_all(b"s");
         match t.join() {
             Ok(r) => r,
-            Err(_) => Err(Error::EngineStopped(
-                "the far-memory handler thread panicked".into(),
-            )),
+            Err(_) => Err(Error::EnginePanicked {
+                message: String::new(),
+            }),
         }
     }
 }

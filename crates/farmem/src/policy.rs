@@ -24,8 +24,8 @@
 //! `PolicyOps` (the C ABI of `include/pagewise.h`): every call into it is a
 //! foreign call, as at the C API's boundary.
 
+use crate::{Error, Result};
 use pagewise_mech::workload::Rng;
-use pagewise_mech::{Error, Result};
 use std::collections::VecDeque;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 

@@ -5,7 +5,7 @@
 //! (a parked thread's wake-up state may sit there), so it blocks in
 //! `read(2)` rather than parking.
 
-use pagewise_mech::{Error, Result};
+use crate::{Error, Result};
 use std::io::{Read, Write};
 use std::sync::{Arc, Mutex};
 

@@ -3,8 +3,8 @@
 //! the run's end.
 
 use super::instance::{self, Access, Instance, Settings};
+use crate::{Error, Result};
 use pagewise_mech::shim::{ask, env, parsed, shim_command, Request};
-use pagewise_mech::{Error, Result};
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -162,10 +162,9 @@ impl FarmemRun {
             return Ok(FarmemRun { inst, tag });
         }
         let Some(want) = want else {
-            return Err(Error::Invalid(format!(
-                "instance {} does not exist: give its settings to create it",
-                name.unwrap_or(prefix)
-            )));
+            return Err(Error::NeedsSettings {
+                name: name.unwrap_or(prefix).to_string(),
+            });
         };
         want.check()?;
         let name = name

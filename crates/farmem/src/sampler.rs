@@ -5,8 +5,8 @@
 //! no sampler, the sampler on `access`).
 
 use super::instance::{Access, Instance};
+use crate::{Error, Result};
 use pagewise_mech::access::CoverageReport;
-use pagewise_mech::{Error, Result};
 use std::time::{Duration, Instant};
 
 /// The far-memory instance `pid` is a live member of, if any (opened for
@@ -47,10 +47,11 @@ pub fn sample(inst: &Instance, window: Duration, timeout: Duration) -> Result<Ve
             let Ok(body) = std::fs::read(&path) else {
                 continue;
             };
-            let r: CoverageReport = serde_json::from_slice(&body).map_err(|e| Error::Corrupt {
-                path: path.display().to_string(),
-                what: format!("not a coverage report: {e}"),
-            })?;
+            let r: CoverageReport =
+                serde_json::from_slice(&body).map_err(|e| pagewise_mech::Error::Corrupt {
+                    path: path.display().to_string(),
+                    what: format!("not a coverage report: {e}"),
+                })?;
             if r.request == req {
                 let _ = std::fs::remove_file(&path);
                 out.push(r);
@@ -60,16 +61,15 @@ pub fn sample(inst: &Instance, window: Duration, timeout: Duration) -> Result<Ve
             return Ok(out);
         }
         if Instant::now() > until {
-            let missing: Vec<String> = pids
+            let missing: Vec<i32> = pids
                 .iter()
                 .filter(|p| !out.iter().any(|r| r.pid == **p))
-                .map(|p| p.to_string())
+                .copied()
                 .collect();
-            return Err(Error::Timeout(format!(
-                "no coverage report from process {} within {:?}",
-                missing.join(", "),
-                timeout
-            )));
+            return Err(Error::NoCoverageReport {
+                pids: missing,
+                waited: timeout,
+            });
         }
         std::thread::sleep(Duration::from_millis(10));
     }

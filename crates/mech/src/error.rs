@@ -4,7 +4,7 @@
 use crate::PAGE_SIZE;
 
 mod kinds;
-pub use kinds::{Refusal, RollbackRefusal, StoreError, WireError};
+pub use kinds::Refusal;
 
 /// Errors of the pagewise library. Each message says what was being done and with which value.
 #[derive(Debug, thiserror::Error)]
@@ -96,28 +96,9 @@ pub enum Error {
     /// Waiting for another party ran out of time.
     #[error("{0}")]
     Timeout(String),
-    /// A migration went wrong (see the kinds).
-    #[error("{0}")]
-    Wire(#[from] WireError),
-    /// A durable store refused or lacked something (see the kinds).
-    #[error("{0}")]
-    Store(#[from] StoreError),
     /// A process could not be stopped or acted inside (see the kinds).
     #[error("{0}")]
     Refused(#[from] Refusal),
-    /// A rollback of another process was refused before anything changed
-    /// (see the kinds).
-    #[cfg(target_arch = "x86_64")]
-    #[error("{0}")]
-    Rollback(#[from] RollbackRefusal),
-    /// A policy plugin failed to load or start.
-    #[error("policy plugin {path}: {what}")]
-    Plugin {
-        /// The plugin's path.
-        path: String,
-        /// What went wrong.
-        what: String,
-    },
     /// pagewise's own bookkeeping is inconsistent: a bug, reported rather
     /// than turned into wrong data.
     #[error("internal error: {0}")]
@@ -136,12 +117,6 @@ pub enum Error {
         /// What the handshake met.
         #[source]
         source: std::io::Error,
-    },
-    /// A far-memory instance exists with settings other than those asked for.
-    #[error("instance {name} exists with other settings: join it without them, or change them with `pagewise farmem set {name} key=value`")]
-    InstanceConflict {
-        /// The instance.
-        name: String,
     },
 }
 
@@ -165,6 +140,27 @@ pub enum ErrorClass {
     Busy,
     /// Anything else: it was tried and failed.
     Failed,
+}
+
+/// What every error of pagewise says besides its text: its class and the
+/// errno that says it best to C callers and over the wire. The mechanisms'
+/// [`Error`] and each capability's own error implement it, so that a face
+/// (the command line's exit status, the C API's errno, Python's exception)
+/// treats them alike.
+pub trait Failure: std::error::Error + Send + Sync + 'static {
+    /// Its class (see [`ErrorClass`]).
+    fn class(&self) -> ErrorClass;
+    /// Its errno.
+    fn errno(&self) -> i32;
+}
+
+impl Failure for Error {
+    fn class(&self) -> ErrorClass {
+        Error::class(self)
+    }
+    fn errno(&self) -> i32 {
+        Error::errno(self)
+    }
 }
 
 /// Result alias of the library.
@@ -211,7 +207,7 @@ impl Error {
             Error::Corrupt { .. } => libc::EBADMSG,
             Error::ShimNotFound { .. } => libc::ENOENT,
             Error::ShimSilent { source, .. } => source.raw_os_error().unwrap_or(libc::EPROTO),
-            Error::InstanceConflict { .. } | Error::Exists(_) => libc::EEXIST,
+            Error::Exists(_) => libc::EEXIST,
             Error::NotFound(_) => libc::ENOENT,
             Error::NotPermitted(_) => libc::EACCES,
             Error::Busy(_) => libc::EBUSY,
@@ -220,16 +216,8 @@ impl Error {
             Error::MemoryType(_) => libc::EINVAL,
             Error::EngineStopped(_) => libc::EPIPE,
             Error::Timeout(_) => libc::ETIMEDOUT,
-            Error::Plugin { .. } => libc::ELIBBAD,
-            Error::Store(s) => s.errno(),
-            Error::Wire(w) => w.errno(),
             Error::Refused(r) if r.is_permanent() => libc::EOPNOTSUPP,
             Error::Refused(_) => libc::EBUSY,
-            #[cfg(target_arch = "x86_64")]
-            Error::Rollback(r) => match r {
-                RollbackRefusal::MemoryOnly { .. } => libc::EOPNOTSUPP,
-                _ => libc::ESTALE,
-            },
             Error::Internal(_) => libc::ENOTRECOVERABLE,
         }
     }
@@ -243,14 +231,7 @@ impl Error {
             }
             Error::Refused(r) if r.is_permanent() => ErrorClass::Unsupported,
             Error::Refused(r) if r.is_passing() => ErrorClass::Busy,
-            Error::Busy(_) | Error::Store(StoreError::Locked { .. }) => ErrorClass::Busy,
-            #[cfg(target_arch = "x86_64")]
-            Error::Rollback(RollbackRefusal::MemoryOnly { .. }) => ErrorClass::Unsupported,
-            Error::Wire(_) | Error::Store(_) => match self.errno() {
-                libc::EACCES => ErrorClass::Permission,
-                libc::EINVAL => ErrorClass::BadInput,
-                _ => ErrorClass::Failed,
-            },
+            Error::Busy(_) => ErrorClass::Busy,
             Error::PermissionDenied { .. } | Error::NotPermitted(_) => ErrorClass::Permission,
             Error::NoSuchProcess(_) | Error::ProcessExited(_) | Error::ProgramReplaced(_) => {
                 ErrorClass::Gone
@@ -305,57 +286,12 @@ mod tests {
                 ErrorClass::Busy,
                 libc::EBUSY,
             ),
-            (
-                StoreError::Locked { store: "/s".into() }.into(),
-                ErrorClass::Busy,
-                libc::EBUSY,
-            ),
             (Error::Busy("ksm/run".into()), ErrorClass::Busy, libc::EBUSY),
-            (
-                StoreError::NotOwned {
-                    path: "/s".into(),
-                    owner: 1,
-                    you: 0,
-                }
-                .into(),
-                ErrorClass::Permission,
-                libc::EACCES,
-            ),
-            (
-                StoreError::LabelTooLong { max: 4096 }.into(),
-                ErrorClass::BadInput,
-                libc::EINVAL,
-            ),
-            (
-                WireError::ShortKey { len: 3 }.into(),
-                ErrorClass::BadInput,
-                libc::EINVAL,
-            ),
-            (
-                WireError::KeyMismatch {
-                    peer: "p".into(),
-                    we_have_key: false,
-                }
-                .into(),
-                ErrorClass::Permission,
-                libc::EACCES,
-            ),
-            (
-                WireError::BadTag { peer: "p".into() }.into(),
-                ErrorClass::Failed,
-                libc::EBADMSG,
-            ),
         ];
         for (e, class, errno) in cases {
             assert_eq!(e.class(), class, "{e}");
             assert_eq!(e.errno(), errno, "{e}");
             assert_eq!(e.to_string().lines().count(), 1, "{e}");
         }
-        // The messages are those of before the kinds: the store's lock.
-        let e: Error = StoreError::Locked { store: "/s".into() }.into();
-        assert_eq!(
-            e.to_string(),
-            "store /s is being written by another process: one writer at a time"
-        );
     }
 }

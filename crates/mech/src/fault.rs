@@ -56,8 +56,8 @@ fn refused_hint(e: &std::io::Error) -> &'static str {
 
 /// Whether `e` is `EAGAIN`: the address space is changing under a
 /// userfaultfd event not read yet; read events, then try again.
-pub fn again(e: &Error) -> bool {
-    matches!(e, Error::Os { source, .. } if source.raw_os_error() == Some(libc::EAGAIN))
+pub fn again(e: &impl crate::Failure) -> bool {
+    e.errno() == libc::EAGAIN
 }
 
 /// The next message of `fd` if one is waiting, without blocking.
@@ -91,7 +91,7 @@ pub fn wait(fd: BorrowedFd<'_>, wake: &mut std::io::PipeReader, timeout_ms: i32)
 /// hang: the process is aborted with the reason, while the userfaultfd is
 /// still open (closing it first would let the waiting threads run on over
 /// holes that read as zeros). `who` names the server in the message.
-pub fn abort(who: &str, e: &Error) -> ! {
+pub fn abort(who: &str, e: &dyn std::fmt::Display) -> ! {
     let msg = format!(
         "pagewise {who}: the fault handler failed: {e}; aborting the process, \
          whose memory can no longer be trusted\n"

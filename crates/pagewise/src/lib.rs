@@ -27,9 +27,12 @@
 //! few hidden modules for pagewise's own faces ([`process`], [`system`],
 //! [`shim`]), which may change without notice.
 //!
-//! Errors say their class ([`Error::class`]): bad input, unsupported here,
-//! not permitted, the process went away, busy now (try again later), or
-//! failed.
+//! Each capability has its own error enum, whose kinds carry the values
+//! they are about (`snap::Error::NoSnapshot { id }`); failures of the
+//! mechanisms under them are their `Mech` kind. [`Error`] holds any of
+//! them for a caller using several. Every error says its class
+//! ([`Failure::class`]): bad input, unsupported here, not permitted, the
+//! process went away, busy now (try again later), or failed.
 
 #![forbid(unsafe_code)]
 
@@ -43,7 +46,10 @@ pub use pagewise_track as track;
 #[doc(hidden)]
 pub use pagewise_mech::workload;
 pub use pagewise_mech::{access, hash, walk, walk_cost, wp};
-pub use pagewise_mech::{probe, Error, ErrorClass, PageRange, Refusal, Region, Result};
+mod error;
+pub use error::{Error, Result};
+pub use pagewise_mech::Error as MechError;
+pub use pagewise_mech::{probe, ErrorClass, Failure, PageRange, Refusal, Region};
 pub use pagewise_mech::{HUGE_PAGE_SIZE, PAGE_SIZE};
 
 /// The frame every agent runs in: the [`Agent`](agent::Agent) trait, its

@@ -16,7 +16,7 @@ mod track;
 
 /// A library error as Python's `OSError` (Python picks the subclass from
 /// the errno: `ProcessLookupError` for ESRCH, `PermissionError`, ...).
-pub(crate) fn os_error(e: pagewise::Error) -> PyErr {
+pub(crate) fn os_error(e: impl pagewise::Failure) -> PyErr {
     PyOSError::new_err((e.errno(), e.to_string()))
 }
 

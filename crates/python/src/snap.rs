@@ -13,7 +13,7 @@ use std::sync::Mutex;
 fn read_bytes<'py>(
     py: Python<'py>,
     len: usize,
-    read: impl FnOnce(&mut [u8]) -> pagewise::Result<()> + Send,
+    read: impl FnOnce(&mut [u8]) -> pagewise::snap::Result<()> + Send,
 ) -> PyResult<Bound<'py, PyBytes>> {
     if len > 1 << 32 {
         return Err(PyValueError::new_err("read at most 4 GiB at once"));

@@ -6,7 +6,8 @@
 //! files mapped (store format 3).
 
 use super::disk::{DiskSnapshot, DiskStore};
-use pagewise_mech::{Error, Result, PAGE_SIZE};
+use crate::{Error, Result};
+use pagewise_mech::PAGE_SIZE;
 use std::io::Write;
 
 /// Where one region's bytes went in the file written.
@@ -32,9 +33,7 @@ pub fn raw(
     let page = PAGE_SIZE as u64;
     if let Some((a, b)) = range {
         if a >= b || a % page != 0 || b % page != 0 {
-            return Err(Error::Invalid(format!(
-                "{a:#x}-{b:#x}: the start must be below the end, both page-aligned"
-            )));
+            return Err(Error::BadRange { start: a, end: b });
         }
     }
     let mut placed = Vec::new();
@@ -63,10 +62,12 @@ pub fn raw(
     }
     if let Some((a, b)) = range {
         if at != b - a {
-            return Err(Error::NotMapped(format!(
-                "{a:#x}-{b:#x} is not wholly inside snapshot {} ({at} bytes of it are)",
-                snap.id
-            )));
+            return Err(Error::RangeNotInSnapshot {
+                start: a,
+                end: b,
+                id: snap.id,
+                covered: at,
+            });
         }
     }
     Ok(placed)
@@ -101,7 +102,7 @@ fn notes(snap: &DiskSnapshot) -> Result<Vec<u8>> {
         return Ok(out);
     }
     let rec = super::disk::ProcessRecord::decode(&snap.record)
-        .map_err(|why| Error::Invalid(format!("snapshot {}: {why}", snap.id)))?;
+        .map_err(|why| Error::BadRecord { id: snap.id, why })?;
     for t in &rec.threads {
         let mut d = vec![0u8; PRSTATUS];
         d[24..32].copy_from_slice(&t.sigmask.to_le_bytes());

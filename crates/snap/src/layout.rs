@@ -19,8 +19,13 @@
 //! advice, locks, names of anonymous mappings, a stack's growing down.
 
 use pagewise_mech::inject::{failed, Remote};
+
+/// A call made inside the process that failed, as this crate's error.
+fn failed_inside(pid: i32, what: impl Into<String>, rc: i64) -> Error {
+    failed(pid, what, rc).into()
+}
+use crate::{Error, Result};
 use pagewise_mech::procfs::{self, Mapping};
-use pagewise_mech::{Error, Result};
 
 /// What backs a mapping.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -187,16 +192,12 @@ pub fn diff(want: &[Vma], have: &[Vma]) -> Result<Vec<Op>> {
             }
             (Some(x), _) => {
                 if let Backing::Other(name) = &x.backing {
-                    return Err(Error::MemoryType(format!(
-                        "{a:#x}..{b:#x} ({}) was a mapping of {} that is gone or replaced: \
-                         shared memory and deleted files cannot be mapped again",
-                        if x.shared { "shared" } else { "private" },
-                        if name.is_empty() {
-                            "shared anonymous memory"
-                        } else {
-                            name
-                        }
-                    )));
+                    return Err(Error::MappingGone {
+                        start: a,
+                        end: b,
+                        shared: x.shared,
+                        name: name.clone(),
+                    });
                 }
                 Op::Map {
                     start: a,
@@ -262,7 +263,7 @@ pub fn apply(remote: &Remote<'_>, pid: i32, ops: &[Op]) -> Result<()> {
             Op::Unmap { start, end } => {
                 let rc = remote.syscall(libc::SYS_munmap, [*start, end - start, 0, 0, 0, 0])?;
                 if rc < 0 {
-                    return Err(failed(
+                    return Err(failed_inside(
                         pid,
                         format!("munmap({start:#x}..{end:#x}) made inside it"),
                         rc,
@@ -275,7 +276,7 @@ pub fn apply(remote: &Remote<'_>, pid: i32, ops: &[Op]) -> Result<()> {
                     [*start, end - start, *prot as u64, 0, 0, 0],
                 )?;
                 if rc < 0 {
-                    return Err(failed(
+                    return Err(failed_inside(
                         pid,
                         format!("mprotect({start:#x}..{end:#x}) made inside it"),
                         rc,
@@ -310,7 +311,7 @@ fn map(remote: &Remote<'_>, pid: i32, start: u64, end: u64, like: &Vma) -> Resul
             ],
         )?;
         return match rc {
-            rc if rc < 0 => Err(failed(
+            rc if rc < 0 => Err(failed_inside(
                 pid,
                 format!("mmap({start:#x}..{end:#x}) made inside it"),
                 rc,
@@ -323,7 +324,7 @@ fn map(remote: &Remote<'_>, pid: i32, start: u64, end: u64, like: &Vma) -> Resul
     let opened = remote.open(path.as_bytes(), flags);
     let fd = opened?;
     if fd < 0 {
-        return Err(failed(pid, format!("opening {path} inside it"), fd));
+        return Err(failed_inside(pid, format!("opening {path} inside it"), fd));
     }
     let offset = like.offset + (start - like.start);
     let rc = remote.syscall(
@@ -340,7 +341,7 @@ fn map(remote: &Remote<'_>, pid: i32, start: u64, end: u64, like: &Vma) -> Resul
     remote.syscall(libc::SYS_close, [fd as u64, 0, 0, 0, 0, 0])?;
     let rc = rc?;
     if rc < 0 {
-        return Err(failed(
+        return Err(failed_inside(
             pid,
             format!("mmap of {path} at {start:#x}..{end:#x} made inside it"),
             rc,
@@ -361,15 +362,13 @@ pub fn check(pid: i32, ops: &[Op]) -> Result<()> {
         };
         let seen = std::fs::metadata(format!("/proc/{pid}/root{path}")).map(|m| m.ino());
         if seen.as_ref().ok() != Some(inode) {
-            return Err(Error::MemoryType(format!(
-                "{path} was mapped at {:#x}..{:#x} and is gone or replaced since                  (inode {inode} then, {} now): it cannot be mapped again",
-                like.start,
-                like.end,
-                match seen {
-                    Ok(i) => i.to_string(),
-                    Err(e) => e.to_string(),
-                }
-            )));
+            return Err(Error::FileReplaced {
+                path: path.to_string(),
+                start: like.start,
+                end: like.end,
+                then: *inode,
+                now: seen.ok(),
+            });
         }
     }
     Ok(())

@@ -26,9 +26,10 @@
 //! as far memory does.
 
 use crate::disk::{check_same_shape, DiskSnapshot, DiskStore};
+use crate::{Error, Result};
 use pagewise_mech::fault::{self, again, Filled};
 use pagewise_mech::procfs;
-use pagewise_mech::{Error, Region, Result, PAGE_SIZE};
+use pagewise_mech::{Region, PAGE_SIZE};
 use pagewise_sys::{mem, uffd};
 use serde::Serialize;
 use std::io::Write;
@@ -433,7 +434,8 @@ impl Server {
         self.disk.read_page(offset, &mut self.page)?;
         self.bump(|s| s.copied += 1);
         // SAFETY: a missing page of the regions this lazy restore serves, which its creator handed over as raw memory to be filled from the store.
-        unsafe { fault::fill(fd, addr, &self.page) }.inspect_err(|_| self.bump(|s| s.copied -= 1))
+        let filled = unsafe { fault::fill(fd, addr, &self.page) };
+        Ok(filled.inspect_err(|_| self.bump(|s| s.copied -= 1))?)
     }
 
     /// Brings in up to [`BATCH`] pages not touched yet, in address order.
@@ -456,7 +458,9 @@ impl Server {
                     self.cursor = i;
                     return Ok(());
                 }
-                Err(Error::Os { source, .. }) if source.raw_os_error() == Some(libc::ENOENT) => {
+                Err(Error::Mech(pagewise_mech::Error::Os { source, .. }))
+                    if source.raw_os_error() == Some(libc::ENOENT) =>
+                {
                     // Unmapped under us; its event comes next.
                     self.cursor = i;
                     return Ok(());

@@ -61,7 +61,9 @@ use table::{Chunk, Table};
 use pagewise_mech::procfs;
 use pagewise_mech::region::{push_coalesced, PageRange};
 use pagewise_mech::walk::PageWalker;
-use pagewise_mech::{Error, Region, Result, PAGE_SIZE};
+mod error;
+pub use error::{Error, Result};
+use pagewise_mech::{Region, PAGE_SIZE};
 use pagewise_track::{BackendKind, DirtyTracker};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -188,7 +190,7 @@ impl Snapshots {
     /// writable, page-aligned and non-overlapping. Tracking starts now.
     pub fn new(regions: &[Region], opts: SnapshotOptions) -> Result<Self> {
         if regions.is_empty() {
-            return Err(Error::Invalid("no region to snapshot".into()));
+            return Err(Error::NoRegion);
         }
         let mut sorted = regions.to_vec();
         sorted.sort();
@@ -355,9 +357,7 @@ impl Snapshots {
     }
 
     fn snap(&self, id: SnapId) -> Result<&Snap> {
-        self.snaps
-            .get(&id)
-            .ok_or_else(|| Error::NotFound(format!("no snapshot {id}")))
+        self.snaps.get(&id).ok_or(Error::NoSnapshot { id })
     }
 
     /// Restores memory to snapshot `id`, byte-exact, writing only pages that differ.
@@ -403,10 +403,7 @@ impl Snapshots {
 
     /// Drops snapshot `id`; pages no other snapshot uses are freed.
     pub fn drop_snapshot(&mut self, id: SnapId) -> Result<()> {
-        let s = self
-            .snaps
-            .remove(&id)
-            .ok_or_else(|| Error::NotFound(format!("no snapshot {id}")))?;
+        let s = self.snaps.remove(&id).ok_or(Error::NoSnapshot { id })?;
         table::release(&mut self.store, &mut self.spare, s.tables);
         Ok(())
     }
@@ -442,17 +439,18 @@ impl Snapshots {
     /// page boundaries (a software MMU). The range must lie inside one region.
     pub fn read(&self, id: SnapId, addr: u64, buf: &mut [u8]) -> Result<()> {
         let s = self.snap(id)?;
-        let ri = self.region_of(addr).ok_or_else(|| {
-            Error::NotMapped(format!("address {addr:#x} is not in a snapshotted region"))
+        let ri = self.region_of(addr).ok_or(Error::NotSnapshotted {
+            addr,
+            snapshot: None,
         })?;
         let region = self.regions[ri];
         if addr + buf.len() as u64 > region.end() {
-            return Err(Error::Invalid(format!(
-                "{addr:#x}+{:#x} runs past the end of region {:#x}+{:#x}",
-                buf.len(),
-                region.start,
-                region.len
-            )));
+            return Err(Error::PastRegion {
+                addr,
+                len: buf.len() as u64,
+                start: region.start,
+                end: region.end(),
+            });
         }
         let mut done = 0;
         while done < buf.len() {
@@ -499,7 +497,7 @@ impl Snapshots {
         let c = self.tracker.collect()?;
         self.pending = pagewise_mech::region::union_sorted(&self.pending, &c.ranges);
         if self.current.is_none() {
-            return Err(Error::NotFound("no snapshot taken yet".into()));
+            return Err(Error::NoneTaken);
         }
         let mut out = Vec::new();
         let pending = std::mem::take(&mut self.pending);

@@ -24,9 +24,10 @@
 //! share of each pass, as QEMU's auto-converge does) until they converge.
 
 use super::disk::{DiskSnapshot, DiskStore, SaveStats};
+use crate::{Error, Result};
 use pagewise_mech::procfs;
 use pagewise_mech::stop::Stopped;
-use pagewise_mech::{Error, PageRange, Region, Result, PAGE_SIZE};
+use pagewise_mech::{PageRange, Region, PAGE_SIZE};
 use pagewise_track::{BackendKind, DirtyTracker};
 use serde::Serialize;
 use std::borrow::BorrowMut;
@@ -258,10 +259,11 @@ impl Source for ProcessSource {
             .collect())
     }
     fn read(&mut self, addr: u64, buf: &mut [u8]) -> Result<()> {
-        pagewise_mech::remote::read(self.pid, addr, buf).map(|_| ())
+        pagewise_mech::remote::read(self.pid, addr, buf)?;
+        Ok(())
     }
     fn read_many(&mut self, parts: &mut [(u64, &mut [u8])]) -> Result<()> {
-        pagewise_mech::remote::read_many(self.pid, parts)
+        Ok(pagewise_mech::remote::read_many(self.pid, parts)?)
     }
     fn dirty(&mut self) -> Result<Vec<PageRange>> {
         self.tracker.sync_process_mappings(Some(self.pid), false)?;
@@ -321,9 +323,9 @@ impl Source for OwnRegions {
             .iter()
             .any(|r| r.start <= addr && addr + buf.len() as u64 <= r.end())
         {
-            return Err(Error::Internal(format!(
-                "read of {addr:#x} outside the regions"
-            )));
+            return Err(Error::Internal {
+                what: "a read outside the regions",
+            });
         }
         // SAFETY: the range lies inside one of the regions, which the caller
         // keeps mapped and readable while this lives (checked at creation);
@@ -339,10 +341,9 @@ impl Source for OwnRegions {
         self.regions.clone()
     }
     fn pause(&mut self) -> Result<Box<dyn std::any::Any>> {
-        (self
-            .pause
-            .lock()
-            .map_err(|_| Error::Internal("pause callback panicked".into()))?)(true);
+        (self.pause.lock().map_err(|_| Error::Internal {
+            what: "the pause callback panicked",
+        })?)(true);
         Ok(Box::new(Resume(self.pause.clone())))
     }
 }

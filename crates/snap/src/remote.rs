@@ -9,11 +9,12 @@
 //! costs the pages that changed (plus an index of 8 bytes per page).
 
 use super::disk::{DiskStore, SaveStats};
+use crate::{Error, Result};
 use pagewise_mech::procfs;
 use pagewise_mech::remote;
 use pagewise_mech::stop::Stopped;
 use pagewise_mech::walk::PageWalker;
-use pagewise_mech::{Error, Region, Result, PAGE_SIZE};
+use pagewise_mech::{Region, PAGE_SIZE};
 use serde::Serialize;
 use std::time::Instant;
 
@@ -216,13 +217,10 @@ pub fn not_self_served(pid: i32) -> Result<()> {
     if served.is_empty() {
         return Ok(());
     }
-    Err(Error::MemoryType(format!(
-        "process {pid} serves its own page faults (a userfaultfd over {} mappings, as under \
-         `pagewise farmem run`): stopped, it could not serve the reads of a snapshot, and the \
-         pages it keeps elsewhere are not at their addresses; snapshot it without its fault \
-         handler (or far-memory emulation)",
-        served.len()
-    )))
+    Err(Error::ServesOwnFaults {
+        pid,
+        mappings: served.len(),
+    })
 }
 
 /// What a rollback needs besides pages (the layout, the program break,

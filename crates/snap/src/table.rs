@@ -4,7 +4,8 @@
 
 use super::disk::SnapshotWriter;
 use super::{DiskSnapshot, DiskStore, PageId, PageStore, TakeStats, CHUNK_PAGES};
-use pagewise_mech::{Result, PAGE_SIZE};
+use crate::Result;
+use pagewise_mech::PAGE_SIZE;
 use std::sync::Arc;
 
 pub(super) type Chunk = Arc<Vec<PageId>>;

@@ -29,10 +29,10 @@
 //!
 //! x86-64 only.
 
+use crate::{Error, Result};
 use pagewise_mech::inject::Remote;
 use pagewise_mech::remote::{read_exact, write_exact};
 use pagewise_mech::stop::Stopped;
-use pagewise_mech::{Error, Result};
 use pagewise_sys::process::{self as p, Regs};
 
 /// The bytes of a `stack_t` (`ss_sp`, `ss_flags` and padding, `ss_size`).

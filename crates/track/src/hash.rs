@@ -11,10 +11,11 @@
 //! tell apart either (and a fingerprint collision, about 2^-64 per page).
 
 use super::{Backend, BackendKind, CollectStats, Target};
+use crate::Result;
 use pagewise_mech::hash::{zero_page_hash, PageHash};
 use pagewise_mech::region::{push_coalesced, PageRange, Region};
 use pagewise_mech::walk::PageWalker;
-use pagewise_mech::{Result, PAGE_SIZE};
+use pagewise_mech::PAGE_SIZE;
 
 /// Bytes read from another process per `process_vm_readv`.
 const REMOTE_CHUNK: usize = 1 << 20;
@@ -112,7 +113,7 @@ impl HashBackend {
 
     /// Fills `self.populated` with the populated (present or swapped) runs of `r`.
     fn find_populated(&mut self, r: Region) -> Result<()> {
-        self.walker.populated(r, &mut self.populated)
+        Ok(self.walker.populated(r, &mut self.populated)?)
     }
 
     /// Fingerprints pages `[a, b)` of the target into `out`.

@@ -2,9 +2,9 @@
 //! (the other end of [`super::protocol`]).
 
 use super::{protocol, BackendKind};
+use crate::{Error, Result};
 use pagewise_mech::child::wait_for;
 use pagewise_mech::shim::{ask, env, parsed, parsed_fd, spawn_with_socket, Request};
-use pagewise_mech::{Error, Result};
 use std::os::unix::net::UnixStream;
 use std::process::{Child, Command, ExitStatus};
 use std::time::Duration;
@@ -81,10 +81,11 @@ pub fn start_tracked(
         }
         Err(e) => Ok(Tracked::Silent(
             child,
-            Error::ShimSilent {
+            pagewise_mech::Error::ShimSilent {
                 program: program.clone(),
                 source: e,
-            },
+            }
+            .into(),
         )),
     }
 }

@@ -35,7 +35,9 @@ mod uffd_wp;
 
 use pagewise_mech::probe;
 use pagewise_mech::region::{self, PageRange, Region};
-use pagewise_mech::{Error, Result};
+mod error;
+pub use error::{Error, Result};
+use pagewise_mech::Error as MechError;
 use serde::Serialize;
 use std::time::Instant;
 
@@ -345,7 +347,7 @@ impl std::fmt::Debug for DirtyTracker {
 /// (whole-process tracking, where mappings come and go).
 fn in_process_backend(kind: BackendKind, strict: bool) -> Result<Box<dyn Backend>> {
     kind.available_in_process()
-        .map_err(|why| Error::Unsupported {
+        .map_err(|why| MechError::Unsupported {
             feature: kind.name(),
             why,
         })?;
@@ -391,10 +393,12 @@ impl DirtyTracker {
                 if auto
                     && matches!(
                         e,
-                        Error::Unsupported { .. }
-                            | Error::PermissionDenied { .. }
-                            | Error::Busy(_)
-                            | Error::Refused(_)
+                        Error::Mech(
+                            MechError::Unsupported { .. }
+                                | MechError::PermissionDenied { .. }
+                                | MechError::Busy(_)
+                                | MechError::Refused(_)
+                        ) | Error::HeldElsewhere { .. }
                     ) =>
             {
                 let fallback = BackendKind::without_the_target();
@@ -416,13 +420,14 @@ impl DirtyTracker {
     }
 
     fn for_process_with(pid: i32, kind: BackendKind) -> Result<Self> {
-        kind.available_for_pid().map_err(|why| Error::Unsupported {
-            feature: kind.name(),
-            why,
-        })?;
+        kind.available_for_pid()
+            .map_err(|why| MechError::Unsupported {
+                feature: kind.name(),
+                why,
+            })?;
         pagewise_mech::procfs::check_target(pid)?;
         pagewise_sys::process::process_exists(pid).map_err(|e| match e.raw_os_error() {
-            Some(libc::ESRCH) => Error::NoSuchProcess(pid),
+            Some(libc::ESRCH) => MechError::NoSuchProcess(pid).into(),
             _ => Error::for_pid(pid, "signalling the process", e),
         })?;
         let backend: Box<dyn Backend> = match kind {
@@ -452,10 +457,11 @@ impl DirtyTracker {
     pub fn for_self_anonymous(kind: BackendKind) -> Result<Self> {
         let kind = kind.resolve_in_process();
         if kind == BackendKind::Mprotect {
-            return Err(Error::Unsupported {
+            return Err(MechError::Unsupported {
                 feature: "mprotect",
                 why: "the mprotect backend cannot watch a whole process (it would fault on memory the program protects itself)".into(),
-            });
+            }
+            .into());
         }
         let backend = in_process_backend(kind, false)?;
         let mut t = DirtyTracker {
@@ -476,7 +482,7 @@ impl DirtyTracker {
     pub fn sync_process_mappings(&mut self, pid: Option<i32>, baseline: bool) -> Result<()> {
         if let Some(p) = pid {
             if !pagewise_mech::procfs::is_alive(p) {
-                return Err(Error::ProcessExited(p));
+                return Err(MechError::ProcessExited(p).into());
             }
         }
         let wanted: Vec<Region> = pagewise_mech::procfs::writable_anonymous(pid)?
@@ -573,7 +579,7 @@ impl DirtyTracker {
     pub fn peek(&mut self) -> Result<Option<Collection>> {
         let id = Self::DEFAULT;
         if !matches!(self.pending.get(id.0), Some(Some(_))) {
-            return Err(Error::NotFound(format!("consumer {} does not exist", id.0)));
+            return Err(Error::NoConsumer { id: id.0 });
         }
         let t0 = Instant::now();
         let mut stats = CollectStats::default();
@@ -592,7 +598,7 @@ impl DirtyTracker {
     /// this scan found until they collect.
     pub fn collect_for(&mut self, id: ConsumerId) -> Result<Collection> {
         if !matches!(self.pending.get(id.0), Some(Some(_))) {
-            return Err(Error::NotFound(format!("consumer {} does not exist", id.0)));
+            return Err(Error::NoConsumer { id: id.0 });
         }
         let t0 = Instant::now();
         let mut stats = CollectStats::default();

@@ -21,8 +21,9 @@
 //! handler without locks; installing it is unsafe by nature.
 
 use super::{Backend, BackendKind, CollectStats};
+use crate::{Error, Result};
 use pagewise_mech::region::{push_coalesced, PageRange, Region};
-use pagewise_mech::{Error, Result, PAGE_SIZE};
+use pagewise_mech::PAGE_SIZE;
 use pagewise_sys::mem;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -164,11 +165,7 @@ fn claim_slot(region: Region, bits: *mut AtomicU64) -> Result<usize> {
     let i = match free {
         Some(i) => i,
         None if used < MAX_SLOTS => used,
-        None => {
-            return Err(Error::Limit(format!(
-                "the mprotect backend tracks at most {MAX_SLOTS} regions per process"
-            )))
-        }
+        None => return Err(Error::TooManyRegions { max: MAX_SLOTS }),
     };
     let s = &SLOTS[i];
     s.bits.store(bits, Ordering::Release);

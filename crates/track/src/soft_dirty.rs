@@ -10,9 +10,10 @@
 //! the probe's reason.
 
 use super::{Backend, BackendKind, CollectStats, Target};
+use crate::{Error, Result};
 use pagewise_mech::procfs;
 use pagewise_mech::region::{push_coalesced, PageRange, Region};
-use pagewise_mech::{Error, Result, PAGE_SIZE};
+use pagewise_mech::PAGE_SIZE;
 use pagewise_sys::pagemap;
 use std::fs::File;
 use std::os::fd::AsFd;

@@ -3,9 +3,10 @@
 //! one atomic walk.
 
 use super::{Backend, BackendKind, CollectStats};
+use crate::{Error, Result};
 use pagewise_mech::region::{PageRange, Region};
 use pagewise_mech::wp::UffdWp;
-use pagewise_mech::{Error, Result};
+use pagewise_mech::Error as MechError;
 
 /// The `uffd-wp` backend over explicit regions.
 ///
@@ -141,22 +142,19 @@ impl Backend for UffdWpBackend {
         self.wp.check_memory()?;
         match self.wp.register(region, baseline) {
             Ok(()) => {}
-            Err(Error::Os { source, .. })
+            Err(MechError::Os { source, .. })
                 if !self.strict && source.raw_os_error() == Some(libc::EBUSY) =>
             {
                 return self.add_fallback(region, baseline);
             }
             // Explicit regions of this process: say who may hold them.
-            Err(Error::Os { source, .. }) if source.raw_os_error() == Some(libc::EBUSY) => {
-                return Err(Error::Busy(format!(
-                    "{:#x}..{:#x} is registered with another userfaultfd already: a tracker or \
-                     a snapshot set of this process (pagewise.Tracker, Snapshots) over the same \
-                     memory holds it until it is dropped (closed), or the program registered it",
-                    region.start,
-                    region.end()
-                )));
+            Err(MechError::Os { source, .. }) if source.raw_os_error() == Some(libc::EBUSY) => {
+                return Err(Error::HeldElsewhere {
+                    start: region.start,
+                    end: region.end(),
+                });
             }
-            Err(e) => return Err(e),
+            Err(e) => return Err(e.into()),
         }
         let i = self.regions.partition_point(|r| r.start < region.start);
         self.regions.insert(i, region);

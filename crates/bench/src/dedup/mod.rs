@@ -430,8 +430,11 @@ struct InGroup {
 
 impl InGroup {
     fn join(to: &cgroup::MemoryCgroup) -> Result<InGroup> {
-        let back = cgroup::memory_cgroup_dir(None)?
-            .ok_or_else(|| Error::NotFound("this process's memory cgroup".into()))?;
+        let back = cgroup::memory_cgroup_dir(None)?.ok_or_else(|| {
+            pagewise::Error::from(pagewise::MechError::NotFound(
+                "this process's memory cgroup".into(),
+            ))
+        })?;
         to.add(std::process::id() as i32)?;
         Ok(InGroup { back })
     }
@@ -657,9 +660,9 @@ impl SchemeRun<'_> {
         if self.stop.load(Ordering::SeqCst) {
             // The processes are killed, the group removed and KSM's
             // settings put back as `children`, `cg` and `agent` are dropped.
-            return Err(Error::Invalid(
+            return Err(pagewise::Error::from(pagewise::MechError::Invalid(
                 "bench dedup interrupted: KSM's settings put back".into(),
-            ));
+            )));
         }
         Ok(Measured { samples, filter })
     }
@@ -720,10 +723,10 @@ fn log_step(
 /// Runs every scheme at every level.
 pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
     if let Some(why) = unavailable() {
-        return Err(Error::Unsupported {
+        return Err(pagewise::Error::from(pagewise::MechError::Unsupported {
             feature: "the dedup experiment",
             why,
-        });
+        }));
     }
     let stop =
         pagewise_sys::signal::stop_flag().map_err(|e| Error::os("taking SIGINT and SIGTERM", e))?;

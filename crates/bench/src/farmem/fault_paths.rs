@@ -204,8 +204,8 @@ pub(super) fn least_path(faults: usize) -> Result<f64> {
     }
     let failed = LEAST_FAILED.load(Ordering::Relaxed);
     if wrong > 0 || failed > 0 {
-        return Err(Error::Internal(format!(
-            "the least inline fault: {wrong} pages read wrong, {failed} moves failed"
+        return Err(pagewise::Error::from(pagewise::MechError::Internal(
+            format!("the least inline fault: {wrong} pages read wrong, {failed} moves failed"),
         )));
     }
     Ok((t - base) / faults as f64)
@@ -214,11 +214,12 @@ pub(super) fn least_path(faults: usize) -> Result<f64> {
 /// A userfaultfd raising `SIGBUS` (with `features` besides) on missing
 /// pages of each of `mems`.
 fn sigbus_uffd(features: u64, mems: &[&AnonMemory]) -> Result<std::os::fd::OwnedFd> {
-    let (fd, _) =
-        uffd::open(libc::O_CLOEXEC | libc::O_NONBLOCK).map_err(|e| Error::Unsupported {
+    let (fd, _) = uffd::open(libc::O_CLOEXEC | libc::O_NONBLOCK).map_err(|e| {
+        pagewise::Error::from(pagewise::MechError::Unsupported {
             feature: "userfaultfd",
             why: e.to_string(),
-        })?;
+        })
+    })?;
     uffd::api(fd.as_fd(), uffd::feature::SIGBUS | features)
         .map_err(|e| Error::os("UFFDIO_API(SIGBUS)", e))?;
     for m in mems {

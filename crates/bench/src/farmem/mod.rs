@@ -209,10 +209,10 @@ fn new_fm(mem: &AnonMemory, c: Config, cal: Calibration, path: FaultPath) -> Res
     };
     let fm = FarMemory::new_with(&[mem.region()], c, fifo(), cal, hooks)?;
     if fm.fault_path() != path {
-        return Err(Error::Unsupported {
+        return Err(pagewise::Error::from(pagewise::MechError::Unsupported {
             feature: "the inline fault path",
             why: "the kernel lacks UFFD_FEATURE_SIGBUS".into(),
-        });
+        }));
     }
     Ok(fm)
 }

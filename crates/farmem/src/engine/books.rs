@@ -148,15 +148,18 @@ impl Engine {
     /// the books, what the page tables say of it and of its staging page.
     fn disagree(&self, g: usize, addr: u64, here: Option<bool>, staged: Option<bool>) -> Error {
         let say = presence;
-        Error::Internal(format!(
-            "the books disagree with the page tables at {addr:#x} (page {g}, {:?}, {:?}): \
-             the region page is {}, the staging page {}; fault {} of this engine",
-            self.pages[g],
-            self.class[g],
-            say(here),
-            say(staged),
-            self.checked_faults
-        ))
+        Error::BooksWrong {
+            addr,
+            state: format!(
+                "page {g}, {:?}, {:?}: the region page is {}, the staging page {}; fault {} of \
+                 this engine",
+                self.pages[g],
+                self.class[g],
+                say(here),
+                say(staged),
+                self.checked_faults
+            ),
+        }
     }
 }
 

@@ -39,8 +39,10 @@ impl Engine {
             self.bring_back(sh)?;
             if let Some((inst, _)) = &self.inst {
                 let path = inst.coverage_path(report.pid);
-                let body = serde_json::to_vec(&report)
-                    .map_err(|e| Error::Internal(format!("coverage report: {e}")))?;
+                let body = serde_json::to_vec(&report).map_err(|_| Error::Internal {
+                    what: "the coverage report could not be written as JSON",
+                    addr: 0,
+                })?;
                 pagewise_mech::files::replace(&path, &body)?;
             }
         }

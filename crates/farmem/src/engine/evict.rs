@@ -260,9 +260,10 @@ impl Engine {
             // page is still there then, and must not be taken for zeros.)
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
                 if self.present(addr)? {
-                    return Err(Error::Internal(format!(
-                        "cannot evict {addr:#x}: its staging at {staged:#x} is not mapped"
-                    )));
+                    return Err(Error::Internal {
+                        what: "a page to evict has no staging page mapped",
+                        addr,
+                    });
                 }
                 self.put(g, Where::RemoteZero);
                 false

@@ -51,7 +51,7 @@ impl Engine {
         // SAFETY: a page registered with the engine's userfaultfd: the engine's own pages (its regions, registered with its userfaultfd, and their staging slots): memory it emulates for the program as raw memory, which no Rust reference of the engine relies on.
         match unsafe { pagewise_mech::fault::zero(self.uffd.as_fd(), page, PAGE_SIZE as u64) } {
             Ok(_) => Ok(()),
-            Err(e) if again(&e) => Err(e),
+            Err(e) if again(&e) => Err(e.into()),
             // Unregistered meanwhile: whoever waits only needs waking.
             Err(_) => uffd::wake(self.uffd.as_fd(), page, PAGE_SIZE as u64)
                 .map_err(|e| Error::os("UFFDIO_WAKE", e)),

@@ -137,10 +137,10 @@ impl Engine {
             .iter()
             .any(|e| e.start < r.end() && r.start < e.end())
         {
-            return Err(Error::Exists(format!(
-                "{:#x}+{:#x} overlaps an emulated region",
-                r.start, r.len
-            )));
+            return Err(Error::Overlaps {
+                start: r.start,
+                len: r.len,
+            });
         }
         Ok(())
     }

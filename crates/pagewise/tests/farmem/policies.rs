@@ -72,7 +72,7 @@ fn bad_policy_plugins_are_refused() {
     // SAFETY: loading fails before any code of the object runs.
     let e = unsafe { policy::Plugin::load("/nonexistent/policy.so", "") }.unwrap_err();
     assert!(
-        matches!(&e, pagewise::Error::Plugin { path, .. } if path == "/nonexistent/policy.so"),
+        matches!(&e, pagewise::farmem::Error::Plugin { path, .. } if path == "/nonexistent/policy.so"),
         "{e:?}"
     );
     // A shared object without the entry point.
@@ -80,7 +80,7 @@ fn bad_policy_plugins_are_refused() {
     // SAFETY: libc is already loaded; dlopen only adds a reference.
     let e = unsafe { policy::Plugin::load(libc_path, "") }.unwrap_err();
     assert!(
-        matches!(&e, pagewise::Error::Plugin { what, .. } if what.contains("pw_policy_plugin")),
+        matches!(&e, pagewise::farmem::Error::Plugin { what, .. } if what.contains("pw_policy_plugin")),
         "{e:?}"
     );
 }

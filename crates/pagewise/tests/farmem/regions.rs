@@ -171,7 +171,10 @@ fn memory_types_other_than_private_anonymous_are_refused() {
         };
         let e = new_fm(&[m.region()], config(4, 0), fifo(), Calibration::NONE).unwrap_err();
         assert!(
-            matches!(e, pagewise::Error::MemoryType(_)),
+            matches!(
+                e,
+                pagewise::farmem::Error::Mech(pagewise::MechError::MemoryType(_))
+            ),
             "{}: {e:?}",
             kind.name()
         );

@@ -509,7 +509,7 @@ fn a_process_just_killed_is_said_to_have_exited() {
     assert!(
         matches!(
             e,
-            pagewise::Error::NoSuchProcess(_) | pagewise::Error::ProcessExited(_)
+            pagewise::MechError::NoSuchProcess(_) | pagewise::MechError::ProcessExited(_)
         ),
         "{e}"
     );
@@ -556,12 +556,10 @@ fn every_snapshot_refuses_a_process_serving_its_own_faults() {
     };
     let mut t = Target::start(&path, &[], true);
     let pid = t.pid();
-    let refused = |what: &str, r: pagewise::Result<()>| match r {
-        Err(e @ pagewise::Error::MemoryType(_)) => {
-            assert!(
-                e.to_string().contains("serves its own page faults"),
-                "{what}: {e}"
-            );
+    let refused = |what: &str, r: pagewise::snap::Result<()>| match r {
+        Err(pagewise::snap::Error::ServesOwnFaults { pid: p, mappings }) => {
+            assert_eq!(p, pid, "{what}");
+            assert!(mappings > 0, "{what}: its userfaultfd covers no mapping");
         }
         other => panic!("{what}: {other:?}"),
     };

@@ -129,7 +129,7 @@ fn a_pipe_gone_since_refuses_the_restore_unless_asked() {
     let table = procfs::descriptors(t.pid()).unwrap();
     let e = h.restore(id, RestoreOptions::default()).unwrap_err();
     match &e {
-        pagewise::Error::Rollback(RollbackRefusal::DescriptorsGone { gone, .. }) => {
+        pagewise::snap::Error::Rollback(RollbackRefusal::DescriptorsGone { gone, .. }) => {
             assert_eq!(gone.len(), 2, "{gone:?}");
             assert!(gone.iter().all(|g| g.contains("pipe")), "{gone:?}");
         }

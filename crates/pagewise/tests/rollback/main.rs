@@ -282,7 +282,11 @@ fn a_changed_thread_set_is_refused_unless_memory_only() {
     t.ask("w 40 2");
     t.settle();
     match h.restore(id, RestoreOptions::default()) {
-        Err(pagewise::Error::Rollback(RollbackRefusal::ThreadsChanged { made, ended, .. })) => {
+        Err(pagewise::snap::Error::Rollback(RollbackRefusal::ThreadsChanged {
+            made,
+            ended,
+            ..
+        })) => {
             assert_eq!(
                 (made.len(), ended.len()),
                 (1, 0),
@@ -310,7 +314,7 @@ fn a_changed_thread_set_is_refused_unless_memory_only() {
     t.settle();
     let e = h.restore(id, RestoreOptions::default()).unwrap_err();
     assert!(
-        matches!(&e, pagewise::Error::Rollback(RollbackRefusal::ThreadsChanged { made, ended, .. }) if made.is_empty() && ended.len() == 1),
+        matches!(&e, pagewise::snap::Error::Rollback(RollbackRefusal::ThreadsChanged { made, ended, .. }) if made.is_empty() && ended.len() == 1),
         "{e:?}"
     );
     assert!(e.to_string().contains("--memory-only"), "{e}");
@@ -477,7 +481,7 @@ fn a_stored_snapshot_restores_as_taken_and_only_into_its_process() {
     assert!(
         matches!(
             e,
-            pagewise::Error::Rollback(pagewise::snap::RollbackRefusal::AnotherProcess { .. })
+            pagewise::snap::Error::Rollback(pagewise::snap::RollbackRefusal::AnotherProcess { .. })
         ),
         "{e:?}"
     );

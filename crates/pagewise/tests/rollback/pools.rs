@@ -66,7 +66,7 @@ fn pool(path: &Path, n: usize, takes: usize) {
     }
     // The pool changed since: refused, naming the threads, not a crash.
     match h.restore(last, RestoreOptions::default()) {
-        Err(pagewise::Error::Rollback(RollbackRefusal::ThreadsChanged { .. })) => {}
+        Err(pagewise::snap::Error::Rollback(RollbackRefusal::ThreadsChanged { .. })) => {}
         Ok(_) => println!("{n} threads: the pool stood still between take and restore"),
         Err(e) => panic!("{n} threads: restore: {e}"),
     }

@@ -79,7 +79,7 @@ fn a_killed_owner_is_repaired_and_a_live_one_refuses_others() {
     wait_held(&mut out);
     assert_eq!(value(), "123");
     let e = SettingGuard::claim(SETTING).unwrap_err();
-    assert!(matches!(e, pagewise::Error::Busy(_)), "{e}");
+    assert!(matches!(e, pagewise::MechError::Busy(_)), "{e}");
     assert!(e.to_string().contains(&c.id().to_string()), "{e}");
     c.kill().unwrap();
     c.wait().unwrap();

@@ -182,7 +182,7 @@ fn not_a_store_and_read_only() {
     std::fs::write(dir.0.join("something"), b"x").unwrap();
     let e = DiskStore::open(&dir.0).unwrap_err();
     assert!(
-        matches!(&e, pagewise::Error::Store(pagewise::snap::StoreError::NotAStore { dir: d, .. }) if *d == dir.0),
+        matches!(&e, pagewise::snap::Error::Store(pagewise::snap::StoreError::NotAStore { dir: d, .. }) if *d == dir.0),
         "{e:?}"
     );
     assert!(
@@ -334,7 +334,7 @@ fn small_store(dir: &Path, rounds: u64, seed: u64) -> BTreeMap<u64, Vec<u8>> {
 }
 
 /// Saves one more snapshot of fresh contents into the store at `dir`.
-fn append_one(dir: &Path, seed: u64) -> pagewise::Result<u64> {
+fn append_one(dir: &Path, seed: u64) -> pagewise::snap::Result<u64> {
     let mem = AnonMemory::new(24 * P).unwrap();
     fill(&mem, seed);
     let mut s = Snapshots::new(&[mem.region()], SnapshotOptions::default()).unwrap();
@@ -644,7 +644,7 @@ fn another_users_store_is_refused() {
     assert!(
         matches!(
             e,
-            pagewise::Error::Store(pagewise::snap::StoreError::NotOwned { owner: 65534, .. })
+            pagewise::snap::Error::Store(pagewise::snap::StoreError::NotOwned { owner: 65534, .. })
         ),
         "{e}"
     );
@@ -653,7 +653,7 @@ fn another_users_store_is_refused() {
     assert!(
         matches!(
             e,
-            pagewise::Error::Store(pagewise::snap::StoreError::NotOwned { owner: 65534, .. })
+            pagewise::snap::Error::Store(pagewise::snap::StoreError::NotOwned { owner: 65534, .. })
         ),
         "{e}"
     );

@@ -246,7 +246,10 @@ fn lazy_restore_refuses_other_memory_types() {
         let disk = DiskStore::open(&dir.0).unwrap();
         let e = LazyRestore::start(disk, 1, &[m.region()], LazyOptions::default()).unwrap_err();
         assert!(
-            matches!(e, pagewise::Error::MemoryType(_)),
+            matches!(
+                e,
+                pagewise::snap::Error::Mech(pagewise::MechError::MemoryType(_))
+            ),
             "{}: {e:?}",
             kind.name()
         );

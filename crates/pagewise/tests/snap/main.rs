@@ -382,7 +382,13 @@ fn bad_input_is_refused() {
         SnapshotOptions::default(),
     )
     .unwrap_err();
-    assert!(matches!(e, pagewise::Error::NotMapped(_)), "{e:?}");
+    assert!(
+        matches!(
+            e,
+            pagewise::snap::Error::Mech(pagewise::MechError::NotMapped(_))
+        ),
+        "{e:?}"
+    );
     assert!(e.to_string().contains("nothing is mapped"), "{e}");
     let mut s = Snapshots::new(&[r], SnapshotOptions::default()).unwrap();
     assert!(s
@@ -437,7 +443,10 @@ fn memory_types() {
         };
         let e = Snapshots::new(&[m.region()], SnapshotOptions::default()).unwrap_err();
         assert!(
-            matches!(e, pagewise::Error::MemoryType(_)),
+            matches!(
+                e,
+                pagewise::snap::Error::Mech(pagewise::MechError::MemoryType(_))
+            ),
             "{}: {e:?}",
             kind.name()
         );

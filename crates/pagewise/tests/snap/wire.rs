@@ -122,10 +122,10 @@ impl Destination for BreakAfter {
         &mut self,
         regions: &[(Region, Vec<u8>)],
         changed: &[PageRange],
-    ) -> pagewise::Result<()> {
+    ) -> pagewise::snap::Result<()> {
         if self.passes == 0 {
             self.tx = None;
-            return Err(pagewise::Error::Invalid("broken off".into()));
+            return Err(pagewise::MechError::Invalid("broken off".into()).into());
         }
         self.passes -= 1;
         self.tx.as_mut().unwrap().pass(regions, changed)
@@ -135,7 +135,7 @@ impl Destination for BreakAfter {
         _: &[(Region, Vec<u8>)],
         _: i32,
         _: &str,
-    ) -> pagewise::Result<pagewise::snap::SaveStats> {
+    ) -> pagewise::snap::Result<pagewise::snap::SaveStats> {
         unreachable!("broken off before")
     }
 }

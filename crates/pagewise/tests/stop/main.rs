@@ -152,7 +152,7 @@ fn a_process_stopped_by_its_user_stays_stopped() {
 fn missing_processes_are_clear_errors() {
     let e = Stopped::new(999_999_999).unwrap_err();
     assert!(
-        matches!(e, pagewise::Error::NoSuchProcess(999_999_999)),
+        matches!(e, pagewise::MechError::NoSuchProcess(999_999_999)),
         "{e:?}"
     );
     let e = e.to_string();
@@ -164,7 +164,7 @@ fn missing_processes_are_clear_errors() {
     assert!(
         matches!(
             e,
-            pagewise::Error::NoSuchProcess(_) | pagewise::Error::ProcessExited(_)
+            pagewise::MechError::NoSuchProcess(_) | pagewise::MechError::ProcessExited(_)
         ),
         "{e:?}"
     );

@@ -692,8 +692,10 @@ fn memory_types() {
                 Ok(t) => t,
                 Err(e) => {
                     assert!(
-                        matches!(e, pagewise::Error::MemoryType(_))
-                            && e.to_string().contains(mk.name()),
+                        matches!(
+                            e,
+                            pagewise::track::Error::Mech(pagewise::MechError::MemoryType(_))
+                        ) && e.to_string().contains(mk.name()),
                         "[{kind}] {}: refused without saying why: {e:?}",
                         mk.name()
                     );

@@ -126,7 +126,7 @@ fn uffd_wp_from_outside_leaves_no_trace() {
     assert!(
         matches!(
             e,
-            pagewise::Error::Refused(pagewise_mech::stop::Refusal::JobStopped { pid, .. }) if pid == w.pid
+            pagewise::track::Error::Mech(pagewise::MechError::Refused(pagewise_mech::stop::Refusal::JobStopped { pid, .. })) if pid == w.pid
         ),
         "{e:?}"
     );
@@ -474,7 +474,12 @@ fn uffd_wp_from_outside_follows_the_process() {
         .sync_process_mappings(Some(s.pid), false)
         .and_then(|_| t.collect().map(|_| ()));
     assert!(
-        matches!(e, Err(pagewise::Error::ProcessExited(_))),
+        matches!(
+            e,
+            Err(pagewise::track::Error::Mech(
+                pagewise::MechError::ProcessExited(_)
+            ))
+        ),
         "after exit: {e:?}"
     );
 }

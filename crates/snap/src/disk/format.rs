@@ -79,10 +79,11 @@ impl Manifest {
 }
 
 pub(super) fn corrupt(path: &Path, what: impl Into<String>) -> Error {
-    Error::Corrupt {
+    pagewise_mech::Error::Corrupt {
         path: path.display().to_string(),
         what: what.into(),
     }
+    .into()
 }
 
 pub(super) fn io(path: &Path, what: &str, e: std::io::Error) -> Error {

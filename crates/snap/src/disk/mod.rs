@@ -76,16 +76,17 @@ mod open;
 mod record;
 mod writer;
 
+pub use crate::error::StoreError;
 use files::*;
 use format::*;
-pub use pagewise_mech::StoreError;
 #[cfg(target_arch = "x86_64")]
 pub use record::ProcessRecord;
 pub use writer::SnapshotWriter;
 
+use crate::{Error, Result};
 use pagewise_mech::hash::{checksum, page_digest, zero_page_digest, PageDigest, ZERO_PAGE};
 use pagewise_mech::region::push_coalesced;
-use pagewise_mech::{Error, PageRange, Region, Result, PAGE_SIZE};
+use pagewise_mech::{PageRange, Region, PAGE_SIZE};
 use serde::Serialize;
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
@@ -261,7 +262,9 @@ impl DiskStore {
         };
         let path = self.index_path(id);
         let bytes = match read_regular(&path) {
-            Err(Error::Os { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            Err(Error::Mech(pagewise_mech::Error::Os { source, .. }))
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
                 return Err(corrupt(
                     &path,
                     format!("snapshot {id}'s index file is missing"),

@@ -216,10 +216,10 @@ impl SnapshotWriter<'_> {
             }
             .into());
         }
-        let e = *prev
-            .entries
-            .get(i)
-            .ok_or_else(|| Error::Invalid(format!("snapshot {} has no page {i}", prev.id)))?;
+        let e = *prev.entries.get(i).ok_or(Error::MissingPage {
+            id: prev.id,
+            page: i,
+        })?;
         if e == 0 {
             self.stats.zero_pages += 1;
         }
@@ -257,8 +257,11 @@ impl SnapshotWriter<'_> {
     }
 
     pub(super) fn append(&mut self, page: &[u8], digest: PageDigest) -> Result<u64> {
-        let n = lz4_flex::block::compress_into(page, &mut self.compressed)
-            .map_err(|e| Error::Internal(format!("lz4: {e}")))?;
+        let n = lz4_flex::block::compress_into(page, &mut self.compressed).map_err(|_| {
+            Error::Internal {
+                what: "lz4 found its output buffer too small",
+            }
+        })?;
         let (enc, payload): (u8, &[u8]) = if n < PAGE_SIZE {
             (1, &self.compressed[..n])
         } else {
@@ -293,11 +296,10 @@ impl SnapshotWriter<'_> {
     /// Makes the snapshot durable and visible; returns what was written.
     pub fn finish(mut self) -> Result<SaveStats> {
         if self.entries.len() as u64 != self.pages {
-            return Err(Error::Invalid(format!(
-                "{} pages pushed where the regions hold {}",
-                self.entries.len(),
-                self.pages
-            )));
+            return Err(Error::PageCount {
+                pushed: self.entries.len() as u64,
+                expected: self.pages,
+            });
         }
         let pack_path = self.store.dir.join(PACK_FILE);
         self.out.flush().map_err(|e| io(&pack_path, "writing", e))?;

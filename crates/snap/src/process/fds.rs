@@ -24,9 +24,9 @@
 
 use super::{RestoreOptions, RollbackRefusal};
 use crate::SnapId;
+use crate::{Error, Result};
 use pagewise_mech::inject::{failed, Remote};
 use pagewise_mech::procfs::{self, Descriptor, FdKind};
-use pagewise_mech::{Error, Result};
 use serde::Serialize;
 
 /// One descriptor, as a report names it.
@@ -181,7 +181,7 @@ pub(super) fn plan(
 fn call(remote: &Remote<'_>, pid: i32, what: String, nr: i64, args: [u64; 6]) -> Result<i64> {
     let rc = remote.syscall(nr, args)?;
     if rc < 0 {
-        return Err(failed(pid, what, rc));
+        return Err(failed(pid, what, rc).into());
     }
     Ok(rc)
 }
@@ -194,7 +194,7 @@ fn reopen(remote: &Remote<'_>, pid: i32, d: &Descriptor) -> Result<()> {
     let what = || format!("opening {} again as descriptor {}", d.target_text(), d.fd);
     let fd = remote.open(&d.target, flags)?;
     if fd < 0 {
-        return Err(failed(pid, what(), fd));
+        return Err(failed(pid, what(), fd).into());
     }
     let cloexec = d.flags as i32 & libc::O_CLOEXEC;
     if fd != d.fd as i64 {
@@ -211,7 +211,7 @@ fn reopen(remote: &Remote<'_>, pid: i32, d: &Descriptor) -> Result<()> {
         )?;
         let moved = moved?;
         if moved < 0 {
-            return Err(failed(pid, what(), moved));
+            return Err(failed(pid, what(), moved).into());
         }
     } else if cloexec == 0 {
         call(
@@ -280,12 +280,11 @@ pub(super) fn apply(remote: Option<&Remote<'_>>, pid: i32, plan: Plan) -> Result
         let now = procfs::descriptors(pid)?;
         for d in &plan.reopen {
             if !now.iter().any(|n| n.same(d)) {
-                return Err(Error::Invalid(format!(
-                    "process {pid}: descriptor {} opened again from {} is not the file it was \
-                     (replaced while the restore ran)",
-                    d.fd,
-                    d.target_text()
-                )));
+                return Err(Error::DescriptorReplaced {
+                    pid,
+                    fd: d.fd,
+                    path: d.target_text(),
+                });
             }
         }
     }

@@ -4,12 +4,13 @@
 
 use super::{page_index, Known, ProcessSnapshots};
 use crate::table::{self, Table};
+use crate::Result;
 use crate::{PageId, RestoreStats, TakeStats, CHUNK_PAGES};
 use pagewise_mech::region::PageRange;
 use pagewise_mech::remote;
 use pagewise_mech::walk::PageWalker;
 use pagewise_mech::wp::UffdWp;
-use pagewise_mech::{Error, Region, Result, PAGE_SIZE};
+use pagewise_mech::{Region, PAGE_SIZE};
 use std::collections::BTreeMap;
 
 impl ProcessSnapshots {
@@ -81,12 +82,12 @@ impl ProcessSnapshots {
         let _ = wp.unregister(r);
         match wp.register(r, protect) {
             Ok(()) => Ok(true),
-            Err(Error::Os { source, .. })
+            Err(pagewise_mech::Error::Os { source, .. })
                 if matches!(source.raw_os_error(), Some(libc::EBUSY | libc::EINVAL)) =>
             {
                 Ok(false)
             }
-            Err(e) => Err(e),
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -326,8 +327,12 @@ fn written(wp: &mut UffdWp, r: Region, rearm: bool) -> Result<Option<Vec<PageRan
     let mut out = Vec::new();
     match wp.scan_written(r.start, r.end(), true, rearm, &mut out) {
         Ok(()) => Ok(Some(out)),
-        Err(Error::Os { source, .. }) if source.raw_os_error() == Some(libc::EPERM) => Ok(None),
-        Err(e) => Err(e),
+        Err(pagewise_mech::Error::Os { source, .. })
+            if source.raw_os_error() == Some(libc::EPERM) =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(e.into()),
     }
 }
 

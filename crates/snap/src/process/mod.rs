@@ -50,15 +50,17 @@ mod store;
 
 use super::table::{self, Chunk, Table};
 use super::{PageStore, RestoreStats, SnapId, TakeStats};
+pub use crate::error::RollbackRefusal;
 use crate::layout::{self, Op, Vma};
 use crate::threads::{self, ThreadState};
+use crate::{Error, Result};
 use pagewise_mech::inject::Remote;
 use pagewise_mech::procfs;
 use pagewise_mech::region::{push_coalesced, PageRange};
 use pagewise_mech::stop::Stopped;
 use pagewise_mech::wp::UffdWp;
-pub use pagewise_mech::RollbackRefusal;
-use pagewise_mech::{Error, Region, Result, PAGE_SIZE};
+use pagewise_mech::Error as MechError;
+use pagewise_mech::{Region, PAGE_SIZE};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -212,9 +214,13 @@ impl ProcessSnapshots {
             Ok(wp) => (Some(wp), None),
             // Another tracer: it cannot even be stopped, so not even
             // memory can be put back while it is traced.
-            Err(e @ Error::Refused(pagewise_mech::Refusal::Traced { .. })) => return Err(e),
-            Err(e @ (Error::Refused(_) | Error::Unsupported { .. })) => (None, Some(e.to_string())),
-            Err(e) => return Err(e),
+            Err(e @ MechError::Refused(pagewise_mech::Refusal::Traced { .. })) => {
+                return Err(e.into())
+            }
+            Err(e @ (MechError::Refused(_) | MechError::Unsupported { .. })) => {
+                (None, Some(e.to_string()))
+            }
+            Err(e) => return Err(e.into()),
         };
         Ok(ProcessSnapshots {
             pid,
@@ -251,10 +257,10 @@ impl ProcessSnapshots {
     fn stop(&self) -> Result<Stopped> {
         let s = Stopped::new(self.pid)?;
         if procfs::start_time(self.pid) != self.start_time {
-            return Err(Error::ProcessExited(self.pid));
+            return Err(MechError::ProcessExited(self.pid).into());
         }
         if self.identity.is_some() && procfs::exec_identity(self.pid) != self.identity {
-            return Err(Error::ProgramReplaced(self.pid));
+            return Err(MechError::ProgramReplaced(self.pid).into());
         }
         Ok(s)
     }
@@ -273,7 +279,7 @@ impl ProcessSnapshots {
                 if e.class() != pagewise_mech::ErrorClass::Gone
                     && (e.errno() == libc::ESRCH || !procfs::is_alive(self.pid)) =>
             {
-                Err(Error::ProcessExited(self.pid))
+                Err(MechError::ProcessExited(self.pid).into())
             }
             r => r,
         }
@@ -320,9 +326,7 @@ impl ProcessSnapshots {
     }
 
     fn snap(&self, id: SnapId) -> Result<&ProcSnap> {
-        self.snaps
-            .get(&id)
-            .ok_or_else(|| Error::NotFound(format!("no snapshot {id}")))
+        self.snaps.get(&id).ok_or(Error::NoSnapshot { id })
     }
 
     /// Puts snapshot `id` back into the process (see the module).
@@ -436,10 +440,7 @@ impl ProcessSnapshots {
 
     /// Drops snapshot `id`; pages no other snapshot uses are freed.
     pub fn drop_snapshot(&mut self, id: SnapId) -> Result<()> {
-        let s = self
-            .snaps
-            .remove(&id)
-            .ok_or_else(|| Error::NotFound(format!("no snapshot {id}")))?;
+        let s = self.snaps.remove(&id).ok_or(Error::NoSnapshot { id })?;
         let tables = s.data.into_iter().map(|(_, t)| t).collect();
         table::release(&mut self.store, &mut self.spare, tables);
         Ok(())
@@ -469,15 +470,21 @@ impl ProcessSnapshots {
     /// (inside one mapping).
     pub fn read(&self, id: SnapId, addr: u64, buf: &mut [u8]) -> Result<()> {
         let s = self.snap(id)?;
-        let (r, t) = s
-            .data
-            .iter()
-            .find(|(r, _)| r.contains(addr))
-            .ok_or_else(|| Error::NotMapped(format!("{addr:#x} is not in snapshot {id}")))?;
+        let (r, t) =
+            s.data
+                .iter()
+                .find(|(r, _)| r.contains(addr))
+                .ok_or(Error::NotSnapshotted {
+                    addr,
+                    snapshot: Some(id),
+                })?;
         addr.checked_add(buf.len() as u64)
             .filter(|&e| e <= r.end())
-            .ok_or_else(|| {
-                Error::Invalid(format!("{addr:#x}+{:#x} runs past its mapping", buf.len()))
+            .ok_or(Error::PastRegion {
+                addr,
+                len: buf.len() as u64,
+                start: r.start,
+                end: r.end(),
             })?;
         let mut done = 0;
         while done < buf.len() {

@@ -4,8 +4,8 @@
 
 use super::{ProcSnap, ProcessSnapshots, RollbackRefusal};
 use crate::disk::{DiskStore, ProcessRecord, SaveStats};
+use crate::Result;
 use crate::{SnapId, TakeStats};
-use pagewise_mech::{Error, Result};
 use std::time::Instant;
 
 impl ProcessSnapshots {
@@ -46,12 +46,12 @@ impl ProcessSnapshots {
         let ds = disk.load(disk_id)?;
         let record = match ds.record.is_empty() {
             true => None,
-            false => Some(
-                ProcessRecord::decode(&ds.record).map_err(|why| Error::Corrupt {
+            false => Some(ProcessRecord::decode(&ds.record).map_err(|why| {
+                pagewise_mech::Error::Corrupt {
                     path: disk.dir().display().to_string(),
                     what: format!("snapshot {disk_id}: {why}"),
-                })?,
-            ),
+                }
+            })?),
         };
         let then_start = record.as_ref().map(|r| r.start_time);
         let same = ds.pid == Some(self.pid) && (record.is_none() || then_start == self.start_time);

@@ -3,8 +3,8 @@
 //! message.
 
 use super::{Key, NONCE_LEN, TAG_LEN};
+use crate::{Error, Result};
 use hmac::{Hmac, KeyInit, Mac};
-use pagewise_mech::{Error, Result};
 use sha2::Sha256;
 
 type HmacSha256 = Hmac<Sha256>;
@@ -86,7 +86,9 @@ pub(super) fn nonce() -> Result<[u8; NONCE_LEN]> {
     let mut n = [0u8; NONCE_LEN];
     let got = pagewise_sys::process::getrandom(&mut n).map_err(|e| Error::os("getrandom", e))?;
     if got != NONCE_LEN {
-        return Err(Error::Internal("getrandom returned a short nonce".into()));
+        return Err(Error::Internal {
+            what: "getrandom returned a short nonce",
+        });
     }
     Ok(n)
 }

@@ -103,11 +103,11 @@ mod auth;
 mod receive;
 mod send;
 
-pub use pagewise_mech::WireError;
+pub use crate::error::WireError;
 pub use receive::{Event, Received, Receiver};
 pub use send::Sender;
 
-use pagewise_mech::{Error, Result};
+use crate::{Error, Result};
 use serde::Serialize;
 use std::io::Read;
 use std::time::Duration;

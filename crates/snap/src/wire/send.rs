@@ -310,8 +310,11 @@ impl Sender {
         let mut clen = 0;
         if try_lz4 {
             let t = Instant::now();
-            clen = lz4_flex::block::compress_into(buf, &mut self.lz4)
-                .map_err(|e| Error::Internal(format!("lz4: {e}")))?;
+            clen = lz4_flex::block::compress_into(buf, &mut self.lz4).map_err(|_| {
+                Error::Internal {
+                    what: "lz4 found its output buffer too small",
+                }
+            })?;
             self.stats.compress_ms += t.elapsed().as_secs_f64() * 1e3;
             self.lz4_in += buf.len() as u64;
             self.lz4_out += clen as u64;
@@ -407,10 +410,9 @@ impl Destination for Sender {
                 .iter()
                 .find(|(r, _)| r.start <= c.start && c.end() <= r.end())
             else {
-                return Err(Error::Internal(format!(
-                    "changed range {:#x}+{} pages lies in no region of the copy",
-                    c.start, c.pages
-                )));
+                return Err(Error::Internal {
+                    what: "a changed range lies in no region of the copy",
+                });
             };
             let mut off = (c.start - r.start) as usize;
             let end = off + c.len() as usize;

@@ -91,7 +91,7 @@ fn one_writer_at_a_time() {
     let first = DiskStore::create(&dir.0, true).unwrap();
     let e = DiskStore::create(&dir.0, true).unwrap_err();
     assert!(
-        matches!(e, pagewise::Error::Store(StoreError::Locked { .. })),
+        matches!(e, pagewise::snap::Error::Store(StoreError::Locked { .. })),
         "{e:?}"
     );
     let e = e.to_string();
@@ -128,7 +128,10 @@ fn concurrent_appends_keep_every_snapshot() {
                         }
                         Err(e) => {
                             assert!(
-                                matches!(e, pagewise::Error::Store(StoreError::Locked { .. })),
+                                matches!(
+                                    e,
+                                    pagewise::snap::Error::Store(StoreError::Locked { .. })
+                                ),
                                 "{e:?}"
                             );
                             refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -175,7 +178,7 @@ fn two_creators_of_one_store_leave_one_complete_store() {
         for t in threads {
             match t.join().unwrap() {
                 Ok(()) => opened += 1,
-                Err(pagewise::Error::Store(StoreError::Locked { .. })) => {}
+                Err(pagewise::snap::Error::Store(StoreError::Locked { .. })) => {}
                 Err(e) => panic!("round {round}: a creator failed: {e}"),
             }
         }

@@ -1,0 +1,63 @@
+//! Any error of the library, for a caller that uses several capabilities
+//! and wants one type to `?` into: each capability's own error (or the
+//! mechanisms') kept whole, so that a caller still matches its kinds.
+
+use pagewise_mech::{ErrorClass, Failure};
+
+/// Any error of the library: the mechanisms' or a capability's, kept
+/// whole (match on it to reach the kind), with its class and errno.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A mechanism failed (a system call, the process went away, a feature
+    /// this kernel lacks); also what `inspect`, `thp` and `dedup` return.
+    #[error(transparent)]
+    Mech(#[from] pagewise_mech::Error),
+    /// Tracking failed.
+    #[error(transparent)]
+    Track(#[from] pagewise_track::Error),
+    /// A snapshot, store, migration or rollback failed.
+    #[error(transparent)]
+    Snap(#[from] pagewise_snap::Error),
+    /// Far-memory emulation failed.
+    #[error(transparent)]
+    Farmem(#[from] pagewise_farmem::Error),
+}
+
+impl Error {
+    /// Its class (see [`ErrorClass`]).
+    pub fn class(&self) -> ErrorClass {
+        self.inner().class()
+    }
+
+    /// The errno that says it best to C callers and over the wire.
+    pub fn errno(&self) -> i32 {
+        self.inner().errno()
+    }
+
+    /// An OS error met while doing `what`, for a caller's own calls.
+    pub fn os(what: impl Into<String>, source: std::io::Error) -> Self {
+        pagewise_mech::Error::os(what, source).into()
+    }
+
+    fn inner(&self) -> &dyn Failure {
+        match self {
+            Error::Mech(e) => e,
+            Error::Track(e) => e,
+            Error::Snap(e) => e,
+            Error::Farmem(e) => e,
+        }
+    }
+}
+
+impl Failure for Error {
+    fn class(&self) -> ErrorClass {
+        Error::class(self)
+    }
+    fn errno(&self) -> i32 {
+        Error::errno(self)
+    }
+}
+
+/// Result of the library.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
