@@ -141,3 +141,10 @@ pub fn pagewise_tool() -> anyhow::Result<std::path::PathBuf> {
     );
     Ok(beside)
 }
+
+/// An experiment's own check that failed (a result would be wrong, a
+/// thread it started died, what it needs is missing), as the library's
+/// error: what failed, said in full.
+pub(crate) fn check_failed(what: impl Into<String>) -> pagewise::Error {
+    pagewise::Error::os(what, std::io::Error::other("the experiment stopped"))
+}

@@ -310,9 +310,7 @@ fn migrate(
         let (s, _) = l.accept().map_err(|e| Error::os("accepting", e))?;
         let got = rx.serve(s, &mut |_| {})?;
         match got.broken {
-            Some(why) => Err(pagewise::Error::from(pagewise::MechError::Internal(
-                format!("the migration broke: {why}"),
-            ))),
+            Some(why) => Err(crate::check_failed(format!("the migration broke: {why}"))),
             None => Ok(rx),
         }
     });
@@ -320,11 +318,9 @@ fn migrate(
     let (r, truth) = live(pid, &mut tx, budget_ms)?;
     let w: WireStats = tx.stats();
     drop(tx);
-    let rx = server.join().map_err(|_| {
-        pagewise::Error::from(pagewise::MechError::Internal(
-            "the receiver thread panicked".into(),
-        ))
-    })??;
+    let rx = server
+        .join()
+        .map_err(|_| crate::check_failed("the receiver thread panicked"))??;
     let wrong = wrong_pages(&rx.store(), r.save.id, &truth)?;
     drop(rx);
     let _ = std::fs::remove_dir_all(dir);

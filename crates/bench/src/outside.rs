@@ -101,11 +101,9 @@ fn measure(
         let c = t.collect()?;
         ms.push(t0.elapsed().as_secs_f64() * 1e3);
         if (c.stats.pages_dirty as usize) < written {
-            return Err(pagewise::Error::from(pagewise::MechError::Internal(
-                format!(
-                    "{how}: {} pages reported for {written} written",
-                    c.stats.pages_dirty
-                ),
+            return Err(crate::check_failed(format!(
+                "{how}: {} pages reported for {written} written",
+                c.stats.pages_dirty
             )));
         }
         pages.push(c.stats.pages_dirty as f64);

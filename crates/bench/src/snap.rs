@@ -313,10 +313,10 @@ pub fn dfs(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Vec<DfsRow>> 
         Ok(Snapshots::new(&[m.region()], SnapshotOptions::default())?)
     })?;
     if full.checksum != store.checksum || full.states != store.states {
-        return Err(pagewise::Error::from(pagewise::MechError::Invalid(format!(
+        return Err(crate::check_failed(format!(
             "the searches disagree: full copies saw {} states (checksum {:#x}), the page store {} ({:#x})",
             full.states, full.checksum, store.states, store.checksum
-        ))));
+        )));
     }
     Ok(vec![full, store])
 }
@@ -337,8 +337,8 @@ fn check_base(mem: &AnonMemory, pages: &[usize], what: &str) -> Result<()> {
     for &p in pages {
         for k in 0..8 {
             if mem.read_byte(p * PAGE_SIZE + 8 + k) != 0 {
-                return Err(pagewise::Error::from(pagewise::MechError::Invalid(
-                    format!("{what}: page {p} not restored to its base contents"),
+                return Err(crate::check_failed(format!(
+                    "{what}: page {p} not restored to its base contents"
                 )));
             }
         }
@@ -420,8 +420,8 @@ pub fn cycles(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<(Vec<Cycle
             .map_err(|e| Error::os("fork", e))?;
             t.push(t0.elapsed().as_secs_f64() * 1e3);
             if status != 0 {
-                return Err(pagewise::Error::from(pagewise::MechError::Invalid(
-                    format!("forked child failed: {status}"),
+                return Err(crate::check_failed(format!(
+                    "forked child failed: {status}"
                 )));
             }
             check_base(&mem, &pages, "fork")?;
@@ -471,8 +471,9 @@ pub fn cycles(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<(Vec<Cycle
 /// Runs the experiments of `cfg.parts`: (a), (b) and (c).
 pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
     if cfg.parts.is_empty() || cfg.parts.chars().any(|c| !"abc".contains(c)) {
-        return Err(pagewise::Error::from(pagewise::MechError::Invalid(
-            format!("parts {:?}: give any of a, b and c", cfg.parts),
+        return Err(crate::check_failed(format!(
+            "parts {:?}: give any of a, b and c",
+            cfg.parts
         )));
     }
     // (c) first: its target is forked from this process and inherits its

@@ -218,12 +218,12 @@ fn run_agent(a: RunArgs) -> Result<i32> {
     // Said up front: without it every collapse would be refused, one by one.
     const CAP_SYS_NICE: u32 = 23;
     if !pagewise::system::has_capability(CAP_SYS_NICE) {
-        return Err(pagewise::Error::from(pagewise::MechError::NotPermitted(
+        return Err(crate::exit::NotPermitted(
             "thp run collapses huge pages in other processes with \
              process_madvise(MADV_COLLAPSE), which needs CAP_SYS_NICE: run it as root \
              or give it that capability"
                 .into(),
-        ))
+        )
         .into());
     }
     let stop = crate::stop::Stop::take()?;

@@ -37,6 +37,19 @@ impl std::fmt::Display for Usage {
 
 impl std::error::Error for Usage {}
 
+/// What the command needs and the caller may not do, said in one line
+/// (exit status [`PERMISSION`]).
+#[derive(Debug)]
+pub struct NotPermitted(pub String);
+
+impl std::fmt::Display for NotPermitted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for NotPermitted {}
+
 /// Returns a [`Usage`] error from the enclosing function, formatted as
 /// `format!` does.
 #[macro_export]
@@ -74,6 +87,9 @@ pub fn code_of(e: &anyhow::Error) -> i32 {
     for cause in e.chain() {
         if cause.downcast_ref::<Usage>().is_some() {
             return USAGE;
+        }
+        if cause.downcast_ref::<NotPermitted>().is_some() {
+            return PERMISSION;
         }
         if let Some(pe) = failure(cause) {
             return match pe.class() {

@@ -72,9 +72,10 @@ pub fn memory_use(dir: &Path) -> Result<MemoryUse> {
     } else {
         (read("memory.current")?, read("memory.max")?)
     };
-    let usage = usage
-        .parse()
-        .map_err(|_| Error::NotFound(format!("no byte count in {}", dir.display())))?;
+    let usage = usage.parse().map_err(|_| Error::MissingField {
+        file: dir.display().to_string(),
+        field: "byte count",
+    })?;
     // v1 says "unlimited" with a page-rounded i64::MAX.
     let limit = limit.parse::<u64>().ok().filter(|l| *l < 1 << 62);
     Ok(MemoryUse { usage, limit })
@@ -203,12 +204,16 @@ impl ZramSwap {
         }
         let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
         if swaps.contains("/dev/zram0") {
-            return Err(Error::Busy("/dev/zram0 is already in use as swap".into()));
+            return Err(Error::DeviceBusy {
+                device: "/dev/zram0",
+                use_: "in use as swap",
+            });
         }
         if read_trimmed(format!("{}/disksize", Self::SYS)).unwrap_or_default() != "0" {
-            return Err(Error::Busy(
-                "/dev/zram0 is already initialised by someone else".into(),
-            ));
+            return Err(Error::DeviceBusy {
+                device: "/dev/zram0",
+                use_: "initialised by someone else",
+            });
         }
         std::fs::write(format!("{}/disksize", Self::SYS), bytes.to_string())
             .map_err(|e| Error::os("sizing /dev/zram0", e))?;
@@ -269,7 +274,10 @@ pub fn memory_utilisation(pid: Option<i32>) -> Result<(f64, String)> {
     let total = status_field(&t, "MemTotal").unwrap_or(0);
     let avail = status_field(&t, "MemAvailable").unwrap_or(total);
     if total == 0 {
-        return Err(Error::NotFound("/proc/meminfo has no MemTotal".into()));
+        return Err(Error::MissingField {
+            file: "/proc/meminfo".into(),
+            field: "MemTotal",
+        });
     }
     Ok((
         (total.saturating_sub(avail)) as f64 / total as f64,

@@ -64,45 +64,183 @@ pub enum Error {
         /// What is wrong.
         what: String,
     },
-    /// Bad argument.
-    #[error("{0}")]
-    Invalid(String),
-    /// The thing asked for does not exist (an instance, a snapshot, a consumer).
-    #[error("{0}")]
-    NotFound(String),
-    /// It exists already.
-    #[error("{0}")]
-    Exists(String),
-    /// The caller may not do this to an object pagewise keeps (another
-    /// user's instance, an unsafe directory, a read-only handle).
-    #[error("{0}")]
-    NotPermitted(String),
-    /// Another process holds it (a store being written).
-    #[error("{0}")]
-    Busy(String),
-    /// A fixed limit was reached (regions per process, members, snapshot ids).
-    #[error("{0}")]
-    Limit(String),
-    /// Nothing is mapped where the request says, or not as it needs.
-    #[error("{0}")]
-    NotMapped(String),
-    /// Memory of a type this capability does not handle (shared, file-backed,
-    /// hugetlb); the message says which types it does.
-    #[error("{0}")]
-    MemoryType(String),
-    /// The engine's handler thread is gone (it died, or was stopped).
-    #[error("{0}")]
-    EngineStopped(String),
-    /// Waiting for another party ran out of time.
-    #[error("{0}")]
-    Timeout(String),
+    /// A range that runs past the top of the address space.
+    #[error("range {start:#x}+{len:#x} runs past the top of the address space")]
+    RangeOverflow {
+        /// Its start.
+        start: u64,
+        /// Its length.
+        len: u64,
+    },
+    /// Two regions given together overlap.
+    #[error("regions {a_start:#x}+{a_len:#x} and {b_start:#x}+{b_len:#x} overlap")]
+    Overlap {
+        /// The first's start.
+        a_start: u64,
+        /// The first's length.
+        a_len: u64,
+        /// The second's start.
+        b_start: u64,
+        /// The second's length.
+        b_len: u64,
+    },
+    /// A measurement of nothing (no memory, no accesses).
+    #[error("a measurement needs memory and accesses")]
+    NothingToMeasure,
+    /// No command was given to start.
+    #[error("no command to start")]
+    NoCommand,
+    /// The process is pagewise itself.
+    #[error("process {pid} is pagewise itself: its memory is not written from outside")]
+    SelfTarget {
+        /// The process.
+        pid: i32,
+    },
+    /// A kernel thread, which has no user memory.
+    #[error("process {pid} ({comm}) is a kernel thread: it has no user memory")]
+    KernelThread {
+        /// The process.
+        pid: i32,
+        /// Its command name.
+        comm: String,
+    },
+    /// A thread that is not one of those stopped in the process.
+    #[error("thread {tid} is not a stopped thread of process {pid}")]
+    NotStopped {
+        /// The process.
+        pid: i32,
+        /// The thread.
+        tid: i32,
+    },
+    /// A path with no file name.
+    #[error("{} names no file", path.display())]
+    NoFileName {
+        /// The path.
+        path: std::path::PathBuf,
+    },
+    /// A path that cannot be passed into a process (longer than a page, or
+    /// with a NUL).
+    #[error(
+        "a path longer than a page, or with a NUL: {}",
+        String::from_utf8_lossy(path)
+    )]
+    BadPath {
+        /// The path.
+        path: Vec<u8>,
+    },
+    /// A file the kernel writes lacks what pagewise reads in it.
+    #[error("{file} has no {field}")]
+    MissingField {
+        /// The file.
+        file: String,
+        /// What it lacks.
+        field: &'static str,
+    },
+    /// A setting held by another owner (one owner per system setting).
+    #[error("{}", held_text(setting, holder))]
+    SettingHeld {
+        /// The setting's file.
+        setting: std::path::PathBuf,
+        /// Who holds it.
+        holder: Holder,
+    },
+    /// Changing a system setting needs root (its old value is journaled
+    /// first, where only root may write).
+    #[error(
+        "changing a system setting ({setting}) needs root: its old value is journaled in {} \
+         first, which only root may write; run as root",
+        journal.display()
+    )]
+    NeedsRoot {
+        /// The setting.
+        setting: String,
+        /// The journal's directory.
+        journal: std::path::PathBuf,
+    },
+    /// A journal file that is not a regular file of this user.
+    #[error("{} is not a regular file of yours: not a pagewise journal", path.display())]
+    NotAJournal {
+        /// The file.
+        path: std::path::PathBuf,
+    },
+    /// A device in use by someone else.
+    #[error("{device} is already {use_}")]
+    DeviceBusy {
+        /// The device.
+        device: &'static str,
+        /// What it is used as.
+        use_: &'static str,
+    },
+    /// Part of another process's memory could not be read or written.
+    #[error(
+        "process {pid}: {addr:#x}+{len:#x} is not mapped ({done} bytes {})",
+        if *write { "written" } else { "read" }
+    )]
+    Unmapped {
+        /// The process.
+        pid: i32,
+        /// The first byte.
+        addr: u64,
+        /// The bytes asked for.
+        len: u64,
+        /// The bytes done.
+        done: u64,
+        /// Whether it was a write.
+        write: bool,
+    },
+    /// A thread whose stack pointer points at no stack.
+    #[error("process {pid}: thread {tid} has no stack below {rsp:#x}")]
+    NoStack {
+        /// The process.
+        pid: i32,
+        /// The thread.
+        tid: i32,
+        /// Its stack pointer.
+        rsp: u64,
+    },
+    /// Part of a region is not mapped readable and writable.
+    #[error(
+        "region {start:#x}+{len:#x}: {}",
+        if *mapped {
+            format!("the mapping at {at:#x} is not readable and writable")
+        } else {
+            format!("nothing is mapped at {at:#x}")
+        }
+    )]
+    NotWritable {
+        /// The region's start.
+        start: u64,
+        /// Its length.
+        len: u64,
+        /// Where.
+        at: u64,
+        /// Whether something is mapped there.
+        mapped: bool,
+    },
+    /// Memory of a type this capability does not handle (shared,
+    /// file-backed, hugetlb).
+    #[error(
+        "region {start:#x}+{len:#x}: the mapping at {at:#x} is {kind} memory; {capability} works \
+         on {} memory",
+        works_on.join(" and ")
+    )]
+    MemoryType {
+        /// The region's start.
+        start: u64,
+        /// Its length.
+        len: u64,
+        /// The mapping's start.
+        at: u64,
+        /// Its type.
+        kind: &'static str,
+        /// The capability (or backend) asked.
+        capability: String,
+        /// The types it handles.
+        works_on: Vec<&'static str>,
+    },
     /// A process could not be stopped or acted inside (see the kinds).
     #[error("{0}")]
     Refused(#[from] Refusal),
-    /// pagewise's own bookkeeping is inconsistent: a bug, reported rather
-    /// than turned into wrong data.
-    #[error("internal error: {0}")]
-    Internal(String),
     /// The preload shim is not where pagewise looks for it.
     #[error("libpagewise_preload.so not found beside {} (build it with `cargo build --release`, or set PAGEWISE_PRELOAD)", beside.display())]
     ShimNotFound {
@@ -166,6 +304,39 @@ impl Failure for Error {
 /// Result alias of the library.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// Who holds a system setting pagewise wants.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Holder {
+    /// This process, for another task (for longer than a claim waits).
+    ThisProcess,
+    /// Another pagewise process, until it ends.
+    Pagewise {
+        /// It.
+        pid: i32,
+        /// Its command name.
+        cmd: String,
+    },
+    /// Another pagewise process whose journal says nothing readable.
+    Unknown,
+    /// No one for long: it changed hands too often to be claimed.
+    Churning,
+}
+
+fn held_text(setting: &std::path::Path, holder: &Holder) -> String {
+    let s = setting.display();
+    match holder {
+        Holder::ThisProcess => format!("{s} is held by this process for another task"),
+        Holder::Pagewise { pid, cmd } => format!(
+            "{s} is held by pagewise process {pid} ({cmd}) until it ends: one owner per system setting"
+        ),
+        Holder::Unknown => format!(
+            "{s} is held by another pagewise process until it ends: one owner per system setting"
+        ),
+        Holder::Churning => format!("{s} changed hands too often to be claimed; try again"),
+    }
+}
+
 /// What to do about a refused `ptrace`: Yama's scope is named only where
 /// Yama is there.
 fn permission_advice() -> &'static str {
@@ -197,7 +368,17 @@ impl Error {
     /// The errno that says this error best to C callers and over the wire.
     pub fn errno(&self) -> i32 {
         match self {
-            Error::Unaligned { .. } | Error::Invalid(_) => libc::EINVAL,
+            Error::Unaligned { .. }
+            | Error::RangeOverflow { .. }
+            | Error::Overlap { .. }
+            | Error::NothingToMeasure
+            | Error::NoCommand
+            | Error::SelfTarget { .. }
+            | Error::KernelThread { .. }
+            | Error::NotStopped { .. }
+            | Error::NoFileName { .. }
+            | Error::BadPath { .. }
+            | Error::MemoryType { .. } => libc::EINVAL,
             Error::Unsupported { .. } => libc::EOPNOTSUPP,
             Error::NoSuchProcess(_) | Error::ProcessExited(_) | Error::ProgramReplaced(_) => {
                 libc::ESRCH
@@ -205,34 +386,40 @@ impl Error {
             Error::PermissionDenied { .. } => libc::EPERM,
             Error::Os { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
             Error::Corrupt { .. } => libc::EBADMSG,
-            Error::ShimNotFound { .. } => libc::ENOENT,
+            Error::ShimNotFound { .. } | Error::MissingField { .. } => libc::ENOENT,
             Error::ShimSilent { source, .. } => source.raw_os_error().unwrap_or(libc::EPROTO),
-            Error::Exists(_) => libc::EEXIST,
-            Error::NotFound(_) => libc::ENOENT,
-            Error::NotPermitted(_) => libc::EACCES,
-            Error::Busy(_) => libc::EBUSY,
-            Error::Limit(_) => libc::ENOSPC,
-            Error::NotMapped(_) => libc::EFAULT,
-            Error::MemoryType(_) => libc::EINVAL,
-            Error::EngineStopped(_) => libc::EPIPE,
-            Error::Timeout(_) => libc::ETIMEDOUT,
+            Error::NeedsRoot { .. } | Error::NotAJournal { .. } => libc::EACCES,
+            Error::SettingHeld { .. } | Error::DeviceBusy { .. } => libc::EBUSY,
+            Error::Unmapped { .. } | Error::NoStack { .. } | Error::NotWritable { .. } => {
+                libc::EFAULT
+            }
             Error::Refused(r) if r.is_permanent() => libc::EOPNOTSUPP,
             Error::Refused(_) => libc::EBUSY,
-            Error::Internal(_) => libc::ENOTRECOVERABLE,
         }
     }
 
     /// Its class (see [`ErrorClass`]).
     pub fn class(&self) -> ErrorClass {
         match self {
-            Error::Unaligned { .. } | Error::Invalid(_) => ErrorClass::BadInput,
-            Error::Unsupported { .. } | Error::MemoryType(_) | Error::ShimNotFound { .. } => {
+            Error::Unaligned { .. }
+            | Error::RangeOverflow { .. }
+            | Error::Overlap { .. }
+            | Error::NothingToMeasure
+            | Error::NoCommand
+            | Error::SelfTarget { .. }
+            | Error::KernelThread { .. }
+            | Error::NotStopped { .. }
+            | Error::NoFileName { .. }
+            | Error::BadPath { .. } => ErrorClass::BadInput,
+            Error::Unsupported { .. } | Error::MemoryType { .. } | Error::ShimNotFound { .. } => {
                 ErrorClass::Unsupported
             }
             Error::Refused(r) if r.is_permanent() => ErrorClass::Unsupported,
             Error::Refused(r) if r.is_passing() => ErrorClass::Busy,
-            Error::Busy(_) => ErrorClass::Busy,
-            Error::PermissionDenied { .. } | Error::NotPermitted(_) => ErrorClass::Permission,
+            Error::SettingHeld { .. } | Error::DeviceBusy { .. } => ErrorClass::Busy,
+            Error::PermissionDenied { .. }
+            | Error::NeedsRoot { .. }
+            | Error::NotAJournal { .. } => ErrorClass::Permission,
             Error::NoSuchProcess(_) | Error::ProcessExited(_) | Error::ProgramReplaced(_) => {
                 ErrorClass::Gone
             }
@@ -286,7 +473,14 @@ mod tests {
                 ErrorClass::Busy,
                 libc::EBUSY,
             ),
-            (Error::Busy("ksm/run".into()), ErrorClass::Busy, libc::EBUSY),
+            (
+                Error::SettingHeld {
+                    setting: "/sys/kernel/mm/ksm/run".into(),
+                    holder: Holder::Unknown,
+                },
+                ErrorClass::Busy,
+                libc::EBUSY,
+            ),
         ];
         for (e, class, errno) in cases {
             assert_eq!(e.class(), class, "{e}");

@@ -19,7 +19,9 @@ pub fn replace(path: &Path, bytes: &[u8]) -> Result<()> {
     };
     let name = path
         .file_name()
-        .ok_or_else(|| Error::Invalid(format!("{} names no file", path.display())))?
+        .ok_or_else(|| Error::NoFileName {
+            path: path.to_path_buf(),
+        })?
         .to_string_lossy();
     let mut nonce = [0u8; 8];
     pagewise_sys::process::getrandom(&mut nonce)

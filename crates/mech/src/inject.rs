@@ -336,10 +336,10 @@ impl<'a> Remote<'a> {
     /// what is the thread's own: its alternate signal stack).
     pub fn in_thread(&self, tid: i32) -> Result<Self> {
         if !self.stopped.tids().contains(&tid) {
-            return Err(Error::Invalid(format!(
-                "thread {tid} is not a stopped thread of process {}",
-                self.stopped.pid()
-            )));
+            return Err(Error::NotStopped {
+                pid: self.stopped.pid(),
+                tid,
+            });
         }
         Ok(Remote {
             stopped: self.stopped,
@@ -369,11 +369,10 @@ impl<'a> Remote<'a> {
         r.rsp
             .checked_sub(way_back::RED_ZONE + STACK_SCRATCH)
             .map(|a| a & !15)
-            .ok_or_else(|| {
-                Error::NotMapped(format!(
-                    "process {pid}: thread {tid} has no stack below {:#x}",
-                    r.rsp
-                ))
+            .ok_or(Error::NoStack {
+                pid,
+                tid,
+                rsp: r.rsp,
             })
     }
 
@@ -713,10 +712,9 @@ impl<'a> Remote<'a> {
         let mut name = path.to_vec();
         name.push(0);
         if name.len() > crate::PAGE_SIZE || path.contains(&0) {
-            return Err(Error::Invalid(format!(
-                "a path longer than a page, or with a NUL: {}",
-                String::from_utf8_lossy(path)
-            )));
+            return Err(Error::BadPath {
+                path: path.to_vec(),
+            });
         }
         let page = self.syscall(
             libc::SYS_mmap,

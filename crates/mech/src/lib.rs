@@ -36,7 +36,7 @@ mod error;
 #[doc(hidden)]
 pub mod workload;
 
-pub use error::{Error, ErrorClass, Failure, Result};
+pub use error::{Error, ErrorClass, Failure, Holder, Result};
 pub use pagewise_sys::{HUGE_PAGE_SIZE, PAGE_SIZE};
 pub use region::{PageRange, Region};
 pub use stop::Refusal;

@@ -26,9 +26,7 @@ impl Region {
             return Err(Error::Unaligned { start, len });
         }
         if start.checked_add(len).is_none() {
-            return Err(Error::Invalid(format!(
-                "range {start:#x}+{len:#x} runs past the top of the address space"
-            )));
+            return Err(Error::RangeOverflow { start, len });
         }
         Ok(Region { start, len })
     }
@@ -102,10 +100,12 @@ pub fn sorted_disjoint(regions: &[Region]) -> Result<Vec<Region>> {
     sorted.sort();
     for w in sorted.windows(2) {
         if w[0].end() > w[1].start {
-            return Err(Error::Invalid(format!(
-                "regions {:#x}+{:#x} and {:#x}+{:#x} overlap",
-                w[0].start, w[0].len, w[1].start, w[1].len
-            )));
+            return Err(Error::Overlap {
+                a_start: w[0].start,
+                a_len: w[0].len,
+                b_start: w[1].start,
+                b_len: w[1].len,
+            });
         }
     }
     Ok(sorted)

@@ -273,14 +273,17 @@ fn read_from(pid: i32, addr: u64, buf: &mut [u8], mut got: usize) -> Result<usiz
 }
 
 /// Reads exactly `buf.len()` bytes of process `pid` at `at`: a short read is
-/// [`Error::NotMapped`].
+/// [`Error::Unmapped`].
 pub fn read_exact(pid: i32, at: u64, buf: &mut [u8]) -> Result<()> {
     match process::process_vm_read(pid, at, buf) {
         Ok(n) if n == buf.len() => Ok(()),
-        Ok(n) => Err(Error::NotMapped(format!(
-            "process {pid}: {at:#x}+{:#x} (read {n})",
-            buf.len()
-        ))),
+        Ok(n) => Err(Error::Unmapped {
+            pid,
+            addr: at,
+            len: buf.len() as u64,
+            done: n as u64,
+            write: false,
+        }),
         Err(e) => Err(Error::for_pid(pid, format!("reading {at:#x}"), e)),
     }
 }
@@ -302,24 +305,25 @@ pub fn write(pid: i32, at: u64, buf: &[u8], what: &str) -> Result<usize> {
 fn not_ours(pid: i32) -> Result<()> {
     let me = std::process::id() as i32;
     if pid == me || procfs::thread_group(pid) == Some(me) {
-        return Err(Error::Invalid(format!(
-            "process {pid} is pagewise itself: its memory is not written from outside"
-        )));
+        return Err(Error::SelfTarget { pid });
     }
     Ok(())
 }
 
 /// Writes all of `buf` into process `pid` at `at`: a short write is
-/// [`Error::NotMapped`].
+/// [`Error::Unmapped`].
 pub fn write_exact(pid: i32, at: u64, buf: &[u8]) -> Result<()> {
     not_ours(pid)?;
     // SAFETY: as in `write`.
     match unsafe { process::process_vm_write(pid, at, buf) } {
         Ok(n) if n == buf.len() => Ok(()),
-        Ok(n) => Err(Error::NotMapped(format!(
-            "process {pid}: {at:#x}+{:#x} (wrote {n})",
-            buf.len()
-        ))),
+        Ok(n) => Err(Error::Unmapped {
+            pid,
+            addr: at,
+            len: buf.len() as u64,
+            done: n as u64,
+            write: true,
+        }),
         Err(e) => Err(Error::for_pid(pid, format!("writing {at:#x}"), e)),
     }
 }
@@ -374,10 +378,13 @@ impl<'s> Writer<'s> {
         let n = unsafe { process::process_vm_writev_gather(self.pid, &self.local, &self.remote) }
             .map_err(|e| Error::for_pid(self.pid, "process_vm_writev", e))?;
         if n != want {
-            return Err(Error::NotMapped(format!(
-                "process {}: wrote {n} of {want} bytes from {:#x}",
-                self.pid, self.remote[0].0
-            )));
+            return Err(Error::Unmapped {
+                pid: self.pid,
+                addr: self.remote[0].0,
+                len: want as u64,
+                done: n as u64,
+                write: true,
+            });
         }
         self.local.clear();
         self.remote.clear();

@@ -27,7 +27,7 @@
 //! `pagewise-setting 1\npath=<setting>\nold=<value>\npid=<owner>\ncmd=<owner's name>\n`.
 
 use crate::procfs;
-use crate::{Error, Result};
+use crate::{Error, Holder, Result};
 use std::fs::File;
 use std::io::{Read, Seek, Write};
 use std::os::fd::AsFd;
@@ -112,13 +112,12 @@ fn open_journal(j: &Path) -> Result<File> {
         .create(dir)
         .map_err(|e| match e.raw_os_error() {
             // Not root: say what the work needs, not which file failed.
-            Some(libc::EACCES | libc::EPERM) => Error::NotPermitted(format!(
-                "changing a system setting ({}) needs root: its old value is journaled in {} \
-                 first, which only root may write; run as root",
-                j.file_name()
+            Some(libc::EACCES | libc::EPERM) => Error::NeedsRoot {
+                setting: j
+                    .file_name()
                     .map_or_else(String::new, |n| n.to_string_lossy().replace('%', "/")),
-                dir.display()
-            )),
+                journal: dir.to_path_buf(),
+            },
             _ => Error::os(format!("creating {}", dir.display()), e),
         })?;
     let f = crate::files::open_lock_file(j)
@@ -127,10 +126,9 @@ fn open_journal(j: &Path) -> Result<File> {
         .metadata()
         .map_err(|e| Error::os(format!("reading {}", j.display()), e))?;
     if !md.is_file() || md.uid() != pagewise_sys::process::geteuid() {
-        return Err(Error::NotPermitted(format!(
-            "{} is not a regular file of yours: not a pagewise journal",
-            j.display()
-        )));
+        return Err(Error::NotAJournal {
+            path: j.to_path_buf(),
+        });
     }
     Ok(f)
 }
@@ -274,7 +272,7 @@ pub fn wait_until_free(path: impl AsRef<Path>, within: std::time::Duration) -> R
     let t0 = std::time::Instant::now();
     loop {
         match SettingGuard::claim(path.as_ref()) {
-            Err(e @ Error::Busy(_)) => {
+            Err(e @ Error::SettingHeld { .. }) => {
                 if t0.elapsed() >= within {
                     return Err(e);
                 }
@@ -307,10 +305,10 @@ impl SettingGuard {
             while held.contains(&path) {
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
-                    return Err(Error::Busy(format!(
-                        "{} is held by this process for another task",
-                        path.display()
-                    )));
+                    return Err(Error::SettingHeld {
+                        setting: path,
+                        holder: Holder::ThisProcess,
+                    });
                 }
                 held = RELEASED
                     .wait_timeout(held, left)
@@ -334,15 +332,14 @@ impl SettingGuard {
                 if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
                     return Err(Error::os(format!("locking {}", j.display()), e));
                 }
-                let owner = read_journal(&mut f).map_or_else(
-                    || "another".to_string(),
-                    |o| format!("{} ({})", o.pid, o.cmd),
-                );
-                return Err(Error::Busy(format!(
-                    "{} is held by pagewise process {owner} until it ends: one owner per system \
-                     setting",
-                    path.display()
-                )));
+                let holder = read_journal(&mut f).map_or(Holder::Unknown, |o| Holder::Pagewise {
+                    pid: o.pid,
+                    cmd: o.cmd,
+                });
+                return Err(Error::SettingHeld {
+                    setting: path.to_path_buf(),
+                    holder,
+                });
             }
             if !still_linked(&f, &j) {
                 continue; // its owner let go meanwhile: the next file
@@ -374,10 +371,10 @@ impl SettingGuard {
                 _lock: f,
             });
         }
-        Err(Error::Busy(format!(
-            "{} changed hands too often to be claimed; try again",
-            path.display()
-        )))
+        Err(Error::SettingHeld {
+            setting: path.to_path_buf(),
+            holder: Holder::Churning,
+        })
     }
 
     fn release(path: &Path) {

@@ -146,9 +146,7 @@ pub fn ld_preload() -> Result<String> {
 /// and [tied](crate::child::tie) to the starting thread; the caller
 /// adds the environment that tells the shim what to do.
 pub fn shim_command(cmd: &[String]) -> Result<Command> {
-    let program = cmd
-        .first()
-        .ok_or(Error::Invalid("no command to start".into()))?;
+    let program = cmd.first().ok_or(Error::NoCommand)?;
     let mut c = Command::new(program);
     c.args(&cmd[1..]).env("LD_PRELOAD", ld_preload()?);
     crate::child::tie(&mut c);
@@ -164,9 +162,7 @@ pub fn spawn_with_socket(
     ask: impl FnOnce(&mut Command, i32),
     setup: impl FnOnce(&mut Command),
 ) -> Result<(Child, UnixStream)> {
-    let program = cmd
-        .first()
-        .ok_or(Error::Invalid("no command to start".into()))?;
+    let program = cmd.first().ok_or(Error::NoCommand)?;
     let (mine, theirs) =
         UnixStream::pair().map_err(|e| Error::os("creating the shim's socket", e))?;
     let fd = theirs.as_raw_fd();

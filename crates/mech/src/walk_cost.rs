@@ -67,9 +67,7 @@ fn chase(mem: &AnonMemory, accesses: u64, counter: Option<&std::fs::File>) -> (f
 /// with 4 KiB pages, then with huge pages (see [`WalkCost`]).
 pub fn calibrate_walk_cost(bytes: usize, accesses: u64) -> Result<WalkCost> {
     if accesses == 0 || bytes == 0 {
-        return Err(Error::Invalid(
-            "calibration needs memory and accesses".into(),
-        ));
+        return Err(Error::NothingToMeasure);
     }
     let bytes = bytes.div_ceil(HUGE_PAGE_SIZE) * HUGE_PAGE_SIZE;
     let p = crate::probe::get();

@@ -396,7 +396,6 @@ impl DirtyTracker {
                         Error::Mech(
                             MechError::Unsupported { .. }
                                 | MechError::PermissionDenied { .. }
-                                | MechError::Busy(_)
                                 | MechError::Refused(_)
                         ) | Error::HeldElsewhere { .. }
                     ) =>

@@ -430,11 +430,8 @@ struct InGroup {
 
 impl InGroup {
     fn join(to: &cgroup::MemoryCgroup) -> Result<InGroup> {
-        let back = cgroup::memory_cgroup_dir(None)?.ok_or_else(|| {
-            pagewise::Error::from(pagewise::MechError::NotFound(
-                "this process's memory cgroup".into(),
-            ))
-        })?;
+        let back = cgroup::memory_cgroup_dir(None)?
+            .ok_or_else(|| crate::check_failed("finding this process's memory cgroup"))?;
         to.add(std::process::id() as i32)?;
         Ok(InGroup { back })
     }
@@ -660,9 +657,9 @@ impl SchemeRun<'_> {
         if self.stop.load(Ordering::SeqCst) {
             // The processes are killed, the group removed and KSM's
             // settings put back as `children`, `cg` and `agent` are dropped.
-            return Err(pagewise::Error::from(pagewise::MechError::Invalid(
-                "bench dedup interrupted: KSM's settings put back".into(),
-            )));
+            return Err(crate::check_failed(
+                "bench dedup interrupted: KSM's settings put back",
+            ));
         }
         Ok(Measured { samples, filter })
     }

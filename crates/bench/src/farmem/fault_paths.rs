@@ -204,8 +204,8 @@ pub(super) fn least_path(faults: usize) -> Result<f64> {
     }
     let failed = LEAST_FAILED.load(Ordering::Relaxed);
     if wrong > 0 || failed > 0 {
-        return Err(pagewise::Error::from(pagewise::MechError::Internal(
-            format!("the least inline fault: {wrong} pages read wrong, {failed} moves failed"),
+        return Err(crate::check_failed(format!(
+            "the least inline fault: {wrong} pages read wrong, {failed} moves failed"
         )));
     }
     Ok((t - base) / faults as f64)

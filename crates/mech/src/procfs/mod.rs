@@ -307,9 +307,10 @@ pub fn check_target(pid: i32) -> Result<()> {
         .and_then(|f| f.parse::<u64>().ok())
         .unwrap_or(0);
     if flags & PF_KTHREAD != 0 {
-        return Err(Error::Invalid(format!(
-            "process {pid} ({comm}) is a kernel thread: it has no user memory"
-        )));
+        return Err(Error::KernelThread {
+            pid,
+            comm: comm.to_string(),
+        });
     }
     Ok(())
 }
@@ -628,8 +629,10 @@ pub fn ksm_stat(pid: i32) -> Option<KsmStat> {
 pub fn peak_rss_kib() -> Result<u64> {
     let text =
         read_trimmed("/proc/self/status").map_err(|e| Error::os("reading /proc/self/status", e))?;
-    status_field(&text, "VmHWM")
-        .ok_or_else(|| Error::NotFound("/proc/self/status has no VmHWM".into()))
+    status_field(&text, "VmHWM").ok_or_else(|| Error::MissingField {
+        file: "/proc/self/status".into(),
+        field: "VmHWM",
+    })
 }
 
 /// Resets the peak RSS of the calling process to its current RSS.
@@ -656,28 +659,31 @@ pub fn check_mapped_writable(
         while addr < r.end() {
             match maps.iter().find(|m| m.start <= addr && addr < m.end) {
                 Some(m) if m.read && m.write && !works_on.contains(&m.kind()) => {
-                    let kinds: Vec<&str> = works_on.iter().map(|k| k.name()).collect();
-                    return Err(Error::MemoryType(format!(
-                        "region {:#x}+{:#x}: the mapping at {:#x} is {} memory; {capability} works on {} memory",
-                        r.start,
-                        r.len,
-                        m.start,
-                        m.kind().name(),
-                        kinds.join(" and ")
-                    )));
+                    return Err(Error::MemoryType {
+                        start: r.start,
+                        len: r.len,
+                        at: m.start,
+                        kind: m.kind().name(),
+                        capability: capability.to_string(),
+                        works_on: works_on.iter().map(|k| k.name()).collect(),
+                    });
                 }
                 Some(m) if m.read && m.write => addr = m.end,
                 Some(m) => {
-                    return Err(Error::NotMapped(format!(
-                        "region {:#x}+{:#x}: the mapping at {:#x} is not readable and writable",
-                        r.start, r.len, m.start
-                    )))
+                    return Err(Error::NotWritable {
+                        start: r.start,
+                        len: r.len,
+                        at: m.start,
+                        mapped: true,
+                    })
                 }
                 None => {
-                    return Err(Error::NotMapped(format!(
-                        "region {:#x}+{:#x}: nothing is mapped at {addr:#x}",
-                        r.start, r.len
-                    )))
+                    return Err(Error::NotWritable {
+                        start: r.start,
+                        len: r.len,
+                        at: addr,
+                        mapped: false,
+                    })
                 }
             }
         }
@@ -770,7 +776,10 @@ pub fn cpu_time(pid: i32) -> Result<std::time::Duration> {
     let rest = t
         .rsplit_once(')')
         .map(|x| x.1)
-        .ok_or_else(|| Error::NotFound(format!("/proc/{pid}/stat has no command name")))?;
+        .ok_or_else(|| Error::MissingField {
+            file: format!("/proc/{pid}/stat"),
+            field: "command name",
+        })?;
     let f: Vec<&str> = rest.split_whitespace().collect();
     let tick = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
     let ticks = tick(11) + tick(12);

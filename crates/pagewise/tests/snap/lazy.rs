@@ -248,7 +248,8 @@ fn lazy_restore_refuses_other_memory_types() {
         assert!(
             matches!(
                 e,
-                pagewise::snap::Error::Mech(pagewise::MechError::MemoryType(_))
+                pagewise::snap::Error::Mech(pagewise::MechError::MemoryType { kind: k, .. })
+                    if k == kind.name()
             ),
             "{}: {e:?}",
             kind.name()

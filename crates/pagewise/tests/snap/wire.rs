@@ -125,7 +125,11 @@ impl Destination for BreakAfter {
     ) -> pagewise::snap::Result<()> {
         if self.passes == 0 {
             self.tx = None;
-            return Err(pagewise::MechError::Invalid("broken off".into()).into());
+            return Err(pagewise::MechError::os(
+                "sending",
+                std::io::Error::from_raw_os_error(libc::ECONNRESET),
+            )
+            .into());
         }
         self.passes -= 1;
         self.tx.as_mut().unwrap().pass(regions, changed)

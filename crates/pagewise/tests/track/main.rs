@@ -694,8 +694,11 @@ fn memory_types() {
                     assert!(
                         matches!(
                             e,
-                            pagewise::track::Error::Mech(pagewise::MechError::MemoryType(_))
-                        ) && e.to_string().contains(mk.name()),
+                            pagewise::track::Error::Mech(pagewise::MechError::MemoryType {
+                                kind: k,
+                                ..
+                            }) if k == mk.name()
+                        ),
                         "[{kind}] {}: refused without saying why: {e:?}",
                         mk.name()
                     );
