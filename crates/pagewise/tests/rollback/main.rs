@@ -258,7 +258,10 @@ fn a_target_gone_or_an_unknown_snapshot_is_a_clear_error() {
     let mut h = ProcessSnapshots::open(t.pid()).unwrap();
     let id = h.take().unwrap();
     let e = h.restore(id + 7, RestoreOptions::default()).unwrap_err();
-    assert!(e.to_string().contains("no snapshot"), "{e}");
+    assert!(
+        matches!(e, pagewise::snap::Error::NoSnapshot { id: i } if i == id + 7),
+        "{e}"
+    );
     t.child.kill().unwrap();
     t.child.wait().unwrap();
     let e = h.restore(id, RestoreOptions::default()).unwrap_err();
@@ -336,6 +339,10 @@ fn a_seccomp_target_is_restored_memory_only_by_comparison() {
     assert!(h.threads(id).unwrap().is_empty());
     let first = t.ask("w 20 5");
     let e = h.restore(id, RestoreOptions::default()).unwrap_err();
+    assert!(
+        matches!(&e, pagewise::snap::Error::Rollback(pagewise::snap::RollbackRefusal::MemoryOnly { pid, .. }) if *pid == t.pid()),
+        "{e:?}"
+    );
     assert!(e.to_string().contains("--memory-only"), "{e}");
     t.ask("w 30 6");
     t.settle();
@@ -498,6 +505,10 @@ fn a_stored_snapshot_restores_as_taken_and_only_into_its_process() {
     let mut hs = ProcessSnapshots::open(s.pid()).unwrap();
     let ls = hs.load(&disk, plain.save.id, false).unwrap();
     let e = hs.restore(ls, RestoreOptions::default()).unwrap_err();
+    assert!(
+        matches!(&e, pagewise::snap::Error::Rollback(pagewise::snap::RollbackRefusal::MemoryOnly { pid, .. }) if *pid == s.pid()),
+        "{e:?}"
+    );
     assert!(e.to_string().contains("--memory-only"), "{e}");
     let r = hs
         .restore(ls, RestoreOptions::default().memory_only(true))
