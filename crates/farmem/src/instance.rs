@@ -191,7 +191,7 @@ impl Settings {
             return Err(Error::BadSetting {
                 key: "latency_ns",
                 value: self.latency_ns,
-                range: "0..=60000000000 (60 s)",
+                range: "at most 60000000000 (60 s)",
             });
         }
         Ok(())
