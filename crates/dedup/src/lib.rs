@@ -22,7 +22,7 @@
 //! read looks cold. A new region starts hot ([`FREQ_MAX`]): it counts as
 //! cold only once it has gone unwritten for a few steps, so nothing is
 //! split before it has been watched. The protection of a region made
-//! mergeable is renewed one step in [`MERGED_WATCH_EVERY`] whether or not
+//! mergeable is renewed one step in `MERGED_WATCH_EVERY` whether or not
 //! a write was reported.
 //!
 //! **Repetition rate** is the share of a region's resident pages labelled
@@ -31,7 +31,7 @@
 //! duplicates). The agent keeps each page's digest. Every region is
 //! protected again before it is read, so a write after a read is always
 //! seen: a region read before and not written since is known unchanged and
-//! has only one page in [`REFRESH_LANES`] read again per step (for a write
+//! has only one page in `REFRESH_LANES` read again per step (for a write
 //! no fault reports, a device's), where SmartMD, not knowing which pages
 //! changed, reads a quarter of them (the agent does so too for a process
 //! whose writes it cannot watch). A page newly in memory is read. Only
@@ -48,7 +48,7 @@
 //! against its limit, or the machine's): the fuller memory is, the more
 //! regions count as cold, the fewer duplicates make a region worth
 //! splitting, and the hotter a split region must be to be rebuilt
-//! ([`Thresholds::adapted`]).
+//! (`Thresholds::adapted`).
 //!
 //! KSM may act only on memory a process made mergeable itself: the agent
 //! makes the process call `madvise` ([`Inside`]): through its preload shim
@@ -91,10 +91,10 @@ pub const FREQ_MAX: u8 = 4;
 /// (its frequency moves only then): after KSM splits it, write-protecting
 /// it takes 512 page-table entries instead of one, the agent's largest
 /// cost, and it is watched only to see it turn hot.
-pub const MERGED_WATCH_EVERY: u64 = 4;
+pub(crate) const MERGED_WATCH_EVERY: u64 = 4;
 /// A region not written since it was read has one page in this many read
 /// again per step.
-pub const REFRESH_LANES: usize = 16;
+pub(crate) const REFRESH_LANES: usize = 16;
 const PAGES: usize = HUGE_PAGE_SIZE / PAGE_SIZE;
 /// KSM's settings.
 pub const KSM_DIR: &str = "/sys/kernel/mm/ksm";
@@ -167,7 +167,7 @@ impl Thresholds {
     /// a region needs half its pages duplicate, and frequency 2 makes it
     /// hot; from there to 90 % full, linearly, up to frequency 2 is cold,
     /// a tenth of pages duplicate is enough, and only frequency 4 is hot.
-    pub fn adapted(u: f64) -> Thresholds {
+    pub(crate) fn adapted(u: f64) -> Thresholds {
         let s = ((u - 0.5) / 0.4).clamp(0.0, 1.0);
         Thresholds {
             cold_max: (2.0 * s).round() as u8,

@@ -75,17 +75,9 @@ pub(crate) fn unmark(start: u64, len: u64) {
     set_pages(start, len, false);
 }
 
-/// Whether the page holding `addr` is emulated by an inline engine.
-pub fn is_emulated(addr: u64) -> bool {
-    let (Some(m), Some((p, _))) = (pages_map(), page_range(addr, 1)) else {
-        return false;
-    };
-    m[(p / 64) as usize].load(Ordering::Acquire) & (1 << (p % 64)) != 0
-}
-
 /// Whether any page of `[start, start+len)` is emulated by an inline engine
 /// (lock-free, signal-safe).
-pub fn may_be_emulated(start: u64, len: u64) -> bool {
+pub(crate) fn may_be_emulated(start: u64, len: u64) -> bool {
     let (Some(m), Some((a, b))) = (pages_map(), page_range(start, len)) else {
         return false;
     };
@@ -120,7 +112,7 @@ static HOLD_HIGH: AtomicUsize = AtomicUsize::new(0);
 static EVICTING: AtomicU32 = AtomicU32::new(0);
 
 /// Ranges one [`Held`] can hold; more are merged (see [`hold`]).
-pub const HELD_MAX: usize = 32;
+pub(crate) const HELD_MAX: usize = 32;
 
 /// Pages held for the kernel ([`hold`]); released by [`release`]. Fixed
 /// size: holding never allocates (it runs in signal handlers).
@@ -162,7 +154,7 @@ impl Held {
 /// Merges `v` (sorted by start) until at most `max` ranges are left,
 /// joining the closest neighbours first (a join covers the gap too, and
 /// only its emulated pages are touched).
-pub fn coalesce(v: &mut [(u64, u64)], mut n: usize, max: usize) -> usize {
+pub(crate) fn coalesce(v: &mut [(u64, u64)], mut n: usize, max: usize) -> usize {
     while n > max.max(1) {
         let mut best = 1;
         let mut gap = u64::MAX;
@@ -189,8 +181,8 @@ pub fn coalesce(v: &mut [(u64, u64)], mut n: usize, max: usize) -> usize {
 /// the kernel can read and write them. Memory no inline engine emulates is
 /// left alone. Lock-free where the pages are local already; a remote page
 /// is fetched by touching it (a fault served in this thread). Never call
-/// it holding an engine's lock. At most [`HELD_MAX`] ranges are held: pass
-/// fewer (see [`coalesce`]).
+/// it holding an engine's lock. At most `HELD_MAX` ranges are held: pass
+/// fewer (see `coalesce`).
 pub fn hold(ranges: &[(u64, u64)]) -> Held {
     let mut held = Held::default();
     for &(start, len) in ranges {

@@ -45,10 +45,8 @@ use pagewise_sys::signal::{self, KernelSigaction};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use std::sync::{Arc, Once};
 
-pub use crate::emulated::{
-    coalesce, hold, hold_forever, is_emulated, mark_registered, may_be_emulated, release, Held,
-    HELD_MAX,
-};
+pub(crate) use crate::emulated::{coalesce, may_be_emulated};
+pub use crate::emulated::{hold, hold_forever, mark_registered, release, Held};
 
 /// Which thread serves a fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, schemars::JsonSchema)]

@@ -31,7 +31,7 @@
 //!   struct's size is asserted at compile time): magic `"pagefarm"`, the
 //!   layout number, the owner and creator, then atomics only — the settings
 //!   and their `generation`, the calibrated floor, the coverage request,
-//!   [`MAX_MEMBERS`] member slots and 16 retired-run entries.
+//!   `MAX_MEMBERS` member slots and 16 retired-run entries.
 //! - **Version rule:** any change to a field's order, size or meaning in
 //!   `Header`, `Slot`, `Retired` or the engine's `Counters` bumps `LAYOUT`
 //!   (now 5); a process refuses an instance of another layout with an error
@@ -43,10 +43,10 @@
 //!   through [`Instance::join`] (a compare-and-swap on the slot's state) and
 //!   the member's own engine (its counters).
 //! - **Coverage hand-off:** the `coverage` counter is odd while a window is
-//!   open ([`Instance::request_coverage`]); each member's engine, seeing the
+//!   open (`Instance::request_coverage`); each member's engine, seeing the
 //!   counter change, opens or closes its window and, on closing, writes its
 //!   [`CoverageReport`](pagewise_mech::access::CoverageReport) as JSON to
-//!   [`Instance::coverage_path`] (`NAME.coverage.PID` beside the instance,
+//!   `Instance::coverage_path` (`NAME.coverage.PID` beside the instance,
 //!   written under a temporary name and renamed), carrying the request's
 //!   number so that a reader never takes an older window's report.
 //!
@@ -63,12 +63,12 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 
 /// Processes one instance can hold at once.
-pub const MAX_MEMBERS: usize = 64;
+pub(crate) const MAX_MEMBERS: usize = 64;
 
 /// The smallest budget a percentage gives, pages: a program that starts
 /// with little data (a server before its clients come) is not held to a
 /// page or two, where every loop over two pages would fault on each access.
-pub const MIN_PERCENT_BUDGET: u64 = 256;
+pub(crate) const MIN_PERCENT_BUDGET: u64 = 256;
 const MAGIC: u64 = 0x7061_6765_6661_726d; // "pagefarm"
 const LAYOUT: u64 = 5;
 /// Runs whose exited members' counts an instance keeps apart (entry 0
@@ -87,7 +87,7 @@ pub struct Settings {
     /// `local_percent`).
     pub local_pages: u64,
     /// Local budget as a percentage of the pages the members hold data in,
-    /// and at least [`MIN_PERCENT_BUDGET`] pages (0: use `local_pages`).
+    /// and at least `MIN_PERCENT_BUDGET` pages (0: use `local_pages`).
     pub local_percent: u64,
 }
 
@@ -175,7 +175,7 @@ pub fn dir() -> PathBuf {
 /// (see [`super::Stats::lent_faults`]) and runs with a budget of one.
 pub const MIN_LOCAL_PAGES_THREAD: u64 = 4;
 /// The largest one-way latency accepted: 60 s.
-pub const MAX_LATENCY_NS: u64 = 60_000_000_000;
+pub(crate) const MAX_LATENCY_NS: u64 = 60_000_000_000;
 
 impl Settings {
     /// Refuses settings no emulation can run with, saying why.
@@ -212,7 +212,7 @@ pub enum Access {
 }
 
 /// A name no one can guess in advance: `PREFIX-` and 16 random hex digits.
-pub fn unpredictable_name(prefix: &str) -> String {
+pub(crate) fn unpredictable_name(prefix: &str) -> String {
     let mut r = [0u8; 8];
     if pagewise_sys::process::getrandom(&mut r).ok() != Some(r.len()) {
         // Never fails for 8 bytes once the pool is ready; fall back to time.
@@ -494,7 +494,7 @@ impl Instance {
     }
 
     /// The uid that owns it.
-    pub fn owner_uid(&self) -> u32 {
+    pub(crate) fn owner_uid(&self) -> u32 {
         self.h().owner_uid
     }
 
@@ -530,7 +530,7 @@ impl Instance {
     }
 
     /// The configuration generation: it changes with every [`Instance::set`].
-    pub fn generation(&self) -> u64 {
+    pub(crate) fn generation(&self) -> u64 {
         self.h().generation.load(Ordering::Acquire)
     }
 
@@ -546,7 +546,7 @@ impl Instance {
     /// Opens (`open`) or closes an access-coverage window in every member
     /// (see [`Instance::coverage_path`]); returns the request's number, which the
     /// members' reports carry.
-    pub fn request_coverage(&self, open: bool) -> Result<u64> {
+    pub(crate) fn request_coverage(&self, open: bool) -> Result<u64> {
         if !self.writable {
             return Err(Error::ReadOnly {
                 name: self.name.clone(),
@@ -565,12 +565,12 @@ impl Instance {
     }
 
     /// The access-coverage request now (see [`Instance::request_coverage`]).
-    pub fn coverage_request(&self) -> u64 {
+    pub(crate) fn coverage_request(&self) -> u64 {
         self.h().coverage.load(Ordering::Acquire)
     }
 
     /// Where member `pid` writes its report when a coverage window closes.
-    pub fn coverage_path(&self, pid: i32) -> PathBuf {
+    pub(crate) fn coverage_path(&self, pid: i32) -> PathBuf {
         dir().join(format!("{}.coverage.{pid}", self.name))
     }
 
@@ -683,7 +683,7 @@ impl Instance {
     }
 
     /// Frees run `tag`'s entry of retired counts (the run reported them).
-    pub fn release_retired(&self, tag: u32) {
+    pub(crate) fn release_retired(&self, tag: u32) {
         for e in &self.h().retired[1..] {
             if e.used.load(Ordering::Acquire) == 1 && e.tag.load(Ordering::Relaxed) == tag {
                 e.used.store(0, Ordering::Release);

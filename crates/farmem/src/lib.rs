@@ -58,7 +58,7 @@
 //! # Access coverage
 //! The engine doubles as an access sampler where the kernel has neither
 //! idle page tracking nor DAMON: when an instance opens a coverage window
-//! ([`instance::Instance::request_coverage`]), each member evicts every
+//! (`instance::Instance::request_coverage`), each member evicts every
 //! local page, so that the first access to any page in the window is a
 //! fault. When the window closes, the pages local again are exactly those
 //! the program touched (read or written) in it; the member writes them per
@@ -179,19 +179,19 @@ struct Trace {
 
 /// The memory far-memory emulation works on: `UFFDIO_MOVE` moves only
 /// private anonymous pages.
-pub const FARMEM_KINDS: [pagewise_mech::procfs::MemoryKind; 1] =
+pub(crate) const FARMEM_KINDS: [pagewise_mech::procfs::MemoryKind; 1] =
     [pagewise_mech::procfs::MemoryKind::PrivateAnonymous];
 
 /// New regions of the program found outside the engine (the preload shim
 /// traps `mmap` and friends and registers what they map): called when a
 /// fault lands outside every known region, and when woken; it appends the
 /// ranges to emulate.
-pub type Discover = Box<dyn FnMut(&mut Vec<Region>) + Send>;
+pub(crate) type Discover = Box<dyn FnMut(&mut Vec<Region>) + Send>;
 
 /// Optional ways an engine is tied to the rest of the world.
 #[derive(Default)]
 pub struct Hooks {
-    /// Finds regions the program mapped since (see [`Discover`]).
+    /// Finds regions the program mapped since (see `Discover`).
     pub discover: Option<Discover>,
     /// The instance this engine is a member of, and its slot there: the
     /// instance's settings and shared budget replace `Config`'s, and the
@@ -608,7 +608,7 @@ impl FarMemory {
         ))
     }
 
-    /// The userfaultfd the regions are registered with: a [`Discover`]
+    /// The userfaultfd the regions are registered with: a `Discover`
     /// source registers the ranges it reports with it (missing mode) before
     /// the program can touch them. A number, not a borrow: the shim's
     /// signal-safe paths keep it in an atomic, and the engine closes it when
@@ -623,7 +623,7 @@ impl FarMemory {
         inst.publish(slot, &self.shared.counters, inst.published(slot).1);
     }
 
-    /// A handle that wakes the engine (for a [`Discover`] source with news).
+    /// A handle that wakes the engine (for a `Discover` source with news).
     pub fn waker(&self) -> Result<std::io::PipeWriter> {
         self.wake
             .try_clone()

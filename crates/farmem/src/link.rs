@@ -38,7 +38,7 @@ setters!(LinkConfig {
 
 impl LinkConfig {
     /// Transmission time of `bytes`, ns.
-    pub fn transfer_ns(&self, bytes: u64) -> u64 {
+    pub(crate) fn transfer_ns(&self, bytes: u64) -> u64 {
         if self.bandwidth_bps == 0 {
             return 0;
         }

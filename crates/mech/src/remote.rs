@@ -368,7 +368,7 @@ impl<'s> Writer<'s> {
     }
 
     /// Writes what is batched; a short write (a page no longer mapped) is
-    /// [`Error::NotMapped`].
+    /// [`Error::Unmapped`].
     pub fn flush(&mut self) -> Result<()> {
         if self.local.is_empty() {
             return Ok(());

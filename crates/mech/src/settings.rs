@@ -13,7 +13,7 @@
 //!   lock is free — their owner is gone without putting the setting back
 //!   (SIGKILL) — writes the original back, removes the journal and says so.
 //! - **One owner at a time.** A setting another live process holds is
-//!   refused ([`Error::Busy`], naming the owner); within one process a
+//!   refused ([`Error::SettingHeld`], naming the owner); within one process a
 //!   second claim waits for the first to end (at most a minute).
 //! - **Put back when dropped**, also on an error path, and by the agents on
 //!   SIGINT/SIGTERM (they end normally).

@@ -102,7 +102,7 @@ impl Vma {
 
     /// Whether its pages are a snapshot's to save and a rollback's to write:
     /// private and writable.
-    pub fn is_private_writable(&self) -> bool {
+    pub(crate) fn is_private_writable(&self) -> bool {
         !self.shared && self.prot & libc::PROT_WRITE != 0
     }
 }

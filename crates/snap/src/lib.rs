@@ -74,7 +74,7 @@ use std::time::Instant;
 /// file. Shared memory is refused (a restore would write into every other
 /// process's view of it, and its writes by others are not tracked), and so
 /// is hugetlb (pages of another size).
-pub const SNAP_KINDS: [procfs::MemoryKind; 2] = [
+pub(crate) const SNAP_KINDS: [procfs::MemoryKind; 2] = [
     procfs::MemoryKind::PrivateAnonymous,
     procfs::MemoryKind::FilePrivate,
 ];

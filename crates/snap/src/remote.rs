@@ -212,7 +212,7 @@ fn snapshot_with(
 /// a snapshot, and the pages it keeps elsewhere are not at their
 /// addresses. Every snapshot of another process asks (plain, live,
 /// held for rollback).
-pub fn not_self_served(pid: i32) -> Result<()> {
+pub(crate) fn not_self_served(pid: i32) -> Result<()> {
     let served = procfs::uffd_served(Some(pid))?;
     if served.is_empty() {
         return Ok(());

@@ -180,7 +180,7 @@ impl PageStore {
     }
 
     /// [`PageStore::intern`] with the digest already computed by the caller.
-    pub fn intern_digested(&mut self, page: &[u8], digest: PageDigest) -> PageId {
+    pub(crate) fn intern_digested(&mut self, page: &[u8], digest: PageDigest) -> PageId {
         assert_eq!(page.len(), PAGE_SIZE, "a page is {PAGE_SIZE} bytes");
         if digest == zero_page_digest() && (!self.verify || page == ZERO_PAGE) {
             self.zero_refs += 1;
@@ -268,7 +268,7 @@ impl PageStore {
     }
 
     /// The digest of page `id`.
-    pub fn digest_of(&self, id: PageId) -> PageDigest {
+    pub(crate) fn digest_of(&self, id: PageId) -> PageDigest {
         self.digests[id.0 as usize]
     }
 
@@ -354,14 +354,6 @@ impl PageStore {
             bytes_saved: bytes_referenced.saturating_sub(bytes_stored),
             digest_collisions: self.collisions,
         }
-    }
-
-    /// Bytes of memory the store itself occupies (slabs and tables).
-    pub fn footprint_bytes(&self) -> u64 {
-        (self.slabs.len() * SLAB_PAGES * PAGE_SIZE
-            + self.digests.capacity() * 16
-            + self.refs.capacity() * 4
-            + self.index.capacity() * 24) as u64
     }
 
     #[cfg(test)]

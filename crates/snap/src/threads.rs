@@ -36,7 +36,7 @@ use pagewise_mech::stop::Stopped;
 use pagewise_sys::process::{self as p, Regs};
 
 /// The bytes of a `stack_t` (`ss_sp`, `ss_flags` and padding, `ss_size`).
-pub const STACK_T: usize = 24;
+pub(crate) const STACK_T: usize = 24;
 
 /// Room for the largest `XSAVE` area (with AMX tiles, about 11 KiB).
 const XSTATE_MAX: usize = 16 << 10;
@@ -132,7 +132,7 @@ fn rewound(pid: i32, tid: i32, r: &mut Regs) -> Option<i64> {
 /// Reads the state of every thread of `stopped`. The calls it makes use
 /// bytes of each thread's own stack, below its red zone, put back after
 /// ([`Remote::stack_scratch`]).
-pub fn capture(stopped: &Stopped, remote: &Remote<'_>) -> Result<Vec<ThreadState>> {
+pub(crate) fn capture(stopped: &Stopped, remote: &Remote<'_>) -> Result<Vec<ThreadState>> {
     let pid = stopped.pid();
     let os = |what: String, e| Error::for_pid(pid, what, e);
     let mut out = Vec::with_capacity(stopped.tids().len());

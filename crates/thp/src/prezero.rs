@@ -79,14 +79,14 @@ struct Shared {
 
 /// The magic of the report the shim sends as a pre-zeroed program exits:
 /// `PGWZ`.
-pub const REPORT_MAGIC: u32 = u32::from_le_bytes(*b"PGWZ");
+pub(crate) const REPORT_MAGIC: u32 = u32::from_le_bytes(*b"PGWZ");
 /// The report's length: the hello header (magic, contract) and three
 /// `u64`s, little-endian: huge pages populated, looks taken, the thread's
 /// CPU time in µs.
-pub const REPORT_LEN: usize = 8 + 24;
+pub(crate) const REPORT_LEN: usize = 8 + 24;
 
 impl PrezeroStats {
-    /// The report of these statistics (see [`REPORT_LEN`]).
+    /// The report of these statistics (see `REPORT_LEN`).
     pub fn encode(&self) -> [u8; REPORT_LEN] {
         let mut b = [0u8; REPORT_LEN];
         b[..8].copy_from_slice(&pagewise_mech::shim::hello_header(REPORT_MAGIC));

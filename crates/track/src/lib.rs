@@ -72,7 +72,7 @@ impl BackendKind {
     }
 
     /// The backend of a wire value, `None` for an unknown one.
-    pub fn from_wire(v: u32) -> Option<Self> {
+    pub(crate) fn from_wire(v: u32) -> Option<Self> {
         [
             BackendKind::Auto,
             BackendKind::UffdWp,
@@ -175,7 +175,7 @@ impl BackendKind {
     }
 
     /// Resolves `Auto` to the best backend for watching another process.
-    pub fn resolve_for_pid(self) -> BackendKind {
+    pub(crate) fn resolve_for_pid(self) -> BackendKind {
         match self {
             BackendKind::Auto => {
                 if BackendKind::UffdWp.available_for_pid().is_ok() {
@@ -522,7 +522,7 @@ impl DirtyTracker {
     /// Makes the tracked regions equal `wanted` (sorted, non-overlapping). For a
     /// live process a mapping may vanish between reading its maps and adding
     /// it; such a mapping is skipped.
-    pub fn sync_regions(&mut self, wanted: &[Region], baseline: bool) -> Result<()> {
+    pub(crate) fn sync_regions(&mut self, wanted: &[Region], baseline: bool) -> Result<()> {
         let have = self.backend.regions();
         for r in have.iter().filter(|r| !wanted.contains(r)) {
             self.backend.remove_region(*r)?;

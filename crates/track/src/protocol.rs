@@ -47,11 +47,9 @@ pub const MAGIC: u32 = 0x5357_4750;
 /// since 2: backends as wire values, a status in the hello).
 pub const VERSION: u32 = pagewise_mech::shim::CONTRACT;
 /// Request: handshake.
-pub const REQ_HELLO: u8 = b'H';
+pub(crate) const REQ_HELLO: u8 = b'H';
 /// Request: collect.
-pub const REQ_COLLECT: u8 = b'C';
-/// Request: stop.
-pub const REQ_QUIT: u8 = b'Q';
+pub(crate) const REQ_COLLECT: u8 = b'C';
 /// Most ranges one reply may carry (a corrupt peer cannot make us allocate more).
 pub const MAX_RANGES: u64 = 1 << 26;
 /// Bytes of a hello reply.
@@ -59,7 +57,7 @@ pub const HELLO_LEN: usize = 16;
 
 /// Writes the hello reply: the backend tracking, or the errno (non-zero)
 /// that kept the shim from tracking.
-pub fn write_hello(w: &mut impl Write, backend: BackendKind, status: i32) -> io::Result<()> {
+pub(crate) fn write_hello(w: &mut impl Write, backend: BackendKind, status: i32) -> io::Result<()> {
     let mut b = Vec::with_capacity(HELLO_LEN);
     b.extend_from_slice(&pagewise_mech::shim::hello_header(MAGIC));
     for v in [backend.wire(), status as u32] {
@@ -222,7 +220,7 @@ impl<W: Write> Served<W> {
 }
 
 /// Writes a collect reply (`Err`: its errno).
-pub fn write_collection(w: &mut impl Write, c: &Result<Collection, i32>) -> io::Result<()> {
+pub(crate) fn write_collection(w: &mut impl Write, c: &Result<Collection, i32>) -> io::Result<()> {
     let mut b = Vec::new();
     match c {
         Ok(c) => {

@@ -5,7 +5,7 @@
 use crate::{Error, Region, Result};
 
 mod fds;
-pub use fds::{descriptors, fd_kind, parse_fdinfo, Descriptor, FdKind};
+pub use fds::{descriptors, fd_kind, parse_fdinfo, tcp_owner, Descriptor, FdKind};
 use std::path::{Path, PathBuf};
 
 /// One line of `/proc/PID/maps`.
@@ -453,33 +453,6 @@ pub fn exec_identity(pid: i32) -> Option<ExecIdentity> {
         random_at,
         random,
         entry,
-    })
-}
-
-/// The user owning the TCP socket on this machine whose own address is
-/// `from` and whose peer is `to` (`/proc/net/tcp`, `tcp6`): who is at the
-/// other end of a loopback connection. `None` where no such socket is
-/// listed (the peer is on another machine).
-pub fn tcp_owner(from: std::net::SocketAddr, to: std::net::SocketAddr) -> Option<u32> {
-    let hex = |a: std::net::SocketAddr| -> String {
-        let ip = match a.ip() {
-            std::net::IpAddr::V4(v) => format!("{:08X}", u32::from_ne_bytes(v.octets())),
-            std::net::IpAddr::V6(v) => v
-                .octets()
-                .chunks_exact(4)
-                .map(|w| format!("{:08X}", u32::from_ne_bytes([w[0], w[1], w[2], w[3]])))
-                .collect(),
-        };
-        format!("{ip}:{:04X}", a.port())
-    };
-    let (f, t) = (hex(from), hex(to));
-    let table = if from.is_ipv4() { "tcp" } else { "tcp6" };
-    let text = std::fs::read_to_string(format!("/proc/net/{table}")).ok()?;
-    text.lines().skip(1).find_map(|l| {
-        let w: Vec<&str> = l.split_whitespace().collect();
-        (w.len() > 7 && w[1] == f && w[2] == t)
-            .then(|| w[7].parse().ok())
-            .flatten()
     })
 }
 

@@ -50,7 +50,7 @@
 //!
 //! A reader checks every checksum, the digest of every decompressed page and
 //! every length and offset against the file sizes; anything wrong is an
-//! [`Error::Corrupt`] naming the file, never wrong data. Every file carries
+//! [`pagewise_mech::Error::Corrupt`] naming the file, never wrong data. Every file carries
 //! the store's identity: a pack or an index copied from another store is an
 //! error. The manifest names every snapshot, with the length and checksum of
 //! its index, and the id inside an index must be the one in its name: a
@@ -151,7 +151,7 @@ pub struct DiskSnapshot {
 impl DiskSnapshot {
     /// Index of the first page of region `r` in the entries, when the
     /// snapshot has exactly that region.
-    pub fn first_page_of(&self, r: &Region) -> Option<usize> {
+    pub(crate) fn first_page_of(&self, r: &Region) -> Option<usize> {
         let mut first = 0usize;
         for pr in &self.regions {
             if pr == r {

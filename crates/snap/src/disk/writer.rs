@@ -172,7 +172,7 @@ impl SnapshotWriter<'_> {
     }
 
     /// Appends the next page whose digest the caller computed.
-    pub fn push_digested(&mut self, page: &[u8], digest: PageDigest) -> Result<()> {
+    pub(crate) fn push_digested(&mut self, page: &[u8], digest: PageDigest) -> Result<()> {
         assert_eq!(page.len(), PAGE_SIZE);
         if self.entries.len() as u64 >= self.pages {
             return Err(StoreError::TooManyPages.into());
@@ -205,7 +205,7 @@ impl SnapshotWriter<'_> {
     /// Appends, without reading it, page `i` of `prev`, an earlier snapshot
     /// of this store: the caller knows the page has not changed since (a
     /// dirty tracker said so). The new snapshot refers to the same record.
-    pub fn push_unchanged(&mut self, prev: &DiskSnapshot, i: usize) -> Result<()> {
+    pub(crate) fn push_unchanged(&mut self, prev: &DiskSnapshot, i: usize) -> Result<()> {
         if self.entries.len() as u64 >= self.pages {
             return Err(StoreError::TooManyPages.into());
         }
@@ -228,7 +228,7 @@ impl SnapshotWriter<'_> {
     }
 
     /// Appends a run of `n` zero pages.
-    pub fn push_zeros(&mut self, n: u64) -> Result<()> {
+    pub(crate) fn push_zeros(&mut self, n: u64) -> Result<()> {
         if self.entries.len() as u64 + n > self.pages {
             return Err(StoreError::TooManyPages.into());
         }

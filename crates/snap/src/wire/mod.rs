@@ -117,13 +117,13 @@ pub const MAGIC: u32 = 0x4d57_4750;
 /// Protocol version.
 pub const VERSION: u32 = 2;
 /// Hello flag: the sender may send LZ4 chunks.
-pub const FLAG_LZ4: u32 = 1;
+pub(crate) const FLAG_LZ4: u32 = 1;
 /// Hello flag: every message is authenticated (see the module).
 pub const FLAG_AUTH: u32 = 2;
 /// Bytes of a hello's nonce.
 pub const NONCE_LEN: usize = 16;
 /// Bytes of a message's authentication tag.
-pub const TAG_LEN: usize = 32;
+pub(crate) const TAG_LEN: usize = 32;
 /// Bytes of the sender's hello.
 pub const HELLO_LEN: usize = 12 + NONCE_LEN;
 /// Bytes of the receiver's hello.
@@ -131,15 +131,15 @@ pub const REPLY_LEN: usize = 20 + NONCE_LEN;
 /// Most pages in one pages message.
 pub const MAX_CHUNK_PAGES: u32 = 256;
 /// Most regions in one regions message.
-pub const MAX_REGIONS: u32 = 1 << 20;
+pub(crate) const MAX_REGIONS: u32 = 1 << 20;
 /// Longest label.
-pub const MAX_LABEL: u32 = 4096;
+pub(crate) const MAX_LABEL: u32 = 4096;
 /// Longest error text.
 const MAX_REASON: u32 = 1 << 16;
 /// Encoding: raw pages.
-pub const ENC_RAW: u8 = 0;
+pub(crate) const ENC_RAW: u8 = 0;
 /// Encoding: one LZ4 block of the pages.
-pub const ENC_LZ4: u8 = 1;
+pub(crate) const ENC_LZ4: u8 = 1;
 /// Encoding: zero pages, no payload.
 pub const ENC_ZERO: u8 = 2;
 /// Message tags.
