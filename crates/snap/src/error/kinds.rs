@@ -94,7 +94,7 @@ pub enum StoreError {
 
 impl StoreError {
     /// The errno that says it to C callers.
-    pub fn errno(&self) -> i32 {
+    pub(crate) fn errno(&self) -> i32 {
         match self {
             StoreError::NotOwned { .. }
             | StoreError::WritableByOthers { .. }
@@ -203,7 +203,7 @@ pub enum WireError {
 
 impl WireError {
     /// The errno that says it to C callers.
-    pub fn errno(&self) -> i32 {
+    pub(crate) fn errno(&self) -> i32 {
         match self {
             WireError::ShortKey { .. }
             | WireError::BadAddress { .. }
