@@ -232,6 +232,17 @@ impl Error {
     }
 }
 
+impl Error {
+    /// The mechanism's failure this is, if it is one: met by snapshots
+    /// themselves or by the tracking under them.
+    pub fn mech(&self) -> Option<&pagewise_mech::Error> {
+        match self {
+            Error::Mech(e) | Error::Track(pagewise_track::Error::Mech(e)) => Some(e),
+            _ => None,
+        }
+    }
+}
+
 /// The mechanisms' helpers, giving this error.
 impl Error {
     /// An OS error met while doing `what`.

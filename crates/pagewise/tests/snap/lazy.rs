@@ -247,9 +247,8 @@ fn lazy_restore_refuses_other_memory_types() {
         let e = LazyRestore::start(disk, 1, &[m.region()], LazyOptions::default()).unwrap_err();
         assert!(
             matches!(
-                e,
-                pagewise::snap::Error::Mech(pagewise::MechError::MemoryType { kind: k, .. })
-                    if k == kind.name()
+                e.mech(),
+                Some(pagewise::MechError::MemoryType { kind: k, .. }) if *k == kind.name()
             ),
             "{}: {e:?}",
             kind.name()

@@ -376,9 +376,8 @@ fn bad_input_is_refused() {
     let e = Snapshots::new(&[r, overlap], SnapshotOptions::default()).unwrap_err();
     assert!(
         matches!(
-            e,
-            pagewise::snap::Error::Mech(pagewise::MechError::Overlap { b_start, .. })
-                if b_start == overlap.start
+            e.mech(),
+            Some(pagewise::MechError::Overlap { b_start, .. }) if *b_start == overlap.start
         ),
         "{e}"
     );
@@ -391,8 +390,8 @@ fn bad_input_is_refused() {
     .unwrap_err();
     assert!(
         matches!(
-            e,
-            pagewise::snap::Error::Mech(pagewise::MechError::NotWritable {
+            e.mech(),
+            Some(pagewise::MechError::NotWritable {
                 at: 0,
                 mapped: false,
                 ..
@@ -454,9 +453,8 @@ fn memory_types() {
         let e = Snapshots::new(&[m.region()], SnapshotOptions::default()).unwrap_err();
         assert!(
             matches!(
-                e,
-                pagewise::snap::Error::Mech(pagewise::MechError::MemoryType { kind: k, .. })
-                    if k == kind.name()
+                e.mech(),
+                Some(pagewise::MechError::MemoryType { kind: k, .. }) if *k == kind.name()
             ),
             "{}: {e:?}",
             kind.name()
