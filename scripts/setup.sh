@@ -22,6 +22,8 @@ command -v criu >/dev/null || need+=(criu)
 command -v memcached >/dev/null || need+=(memcached)
 command -v memcslap >/dev/null || command -v memaslap >/dev/null || need+=(libmemcached-tools)
 command -v cc >/dev/null || need+=(gcc)
+# libFuzzer's runtime is C++ (scripts/fuzz).
+command -v c++ >/dev/null || need+=(g++)
 # Installing and packaging (make install, make deb and their checks).
 command -v make >/dev/null || need+=(make)
 command -v patchelf >/dev/null || need+=(patchelf)
