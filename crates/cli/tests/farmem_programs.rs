@@ -81,7 +81,7 @@ fn random_memory_operations_match_native() {
                 &["--local-pages", "512", "--policy", "clock"],
             ],
             true,
-            &[(pagewise::shim::env::FARMEM_CHECK, "64")],
+            &[(pagewise_mech::shim::env::FARMEM_CHECK, "64")],
         );
     }
 }

@@ -11,10 +11,10 @@ fn echo_under_shim(shim: &std::path::Path, vars: &[(&str, &str)]) -> (String, St
     let mut c = Command::new("/bin/echo");
     c.arg("hello").env("LD_PRELOAD", shim);
     for k in [
-        pagewise::shim::env::CONTRACT,
-        pagewise::shim::env::FARMEM_INSTANCE,
-        pagewise::shim::env::PREZERO,
-        pagewise::shim::env::FARMEM_FAULT_PATH,
+        pagewise_mech::shim::env::CONTRACT,
+        pagewise_mech::shim::env::FARMEM_INSTANCE,
+        pagewise_mech::shim::env::PREZERO,
+        pagewise_mech::shim::env::FARMEM_FAULT_PATH,
     ] {
         c.env_remove(k);
     }
@@ -33,7 +33,8 @@ fn a_shim_refuses_a_request_of_another_contract_in_one_line() {
         pagewise_testkit::skip!("the preload shim is not built (cargo build --release)");
         return;
     };
-    use pagewise::shim::{env, CONTRACT};
+    use pagewise::shim::CONTRACT;
+    use pagewise_mech::shim::env;
     // A far-memory request from a pagewise of contract 999: not joined (the
     // instance does not exist either; the contract is checked first).
     let (out, err) = echo_under_shim(
@@ -74,7 +75,8 @@ fn a_shim_refuses_a_value_it_cannot_read_naming_the_variable() {
         pagewise_testkit::skip!("the preload shim is not built (cargo build --release)");
         return;
     };
-    use pagewise::shim::{env, BUILD, CONTRACT};
+    use pagewise::shim::{BUILD, CONTRACT};
+    use pagewise_mech::shim::env;
     let ours = format!("{CONTRACT} {BUILD}");
     // A far-memory request whose fault path is neither `thread` nor
     // `inline`: refused before the instance is looked at, never taken for
@@ -109,7 +111,7 @@ fn a_refused_request_is_not_inherited_where_it_was_for_the_program_alone() {
         pagewise_testkit::skip!("the preload shim is not built (cargo build --release)");
         return;
     };
-    use pagewise::shim::env;
+    use pagewise_mech::shim::env;
     // A shell under the shim, asked by a pagewise of another contract,
     // starts `env`: the program's own sockets and pre-zeroing are not
     // handed on to it; far memory (which children join) is.

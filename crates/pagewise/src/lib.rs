@@ -112,6 +112,6 @@ pub mod shim {
     pub use pagewise_mech::inject::Inside;
     pub use pagewise_mech::procfs::{maps, note_own_memory, OWN_THREAD_STACK};
     pub use pagewise_mech::shim::{
-        asked, contract_of_request, env, shim_command, shim_path, Request, BUILD, CONTRACT,
+        asked, contract_of_request, shim_command, shim_path, Request, BUILD, CONTRACT,
     };
 }

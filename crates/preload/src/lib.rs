@@ -22,7 +22,7 @@
 //! ([`pagewise::thp::prezero`]) for the program's life, and sends what it
 //! did on socket FD as the program exits. The request is kept for the
 //! program an `exec` puts in the same process, not for its children
-//! (`pagewise::shim::env::PREZERO`).
+//! (`PAGEWISE_PREZERO`).
 //!
 //! The shim's own Rust code allocates from a heap of its own (`alloc`),
 //! never from the program's `malloc`.
