@@ -1,7 +1,7 @@
 //! What far-memory emulation refuses or meets, besides the mechanisms'
 //! failures: each kind with the values it is about.
 
-use pagewise_mech::{ErrorClass, Failure};
+use pagewise_mech::ErrorClass;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -228,14 +228,7 @@ impl Error {
     }
 }
 
-impl Failure for Error {
-    fn class(&self) -> ErrorClass {
-        Error::class(self)
-    }
-    fn errno(&self) -> i32 {
-        Error::errno(self)
-    }
-}
+pagewise_mech::impl_failure!(Error);
 
 /// Result of far-memory emulation.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -292,13 +292,23 @@ pub trait Failure: std::error::Error + Send + Sync + 'static {
     fn errno(&self) -> i32;
 }
 
-impl Failure for Error {
-    fn class(&self) -> ErrorClass {
-        Error::class(self)
-    }
-    fn errno(&self) -> i32 {
-        Error::errno(self)
-    }
+crate::impl_failure!(Error);
+
+/// Implements [`Failure`] for an error type by its inherent `class` and
+/// `errno` (each error of the library has both, so that a caller needs no
+/// trait in scope).
+#[macro_export]
+macro_rules! impl_failure {
+    ($t:ty) => {
+        impl $crate::Failure for $t {
+            fn class(&self) -> $crate::ErrorClass {
+                <$t>::class(self)
+            }
+            fn errno(&self) -> i32 {
+                <$t>::errno(self)
+            }
+        }
+    };
 }
 
 /// Result alias of the library.

@@ -50,14 +50,7 @@ impl Error {
     }
 }
 
-impl Failure for Error {
-    fn class(&self) -> ErrorClass {
-        Error::class(self)
-    }
-    fn errno(&self) -> i32 {
-        Error::errno(self)
-    }
-}
+pagewise_mech::impl_failure!(Error);
 
 /// Result of the library.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,7 +1,7 @@
 //! What snapshots refuse or meet, besides the mechanisms' failures and
 //! tracking's: each kind with the values it is about.
 
-use pagewise_mech::{ErrorClass, Failure};
+use pagewise_mech::ErrorClass;
 
 use crate::SnapId;
 
@@ -257,14 +257,7 @@ impl Error {
     }
 }
 
-impl Failure for Error {
-    fn class(&self) -> ErrorClass {
-        Error::class(self)
-    }
-    fn errno(&self) -> i32 {
-        Error::errno(self)
-    }
-}
+pagewise_mech::impl_failure!(Error);
 
 /// Result of snapshots.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

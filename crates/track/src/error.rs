@@ -1,6 +1,6 @@
 //! What tracking refuses or meets, besides the mechanisms' failures.
 
-use pagewise_mech::{ErrorClass, Failure};
+use pagewise_mech::ErrorClass;
 
 /// An error of tracking.
 #[derive(Debug, thiserror::Error)]
@@ -77,14 +77,7 @@ impl Error {
     }
 }
 
-impl Failure for Error {
-    fn class(&self) -> ErrorClass {
-        Error::class(self)
-    }
-    fn errno(&self) -> i32 {
-        Error::errno(self)
-    }
-}
+pagewise_mech::impl_failure!(Error);
 
 /// Result of tracking.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
