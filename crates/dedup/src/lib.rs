@@ -309,6 +309,7 @@ pub enum Action {
 
 /// The counting Bloom filter against the exact count, in one step.
 #[derive(Debug, Clone, Copy, Default, Serialize, schemars::JsonSchema)]
+#[non_exhaustive]
 pub struct FilterReport {
     /// Resident non-zero pages looked up.
     pub looked_up: u64,
@@ -326,6 +327,7 @@ pub struct FilterReport {
 
 /// KSM as a step saw it.
 #[derive(Debug, Clone, Default, Serialize, schemars::JsonSchema)]
+#[non_exhaustive]
 pub struct KsmReport {
     /// `pages_shared`: KSM pages in use.
     pub pages_shared: u64,
@@ -341,6 +343,7 @@ pub struct KsmReport {
 
 /// What one step measured and did.
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+#[non_exhaustive]
 pub struct Step {
     /// Since the agent started, ms.
     pub t_ms: u64,
@@ -377,6 +380,7 @@ pub struct Step {
 
 /// Counters since the agent started (for metrics).
 #[derive(Debug, Clone, Copy, Default, Serialize, schemars::JsonSchema)]
+#[non_exhaustive]
 pub struct Counters {
     /// Steps taken.
     pub steps: u64,

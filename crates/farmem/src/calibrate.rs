@@ -10,6 +10,7 @@ use std::time::Instant;
 
 /// What a fault costs this machine at latency 0, measured on a scratch region.
 #[derive(Debug, Clone, Copy, Default, Serialize, schemars::JsonSchema)]
+#[non_exhaustive]
 pub struct Calibration {
     /// Mean added time per fault seen by the faulting thread, ns: the floor.
     pub floor_ns: u64,
@@ -21,6 +22,16 @@ pub struct Calibration {
 }
 
 impl Calibration {
+    /// A calibration measured elsewhere (the instance's, handed to a
+    /// member): `floor_ns` and `unseen_ns` as [`Calibration`] says.
+    pub fn known(floor_ns: u64, unseen_ns: u64) -> Calibration {
+        Calibration {
+            floor_ns,
+            unseen_ns,
+            faults: 0,
+        }
+    }
+
     /// No calibration: nothing is taken off the modelled delays.
     pub const NONE: Calibration = Calibration {
         floor_ns: 0,

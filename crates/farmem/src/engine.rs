@@ -371,7 +371,7 @@ impl Engine {
             busy: Vec::new(),
         };
         for r in regions {
-            e.add_region(*r)?;
+            e.add_region(*r, false)?;
         }
         Ok(e)
     }

@@ -296,6 +296,7 @@ impl Drop for Instance {
 
 /// One member's view in [`Instance::members`].
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+#[non_exhaustive]
 pub struct Member {
     /// Its process id.
     pub pid: i32,

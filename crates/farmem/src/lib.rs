@@ -157,6 +157,7 @@ pub enum TraceKind {
 
 /// One event of the trace ([`FarMemory::trace`]).
 #[derive(Debug, Clone, Copy, Serialize, schemars::JsonSchema)]
+#[non_exhaustive]
 pub struct TraceEvent {
     /// Time since the instance started, ns.
     pub t_ns: u64,
@@ -188,8 +189,10 @@ pub(crate) const FARMEM_KINDS: [pagewise_mech::procfs::MemoryKind; 1] =
 /// ranges to emulate.
 pub(crate) type Discover = Box<dyn FnMut(&mut Vec<Region>) + Send>;
 
-/// Optional ways an engine is tied to the rest of the world.
+/// Optional ways an engine is tied to the rest of the world: an input,
+/// built from [`Hooks::default`] with its setters.
 #[derive(Default)]
+#[non_exhaustive]
 pub struct Hooks {
     /// Finds regions the program mapped since (see `Discover`).
     pub discover: Option<Discover>,
@@ -227,6 +230,44 @@ pub struct Hooks {
     /// preload shim keeps [`instance::MIN_LOCAL_PAGES_THREAD`]. (The inline
     /// path lends such an instruction its pages instead.)
     pub thread_floor: usize,
+}
+
+impl Hooks {
+    /// Sets [`Hooks::discover`].
+    pub fn discover(mut self, f: impl FnMut(&mut Vec<Region>) + Send + 'static) -> Self {
+        self.discover = Some(Box::new(f));
+        self
+    }
+    /// Sets [`Hooks::instance`].
+    pub fn instance(mut self, inst: Arc<instance::Instance>, slot: usize) -> Self {
+        self.instance = Some((inst, slot));
+        self
+    }
+    /// Sets [`Hooks::on_start`].
+    pub fn on_start(mut self, f: impl FnOnce() + Send + 'static) -> Self {
+        self.on_start = Some(Box::new(f));
+        self
+    }
+    /// Sets [`Hooks::remapping`].
+    pub fn remapping(mut self, count: &'static std::sync::atomic::AtomicUsize) -> Self {
+        self.remapping = Some(count);
+        self
+    }
+    /// Sets [`Hooks::fault_path`].
+    pub fn fault_path(mut self, path: FaultPath) -> Self {
+        self.fault_path = path;
+        self
+    }
+    /// Sets [`Hooks::check_books`].
+    pub fn check_books(mut self, every: u64) -> Self {
+        self.check_books = every;
+        self
+    }
+    /// Sets [`Hooks::thread_floor`].
+    pub fn thread_floor(mut self, pages: usize) -> Self {
+        self.thread_floor = pages;
+        self
+    }
 }
 
 impl Shared {
@@ -428,7 +469,7 @@ impl FarMemory {
                 let engine = g.engine().expect("a new engine");
                 let pieces: Vec<Region> = regions.iter().flat_map(|r| engine.carve(*r)).collect();
                 for r in pieces {
-                    if let Err(e) = engine.add_region(r) {
+                    if let Err(e) = engine.add_region(r, false) {
                         drop(g.take());
                         let _ = ready_tx.send(Err(e));
                         return Ok(());

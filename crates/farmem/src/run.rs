@@ -56,6 +56,7 @@ impl Default for FarmemOptions {
 /// by the member's children (who join the run too).
 #[doc(hidden)]
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct FarmemRequest {
     /// The instance to join.
     pub instance: String,

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Counters of one instance.
 #[derive(Debug, Clone, Default, Serialize, schemars::JsonSchema)]
+#[non_exhaustive]
 pub struct Stats {
     /// Faults on remote pages (each one a fetch).
     pub page_fault_count: u64,

@@ -105,6 +105,7 @@ setters!(Options { bloom_sample: bool });
 
 /// SmartMD's counting Bloom filter against the exact count.
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+#[non_exhaustive]
 pub struct BloomReport {
     /// Counters (8 per page read).
     pub entries: u64,
@@ -131,6 +132,7 @@ pub struct BloomReport {
 
 /// The whole inspection.
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+#[non_exhaustive]
 pub struct Report {
     /// The processes inspected.
     pub pids: Vec<i32>,
@@ -170,6 +172,7 @@ pub struct Report {
 
 /// How access coverage was measured ([`pagewise_mech::access`]).
 #[derive(Debug, Clone, Default, Serialize, schemars::JsonSchema)]
+#[non_exhaustive]
 pub struct CoverageSummary {
     /// How (`None`: not measured, see `unavailable`).
     pub method: Option<pagewise_mech::access::Method>,

@@ -46,6 +46,7 @@ use std::time::{Duration, Instant};
 
 /// What one process touched in a window.
 #[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+#[non_exhaustive]
 pub struct CoverageReport {
     /// The process.
     pub pid: i32,
@@ -56,6 +57,19 @@ pub struct CoverageReport {
     /// Per 2 MiB region watched: `[start, pages watched, pages holding
     /// data, pages touched]`.
     pub regions: Vec<[u64; 4]>,
+}
+
+impl CoverageReport {
+    /// The report of a window that ran `window_ns` for `request` in process
+    /// `pid` (`regions` as [`CoverageReport::regions`] says; see [`tally`]).
+    pub fn new(pid: i32, request: u64, window_ns: u64, regions: Vec<[u64; 4]>) -> Self {
+        CoverageReport {
+            pid,
+            request,
+            window_ns,
+            regions,
+        }
+    }
 }
 
 /// Counts one watched page at `addr` into `regions` (in address order, see
@@ -221,6 +235,7 @@ struct Seen {
 
 /// What [`RegionWrites::take`] returns.
 #[derive(Debug, Default)]
+#[non_exhaustive]
 pub struct Taken {
     /// Starts of the regions written.
     pub written: BTreeSet<u64>,
@@ -239,7 +254,7 @@ impl Taken {
 impl RegionWrites {
     /// Makes the userfaultfd inside process `pid` (stopped for a moment)
     /// and starts the thread serving it; refused with the reason where
-    /// that cannot be done (see [`crate::wp::UffdWp::open_in_sync`]).
+    /// that cannot be done (see `UffdWp::open_in_sync`).
     pub fn new(pid: i32) -> Result<Self> {
         let wp = crate::wp::UffdWp::open_in_sync(pid)?;
         let fd = wp.try_clone_fd()?;

@@ -56,6 +56,7 @@ pub trait Agent {
 
 /// One counter or gauge of an agent.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct Metric {
     /// Its name after `pagewise_AGENT_`.
     pub name: &'static str,
@@ -113,6 +114,7 @@ impl Metric {
 
 /// A process an agent watches, and the agent's state of it.
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct Watched<T> {
     /// The process.
     pub pid: i32,
@@ -226,7 +228,7 @@ pub fn thread_cpu_ms() -> f64 {
 
 /// Appends one metric in the Prometheus text format (its help, its type
 /// and its value) to `out`.
-pub fn prometheus_metric(out: &mut String, name: &str, kind: &str, help: &str, v: f64) {
+pub(crate) fn prometheus_metric(out: &mut String, name: &str, kind: &str, help: &str, v: f64) {
     *out += &format!("# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n");
 }
 

@@ -51,6 +51,7 @@ pub fn memory_cgroup_dir(pid: Option<i32>) -> Result<Option<PathBuf>> {
 
 /// What a memory cgroup uses and may use, bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, schemars::JsonSchema)]
+#[non_exhaustive]
 pub struct MemoryUse {
     /// Charged now (v1 `memory.usage_in_bytes`, v2 `memory.current`).
     pub usage: u64,

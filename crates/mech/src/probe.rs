@@ -39,6 +39,7 @@ use std::sync::OnceLock;
 
 /// One feature: available or not, and why.
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+#[non_exhaustive]
 pub struct Feature {
     /// Stable name, such as `uffd.WP_ASYNC` or `pagemap_scan`.
     pub name: String,
@@ -50,6 +51,7 @@ pub struct Feature {
 
 /// How pagewise can open a userfaultfd here.
 #[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq, schemars::JsonSchema)]
+#[non_exhaustive]
 pub struct UffdAccess {
     /// Through the system call (`false`: only through `/dev/userfaultfd`).
     pub syscall: bool,
@@ -59,6 +61,7 @@ pub struct UffdAccess {
 
 /// The probe's answer.
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+#[non_exhaustive]
 pub struct Probe {
     /// Kernel release (`uname -r`).
     pub kernel: String,
@@ -103,11 +106,6 @@ impl Probe {
             .find(|f| f.name == name)
             .map(|f| f.detail.clone())
             .unwrap_or_else(|| format!("{name} was not probed"))
-    }
-
-    /// Whether asynchronous uffd write-protect tracking (the `uffd-wp` backend) works here.
-    pub fn uffd_wp_async(&self) -> bool {
-        self.uffd_has(uffd::feature::WP_ASYNC) && self.pagemap_scan
     }
 }
 

@@ -97,6 +97,7 @@ impl PageWalker {
 /// A 2 MiB region of a process wholly inside a private anonymous writable
 /// mapping (see [`huge_regions`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct HugeRegion {
     /// The region.
     pub region: Region,

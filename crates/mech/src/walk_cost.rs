@@ -12,6 +12,7 @@ use std::time::Instant;
 
 /// What a random memory access costs over 4 KiB pages and over huge pages.
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+#[non_exhaustive]
 pub struct WalkCost {
     /// Size of the buffer accessed.
     pub bytes: u64,

@@ -11,6 +11,7 @@ use pagewise_sys::mem;
 /// `i % 10 < 3` (30 %), one of a group of 8 identical pages when `i % 10`
 /// is 3 or 4 (20 %), and unique otherwise; every 10th region is hot
 /// ([`Layout::touch_hot`] reads every page of them), the rest cold.
+#[non_exhaustive]
 pub struct Layout {
     /// The memory.
     pub mem: AnonMemory,
@@ -20,6 +21,7 @@ pub struct Layout {
 
 /// What a [`Layout`] holds, as the inspector must find it.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+#[non_exhaustive]
 pub struct LayoutTruth {
     /// Start of the memory.
     pub addr: u64,

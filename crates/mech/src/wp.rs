@@ -115,7 +115,7 @@ impl UffdWp {
     /// (otherwise a system call writing a protected buffer would fail with
     /// `EFAULT`), which the kernel allows a process with `CAP_SYS_PTRACE`
     /// or under `vm.unprivileged_userfaultfd = 1`; elsewhere it is refused.
-    pub fn open_in_sync(pid: i32) -> Result<Self> {
+    pub(crate) fn open_in_sync(pid: i32) -> Result<Self> {
         Self::open_in_mode(pid, true)
     }
 
@@ -188,7 +188,7 @@ impl UffdWp {
     }
 
     /// A second descriptor of the same userfaultfd, for a thread serving it.
-    pub fn try_clone_fd(&self) -> Result<OwnedFd> {
+    pub(crate) fn try_clone_fd(&self) -> Result<OwnedFd> {
         self.uffd
             .try_clone()
             .map_err(|e| Error::os("duplicating a userfaultfd", e))

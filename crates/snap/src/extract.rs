@@ -12,6 +12,7 @@ use std::io::Write;
 
 /// Where one region's bytes went in the file written.
 #[derive(Debug, Clone, Copy, serde::Serialize, schemars::JsonSchema)]
+#[non_exhaustive]
 pub struct Placed {
     /// First address.
     pub start: u64,

@@ -10,7 +10,7 @@
 //! those written since the last snapshot or restore, and those whose id in
 //! the target differs from what memory holds.
 //!
-//! Page tables are split into chunks of [`CHUNK_PAGES`] ids shared between
+//! Page tables are split into chunks of 32 ids shared between
 //! snapshots (copy on write), so a snapshot that changes a few pages costs a
 //! few chunks, not a table the size of the memory.
 //!
@@ -80,7 +80,7 @@ pub(crate) const SNAP_KINDS: [procfs::MemoryKind; 2] = [
 ];
 
 /// Page ids per shared chunk of a snapshot's table (128 KiB of memory).
-pub const CHUNK_PAGES: usize = 32;
+pub(crate) const CHUNK_PAGES: usize = 32;
 
 /// Identifies a snapshot within its [`Snapshots`].
 pub type SnapId = u64;
@@ -111,6 +111,7 @@ impl Default for SnapshotOptions {
 
 /// What taking one snapshot did.
 #[derive(Debug, Clone, Copy, Default, Serialize, schemars::JsonSchema)]
+#[non_exhaustive]
 pub struct TakeStats {
     /// Pages read and hashed.
     pub pages_read: u64,
@@ -124,6 +125,7 @@ pub struct TakeStats {
 
 /// What one restore did.
 #[derive(Debug, Clone, Copy, Default, Serialize, schemars::JsonSchema)]
+#[non_exhaustive]
 pub struct RestoreStats {
     /// Pages reported written since the last snapshot or restore.
     pub pages_dirty: u64,
@@ -137,6 +139,7 @@ pub struct RestoreStats {
 
 /// One snapshot, as [`Snapshots::list`] shows it.
 #[derive(Debug, Clone, Default, Serialize, schemars::JsonSchema)]
+#[non_exhaustive]
 pub struct SnapshotInfo {
     /// Its id.
     pub id: SnapId,

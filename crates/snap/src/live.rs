@@ -64,6 +64,7 @@ impl Default for LiveOptions {
 
 /// One pass of the copy.
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+#[non_exhaustive]
 pub struct Pass {
     /// Pages copied in this pass.
     pub pages: u64,
@@ -75,6 +76,7 @@ pub struct Pass {
 
 /// What a live checkpoint did.
 #[derive(Debug, Clone, Default, Serialize, schemars::JsonSchema)]
+#[non_exhaustive]
 pub struct LiveReport {
     /// The snapshot saved.
     pub save: SaveStats,

@@ -23,6 +23,7 @@ const CHUNK: usize = 1 << 20;
 
 /// What one snapshot of another process did.
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+#[non_exhaustive]
 pub struct ProcessSnapshot {
     /// What the store wrote.
     pub save: SaveStats,

@@ -42,6 +42,7 @@ const SLAB_PAGES: usize = 512;
 
 /// What the store holds and what it saves.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+#[non_exhaustive]
 pub struct StoreStats {
     /// Distinct non-zero pages stored.
     pub unique_pages: u64,

@@ -135,6 +135,7 @@ impl Prezeroed {
 /// [`shim::env::PREZERO`]; `None` fields take the library's defaults.
 #[doc(hidden)]
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[non_exhaustive]
 pub struct PrezeroRequest {
     /// Huge pages kept ahead.
     pub ahead: Option<u64>,

@@ -29,6 +29,7 @@ pub enum Tracked {
 /// ([`env::TRACK_FD`], [`env::TRACK_BACKEND`]).
 #[doc(hidden)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct TrackRequest {
     /// The shim's end of the socketpair.
     pub fd: i32,

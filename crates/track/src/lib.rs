@@ -222,6 +222,7 @@ impl std::fmt::Display for BackendKind {
 
 /// What one collection cost and found.
 #[derive(Debug, Clone, Default, Serialize, schemars::JsonSchema)]
+#[non_exhaustive]
 pub struct CollectStats {
     /// Pages the backend looked at (the tracked pages).
     pub pages_scanned: u64,
@@ -239,6 +240,7 @@ pub struct CollectStats {
 
 /// One consumer's collection: the dirty ranges and what it cost.
 #[derive(Debug, Clone, Default, Serialize, schemars::JsonSchema)]
+#[non_exhaustive]
 pub struct Collection {
     /// Sorted, coalesced dirty ranges.
     pub ranges: Vec<PageRange>,

@@ -203,10 +203,7 @@ fn cfg(local_pages: usize, latency_ns: u64) -> Config {
 
 /// An engine over `mem` on `path`, FIFO.
 fn new_fm(mem: &AnonMemory, c: Config, cal: Calibration, path: FaultPath) -> Result<FarMemory> {
-    let hooks = pagewise::farmem::Hooks {
-        fault_path: path,
-        ..Default::default()
-    };
+    let hooks = pagewise::farmem::Hooks::default().fault_path(path);
     let fm = FarMemory::new_with(&[mem.region()], c, fifo(), cal, hooks)?;
     if fm.fault_path() != path {
         return Err(pagewise::Error::from(pagewise::MechError::Unsupported {

@@ -70,11 +70,11 @@ impl Engine {
                 );
             }
         }
-        pagewise_mech::access::CoverageReport {
-            pid: std::process::id() as i32,
+        pagewise_mech::access::CoverageReport::new(
+            std::process::id() as i32,
             request,
-            window_ns: t0.elapsed().as_nanos() as u64,
+            t0.elapsed().as_nanos() as u64,
             regions,
-        }
+        )
     }
 }

@@ -8,7 +8,7 @@ impl Engine {
     pub(crate) fn fit_budget(&mut self, sh: &Shared) -> Result<()> {
         let adds = std::mem::take(&mut *sh.adds.lock().unwrap_or_else(|e| e.into_inner()));
         for (region, reply) in adds {
-            let _ = reply.send(self.add_region(region));
+            let _ = reply.send(self.add_region(region, false));
         }
         let pauses = std::mem::take(&mut *sh.pauses.lock().unwrap_or_else(|e| e.into_inner()));
         if !pauses.is_empty() {

@@ -8,7 +8,16 @@ impl Engine {
     /// no emulated region), also while other threads use it: it is registered
     /// first, then its populated pages are moved to staging, each move atomic
     /// against a racing write. Its pages get the next global indices.
-    pub(crate) fn add_region(&mut self, r: Region) -> Result<()> {
+    ///
+    /// `found`: the program registered `r` itself (the preload shim does,
+    /// before the program gets the address back). A failed add then leaves
+    /// that registration as it was: `r` may by now be part of a larger
+    /// mapping (grown in place by `mremap`, merged with a neighbour), and
+    /// unregistering `r` alone would split that mapping, so that the
+    /// program's next `mremap` of its whole buffer spans two mappings and
+    /// fails with `EFAULT`. A fault there meanwhile is served as fresh memory
+    /// (see `zero_unknown`): nothing of `r` reached staging.
+    pub(crate) fn add_region(&mut self, r: Region, found: bool) -> Result<()> {
         self.check_disjoint(r)?;
         let reg = |fd: &OwnedFd, start: u64, len: u64| {
             uffd::register(fd.as_fd(), start, len, uffd::REGISTER_MODE_MISSING)
@@ -18,7 +27,9 @@ impl Engine {
         let st = match self.new_staging(r) {
             Ok(st) => st,
             Err(e) => {
-                let _ = uffd::unregister(self.uffd.as_fd(), r.start, r.len);
+                if !found {
+                    let _ = uffd::unregister(self.uffd.as_fd(), r.start, r.len);
+                }
                 return Err(e);
             }
         };
@@ -77,7 +88,9 @@ impl Engine {
             // adopted again after the events, their pages reclaimed then.
             if runs.is_empty() && unlike.is_empty() {
                 let _ = uffd::unregister(self.stage_uffd.as_fd(), st.addr(), r.len);
-                let _ = uffd::unregister(self.uffd.as_fd(), r.start, r.len);
+                if !found {
+                    let _ = uffd::unregister(self.uffd.as_fd(), r.start, r.len);
+                }
                 return Err(err);
             }
             for &(a, b) in &pieces[k..] {
@@ -301,7 +314,7 @@ impl Engine {
             return;
         };
         for r in self.carve(whole) {
-            match self.add_region(r) {
+            match self.add_region(r, true) {
                 Ok(()) => {}
                 Err(e) if again(&e) => self.adopts.push(r),
                 Err(e) => {

@@ -158,7 +158,7 @@ impl Refusal {
     /// Whether the refusal is for now (another tracer holds the process,
     /// a `vfork` is in progress, a thread would not stop): trying again
     /// later may succeed. The class of the error.
-    pub fn is_passing(&self) -> bool {
+    pub(crate) fn is_passing(&self) -> bool {
         matches!(
             self,
             Refusal::Traced { .. }
@@ -173,7 +173,7 @@ impl Refusal {
 
     /// Whether the process cannot be acted in here at all (rather than
     /// this time): the class of the error.
-    pub fn is_permanent(&self) -> bool {
+    pub(crate) fn is_permanent(&self) -> bool {
         matches!(
             self,
             Refusal::Seccomp { .. }

@@ -199,6 +199,7 @@ impl ShimAdvice {
 /// The shim is asked to make the `madvise` calls asked on the socket at
 /// descriptor `fd` ([`env::ADVISE_FD`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct AdviseRequest {
     /// The shim's end of the socketpair.
     pub fd: i32,

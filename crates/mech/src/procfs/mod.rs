@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 
 /// One line of `/proc/PID/maps`.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Mapping {
     /// Start address.
     pub start: u64,
@@ -573,6 +574,7 @@ pub fn parse_syscall_line(text: &str) -> Option<(i64, [u64; 6])> {
 
 /// What KSM merges of one process now (`/proc/PID/ksm_stat`, Linux 6.1+).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, schemars::JsonSchema)]
+#[non_exhaustive]
 pub struct KsmStat {
     /// Pages of the process merged with others (`ksm_merging_pages`).
     pub merging_pages: u64,
@@ -703,6 +705,7 @@ mod tests {
 
 /// What a process holds resident (`/proc/PID/smaps_rollup`), KiB.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, schemars::JsonSchema)]
+#[non_exhaustive]
 pub struct Resident {
     /// Resident set (`Rss`).
     pub rss_kib: u64,

@@ -25,10 +25,7 @@ fn new_fm(
     policy: Box<dyn policy::Policy>,
     cal: Calibration,
 ) -> pagewise::farmem::Result<FarMemory> {
-    let hooks = Hooks {
-        fault_path: PATH.with(|p| p.get()),
-        ..Hooks::default()
-    };
+    let hooks = Hooks::default().fault_path(PATH.with(|p| p.get()));
     let fm = FarMemory::new_with(regions, config, policy, cal, hooks)?;
     assert_eq!(
         fm.fault_path(),
@@ -246,11 +243,7 @@ fn contents_survive_and_the_model_adds_up() {
             .latency_ns(2000)
             .bandwidth_bps(10_000_000_000),
     );
-    let cal = Calibration {
-        floor_ns: 5000,
-        unseen_ns: 100,
-        faults: 1,
-    };
+    let cal = Calibration::known(5000, 100);
     let fm = new_fm(&[mem.region()], cfg, fifo(), cal).unwrap();
     for p in 0..64 {
         assert_eq!(mem.read_byte(p * PAGE_SIZE + 3), p as u8 + 1);

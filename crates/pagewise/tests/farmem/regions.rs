@@ -95,15 +95,13 @@ fn a_range_found_after_it_changed_is_emulated_where_it_is_still_anonymous() {
     assert_ne!(p, libc::MAP_FAILED);
     let told = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let t = told.clone();
-    let hooks = pagewise::farmem::Hooks {
-        discover: Some(Box::new(move |out: &mut Vec<pagewise::Region>| {
+    let hooks = pagewise::farmem::Hooks::default()
+        .discover(move |out: &mut Vec<pagewise::Region>| {
             if !t.swap(true, std::sync::atomic::Ordering::AcqRel) {
                 out.push(found);
             }
-        })),
-        fault_path: PATH.with(|p| p.get()),
-        ..Default::default()
-    };
+        })
+        .fault_path(PATH.with(|p| p.get()));
     let fm = FarMemory::new_with(
         &[base.region()],
         config(1000, 0),

@@ -203,24 +203,19 @@ fn engine(
                 .latency_ns(s.latency_ns)
                 .bandwidth_bps(s.bandwidth_bps),
         );
-    let hooks = Hooks {
-        discover: Some(Box::new(drain)),
-        instance: Some((inst.clone(), slot)),
-        remapping: Some(&CHANGING),
-        fault_path: path,
-        thread_floor: pagewise::farmem::instance::MIN_LOCAL_PAGES_THREAD as usize,
-        check_books: req.options.check,
-        on_start: Some(Box::new(|| {
+    let hooks = Hooks::default()
+        .discover(drain)
+        .instance(inst.clone(), slot)
+        .remapping(&CHANGING)
+        .fault_path(path)
+        .thread_floor(pagewise::farmem::instance::MIN_LOCAL_PAGES_THREAD as usize)
+        .check_books(req.options.check)
+        .on_start(|| {
             // SAFETY: gettid has no arguments and no side effect.
             let tid = unsafe { raw_syscall(libc::SYS_gettid, [0; 6]) };
             HANDLER_TID.store(tid as i32, Ordering::Release);
-        })),
-    };
-    let calibration = Calibration {
-        floor_ns,
-        unseen_ns,
-        faults: 0,
-    };
+        });
+    let calibration = Calibration::known(floor_ns, unseen_ns);
     FarMemory::new_with(regions, config, policy, calibration, hooks).map_err(|e| e.to_string())
 }
 

@@ -126,6 +126,7 @@ const MAX_PAGES: u64 = 1 << 32;
 
 /// A snapshot as saved in a store.
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+#[non_exhaustive]
 pub struct DiskSnapshot {
     /// Its id in the store.
     pub id: u64,
@@ -186,6 +187,7 @@ impl DiskSnapshot {
 
 /// What a store holds, as `pagewise snapshot inspect` shows it.
 #[derive(Debug, Clone, Default, Serialize, schemars::JsonSchema)]
+#[non_exhaustive]
 pub struct DiskStats {
     /// Snapshots in the store.
     pub snapshots: u64,
@@ -208,6 +210,7 @@ pub struct DiskStats {
 
 /// What one save wrote.
 #[derive(Debug, Clone, Copy, Default, Serialize, schemars::JsonSchema)]
+#[non_exhaustive]
 pub struct SaveStats {
     /// Id of the new snapshot.
     pub id: u64,

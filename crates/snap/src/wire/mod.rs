@@ -154,7 +154,7 @@ const MSG_SAVED: u8 = b'A';
 const MSG_QUIT: u8 = b'Q';
 const MSG_ERROR: u8 = b'X';
 /// Silence after which either side gives the connection up.
-pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Whether the sender compresses pages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema)]
@@ -231,6 +231,7 @@ impl Key {
 
 /// What a sender put on the wire.
 #[derive(Debug, Clone, Copy, Default, Serialize, schemars::JsonSchema)]
+#[non_exhaustive]
 pub struct WireStats {
     /// Pages sent.
     pub pages: u64,

@@ -13,6 +13,7 @@ use std::time::Instant;
 
 /// What a receiver heard on one connection.
 #[derive(Debug, Clone, Default, Serialize, schemars::JsonSchema)]
+#[non_exhaustive]
 pub struct Received {
     /// The peer.
     pub peer: String,
@@ -240,7 +241,7 @@ enum Stop {
 impl Receiver {
     /// A receiver saving into `store`, without a key (for loopback), with
     /// a cap of half the memory available now for all its copies, an idle limit
-    /// of [`IDLE_TIMEOUT`], connections of at most an hour, 8 at once.
+    /// of 60 s, connections of at most an hour, 8 at once.
     pub fn new(store: DiskStore) -> Receiver {
         let max_bytes = pagewise_mech::procfs::read_trimmed("/proc/meminfo")
             .ok()

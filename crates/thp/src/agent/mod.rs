@@ -55,8 +55,6 @@
 mod recovery;
 mod step;
 
-pub use recovery::REGIONS_PER_STOP;
-
 use pagewise_mech::access::WriteCoverage;
 use pagewise_mech::agent::{self, Metric, Targets};
 use pagewise_mech::procfs;
@@ -261,6 +259,7 @@ impl Default for Options {
 
 /// A region that could be promoted, as the last step measured it.
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+#[non_exhaustive]
 pub struct Candidate {
     /// Process.
     pub pid: i32,
@@ -328,7 +327,7 @@ pub enum Action {
         /// Pages given back.
         zero_pages: u64,
         /// The longest time the process was stopped in this step's
-        /// recovery ([`REGIONS_PER_STOP`] regions a stop), ms.
+        /// recovery (at most 32 regions a stop), ms.
         stopped_ms: f64,
         /// Why memory counted as tight.
         pressure: String,
@@ -374,6 +373,7 @@ pub enum Action {
 
 /// What one step measured and did.
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+#[non_exhaustive]
 pub struct Step {
     /// Since the agent started, ms.
     pub t_ms: u64,
@@ -391,6 +391,7 @@ pub struct Step {
 
 /// One process as a step saw it.
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+#[non_exhaustive]
 pub struct ProcessState {
     /// Process.
     pub pid: i32,
@@ -406,6 +407,7 @@ pub struct ProcessState {
 
 /// Counters since the agent started (for metrics).
 #[derive(Debug, Clone, Copy, Default, Serialize, schemars::JsonSchema)]
+#[non_exhaustive]
 pub struct Counters {
     /// Steps taken.
     pub steps: u64,

@@ -184,7 +184,7 @@ pub(super) fn recover(
 }
 
 /// Regions of one process given back in one stop.
-pub const REGIONS_PER_STOP: usize = 32;
+pub(crate) const REGIONS_PER_STOP: usize = 32;
 
 /// Stops `pid`, reads again the zero runs of `chosen` (region, runs found
 /// zero while it ran), gives back those still zero, lets it run, and splits
