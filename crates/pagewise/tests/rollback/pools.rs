@@ -141,6 +141,11 @@ fn memory_only_restores_leave_running_threads_their_stacks() {
     let mut t = pagewise_testkit::Piped::start(Command::new(path).arg("5"));
     assert_eq!(t.line(), "ready");
     let mut h = ProcessSnapshots::open(t.pid()).unwrap();
+    // Taken with the main thread waiting in its read, where it is at every
+    // restore: a memory-only restore puts its stack back as it was then
+    // (taken while it was still on its way there, the stack put back
+    // would not be the one it runs on).
+    t.settle_in_read();
     let id = h.take().unwrap();
     let mut left = 0;
     for i in 0..100 {
