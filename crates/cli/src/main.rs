@@ -32,6 +32,14 @@ struct Cli {
     /// No progress bars or spinners (they appear only on a terminal anyway).
     #[arg(long, short, global = true)]
     quiet: bool,
+    /// Never suspend a target's seccomp filters: make a call inside a
+    /// filtered process only where its filters allow it (read and
+    /// evaluated), and fall back or refuse, naming the call, where they do
+    /// not. By default the filters are suspended for pagewise's own calls
+    /// alone (PTRACE_O_SUSPEND_SECCOMP, with CAP_SYS_ADMIN) and left as they
+    /// were. Also PAGEWISE_SECCOMP=respect.
+    #[arg(long, global = true)]
+    respect_seccomp: bool,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -46,8 +54,10 @@ enum Cmd {
     /// started by pagewise is tracked from inside through the preload shim with
     /// `uffd-wp` when the kernel has it. A running process is tracked with
     /// `uffd-wp` too: pagewise stops it for a moment and has it open the
-    /// userfaultfd (ptrace); where that cannot be (a seccomp filter, ptrace
-    /// not allowed, the process stopped), `auto` says why and uses `hash`.
+    /// userfaultfd (ptrace), with its seccomp filters, if any, suspended for
+    /// that one call; where that cannot be (filters pagewise may not suspend
+    /// or that refuse the call, ptrace not allowed, the process stopped),
+    /// `auto` says why and uses `hash`.
     Track(cmd_track::Args),
     /// Snapshot another process into a deduplicated, durable store; inspect and diff stores.
     ///
@@ -122,6 +132,9 @@ fn main() {
     let _ = pagewise_sys::signal::default_sigpipe();
     let cli = Cli::parse();
     progress::set_quiet(cli.quiet);
+    if cli.respect_seccomp || std::env::var("PAGEWISE_SECCOMP").is_ok_and(|v| v == "respect") {
+        pagewise::process::seccomp::set_policy(pagewise::process::seccomp::Policy::Respect);
+    }
     // Settings a killed pagewise left changed are put back first (and said).
     pagewise::agent::settings::recover();
     let r = match cli.cmd {

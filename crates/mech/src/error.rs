@@ -473,6 +473,8 @@ mod tests {
                     feature: "uffd-wp",
                     pid: 7,
                     call: "userfaultfd".into(),
+                    answer: Some(crate::seccomp::Action::Errno(1)),
+                    why: "it was asked to".into(),
                 }
                 .into(),
                 ErrorClass::Unsupported,

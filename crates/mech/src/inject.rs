@@ -111,21 +111,15 @@ pub fn collapse(pidfd: std::os::fd::RawFd, start: u64, len: usize) -> std::io::R
 pub const COLLAPSE_TRIES: u32 = 5;
 
 /// Whether process `pid` can be made to make `call` for `feature`: refused,
-/// with the reason, for a process under a seccomp filter (the call could be
-/// refused, or kill it), one another tracer holds (a process has one), and
+/// with the reason, for a process under seccomp filters that this process
+/// can neither suspend nor read (see [`crate::seccomp`]), one another
+/// tracer holds (a process has one), and
 /// one that is stopped (job control or a debugger: it would not run the
 /// call until it runs again).
 pub fn check_target(pid: i32, feature: &'static str, call: &str) -> Result<()> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
         .map_err(|e| Error::for_pid(pid, "reading its status", e))?;
-    if procfs::status_field(&status, "Seccomp").unwrap_or(0) != 0 {
-        return Err(Refusal::Seccomp {
-            feature,
-            pid,
-            call: call.to_string(),
-        }
-        .into());
-    }
+    crate::seccomp::check(pid, feature, call)?;
     let tracer = procfs::status_field(&status, "TracerPid").unwrap_or(0);
     if tracer != 0 {
         return Err(Refusal::Traced {
@@ -187,6 +181,8 @@ pub struct Remote<'a> {
     /// back through the signal code has put back any mask a `ppoll`-like
     /// call had swapped in, so its mask may be set from here on.
     stepped: std::cell::Cell<bool>,
+    /// How the thread's seccomp filters are stepped around.
+    seccomp: crate::seccomp::Inside,
 }
 
 /// Where a `syscall` instruction (`0f 05`) is in `pid`'s vDSO.
@@ -329,6 +325,7 @@ impl<'a> Remote<'a> {
             syscall_at: find_syscall_instruction(pid)?,
             way_back: way_back::find(pid),
             stepped: std::cell::Cell::new(false),
+            seccomp: crate::seccomp::inside(pid, tid)?,
         })
     }
 
@@ -347,6 +344,7 @@ impl<'a> Remote<'a> {
             syscall_at: self.syscall_at,
             way_back: self.way_back,
             stepped: std::cell::Cell::new(false),
+            seccomp: crate::seccomp::inside(self.stopped.pid(), tid)?,
         })
     }
 
@@ -446,6 +444,13 @@ impl<'a> Remote<'a> {
         let pid = self.stopped.pid();
         let tid = self.tid;
         let os = |what: &str, e| Error::for_pid(pid, format!("{what} of thread {tid}"), e);
+        let suspend = matches!(self.seccomp, crate::seccomp::Inside::Suspended);
+        // The address the call is made from, as filters see it.
+        let ip = match self.way_back {
+            Some(t) if !off_stack => t.syscall_ret,
+            _ => self.syscall_at,
+        } + 2;
+        self.seccomp.check_call(pid, nr, args, ip)?;
         for _ in 0..MAX_TRIES {
             let saved = p::ptrace_getregs(tid).map_err(|e| os("PTRACE_GETREGS", e))?;
             if saved.cs != USER_CS_64 {
@@ -487,15 +492,31 @@ impl<'a> Remote<'a> {
                         p::ptrace_setsigmask(tid, all).map_err(|e| os("PTRACE_SETSIGMASK", e))?;
                     }
                     die_here(Phase::Blocked);
+                    // The thread's filters do not apply to this one call
+                    // (see `crate::seccomp`): set just before it, cleared
+                    // just after.
+                    if suspend {
+                        p::ptrace_set_suspend_seccomp(tid, true)
+                            .map_err(|e| os("PTRACE_O_SUSPEND_SECCOMP", e))?;
+                    }
                     self.step(&call)
                 });
-            // The mask and every register back, whatever happened, in the
-            // reverse order; then the bytes under the frame.
+            // The filters, the mask and every register back, whatever
+            // happened, in the reverse order; then the bytes under the frame.
             die_here(Phase::Ran);
-            let put_back = (if block {
-                p::ptrace_setsigmask(tid, mask).map_err(|e| os("PTRACE_SETSIGMASK (restoring)", e))
+            let put_back = (if suspend {
+                p::ptrace_set_suspend_seccomp(tid, false)
+                    .map_err(|e| os("PTRACE_O_SUSPEND_SECCOMP (clearing)", e))
             } else {
                 Ok(())
+            })
+            .and_then(|()| {
+                if block {
+                    p::ptrace_setsigmask(tid, mask)
+                        .map_err(|e| os("PTRACE_SETSIGMASK (restoring)", e))
+                } else {
+                    Ok(())
+                }
             })
             .and_then(|()| {
                 die_here(Phase::Mask);

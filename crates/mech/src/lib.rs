@@ -61,6 +61,8 @@ pub mod procfs;
 pub mod region;
 pub mod remote;
 #[doc(hidden)]
+pub mod seccomp;
+#[doc(hidden)]
 pub mod settings;
 #[doc(hidden)]
 pub mod shim;

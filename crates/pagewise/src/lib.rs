@@ -88,6 +88,12 @@ pub mod process {
     };
     pub use pagewise_mech::remote::read;
     pub use pagewise_mech::stop::Stopped;
+
+    /// Whether pagewise may suspend a target's seccomp filters around the
+    /// calls it makes inside it (the default), or must respect them.
+    pub mod seccomp {
+        pub use pagewise_mech::seccomp::{set_policy, Policy};
+    }
 }
 
 /// The host around the targets: memory cgroups and zram swap for

@@ -226,15 +226,13 @@ pub(crate) fn not_self_served(pid: i32) -> Result<()> {
 
 /// What a rollback needs besides pages (the layout, the program break,
 /// every thread's state, the start time), read while `stopped`; `None`
-/// where nothing can be done inside the process (a seccomp filter, for
-/// one): its snapshot then restores memory alone.
+/// where nothing can be done inside the process (seccomp filters pagewise
+/// cannot step around, for one): its snapshot then restores memory alone.
 #[cfg(target_arch = "x86_64")]
 fn process_record(pid: i32, stopped: &Stopped) -> Option<super::disk::ProcessRecord> {
-    // A seccomp filter could refuse the calls made inside, or kill it.
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    if procfs::status_field(&status, "Seccomp").unwrap_or(0) != 0 {
-        return None;
-    }
+    // Seccomp filters that pagewise cannot step around could refuse the
+    // calls made inside, or kill it.
+    pagewise_mech::seccomp::check(pid, "a full snapshot", "the calls a rollback makes").ok()?;
     let layout = crate::layout::read(Some(pid)).ok()?;
     let (brk, threads) = super::process::inside_state(stopped).ok()?;
     Some(super::disk::ProcessRecord {

@@ -274,6 +274,73 @@ pub fn ptrace_seize(tid: libc::pid_t) -> io::Result<()> {
     .map(|_| ())
 }
 
+/// `PTRACE_O_SUSPEND_SECCOMP` (`linux/ptrace.h`, newer than the system
+/// headers): while set on a tracee, its seccomp filters do not apply to its
+/// system calls. Needs CAP_SYS_ADMIN and a tracer under no filter itself.
+pub const PTRACE_O_SUSPEND_SECCOMP: libc::c_int = 1 << 21;
+
+/// `ptrace(PTRACE_SETOPTIONS)` of a seized thread: [`ptrace_seize`]'s
+/// `PTRACE_O_TRACESYSGOOD`, plus [`PTRACE_O_SUSPEND_SECCOMP`] when
+/// `suspend_seccomp`.
+pub fn ptrace_set_suspend_seccomp(tid: libc::pid_t, suspend_seccomp: bool) -> io::Result<()> {
+    let mut options = libc::PTRACE_O_TRACESYSGOOD;
+    if suspend_seccomp {
+        options |= PTRACE_O_SUSPEND_SECCOMP;
+    }
+    // SAFETY: PTRACE_SETOPTIONS takes a tid and its options in `data`; addr 0.
+    cvt_int(unsafe {
+        libc::ptrace(libc::PTRACE_SETOPTIONS, tid, 0usize, options as usize) as libc::c_int
+    })
+    .map(|_| ())
+}
+
+/// `PTRACE_SECCOMP_GET_FILTER` (`linux/ptrace.h`).
+const PTRACE_SECCOMP_GET_FILTER: libc::c_uint = 0x420c;
+
+/// One classic BPF instruction of a seccomp filter (`struct sock_filter`).
+pub type BpfInsn = libc::sock_filter;
+
+const _: () = assert!(std::mem::size_of::<BpfInsn>() == 8);
+
+/// The `index`th seccomp filter of stopped tracee `tid` (0: the one
+/// installed last), its instructions; `None` past the last filter
+/// (`ENOENT`). Needs what [`PTRACE_O_SUSPEND_SECCOMP`] needs (`EACCES`
+/// otherwise).
+pub fn ptrace_seccomp_filter(tid: libc::pid_t, index: usize) -> io::Result<Option<Vec<BpfInsn>>> {
+    // SAFETY: with data NULL the kernel writes nothing and returns the
+    // filter's instruction count.
+    let n = unsafe {
+        libc::ptrace(
+            PTRACE_SECCOMP_GET_FILTER,
+            tid,
+            index,
+            std::ptr::null_mut::<BpfInsn>(),
+        )
+    };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::ENOENT) => Ok(None),
+            _ => Err(e),
+        };
+    }
+    let zero = BpfInsn {
+        code: 0,
+        jt: 0,
+        jf: 0,
+        k: 0,
+    };
+    let mut prog = vec![zero; n as usize];
+    // SAFETY: the kernel writes at most the count it just gave, and `prog`
+    // holds that many instructions. (A filter never changes once installed.)
+    let m = unsafe { libc::ptrace(PTRACE_SECCOMP_GET_FILTER, tid, index, prog.as_mut_ptr()) };
+    if m < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    prog.truncate(m as usize);
+    Ok(Some(prog))
+}
+
 /// The stop signal of a syscall-entry or syscall-exit stop of a thread
 /// seized by [`ptrace_seize`] (`SIGTRAP | 0x80`).
 pub const SYSCALL_STOP: libc::c_int = libc::SIGTRAP | 0x80;

@@ -11,8 +11,12 @@
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum Refusal {
-    /// The process runs under a seccomp filter.
-    #[error("{feature} is not available: process {pid} runs under a seccomp filter: {call} made inside it could be refused or kill it")]
+    /// The process runs under seccomp filters that pagewise can neither
+    /// suspend nor pass for a call it must make inside it.
+    #[error(
+        "{feature} is not available: process {pid} runs under seccomp filters: {}",
+        seccomp_why(call, answer, why)
+    )]
     Seccomp {
         /// What needed the call.
         feature: &'static str,
@@ -20,6 +24,10 @@ pub enum Refusal {
         pid: i32,
         /// The call.
         call: String,
+        /// What the filters answer the call with, where they could be read.
+        answer: Option<crate::seccomp::Action>,
+        /// Why pagewise could not step around them.
+        why: String,
     },
     /// Another tracer holds the process.
     #[error("process {pid} is traced by process {tracer} (a debugger or another tool): {feature} must stop it under ptrace itself, and a process has one tracer")]
@@ -183,5 +191,13 @@ impl Refusal {
                 | Refusal::Compat32 { .. }
                 | Refusal::SwitchedTo32 { .. }
         )
+    }
+}
+
+/// The end of [`Refusal::Seccomp`]'s message.
+fn seccomp_why(call: &str, answer: &Option<crate::seccomp::Action>, why: &str) -> String {
+    match answer {
+        Some(a) => format!("they answer {call} with {a}, and {why}"),
+        None => format!("{call} made inside it could be refused or kill it, and {why}"),
     }
 }

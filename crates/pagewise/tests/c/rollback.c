@@ -34,7 +34,12 @@
  * growth> bad=<mismatches> line=<lines read>".
  *
  * With "seccomp" as the argument, it installs a seccomp filter that allows
- * everything (pagewise then cannot act inside it).
+ * everything. With "seccomp ACTION" (errno, kill, trap or notif), the filter
+ * answers ACTION to the calls pagewise makes inside a process and this
+ * program does not make once it runs (userfaultfd, munmap, mprotect,
+ * madvise, mremap, sigaltstack, close: so "u", "g", "s", "v", "p", "d",
+ * "k" and "K" are not used then); notif keeps the listener and never
+ * answers, so such a call would wait for ever.
  *
  * With "threads N" as arguments, N workers each extend a hash chain in
  * their own buffer for as long as they run; "c" then also checks every
@@ -50,6 +55,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/rseq.h>
+#include <sys/syscall.h>
 #include <sys/prctl.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
@@ -223,6 +229,40 @@ int main(int argc, char **argv)
         struct sock_fprog prog = {.len = 1, .filter = allow};
         if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
             prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0)
+            return 2;
+    }
+    if (argc == 3 && strcmp(argv[1], "seccomp") == 0) {
+        unsigned ret;
+        unsigned flags = 0;
+        if (strcmp(argv[2], "errno") == 0)
+            ret = SECCOMP_RET_ERRNO | 1;
+        else if (strcmp(argv[2], "kill") == 0)
+            ret = SECCOMP_RET_KILL_PROCESS;
+        else if (strcmp(argv[2], "trap") == 0)
+            ret = SECCOMP_RET_TRAP;
+        else if (strcmp(argv[2], "notif") == 0) {
+            ret = SECCOMP_RET_USER_NOTIF;
+            flags = SECCOMP_FILTER_FLAG_NEW_LISTENER;
+        } else
+            return 2;
+        struct sock_filter f[] = {
+            BPF_STMT(BPF_LD | BPF_W | BPF_ABS, 4),
+            BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0xc000003e, 1, 0),
+            BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
+            BPF_STMT(BPF_LD | BPF_W | BPF_ABS, 0),
+            BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 323 /* userfaultfd */, 7, 0),
+            BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 11 /* munmap */, 6, 0),
+            BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 10 /* mprotect */, 5, 0),
+            BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 28 /* madvise */, 4, 0),
+            BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 25 /* mremap */, 3, 0),
+            BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 131 /* sigaltstack */, 2, 0),
+            BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 3 /* close */, 1, 0),
+            BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+            BPF_STMT(BPF_RET | BPF_K, ret),
+        };
+        struct sock_fprog prog = {.len = sizeof f / sizeof f[0], .filter = f};
+        if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
+            syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, flags, &prog) < 0)
             return 2;
     }
     if (argc == 3 && strcmp(argv[1], "threads") == 0) {

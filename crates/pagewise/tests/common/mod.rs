@@ -134,7 +134,7 @@ impl Drop for Mapped {
 /// writes and exits (`f`), maps and writes a new region (`m`), changes the
 /// protection of pages and back (`p` read-only, `n` none), collapses its
 /// region into huge pages (`h`), makes it mergeable by KSM (`k`), installs
-/// a seccomp filter that allows everything (`s`), replaces itself with
+/// a seccomp filter that refuses userfaultfd with EPERM (`s`), replaces itself with
 /// `sleep 5` (`e`, answered before the exec), or exits.
 /// It answers each command with one byte once done (for `h`: 1 if the
 /// collapse succeeded).
@@ -244,17 +244,24 @@ impl Scripted {
                     // SAFETY: plain system calls on a filter that lives
                     // through the call.
                     b's' => unsafe {
-                        // A seccomp filter that allows everything.
+                        // A seccomp filter that answers EPERM to
+                        // userfaultfd and allows everything else.
                         libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
-                        let mut allow = [libc::sock_filter {
-                            code: 0x06, // BPF_RET | BPF_K
-                            jt: 0,
-                            jf: 0,
-                            k: 0x7fff_0000, // SECCOMP_RET_ALLOW
-                        }];
+                        let insn = |code: u16, jt: u8, jf: u8, k: u32| libc::sock_filter {
+                            code,
+                            jt,
+                            jf,
+                            k,
+                        };
+                        let mut filter = [
+                            insn(0x20, 0, 0, 0),                            // BPF_LD | BPF_W | BPF_ABS: nr
+                            insn(0x15, 0, 1, libc::SYS_userfaultfd as u32), // BPF_JEQ
+                            insn(0x06, 0, 0, 0x0005_0000 | libc::EPERM as u32), // RET_ERRNO
+                            insn(0x06, 0, 0, 0x7fff_0000),                  // SECCOMP_RET_ALLOW
+                        ];
                         let prog = libc::sock_fprog {
-                            len: 1,
-                            filter: allow.as_mut_ptr(),
+                            len: filter.len() as u16,
+                            filter: filter.as_mut_ptr(),
                         };
                         libc::syscall(libc::SYS_seccomp, 1, 0, &prog as *const libc::sock_fprog);
                     },

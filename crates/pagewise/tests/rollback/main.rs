@@ -324,13 +324,15 @@ fn a_changed_thread_set_is_refused_unless_memory_only() {
     let _ = first;
 }
 
-/// A process that nothing can be done inside (a seccomp filter): the
+/// A process that nothing can be done inside (a seccomp filter that
+/// refuses pagewise's calls, which pagewise is told to respect): the
 /// handle opens and says why, a full restore is refused, and a
 /// memory-only restore compares every page and puts memory back.
 #[test]
 fn a_seccomp_target_is_restored_memory_only_by_comparison() {
     let Some(path) = target() else { return };
-    let mut t = Target::start(&path, &["seccomp"]);
+    pagewise_mech::seccomp::set_thread_policy(Some(pagewise_mech::seccomp::Policy::Respect));
+    let mut t = Target::start(&path, &["seccomp", "errno"]);
     let mut h = ProcessSnapshots::open(t.pid()).unwrap();
     let note = h.note().expect("a note for a seccomp target").to_string();
     assert!(note.contains("seccomp"), "{note}");
@@ -493,9 +495,10 @@ fn a_stored_snapshot_restores_as_taken_and_only_into_its_process() {
         "{e:?}"
     );
     assert!(e.to_string().contains("--another-process"), "{e}");
-    // Without threads or layout (nothing can be read inside a seccomp
-    // target): memory alone.
-    let mut s = Target::start(&path, &["seccomp"]);
+    // Without threads or layout (nothing can be read inside a target whose
+    // seccomp filter refuses the calls, respected): memory alone.
+    pagewise_mech::seccomp::set_thread_policy(Some(pagewise_mech::seccomp::Policy::Respect));
+    let mut s = Target::start(&path, &["seccomp", "errno"]);
     s.ask("w 9 9");
     s.settle();
     let plain = pagewise::snap::remote::snapshot_process(s.pid(), &mut disk, "plain").unwrap();
@@ -550,3 +553,4 @@ fn pages_dropped_without_a_write_are_put_back() {
 
 mod fds;
 mod pools;
+mod seccomp;

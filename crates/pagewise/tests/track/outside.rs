@@ -319,9 +319,11 @@ fn uffd_wp_from_outside_ksm() {
     println!("     ksm from outside: {merged} pages merged when tracking began");
 }
 
-/// A process another tracer holds (a debugger): uffd-wp from outside is
-/// refused with that reason, `auto` falls back to `hash` and says why, and
-/// `hash` reports exactly the pages the program writes.
+/// A process another tracer holds (a debugger), or one whose seccomp
+/// filter refuses userfaultfd when pagewise is told to respect it: uffd-wp
+/// from outside is refused with that reason, `auto` falls back to `hash`
+/// and says why, and `hash` reports exactly the pages the program writes.
+/// (With the filter suspended, uffd-wp works.)
 #[test]
 fn a_traced_or_seccomp_target_falls_back_to_hash() {
     let _one = common::one_target_at_a_time();
@@ -357,6 +359,19 @@ fn a_traced_or_seccomp_target_falls_back_to_hash() {
             }));
         } else {
             s.tell(b's', 0);
+            // Suspended around pagewise's own calls, the filter refuses
+            // nothing (where this process may suspend it); respected, it
+            // refuses the userfaultfd call.
+            match pagewise_mech::seccomp::tracer_limit() {
+                None => {
+                    let t = DirtyTracker::for_process(s.pid, BackendKind::UffdWp).unwrap();
+                    assert_eq!(t.backend(), BackendKind::UffdWp);
+                }
+                Some(why) => println!("skip uffd-wp under a suspended filter: {why}"),
+            }
+            pagewise_mech::seccomp::set_thread_policy(Some(
+                pagewise_mech::seccomp::Policy::Respect,
+            ));
         }
         let e = DirtyTracker::for_process(s.pid, BackendKind::UffdWp).unwrap_err();
         use pagewise::Refusal;
@@ -392,6 +407,7 @@ fn a_traced_or_seccomp_target_falls_back_to_hash() {
             }
         }
     }
+    pagewise_mech::seccomp::set_thread_policy(None);
 }
 
 /// A tracked process that replaces its program (exec): the next collection
