@@ -22,6 +22,10 @@ command -v criu >/dev/null || need+=(criu)
 command -v memcached >/dev/null || need+=(memcached)
 command -v memcslap >/dev/null || command -v memaslap >/dev/null || need+=(libmemcached-tools)
 command -v cc >/dev/null || need+=(gcc)
+# Targets in containers with the runtime's defaults (podman with runc:
+# Debian's crun refuses hybrid cgroups).
+command -v podman >/dev/null || need+=(podman)
+command -v runc >/dev/null || [ -x /usr/sbin/runc ] || need+=(runc)
 # libFuzzer's runtime is C++ (scripts/fuzz).
 command -v c++ >/dev/null || need+=(g++)
 # Installing and packaging (make install, make deb and their checks).

@@ -200,6 +200,12 @@ impl Filters {
 /// or load out of bounds, answers KILL_PROCESS: an installed filter never
 /// does that, and a caller must not take a malformed one for an allowing one.
 pub fn run(prog: &[BpfInsn], data: &[u8; DATA_LEN as usize]) -> u32 {
+    run_checked(prog, data).unwrap_or(RET_KILL_PROCESS)
+}
+
+/// [`run`], `None` for a program the kernel would not have accepted (an
+/// unknown instruction, a load or jump out of bounds, no return).
+pub fn run_checked(prog: &[BpfInsn], data: &[u8; DATA_LEN as usize]) -> Option<u32> {
     let (mut a, mut x) = (0u32, 0u32);
     let mut mem = [0u32; 16];
     let mut pc = 0usize;
@@ -216,20 +222,14 @@ pub fn run(prog: &[BpfInsn], data: &[u8; DATA_LEN as usize]) -> u32 {
                     (0x80, 0x00) => DATA_LEN, // LEN
                     (0x20, 0x00) if code & 0x07 == 0x00 => {
                         // ABS, a 32-bit word
-                        let Some(w) = (k as usize)
+                        let w = (k as usize)
                             .checked_add(4)
                             .filter(|&e| k % 4 == 0 && e <= data.len())
-                            .map(|e| &data[k as usize..e])
-                        else {
-                            return RET_KILL_PROCESS;
-                        };
+                            .map(|e| &data[k as usize..e])?;
                         u32::from_ne_bytes([w[0], w[1], w[2], w[3]])
                     }
-                    (0x60, 0x00) => match mem.get(k as usize) {
-                        Some(&m) => m, // MEM
-                        None => return RET_KILL_PROCESS,
-                    },
-                    _ => return RET_KILL_PROCESS,
+                    (0x60, 0x00) => *mem.get(k as usize)?, // MEM
+                    _ => return None,
                 };
                 if code & 0x07 == 0x00 {
                     a = v;
@@ -238,10 +238,7 @@ pub fn run(prog: &[BpfInsn], data: &[u8; DATA_LEN as usize]) -> u32 {
                 }
             }
             // BPF_ST, BPF_STX
-            0x02 | 0x03 => match mem.get_mut(k as usize) {
-                Some(m) => *m = if code & 0x07 == 0x02 { a } else { x },
-                None => return RET_KILL_PROCESS,
-            },
+            0x02 | 0x03 => *mem.get_mut(k as usize)? = if code & 0x07 == 0x02 { a } else { x },
             // BPF_ALU
             0x04 => {
                 let src = if code & 0x08 != 0 { x } else { k };
@@ -251,7 +248,7 @@ pub fn run(prog: &[BpfInsn], data: &[u8; DATA_LEN as usize]) -> u32 {
                     0x20 => a.wrapping_mul(src),
                     0x30 => match a.checked_div(src) {
                         Some(v) => v,
-                        None => return 0, // the kernel's division by zero
+                        None => return Some(0), // the kernel's division by zero
                     },
                     0x40 => a | src,
                     0x50 => a & src,
@@ -260,10 +257,10 @@ pub fn run(prog: &[BpfInsn], data: &[u8; DATA_LEN as usize]) -> u32 {
                     0x80 => a.wrapping_neg(),
                     0x90 => match a.checked_rem(src) {
                         Some(v) => v,
-                        None => return 0,
+                        None => return Some(0),
                     },
                     0xa0 => a ^ src,
-                    _ => return RET_KILL_PROCESS,
+                    _ => return None,
                 };
             }
             // BPF_JMP
@@ -277,33 +274,33 @@ pub fn run(prog: &[BpfInsn], data: &[u8; DATA_LEN as usize]) -> u32 {
                             0x20 => a > src,
                             0x30 => a >= src,
                             0x40 => a & src != 0,
-                            _ => return RET_KILL_PROCESS,
+                            _ => return None,
                         };
                         usize::from(if taken { i.jt } else { i.jf })
                     }
                 };
                 pc = match pc.checked_add(skip) {
                     Some(n) if n < prog.len() => n,
-                    _ => return RET_KILL_PROCESS,
+                    _ => return None,
                 };
             }
             // BPF_RET
             0x06 => {
                 return match code & 0x18 {
-                    0x00 => k,
-                    0x10 => a,
-                    _ => RET_KILL_PROCESS,
+                    0x00 => Some(k),
+                    0x10 => Some(a),
+                    _ => None,
                 }
             }
             // BPF_MISC: TAX, TXA
             _ => match code & 0xf8 {
                 0x00 => x = a,
                 0x80 => a = x,
-                _ => return RET_KILL_PROCESS,
+                _ => return None,
             },
         }
     }
-    RET_KILL_PROCESS
+    None
 }
 
 /// Whether pagewise may suspend a target's filters for its own calls.

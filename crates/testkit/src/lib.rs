@@ -287,16 +287,21 @@ impl Piped {
     /// Waits until its main thread blocks in a `read` of its stdin (it has
     /// answered and asks for the next line): its memory stands still.
     pub fn settle_in_read(&self) {
-        let pid = self.pid();
-        for _ in 0..5000 {
-            let call = std::fs::read_to_string(format!("/proc/{pid}/syscall")).unwrap_or_default();
-            if call.starts_with("0 0x0 ") {
-                return;
-            }
-            std::thread::sleep(std::time::Duration::from_micros(200));
-        }
-        panic!("the child never blocked in its read of stdin");
+        settle_in_read(self.pid());
     }
+}
+
+/// Waits until the main thread of process `pid` blocks in a `read` of its
+/// stdin (for a child behind another program, such as a container's).
+pub fn settle_in_read(pid: i32) {
+    for _ in 0..5000 {
+        let call = std::fs::read_to_string(format!("/proc/{pid}/syscall")).unwrap_or_default();
+        if call.starts_with("0 0x0 ") {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+    panic!("process {pid} never blocked in its read of stdin");
 }
 
 impl Drop for Piped {

@@ -8,13 +8,14 @@ use crate::mutate::Rng;
 mod instance;
 mod prezero_report;
 mod process_record;
+mod seccomp_filter;
 mod shim_hello;
 mod store;
 mod track_protocol;
 mod wire;
 
 /// The targets' names (those of `corpus/` and of `fuzz/fuzz_targets/`).
-pub const NAMES: [&str; 7] = [
+pub const NAMES: [&str; 8] = [
     "wire",
     "track-protocol",
     "shim-hello",
@@ -22,6 +23,7 @@ pub const NAMES: [&str; 7] = [
     "instance",
     "store",
     "process-record",
+    "seccomp-filter",
 ];
 
 /// One parser under test, set up once, fed many inputs.
@@ -45,6 +47,7 @@ pub fn open(name: &str, work: &Path) -> Result<Box<dyn Target>> {
         "instance" => Box::new(instance::InstanceFile::new(work)?),
         "store" => Box::new(store::Store::new(work)?),
         "process-record" => Box::new(process_record::ProcessRecordTarget),
+        "seccomp-filter" => Box::new(seccomp_filter::SeccompFilter),
         other => bail!("no fuzz target {other:?}: {}", NAMES.join(", ")),
     })
 }

@@ -551,6 +551,7 @@ fn pages_dropped_without_a_write_are_put_back() {
     assert_memory_is(&h, dropped, &t);
 }
 
+mod container;
 mod fds;
 mod pools;
 mod seccomp;
