@@ -345,7 +345,8 @@ pub struct RestoreArgs {
     /// Put back memory (and the layout where calls can be made inside the
     /// process) only, not the threads' registers: for a snapshot without
     /// them (store format 2), a process whose threads changed since, or one
-    /// nothing can be done inside (a seccomp filter). The threads run on
+    /// nothing can be done inside (seccomp filters that refuse the calls,
+    /// respected with --respect-seccomp). The threads run on
     /// from where they are, so the memory they run on is left as it is: the
     /// mapping each thread's stack pointer is in and the one holding its
     /// thread-control block and thread-local data (the output says how

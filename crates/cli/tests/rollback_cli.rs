@@ -9,23 +9,6 @@ mod support;
 use pagewise_testkit::Piped;
 use support::*;
 
-/// The rollback target of the library's tests, compiled once.
-fn rollback_target() -> Option<std::path::PathBuf> {
-    let src =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../pagewise/tests/c/rollback.c");
-    match pagewise_testkit::c_program(
-        &src,
-        std::path::Path::new(env!("CARGO_TARGET_TMPDIR")),
-        &["-pthread"],
-    ) {
-        Ok(p) => Some(p),
-        Err(why) => {
-            pagewise_testkit::skip!("{why}");
-            None
-        }
-    }
-}
-
 fn json(line: &str) -> serde_json::Value {
     serde_json::from_str(line).unwrap_or_else(|e| panic!("{line:?}: {e}"))
 }

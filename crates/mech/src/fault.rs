@@ -38,19 +38,35 @@ pub fn open(features: u64) -> Result<OwnedFd> {
 }
 
 /// Why a userfaultfd that serves the kernel's faults too was refused, where
-/// the machine's setting says: a server of missing pages needs one (a
-/// system call reading the memory faults in the kernel), and unprivileged
-/// users get only user-mode faults when `vm.unprivileged_userfaultfd` is 0.
-fn refused_hint(e: &std::io::Error) -> &'static str {
-    if e.raw_os_error() != Some(libc::EPERM) {
-        return "";
+/// it can be told: this process's seccomp filter (a container's profile
+/// answers `userfaultfd` with `EPERM`), told apart by a user-mode-only
+/// userfaultfd, which no privilege is needed for, being refused too; else
+/// the machine's setting (a server of missing pages needs the kernel's
+/// faults too, since a system call reading the memory faults in the
+/// kernel, and unprivileged users get only user-mode faults when
+/// `vm.unprivileged_userfaultfd` is 0).
+fn refused_hint(e: &std::io::Error) -> String {
+    if !matches!(e.raw_os_error(), Some(libc::EPERM | libc::ENOSYS)) {
+        return String::new();
+    }
+    let own = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let filters = crate::procfs::status_field(&own, "Seccomp_filters").unwrap_or(0);
+    if filters > 0 {
+        let user_mode = uffd::open(libc::O_CLOEXEC | uffd::UFFD_USER_MODE_ONLY);
+        if user_mode.is_err() {
+            return format!(
+                " (this process runs under {filters} seccomp filter(s) that refuse the userfaultfd \
+                 call, as a container runtime's default profile does: the profile must allow it)"
+            );
+        }
     }
     match crate::procfs::read_trimmed("/proc/sys/vm/unprivileged_userfaultfd").as_deref() {
-        Ok("0") => {
-            " (vm.unprivileged_userfaultfd is 0: serving faults the kernel takes too needs root \
-             or CAP_SYS_PTRACE, or that setting at 1)"
+        Ok("0") if e.raw_os_error() == Some(libc::EPERM) => {
+            " (vm.unprivileged_userfaultfd is 0: \
+            serving faults the kernel takes too needs root or CAP_SYS_PTRACE, or that setting at 1)"
+                .to_string()
         }
-        _ => "",
+        _ => String::new(),
     }
 }
 

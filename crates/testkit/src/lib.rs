@@ -5,6 +5,8 @@
 //! process's standard error, which `cargo test` shows even for a test that
 //! passes (it captures only what the print macros write), and returns.
 
+pub mod container;
+
 /// Reports that the calling test skips (part of) what it is named after,
 /// and why: a kernel feature, a tool or a privilege this machine lacks.
 /// The test's name is its thread's, as the test harness names it.

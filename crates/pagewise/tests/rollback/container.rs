@@ -9,83 +9,7 @@
 
 use super::*;
 use pagewise_mech::seccomp::Filters;
-
-/// A container running one program with stdin and stdout piped; removed
-/// when dropped.
-struct Container {
-    name: String,
-    p: Piped,
-    /// The program's pid on the host.
-    pid: i32,
-}
-
-impl Drop for Container {
-    fn drop(&mut self) {
-        let _ = Command::new("podman")
-            .args(["rm", "-f", "-t", "0", &self.name])
-            .output();
-    }
-}
-
-/// Why podman cannot run containers here, if so.
-fn podman_missing() -> Option<String> {
-    for tool in ["podman", "runc"] {
-        let found = std::env::var_os("PATH")
-            .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
-            .unwrap_or(false)
-            || Path::new("/usr/sbin").join(tool).is_file();
-        if !found {
-            return Some(format!(
-                "podman and runc are needed to run containers ({tool} is not installed)"
-            ));
-        }
-    }
-    if pagewise_sys::process::geteuid() != 0 {
-        return Some("podman containers are started as root here".into());
-    }
-    None
-}
-
-impl Container {
-    /// Runs `program` (a file of `dir`) with `args` in a container with
-    /// podman's defaults, read-only, without a network.
-    fn start(dir: &Path, program: &str, args: &[&str]) -> Container {
-        let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("container-root");
-        for d in ["usr", "etc", "tmp", "proc", "sys", "dev", "run", "t"] {
-            std::fs::create_dir_all(root.join(d)).unwrap();
-        }
-        for l in ["bin", "lib", "lib64", "sbin"] {
-            let _ = std::os::unix::fs::symlink(format!("usr/{l}"), root.join(l));
-        }
-        let name = format!("pagewise-test-{}-{}", std::process::id(), program);
-        let mut c = Command::new("podman");
-        // Debian's crun refuses hybrid cgroups; runc needs its limits said.
-        c.args(["--runtime", "runc", "run", "-i", "--rm", "--name", &name])
-            .args(["--read-only", "--network", "none"])
-            .args([
-                "--ulimit",
-                "nofile=1024:1024",
-                "--ulimit",
-                "nproc=4096:4096",
-            ])
-            .args(["-v", "/usr:/usr:ro"])
-            .arg("-v")
-            .arg(format!("{}:/t:ro", dir.display()))
-            .arg("--rootfs")
-            .arg(&root)
-            .arg(format!("/t/{program}"))
-            .args(args);
-        let mut p = Piped::start(&mut c);
-        let l = p.line();
-        assert!(l.starts_with("ready"), "the container's program said {l:?}");
-        let out = Command::new("podman")
-            .args(["inspect", "--format", "{{.State.Pid}}", &name])
-            .output()
-            .unwrap();
-        let pid: i32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
-        Container { name, p, pid }
-    }
-}
+use pagewise_testkit::container::{podman_missing, Container};
 
 fn filters(pid: i32) -> Filters {
     let stopped = pagewise_mech::stop::Stopped::new(pid).unwrap();
@@ -101,7 +25,7 @@ fn a_default_podman_container_is_tracked_restored_and_advised() {
     }
     let dir = path.parent().unwrap();
     let program = path.file_name().unwrap().to_str().unwrap();
-    let mut c = Container::start(dir, program, &[]);
+    let mut c = Container::start(Path::new(env!("CARGO_TARGET_TMPDIR")), dir, program, &[]);
     let pid = c.pid;
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let field = |k| pagewise_mech::procfs::status_field(&status, k).unwrap();

@@ -1,0 +1,287 @@
+//! pagewise's commands, run on the host as root, against programs in podman
+//! containers started with the runtime's defaults (the seccomp profile
+//! `/usr/share/containers/seccomp.json`, which refuses `userfaultfd`; no
+//! CAP_SYS_PTRACE): each does what it does on a bare process, none refused
+//! and none falling back; afterwards the program's filter count is the same
+//! and it holds no userfaultfd; the program's own checks pass. And
+//! `farmem run` inside such a container names the filter as the cause of
+//! its refusal, not `vm.unprivileged_userfaultfd`.
+
+#[macro_use]
+mod support;
+use pagewise_testkit::container::{podman_missing, podman_run, Container};
+use support::*;
+
+fn tmp() -> &'static Path {
+    Path::new(env!("CARGO_TARGET_TMPDIR"))
+}
+
+/// The seccomp filters and userfaultfds process `pid` holds.
+fn filters_and_ufds(pid: i32) -> (u64, usize) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let n = pagewise_mech::procfs::status_field(&status, "Seccomp_filters").unwrap();
+    let ufds = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|l| l.to_string_lossy().contains("userfaultfd"))
+        .count();
+    (n, ufds)
+}
+
+fn json_lines(out: &std::process::Output) -> Vec<serde_json::Value> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn track_snapshot_restore_and_thp_act_on_a_default_container() {
+    need_support!();
+    if let Some(why) = podman_missing() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    let Some(path) = rollback_target() else {
+        return;
+    };
+    let dir = path.parent().unwrap();
+    let program = path.file_name().unwrap().to_str().unwrap();
+    let mut c = Container::start(tmp(), dir, program, &[]);
+    let pid = c.pid.to_string();
+    let (filters, _) = filters_and_ufds(c.pid);
+    assert!(
+        filters >= 1,
+        "the container's program runs under the profile"
+    );
+
+    // track: uffd-wp, not the hash fallback.
+    let out = Command::new(BIN)
+        .args([
+            "track",
+            "--pid",
+            &pid,
+            "--json",
+            "--interval-ms",
+            "200",
+            "--count",
+            "2",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "track: {err}");
+    let lines = json_lines(&out);
+    assert_eq!(lines.len(), 2, "track: {lines:?}");
+    for l in &lines {
+        assert_eq!(l["backend"], "uffd-wp", "track fell back: {l} {err}");
+    }
+    println!("ok   track --pid: uffd-wp");
+
+    // snapshot, then snapshot restore in full (layout and registers).
+    let store = temp_dir("container-store");
+    c.p.ask("w 16 1");
+    pagewise_testkit::settle_in_read(c.pid);
+    let out = Command::new(BIN)
+        .args(["snapshot", "--pid", &pid, "--out"])
+        .arg(&store)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "snapshot: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let first = c.p.ask("c");
+    c.p.ask("m");
+    c.p.ask("w 40 9");
+    pagewise_testkit::settle_in_read(c.pid);
+    let out = Command::new(BIN)
+        .args(["snapshot", "restore", "--pid", &pid, "--json"])
+        .arg(&store)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "snapshot restore: {err}");
+    let r = &json_lines(&out)[0]["restored"]["report"];
+    // Registers put back (one thread), the mapping made since unmapped
+    // inside the program, no thread's memory left alone (not memory-only).
+    assert_eq!(r["threads"], 1, "a full restore: {r}");
+    assert!(r["layout_calls"].as_u64() >= Some(1), "{r}");
+    assert_eq!(r["thread_areas"], serde_json::json!([]), "{r}");
+    assert_eq!(c.p.ask("c"), first, "the same answer, registers checked");
+    println!("ok   snapshot --pid, snapshot restore: in full");
+
+    // Periodic and live snapshots (tracked between takes).
+    for (what, args) in [
+        ("--every-ms", &["--every-ms", "100", "--count", "3"][..]),
+        ("--live", &["--live"][..]),
+    ] {
+        let store = temp_dir("container-more");
+        let out = Command::new(BIN)
+            .args(["snapshot", "--pid", &pid, "--json"])
+            .args(args)
+            .arg("--out")
+            .arg(&store)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "snapshot {what}: {err}");
+        assert!(!err.contains("seccomp"), "snapshot {what}: {err}");
+        assert!(!json_lines(&out).is_empty(), "snapshot {what}");
+        let _ = std::fs::remove_dir_all(&store);
+        println!("ok   snapshot --pid {what}");
+    }
+
+    // thp run: coverage measured (nothing written: nothing promoted).
+    let out = Command::new(BIN)
+        .args(["thp", "run", "--pid", &pid, "--steps", "2", "--json"])
+        .args(["--interval-ms", "300", "--window-ms", "100"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "thp run: {err}");
+    for l in json_lines(&out) {
+        for a in l["actions"].as_array().into_iter().flatten() {
+            assert_ne!(a["action"], "no-coverage", "thp run without coverage: {a}");
+        }
+        for p in l["processes"].as_array().into_iter().flatten() {
+            assert_eq!(p["promoted"], 0, "an idle program promoted: {l}");
+        }
+    }
+    println!("ok   thp run --pid: coverage measured");
+
+    assert_eq!(
+        filters_and_ufds(c.pid),
+        (filters, 0),
+        "filters as they were, no userfaultfd left"
+    );
+    assert!(c.p.ask("w 3 3").contains("bad=0"));
+    let _ = std::fs::remove_dir_all(&store);
+}
+
+#[test]
+fn dedup_merges_a_default_container_from_the_host() {
+    need_support!();
+    if let Some(why) = podman_missing() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    let exe = c_program("dedup_target");
+    let native = Command::new(&exe).arg("6").output().unwrap();
+    assert!(native.status.success());
+    let dir = exe.parent().unwrap();
+    let name = format!("pagewise-test-{}-dedup", std::process::id());
+    let mut run = podman_run(tmp(), &name, dir, &[], "/t/dedup_target", &["6"]);
+    let child = run
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let _gone = RemoveContainer(name.clone());
+    // The container's program, once it runs.
+    let mut pid = 0;
+    for _ in 0..100 {
+        let out = Command::new("podman")
+            .args(["inspect", "--format", "{{.State.Pid}}", &name])
+            .output()
+            .unwrap();
+        pid = String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .unwrap_or(0);
+        if pid > 0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(pid > 0, "the container never ran");
+    let (filters, _) = filters_and_ufds(pid);
+    let out = Command::new(BIN)
+        .args([
+            "dedup",
+            "run",
+            "--pid",
+            &pid.to_string(),
+            "--json",
+            "--steps",
+            "6",
+        ])
+        .args(["--interval-ms", "400", "--window-ms", "150"])
+        .args(["--thresholds", "0,2,0.5", "--full-scan-ms", "300"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "dedup run: {err}");
+    let lines = json_lines(&out);
+    assert_eq!(lines[0]["watching"][0]["inside"], "ptrace", "{}", lines[0]);
+    let merged: usize = lines
+        .iter()
+        .flat_map(|s| s["actions"].as_array().cloned().unwrap_or_default())
+        .filter(|a| a["action"] == "merge")
+        .count();
+    assert!(
+        merged >= 4,
+        "the four cold identical regions made mergeable: {lines:?} {err}"
+    );
+    assert!(!err.contains("seccomp"), "a refusal: {err}");
+    assert_eq!(
+        filters_and_ufds(pid),
+        (filters, 0),
+        "filters as they were, no userfaultfd left"
+    );
+    let done = child.wait_with_output().unwrap();
+    assert!(done.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&done.stdout),
+        String::from_utf8_lossy(&native.stdout),
+        "the program's own check, in the container under the agent and natively"
+    );
+    println!("ok   dedup run --pid: {merged} regions made mergeable from outside");
+}
+
+/// Removes a container when dropped.
+struct RemoveContainer(String);
+
+impl Drop for RemoveContainer {
+    fn drop(&mut self) {
+        let _ = Command::new("podman")
+            .args(["rm", "-f", "-t", "0", &self.0])
+            .output();
+    }
+}
+
+#[test]
+fn farmem_run_in_a_default_container_names_the_filter() {
+    need_support!();
+    if let Some(why) = podman_missing() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    let bin = Path::new(BIN);
+    let name = format!("pagewise-test-{}-farmem", std::process::id());
+    let _gone = RemoveContainer(name.clone());
+    let out = podman_run(
+        tmp(),
+        &name,
+        bin.parent().unwrap(),
+        &[("PAGEWISE_FARMEM_DIR", "/tmp/farmem")],
+        "/t/pagewise",
+        &["farmem", "run", "--local-pages", "64", "--", "/bin/true"],
+    )
+    .stdin(std::process::Stdio::null())
+    .output()
+    .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "farmem run in a default container: {err}"
+    );
+    assert!(err.contains("seccomp filter"), "the cause named: {err}");
+    assert!(
+        !err.contains("unprivileged_userfaultfd"),
+        "a wrong cause named: {err}"
+    );
+}
