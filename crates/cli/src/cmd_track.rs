@@ -104,7 +104,8 @@ fn watch_from_outside(
                  itself with exec?): tracking pid {pid} from outside",
                 a.cmd[0]
             );
-            if let (Some(n), false) = (t.note(), a.json) {
+            // Why `auto` fell back, on stderr with --json too.
+            if let Some(n) = t.note() {
                 eprintln!("pagewise: {n}");
             }
             Ok((child, Source::Outside(t, pid)))
@@ -130,7 +131,8 @@ fn watch(a: &Args) -> Result<Watched> {
     Ok(match (a.pid, a.cmd.is_empty()) {
         (Some(pid), true) => {
             let t = DirtyTracker::for_process(pid, a.backend)?;
-            if let (Some(n), false) = (t.note(), a.json) {
+            // Why `auto` fell back, on stderr with --json too.
+            if let Some(n) = t.note() {
                 eprintln!("pagewise: {n}");
             }
             Watched::Tracking(None, Source::Outside(t, pid), pid)

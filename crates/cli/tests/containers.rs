@@ -285,3 +285,51 @@ fn farmem_run_in_a_default_container_names_the_filter() {
         "a wrong cause named: {err}"
     );
 }
+
+/// A pagewise that runs under a seccomp filter itself may neither suspend
+/// nor read a target's filters: `--backend uffd-wp` is refused with that
+/// reason, and `auto` falls back to `hash` saying it.
+#[test]
+fn a_filtered_tracer_says_why_it_cannot_step_around_a_filter() {
+    need_support!();
+    let Some(path) = rollback_target() else {
+        return;
+    };
+    let wrap = c_program("under_filter");
+    let mut t = pagewise_testkit::Piped::start(Command::new(&path).args(["seccomp", "errno"]));
+    assert!(t.line().starts_with("ready"));
+    let pid = t.pid().to_string();
+    let track = |backend: &str| {
+        Command::new(&wrap)
+            .arg(BIN)
+            .args([
+                "track",
+                "--pid",
+                &pid,
+                "--json",
+                "--count",
+                "1",
+                "--interval-ms",
+                "100",
+            ])
+            .args(["--backend", backend])
+            .output()
+            .unwrap()
+    };
+    let out = track("uffd-wp");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("seccomp") && err.contains("pagewise runs under a seccomp filter itself"),
+        "{err}"
+    );
+    let out = track("auto");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(json_lines(&out)[0]["backend"], "hash", "{err}");
+    assert!(
+        err.contains("pagewise runs under a seccomp filter itself"),
+        "{err}"
+    );
+    assert!(t.ask("w 3 3").contains("bad=0"));
+}
