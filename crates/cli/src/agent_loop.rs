@@ -17,6 +17,8 @@ pub struct Watch {
     /// A process to watch (repeat for more).
     #[arg(long = "pid")]
     pub pids: Vec<i32>,
+    #[command(flatten)]
+    pub groups: crate::groups::Groups,
     /// Stop after this many steps.
     #[arg(long)]
     pub steps: Option<u64>,
@@ -45,8 +47,10 @@ pub struct Watch {
 /// Checks the interval and the window inside it, and returns the pids to
 /// watch given with `--pid`.
 pub fn check(w: &Watch, interval_ms: u64, window_ms: u64) -> Result<Vec<i32>> {
-    if w.pids.is_empty() && w.command.is_empty() {
-        crate::usage!("give --pid PID (repeatable) or -- CMD");
+    if w.pids.is_empty() && w.command.is_empty() && !w.groups.given() {
+        crate::usage!(
+            "give --pid PID, --container ID|NAME or --cgroup PATH (each repeatable), or -- CMD"
+        );
     }
     if interval_ms == 0 || window_ms >= interval_ms {
         crate::usage!("--window-ms must be shorter than --interval-ms, which must be above 0");
@@ -64,7 +68,9 @@ pub fn check(w: &Watch, interval_ms: u64, window_ms: u64) -> Result<Vec<i32>> {
             );
         }
     }
-    Ok(w.pids.clone())
+    let mut pids = w.pids.clone();
+    w.groups.add_to(&mut pids)?;
+    Ok(pids)
 }
 
 /// As [`check`], then starts the command (if any) as it is; the pids to

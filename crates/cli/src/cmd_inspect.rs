@@ -27,6 +27,8 @@ pub struct Args {
     /// within and across them).
     #[arg(long = "pid")]
     pids: Vec<i32>,
+    #[command(flatten)]
+    groups: crate::groups::Groups,
     /// Print the report as one JSON object.
     #[arg(long)]
     json: bool,
@@ -131,8 +133,10 @@ pub struct Output<'a> {
 impl crate::json::Printed for Output<'_> {}
 
 pub fn run(a: Args) -> Result<i32> {
-    if a.pids.is_empty() && a.cmd.is_empty() {
-        crate::usage!("give a process (--pid PID) or a command to start (-- CMD)");
+    if a.pids.is_empty() && a.cmd.is_empty() && !a.groups.given() {
+        crate::usage!(
+            "give a process (--pid PID), a container (--container ID|NAME), a cgroup (--cgroup PATH) or a command to start (-- CMD)"
+        );
     }
     let (pids, started) = targets(&a)?;
     let window = a
@@ -175,8 +179,10 @@ pub fn run(a: Args) -> Result<i32> {
 /// The processes to inspect: those given (each once), and the command's
 /// (every live member of its run) once it has run for `--after` ms.
 fn targets(a: &Args) -> Result<(Vec<i32>, Option<Started>)> {
+    let mut given = a.pids.clone();
+    a.groups.add_to(&mut given)?;
     let mut pids: Vec<i32> = Vec::new();
-    for &p in &a.pids {
+    for &p in &given {
         pagewise::process::check_target(p)?;
         if !pids.contains(&p) {
             pids.push(p);

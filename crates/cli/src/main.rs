@@ -16,6 +16,7 @@ mod cmd_thp;
 mod cmd_track;
 mod cmd_workload;
 mod exit;
+mod groups;
 mod heatmap;
 mod json;
 mod progress;

@@ -9,7 +9,7 @@
 
 #[macro_use]
 mod support;
-use pagewise_testkit::container::{podman_missing, podman_run, Container};
+use pagewise_testkit::container::{podman_missing, podman_run, Container, Removed};
 use support::*;
 
 fn tmp() -> &'static Path {
@@ -180,7 +180,7 @@ fn dedup_merges_a_default_container_from_the_host() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let _gone = RemoveContainer(name.clone());
+    let _gone = Removed(name.clone());
     // The container's program, once it runs.
     let mut pid = 0;
     for _ in 0..100 {
@@ -242,17 +242,6 @@ fn dedup_merges_a_default_container_from_the_host() {
     println!("ok   dedup run --pid: {merged} regions made mergeable from outside");
 }
 
-/// Removes a container when dropped.
-struct RemoveContainer(String);
-
-impl Drop for RemoveContainer {
-    fn drop(&mut self) {
-        let _ = Command::new("podman")
-            .args(["rm", "-f", "-t", "0", &self.0])
-            .output();
-    }
-}
-
 #[test]
 fn farmem_run_in_a_default_container_names_the_filter() {
     need_support!();
@@ -262,7 +251,7 @@ fn farmem_run_in_a_default_container_names_the_filter() {
     }
     let bin = Path::new(BIN);
     let name = format!("pagewise-test-{}-farmem", std::process::id());
-    let _gone = RemoveContainer(name.clone());
+    let _gone = Removed(name.clone());
     let out = podman_run(
         tmp(),
         &name,
@@ -332,4 +321,103 @@ fn a_filtered_tracer_says_why_it_cannot_step_around_a_filter() {
         "{err}"
     );
     assert!(t.ask("w 3 3").contains("bad=0"));
+}
+
+/// A container of three processes selected whole: by name, by an id
+/// prefix and by its cgroup (the kernel's path, and the directory of the
+/// memory hierarchy), every process found once, each named by its host pid
+/// and its pid inside; a name no container has is bad input.
+#[test]
+fn a_container_is_selected_whole_by_name_id_or_cgroup() {
+    need_support!();
+    if let Some(why) = podman_missing() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    let name = format!("pagewise-test-{}-group", std::process::id());
+    let _gone = Removed(name.clone());
+    let mut run = podman_run(
+        tmp(),
+        &name,
+        tmp(),
+        &[],
+        "/bin/sh",
+        &["-c", "sleep 60 & sleep 60 & echo ready; wait"],
+    );
+    let mut p = pagewise_testkit::Piped::start(&mut run);
+    assert_eq!(p.line(), "ready");
+    let out = Command::new("podman")
+        .args(["inspect", "--format", "{{.Id}} {{.State.Pid}}", &name])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let (id, init) = text.trim().split_once(' ').unwrap();
+    let init: i32 = init.parse().unwrap();
+    // The shell and its two sleeps: the shell's children on the host.
+    let mut want = vec![init];
+    for _ in 0..100 {
+        want = vec![init];
+        want.extend(
+            std::fs::read_to_string(format!("/proc/{init}/task/{init}/children"))
+                .unwrap_or_default()
+                .split_whitespace()
+                .map(|c| c.parse::<i32>().unwrap()),
+        );
+        if want.len() == 3 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    want.sort();
+    assert_eq!(want.len(), 3, "the shell and its two sleeps: {want:?}");
+    let kernel_path = format!("/libpod_parent/libpod-{id}");
+    let mut selectors = vec![
+        vec!["--container".to_string(), name.clone()],
+        vec!["--container".to_string(), id[..12].to_string()],
+    ];
+    let own = std::fs::read_to_string(format!("/proc/{init}/cgroup")).unwrap();
+    if own.contains(&kernel_path) {
+        selectors.push(vec!["--cgroup".to_string(), kernel_path.clone()]);
+        if Path::new("/sys/fs/cgroup/memory")
+            .join(&kernel_path[1..])
+            .is_dir()
+        {
+            selectors.push(vec![
+                "--cgroup".to_string(),
+                format!("/sys/fs/cgroup/memory{kernel_path}"),
+            ]);
+        }
+    }
+    for sel in &selectors {
+        let out = Command::new(BIN)
+            .args(["inspect", "--json"])
+            .args(sel)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{sel:?}: {err}");
+        let mut pids: Vec<i32> = json_lines(&out)[0]["pids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p.as_i64().unwrap() as i32)
+            .collect();
+        pids.sort();
+        assert_eq!(pids, want, "{sel:?}: {err}");
+        assert!(
+            err.contains(&format!("{init} (1 inside)")),
+            "{sel:?}: {err}"
+        );
+        println!("ok   inspect {}", sel.join(" "));
+    }
+    let out = Command::new(BIN)
+        .args(["inspect", "--container", "no-such-container-anywhere"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -241,6 +241,20 @@ pub enum Error {
     /// A process could not be stopped or acted inside (see the kinds).
     #[error("{0}")]
     Refused(#[from] Refusal),
+    /// No running container has this id, id prefix or name.
+    #[error("no running container has the id or name {which:?} (ids are read from /proc/PID/cgroup; names are asked of podman and docker)")]
+    NoSuchContainer {
+        /// What was asked for.
+        which: String,
+    },
+    /// An id prefix that starts several running containers' ids.
+    #[error("{which:?} is the start of {count} running containers' ids: give more of it")]
+    AmbiguousContainer {
+        /// What was asked for.
+        which: String,
+        /// How many ids it starts.
+        count: usize,
+    },
     /// The preload shim is not where pagewise looks for it.
     #[error("libpagewise_preload.so not found beside {} (build it with `cargo build --release`, or set PAGEWISE_PRELOAD)", beside.display())]
     ShimNotFound {
@@ -396,7 +410,10 @@ impl Error {
             Error::PermissionDenied { .. } => libc::EPERM,
             Error::Os { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
             Error::Corrupt { .. } => libc::EBADMSG,
-            Error::ShimNotFound { .. } | Error::MissingField { .. } => libc::ENOENT,
+            Error::ShimNotFound { .. }
+            | Error::MissingField { .. }
+            | Error::NoSuchContainer { .. } => libc::ENOENT,
+            Error::AmbiguousContainer { .. } => libc::EINVAL,
             Error::ShimSilent { source, .. } => source.raw_os_error().unwrap_or(libc::EPROTO),
             Error::NeedsRoot { .. } | Error::NotAJournal { .. } => libc::EACCES,
             Error::SettingHeld { .. } | Error::DeviceBusy { .. } => libc::EBUSY,
@@ -420,7 +437,9 @@ impl Error {
             | Error::KernelThread { .. }
             | Error::NotStopped { .. }
             | Error::NoFileName { .. }
-            | Error::BadPath { .. } => ErrorClass::BadInput,
+            | Error::BadPath { .. }
+            | Error::NoSuchContainer { .. }
+            | Error::AmbiguousContainer { .. } => ErrorClass::BadInput,
             Error::Unsupported { .. } | Error::MemoryType { .. } | Error::ShimNotFound { .. } => {
                 ErrorClass::Unsupported
             }
@@ -484,6 +503,21 @@ mod tests {
                 Refusal::InVfork { pid: 7, tid: 8 }.into(),
                 ErrorClass::Busy,
                 libc::EBUSY,
+            ),
+            (
+                Error::NoSuchContainer {
+                    which: "web".into(),
+                },
+                ErrorClass::BadInput,
+                libc::ENOENT,
+            ),
+            (
+                Error::AmbiguousContainer {
+                    which: "ab12".into(),
+                    count: 2,
+                },
+                ErrorClass::BadInput,
+                libc::EINVAL,
             ),
             (
                 Error::SettingHeld {

@@ -49,6 +49,8 @@ pub mod bloom;
 pub mod cgroup;
 #[doc(hidden)]
 pub mod child;
+#[doc(hidden)]
+pub mod container;
 pub mod fault;
 #[doc(hidden)]
 pub mod files;

@@ -89,6 +89,14 @@ pub mod process {
     pub use pagewise_mech::remote::read;
     pub use pagewise_mech::stop::Stopped;
 
+    /// Containers and cgroups as targets: their processes, the container
+    /// a process is in, its pid inside its namespace.
+    pub mod container {
+        pub use pagewise_mech::container::{
+            container_of, members, ns_pid, ContainerRef, Member, Selector,
+        };
+    }
+
     /// Whether pagewise may suspend a target's seccomp filters around the
     /// calls it makes inside it (the default), or must respect them.
     pub mod seccomp {

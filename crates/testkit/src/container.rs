@@ -90,8 +90,17 @@ pub struct Container {
 
 impl Drop for Container {
     fn drop(&mut self) {
+        drop(Removed(self.name.clone()));
+    }
+}
+
+/// Removes the container of this name when dropped (`podman rm -f`).
+pub struct Removed(pub String);
+
+impl Drop for Removed {
+    fn drop(&mut self) {
         let _ = Command::new("podman")
-            .args(["rm", "-f", "-t", "0", &self.name])
+            .args(["rm", "-f", "-t", "0", &self.0])
             .output();
     }
 }

@@ -765,6 +765,17 @@ pub fn cpu_time(pid: i32) -> Result<std::time::Duration> {
     ))
 }
 
+/// Every process's pid now (`/proc`'s numeric entries), in no order.
+pub fn pids() -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// The pid of the kernel thread named `name` (a child of `kthreadd`, pid
 /// 2), if there is one.
 pub fn kernel_thread(name: &str) -> Option<i32> {

@@ -1,0 +1,81 @@
+//! Whole containers and cgroups as targets (`--container`, `--cgroup`):
+//! the processes they hold when the command starts, each named by its host
+//! pid, its pid inside its namespace and its container.
+
+use anyhow::Result;
+use pagewise::process::container::{self, Selector};
+
+/// The flags that select processes by container or cgroup.
+#[derive(clap::Args, Debug, Default)]
+pub struct Groups {
+    /// Every process of this container: its id, a prefix of the id, or its
+    /// name (repeat for more). Found from the cgroup paths the kernel shows
+    /// (`/proc/PID/cgroup`: podman, Docker, containerd, CRI-O); a name is
+    /// asked of podman or docker.
+    #[arg(long = "container", value_name = "ID|NAME")]
+    pub containers: Vec<String>,
+    /// Every process of this cgroup, its sub-cgroups included: a directory
+    /// under /sys/fs/cgroup, or a path as /proc/PID/cgroup shows it
+    /// (repeat for more).
+    #[arg(long = "cgroup", value_name = "PATH")]
+    pub cgroups: Vec<String>,
+}
+
+impl Groups {
+    /// Whether any is given.
+    pub fn given(&self) -> bool {
+        !(self.containers.is_empty() && self.cgroups.is_empty())
+    }
+
+    /// The host pids of every process selected, each once, after `pids`;
+    /// says on stderr what each selector holds. A selector that holds no
+    /// process is an error.
+    pub fn add_to(&self, pids: &mut Vec<i32>) -> Result<()> {
+        let sels = self
+            .containers
+            .iter()
+            .map(|c| Selector::Container(c.clone()))
+            .chain(self.cgroups.iter().map(|c| Selector::Cgroup(c.clone())));
+        for sel in sels {
+            let members = container::members(&sel)?;
+            let what = match &sel {
+                Selector::Container(c) => format!("container {c}"),
+                Selector::Cgroup(c) => format!("cgroup {c}"),
+                _ => "a group".to_string(),
+            };
+            if members.is_empty() {
+                anyhow::bail!("{what} holds no process");
+            }
+            let named: Vec<String> = members
+                .iter()
+                .map(|m| {
+                    let inside = match m.ns_pid {
+                        Some(n) if n != m.pid => format!(" ({n} inside)"),
+                        _ => String::new(),
+                    };
+                    let of = match &m.container {
+                        Some(c) if !matches!(sel, Selector::Container(_)) => {
+                            format!(" in {} {}", c.runtime, c.short_id())
+                        }
+                        _ => String::new(),
+                    };
+                    format!("{}{inside}{of}", m.pid)
+                })
+                .collect();
+            let runtime = match (&sel, members[0].container.as_ref()) {
+                (Selector::Container(_), Some(c)) => match &c.pod {
+                    Some(pod) => format!(" ({} {}, pod {pod})", c.runtime, c.short_id()),
+                    None => format!(" ({} {})", c.runtime, c.short_id()),
+                },
+                _ => String::new(),
+            };
+            eprintln!("pagewise: {what}{runtime}: pid {}", named.join(", "));
+            for m in members {
+                if !pids.contains(&m.pid) {
+                    pids.push(m.pid);
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,316 @@
+//! Containers and cgroups as targets: the processes of a cgroup, the
+//! container a process runs in, read from the cgroup paths the kernel
+//! shows (`/proc/PID/cgroup`) with no runtime daemon asked (podman,
+//! Docker, containerd and CRI-O name their cgroups after the container's
+//! id, Kubernetes after the pod's uid), and a process's pid inside its own
+//! pid namespace (`NSpid`). A container's name is the one thing the kernel
+//! does not know: it is asked of the runtime (`podman inspect`, `docker
+//! inspect`) only when the selector is not an id.
+
+use crate::{Error, Result};
+
+/// The container a process runs in, as its cgroup path names it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, schemars::JsonSchema)]
+#[non_exhaustive]
+pub struct ContainerRef {
+    /// `podman`, `docker`, `containerd` or `cri-o`.
+    pub runtime: &'static str,
+    /// The container's id (64 hexadecimal digits).
+    pub id: String,
+    /// The Kubernetes pod's uid, or podman pod's id, where the path says.
+    pub pod: Option<String>,
+}
+
+impl ContainerRef {
+    /// The id's first 12 digits, as the runtimes print it.
+    pub fn short_id(&self) -> &str {
+        &self.id[..self.id.len().min(12)]
+    }
+}
+
+/// Whether `s` is a container id: 64 hexadecimal digits.
+fn is_id(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// The container a cgroup path (as `/proc/PID/cgroup` shows it) names,
+/// if any. A runtime's monitor (`libpod-conmon-…`, `crio-conmon-…`) is not
+/// the container.
+pub fn parse_cgroup_path(path: &str) -> Option<ContainerRef> {
+    let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
+    let (last, parents) = parts.split_last()?;
+    let leaf = last.strip_suffix(".scope").unwrap_or(last);
+    let (runtime, id) = if let Some(id) = leaf.strip_prefix("libpod-") {
+        ("podman", id)
+    } else if let Some(id) = leaf.strip_prefix("docker-") {
+        ("docker", id)
+    } else if let Some(id) = leaf.strip_prefix("cri-containerd-") {
+        ("containerd", id)
+    } else if let Some(id) = leaf.strip_prefix("crio-") {
+        ("cri-o", id)
+    } else if parents.last() == Some(&"docker") {
+        ("docker", leaf)
+    } else if parents.iter().any(|p| p.starts_with("kubepods")) {
+        ("containerd", leaf)
+    } else {
+        return None;
+    };
+    if !is_id(id) {
+        return None;
+    }
+    let pod = parents.iter().rev().find_map(|p| {
+        let p = p.strip_suffix(".slice").unwrap_or(p);
+        if let Some(i) = p.rfind("-pod") {
+            // kubepods-burstable-pod<uid with _>.slice
+            return Some(p[i + 4..].replace('_', "-"));
+        }
+        if let Some(uid) = p.strip_prefix("pod") {
+            return Some(uid.to_string());
+        }
+        p.strip_prefix("machine-libpod_pod_").map(str::to_string)
+    });
+    Some(ContainerRef {
+        runtime,
+        id: id.to_ascii_lowercase(),
+        pod,
+    })
+}
+
+/// The cgroup paths of process `pid` (`/proc/PID/cgroup`): one per
+/// hierarchy, as `(controllers, path)`; v2's has no controllers.
+pub fn cgroup_paths(pid: i32) -> Result<Vec<(String, String)>> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .map_err(|e| Error::for_pid(pid, "reading its cgroups", e))?;
+    Ok(parse_cgroup_file(&text))
+}
+
+/// The lines of a `/proc/PID/cgroup` file, as `(controllers, path)`.
+pub fn parse_cgroup_file(text: &str) -> Vec<(String, String)> {
+    text.lines()
+        .filter_map(|l| {
+            let mut f = l.splitn(3, ':');
+            let _id = f.next()?;
+            let controllers = f.next()?;
+            let path = f.next()?;
+            Some((controllers.to_string(), path.to_string()))
+        })
+        .collect()
+}
+
+/// The container process `pid` runs in, if any.
+pub fn container_of(pid: i32) -> Option<ContainerRef> {
+    cgroup_paths(pid)
+        .ok()?
+        .iter()
+        .find_map(|(_, p)| parse_cgroup_path(p))
+}
+
+/// Process `pid`'s pid in the innermost pid namespace it is in (the last
+/// of `NSpid`); its host pid where it is in the host's.
+pub fn ns_pid(pid: i32) -> Option<i32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("NSpid:"))?;
+    line.split_whitespace().last()?.parse().ok()
+}
+
+/// A process of a selected cgroup or container.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, schemars::JsonSchema)]
+#[non_exhaustive]
+pub struct Member {
+    /// Its pid on the host (what pagewise acts on, and stores).
+    pub pid: i32,
+    /// Its pid inside its own pid namespace.
+    pub ns_pid: Option<i32>,
+    /// Its container, where its cgroup path names one.
+    pub container: Option<ContainerRef>,
+}
+
+/// Which processes: those of a cgroup, or of a container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Selector {
+    /// A cgroup: a directory under `/sys/fs/cgroup`, or a path as
+    /// `/proc/PID/cgroup` shows it; its sub-cgroups included.
+    Cgroup(String),
+    /// A container: its id, a prefix of it, or its name.
+    Container(String),
+}
+
+/// Whether a process's cgroup lines are selected.
+type Wanted = dyn Fn(&[(String, String)]) -> bool;
+
+/// The processes `sel` selects now, in pid order (kernel threads and this
+/// process never).
+pub fn members(sel: &Selector) -> Result<Vec<Member>> {
+    let me = std::process::id() as i32;
+    let want: Box<Wanted> = match sel {
+        Selector::Cgroup(path) => {
+            let shown = shown_path(path);
+            Box::new(move |lines| {
+                lines.iter().any(|(_, p)| {
+                    p == &shown || p.starts_with(&format!("{}/", shown.trim_end_matches('/')))
+                })
+            })
+        }
+        Selector::Container(which) => {
+            let id = resolve_container(which)?;
+            Box::new(move |lines| {
+                lines
+                    .iter()
+                    .any(|(_, p)| parse_cgroup_path(p).is_some_and(|c| c.id == id))
+            })
+        }
+    };
+    let mut out = Vec::new();
+    for pid in crate::procfs::pids() {
+        if pid == me || is_kernel_thread(pid) {
+            continue;
+        }
+        let Ok(lines) = cgroup_paths(pid) else {
+            continue;
+        };
+        if want(&lines) {
+            out.push(Member {
+                pid,
+                ns_pid: ns_pid(pid),
+                container: lines.iter().find_map(|(_, p)| parse_cgroup_path(p)),
+            });
+        }
+    }
+    out.sort_by_key(|m| m.pid);
+    Ok(out)
+}
+
+/// Whether `pid` is a kernel thread (a child of `kthreadd`, or it).
+fn is_kernel_thread(pid: i32) -> bool {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    pid == 2 || crate::procfs::status_field(&status, "PPid") == Some(2)
+}
+
+/// A cgroup path as `/proc/PID/cgroup` shows it: a directory of a cgroup
+/// file system loses its mount point (`/sys/fs/cgroup`, then a v1
+/// hierarchy's directory, such as `memory` or `cpu,cpuacct`, or `unified`).
+fn shown_path(path: &str) -> String {
+    let Some(rest) = path.strip_prefix("/sys/fs/cgroup") else {
+        return path.to_string();
+    };
+    let rest = rest.trim_start_matches('/');
+    let v1 = std::path::Path::new("/sys/fs/cgroup/memory/cgroup.procs").exists()
+        || std::path::Path::new("/sys/fs/cgroup/unified").is_dir();
+    let rest = match (v1, rest.split_once('/')) {
+        (true, Some((_, tail))) => tail,
+        (true, None) => "",
+        (false, _) => rest,
+    };
+    format!("/{rest}")
+}
+
+/// The full id of the container `which` names: the only id of a running
+/// container it is a prefix of (4 hexadecimal digits at least), or, for a
+/// name, the runtime's answer (`podman inspect`, then `docker inspect`).
+pub fn resolve_container(which: &str) -> Result<String> {
+    let lower = which.to_ascii_lowercase();
+    if lower.len() >= 4 && lower.bytes().all(|b| b.is_ascii_hexdigit()) {
+        let mut ids: Vec<String> = crate::procfs::pids()
+            .into_iter()
+            .filter_map(container_of)
+            .map(|c| c.id)
+            .filter(|id| id.starts_with(&lower))
+            .collect();
+        ids.sort();
+        ids.dedup();
+        match ids.len() {
+            1 => return Ok(ids.remove(0)),
+            0 => {}
+            count => {
+                return Err(Error::AmbiguousContainer {
+                    which: which.to_string(),
+                    count,
+                })
+            }
+        }
+    }
+    for runtime in ["podman", "docker"] {
+        let Ok(out) = std::process::Command::new(runtime)
+            .args(["inspect", "--format", "{{.Id}}", which])
+            .stderr(std::process::Stdio::null())
+            .output()
+        else {
+            continue;
+        };
+        let id = String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .to_ascii_lowercase();
+        if out.status.success() && is_id(&id) {
+            return Ok(id);
+        }
+    }
+    Err(Error::NoSuchContainer {
+        which: which.to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ID: &str = "f98d96efb83a43a768b4fd663d576d8253d52ebc6fe7bba69ff232d57317ead8";
+
+    #[test]
+    fn the_runtimes_cgroup_names_give_the_container() {
+        for (path, runtime, pod) in [
+            (format!("/libpod_parent/libpod-{ID}"), "podman", None),
+            (format!("/machine.slice/libpod-{ID}.scope"), "podman", None),
+            (
+                format!("/machine.slice/machine-libpod_pod_abc123.slice/libpod-{ID}.scope"),
+                "podman",
+                Some("abc123"),
+            ),
+            (format!("/docker/{ID}"), "docker", None),
+            (format!("/system.slice/docker-{ID}.scope"), "docker", None),
+            (
+                format!(
+                    "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1a2b_3c4d.slice/cri-containerd-{ID}.scope"
+                ),
+                "containerd",
+                Some("1a2b-3c4d"),
+            ),
+            (
+                format!("/kubepods/besteffort/pod1a2b-3c4d/{ID}"),
+                "containerd",
+                Some("1a2b-3c4d"),
+            ),
+            (
+                format!("/kubepods.slice/kubepods-pod9f.slice/crio-{ID}.scope"),
+                "cri-o",
+                Some("9f"),
+            ),
+        ] {
+            let c = parse_cgroup_path(&path).unwrap_or_else(|| panic!("{path}"));
+            assert_eq!((c.runtime, c.id.as_str()), (runtime, ID), "{path}");
+            assert_eq!(c.pod.as_deref(), pod, "{path}");
+        }
+        for path in [
+            "/".to_string(),
+            "/user.slice/user-0.slice/session-1.scope".to_string(),
+            format!("/libpod_parent/libpod-conmon-{ID}"),
+            format!("/system.slice/crio-conmon-{ID}.scope"),
+            "/docker/not-an-id".to_string(),
+        ] {
+            assert_eq!(parse_cgroup_path(&path), None, "{path}");
+        }
+    }
+
+    #[test]
+    fn a_cgroup_file_reads_line_by_line() {
+        let lines = parse_cgroup_file("4:memory:/a/b\n1:cpu,cpuacct:/a\n0::/a/b/c\n");
+        assert_eq!(
+            lines,
+            vec![
+                ("memory".to_string(), "/a/b".to_string()),
+                ("cpu,cpuacct".to_string(), "/a".to_string()),
+                (String::new(), "/a/b/c".to_string()),
+            ]
+        );
+    }
+}
