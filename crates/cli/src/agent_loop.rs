@@ -68,9 +68,11 @@ pub fn check(w: &Watch, interval_ms: u64, window_ms: u64) -> Result<Vec<i32>> {
             );
         }
     }
-    let mut pids = w.pids.clone();
-    w.groups.add_to(&mut pids)?;
-    Ok(pids)
+    // A container's or cgroup's processes are said (and a selector that
+    // holds none refused) now, and watched from `drive` on, where they are
+    // followed as they come: those that end in between are left out.
+    w.groups.add_to(&mut Vec::new())?;
+    Ok(w.pids.clone())
 }
 
 /// As [`check`], then starts the command (if any) as it is; the pids to
@@ -114,8 +116,14 @@ pub fn drive<A: Agent>(
         .steps(w.steps)
         .metrics_file(w.metrics.clone())
         .metrics_listen(w.metrics_listen.clone());
-    let ended = agent::drive(agent, &cadence, stop, child.as_mut(), |_, step| {
-        report(&step).map(|()| std::ops::ControlFlow::Continue(()))
+    // A container's or cgroup's processes are followed as they come: each
+    // new one is watched from the next step on.
+    let mut known = w.pids.clone();
+    follow(w, &mut known, false, agent);
+    let ended = agent::drive(agent, &cadence, stop, child.as_mut(), |agent, step| {
+        report(&step)?;
+        follow(w, &mut known, true, agent);
+        Ok::<_, anyhow::Error>(std::ops::ControlFlow::Continue(()))
     })?;
     if let Some(code) = stop.status() {
         // SIGINT/SIGTERM: the command ended as the convention says.
@@ -128,6 +136,20 @@ pub fn drive<A: Agent>(
         Ended::ProgramExited(st) => pagewise::agent::child::exit_code(st),
         _ => 0,
     })
+}
+
+/// Watches the processes of `w`'s containers and cgroups that `known`
+/// does not hold yet (saying each with `say`); one that ended in between
+/// is left out, said.
+fn follow<A: Agent>(w: &Watch, known: &mut Vec<i32>, say: bool, agent: &mut A) {
+    if !w.groups.given() {
+        return;
+    }
+    for pid in w.groups.newcomers(known, say) {
+        if let Err(e) = agent.add(pid) {
+            eprintln!("pagewise: pid {pid} not watched: {e}");
+        }
+    }
 }
 
 impl agent::Interrupt for crate::stop::Stop {

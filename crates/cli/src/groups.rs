@@ -27,22 +27,50 @@ impl Groups {
         !(self.containers.is_empty() && self.cgroups.is_empty())
     }
 
+    /// The selectors given, in order.
+    fn selectors(&self) -> Vec<Selector> {
+        self.containers
+            .iter()
+            .map(|c| Selector::Container(c.clone()))
+            .chain(self.cgroups.iter().map(|c| Selector::Cgroup(c.clone())))
+            .collect()
+    }
+
+    /// The processes selected now that `known` does not hold, each added
+    /// to it and, with `say`, said on stderr (for following a container's
+    /// processes as they come); a selector that fails now (a container
+    /// gone) holds none.
+    pub fn newcomers(&self, known: &mut Vec<i32>, say: bool) -> Vec<i32> {
+        let mut out = Vec::new();
+        for sel in self.selectors() {
+            for m in container::members(&sel).unwrap_or_default() {
+                if !known.contains(&m.pid) {
+                    known.push(m.pid);
+                    let inside = match m.ns_pid {
+                        Some(n) if n != m.pid => format!(" ({n} inside)"),
+                        _ => String::new(),
+                    };
+                    if say {
+                        eprintln!(
+                            "pagewise: following pid {}{inside}, new in {}",
+                            m.pid,
+                            name(&sel)
+                        );
+                    }
+                    out.push(m.pid);
+                }
+            }
+        }
+        out
+    }
+
     /// The host pids of every process selected, each once, after `pids`;
     /// says on stderr what each selector holds. A selector that holds no
     /// process is an error.
     pub fn add_to(&self, pids: &mut Vec<i32>) -> Result<()> {
-        let sels = self
-            .containers
-            .iter()
-            .map(|c| Selector::Container(c.clone()))
-            .chain(self.cgroups.iter().map(|c| Selector::Cgroup(c.clone())));
-        for sel in sels {
+        for sel in self.selectors() {
             let members = container::members(&sel)?;
-            let what = match &sel {
-                Selector::Container(c) => format!("container {c}"),
-                Selector::Cgroup(c) => format!("cgroup {c}"),
-                _ => "a group".to_string(),
-            };
+            let what = name(&sel);
             if members.is_empty() {
                 anyhow::bail!("{what} holds no process");
             }
@@ -77,5 +105,14 @@ impl Groups {
             }
         }
         Ok(())
+    }
+}
+
+/// How a selector is said: `container web`, `cgroup /a/b`.
+fn name(sel: &Selector) -> String {
+    match sel {
+        Selector::Container(c) => format!("container {c}"),
+        Selector::Cgroup(c) => format!("cgroup {c}"),
+        _ => "a group".to_string(),
     }
 }

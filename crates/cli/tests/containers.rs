@@ -330,22 +330,9 @@ fn a_filtered_tracer_says_why_it_cannot_step_around_a_filter() {
 #[test]
 fn a_container_is_selected_whole_by_name_id_or_cgroup() {
     need_support!();
-    if let Some(why) = podman_missing() {
-        pagewise_testkit::skip!("{why}");
+    let Some((name, _gone, _p)) = shell("group", "sleep 60 & sleep 60 & echo ready; wait") else {
         return;
-    }
-    let name = format!("pagewise-test-{}-group", std::process::id());
-    let _gone = Removed(name.clone());
-    let mut run = podman_run(
-        tmp(),
-        &name,
-        tmp(),
-        &[],
-        "/bin/sh",
-        &["-c", "sleep 60 & sleep 60 & echo ready; wait"],
-    );
-    let mut p = pagewise_testkit::Piped::start(&mut run);
-    assert_eq!(p.line(), "ready");
+    };
     let out = Command::new("podman")
         .args(["inspect", "--format", "{{.Id}} {{.State.Pid}}", &name])
         .output()
@@ -420,4 +407,81 @@ fn a_container_is_selected_whole_by_name_id_or_cgroup() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// An agent given a container follows its processes as they come: one
+/// started 4 s after the container (after the agent's start) is watched
+/// from the next step on.
+#[test]
+fn an_agent_follows_a_containers_new_processes() {
+    need_support!();
+    let Some((name, _gone, mut p)) = shell(
+        "follow",
+        "echo ready; sleep 4; sleep 30 & echo started; wait",
+    ) else {
+        return;
+    };
+    let out = Command::new(BIN)
+        .args([
+            "thp",
+            "run",
+            "--container",
+            &name,
+            "--json",
+            "--steps",
+            "16",
+        ])
+        .args(["--interval-ms", "400", "--window-ms", "100"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(p.line(), "started");
+    let followed: Vec<i32> = err
+        .lines()
+        .filter_map(|l| l.strip_prefix("pagewise: following pid "))
+        .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+        .collect();
+    // The process started later: the shell's child now.
+    let out2 = Command::new("podman")
+        .args(["inspect", "--format", "{{.State.Pid}}", &name])
+        .output()
+        .unwrap();
+    let init: i32 = String::from_utf8_lossy(&out2.stdout)
+        .trim()
+        .parse()
+        .unwrap();
+    let later: i32 = std::fs::read_to_string(format!("/proc/{init}/task/{init}/children"))
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .expect("the shell's child")
+        .parse()
+        .unwrap();
+    assert!(followed.contains(&later), "{later} followed: {err}");
+    let lines = json_lines(&out);
+    let watched_later = lines.iter().any(|l| {
+        l["processes"]
+            .as_array()
+            .is_some_and(|ps| ps.iter().any(|p| p["pid"] == later))
+    });
+    assert!(
+        watched_later,
+        "the new process is in a later step: {lines:?}"
+    );
+}
+
+/// A container named after `tag` running the shell `script`, which says
+/// `ready` first; `None` (a skip said) without podman.
+fn shell(tag: &str, script: &str) -> Option<(String, Removed, pagewise_testkit::Piped)> {
+    if let Some(why) = podman_missing() {
+        pagewise_testkit::skip!("{why}");
+        return None;
+    }
+    let name = format!("pagewise-test-{}-{tag}", std::process::id());
+    let gone = Removed(name.clone());
+    let mut run = podman_run(tmp(), &name, tmp(), &[], "/bin/sh", &["-c", script]);
+    let mut p = pagewise_testkit::Piped::start(&mut run);
+    assert_eq!(p.line(), "ready");
+    Some((name, gone, p))
 }
