@@ -119,7 +119,7 @@ pub const COLLAPSE_TRIES: u32 = 5;
 pub fn check_target(pid: i32, feature: &'static str, call: &str) -> Result<()> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
         .map_err(|e| Error::for_pid(pid, "reading its status", e))?;
-    crate::seccomp::check(pid, feature, call)?;
+    crate::seccomp::check_status(pid, &status, feature, call)?;
     let tracer = procfs::status_field(&status, "TracerPid").unwrap_or(0);
     if tracer != 0 {
         return Err(Refusal::Traced {

@@ -399,18 +399,23 @@ pub fn tracer_limit() -> Option<&'static str> {
     })
 }
 
-/// The seccomp mode of process `pid` (0: none, 1: strict, 2: filters).
-pub fn mode(pid: i32) -> Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .map_err(|e| Error::for_pid(pid, "reading its status", e))?;
-    Ok(procfs::status_field(&status, "Seccomp").unwrap_or(0))
-}
-
 /// Whether calls can be made inside process `pid` despite its filters, as
 /// far as can be told before it is stopped: refused, with the reason, when
 /// it has filters and this process can step around none of them.
 pub fn check(pid: i32, feature: &'static str, call: &str) -> Result<()> {
-    match mode(pid)? {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .map_err(|e| Error::for_pid(pid, "reading its status", e))?;
+    check_status(pid, &status, feature, call)
+}
+
+/// [`check`] of process `pid` whose `/proc/PID/status` reads `status`.
+pub(crate) fn check_status(
+    pid: i32,
+    status: &str,
+    feature: &'static str,
+    call: &str,
+) -> Result<()> {
+    match procfs::status_field(status, "Seccomp").unwrap_or(0) {
         0 => Ok(()),
         1 => Err(Refusal::Seccomp {
             feature,
