@@ -1,9 +1,9 @@
 //! Whole containers and cgroups as targets (`--container`, `--cgroup`):
-//! the processes they hold when the command starts, each named by its host
-//! pid, its pid inside its namespace and its container.
+//! the processes they hold, each named by its host pid, its pid inside its
+//! namespace and its container.
 
 use anyhow::Result;
-use pagewise::process::container::{self, Selector};
+use pagewise::process::container::{self, Member, Selector};
 
 /// The flags that select processes by container or cgroup.
 #[derive(clap::Args, Debug, Default)]
@@ -19,6 +19,11 @@ pub struct Groups {
     /// (repeat for more).
     #[arg(long = "cgroup", value_name = "PATH")]
     pub cgroups: Vec<String>,
+    /// The selectors, each container resolved to its full id once (a name
+    /// is asked of the runtime once, not at every step), with how each is
+    /// said (`container web`, `cgroup /a/b`).
+    #[arg(skip)]
+    resolved: std::sync::OnceLock<Vec<(String, Selector)>>,
 }
 
 impl Groups {
@@ -27,13 +32,20 @@ impl Groups {
         !(self.containers.is_empty() && self.cgroups.is_empty())
     }
 
-    /// The selectors given, in order.
-    fn selectors(&self) -> Vec<Selector> {
-        self.containers
-            .iter()
-            .map(|c| Selector::Container(c.clone()))
-            .chain(self.cgroups.iter().map(|c| Selector::Cgroup(c.clone())))
-            .collect()
+    /// The selectors given, in order, resolved on first use.
+    fn selectors(&self) -> Result<&[(String, Selector)]> {
+        if let Some(s) = self.resolved.get() {
+            return Ok(s);
+        }
+        let mut sels = Vec::new();
+        for c in &self.containers {
+            let id = container::resolve_container(c)?;
+            sels.push((format!("container {c}"), Selector::Container(id)));
+        }
+        for c in &self.cgroups {
+            sels.push((format!("cgroup {c}"), Selector::Cgroup(c.clone())));
+        }
+        Ok(self.resolved.get_or_init(|| sels))
     }
 
     /// The processes selected now that `known` does not hold, each added
@@ -42,19 +54,15 @@ impl Groups {
     /// gone) holds none.
     pub fn newcomers(&self, known: &mut Vec<i32>, say: bool) -> Vec<i32> {
         let mut out = Vec::new();
-        for sel in self.selectors() {
-            for m in container::members(&sel).unwrap_or_default() {
+        for (what, sel) in self.selectors().unwrap_or_default() {
+            for m in container::members(sel).unwrap_or_default() {
                 if !known.contains(&m.pid) {
                     known.push(m.pid);
-                    let inside = match m.ns_pid {
-                        Some(n) if n != m.pid => format!(" ({n} inside)"),
-                        _ => String::new(),
-                    };
                     if say {
                         eprintln!(
-                            "pagewise: following pid {}{inside}, new in {}",
+                            "pagewise: following pid {}{}, new in {what}",
                             m.pid,
-                            name(&sel)
+                            inside(&m)
                         );
                     }
                     out.push(m.pid);
@@ -68,29 +76,24 @@ impl Groups {
     /// says on stderr what each selector holds. A selector that holds no
     /// process is an error.
     pub fn add_to(&self, pids: &mut Vec<i32>) -> Result<()> {
-        for sel in self.selectors() {
-            let members = container::members(&sel)?;
-            let what = name(&sel);
+        for (what, sel) in self.selectors()? {
+            let members = container::members(sel)?;
             if members.is_empty() {
                 anyhow::bail!("{what} holds no process");
             }
             let named: Vec<String> = members
                 .iter()
                 .map(|m| {
-                    let inside = match m.ns_pid {
-                        Some(n) if n != m.pid => format!(" ({n} inside)"),
-                        _ => String::new(),
-                    };
                     let of = match &m.container {
                         Some(c) if !matches!(sel, Selector::Container(_)) => {
                             format!(" in {} {}", c.runtime, c.short_id())
                         }
                         _ => String::new(),
                     };
-                    format!("{}{inside}{of}", m.pid)
+                    format!("{}{}{of}", m.pid, inside(m))
                 })
                 .collect();
-            let runtime = match (&sel, members[0].container.as_ref()) {
+            let runtime = match (sel, members[0].container.as_ref()) {
                 (Selector::Container(_), Some(c)) => match &c.pod {
                     Some(pod) => format!(" ({} {}, pod {pod})", c.runtime, c.short_id()),
                     None => format!(" ({} {})", c.runtime, c.short_id()),
@@ -108,11 +111,10 @@ impl Groups {
     }
 }
 
-/// How a selector is said: `container web`, `cgroup /a/b`.
-fn name(sel: &Selector) -> String {
-    match sel {
-        Selector::Container(c) => format!("container {c}"),
-        Selector::Cgroup(c) => format!("cgroup {c}"),
-        _ => "a group".to_string(),
+/// ` (N inside)`: a process's pid inside its namespace, where it differs.
+fn inside(m: &Member) -> String {
+    match m.ns_pid {
+        Some(n) if n != m.pid => format!(" ({n} inside)"),
+        _ => String::new(),
     }
 }

@@ -205,11 +205,15 @@ fn shown_path(path: &str) -> String {
     format!("/{rest}")
 }
 
-/// The full id of the container `which` names: the only id of a running
-/// container it is a prefix of (4 hexadecimal digits at least), or, for a
-/// name, the runtime's answer (`podman inspect`, then `docker inspect`).
+/// The full id of the container `which` names: itself if it is one, the
+/// only id of a running container it is a prefix of (4 hexadecimal digits
+/// at least), or, for a name, the runtime's answer (`podman inspect`, then
+/// `docker inspect`).
 pub fn resolve_container(which: &str) -> Result<String> {
     let lower = which.to_ascii_lowercase();
+    if is_id(&lower) {
+        return Ok(lower);
+    }
     if lower.len() >= 4 && lower.bytes().all(|b| b.is_ascii_hexdigit()) {
         let mut ids: Vec<String> = crate::procfs::pids()
             .into_iter()
