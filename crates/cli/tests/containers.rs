@@ -20,12 +20,7 @@ fn tmp() -> &'static Path {
 fn filters_and_ufds(pid: i32) -> (u64, usize) {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let n = pagewise_mech::procfs::status_field(&status, "Seccomp_filters").unwrap();
-    let ufds = std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .unwrap()
-        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
-        .filter(|l| l.to_string_lossy().contains("userfaultfd"))
-        .count();
-    (n, ufds)
+    (n, pagewise_testkit::userfaultfds(pid))
 }
 
 fn json_lines(out: &std::process::Output) -> Vec<serde_json::Value> {

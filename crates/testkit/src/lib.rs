@@ -293,6 +293,16 @@ impl Piped {
     }
 }
 
+/// The userfaultfd descriptors process `pid` holds (its `/proc/PID/fd`
+/// links).
+pub fn userfaultfds(pid: i32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("reading the process's descriptors")
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|l| l.to_string_lossy().contains("userfaultfd"))
+        .count()
+}
+
 /// Waits until the main thread of process `pid` blocks in a `read` of its
 /// stdin (for a child behind another program, such as a container's).
 pub fn settle_in_read(pid: i32) {

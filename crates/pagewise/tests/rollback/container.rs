@@ -88,11 +88,10 @@ fn a_default_podman_container_is_tracked_restored_and_advised() {
     assert!(flags.contains(" mg"), "{flags}");
 
     assert_eq!(filters(pid), before, "the filter as it was");
-    let ufds = std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .unwrap()
-        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
-        .filter(|l| l.to_string_lossy().contains("userfaultfd"))
-        .count();
-    assert_eq!(ufds, 0, "no userfaultfd left");
+    assert_eq!(
+        pagewise_testkit::userfaultfds(pid),
+        0,
+        "no userfaultfd left"
+    );
     assert!(c.p.ask("w 3 3").contains("bad=0"));
 }

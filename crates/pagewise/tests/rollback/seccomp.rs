@@ -9,6 +9,7 @@
 
 use super::*;
 use pagewise_mech::seccomp::{self, Action, Filters, Policy};
+use pagewise_testkit::userfaultfds;
 
 /// The filters of `pid`'s main thread, read while it is stopped, and its
 /// `Seccomp_filters` count.
@@ -19,15 +20,6 @@ fn filters(pid: i32) -> (Filters, u64) {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let n = pagewise_mech::procfs::status_field(&status, "Seccomp_filters").unwrap();
     (f, n)
-}
-
-/// The userfaultfd descriptors `pid` holds.
-fn userfaultfds(pid: i32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .unwrap()
-        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
-        .filter(|l| l.to_string_lossy().contains("userfaultfd"))
-        .count()
 }
 
 /// Whether this test process can suspend a target's filters; the reason
