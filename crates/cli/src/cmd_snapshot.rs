@@ -23,6 +23,12 @@ struct TakeArgs {
     /// (ptrace) for each snapshot and resumed.
     #[arg(long)]
     pid: Option<i32>,
+    /// Instead of --pid: every process of a container or cgroup, all
+    /// stopped at one instant for each snapshot (the cgroup frozen while
+    /// they are seized, where one holds exactly them), one snapshot per
+    /// process in the store.
+    #[command(flatten)]
+    groups: crate::groups::Groups,
     /// The store directory (created if missing or empty; appended to otherwise).
     #[arg(long)]
     out: Option<PathBuf>,
@@ -157,6 +163,9 @@ fn take(t: TakeArgs) -> Result<i32> {
         }
         return Ok(stop.status().unwrap_or(0));
     }
+    if t.groups.given() {
+        return take_group(&t, &stop);
+    }
     let (Some(pid), Some(out)) = (t.pid, t.out.clone()) else {
         crate::usage!("give --pid PID and --out DIR, or --live --to HOST:PORT (or a subcommand: inspect, diff; see --help)");
     };
@@ -173,20 +182,33 @@ fn take(t: TakeArgs) -> Result<i32> {
     } else {
         take_into(&t, pid, &mut disk, &stop)
     };
+    finish_store(r, disk, &out, existed, t.json, &stop)
+}
+
+/// The end of a command that saved into store `out`: a store it created
+/// (it had not `existed`) and never saved into is not left behind (on an
+/// error); otherwise where it is, and the exit status (SIGINT/SIGTERM
+/// between snapshots: those taken are kept).
+fn finish_store(
+    r: Result<()>,
+    disk: DiskStore,
+    out: &std::path::Path,
+    existed: bool,
+    json: bool,
+    stop: &Stop,
+) -> Result<i32> {
     if r.is_err() && !existed && disk.ids().is_ok_and(|ids| ids.is_empty()) {
-        // A store this command created and never saved into: not left behind.
         drop(disk);
-        let _ = std::fs::remove_dir_all(&out);
+        let _ = std::fs::remove_dir_all(out);
     }
     r?;
-    if !t.json {
+    if !json {
         println!(
             "store: {} (see `pagewise snapshot inspect {}`)",
             out.display(),
             out.display()
         );
     }
-    // SIGINT/SIGTERM between snapshots: those taken are kept, and said.
     Ok(stop.status().unwrap_or(0))
 }
 
@@ -235,6 +257,9 @@ pub enum Line<'a> {
     Live(&'a pagewise::snap::live::LiveReport),
     /// A snapshot saved into the store.
     Taken(&'a pagewise::snap::remote::ProcessSnapshot),
+    /// A snapshot of every process of a container or cgroup, stopped at
+    /// one instant.
+    Group(&'a pagewise::snap::remote::GroupSnapshot),
 }
 impl crate::json::Printed for Line<'_> {}
 
@@ -334,6 +359,72 @@ fn take_into(t: &TakeArgs, pid: i32, disk: &mut DiskStore, stop: &Stop) -> Resul
         }
     }
     Ok(())
+}
+
+/// Snapshots of every process of the containers or cgroups given, each
+/// group stopped at one instant.
+fn take_group(t: &TakeArgs, stop: &Stop) -> Result<i32> {
+    if t.pid.is_some() || t.live {
+        crate::usage!(
+            "--container and --cgroup take the place of --pid, and are snapshotted stopped (not --live)"
+        );
+    }
+    let Some(out) = t.out.clone() else {
+        crate::usage!("give --out DIR for the snapshots of --container or --cgroup");
+    };
+    let mut pids = Vec::new();
+    t.groups.add_to(&mut pids)?;
+    for &pid in &pids {
+        pagewise::process::check_target(pid)?;
+    }
+    let existed = out.exists();
+    let mut disk = DiskStore::create(&out, !t.no_verify)?;
+    let every = Duration::from_millis(t.every.unwrap_or(0));
+    let start = Instant::now();
+    let mut r: Result<()> = Ok(());
+    for i in 0..t.count {
+        let due = start + every * i as u32;
+        if stop.sleep(due.saturating_duration_since(Instant::now())) {
+            break;
+        }
+        let list = || t.groups.pids();
+        let g = match pagewise::snap::remote::snapshot_group(&list, &mut disk, &t.label) {
+            Ok(g) => g,
+            Err(e) => {
+                r = Err(e.into());
+                break;
+            }
+        };
+        if t.json {
+            println!("{}", crate::json::line(&Line::Group(&g))?);
+            continue;
+        }
+        let how = match &g.frozen {
+            Some(dir) => format!("cgroup {} frozen while they were seized", dir.display()),
+            None => "stopped one after another, all held together".to_string(),
+        };
+        println!(
+            "group {i}: {} processes stopped {:.1} ms ({how})",
+            g.members.len(),
+            g.stopped_ms
+        );
+        for m in &g.members {
+            let inside = match m.ns_pid {
+                Some(n) if n != m.pid => format!(" ({n} inside)"),
+                _ => String::new(),
+            };
+            println!(
+                "  pid {}{inside}: snapshot {}, {} regions, {} pages ({} read, {} new)",
+                m.pid,
+                m.snapshot.save.id,
+                m.snapshot.regions,
+                m.snapshot.save.pages,
+                m.snapshot.pages_read,
+                m.snapshot.save.pages_new
+            );
+        }
+    }
+    finish_store(r, disk, &out, existed, t.json, stop)
 }
 
 /// `snapshot inspect --json`: the store's totals and its snapshots.

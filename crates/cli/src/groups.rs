@@ -2,7 +2,7 @@
 //! the processes they hold, each named by its host pid, its pid inside its
 //! namespace and its container.
 
-use anyhow::Result;
+type Result<T, E = anyhow::Error> = std::result::Result<T, E>;
 use pagewise::process::container::{self, Member, Selector};
 
 /// The flags that select processes by container or cgroup.
@@ -46,6 +46,20 @@ impl Groups {
             sels.push((format!("cgroup {c}"), Selector::Cgroup(c.clone())));
         }
         Ok(self.resolved.get_or_init(|| sels))
+    }
+
+    /// The host pids selected now, each once, in order (nothing said); the
+    /// selectors must have been resolved ([`Groups::add_to`]).
+    pub fn pids(&self) -> Result<Vec<i32>, pagewise::MechError> {
+        let mut out = Vec::new();
+        for (_, sel) in self.resolved.get().map(Vec::as_slice).unwrap_or_default() {
+            for m in container::members(sel)? {
+                if !out.contains(&m.pid) {
+                    out.push(m.pid);
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// The processes selected now that `known` does not hold, each added

@@ -54,6 +54,8 @@ pub mod container;
 pub mod fault;
 #[doc(hidden)]
 pub mod files;
+#[doc(hidden)]
+pub mod freezer;
 pub mod hash;
 #[doc(hidden)]
 pub mod inject;

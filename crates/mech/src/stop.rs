@@ -229,16 +229,26 @@ fn seize_error(pid: i32, owner: i32, tid: i32, e: std::io::Error) -> Error {
 /// Seizes and stops every thread of process `owner` (repeating until no
 /// new thread appears), adding them to `tids`; `pid` is the process the
 /// stop is for, named in errors.
-fn seize_all(pid: i32, owner: i32, tids: &mut Vec<i32>, limit: Duration) -> Result<()> {
+///
+/// `interrupted`: threads of `owner` already seized and interrupted (while
+/// its cgroup was frozen, see [`StoppedGroup`]), waited for first.
+fn seize_all(
+    pid: i32,
+    owner: i32,
+    tids: &mut Vec<i32>,
+    limit: Duration,
+    mut interrupted: Vec<i32>,
+) -> Result<()> {
     let t0 = Instant::now();
     // Threads of `owner` held by this call.
-    let mut held = 0usize;
+    let mut held = interrupted.len();
     loop {
-        let mut new = 0;
+        let mut new = interrupted.len();
         // Threads listed that are ending: they cannot be seized (EPERM),
         // run no more code, and still count until they are gone.
         let mut ending = Vec::new();
-        let mut seized = Vec::new();
+        tids.extend_from_slice(&interrupted);
+        let mut seized = std::mem::take(&mut interrupted);
         let threads = match procfs::tasks(owner) {
             Ok(t) => t,
             // A sharer that ended meanwhile.
@@ -347,20 +357,29 @@ impl Stopped {
     /// As [`Stopped::new`], waiting at most `limit` for a thread to stop
     /// (and for a `vfork` in progress to end).
     pub fn within(pid: i32, limit: Duration) -> Result<Self> {
+        Self::after_interrupt(pid, limit, Vec::new())
+    }
+
+    /// As [`Stopped::within`], `interrupted` being threads of `pid` seized
+    /// and interrupted already (and not waited for).
+    fn after_interrupt(pid: i32, limit: Duration, interrupted: Vec<i32>) -> Result<Self> {
         release_stragglers();
-        if !procfs::is_alive(pid) {
-            return Err(Error::NoSuchProcess(pid));
+        // Threads interrupted already are waited for whatever else holds.
+        if interrupted.is_empty() {
+            if !procfs::is_alive(pid) {
+                return Err(Error::NoSuchProcess(pid));
+            }
+            if let Some(tid) = straggler_of(pid) {
+                return Err(Refusal::Straggler { pid, tid }.into());
+            }
+            wait_out_vfork(pid, Instant::now() + limit)?;
         }
-        if let Some(tid) = straggler_of(pid) {
-            return Err(Refusal::Straggler { pid, tid }.into());
-        }
-        wait_out_vfork(pid, Instant::now() + limit)?;
         let mut s = Stopped {
             pid,
             tids: Vec::new(),
             sharers: Vec::new(),
         };
-        seize_all(pid, pid, &mut s.tids, limit)?;
+        seize_all(pid, pid, &mut s.tids, limit, interrupted)?;
         if s.tids.is_empty() {
             return Err(Error::ProcessExited(pid));
         }
@@ -368,7 +387,7 @@ impl Stopped {
         // (clone(CLONE_VM) without CLONE_THREAD) write the same pages.
         for other in memory_sharers(pid) {
             wait_out_vfork(other, Instant::now() + limit)?;
-            seize_all(pid, other, &mut s.sharers, limit)?;
+            seize_all(pid, other, &mut s.sharers, limit, Vec::new())?;
         }
         Ok(s)
     }
@@ -486,5 +505,125 @@ impl Drop for Stopped {
             // A thread that exited meanwhile cannot be detached; nothing to do.
             let _ = process::ptrace_detach(tid);
         }
+    }
+}
+
+/// Every process of a group (a container, a cgroup) stopped at one
+/// instant, until this is dropped: a consistent state of all of them
+/// (what one wrote to memory they share, the others see).
+///
+/// Where one cgroup holds exactly the group's processes, it is frozen
+/// ([`crate::freezer`]), its processes listed (none can fork or exit while
+/// frozen), every thread of each seized and interrupted, and the cgroup
+/// thawed: each thread stops at once, before it runs a single
+/// instruction of its own. Otherwise the processes are stopped one after
+/// another, each held until all are, and listed again until no process
+/// appeared meanwhile: also one instant's state (the moment the last
+/// stopped; those stopped earlier did nothing since).
+#[derive(Debug)]
+pub struct StoppedGroup {
+    members: Vec<Stopped>,
+    frozen: Option<std::path::PathBuf>,
+}
+
+/// Most listings of a group that is not frozen before it is refused as
+/// growing faster than it can be stopped.
+const GROUP_ROUNDS: usize = 32;
+
+impl StoppedGroup {
+    /// Stops every process `list` names (it is asked again, see the
+    /// type); waits at most `limit` for each thread and for the freezer.
+    pub fn new(list: &dyn Fn() -> Result<Vec<i32>>, limit: Duration) -> Result<Self> {
+        let first = list()?;
+        if let Some(f) = crate::freezer::Freezer::of(&first) {
+            let frozen = f.freeze(limit)?;
+            let pids = list()?;
+            let mut interrupted = Vec::new();
+            let mut failure = None;
+            for &pid in &pids {
+                let mut mine = Vec::new();
+                for tid in procfs::tasks(pid).unwrap_or_default() {
+                    match process::ptrace_seize(tid).and_then(|()| {
+                        mine.push(tid);
+                        process::ptrace_interrupt(tid)
+                    }) {
+                        Ok(()) => {}
+                        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+                        Err(e) => {
+                            failure.get_or_insert(seize_error(pid, pid, tid, e));
+                            break;
+                        }
+                    }
+                }
+                interrupted.push((pid, mine));
+                if failure.is_some() {
+                    break;
+                }
+            }
+            let dir = frozen.dir().to_path_buf();
+            drop(frozen);
+            // Waited for (and let go when dropped) whatever happened.
+            let mut members = Vec::new();
+            for (pid, tids) in interrupted {
+                match Stopped::after_interrupt(pid, limit, tids) {
+                    Ok(s) => members.push(s),
+                    Err(e) => {
+                        failure.get_or_insert(e);
+                    }
+                }
+            }
+            if let Some(e) = failure {
+                return Err(e);
+            }
+            return Ok(StoppedGroup {
+                members,
+                frozen: Some(dir),
+            });
+        }
+        let mut members: Vec<Stopped> = Vec::new();
+        let mut pids = first;
+        for _ in 0..GROUP_ROUNDS {
+            let mut new = 0;
+            for pid in pids {
+                if members
+                    .iter()
+                    .any(|m| m.pid == pid || m.sharers.contains(&pid))
+                {
+                    continue;
+                }
+                match Stopped::within(pid, limit) {
+                    Ok(s) => {
+                        members.push(s);
+                        new += 1;
+                    }
+                    // Gone meanwhile: not in the group any more.
+                    Err(Error::NoSuchProcess(_) | Error::ProcessExited(_)) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            if new == 0 {
+                members.sort_by_key(|m| m.pid);
+                return Ok(StoppedGroup {
+                    members,
+                    frozen: None,
+                });
+            }
+            pids = list()?;
+        }
+        Err(Refusal::GroupGrowing {
+            held: members.len(),
+            rounds: GROUP_ROUNDS,
+        }
+        .into())
+    }
+
+    /// The processes stopped, in pid order.
+    pub fn members(&self) -> &[Stopped] {
+        &self.members
+    }
+
+    /// The cgroup frozen to stop them at one instant, if one was.
+    pub fn frozen(&self) -> Option<&std::path::Path> {
+        self.frozen.as_deref()
     }
 }

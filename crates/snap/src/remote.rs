@@ -41,7 +41,7 @@ pub struct ProcessSnapshot {
 
 /// Snapshots the writable memory of process `pid` into `disk`.
 pub fn snapshot_process(pid: i32, disk: &mut DiskStore, label: &str) -> Result<ProcessSnapshot> {
-    snapshot_with(pid, disk, label, None)
+    snapshot_with(pid, disk, label, None, None)
 }
 
 /// Successive snapshots of one process that read, after the first, only
@@ -78,6 +78,7 @@ impl Incremental {
             disk,
             label,
             Some((&mut self.tracker, prev.as_ref())),
+            None,
         )?;
         self.prev = Some(disk.load(s.save.id)?);
         Ok(s)
@@ -107,14 +108,22 @@ fn snapshot_with(
         &mut pagewise_track::DirtyTracker,
         Option<&super::disk::DiskSnapshot>,
     )>,
+    held: Option<&Stopped>,
 ) -> Result<ProcessSnapshot> {
     let t0 = Instant::now();
     procfs::check_target(pid)?;
     not_self_served(pid)?;
-    let stopped = Stopped::new(pid)?;
+    // Stopped here, unless the caller holds it stopped (with others).
+    let own = match held {
+        Some(_) => None,
+        None => Some(Stopped::new(pid)?),
+    };
+    let Some(stopped) = held.or(own.as_ref()) else {
+        return Err(pagewise_mech::Error::NoSuchProcess(pid).into());
+    };
     let threads = stopped.threads();
     #[cfg(target_arch = "x86_64")]
-    let record = process_record(pid, &stopped);
+    let record = process_record(pid, stopped);
     let maps = procfs::writable(Some(pid))?;
     let regions: Vec<(Region, bool)> = maps
         .iter()
@@ -195,7 +204,7 @@ fn snapshot_with(
     if let Some(r) = &record {
         w.process_record(r);
     }
-    drop(stopped);
+    drop(own);
     let stopped_ms = t0.elapsed().as_secs_f64() * 1e3;
     let save = w.finish()?;
     Ok(ProcessSnapshot {
@@ -242,5 +251,62 @@ fn process_record(pid: i32, stopped: &Stopped) -> Option<super::disk::ProcessRec
         threads,
         fds: procfs::descriptors(pid).ok(),
         identity: procfs::exec_identity(pid),
+    })
+}
+
+/// One snapshot of every process of a group (a container), all stopped at
+/// one instant ([`pagewise_mech::stop::StoppedGroup`]): one snapshot in
+/// the store per process, consecutive, each with the process's pid.
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+#[non_exhaustive]
+pub struct GroupSnapshot {
+    /// Each process's snapshot, in pid order.
+    pub members: Vec<MemberSnapshot>,
+    /// The cgroup frozen to stop them at one instant, if one was (the
+    /// processes were stopped one after another otherwise).
+    pub frozen: Option<std::path::PathBuf>,
+    /// How long the processes were stopped (every snapshot saved before
+    /// they ran on), ms.
+    pub stopped_ms: f64,
+}
+
+/// One process's part of a [`GroupSnapshot`].
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+#[non_exhaustive]
+pub struct MemberSnapshot {
+    /// Its pid on the host.
+    pub pid: i32,
+    /// Its pid inside its pid namespace.
+    pub ns_pid: Option<i32>,
+    /// Its snapshot.
+    pub snapshot: ProcessSnapshot,
+}
+
+/// Snapshots every process `list` names into `disk`, all stopped at one
+/// instant (`list` is asked again while they are, see
+/// [`pagewise_mech::stop::StoppedGroup`]) and resumed together once every
+/// one is saved.
+pub fn snapshot_group(
+    list: &dyn Fn() -> pagewise_mech::Result<Vec<i32>>,
+    disk: &mut DiskStore,
+    label: &str,
+) -> Result<GroupSnapshot> {
+    let t0 = Instant::now();
+    let group = pagewise_mech::stop::StoppedGroup::new(list, pagewise_mech::stop::STOP_WAIT)?;
+    let mut members = Vec::new();
+    for s in group.members() {
+        let snapshot = snapshot_with(s.pid(), disk, label, None, Some(s))?;
+        members.push(MemberSnapshot {
+            pid: s.pid(),
+            ns_pid: pagewise_mech::container::ns_pid(s.pid()),
+            snapshot,
+        });
+    }
+    let frozen = group.frozen().map(std::path::Path::to_path_buf);
+    drop(group);
+    Ok(GroupSnapshot {
+        members,
+        frozen,
+        stopped_ms: t0.elapsed().as_secs_f64() * 1e3,
     })
 }

@@ -86,6 +86,8 @@ pub struct Container {
     pub p: Piped,
     /// The program's pid on the host.
     pub pid: i32,
+    /// The program's first line (`ready…`).
+    pub ready: String,
 }
 
 impl Drop for Container {
@@ -123,6 +125,11 @@ impl Container {
             .trim()
             .parse()
             .expect("the container's pid");
-        Container { name, p, pid }
+        Container {
+            name,
+            p,
+            pid,
+            ready: l,
+        }
     }
 }

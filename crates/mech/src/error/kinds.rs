@@ -124,6 +124,35 @@ pub enum Refusal {
         /// The thread.
         tid: i32,
     },
+    /// A cgroup to freeze is frozen already, by someone else (`podman
+    /// pause`): it is left as it is.
+    #[error("{} is frozen already ({file} reads {state}): it is left frozen (thaw it, e.g. `podman unpause`, and try again)", dir.display())]
+    FrozenAlready {
+        /// The cgroup's directory.
+        dir: std::path::PathBuf,
+        /// The freezer's file.
+        file: &'static str,
+        /// What it reads.
+        state: String,
+    },
+    /// A cgroup did not freeze in time (a process of it in an
+    /// uninterruptible wait).
+    #[error("{} did not freeze within {ms} ms (a process of it in an uninterruptible wait?); it was thawed again", dir.display())]
+    NotFreezing {
+        /// The cgroup's directory.
+        dir: std::path::PathBuf,
+        /// How long it was given.
+        ms: u64,
+    },
+    /// A group of processes (a container) gained processes faster than
+    /// they could be stopped.
+    #[error("the group makes processes faster than they can be stopped: {held} held after {rounds} listings; try again")]
+    GroupGrowing {
+        /// Processes held when it gave up.
+        held: usize,
+        /// Listings made.
+        rounds: usize,
+    },
     /// Threads were made faster than they could be found and stopped: the
     /// kernel counts more threads than were held when the time ran out.
     #[error(
@@ -172,6 +201,9 @@ impl Refusal {
             Refusal::Traced { .. }
                 | Refusal::InVfork { .. }
                 | Refusal::NotStopping { .. }
+                | Refusal::FrozenAlready { .. }
+                | Refusal::NotFreezing { .. }
+                | Refusal::GroupGrowing { .. }
                 | Refusal::ThreadsUncounted { .. }
                 | Refusal::SignalStorm { .. }
                 | Refusal::Straggler { .. }
