@@ -86,13 +86,24 @@ pub struct Saved {
     pub stats: pagewise::snap::SaveStats,
 }
 
-/// `snapshot restore --json`.
+/// `snapshot restore --json`: one process's restore (`--pid`), or a
+/// group's (`--container`, `--cgroup`).
 #[derive(serde::Serialize, schemars::JsonSchema)]
-pub struct RestoreOutput {
-    /// The snapshot put back.
-    pub restored: RestoredFromStore,
+#[serde(untagged)]
+pub enum RestoreOutput<'a> {
+    /// `--pid`.
+    One {
+        /// The snapshot put back.
+        restored: Box<RestoredFromStore>,
+    },
+    /// `--container`, `--cgroup`: what was put back into each process of
+    /// the group, in pid order.
+    Group {
+        /// Each process.
+        restored: &'a [pagewise::snap::process::group::MemberRestore],
+    },
 }
-impl crate::json::Printed for RestoreOutput {}
+impl crate::json::Printed for RestoreOutput<'_> {}
 
 /// A snapshot of a store put back into a process.
 #[derive(serde::Serialize, schemars::JsonSchema)]
@@ -340,8 +351,14 @@ pub struct RestoreArgs {
     /// The snapshot of the store to put back (default: its last).
     id: Option<u64>,
     /// The process to put it back into: the one it was taken of.
-    #[arg(long)]
-    pid: i32,
+    #[arg(long, required_unless_present_any = ["containers", "cgroups"])]
+    pid: Option<i32>,
+    /// Instead of --pid: every process of a container or cgroup, each put
+    /// back from its own snapshot in the store (the last of its pid at or
+    /// before the id given), all held stopped at one instant, with the
+    /// memory they share: a group taken by `snapshot --container`.
+    #[command(flatten)]
+    groups: crate::groups::Groups,
     /// Put back memory (and the layout where calls can be made inside the
     /// process) only, not the threads' registers: for a snapshot without
     /// them (store format 2), a process whose threads changed since, or one
@@ -387,27 +404,32 @@ pub fn restore(a: RestoreArgs) -> Result<i32> {
             crate::exit::Usage(format!("{}: the store holds no snapshot", a.dir.display()))
         })?,
     };
-    let mut h = ProcessSnapshots::open(a.pid)?;
+    let pid = match (a.pid, a.groups.given()) {
+        (Some(pid), false) => pid,
+        (None, true) => return restore_group(&a, &disk, id),
+        _ => crate::usage!("give --pid, or --container/--cgroup, not both"),
+    };
+    let mut h = ProcessSnapshots::open(pid)?;
     if let (Some(note), false) = (h.note(), a.json) {
         eprintln!("pagewise: {note}");
     }
     let sid = h.load(&disk, id, a.another_process)?;
     let r = h.restore(sid, a.fds.options(a.memory_only))?;
     if a.json {
-        let v = RestoreOutput {
-            restored: RestoredFromStore {
+        let v = RestoreOutput::One {
+            restored: Box::new(RestoredFromStore {
                 store: a.dir.clone(),
                 id,
-                pid: a.pid,
+                pid,
                 report: r,
-            },
+            }),
         };
         println!("{}", crate::json::line(&v)?);
     } else {
         println!(
             "restored snapshot {id} of {} into process {}: {} pages written, {} layout calls, registers of {} thread(s), {:.2} ms",
             a.dir.display(),
-            a.pid,
+            pid,
             r.stats.pages_written,
             r.layout_calls,
             r.threads,
@@ -423,6 +445,53 @@ pub fn restore(a: RestoreArgs) -> Result<i32> {
             println!("{line}");
         }
     }
+    Ok(0)
+}
+
+/// `snapshot restore --container/--cgroup`: each process of the group
+/// put back from the last snapshot of its pid at or before `id`.
+fn restore_group(a: &RestoreArgs, disk: &pagewise::snap::DiskStore, id: u64) -> Result<i32> {
+    let mut pids = Vec::new();
+    a.groups.add_to(&mut pids)?;
+    let list = disk.list()?;
+    let mut members = Vec::new();
+    for &pid in &pids {
+        let Some(s) = list.iter().rev().find(|s| s.id <= id && s.pid == Some(pid)) else {
+            crate::usage!(
+                "{}: no snapshot of process {pid} at or before {id} (it joined the group since?)",
+                a.dir.display()
+            );
+        };
+        members.push((pid, s.id));
+    }
+    let done = pagewise::snap::process::group::restore_group(
+        disk,
+        &members,
+        a.fds.options(a.memory_only),
+    )?;
+    if a.json {
+        println!(
+            "{}",
+            crate::json::line(&RestoreOutput::Group { restored: &done })?
+        );
+        return Ok(0);
+    }
+    for m in &done {
+        println!(
+            "restored snapshot {} into process {}: {} pages written ({} shared), {} layout calls, registers of {} thread(s)",
+            m.id,
+            m.pid,
+            m.report.stats.pages_written,
+            m.shared_pages,
+            m.report.layout_calls,
+            m.report.threads
+        );
+    }
+    println!(
+        "{} processes put back at one instant from {}",
+        done.len(),
+        a.dir.display()
+    );
     Ok(0)
 }
 

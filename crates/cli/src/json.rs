@@ -28,7 +28,10 @@ pub fn schemas() -> Vec<(&'static str, serde_json::Value)> {
             schema_for!(cmd_snapshot::InspectOutput<'static>),
         ),
         ("snapshot-diff", schema_for!(cmd_snapshot::DiffOutput)),
-        ("snapshot-restore", schema_for!(cmd_rollback::RestoreOutput)),
+        (
+            "snapshot-restore",
+            schema_for!(cmd_rollback::RestoreOutput<'static>),
+        ),
         ("snapshot-extract", schema_for!(cmd_rollback::ExtractOutput)),
         ("snapshot-serve", schema_for!(cmd_rollback::ServeLine)),
         ("receive", schema_for!(cmd_receive::Line<'static>)),

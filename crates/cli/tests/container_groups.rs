@@ -89,14 +89,15 @@ fn check_group(disk: &DiskStore, ids: &[u64], shared: u64, mine: u64) -> Result<
 
 /// `count` snapshots, every 20 ms, of the group of `group_counter`
 /// processes `selector` names (five), each checked; whether the cgroup was
-/// frozen to take them is `frozen`. The pids of the group.
+/// frozen to take them is `frozen`. The pids of the group, the last
+/// group's total and the store.
 fn group_snapshots_agree(
     selector: &[&str],
     frozen: bool,
     count: usize,
     shared: u64,
     mine: u64,
-) -> Vec<i32> {
+) -> (Vec<i32>, u64, PathBuf) {
     let store = temp_dir(&format!(
         "group-store-{}",
         selector[0].trim_start_matches('-')
@@ -152,8 +153,7 @@ fn group_snapshots_agree(
         totals[0],
         totals[count - 1]
     );
-    let _ = std::fs::remove_dir_all(&store);
-    pids
+    (pids, totals[count - 1], store)
 }
 
 /// 100 snapshots of a container of five processes (four counting, one
@@ -178,7 +178,8 @@ fn a_containers_snapshots_agree_across_its_processes() {
         &[],
     );
     let (shared, mine) = addresses(&c.ready);
-    let pids = group_snapshots_agree(&["--container", &c.name], true, 100, shared, mine);
+    let (pids, last, store) =
+        group_snapshots_agree(&["--container", &c.name], true, 100, shared, mine);
     // One process at a time: the shared page moves on between them.
     let apart = temp_dir("container-apart-store");
     let mut disagreed = 0;
@@ -201,9 +202,41 @@ fn a_containers_snapshots_agree_across_its_processes() {
         "snapshots taken one process at a time agreed 5 times of 5: the check cannot tell"
     );
     println!("ok   taken one process at a time, {disagreed} of 5 groups disagree");
-    let said = c.p.ask("check");
-    assert!(said.starts_with("ok total="), "{said}");
+    let total = |said: String| -> u64 {
+        said.strip_prefix("ok total=")
+            .unwrap_or_else(|| panic!("the program's check: {said}"))
+            .parse()
+            .unwrap()
+    };
+    // A second of counting, then the whole container put back to its last
+    // snapshot: its counts go back, and agree (the shared page with them).
+    std::thread::sleep(Duration::from_secs(1));
+    let before = total(c.p.ask("check"));
+    let out = ok(Command::new(BIN)
+        .args(["snapshot", "restore"])
+        .arg(&store)
+        .args(["--container", &c.name, "--json"]));
+    let done = &json_lines(&out.stdout)[0]["restored"];
+    assert_eq!(done.as_array().unwrap().len(), 5, "{done}");
+    for m in done.as_array().unwrap() {
+        assert!(m["shared_pages"].as_u64().unwrap() >= 1, "{m}");
+        assert!(m["report"]["threads"].as_u64().unwrap() >= 1, "{m}");
+    }
+    let after = total(c.p.ask("check"));
+    assert!(
+        (last..before).contains(&after),
+        "put back to a total of {last}: the program counts {after} (it had counted {before})"
+    );
+    println!("ok   the container put back: its total {before} -> {after} (snapshot: {last}), the program's check passes");
+    for &pid in &pids {
+        assert_eq!(
+            pagewise_testkit::userfaultfds(pid),
+            0,
+            "pid {pid} holds a userfaultfd"
+        );
+    }
     let _ = std::fs::remove_dir_all(&apart);
+    let _ = std::fs::remove_dir_all(&store);
 }
 
 /// The same program on the host, in a memory cgroup of its own whose
@@ -231,7 +264,8 @@ fn a_cgroup_without_a_freezer_of_its_own_is_held_process_by_process() {
     let ready = p.ask("go");
     let dir = group.dir().to_str().unwrap().to_string();
     let (shared, mine) = addresses(&ready);
-    group_snapshots_agree(&["--cgroup", &dir], false, 20, shared, mine);
+    let (_, _, store) = group_snapshots_agree(&["--cgroup", &dir], false, 20, shared, mine);
+    let _ = std::fs::remove_dir_all(&store);
     let said = p.ask("check");
     assert!(said.starts_with("ok total="), "{said}");
 }

@@ -45,6 +45,7 @@
 //! stays stopped, nothing stays registered after the handle is dropped.
 
 pub mod fds;
+pub mod group;
 mod memory;
 mod store;
 
@@ -256,13 +257,20 @@ impl ProcessSnapshots {
     /// running the same program.
     fn stop(&self) -> Result<Stopped> {
         let s = Stopped::new(self.pid)?;
+        self.same_process()?;
+        Ok(s)
+    }
+
+    /// Refuses a process that is not the one opened (its pid reused, or
+    /// its program replaced).
+    fn same_process(&self) -> Result<()> {
         if procfs::start_time(self.pid) != self.start_time {
             return Err(MechError::ProcessExited(self.pid).into());
         }
         if self.identity.is_some() && procfs::exec_identity(self.pid) != self.identity {
             return Err(MechError::ProgramReplaced(self.pid).into());
         }
-        Ok(s)
+        Ok(())
     }
 
     /// Takes a snapshot of the process's memory, layout and threads.
@@ -331,11 +339,28 @@ impl ProcessSnapshots {
 
     /// Puts snapshot `id` back into the process (see the module).
     pub fn restore(&mut self, id: SnapId, opts: RestoreOptions) -> Result<RestoreReport> {
-        let r = self.restore_stopped(id, opts);
+        let r = self.restore_stopped(id, opts, None);
         self.gone_or(r)
     }
 
-    fn restore_stopped(&mut self, id: SnapId, opts: RestoreOptions) -> Result<RestoreReport> {
+    /// As [`restore`](Self::restore), the process being held stopped by
+    /// the caller (`held`, with others: [`group::restore_group`]).
+    pub(crate) fn restore_held(
+        &mut self,
+        id: SnapId,
+        opts: RestoreOptions,
+        held: &Stopped,
+    ) -> Result<RestoreReport> {
+        let r = self.restore_stopped(id, opts, Some(held));
+        self.gone_or(r)
+    }
+
+    fn restore_stopped(
+        &mut self,
+        id: SnapId,
+        opts: RestoreOptions,
+        held: Option<&Stopped>,
+    ) -> Result<RestoreReport> {
         let t0 = Instant::now();
         self.snap(id)?;
         if let (Some(why), false) = (&self.no_inside, opts.memory_only) {
@@ -346,7 +371,16 @@ impl ProcessSnapshots {
             .into());
         }
         let mut lap = t0;
-        let stopped = self.stop()?;
+        let own = match held {
+            Some(_) => {
+                self.same_process()?;
+                None
+            }
+            None => Some(self.stop()?),
+        };
+        let Some(stopped) = held.or(own.as_ref()) else {
+            return Err(MechError::ProcessExited(self.pid).into());
+        };
         let mut report = RestoreReport::default();
         report.phases.stop_us = us_since(&mut lap);
         let pid = self.pid;
@@ -384,18 +418,18 @@ impl ProcessSnapshots {
             self.no_inside.is_none(),
         )?;
         let remote = match self.no_inside {
-            None => Some(Remote::new(&stopped)?),
+            None => Some(Remote::new(stopped)?),
             Some(_) => None,
         };
         // The layout first: the break, then every mapping.
-        let (calls, fresh) = put_layout(pid, id, snap, &stopped, remote.as_ref(), opts)?;
+        let (calls, fresh) = put_layout(pid, id, snap, stopped, remote.as_ref(), opts)?;
         report.layout_calls = calls;
         report.phases.layout_us = us_since(&mut lap);
         // Then the threads, whose alternate stacks are set through a page
         // the memory restore below writes anyway.
         let scratch = snap.data.first().map(|(r, _)| r.start);
         if let (Some(remote), false, Some(scratch)) = (&remote, opts.memory_only, scratch) {
-            threads::put_back(&stopped, remote, &snap.threads, scratch)?;
+            threads::put_back(stopped, remote, &snap.threads, scratch)?;
             report.threads = snap.threads.len() as u64;
         }
         report.fds = fds::apply(remote.as_ref(), pid, fd_plan)?;
@@ -404,7 +438,7 @@ impl ProcessSnapshots {
         // run on stays theirs: the mapping each stack pointer is in and the
         // one its thread-control block (fs base) is in are left alone.
         let own = match opts.memory_only {
-            true => thread_areas(&stopped)?,
+            true => thread_areas(stopped)?,
             false => Vec::new(),
         };
         let theirs = |r: &Region| own.iter().any(|&(a, b)| a < r.end() && b > r.start);
@@ -432,7 +466,7 @@ impl ProcessSnapshots {
         report.phases.walk_us = (walk_ns as f64 / 100.0).round() / 10.0;
         report.phases.copy_us =
             ((us_since(&mut lap) - report.phases.walk_us) * 10.0).round() / 10.0;
-        drop(stopped);
+        drop(own);
         report.stats.elapsed_ns = t0.elapsed().as_nanos() as u64;
         report.phases.resume_us = us_since(&mut lap);
         Ok(report)
