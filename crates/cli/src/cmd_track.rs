@@ -3,6 +3,7 @@
 use crate::stop::Stop;
 use anyhow::{bail, Context, Result};
 use pagewise::agent::child;
+use pagewise::process::container::Member;
 use pagewise::track::{protocol, BackendKind, Collection, DirtyTracker};
 use pagewise::track::{start_tracked, Tracked};
 use pagewise::PAGE_SIZE;
@@ -19,6 +20,11 @@ pub struct Args {
     /// Process to watch from outside (uffd-wp, soft-dirty or hash).
     #[arg(long, conflicts_with = "cmd")]
     pid: Option<i32>,
+    /// Instead of --pid: every process of a container or cgroup, each
+    /// tracked from outside, followed as processes come and go (a line per
+    /// process and collection; JSON lines carry ns_pid and container).
+    #[command(flatten)]
+    groups: crate::groups::Groups,
     /// Milliseconds between collections.
     #[arg(long = "interval-ms", alias = "interval", value_name = "MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
     interval: u64,
@@ -192,6 +198,12 @@ fn watch(a: &Args) -> Result<Watched> {
 
 pub fn run(a: Args) -> Result<i32> {
     let stop = Stop::take()?;
+    if a.groups.given() {
+        if a.pid.is_some() || !a.cmd.is_empty() {
+            crate::usage!("--container and --cgroup take the place of --pid and of a command");
+        }
+        return run_group(&a, &stop);
+    }
     let (mut child, mut source, pid) = match watch(&a)? {
         Watched::Tracking(child, source, pid) => (child, source, pid),
         Watched::Over(code) => return Ok(code),
@@ -224,7 +236,7 @@ pub fn run(a: Args) -> Result<i32> {
          -> Result<i32> {
             if let Some(c) = source.last() {
                 *n += 1;
-                print(&a, pid, backend, t0, &c, source.regions(), regions)?;
+                print(&a, (pid, None), backend, t0, &c, source.regions(), regions)?;
             }
             let n = *n;
             if !a.json {
@@ -283,7 +295,15 @@ pub fn run(a: Args) -> Result<i32> {
             }
         };
         n += 1;
-        print(&a, pid, backend, t0, &c, source.regions(), &mut regions)?;
+        print(
+            &a,
+            (pid, None),
+            backend,
+            t0,
+            &c,
+            source.regions(),
+            &mut regions,
+        )?;
     }
     if let Some(code) = stop.status() {
         // SIGINT/SIGTERM: the command ended as the convention says.
@@ -333,6 +353,14 @@ pub struct Line {
     /// first line and whenever they change.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub regions: Option<Vec<[u64; 2]>>,
+    /// With --container or --cgroup: the process's pid inside its pid
+    /// namespace.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ns_pid: Option<i32>,
+    /// With --container or --cgroup: the container it runs in, where its
+    /// cgroup path names one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub container: Option<pagewise::process::container::ContainerRef>,
 }
 impl crate::json::Printed for Line {}
 
@@ -340,7 +368,7 @@ impl crate::json::Printed for Line {}
 /// tracked, written in JSON when they differ from `regions`.
 fn print(
     a: &Args,
-    pid: i32,
+    (pid, member): (i32, Option<&Member>),
     backend: BackendKind,
     t0: Instant,
     c: &Collection,
@@ -372,9 +400,18 @@ fn print(
             collect_ns: c.stats.elapsed_ns,
             pages_scanned: c.stats.pages_scanned,
             regions: changed,
+            ns_pid: member.and_then(|m| m.ns_pid),
+            container: member.and_then(|m| m.container.clone()),
         };
         writeln!(out, "{}", crate::json::line(&v)?)?;
     } else {
+        if let Some(m) = member {
+            let inside = match m.ns_pid {
+                Some(n) if n != pid => format!(" ({n} inside)"),
+                _ => String::new(),
+            };
+            write!(out, "pid {pid}{inside}: ")?;
+        }
         writeln!(
             out,
             "{t_ms:>8} ms  {:>9} pages dirty ({:>8.1} MiB)  {:>7} ranges  {:>8.1} MiB/s  collect {:.2} ms of {} pages",
@@ -388,4 +425,126 @@ fn print(
     }
     out.flush()?;
     Ok(())
+}
+
+/// One process of a group being tracked: its source, what the kernel says
+/// of it, and the mappings last printed.
+struct Watching {
+    source: Source,
+    member: Member,
+    regions: Vec<[u64; 2]>,
+}
+
+/// Starts tracking `pid` of a group (said, unless --json); `None`, said,
+/// where it cannot be (it ended meanwhile, or refuses).
+fn watch_member(a: &Args, member: Member) -> Option<Watching> {
+    let pid = member.pid;
+    match DirtyTracker::for_process(pid, a.backend) {
+        Ok(t) => {
+            if let Some(n) = t.note() {
+                eprintln!("pagewise: pid {pid}: {n}");
+            }
+            Some(Watching {
+                source: Source::Outside(t, pid),
+                member,
+                regions: Vec::new(),
+            })
+        }
+        Err(e) => {
+            eprintln!("pagewise: pid {pid} is not tracked: {e}");
+            None
+        }
+    }
+}
+
+/// `track --container/--cgroup`: every process of the group tracked from
+/// outside, new ones from the collection after they appear, ended ones
+/// dropped (said); ends with the group, --count, or a signal.
+fn run_group(a: &Args, stop: &Stop) -> Result<i32> {
+    let mut known = Vec::new();
+    a.groups.add_to(&mut known)?;
+    let mut watched: Vec<Watching> = a
+        .groups
+        .members_now()
+        .into_iter()
+        .filter(|m| known.contains(&m.pid))
+        .filter_map(|m| watch_member(a, m))
+        .collect();
+    if watched.is_empty() {
+        bail!("no process of the group could be tracked");
+    }
+    if !a.json {
+        eprintln!(
+            "pagewise: tracking {} processes every {} ms",
+            watched.len(),
+            a.interval
+        );
+    }
+    let t0 = Instant::now();
+    let mut n = 0u64;
+    let mut next = Instant::now();
+    while a.count.is_none_or(|c| n < c) {
+        next += Duration::from_millis(a.interval);
+        if stop.sleep(next.saturating_duration_since(Instant::now())) {
+            break;
+        }
+        let new = a.groups.newcomers(&mut known, true);
+        if !new.is_empty() {
+            let now = a.groups.members_now();
+            for m in now.into_iter().filter(|m| new.contains(&m.pid)) {
+                watched.extend(watch_member(a, m));
+            }
+        }
+        let mut gone = Vec::new();
+        for (i, w) in watched.iter_mut().enumerate() {
+            let pid = w.member.pid;
+            match w.source.collect() {
+                Ok(c) => {
+                    let now = w.source.regions();
+                    let backend = w.source.backend();
+                    print(
+                        a,
+                        (pid, Some(&w.member)),
+                        backend,
+                        t0,
+                        &c,
+                        now,
+                        &mut w.regions,
+                    )?;
+                }
+                Err(e) => {
+                    if !pagewise::process::is_alive(pid)
+                        || e.errno() == libc::ESRCH
+                        || matches!(
+                            e,
+                            pagewise::track::Error::Mech(pagewise::MechError::ProcessExited(_))
+                        )
+                    {
+                        eprintln!("pagewise: pid {pid} ended; no longer tracked");
+                    } else {
+                        eprintln!("pagewise: pid {pid} is no longer tracked: {e}");
+                    }
+                    gone.push(i);
+                }
+            }
+        }
+        for i in gone.into_iter().rev() {
+            watched.remove(i);
+        }
+        n += 1;
+        if watched.is_empty() {
+            eprintln!("pagewise: every process of the group ended, after {n} collections");
+            return Ok(0);
+        }
+    }
+    if let Some(code) = stop.status() {
+        if !a.json {
+            eprintln!(
+                "pagewise: stopped by signal {} after {n} collections",
+                code - 128
+            );
+        }
+        return Ok(code);
+    }
+    Ok(0)
 }

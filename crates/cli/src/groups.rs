@@ -62,6 +62,20 @@ impl Groups {
         Ok(out)
     }
 
+    /// The processes selected now, each once, in order (nothing said); the
+    /// selectors must have been resolved ([`Groups::add_to`]).
+    pub fn members_now(&self) -> Vec<Member> {
+        let mut out: Vec<Member> = Vec::new();
+        for (_, sel) in self.resolved.get().map(Vec::as_slice).unwrap_or_default() {
+            for m in container::members(sel).unwrap_or_default() {
+                if !out.iter().any(|o| o.pid == m.pid) {
+                    out.push(m);
+                }
+            }
+        }
+        out
+    }
+
     /// The processes selected now that `known` does not hold, each added
     /// to it and, with `say`, said on stderr (for following a container's
     /// processes as they come); a selector that fails now (a container

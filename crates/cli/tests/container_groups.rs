@@ -156,6 +156,54 @@ fn group_snapshots_agree(
     (pids, totals[count - 1], store)
 }
 
+/// `track --container`: a line per process and collection, each naming
+/// the process's pid inside and its container; every counting process
+/// wrote exactly its own page in every interval (the shared page is not
+/// private memory, which is what is tracked).
+fn track_the_group(name: &str, mine: u64) {
+    let out = ok(Command::new(BIN).args([
+        "track",
+        "--container",
+        name,
+        "--json",
+        "--interval-ms",
+        "200",
+        "--count",
+        "3",
+    ]));
+    let lines = json_lines(&out.stdout);
+    assert_eq!(
+        lines.len(),
+        15,
+        "a line per process and collection: {lines:?}"
+    );
+    let mut counting = std::collections::BTreeSet::new();
+    for l in &lines {
+        assert_eq!(l["backend"], "uffd-wp", "{l}");
+        assert_eq!(l["container"]["runtime"], "podman", "{l}");
+        let ns = l["ns_pid"].as_i64().unwrap();
+        if ns == 1 {
+            continue;
+        }
+        let mut pages: Vec<u64> = Vec::new();
+        for r in l["ranges"].as_array().unwrap() {
+            for i in 0..r[1].as_u64().unwrap() {
+                pages.push(r[0].as_u64().unwrap() + i * PAGE);
+            }
+        }
+        pages.sort();
+        // The shared page is not private memory: not tracked.
+        assert_eq!(pages, [mine], "process {ns} inside wrote: {l}");
+        counting.insert(l["pid"].as_i64().unwrap());
+    }
+    assert_eq!(
+        counting.len(),
+        4,
+        "the counting processes tracked: {counting:?}"
+    );
+    println!("ok   track --container: 5 processes, each counting one wrote exactly its own page");
+}
+
 /// 100 snapshots of a container of five processes (four counting, one
 /// reading commands) taken with `--container`, every 20 ms: in each, the
 /// page the processes share is the same in every process's snapshot and
@@ -178,6 +226,7 @@ fn a_containers_snapshots_agree_across_its_processes() {
         &[],
     );
     let (shared, mine) = addresses(&c.ready);
+    track_the_group(&c.name, mine);
     let (pids, last, store) =
         group_snapshots_agree(&["--container", &c.name], true, 100, shared, mine);
     // One process at a time: the shared page moves on between them.

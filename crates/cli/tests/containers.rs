@@ -466,6 +466,52 @@ fn an_agent_follows_a_containers_new_processes() {
     );
 }
 
+/// `track --container` follows the container's processes as they come:
+/// one started a second after tracking began has lines of its own, named
+/// by its pid inside, from the collection after it appeared.
+#[test]
+fn track_follows_a_containers_new_processes() {
+    need_support!();
+    let Some((name, _gone, mut p)) = shell(
+        "track-follow",
+        "echo ready; sleep 1; sleep 30 & echo started; wait",
+    ) else {
+        return;
+    };
+    let out = Command::new(BIN)
+        .args(["track", "--container", &name, "--json"])
+        .args(["--interval-ms", "300", "--count", "8"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(p.line(), "started");
+    let lines = json_lines(&out);
+    let first: Vec<i64> = lines
+        .iter()
+        .filter(|l| l["t_ms"].as_u64().unwrap() < 400)
+        .map(|l| l["pid"].as_i64().unwrap())
+        .collect();
+    let later: Vec<&serde_json::Value> = lines
+        .iter()
+        .filter(|l| !first.contains(&l["pid"].as_i64().unwrap()))
+        .collect();
+    assert!(
+        !later.is_empty(),
+        "no line of a later process: {lines:?} {err}"
+    );
+    let pid = later[0]["pid"].as_i64().unwrap();
+    assert!(later[0]["ns_pid"].as_i64().unwrap() > 1, "{}", later[0]);
+    assert!(
+        err.contains(&format!("following pid {pid} (")),
+        "the new process said: {err}"
+    );
+    println!(
+        "ok   track --container followed pid {pid} ({} lines of it)",
+        later.len()
+    );
+}
+
 /// A container named after `tag` running the shell `script`, which says
 /// `ready` first; `None` (a skip said) without podman.
 fn shell(tag: &str, script: &str) -> Option<(String, Removed, pagewise_testkit::Piped)> {
