@@ -416,6 +416,7 @@ fn an_agent_follows_a_containers_new_processes() {
     ) else {
         return;
     };
+    let prom = temp_dir("follow-metrics");
     let out = Command::new(BIN)
         .args([
             "thp",
@@ -426,7 +427,8 @@ fn an_agent_follows_a_containers_new_processes() {
             "--steps",
             "16",
         ])
-        .args(["--interval-ms", "400", "--window-ms", "100"])
+        .args(["--interval-ms", "400", "--window-ms", "100", "--metrics"])
+        .arg(&prom)
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
@@ -464,6 +466,31 @@ fn an_agent_follows_a_containers_new_processes() {
         watched_later,
         "the new process is in a later step: {lines:?}"
     );
+    // Each process named by its pid inside and its container, in the
+    // steps and in the metrics' labels.
+    let id = String::from_utf8_lossy(
+        &ok(Command::new("podman").args(["inspect", "--format", "{{.Id}}", &name])).stdout,
+    )
+    .trim()
+    .to_string();
+    for l in &lines {
+        for p in l["processes"].as_array().unwrap() {
+            assert_eq!(p["container"]["id"], id.as_str(), "{p}");
+            assert_eq!(p["container"]["runtime"], "podman", "{p}");
+        }
+    }
+    let text = std::fs::read_to_string(&prom).unwrap();
+    let inside = pagewise::process::container::ns_pid(later).unwrap();
+    let series = format!(
+        "pagewise_thp_promoted{{pid=\"{later}\",ns_pid=\"{inside}\",container=\"{}\",runtime=\"podman\"}}",
+        &id[..12]
+    );
+    assert!(text.contains(&series), "{series} in {text}");
+    assert!(
+        text.contains("# TYPE pagewise_thp_promoted gauge"),
+        "{text}"
+    );
+    let _ = std::fs::remove_file(&prom);
 }
 
 /// `track --container` follows the container's processes as they come:

@@ -584,7 +584,8 @@ impl agent::Agent for Agent {
             let merged = t.state.regions.values().filter(|r| r.mergeable).count();
             m.push(Metric::of_process(
                 "mergeable_regions",
-                t.pid,
+                "Regions of the process advised mergeable.",
+                t,
                 merged as f64,
             ));
         }

@@ -66,8 +66,9 @@ pub struct Metric {
     pub help: &'static str,
     /// Its value.
     pub value: f64,
-    /// The process it is of, for one line per process (no help line).
-    pub pid: Option<i32>,
+    /// The process it is of, for one line per process: its labels (`pid`,
+    /// and in a container `ns_pid`, `container`, `runtime` and `pod`).
+    pub process: Option<Vec<(&'static str, String)>>,
 }
 
 impl Metric {
@@ -78,7 +79,7 @@ impl Metric {
             kind: "counter",
             help,
             value,
-            pid: None,
+            process: None,
         }
     }
 
@@ -90,26 +91,64 @@ impl Metric {
         }
     }
 
-    /// A value of one process (a `pid` label).
-    pub fn of_process(name: &'static str, pid: i32, value: f64) -> Metric {
+    /// A gauge of one watched process, labelled with what the kernel
+    /// says of it: its pid, and in a container its pid inside, the
+    /// container's short id, its runtime and its pod.
+    pub fn of_process<T>(
+        name: &'static str,
+        help: &'static str,
+        t: &Watched<T>,
+        value: f64,
+    ) -> Metric {
+        let mut labels = vec![("pid", t.pid.to_string())];
+        if let Some(c) = &t.container {
+            if let Some(n) = t.ns_pid {
+                labels.push(("ns_pid", n.to_string()));
+            }
+            labels.push(("container", c.short_id().to_string()));
+            labels.push(("runtime", c.runtime.to_string()));
+            if let Some(pod) = &c.pod {
+                labels.push(("pod", pod.clone()));
+            }
+        }
         Metric {
-            pid: Some(pid),
-            ..Metric::gauge(name, "", value)
+            process: Some(labels),
+            ..Metric::gauge(name, help, value)
         }
     }
 
-    /// `metrics` of agent `agent` in the Prometheus text format.
+    /// `metrics` of agent `agent` in the Prometheus text format: each
+    /// name's help and type once, before its first line.
     pub fn render(agent: &str, metrics: &[Metric]) -> String {
         let mut s = String::new();
+        let mut said: Vec<&str> = Vec::new();
         for m in metrics {
             let name = format!("pagewise_{agent}_{}", m.name);
-            match m.pid {
+            match &m.process {
                 None => prometheus_metric(&mut s, &name, m.kind, m.help, m.value),
-                Some(pid) => s += &format!("{name}{{pid=\"{pid}\"}} {}\n", m.value),
+                Some(labels) => {
+                    if !said.contains(&m.name) {
+                        said.push(m.name);
+                        s += &format!("# HELP {name} {}\n# TYPE {name} {}\n", m.help, m.kind);
+                    }
+                    let l: Vec<String> = labels
+                        .iter()
+                        .map(|(k, v)| format!("{k}=\"{}\"", label_value(v)))
+                        .collect();
+                    s += &format!("{name}{{{}}} {}\n", l.join(","), m.value);
+                }
             }
         }
         s
     }
+}
+
+/// A label's value in the Prometheus text format: `\\`, `"` and newlines
+/// escaped.
+fn label_value(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 /// A process an agent watches, and the agent's state of it.
@@ -123,6 +162,10 @@ pub struct Watched<T> {
     pub pidfd: OwnedFd,
     /// It ended (or its memory could no longer be read): not stepped again.
     pub gone: bool,
+    /// Its pid inside its pid namespace, read when it was added.
+    pub ns_pid: Option<i32>,
+    /// The container it runs in, where its cgroup path names one.
+    pub container: Option<crate::container::ContainerRef>,
     /// The agent's state of it.
     pub state: T,
 }
@@ -158,6 +201,8 @@ impl<T> Targets<T> {
             pid,
             pidfd,
             gone: false,
+            ns_pid: crate::container::ns_pid(pid),
+            container: crate::container::container_of(pid),
             state,
         });
         Ok(())
@@ -267,17 +312,33 @@ mod tests {
 
     #[test]
     fn metrics_render_as_prometheus_text() {
+        let mut t: Targets<()> = Targets::default();
+        let me = std::process::id() as i32;
+        t.add(me, |_| Ok(())).unwrap();
+        t.list[0].ns_pid = Some(7);
+        t.list[0].container = crate::container::parse_cgroup_path(
+            "/kubepods.slice/kubepods-pod1a2b_c3.slice/cri-containerd-0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef.scope",
+        );
         let m = [
             Metric::counter("steps_total", "Steps taken.", 3.0),
             Metric::gauge("watched", "Processes watched.", 1.0),
-            Metric::of_process("promoted", 42, 7.0),
+            Metric::of_process("promoted", "Huge pages promoted.", &t.all()[0], 7.0),
+            Metric::of_process("promoted", "Huge pages promoted.", &t.all()[0], 8.0),
         ];
+        let line = format!(
+            "pagewise_x_promoted{{pid=\"{me}\",ns_pid=\"7\",container=\"0123456789ab\",runtime=\"containerd\",pod=\"1a2b-c3\"}}"
+        );
         assert_eq!(
             Metric::render("x", &m),
-            "# HELP pagewise_x_steps_total Steps taken.\n# TYPE pagewise_x_steps_total counter\n\
-             pagewise_x_steps_total 3\n# HELP pagewise_x_watched Processes watched.\n\
-             # TYPE pagewise_x_watched gauge\npagewise_x_watched 1\npagewise_x_promoted{pid=\"42\"} 7\n"
+            format!(
+                "# HELP pagewise_x_steps_total Steps taken.\n# TYPE pagewise_x_steps_total counter\n\
+                 pagewise_x_steps_total 3\n# HELP pagewise_x_watched Processes watched.\n\
+                 # TYPE pagewise_x_watched gauge\npagewise_x_watched 1\n\
+                 # HELP pagewise_x_promoted Huge pages promoted.\n# TYPE pagewise_x_promoted gauge\n\
+                 {line} 7\n{line} 8\n"
+            )
         );
+        assert_eq!(label_value("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
     }
 
     #[test]

@@ -395,6 +395,12 @@ pub struct Step {
 pub struct ProcessState {
     /// Process.
     pub pid: i32,
+    /// Its pid inside its pid namespace, where that is another.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ns_pid: Option<i32>,
+    /// The container it runs in, where its cgroup path names one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub container: Option<pagewise_mech::container::ContainerRef>,
     /// Regions mapped by a huge page.
     pub huge_regions: u64,
     /// Candidates for promotion.
@@ -630,7 +636,8 @@ impl agent::Agent for Agent {
         for t in self.targets.all() {
             m.push(Metric::of_process(
                 "promoted",
-                t.pid,
+                "Huge pages promoted in the process.",
+                t,
                 t.state.promoted as f64,
             ));
         }

@@ -29,6 +29,10 @@ impl Agent {
             .zip(&lists)
             .map(|((i, _, huge), l)| ProcessState {
                 pid: self.targets[*i].pid,
+                ns_pid: self.targets[*i]
+                    .ns_pid
+                    .filter(|&n| n != self.targets[*i].pid),
+                container: self.targets[*i].container.clone(),
                 huge_regions: *huge,
                 candidates: l.len() as u64,
                 promoted: self.targets[*i].state.promoted,
