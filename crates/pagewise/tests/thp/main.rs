@@ -312,6 +312,70 @@ fn promotes_by_coverage_within_the_budget_and_loses_no_write() {
     }
 }
 
+/// A group's budget (a container's): the process of group `c1`, allowed
+/// one huge page, gets one in address order though the agent's own budget
+/// allows more, the rest said to be passed over for the group's budget;
+/// with the group's budget raised to three, the next step gives it two
+/// more, and exactly the first three regions are huge pages.
+#[test]
+fn a_groups_budget_caps_its_processes() {
+    let _one = common::one_target_at_a_time();
+    if !available() {
+        return;
+    }
+    let t = Target::start();
+    if t.huge() != [false; 4] {
+        pagewise_testkit::skip!(
+            "the target's regions were huge pages from the start (THP `always`?)"
+        );
+        return;
+    }
+    let opts = Options::default()
+        .interval(Duration::from_millis(500))
+        .window(Duration::from_millis(100))
+        .policy(Policy::AddressOrder)
+        .budget(
+            Budget::default()
+                .total(None)
+                .per_second(100.0)
+                .cpu_share(1.0),
+        )
+        .walk_ns(30.0)
+        .recovery(None);
+    let mut agent = Agent::new(&[], opts).unwrap();
+    agent.add_in_group(t.pid, "c1", 1).unwrap();
+    let step = agent.step().unwrap();
+    if step
+        .actions
+        .iter()
+        .any(|a| matches!(a, Action::Failed { .. }))
+    {
+        pagewise_testkit::claim_not_happened!(
+            "madv_collapse",
+            "the huge-page agent's collapse was refused by the kernel: {:?}",
+            step.actions
+        );
+        return;
+    }
+    assert_eq!(promoted(&step.actions).len(), 1, "{:?}", step.actions);
+    assert!(
+        step.actions
+            .iter()
+            .any(|a| matches!(a, Action::Skipped { why, .. }
+            if why == "the budget of 1 huge pages of c1 is spent")),
+        "{:?}",
+        step.actions
+    );
+    assert_eq!(agent.groups(), vec![("c1".to_string(), 1, 1)]);
+    agent.add_in_group(t.pid, "c1", 3).unwrap();
+    let step = agent.step().unwrap();
+    assert_eq!(promoted(&step.actions).len(), 2, "{:?}", step.actions);
+    assert_eq!(agent.groups(), vec![("c1".to_string(), 3, 3)]);
+    assert_eq!(t.huge(), [true, true, true, false]);
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(t.check(), 2048, "a write lost");
+}
+
 /// Bloat recovery under concurrent writers: a process whose four huge
 /// pages hold mostly zero pages, two threads writing into the pages that
 /// start zero all the while. The agent gives back the zero pages (stopping

@@ -61,6 +61,7 @@ use pagewise_mech::procfs;
 use pagewise_mech::settings::SettingGuard;
 use pagewise_mech::{Error, Region, Result, HUGE_PAGE_SIZE, PAGE_SIZE};
 use serde::Serialize;
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 /// Which regions are promoted first.
@@ -440,6 +441,18 @@ struct Process {
     coverage: std::result::Result<WriteCoverage, String>,
     /// Huge pages promoted in it.
     promoted: u64,
+    /// The group (a container, a pod) whose budget it draws on, if any.
+    group: Option<String>,
+}
+
+/// A group of processes with a budget of its own (see
+/// [`Agent::add_in_group`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Group {
+    /// Huge pages its processes may be given in all.
+    budget: u64,
+    /// Huge pages its processes were given.
+    promoted: u64,
 }
 
 /// The agent: the processes it watches and what it has done.
@@ -458,6 +471,8 @@ pub struct Agent {
     /// Coverage by idle page tracking (where the kernel has it), not from
     /// inside the processes.
     idle_pages: bool,
+    /// Groups with a budget of their own, by name.
+    groups: BTreeMap<String, Group>,
 }
 
 impl Agent {
@@ -488,6 +503,7 @@ impl Agent {
             khugepaged: None,
             last_tight: None,
             idle_pages: pagewise_mech::access::idle_page_unavailable().is_none(),
+            groups: BTreeMap::new(),
         };
         for &pid in pids {
             agent::Agent::add(&mut a, pid)?;
@@ -498,6 +514,33 @@ impl Agent {
     /// The counters so far.
     pub fn counters(&self) -> Counters {
         self.counters
+    }
+
+    /// Watches `pid` (unless it is already) as one of group `group` (a
+    /// container, a pod), whose processes may be given `budget` huge pages
+    /// in all, besides the agent's own budget (the group's budget is set
+    /// anew each time).
+    pub fn add_in_group(&mut self, pid: i32, group: &str, budget: u64) -> Result<()> {
+        if !self.targets.live().any(|t| t.pid == pid) {
+            agent::Agent::add(self, pid)?;
+        }
+        let g = self.groups.entry(group.to_string()).or_insert(Group {
+            budget,
+            promoted: 0,
+        });
+        g.budget = budget;
+        if let Some(t) = self.targets.live_mut().find(|t| t.pid == pid) {
+            t.state.group = Some(group.to_string());
+        }
+        Ok(())
+    }
+
+    /// Each group's huge pages given and budget, by name.
+    pub fn groups(&self) -> Vec<(String, u64, u64)> {
+        self.groups
+            .iter()
+            .map(|(k, g)| (k.clone(), g.promoted, g.budget))
+            .collect()
     }
 
     /// The options.
@@ -580,6 +623,7 @@ impl agent::Agent for Agent {
                 coverage: coverage
                     .and_then(|()| WriteCoverage::new(pid).map_err(|e| e.to_string())),
                 promoted: 0,
+                group: None,
             })
         })
     }

@@ -242,6 +242,17 @@ impl Agent {
             let Some(t) = self.targets.all_mut().iter_mut().find(|t| t.pid == c.pid) else {
                 continue;
             };
+            let group = t.state.group.clone();
+            if let Some((name, g)) = group
+                .as_ref()
+                .and_then(|n| self.groups.get(n).map(|g| (n, *g)))
+                .filter(|(_, g)| g.promoted >= g.budget)
+            {
+                let why = format!("the budget of {} huge pages of {name} is spent", g.budget);
+                skipped.entry(c.pid).or_insert((0, why)).0 += 1;
+                self.counters.skipped_budget += 1;
+                continue;
+            }
             let tc = Instant::now();
             let r = t.collapse(c.start, HUGE_PAGE_SIZE);
             let ms = tc.elapsed().as_secs_f64() * 1e3;
@@ -252,6 +263,9 @@ impl Agent {
                     self.allowance -= 1.0;
                     self.counters.promoted += 1;
                     t.state.promoted += 1;
+                    if let Some(g) = group.as_ref().and_then(|n| self.groups.get_mut(n)) {
+                        g.promoted += 1;
+                    }
                     if let Some(p) = processes.iter_mut().find(|p| p.pid == c.pid) {
                         p.promoted = t.state.promoted;
                     }
