@@ -164,7 +164,15 @@ impl agent::Interrupt for crate::stop::Stop {
 /// Says, on standard error, which system settings were put back as the
 /// command ends (nothing where none was changed).
 pub fn say_put_back() {
-    let back = pagewise::agent::settings::take_put_back();
+    let mut back = pagewise::agent::settings::take_put_back();
+    // A setting lent for each call made inside a process (and given back
+    // at once) is said once.
+    let mut seen = Vec::new();
+    back.retain(|b| {
+        let first = !seen.contains(b);
+        seen.push(b.clone());
+        first
+    });
     if !back.is_empty() {
         eprintln!("pagewise: settings put back: {}", back.join(", "));
     }

@@ -174,7 +174,7 @@ fn prezero(p: PrezeroArgs) -> Result<i32> {
     Ok(code)
 }
 
-fn policy_of(s: &str) -> Result<Policy> {
+pub(crate) fn policy_of(s: &str) -> Result<Policy> {
     Ok(match s {
         "coverage" => Policy::Coverage,
         "address" => Policy::AddressOrder,

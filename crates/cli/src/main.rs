@@ -1,6 +1,7 @@
 //! `pagewise`: the command-line face of the pagewise library.
 
 mod agent_loop;
+mod cmd_agent;
 mod cmd_bench;
 mod cmd_dedup;
 mod cmd_demo;
@@ -19,6 +20,7 @@ mod exit;
 mod groups;
 mod heatmap;
 mod json;
+mod node;
 mod progress;
 mod stop;
 
@@ -99,6 +101,14 @@ enum Cmd {
     /// duplicate-rich regions mergeable for KSM, keeps hot ones huge, and
     /// rebuilds split regions that turn hot.
     Dedup(cmd_dedup::Args),
+    /// The node agent: huge pages and dedup for the containers a
+    /// configuration selects, as one long-running service.
+    ///
+    /// `pagewise agent --config FILE` follows the selected containers'
+    /// processes as they come, applies both agents with a budget of huge
+    /// pages per container, serves /metrics and /healthz from start-up, and
+    /// puts back what it changed on SIGTERM.
+    Agent(cmd_agent::Args),
     /// Turn what the tools recorded into one HTML page of plots (no network
     /// needed), or a Chrome/Perfetto trace of far-memory runs.
     ///
@@ -147,6 +157,7 @@ fn main() {
         Cmd::Inspect(a) => cmd_inspect::run(a),
         Cmd::Thp(a) => cmd_thp::run(a),
         Cmd::Dedup(a) => cmd_dedup::run(a),
+        Cmd::Agent(a) => cmd_agent::run(a),
         Cmd::Bench { args } => cmd_bench::run(args, cli.quiet),
         Cmd::Demo(a) => cmd_demo::demo(a),
         Cmd::Report(a) => cmd_report::run(a),

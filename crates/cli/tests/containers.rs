@@ -542,14 +542,5 @@ fn track_follows_a_containers_new_processes() {
 /// A container named after `tag` running the shell `script`, which says
 /// `ready` first; `None` (a skip said) without podman.
 fn shell(tag: &str, script: &str) -> Option<(String, Removed, pagewise_testkit::Piped)> {
-    if let Some(why) = podman_missing() {
-        pagewise_testkit::skip!("{why}");
-        return None;
-    }
-    let name = format!("pagewise-test-{}-{tag}", std::process::id());
-    let gone = Removed(name.clone());
-    let mut run = podman_run(tmp(), &name, tmp(), &[], "/bin/sh", &["-c", script]);
-    let mut p = pagewise_testkit::Piped::start(&mut run);
-    assert_eq!(p.line(), "ready");
-    Some((name, gone, p))
+    pagewise_testkit::container::shell(tmp(), tag, script)
 }

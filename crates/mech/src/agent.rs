@@ -17,7 +17,7 @@
 //! system setting the agent changed.
 
 mod drive;
-pub use drive::{drive, Cadence, Deadline, Ended, Interrupt, Uninterrupted};
+pub use drive::{drive, serve_metrics, Cadence, Deadline, Ended, Interrupt, Uninterrupted};
 
 use crate::walk::HugeRegion;
 use crate::{procfs, walk};
@@ -100,47 +100,91 @@ impl Metric {
         t: &Watched<T>,
         value: f64,
     ) -> Metric {
-        let mut labels = vec![("pid", t.pid.to_string())];
-        if let Some(c) = &t.container {
-            if let Some(n) = t.ns_pid {
-                labels.push(("ns_pid", n.to_string()));
-            }
-            labels.push(("container", c.short_id().to_string()));
-            labels.push(("runtime", c.runtime.to_string()));
-            if let Some(pod) = &c.pod {
-                labels.push(("pod", pod.clone()));
-            }
-        }
+        Metric::labelled(
+            name,
+            help,
+            process_labels(t.pid, t.ns_pid, t.container.as_ref()),
+            value,
+        )
+    }
+
+    /// A gauge of one process, or of one container, with these labels
+    /// (one line per set of labels).
+    pub fn labelled(
+        name: &'static str,
+        help: &'static str,
+        labels: Vec<(&'static str, String)>,
+        value: f64,
+    ) -> Metric {
         Metric {
             process: Some(labels),
             ..Metric::gauge(name, help, value)
         }
     }
 
-    /// `metrics` of agent `agent` in the Prometheus text format: each
-    /// name's help and type once, before its first line.
+    /// `metrics` of agent `agent` in the Prometheus text format: the
+    /// lines of each name together, in the order names first appear, each
+    /// name's help and type once before them.
     pub fn render(agent: &str, metrics: &[Metric]) -> String {
         let mut s = String::new();
-        let mut said: Vec<&str> = Vec::new();
+        let mut names: Vec<&str> = Vec::new();
         for m in metrics {
-            let name = format!("pagewise_{agent}_{}", m.name);
-            match &m.process {
-                None => prometheus_metric(&mut s, &name, m.kind, m.help, m.value),
-                Some(labels) => {
-                    if !said.contains(&m.name) {
-                        said.push(m.name);
-                        s += &format!("# HELP {name} {}\n# TYPE {name} {}\n", m.help, m.kind);
+            if !names.contains(&m.name) {
+                names.push(m.name);
+            }
+        }
+        for n in names {
+            let name = format!("pagewise_{agent}_{n}");
+            let mut said = false;
+            for m in metrics.iter().filter(|m| m.name == n) {
+                match &m.process {
+                    None => prometheus_metric(&mut s, &name, m.kind, m.help, m.value),
+                    Some(labels) => {
+                        if !said {
+                            said = true;
+                            s += &format!("# HELP {name} {}\n# TYPE {name} {}\n", m.help, m.kind);
+                        }
+                        let l: Vec<String> = labels
+                            .iter()
+                            .map(|(k, v)| format!("{k}=\"{}\"", label_value(v)))
+                            .collect();
+                        s += &format!("{name}{{{}}} {}\n", l.join(","), m.value);
                     }
-                    let l: Vec<String> = labels
-                        .iter()
-                        .map(|(k, v)| format!("{k}=\"{}\"", label_value(v)))
-                        .collect();
-                    s += &format!("{name}{{{}}} {}\n", l.join(","), m.value);
                 }
             }
         }
         s
     }
+}
+
+/// The labels of a process's series: its `pid`, and in a container its
+/// `ns_pid`, `container` (the id's first 12 digits), `runtime` and `pod`.
+pub fn process_labels(
+    pid: i32,
+    ns_pid: Option<i32>,
+    container: Option<&crate::container::ContainerRef>,
+) -> Vec<(&'static str, String)> {
+    let mut labels = vec![("pid", pid.to_string())];
+    if let Some(c) = container {
+        if let Some(n) = ns_pid {
+            labels.push(("ns_pid", n.to_string()));
+        }
+        labels.extend(container_labels(c));
+    }
+    labels
+}
+
+/// The labels of a container's series: `container`, `runtime` and, where
+/// its cgroup path says it, `pod`.
+pub fn container_labels(c: &crate::container::ContainerRef) -> Vec<(&'static str, String)> {
+    let mut labels = vec![
+        ("container", c.short_id().to_string()),
+        ("runtime", c.runtime.to_string()),
+    ];
+    if let Some(pod) = &c.pod {
+        labels.push(("pod", pod.clone()));
+    }
+    labels
 }
 
 /// A label's value in the Prometheus text format: `\\`, `"` and newlines

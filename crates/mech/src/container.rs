@@ -181,6 +181,31 @@ pub fn members(sel: &Selector) -> Result<Vec<Member>> {
     Ok(out)
 }
 
+/// Every process that runs in a container (its cgroup path names one), in
+/// pid order (kernel threads and this process never).
+pub fn in_containers() -> Vec<Member> {
+    let me = std::process::id() as i32;
+    let mut out = Vec::new();
+    for pid in crate::procfs::pids() {
+        if pid == me {
+            continue;
+        }
+        let Ok(lines) = cgroup_paths(pid) else {
+            continue;
+        };
+        if let Some(c) = lines.iter().find_map(|(_, p)| parse_cgroup_path(p)) {
+            if !is_kernel_thread(pid) {
+                out.push(Member {
+                    pid,
+                    ns_pid: ns_pid(pid),
+                    container: Some(c),
+                });
+            }
+        }
+    }
+    out
+}
+
 /// Whether `pid` is a kernel thread (a child of `kthreadd`, or it).
 fn is_kernel_thread(pid: i32) -> bool {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();

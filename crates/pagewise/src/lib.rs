@@ -93,7 +93,7 @@ pub mod process {
     /// a process is in, its pid inside its namespace.
     pub mod container {
         pub use pagewise_mech::container::{
-            members, ns_pid, resolve_container, ContainerRef, Member, Selector,
+            in_containers, members, ns_pid, resolve_container, ContainerRef, Member, Selector,
         };
     }
 

@@ -133,3 +133,19 @@ impl Container {
         }
     }
 }
+
+/// A container named after `tag` (and this process) running the shell
+/// `script`, which says `ready` first; removed when the [`Removed`] is
+/// dropped. `None`, a skip said, where podman cannot run containers.
+pub fn shell(tmp: &Path, tag: &str, script: &str) -> Option<(String, Removed, Piped)> {
+    if let Some(why) = podman_missing() {
+        crate::skip!("{why}");
+        return None;
+    }
+    let name = format!("pagewise-test-{}-{tag}", std::process::id());
+    let gone = Removed(name.clone());
+    let mut run = podman_run(tmp, &name, tmp, &[], "/bin/sh", &["-c", script]);
+    let mut p = Piped::start(&mut run);
+    assert_eq!(p.line(), "ready");
+    Some((name, gone, p))
+}

@@ -190,8 +190,10 @@ pub fn drive<A: Agent, E: From<Error>>(
     }
 }
 
-/// Serves `text` over HTTP at `addr` (any path), from a thread.
-fn serve_metrics(addr: &str, text: Arc<Mutex<String>>) -> Result<(), Error> {
+/// Serves `text` over HTTP at `addr`, from a thread, for as long as the
+/// process lives: `/healthz` answers `ok` (the agent is up), any other
+/// path the counters in the Prometheus text format.
+pub fn serve_metrics(addr: &str, text: Arc<Mutex<String>>) -> Result<(), Error> {
     let l = std::net::TcpListener::bind(addr)
         .map_err(|e| Error::os(format!("listening on {addr}"), e))?;
     std::thread::spawn(move || {
@@ -199,11 +201,18 @@ fn serve_metrics(addr: &str, text: Arc<Mutex<String>>) -> Result<(), Error> {
             let Ok(mut s) = s else { continue };
             let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
             let mut req = [0u8; 1024];
-            let _ = s.read(&mut req);
-            let body = text.lock().map(|t| t.clone()).unwrap_or_default();
+            let n = s.read(&mut req).unwrap_or(0);
+            let health = req[..n].starts_with(b"GET /healthz ");
+            let (body, kind) = match health {
+                true => ("ok\n".to_string(), "text/plain"),
+                false => (
+                    text.lock().map(|t| t.clone()).unwrap_or_default(),
+                    "text/plain; version=0.0.4",
+                ),
+            };
             let _ = write!(
                 s,
-                "HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\n\r\n{body}",
+                "HTTP/1.0 200 OK\r\nContent-Type: {kind}\r\nContent-Length: {}\r\n\r\n{body}",
                 body.len()
             );
         }

@@ -1,0 +1,350 @@
+//! `pagewise agent --config FILE`: the node agent. One long-running
+//! service that applies the huge-page and dedup agents to the containers
+//! its configuration selects ([`crate::node`]), with a budget of huge
+//! pages per container; serves `/metrics` (Prometheus text, every metric
+//! with its help and type, processes labelled with their pid, pid inside,
+//! container, runtime and pod) and `/healthz` from start-up; reports what
+//! KSM saves each process by the kernel's own accounting
+//! (`/proc/PID/ksm_stat`) and the huge pages each holds; on SIGTERM or
+//! SIGINT takes back its advice, puts back every system setting it
+//! changed (journaled first, so a killed agent is repaired by the next
+//! run), and says so.
+
+use crate::node::{Chosen, Config, Selection};
+use crate::stop::Stop;
+use anyhow::Result;
+use pagewise::agent::{self as agents, Agent as _, Metric};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args)]
+#[command(after_help = "The configuration (TOML), with its defaults:
+
+  interval_ms = 2000          # a step of both agents every interval
+  window_ms = 200             # each agent's measuring window in a step
+  listen = \"127.0.0.1:9464\"   # /metrics and /healthz, answered from start-up
+  # listen_public = true      # needed to listen beyond loopback
+  # metrics_file = \"/run/pagewise/agent.prom\"
+
+  [thp]                       # huge pages where they pay (as thp run)
+  enabled = true
+  policy = \"coverage\"         # or address, utilisation:F
+  budget_per_second = 16.0
+  cpu_share = 0.1
+  # walk_ns = 30.0            # measured at start-up if not given
+
+  [dedup]                     # KSM where it costs no hot huge page (as dedup run)
+  enabled = true
+  policy = \"smartmd\"
+
+  [[select]]                  # every process in a container
+  all_containers = true       # or: container = \"ID|NAME\", cgroup = \"PATH\"
+  huge_pages = 64             # huge pages each container may be given
+  thp = true
+  dedup = true
+
+Processes are followed as they come; each is taken by the first [[select]]
+that selects it. SIGTERM or SIGINT ends the agent, which puts back what it
+changed and says so.")]
+pub struct Args {
+    /// The configuration file (TOML; its keys below).
+    #[arg(long, value_name = "FILE")]
+    config: PathBuf,
+    /// Check the configuration, say what it selects now, and exit.
+    #[arg(long)]
+    check: bool,
+    /// One JSON object per step on stdout.
+    #[arg(long)]
+    json: bool,
+    /// Stop after this many steps (default: until SIGTERM or SIGINT).
+    #[arg(long)]
+    steps: Option<u64>,
+}
+
+/// `agent --json`: one object a step.
+#[derive(serde::Serialize, schemars::JsonSchema)]
+pub struct Line<'a> {
+    /// Since the agent started, ms.
+    pub t_ms: u64,
+    /// Processes watched.
+    pub processes: usize,
+    /// Containers they are in.
+    pub containers: usize,
+    /// The huge-page agent's step, where it stepped.
+    pub thp: Option<&'a pagewise::thp::agent::Step>,
+    /// The dedup agent's step, where it stepped.
+    pub dedup: Option<&'a pagewise::dedup::Step>,
+}
+impl crate::json::Printed for Line<'_> {}
+
+/// The two agents, each where it runs.
+struct Agents {
+    thp: Option<pagewise::thp::agent::Agent>,
+    dedup: Option<pagewise::dedup::Agent>,
+}
+
+pub fn run(a: Args) -> Result<i32> {
+    let stop = Stop::take()?;
+    let c = Config::read(&a.config)?;
+    let sel = Selection::new(&c);
+    if a.check {
+        for ch in sel.chosen() {
+            println!("{}", describe(&ch));
+        }
+        return Ok(0);
+    }
+    let t0 = Instant::now();
+    // Answering first: /healthz and /metrics from start-up on, before the
+    // agents are made (the walk cost is measured, KSM claimed).
+    let served = Arc::new(Mutex::new(node_text(&[], 0, t0, &[])));
+    agents::serve_metrics(&c.listen, served.clone())?;
+    if !a.json {
+        eprintln!(
+            "pagewise: agent answering at http://{}/metrics and /healthz",
+            c.listen
+        );
+    }
+    let mut ag = make_agents(&c)?;
+    let mut known: Vec<Chosen> = Vec::new();
+    let interval = Duration::from_millis(c.interval_ms);
+    let mut steps = 0u64;
+    while a.steps.is_none_or(|n| steps < n) {
+        if stop.sleep((t0 + interval * steps as u32).saturating_duration_since(Instant::now())) {
+            break;
+        }
+        follow(&sel, &mut known, &mut ag, !a.json);
+        let thp = match ag.thp.as_mut().filter(|t| t.watching()) {
+            Some(t) => Some(t.step()?),
+            None => None,
+        };
+        let dedup = match ag.dedup.as_mut().filter(|d| d.watching()) {
+            Some(d) => Some(d.step()?),
+            None => None,
+        };
+        steps += 1;
+        known.retain(|k| pagewise::process::is_alive(k.member.pid));
+        let groups = ag.thp.as_ref().map(|t| t.groups()).unwrap_or_default();
+        let mut text = node_text(&known, steps, t0, &groups);
+        if let Some(t) = &ag.thp {
+            text += &t.metrics();
+        }
+        if let Some(d) = &ag.dedup {
+            text += &d.metrics();
+        }
+        if let Some(f) = &c.metrics_file {
+            pagewise::system::replace(f, text.as_bytes())?;
+        }
+        *served.lock().unwrap_or_else(|p| p.into_inner()) = text;
+        if a.json {
+            let line = Line {
+                t_ms: t0.elapsed().as_millis() as u64,
+                processes: known.len(),
+                containers: containers(&known).len(),
+                thp: thp.as_ref(),
+                dedup: dedup.as_ref(),
+            };
+            println!("{}", crate::json::line(&line)?);
+        }
+    }
+    // What must not outlive the agent is taken back; settings are put
+    // back as the agents are dropped.
+    if let Some(d) = ag.dedup.as_mut() {
+        d.end();
+    }
+    if let Some(t) = ag.thp.as_mut() {
+        t.end();
+    }
+    drop(ag);
+    eprintln!("pagewise: agent stopped after {steps} steps");
+    crate::agent_loop::say_put_back();
+    Ok(stop.status().unwrap_or(0))
+}
+
+/// The agents the configuration asks for.
+fn make_agents(c: &Config) -> Result<Agents> {
+    let thp = match c.thp.enabled {
+        false => None,
+        true => {
+            let policy = crate::cmd_thp::policy_of(&c.thp.policy)?;
+            let walk_ns = match c.thp.walk_ns {
+                Some(w) => w,
+                None => pagewise::thp::calibrate_walk_cost(64 << 20, 1 << 20)?
+                    .walk_ns
+                    .filter(|w| *w > 0.0)
+                    .unwrap_or(30.0),
+            };
+            let opts = pagewise::thp::agent::Options::default()
+                .interval(Duration::from_millis(c.interval_ms))
+                .window(Duration::from_millis(c.window_ms))
+                .policy(policy)
+                .budget(
+                    pagewise::thp::agent::Budget::default()
+                        .per_second(c.thp.budget_per_second)
+                        .cpu_share(c.thp.cpu_share),
+                )
+                .walk_ns(walk_ns)
+                .recovery(None);
+            Some(pagewise::thp::agent::Agent::new(&[], opts)?)
+        }
+    };
+    let dedup = match c.dedup.enabled {
+        false => None,
+        true => {
+            let Some(policy) = pagewise::dedup::Policy::parse(&c.dedup.policy) else {
+                crate::usage!(
+                    "[dedup] policy = {:?}: smartmd, ksm-everywhere, no-splitting or ingens-like",
+                    c.dedup.policy
+                );
+            };
+            let opts = pagewise::dedup::Options::default()
+                .window(Duration::from_millis(c.window_ms))
+                .policy(policy);
+            Some(pagewise::dedup::Agent::new(&[], opts)?)
+        }
+    };
+    Ok(Agents { thp, dedup })
+}
+
+/// Watches the processes selected now that are not yet watched; one that
+/// cannot be is said and left.
+fn follow(sel: &Selection, known: &mut Vec<Chosen>, ag: &mut Agents, say: bool) {
+    for ch in sel.chosen() {
+        if known.iter().any(|k| k.member.pid == ch.member.pid) {
+            continue;
+        }
+        let pid = ch.member.pid;
+        if let (Some(t), true) = (ag.thp.as_mut(), ch.thp) {
+            let r = match &ch.group {
+                Some((g, budget)) => t.add_in_group(pid, g, *budget),
+                None => t.add(pid),
+            };
+            if let Err(e) = r {
+                eprintln!("pagewise: pid {pid}: no huge pages: {e}");
+            }
+        }
+        if let (Some(d), true) = (ag.dedup.as_mut(), ch.dedup) {
+            if let Err(e) = d.add(pid) {
+                eprintln!("pagewise: pid {pid}: no dedup: {e}");
+            }
+        }
+        if say {
+            eprintln!("pagewise: watching {}", describe(&ch));
+        }
+        known.push(ch);
+    }
+}
+
+/// `pid 4242 (9 inside) in podman 6148a47bde33: thp (budget 64), dedup`.
+fn describe(ch: &Chosen) -> String {
+    let m = &ch.member;
+    let inside = match m.ns_pid {
+        Some(n) if n != m.pid => format!(" ({n} inside)"),
+        _ => String::new(),
+    };
+    let of = match &m.container {
+        Some(c) => format!(" in {}", crate::node::group_of(c)),
+        None => String::new(),
+    };
+    let mut what = Vec::new();
+    if ch.thp {
+        what.push(match &ch.group {
+            Some((_, b)) => format!("thp (budget {b})"),
+            None => "thp".to_string(),
+        });
+    }
+    if ch.dedup {
+        what.push("dedup".to_string());
+    }
+    format!("pid {}{inside}{of}: {}", m.pid, what.join(", "))
+}
+
+/// The containers the processes are in, each once.
+fn containers(known: &[Chosen]) -> Vec<&pagewise::process::container::ContainerRef> {
+    let mut out: Vec<&pagewise::process::container::ContainerRef> = Vec::new();
+    for c in known.iter().filter_map(|k| k.member.container.as_ref()) {
+        if !out.iter().any(|o| o.id == c.id) {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The node agent's own metrics: that it is up, its steps and CPU time,
+/// what it watches, and per process what KSM saves it (the kernel's
+/// `ksm_stat`) and the huge pages it holds; per container the huge pages
+/// given under its budget.
+fn node_text(known: &[Chosen], steps: u64, t0: Instant, groups: &[(String, u64, u64)]) -> String {
+    let cpu = pagewise::process::cpu_time(std::process::id() as i32)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0);
+    let mut m = vec![
+        Metric::gauge("up", "The node agent is running.", 1.0),
+        Metric::counter("steps_total", "Steps of both agents taken.", steps as f64),
+        Metric::counter(
+            "cpu_seconds_total",
+            "CPU time of the node agent's process (user and system).",
+            cpu,
+        ),
+        Metric::gauge(
+            "uptime_seconds",
+            "Time since the agent started.",
+            t0.elapsed().as_secs_f64(),
+        ),
+        Metric::gauge(
+            "processes",
+            "Processes watched and still there.",
+            known.len() as f64,
+        ),
+        Metric::gauge(
+            "containers",
+            "Containers those processes are in.",
+            containers(known).len() as f64,
+        ),
+    ];
+    for k in known {
+        let mm = &k.member;
+        let labels = || agents::process_labels(mm.pid, mm.ns_pid, mm.container.as_ref());
+        if let Some(s) = pagewise::process::ksm_stat(mm.pid) {
+            m.push(Metric::labelled(
+                "ksm_merging_pages",
+                "Pages of the process merged by KSM (ksm_stat's ksm_merging_pages).",
+                labels(),
+                s.merging_pages as f64,
+            ));
+            m.push(Metric::labelled(
+                "ksm_profit_bytes",
+                "What KSM saves the process less its own cost (ksm_stat's ksm_process_profit).",
+                labels(),
+                s.process_profit as f64,
+            ));
+        }
+        if let Ok(r) = pagewise::process::resident(mm.pid) {
+            m.push(Metric::labelled(
+                "anon_huge_pages",
+                "Anonymous memory of the process mapped by 2 MiB pages (smaps_rollup's AnonHugePages).",
+                labels(),
+                (r.anon_huge_kib / 2048) as f64,
+            ));
+        }
+    }
+    for c in containers(known) {
+        let name = crate::node::group_of(c);
+        if let Some((_, given, budget)) = groups.iter().find(|(g, _, _)| *g == name) {
+            let labels = agents::container_labels(c);
+            m.push(Metric::labelled(
+                "container_huge_pages_given",
+                "Huge pages the agent gave the container's processes.",
+                labels.clone(),
+                *given as f64,
+            ));
+            m.push(Metric::labelled(
+                "container_huge_page_budget",
+                "Huge pages the container's processes may be given in all.",
+                labels,
+                *budget as f64,
+            ));
+        }
+    }
+    Metric::render("node", &m)
+}

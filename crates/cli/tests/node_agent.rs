@@ -1,0 +1,214 @@
+//! The node agent (`pagewise agent --config FILE`) against podman
+//! containers started with the runtime's defaults: it answers `/healthz`
+//! and `/metrics` before its first step, follows every container's
+//! processes (labelled with their pid, pid inside and container), gives each
+//! container its own budget of huge pages, and on SIGTERM puts back every
+//! system setting it changed and says so. A configuration with a misspelt
+//! key or an impossible window is refused, named.
+
+#[macro_use]
+mod support;
+use pagewise_testkit::container::shell;
+use support::*;
+
+fn tmp() -> &'static Path {
+    Path::new(env!("CARGO_TARGET_TMPDIR"))
+}
+
+/// A free port on loopback (bound and let go).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `GET path` from `port`; its body, or `None` where nothing answers.
+fn get(port: u16, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\n\r\n").ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    head.starts_with("HTTP/1.0 200").then(|| body.to_string())
+}
+
+/// The value of the unlabelled series `name` in `text`.
+fn value(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+fn config(port: u16, body: &str) -> PathBuf {
+    let p = temp_dir(&format!("agent-{port}.toml"));
+    std::fs::write(&p, format!("listen = \"127.0.0.1:{port}\"\n{body}")).unwrap();
+    p
+}
+
+#[test]
+fn the_node_agent_watches_containers_and_puts_back_what_it_changed() {
+    need_support!();
+    let Some((a, _gone_a, _pa)) = shell(tmp(), "agent-a", "sleep 60 & sleep 60 & echo ready; wait")
+    else {
+        return;
+    };
+    let Some((b, _gone_b, _pb)) = shell(tmp(), "agent-b", "sleep 60 & echo ready; wait") else {
+        return;
+    };
+    let id = |name: &str| {
+        let out = ok(Command::new("podman").args(["inspect", "--format", "{{.Id}}", name]));
+        String::from_utf8_lossy(&out.stdout).trim()[..12].to_string()
+    };
+    let (ida, idb) = (id(&a), id(&b));
+    let ksm_run = std::fs::read_to_string("/sys/kernel/mm/ksm/run").unwrap();
+    let port = free_port();
+    let cfg = config(
+        port,
+        &format!(
+            "interval_ms = 800\nwindow_ms = 100\n[thp]\nwalk_ns = 30.0\n[[select]]\ncontainer = \"{a}\"\nhuge_pages = 5\n\
+             [[select]]\ncontainer = \"{b}\"\nhuge_pages = 7\n"
+        ),
+    );
+    let mut agent = Command::new(BIN)
+        .args(["agent", "--config"])
+        .arg(&cfg)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Answering from start-up (how soon: `pagewise bench node`).
+    let t0 = Instant::now();
+    let mut first = None;
+    for _ in 0..500 {
+        if let (Some(h), Some(m)) = (get(port, "/healthz"), get(port, "/metrics")) {
+            first = Some((h, m));
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (health, metrics) = first.expect("/healthz and /metrics never answered");
+    assert_eq!(health, "ok\n");
+    assert_eq!(value(&metrics, "pagewise_node_up"), Some(1.0), "{metrics}");
+    println!(
+        "ok   answering {} ms after the start, at step {:?}",
+        t0.elapsed().as_millis(),
+        value(&metrics, "pagewise_node_steps_total")
+    );
+    // Then steps: both containers' processes watched.
+    let mut text = String::new();
+    for _ in 0..300 {
+        text = get(port, "/metrics").unwrap_or_default();
+        if value(&text, "pagewise_node_steps_total").is_some_and(|s| s >= 3.0) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        value(&text, "pagewise_node_steps_total").is_some_and(|s| s >= 3.0),
+        "{text}"
+    );
+    assert_eq!(value(&text, "pagewise_node_processes"), Some(5.0), "{text}");
+    assert_eq!(
+        value(&text, "pagewise_node_containers"),
+        Some(2.0),
+        "{text}"
+    );
+    // Every family has its help and its type; every series of a process
+    // names its container; at most 50 series per container.
+    let mut per_container = std::collections::BTreeMap::new();
+    for l in text.lines().filter(|l| !l.starts_with('#')) {
+        let family = l.split(['{', ' ']).next().unwrap();
+        assert!(
+            text.contains(&format!("# HELP {family} "))
+                && text.contains(&format!("# TYPE {family} ")),
+            "{family} has no help or type"
+        );
+        if let Some(c) = l.split("container=\"").nth(1) {
+            *per_container.entry(c[..12].to_string()).or_insert(0) += 1;
+        } else {
+            assert!(
+                !l.contains("pid="),
+                "a process's series without its container: {l}"
+            );
+        }
+    }
+    assert_eq!(
+        per_container.keys().cloned().collect::<Vec<_>>(),
+        {
+            let mut v = vec![ida.clone(), idb.clone()];
+            v.sort();
+            v
+        },
+        "{text}"
+    );
+    assert!(
+        per_container.values().all(|&n| n <= 50),
+        "{per_container:?}"
+    );
+    for (c, budget) in [(&ida, 5), (&idb, 7)] {
+        let series = format!(
+            "pagewise_node_container_huge_page_budget{{container=\"{c}\",runtime=\"podman\"}} {budget}"
+        );
+        assert!(text.contains(&series), "{series} in {text}");
+    }
+    assert!(
+        text.contains("pagewise_node_ksm_merging_pages{pid=")
+            || pagewise::process::ksm_stat(std::process::id() as i32).is_none(),
+        "no ksm_stat series where the kernel has ksm_stat: {text}"
+    );
+    // SIGTERM: ends, puts back what it changed, says so.
+    pagewise_sys::process::kill(agent.id() as i32, libc::SIGTERM).unwrap();
+    let st = agent.wait().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(agent.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert_eq!(st.code(), Some(143), "{err}");
+    assert!(err.contains("agent stopped after"), "{err}");
+    assert!(
+        err.contains("settings put back: ") && err.contains("/sys/kernel/mm/ksm/run="),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_to_string("/sys/kernel/mm/ksm/run").unwrap(),
+        ksm_run,
+        "KSM's run is not as it was"
+    );
+    assert!(
+        get(port, "/healthz").is_none(),
+        "still answering after SIGTERM"
+    );
+    let _ = std::fs::remove_file(&cfg);
+}
+
+#[test]
+fn a_bad_configuration_is_refused_and_named() {
+    need_support!();
+    let port = free_port();
+    for (body, want) in [
+        (
+            "intervall_ms = 5\n[[select]]\nall_containers = true\n",
+            "intervall_ms",
+        ),
+        (
+            "window_ms = 1500\n[[select]]\nall_containers = true\n",
+            "window_ms",
+        ),
+        ("", "[[select]]"),
+        (
+            "[[select]]\nall_containers = true\ncontainer = \"x\"\n",
+            "exactly one",
+        ),
+    ] {
+        let cfg = config(port, body);
+        let out = Command::new(BIN)
+            .args(["agent", "--check", "--config"])
+            .arg(&cfg)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{body:?}: {err}");
+        assert!(err.contains(want), "{body:?}: {err}");
+        let _ = std::fs::remove_file(&cfg);
+    }
+}
