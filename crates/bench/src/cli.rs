@@ -165,6 +165,12 @@ enum What {
     /// reading that memory once at this machine's bandwidth, the target's
     /// slowdown during the scan, and every exact figure checked.
     Inspect(crate::inspect::Args),
+    /// The node agent's cost: `pagewise agent` over N podman containers (4;
+    /// 50 with --full) against the same agent watching none, in the same
+    /// run: its share of one CPU, the series it serves per container, how
+    /// soon it answers /healthz and /metrics, how soon every container is
+    /// watched, and KSM's settings after its SIGTERM.
+    Node(crate::node::Args),
 }
 
 /// Runs the benchmark `a` names; the process's exit code.
@@ -290,6 +296,7 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
             crate::farmem_redis::run_app(crate::farmem_redis::App::Memcached, r, quiet)
         }
         What::Inspect(r) => crate::inspect::run(r, quiet),
+        What::Node(r) => crate::node::run(r, quiet),
     }
 }
 

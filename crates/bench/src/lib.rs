@@ -11,6 +11,7 @@ pub mod farmem;
 pub mod farmem_redis;
 pub mod inspect;
 pub mod live;
+pub mod node;
 pub mod outside;
 pub mod prezero;
 pub mod provenance;

@@ -24,24 +24,6 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// `GET path` from `port`; its body, or `None` where nothing answers.
-fn get(port: u16, path: &str) -> Option<String> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\n\r\n").ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    head.starts_with("HTTP/1.0 200").then(|| body.to_string())
-}
-
-/// The value of the unlabelled series `name` in `text`.
-fn value(text: &str, name: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-}
-
 fn config(port: u16, body: &str) -> PathBuf {
     let p = temp_dir(&format!("agent-{port}.toml"));
     std::fs::write(&p, format!("listen = \"127.0.0.1:{port}\"\n{body}")).unwrap();
@@ -82,7 +64,10 @@ fn the_node_agent_watches_containers_and_puts_back_what_it_changed() {
     let t0 = Instant::now();
     let mut first = None;
     for _ in 0..500 {
-        if let (Some(h), Some(m)) = (get(port, "/healthz"), get(port, "/metrics")) {
+        if let (Some(h), Some(m)) = (
+            pagewise_testkit::http_get(port, "/healthz"),
+            pagewise_testkit::http_get(port, "/metrics"),
+        ) {
             first = Some((h, m));
             break;
         }
@@ -90,28 +75,39 @@ fn the_node_agent_watches_containers_and_puts_back_what_it_changed() {
     }
     let (health, metrics) = first.expect("/healthz and /metrics never answered");
     assert_eq!(health, "ok\n");
-    assert_eq!(value(&metrics, "pagewise_node_up"), Some(1.0), "{metrics}");
+    assert_eq!(
+        pagewise_testkit::metric_value(&metrics, "pagewise_node_up"),
+        Some(1.0),
+        "{metrics}"
+    );
     println!(
         "ok   answering {} ms after the start, at step {:?}",
         t0.elapsed().as_millis(),
-        value(&metrics, "pagewise_node_steps_total")
+        pagewise_testkit::metric_value(&metrics, "pagewise_node_steps_total")
     );
     // Then steps: both containers' processes watched.
     let mut text = String::new();
     for _ in 0..300 {
-        text = get(port, "/metrics").unwrap_or_default();
-        if value(&text, "pagewise_node_steps_total").is_some_and(|s| s >= 3.0) {
+        text = pagewise_testkit::http_get(port, "/metrics").unwrap_or_default();
+        if pagewise_testkit::metric_value(&text, "pagewise_node_steps_total")
+            .is_some_and(|s| s >= 3.0)
+        {
             break;
         }
         std::thread::sleep(Duration::from_millis(100));
     }
     assert!(
-        value(&text, "pagewise_node_steps_total").is_some_and(|s| s >= 3.0),
+        pagewise_testkit::metric_value(&text, "pagewise_node_steps_total")
+            .is_some_and(|s| s >= 3.0),
         "{text}"
     );
-    assert_eq!(value(&text, "pagewise_node_processes"), Some(5.0), "{text}");
     assert_eq!(
-        value(&text, "pagewise_node_containers"),
+        pagewise_testkit::metric_value(&text, "pagewise_node_processes"),
+        Some(5.0),
+        "{text}"
+    );
+    assert_eq!(
+        pagewise_testkit::metric_value(&text, "pagewise_node_containers"),
         Some(2.0),
         "{text}"
     );
@@ -175,7 +171,7 @@ fn the_node_agent_watches_containers_and_puts_back_what_it_changed() {
         "KSM's run is not as it was"
     );
     assert!(
-        get(port, "/healthz").is_none(),
+        pagewise_testkit::http_get(port, "/healthz").is_none(),
         "still answering after SIGTERM"
     );
     let _ = std::fs::remove_file(&cfg);

@@ -336,6 +336,26 @@ pub fn can_ptrace() -> Option<String> {
     None
 }
 
+/// `GET path` over HTTP/1.0 from `port` on loopback: its body where it
+/// answers 200, `None` where nothing answers (or not 200) within 5 s.
+pub fn http_get(port: u16, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\n\r\n").ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    head.starts_with("HTTP/1.0 200").then(|| body.to_string())
+}
+
+/// The value of the unlabelled series `name` in Prometheus text `text`.
+pub fn metric_value(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
