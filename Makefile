@@ -3,6 +3,8 @@
 #   make install PREFIX=/usr/local     # (DESTDIR=... to stage)
 #   make deb                           # target/deb/pagewise_VERSION_ARCH.deb
 #   make uninstall PREFIX=/usr/local
+#   make image                         # localhost/pagewise:VERSION, the node agent's image
+#   make deploy-check                  # the Kubernetes manifests and chart, checked
 #
 # What goes where (PREFIX/...):
 #   bin/pagewise, bin/pagewise-bench       the tool and its benchmarks
@@ -31,7 +33,7 @@ BIN     := $(ROOT)/bin
 LIB     := $(ROOT)/lib
 SHARE   := $(ROOT)/share
 
-.PHONY: all build install install-files uninstall deb
+.PHONY: all build install install-files uninstall deb image helm deploy-check
 
 all: build
 
@@ -83,3 +85,21 @@ deb: build
 	install -m 755 scripts/deb/postinst scripts/deb/postrm target/deb/root/DEBIAN/
 	dpkg-deb --root-owner-group --build target/deb/root $(DEB)
 	@echo "built $(DEB)"
+
+# The node agent's image, from the package above on a Debian base made
+# with debootstrap (cached in IMAGE_CACHE, outside the clone); no registry
+# is pulled from.
+IMAGE_CACHE ?= $(HOME)/.cache/pagewise
+IMAGE := localhost/pagewise:$(VERSION)
+image: deb
+	scripts/image $(DEB) $(IMAGE) $(IMAGE_CACHE)
+
+# Helm, built from the Go module proxy into IMAGE_CACHE/bin (once).
+HELM_VERSION := v3.22.0
+helm:
+	test -x $(IMAGE_CACHE)/bin/helm || GOBIN=$(IMAGE_CACHE)/bin go install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
+
+# The manifests and the chart decoded strictly against the Kubernetes API's
+# types, and the DaemonSet run under podman (scripts/check-deploy).
+deploy-check: build
+	PATH="$(IMAGE_CACHE)/bin:$$PATH" scripts/check-deploy
