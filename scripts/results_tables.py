@@ -677,6 +677,37 @@ def inspect(r):
 
 
 
+# ---------------------------------------------------------------- node/
+
+
+def goals_node(r):
+    back = all(x["settings_put_back"] for x in r["runs"])
+    n = max(c["containers"] for c in r["cases"])
+    big = next(c for c in r["cases"] if c["containers"] == n)
+    goals = [
+        ["at most 1 % of one CPU with 50 containers", f"{big['cpu_percent'][0]:.2f} %",
+         yes_no(n >= 50 and big["cpu_percent"][0] <= 1.0, f"{big['cpu_percent'][0] / 1.0:.1f}× the goal")],
+        ["at most 50 series per container", str(big["series_per_container"]),
+         yes_no(big["series_per_container"] <= 50)],
+        ["metrics within 1 s of start-up", f"{max(c['first_answer_ms'][2] for c in r['cases']):.0f} ms at most",
+         yes_no(all(c["first_answer_ms"][2] <= 1000 for c in r["cases"]))],
+        ["SIGTERM puts KSM's settings back", "every run" if back else "not every run", yes_no(back)],
+    ]
+    return md(["goal", "measured", "met"], goals)
+
+
+def node(r):
+    def m(t, d):
+        return f"{t[0]:.{d}f} ({t[1]:.{d}f}–{t[2]:.{d}f})"
+    rows = [[str(c["containers"]), m(c["cpu_percent"], 2), m(c["first_answer_ms"], 0),
+             m(c["all_watched_ms"], 0), str(c["series_per_container"])] for c in r["cases"]]
+    runs = len(r["runs"]) // max(1, len(r["cases"]))
+    return md(["containers watched", "CPU, % of one", "first answer, ms", "all watched, ms",
+               "series per container"], rows) + \
+        f"\n\nMedian (min–max) of {runs} runs; CPU over {r['seconds']} s once every container is watched."
+
+
+
 # ---------------------------------------------------------------- goals
 # A goal table: each goal as the issue set it, what the report measured,
 # and whether it is met, judged here from the report (never typed in).
@@ -820,6 +851,8 @@ TABLES = {
     "farmem-app-system": farmem_app_system,
     "farmem-app-system-isolation": farmem_app_system_isolation,
     "inspect": inspect,
+    "node": node,
+    "goals-node": goals_node,
     "goals-track": goals_track,
     "goals-rollback-resets": goals_rollback_resets,
     "goals-rollback-cycles": goals_rollback_cycles,
