@@ -26,6 +26,10 @@ command -v cc >/dev/null || need+=(gcc)
 # Debian's crun refuses hybrid cgroups).
 command -v podman >/dev/null || need+=(podman)
 command -v runc >/dev/null || [ -x /usr/sbin/runc ] || need+=(runc)
+# The node agent's image (make image: a Debian base made with debootstrap)
+# and the deployment's check (make deploy-check scrapes the agent's pod).
+command -v debootstrap >/dev/null || [ -x /usr/sbin/debootstrap ] || need+=(debootstrap)
+command -v curl >/dev/null || need+=(curl)
 # libFuzzer's runtime is C++ (scripts/fuzz).
 command -v c++ >/dev/null || need+=(g++)
 # Installing and packaging (make install, make deb and their checks).

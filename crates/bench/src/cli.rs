@@ -117,6 +117,10 @@ enum What {
         /// The full experiment (3 repeats, 15 rounds timed).
         #[arg(long)]
         full: bool,
+        /// A smoke run (256 MiB per process, 5 rounds): that it runs and
+        /// checks its memory, not its figures.
+        #[arg(long, conflicts_with = "full")]
+        smoke: bool,
         #[command(flatten)]
         output: Output,
     },
@@ -244,11 +248,15 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
             }
             Ok(rc)
         }
-        What::ThpFair { full, output } => {
-            let cfg = if full {
-                crate::thp_fair::Config::full()
-            } else {
-                crate::thp_fair::Config::quick()
+        What::ThpFair {
+            full,
+            smoke,
+            output,
+        } => {
+            let cfg = match (full, smoke) {
+                (true, _) => crate::thp_fair::Config::full(),
+                (_, true) => crate::thp_fair::Config::smoke(),
+                _ => crate::thp_fair::Config::quick(),
             };
             let report = crate::thp_fair::run(&cfg, &mut progress(quiet))?;
             let rc = output.emit(&report, report.summary(), report.charts())?;

@@ -67,6 +67,15 @@ impl Config {
             window_ms: 5,
         }
     }
+    /// A smoke run: that the experiment runs and checks its memory.
+    pub fn smoke() -> Self {
+        Config {
+            regions: 128,
+            updates_per_round: 1 << 19,
+            rounds: 5,
+            ..Self::quick()
+        }
+    }
     /// The experiment.
     pub fn full() -> Self {
         Config {
