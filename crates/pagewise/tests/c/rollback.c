@@ -213,14 +213,8 @@ static int chains_ok(void)
 
 int main(int argc, char **argv)
 {
-    /* A page more, unmapped again: the hole above the buffer keeps the
-     * kernel from merging it with the mapping above it (the loader's,
-     * holding the main thread's TLS, anonymous and writable too), which a
-     * memory-only restore leaves alone as the thread's. */
-    big = mmap(NULL, (size_t)(BIG_PAGES + 1) * PAGE, PROT_READ | PROT_WRITE,
+    big = mmap(NULL, (size_t)BIG_PAGES * PAGE, PROT_READ | PROT_WRITE,
                MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (big != MAP_FAILED)
-        munmap(big + (size_t)BIG_PAGES * PAGE, PAGE);
     keep = mmap(NULL, keep_pages * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
                 -1, 0);
     if (big == MAP_FAILED || keep == MAP_FAILED)
