@@ -351,6 +351,16 @@ fn a_seccomp_target_is_restored_memory_only_by_comparison() {
     let r = h
         .restore(id, RestoreOptions::default().memory_only(true))
         .unwrap();
+    // The kernel may merge the 16 MiB buffer with the loader's mapping
+    // beside it, which holds the main thread's TLS: a memory-only restore
+    // then leaves the whole of it alone, as the thread's.
+    if r.thread_areas.iter().any(|&[a, b]| b - a >= 16 << 20) {
+        pagewise_testkit::not_happened!(
+            "the target's buffer shares a mapping with its main thread's TLS (merged by the kernel): left alone by a memory-only restore: {:?}",
+            r.thread_areas
+        );
+        return;
+    }
     assert!(r.compared && r.stats.pages_written >= 20, "{r:?}");
     assert_memory_is_but(&h, id, &t, &r.thread_areas);
     // Registers are not put back: the target reads on from where it was,
