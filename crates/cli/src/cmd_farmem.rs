@@ -32,6 +32,14 @@ enum Sub {
     /// local_npages=5000`, or `local_percent=P`; `latency=2us` and
     /// `bandwidth=10GB/s` say their unit (a bare number there is refused)
     Set(SetArgs),
+    /// Serve an instance to programs in containers: their preload shim
+    /// joins it through the instance's directory, mounted, and the
+    /// userfaultfds their runtime's seccomp profile refuses them are made
+    /// inside them from here (their filters left as they were); members
+    /// are listed by host pid. Prints the `podman run` arguments to use;
+    /// runs until SIGTERM or SIGINT. Example: `pagewise farmem serve
+    /// --instance web --local-pages 1000 --latency-ns 5000`.
+    Serve(super::cmd_farmem_serve::ServeArgs),
 }
 
 #[derive(clap::Args)]
@@ -41,20 +49,49 @@ struct RunArgs {
     /// of this run alone, removed at the end.
     #[arg(long)]
     instance: Option<String>,
+    #[command(flatten)]
+    settings: SettingsArgs,
+    #[command(flatten)]
+    program: ProgramArgs,
+    /// Write the statistics of this run's processes as JSON to this file.
+    #[arg(long)]
+    stats_json: Option<PathBuf>,
+    /// Say the run's summary as one JSON object on stdout, the same object
+    /// --stats-json writes; the program's stdout then goes to stderr.
+    #[arg(long)]
+    json: bool,
+    /// Write a trace of (time, address, kind) events, kind one of fetch,
+    /// evict, writeback and soft, one JSON object per line, to FILE.PID for
+    /// each process.
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// The command and its arguments.
+    #[arg(last = true, required = true)]
+    cmd: Vec<String>,
+}
+
+/// An instance's settings, as `farmem run` and `farmem serve` take them.
+#[derive(clap::Args)]
+pub struct SettingsArgs {
     /// Pages that may be local at once (across the instance's processes).
     #[arg(long, conflicts_with = "local_percent")]
-    local_pages: Option<u64>,
+    pub local_pages: Option<u64>,
     /// Local budget as a percentage of the pages holding data (1-100), and
     /// at least 256 pages (a program starting up holds little data).
     #[arg(long)]
-    local_percent: Option<u64>,
+    pub local_percent: Option<u64>,
     /// One-way latency of the link, ns; a fetch costs twice this plus the
     /// page's transmission time.
     #[arg(long, default_value_t = 0)]
-    latency_ns: u64,
+    pub latency_ns: u64,
     /// Bandwidth of the link, bytes/s (0: unlimited).
     #[arg(long, default_value_t = 0)]
-    bandwidth_bps: u64,
+    pub bandwidth_bps: u64,
+}
+
+/// How a member runs, as `farmem run` and `farmem serve` take it.
+#[derive(clap::Args)]
+pub struct ProgramArgs {
     /// Replacement policy: fifo (DiME's), random, clock, lru, or the path of
     /// a plugin (see include/pagewise.h, pw_policy_ops).
     #[arg(long, default_value = "fifo")]
@@ -90,21 +127,43 @@ struct RunArgs {
     /// served faults.
     #[arg(long, env = "PAGEWISE_FARMEM_FAULT_PATH", default_value = "inline")]
     fault_path: FaultPath,
-    /// Write the statistics of this run's processes as JSON to this file.
-    #[arg(long)]
-    stats_json: Option<PathBuf>,
-    /// Say the run's summary as one JSON object on stdout, the same object
-    /// --stats-json writes; the program's stdout then goes to stderr.
-    #[arg(long)]
-    json: bool,
-    /// Write a trace of (time, address, kind) events, kind one of fetch,
-    /// evict, writeback and soft, one JSON object per line, to FILE.PID for
-    /// each process.
-    #[arg(long)]
-    trace: Option<PathBuf>,
-    /// The command and its arguments.
-    #[arg(last = true, required = true)]
-    cmd: Vec<String>,
+}
+
+impl SettingsArgs {
+    /// The settings asked for; `None` to join `instance` as it is. Refused
+    /// when neither a budget is given nor the instance exists.
+    pub fn want(&self, instance: Option<&str>) -> Result<Option<Settings>> {
+        let want = match (self.local_pages, self.local_percent) {
+            (Some(0), _) => crate::usage!("--local-pages must be at least 1"),
+            (Some(n), _) => Some((n, 0)),
+            (None, Some(p)) if (1..=100).contains(&p) => Some((0, p)),
+            (None, Some(p)) => crate::usage!("--local-percent {p}: use 1..=100"),
+            (None, None) => None,
+        };
+        let exists = instance.is_some_and(pagewise::farmem::instance::exists);
+        if want.is_none() && !exists {
+            crate::usage!("give the local budget: --local-pages N or --local-percent P");
+        }
+        Ok(want.map(|(local_pages, local_percent)| {
+            Settings::default()
+                .latency_ns(self.latency_ns)
+                .bandwidth_bps(self.bandwidth_bps)
+                .local_pages(local_pages)
+                .local_percent(local_percent)
+        }))
+    }
+}
+
+impl ProgramArgs {
+    /// The options, the policy checked first.
+    pub fn options(&self) -> Result<FarmemOptions> {
+        check_policy(&self.policy, &self.policy_args, self.load_plugin_here)?;
+        Ok(FarmemOptions::default()
+            .policy(self.policy.clone())
+            .policy_args(self.policy_args.clone())
+            .stacks(self.stacks)
+            .fault_path(self.fault_path))
+    }
 }
 
 #[derive(clap::Args)]
@@ -128,11 +187,12 @@ pub fn run(a: Args) -> Result<i32> {
         Sub::Run(r) => run_cmd(r),
         Sub::Ls(l) => ls(l),
         Sub::Set(s) => set(s),
+        Sub::Serve(s) => super::cmd_farmem_serve::serve(s),
     }
 }
 
 fn run_cmd(a: RunArgs) -> Result<i32> {
-    check_policy(&a.policy, &a.policy_args, a.load_plugin_here)?;
+    let opts = a.program.options()?;
     // Output paths are checked before the program runs, not after.
     for (flag, path) in [("--trace", &a.trace), ("--stats-json", &a.stats_json)] {
         if let Some(p) = path {
@@ -149,34 +209,9 @@ fn run_cmd(a: RunArgs) -> Result<i32> {
             }
         }
     }
-    let want = match (a.local_pages, a.local_percent) {
-        (Some(0), _) => crate::usage!("--local-pages must be at least 1"),
-        (Some(n), _) => Some((n, 0)),
-        (None, Some(p)) if (1..=100).contains(&p) => Some((0, p)),
-        (None, Some(p)) => crate::usage!("--local-percent {p}: use 1..=100"),
-        (None, None) => None,
-    };
-    let exists = a
-        .instance
-        .as_ref()
-        .is_some_and(|n| pagewise::farmem::instance::exists(n));
-    if want.is_none() && !exists {
-        crate::usage!("give the local budget: --local-pages N or --local-percent P");
-    }
-    let want = want.map(|(local_pages, local_percent)| {
-        Settings::default()
-            .latency_ns(a.latency_ns)
-            .bandwidth_bps(a.bandwidth_bps)
-            .local_pages(local_pages)
-            .local_percent(local_percent)
-    });
+    let want = a.settings.want(a.instance.as_deref())?;
     let run = FarmemRun::join_or_create(a.instance.as_deref(), "run", want)?;
-    let opts = FarmemOptions::default()
-        .policy(a.policy.clone())
-        .policy_args(a.policy_args.clone())
-        .stacks(a.stacks)
-        .trace(a.trace.clone())
-        .fault_path(a.fault_path);
+    let opts = opts.trace(a.trace.clone());
     let stop = crate::stop::Stop::take()?;
     let mut cmd = run.command(&a.cmd, &opts)?;
     crate::stop::program_output(&mut cmd, a.json);
@@ -207,6 +242,14 @@ fn run_cmd(a: RunArgs) -> Result<i32> {
         run.finish();
         return Ok(stop.exit_code(status));
     }
+    say_summary(&rep, a.settings.latency_ns);
+    run.finish();
+    Ok(stop.exit_code(status))
+}
+
+/// The one-line summary of an instance's run on stderr, with what it
+/// means where a figure needs saying.
+pub fn say_summary(rep: &pagewise::farmem::Report, latency_ns: u64) {
     eprintln!(
         "pagewise farmem: instance {}: {} faults ({}), {} fetches, {} evictions ({} written back), {:.1} ms injected, floor {} ns",
         rep.instance_id,
@@ -224,10 +267,10 @@ fn run_cmd(a: RunArgs) -> Result<i32> {
         rep.stats.injected_delay_ns as f64 / 1e6,
         rep.stats.floor_ns
     );
-    if a.latency_ns > 0 && rep.stats.floor_ns > 0 && a.latency_ns <= rep.stats.floor_ns {
+    if latency_ns > 0 && rep.stats.floor_ns > 0 && latency_ns <= rep.stats.floor_ns {
         eprintln!(
             "pagewise farmem: --latency-ns {} is at or below this machine's floor ({} ns: what serving a fault costs here already), so no delay is added ({:.1} ms injected); a fetch takes the floor",
-            a.latency_ns, rep.stats.floor_ns, rep.stats.injected_delay_ns as f64 / 1e6
+            latency_ns, rep.stats.floor_ns, rep.stats.injected_delay_ns as f64 / 1e6
         );
     }
     if rep.stats.overshoot_pages > 0 {
@@ -244,8 +287,6 @@ fn run_cmd(a: RunArgs) -> Result<i32> {
             }
         );
     }
-    run.finish();
-    Ok(stop.exit_code(status))
 }
 
 /// `farmem run --json` (and `--stats-json`): the instance's report at the

@@ -38,6 +38,10 @@ pub fn schemas() -> Vec<(&'static str, serde_json::Value)> {
         ("inspect", schema_for!(cmd_inspect::Output<'static>)),
         ("farmem-run", schema_for!(cmd_farmem::RunOutput<'static>)),
         ("farmem-ls", schema_for!(cmd_farmem::Instances)),
+        (
+            "farmem-serve",
+            schema_for!(cmd_farmem_serve::ServeLine<'static>),
+        ),
         ("thp-run", schema_for!(cmd_thp::RunLine<'static>)),
         ("thp-prezero", schema_for!(cmd_thp::PrezeroOutput<'static>)),
         ("dedup-run", schema_for!(cmd_dedup::Line<'static>)),
@@ -54,12 +58,14 @@ pub fn schemas() -> Vec<(&'static str, serde_json::Value)> {
 }
 
 /// Adds the `"schema"` field (see [`SCHEMA`]) to every object a schema
-/// allows at its top (each branch of an untagged enum).
+/// allows at its top (each branch of an untagged or tagged enum).
 fn add_schema_field(s: &mut serde_json::Value) {
     fn add(v: &mut serde_json::Value) {
-        if let Some(branches) = v.get_mut("anyOf").and_then(|b| b.as_array_mut()) {
-            branches.iter_mut().for_each(add);
-            return;
+        for of in ["anyOf", "oneOf"] {
+            if let Some(branches) = v.get_mut(of).and_then(|b| b.as_array_mut()) {
+                branches.iter_mut().for_each(add);
+                return;
+            }
         }
         let object = v.get("type").and_then(|t| t.as_str()) == Some("object");
         // An object of a type defined apart (`$ref`) gets the field beside
@@ -174,9 +180,9 @@ mod tests {
     #[test]
     fn every_schema_requires_the_schema_field_of_every_object_it_allows() {
         let all = schemas();
-        assert_eq!(all.len(), 17, "one schema a command with --json");
+        assert_eq!(all.len(), 18, "one schema a command with --json");
         for (name, s) in &all {
-            let tops: Vec<&serde_json::Value> = match s.get("anyOf") {
+            let tops: Vec<&serde_json::Value> = match s.get("anyOf").or(s.get("oneOf")) {
                 Some(b) => b.as_array().unwrap().iter().collect(),
                 None => vec![s],
             };

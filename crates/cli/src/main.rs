@@ -6,6 +6,7 @@ mod cmd_bench;
 mod cmd_dedup;
 mod cmd_demo;
 mod cmd_farmem;
+mod cmd_farmem_serve;
 mod cmd_generate;
 mod cmd_inspect;
 mod cmd_probe;

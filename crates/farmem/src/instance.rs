@@ -607,6 +607,19 @@ impl Instance {
 
     /// Takes a member slot for process `pid`, tagged with `tag`.
     pub fn join(&self, pid: i32, tag: u32) -> Result<usize> {
+        self.take_slot(pid, tag, true)
+    }
+
+    /// [`join`](Self::join) for a process in another pid namespace (a
+    /// container) that joins by its host pid, which it cannot see: the
+    /// slots of members that died without leaving are not taken (their
+    /// pids cannot be judged from there); the server of the instance
+    /// (`farmem::serve`) leaves them.
+    pub fn join_from_container(&self, host_pid: i32, tag: u32) -> Result<usize> {
+        self.take_slot(host_pid, tag, false)
+    }
+
+    fn take_slot(&self, pid: i32, tag: u32, judge_pids: bool) -> Result<usize> {
         if !self.writable {
             return Err(Error::ReadOnly {
                 name: self.name.clone(),
@@ -619,7 +632,9 @@ impl Instance {
             // process that died without leaving.
             let reusable = st == 0
                 || st == 2
-                || (st == 1 && !pagewise_mech::procfs::is_alive(s.pid.load(Ordering::Relaxed)));
+                || (st == 1
+                    && judge_pids
+                    && !pagewise_mech::procfs::is_alive(s.pid.load(Ordering::Relaxed)));
             if reusable
                 && s.state
                     .compare_exchange(st, 3, Ordering::AcqRel, Ordering::Relaxed)

@@ -81,6 +81,7 @@ mod report;
 mod run;
 #[doc(hidden)]
 pub mod sampler;
+pub mod serve;
 mod stats;
 #[cfg(target_arch = "x86_64")]
 #[doc(hidden)]

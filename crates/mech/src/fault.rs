@@ -56,7 +56,9 @@ fn refused_hint(e: &std::io::Error) -> String {
         if user_mode.is_err() {
             return format!(
                 " (this process runs under {filters} seccomp filter(s) that refuse the userfaultfd \
-                 call, as a container runtime's default profile does: the profile must allow it)"
+                 call, as a container runtime's default profile does: the profile must allow it, \
+                 or, for far memory, a `pagewise farmem serve` on the host must make it in the \
+                 program)"
             );
         }
     }

@@ -30,6 +30,7 @@ use crate::procfs;
 use crate::stop::{Refusal, Stopped};
 use crate::{Error, Result};
 
+pub mod maker;
 pub mod shim;
 mod way_back;
 

@@ -11,7 +11,9 @@
 //! - **the hellos** the shim sends first on its sockets: the tracking
 //!   socket (`track::protocol`, magic `PGWS`) and the advice socket
 //!   ([`super::inject::shim`], magic `PGWA`) both begin with their magic and
-//!   the contract ([`hello_header`], checked by [`check_hello`]);
+//!   the contract ([`hello_header`], checked by [`check_hello`]), as do
+//!   the requests of far memory's members in containers to the host's
+//!   server ([`super::inject::maker`], magic `PGWU`);
 //! - **the far-memory instance files** the shim joins (`farmem::instance`,
 //!   whose layout has its own version, checked on every open).
 //!
@@ -33,8 +35,9 @@ use std::process::{Child, Command};
 /// The version of everything pagewise and the preload shim must agree on
 /// (see the module). 3: the first contract carried by both hellos and the
 /// environment; 4: the pre-zeroing report; 5: pre-zeroing kept across the
-/// program's `exec` (the request's owner).
-pub const CONTRACT: u32 = 5;
+/// program's `exec` (the request's owner); 6: far memory's userfaultfds
+/// made by the host's server (`inject::maker`, magic `PGWU`).
+pub const CONTRACT: u32 = 6;
 
 /// The package version of this build, said beside the contract.
 pub const BUILD: &str = env!("CARGO_PKG_VERSION");

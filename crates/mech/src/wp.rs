@@ -116,7 +116,7 @@ impl UffdWp {
     /// `EFAULT`), which the kernel allows a process with `CAP_SYS_PTRACE`
     /// or under `vm.unprivileged_userfaultfd = 1`: for a process without
     /// it (in a container), the setting is lent for the one call (see
-    /// `lent_setting_call`).
+    /// [`crate::inject::maker::userfaultfd_inside`]).
     pub(crate) fn open_in_sync(pid: i32) -> Result<Self> {
         Self::open_in_mode(pid, true)
     }
@@ -139,18 +139,12 @@ impl UffdWp {
                 } else {
                     uffd::UFFD_USER_MODE_ONLY as u64
                 };
-            let mut fd = remote.syscall(libc::SYS_userfaultfd, [flags, 0, 0, 0, 0, 0])?;
-            if fd == -(libc::EPERM as i64) && sync {
-                fd = Self::lent_setting_call(pid, &remote, flags)?;
-            }
-            if fd < 0 {
-                return Err(Error::for_pid(
-                    pid,
-                    "userfaultfd() made inside it",
-                    std::io::Error::from_raw_os_error(-fd as i32),
-                ));
-            }
-            remote.take_fd(fd as i32)?
+            let fd = crate::inject::maker::userfaultfd_inside(
+                &remote,
+                flags,
+                "write frequency from outside (synchronous uffd-wp)",
+            )?;
+            remote.take_fd(fd)?
         };
         let (want, what) = if sync {
             (
@@ -175,33 +169,6 @@ impl UffdWp {
             buf: vec![pagemap::PageRegion::default(); SCAN_VEC],
             pid: Some(pid),
         })
-    }
-
-    /// `userfaultfd(flags)` made again inside `pid` after the kernel refused
-    /// it `EPERM`: a descriptor that also handles faults the kernel takes
-    /// needs CAP_SYS_PTRACE of the process itself (a container's process
-    /// lacks it) or `vm.unprivileged_userfaultfd = 1`. The setting is set
-    /// to 1 for this one call, journaled first (see [`crate::settings`]),
-    /// and put back at once; refused, with that reason, where it cannot be
-    /// taken.
-    fn lent_setting_call(pid: i32, remote: &crate::inject::Remote<'_>, flags: u64) -> Result<i64> {
-        const SETTING: &str = "/proc/sys/vm/unprivileged_userfaultfd";
-        let refused = |why: String| Error::Unsupported {
-            feature: "write frequency from outside (synchronous uffd-wp)",
-            why: format!(
-                "process {pid} may not open a userfaultfd that handles faults the kernel takes: \
-                 that needs CAP_SYS_PTRACE of the process itself, which it lacks (a \
-                 container drops it), or {SETTING} = 1, {why}"
-            ),
-        };
-        if crate::procfs::read_trimmed(SETTING).ok().as_deref() != Some("0") {
-            return Err(refused("and the call was refused all the same".into()));
-        }
-        let guard = crate::settings::SettingGuard::set(SETTING, "1")
-            .map_err(|e| refused(format!("which pagewise could not set for the call: {e}")))?;
-        let fd = remote.syscall(libc::SYS_userfaultfd, [flags, 0, 0, 0, 0, 0]);
-        drop(guard);
-        fd
     }
 
     /// Registers `r` for write-protect tracking; with `protect`, also protects it

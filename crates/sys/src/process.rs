@@ -416,6 +416,46 @@ pub fn write_fd(fd: std::os::fd::RawFd, buf: &[u8]) -> io::Result<usize> {
     cvt(n as libc::c_long).map(|n| n as usize)
 }
 
+/// The process at the other end of a connected Unix socket, as the
+/// kernel recorded it when the connection was made (`SO_PEERCRED`): its
+/// pid in this process's pid namespace (0 where it has none here) and its
+/// effective uid.
+pub fn peer_credentials(sock: std::os::fd::BorrowedFd<'_>) -> io::Result<(libc::pid_t, u32)> {
+    use std::os::fd::AsRawFd;
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are valid for writes and `len` says the
+    // size of `cred`; `sock` is open for the call.
+    cvt(unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    } as libc::c_long)?;
+    Ok((cred.pid, cred.uid))
+}
+
+/// Takes ownership of descriptor `fd` of this process, which another party
+/// made for it (a privileged helper that made a call inside this process),
+/// after checking that it is open.
+///
+/// # Safety
+/// Nothing else in this process owns `fd` or will close it.
+pub unsafe fn adopt_fd(fd: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: fcntl(F_GETFD) takes no pointer and changes nothing.
+    cvt(unsafe { libc::fcntl(fd, libc::F_GETFD) } as libc::c_long)?;
+    // SAFETY: open (just checked), and the caller vouches that nothing else
+    // owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
 /// Clears `FD_CLOEXEC` on `fd`, so that it survives an `exec`;
 /// async-signal-safe (for `pre_exec`).
 pub fn clear_cloexec(fd: std::os::fd::RawFd) -> io::Result<()> {

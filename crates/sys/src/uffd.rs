@@ -282,12 +282,36 @@ pub enum UffdSource {
     Device,
 }
 
-/// Creates a userfaultfd with the `userfaultfd(2)` system call.
+/// Where this process gets a userfaultfd the kernel refuses to make for it
+/// (a container's seccomp profile answers the call `EPERM` or `ENOSYS`):
+/// a function that has one made inside the process by a privileged helper
+/// (the preload shim of a containerised program asks the host's
+/// `pagewise farmem serve`). Set once; see [`set_maker`].
+static MAKER: std::sync::OnceLock<fn(libc::c_int) -> io::Result<OwnedFd>> =
+    std::sync::OnceLock::new();
+
+/// Sets the maker [`userfaultfd`] turns to when the call is refused with
+/// `EPERM` or `ENOSYS`; false if one was set already.
+pub fn set_maker(f: fn(libc::c_int) -> io::Result<OwnedFd>) -> bool {
+    MAKER.set(f).is_ok()
+}
+
+/// Creates a userfaultfd with the `userfaultfd(2)` system call (or, where
+/// the call is refused `EPERM` or `ENOSYS` and a maker is set, through
+/// [the maker](set_maker)).
 ///
 /// `flags` are `O_CLOEXEC`, `O_NONBLOCK` and [`UFFD_USER_MODE_ONLY`].
 pub fn userfaultfd(flags: libc::c_int) -> io::Result<OwnedFd> {
     // SAFETY: userfaultfd takes one integer argument and returns a new fd or -1.
-    let fd = cvt(unsafe { libc::syscall(libc::SYS_userfaultfd, flags) })?;
+    let fd = match cvt(unsafe { libc::syscall(libc::SYS_userfaultfd, flags) }) {
+        Ok(fd) => fd,
+        Err(e) => {
+            return match (e.raw_os_error(), MAKER.get()) {
+                (Some(libc::EPERM | libc::ENOSYS), Some(make)) => make(flags),
+                _ => Err(e),
+            }
+        }
+    };
     // SAFETY: the kernel just returned this fd to us; we are its only owner.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }

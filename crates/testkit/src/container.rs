@@ -58,6 +58,23 @@ pub fn podman_run(
     program: &str,
     args: &[&str],
 ) -> Command {
+    let more: Vec<String> = env
+        .iter()
+        .flat_map(|(k, v)| ["-e".to_string(), format!("{k}={v}")])
+        .collect();
+    podman_run_with(tmp, name, dir, &more, program, args)
+}
+
+/// [`podman_run`] with `more` arguments of `podman run` (volumes,
+/// environment, a user) instead of an environment.
+pub fn podman_run_with(
+    tmp: &Path,
+    name: &str,
+    dir: &Path,
+    more: &[String],
+    program: &str,
+    args: &[&str],
+) -> Command {
     let mut c = Command::new("podman");
     c.args(["--runtime", "runc", "run", "-i", "--rm", "--name", name])
         .args(["--read-only", "--network", "none"])
@@ -70,11 +87,21 @@ pub fn podman_run(
         .args(["-v", "/usr:/usr:ro"])
         .arg("-v")
         .arg(format!("{}:/t:ro", dir.display()));
-    for (k, v) in env {
-        c.arg("-e").arg(format!("{k}={v}"));
-    }
+    c.args(more);
     c.arg("--rootfs").arg(root(tmp)).arg(program).args(args);
     c
+}
+
+/// The host pid of the first process of running container `name`.
+pub fn host_pid(name: &str) -> i32 {
+    let out = Command::new("podman")
+        .args(["inspect", "--format", "{{.State.Pid}}", name])
+        .output()
+        .expect("running podman inspect");
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("the container's pid")
 }
 
 /// A container running one program with stdin and stdout piped; removed
@@ -117,14 +144,7 @@ impl Container {
         let mut p = Piped::start(&mut c);
         let l = p.line();
         assert!(l.starts_with("ready"), "the container's program said {l:?}");
-        let out = Command::new("podman")
-            .args(["inspect", "--format", "{{.State.Pid}}", &name])
-            .output()
-            .expect("running podman inspect");
-        let pid = String::from_utf8_lossy(&out.stdout)
-            .trim()
-            .parse()
-            .expect("the container's pid");
+        let pid = host_pid(&name);
         Container {
             name,
             p,

@@ -12,10 +12,11 @@ mod seccomp_filter;
 mod shim_hello;
 mod store;
 mod track_protocol;
+mod uffd_maker;
 mod wire;
 
 /// The targets' names (those of `corpus/` and of `fuzz/fuzz_targets/`).
-pub const NAMES: [&str; 8] = [
+pub const NAMES: [&str; 9] = [
     "wire",
     "track-protocol",
     "shim-hello",
@@ -24,6 +25,7 @@ pub const NAMES: [&str; 8] = [
     "store",
     "process-record",
     "seccomp-filter",
+    "uffd-maker",
 ];
 
 /// One parser under test, set up once, fed many inputs.
@@ -48,6 +50,7 @@ pub fn open(name: &str, work: &Path) -> Result<Box<dyn Target>> {
         "store" => Box::new(store::Store::new(work)?),
         "process-record" => Box::new(process_record::ProcessRecordTarget),
         "seccomp-filter" => Box::new(seccomp_filter::SeccompFilter),
+        "uffd-maker" => Box::new(uffd_maker::UffdMaker),
         other => bail!("no fuzz target {other:?}: {}", NAMES.join(", ")),
     })
 }

@@ -86,6 +86,23 @@ extern "C" fn after_fork_child() {
     }
 }
 
+/// The socket of the host's server of the instance, for a program in a
+/// container (see `pagewise::farmem::serve`).
+static SERVER: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+
+/// A userfaultfd the kernel refused this process (a container's seccomp
+/// profile refuses the call), made inside it by the host's server.
+fn userfaultfd_from_server(flags: libc::c_int) -> std::io::Result<std::os::fd::OwnedFd> {
+    let path = SERVER
+        .get()
+        .ok_or_else(|| std::io::Error::from_raw_os_error(libc::EPERM))?;
+    let fd = pagewise::farmem::serve::userfaultfd_from(path, flags)?;
+    // SAFETY: the server made this descriptor inside this process for this
+    // request alone (checked to be a userfaultfd); nothing here knows its
+    // number but this call.
+    unsafe { pagewise_sys::process::adopt_fd(fd) }
+}
+
 /// What pagewise asked of the shim for far memory, kept for a child after
 /// fork (which joins the same instance).
 static REQUEST: std::sync::OnceLock<FarmemRequest> = std::sync::OnceLock::new();
@@ -98,12 +115,27 @@ fn start(req: &FarmemRequest, child: bool) -> Result<(), String> {
         Instance::open(&req.instance, pagewise::farmem::instance::Access::Join)
             .map_err(|e| e.to_string())?,
     );
-    let pid = std::process::id() as i32;
     let tag = req.tag;
+    // In a container, by its host pid, and its userfaultfds made by the
+    // host's server (see `pagewise::farmem::serve`).
+    let (pid, contained) = match pagewise::farmem::serve::served_as(&req.instance) {
+        None => (std::process::id() as i32, false),
+        Some(Err(e)) => return Err(e.to_string()),
+        Some(Ok((path, host_pid))) => {
+            let _ = SERVER.set(path);
+            pagewise_sys::uffd::set_maker(userfaultfd_from_server);
+            (host_pid, true)
+        }
+    };
     // After an exec the process is a member already under its old image,
     // which never left: that slot is done.
     inst.leave_pid(pid);
-    let slot = inst.join(pid, tag).map_err(|e| e.to_string())?;
+    let slot = if contained {
+        inst.join_from_container(pid, tag)
+    } else {
+        inst.join(pid, tag)
+    }
+    .map_err(|e| e.to_string())?;
     let fail = |e: String| {
         inst.leave(slot);
         e
