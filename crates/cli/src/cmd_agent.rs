@@ -32,11 +32,13 @@ use std::time::{Duration, Instant};
   policy = \"coverage\"         # or address, utilisation:F
   budget_per_second = 16.0
   cpu_share = 0.1
+  measure_per_step = 64       # candidates whose coverage a step measures (0: all)
   # walk_ns = 30.0            # measured at start-up if not given
 
   [dedup]                     # KSM where it costs no hot huge page (as dedup run)
   enabled = true
   policy = \"smartmd\"
+  hot_backoff = 8             # steps a region hot step after step may rest unwatched
 
   [[select]]                  # every process in a container
   all_containers = true       # or: container = \"ID|NAME\", cgroup = \"PATH\"
@@ -97,7 +99,8 @@ pub fn run(a: Args) -> Result<i32> {
     let t0 = Instant::now();
     // Answering first: /healthz and /metrics from start-up on, before the
     // agents are made (the walk cost is measured, KSM claimed).
-    let served = Arc::new(Mutex::new(node_text(&[], 0, t0, &[])));
+    let mut sampled = Sampled::default();
+    let served = Arc::new(Mutex::new(node_text(&[], 0, t0, &[], &mut sampled)));
     agents::serve_metrics(&c.listen, served.clone())?;
     if !a.json {
         eprintln!(
@@ -109,11 +112,20 @@ pub fn run(a: Args) -> Result<i32> {
     let mut known: Vec<Chosen> = Vec::new();
     let interval = Duration::from_millis(c.interval_ms);
     let mut steps = 0u64;
+    let mut last_pids = Vec::new();
     while a.steps.is_none_or(|n| steps < n) {
         if stop.sleep((t0 + interval * steps as u32).saturating_duration_since(Instant::now())) {
             break;
         }
-        follow(&sel, &mut known, &mut ag, !a.json);
+        // The node's processes are read again for newcomers when a
+        // process came or went, and every LOOK_EVERY steps all the same (a
+        // process moved into a container's cgroup after it started).
+        let mut pids = pagewise::process::pids();
+        pids.sort_unstable();
+        if pids != last_pids || steps.is_multiple_of(LOOK_EVERY) {
+            follow(&sel, &mut known, &mut ag, !a.json);
+            last_pids = pids;
+        }
         let thp = match ag.thp.as_mut().filter(|t| t.watching()) {
             Some(t) => Some(t.step()?),
             None => None,
@@ -125,7 +137,7 @@ pub fn run(a: Args) -> Result<i32> {
         steps += 1;
         known.retain(|k| pagewise::process::is_alive(k.member.pid));
         let groups = ag.thp.as_ref().map(|t| t.groups()).unwrap_or_default();
-        let mut text = node_text(&known, steps, t0, &groups);
+        let mut text = node_text(&known, steps, t0, &groups, &mut sampled);
         if let Some(t) = &ag.thp {
             text += &t.metrics();
         }
@@ -184,7 +196,8 @@ fn make_agents(c: &Config) -> Result<Agents> {
                         .cpu_share(c.thp.cpu_share),
                 )
                 .walk_ns(walk_ns)
-                .recovery(None);
+                .recovery(None)
+                .coverage_per_step((c.thp.measure_per_step > 0).then_some(c.thp.measure_per_step));
             Some(pagewise::thp::agent::Agent::new(&[], opts)?)
         }
     };
@@ -199,7 +212,8 @@ fn make_agents(c: &Config) -> Result<Agents> {
             };
             let opts = pagewise::dedup::Options::default()
                 .window(Duration::from_millis(c.window_ms))
-                .policy(policy);
+                .policy(policy)
+                .hot_backoff(c.dedup.hot_backoff);
             Some(pagewise::dedup::Agent::new(&[], opts)?)
         }
     };
@@ -270,11 +284,56 @@ fn containers(known: &[Chosen]) -> Vec<&pagewise::process::container::ContainerR
     out
 }
 
+/// Steps between two reads of the node's processes for newcomers when
+/// none came or went.
+const LOOK_EVERY: u64 = 5;
+/// Steps between two reads of each process's `ksm_stat` and
+/// `smaps_rollup` (the latter walks all its page tables): a scrape every
+/// 30 s or so needs no fresher figures.
+const SAMPLE_EVERY: u64 = 5;
+
+/// A process's KSM figures (merging pages, profit) and huge pages.
+type Figures = (Option<(u64, i64)>, Option<u64>);
+
+/// Each watched process's [`Figures`], as last read, and the step they
+/// were read at.
+#[derive(Default)]
+struct Sampled {
+    at: u64,
+    per: std::collections::HashMap<i32, Figures>,
+}
+
+impl Sampled {
+    /// Process `pid`'s figures: read again every [`SAMPLE_EVERY`] steps
+    /// (and for a process not read yet).
+    fn of(&mut self, pid: i32, steps: u64) -> Figures {
+        if steps >= self.at + SAMPLE_EVERY {
+            self.at = steps;
+            self.per.clear();
+        }
+        *self.per.entry(pid).or_insert_with(|| {
+            (
+                pagewise::process::ksm_stat(pid).map(|s| (s.merging_pages, s.process_profit)),
+                pagewise::process::resident(pid)
+                    .ok()
+                    .map(|r| r.anon_huge_kib / 2048),
+            )
+        })
+    }
+}
+
 /// The node agent's own metrics: that it is up, its steps and CPU time,
 /// what it watches, and per process what KSM saves it (the kernel's
-/// `ksm_stat`) and the huge pages it holds; per container the huge pages
-/// given under its budget.
-fn node_text(known: &[Chosen], steps: u64, t0: Instant, groups: &[(String, u64, u64)]) -> String {
+/// `ksm_stat`) and the huge pages it holds (both read every
+/// [`SAMPLE_EVERY`] steps); per container the huge pages given under its
+/// budget.
+fn node_text(
+    known: &[Chosen],
+    steps: u64,
+    t0: Instant,
+    groups: &[(String, u64, u64)],
+    sampled: &mut Sampled,
+) -> String {
     let cpu = pagewise::process::cpu_time(std::process::id() as i32)
         .map(|d| d.as_secs_f64())
         .unwrap_or(0.0);
@@ -305,26 +364,27 @@ fn node_text(known: &[Chosen], steps: u64, t0: Instant, groups: &[(String, u64, 
     for k in known {
         let mm = &k.member;
         let labels = || agents::process_labels(mm.pid, mm.ns_pid, mm.container.as_ref());
-        if let Some(s) = pagewise::process::ksm_stat(mm.pid) {
+        let (ksm, huge) = sampled.of(mm.pid, steps);
+        if let Some((merging, profit)) = ksm {
             m.push(Metric::labelled(
                 "ksm_merging_pages",
                 "Pages of the process merged by KSM (ksm_stat's ksm_merging_pages).",
                 labels(),
-                s.merging_pages as f64,
+                merging as f64,
             ));
             m.push(Metric::labelled(
                 "ksm_profit_bytes",
                 "What KSM saves the process less its own cost (ksm_stat's ksm_process_profit).",
                 labels(),
-                s.process_profit as f64,
+                profit as f64,
             ));
         }
-        if let Ok(r) = pagewise::process::resident(mm.pid) {
+        if let Some(h) = huge {
             m.push(Metric::labelled(
                 "anon_huge_pages",
                 "Anonymous memory of the process mapped by 2 MiB pages (smaps_rollup's AnonHugePages).",
                 labels(),
-                (r.anon_huge_kib / 2048) as f64,
+                h as f64,
             ));
         }
     }

@@ -13,10 +13,12 @@
 //! policy = "coverage"
 //! budget_per_second = 16.0
 //! cpu_share = 0.1
+//! measure_per_step = 64       # candidates measured a step, longest ago first
 //!
 //! [dedup]                     # KSM where it costs no hot huge page (dedup run)
 //! enabled = true
 //! policy = "smartmd"
+//! hot_backoff = 8             # a region hot step after step rests up to 8 steps
 //!
 //! [[select]]                  # every container, 64 huge pages each
 //! all_containers = true
@@ -82,6 +84,9 @@ pub struct ThpConfig {
     pub cpu_share: f64,
     /// What a page walk costs here, ns (measured at start-up if not given).
     pub walk_ns: Option<f64>,
+    /// Most candidate regions whose coverage a step measures, over all
+    /// containers, those measured longest ago first (0: all of them).
+    pub measure_per_step: usize,
 }
 
 impl Default for ThpConfig {
@@ -92,6 +97,7 @@ impl Default for ThpConfig {
             budget_per_second: 16.0,
             cpu_share: 0.1,
             walk_ns: None,
+            measure_per_step: 64,
         }
     }
 }
@@ -104,6 +110,9 @@ pub struct DedupConfig {
     pub enabled: bool,
     /// `smartmd`, `ksm-everywhere`, `no-splitting` or `ingens-like`.
     pub policy: String,
+    /// Steps a region found hot step after step may go unwatched (1, 2,
+    /// 4, ... up to this; 0: every region watched every step).
+    pub hot_backoff: u8,
 }
 
 impl Default for DedupConfig {
@@ -111,6 +120,7 @@ impl Default for DedupConfig {
         DedupConfig {
             enabled: true,
             policy: "smartmd".into(),
+            hot_backoff: 8,
         }
     }
 }

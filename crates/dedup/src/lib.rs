@@ -207,6 +207,13 @@ pub struct Options {
     /// [`full_scan`](Self::full_scan), and for every policy alike, so that
     /// the comparison policies run ksmd as the SmartMD policy does.
     pub smart_scan: Option<bool>,
+    /// A region found written in step after step, its frequency at
+    /// [`FREQ_MAX`], is left unprotected for 1, 2, 4, ... up to this many
+    /// steps before it is watched again (its frequency kept, so it stays
+    /// hot meanwhile; found unwritten, it is watched every step again):
+    /// the protection a hot region costs each step, lifted at its next
+    /// write, is most of what watching costs. 0: every region every step.
+    pub hot_backoff: u8,
 }
 
 setters!(Options {
@@ -218,6 +225,7 @@ setters!(Options {
     full_scan: Option<Duration>,
     rebuilds_per_step: usize,
     smart_scan: Option<bool>,
+    hot_backoff: u8,
 });
 
 impl Default for Options {
@@ -231,6 +239,7 @@ impl Default for Options {
             full_scan: Some(Duration::from_secs(10)),
             rebuilds_per_step: 32,
             smart_scan: Some(false),
+            hot_backoff: 0,
         }
     }
 }
@@ -404,6 +413,10 @@ struct RegionState {
     freq: u8,
     /// Watched for writes since the last step's count.
     watched: bool,
+    /// Steps of back-off it is in (see [`Options::hot_backoff`]), and
+    /// those left before it is watched again.
+    pause: u8,
+    rest: u8,
     mergeable: bool,
     huge: bool,
     /// Per page: its digest, `None` when not resident or not read yet.

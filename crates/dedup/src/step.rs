@@ -108,6 +108,8 @@ impl Agent {
                 let mut s = t.state.regions.remove(&start).unwrap_or(RegionState {
                     freq: FREQ_MAX,
                     watched: false,
+                    pause: 0,
+                    rest: 0,
                     mergeable: false,
                     huge: r.huge,
                     digests: vec![None; PAGES],
@@ -137,6 +139,7 @@ impl Agent {
         }
         self.last_take = Some(Instant::now());
         let again_turn = self.scan.is_multiple_of(MERGED_WATCH_EVERY);
+        let backoff = self.opts.hot_backoff;
         for t in self.targets.live_mut() {
             let pid = t.pid;
             let no_coverage = |why: String| Action::NoCoverage { pid, why };
@@ -164,15 +167,33 @@ impl Agent {
                     if taken.written.contains(&start) {
                         written.regions += 1;
                         s.freq = (s.freq + 1).min(FREQ_MAX);
+                        if backoff > 0 && s.freq == FREQ_MAX && !s.mergeable {
+                            s.pause = s.pause.saturating_mul(2).clamp(1, backoff);
+                            s.rest = s.pause;
+                        }
                     } else {
                         s.freq = s.freq.saturating_sub(1);
+                        s.pause = 0;
                     }
+                }
+            }
+            // A region resting (hot, in back-off) is left unprotected, its
+            // frequency as it was, until its rest is over.
+            let mut resting = BTreeSet::new();
+            for (&start, s) in t.state.regions.iter_mut() {
+                if s.rest > 0 {
+                    s.rest -= 1;
+                    // Its writes go unseen: what was read of it is no
+                    // longer known to be current.
+                    s.read = false;
+                    resting.insert(start);
                 }
             }
             let rs: Vec<Region> = t
                 .state
                 .regions
                 .keys()
+                .filter(|s| !resting.contains(s))
                 .map(|&start| Region {
                     start,
                     len: HUGE_PAGE_SIZE as u64,
@@ -189,7 +210,9 @@ impl Agent {
                 .collect();
             match w.watch(&rs, &again) {
                 Ok(()) => {
-                    t.state.regions.values_mut().for_each(|s| s.watched = true);
+                    for (start, s) in t.state.regions.iter_mut() {
+                        s.watched = !resting.contains(start);
+                    }
                     written.by_pid.insert(pid, taken.written);
                 }
                 Err(e) => actions.push(no_coverage(e.to_string())),

@@ -220,6 +220,8 @@ pub struct RegionWrites {
     protected: BTreeSet<u64>,
     seen: Arc<Mutex<Seen>>,
     stop: Arc<AtomicBool>,
+    /// Wakes the serving thread to stop (it sleeps until a fault or this).
+    wake: std::io::PipeWriter,
     /// The serving thread's CPU time, ns (updated as it serves).
     cpu_ns: Arc<AtomicU64>,
     server: Option<std::thread::JoinHandle<()>>,
@@ -261,10 +263,12 @@ impl RegionWrites {
         let seen = Arc::new(Mutex::new(Seen::default()));
         let stop = Arc::new(AtomicBool::new(false));
         let cpu_ns = Arc::new(AtomicU64::new(0));
+        let (woken, wake) =
+            std::io::pipe().map_err(|e| Error::os("creating the server's wake pipe", e))?;
         let server = {
             let (seen, stop, cpu) = (seen.clone(), stop.clone(), cpu_ns.clone());
             pagewise_sys::signal::spawn_quiet(format!("pagewise-wp-{pid}"), move || {
-                serve_writes(fd, &seen, &stop, &cpu)
+                serve_writes(fd, woken, &seen, &stop, &cpu)
             })
             .map_err(|e| Error::os("starting the thread serving a userfaultfd", e))?
         };
@@ -275,6 +279,7 @@ impl RegionWrites {
             protected: BTreeSet::new(),
             seen,
             stop,
+            wake,
             cpu_ns,
             server: Some(server),
         })
@@ -387,6 +392,7 @@ impl Drop for RegionWrites {
             let _ = self.wp.unregister(r);
         }
         self.stop.store(true, Ordering::SeqCst);
+        let _ = std::io::Write::write_all(&mut self.wake, b"s");
         if let Some(t) = self.server.take() {
             let _ = t.join();
         }
@@ -412,10 +418,13 @@ fn runs_of(starts: impl Iterator<Item = u64>) -> Vec<crate::Region> {
 /// The thread serving a [`RegionWrites`]: notes each write fault's region
 /// and lifts its protection (under the lock, so that a take sees the
 /// region written exactly when its protection is lifted), and notes the
-/// ranges unmapped, moved or dropped. Polls `stop` every 100 ms, and
-/// publishes its CPU time in `cpu_ns`.
+/// ranges unmapped, moved or dropped. Sleeps until a message comes or
+/// `woken` is written (then ends if `stop` is set: no periodic wake-up,
+/// which costs a node agent watching many processes), and publishes its
+/// CPU time in `cpu_ns` before each sleep.
 fn serve_writes(
     fd: std::os::fd::OwnedFd,
+    woken: std::io::PipeReader,
     seen: &Mutex<Seen>,
     stop: &AtomicBool,
     cpu_ns: &AtomicU64,
@@ -428,9 +437,10 @@ fn serve_writes(
     };
     while !stop.load(Ordering::SeqCst) {
         cpu_ns.store(pagewise_sys::process::thread_cpu_ns(), Ordering::Relaxed);
-        match uffd::poll_readable(&[raw], 100) {
-            Ok(0) => continue,
+        match uffd::poll_readable(&[raw, woken.as_fd()], -1) {
+            Ok(r) if r & 1 == 0 => continue,
             Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
             Err(e) => return fail("polling its userfaultfd", e),
         }
         loop {

@@ -53,6 +53,20 @@ struct Target {
 }
 
 impl Target {
+    /// A target whose regions are huge pages, or `None`, said, where the
+    /// kernel refused the collapse.
+    fn start_huge() -> Option<Target> {
+        let t = Target::start();
+        if t.ctl(3) != 1 {
+            pagewise_testkit::claim_not_happened!(
+                "madv_collapse",
+                "the target's regions could not be made huge (MADV_COLLAPSE refused)"
+            );
+            return None;
+        }
+        Some(t)
+    }
+
     fn start() -> Target {
         let ctl = pagewise_sys::mem::mmap_shared_anonymous(PAGE_SIZE).unwrap() as *mut AtomicU64;
         // SAFETY: the child maps, fills and writes its own memory and the
@@ -288,14 +302,9 @@ fn smartmd_splits_cold_duplicates_keeps_hot_and_rebuilds() {
     // Absent before Linux 6.7.
     let smart_scan = || std::fs::read_to_string("/sys/kernel/mm/ksm/smart_scan").ok();
     let smart_before = smart_scan();
-    let t = Target::start();
-    if t.ctl(3) != 1 {
-        pagewise_testkit::claim_not_happened!(
-            "madv_collapse",
-            "the target's regions could not be made huge (MADV_COLLAPSE refused)"
-        );
+    let Some(t) = Target::start_huge() else {
         return;
-    }
+    };
     assert_eq!(huge_regions(t.pid), vec![true; REGIONS], "set-up");
     let opts = Options::default()
         .window(Duration::from_millis(150))
@@ -427,6 +436,56 @@ fn smartmd_splits_cold_duplicates_keeps_hot_and_rebuilds() {
     assert_eq!(Policy::parse("smartmd"), Some(Policy::SmartMd));
 }
 
+/// A region written step after step rests unwatched for 1, 2, then 4
+/// steps (`hot_backoff` 4) and is never merged meanwhile: the regions
+/// found written, step by step, follow that pattern exactly (every region
+/// written in every window does: the hot region, and any other the child
+/// writes all the time), where without the back-off every step finds
+/// them; the hot region is made mergeable in neither run.
+#[test]
+fn a_region_hot_step_after_step_rests_and_is_never_merged() {
+    if !available() {
+        return;
+    }
+    let _one = common::one_target_at_a_time();
+    let Some(t) = Target::start_huge() else {
+        return;
+    };
+    for (backoff, pattern) in [
+        (0u8, vec![1u64; 11]),
+        (4, vec![1, 0, 1, 0, 0, 1, 0, 0, 0, 0, 1]),
+    ] {
+        let opts = Options::default()
+            .window(Duration::from_millis(100))
+            .policy(Policy::SmartMd)
+            .thresholds(Some(
+                Thresholds::default().cold_max(0).hot_min(2).repetition(0.5),
+            ))
+            .hot_backoff(backoff);
+        let mut agent = Agent::new(&[t.pid], opts).unwrap();
+        let mut written = Vec::new();
+        let mut actions = Vec::new();
+        for _ in 0..12 {
+            let s = agent.step().unwrap();
+            written.push(s.written);
+            actions.extend(s.actions);
+        }
+        // The first step only starts watching.
+        let got = &written[1..];
+        let h = got[0];
+        println!("     hot_backoff {backoff}: regions found written per step {got:?}");
+        assert!(h >= 1, "the hot region found written: {written:?}");
+        let want: Vec<u64> = pattern.iter().map(|p| p * h).collect();
+        assert_eq!(got, want, "hot_backoff {backoff}");
+        assert!(
+            !merged(&actions).contains(&region(HOT)),
+            "hot_backoff {backoff}: the hot region made mergeable: {actions:?}"
+        );
+        agent.end();
+    }
+    t.check(false);
+}
+
 /// The comparison policies choose as they say, on the same known layout:
 /// KSM everywhere every region at once; no splitting none (all four are
 /// huge pages); Ingens-like the three cold ones, duplicates or not, and
@@ -444,14 +503,9 @@ fn comparison_policies_choose_as_they_say() {
         (Policy::NoSplitting, vec![]),
         (Policy::IngensLike, vec![0, 1, 3]),
     ] {
-        let t = Target::start();
-        if t.ctl(3) != 1 {
-            pagewise_testkit::claim_not_happened!(
-                "madv_collapse",
-                "the target's regions could not be made huge (MADV_COLLAPSE refused)"
-            );
+        let Some(t) = Target::start_huge() else {
             return;
-        }
+        };
         let opts = Options::default()
             .window(Duration::from_millis(150))
             .policy(policy)

@@ -32,6 +32,19 @@ struct Target {
 }
 
 impl Target {
+    /// A target whose regions are base pages, or `None`, said, where they
+    /// were huge pages from the start.
+    fn start_in_base_pages() -> Option<Target> {
+        let t = Target::start();
+        if t.huge() != [false; 4] {
+            pagewise_testkit::skip!(
+                "the target's regions were huge pages from the start (THP `always`?)"
+            );
+            return None;
+        }
+        Some(t)
+    }
+
     fn start() -> Target {
         // At a fixed address below the heap and every other mapping of
         // this process, so that the regions are the first in address order
@@ -312,6 +325,62 @@ fn promotes_by_coverage_within_the_budget_and_loses_no_write() {
     }
 }
 
+/// A cap on the candidates measured a step: with room for two of the
+/// target's four, the first step measures regions 0 and 1 (never measured,
+/// in order), the second 2 and 3 (measured longest ago: never), the third
+/// 0 and 1 again; a candidate not measured in a step keeps what it
+/// measured last (never measured: untouched). The writes are those of
+/// `STRIDE`, so each measured figure is known: 0, 8, 512 and 64 pages
+/// (regions 2 and 3, had they been measured in the first step, would show
+/// 512 and 64 there).
+#[test]
+fn a_cap_on_coverage_measures_the_longest_unmeasured_first() {
+    let _one = common::one_target_at_a_time();
+    if !available() {
+        return;
+    }
+    let Some(t) = Target::start_in_base_pages() else {
+        return;
+    };
+    let opts = Options::default()
+        .interval(Duration::from_millis(500))
+        .window(Duration::from_millis(200))
+        .policy(Policy::Coverage)
+        .budget(Budget::default().total(Some(0)))
+        .walk_ns(30.0)
+        .recovery(None)
+        .coverage_per_step(Some(2));
+    let mut agent = Agent::new(&[t.pid], opts).unwrap();
+    let region = |s: u64| (s - t.base) / HUGE_PAGE_SIZE as u64;
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let before = t.passes();
+        let step = agent.step().unwrap();
+        let passes = t.passes() - before;
+        let touched: Vec<Option<u64>> = (0..4u64)
+            .map(|r| {
+                step.candidates
+                    .iter()
+                    .find(|c| region(c.start) == r)
+                    .and_then(|c| c.touched)
+            })
+            .collect();
+        if passes < 3 {
+            pagewise_testkit::not_happened!(
+                "the target made {passes} passes during a step (3 needed to cover a region in the window): the figures not checked"
+            );
+            return;
+        }
+        seen.push(touched);
+    }
+    println!("     coverage per step: {seen:?}");
+    // A candidate with nothing touched is not listed (it has no benefit).
+    assert_eq!(seen[0], [None, Some(8), None, None], "step 1");
+    assert_eq!(seen[1], [None, Some(8), Some(512), Some(64)], "step 2");
+    assert_eq!(seen[2], seen[1], "step 3");
+    assert_eq!(t.check(), 2048, "a write lost");
+}
+
 /// A group's budget (a container's): the process of group `c1`, allowed
 /// one huge page, gets one in address order though the agent's own budget
 /// allows more, the rest said to be passed over for the group's budget;
@@ -323,13 +392,9 @@ fn a_groups_budget_caps_its_processes() {
     if !available() {
         return;
     }
-    let t = Target::start();
-    if t.huge() != [false; 4] {
-        pagewise_testkit::skip!(
-            "the target's regions were huge pages from the start (THP `always`?)"
-        );
+    let Some(t) = Target::start_in_base_pages() else {
         return;
-    }
+    };
     let opts = Options::default()
         .interval(Duration::from_millis(500))
         .window(Duration::from_millis(100))

@@ -61,7 +61,7 @@ use pagewise_mech::procfs;
 use pagewise_mech::settings::SettingGuard;
 use pagewise_mech::{Error, Region, Result, HUGE_PAGE_SIZE, PAGE_SIZE};
 use serde::Serialize;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 /// Which regions are promoted first.
@@ -234,6 +234,13 @@ pub struct Options {
     pub walk_ns: f64,
     /// Bloat recovery, if wanted.
     pub recovery: Option<Recovery>,
+    /// Most candidates whose coverage a step measures (`None`: all of
+    /// them), those measured longest ago first; the others keep what they
+    /// measured last (a candidate never measured counts as untouched until
+    /// it is). Each measured candidate is write-protected for the window,
+    /// which is most of what a step costs: a node agent watching many
+    /// processes bounds it so.
+    pub coverage_per_step: Option<usize>,
 }
 
 setters!(Options {
@@ -243,6 +250,7 @@ setters!(Options {
     budget: Budget,
     walk_ns: f64,
     recovery: Option<Recovery>,
+    coverage_per_step: Option<usize>,
 });
 
 impl Default for Options {
@@ -254,6 +262,7 @@ impl Default for Options {
             budget: Budget::default(),
             walk_ns: 30.0,
             recovery: None,
+            coverage_per_step: None,
         }
     }
 }
@@ -439,6 +448,9 @@ type Seen = (usize, Vec<(Region, u64)>, u64);
 /// The agent's state of one watched process.
 struct Process {
     coverage: std::result::Result<WriteCoverage, String>,
+    /// Per candidate (its start): the step its coverage was last measured
+    /// at, and the pages it touched then.
+    measured: HashMap<u64, (u64, u64)>,
     /// Huge pages promoted in it.
     promoted: u64,
     /// The group (a container, a pod) whose budget it draws on, if any.
@@ -622,6 +634,7 @@ impl agent::Agent for Agent {
             Ok(Process {
                 coverage: coverage
                     .and_then(|()| WriteCoverage::new(pid).map_err(|e| e.to_string())),
+                measured: HashMap::new(),
                 promoted: 0,
                 group: None,
             })

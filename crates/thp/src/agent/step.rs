@@ -129,21 +129,33 @@ impl Agent {
         touched
     }
 
-    /// Writes from outside: every process's candidates write-protected,
-    /// one window, then the pages written.
+    /// Writes from outside: every process's candidates write-protected
+    /// (at most [`coverage_per_step`](super::Options::coverage_per_step)
+    /// of them, those measured longest ago first), one window, then the
+    /// pages written; a candidate not measured now keeps what it touched
+    /// when it was.
     fn coverage_written(&mut self, per: &[Seen], actions: &mut Vec<Action>) -> Touched {
+        let now = self.counters.steps + 1;
+        let picked = self.pick_measured(per);
         let mut touched = vec![None; per.len()];
         let mut armed = vec![false; per.len()];
+        let mut failed = vec![false; per.len()];
         for (k, (i, cands, _)) in per.iter().enumerate() {
             let t = &mut self.targets[*i];
             if let Ok(c) = t.state.coverage.as_mut() {
-                let rs: Vec<Region> = cands.iter().map(|c| c.0).collect();
+                let rs: Vec<Region> = picked[k].iter().map(|&j| cands[j].0).collect();
+                if rs.is_empty() {
+                    continue;
+                }
                 match c.start(&rs) {
                     Ok(()) => armed[k] = true,
-                    Err(e) => actions.push(Action::NoCoverage {
-                        pid: t.pid,
-                        why: e.to_string(),
-                    }),
+                    Err(e) => {
+                        failed[k] = true;
+                        actions.push(Action::NoCoverage {
+                            pid: t.pid,
+                            why: e.to_string(),
+                        })
+                    }
                 }
             }
         }
@@ -153,15 +165,37 @@ impl Agent {
         for (k, (i, cands, _)) in per.iter().enumerate() {
             let t = &mut self.targets[*i];
             let pid = t.pid;
+            let measured = &mut t.state.measured;
             match t.state.coverage.as_mut() {
-                Ok(c) if armed[k] => match c.finish() {
-                    Ok(rep) => touched[k] = Some(touched_in(&rep, cands)),
-                    Err(e) => actions.push(Action::NoCoverage {
-                        pid,
-                        why: e.to_string(),
-                    }),
-                },
-                Ok(_) => {}
+                Ok(_) if failed[k] => {}
+                Ok(c) => {
+                    if armed[k] {
+                        match c.finish() {
+                            Ok(rep) => {
+                                let now_cands: Vec<(Region, u64)> =
+                                    picked[k].iter().map(|&j| cands[j]).collect();
+                                let got = touched_in(&rep, &now_cands);
+                                for (c, n) in now_cands.iter().zip(got) {
+                                    measured.insert(c.0.start, (now, n));
+                                }
+                            }
+                            Err(e) => {
+                                actions.push(Action::NoCoverage {
+                                    pid,
+                                    why: e.to_string(),
+                                });
+                                continue;
+                            }
+                        }
+                    }
+                    measured.retain(|start, _| cands.iter().any(|c| c.0.start == *start));
+                    touched[k] = Some(
+                        cands
+                            .iter()
+                            .map(|c| measured.get(&c.0.start).map_or(0, |m| m.1))
+                            .collect(),
+                    );
+                }
                 Err(why) => actions.push(Action::NoCoverage {
                     pid,
                     why: why.clone(),
@@ -169,6 +203,40 @@ impl Agent {
             }
         }
         touched
+    }
+
+    /// Per process (as `per`), the candidates whose coverage this step
+    /// measures: all, or the `coverage_per_step` measured longest ago (a
+    /// candidate never measured first).
+    fn pick_measured(&self, per: &[Seen]) -> Vec<Vec<usize>> {
+        let all = || -> Vec<Vec<usize>> {
+            per.iter()
+                .map(|(_, cands, _)| (0..cands.len()).collect())
+                .collect()
+        };
+        let Some(cap) = self.opts.coverage_per_step else {
+            return all();
+        };
+        let mut order: Vec<(u64, usize, usize)> = Vec::new();
+        for (k, (i, cands, _)) in per.iter().enumerate() {
+            let measured = &self.targets[*i].state.measured;
+            for (j, c) in cands.iter().enumerate() {
+                let last = measured.get(&c.0.start).map_or(0, |m| m.0);
+                order.push((last, k, j));
+            }
+        }
+        if order.len() <= cap {
+            return all();
+        }
+        order.sort_unstable();
+        let mut picked = vec![Vec::new(); per.len()];
+        for &(_, k, j) in order.iter().take(cap) {
+            picked[k].push(j);
+        }
+        for p in &mut picked {
+            p.sort_unstable();
+        }
+        picked
     }
 
     /// Every candidate of every process with its benefit.
