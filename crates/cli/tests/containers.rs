@@ -43,7 +43,26 @@ fn track_snapshot_restore_and_thp_act_on_a_default_container() {
     };
     let dir = path.parent().unwrap();
     let program = path.file_name().unwrap().to_str().unwrap();
-    let mut c = Container::start(tmp(), dir, program, &[]);
+    // As root inside, and as a user without privileges (what most images
+    // run as): the same commands, the same results.
+    for user in [None, Some("1000:1000")] {
+        let more: Vec<String> = user
+            .map(|u| vec!["--user".to_string(), u.to_string()])
+            .unwrap_or_default();
+        let mut c = Container::start_with(tmp(), dir, program, &[], &more);
+        let status = std::fs::read_to_string(format!("/proc/{}/status", c.pid)).unwrap();
+        let uid = pagewise_mech::procfs::status_field(&status, "Uid").unwrap();
+        assert_eq!(uid, if user.is_some() { 1000 } else { 0 }, "its user");
+        println!("---- the program in a default container as uid {uid}");
+        every_command_acts_on(&mut c);
+    }
+}
+
+/// track, snapshot (once, --every-ms, --live), restore in full and thp run
+/// on the program of container `c`, each as on a bare process; its
+/// filters as they were and no userfaultfd left after them, its own check
+/// passing.
+fn every_command_acts_on(c: &mut Container) {
     let pid = c.pid.to_string();
     let (filters, _) = filters_and_ufds(c.pid);
     assert!(

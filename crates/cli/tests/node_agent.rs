@@ -8,7 +8,7 @@
 
 #[macro_use]
 mod support;
-use pagewise_testkit::container::shell;
+use pagewise_testkit::container::{shell, shell_with};
 use support::*;
 
 fn tmp() -> &'static Path {
@@ -24,6 +24,10 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// One agent at a time: a second waits until the first puts KSM's
+/// settings back before it steps.
+static ONE_AGENT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn config(port: u16, body: &str) -> PathBuf {
     let p = temp_dir(&format!("agent-{port}.toml"));
     std::fs::write(&p, format!("listen = \"127.0.0.1:{port}\"\n{body}")).unwrap();
@@ -33,6 +37,7 @@ fn config(port: u16, body: &str) -> PathBuf {
 #[test]
 fn the_node_agent_watches_containers_and_puts_back_what_it_changed() {
     need_support!();
+    let _one = ONE_AGENT.lock().unwrap_or_else(|p| p.into_inner());
     let Some((a, _gone_a, _pa)) = shell(tmp(), "agent-a", "sleep 60 & sleep 60 & echo ready; wait")
     else {
         return;
@@ -175,6 +180,81 @@ fn the_node_agent_watches_containers_and_puts_back_what_it_changed() {
         "still answering after SIGTERM"
     );
     let _ = std::fs::remove_file(&cfg);
+}
+
+/// A container of a Kubernetes pod (its cgroup under
+/// `kubepods/besteffort/pod<UID>`, as the kubelet's cgroupfs driver makes
+/// it), on a node whose kubelet directory says `shop_web-0_<UID>`: its
+/// series carry the pod's uid, its namespace and its name.
+#[test]
+fn a_pods_series_carry_its_namespace_and_name() {
+    need_support!();
+    let _one = ONE_AGENT.lock().unwrap_or_else(|p| p.into_inner());
+    let uid = format!("0f6e3f1a-1b2c-4d5e-8f90-{:012x}", std::process::id());
+    let parent = format!("/kubepods/besteffort/pod{uid}");
+    let more = ["--cgroup-parent".to_string(), parent.clone()];
+    let Some((name, gone, _p)) = shell_with(tmp(), "agent-pod", "echo ready; sleep 60", &more)
+    else {
+        return;
+    };
+    let logs = temp_dir("pod-logs");
+    std::fs::create_dir_all(logs.join(format!("shop_web-0_{uid}"))).unwrap();
+    let port = free_port();
+    let cfg = config(
+        port,
+        &format!(
+            "interval_ms = 500\nwindow_ms = 100\n[thp]\nwalk_ns = 30.0\n[[select]]\ncontainer = \"{name}\"\nhuge_pages = 2\n"
+        ),
+    );
+    let mut agent = Command::new(BIN)
+        .args(["agent", "--config"])
+        .arg(&cfg)
+        .env("PAGEWISE_POD_LOGS", &logs)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut text = String::new();
+    for _ in 0..300 {
+        text = pagewise_testkit::http_get(port, "/metrics").unwrap_or_default();
+        if pagewise_testkit::metric_value(&text, "pagewise_node_steps_total")
+            .is_some_and(|s| s >= 2.0)
+        {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = pagewise_sys::process::kill(agent.id() as i32, libc::SIGTERM);
+    let _ = agent.wait();
+    drop(gone);
+    // The cgroups the test's parent made, emptied with the container.
+    for h in std::fs::read_dir("/sys/fs/cgroup")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let _ = std::fs::remove_dir(h.path().join(parent.trim_start_matches('/')));
+    }
+    let want = format!("pod=\"{uid}\",namespace=\"shop\",pod_name=\"web-0\"");
+    let labelled: Vec<&str> = text.lines().filter(|l| l.contains(&want)).collect();
+    assert!(
+        labelled
+            .iter()
+            .any(|l| l.starts_with("pagewise_node_ksm_merging_pages{")),
+        "a process's series: {text}"
+    );
+    assert!(
+        labelled
+            .iter()
+            .any(|l| l.starts_with("pagewise_node_container_huge_page_budget{")),
+        "the container's series: {text}"
+    );
+    assert!(
+        text.lines()
+            .filter(|l| l.contains(&format!("pod=\"{uid}\"")))
+            .all(|l| l.contains(&want)),
+        "every series of the pod names it: {text}"
+    );
+    println!("ok   {} series carry {want}", labelled.len());
 }
 
 #[test]

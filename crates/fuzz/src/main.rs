@@ -29,7 +29,8 @@ struct Args {
     #[arg(long)]
     write_corpus: bool,
     /// Targets to run (default: all): wire, track-protocol, shim-hello,
-    /// prezero-report, instance, store, process-record, seccomp-filter, uffd-maker.
+    /// prezero-report, instance, store, process-record, seccomp-filter, uffd-maker,
+    /// container-names.
     targets: Vec<String>,
 }
 

@@ -175,7 +175,9 @@ pub fn process_labels(
 }
 
 /// The labels of a container's series: `container`, `runtime` and, where
-/// its cgroup path says it, `pod`.
+/// its cgroup path says it, `pod` (the pod's uid); for a Kubernetes pod
+/// whose node keeps the kubelet's pod directories, `namespace` and
+/// `pod_name` too (see [`crate::container::pod_names`]).
 pub fn container_labels(c: &crate::container::ContainerRef) -> Vec<(&'static str, String)> {
     let mut labels = vec![
         ("container", c.short_id().to_string()),
@@ -183,6 +185,10 @@ pub fn container_labels(c: &crate::container::ContainerRef) -> Vec<(&'static str
     ];
     if let Some(pod) = &c.pod {
         labels.push(("pod", pod.clone()));
+        if let Some((namespace, name)) = crate::container::pod_names(pod) {
+            labels.push(("namespace", namespace));
+            labels.push(("pod_name", name));
+        }
     }
     labels
 }

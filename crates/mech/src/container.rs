@@ -97,6 +97,60 @@ pub fn parse_cgroup_file(text: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// Where the kubelet keeps a directory per pod on its node, named
+/// `NAMESPACE_NAME_UID` (the pod's logs); `PAGEWISE_POD_LOGS` overrides it.
+pub const POD_LOGS: &str = "/var/log/pods";
+
+/// A Kubernetes pod's namespace and name, which the kernel does not know
+/// (a cgroup path names the pod by its uid): read from the kubelet's
+/// directory of pod logs ([`POD_LOGS`]), where the node has one; no API
+/// server is asked. The directory is read again at most once a second,
+/// when a uid is not found in what was read last.
+pub fn pod_names(uid: &str) -> Option<(String, String)> {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    use std::time::{Duration, Instant};
+    type Names = HashMap<String, (String, String)>;
+    static READ: Mutex<Option<(Instant, Names)>> = Mutex::new(None);
+    let mut read = READ.lock().unwrap_or_else(|p| p.into_inner());
+    let stale = read.as_ref().is_none_or(|(at, names)| {
+        !names.contains_key(uid) && at.elapsed() >= Duration::from_secs(1)
+    });
+    if stale {
+        let dir = std::env::var_os("PAGEWISE_POD_LOGS").unwrap_or_else(|| POD_LOGS.into());
+        *read = Some((Instant::now(), pods_in(std::path::Path::new(&dir))));
+    }
+    read.as_ref()?.1.get(uid).cloned()
+}
+
+/// The pods a directory of kubelet pod directories names: uid → (namespace,
+/// name). Entries of another form are left out.
+fn pods_in(dir: &std::path::Path) -> std::collections::HashMap<String, (String, String)> {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| parse_pod_dir(e.file_name().to_str()?))
+                .map(|(ns, name, uid)| (uid, (ns, name)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A kubelet pod log directory's name, `NAMESPACE_NAME_UID`, as
+/// (namespace, name, uid): each part a DNS name's characters (so none
+/// holds `_`), at most 253 bytes; anything else is not one.
+pub fn parse_pod_dir(dir: &str) -> Option<(String, String, String)> {
+    let mut parts = dir.splitn(3, '_');
+    let (ns, name, uid) = (parts.next()?, parts.next()?, parts.next()?);
+    let ok = |p: &str| {
+        !p.is_empty()
+            && p.len() <= 253
+            && p.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+    };
+    (ok(ns) && ok(name) && ok(uid)).then(|| (ns.to_string(), name.to_string(), uid.to_string()))
+}
+
 /// The container process `pid` runs in, if any.
 pub fn container_of(pid: i32) -> Option<ContainerRef> {
     cgroup_paths(pid)
@@ -284,6 +338,32 @@ mod tests {
     use super::*;
 
     const ID: &str = "f98d96efb83a43a768b4fd663d576d8253d52ebc6fe7bba69ff232d57317ead8";
+
+    #[test]
+    fn a_pods_namespace_and_name_are_read_from_the_kubelets_directories() {
+        let uid = "0f6e3f1a-1b2c-4d5e-8f90-123456789abc";
+        assert_eq!(
+            parse_pod_dir(&format!("kube-system_coredns-5d78c9869d-x7k2p_{uid}")),
+            Some((
+                "kube-system".into(),
+                "coredns-5d78c9869d-x7k2p".into(),
+                uid.into()
+            ))
+        );
+        let long = format!("{}_b_c", "x".repeat(254));
+        for bad in [
+            "", "a_b", "a__c", "A_b_c", "a_b_c d", "a_b_c/d", "a_b_c_d", &long,
+        ] {
+            assert_eq!(parse_pod_dir(bad), None, "{bad:?}");
+        }
+        let dir = std::env::temp_dir().join(format!("pagewise-pods-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join(format!("web_web-0_{uid}"))).unwrap();
+        std::fs::create_dir_all(dir.join("not-a-pod")).unwrap();
+        let pods = pods_in(&dir);
+        assert_eq!(pods.len(), 1, "{pods:?}");
+        assert_eq!(pods[uid], ("web".to_string(), "web-0".to_string()));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn the_runtimes_cgroup_names_give_the_container() {

@@ -139,8 +139,25 @@ impl Container {
     /// [`podman_run`]); waits for its first line, which must start with
     /// `ready`.
     pub fn start(tmp: &Path, dir: &Path, program: &str, args: &[&str]) -> Container {
-        let name = format!("pagewise-test-{}-{program}", std::process::id());
-        let mut c = podman_run(tmp, &name, dir, &[], &format!("/t/{program}"), args);
+        Self::start_with(tmp, dir, program, args, &[])
+    }
+
+    /// [`start`](Self::start) with `more` arguments of `podman run` (a
+    /// user, say); the container is named after them too.
+    pub fn start_with(
+        tmp: &Path,
+        dir: &Path,
+        program: &str,
+        args: &[&str],
+        more: &[String],
+    ) -> Container {
+        let tag: String = more
+            .concat()
+            .chars()
+            .filter(|c| c.is_ascii_alphanumeric())
+            .collect();
+        let name = format!("pagewise-test-{}-{program}{tag}", std::process::id());
+        let mut c = podman_run_with(tmp, &name, dir, more, &format!("/t/{program}"), args);
         let mut p = Piped::start(&mut c);
         let l = p.line();
         assert!(l.starts_with("ready"), "the container's program said {l:?}");
@@ -158,13 +175,23 @@ impl Container {
 /// `script`, which says `ready` first; removed when the [`Removed`] is
 /// dropped. `None`, a skip said, where podman cannot run containers.
 pub fn shell(tmp: &Path, tag: &str, script: &str) -> Option<(String, Removed, Piped)> {
+    shell_with(tmp, tag, script, &[])
+}
+
+/// [`shell`] with `more` arguments of `podman run`.
+pub fn shell_with(
+    tmp: &Path,
+    tag: &str,
+    script: &str,
+    more: &[String],
+) -> Option<(String, Removed, Piped)> {
     if let Some(why) = podman_missing() {
         crate::skip!("{why}");
         return None;
     }
     let name = format!("pagewise-test-{}-{tag}", std::process::id());
     let gone = Removed(name.clone());
-    let mut run = podman_run(tmp, &name, tmp, &[], "/bin/sh", &["-c", script]);
+    let mut run = podman_run_with(tmp, &name, tmp, more, "/bin/sh", &["-c", script]);
     let mut p = Piped::start(&mut run);
     assert_eq!(p.line(), "ready");
     Some((name, gone, p))

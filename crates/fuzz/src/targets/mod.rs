@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use crate::mutate::Rng;
 
+mod container_names;
 mod instance;
 mod prezero_report;
 mod process_record;
@@ -16,7 +17,7 @@ mod uffd_maker;
 mod wire;
 
 /// The targets' names (those of `corpus/` and of `fuzz/fuzz_targets/`).
-pub const NAMES: [&str; 9] = [
+pub const NAMES: [&str; 10] = [
     "wire",
     "track-protocol",
     "shim-hello",
@@ -26,6 +27,7 @@ pub const NAMES: [&str; 9] = [
     "process-record",
     "seccomp-filter",
     "uffd-maker",
+    "container-names",
 ];
 
 /// One parser under test, set up once, fed many inputs.
@@ -51,6 +53,7 @@ pub fn open(name: &str, work: &Path) -> Result<Box<dyn Target>> {
         "process-record" => Box::new(process_record::ProcessRecordTarget),
         "seccomp-filter" => Box::new(seccomp_filter::SeccompFilter),
         "uffd-maker" => Box::new(uffd_maker::UffdMaker),
+        "container-names" => Box::new(container_names::ContainerNames),
         other => bail!("no fuzz target {other:?}: {}", NAMES.join(", ")),
     })
 }
