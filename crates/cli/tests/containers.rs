@@ -148,6 +148,24 @@ fn every_command_acts_on(c: &mut Container) {
         println!("ok   snapshot --pid {what}");
     }
 
+    // Live migration: pre-copied while it runs, to a receiver on loopback.
+    let dir = temp_dir("container-receive");
+    let (mut rx, mut rx_out, addr) = start_receiver(&dir, &["--once"]);
+    let out = Command::new(BIN)
+        .args(["snapshot", "--live", "--json", "--pid", &pid, "--to", &addr])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "snapshot --live --to: {err}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut conn = String::new();
+    rx_out.read_line(&mut conn).unwrap();
+    let conn: serde_json::Value = serde_json::from_str(&conn).unwrap();
+    assert_eq!(conn["saved"][0]["id"], report["save"]["id"], "{conn}");
+    assert!(rx.wait().unwrap().success());
+    let _ = std::fs::remove_dir_all(&dir);
+    println!("ok   snapshot --pid --live --to: received");
+
     // thp run: coverage measured (nothing written: nothing promoted).
     let out = Command::new(BIN)
         .args(["thp", "run", "--pid", &pid, "--steps", "2", "--json"])

@@ -460,3 +460,30 @@ pub fn rollback_target() -> Option<PathBuf> {
         }
     }
 }
+
+/// `receive --json` on a free loopback port saving into `dir`, with
+/// `extra` flags: the process, its output after the first line, and the
+/// address it listens on.
+pub fn start_receiver(
+    dir: &std::path::Path,
+    extra: &[&str],
+) -> (
+    std::process::Child,
+    BufReader<std::process::ChildStdout>,
+    String,
+) {
+    let mut rx = Command::new(BIN)
+        .args(["receive", "--listen", "127.0.0.1:0", "--json"])
+        .args(extra)
+        .arg("--out")
+        .arg(dir)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(rx.stdout.take().unwrap());
+    let mut first = String::new();
+    out.read_line(&mut first).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&first).unwrap();
+    let addr = v["listening"].as_str().unwrap().to_string();
+    (rx, out, addr)
+}
