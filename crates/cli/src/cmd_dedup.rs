@@ -71,6 +71,12 @@ struct RunArgs {
     /// milliseconds (0: leave ksmd as it is, and do not start it).
     #[arg(long, default_value_t = 10_000)]
     full_scan_ms: u64,
+    /// Let a region found written step after step rest unwatched for 1,
+    /// 2, 4, ... up to this many steps, its frequency kept (it stays hot,
+    /// never merged meanwhile): the protection a hot region costs each
+    /// step is most of what watching costs (0: every region every step).
+    #[arg(long, default_value_t = 0)]
+    hot_backoff: u8,
     /// Leave the regions made mergeable merged at the end.
     #[arg(long)]
     keep_merged: bool,
@@ -126,7 +132,8 @@ fn run_agent(a: RunArgs) -> Result<i32> {
         .sample(!a.no_sample)
         .exact(a.exact)
         .thresholds(thresholds)
-        .full_scan((a.full_scan_ms > 0).then(|| Duration::from_millis(a.full_scan_ms)));
+        .full_scan((a.full_scan_ms > 0).then(|| Duration::from_millis(a.full_scan_ms)))
+        .hot_backoff(a.hot_backoff);
     // The agent first: a command is not started where it cannot run.
     let mut agent = Agent::new(&pids, opts)?;
     // A command is started under the shim, which makes the calls asked of

@@ -380,6 +380,13 @@ fn take_group(t: &TakeArgs, stop: &Stop) -> Result<i32> {
     let existed = out.exists();
     let mut disk = DiskStore::create(&out, !t.no_verify)?;
     let every = Duration::from_millis(t.every.unwrap_or(0));
+    // A series reads, after each process's first snapshots, what it wrote
+    // since (tracked from outside while the group runs).
+    let mut series = if t.count > 1 {
+        pagewise::snap::remote::IncrementalGroup::new(&pids)
+    } else {
+        pagewise::snap::remote::IncrementalGroup::plain()
+    };
     let start = Instant::now();
     let mut r: Result<()> = Ok(());
     for i in 0..t.count {
@@ -388,7 +395,7 @@ fn take_group(t: &TakeArgs, stop: &Stop) -> Result<i32> {
             break;
         }
         let list = || t.groups.pids();
-        let g = match pagewise::snap::remote::snapshot_group(&list, &mut disk, &t.label) {
+        let g = match series.snapshot(&list, &mut disk, &t.label) {
             Ok(g) => g,
             Err(e) => {
                 r = Err(e.into());

@@ -79,6 +79,11 @@ struct RunArgs {
     /// The page-walk cost to rank by, ns (measured at start if not given).
     #[arg(long)]
     walk_ns: Option<f64>,
+    /// Most candidates whose coverage a step measures, those measured
+    /// longest ago first, the others keeping their last figure (default:
+    /// all): each is write-protected for the window, most of a step's cost.
+    #[arg(long)]
+    measure_per_step: Option<usize>,
     /// Give back the zero-filled base pages of huge pages when memory is
     /// tight (the process is stopped for it, each time, for a moment).
     #[arg(long)]
@@ -252,6 +257,7 @@ fn run_agent(a: RunArgs) -> Result<i32> {
                 .cpu_share(a.cpu_share),
         )
         .walk_ns(walk_ns)
+        .coverage_per_step(a.measure_per_step)
         .recovery(if a.recover_bloat {
             Some(
                 Recovery::default()

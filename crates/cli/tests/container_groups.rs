@@ -142,8 +142,23 @@ fn group_snapshots_agree(
         totals.windows(2).all(|w| w[0] < w[1]),
         "the processes counted on between snapshots: {totals:?}"
     );
+    // A series reads, from each process's third snapshot on, only what it
+    // wrote since (its shared page and its own counting page, a few more
+    // of the C library's): far fewer pages than its first, whole read.
+    let read = |k: usize| -> Vec<u64> {
+        lines[k]["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["snapshot"]["pages_read"].as_u64().unwrap())
+            .collect()
+    };
+    let (first, last) = (read(0), read(count - 1));
+    for (f, l) in first.iter().zip(&last) {
+        assert!(l * 4 < *f, "pages read: first {first:?}, last {last:?}");
+    }
     println!(
-        "ok   {count} snapshots of {} ({}), each of one instant (totals {} .. {})",
+        "ok   {count} snapshots of {} ({}), each of one instant (totals {} .. {}); pages read per process first {first:?}, last {last:?}",
         selector.join(" "),
         if frozen {
             "frozen"

@@ -259,6 +259,16 @@ fn dedup_merges_a_default_container_from_the_host() {
         "the four cold identical regions made mergeable: {lines:?} {err}"
     );
     assert!(!err.contains("seccomp"), "a refusal: {err}");
+    // Each step names the process by its host pid, its pid inside and its
+    // container, with what the agent made mergeable of it.
+    let last = &lines[lines.len() - 1]["processes"][0];
+    assert_eq!(last["pid"], pid, "{last}");
+    assert!(
+        last["ns_pid"].as_i64().is_some_and(|n| n != pid as i64),
+        "{last}"
+    );
+    assert_eq!(last["container"]["runtime"], "podman", "{last}");
+    assert!(last["mergeable"].as_u64() >= Some(4), "{last}");
     assert_eq!(
         filters_and_ufds(pid),
         (filters, 0),

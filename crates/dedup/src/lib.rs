@@ -374,6 +374,8 @@ pub struct Step {
     pub kept_few_duplicates: u64,
     /// Regions written in the window.
     pub written: u64,
+    /// Each watched process: its pids and container, its regions.
+    pub processes: Vec<ProcessState>,
     /// The filter.
     pub filter: FilterReport,
     /// KSM.
@@ -385,6 +387,24 @@ pub struct Step {
     pub cpu_ms: f64,
     /// The step's duration, ms (the window included).
     pub step_ms: f64,
+}
+
+/// One watched process in a step.
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+#[non_exhaustive]
+pub struct ProcessState {
+    /// Process (its host pid).
+    pub pid: i32,
+    /// Its pid inside its pid namespace, where that is another.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ns_pid: Option<i32>,
+    /// The container it runs in, where its cgroup path names one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub container: Option<pagewise_mech::container::ContainerRef>,
+    /// Its regions watched.
+    pub regions: u64,
+    /// Of them, made mergeable by the agent.
+    pub mergeable: u64,
 }
 
 /// Counters since the agent started (for metrics).

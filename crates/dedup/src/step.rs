@@ -3,7 +3,8 @@
 //! the acts, ksmd's pace, and the report.
 
 use super::{
-    Action, Agent, Policy, RegionState, Step, Thresholds, FREQ_MAX, MERGED_WATCH_EVERY, PAGES,
+    Action, Agent, Policy, ProcessState, RegionState, Step, Thresholds, FREQ_MAX,
+    MERGED_WATCH_EVERY, PAGES,
 };
 use pagewise_mech::agent::StepClock;
 use pagewise_mech::{Region, Result, HUGE_PAGE_SIZE};
@@ -52,6 +53,17 @@ impl Agent {
         self.counters.cpu_ms += cpu_ms;
         self.counters.pages_read += filter.pages_read;
         let all = || self.targets.live().flat_map(|t| t.state.regions.values());
+        let processes = self
+            .targets
+            .live()
+            .map(|t| ProcessState {
+                pid: t.pid,
+                ns_pid: t.ns_pid.filter(|&n| n != t.pid),
+                container: t.container.clone(),
+                regions: t.state.regions.len() as u64,
+                mergeable: t.state.regions.values().filter(|s| s.mergeable).count() as u64,
+            })
+            .collect();
         Ok(Step {
             t_ms: self.started.elapsed().as_millis() as u64,
             utilisation,
@@ -63,6 +75,7 @@ impl Agent {
             kept_hot: d.kept_hot,
             kept_few_duplicates: d.kept_few,
             written: written.regions,
+            processes,
             filter,
             ksm,
             actions,

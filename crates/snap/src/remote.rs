@@ -291,22 +291,108 @@ pub fn snapshot_group(
     disk: &mut DiskStore,
     label: &str,
 ) -> Result<GroupSnapshot> {
-    let t0 = Instant::now();
-    let group = pagewise_mech::stop::StoppedGroup::new(list, pagewise_mech::stop::STOP_WAIT)?;
-    let mut members = Vec::new();
-    for s in group.members() {
-        let snapshot = snapshot_with(s.pid(), disk, label, None, Some(s))?;
-        members.push(MemberSnapshot {
-            pid: s.pid(),
-            ns_pid: pagewise_mech::container::ns_pid(s.pid()),
-            snapshot,
-        });
+    IncrementalGroup::plain().snapshot(list, disk, label)
+}
+
+/// Successive snapshots of a group, each taken with every process
+/// stopped at one instant (as [`snapshot_group`]), and, after a process's
+/// first, reading only the pages it wrote since its previous one (as
+/// [`Incremental`]): each process is tracked from outside while the group
+/// runs, its tracker collected while the group is stopped. A process that
+/// joins the group is read whole the first time and tracked from then on
+/// (tracking starts once the group runs again, so its second snapshot is
+/// read whole too); one whose tracking cannot be had (or fails) is read
+/// whole every time.
+pub struct IncrementalGroup {
+    /// Per process: its tracking, and its last snapshot since tracking
+    /// began. `None`: plain snapshots only.
+    members: Option<std::collections::HashMap<i32, Incremental>>,
+}
+
+impl IncrementalGroup {
+    /// Every snapshot read whole.
+    pub fn plain() -> Self {
+        IncrementalGroup { members: None }
     }
-    let frozen = group.frozen().map(std::path::Path::to_path_buf);
-    drop(group);
-    Ok(GroupSnapshot {
-        members,
-        frozen,
-        stopped_ms: t0.elapsed().as_secs_f64() * 1e3,
-    })
+
+    /// Snapshots after the first read what was written since; tracking
+    /// starts now for the processes `pids` (each stopped a moment).
+    pub fn new(pids: &[i32]) -> Self {
+        let mut members = std::collections::HashMap::new();
+        for &pid in pids {
+            if let Ok(inc) = Incremental::new(pid) {
+                members.insert(pid, inc);
+            }
+        }
+        IncrementalGroup {
+            members: Some(members),
+        }
+    }
+
+    /// Takes the next snapshot of the group into `disk` (the store of every
+    /// earlier one); see [`snapshot_group`].
+    pub fn snapshot(
+        &mut self,
+        list: &dyn Fn() -> pagewise_mech::Result<Vec<i32>>,
+        disk: &mut DiskStore,
+        label: &str,
+    ) -> Result<GroupSnapshot> {
+        let t0 = Instant::now();
+        let group = pagewise_mech::stop::StoppedGroup::new(list, pagewise_mech::stop::STOP_WAIT)?;
+        let mut members = Vec::new();
+        for s in group.members() {
+            let pid = s.pid();
+            let tracked = self.members.as_mut().and_then(|m| m.get_mut(&pid));
+            let snapshot = match tracked {
+                Some(inc) => {
+                    let prev = inc.prev.take();
+                    let r = snapshot_with(
+                        pid,
+                        disk,
+                        label,
+                        Some((&mut inc.tracker, prev.as_ref())),
+                        Some(s),
+                    );
+                    match r {
+                        Ok(r) => {
+                            inc.prev = disk.load(r.save.id).ok();
+                            r
+                        }
+                        // Its tracking failed (it replaced its program):
+                        // read whole, and no longer tracked.
+                        Err(_) => {
+                            if let Some(m) = self.members.as_mut() {
+                                m.remove(&pid);
+                            }
+                            snapshot_with(pid, disk, label, None, Some(s))?
+                        }
+                    }
+                }
+                None => snapshot_with(pid, disk, label, None, Some(s))?,
+            };
+            members.push(MemberSnapshot {
+                pid,
+                ns_pid: pagewise_mech::container::ns_pid(pid),
+                snapshot,
+            });
+        }
+        let frozen = group.frozen().map(std::path::Path::to_path_buf);
+        drop(group);
+        let stopped_ms = t0.elapsed().as_secs_f64() * 1e3;
+        if let Some(m) = self.members.as_mut() {
+            m.retain(|pid, _| members.iter().any(|x| x.pid == *pid));
+            for x in &members {
+                if let std::collections::hash_map::Entry::Vacant(e) = m.entry(x.pid) {
+                    if let Ok(inc) = Incremental::new(x.pid) {
+                        e.insert(inc);
+                    }
+                }
+            }
+        }
+        Ok(GroupSnapshot {
+            members,
+            frozen,
+            stopped_ms,
+        })
+    }
 }
