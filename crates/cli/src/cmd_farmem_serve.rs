@@ -28,6 +28,12 @@ pub struct ServeArgs {
     /// End after this many seconds (default: at SIGTERM or SIGINT).
     #[arg(long)]
     seconds: Option<u64>,
+    /// The user (a uid) whose programs run in the instance, for containers
+    /// run as that user (`podman run --user UID`): the instance made here
+    /// is handed to it (only its owner's processes may join an instance).
+    /// Default: the user running this command.
+    #[arg(long, value_name = "UID")]
+    owner: Option<u32>,
 }
 
 /// `farmem serve --json`: one object a line.
@@ -109,8 +115,22 @@ fn podman_args(run: &FarmemRun, opts: &FarmemOptions, shim: &str) -> Result<Vec<
 pub fn serve(a: ServeArgs) -> Result<i32> {
     let want = a.settings.want(a.instance.as_deref())?;
     let opts = a.program.options()?;
+    let existed = a
+        .instance
+        .as_deref()
+        .is_some_and(pagewise::farmem::instance::exists);
     let run = FarmemRun::join_or_create(a.instance.as_deref(), "serve", want)?;
     let name = run.instance().name().to_string();
+    if let Some(uid) = a.owner {
+        if existed {
+            run.finish();
+            crate::usage!("--owner {uid}: instance {name} exists already, with its owner");
+        }
+        if let Err(e) = run.instance().hand_to(uid) {
+            run.remove();
+            return Err(anyhow::Error::new(e).context(format!("handing {name} to uid {uid}")));
+        }
+    }
     let shim = pagewise::shim::shim_path()?.display().to_string();
     let json = a.json;
     let server = Server::start(&name, run.tag(), move |e| say(e, json))

@@ -178,6 +178,46 @@ fn a_default_containers_program_runs_in_far_memory_served_from_the_host() {
     );
 }
 
+/// A container run as a user without privileges (`--user 1000:1000`), its
+/// instance served by root and handed to that user (`--owner 1000`): the
+/// program runs emulated, its output as native, listed by host pid; the
+/// instance file and the socket belong to the user.
+#[test]
+fn a_containers_user_gets_an_instance_handed_to_it() {
+    need_support!();
+    if let Some(why) = podman_missing() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    let dir = temp_dir("farmem-owner");
+    std::fs::create_dir_all(&dir).unwrap();
+    let serve = Serve::start(&dir, &["--owner", "1000"]);
+    use std::os::unix::fs::MetadataExt;
+    for f in [serve.instance.clone(), format!(".{}.uffd", serve.instance)] {
+        assert_eq!(std::fs::metadata(dir.join(&f)).unwrap().uid(), 1000, "{f}");
+    }
+    let mut more = serve.args.clone();
+    more.extend(["--user".to_string(), "1000:1000".to_string()]);
+    let name = format!("pagewise-test-{}-fm-user", std::process::id());
+    let o = contained(&name, &more, &["threads"]);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(ok_output(&o, "threads as uid 1000"), plain(&["threads"]));
+    assert!(!err.contains("running without"), "{err}");
+    let lines = serve.end();
+    let rep = &lines.last().unwrap()["report"];
+    assert_eq!(rep["owner_uid"], 1000, "{rep}");
+    let faults = rep["page_fault_count"].as_u64().unwrap();
+    assert!(faults > 1000, "emulated: {rep}");
+    let member = rep["members"][0]["pid"].as_i64().unwrap();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["op"] == "userfaultfd" && l["pid"] == member),
+        "its userfaultfds made for its host pid {member}: {lines:?}"
+    );
+    println!("ok   uid 1000: {faults} faults, host pid {member}");
+}
+
 /// Seccomp filters of a plain default container's process.
 fn container_filters(name: &str) -> u64 {
     let _gone = Removed(name.to_string());

@@ -62,6 +62,11 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 
+mod names;
+pub use names::exists;
+pub(crate) use names::unpredictable_name;
+use names::{check_dir, check_name};
+
 /// Processes one instance can hold at once.
 pub(crate) const MAX_MEMBERS: usize = 64;
 
@@ -209,57 +214,6 @@ pub enum Access {
     /// Run as a member: its owner only (a member follows the instance's
     /// settings, which its owner sets).
     Join,
-}
-
-/// A name no one can guess in advance: `PREFIX-` and 16 random hex digits.
-pub(crate) fn unpredictable_name(prefix: &str) -> String {
-    let mut r = [0u8; 8];
-    if pagewise_sys::process::getrandom(&mut r).ok() != Some(r.len()) {
-        // Never fails for 8 bytes once the pool is ready; fall back to time.
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-        r = t.to_le_bytes();
-    }
-    format!("{prefix}-{:016x}", u64::from_le_bytes(r))
-}
-
-/// Whether an instance named `name` exists (its file is in [`dir`]).
-pub fn exists(name: &str) -> bool {
-    dir().join(name).exists()
-}
-
-/// Refuses a shared directory that another user could rewrite under us.
-fn check_dir(d: &Path) -> Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    let md = std::fs::symlink_metadata(d)
-        .map_err(|e| Error::os(format!("reading {}", d.display()), e))?;
-    let mode = md.permissions().mode();
-    let others_write = mode & 0o022 != 0;
-    if !md.is_dir() || (md.uid() != euid() && md.uid() != 0) || (others_write && mode & 0o1000 == 0)
-    {
-        return Err(Error::UnsafeDirectory {
-            dir: d.to_path_buf(),
-            uid: md.uid(),
-            mode: mode & 0o7777,
-        });
-    }
-    Ok(())
-}
-
-fn check_name(name: &str) -> Result<()> {
-    if name.is_empty()
-        || name.len() > 64
-        || !name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-        || name.starts_with('.')
-    {
-        return Err(Error::BadInstanceName {
-            name: name.to_string(),
-        });
-    }
-    Ok(())
 }
 
 /// One instance, mapped.
@@ -497,6 +451,20 @@ impl Instance {
     /// The uid that owns it.
     pub(crate) fn owner_uid(&self) -> u32 {
         self.h().owner_uid
+    }
+
+    /// Hands the instance to user `uid` (its file and the owner its
+    /// header says), whose processes alone may then join it: for programs
+    /// that run as that user in containers, served by root
+    /// ([`crate::serve`]). Root only, before any member joins.
+    pub fn hand_to(&self, uid: u32) -> Result<()> {
+        std::os::unix::fs::chown(&self.path, Some(uid), None)
+            .map_err(|e| Error::os(format!("chown of {}", self.path.display()), e))?;
+        // SAFETY: the header is mapped for the life of `self`; the field is
+        // an aligned u32, stored atomically for any reader.
+        unsafe { AtomicU32::from_ptr(&raw mut (*self.header).owner_uid) }
+            .store(uid, Ordering::Release);
+        Ok(())
     }
 
     /// The calibration of the path whose counts `c` are (a member that

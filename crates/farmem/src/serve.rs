@@ -53,11 +53,12 @@ pub struct Server {
 const REAP_EVERY: Duration = Duration::from_millis(500);
 
 impl Server {
-    /// Starts serving instance `name` (opened as its owner) on its socket
-    /// ([`maker::socket_path`]), leaving dead members of run `tag`; each
-    /// event goes to `log`. Refused when another server serves it.
+    /// Starts serving instance `name` (opened as its owner, or as root)
+    /// on its socket ([`maker::socket_path`]), leaving dead members of run
+    /// `tag`; each event goes to `log`. Refused when another server serves
+    /// it.
     pub fn start(name: &str, tag: u32, log: impl Fn(Event) + Send + 'static) -> Result<Self> {
-        let inst = Instance::open(name, Access::Join)?;
+        let inst = Instance::open(name, Access::Control)?;
         let path = maker::socket_path(&crate::instance::dir(), name);
         if path.exists() {
             if UnixStream::connect(&path).is_ok() {
@@ -74,11 +75,12 @@ impl Server {
         }
         let listener = UnixListener::bind(&path)
             .map_err(|e| Error::os(format!("binding {}", path.display()), e))?;
-        // Its owner's processes alone may connect (root's: a container's
-        // root without a user namespace).
+        // The instance's owner's processes alone may connect (root's: a
+        // container's root without a user namespace).
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
-            .map_err(|e| Error::os(format!("chmod of {}", path.display()), e))?;
+            .and_then(|()| std::os::unix::fs::chown(&path, Some(inst.owner_uid()), None))
+            .map_err(|e| Error::os(format!("chmod and chown of {}", path.display()), e))?;
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let thread = std::thread::Builder::new()
