@@ -364,9 +364,9 @@ fn take_into(t: &TakeArgs, pid: i32, disk: &mut DiskStore, stop: &Stop) -> Resul
 /// Snapshots of every process of the containers or cgroups given, each
 /// group stopped at one instant.
 fn take_group(t: &TakeArgs, stop: &Stop) -> Result<i32> {
-    if t.pid.is_some() || t.live {
+    if t.pid.is_some() || t.to.is_some() {
         crate::usage!(
-            "--container and --cgroup take the place of --pid, and are snapshotted stopped (not --live)"
+            "--container and --cgroup take the place of --pid, and are saved into --out (not sent --to)"
         );
     }
     let Some(out) = t.out.clone() else {
@@ -382,7 +382,7 @@ fn take_group(t: &TakeArgs, stop: &Stop) -> Result<i32> {
     let every = Duration::from_millis(t.every.unwrap_or(0));
     // A series reads, after each process's first snapshots, what it wrote
     // since (tracked from outside while the group runs).
-    let mut series = if t.count > 1 {
+    let mut series = if t.count > 1 || t.live {
         pagewise::snap::remote::IncrementalGroup::new(&pids)
     } else {
         pagewise::snap::remote::IncrementalGroup::plain()
@@ -395,8 +395,16 @@ fn take_group(t: &TakeArgs, stop: &Stop) -> Result<i32> {
             break;
         }
         let list = || t.groups.pids();
+        // --live: each process copied while the group runs, then the group
+        // stopped at one instant for what it wrote meanwhile.
+        let precopy = t
+            .live
+            .then(|| series.precopy(&mut disk, &format!("{} (pre-copy)", t.label)));
         let g = match series.snapshot(&list, &mut disk, &t.label) {
-            Ok(g) => g,
+            Ok(mut g) => {
+                g.precopy_pages_read = precopy;
+                g
+            }
             Err(e) => {
                 r = Err(e.into());
                 break;
@@ -410,8 +418,12 @@ fn take_group(t: &TakeArgs, stop: &Stop) -> Result<i32> {
             Some(dir) => format!("cgroup {} frozen while they were seized", dir.display()),
             None => "stopped one after another, all held together".to_string(),
         };
+        let before = match g.precopy_pages_read {
+            Some(n) => format!(", after a pre-copy of {n} pages while they ran"),
+            None => String::new(),
+        };
         println!(
-            "group {i}: {} processes stopped {:.1} ms ({how})",
+            "group {i}: {} processes stopped {:.1} ms ({how}){before}",
             g.members.len(),
             g.stopped_ms
         );

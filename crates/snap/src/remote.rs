@@ -41,7 +41,7 @@ pub struct ProcessSnapshot {
 
 /// Snapshots the writable memory of process `pid` into `disk`.
 pub fn snapshot_process(pid: i32, disk: &mut DiskStore, label: &str) -> Result<ProcessSnapshot> {
-    snapshot_with(pid, disk, label, None, None)
+    snapshot_with(pid, disk, label, None, Hold::Stop)
 }
 
 /// Successive snapshots of one process that read, after the first, only
@@ -78,7 +78,7 @@ impl Incremental {
             disk,
             label,
             Some((&mut self.tracker, prev.as_ref())),
-            None,
+            Hold::Stop,
         )?;
         self.prev = Some(disk.load(s.save.id)?);
         Ok(s)
@@ -100,6 +100,18 @@ fn written_pages(r: Region, dirty: &[pagewise_mech::PageRange]) -> Vec<bool> {
     w
 }
 
+/// How a process is held while its snapshot is read.
+#[derive(Clone, Copy)]
+enum Hold<'a> {
+    /// Stopped for the snapshot here.
+    Stop,
+    /// Held stopped by the caller (with others).
+    Held(&'a Stopped),
+    /// Running: a pre-copy, whose pages written meanwhile its tracker
+    /// reports for the next snapshot (no threads' state is read).
+    Running,
+}
+
 fn snapshot_with(
     pid: i32,
     disk: &mut DiskStore,
@@ -108,22 +120,22 @@ fn snapshot_with(
         &mut pagewise_track::DirtyTracker,
         Option<&super::disk::DiskSnapshot>,
     )>,
-    held: Option<&Stopped>,
+    hold: Hold<'_>,
 ) -> Result<ProcessSnapshot> {
     let t0 = Instant::now();
     procfs::check_target(pid)?;
     not_self_served(pid)?;
-    // Stopped here, unless the caller holds it stopped (with others).
-    let own = match held {
-        Some(_) => None,
-        None => Some(Stopped::new(pid)?),
+    let own = match hold {
+        Hold::Stop => Some(Stopped::new(pid)?),
+        _ => None,
     };
-    let Some(stopped) = held.or(own.as_ref()) else {
-        return Err(pagewise_mech::Error::NoSuchProcess(pid).into());
+    let stopped = match hold {
+        Hold::Held(s) => Some(s),
+        _ => own.as_ref(),
     };
-    let threads = stopped.threads();
+    let threads = stopped.map_or(0, Stopped::threads);
     #[cfg(target_arch = "x86_64")]
-    let record = process_record(pid, stopped);
+    let record = stopped.and_then(|s| process_record(pid, s));
     let maps = procfs::writable(Some(pid))?;
     let regions: Vec<(Region, bool)> = maps
         .iter()
@@ -268,6 +280,10 @@ pub struct GroupSnapshot {
     /// How long the processes were stopped (every snapshot saved before
     /// they ran on), ms.
     pub stopped_ms: f64,
+    /// With a pre-copy while they ran (`snapshot --live`): the pages it
+    /// read, all processes together.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub precopy_pages_read: Option<u64>,
 }
 
 /// One process's part of a [`GroupSnapshot`].
@@ -329,6 +345,27 @@ impl IncrementalGroup {
         }
     }
 
+    /// A pre-copy: each tracked process read into `disk` while it runs
+    /// (its tracker collected first, so what it writes meanwhile is read
+    /// again by the next [`snapshot`](Self::snapshot), taken with the
+    /// group stopped, which then reads little). The pages read; a process
+    /// whose read fails (a mapping gone under it) is read whole next time.
+    pub fn precopy(&mut self, disk: &mut DiskStore, label: &str) -> u64 {
+        let Some(m) = self.members.as_mut() else {
+            return 0;
+        };
+        let mut pages = 0;
+        for (&pid, inc) in m.iter_mut() {
+            let prev = inc.prev.take();
+            let tracked = Some((&mut inc.tracker, prev.as_ref()));
+            if let Ok(r) = snapshot_with(pid, disk, label, tracked, Hold::Running) {
+                pages += r.pages_read;
+                inc.prev = disk.load(r.save.id).ok();
+            }
+        }
+        pages
+    }
+
     /// Takes the next snapshot of the group into `disk` (the store of every
     /// earlier one); see [`snapshot_group`].
     pub fn snapshot(
@@ -351,7 +388,7 @@ impl IncrementalGroup {
                         disk,
                         label,
                         Some((&mut inc.tracker, prev.as_ref())),
-                        Some(s),
+                        Hold::Held(s),
                     );
                     match r {
                         Ok(r) => {
@@ -364,11 +401,11 @@ impl IncrementalGroup {
                             if let Some(m) = self.members.as_mut() {
                                 m.remove(&pid);
                             }
-                            snapshot_with(pid, disk, label, None, Some(s))?
+                            snapshot_with(pid, disk, label, None, Hold::Held(s))?
                         }
                     }
                 }
-                None => snapshot_with(pid, disk, label, None, Some(s))?,
+                None => snapshot_with(pid, disk, label, None, Hold::Held(s))?,
             };
             members.push(MemberSnapshot {
                 pid,
@@ -393,6 +430,7 @@ impl IncrementalGroup {
             members,
             frozen,
             stopped_ms,
+            precopy_pages_read: None,
         })
     }
 }
