@@ -364,13 +364,20 @@ fn take_into(t: &TakeArgs, pid: i32, disk: &mut DiskStore, stop: &Stop) -> Resul
 /// Snapshots of every process of the containers or cgroups given, each
 /// group stopped at one instant.
 fn take_group(t: &TakeArgs, stop: &Stop) -> Result<i32> {
-    if t.pid.is_some() || t.to.is_some() {
-        crate::usage!(
-            "--container and --cgroup take the place of --pid, and are saved into --out (not sent --to)"
-        );
+    if t.pid.is_some() {
+        crate::usage!("--container and --cgroup take the place of --pid");
     }
-    let Some(out) = t.out.clone() else {
-        crate::usage!("give --out DIR for the snapshots of --container or --cgroup");
+    // Sent --to a receiver: taken into a store of this run's own first (at
+    // one instant), then each process's snapshot sent, the store removed.
+    let (out, sending) = match (&t.out, &t.to) {
+        (Some(o), _) => (o.clone(), None),
+        (None, Some(to)) => (
+            std::env::temp_dir().join(format!("pagewise-group-{}", std::process::id())),
+            Some(to.clone()),
+        ),
+        (None, None) => crate::usage!(
+            "give --out DIR (or, with --live, --to HOST:PORT) for the snapshots of --container or --cgroup"
+        ),
     };
     let mut pids = Vec::new();
     t.groups.add_to(&mut pids)?;
@@ -410,40 +417,83 @@ fn take_group(t: &TakeArgs, stop: &Stop) -> Result<i32> {
                 break;
             }
         };
+        if let Some(to) = &sending {
+            if let Err(e) = send_group(t, &disk, &g, to) {
+                r = Err(e);
+                break;
+            }
+        }
         if t.json {
             println!("{}", crate::json::line(&Line::Group(&g))?);
             continue;
         }
-        let how = match &g.frozen {
-            Some(dir) => format!("cgroup {} frozen while they were seized", dir.display()),
-            None => "stopped one after another, all held together".to_string(),
-        };
-        let before = match g.precopy_pages_read {
-            Some(n) => format!(", after a pre-copy of {n} pages while they ran"),
-            None => String::new(),
-        };
-        println!(
-            "group {i}: {} processes stopped {:.1} ms ({how}){before}",
-            g.members.len(),
-            g.stopped_ms
-        );
-        for m in &g.members {
-            let inside = match m.ns_pid {
-                Some(n) if n != m.pid => format!(" ({n} inside)"),
-                _ => String::new(),
-            };
+        print_group(i, &g);
+    }
+    if sending.is_some() {
+        drop(disk);
+        let _ = std::fs::remove_dir_all(&out);
+        r?;
+        return Ok(stop.status().unwrap_or(0));
+    }
+    finish_store(r, disk, &out, existed, t.json, stop)
+}
+
+/// Each process's snapshot of group snapshot `g` (in `disk`) sent to the
+/// receiver at `to`, one connection each, in pid order.
+fn send_group(
+    t: &TakeArgs,
+    disk: &DiskStore,
+    g: &pagewise::snap::remote::GroupSnapshot,
+    to: &str,
+) -> Result<()> {
+    let key = t
+        .key
+        .as_deref()
+        .map(pagewise::snap::wire::Key::from_file)
+        .transpose()?;
+    for m in &g.members {
+        let mut tx = pagewise::snap::wire::Sender::connect_with(to, t.compress, key.as_ref())?;
+        let saved = pagewise::snap::remote::send_saved(disk, m.snapshot.save.id, &mut tx)?;
+        if !t.json {
             println!(
-                "  pid {}{inside}: snapshot {}, {} regions, {} pages ({} read, {} new)",
-                m.pid,
-                m.snapshot.save.id,
-                m.snapshot.regions,
-                m.snapshot.save.pages,
-                m.snapshot.pages_read,
-                m.snapshot.save.pages_new
+                "sent pid {} to {to}: snapshot {} there, {} pages",
+                m.pid, saved.id, saved.pages
             );
         }
     }
-    finish_store(r, disk, &out, existed, t.json, stop)
+    Ok(())
+}
+
+/// A group snapshot, as text.
+fn print_group(i: u64, g: &pagewise::snap::remote::GroupSnapshot) {
+    let how = match &g.frozen {
+        Some(dir) => format!("cgroup {} frozen while they were seized", dir.display()),
+        None => "stopped one after another, all held together".to_string(),
+    };
+    let before = match g.precopy_pages_read {
+        Some(n) => format!(", after a pre-copy of {n} pages while they ran"),
+        None => String::new(),
+    };
+    println!(
+        "group {i}: {} processes stopped {:.1} ms ({how}){before}",
+        g.members.len(),
+        g.stopped_ms
+    );
+    for m in &g.members {
+        let inside = match m.ns_pid {
+            Some(n) if n != m.pid => format!(" ({n} inside)"),
+            _ => String::new(),
+        };
+        println!(
+            "  pid {}{inside}: snapshot {}, {} regions, {} pages ({} read, {} new)",
+            m.pid,
+            m.snapshot.save.id,
+            m.snapshot.regions,
+            m.snapshot.save.pages,
+            m.snapshot.pages_read,
+            m.snapshot.save.pages_new
+        );
+    }
 }
 
 /// `snapshot inspect --json`: the store's totals and its snapshots.

@@ -286,6 +286,34 @@ fn a_containers_snapshots_agree_across_its_processes() {
         }
         let _ = std::fs::remove_dir_all(&live);
     }
+    // --live --to: the group taken at one instant, each process's snapshot
+    // migrated to a receiver on loopback, of one instant there too.
+    let there = temp_dir("container-received-store");
+    let (mut rx, mut rx_out, addr) = start_receiver(&there, &[]);
+    ok(Command::new(BIN).args([
+        "snapshot",
+        "--container",
+        &c.name,
+        "--live",
+        "--json",
+        "--to",
+        &addr,
+    ]));
+    for _ in 0..5 {
+        let mut l = String::new();
+        rx_out.read_line(&mut l).unwrap();
+        assert!(l.contains("saved"), "{l}");
+    }
+    pagewise_sys::process::kill(rx.id() as i32, libc::SIGTERM).unwrap();
+    assert!(rx.wait().unwrap().success());
+    let disk = DiskStore::open(&there).unwrap();
+    let ids = disk.ids().unwrap();
+    assert_eq!(ids.len(), 5, "one snapshot a process received");
+    if let Err(why) = check_group(&disk, &ids, shared, mine) {
+        panic!("the received snapshots {ids:?} are not of one instant: {why}");
+    }
+    let _ = std::fs::remove_dir_all(&there);
+    println!("ok   --live --to: five snapshots received, of one instant");
     // One process at a time: the shared page moves on between them.
     let apart = temp_dir("container-apart-store");
     let mut disagreed = 0;

@@ -434,3 +434,40 @@ impl IncrementalGroup {
         })
     }
 }
+
+/// Sends snapshot `id` of `disk` to `dest` as one pass of a live copy
+/// (every region, every page), then completes and finishes it there: a
+/// snapshot taken locally (a group's, at one instant) migrated whole to a
+/// receiver. The process record stays behind, as for any live copy. What
+/// the destination saved.
+pub fn send_saved(
+    disk: &DiskStore,
+    id: u64,
+    dest: &mut dyn super::live::Destination,
+) -> Result<SaveStats> {
+    let s = disk.load(id)?;
+    let mut copy: Vec<(Region, Vec<u8>)> = Vec::with_capacity(s.regions.len());
+    let mut page = 0usize;
+    for r in &s.regions {
+        let mut buf = vec![0u8; r.len as usize];
+        for chunk in buf.chunks_exact_mut(PAGE_SIZE) {
+            let entry = *s.entries.get(page).ok_or(Error::Internal {
+                what: "a snapshot's index holds fewer pages than its regions",
+            })?;
+            disk.read_page(entry, chunk)?;
+            page += 1;
+        }
+        copy.push((*r, buf));
+    }
+    let all: Vec<pagewise_mech::PageRange> = s
+        .regions
+        .iter()
+        .map(|r| pagewise_mech::PageRange {
+            start: r.start,
+            pages: r.pages(),
+        })
+        .collect();
+    dest.pass(&copy, &all)?;
+    dest.complete()?;
+    dest.finish(&copy, s.pid.unwrap_or(0), &s.label)
+}
