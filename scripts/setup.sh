@@ -60,6 +60,22 @@ CARGO_FUZZ_VERSION=0.13.2
 if ! cargo fuzz --version 2>/dev/null | grep -qx "cargo-fuzz $CARGO_FUZZ_VERSION"; then
     cargo install --locked --quiet cargo-fuzz --version "$CARGO_FUZZ_VERSION"
 fi
+# Podman's defaults for this machine, where no containers.conf says
+# otherwise: runc (Debian's crun refuses hybrid cgroups) and the limits
+# runc needs said (it starts no container without nofile and nproc). The
+# tests pass the same as flags; this makes a plain `podman run` work too.
+if command -v podman >/dev/null && [ ! -e /etc/containers/containers.conf ] &&
+    [ "$(id -u)" -eq 0 ]; then
+    mkdir -p /etc/containers
+    cat >/etc/containers/containers.conf <<'CONF'
+# Written by pagewise's scripts/setup.sh.
+[containers]
+default_ulimits = ["nofile=1024:1024", "nproc=4096:4096"]
+
+[engine]
+runtime = "runc"
+CONF
+fi
 # Debian's package may start a system redis; the benchmarks start their own.
 # Debian's memcached package may start a system memcached too.
 systemctl disable --now memcached >/dev/null 2>&1 || true
