@@ -181,21 +181,14 @@ pub fn serve(a: ServeArgs) -> Result<i32> {
 /// One event of the server, said (a JSON line, or one line on stderr).
 fn say(e: Event, json: bool) {
     let line = match e {
-        Event::Answered(a) => {
-            let op = match a.op {
-                1 => "who",
-                2 => "userfaultfd",
-                _ => "unknown",
-            };
-            ServeLine::Answered {
-                pid: a.pid,
-                ns_pid: ns_pid(a.pid),
-                container: container_of(a.pid),
-                op,
-                value: a.value,
-                why: a.why,
-            }
-        }
+        Event::Answered(a) => ServeLine::Answered {
+            pid: a.pid,
+            ns_pid: ns_pid(a.pid),
+            container: container_of(a.pid),
+            op: a.op_name(),
+            value: a.value,
+            why: a.why,
+        },
         Event::Failed(why) => ServeLine::Failed { why },
         _ => return,
     };

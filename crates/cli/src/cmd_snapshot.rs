@@ -142,11 +142,7 @@ fn take(t: TakeArgs) -> Result<i32> {
     }
     if let (Some(pid), Some(to)) = (t.pid, t.to.as_deref()) {
         pagewise::process::check_target(pid)?;
-        let key = t
-            .key
-            .as_deref()
-            .map(pagewise::snap::wire::Key::from_file)
-            .transpose()?;
+        let key = wire_key(&t)?;
         let mut tx = pagewise::snap::wire::Sender::connect_with(to, t.compress, key.as_ref())?;
         take_live(&t, pid, &mut tx, &stop)?;
         let w = tx.stats();
@@ -438,6 +434,14 @@ fn take_group(t: &TakeArgs, stop: &Stop) -> Result<i32> {
     finish_store(r, disk, &out, existed, t.json, stop)
 }
 
+/// The shared secret of `--key`, where given, for what is sent `--to`.
+fn wire_key(t: &TakeArgs) -> Result<Option<pagewise::snap::wire::Key>> {
+    Ok(t.key
+        .as_deref()
+        .map(pagewise::snap::wire::Key::from_file)
+        .transpose()?)
+}
+
 /// Each process's snapshot of group snapshot `g` (in `disk`) sent to the
 /// receiver at `to`, one connection each, in pid order.
 fn send_group(
@@ -446,11 +450,7 @@ fn send_group(
     g: &pagewise::snap::remote::GroupSnapshot,
     to: &str,
 ) -> Result<()> {
-    let key = t
-        .key
-        .as_deref()
-        .map(pagewise::snap::wire::Key::from_file)
-        .transpose()?;
+    let key = wire_key(t)?;
     for m in &g.members {
         let mut tx = pagewise::snap::wire::Sender::connect_with(to, t.compress, key.as_ref())?;
         let saved = pagewise::snap::remote::send_saved(disk, m.snapshot.save.id, &mut tx)?;

@@ -352,7 +352,7 @@ fn report(step: &Step, json: bool) -> Result<()> {
             out,
             "{:>7.1}s pid {}: {} huge, {} candidates, {} promoted so far",
             step.t_ms as f64 / 1e3,
-            p.pid,
+            p.process.pid,
             p.huge_regions,
             p.candidates,
             p.promoted

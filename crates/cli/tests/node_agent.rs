@@ -28,6 +28,22 @@ fn free_port() -> u16 {
 /// settings back before it steps.
 static ONE_AGENT: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// The agent's metrics at `port` once it has taken `steps` steps (or
+/// after 30 s, whatever they say then).
+fn metrics_after_steps(port: u16, steps: f64) -> String {
+    let mut text = String::new();
+    for _ in 0..300 {
+        text = pagewise_testkit::http_get(port, "/metrics").unwrap_or_default();
+        if pagewise_testkit::metric_value(&text, "pagewise_node_steps_total")
+            .is_some_and(|s| s >= steps)
+        {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    text
+}
+
 fn config(port: u16, body: &str) -> PathBuf {
     let p = temp_dir(&format!("agent-{port}.toml"));
     std::fs::write(&p, format!("listen = \"127.0.0.1:{port}\"\n{body}")).unwrap();
@@ -91,16 +107,7 @@ fn the_node_agent_watches_containers_and_puts_back_what_it_changed() {
         pagewise_testkit::metric_value(&metrics, "pagewise_node_steps_total")
     );
     // Then steps: both containers' processes watched.
-    let mut text = String::new();
-    for _ in 0..300 {
-        text = pagewise_testkit::http_get(port, "/metrics").unwrap_or_default();
-        if pagewise_testkit::metric_value(&text, "pagewise_node_steps_total")
-            .is_some_and(|s| s >= 3.0)
-        {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let text = metrics_after_steps(port, 3.0);
     assert!(
         pagewise_testkit::metric_value(&text, "pagewise_node_steps_total")
             .is_some_and(|s| s >= 3.0),
@@ -213,16 +220,7 @@ fn a_pods_series_carry_its_namespace_and_name() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let mut text = String::new();
-    for _ in 0..300 {
-        text = pagewise_testkit::http_get(port, "/metrics").unwrap_or_default();
-        if pagewise_testkit::metric_value(&text, "pagewise_node_steps_total")
-            .is_some_and(|s| s >= 2.0)
-        {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let text = metrics_after_steps(port, 2.0);
     let _ = pagewise_sys::process::kill(agent.id() as i32, libc::SIGTERM);
     let _ = agent.wait();
     drop(gone);

@@ -393,14 +393,9 @@ pub struct Step {
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 #[non_exhaustive]
 pub struct ProcessState {
-    /// Process (its host pid).
-    pub pid: i32,
-    /// Its pid inside its pid namespace, where that is another.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub ns_pid: Option<i32>,
-    /// The container it runs in, where its cgroup path names one.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub container: Option<pagewise_mech::container::ContainerRef>,
+    /// The process: its pid, pid inside and container.
+    #[serde(flatten)]
+    pub process: pagewise_mech::agent::Named,
     /// Its regions watched.
     pub regions: u64,
     /// Of them, made mergeable by the agent.

@@ -57,9 +57,7 @@ impl Agent {
             .targets
             .live()
             .map(|t| ProcessState {
-                pid: t.pid,
-                ns_pid: t.ns_pid.filter(|&n| n != t.pid),
-                container: t.container.clone(),
+                process: t.named(),
                 regions: t.state.regions.len() as u64,
                 mergeable: t.state.regions.values().filter(|s| s.mergeable).count() as u64,
             })

@@ -220,7 +220,31 @@ pub struct Watched<T> {
     pub state: T,
 }
 
+/// A watched process as an agent's step names it: its host pid and, in a
+/// container, its pid inside and the container.
+#[derive(Debug, Clone, serde::Serialize, schemars::JsonSchema)]
+#[non_exhaustive]
+pub struct Named {
+    /// Process (its host pid).
+    pub pid: i32,
+    /// Its pid inside its pid namespace, where that is another.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ns_pid: Option<i32>,
+    /// The container it runs in, where its cgroup path names one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub container: Option<crate::container::ContainerRef>,
+}
+
 impl<T> Watched<T> {
+    /// How a step names it (see [`Named`]).
+    pub fn named(&self) -> Named {
+        Named {
+            pid: self.pid,
+            ns_pid: self.ns_pid.filter(|&n| n != self.pid),
+            container: self.container.clone(),
+        }
+    }
+
     /// Collapses `[start, start + len)` into huge pages from outside
     /// (`process_madvise(MADV_COLLAPSE)` on the pidfd).
     pub fn collapse(&self, start: u64, len: usize) -> std::io::Result<()> {

@@ -178,6 +178,17 @@ pub struct Answered {
     pub why: String,
 }
 
+impl Answered {
+    /// The op's name: `who`, `userfaultfd`, or `unknown`.
+    pub fn op_name(&self) -> &'static str {
+        match self.op {
+            WHO => "who",
+            USERFAULTFD => "userfaultfd",
+            _ => "unknown",
+        }
+    }
+}
+
 /// Answers one connection: reads its request, lets `allow` refuse the
 /// asker (its pid here, its uid and the op; an `Err` is sent as the
 /// reason), and answers `WHO` with that pid, `USERFAULTFD` by making the

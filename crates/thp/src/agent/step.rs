@@ -28,11 +28,7 @@ impl Agent {
             .iter()
             .zip(&lists)
             .map(|((i, _, huge), l)| ProcessState {
-                pid: self.targets[*i].pid,
-                ns_pid: self.targets[*i]
-                    .ns_pid
-                    .filter(|&n| n != self.targets[*i].pid),
-                container: self.targets[*i].container.clone(),
+                process: self.targets[*i].named(),
                 huge_regions: *huge,
                 candidates: l.len() as u64,
                 promoted: self.targets[*i].state.promoted,
@@ -334,7 +330,7 @@ impl Agent {
                     if let Some(g) = group.as_ref().and_then(|n| self.groups.get_mut(n)) {
                         g.promoted += 1;
                     }
-                    if let Some(p) = processes.iter_mut().find(|p| p.pid == c.pid) {
+                    if let Some(p) = processes.iter_mut().find(|p| p.process.pid == c.pid) {
                         p.promoted = t.state.promoted;
                     }
                     actions.push(Action::Promoted {
