@@ -57,7 +57,7 @@ impl Serve {
     }
 
     /// SIGTERM; every line after the first, the last being `ended`.
-    fn end(mut self) -> Vec<serde_json::Value> {
+    fn end(&mut self) -> Vec<serde_json::Value> {
         pagewise_sys::process::kill(self.child.id() as i32, libc::SIGTERM).unwrap();
         let st = self.child.wait().unwrap();
         assert_eq!(st.code(), Some(143), "farmem serve after SIGTERM");
@@ -66,6 +66,17 @@ impl Serve {
         rest.lines()
             .map(|l| serde_json::from_str(l).unwrap())
             .collect()
+    }
+}
+
+/// A test that failed leaves no server behind (holding the test's output
+/// open).
+impl Drop for Serve {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
     }
 }
 
@@ -95,7 +106,7 @@ fn a_default_containers_program_runs_in_far_memory_served_from_the_host() {
     }
     let dir = temp_dir("farmem-serve");
     std::fs::create_dir_all(&dir).unwrap();
-    let serve = Serve::start(&dir, &[]);
+    let mut serve = Serve::start(&dir, &[]);
     let tag = std::process::id();
 
     // The programs' own checks and outputs, against native runs.
@@ -191,7 +202,7 @@ fn a_containers_user_gets_an_instance_handed_to_it() {
     }
     let dir = temp_dir("farmem-owner");
     std::fs::create_dir_all(&dir).unwrap();
-    let serve = Serve::start(&dir, &["--owner", "1000"]);
+    let mut serve = Serve::start(&dir, &["--owner", "1000"]);
     use std::os::unix::fs::MetadataExt;
     for f in [serve.instance.clone(), format!(".{}.uffd", serve.instance)] {
         assert_eq!(std::fs::metadata(dir.join(&f)).unwrap().uid(), 1000, "{f}");

@@ -44,6 +44,9 @@ pub const USERFAULTFD: u32 = 2;
 pub const MAX_WHY: u32 = 1024;
 /// How long either side waits for the other.
 pub const TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a call waits for another pagewise process that lends
+/// `vm.unprivileged_userfaultfd` for a call of its own.
+const LEND_WAIT: Duration = Duration::from_secs(3);
 
 /// The socket that serves far-memory instance `name` whose files are in
 /// `dir`: `.NAME.uffd` (a name starting with a dot, which no instance
@@ -58,7 +61,8 @@ pub fn socket_path(dir: &Path, name: &str) -> PathBuf {
 /// of the process itself (a container's process lacks it) or
 /// `vm.unprivileged_userfaultfd = 1`: where the call is refused `EPERM`,
 /// the setting is set to 1 for this one call, journaled first (see
-/// [`crate::settings`]), and put back at once. `feature` names who asks,
+/// [`crate::settings`]), and put back at once; another pagewise process
+/// lending it for its own call is waited for (3 s at most). `feature` names who asks,
 /// for a refusal.
 pub fn userfaultfd_inside(remote: &Remote<'_>, flags: u64, feature: &'static str) -> Result<i32> {
     const SETTING: &str = "/proc/sys/vm/unprivileged_userfaultfd";
@@ -75,13 +79,37 @@ pub fn userfaultfd_inside(remote: &Remote<'_>, flags: u64, feature: &'static str
                  container drops it), or {SETTING} = 1, {why}"
             ),
         };
-        if crate::procfs::read_trimmed(SETTING).ok().as_deref() != Some("0") {
-            return Err(refused("and the call was refused all the same".into()));
+        // Another pagewise process may be lending the setting for a call
+        // of its own (a moment): wait for it, then try the call again (it
+        // may have succeeded while the setting was lent).
+        let deadline = std::time::Instant::now() + LEND_WAIT;
+        loop {
+            let guard = match crate::settings::SettingGuard::claim(SETTING) {
+                Ok(g) => g,
+                Err(Error::SettingHeld { .. }) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20));
+                    fd = remote.syscall(libc::SYS_userfaultfd, call)?;
+                    if fd != -(libc::EPERM as i64) {
+                        break;
+                    }
+                    continue;
+                }
+                Err(e) => {
+                    return Err(refused(format!(
+                        "which pagewise could not set for the call: {e}"
+                    )))
+                }
+            };
+            if guard.old().trim() != "0" {
+                return Err(refused("and the call was refused all the same".into()));
+            }
+            guard
+                .write("1")
+                .map_err(|e| refused(format!("which pagewise could not set for the call: {e}")))?;
+            fd = remote.syscall(libc::SYS_userfaultfd, call)?;
+            drop(guard);
+            break;
         }
-        let guard = crate::settings::SettingGuard::set(SETTING, "1")
-            .map_err(|e| refused(format!("which pagewise could not set for the call: {e}")))?;
-        fd = remote.syscall(libc::SYS_userfaultfd, call)?;
-        drop(guard);
     }
     if fd < 0 {
         return Err(super::failed(pid, "userfaultfd() made inside it", fd));
