@@ -59,6 +59,19 @@ enum What {
         #[command(flatten)]
         output: Output,
     },
+    /// Resets at fuzzing speed: a reset session (the process held between
+    /// resets) against a one-shot restore and an AFL-style fork server, on
+    /// a process holding MiB of state that writes k pages per input:
+    /// median and 99th-percentile reset, resets a second, phases. Short by
+    /// default.
+    Reset {
+        /// The full experiment (64 MiB and 1 GiB; 16 and 64 pages; 2,000
+        /// resets per point).
+        #[arg(long)]
+        full: bool,
+        #[command(flatten)]
+        output: Output,
+    },
     /// DiME's validation: (a) Table 5.1 fetch counts, (b) the two-page test,
     /// (c) delay accuracy against the configured latency, (f) the cost of a
     /// fault at latency 0. Short by default.
@@ -210,6 +223,16 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
             };
             cfg.parts = only;
             let report = br::run(&cfg, &mut progress(quiet))?;
+            output.emit(&report, report.summary(), report.charts())
+        }
+        What::Reset { full, output } => {
+            use crate::reset as bz;
+            let cfg = if full {
+                bz::Config::full()
+            } else {
+                bz::Config::quick()
+            };
+            let report = bz::run(&cfg, &mut progress(quiet))?;
             output.emit(&report, report.summary(), report.charts())
         }
         What::Farmem { full, output } => {

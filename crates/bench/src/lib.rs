@@ -17,6 +17,7 @@ pub mod prezero;
 pub mod provenance;
 pub mod redis;
 pub mod report;
+pub mod reset;
 pub mod rollback;
 pub mod snap;
 pub mod svg;

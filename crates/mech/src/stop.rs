@@ -26,9 +26,12 @@
 //!   the interrupt is left seized and let go as soon as it stops (by the
 //!   next stop made from the same thread, or when this process ends).
 
+mod held;
+
 pub use crate::error::Refusal;
 use crate::procfs;
 use crate::{Error, Result};
+pub use held::Held;
 use pagewise_sys::process::{self, TraceStop};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -239,9 +242,22 @@ fn seize_all(
     limit: Duration,
     mut interrupted: Vec<i32>,
 ) -> Result<()> {
+    seize_more(pid, owner, tids, 0, limit, std::mem::take(&mut interrupted))
+}
+
+/// As [`seize_all`], `known` threads of `owner` at the start of `tids`
+/// being held stopped already.
+fn seize_more(
+    pid: i32,
+    owner: i32,
+    tids: &mut Vec<i32>,
+    known: usize,
+    limit: Duration,
+    mut interrupted: Vec<i32>,
+) -> Result<()> {
     let t0 = Instant::now();
-    // Threads of `owner` held by this call.
-    let mut held = interrupted.len();
+    // Threads of `owner` held.
+    let mut held = known + interrupted.len();
     loop {
         let mut new = interrupted.len();
         // Threads listed that are ending: they cannot be seized (EPERM),

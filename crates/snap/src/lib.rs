@@ -53,6 +53,7 @@ pub use disk::{DiskSnapshot, DiskStats, DiskStore, SaveStats, StoreError};
 pub use lazy::{LazyOptions, LazyRestore, LazyStats};
 #[cfg(target_arch = "x86_64")]
 pub use process::{
+    session::{ResetPhases, ResetReport, ResetSession},
     ProcessSnapshots, RestoreOptions, RestorePhases, RestoreReport, RollbackRefusal,
 };
 pub use store::{PageId, PageStore, StoreStats};

@@ -202,6 +202,14 @@ pub fn put_back(
             ));
         }
     }
+    put_back_registers(pid, states)
+}
+
+/// Puts back the registers, the `XSAVE` area and the signal mask of every
+/// thread of `states` (of process `pid`, stopped): what [`put_back`] does
+/// without a call inside the process (the alternate signal stacks stay).
+pub(crate) fn put_back_registers(pid: i32, states: &[ThreadState]) -> Result<()> {
+    let os = |what: String, e| Error::for_pid(pid, what, e);
     for s in states {
         let tid = s.tid;
         p::ptrace_setregset(tid, p::NT_X86_XSTATE, &s.xstate)

@@ -367,6 +367,32 @@ pub fn ptrace_detach(tid: libc::pid_t) -> io::Result<()> {
         .map(|_| ())
 }
 
+/// `PTRACE_LISTEN`: a seized thread in a group-stop (its process stopped
+/// by a signal) stays stopped, and its tracer learns when it is continued.
+pub fn ptrace_listen(tid: libc::pid_t) -> io::Result<()> {
+    // SAFETY: integer arguments only.
+    cvt_int(unsafe { libc::ptrace(PTRACE_LISTEN, tid, 0usize, 0usize) as libc::c_int }).map(|_| ())
+}
+
+/// `PTRACE_LISTEN` (`linux/ptrace.h`).
+const PTRACE_LISTEN: libc::c_uint = 0x4208;
+
+/// `KCMP_FILE`.
+const KCMP_FILE: libc::c_int = 0;
+
+/// `kcmp(2)` with `KCMP_FILE`: whether descriptor `fd_a` of process `a` and
+/// `fd_b` of `b` are one open file description.
+pub fn same_open_file(
+    a: libc::pid_t,
+    fd_a: RawFd,
+    b: libc::pid_t,
+    fd_b: RawFd,
+) -> io::Result<bool> {
+    // SAFETY: integer arguments only.
+    let r = unsafe { libc::syscall(libc::SYS_kcmp, a, b, KCMP_FILE, fd_a, fd_b) };
+    Ok(cvt(r)? == 0)
+}
+
 /// Waits until traced thread `tid` stops. `Ok(false)` if it exited instead.
 pub fn wait_stopped(tid: libc::pid_t) -> io::Result<bool> {
     loop {

@@ -200,12 +200,12 @@ pub struct Report {
 }
 
 /// A running target, ended when dropped.
-struct Target {
+pub(crate) struct Target {
     child: Child,
 }
 
 impl Target {
-    fn start(mib: usize, thp: bool, mode: &[&str]) -> Result<Target> {
+    pub(crate) fn start(mib: usize, thp: bool, mode: &[&str]) -> Result<Target> {
         let exe = std::env::current_exe().context("finding the benchmark's own program")?;
         let child = Command::new(exe)
             .arg("__rollback-target")
@@ -224,7 +224,7 @@ impl Target {
         Ok(t)
     }
 
-    fn pid(&self) -> i32 {
+    pub(crate) fn pid(&self) -> i32 {
         self.child.id() as i32
     }
 
@@ -240,7 +240,7 @@ impl Target {
     }
 
     /// Sends one input and waits for its answer.
-    fn input(&mut self, k: usize, seed: u64) -> Result<u64> {
+    pub(crate) fn input(&mut self, k: usize, seed: u64) -> Result<u64> {
         let mut req = [0u8; 16];
         req[..8].copy_from_slice(&(k as u64).to_le_bytes());
         req[8..].copy_from_slice(&seed.to_le_bytes());
@@ -264,7 +264,12 @@ const SEEDS: u64 = 8;
 /// Compares `pages` pages of snapshot `id` (every page when `None`)
 /// with the target's memory, but for the threads' rseq areas; the number
 /// compared.
-fn check(h: &ProcessSnapshots, id: SnapId, pid: i32, sample: Option<(usize, u64)>) -> Result<u64> {
+pub(crate) fn check(
+    h: &ProcessSnapshots,
+    id: SnapId,
+    pid: i32,
+    sample: Option<(usize, u64)>,
+) -> Result<u64> {
     let mem = std::fs::File::open(format!("/proc/{pid}/mem"))?;
     let regions = h.regions(id)?;
     let ps = pagewise::PAGE_SIZE;

@@ -565,3 +565,4 @@ mod container;
 mod fds;
 mod pools;
 mod seccomp;
+mod session;

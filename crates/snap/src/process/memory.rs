@@ -254,25 +254,9 @@ impl ProcessSnapshots {
             stats.pages_written += pages.len() as u64;
             let watched = match fresh_watch {
                 None => {
-                    // Protected again: only the pages written now, one
-                    // call per run, or one walk over their span that
-                    // protects what is written in it (`PAGEMAP_SCAN`)
-                    // where that is cheaper (a call costs about what a
-                    // walk of a thousand entries does).
-                    if let (Some(wp), Some(&first), Some(&last)) =
-                        (self.wp.as_mut(), pages.first(), pages.last())
-                    {
-                        let runs = runs_of(r, &pages);
-                        let span = (last - first + 1) as u64;
-                        if (runs.len() as u64) * 1000 < span {
-                            for run in runs {
-                                wp.protect(run)?;
-                            }
-                        } else {
-                            let start = r.start + (first * PAGE_SIZE) as u64;
-                            let end = r.start + ((last + 1) * PAGE_SIZE) as u64;
-                            wp.scan_written(start, end, true, true, &mut Vec::new())?;
-                        }
+                    // Protected again: only the pages written now.
+                    if let Some(wp) = self.wp.as_mut() {
+                        protect_again(wp, r, &pages)?;
                     }
                     true
                 }
@@ -297,6 +281,95 @@ impl ProcessSnapshots {
         }
         self.current = now;
         Ok(walk_ns)
+    }
+
+    /// Puts back the snapshot `current` holds ([`ProcessSnapshots::current_is`]):
+    /// per mapping, only the pages written since, found by one walk and
+    /// written from the snapshot's table as it is (no table is copied or
+    /// released), then protected again; a mapping not watched is compared;
+    /// the page at `force` too. The layout must be the snapshot's. The
+    /// nanoseconds spent finding written pages.
+    pub(super) fn reset_written(
+        &mut self,
+        force: Option<u64>,
+        stats: &mut RestoreStats,
+    ) -> Result<u64> {
+        let mut walk_ns = 0u64;
+        let current = std::mem::take(&mut self.current);
+        let r = self.reset_each(&current, force, stats, &mut walk_ns);
+        self.current = current;
+        r.map(|()| walk_ns)
+    }
+
+    fn reset_each(
+        &mut self,
+        current: &[Known],
+        force: Option<u64>,
+        stats: &mut RestoreStats,
+        walk_ns: &mut u64,
+    ) -> Result<()> {
+        let mut dirty = Vec::new();
+        // Per mapping: its pages to write, and whether a walk found them
+        // (they are protected again after).
+        let mut todo: Vec<(usize, Vec<usize>, bool)> = Vec::new();
+        for (n, k) in current.iter().enumerate() {
+            let r = k.region;
+            let mut pages = Vec::new();
+            dirty.clear();
+            let scanned = match (k.watched, self.wp.as_mut()) {
+                (true, Some(wp)) => {
+                    let t = std::time::Instant::now();
+                    // An error (no longer registered) is a layout that
+                    // changed under the caller, which checks it first.
+                    wp.scan_written(r.start, r.end(), true, false, &mut dirty)?;
+                    *walk_ns += t.elapsed().as_nanos() as u64;
+                    true
+                }
+                _ => false,
+            };
+            if scanned {
+                stats.pages_dirty += pagewise_mech::region::total_pages(&dirty);
+                for d in &dirty {
+                    let (a, b) = (d.start.max(r.start), d.end().min(r.end()));
+                    let mut at = a;
+                    while at < b {
+                        pages.push(page_index(r, at));
+                        at += PAGE_SIZE as u64;
+                    }
+                }
+            } else {
+                self.differing(r, &k.table, &mut pages)?;
+            }
+            if let Some(f) = force.filter(|&f| r.contains(f)) {
+                let i = page_index(r, f);
+                if let Err(at) = pages.binary_search(&i) {
+                    pages.insert(at, i);
+                }
+            }
+            if !pages.is_empty() {
+                todo.push((n, pages, scanned));
+            }
+        }
+        let mut w = remote::Writer::new(self.pid)?;
+        for (n, pages, _) in &todo {
+            let k = &current[*n];
+            for &i in pages {
+                w.push(
+                    k.region.start + (i * PAGE_SIZE) as u64,
+                    self.store.page(k.table.get(i)),
+                )?;
+            }
+            stats.pages_written += pages.len() as u64;
+        }
+        w.flush()?;
+        // Protected again once written (a write through
+        // `process_vm_writev` marks a page written).
+        if let Some(wp) = self.wp.as_mut() {
+            for (n, pages, _) in todo.iter().filter(|t| t.2) {
+                protect_again(wp, current[*n].region, pages)?;
+            }
+        }
+        Ok(())
     }
 
     /// The pages of `r` whose contents differ from `tgt` (read and compared).
@@ -334,6 +407,28 @@ fn written(wp: &mut UffdWp, r: Region, rearm: bool) -> Result<Option<Vec<PageRan
         }
         Err(e) => Err(e.into()),
     }
+}
+
+/// Protects pages `pages` (sorted indices) of `r` again: one call per run,
+/// or one walk over their span that protects what is written in it
+/// (`PAGEMAP_SCAN`) where that is cheaper (a call costs about what a walk
+/// of a thousand entries does).
+fn protect_again(wp: &mut UffdWp, r: Region, pages: &[usize]) -> Result<()> {
+    let (Some(&first), Some(&last)) = (pages.first(), pages.last()) else {
+        return Ok(());
+    };
+    let runs = runs_of(r, pages);
+    let span = (last - first + 1) as u64;
+    if (runs.len() as u64) * 1000 < span {
+        for run in runs {
+            wp.protect(run)?;
+        }
+    } else {
+        let start = r.start + (first * PAGE_SIZE) as u64;
+        let end = r.start + ((last + 1) * PAGE_SIZE) as u64;
+        wp.scan_written(start, end, true, true, &mut Vec::new())?;
+    }
+    Ok(())
 }
 
 /// Sorted page indices of `r` as runs.

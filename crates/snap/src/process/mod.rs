@@ -47,6 +47,7 @@
 pub mod fds;
 pub mod group;
 mod memory;
+pub mod session;
 mod store;
 
 use super::table::{self, Chunk, Table};
@@ -181,6 +182,9 @@ pub struct ProcessSnapshots {
     snaps: BTreeMap<SnapId, ProcSnap>,
     next_id: SnapId,
     current: Vec<Known>,
+    /// The snapshot `current` holds exactly (after its take, or a whole
+    /// restore of it): a reset to it writes back only what was written.
+    current_is: Option<SnapId>,
     spare: Vec<Vec<Chunk>>,
     buf: Vec<u8>,
 }
@@ -233,6 +237,7 @@ impl ProcessSnapshots {
             snaps: BTreeMap::new(),
             next_id: 1,
             current: Vec::new(),
+            current_is: None,
             spare: Vec::new(),
             buf: vec![0u8; BATCH * PAGE_SIZE],
         })
@@ -261,6 +266,19 @@ impl ProcessSnapshots {
         Ok(s)
     }
 
+    /// The stop for one call: none where the caller holds the process
+    /// stopped (`held`; checked to be the one opened), else one made here
+    /// (the process let go when it is dropped).
+    fn stopped_here(&self, held: Option<&Stopped>) -> Result<Option<Stopped>> {
+        match held {
+            Some(_) => {
+                self.same_process()?;
+                Ok(None)
+            }
+            None => Ok(Some(self.stop()?)),
+        }
+    }
+
     /// Refuses a process that is not the one opened (its pid reused, or
     /// its program replaced).
     fn same_process(&self) -> Result<()> {
@@ -275,7 +293,14 @@ impl ProcessSnapshots {
 
     /// Takes a snapshot of the process's memory, layout and threads.
     pub fn take(&mut self) -> Result<SnapId> {
-        let r = self.take_stopped();
+        let r = self.take_stopped(None);
+        self.gone_or(r)
+    }
+
+    /// As [`take`](Self::take), the process being held stopped by the
+    /// caller (a [`session::ResetSession`]).
+    pub(crate) fn take_held(&mut self, held: &Stopped) -> Result<SnapId> {
+        let r = self.take_stopped(Some(held));
         self.gone_or(r)
     }
 
@@ -293,9 +318,12 @@ impl ProcessSnapshots {
         }
     }
 
-    fn take_stopped(&mut self) -> Result<SnapId> {
+    fn take_stopped(&mut self, held: Option<&Stopped>) -> Result<SnapId> {
         let t0 = Instant::now();
-        let stopped = self.stop()?;
+        let own = self.stopped_here(held)?;
+        let Some(stopped) = held.or(own.as_ref()) else {
+            return Err(MechError::ProcessExited(self.pid).into());
+        };
         let layout = layout::read(Some(self.pid))?;
         let regions: Vec<Region> = layout
             .iter()
@@ -304,7 +332,7 @@ impl ProcessSnapshots {
             .collect();
         let (brk, threads) = match &self.no_inside {
             None => {
-                let (brk, t) = inside_state(&stopped)?;
+                let (brk, t) = inside_state(stopped)?;
                 (Some(brk), t)
             }
             Some(_) => (None, Vec::new()),
@@ -313,11 +341,12 @@ impl ProcessSnapshots {
         let data = self.read_memory(&regions, &mut stats)?;
         let tids = stopped.tids().to_vec();
         let fds = Some(procfs::descriptors(self.pid)?);
-        drop(stopped);
+        drop(own);
         stats.pages = regions.iter().map(Region::pages).sum();
         stats.elapsed_ns = t0.elapsed().as_nanos() as u64;
         let id = self.next_id;
         self.next_id += 1;
+        self.current_is = Some(id);
         self.snaps.insert(
             id,
             ProcSnap {
@@ -371,13 +400,7 @@ impl ProcessSnapshots {
             .into());
         }
         let mut lap = t0;
-        let own = match held {
-            Some(_) => {
-                self.same_process()?;
-                None
-            }
-            None => Some(self.stop()?),
-        };
+        let own = self.stopped_here(held)?;
         let Some(stopped) = held.or(own.as_ref()) else {
             return Err(MechError::ProcessExited(self.pid).into());
         };
@@ -462,7 +485,11 @@ impl ProcessSnapshots {
         let force = scratch.filter(|_| report.threads > 0);
         report.compared = self.wp.is_none();
         report.phases.threads_us = us_since(&mut lap);
+        self.current_is = None;
         let walk_ns = self.write_memory(target, &fresh, force, &mut report.stats)?;
+        if report.thread_areas.is_empty() {
+            self.current_is = Some(id);
+        }
         report.phases.walk_us = (walk_ns as f64 / 100.0).round() / 10.0;
         report.phases.copy_us =
             ((us_since(&mut lap) - report.phases.walk_us) * 10.0).round() / 10.0;
@@ -475,6 +502,9 @@ impl ProcessSnapshots {
     /// Drops snapshot `id`; pages no other snapshot uses are freed.
     pub fn drop_snapshot(&mut self, id: SnapId) -> Result<()> {
         let s = self.snaps.remove(&id).ok_or(Error::NoSnapshot { id })?;
+        if self.current_is == Some(id) {
+            self.current_is = None;
+        }
         let tables = s.data.into_iter().map(|(_, t)| t).collect();
         table::release(&mut self.store, &mut self.spare, tables);
         Ok(())

@@ -1,0 +1,334 @@
+//! Resets at fuzzing speed (`pagewise::snap::ResetSession`).
+//!
+//! A target holding `MiB` of initialised state (the rollback experiments'
+//! own program, [`crate::rollback::target`]) handles an input that writes
+//! `k` pages, then is reset. Per point, in one run: a reset session (the
+//! process held for the whole run), a one-shot restore of the same
+//! snapshot (`ProcessSnapshots::restore`: stopped, put back, let go), and
+//! an AFL-style fork server (a parent holding the same state forks a child
+//! per input and waits for it). Resets: median, 99th percentile, lowest
+//! and highest; resets a second at the median.
+//!
+//! Checked: every answer of a reset target equals its first answer to the
+//! same input and the fork server's; after every reset a sample of pages
+//! read through `/proc/PID/mem` equals the snapshot; every page at the end
+//! of a point; a session's reset that took the whole path is counted (none
+//! is expected: the layout and descriptors do not change).
+
+use crate::rollback::{check, Target};
+use crate::svg::{Chart, Series};
+use anyhow::{bail, Result};
+use pagewise::snap::{ProcessSnapshots, ResetPhases, ResetSession, RestoreOptions};
+use serde::Serialize;
+use std::time::Instant;
+
+/// The experiment's sizes.
+#[derive(Debug, Clone, Serialize)]
+pub struct Config {
+    /// State sizes, MiB.
+    pub sizes_mib: Vec<usize>,
+    /// Pages written per input.
+    pub ks: Vec<usize>,
+    /// Resets per point and variant.
+    pub reps: usize,
+}
+
+impl Config {
+    /// A smoke run (64 MiB, 16 pages).
+    pub fn quick() -> Self {
+        Config {
+            sizes_mib: vec![64],
+            ks: vec![16],
+            reps: 200,
+        }
+    }
+
+    /// The experiment: 64 MiB and 1 GiB, 16 and 64 pages.
+    pub fn full() -> Self {
+        Config {
+            sizes_mib: vec![64, 1024],
+            ks: vec![16, 64],
+            reps: 2000,
+        }
+    }
+}
+
+/// A distribution, microseconds.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Dist {
+    /// Median.
+    pub median: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// Lowest.
+    pub min: f64,
+    /// Highest.
+    pub max: f64,
+}
+
+impl Dist {
+    fn of(mut v: Vec<f64>) -> Dist {
+        v.sort_by(f64::total_cmp);
+        let at = |q: f64| v[((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1];
+        Dist {
+            median: crate::median(&mut v.clone()),
+            p99: at(0.99),
+            min: v[0],
+            max: v[v.len() - 1],
+        }
+    }
+}
+
+/// One point of one variant.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    /// `session`, `restore` or `fork server`.
+    pub variant: String,
+    /// State, MiB.
+    pub mib: usize,
+    /// Pages written per input.
+    pub k: usize,
+    /// Resets measured.
+    pub reps: usize,
+    /// One reset (the fork server: its whole cycle, which it cannot
+    /// separate), µs.
+    pub reset_us: Dist,
+    /// One input and its reset, µs.
+    pub cycle_us: Dist,
+    /// Resets a second at the median reset.
+    pub resets_per_s: f64,
+    /// Session: median phases, µs.
+    pub phases: Option<ResetPhases>,
+    /// Session: resets that took the whole path of a restore.
+    pub full_resets: u64,
+    /// Pages compared with the snapshot through `/proc/PID/mem`.
+    pub pages_checked: u64,
+}
+
+/// Everything one run measured (its provenance is added as it is
+/// written: [`crate::report::Output`]).
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// The sizes.
+    pub config: Config,
+    /// Every point.
+    pub rows: Vec<Row>,
+}
+
+/// Inputs cycle through this many seeds: each is answered more than once.
+const SEEDS: u64 = 8;
+
+fn us(d: std::time::Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+/// Answers to the seeds, the first time each was asked.
+type Firsts = Vec<Option<u64>>;
+
+fn same_answer(first: &mut Firsts, seed: u64, a: u64, who: &str) -> Result<()> {
+    match first[seed as usize] {
+        None => first[seed as usize] = Some(a),
+        Some(f) if f != a => bail!("{who}: input {seed} answered {a:#x}, {f:#x} the first time"),
+        Some(_) => {}
+    }
+    Ok(())
+}
+
+fn row(variant: &str, mib: usize, k: usize, reset: Vec<f64>, cycle: Vec<f64>) -> Row {
+    let reset_us = Dist::of(reset);
+    Row {
+        variant: variant.into(),
+        mib,
+        k,
+        reps: cycle.len(),
+        reset_us,
+        cycle_us: Dist::of(cycle),
+        resets_per_s: 1e6 / reset_us.median,
+        phases: None,
+        full_resets: 0,
+        pages_checked: 0,
+    }
+}
+
+/// The session at one point.
+fn session(cfg: &Config, mib: usize, k: usize, first: &mut Firsts) -> Result<Row> {
+    let mut t = Target::start(mib, false, &["serve"])?;
+    let pid = t.pid();
+    let mut s = ResetSession::open(pid)?;
+    let (mut reset, mut cycle, mut phases) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut full, mut checked) = (0, 0);
+    for rep in 0..cfg.reps {
+        let seed = rep as u64 % SEEDS;
+        let t0 = Instant::now();
+        let a = t.input(k, seed)?;
+        let t1 = Instant::now();
+        let r = s.reset()?;
+        let t2 = Instant::now();
+        same_answer(first, seed, a, "session")?;
+        if r.full.is_some() {
+            full += 1;
+        }
+        reset.push(us(t2 - t1));
+        cycle.push(us(t2 - t0));
+        phases.push(r.phases);
+        // Not every reset: reading pages through /proc/PID/mem faults the
+        // target's page tables in and out of the measured path.
+        if rep % 16 == 0 {
+            checked += check(s.snapshots(), s.point(), pid, Some((8, rep as u64)))?;
+        }
+    }
+    checked += check(s.snapshots(), s.point(), pid, None)?;
+    let mut r = row("session", mib, k, reset, cycle);
+    r.phases = Some(median_phases(&phases));
+    r.full_resets = full;
+    r.pages_checked = checked;
+    Ok(r)
+}
+
+/// A one-shot restore of the same snapshot at one point.
+fn restore(cfg: &Config, mib: usize, k: usize, first: &mut Firsts) -> Result<Row> {
+    let mut t = Target::start(mib, false, &["serve"])?;
+    let pid = t.pid();
+    let mut h = ProcessSnapshots::open(pid)?;
+    let id = h.take()?;
+    let (mut reset, mut cycle) = (Vec::new(), Vec::new());
+    for rep in 0..cfg.reps {
+        let seed = rep as u64 % SEEDS;
+        let t0 = Instant::now();
+        let a = t.input(k, seed)?;
+        let t1 = Instant::now();
+        h.restore(id, RestoreOptions::default())?;
+        let t2 = Instant::now();
+        same_answer(first, seed, a, "restore")?;
+        reset.push(us(t2 - t1));
+        cycle.push(us(t2 - t0));
+    }
+    let mut r = row("restore", mib, k, reset, cycle);
+    r.pages_checked = check(&h, id, pid, None)?;
+    Ok(r)
+}
+
+/// The fork server at one point.
+fn fork(cfg: &Config, mib: usize, k: usize, first: &mut Firsts) -> Result<Row> {
+    let mut t = Target::start(mib, false, &["fork"])?;
+    let mut cycle = Vec::new();
+    for rep in 0..cfg.reps {
+        let seed = rep as u64 % SEEDS;
+        let t0 = Instant::now();
+        let a = t.input(k, seed)?;
+        cycle.push(us(t0.elapsed()));
+        same_answer(first, seed, a, "fork server")?;
+    }
+    Ok(row("fork server", mib, k, cycle.clone(), cycle))
+}
+
+fn median_phases(phases: &[ResetPhases]) -> ResetPhases {
+    let mid = |f: fn(&ResetPhases) -> f64| -> f64 {
+        crate::median(&mut phases.iter().map(f).collect::<Vec<_>>())
+    };
+    let mut ph = ResetPhases::default();
+    ph.stop_us = mid(|p| p.stop_us);
+    ph.check_us = mid(|p| p.check_us);
+    ph.threads_us = mid(|p| p.threads_us);
+    ph.walk_us = mid(|p| p.walk_us);
+    ph.copy_us = mid(|p| p.copy_us);
+    ph.resume_us = mid(|p| p.resume_us);
+    ph
+}
+
+/// Runs the experiment.
+pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
+    let mut rows = Vec::new();
+    for &mib in &cfg.sizes_mib {
+        for &k in &cfg.ks {
+            let mut first: Firsts = vec![None; SEEDS as usize];
+            progress(&format!("{mib} MiB k={k}: session"));
+            rows.push(session(cfg, mib, k, &mut first)?);
+            progress(&format!("{mib} MiB k={k}: restore"));
+            rows.push(restore(cfg, mib, k, &mut first)?);
+            progress(&format!("{mib} MiB k={k}: fork server"));
+            rows.push(fork(cfg, mib, k, &mut first)?);
+        }
+    }
+    Ok(Report {
+        config: cfg.clone(),
+        rows,
+    })
+}
+
+impl Report {
+    /// The table, as text.
+    pub fn summary(&self) -> String {
+        use std::fmt::Write;
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "resets, µs: median p99 [min..max]; x fork = the fork server's median over this one's"
+        );
+        let _ = writeln!(
+            s,
+            "{:<12} {:>5} {:>4} {:>8} {:>8} {:>21} {:>9} {:>7}  phases µs (stop check threads walk copy resume)",
+            "variant", "MiB", "k", "median", "p99", "[min..max]", "resets/s", "x fork"
+        );
+        for r in &self.rows {
+            let fork = self
+                .rows
+                .iter()
+                .find(|f| f.variant == "fork server" && f.mib == r.mib && f.k == r.k);
+            let x = match fork {
+                Some(f) if r.variant != "fork server" => {
+                    format!("{:.1}", f.reset_us.median / r.reset_us.median)
+                }
+                _ => "-".into(),
+            };
+            let ph = r
+                .phases
+                .map(|p| {
+                    format!(
+                        "  {:.0} {:.0} {:.0} {:.0} {:.0} {:.0}",
+                        p.stop_us, p.check_us, p.threads_us, p.walk_us, p.copy_us, p.resume_us
+                    )
+                })
+                .unwrap_or_default();
+            let _ = writeln!(
+                s,
+                "{:<12} {:>5} {:>4} {:>8.1} {:>8.1} {:>21} {:>9.0} {:>7}{ph}",
+                r.variant,
+                r.mib,
+                r.k,
+                r.reset_us.median,
+                r.reset_us.p99,
+                format!("[{:.1}..{:.1}]", r.reset_us.min, r.reset_us.max),
+                r.resets_per_s,
+                x
+            );
+        }
+        s
+    }
+
+    /// Median reset against the state's size, per variant and k.
+    pub fn charts(&self) -> Vec<(String, Chart)> {
+        let mut series: Vec<Series> = Vec::new();
+        for r in &self.rows {
+            let label = format!("{} k={}", r.variant, r.k);
+            match series.iter_mut().find(|s| s.label == label) {
+                Some(s) => s.points.push((r.mib as f64, r.reset_us.median)),
+                None => series.push(Series {
+                    label,
+                    points: vec![(r.mib as f64, r.reset_us.median)],
+                }),
+            }
+        }
+        vec![(
+            "resets.svg".into(),
+            Chart {
+                title: "Reset of a process after an input writing k pages (median)".into(),
+                x_label: "state (MiB)".into(),
+                y_label: "reset (µs)".into(),
+                log_x: true,
+                log_y: true,
+                series,
+            },
+        )]
+    }
+}

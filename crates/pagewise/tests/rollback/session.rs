@@ -1,0 +1,139 @@
+//! Reset sessions (`pagewise::snap::ResetSession`) against ground truth:
+//! after resets memory equals the point page for page (read through
+//! `/proc/PID/mem`); every answer equals the first answer to the same
+//! command, and that of a run of the same program without pagewise; the
+//! target's own checks of its registers and thread-local hold
+//! (`bad=0`); resets take the quick path unless the layout, the
+//! descriptors or the threads changed, and then put those back too; a
+//! file's offset is put back on the quick path; workers writing all the
+//! time keep whole hash chains.
+
+use super::*;
+use pagewise::snap::ResetSession;
+
+/// `read=XXXXXXXX pos=N` of an answer.
+fn read_word(answer: &str) -> String {
+    answer
+        .split_whitespace()
+        .filter(|w| w.starts_with("read=") || w.starts_with("pos="))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[test]
+fn a_session_puts_the_process_back_at_its_point_at_every_reset() {
+    let Some(path) = target() else { return };
+    let cmds = ["w 16 1", "w 64 2", "w 3 3", "c"];
+    // Each command's answer from a run without pagewise: the first
+    // command of a fresh target.
+    let plain: Vec<String> = cmds
+        .iter()
+        .map(|c| {
+            let mut t = Target::start(&path, &[]);
+            t.ask(c)
+        })
+        .collect();
+    let mut t = Target::start(&path, &[]);
+    t.settle();
+    let mut s = ResetSession::open(t.pid()).unwrap();
+    let (mut dirty, mut compared) = (0, 0);
+    for round in 0..200usize {
+        let i = round % cmds.len();
+        let a = t.ask(cmds[i]);
+        assert!(a.contains("bad=0"), "round {round}: {a}");
+        assert_eq!(a, plain[i], "round {round}: {:?} after resets", cmds[i]);
+        t.settle();
+        let r = s.reset().unwrap();
+        assert_eq!(r.full, None, "round {round}: {r:?}");
+        dirty += r.pages_dirty;
+        if round % 50 == 49 {
+            compared += assert_memory_is(s.snapshots(), s.point(), &t);
+        }
+    }
+    // Each input wrote its pages (and the stack, libc's buffers).
+    assert!(dirty >= 50 * (16 + 64 + 3), "{dirty} pages written back");
+    println!("ok   200 resets, {dirty} pages written back, {compared} pages compared");
+}
+
+#[test]
+fn a_changed_layout_or_descriptor_table_takes_the_whole_path() {
+    let Some(path) = target() else { return };
+    let file = std::env::temp_dir().join(format!("pagewise-session-{}", std::process::id()));
+    std::fs::write(&file, "0123456789abcdefghijklmnopqrstuv").unwrap();
+    let mut t = Target::start(&path, &[]);
+    t.ask(&format!("o {}", file.display()));
+    t.settle();
+    let mut s = ResetSession::open(t.pid()).unwrap();
+    let before = layout(t.pid());
+    let first = t.ask("r");
+    assert_eq!(read_word(&first), "read=01234567 pos=8");
+    t.settle();
+    // The offset moved: put back on the quick path.
+    assert_eq!(s.reset().unwrap().full, None);
+    assert_eq!(t.ask("r"), first, "the read after a reset");
+    for (change, why) in [
+        ("m", "layout"),
+        ("v", "layout"),
+        ("b", "layout"),
+        ("P", "descriptors"),
+        ("k", "descriptors"),
+    ] {
+        t.settle();
+        s.reset().unwrap();
+        t.ask(change);
+        t.ask("w 5 9");
+        t.settle();
+        let r = s.reset().unwrap();
+        let full = r.full.clone().unwrap_or_default();
+        assert!(full.contains(why), "{change:?}: {r:?}");
+        assert_eq!(layout(t.pid()), before, "the layout after {change:?}");
+        assert_memory_is(s.snapshots(), s.point(), &t);
+        assert_eq!(t.ask("r"), first, "the read after undoing {change:?}");
+        // And quick again.
+        t.settle();
+        assert_eq!(s.reset().unwrap().full, None, "after {change:?}");
+        println!("ok   {change}: {full}");
+    }
+    let _ = std::fs::remove_file(&file);
+}
+
+#[test]
+fn workers_writing_all_the_time_are_reset_with_whole_chains() {
+    let Some(path) = target() else { return };
+    let mut t = Target::start(&path, &["threads", "3"]);
+    // The workers past their start (a thread put back to before glibc
+    // registered its rseq area would register it again, which the kernel
+    // refuses: that registration is the kernel's, not memory).
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let mut s = ResetSession::open(t.pid()).unwrap();
+    for round in 0..40 {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        let r = s.reset().unwrap();
+        assert_eq!(r.full, None, "round {round}: {r:?}");
+        let a = t.ask("c");
+        assert!(
+            a.contains("bad=0") && a.contains("chains=ok"),
+            "round {round}: {a}"
+        );
+    }
+}
+
+#[test]
+fn a_thread_made_between_resets_is_refused_then_the_session_goes_on() {
+    let Some(path) = target() else { return };
+    let mut t = Target::start(&path, &[]);
+    t.settle();
+    let mut s = ResetSession::open(t.pid()).unwrap();
+    let first = t.ask("c");
+    t.ask("t");
+    t.settle();
+    let e = s.reset().unwrap_err();
+    assert!(e.to_string().contains("thread"), "{e}");
+    // Its thread ended: the next reset goes through.
+    t.ask("x");
+    t.settle();
+    let r = s.reset().unwrap();
+    assert!(r.full.is_none() || r.pages_written > 0, "{r:?}");
+    assert_memory_is(s.snapshots(), s.point(), &t);
+    assert_eq!(t.ask("c"), first);
+}
