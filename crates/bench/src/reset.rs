@@ -9,6 +9,14 @@
 //! per input and waits for it). Resets: median, 99th percentile, lowest
 //! and highest; resets a second at the median.
 //!
+//! Each point runs in two placements, every variant alike: as the
+//! scheduler places the processes (`spread`), and with the benchmark and
+//! its targets held to one CPU (`one CPU`, the targets inherit it). The
+//! machine's floor is measured beside them: a one-byte round trip over two
+//! pipes between two processes, in each placement (on a VM an idle CPU
+//! woken by another costs tens of microseconds; every reset wakes the
+//! target twice).
+//!
 //! Checked: every answer of a reset target equals its first answer to the
 //! same input and the fork server's; after every reset a sample of pages
 //! read through `/proc/PID/mem` equals the snapshot; every page at the end
@@ -84,6 +92,8 @@ impl Dist {
 pub struct Row {
     /// `session`, `restore` or `fork server`.
     pub variant: String,
+    /// `spread` or `one CPU`.
+    pub placement: String,
     /// State, MiB.
     pub mib: usize,
     /// Pages written per input.
@@ -113,6 +123,9 @@ pub struct Report {
     pub config: Config,
     /// Every point.
     pub rows: Vec<Row>,
+    /// The machine's floor: a pipe round trip between two processes, per
+    /// placement, µs.
+    pub round_trip: Vec<(String, Dist)>,
 }
 
 /// Inputs cycle through this many seeds: each is answered more than once.
@@ -138,6 +151,7 @@ fn row(variant: &str, mib: usize, k: usize, reset: Vec<f64>, cycle: Vec<f64>) ->
     let reset_us = Dist::of(reset);
     Row {
         variant: variant.into(),
+        placement: String::new(),
         mib,
         k,
         reps: cycle.len(),
@@ -239,21 +253,60 @@ fn median_phases(phases: &[ResetPhases]) -> ResetPhases {
 /// Runs the experiment.
 pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
     let mut rows = Vec::new();
-    for &mib in &cfg.sizes_mib {
-        for &k in &cfg.ks {
-            let mut first: Firsts = vec![None; SEEDS as usize];
-            progress(&format!("{mib} MiB k={k}: session"));
-            rows.push(session(cfg, mib, k, &mut first)?);
-            progress(&format!("{mib} MiB k={k}: restore"));
-            rows.push(restore(cfg, mib, k, &mut first)?);
-            progress(&format!("{mib} MiB k={k}: fork server"));
-            rows.push(fork(cfg, mib, k, &mut first)?);
+    let mut round_trip = Vec::new();
+    for placement in ["spread", "one CPU"] {
+        let _pinned = match placement {
+            "one CPU" => Some(crate::rollback::lazy::Pinned::to_this_cpu()?),
+            _ => None,
+        };
+        round_trip.push((placement.to_string(), pipe_round_trip(cfg.reps)?));
+        for &mib in &cfg.sizes_mib {
+            for &k in &cfg.ks {
+                let mut first: Firsts = vec![None; SEEDS as usize];
+                let at = format!("{mib} MiB k={k} ({placement})");
+                progress(&format!("{at}: session"));
+                let mut point = vec![session(cfg, mib, k, &mut first)?];
+                progress(&format!("{at}: restore"));
+                point.push(restore(cfg, mib, k, &mut first)?);
+                progress(&format!("{at}: fork server"));
+                point.push(fork(cfg, mib, k, &mut first)?);
+                for mut r in point {
+                    r.placement = placement.into();
+                    rows.push(r);
+                }
+            }
         }
     }
     Ok(Report {
         config: cfg.clone(),
         rows,
+        round_trip,
     })
+}
+
+/// A one-byte round trip over two pipes between this process and a child,
+/// `n` times, µs.
+fn pipe_round_trip(n: usize) -> Result<Dist> {
+    use std::io::{Read, Write};
+    let mut child = std::process::Command::new("cat")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()?;
+    let (mut to, mut from) = (
+        child.stdin.take().expect("piped"),
+        child.stdout.take().expect("piped"),
+    );
+    let mut v = Vec::with_capacity(n);
+    let mut b = [0u8; 1];
+    for _ in 0..n.max(10) {
+        let t = Instant::now();
+        to.write_all(b"x")?;
+        from.read_exact(&mut b)?;
+        v.push(us(t.elapsed()));
+    }
+    drop(to);
+    child.wait()?;
+    Ok(Dist::of(v))
 }
 
 impl Report {
@@ -267,14 +320,16 @@ impl Report {
         );
         let _ = writeln!(
             s,
-            "{:<12} {:>5} {:>4} {:>8} {:>8} {:>21} {:>9} {:>7}  phases µs (stop check threads walk copy resume)",
-            "variant", "MiB", "k", "median", "p99", "[min..max]", "resets/s", "x fork"
+            "{:<12} {:<8} {:>5} {:>4} {:>8} {:>8} {:>21} {:>9} {:>7}  phases µs (stop check threads walk copy resume)",
+            "variant", "placed", "MiB", "k", "median", "p99", "[min..max]", "resets/s", "x fork"
         );
         for r in &self.rows {
-            let fork = self
-                .rows
-                .iter()
-                .find(|f| f.variant == "fork server" && f.mib == r.mib && f.k == r.k);
+            let fork = self.rows.iter().find(|f| {
+                f.variant == "fork server"
+                    && f.placement == r.placement
+                    && f.mib == r.mib
+                    && f.k == r.k
+            });
             let x = match fork {
                 Some(f) if r.variant != "fork server" => {
                     format!("{:.1}", f.reset_us.median / r.reset_us.median)
@@ -292,8 +347,9 @@ impl Report {
                 .unwrap_or_default();
             let _ = writeln!(
                 s,
-                "{:<12} {:>5} {:>4} {:>8.1} {:>8.1} {:>21} {:>9.0} {:>7}{ph}",
+                "{:<12} {:<8} {:>5} {:>4} {:>8.1} {:>8.1} {:>21} {:>9.0} {:>7}{ph}",
                 r.variant,
+                r.placement,
                 r.mib,
                 r.k,
                 r.reset_us.median,
@@ -303,6 +359,17 @@ impl Report {
                 x
             );
         }
+        let _ = writeln!(
+            s,
+            "\nthe machine's floor: a pipe round trip between two processes, µs"
+        );
+        for (placement, d) in &self.round_trip {
+            let _ = writeln!(
+                s,
+                "{placement:<8} median {:.1} p99 {:.1} [{:.1}..{:.1}]",
+                d.median, d.p99, d.min, d.max
+            );
+        }
         s
     }
 
@@ -310,7 +377,7 @@ impl Report {
     pub fn charts(&self) -> Vec<(String, Chart)> {
         let mut series: Vec<Series> = Vec::new();
         for r in &self.rows {
-            let label = format!("{} k={}", r.variant, r.k);
+            let label = format!("{} k={} ({})", r.variant, r.k, r.placement);
             match series.iter_mut().find(|s| s.label == label) {
                 Some(s) => s.points.push((r.mib as f64, r.reset_us.median)),
                 None => series.push(Series {

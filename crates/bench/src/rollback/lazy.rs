@@ -287,10 +287,10 @@ struct Runs {
 
 /// The calling thread (and the threads it starts) held to the CPU it runs
 /// on; its former CPU set put back when dropped.
-struct Pinned(libc::cpu_set_t);
+pub(crate) struct Pinned(libc::cpu_set_t);
 
 impl Pinned {
-    fn to_this_cpu() -> Result<Pinned> {
+    pub(crate) fn to_this_cpu() -> Result<Pinned> {
         // SAFETY: cpu_set_t is plain data; an all-zero set is valid.
         let mut old: libc::cpu_set_t = unsafe { std::mem::zeroed() };
         let size = std::mem::size_of::<libc::cpu_set_t>();
