@@ -84,6 +84,10 @@ typedef struct pw_live pw_live;
 // Snapshots of another running process, put back in place.
 typedef struct pw_process pw_process;
 
+// A reset session: a process held at one point, put back there at each
+// `pw_rollback_reset`.
+typedef struct pw_rollback pw_rollback;
+
 // Snapshots of regions of the calling process, sharing one page store.
 typedef struct pw_snapshots pw_snapshots;
 
@@ -223,6 +227,19 @@ typedef struct pw_process_restore_stats {
   // Pages written during the restore by someone else.
   uint64_t foreign_writes;
 } pw_process_restore_stats;
+
+// What one reset did.
+typedef struct pw_rollback_stats {
+  // Pages written since the last reset.
+  uint64_t pages_dirty;
+  // Pages written back.
+  uint64_t pages_written;
+  // 1 where the whole path of a restore was taken (the layout, the
+  // descriptors or the threads changed), 0 for the quick path.
+  uint32_t full;
+  // Wall time, nanoseconds.
+  uint64_t elapsed_ns;
+} pw_rollback_stats;
 
 // What one restore did.
 typedef struct pw_restore_stats {
@@ -515,6 +532,40 @@ int pw_process_read(struct pw_process *p, uint64_t id, uint64_t addr, void *buf,
 // # Safety
 // `p` is a live handle.
 int pw_process_drop(struct pw_process *p, uint64_t id);
+
+// Opens a reset session on process `pid` (which the caller may ptrace):
+// the process is held attached from now on and its point taken now.
+// Each `pw_rollback_reset` puts it back there: only the pages written
+// since, the registers of every thread, the offsets of its files; the
+// whole restore where its layout, descriptors or threads changed.
+// Signals sent to it between resets are handed over at the next reset or
+// `pw_rollback_pump`. -EOPNOTSUPP where nothing can be done inside the
+// process. The session must be used from the thread that opened it.
+//
+// # Safety
+// `out` is writable.
+int pw_rollback_open(int32_t pid, struct pw_rollback **out);
+
+// Puts the process back at its point; what it did goes to `*stats` (may
+// be NULL). -ESTALE where threads were made or ended since the point.
+//
+// # Safety
+// `r` is a live session; `stats` is NULL or writable.
+int pw_rollback_reset(struct pw_rollback *r, struct pw_rollback_stats *stats);
+
+// Hands over the signals sent to the process since it was let run;
+// returns how many (or -errno).
+//
+// # Safety
+// `r` is a live session.
+int pw_rollback_pump(struct pw_rollback *r);
+
+// Ends the session (NULL is ignored): the process is let go, running,
+// with nothing left registered.
+//
+// # Safety
+// `r` is NULL or a session not freed yet.
+void pw_rollback_free(struct pw_rollback *r);
 
 // Snapshots of `n` regions of the calling process, which must be mapped,
 // writable, page-aligned and must not overlap; `backend` (a `PW_BACKEND_*`

@@ -296,6 +296,27 @@ pub struct pw_process {
     inner: pw::snap::ProcessSnapshots,
 }
 
+/// A reset session: a process held at one point, put back there at each
+/// `pw_rollback_reset`.
+pub struct pw_rollback {
+    inner: pw::snap::ResetSession,
+}
+
+/// What one reset did.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct pw_rollback_stats {
+    /// Pages written since the last reset.
+    pub pages_dirty: u64,
+    /// Pages written back.
+    pub pages_written: u64,
+    /// 1 where the whole path of a restore was taken (the layout, the
+    /// descriptors or the threads changed), 0 for the quick path.
+    pub full: u32,
+    /// Wall time, nanoseconds.
+    pub elapsed_ns: u64,
+}
+
 /// A durable snapshot store: a directory.
 pub struct pw_disk {
     inner: DiskStore,

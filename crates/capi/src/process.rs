@@ -145,3 +145,87 @@ pub unsafe extern "C" fn pw_process_drop(p: *mut pw_process, id: u64) -> c_int {
         Ok(())
     })
 }
+
+/// Opens a reset session on process `pid` (which the caller may ptrace):
+/// the process is held attached from now on and its point taken now.
+/// Each `pw_rollback_reset` puts it back there: only the pages written
+/// since, the registers of every thread, the offsets of its files; the
+/// whole restore where its layout, descriptors or threads changed.
+/// Signals sent to it between resets are handed over at the next reset or
+/// `pw_rollback_pump`. -EOPNOTSUPP where nothing can be done inside the
+/// process. The session must be used from the thread that opened it.
+///
+/// # Safety
+/// `out` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn pw_rollback_open(pid: i32, out: *mut *mut pw_rollback) -> c_int {
+    call("pw_rollback_open", || {
+        let r = pw_rollback {
+            inner: pw::snap::ResetSession::open(pid)?,
+        };
+        // SAFETY: the caller's contract.
+        unsafe { give(out, r) }
+    })
+}
+
+/// Puts the process back at its point; what it did goes to `*stats` (may
+/// be NULL). -ESTALE where threads were made or ended since the point.
+///
+/// # Safety
+/// `r` is a live session; `stats` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn pw_rollback_reset(
+    r: *mut pw_rollback,
+    stats: *mut pw_rollback_stats,
+) -> c_int {
+    call("pw_rollback_reset", || {
+        // SAFETY: the caller's contract.
+        let r = unsafe { obj(r, "rollback session") }?;
+        let rep = r.inner.reset()?;
+        // SAFETY: the caller's contract.
+        unsafe {
+            put_opt(
+                stats,
+                pw_rollback_stats {
+                    pages_dirty: rep.pages_dirty,
+                    pages_written: rep.pages_written,
+                    full: rep.full.is_some() as u32,
+                    elapsed_ns: rep.elapsed_ns,
+                },
+            )
+        };
+        Ok(())
+    })
+}
+
+/// Hands over the signals sent to the process since it was let run;
+/// returns how many (or -errno).
+///
+/// # Safety
+/// `r` is a live session.
+#[no_mangle]
+pub unsafe extern "C" fn pw_rollback_pump(r: *mut pw_rollback) -> c_int {
+    let mut n = 0;
+    let rc = call("pw_rollback_pump", || {
+        // SAFETY: the caller's contract.
+        let r = unsafe { obj(r, "rollback session") }?;
+        n = r.inner.pump()?;
+        Ok(())
+    });
+    if rc < 0 {
+        rc
+    } else {
+        c_int::try_from(n).unwrap_or(c_int::MAX)
+    }
+}
+
+/// Ends the session (NULL is ignored): the process is let go, running,
+/// with nothing left registered.
+///
+/// # Safety
+/// `r` is NULL or a session not freed yet.
+#[no_mangle]
+pub unsafe extern "C" fn pw_rollback_free(r: *mut pw_rollback) {
+    // SAFETY: the caller's contract: a session this library made, freed once.
+    unsafe { free_handle(r) }
+}

@@ -31,6 +31,11 @@ pub enum ServeLine {
         /// It.
         restore: Restored,
     },
+    /// With `--session`: the process put back at its point.
+    Reset {
+        /// What the reset did.
+        reset: pagewise::snap::ResetReport,
+    },
     /// A snapshot forgotten.
     Dropped {
         /// Its id.
@@ -152,6 +157,8 @@ Requests, one per line on stdin; one JSON line answers each on stdout:
   save N DIR [LABEL]    save snapshot N into the store DIR (created if
                         missing), with its layout and threads
   quit                  end (as end of input does)
+With --session: the point is taken at once, and
+  reset                 put the process back at its point: {\"reset\":{...}}
 A request that fails answers {\"error\":...,\"class\":...} and the next is
 read; a process that ended ends the command (exit status 5).
 
@@ -171,6 +178,14 @@ pub struct ServeArgs {
     /// The process to hold.
     #[arg(long)]
     pid: i32,
+    /// A reset session: the process is held attached from now on, its
+    /// point taken at once (answered as a take), and each `reset` puts it
+    /// back there at fuzzing speed (only the pages written since, nothing
+    /// repeated of a first stop; the whole restore where the layout, the
+    /// descriptors or the threads changed, saying why). Requests: reset,
+    /// list, save and quit.
+    #[arg(long)]
+    session: bool,
     #[command(flatten)]
     fds: FdArgs,
 }
@@ -236,7 +251,7 @@ fn parse(line: &str) -> std::result::Result<Request, String> {
     }
 }
 
-fn class_name(e: &impl pagewise::Failure) -> &'static str {
+pub(crate) fn class_name(e: &impl pagewise::Failure) -> &'static str {
     match e.class() {
         pagewise::ErrorClass::BadInput => "bad-input",
         pagewise::ErrorClass::Unsupported => "unsupported",
@@ -248,6 +263,9 @@ fn class_name(e: &impl pagewise::Failure) -> &'static str {
 }
 
 pub fn serve(a: ServeArgs) -> Result<i32> {
+    if a.session {
+        return crate::serve_session::serve(a.pid);
+    }
     let handle = ProcessSnapshots::open(a.pid)?;
     // SIGINT and SIGTERM end the command between requests, never inside a
     // take or a restore (the lock is held for each).

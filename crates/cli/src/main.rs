@@ -13,6 +13,7 @@ mod cmd_probe;
 mod cmd_receive;
 mod cmd_report;
 mod cmd_rollback;
+mod serve_session;
 mod cmd_snapshot;
 mod cmd_thp;
 mod cmd_track;

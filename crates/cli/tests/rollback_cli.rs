@@ -74,6 +74,62 @@ fn serve_resets_a_target_to_its_snapshot_on_request() {
     assert!(t.ask("c").contains("bad=0"));
 }
 
+/// `snapshot serve --session`: the point answered as a take at once,
+/// each `reset` puts the target back there by the quick path (its answer
+/// to the same input the same each time, registers checked by the target),
+/// a mapping made since takes the whole path and says so, requests outside
+/// a session are refused, and SIGTERM lets the target go, unregistered.
+#[test]
+fn serve_session_resets_a_target_to_its_point() {
+    need_support!();
+    let Some(path) = rollback_target() else {
+        return;
+    };
+    let mut t = Piped::start(&mut Command::new(path));
+    assert!(t.line().starts_with("ready"));
+    t.settle_in_read();
+    let mut s = Piped::start(Command::new(BIN).args([
+        "snapshot",
+        "serve",
+        "--session",
+        "--pid",
+        &t.child.id().to_string(),
+    ]));
+    assert_eq!(json(&s.line())["serving"], t.child.id());
+    let point = json(&s.line())["take"]["id"].as_u64().unwrap();
+    let first = t.ask("w 100 7");
+    assert!(first.contains("bad=0"), "{first}");
+    for round in 0..20 {
+        t.settle_in_read();
+        let r = json(&s.ask("reset"));
+        assert_eq!(r["reset"]["full"], serde_json::Value::Null, "{r}");
+        assert!(r["reset"]["pages_written"].as_u64().unwrap() >= 100, "{r}");
+        assert_eq!(t.ask("w 100 7"), first, "round {round}");
+    }
+    t.ask("m");
+    t.settle_in_read();
+    let r = json(&s.ask("reset"));
+    assert_eq!(r["reset"]["full"], "the layout changed", "{r}");
+    assert_eq!(t.ask("w 100 7"), first, "after the whole path");
+    let refused = json(&s.ask("take"));
+    assert_eq!(refused["class"], "bad-input", "{refused}");
+    assert_eq!(json(&s.ask("list"))["snapshots"], serde_json::json!([point]));
+    // SAFETY: kill of our own child.
+    unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) };
+    let st = s.child.wait().unwrap();
+    assert_eq!(st.code(), Some(0), "{st:?}");
+    let status = std::fs::read_to_string(format!("/proc/{}/status", t.child.id())).unwrap();
+    assert!(status.contains("TracerPid:\t0"), "let go: {status}");
+    let smaps = std::fs::read_to_string(format!("/proc/{}/smaps", t.child.id())).unwrap();
+    assert!(
+        !smaps
+            .lines()
+            .any(|l| l.starts_with("VmFlags:") && l.contains(" uw")),
+        "a mapping is still registered for write-protect"
+    );
+    assert!(t.ask("c").contains("bad=0"));
+}
+
 /// `snapshot --pid P --out DIR` records the layout and threads with the
 /// pages (store format 3); `snapshot restore DIR --pid P` puts them back:
 /// the target answers as it did right after the snapshot. `extract`
