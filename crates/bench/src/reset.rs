@@ -13,9 +13,10 @@
 //! scheduler places the processes (`spread`), and with the benchmark and
 //! its targets held to one CPU (`one CPU`, the targets inherit it). The
 //! machine's floor is measured beside them: a one-byte round trip over two
-//! pipes between two processes, in each placement (on a VM an idle CPU
-//! woken by another costs tens of microseconds; every reset wakes the
-//! target twice).
+//! pipes between two processes held to two CPUs, and to one, the child
+//! idle for 300 µs before each (on a VM an
+//! idle CPU woken by another costs tens of microseconds; every reset wakes
+//! the target twice).
 //!
 //! Checked: every answer of a reset target equals its first answer to the
 //! same input and the fork server's; after every reset a sample of pages
@@ -123,8 +124,8 @@ pub struct Report {
     pub config: Config,
     /// Every point.
     pub rows: Vec<Row>,
-    /// The machine's floor: a pipe round trip between two processes, per
-    /// placement, µs.
+    /// The machine's floor: a pipe round trip between two processes on two
+    /// CPUs and on one, µs.
     pub round_trip: Vec<(String, Dist)>,
 }
 
@@ -253,13 +254,15 @@ fn median_phases(phases: &[ResetPhases]) -> ResetPhases {
 /// Runs the experiment.
 pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
     let mut rows = Vec::new();
-    let mut round_trip = Vec::new();
+    let round_trip = vec![
+        ("two CPUs".to_string(), pipe_round_trip(cfg.reps, false)?),
+        ("one CPU".to_string(), pipe_round_trip(cfg.reps, true)?),
+    ];
     for placement in ["spread", "one CPU"] {
         let _pinned = match placement {
             "one CPU" => Some(crate::rollback::lazy::Pinned::to_this_cpu()?),
             _ => None,
         };
-        round_trip.push((placement.to_string(), pipe_round_trip(cfg.reps)?));
         for &mib in &cfg.sizes_mib {
             for &k in &cfg.ks {
                 let mut first: Firsts = vec![None; SEEDS as usize];
@@ -284,11 +287,23 @@ pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
     })
 }
 
-/// A one-byte round trip over two pipes between this process and a child,
-/// `n` times, µs.
-fn pipe_round_trip(n: usize) -> Result<Dist> {
+/// A one-byte round trip over two pipes between this thread and a child
+/// (`cat`) idle for 300 µs before each, `n` times, µs: with the child held
+/// to another CPU than this thread's (`two CPUs`) or to the same one (`one
+/// CPU`).
+fn pipe_round_trip(n: usize, same_cpu: bool) -> Result<Dist> {
     use std::io::{Read, Write};
-    let mut child = std::process::Command::new("cat")
+    let _here = crate::rollback::lazy::Pinned::to_this_cpu()?;
+    // SAFETY: no argument; returns the CPU or -1.
+    let cpu = unsafe { libc::sched_getcpu() };
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as i32;
+    let there = if same_cpu || cpus < 2 {
+        cpu
+    } else {
+        (cpu + 1) % cpus
+    };
+    let mut child = std::process::Command::new("taskset")
+        .args(["-c", &there.to_string(), "cat"])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn()?;
@@ -298,11 +313,20 @@ fn pipe_round_trip(n: usize) -> Result<Dist> {
     );
     let mut v = Vec::with_capacity(n);
     let mut b = [0u8; 1];
-    for _ in 0..n.max(10) {
+    for i in 0..n.max(10) + 10 {
+        // The child idle for a while first, as a target is between resets
+        // (this thread busy meanwhile, as a caller is).
+        let idle = Instant::now();
+        while idle.elapsed() < std::time::Duration::from_micros(300) {
+            std::hint::spin_loop();
+        }
         let t = Instant::now();
         to.write_all(b"x")?;
         from.read_exact(&mut b)?;
-        v.push(us(t.elapsed()));
+        // The first few while the child starts.
+        if i >= 10 {
+            v.push(us(t.elapsed()));
+        }
     }
     drop(to);
     child.wait()?;

@@ -13,7 +13,6 @@ mod cmd_probe;
 mod cmd_receive;
 mod cmd_report;
 mod cmd_rollback;
-mod serve_session;
 mod cmd_snapshot;
 mod cmd_thp;
 mod cmd_track;
@@ -24,6 +23,7 @@ mod heatmap;
 mod json;
 mod node;
 mod progress;
+mod serve_session;
 mod stop;
 
 use clap::{Parser, Subcommand};

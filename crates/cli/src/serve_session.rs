@@ -27,7 +27,11 @@ fn parse(line: &str, point: u64) -> std::result::Result<Request, String> {
         Some("save") => {
             match w.next().map(str::parse::<u64>) {
                 Some(Ok(id)) if id == point => {}
-                _ => return Err(format!("save needs the point's id ({point}) and a directory")),
+                _ => {
+                    return Err(format!(
+                        "save needs the point's id ({point}) and a directory"
+                    ))
+                }
             }
             let dir = w.next().ok_or("save needs a directory")?;
             let label = w.by_ref().collect::<Vec<_>>().join(" ");

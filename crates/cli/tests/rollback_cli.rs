@@ -113,7 +113,10 @@ fn serve_session_resets_a_target_to_its_point() {
     assert_eq!(t.ask("w 100 7"), first, "after the whole path");
     let refused = json(&s.ask("take"));
     assert_eq!(refused["class"], "bad-input", "{refused}");
-    assert_eq!(json(&s.ask("list"))["snapshots"], serde_json::json!([point]));
+    assert_eq!(
+        json(&s.ask("list"))["snapshots"],
+        serde_json::json!([point])
+    );
     // SAFETY: kill of our own child.
     unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) };
     let st = s.child.wait().unwrap();

@@ -36,7 +36,11 @@ fn main() -> pagewise::Result<()> {
             /* ... the process runs an input ... */
             let r = s.reset()?; // back at the point: only the pages written since
             assert_eq!(r.full, None, "the quick path: nothing but memory changed");
-            println!("reset: {} pages in {} µs", r.pages_written, r.elapsed_ns / 1000);
+            println!(
+                "reset: {} pages in {} µs",
+                r.pages_written,
+                r.elapsed_ns / 1000
+            );
         }
         // ANCHOR_END: session
         Ok(())

@@ -128,6 +128,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<track::Tracker>()?;
     m.add_class::<snap::Snapshots>()?;
     m.add_class::<snap::ProcessSnapshots>()?;
+    m.add_class::<snap::ResetSession>()?;
     m.add_class::<snap::Store>()?;
     Ok(())
 }

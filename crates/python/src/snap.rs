@@ -211,6 +211,65 @@ impl ProcessSnapshots {
     }
 }
 
+/// A reset session: another process held at one point and put back there
+/// at each `reset()` (only the pages written since; the whole restore
+/// where its layout, descriptors or threads changed). Usable only from
+/// the thread that made it (ptrace is a thread's).
+#[pyclass(module = "pagewise._native", unsendable)]
+pub struct ResetSession {
+    inner: pagewise::snap::ResetSession,
+}
+
+#[pymethods]
+impl ResetSession {
+    #[new]
+    fn new(pid: i32) -> PyResult<ResetSession> {
+        let inner = pagewise::snap::ResetSession::open(pid).map_err(os_error)?;
+        Ok(ResetSession { inner })
+    }
+
+    /// The process.
+    #[getter]
+    fn pid(&self) -> i32 {
+        self.inner.pid()
+    }
+
+    /// The point's snapshot id.
+    #[getter]
+    fn point(&self) -> u64 {
+        self.inner.point()
+    }
+
+    /// Puts the process back at its point; what it did, as JSON.
+    #[pyo3(signature = (full=false))]
+    fn reset(&mut self, full: bool) -> PyResult<String> {
+        let r = match full {
+            true => self.inner.reset_full(),
+            false => self.inner.reset(),
+        };
+        json(&r.map_err(os_error)?)
+    }
+
+    /// Hands over the signals sent to the process since it was let run;
+    /// how many.
+    fn pump(&mut self) -> PyResult<usize> {
+        self.inner.pump().map_err(os_error)
+    }
+
+    /// `length` bytes at `address` as the point holds them.
+    fn read<'py>(
+        &self,
+        py: Python<'py>,
+        address: u64,
+        length: usize,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let point = self.inner.point();
+        read_bytes(py, length, |b| {
+            self.inner.snapshots().read(point, address, b)
+        })
+    }
+}
+
 /// A snapshot store on disk, opened to read.
 #[pyclass(module = "pagewise._native")]
 pub struct Store {

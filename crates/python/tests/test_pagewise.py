@@ -169,6 +169,25 @@ def test_another_process_is_rolled_back(child):
     assert ps.ids() == [a]
 
 
+def test_a_reset_session_puts_another_process_back_at_its_point(child):
+    p, address, write = child
+    try:
+        rs = pagewise.ResetSession(p.pid)
+    except PermissionError as e:
+        pytest.skip(f"cannot act on another process here: {e}")
+    want = b"".join(bytes([i + 1]) * PAGE for i in range(64))
+    assert rs.read(address, 64 * PAGE) == want, "the point as taken"
+    mem = open(f"/proc/{p.pid}/mem", "rb", buffering=0)
+    for round in range(5):
+        write([round, 20 + round, 63])
+        r = rs.reset()
+        assert r["full"] is None, r
+        assert r["pages_written"] >= 3, r
+        mem.seek(address)
+        assert mem.read(64 * PAGE) == want, f"round {round}: memory is the point's"
+    assert rs.pump() >= 0
+
+
 def test_the_books_example_runs_top_to_bottom(child, tmp_path):
     """The book's example (docs/book/src/python.md) as written, but for
     what it leaves to the reader: the process 4242 and its `address` (a

@@ -44,6 +44,7 @@ __all__ = [
     "Collection",
     "Snapshots",
     "ProcessSnapshots",
+    "ResetSession",
     "Store",
     "inspect",
     "farmem",
@@ -231,6 +232,34 @@ class ProcessSnapshots:
 
     def ids(self):
         return self._p.ids()
+
+
+class ResetSession:
+    """Another process held at one point and put back there at each
+    `reset()` (`pagewise snapshot serve --session` as an object): only the
+    pages written since, every thread's registers, its files' offsets; the
+    whole restore where its layout, descriptors or threads changed
+    (`reset()["full"]` says why). Call `pump()` now and then while waiting
+    on the process: signals sent to it between resets wait for it. Use it
+    from the thread that made it."""
+
+    def __init__(self, pid):
+        self._r = _native.ResetSession(pid)
+        self.pid = pid
+
+    @property
+    def point(self):
+        return self._r.point
+
+    def reset(self, full=False):
+        return _json.loads(self._r.reset(full))
+
+    def pump(self):
+        return self._r.pump()
+
+    def read(self, address, length):
+        """`length` bytes at `address` as the point holds them."""
+        return self._r.read(address, length)
 
 
 class Store:
