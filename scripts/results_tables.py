@@ -884,7 +884,7 @@ def fig_reset_session(r):
     return (f"{fix(s['reset_us']['median'], 0)} µs (p99 {fix(s['reset_us']['p99'], 0)} µs; "
             f"{f['reset_us']['median'] / s['reset_us']['median']:.1f}× an AFL-style fork server) with "
             f"the processes on one CPU, {fix(t['reset_us']['median'], 0)} µs where the scheduler spreads "
-            "them (each wake-up of an idle vCPU costs tens of microseconds here)")
+            "them over both")
 
 
 TABLES = {

@@ -601,16 +601,16 @@ static uint64_t sum_pages(const unsigned char *mem, size_t n) {
     return h;
 }
 
-/* A child holding 64 pages answers 's' with a checksum of them and 'w'
- * by rewriting them; a restore after 'w' must give back the first
- * checksum, and its memory must read as the snapshot says. */
-static void rollback_test(void) {
+/* A child holding the 64 pages of `mem` (filled with base + page number):
+ * it answers 's' with a checksum of them and 'w' by rewriting every
+ * `stride`-th page first. Its command and answer pipes go to `*to` and
+ * `*from`. */
+static pid_t pager(unsigned char *mem, int base, size_t stride, int *to, int *from) {
     int cmd[2], ans[2];
     if (pipe(cmd) || pipe(ans))
         exit(2);
-    unsigned char *mem = map(64);
     for (size_t p = 0; p < 64; p++)
-        memset(mem + p * page, 0x20 + (int)p, page);
+        memset(mem + p * page, base + (int)p, page);
     pid_t child = fork();
     if (child == 0) {
         char c;
@@ -619,7 +619,7 @@ static void rollback_test(void) {
         close(ans[0]);
         while (read(cmd[0], &c, 1) == 1) {
             if (c == 'w')
-                for (size_t p = 0; p < 64; p += 3)
+                for (size_t p = 0; p < 64; p += stride)
                     memset(mem + p * page, (int)(++v), page);
             uint64_t h = sum_pages(mem, 64);
             (void)!write(ans[1], &h, sizeof h);
@@ -628,6 +628,18 @@ static void rollback_test(void) {
     }
     close(cmd[0]);
     close(ans[1]);
+    *to = cmd[1];
+    *from = ans[0];
+    return child;
+}
+
+/* A child holding 64 pages answers 's' with a checksum of them and 'w'
+ * by rewriting them; a restore after 'w' must give back the first
+ * checksum, and its memory must read as the snapshot says. */
+static void rollback_test(void) {
+    int cmd[2], ans[2];
+    unsigned char *mem = map(64);
+    pid_t child = pager(mem, 0x20, 3, &cmd[1], &ans[0]);
     uint64_t before, after, again;
     (void)!write(cmd[1], "s", 1);
     (void)!read(ans[0], &before, sizeof before);
@@ -671,28 +683,8 @@ static void rollback_test(void) {
  * the point's checksum, by the quick path. */
 static void session_test(void) {
     int cmd[2], ans[2];
-    if (pipe(cmd) || pipe(ans))
-        exit(2);
     unsigned char *mem = map(64);
-    for (size_t p = 0; p < 64; p++)
-        memset(mem + p * page, 0x40 + (int)p, page);
-    pid_t child = fork();
-    if (child == 0) {
-        char c;
-        unsigned v = 0;
-        close(cmd[1]);
-        close(ans[0]);
-        while (read(cmd[0], &c, 1) == 1) {
-            if (c == 'w')
-                for (size_t p = 0; p < 64; p += 5)
-                    memset(mem + p * page, (int)(++v), page);
-            uint64_t h = sum_pages(mem, 64);
-            (void)!write(ans[1], &h, sizeof h);
-        }
-        _exit(0);
-    }
-    close(cmd[0]);
-    close(ans[1]);
+    pid_t child = pager(mem, 0x40, 5, &cmd[1], &ans[0]);
     uint64_t before, after;
     (void)!write(cmd[1], "s", 1);
     (void)!read(ans[0], &before, sizeof before);

@@ -8,6 +8,7 @@ __all__ = [
     "Tracker",
     "Snapshots",
     "ProcessSnapshots",
+    "ResetSession",
     "Store",
 ]
 
@@ -53,6 +54,15 @@ class ProcessSnapshots:
     def regions(self, id: int) -> bytes: ...
     def drop(self, id: int) -> None: ...
     def ids(self) -> list[int]: ...
+
+@final
+class ResetSession:
+    pid: int
+    point: int
+    def __new__(cls, pid: int) -> ResetSession: ...
+    def reset(self, full: bool = ...) -> str: ...
+    def pump(self) -> int: ...
+    def read(self, address: int, length: int) -> bytes: ...
 
 @final
 class Store:
