@@ -18,6 +18,7 @@ pub mod provenance;
 pub mod redis;
 pub mod report;
 pub mod reset;
+pub mod reset_walk;
 pub mod rollback;
 pub mod snap;
 pub mod svg;

@@ -76,7 +76,7 @@ pub struct Dist {
 }
 
 impl Dist {
-    fn of(mut v: Vec<f64>) -> Dist {
+    pub(crate) fn of(mut v: Vec<f64>) -> Dist {
         v.sort_by(f64::total_cmp);
         let at = |q: f64| v[((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1];
         Dist {
@@ -127,6 +127,9 @@ pub struct Report {
     /// The machine's floor: a pipe round trip between two processes on two
     /// CPUs and on one, µs.
     pub round_trip: Vec<(String, Dist)>,
+    /// How a reset finds the pages written, three ways
+    /// ([`crate::reset_walk`]).
+    pub walk: Vec<crate::reset_walk::WalkRow>,
 }
 
 /// Inputs cycle through this many seeds: each is answered more than once.
@@ -280,10 +283,16 @@ pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
             }
         }
     }
+    let mut walk = Vec::new();
+    for &mib in &cfg.sizes_mib {
+        progress(&format!("{mib} MiB: finding the pages written"));
+        walk.push(crate::reset_walk::walk(mib, cfg.ks[0], cfg.reps)?);
+    }
     Ok(Report {
         config: cfg.clone(),
         rows,
         round_trip,
+        walk,
     })
 }
 
@@ -381,6 +390,25 @@ impl Report {
                 format!("[{:.1}..{:.1}]", r.reset_us.min, r.reset_us.max),
                 r.resets_per_s,
                 x
+            );
+        }
+        let _ = writeln!(
+            s,
+            "\nfinding the pages written, µs: median p99; sync = the input's time over async's"
+        );
+        for w in &self.walk {
+            let _ = writeln!(
+                s,
+                "{:>5} MiB k={:<3} whole range {:.1} p99 {:.1}; written ranges only {:.1} p99 {:.1}; input async {:.1}, sync {:.1} (+{:.1})",
+                w.mib,
+                w.k,
+                w.whole_range.median,
+                w.whole_range.p99,
+                w.written_only.median,
+                w.written_only.p99,
+                w.input_async.median,
+                w.input_sync.median,
+                w.sync_extra_us
             );
         }
         let _ = writeln!(
