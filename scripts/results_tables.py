@@ -852,6 +852,20 @@ def reset(r):
         f"between two processes: {floor}."
 
 
+def reset_walk(r):
+    rows = []
+    for w in r["walk"]:
+        rows.append([mib(w["mib"]), w["k"],
+                     dist(w["whole_range"], lambda v: fix(v, 1)) + " µs",
+                     dist(w["written_only"], lambda v: fix(v, 1)) + " µs",
+                     f"{fix(w['input_async']['median'], 1)} µs",
+                     f"{fix(w['input_sync']['median'], 1)} µs",
+                     f"+{fix(w['sync_extra_us'], 1)} µs"])
+    return md(["mapping", "k", "scan, whole range", "scan, written pages only", "input, async",
+               "input, sync", "sync adds"], rows) + \
+        f"\n\nMedian, 99th percentile (min–max) of {r['walk'][0]['reps']} inputs; the inputs' times are medians."
+
+
 def goals_reset(r):
     at = _reset_at(r)
     rows = []
@@ -929,6 +943,7 @@ TABLES = {
     "goals-rollback-lazy": goals_rollback_lazy,
     "farmem-pieces": farmem_pieces,
     "reset": reset,
+    "reset-walk": reset_walk,
     "goals-reset": goals_reset,
 }
 
