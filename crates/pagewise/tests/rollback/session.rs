@@ -137,3 +137,24 @@ fn a_thread_made_between_resets_is_refused_then_the_session_goes_on() {
     assert_memory_is(s.snapshots(), s.point(), &t);
     assert_eq!(t.ask("c"), first);
 }
+
+#[test]
+fn a_session_used_from_another_thread_says_so() {
+    let Some(path) = target() else { return };
+    let mut t = Target::start(&path, &[]);
+    t.settle();
+    let s = ResetSession::open(t.pid()).unwrap();
+    let (s, e) = std::thread::scope(|sc| {
+        sc.spawn(move || {
+            let mut s = s;
+            let e = s.reset().unwrap_err();
+            (s, e)
+        })
+        .join()
+        .unwrap()
+    });
+    assert!(e.to_string().contains("opened it"), "{e}");
+    drop(s);
+    // Let go whole by its own thread: the target answers.
+    assert!(t.ask("c").contains("bad=0"));
+}

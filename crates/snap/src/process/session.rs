@@ -204,6 +204,8 @@ fn us_since(t: &mut Instant) -> f64 {
 pub struct ResetSession {
     snaps: ProcessSnapshots,
     held: Held,
+    /// The thread that opened it, the only one `ptrace` answers.
+    tracer: i32,
     point: SnapId,
     maps: MapsWatch,
     fds: FdWatch,
@@ -241,6 +243,7 @@ impl ResetSession {
         Ok(ResetSession {
             snaps,
             held,
+            tracer: pagewise_sys::process::gettid(),
             point,
             maps,
             fds,
@@ -278,10 +281,30 @@ impl ResetSession {
     /// (see [`Held::pump`]); how many. A caller that waits for the process
     /// between resets calls it now and then.
     pub fn pump(&mut self) -> Result<usize> {
+        self.same_thread()?;
         Ok(self.held.pump()?)
     }
 
+    /// Refuses a call from another thread than the one that opened the
+    /// session (`ptrace` would answer it as if the process were gone).
+    fn same_thread(&self) -> Result<()> {
+        let me = pagewise_sys::process::gettid();
+        if me == self.tracer {
+            return Ok(());
+        }
+        Err(Error::for_pid(
+            self.pid(),
+            format!(
+                "a reset session used from thread {me}, not from thread {} that opened it \
+                 (ptrace belongs to a thread)",
+                self.tracer
+            ),
+            std::io::Error::from_raw_os_error(libc::EPERM),
+        ))
+    }
+
     fn reset_with(&mut self, full: bool) -> Result<ResetReport> {
+        self.same_thread()?;
         let r = self.reset_stopped(full);
         let r = self.snaps.gone_or(r);
         // Running again whatever happened; the registers set only if it
