@@ -302,11 +302,7 @@ pub fn check_target(pid: i32) -> Result<()> {
         .find('(')
         .zip(stat.rfind(')'))
         .map_or("", |(a, b)| &stat[a + 1..b]);
-    let flags = stat
-        .rfind(')')
-        .and_then(|i| stat[i + 1..].split_whitespace().nth(6))
-        .and_then(|f| f.parse::<u64>().ok())
-        .unwrap_or(0);
+    let flags = stat_field(&stat, 9).unwrap_or(0);
     if flags & PF_KTHREAD != 0 {
         return Err(Error::KernelThread {
             pid,
@@ -462,10 +458,15 @@ pub fn exec_identity(pid: i32) -> Option<ExecIdentity> {
 /// after it ends.
 pub fn start_time(pid: i32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the parenthesised name, which may hold spaces: the
-    // state is field 3, the start time field 22.
+    stat_field(&stat, 22)
+}
+
+/// Numeric field `n` (from 1, as in `proc(5)`; 3 or later) of a `/proc/PID/stat`
+/// text, counted after the last `)` (the name may hold spaces and parentheses).
+pub fn stat_field(stat: &str, n: usize) -> Option<u64> {
+    let after = n.checked_sub(3)?;
     stat.rfind(')')
-        .and_then(|i| stat[i + 1..].split_whitespace().nth(19))
+        .and_then(|i| stat[i + 1..].split_whitespace().nth(after))
         .and_then(|f| f.parse().ok())
 }
 
@@ -682,6 +683,15 @@ mod tests {
         assert!(!m[2].is_anonymous() && m[2].exec && m[2].offset == 0x1000 && m[2].inode == 1234);
         assert!(m[3].is_special());
         assert_eq!(m[0].len(), 0x21000);
+    }
+    #[test]
+    fn reads_stat_fields_after_a_name_with_spaces_and_parentheses() {
+        // Fields 10 to 22 hold 100 × their number: 20 the threads, 22 the start time.
+        let t: String = (10..=22).fold("42 (a) b) c) S 1 42 42 0 -1 4194560".into(), |t, n| {
+            format!("{t} {}", n * 100)
+        });
+        let got: Vec<_> = [9, 20, 22, 23, 2].map(|n| stat_field(&t, n)).into();
+        assert_eq!(got, [Some(4194560), Some(2000), Some(2200), None, None]);
     }
     #[test]
     fn knows_the_living() {

@@ -50,12 +50,6 @@ impl Held {
         self.stopped.pid
     }
 
-    /// Whether it runs (between [`resume`](Self::resume) and
-    /// [`stop`](Self::stop)).
-    pub fn running(&self) -> bool {
-        self.running
-    }
-
     /// Its threads, stopped: `None` while it runs.
     pub fn stopped(&self) -> Option<&Stopped> {
         (!self.running).then_some(&self.stopped)
@@ -165,11 +159,8 @@ impl Held {
                 _ => Error::for_pid(pid, "reading /proc/PID/stat", e),
             })?;
         let text = std::str::from_utf8(&self.buf[..n]).unwrap_or("");
-        // Fields after the parenthesised name (which may hold spaces):
-        // the state is field 3, the thread count field 20.
-        text.rfind(')')
-            .and_then(|i| text[i + 1..].split_whitespace().nth(17))
-            .and_then(|f| f.parse().ok())
+        crate::procfs::stat_field(text, 20)
+            .map(|t| t as usize)
             .ok_or_else(|| {
                 Error::for_pid(
                     pid,

@@ -286,17 +286,13 @@ impl ProcessSnapshots {
     /// Puts back the snapshot `current` holds ([`ProcessSnapshots::current_is`]):
     /// per mapping, only the pages written since, found by one walk and
     /// written from the snapshot's table as it is (no table is copied or
-    /// released), then protected again; a mapping not watched is compared;
-    /// the page at `force` too. The layout must be the snapshot's. The
-    /// nanoseconds spent finding written pages.
-    pub(super) fn reset_written(
-        &mut self,
-        force: Option<u64>,
-        stats: &mut RestoreStats,
-    ) -> Result<u64> {
+    /// released), then protected again; a mapping not watched is compared.
+    /// The layout must be the snapshot's. The nanoseconds spent finding
+    /// written pages.
+    pub(super) fn reset_written(&mut self, stats: &mut RestoreStats) -> Result<u64> {
         let mut walk_ns = 0u64;
         let current = std::mem::take(&mut self.current);
-        let r = self.reset_each(&current, force, stats, &mut walk_ns);
+        let r = self.reset_each(&current, stats, &mut walk_ns);
         self.current = current;
         r.map(|()| walk_ns)
     }
@@ -304,7 +300,6 @@ impl ProcessSnapshots {
     fn reset_each(
         &mut self,
         current: &[Known],
-        force: Option<u64>,
         stats: &mut RestoreStats,
         walk_ns: &mut u64,
     ) -> Result<()> {
@@ -339,12 +334,6 @@ impl ProcessSnapshots {
                 }
             } else {
                 self.differing(r, &k.table, &mut pages)?;
-            }
-            if let Some(f) = force.filter(|&f| r.contains(f)) {
-                let i = page_index(r, f);
-                if let Err(at) = pages.binary_search(&i) {
-                    pages.insert(at, i);
-                }
             }
             if !pages.is_empty() {
                 todo.push((n, pages, scanned));

@@ -146,6 +146,13 @@ fn us_since(t: &mut Instant) -> f64 {
     d
 }
 
+/// A memory phase's time since `t` (which becomes now), split into the
+/// walk's `walk_ns` and the rest (the copy), microseconds to a tenth.
+fn walk_and_copy_us(walk_ns: u64, t: &mut Instant) -> (f64, f64) {
+    let walk = (walk_ns as f64 / 100.0).round() / 10.0;
+    (walk, ((us_since(t) - walk) * 10.0).round() / 10.0)
+}
+
 /// One mapping's pages as memory held them at the last take or restore.
 struct Known {
     region: Region,
@@ -490,9 +497,7 @@ impl ProcessSnapshots {
         if report.thread_areas.is_empty() {
             self.current_is = Some(id);
         }
-        report.phases.walk_us = (walk_ns as f64 / 100.0).round() / 10.0;
-        report.phases.copy_us =
-            ((us_since(&mut lap) - report.phases.walk_us) * 10.0).round() / 10.0;
+        (report.phases.walk_us, report.phases.copy_us) = walk_and_copy_us(walk_ns, &mut lap);
         drop(own);
         report.stats.elapsed_ns = t0.elapsed().as_nanos() as u64;
         report.phases.resume_us = us_since(&mut lap);

@@ -41,7 +41,7 @@
 //! session holds duplicates of the process's regular files: a `flock`
 //! lock it drops by closing one stays held until the session ends.
 
-use super::{ProcessSnapshots, RestoreOptions};
+use super::{us_since, ProcessSnapshots, RestoreOptions};
 use crate::{Error, Result, SnapId};
 use pagewise_mech::procfs::FdKind;
 use pagewise_mech::stop::Held;
@@ -193,10 +193,6 @@ impl FdWatch {
         }
         Ok(())
     }
-}
-
-fn us_since(t: &mut Instant) -> f64 {
-    super::us_since(t)
 }
 
 /// A process held at a point of its run, put back there at each
@@ -363,13 +359,12 @@ impl ResetSession {
                 super::threads::put_back_registers(pid, &snap.threads)?;
                 rep.phases.threads_us = us_since(&mut lap);
                 let mut stats = crate::RestoreStats::default();
-                let walk_ns = self.snaps.reset_written(None, &mut stats)?;
+                let walk_ns = self.snaps.reset_written(&mut stats)?;
                 self.fds.put_back_offsets(pid)?;
                 rep.pages_dirty = stats.pages_dirty;
                 rep.pages_written = stats.pages_written;
-                rep.phases.walk_us = (walk_ns as f64 / 100.0).round() / 10.0;
-                rep.phases.copy_us =
-                    ((us_since(&mut lap) - rep.phases.walk_us) * 10.0).round() / 10.0;
+                (rep.phases.walk_us, rep.phases.copy_us) =
+                    super::walk_and_copy_us(walk_ns, &mut lap);
             }
         }
         rep.elapsed_ns = t0.elapsed().as_nanos() as u64;
