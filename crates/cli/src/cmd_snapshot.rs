@@ -105,6 +105,10 @@ enum Sub {
     /// taken of: memory, layout and threads' registers, in place.
     #[command(after_help = crate::cmd_rollback::RESTORE_HELP)]
     Restore(crate::cmd_rollback::RestoreArgs),
+    /// AFL++'s fork server: each execution of afl-fuzz a reset of one
+    /// process, held just before it read its input.
+    #[command(after_help = crate::cmd_afl::AFL_HELP)]
+    Afl(crate::cmd_afl::AflArgs),
     /// Write a snapshot's pages to a file (raw bytes), for other tools.
     Extract(crate::cmd_rollback::ExtractArgs),
     /// Page ranges whose contents differ between snapshots A and B of a store.
@@ -128,6 +132,7 @@ pub fn run(a: Args) -> Result<i32> {
         Some(Sub::Serve(s)) => crate::cmd_rollback::serve(s),
         Some(Sub::Restore(r)) => crate::cmd_rollback::restore(r),
         Some(Sub::Extract(e)) => crate::cmd_rollback::extract(e),
+        Some(Sub::Afl(a)) => crate::cmd_afl::run(a),
         None => take(a.take),
     }
 }

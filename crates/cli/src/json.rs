@@ -28,6 +28,7 @@ pub fn schemas() -> Vec<(&'static str, serde_json::Value)> {
             schema_for!(cmd_snapshot::InspectOutput<'static>),
         ),
         ("snapshot-diff", schema_for!(cmd_snapshot::DiffOutput)),
+        ("snapshot-afl", schema_for!(cmd_afl::StatsOutput)),
         (
             "snapshot-restore",
             schema_for!(cmd_rollback::RestoreOutput<'static>),

@@ -1,6 +1,7 @@
 //! `pagewise`: the command-line face of the pagewise library.
 
 mod agent_loop;
+mod cmd_afl;
 mod cmd_agent;
 mod cmd_bench;
 mod cmd_dedup;

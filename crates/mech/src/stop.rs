@@ -27,11 +27,12 @@
 //!   next stop made from the same thread, or when this process ends).
 
 mod held;
+pub mod launch;
 
 pub use crate::error::Refusal;
 use crate::procfs;
 use crate::{Error, Result};
-pub use held::Held;
+pub use held::{Held, RunEnd};
 use pagewise_sys::process::{self, TraceStop};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};

@@ -28,6 +28,7 @@
 
 pub mod dl;
 pub mod futex;
+pub mod launch;
 pub mod mem;
 pub mod pagemap;
 pub mod process;

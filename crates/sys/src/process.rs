@@ -262,16 +262,48 @@ pub fn wait_child(pid: libc::pid_t) -> io::Result<i32> {
 /// `ptrace(PTRACE_SEIZE)` of one thread: attach without stopping it.
 /// With `PTRACE_O_TRACESYSGOOD`: a syscall stop shows as [`SYSCALL_STOP`].
 pub fn ptrace_seize(tid: libc::pid_t) -> io::Result<()> {
+    let options = base_options(tid);
     // SAFETY: PTRACE_SEIZE takes a tid and its options in `data`; addr 0.
     cvt_int(unsafe {
-        libc::ptrace(
-            libc::PTRACE_SEIZE,
-            tid,
-            0usize,
-            libc::PTRACE_O_TRACESYSGOOD as usize,
-        ) as libc::c_int
+        libc::ptrace(libc::PTRACE_SEIZE, tid, 0usize, options as usize) as libc::c_int
     })
     .map(|_| ())
+}
+
+/// Processes (thread-group ids) whose `SECCOMP_RET_TRACE` calls this
+/// process wants to see (see [`report_seccomp_stops`]).
+static SECCOMP_STOPS: std::sync::Mutex<Vec<libc::pid_t>> = std::sync::Mutex::new(Vec::new());
+
+/// From now on (`on`) or no longer, every thread of process `pid` that
+/// [`ptrace_seize`] attaches, and every option set by
+/// [`ptrace_set_suspend_seccomp`], adds `PTRACE_O_TRACESECCOMP`: a call its
+/// filter answers with `SECCOMP_RET_TRACE` stops for the tracer
+/// (`PTRACE_EVENT_SECCOMP`) instead of failing with `ENOSYS`. For a
+/// process whose filter the tracer installed for itself.
+pub fn report_seccomp_stops(pid: libc::pid_t, on: bool) {
+    let mut list = SECCOMP_STOPS.lock().unwrap_or_else(|p| p.into_inner());
+    list.retain(|&p| p != pid);
+    if on {
+        list.push(pid);
+    }
+}
+
+/// The options every seize and option change sets on thread `tid`.
+fn base_options(tid: libc::pid_t) -> libc::c_int {
+    let list = SECCOMP_STOPS.lock().unwrap_or_else(|p| p.into_inner());
+    if list.is_empty() {
+        return libc::PTRACE_O_TRACESYSGOOD;
+    }
+    let tgid = std::fs::read_to_string(format!("/proc/{tid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Tgid:").map(|v| v.trim().parse().ok()))?
+        });
+    match tgid {
+        Some(t) if list.contains(&t) => libc::PTRACE_O_TRACESYSGOOD | libc::PTRACE_O_TRACESECCOMP,
+        _ => libc::PTRACE_O_TRACESYSGOOD,
+    }
 }
 
 /// `PTRACE_O_SUSPEND_SECCOMP` (`linux/ptrace.h`, newer than the system
@@ -280,10 +312,10 @@ pub fn ptrace_seize(tid: libc::pid_t) -> io::Result<()> {
 pub const PTRACE_O_SUSPEND_SECCOMP: libc::c_int = 1 << 21;
 
 /// `ptrace(PTRACE_SETOPTIONS)` of a seized thread: [`ptrace_seize`]'s
-/// `PTRACE_O_TRACESYSGOOD`, plus [`PTRACE_O_SUSPEND_SECCOMP`] when
+/// options, plus [`PTRACE_O_SUSPEND_SECCOMP`] when
 /// `suspend_seccomp`.
 pub fn ptrace_set_suspend_seccomp(tid: libc::pid_t, suspend_seccomp: bool) -> io::Result<()> {
-    let mut options = libc::PTRACE_O_TRACESYSGOOD;
+    let mut options = base_options(tid);
     if suspend_seccomp {
         options |= PTRACE_O_SUSPEND_SECCOMP;
     }

@@ -12,6 +12,7 @@
 
 use super::{rewind_eintr, seize_more, settle, Stopped, STOP_WAIT};
 use crate::{Error, Result};
+use pagewise_sys::launch;
 use pagewise_sys::process::{self, TraceStop};
 use std::time::Instant;
 
@@ -98,29 +99,7 @@ impl Held {
             return Ok(self.thread_count()? == self.stopped.tids.len());
         }
         let pid = self.pid();
-        let tids: Vec<i32> = self.all_tids().collect();
-        for &tid in &tids {
-            if let Err(e) = process::ptrace_interrupt(tid) {
-                if e.raw_os_error() != Some(libc::ESRCH) {
-                    return Err(Error::for_pid(pid, format!("PTRACE_INTERRUPT of {tid}"), e));
-                }
-            }
-        }
-        let deadline = Instant::now() + STOP_WAIT;
-        let mut gone = Vec::new();
-        for &tid in &tids {
-            let owner = if self.stopped.tids.contains(&tid) {
-                pid
-            } else {
-                tid
-            };
-            if !settle(owner, tid, deadline)? {
-                gone.push(tid);
-            }
-        }
-        self.stopped.tids.retain(|t| !gone.contains(t));
-        self.stopped.sharers.retain(|t| !gone.contains(t));
-        self.running = false;
+        self.halt(self.all_tids().collect())?;
         if self.stopped.tids.is_empty() {
             return Err(Error::ProcessExited(pid));
         }
@@ -203,6 +182,166 @@ impl Held {
             }
         }
         Ok(handed)
+    }
+}
+
+/// How a run of a held process ended ([`Held::wait_end`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunEnd {
+    /// A thread called `exit_group` with this code, and stopped there for
+    /// the holder (a filter answered the call with `SECCOMP_RET_TRACE`,
+    /// see [`super::launch`]): the process is whole, held stopped.
+    Exit(i32),
+    /// A signal that would end the process (its default action, not
+    /// caught, not ignored) stopped a thread on its way: held stopped,
+    /// the signal not delivered.
+    Signal(i32),
+    /// The process ended all the same (killed with `SIGKILL`, say): its
+    /// raw wait status.
+    Ended(i32),
+    /// Still running at the deadline.
+    TimedOut,
+}
+
+/// Signals whose default action does not end the process.
+const NOT_ENDING: [libc::c_int; 8] = [
+    libc::SIGCHLD,
+    libc::SIGCONT,
+    libc::SIGURG,
+    libc::SIGWINCH,
+    libc::SIGSTOP,
+    libc::SIGTSTP,
+    libc::SIGTTIN,
+    libc::SIGTTOU,
+];
+
+impl Held {
+    /// While it runs: waits until the run ends (see [`RunEnd`]), at most
+    /// until `deadline` (`None`: as long as it takes, blocked in the
+    /// kernel's wait when the process has one thread). Signals that do not
+    /// end it are handed over as they come, and a stop signal leaves it in
+    /// its group-stop (the caller's deadline, or a fuzzer's timeout, ends
+    /// that). At an end, every other thread is stopped too.
+    pub fn wait_end(&mut self, deadline: Option<Instant>) -> Result<RunEnd> {
+        let pid = self.pid();
+        if !self.running {
+            return Err(Error::for_pid(
+                pid,
+                "waiting for the end of a run of a stopped process",
+                std::io::Error::from_raw_os_error(libc::EINVAL),
+            ));
+        }
+        let os = |what: &str, tid: i32, e| Error::for_pid(pid, format!("{what} of {tid}"), e);
+        let mut spins = 0u32;
+        loop {
+            let tids: Vec<i32> = self.all_tids().collect();
+            let block = deadline.is_none() && tids.len() == 1;
+            let mut got = None;
+            for &tid in &tids {
+                let flags = libc::__WALL | if block { 0 } else { libc::WNOHANG };
+                let (r, st) = launch::wait_raw(tid, flags).map_err(|e| os("waiting", tid, e))?;
+                if r == tid {
+                    got = Some((tid, st));
+                    break;
+                }
+            }
+            let Some((tid, st)) = got else {
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    return Ok(RunEnd::TimedOut);
+                }
+                spins += 1;
+                if spins < 200 {
+                    std::thread::yield_now();
+                } else {
+                    std::thread::sleep(std::time::Duration::from_micros(50));
+                }
+                continue;
+            };
+            if !libc::WIFSTOPPED(st) {
+                self.stopped.tids.retain(|&t| t != tid);
+                self.stopped.sharers.retain(|&t| t != tid);
+                if tid == pid || self.stopped.tids.is_empty() {
+                    self.stopped.tids.clear();
+                    self.running = false;
+                    return Ok(RunEnd::Ended(st));
+                }
+                continue;
+            }
+            let (sig, event) = (libc::WSTOPSIG(st), (st >> 16) & 0xff);
+            let end = if event == launch::PTRACE_EVENT_SECCOMP {
+                match launch::ptrace_syscall_info(tid) {
+                    Ok(launch::SyscallStop::Seccomp { nr, args }) if nr == libc::SYS_exit_group => {
+                        Some(RunEnd::Exit(args[0] as i32))
+                    }
+                    _ => None,
+                }
+            } else if event == 0 && sig != process::SYSCALL_STOP {
+                if self.ends_process(sig) {
+                    Some(RunEnd::Signal(sig))
+                } else {
+                    process::ptrace_cont(tid, sig).map_err(|e| os("PTRACE_CONT", tid, e))?;
+                    continue;
+                }
+            } else if event == process::PTRACE_EVENT_STOP && STOP_SIGNALS.contains(&sig) {
+                process::ptrace_listen(tid).map_err(|e| os("PTRACE_LISTEN", tid, e))?;
+                continue;
+            } else {
+                None
+            };
+            match end {
+                Some(end) => {
+                    self.stop_others(tid)?;
+                    return Ok(end);
+                }
+                None => process::ptrace_cont(tid, 0).map_err(|e| os("PTRACE_CONT", tid, e))?,
+            }
+        }
+    }
+
+    /// Whether `sig`, delivered now, would end the process.
+    fn ends_process(&self, sig: libc::c_int) -> bool {
+        if NOT_ENDING.contains(&sig) {
+            return false;
+        }
+        match crate::procfs::thread_signals(self.pid(), self.pid()) {
+            Ok(s) => (s.caught | s.ignored) & pagewise_sys::signal::bit(sig) == 0,
+            Err(_) => true,
+        }
+    }
+
+    /// Stops every thread but `tid` (stopped already); held stopped.
+    fn stop_others(&mut self, tid: i32) -> Result<()> {
+        self.halt(self.all_tids().filter(|&t| t != tid).collect())
+    }
+
+    /// Interrupts `others` and waits for each (at most [`STOP_WAIT`],
+    /// signals on the way handed over as they came); held stopped, the
+    /// threads that ended dropped.
+    fn halt(&mut self, others: Vec<i32>) -> Result<()> {
+        let pid = self.pid();
+        for &t in &others {
+            if let Err(e) = process::ptrace_interrupt(t) {
+                if e.raw_os_error() != Some(libc::ESRCH) {
+                    return Err(Error::for_pid(pid, format!("PTRACE_INTERRUPT of {t}"), e));
+                }
+            }
+        }
+        let deadline = Instant::now() + STOP_WAIT;
+        let mut gone = Vec::new();
+        for &t in &others {
+            let owner = if self.stopped.tids.contains(&t) {
+                pid
+            } else {
+                t
+            };
+            if !settle(owner, t, deadline)? {
+                gone.push(t);
+            }
+        }
+        self.stopped.tids.retain(|t| !gone.contains(t));
+        self.stopped.sharers.retain(|t| !gone.contains(t));
+        self.running = false;
+        Ok(())
     }
 }
 

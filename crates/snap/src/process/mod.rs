@@ -44,6 +44,7 @@
 //! take and restore and left as it was found: a process its user stopped
 //! stays stopped, nothing stays registered after the handle is dropped.
 
+pub mod afl;
 pub mod fds;
 pub mod group;
 mod memory;

@@ -45,6 +45,7 @@ use super::{us_since, ProcessSnapshots, RestoreOptions};
 use crate::{Error, Result, SnapId};
 use pagewise_mech::procfs::FdKind;
 use pagewise_mech::stop::Held;
+pub use pagewise_mech::stop::RunEnd;
 use pagewise_mech::Error as MechError;
 use serde::Serialize;
 use std::io::{Seek, SeekFrom};
@@ -205,6 +206,8 @@ pub struct ResetSession {
     point: SnapId,
     maps: MapsWatch,
     fds: FdWatch,
+    /// Started by the session ([`ResetSession::launch`]): killed with it.
+    launched: bool,
 }
 
 impl std::fmt::Debug for ResetSession {
@@ -243,7 +246,67 @@ impl ResetSession {
             point,
             maps,
             fds,
+            launched: false,
         })
+    }
+
+    /// Starts `argv` and holds it at its first `read` of descriptor `fd`,
+    /// about to read (see [`pagewise_mech::stop::launch`]): each
+    /// [`reset`](Self::reset) makes the program read its input afresh, and
+    /// [`wait_end`](Self::wait_end) sees the run end (`exit_group`, or a
+    /// signal that would end it) with the process whole. Descriptors in
+    /// `close` are not passed to the program. `limit` bounds its start.
+    /// The program is killed when the session is dropped.
+    pub fn launch(
+        argv: &[std::ffi::OsString],
+        fd: std::os::fd::RawFd,
+        close: &[std::os::fd::RawFd],
+        limit: std::time::Duration,
+    ) -> Result<Self> {
+        let l = pagewise_mech::stop::launch::start_before_read(argv, fd, close, limit)?;
+        pagewise_sys::process::report_seccomp_stops(l.pid, true);
+        let opened = Self::open(l.pid).and_then(|mut s| {
+            s.launched = true;
+            s.point_reads(l.pid, l.read_nr)?;
+            Ok(s)
+        });
+        if opened.is_err() {
+            end_launched(l.pid);
+        }
+        opened
+    }
+
+    /// The point of a launched program holds it parked in `pause`: its
+    /// recorded call becomes the `read` it was about to make.
+    fn point_reads(&mut self, tid: i32, read_nr: i64) -> Result<()> {
+        let pid = self.pid();
+        let snap = self
+            .snaps
+            .snaps
+            .get_mut(&self.point)
+            .ok_or(Error::NoSnapshot { id: self.point })?;
+        let t = snap.threads.iter_mut().find(|t| t.tid == tid);
+        match t {
+            Some(t) if t.rewound == Some(libc::SYS_pause) => {
+                t.regs.rax = read_nr as u64;
+                t.rewound = Some(read_nr);
+                Ok(())
+            }
+            _ => Err(Error::for_pid(
+                pid,
+                "finding the launched program parked in pause at its point",
+                std::io::Error::from_raw_os_error(libc::ESRCH),
+            )),
+        }
+    }
+
+    /// While it runs after a [`reset`](Self::reset): waits for the run to
+    /// end, at most until `deadline` (see [`Held::wait_end`]). After
+    /// [`RunEnd::Exit`] or [`RunEnd::Signal`] the process is whole and the
+    /// next reset puts it back; after [`RunEnd::Ended`] it is gone.
+    pub fn wait_end(&mut self, deadline: Option<Instant>) -> Result<RunEnd> {
+        self.same_thread()?;
+        Ok(self.held.wait_end(deadline)?)
     }
 
     /// The process.
@@ -369,5 +432,33 @@ impl ResetSession {
         }
         rep.elapsed_ns = t0.elapsed().as_nanos() as u64;
         Ok(rep)
+    }
+}
+
+/// Kills a program the session started, and reaps it.
+fn end_launched(pid: i32) {
+    let mut tids: Vec<i32> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    let _ = pagewise_sys::process::kill(pid, libc::SIGKILL);
+    // Its other threads first (each reaped by its tracer), the process
+    // last.
+    tids.retain(|&t| t != pid);
+    tids.push(pid);
+    for t in tids {
+        let _ = pagewise_sys::launch::wait_raw(t, libc::__WALL);
+    }
+    pagewise_sys::process::report_seccomp_stops(pid, false);
+}
+
+impl Drop for ResetSession {
+    /// A program the session started ends with it.
+    fn drop(&mut self) {
+        if self.launched {
+            end_launched(self.pid());
+        }
     }
 }

@@ -1,0 +1,82 @@
+//! `pagewise snapshot afl`: AFL++'s fork server, each execution a reset of
+//! one process ([`pagewise::snap::process::afl`]).
+
+use anyhow::{bail, Result};
+use pagewise::snap::process::afl::{self, ServeOptions};
+use std::ffi::OsString;
+use std::time::Duration;
+
+pub const AFL_HELP: &str = "\
+Run by afl-fuzz in place of the program, which it starts and holds just
+before its first read of its input; each execution resets it there:
+
+  AFL_SKIP_BIN_CHECK=1 afl-fuzz -i seeds -o findings -- \\
+      pagewise snapshot afl -- ./target --its-options
+
+The program reads its input from standard input, built with afl-cc
+(otherwise unmodified: no __AFL_LOOP, no __AFL_INIT). AFL_SKIP_BIN_CHECK
+is needed because afl-fuzz looks for AFL++'s marks in the program it runs,
+pagewise, not the target. A run ends when the program calls exit_group,
+or takes a signal that would end it (a crash, reported to afl-fuzz as
+one); afl-fuzz's timeout kills it, and it is started again. What a run
+does outside its memory (files written, children started) stays done.";
+
+#[derive(clap::Args)]
+pub struct AflArgs {
+    /// The descriptor the program reads its input from.
+    #[arg(long, value_name = "FD", default_value_t = 0)]
+    input_fd: i32,
+    /// How long the program may take to reach its first read.
+    #[arg(long, value_name = "MS", default_value_t = 10_000)]
+    start_timeout_ms: u64,
+    /// What was served (runs, crashes, starts, resets that took the whole
+    /// path) as one JSON object into FILE, every second and at the end.
+    #[arg(long, value_name = "FILE")]
+    stats: Option<std::path::PathBuf>,
+    /// The program and its arguments.
+    #[arg(last = true, required = true)]
+    cmd: Vec<OsString>,
+}
+
+pub fn run(a: AflArgs) -> Result<i32> {
+    for fd in [afl::CONTROL_FD, afl::STATUS_FD] {
+        if pagewise_sys::process::set_cloexec(fd).is_err() {
+            bail!(
+                "descriptor {fd} is not open: `pagewise snapshot afl` is run by afl-fuzz \
+                 (see --help)"
+            );
+        }
+    }
+    let mut opts = ServeOptions::default();
+    opts.input_fd = a.input_fd;
+    opts.start_limit = Duration::from_millis(a.start_timeout_ms);
+    let mut failed = None;
+    let mut save = |stats: &afl::ServeStats| {
+        let Some(path) = &a.stats else { return };
+        let out = StatsOutput {
+            stats: stats.clone(),
+        };
+        // Written whole, then renamed: a reader never sees half of it.
+        let tmp = path.with_extension("tmp");
+        let r = crate::json::line(&out)
+            .and_then(|l| Ok(std::fs::write(&tmp, l + "\n")?))
+            .and_then(|()| Ok(std::fs::rename(&tmp, path)?));
+        if let Err(e) = r {
+            failed.get_or_insert(e);
+        }
+    };
+    afl::serve(&a.cmd, afl::CONTROL_FD, afl::STATUS_FD, &opts, &mut save)?;
+    if let Some(e) = failed {
+        return Err(e.context("writing --stats"));
+    }
+    Ok(0)
+}
+
+/// `--stats`: what the fork server served.
+#[derive(serde::Serialize, schemars::JsonSchema)]
+pub struct StatsOutput {
+    #[serde(flatten)]
+    stats: afl::ServeStats,
+}
+
+impl crate::json::Printed for StatsOutput {}

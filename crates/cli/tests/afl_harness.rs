@@ -1,0 +1,233 @@
+//! `pagewise snapshot afl` end to end, the test playing afl-fuzz's side of
+//! the fork-server protocol on descriptors 198 and 199: every input's
+//! status (exit code, or the signal of a crash) equals that of the same
+//! program run on the same input without pagewise, the target's state
+//! included (its exit code is made of the state it read); every run is a
+//! reset of one process (one pid), until a run is killed as afl-fuzz
+//! kills a timeout, and the next run is a fresh start; the served counts
+//! are exact. Then afl-fuzz itself, where installed, fuzzes through it.
+
+#[macro_use]
+mod support;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use support::*;
+
+fn afl_target() -> Option<PathBuf> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/afl/target.c");
+    match pagewise_testkit::c_program(&src, Path::new(env!("CARGO_TARGET_TMPDIR")), &[]) {
+        Ok(p) => Some(p),
+        Err(why) => {
+            pagewise_testkit::skip!("{why}");
+            None
+        }
+    }
+}
+
+/// Why a reset session cannot run here, if so.
+fn no_sessions() -> Option<String> {
+    let p = pagewise::probe::get();
+    if !p.uffd_has(pagewise_sys::uffd::feature::WP_ASYNC) || !p.pagemap_scan {
+        return Some("[uffd-wp] resets need uffd-wp (WP_ASYNC) and PAGEMAP_SCAN".into());
+    }
+    if !cfg!(target_arch = "x86_64") {
+        return Some("resets put x86-64 registers back".into());
+    }
+    None
+}
+
+fn pipe() -> (OwnedFd, OwnedFd) {
+    let (r, w) = std::io::pipe().expect("pipe");
+    (r.into(), w.into())
+}
+
+/// The status the program gives `input` run on its own, as a wait
+/// status.
+fn native(target: &Path, args: &[&str], input: &[u8]) -> i32 {
+    let mut c = Command::new(target)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    c.stdin.take().unwrap().write_all(input).unwrap();
+    let st = c.wait().unwrap();
+    match (st.code(), st.signal()) {
+        (Some(code), _) => (code & 0xff) << 8,
+        (_, Some(sig)) => sig & 0x7f,
+        _ => unreachable!(),
+    }
+}
+
+struct Afl {
+    child: std::process::Child,
+    ctl: std::fs::File,
+    st: std::fs::File,
+    input: std::fs::File,
+}
+
+impl Afl {
+    fn word(&mut self) -> i32 {
+        let mut b = [0u8; 4];
+        self.st
+            .read_exact(&mut b)
+            .expect("a word from the fork server");
+        i32::from_ne_bytes(b)
+    }
+
+    /// Writes `input` as afl-fuzz does (the file rewritten, its offset at
+    /// 0) and asks for a run: the run's pid.
+    fn start(&mut self, input: &[u8]) -> i32 {
+        self.input.seek(SeekFrom::Start(0)).unwrap();
+        self.input.write_all(input).unwrap();
+        self.input.set_len(input.len() as u64).unwrap();
+        self.input.seek(SeekFrom::Start(0)).unwrap();
+        self.ctl.write_all(&0u32.to_ne_bytes()).unwrap();
+        self.word()
+    }
+}
+
+impl Drop for Afl {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_server(target: &Path, args: &[&str], stats: &Path, dir: &Path) -> Afl {
+    let (ctl_r, ctl_w) = pipe();
+    let (st_r, st_w) = pipe();
+    let path = dir.join(".cur_input");
+    let input = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)
+        .unwrap();
+    let mut c = Command::new(BIN);
+    c.args(["snapshot", "afl", "--stats"])
+        .arg(stats)
+        .arg("--")
+        .arg(target)
+        .args(args)
+        .stdin(input.try_clone().unwrap())
+        .stdout(Stdio::null());
+    let (a, b) = (ctl_r.as_raw_fd(), st_w.as_raw_fd());
+    // SAFETY: the closure only calls dup2, which is async-signal-safe,
+    // on descriptors that stay open until the spawn returns.
+    unsafe {
+        c.pre_exec(move || {
+            if libc::dup2(a, 198) < 0 || libc::dup2(b, 199) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = c.spawn().expect("starting pagewise snapshot afl");
+    drop((ctl_r, st_w));
+    Afl {
+        child,
+        ctl: ctl_w.into(),
+        st: st_r.into(),
+        input,
+    }
+}
+
+/// Inputs: random bytes of random lengths from a fixed seed, the crash
+/// and an empty input among them.
+fn inputs(n: usize) -> Vec<Vec<u8>> {
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = || {
+        x = x
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (x >> 33) as u32
+    };
+    let mut all: Vec<Vec<u8>> = (0..n)
+        .map(|_| {
+            let len = 1 + next() as usize % 300;
+            (0..len).map(|_| next() as u8).collect()
+        })
+        .collect();
+    all[3] = b"PW!!".to_vec();
+    all[7] = Vec::new();
+    all[11] = b"PW!".to_vec();
+    all[20] = b"PW!!and more".to_vec();
+    all
+}
+
+#[test]
+fn each_run_of_the_fork_server_is_a_reset_with_the_status_of_a_run_without_pagewise() {
+    if let Some(why) = no_sessions() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    let Some(target) = afl_target() else {
+        return;
+    };
+    let dir = temp_dir("afl-protocol");
+    std::fs::create_dir_all(&dir).unwrap();
+    let stats = dir.join("stats.json");
+    let args = ["8", "16"];
+    let mut afl = start_server(&target, &args, &stats, &dir);
+    assert_eq!(
+        afl.word(),
+        0,
+        "the hello of a program built without afl-cc has no map size"
+    );
+    let all = inputs(60);
+    let mut pids = std::collections::BTreeSet::new();
+    let mut crashes = 0;
+    for (i, input) in all.iter().enumerate() {
+        let pid = afl.start(input);
+        let status = afl.word();
+        let want = native(&target, &args, input);
+        assert_eq!(
+            status, want,
+            "input {i} ({} bytes): status {status:#x} through the fork server, {want:#x} without pagewise",
+            input.len()
+        );
+        crashes += u64::from(want & 0x7f != 0);
+        pids.insert(pid);
+    }
+    assert_eq!(crashes, 2, "the two crashing inputs crashed");
+    assert_eq!(
+        pids.len(),
+        1,
+        "every run was a reset of one process: {pids:?}"
+    );
+    // A run that does not end: killed as afl-fuzz kills a timeout.
+    let hung = afl.start(b"pagewise-hang!");
+    std::thread::sleep(Duration::from_millis(200));
+    pagewise_sys::process::kill(hung, libc::SIGKILL).unwrap();
+    assert_eq!(afl.word(), libc::SIGKILL, "the killed run's status");
+    let after = afl.start(&all[0]);
+    assert_ne!(after, hung, "a killed program is started again");
+    assert_eq!(afl.word(), native(&target, &args, &all[0]));
+    // afl-fuzz closes the control pipe: the server ends, saying what it served.
+    let Afl { child, ctl, .. } = &mut afl;
+    drop(std::mem::replace(
+        ctl,
+        std::fs::File::open("/dev/null").unwrap(),
+    ));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let st = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server did not end"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(st.success(), "{st:?}");
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    assert_eq!(s["runs"], all.len() as u64 + 2, "{s}");
+    assert_eq!(s["crashes"], 2, "{s}");
+    assert_eq!(s["starts"], 2, "{s}");
+    assert_eq!(s["full_resets"], 0, "{s}");
+}

@@ -1,0 +1,199 @@
+//! AFL++'s fork server, served by a reset session ([`serve`]): `afl-fuzz`
+//! runs a program through pagewise, and each of its executions is a reset
+//! of one process to the point just before it read its input, where the
+//! fork server would fork a new one.
+//!
+//! The protocol (AFL++'s `afl-forkserver.c`, the version without
+//! options): the server says hello with four bytes on the status
+//! descriptor (199); then, for each execution, `afl-fuzz` writes four
+//! bytes on the control descriptor (198), the server answers with the
+//! pid of the process that runs the input, and, once it ended, with its
+//! wait status (`exit` code in the second byte, or the signal in the
+//! low seven bits). On a timeout `afl-fuzz` kills that pid itself and
+//! reads the status; the program is then started again.
+//!
+//! The program reads its input from standard input (`afl-fuzz` writes
+//! each input to a file it gives the server as descriptor 0; the session
+//! puts the file's offset back at each reset, as the fork server's new
+//! child would find it). Built with `afl-cc`, the program maps AFL++'s
+//! coverage map (`__AFL_SHM_ID`) at start-up, before the point: shared
+//! memory, which a reset leaves as it is. Its own fork server finds
+//! descriptors 198 and 199 closed and stays out of the way.
+
+use super::session::{ResetSession, RunEnd};
+use crate::{Error, Result};
+use std::ffi::OsString;
+use std::io::{Read, Write};
+use std::os::fd::{FromRawFd, RawFd};
+use std::time::Duration;
+
+/// `FS_OPT_ENABLED`: the hello carries options.
+const FS_OPT_ENABLED: u32 = 0x8000_0001;
+/// `FS_OPT_MAPSIZE`: the hello carries the coverage map's size.
+const FS_OPT_MAPSIZE: u32 = 0x4000_0000;
+/// The largest map size the hello can carry.
+const FS_OPT_MAX_MAPSIZE: u32 = (0x00ff_fffe >> 1) + 1;
+
+/// The fork server's hello: with the coverage map's size where known
+/// (`FS_OPT_SET_MAPSIZE`), as AFL++'s own fork server says it.
+fn hello(map_size: Option<u32>) -> u32 {
+    match map_size {
+        Some(n) if n > 1 && n <= FS_OPT_MAX_MAPSIZE => {
+            FS_OPT_ENABLED | FS_OPT_MAPSIZE | ((n - 1) << 1)
+        }
+        _ => 0,
+    }
+}
+
+/// The size of the coverage map of a program built with `afl-cc`, as it
+/// says when started with `AFL_DUMP_MAP_SIZE=1` (and ends at once, before
+/// `main`); `None` for another program (given no input, and 2 s at most).
+fn map_size(argv: &[OsString]) -> Option<u32> {
+    let (first, rest) = argv.split_first()?;
+    let mut c = std::process::Command::new(first);
+    c.args(rest)
+        .env("AFL_DUMP_MAP_SIZE", "1")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null());
+    pagewise_mech::child::tie(&mut c);
+    let mut child = c.spawn().ok()?;
+    let ended = pagewise_mech::child::wait_for(&mut child, Duration::from_secs(2));
+    if ended.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+        return None;
+    }
+    let mut out = String::new();
+    child.stdout.take()?.read_to_string(&mut out).ok()?;
+    out.lines().next()?.trim().parse().ok()
+}
+
+/// AFL++'s control descriptor (`FORKSRV_FD`).
+pub const CONTROL_FD: RawFd = 198;
+/// AFL++'s status descriptor (`FORKSRV_FD + 1`).
+pub const STATUS_FD: RawFd = 199;
+
+/// What a fork server served (see [`serve`]).
+#[derive(Debug, Clone, Default, serde::Serialize, schemars::JsonSchema)]
+#[non_exhaustive]
+pub struct ServeStats {
+    /// Executions run.
+    pub runs: u64,
+    /// Of them, ended by a signal that would have ended the program.
+    pub crashes: u64,
+    /// Times the program was started (once, and again after each
+    /// execution that killed it: a timeout).
+    pub starts: u64,
+    /// Resets that took the whole path of a restore (with each reason
+    /// once).
+    pub full_resets: u64,
+    /// The reasons of the whole-path resets, each once.
+    pub full_reasons: Vec<String>,
+}
+
+/// Options of [`serve`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ServeOptions {
+    /// The descriptor the program reads its input from.
+    pub input_fd: RawFd,
+    /// How long the program may take to reach its first read.
+    pub start_limit: Duration,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        ServeOptions {
+            input_fd: 0,
+            start_limit: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The wait status of a run that ended as `end`.
+fn wait_status(end: RunEnd) -> i32 {
+    match end {
+        RunEnd::Exit(code) => (code & 0xff) << 8,
+        RunEnd::Signal(sig) => sig & 0x7f,
+        RunEnd::Ended(raw) => raw,
+        // No status: reported as killed, as afl-fuzz's own kill would.
+        RunEnd::TimedOut => libc::SIGKILL,
+    }
+}
+
+fn io(what: &str, e: std::io::Error) -> Error {
+    Error::Mech(pagewise_mech::Error::os(what.to_string(), e))
+}
+
+/// How often [`serve`] tells what it served so far (afl-fuzz ends a fork
+/// server with `SIGTERM`, which it does not outlive).
+pub const STATS_EVERY: Duration = Duration::from_secs(1);
+
+/// Serves AFL++'s fork-server protocol on descriptors `control` and
+/// `status` (see the module) for program `argv`, until `afl-fuzz` closes
+/// the control descriptor; what it served, also told to `on_stats` every
+/// [`STATS_EVERY`] and at the end.
+pub fn serve(
+    argv: &[OsString],
+    control: RawFd,
+    status: RawFd,
+    opts: &ServeOptions,
+    on_stats: &mut dyn FnMut(&ServeStats),
+) -> Result<ServeStats> {
+    // SAFETY: the caller hands over both descriptors, which this function
+    // owns from now on (closed when it returns).
+    let (mut ctl, mut st) = unsafe {
+        (
+            std::fs::File::from_raw_fd(control),
+            std::fs::File::from_raw_fd(status),
+        )
+    };
+    let start = |stats: &mut ServeStats| {
+        stats.starts += 1;
+        ResetSession::launch(argv, opts.input_fd, &[control, status], opts.start_limit)
+    };
+    let mut stats = ServeStats::default();
+    let size = map_size(argv);
+    let mut session = Some(start(&mut stats)?);
+    st.write_all(&hello(size).to_ne_bytes())
+        .map_err(|e| io("writing the fork server's hello", e))?;
+    let mut word = [0u8; 4];
+    let mut told = std::time::Instant::now();
+    loop {
+        if told.elapsed() >= STATS_EVERY {
+            on_stats(&stats);
+            told = std::time::Instant::now();
+        }
+        match ctl.read_exact(&mut word) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                on_stats(&stats);
+                return Ok(stats);
+            }
+            Err(e) => return Err(io("reading the fork server's control descriptor", e)),
+        }
+        let s = match session.as_mut() {
+            Some(s) => s,
+            None => session.insert(start(&mut stats)?),
+        };
+        let rep = s.reset()?;
+        if let Some(why) = rep.full {
+            stats.full_resets += 1;
+            if !stats.full_reasons.contains(&why) {
+                stats.full_reasons.push(why);
+            }
+        }
+        st.write_all(&s.pid().to_ne_bytes())
+            .map_err(|e| io("writing the pid of a run", e))?;
+        let end = s.wait_end(None)?;
+        stats.runs += 1;
+        match end {
+            RunEnd::Signal(_) => stats.crashes += 1,
+            RunEnd::Ended(_) => session = None,
+            _ => {}
+        }
+        st.write_all(&wait_status(end).to_ne_bytes())
+            .map_err(|e| io("writing the status of a run", e))?;
+    }
+}
