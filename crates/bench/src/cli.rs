@@ -72,6 +72,19 @@ enum What {
         #[command(flatten)]
         output: Output,
     },
+    /// AFL++ fuzzing one target (64 MiB of state, 16 pages written per
+    /// input) three ways: through pagewise's reset (`pagewise snapshot
+    /// afl`), through AFL++'s own fork server (deferred), and in AFL++'s
+    /// persistent mode: executions a second, stability and paths, from
+    /// afl-fuzz's own statistics. Needs afl++ (afl-cc, afl-fuzz). Short by
+    /// default.
+    Afl {
+        /// The full experiment (five 30-second runs per mode).
+        #[arg(long)]
+        full: bool,
+        #[command(flatten)]
+        output: Output,
+    },
     /// DiME's validation: (a) Table 5.1 fetch counts, (b) the two-page test,
     /// (c) delay accuracy against the configured latency, (f) the cost of a
     /// fault at latency 0. Short by default.
@@ -233,6 +246,16 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
                 bz::Config::quick()
             };
             let report = bz::run(&cfg, &mut progress(quiet))?;
+            output.emit(&report, report.summary(), report.charts())
+        }
+        What::Afl { full, output } => {
+            use crate::afl as ba;
+            let cfg = if full {
+                ba::Config::full()
+            } else {
+                ba::Config::quick()
+            };
+            let report = ba::run(&cfg, &mut progress(quiet))?;
             output.emit(&report, report.summary(), report.charts())
         }
         What::Farmem { full, output } => {

@@ -2,6 +2,7 @@
 //! baselines in the same run, reported as ratios (`pagewise bench`, CI's
 //! smoke runs). Not part of the library.
 
+pub mod afl;
 pub mod checkpoint;
 pub mod cli;
 pub mod dedup;

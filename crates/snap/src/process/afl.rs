@@ -90,6 +90,31 @@ pub struct ServeStats {
     pub full_resets: u64,
     /// The reasons of the whole-path resets, each once.
     pub full_reasons: Vec<String>,
+    /// Mean time of a reset, microseconds.
+    pub reset_us: f64,
+    /// Where a reset's time went, means over the runs (microseconds).
+    pub reset_phases: super::session::ResetPhases,
+    /// Mean time from the end of a reset to the end of the run
+    /// (the program's own work), microseconds.
+    pub run_us: f64,
+}
+
+impl ServeStats {
+    /// Adds one run: its reset, and the time the program then took.
+    fn add(&mut self, rep: &super::session::ResetReport, run_us: f64) {
+        let n = self.runs as f64;
+        let mean = |m: &mut f64, x: f64| *m += (x - *m) / (n + 1.0);
+        mean(&mut self.reset_us, rep.elapsed_ns as f64 / 1e3);
+        mean(&mut self.run_us, run_us);
+        let (p, q) = (&mut self.reset_phases, &rep.phases);
+        mean(&mut p.stop_us, q.stop_us);
+        mean(&mut p.check_us, q.check_us);
+        mean(&mut p.threads_us, q.threads_us);
+        mean(&mut p.walk_us, q.walk_us);
+        mean(&mut p.copy_us, q.copy_us);
+        mean(&mut p.resume_us, q.resume_us);
+        self.runs += 1;
+    }
 }
 
 /// Options of [`serve`].
@@ -178,16 +203,17 @@ pub fn serve(
             None => session.insert(start(&mut stats)?),
         };
         let rep = s.reset()?;
-        if let Some(why) = rep.full {
+        let ran = std::time::Instant::now();
+        if let Some(why) = &rep.full {
             stats.full_resets += 1;
-            if !stats.full_reasons.contains(&why) {
-                stats.full_reasons.push(why);
+            if !stats.full_reasons.contains(why) {
+                stats.full_reasons.push(why.clone());
             }
         }
         st.write_all(&s.pid().to_ne_bytes())
             .map_err(|e| io("writing the pid of a run", e))?;
         let end = s.wait_end(None)?;
-        stats.runs += 1;
+        stats.add(&rep, ran.elapsed().as_secs_f64() * 1e6);
         match end {
             RunEnd::Signal(_) => stats.crashes += 1,
             RunEnd::Ended(_) => session = None,

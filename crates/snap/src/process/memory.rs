@@ -289,6 +289,8 @@ impl ProcessSnapshots {
     /// released), then protected again; a mapping not watched is compared.
     /// The layout must be the snapshot's. The nanoseconds spent finding
     /// written pages.
+    /// Writes back the pages written since the current snapshot, found
+    /// by one walk of each watched mapping, and protects them again.
     pub(super) fn reset_written(&mut self, stats: &mut RestoreStats) -> Result<u64> {
         let mut walk_ns = 0u64;
         let current = std::mem::take(&mut self.current);
@@ -352,12 +354,17 @@ impl ProcessSnapshots {
         }
         w.flush()?;
         // Protected again once written (a write through
-        // `process_vm_writev` marks a page written).
+        // `process_vm_writev` marks a page written), but for the pages
+        // written at every reset lately.
+        self.hot.next_reset();
         if let Some(wp) = self.wp.as_mut() {
-            for (n, pages, _) in todo.iter().filter(|t| t.2) {
-                protect_again(wp, current[*n].region, pages)?;
+            for (n, pages, _) in todo.iter_mut().filter(|t| t.2) {
+                let r = current[*n].region;
+                self.hot.keep_cold(r, pages);
+                protect_again(wp, r, pages)?;
             }
         }
+        self.hot.done();
         Ok(())
     }
 
@@ -402,6 +409,57 @@ fn written(wp: &mut UffdWp, r: Region, rearm: bool) -> Result<Option<Vec<PageRan
 /// or one walk over their span that protects what is written in it
 /// (`PAGEMAP_SCAN`) where that is cheaper (a call costs about what a walk
 /// of a thousand entries does).
+/// Pages that a run of resets found written every time (a program's
+/// stack, its C library's data): left unprotected, they show as written
+/// at every walk and are written back at every reset like any other, but
+/// cost no protection after it nor a fault in the run. Every
+/// [`Hot::FORGET`] resets all are protected again and learnt anew.
+#[derive(Debug, Default)]
+pub(super) struct Hot {
+    /// Page address and the resets in a row that found it written.
+    streak: std::collections::HashMap<u64, u32>,
+    /// This reset's pages found written, to age the others.
+    seen: Vec<u64>,
+    resets: u64,
+}
+
+impl Hot {
+    /// Resets in a row a page must be found written to be left unprotected.
+    const AFTER: u32 = 4;
+    /// Resets after which every page is protected again.
+    const FORGET: u64 = 1024;
+
+    /// Starts a reset's bookkeeping.
+    fn next_reset(&mut self) {
+        self.resets += 1;
+        let seen = std::mem::take(&mut self.seen);
+        if self.resets % Self::FORGET == 0 {
+            self.streak.clear();
+        } else {
+            self.streak.retain(|a, _| seen.binary_search(a).is_ok());
+        }
+        self.seen = seen;
+        self.seen.clear();
+    }
+
+    /// Counts `pages` of `r` (sorted indices) found written, and keeps in
+    /// `pages` only those to protect again.
+    fn keep_cold(&mut self, r: Region, pages: &mut Vec<usize>) {
+        pages.retain(|&i| {
+            let a = r.start + (i * PAGE_SIZE) as u64;
+            self.seen.push(a);
+            let n = self.streak.entry(a).or_insert(0);
+            *n = n.saturating_add(1);
+            *n < Self::AFTER
+        });
+    }
+
+    /// Sorts this reset's pages, for the next reset's aging.
+    fn done(&mut self) {
+        self.seen.sort_unstable();
+    }
+}
+
 fn protect_again(wp: &mut UffdWp, r: Region, pages: &[usize]) -> Result<()> {
     let (Some(&first), Some(&last)) = (pages.first(), pages.last()) else {
         return Ok(());

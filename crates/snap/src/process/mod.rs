@@ -195,6 +195,8 @@ pub struct ProcessSnapshots {
     current_is: Option<SnapId>,
     spare: Vec<Vec<Chunk>>,
     buf: Vec<u8>,
+    /// Pages written at every quick reset lately (see `memory::Hot`).
+    hot: memory::Hot,
 }
 
 impl std::fmt::Debug for ProcessSnapshots {
@@ -247,6 +249,7 @@ impl ProcessSnapshots {
             current: Vec::new(),
             current_is: None,
             spare: Vec::new(),
+            hot: memory::Hot::default(),
             buf: vec![0u8; BATCH * PAGE_SIZE],
         })
     }

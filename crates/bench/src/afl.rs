@@ -1,0 +1,448 @@
+//! AFL++ fuzzing one target three ways, in one run: through pagewise's
+//! reset (`pagewise snapshot afl`: the target built with `afl-cc` for
+//! coverage, otherwise unmodified), through AFL++'s own fork server (the
+//! same source built with a deferred `__AFL_INIT()` after its state is
+//! written: AFL++'s best fork-server setting for a target with a costly
+//! start), and in AFL++'s persistent mode (its recommended form:
+//! `__AFL_LOOP` over inputs in shared memory, the target changed to reset
+//! itself, which this one does not: the state drifts from input to
+//! input).
+//!
+//! The target (`examples/afl/target.c`) writes `MiB` of state at start-up,
+//! then, per input, reads and writes `k` pages of it chosen by the input's
+//! hash and walks a small parser of the input. Each mode is run by
+//! `afl-fuzz -V SECONDS` from the same seeds, the modes interleaved,
+//! `repeats` times; the figures are `afl-fuzz`'s own (`fuzzer_stats`:
+//! executions a second, stability, paths found), medians with their
+//! lowest and highest. For pagewise's runs, what the fork server served
+//! (resets, where their time went, resets that took the whole path) is
+//! read from its `--stats`.
+
+use crate::svg::{Chart, Series};
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The target's source, built three ways.
+const TARGET_C: &str = include_str!("../../../examples/afl/target.c");
+
+/// The experiment's sizes.
+#[derive(Debug, Clone, Serialize)]
+pub struct Config {
+    /// State written at start-up, MiB.
+    pub mib: usize,
+    /// Pages read and written per input.
+    pub k: usize,
+    /// Seconds of fuzzing per run (`afl-fuzz -V`).
+    pub seconds: u64,
+    /// Runs per mode.
+    pub repeats: usize,
+}
+
+impl Config {
+    /// A smoke run: one 4-second run per mode.
+    pub fn quick() -> Self {
+        Config {
+            mib: 64,
+            k: 16,
+            seconds: 4,
+            repeats: 1,
+        }
+    }
+
+    /// The experiment: five 30-second runs per mode.
+    pub fn full() -> Self {
+        Config {
+            mib: 64,
+            k: 16,
+            seconds: 30,
+            repeats: 5,
+        }
+    }
+}
+
+/// One `afl-fuzz` run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Run {
+    /// `fork server`, `persistent` or `pagewise reset`.
+    pub mode: String,
+    /// Which repeat.
+    pub repeat: usize,
+    /// `execs_per_sec`.
+    pub execs_per_sec: f64,
+    /// `execs_done`.
+    pub execs_done: u64,
+    /// `stability`, percent.
+    pub stability_pct: f64,
+    /// `corpus_count`.
+    pub corpus_count: u64,
+    /// `edges_found`.
+    pub edges_found: u64,
+    /// `saved_crashes`.
+    pub saved_crashes: u64,
+    /// `target_mode`.
+    pub target_mode: String,
+    /// pagewise's runs: what its fork server served (`--stats`).
+    pub served: Option<serde_json::Value>,
+}
+
+/// A median with its lowest and highest.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Spread {
+    /// Median.
+    pub median: f64,
+    /// Lowest.
+    pub min: f64,
+    /// Highest.
+    pub max: f64,
+}
+
+impl Spread {
+    fn of(v: Vec<f64>) -> Spread {
+        let (median, min, max) = crate::median_min_max(v);
+        Spread { median, min, max }
+    }
+}
+
+/// One mode over its runs.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModeRow {
+    /// The mode.
+    pub mode: String,
+    /// Executions a second.
+    pub execs_per_sec: Spread,
+    /// Stability, percent.
+    pub stability_pct: Spread,
+    /// Paths found (corpus size at the end).
+    pub corpus_count: Spread,
+    /// Median executions a second over the fork server's.
+    pub x_fork: f64,
+    /// Median executions a second over persistent mode's.
+    pub x_persistent: f64,
+}
+
+/// Everything one run measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// The sizes.
+    pub config: Config,
+    /// `afl-fuzz`'s version.
+    pub afl_version: String,
+    /// Each mode.
+    pub modes: Vec<ModeRow>,
+    /// Every run.
+    pub runs: Vec<Run>,
+}
+
+/// The three modes: name, `afl-cc` flags, whether pagewise serves it.
+const MODES: [(&str, &str, bool); 3] = [
+    ("fork server", "-DDEFERRED", false),
+    ("persistent", "-DPERSISTENT", false),
+    ("pagewise reset", "", true),
+];
+
+fn need(tool: &str) -> Result<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|d| d.join(tool))
+        .find(|p| p.exists())
+        .with_context(|| format!("{tool} is not installed (Debian: apt install afl++)"))
+}
+
+fn build(dir: &Path, cc: &Path, flags: &str, name: &str) -> Result<PathBuf> {
+    let out = dir.join(name);
+    let st = Command::new(cc)
+        .args(["-O2", "-o"])
+        .arg(&out)
+        .args(flags.split_whitespace())
+        .arg(dir.join("target.c"))
+        .env("AFL_QUIET", "1")
+        .stdout(Stdio::null())
+        .status()
+        .with_context(|| format!("running {}", cc.display()))?;
+    if !st.success() {
+        bail!("{} {flags} failed on the target: {st}", cc.display());
+    }
+    Ok(out)
+}
+
+/// `fuzzer_stats` as key and value.
+fn stats(path: &Path) -> Result<Vec<(String, String)>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    Ok(text
+        .lines()
+        .filter_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            Some((k.trim().to_string(), v.trim().to_string()))
+        })
+        .collect())
+}
+
+fn field<T: std::str::FromStr>(all: &[(String, String)], key: &str) -> Result<T> {
+    let v = all
+        .iter()
+        .find(|(k, _)| k == key)
+        .with_context(|| format!("fuzzer_stats has no {key}"))?;
+    v.1.trim_end_matches('%')
+        .parse()
+        .map_err(|_| anyhow::anyhow!("fuzzer_stats: {key} = {:?}", v.1))
+}
+
+/// One `afl-fuzz` run of `cmd` for `cfg.seconds`.
+fn fuzz(
+    cfg: &Config,
+    dir: &Path,
+    mode: &str,
+    cmd: &[PathBuf],
+    pagewise: bool,
+    repeat: usize,
+) -> Result<Run> {
+    let afl = need("afl-fuzz")?;
+    let out = dir.join(format!("out-{}-{repeat}", mode.replace(' ', "-")));
+    let _ = std::fs::remove_dir_all(&out);
+    let log = std::fs::File::create(dir.join(format!("{}-{repeat}.log", mode.replace(' ', "-"))))?;
+    let served = dir.join("served.json");
+    let _ = std::fs::remove_file(&served);
+    let mut c = Command::new(afl);
+    c.arg("-i").arg(dir.join("in")).arg("-o").arg(&out).args([
+        "-V",
+        &cfg.seconds.to_string(),
+        "--",
+    ]);
+    if pagewise {
+        c.arg(crate::pagewise_tool()?)
+            .args(["snapshot", "afl", "--stats"])
+            .arg(&served)
+            .arg("--");
+    }
+    c.args(cmd)
+        .args([cfg.mib.to_string(), cfg.k.to_string()])
+        .env("AFL_NO_UI", "1")
+        .env("AFL_SKIP_CPUFREQ", "1")
+        .env("AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES", "1")
+        .env("AFL_NO_AFFINITY", "0")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
+    if pagewise {
+        // afl-fuzz looks for AFL++'s marks in the program it runs, which
+        // is pagewise here.
+        c.env("AFL_SKIP_BIN_CHECK", "1");
+    }
+    pagewise::agent::child::tie(&mut c);
+    let mut child = c.spawn().context("starting afl-fuzz")?;
+    let limit = Duration::from_secs(cfg.seconds + 120);
+    let Some(st) = pagewise::agent::child::wait_for(&mut child, limit) else {
+        let _ = child.kill();
+        let _ = child.wait();
+        bail!("afl-fuzz ({mode}) did not end within {} s", limit.as_secs());
+    };
+    if !st.success() {
+        bail!(
+            "afl-fuzz ({mode}) failed ({st}): see {}",
+            dir.join(format!("{}-{repeat}.log", mode.replace(' ', "-")))
+                .display()
+        );
+    }
+    let s = stats(&out.join("default/fuzzer_stats"))?;
+    let served = if pagewise {
+        let text = std::fs::read_to_string(&served).context("reading pagewise's --stats")?;
+        Some(serde_json::from_str(&text)?)
+    } else {
+        None
+    };
+    Ok(Run {
+        mode: mode.to_string(),
+        repeat,
+        execs_per_sec: field(&s, "execs_per_sec")?,
+        execs_done: field(&s, "execs_done")?,
+        stability_pct: field(&s, "stability")?,
+        corpus_count: field(&s, "corpus_count")?,
+        edges_found: field(&s, "edges_found")?,
+        saved_crashes: field(&s, "saved_crashes")?,
+        target_mode: s
+            .iter()
+            .find(|(k, _)| k == "target_mode")
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default(),
+        served,
+    })
+}
+
+/// Runs the experiment.
+pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
+    let cc = need("afl-cc")?;
+    need("afl-fuzz")?;
+    let dir = std::env::temp_dir().join(format!("pagewise-bench-afl-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("in"))?;
+    let r = run_in(cfg, &cc, &dir, progress);
+    let _ = std::fs::remove_dir_all(&dir);
+    r
+}
+
+fn run_in(cfg: &Config, cc: &Path, dir: &Path, progress: &mut dyn FnMut(&str)) -> Result<Report> {
+    let (cc, dir) = (cc.to_path_buf(), dir.to_path_buf());
+    std::fs::write(dir.join("target.c"), TARGET_C)?;
+    std::fs::write(dir.join("in/hello"), b"hello")?;
+    std::fs::write(dir.join("in/bytes"), [0u8, 1, 2, 3, 250, 251, 252, 253])?;
+    progress("building the target three ways with afl-cc");
+    let mut built = Vec::new();
+    for (i, (mode, flags, pagewise)) in MODES.iter().enumerate() {
+        built.push((
+            *mode,
+            build(&dir, &cc, flags, &format!("target{i}"))?,
+            *pagewise,
+        ));
+    }
+    // afl-fuzz's first line names its version ("afl-fuzz++4.04c based on…").
+    let version = Command::new(need("afl-fuzz")?)
+        .arg("-h")
+        .output()
+        .map(|o| {
+            let text = String::from_utf8_lossy(&o.stdout).into_owned()
+                + &String::from_utf8_lossy(&o.stderr);
+            text.split_whitespace()
+                .find_map(|w| w.split("afl-fuzz").nth(1).map(str::to_string))
+                .map(|v| {
+                    v.trim_start_matches("++")
+                        .trim_end_matches("\u{1b}[0m")
+                        .to_string()
+                })
+                .unwrap_or_default()
+        })
+        .unwrap_or_default();
+    let mut runs = Vec::new();
+    let t0 = Instant::now();
+    for repeat in 0..cfg.repeats {
+        for (mode, bin, pagewise) in &built {
+            progress(&format!(
+                "{mode}, run {} of {} ({} s each; {:.0} s so far)",
+                repeat + 1,
+                cfg.repeats,
+                cfg.seconds,
+                t0.elapsed().as_secs_f64()
+            ));
+            runs.push(fuzz(
+                cfg,
+                &dir,
+                mode,
+                std::slice::from_ref(bin),
+                *pagewise,
+                repeat,
+            )?);
+        }
+    }
+    let median_of = |mode: &str| {
+        let v: Vec<f64> = runs
+            .iter()
+            .filter(|r| r.mode == mode)
+            .map(|r| r.execs_per_sec)
+            .collect();
+        Spread::of(v).median
+    };
+    let (fork, persistent) = (median_of("fork server"), median_of("persistent"));
+    let modes = MODES
+        .iter()
+        .map(|(mode, _, _)| {
+            let of = |f: &dyn Fn(&Run) -> f64| {
+                Spread::of(runs.iter().filter(|r| r.mode == *mode).map(f).collect())
+            };
+            let eps = of(&|r| r.execs_per_sec);
+            ModeRow {
+                mode: mode.to_string(),
+                x_fork: eps.median / fork,
+                x_persistent: eps.median / persistent,
+                execs_per_sec: eps,
+                stability_pct: of(&|r| r.stability_pct),
+                corpus_count: of(&|r| r.corpus_count as f64),
+            }
+        })
+        .collect();
+    Ok(Report {
+        config: cfg.clone(),
+        afl_version: version,
+        modes,
+        runs,
+    })
+}
+
+impl Report {
+    /// The report as text.
+    pub fn summary(&self) -> String {
+        use std::fmt::Write;
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "AFL++ {} on a target with {} MiB of state, {} pages per input; {} runs of {} s per mode",
+            self.afl_version, self.config.mib, self.config.k, self.config.repeats, self.config.seconds
+        );
+        let _ = writeln!(
+            s,
+            "{:<15} {:>10} {:>21} {:>10} {:>8} {:>8} {:>6}",
+            "mode", "execs/s", "[min..max]", "stability", "x fork", "x pers.", "paths"
+        );
+        for m in &self.modes {
+            let _ = writeln!(
+                s,
+                "{:<15} {:>10.0} {:>21} {:>9.1}% {:>8.2} {:>8.2} {:>6.0}",
+                m.mode,
+                m.execs_per_sec.median,
+                format!("[{:.0}..{:.0}]", m.execs_per_sec.min, m.execs_per_sec.max),
+                m.stability_pct.median,
+                m.x_fork,
+                m.x_persistent,
+                m.corpus_count.median
+            );
+        }
+        for r in self.runs.iter().filter(|r| r.served.is_some()) {
+            let v = r.served.as_ref().expect("filtered");
+            let _ = writeln!(
+                s,
+                "pagewise run {}: {} resets, {} whole-path, reset {:.1} µs (check {:.1} walk {:.1} copy {:.1}), program {:.1} µs",
+                r.repeat,
+                v["runs"],
+                v["full_resets"],
+                v["reset_us"].as_f64().unwrap_or(f64::NAN),
+                v["reset_phases"]["check_us"].as_f64().unwrap_or(f64::NAN),
+                v["reset_phases"]["walk_us"].as_f64().unwrap_or(f64::NAN),
+                v["reset_phases"]["copy_us"].as_f64().unwrap_or(f64::NAN),
+                v["run_us"].as_f64().unwrap_or(f64::NAN),
+            );
+        }
+        s
+    }
+
+    /// Executions a second per mode, every run.
+    pub fn charts(&self) -> Vec<(String, Chart)> {
+        let series = MODES
+            .iter()
+            .map(|(mode, _, _)| Series {
+                label: mode.to_string(),
+                points: self
+                    .runs
+                    .iter()
+                    .filter(|r| r.mode == *mode)
+                    .map(|r| (r.repeat as f64 + 1.0, r.execs_per_sec))
+                    .collect(),
+            })
+            .collect();
+        vec![(
+            "execs.svg".into(),
+            Chart {
+                title: format!(
+                    "AFL++ executions a second, {} MiB of state, {} pages per input",
+                    self.config.mib, self.config.k
+                ),
+                x_label: "run".into(),
+                y_label: "executions a second".into(),
+                log_x: false,
+                log_y: true,
+                series,
+            },
+        )]
+    }
+}
