@@ -433,7 +433,7 @@ impl Hot {
     fn next_reset(&mut self) {
         self.resets += 1;
         let seen = std::mem::take(&mut self.seen);
-        if self.resets % Self::FORGET == 0 {
+        if self.resets.is_multiple_of(Self::FORGET) {
             self.streak.clear();
         } else {
             self.streak.retain(|a, _| seen.binary_search(a).is_ok());
