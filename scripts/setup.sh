@@ -5,8 +5,9 @@
 # run on the kernel), Memcached and its load generator (libmemcached-tools'
 # memaslap) for DiME's Memcached experiment, a C compiler for the C API's
 # tests, make, pkg-config and man-db for installing and packaging, Python's
-# venv for the wheel, Chromium for the HTML report's test, and the nightly
-# toolchain for counting the public API.
+# venv for the wheel, Chromium for the HTML report's test, AFL++ for the
+# fuzzer driven through resets, and the nightly toolchain for counting the
+# public API.
 set -euo pipefail
 if command -v rustup >/dev/null; then
     rustup component add rustfmt clippy >/dev/null 2>&1 || true
@@ -30,6 +31,9 @@ command -v runc >/dev/null || [ -x /usr/sbin/runc ] || need+=(runc)
 # and the deployment's check (make deploy-check scrapes the agent's pod).
 command -v debootstrap >/dev/null || [ -x /usr/sbin/debootstrap ] || need+=(debootstrap)
 command -v curl >/dev/null || need+=(curl)
+# AFL++ for the fork server served by resets (pagewise snapshot afl), its
+# test and its benchmark (afl-cc, afl-fuzz).
+command -v afl-fuzz >/dev/null && command -v afl-cc >/dev/null || need+=(afl++)
 # libFuzzer's runtime is C++ (scripts/fuzz).
 command -v c++ >/dev/null || need+=(g++)
 # Installing and packaging (make install, make deb and their checks).

@@ -223,7 +223,6 @@ fn fuzz(
         .env("AFL_NO_UI", "1")
         .env("AFL_SKIP_CPUFREQ", "1")
         .env("AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES", "1")
-        .env("AFL_NO_AFFINITY", "0")
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);

@@ -231,3 +231,80 @@ fn each_run_of_the_fork_server_is_a_reset_with_the_status_of_a_run_without_pagew
     assert_eq!(s["starts"], 2, "{s}");
     assert_eq!(s["full_resets"], 0, "{s}");
 }
+
+#[test]
+fn afl_fuzz_runs_a_target_through_pagewise_resets() {
+    if let Some(why) = no_sessions() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    let (Some(afl), Some(cc)) = (which("afl-fuzz"), which("afl-cc")) else {
+        pagewise_testkit::skip!(
+            "[afl++] afl-fuzz or afl-cc is not installed (scripts/setup.sh installs afl++)"
+        );
+        return;
+    };
+    let dir = temp_dir("afl-fuzz");
+    std::fs::create_dir_all(dir.join("in")).unwrap();
+    std::fs::write(dir.join("in/hello"), b"hello").unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/afl/target.c");
+    let target = dir.join("target");
+    let built = Command::new(&cc)
+        .args(["-O2", "-o"])
+        .arg(&target)
+        .arg(&src)
+        .env("AFL_QUIET", "1")
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(built.success(), "afl-cc failed on {}", src.display());
+    let stats = dir.join("served.json");
+    let mut c = Command::new(afl);
+    c.arg("-i")
+        .arg(dir.join("in"))
+        .arg("-o")
+        .arg(dir.join("out"))
+        .args(["-V", "3", "--", BIN, "snapshot", "afl", "--stats"])
+        .arg(&stats)
+        .arg("--")
+        .arg(&target)
+        .args(["8", "16"])
+        .env("AFL_NO_UI", "1")
+        .env("AFL_SKIP_CPUFREQ", "1")
+        .env("AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES", "1")
+        .env("AFL_SKIP_BIN_CHECK", "1")
+        .stdin(Stdio::null());
+    let (code, out, err) = run_with_deadline(c, Duration::from_secs(120)).expect("afl-fuzz ended");
+    assert_eq!(code, 0, "afl-fuzz failed:\n{out}\n{err}");
+    let text = std::fs::read_to_string(dir.join("out/default/fuzzer_stats")).unwrap();
+    let field = |k: &str| -> f64 {
+        text.lines()
+            .find_map(|l| {
+                let (key, v) = l.split_once(':')?;
+                (key.trim() == k).then(|| v.trim().trim_end_matches('%').parse().ok())?
+            })
+            .unwrap_or_else(|| panic!("fuzzer_stats has no {k}:\n{text}"))
+    };
+    let served: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    let execs = field("execs_done");
+    assert!(execs > 0.0, "{text}");
+    assert_eq!(
+        field("stability"),
+        100.0,
+        "resets are deterministic:\n{text}"
+    );
+    // afl-fuzz ends its fork server with SIGTERM; the stats are written
+    // every second, so the last second's runs may be missing from them.
+    let runs = served["runs"].as_f64().unwrap();
+    assert!(
+        runs > 0.0 && runs <= execs,
+        "{served} against {execs} executions"
+    );
+    assert_eq!(served["starts"], 1, "no run timed out: {served}");
+    assert_eq!(served["full_resets"], 0, "{served}");
+    assert!(
+        field("corpus_count") >= 2.0,
+        "coverage reached afl-fuzz:\n{text}"
+    );
+}
