@@ -891,6 +891,17 @@ def goals_reset(r):
     return md(["goal", "measured", "met"], rows)
 
 
+def fig_afl_execs(r):
+    at = {m["mode"]: m for m in r["modes"]}
+    p, f, q = at["pagewise reset"], at["fork server"], at["persistent"]
+    e = lambda m: fix(m["execs_per_sec"]["median"], 0)
+    return (f"{e(p)} executions a second through pagewise's resets at "
+            f"{p['stability_pct']['median']:.0f} % stability (median of {r['config']['repeats']} runs): "
+            f"{p['x_fork']:.1f}× AFL++'s own fork server ({e(f)}), {p['x_persistent']:.2f}× its persistent "
+            f"mode ({e(q)}, at {q['stability_pct']['median']:.0f} % stability: the target does not reset "
+            "its own state)")
+
+
 def fig_reset_session(r):
     at = _reset_at(r)
     s, f = at[("session", "one CPU", 64, 16)], at[("fork server", "one CPU", 64, 16)]
@@ -899,6 +910,47 @@ def fig_reset_session(r):
             f"{f['reset_us']['median'] / s['reset_us']['median']:.1f}× an AFL-style fork server) with "
             f"the processes on one CPU, {fix(t['reset_us']['median'], 0)} µs where the scheduler spreads "
             "them over both")
+
+
+def _spread(d, f):
+    return f"{f(d['median'])} ({f(d['min'])}–{f(d['max'])})"
+
+
+def afl(r):
+    rows = []
+    for m in r["modes"]:
+        rows.append([m["mode"], _spread(m["execs_per_sec"], lambda v: fix(v, 0)),
+                     f"{m['x_fork']:.2f}", f"{m['x_persistent']:.2f}",
+                     _spread(m["stability_pct"], lambda v: f"{v:.1f}") + " %",
+                     _spread(m["corpus_count"], lambda v: f"{v:.0f}")])
+    served = [x["served"] for x in r["runs"] if x.get("served")]
+    med = lambda key, sub=None: sorted((s[key][sub] if sub else s[key]) for s in served)[len(served) // 2]
+    c = r["config"]
+    text = md(["mode", "executions a second", "x fork server", "x persistent", "stability", "paths"], rows)
+    text += (f"\n\nAFL++ {r['afl_version']}, {c['repeats']} runs of `afl-fuzz -V {c['seconds']}` per mode, "
+             "interleaved: median (lowest–highest) of afl-fuzz's own `fuzzer_stats`. "
+             f"The target: {c['mib']} MiB of state written at start-up, {c['k']} pages of it read and written per input.")
+    if served:
+        full = sum(s["full_resets"] for s in served)
+        text += (f" pagewise's resets (median over its runs): {fix(med('reset_us'), 0)} µs a reset "
+                 f"(check {fix(med('reset_phases', 'check_us'), 0)}, walk {fix(med('reset_phases', 'walk_us'), 0)}, "
+                 f"copy {fix(med('reset_phases', 'copy_us'), 0)} µs), then {fix(med('run_us'), 0)} µs until the "
+                 f"program's exit; {full} of {sum(s['runs'] for s in served)} resets took the whole path.")
+    return text
+
+
+def goals_afl(r):
+    at = {m["mode"]: m for m in r["modes"]}
+    p, f, q = at["pagewise reset"], at["fork server"], at["persistent"]
+    x, y = p["x_fork"], p["x_persistent"]
+    st, sf = p["stability_pct"]["min"], f["stability_pct"]["min"]
+    return md(["goal", "measured", "met"], [
+        ["≥ 3× AFL++'s fork server (executions a second)", f"{x:.1f}×", yes_no(x >= 3, f"{3 / x:.1f}× short")],
+        ["≥ ½ of persistent mode's", f"{y:.2f}× ({fix(p['execs_per_sec']['median'], 0)} against "
+         f"{fix(q['execs_per_sec']['median'], 0)})", yes_no(y >= 0.5, f"{0.5 / y:.1f}× short")],
+        ["stability no lower than the fork server's", f"{st:.1f} % (lowest run) against {sf:.1f} %",
+         yes_no(st >= sf, f"{sf - st:.1f} points lower")],
+    ])
 
 
 TABLES = {
@@ -945,6 +997,8 @@ TABLES = {
     "reset": reset,
     "reset-walk": reset_walk,
     "goals-reset": goals_reset,
+    "afl": afl,
+    "goals-afl": goals_afl,
 }
 
 
@@ -997,6 +1051,7 @@ def fig_thp_coverage_cost(r):
 
 FIGS = {
     "reset-session": fig_reset_session,
+    "afl-execs": fig_afl_execs,
     "rollback-reset": fig_rollback_reset,
     "rollback-redis": fig_rollback_redis,
     "rollback-lazy": fig_rollback_lazy,
