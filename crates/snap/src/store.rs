@@ -165,19 +165,99 @@ impl PageStore {
         // content the store has already gives the slot back.
         let id = self.slot_for_new();
         self.slot_mut(id).copy_from_slice(page);
+        self.intern_slot(id)
+    }
+
+    /// `n` slots for pages to be read straight into the store
+    /// ([`slots_mut`](Self::slots_mut)), ascending; each is then interned
+    /// where it is ([`intern_slot`](Self::intern_slot)) or given back
+    /// ([`unreserve`](Self::unreserve)).
+    pub(crate) fn reserve(&mut self, n: usize) -> Vec<u32> {
+        let mut ids: Vec<u32> = (0..n).map(|_| self.slot_for_new()).collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    /// Gives back reserved slots not interned.
+    pub(crate) fn unreserve(&mut self, ids: &[u32]) {
+        self.free.extend_from_slice(ids);
+    }
+
+    /// The bytes of reserved slots `ids` (ascending, as
+    /// [`reserve`](Self::reserve) gives them), each writable, in order.
+    pub(crate) fn slots_mut(&mut self, ids: &[u32]) -> Vec<&mut [u8]> {
+        let mut out = Vec::with_capacity(ids.len());
+        let mut slabs = self.slabs.iter_mut().enumerate();
+        // The slab being cut, what is left of it, and where that starts.
+        let mut cur: Option<(usize, &mut [u8], usize)> = None;
+        for &id in ids {
+            let s = id as usize - 1;
+            let (slab, off) = (s / SLAB_PAGES, (s % SLAB_PAGES) * PAGE_SIZE);
+            while cur.as_ref().is_none_or(|c| c.0 != slab) {
+                let (i, b) = slabs
+                    .next()
+                    .expect("reserved slots are ascending and allocated");
+                cur = Some((i, &mut b[..], 0));
+            }
+            let (_, rest, base) = cur.as_mut().expect("set above");
+            let (_, tail) = std::mem::take(rest).split_at_mut(off - *base);
+            let (page, tail) = tail.split_at_mut(PAGE_SIZE);
+            *rest = tail;
+            *base = off + PAGE_SIZE;
+            out.push(page);
+        }
+        out
+    }
+
+    fn slot(&self, id: u32) -> &[u8] {
         let s = id as usize - 1;
         let off = (s % SLAB_PAGES) * PAGE_SIZE;
-        let d = self.digest(&self.slabs[s / SLAB_PAGES][off..off + PAGE_SIZE]);
-        if self.index.contains_key(&d) {
+        &self.slabs[s / SLAB_PAGES][off..off + PAGE_SIZE]
+    }
+
+    /// Interns the page a reserved slot holds, digested where it is: its
+    /// id with one more reference. A content already stored (or the zero
+    /// page) gives the slot back.
+    pub(crate) fn intern_slot(&mut self, id: u32) -> PageId {
+        let d = self.digest(self.slot(id));
+        let found = if d == zero_page_digest() && (!self.verify || self.slot(id) == ZERO_PAGE) {
+            Some(PageId::ZERO)
+        } else {
+            self.index.get(&d).copied().and_then(|e| {
+                if !self.verify || self.page(PageId(e)) == self.slot(id) {
+                    return Some(PageId(e));
+                }
+                self.collided
+                    .get(&d)
+                    .and_then(|ids| {
+                        ids.iter()
+                            .copied()
+                            .find(|&c| self.page(PageId(c)) == self.slot(id))
+                    })
+                    .map(PageId)
+            })
+        };
+        if let Some(e) = found {
+            self.incref(e);
             self.free.push(id);
-            return self.intern_digested(page, d);
+            return e;
         }
+        self.place(id, d);
+        if self.index.contains_key(&d) {
+            self.collisions += 1;
+            self.collided.entry(d).or_default().push(id);
+        } else {
+            self.index.insert(d, id);
+        }
+        PageId(id)
+    }
+
+    /// Counts slot `id`, holding a new content with digest `d`, as stored.
+    fn place(&mut self, id: u32, d: PageDigest) {
         self.digests[id as usize] = d;
         self.refs[id as usize] = 1;
         self.unique += 1;
         self.referenced += 1;
-        self.index.insert(d, id);
-        PageId(id)
     }
 
     /// [`PageStore::intern`] with the digest already computed by the caller.
@@ -230,11 +310,8 @@ impl PageStore {
 
     fn store_new(&mut self, page: &[u8], digest: PageDigest) -> PageId {
         let id = self.slot_for_new();
-        self.digests[id as usize] = digest;
-        self.refs[id as usize] = 1;
         self.slot_mut(id).copy_from_slice(page);
-        self.unique += 1;
-        self.referenced += 1;
+        self.place(id, digest);
         PageId(id)
     }
 
@@ -373,6 +450,47 @@ mod tests {
     fn page(seed: u64) -> Vec<u8> {
         let mut rng = Rng::new(seed);
         (0..PAGE_SIZE).map(|_| rng.next_u64() as u8).collect()
+    }
+
+    #[test]
+    fn pages_read_into_reserved_slots_are_interned_where_they_are() {
+        let mut s = PageStore::new(true);
+        let kept = s.intern(&page(7));
+        // Spread over two slabs, with a slot freed before among them.
+        for k in 0..SLAB_PAGES as u64 {
+            let id = s.intern(&page(100 + k));
+            s.decref(id);
+        }
+        let ids = s.reserve(SLAB_PAGES + 3);
+        assert!(ids.windows(2).all(|w| w[0] < w[1]), "ascending");
+        let contents: Vec<Vec<u8>> = (0..ids.len() as u64)
+            .map(|k| match k % 4 {
+                0 => page(7),
+                1 => vec![0u8; PAGE_SIZE],
+                _ => page(1000 + k),
+            })
+            .collect();
+        for (slot, c) in s.slots_mut(&ids).into_iter().zip(&contents) {
+            slot.copy_from_slice(c);
+        }
+        let got: Vec<PageId> = ids.iter().map(|&id| s.intern_slot(id)).collect();
+        for (k, (g, c)) in got.iter().zip(&contents).enumerate() {
+            assert_eq!(s.page(*g), &c[..], "page {k} reads back as written");
+            match k % 4 {
+                0 => assert_eq!(*g, kept, "a content already stored is shared"),
+                1 => assert_eq!(*g, PageId::ZERO),
+                _ => assert_eq!(s.refs(*g), 1),
+            }
+        }
+        let mut distinct: std::collections::HashSet<&[u8]> =
+            contents.iter().map(|c| &c[..]).collect();
+        distinct.remove(&[0u8; PAGE_SIZE][..]);
+        assert_eq!(s.stats().unique_pages as usize, distinct.len());
+        // The slots given back are used again before new ones.
+        let before = s.refs.len();
+        let again = s.reserve(5);
+        assert_eq!(s.refs.len(), before, "reused {again:?}");
+        s.unreserve(&again);
     }
 
     #[test]

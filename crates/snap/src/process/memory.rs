@@ -123,8 +123,9 @@ impl ProcessSnapshots {
         self.read_batch(r, t, &batch, stats)
     }
 
-    /// Reads `runs` (address, pages) of `r` in one call and puts their
-    /// pages into `t`.
+    /// Reads `runs` (address, pages) of `r` in one call straight into the
+    /// store's slots, digested there (each page copied once), and puts
+    /// their pages into `t`.
     fn read_batch(
         &mut self,
         r: Region,
@@ -132,25 +133,33 @@ impl ProcessSnapshots {
         runs: &[(u64, usize)],
         stats: &mut TakeStats,
     ) -> Result<()> {
-        if runs.is_empty() {
+        let total: usize = runs.iter().map(|&(_, n)| n).sum();
+        if total == 0 {
             return Ok(());
         }
-        {
-            let mut rest: &mut [u8] = &mut self.buf;
-            let mut parts = Vec::with_capacity(runs.len());
+        let ids = self.store.reserve(total);
+        let read = {
+            let mut slots = self.store.slots_mut(&ids).into_iter();
+            let mut parts = Vec::with_capacity(total);
             for &(a, n) in runs {
-                let (head, tail) = rest.split_at_mut(n * PAGE_SIZE);
-                parts.push((a, head));
-                rest = tail;
+                for k in 0..n {
+                    let slot = slots.next().expect("a slot reserved per page");
+                    parts.push((a + (k * PAGE_SIZE) as u64, slot));
+                }
             }
-            pagewise_mech::remote::read_many(self.pid, &mut parts)?;
+            pagewise_mech::remote::read_many(self.pid, &mut parts)
+        };
+        if let Err(e) = read {
+            self.store.unreserve(&ids);
+            return Err(e.into());
         }
-        let mut off = 0;
+        let mut ids = ids.into_iter();
         for &(a, n) in runs {
             for k in 0..n {
                 let i = page_index(r, a) + k;
-                let new = self.store.intern(&self.buf[off..off + PAGE_SIZE]);
-                off += PAGE_SIZE;
+                let new = self
+                    .store
+                    .intern_slot(ids.next().expect("a slot reserved per page"));
                 stats.pages_read += 1;
                 if !new.is_zero() && self.store.refs(new) == 1 {
                     stats.pages_new += 1;
