@@ -243,11 +243,14 @@ impl PageStore {
             return e;
         }
         self.place(id, d);
-        if self.index.contains_key(&d) {
-            self.collisions += 1;
-            self.collided.entry(d).or_default().push(id);
-        } else {
-            self.index.insert(d, id);
+        match self.index.entry(d) {
+            Entry::Occupied(_) => {
+                self.collisions += 1;
+                self.collided.entry(d).or_default().push(id);
+            }
+            Entry::Vacant(v) => {
+                v.insert(id);
+            }
         }
         PageId(id)
     }
