@@ -264,7 +264,10 @@ fn afl_fuzz_runs_a_target_through_pagewise_resets() {
         .arg(dir.join("in"))
         .arg("-o")
         .arg(dir.join("out"))
-        .args(["-V", "3", "--", BIN, "snapshot", "afl", "--stats"])
+        // A timeout far above a run's, so that a loaded machine kills none.
+        .args([
+            "-t", "5000", "-V", "3", "--", BIN, "snapshot", "afl", "--stats",
+        ])
         .arg(&stats)
         .arg("--")
         .arg(&target)
