@@ -311,3 +311,52 @@ fn afl_fuzz_runs_a_target_through_pagewise_resets() {
         "coverage reached afl-fuzz:\n{text}"
     );
 }
+
+#[test]
+fn a_run_that_leaves_a_thread_behind_is_followed_by_a_fresh_start() {
+    if let Some(why) = no_sessions() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    let target = c_program("afl_threads");
+    let dir = temp_dir("afl-threads");
+    std::fs::create_dir_all(&dir).unwrap();
+    let stats = dir.join("stats.json");
+    let mut afl = start_server(&target, &[], &stats, &dir);
+    assert_eq!(afl.word(), 0);
+    let inputs: [&[u8]; 6] = [b"abc", b"Tone", b"abc", b"xyz", b"Ttwo", b"abc"];
+    let mut pids = Vec::new();
+    for input in inputs {
+        let pid = afl.start(input);
+        let status = afl.word();
+        assert_eq!(
+            status,
+            native(&target, &[], input),
+            "{:?}: through the fork server and without pagewise",
+            String::from_utf8_lossy(input)
+        );
+        pids.push(pid);
+    }
+    // A reset after a run that left a thread cannot put the point back:
+    // the program was started again for the run after it, and only then.
+    assert_eq!(pids[0], pids[1]);
+    assert_ne!(pids[1], pids[2], "started again after the thread was left");
+    assert_eq!(pids[2], pids[3]);
+    assert_eq!(pids[3], pids[4]);
+    assert_ne!(pids[4], pids[5]);
+    let Afl { child, ctl, .. } = &mut afl;
+    drop(std::mem::replace(
+        ctl,
+        std::fs::File::open("/dev/null").unwrap(),
+    ));
+    let st = child.wait().unwrap();
+    assert!(st.success(), "{st:?}");
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    assert_eq!(s["failed_resets"], 2, "{s}");
+    assert_eq!(s["starts"], 3, "{s}");
+    assert!(
+        s["failed_reasons"][0].as_str().unwrap().contains("thread"),
+        "{s}"
+    );
+}

@@ -83,13 +83,17 @@ pub struct ServeStats {
     /// Of them, ended by a signal that would have ended the program.
     pub crashes: u64,
     /// Times the program was started (once, and again after each
-    /// execution that killed it: a timeout).
+    /// execution that killed it, a timeout, and each reset that failed).
     pub starts: u64,
     /// Resets that took the whole path of a restore (with each reason
     /// once).
     pub full_resets: u64,
     /// The reasons of the whole-path resets, each once.
     pub full_reasons: Vec<String>,
+    /// Resets that failed, after which the program was started again.
+    pub failed_resets: u64,
+    /// Their reasons, each once (the first eight).
+    pub failed_reasons: Vec<String>,
     /// Mean time of a reset, microseconds.
     pub reset_us: f64,
     /// Where a reset's time went, means over the runs (microseconds).
@@ -198,11 +202,26 @@ pub fn serve(
             }
             Err(e) => return Err(io("reading the fork server's control descriptor", e)),
         }
-        let s = match session.as_mut() {
-            Some(s) => s,
-            None => session.insert(start(&mut stats)?),
+        if session.is_none() {
+            session = Some(start(&mut stats)?);
+        }
+        let rep = match session.as_mut().expect("started above").reset() {
+            Ok(rep) => rep,
+            // The point cannot be put back (threads made, a layout the
+            // restore refuses): the program is started again, as a fork
+            // server without a snapshot would, and the reason kept.
+            Err(e) => {
+                stats.failed_resets += 1;
+                let why = e.to_string();
+                if stats.failed_reasons.len() < 8 && !stats.failed_reasons.contains(&why) {
+                    stats.failed_reasons.push(why);
+                }
+                session = None;
+                let fresh = session.insert(start(&mut stats)?);
+                fresh.reset()?
+            }
         };
-        let rep = s.reset()?;
+        let s = session.as_mut().expect("started above");
         let ran = std::time::Instant::now();
         if let Some(why) = &rep.full {
             stats.full_resets += 1;
