@@ -23,7 +23,9 @@
 //! - **Memory.** One `PAGEMAP_SCAN` per watched mapping finds the pages
 //!   written since; each is written from the point's own table (no table
 //!   copied, shared or released: work in proportion to the pages written),
-//!   then protected again.
+//!   then protected again, but for the pages found written at every reset
+//!   lately (a stack, a C library's data): left unprotected, they show as
+//!   written at every walk and cost neither a protection nor a fault.
 //! - **Descriptors.** The offset of each regular file is set back through
 //!   the session's duplicate (which shares it), without a call inside the
 //!   process.
