@@ -181,7 +181,11 @@ mod tests {
     #[test]
     fn every_schema_requires_the_schema_field_of_every_object_it_allows() {
         let all = schemas();
-        assert_eq!(all.len(), 19, "one schema a command with --json or a JSON file");
+        assert_eq!(
+            all.len(),
+            19,
+            "one schema a command with --json or a JSON file"
+        );
         for (name, s) in &all {
             let tops: Vec<&serde_json::Value> = match s.get("anyOf").or(s.get("oneOf")) {
                 Some(b) => b.as_array().unwrap().iter().collect(),
