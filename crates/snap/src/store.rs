@@ -220,29 +220,37 @@ impl PageStore {
     /// page) gives the slot back.
     pub(crate) fn intern_slot(&mut self, id: u32) -> PageId {
         let d = self.digest(self.slot(id));
-        let found = if d == zero_page_digest() && (!self.verify || self.slot(id) == ZERO_PAGE) {
-            Some(PageId::ZERO)
-        } else {
-            self.index.get(&d).copied().and_then(|e| {
-                if !self.verify || self.page(PageId(e)) == self.slot(id) {
-                    return Some(PageId(e));
-                }
-                self.collided
-                    .get(&d)
-                    .and_then(|ids| {
-                        ids.iter()
-                            .copied()
-                            .find(|&c| self.page(PageId(c)) == self.slot(id))
-                    })
-                    .map(PageId)
-            })
-        };
-        if let Some(e) = found {
+        if let Some(e) = self.stored(d, self.slot(id)) {
             self.incref(e);
             self.free.push(id);
             return e;
         }
         self.place(id, d);
+        self.index_new(d, id);
+        PageId(id)
+    }
+
+    /// The page already stored (or the zero page) with digest `d` and
+    /// contents `page` (compared in verify mode), if any.
+    fn stored(&self, d: PageDigest, page: &[u8]) -> Option<PageId> {
+        if d == zero_page_digest() && (!self.verify || page == ZERO_PAGE) {
+            return Some(PageId::ZERO);
+        }
+        let first = *self.index.get(&d)?;
+        if !self.verify || self.page(PageId(first)) == page {
+            return Some(PageId(first));
+        }
+        self.collided
+            .get(&d)?
+            .iter()
+            .copied()
+            .find(|&c| self.page(PageId(c)) == page)
+            .map(PageId)
+    }
+
+    /// Indexes new page `id` with digest `d`: first with it, or a
+    /// collision kept apart.
+    fn index_new(&mut self, d: PageDigest, id: u32) {
         match self.index.entry(d) {
             Entry::Occupied(_) => {
                 self.collisions += 1;
@@ -252,7 +260,6 @@ impl PageStore {
                 v.insert(id);
             }
         }
-        PageId(id)
     }
 
     /// Counts slot `id`, holding a new content with digest `d`, as stored.
@@ -266,30 +273,12 @@ impl PageStore {
     /// [`PageStore::intern`] with the digest already computed by the caller.
     pub(crate) fn intern_digested(&mut self, page: &[u8], digest: PageDigest) -> PageId {
         assert_eq!(page.len(), PAGE_SIZE, "a page is {PAGE_SIZE} bytes");
-        if digest == zero_page_digest() && (!self.verify || page == ZERO_PAGE) {
-            self.zero_refs += 1;
-            return PageId::ZERO;
-        }
-        if let Some(&id) = self.index.get(&digest) {
-            if !self.verify || self.page(PageId(id)) == page {
-                self.incref(PageId(id));
-                return PageId(id);
-            }
-            let found = self
-                .collided
-                .get(&digest)
-                .and_then(|ids| ids.iter().copied().find(|&c| self.page(PageId(c)) == page));
-            if let Some(c) = found {
-                self.incref(PageId(c));
-                return PageId(c);
-            }
-            self.collisions += 1;
-            let id = self.store_new(page, digest);
-            self.collided.entry(digest).or_default().push(id.0);
-            return id;
+        if let Some(e) = self.stored(digest, page) {
+            self.incref(e);
+            return e;
         }
         let id = self.store_new(page, digest);
-        self.index.insert(digest, id.0);
+        self.index_new(digest, id.0);
         id
     }
 
