@@ -100,7 +100,7 @@ impl ProcessSnapshots {
         ranges: &[PageRange],
         stats: &mut TakeStats,
     ) -> Result<()> {
-        let cap = self.buf.len() / PAGE_SIZE;
+        let cap = super::BATCH;
         let mut batch: Vec<(u64, usize)> = Vec::new();
         let mut pages = 0usize;
         let clipped = ranges.iter().filter_map(|d| {
@@ -295,11 +295,10 @@ impl ProcessSnapshots {
     /// Puts back the snapshot `current` holds ([`ProcessSnapshots::current_is`]):
     /// per mapping, only the pages written since, found by one walk and
     /// written from the snapshot's table as it is (no table is copied or
-    /// released), then protected again; a mapping not watched is compared.
-    /// The layout must be the snapshot's. The nanoseconds spent finding
-    /// written pages.
-    /// Writes back the pages written since the current snapshot, found
-    /// by one walk of each watched mapping, and protects them again.
+    /// released), then protected again (but for the pages written at every
+    /// reset lately, see [`Hot`]); a mapping not watched is compared. The
+    /// layout must be the snapshot's. The nanoseconds spent finding written
+    /// pages.
     pub(super) fn reset_written(&mut self, stats: &mut RestoreStats) -> Result<u64> {
         let mut walk_ns = 0u64;
         let current = std::mem::take(&mut self.current);
@@ -373,7 +372,6 @@ impl ProcessSnapshots {
                 protect_again(wp, r, pages)?;
             }
         }
-        self.hot.done();
         Ok(())
     }
 
@@ -414,10 +412,6 @@ fn written(wp: &mut UffdWp, r: Region, rearm: bool) -> Result<Option<Vec<PageRan
     }
 }
 
-/// Protects pages `pages` (sorted indices) of `r` again: one call per run,
-/// or one walk over their span that protects what is written in it
-/// (`PAGEMAP_SCAN`) where that is cheaper (a call costs about what a walk
-/// of a thousand entries does).
 /// Pages that a run of resets found written every time (a program's
 /// stack, its C library's data): left unprotected, they show as written
 /// at every walk and are written back at every reset like any other, but
@@ -425,10 +419,9 @@ fn written(wp: &mut UffdWp, r: Region, rearm: bool) -> Result<Option<Vec<PageRan
 /// [`Hot::FORGET`] resets all are protected again and learnt anew.
 #[derive(Debug, Default)]
 pub(super) struct Hot {
-    /// Page address and the resets in a row that found it written.
-    streak: std::collections::HashMap<u64, u32>,
-    /// This reset's pages found written, to age the others.
-    seen: Vec<u64>,
+    /// Page address: the resets in a row that found it written, and the
+    /// last of them.
+    streak: std::collections::HashMap<u64, (u32, u64)>,
     resets: u64,
 }
 
@@ -438,37 +431,40 @@ impl Hot {
     /// Resets after which every page is protected again.
     const FORGET: u64 = 1024;
 
-    /// Starts a reset's bookkeeping.
+    /// Starts a reset's bookkeeping: a page the last reset did not find
+    /// written has no streak any more.
     fn next_reset(&mut self) {
         self.resets += 1;
-        let seen = std::mem::take(&mut self.seen);
         if self.resets.is_multiple_of(Self::FORGET) {
             self.streak.clear();
         } else {
-            self.streak.retain(|a, _| seen.binary_search(a).is_ok());
+            let last = self.resets - 1;
+            self.streak.retain(|_, &mut (_, at)| at == last);
         }
-        self.seen = seen;
-        self.seen.clear();
     }
 
     /// Counts `pages` of `r` (sorted indices) found written, and keeps in
     /// `pages` only those to protect again.
     fn keep_cold(&mut self, r: Region, pages: &mut Vec<usize>) {
+        let now = self.resets;
         pages.retain(|&i| {
             let a = r.start + (i * PAGE_SIZE) as u64;
-            self.seen.push(a);
-            let n = self.streak.entry(a).or_insert(0);
-            *n = n.saturating_add(1);
+            let (n, at) = self.streak.entry(a).or_insert((0, now));
+            *n = if *at + 1 == now {
+                n.saturating_add(1)
+            } else {
+                1
+            };
+            *at = now;
             *n < Self::AFTER
         });
     }
-
-    /// Sorts this reset's pages, for the next reset's aging.
-    fn done(&mut self) {
-        self.seen.sort_unstable();
-    }
 }
 
+/// Protects pages `pages` (sorted indices) of `r` again: one call per run,
+/// or one walk over their span that protects what is written in it
+/// (`PAGEMAP_SCAN`) where that is cheaper (a call costs about what a walk
+/// of a thousand entries does).
 fn protect_again(wp: &mut UffdWp, r: Region, pages: &[usize]) -> Result<()> {
     let (Some(&first), Some(&last)) = (pages.first(), pages.last()) else {
         return Ok(());
