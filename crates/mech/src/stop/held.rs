@@ -10,7 +10,7 @@
 //! process in its group-stop as it would without pagewise, and it stays
 //! there (`PTRACE_LISTEN`) until something continues it.
 
-use super::{rewind_eintr, seize_more, settle, Stopped, STOP_WAIT};
+use super::{rewind_eintr, seize_more, settle, Stopped, DEFAULT_IGNORED, STOP_WAIT};
 use crate::{Error, Result};
 use pagewise_sys::launch;
 use pagewise_sys::process::{self, TraceStop};
@@ -203,18 +203,6 @@ pub enum RunEnd {
     TimedOut,
 }
 
-/// Signals whose default action does not end the process.
-const NOT_ENDING: [libc::c_int; 8] = [
-    libc::SIGCHLD,
-    libc::SIGCONT,
-    libc::SIGURG,
-    libc::SIGWINCH,
-    libc::SIGSTOP,
-    libc::SIGTSTP,
-    libc::SIGTTIN,
-    libc::SIGTTOU,
-];
-
 impl Held {
     /// While it runs: waits until the run ends (see [`RunEnd`]), at most
     /// until `deadline` (`None`: as long as it takes, blocked in the
@@ -300,7 +288,8 @@ impl Held {
 
     /// Whether `sig`, delivered now, would end the process.
     fn ends_process(&self, sig: libc::c_int) -> bool {
-        if NOT_ENDING.contains(&sig) {
+        // Those whose default action is to do nothing, or to stop.
+        if DEFAULT_IGNORED & pagewise_sys::signal::bit(sig) != 0 || STOP_SIGNALS.contains(&sig) {
             return false;
         }
         match crate::procfs::thread_signals(self.pid(), self.pid()) {
