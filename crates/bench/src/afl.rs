@@ -19,6 +19,7 @@
 //! read from its `--stats`.
 
 use crate::svg::{Chart, Series};
+use crate::Spread;
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -88,24 +89,6 @@ pub struct Run {
     pub served: Option<serde_json::Value>,
 }
 
-/// A median with its lowest and highest.
-#[derive(Debug, Clone, Copy, Serialize)]
-pub struct Spread {
-    /// Median.
-    pub median: f64,
-    /// Lowest.
-    pub min: f64,
-    /// Highest.
-    pub max: f64,
-}
-
-impl Spread {
-    fn of(v: Vec<f64>) -> Spread {
-        let (median, min, max) = crate::median_min_max(v);
-        Spread { median, min, max }
-    }
-}
-
 /// One mode over its runs.
 #[derive(Debug, Clone, Serialize)]
 pub struct ModeRow {
@@ -143,12 +126,13 @@ const MODES: [(&str, &str, bool); 3] = [
     ("pagewise reset", "", true),
 ];
 
+/// `tool`, refused with how to install it where it is not on `PATH`.
 fn need(tool: &str) -> Result<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .map(|d| d.join(tool))
-        .find(|p| p.exists())
-        .with_context(|| format!("{tool} is not installed (Debian: apt install afl++)"))
+    anyhow::ensure!(
+        crate::redis::which(tool),
+        "{tool} is not installed (Debian: apt install afl++)"
+    );
+    Ok(PathBuf::from(tool))
 }
 
 fn build(dir: &Path, cc: &Path, flags: &str, name: &str) -> Result<PathBuf> {

@@ -77,6 +77,25 @@ impl Machine {
     }
 }
 
+/// A measure's median with its lowest and highest.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Spread {
+    /// Median.
+    pub median: f64,
+    /// Lowest.
+    pub min: f64,
+    /// Highest.
+    pub max: f64,
+}
+
+impl Spread {
+    /// Of a non-empty sample.
+    pub fn of(v: Vec<f64>) -> Spread {
+        let (median, min, max) = median_min_max(v);
+        Spread { median, min, max }
+    }
+}
+
 /// Median, min and max of a non-empty sample.
 pub fn median_min_max(mut v: Vec<f64>) -> (f64, f64, f64) {
     let lo = v.iter().cloned().fold(f64::INFINITY, f64::min);

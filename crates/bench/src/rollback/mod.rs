@@ -19,7 +19,7 @@ pub mod redis;
 pub mod target;
 
 use crate::svg::{Chart, Series};
-use crate::{median_min_max, Machine};
+use crate::Machine;
 use anyhow::{bail, Context, Result};
 use pagewise::snap::{ProcessSnapshots, RestoreOptions, SnapId};
 use serde::Serialize;
@@ -109,22 +109,7 @@ impl Config {
 }
 
 /// Median and spread of one measure, ms.
-#[derive(Debug, Clone, Copy, Serialize)]
-pub struct Ms {
-    /// Median.
-    pub median: f64,
-    /// Lowest.
-    pub min: f64,
-    /// Highest.
-    pub max: f64,
-}
-
-impl Ms {
-    fn of(v: Vec<f64>) -> Ms {
-        let (median, min, max) = median_min_max(v);
-        Ms { median, min, max }
-    }
-}
+pub type Ms = crate::Spread;
 
 /// One (a) point.
 #[derive(Debug, Clone, Serialize)]
