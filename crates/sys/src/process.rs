@@ -262,12 +262,7 @@ pub fn wait_child(pid: libc::pid_t) -> io::Result<i32> {
 /// `ptrace(PTRACE_SEIZE)` of one thread: attach without stopping it.
 /// With `PTRACE_O_TRACESYSGOOD`: a syscall stop shows as [`SYSCALL_STOP`].
 pub fn ptrace_seize(tid: libc::pid_t) -> io::Result<()> {
-    let options = base_options(tid);
-    // SAFETY: PTRACE_SEIZE takes a tid and its options in `data`; addr 0.
-    cvt_int(unsafe {
-        libc::ptrace(libc::PTRACE_SEIZE, tid, 0usize, options as usize) as libc::c_int
-    })
-    .map(|_| ())
+    crate::launch::ptrace_seize_with(tid, base_options(tid))
 }
 
 /// Processes (thread-group ids) whose `SECCOMP_RET_TRACE` calls this
@@ -380,9 +375,7 @@ pub const SYSCALL_STOP: libc::c_int = libc::SIGTRAP | 0x80;
 /// `ptrace(PTRACE_SYSCALL)`: resume a stopped thread until the next entry
 /// to or exit from a system call.
 pub fn ptrace_syscall(tid: libc::pid_t) -> io::Result<()> {
-    // SAFETY: integer arguments only; data 0 delivers no signal.
-    cvt_int(unsafe { libc::ptrace(libc::PTRACE_SYSCALL, tid, 0usize, 0usize) as libc::c_int })
-        .map(|_| ())
+    crate::launch::ptrace_syscall_signal(tid, 0)
 }
 
 /// `ptrace(PTRACE_INTERRUPT)`: stop a seized thread; wait for it with [`wait_stopped`].
