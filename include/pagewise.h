@@ -62,6 +62,10 @@
 // touched, or at `pw_lazy_finish`.
 #define PW_LAZY_NO_BACKGROUND 1
 
+// Start a lazy restore with no staging: every page is read from the store
+// when it comes in, and no second copy is held meanwhile.
+#define PW_LAZY_NO_STAGING 2
+
 // Compression on the wire to a receiver: LZ4 where it saves an eighth.
 #define PW_COMPRESS_AUTO 0
 
@@ -168,6 +172,14 @@ typedef struct pw_lazy_stats {
   uint64_t already;
   // Nanoseconds from reading a fault to its page mapped: the largest.
   uint64_t service_max_ns;
+  // 1 if pages are staged ahead, else 0.
+  uint64_t staging;
+  // Pages read from the store into staging so far.
+  uint64_t staged;
+  // Pages of `copied` copied from staging (no store read on the way in).
+  uint64_t from_staging;
+  // Faults answered from staging.
+  uint64_t faults_staged;
 } pw_lazy_stats;
 
 // How live checkpoints proceed. All zero: the defaults (50 ms, 30 passes,
@@ -396,7 +408,7 @@ int pw_snapshot_process(int32_t pid,
 // Empties `regions` (private anonymous and writable, each the size of
 // the snapshot's region at the same place of the list) and serves their
 // first touches from snapshot `id` of the store in directory `dir`.
-// `flags` is 0 or `PW_LAZY_NO_BACKGROUND`. No other thread may touch the
+// `flags` is 0 or any of `PW_LAZY_NO_BACKGROUND` and `PW_LAZY_NO_STAGING`. No other thread may touch the
 // regions during this call; any may from its return on. -EINVAL for a
 // shape unlike the snapshot's, -ENOSYS where userfaultfd is missing.
 //

@@ -8,6 +8,10 @@ use super::*;
 /// touched, or at `pw_lazy_finish`.
 pub const PW_LAZY_NO_BACKGROUND: u32 = 1;
 
+/// Start a lazy restore with no staging: every page is read from the store
+/// when it comes in, and no second copy is held meanwhile.
+pub const PW_LAZY_NO_STAGING: u32 = 2;
+
 /// A lazy restore in progress.
 pub struct pw_lazy {
     inner: Option<pw::snap::LazyRestore>,
@@ -42,6 +46,14 @@ pub struct pw_lazy_stats {
     pub already: u64,
     /// Nanoseconds from reading a fault to its page mapped: the largest.
     pub service_max_ns: u64,
+    /// 1 if pages are staged ahead, else 0.
+    pub staging: u64,
+    /// Pages read from the store into staging so far.
+    pub staged: u64,
+    /// Pages of `copied` copied from staging (no store read on the way in).
+    pub from_staging: u64,
+    /// Faults answered from staging.
+    pub faults_staged: u64,
 }
 
 fn stats_of(s: &pw::snap::LazyStats) -> pw_lazy_stats {
@@ -58,13 +70,17 @@ fn stats_of(s: &pw::snap::LazyStats) -> pw_lazy_stats {
         complete_ns: s.complete_ns.unwrap_or(0),
         already: s.already,
         service_max_ns: s.service_max_ns,
+        staging: s.staging as u64,
+        staged: s.staged,
+        from_staging: s.from_staging,
+        faults_staged: s.faults_staged,
     }
 }
 
 /// Empties `regions` (private anonymous and writable, each the size of
 /// the snapshot's region at the same place of the list) and serves their
 /// first touches from snapshot `id` of the store in directory `dir`.
-/// `flags` is 0 or `PW_LAZY_NO_BACKGROUND`. No other thread may touch the
+/// `flags` is 0 or any of `PW_LAZY_NO_BACKGROUND` and `PW_LAZY_NO_STAGING`. No other thread may touch the
 /// regions during this call; any may from its return on. -EINVAL for a
 /// shape unlike the snapshot's, -ENOSYS where userfaultfd is missing.
 ///
@@ -84,14 +100,16 @@ pub unsafe extern "C" fn pw_lazy_start(
         let dir = unsafe { str_of(dir, "dir") }?;
         // SAFETY: the caller's contract.
         let rs = unsafe { regions_of(regions, n) }?;
-        if flags & !PW_LAZY_NO_BACKGROUND != 0 {
+        if flags & !(PW_LAZY_NO_BACKGROUND | PW_LAZY_NO_STAGING) != 0 {
             return Err(invalid(format!("unknown flags {flags:#x}")));
         }
         if out.is_null() {
             return Err(invalid("out is NULL"));
         }
         let disk = DiskStore::open(OsStr::from_bytes(dir.to_bytes()))?;
-        let opts = pw::snap::LazyOptions::default().background(flags & PW_LAZY_NO_BACKGROUND == 0);
+        let opts = pw::snap::LazyOptions::default()
+            .background(flags & PW_LAZY_NO_BACKGROUND == 0)
+            .stage(flags & PW_LAZY_NO_STAGING == 0);
         let inner = pw::snap::LazyRestore::start(disk, id, &rs, opts)?;
         // SAFETY: the caller's contract.
         unsafe { give(out, pw_lazy { inner: Some(inner) }) }

@@ -162,7 +162,18 @@ fn resolved(
 pub unsafe fn fill(fd: BorrowedFd<'_>, dst: u64, page: &[u8]) -> Result<Filled> {
     assert_eq!(page.len(), PAGE_SIZE, "fill copies one page");
     // SAFETY: the caller's guarantee; `page` is readable for a page.
-    let r = unsafe { uffd::copy(fd, dst, page.as_ptr() as u64, PAGE_SIZE as u64) };
+    unsafe { fill_from(fd, dst, page.as_ptr() as u64) }
+}
+
+/// [`fill`] with the page at address `src` of this process (memory no Rust
+/// reference covers, such as a staging area).
+///
+/// # Safety
+/// As for [`fill`]; `src` is readable for a page, and no one writes it
+/// meanwhile.
+pub unsafe fn fill_from(fd: BorrowedFd<'_>, dst: u64, src: u64) -> Result<Filled> {
+    // SAFETY: the caller's guarantee.
+    let r = unsafe { uffd::copy(fd, dst, src, PAGE_SIZE as u64) };
     resolved(fd, dst, PAGE_SIZE as u64, r, "UFFDIO_COPY")
 }
 

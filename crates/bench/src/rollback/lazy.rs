@@ -5,9 +5,15 @@
 //!
 //! - **eager**: every page read from the store into place before the
 //!   program goes on (the store's own page reads, all up front);
-//! - **lazy, on demand**: [`LazyRestore::start`] with no background fill,
-//!   then `touches` pages in random order, each touch timed (its first-touch
-//!   latency), then `finish`;
+//! - **lazy, on demand**: [`LazyRestore::start`] with no background fill
+//!   and no staging, then `touches` pages in random order, each touch timed
+//!   (its first-touch latency: the store read and a copy on the fault's
+//!   path), then `finish`;
+//! - **lazy, staged**: the same with staging (no background fill): the
+//!   first useful work at once, then, once the stager has read every page
+//!   ahead, `touches` fresh pages timed (the fault answered by a copy
+//!   from staging, no store read),
+//!   then `finish`;
 //! - **lazy, background**: the same with the background fill, until every
 //!   page is in.
 //!
@@ -67,6 +73,21 @@ pub struct LazyRow {
     pub service_p50_us: Ms,
     /// Lazy first touch over the floor (medians).
     pub x_floor: f64,
+    /// Time to first useful work, lazy with staging (the stager racing
+    /// the work), ms.
+    pub first_work_staged: Ms,
+    /// From the start until every page was staged, ms.
+    pub staged_all: Ms,
+    /// First touch of a staged page (copied from its slot), median per
+    /// repeat, µs.
+    pub staged_touch_p50_us: Ms,
+    /// Its 99th percentile, µs.
+    pub staged_touch_p99_us: Ms,
+    /// The server's part of a first touch in the staged run (its first
+    /// useful work's faults included), median per repeat, µs.
+    pub staged_service_p50_us: Ms,
+    /// Staged first touch over the floor (medians).
+    pub staged_x_floor: f64,
     /// Pages compared with the saved copy after every restore.
     pub pages_checked: u64,
 }
@@ -215,7 +236,9 @@ fn at_size(
             one_repeat(c, &mem, &dir, cold, rep as u64, &mut r)?;
         }
         drop(pinned);
-        let x_floor = Ms::of(r.p50.clone()).median / Ms::of(r.floor_p50.clone()).median;
+        let floor = Ms::of(r.floor_p50.clone()).median;
+        let x_floor = Ms::of(r.p50.clone()).median / floor;
+        let staged_x_floor = Ms::of(r.staged_p50.clone()).median / floor;
         rows.push(LazyRow {
             store: store.into(),
             cpus: cpus.into(),
@@ -232,6 +255,12 @@ fn at_size(
             floor_p99_us: Ms::of(r.floor_p99),
             service_p50_us: Ms::of(r.service_p50),
             x_floor,
+            first_work_staged: Ms::of(r.work_staged),
+            staged_all: Ms::of(r.staged_all),
+            staged_touch_p50_us: Ms::of(r.staged_p50),
+            staged_touch_p99_us: Ms::of(r.staged_p99),
+            staged_service_p50_us: Ms::of(r.staged_service_p50),
+            staged_x_floor,
             pages_checked: r.checked,
         });
     }
@@ -282,6 +311,11 @@ struct Runs {
     floor_p50: Vec<f64>,
     floor_p99: Vec<f64>,
     service_p50: Vec<f64>,
+    work_staged: Vec<f64>,
+    staged_all: Vec<f64>,
+    staged_p50: Vec<f64>,
+    staged_p99: Vec<f64>,
+    staged_service_p50: Vec<f64>,
     checked: u64,
 }
 
@@ -388,7 +422,7 @@ fn one_repeat(
     }
     let disk = DiskStore::open(dir)?;
     let t0 = Instant::now();
-    let opts = LazyOptions::default().background(false);
+    let opts = LazyOptions::default().background(false).stage(false);
     let lazy = LazyRestore::start(disk, 1, &[mem.region()], opts)?;
     r.start.push(ms(t0));
     timed_touches(mem, &work);
@@ -405,6 +439,51 @@ fn one_repeat(
     r.service_p50.push(st.service_p50_ns as f64 / 1000.0);
     ensure!(st.complete, "lazy restore did not complete: {st:?}");
     check(r, seed == 0, "lazy restore")?;
+
+    // Lazy, staged: the work at once, then, every page staged, timed
+    // first touches.
+    mem.write_pass(1, 0xee);
+    if cold {
+        drop_cache(dir)?;
+    }
+    let disk = DiskStore::open(dir)?;
+    let t0 = Instant::now();
+    let opts = LazyOptions::default().background(false).stage(true);
+    let lazy = LazyRestore::start(disk, 1, &[mem.region()], opts)?;
+    timed_touches(mem, &work);
+    r.work_staged.push(ms(t0));
+    let deadline = Instant::now() + std::time::Duration::from_secs(600);
+    let want = lazy.stats();
+    let want = want.pages - want.zero_pages;
+    loop {
+        let st = lazy.stats();
+        // Pages the work brought in before the stager got to them are
+        // not staged.
+        if st.staged + (st.copied - st.from_staging) >= want {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the stager did not stage every page in 600 s: {st:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+    r.staged_all.push(ms(t0));
+    let before = lazy.stats();
+    let mut lat = timed_touches(mem, &fresh);
+    let after = lazy.stats();
+    ensure!(
+        after.faults_staged - before.faults_staged == fresh.len() as u64,
+        "{} of {} staged first touches were answered from staging",
+        after.faults_staged - before.faults_staged,
+        fresh.len()
+    );
+    r.staged_p50.push(pct(&mut lat, 50));
+    r.staged_p99.push(pct(&mut lat, 99));
+    let st = lazy.finish()?;
+    r.staged_service_p50.push(st.service_p50_ns as f64 / 1000.0);
+    ensure!(st.complete, "staged lazy restore did not complete: {st:?}");
+    check(r, false, "staged lazy restore")?;
 
     // Lazy with the background fill, until complete.
     mem.write_pass(1, 0xee);
@@ -486,6 +565,41 @@ pub fn summary(s: &mut String, rows: &[LazyRow]) {
             super::fmt_ms(&r.background_complete),
             super::fmt_ms(&r.floor_p50_us),
             r.x_floor
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\n(d) lazy restore with staging (no background fill): median [min..max]; \
+         staged touch = first touch of a page staged ahead (copied from staging)"
+    );
+    let _ = writeln!(
+        s,
+        "{:<11} {:>4} {:>5} {:>24} {:>24} {:>22} {:>22} {:>22} {:>22} {:>7}",
+        "store",
+        "CPUs",
+        "MiB",
+        "1st work staged ms",
+        "all staged ms",
+        "staged touch p50 us",
+        "staged touch p99 us",
+        "server p50 us",
+        "floor p50 us",
+        "x floor"
+    );
+    for r in rows {
+        let _ = writeln!(
+            s,
+            "{:<11} {:>4} {:>5} {:>24} {:>24} {:>22} {:>22} {:>22} {:>22} {:>7.2}",
+            r.store,
+            r.cpus,
+            r.mib,
+            super::fmt_ms(&r.first_work_staged),
+            super::fmt_ms(&r.staged_all),
+            super::fmt_ms(&r.staged_touch_p50_us),
+            super::fmt_ms(&r.staged_touch_p99_us),
+            super::fmt_ms(&r.staged_service_p50_us),
+            super::fmt_ms(&r.floor_p50_us),
+            r.staged_x_floor
         );
     }
 }

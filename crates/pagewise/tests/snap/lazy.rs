@@ -52,27 +52,24 @@ fn page_differs(mem: &AnonMemory, want: &[u8], p: usize) -> bool {
     got[..] != want[p * P..(p + 1) * P]
 }
 
-/// Two readers check pages no one writes while two writers write their own
-/// pages; the background fill runs all along. At the end the memory is
-/// the saved copy with the writers' last values.
-#[test]
-fn lazy_restore_is_byte_exact_under_concurrent_readers_and_writers() {
-    if !uffd_or_skip("lazy_concurrent") {
-        return;
-    }
-    let pages = 4096;
-    let (mem, mut want, dir) = saved("lazy-concurrent", pages);
-    let disk = DiskStore::open(&dir.0).unwrap();
-    let lazy = LazyRestore::start(disk, 1, &[mem.region()], LazyOptions::default()).unwrap();
+/// Two readers check random pages no one writes (pages `p % 8 >= 2`) while
+/// two writers write half pages of their own (`p % 8` 0 and 1), seeded by
+/// `seed`: what each writer wrote, in order, and whether a reader saw a
+/// page unlike the saved copy.
+fn readers_and_writers(
+    mem: &AnonMemory,
+    want: &[u8],
+    pages: usize,
+    seed: u64,
+) -> (Vec<Vec<(usize, u8)>>, bool) {
     let bad = AtomicBool::new(false);
-    let written: Vec<Vec<(usize, u8)>> = std::thread::scope(|s| {
+    let written = std::thread::scope(|s| {
         for r in 0..2u64 {
-            let (mem, want, bad) = (&mem, &want, &bad);
+            let bad = &bad;
             s.spawn(move || {
-                let mut rng = Rng::new(10 + r);
+                let mut rng = Rng::new(seed + r);
                 for _ in 0..3000 {
                     let p = rng.below(pages as u64) as usize;
-                    // Pages p % 8 < 2 belong to the writers.
                     if p % 8 >= 2 && page_differs(mem, want, p) {
                         bad.store(true, Ordering::Relaxed);
                     }
@@ -81,9 +78,8 @@ fn lazy_restore_is_byte_exact_under_concurrent_readers_and_writers() {
         }
         let writers: Vec<_> = (0..2usize)
             .map(|w| {
-                let mem = &mem;
                 s.spawn(move || {
-                    let mut rng = Rng::new(20 + w as u64);
+                    let mut rng = Rng::new(seed + 10 + w as u64);
                     let mut mine = Vec::new();
                     for k in 0..2000 {
                         let p = (rng.below(pages as u64 / 8) as usize) * 8 + w;
@@ -98,11 +94,24 @@ fn lazy_restore_is_byte_exact_under_concurrent_readers_and_writers() {
             .collect();
         writers.into_iter().map(|h| h.join().unwrap()).collect()
     });
+    (written, bad.load(Ordering::Relaxed))
+}
+
+/// Two readers check pages no one writes while two writers write their own
+/// pages; the background fill runs all along. At the end the memory is
+/// the saved copy with the writers' last values.
+#[test]
+fn lazy_restore_is_byte_exact_under_concurrent_readers_and_writers() {
+    if !uffd_or_skip("lazy_concurrent") {
+        return;
+    }
+    let pages = 4096;
+    let (mem, mut want, dir) = saved("lazy-concurrent", pages);
+    let disk = DiskStore::open(&dir.0).unwrap();
+    let lazy = LazyRestore::start(disk, 1, &[mem.region()], LazyOptions::default()).unwrap();
+    let (written, bad) = readers_and_writers(&mem, &want, pages, 10);
     let st = lazy.finish().unwrap();
-    assert!(
-        !bad.load(Ordering::Relaxed),
-        "a reader saw a page unlike the saved one"
-    );
+    assert!(!bad, "a reader saw a page unlike the saved one");
     for mine in written {
         for (p, v) in mine {
             want[p * P..p * P + P / 2].fill(v);
@@ -256,4 +265,156 @@ fn lazy_restore_refuses_other_memory_types() {
         let after: Vec<u8> = (0..32).map(|i| m.byte(i * P + 9)).collect();
         assert_eq!(before, after, "{}: left as it was", kind.name());
     }
+}
+
+/// Starts a lazy restore with staging and no background fill, and waits
+/// (up to 20 s) until every non-zero page is staged; `None` (said) if the
+/// stager did not get there.
+fn staged_fully(test: &str, mem: &AnonMemory, dir: &TempDir, pages: usize) -> Option<LazyRestore> {
+    let disk = DiskStore::open(&dir.0).unwrap();
+    let opts = LazyOptions::default().background(false).stage(true);
+    let lazy = LazyRestore::start(disk, 1, &[mem.region()], opts).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let st = lazy.stats();
+        assert!(st.staging, "{test}: staging asked for: {st:?}");
+        if st.staged == nonzero(pages) {
+            return Some(lazy);
+        }
+        if std::time::Instant::now() > deadline {
+            pagewise_testkit::not_happened!(
+                "{test}: the stager staged {} of {} pages in 20 s",
+                st.staged,
+                nonzero(pages)
+            );
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+/// With every page staged ahead, first touches are answered from staging,
+/// not by store reads, and counted exactly: a fault and a copy from staging
+/// per non-zero page touched; `finish` copies the rest from staging; the
+/// memory is the saved copy.
+#[test]
+fn lazy_restore_from_staging_moves_each_page_once() {
+    if !uffd_or_skip("lazy_staged_counts") {
+        return;
+    }
+    let pages = 1000;
+    let (mem, want, dir) = saved("lazy-staged-counts", pages);
+    let Some(lazy) = staged_fully("lazy_staged_counts", &mem, &dir, pages) else {
+        return;
+    };
+    let touched: Vec<usize> = (0..pages).step_by(7).collect();
+    for &p in &touched {
+        assert!(
+            !page_differs(&mem, &want, p),
+            "page {p} after its first touch"
+        );
+    }
+    let st = lazy.stats();
+    let touched_nonzero = touched.iter().filter(|p| *p % 5 != 0).count() as u64;
+    assert_eq!(st.faults, touched.len() as u64, "{st:?}");
+    assert_eq!(
+        st.faults_staged, touched_nonzero,
+        "every touched page was staged: {st:?}"
+    );
+    assert_eq!(
+        (st.copied, st.from_staging),
+        (touched_nonzero, touched_nonzero),
+        "{st:?}"
+    );
+    let st = lazy.finish().unwrap();
+    assert_eq!(
+        (st.copied, st.from_staging),
+        (nonzero(pages), nonzero(pages)),
+        "{st:?}"
+    );
+    assert_eq!(st.staged, nonzero(pages), "each page staged once: {st:?}");
+    super::assert_same("memory after finish", &mem.snapshot(), &want);
+}
+
+/// Staging under two readers and two writers, the stager racing the
+/// faults from the start (no wait): the memory ends as the saved copy with
+/// the writers' last values, and every non-zero page came in once, from
+/// staging or from the store.
+#[test]
+fn lazy_restore_with_staging_is_byte_exact_under_concurrent_writers() {
+    if !uffd_or_skip("lazy_staged_concurrent") {
+        return;
+    }
+    let pages = 8192;
+    let (mem, mut want, dir) = saved("lazy-staged-concurrent", pages);
+    let disk = DiskStore::open(&dir.0).unwrap();
+    let opts = LazyOptions::default().background(false).stage(true);
+    let lazy = LazyRestore::start(disk, 1, &[mem.region()], opts).unwrap();
+    let (written, bad) = readers_and_writers(&mem, &want, pages, 30);
+    let st = lazy.finish().unwrap();
+    assert!(!bad, "a reader saw a page unlike the saved one");
+    for mine in written {
+        for (p, v) in mine {
+            want[p * P..p * P + P / 2].fill(v);
+        }
+    }
+    super::assert_same("memory after the lazy restore", &mem.snapshot(), &want);
+    assert_eq!(
+        st.copied,
+        nonzero(pages),
+        "every non-zero page once: {st:?}"
+    );
+    assert!(
+        st.from_staging <= st.staged && st.staged <= nonzero(pages),
+        "{st:?}"
+    );
+    if st.faults_staged == 0 || st.faults_staged == st.faults {
+        pagewise_testkit::not_happened!(
+            "lazy_staged_concurrent: the touches found {} of {} faults staged: no mix of \
+             staged and unstaged faults raced",
+            st.faults_staged,
+            st.faults
+        );
+    }
+}
+
+/// A child forked after staging shares the staging area copy-on-write
+/// (and sleeps meanwhile): the parent's first touches are still answered
+/// from staging, with what was saved.
+#[test]
+fn lazy_restore_copies_staged_pages_a_child_shares() {
+    if !uffd_or_skip("lazy_staged_fork") {
+        return;
+    }
+    let pages = 256;
+    let (mem, want, dir) = saved("lazy-staged-fork", pages);
+    let Some(lazy) = staged_fully("lazy_staged_fork", &mem, &dir, pages) else {
+        return;
+    };
+    // SAFETY: the child calls only async-signal-safe functions (sleep,
+    // _exit) before it ends.
+    let child = unsafe { libc::fork() };
+    assert!(child >= 0, "fork: {}", std::io::Error::last_os_error());
+    if child == 0 {
+        // SAFETY: async-signal-safe calls only, in the forked child.
+        unsafe {
+            libc::sleep(30);
+            libc::_exit(0);
+        }
+    }
+    for p in 0..pages {
+        assert!(
+            !page_differs(&mem, &want, p),
+            "page {p} after its first touch"
+        );
+    }
+    // SAFETY: our own child, which waits to be ended.
+    unsafe {
+        libc::kill(child, libc::SIGKILL);
+        libc::waitpid(child, std::ptr::null_mut(), 0);
+    }
+    let st = lazy.finish().unwrap();
+    assert_eq!(st.copied, nonzero(pages), "{st:?}");
+    assert_eq!(st.faults_staged, nonzero(pages), "{st:?}");
+    super::assert_same("memory after finish", &mem.snapshot(), &want);
 }
