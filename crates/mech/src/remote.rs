@@ -304,7 +304,7 @@ pub fn write(pid: i32, at: u64, buf: &[u8], what: &str) -> Result<usize> {
 /// group) is never one pagewise acts on.
 fn not_ours(pid: i32) -> Result<()> {
     let me = std::process::id() as i32;
-    if pid == me || procfs::thread_group(pid) == Some(me) {
+    if pid == me || pagewise_sys::signal::is_own_thread(pid) {
         return Err(Error::SelfTarget { pid });
     }
     Ok(())
@@ -389,5 +389,49 @@ impl<'s> Writer<'s> {
         self.local.clear();
         self.remote.clear();
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// This process and each of its threads are refused by pid; another
+    /// process is not (its write fails for the address, not for whose it
+    /// is).
+    #[test]
+    fn writes_into_pagewise_itself_are_refused() {
+        let me = std::process::id() as i32;
+        assert!(matches!(
+            write_exact(me, 0x1000, &[0]),
+            Err(Error::SelfTarget { .. })
+        ));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (hold, wait) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            tx.send(pagewise_sys::process::gettid()).unwrap();
+            let _ = wait.recv();
+        });
+        let tid = rx.recv().unwrap();
+        assert_ne!(tid, me);
+        let r = write(tid, 0x1000, &[0], "a test write");
+        assert!(
+            matches!(r, Err(Error::SelfTarget { pid }) if pid == tid),
+            "{r:?}"
+        );
+        assert!(matches!(Writer::new(tid), Err(Error::SelfTarget { .. })));
+        drop(hold);
+        t.join().unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let r = write_exact(child.id() as i32, 0x1000, &[0]);
+        assert!(
+            r.is_err() && !matches!(r, Err(Error::SelfTarget { .. })),
+            "{r:?}"
+        );
+        let _ = child.kill();
+        let _ = child.wait();
     }
 }

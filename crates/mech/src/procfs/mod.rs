@@ -383,13 +383,6 @@ pub fn thread_count(pid: i32) -> Option<usize> {
     status_field(&status, "Threads").map(|n| n as usize)
 }
 
-/// The thread group (process) thread or process `pid` belongs to (`Tgid:`
-/// in its status); `None` where it cannot be read.
-pub fn thread_group(pid: i32) -> Option<i32> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status_field(&status, "Tgid").map(|g| g as i32)
-}
-
 /// Whether thread `tid` is ending or gone (a zombie, dead, or no longer
 /// there).
 pub fn thread_ending(tid: i32) -> bool {
