@@ -322,7 +322,7 @@ fn rollback(
         >> 20;
     let median_pages = Ms::of(pages.clone()).median as usize;
     progress("(c) rollback: the floor of process_vm_writev");
-    out.writev_floor = Some(super::writev_floor(heap_mib.max(16), median_pages)?);
+    out.writev_floor = Some(super::floor::writev(heap_mib.max(16), median_pages)?);
     out.reset = Ms::of(reset);
     out.case = Ms::of(case);
     out.pages_written = Some(Ms::of(pages).median);
