@@ -207,6 +207,32 @@ def thp_saved(r):
     return md(["k"] + [n for _, n in names], rows)
 
 
+def thp_kernel(r):
+    rows = []
+    names = []
+    for x in r.get("kernel", []):
+        if x["policy"] not in names:
+            names.append(x["policy"])
+    for p in names:
+        rs = [x for x in r["kernel"] if x["policy"] == p]
+        rows.append([p, spread([x["ms_per_round"] for x in rs], lambda v: fix(v, 1)),
+                     spread([x["anon_huge_kib"] / 1024 for x in rs], lambda v: fix(v, 0)),
+                     spread([x["rss_kib"] / 1024 for x in rs], lambda v: fix(v, 0)),
+                     spread([x["mthp_64k_faults"] for x in rs], lambda v: fix(v, 0)),
+                     "yes" if all(x["verified"] for x in rs) else "no"])
+    k = max(r["config"]["budgets"])
+    after = [x["after_ms"] for x in r["rows"] if x["policy"] == "coverage" and x["k"] == k]
+    before = [x["before_ms"] for x in r["rows"] if x["policy"] == "coverage" and x["k"] == k]
+    rows.append([f"pagewise, coverage, k = {k}: before", spread(before, lambda v: fix(v, 1)), "0", "–", "–", "–"])
+    rows.append([f"pagewise, coverage, k = {k}: after", spread(after, lambda v: fix(v, 1)),
+                 fix(k * 2, 0), "–", "–",
+                 "yes" if all(x["verified"] for x in r["rows"] if x["policy"] == "coverage" and x["k"] == k) else "no"])
+    skipped = "".join(f" Skipped: {w}." for w in r.get("kernel_skipped", []))
+    return md(["policy", "ms per round", "in 2 MiB pages, MiB", "RSS, MiB", "64 KiB pages faulted", "verified"],
+              rows) + f"\n\nMedian (min–max) over {r['config']['repeats']} fresh processes per policy, in the same " \
+        f"run; the THP knobs no policy changes: {', '.join(r.get('thp_knobs', []))}.{skipped}"
+
+
 def prezero(r):
     regimes = {"compacted": "compacted", "after-base-pages": "after base pages"}
     rows = []
@@ -1009,6 +1035,7 @@ TABLES = {
     "dedup-redis": dedup_redis,
     "rollback-redis": rollback_redis,
     "rollback-lazy": rollback_lazy,
+    "thp-kernel": thp_kernel,
     "rollback-lazy-staged": rollback_lazy_staged,
     "farmem-delay": farmem_delay,
     "farmem-fault-paths": farmem_fault_paths,

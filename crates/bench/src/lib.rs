@@ -11,6 +11,7 @@ pub mod dump;
 pub mod farmem;
 pub mod farmem_redis;
 pub mod inspect;
+pub mod kernel;
 pub mod live;
 pub mod node;
 pub mod outside;

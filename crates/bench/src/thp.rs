@@ -106,6 +106,27 @@ pub struct Row {
     pub verified: bool,
 }
 
+/// One run of the workload under one of the kernel's own policies (no
+/// agent): the memory populated under the policy, then timed.
+#[derive(Debug, Clone, Serialize)]
+pub struct KernelRow {
+    /// The policy ([`crate::kernel::ThpPolicy::name`]).
+    pub policy: String,
+    /// Repeat number.
+    pub repeat: usize,
+    /// Median ms per round.
+    pub ms_per_round: f64,
+    /// The process's memory mapped by 2 MiB pages (`AnonHugePages`), KiB.
+    pub anon_huge_kib: u64,
+    /// Its resident set, KiB.
+    pub rss_kib: u64,
+    /// 64 KiB huge pages the kernel faulted in meanwhile (all processes:
+    /// `hugepages-64kB/stats/anon_fault_alloc`).
+    pub mthp_64k_faults: u64,
+    /// The process's own check after the run.
+    pub verified: bool,
+}
+
 /// The coverage measured from outside against ground truth, and what
 /// measuring costs the process.
 #[derive(Debug, Clone, Serialize)]
@@ -160,6 +181,12 @@ pub struct Report {
     pub coverage: CoverageCheck,
     /// The agent's cost while nothing changes.
     pub idle: IdleCost,
+    /// The kernel's own policies, in the same run.
+    pub kernel: Vec<KernelRow>,
+    /// The policies this kernel cannot run, with why.
+    pub kernel_skipped: Vec<String>,
+    /// The THP knobs no policy changed, as the machine had them.
+    pub thp_knobs: Vec<String>,
 }
 
 /// The control page shared with the child: [0] rounds done, [1] stop,
@@ -552,6 +579,7 @@ pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
             }
         }
     }
+    let (kernel, kernel_skipped) = kernel_rows(cfg, progress)?;
     Ok(Report {
         machine: Machine::this(),
         config: cfg.clone(),
@@ -559,7 +587,59 @@ pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
         rows,
         coverage,
         idle,
+        kernel,
+        kernel_skipped,
+        thp_knobs: crate::kernel::thp_knobs(),
     })
+}
+
+/// The 64 KiB huge pages faulted in so far (0 where the kernel has no
+/// count).
+fn mthp_64k_faults() -> u64 {
+    std::fs::read_to_string(format!(
+        "{}/hugepages-64kB/stats/anon_fault_alloc",
+        crate::kernel::THP_DIR
+    ))
+    .ok()
+    .and_then(|v| v.trim().parse().ok())
+    .unwrap_or(0)
+}
+
+/// The workload under each of the kernel's policies, `cfg.repeats` fresh
+/// processes each; and the policies this kernel cannot run.
+fn kernel_rows(
+    cfg: &Config,
+    progress: &mut dyn FnMut(&str),
+) -> Result<(Vec<KernelRow>, Vec<String>)> {
+    use crate::kernel::ThpPolicy;
+    let (mut rows, mut skipped) = (Vec::new(), Vec::new());
+    for policy in ThpPolicy::ALL {
+        if let Some(why) = policy.missing() {
+            skipped.push(format!("{}: {why}", policy.name()));
+            continue;
+        }
+        for repeat in 0..cfg.repeats {
+            progress(&format!("{}, run {}", policy.name(), repeat + 1));
+            let applied = policy.apply()?;
+            let faults = mthp_64k_faults();
+            let c = start(cfg)?;
+            let ms_per_round = rounds_ms(&c, cfg.rounds);
+            let held = pagewise::process::resident(c.pid)?;
+            let verified = c.stop_and_check();
+            rows.push(KernelRow {
+                policy: policy.name().to_string(),
+                repeat,
+                ms_per_round,
+                anon_huge_kib: held.anon_huge_kib,
+                rss_kib: held.rss_kib,
+                mthp_64k_faults: mthp_64k_faults().saturating_sub(faults),
+                verified,
+            });
+            drop(c);
+            drop(applied);
+        }
+    }
+    Ok((rows, skipped))
 }
 
 impl Report {
@@ -616,7 +696,61 @@ impl Report {
             "the agent watching a process of 64 MiB that writes nothing, every 1 s (200 ms windows), for {:.0} s: {} steps, {:.1} ms of CPU, {:.2} % of one CPU, {} promoted\n",
             i.seconds, i.steps, i.cpu_ms, i.cpu_percent, i.promoted
         );
+        s += &self.kernel_summary();
         s += "\ngoals: at least 2x the run time saved per huge page of address-order promotion, at the same budget; every run verified; the agent at most 2 % of one CPU while nothing changes.\n";
+        s
+    }
+
+    /// The kernel's policies beside the agent's best: ms per round and the
+    /// memory in huge pages.
+    fn kernel_summary(&self) -> String {
+        let mut s = format!(
+            "\nthe kernel's own policies, no agent (the THP knobs left as the machine has them: {}); median (min–max) over {} runs:\n{:>26} {:>24} {:>16} {:>10} {:>14} {:>9}\n",
+            self.thp_knobs.join(" "),
+            self.config.repeats,
+            "policy", "ms per round", "2 MiB pages MiB", "RSS MiB", "64K faults", "verified"
+        );
+        let mut names: Vec<&str> = self.kernel.iter().map(|r| r.policy.as_str()).collect();
+        names.dedup();
+        for name in names {
+            let of = |f: &dyn Fn(&KernelRow) -> f64| {
+                crate::median_min_max(
+                    self.kernel
+                        .iter()
+                        .filter(|r| r.policy == name)
+                        .map(f)
+                        .collect(),
+                )
+            };
+            let (m, lo, hi) = of(&|r| r.ms_per_round);
+            s += &format!(
+                "{:>26} {:>24} {:>16.0} {:>10.0} {:>14.0} {:>9}\n",
+                name,
+                format!("{m:.1} ({lo:.1}–{hi:.1})"),
+                of(&|r| r.anon_huge_kib as f64 / 1024.0).0,
+                of(&|r| r.rss_kib as f64 / 1024.0).0,
+                of(&|r| r.mthp_64k_faults as f64).0,
+                self.kernel
+                    .iter()
+                    .filter(|r| r.policy == name)
+                    .all(|r| r.verified)
+            );
+        }
+        for why in &self.kernel_skipped {
+            s += &format!("  skipped: {why}\n");
+        }
+        if let Some(&k) = self.config.budgets.iter().max() {
+            let (m, lo, hi) = crate::median_min_max(
+                self.rows
+                    .iter()
+                    .filter(|r| r.policy == "coverage" && r.k == k)
+                    .map(|r| r.after_ms)
+                    .collect(),
+            );
+            s += &format!(
+                "  the agent (coverage, k = {k} huge pages): {m:.1} ({lo:.1}–{hi:.1}) ms per round after promotion\n"
+            );
+        }
         s
     }
 
