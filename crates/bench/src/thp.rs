@@ -571,15 +571,21 @@ pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
         (Policy::AddressOrder, "address"),
         (Policy::Utilisation(0.9), "utilisation"),
     ];
-    for &k in &cfg.budgets {
-        for repeat in 0..cfg.repeats {
+    // Repeat by repeat, the agent's runs and the kernel's policies in
+    // turn: this VM's round time drifts over minutes, and the comparison
+    // must not be between two stretches of it.
+    let (mut kernel, mut kernel_skipped) = (Vec::new(), Vec::new());
+    for repeat in 0..cfg.repeats {
+        for &k in &cfg.budgets {
             for &(policy, name) in &policies {
                 progress(&format!("k = {k}, {name}, run {}", repeat + 1));
                 rows.push(one(cfg, policy, name, k, repeat, walk_ns)?);
             }
         }
+        let (rows, skipped) = kernel_rows(cfg, repeat, progress)?;
+        kernel.extend(rows);
+        kernel_skipped = skipped;
     }
-    let (kernel, kernel_skipped) = kernel_rows(cfg, progress)?;
     Ok(Report {
         machine: Machine::this(),
         config: cfg.clone(),
@@ -605,10 +611,11 @@ fn mthp_64k_faults() -> u64 {
     .unwrap_or(0)
 }
 
-/// The workload under each of the kernel's policies, `cfg.repeats` fresh
-/// processes each; and the policies this kernel cannot run.
+/// The workload under each of the kernel's policies, a fresh process each
+/// (repeat `repeat`); and the policies this kernel cannot run.
 fn kernel_rows(
     cfg: &Config,
+    repeat: usize,
     progress: &mut dyn FnMut(&str),
 ) -> Result<(Vec<KernelRow>, Vec<String>)> {
     use crate::kernel::ThpPolicy;
@@ -618,26 +625,24 @@ fn kernel_rows(
             skipped.push(format!("{}: {why}", policy.name()));
             continue;
         }
-        for repeat in 0..cfg.repeats {
-            progress(&format!("{}, run {}", policy.name(), repeat + 1));
-            let applied = policy.apply()?;
-            let faults = mthp_64k_faults();
-            let c = start(cfg)?;
-            let ms_per_round = rounds_ms(&c, cfg.rounds);
-            let held = pagewise::process::resident(c.pid)?;
-            let verified = c.stop_and_check();
-            rows.push(KernelRow {
-                policy: policy.name().to_string(),
-                repeat,
-                ms_per_round,
-                anon_huge_kib: held.anon_huge_kib,
-                rss_kib: held.rss_kib,
-                mthp_64k_faults: mthp_64k_faults().saturating_sub(faults),
-                verified,
-            });
-            drop(c);
-            drop(applied);
-        }
+        progress(&format!("{}, run {}", policy.name(), repeat + 1));
+        let applied = policy.apply()?;
+        let faults = mthp_64k_faults();
+        let c = start(cfg)?;
+        let ms_per_round = rounds_ms(&c, cfg.rounds);
+        let held = pagewise::process::resident(c.pid)?;
+        let verified = c.stop_and_check();
+        rows.push(KernelRow {
+            policy: policy.name().to_string(),
+            repeat,
+            ms_per_round,
+            anon_huge_kib: held.anon_huge_kib,
+            rss_kib: held.rss_kib,
+            mthp_64k_faults: mthp_64k_faults().saturating_sub(faults),
+            verified,
+        });
+        drop(c);
+        drop(applied);
     }
     Ok((rows, skipped))
 }
