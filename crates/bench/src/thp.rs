@@ -715,8 +715,12 @@ impl Report {
             self.config.repeats,
             "policy", "ms per round", "2 MiB pages MiB", "RSS MiB", "64K faults", "verified"
         );
-        let mut names: Vec<&str> = self.kernel.iter().map(|r| r.policy.as_str()).collect();
-        names.dedup();
+        let mut names: Vec<&str> = Vec::new();
+        for r in &self.kernel {
+            if !names.contains(&r.policy.as_str()) {
+                names.push(&r.policy);
+            }
+        }
         for name in names {
             let of = |f: &dyn Fn(&KernelRow) -> f64| {
                 crate::median_min_max(
