@@ -32,7 +32,9 @@
 //! left as it is), hugetlb memory.
 //!
 //! The thread set must be the snapshot's: a thread made or ended since is
-//! refused ([`RollbackRefusal::ThreadsChanged`]) unless the restore is
+//! refused ([`RollbackRefusal::ThreadsChanged`]), and so is one that had
+//! not registered its rseq area at the snapshot and has since (it would
+//! register it again, which the kernel refuses), unless the restore is
 //! memory-only ([`RestoreOptions::memory_only`]: memory and layout, not
 //! registers). Where nothing can be done inside the process (a seccomp
 //! filter, another tracer), only memory can be put back: the handle still
@@ -439,6 +441,26 @@ impl ProcessSnapshots {
                     id,
                     made: now.iter().filter(|t| !then.contains(t)).copied().collect(),
                     ended: then.iter().filter(|t| !now.contains(t)).copied().collect(),
+                }
+                .into());
+            }
+            // A thread caught just after it was made, before it registered
+            // its rseq area, and registered since, would register it again
+            // once its registers are put back: the kernel refuses, and the
+            // C library aborts the process. Refused as a thread made since.
+            let registered: Vec<i32> = snap
+                .threads
+                .iter()
+                .filter(|t| t.rseq.is_none())
+                .filter(|t| matches!(pagewise_sys::process::ptrace_rseq_area(t.tid), Ok(Some(_))))
+                .map(|t| t.tid)
+                .collect();
+            if !registered.is_empty() {
+                return Err(RollbackRefusal::ThreadsChanged {
+                    pid,
+                    id,
+                    made: registered,
+                    ended: Vec::new(),
                 }
                 .into());
             }
