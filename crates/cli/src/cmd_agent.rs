@@ -112,19 +112,21 @@ pub fn run(a: Args) -> Result<i32> {
     let mut known: Vec<Chosen> = Vec::new();
     let interval = Duration::from_millis(c.interval_ms);
     let mut steps = 0u64;
-    let mut last_pids = Vec::new();
+    let mut last_census = None;
+    let tasks = pagewise::process::TaskCensus::open().ok();
     while a.steps.is_none_or(|n| steps < n) {
         if stop.sleep((t0 + interval * steps as u32).saturating_duration_since(Instant::now())) {
             break;
         }
-        // The node's processes are read again for newcomers when a
-        // process came or went, and every LOOK_EVERY steps all the same (a
-        // process moved into a container's cgroup after it started).
-        let mut pids = pagewise::process::pids();
-        pids.sort_unstable();
-        if pids != last_pids || steps.is_multiple_of(LOOK_EVERY) {
+        // The node's processes are read again for newcomers when a task
+        // began or ended (the kernel's census of tasks, not a listing of
+        // /proc), and every LOOK_EVERY steps all the same (a process moved
+        // into a container's cgroup after it started).
+        let census = tasks.as_ref().and_then(|t| t.read());
+        let changed = census.is_none() || census != last_census;
+        if changed || steps.is_multiple_of(LOOK_EVERY) {
             follow(&sel, &mut known, &mut ag, !a.json);
-            last_pids = pids;
+            last_census = census;
         }
         let thp = match ag.thp.as_mut().filter(|t| t.watching()) {
             Some(t) => Some(t.step()?),
@@ -135,7 +137,9 @@ pub fn run(a: Args) -> Result<i32> {
             None => None,
         };
         steps += 1;
-        known.retain(|k| pagewise::process::is_alive(k.member.pid));
+        if changed || steps.is_multiple_of(LOOK_EVERY) {
+            known.retain(|k| pagewise::process::is_alive(k.member.pid));
+        }
         let groups = ag.thp.as_ref().map(|t| t.groups()).unwrap_or_default();
         let mut text = node_text(&known, steps, t0, &groups, &mut sampled);
         if let Some(t) = &ag.thp {
@@ -284,9 +288,9 @@ fn containers(known: &[Chosen]) -> Vec<&pagewise::process::container::ContainerR
     out
 }
 
-/// Steps between two reads of the node's processes for newcomers when
-/// none came or went.
-const LOOK_EVERY: u64 = 5;
+/// Steps between two reads of the node's processes for newcomers when no
+/// task began or ended (one moved into a container's cgroup meanwhile).
+const LOOK_EVERY: u64 = 15;
 /// Steps between two reads of each process's `ksm_stat` and
 /// `smaps_rollup` (the latter walks all its page tables): a scrape every
 /// 30 s or so needs no fresher figures.

@@ -24,7 +24,7 @@ use pagewise::agent::child;
 use pagewise_sys::signal::StopFlag;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How long a program has to end after the signal is passed on.
 pub const GRACE: Duration = Duration::from_secs(5);
@@ -53,15 +53,7 @@ impl Stop {
 
     /// Sleeps for `d`, or less if a stop comes; whether one came.
     pub fn sleep(&self, d: Duration) -> bool {
-        let end = Instant::now() + d;
-        while !self.requested() {
-            let now = Instant::now();
-            if now >= end {
-                return false;
-            }
-            std::thread::sleep((end - now).min(Duration::from_millis(20)));
-        }
-        true
+        self.0.sleep(d)
     }
 
     /// Waits for `child` to end; on a stop, ends it as the module docs say.

@@ -460,6 +460,8 @@ pub struct Agent {
     scan: u64,
     ksm: Ksm,
     counters: Counters,
+    /// How full memory is, the first process's memory cgroup kept.
+    utilisation: pagewise_mech::cgroup::Utilisation,
 }
 
 impl Agent {
@@ -482,6 +484,7 @@ impl Agent {
             scan: 0,
             ksm,
             counters: Counters::default(),
+            utilisation: Default::default(),
         };
         for &pid in pids {
             a.add_with(pid, Inside::Ptrace)?;

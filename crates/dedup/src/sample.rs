@@ -13,7 +13,7 @@ use std::collections::{BTreeSet, HashMap};
 /// Reads the regions of one process (with the step's buffers).
 struct Reader<'a> {
     pid: i32,
-    walker: PageWalker,
+    walker: &'a mut PageWalker,
     present: &'a mut Vec<PageRegion>,
     buf: &'a mut [u8],
     /// The step's number: which lane of pages is read again.
@@ -40,11 +40,12 @@ impl Agent {
         let mut buf = vec![0u8; HUGE_PAGE_SIZE];
         let mut present = Vec::new();
         for t in self.targets.live_mut() {
-            let walker = match PageWalker::new(Some(t.pid)) {
+            let pid = t.pid;
+            let (walker, state) = match t.walker_and_state() {
                 Ok(w) => w,
                 Err(e) => {
                     actions.push(Action::Failed {
-                        pid: t.pid,
+                        pid,
                         what: "reading its page map".into(),
                         why: e.to_string(),
                     });
@@ -52,15 +53,15 @@ impl Agent {
                 }
             };
             let mut reader = Reader {
-                pid: t.pid,
+                pid,
                 walker,
                 present: &mut present,
                 buf: &mut buf,
                 scan,
                 sample,
-                written: written.get(&t.pid),
+                written: written.get(&pid),
             };
-            for (&start, s) in t.state.regions.iter_mut() {
+            for (&start, s) in state.regions.iter_mut() {
                 // A region made mergeable is not read again: its rate no
                 // longer decides anything, and a read by process_vm_readv
                 // pins the pages, which unshares a page KSM merged.

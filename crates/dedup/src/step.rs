@@ -233,9 +233,11 @@ impl Agent {
     }
 
     /// Memory utilisation and the thresholds it sets (or the fixed ones).
-    fn thresholds(&self) -> (f64, String, Thresholds) {
+    fn thresholds(&mut self) -> (f64, String, Thresholds) {
         let first = self.targets.live().next().map(|t| t.pid);
-        let (utilisation, utilisation_of) = pagewise_mech::cgroup::memory_utilisation(first)
+        let (utilisation, utilisation_of) = self
+            .utilisation
+            .read(first)
             .unwrap_or_else(|e| (0.0, format!("unknown: {e}")));
         let th = self
             .opts

@@ -218,6 +218,10 @@ pub struct Watched<T> {
     pub container: Option<crate::container::ContainerRef>,
     /// The agent's state of it.
     pub state: T,
+    /// Its maps and page map, kept open from step to step (opened again
+    /// after an `exec`, which leaves the old ones on a finished address
+    /// space).
+    open: Option<(procfs::MapsFile, walk::PageWalker)>,
 }
 
 /// A watched process as an agent's step names it: its host pid and, in a
@@ -245,11 +249,50 @@ impl<T> Watched<T> {
         }
     }
 
+    /// Its page map, kept open from step to step, beside the agent's state
+    /// of it.
+    pub fn walker_and_state(&mut self) -> Result<(&mut walk::PageWalker, &mut T)> {
+        let (_, walker) = opened(&mut self.open, self.pid)?;
+        Ok((walker, &mut self.state))
+    }
+
+    /// Its 2 MiB regions ([`walk::huge_regions`]), through the maps and
+    /// page map it keeps open.
+    fn regions(&mut self) -> Result<Vec<walk::HugeRegion>> {
+        let pid = self.pid;
+        let (maps, walker) = opened(&mut self.open, pid)?;
+        let all = maps.read()?;
+        if all.is_empty() {
+            return Err(Error::for_pid(
+                pid,
+                "reading its maps",
+                std::io::Error::from_raw_os_error(libc::ESRCH),
+            ));
+        }
+        walk::huge_regions_in(&procfs::writable_anonymous_of(all), walker)
+    }
+
     /// Collapses `[start, start + len)` into huge pages from outside
     /// (`process_madvise(MADV_COLLAPSE)` on the pidfd).
     pub fn collapse(&self, start: u64, len: usize) -> std::io::Result<()> {
         crate::inject::collapse(self.pidfd.as_raw_fd(), start, len)
     }
+}
+
+/// Process `pid`'s maps and page map in `open`, opened at the first call
+/// and kept.
+fn opened(
+    open: &mut Option<(procfs::MapsFile, walk::PageWalker)>,
+    pid: i32,
+) -> Result<&mut (procfs::MapsFile, walk::PageWalker)> {
+    let o = match open.take() {
+        Some(o) => o,
+        None => (
+            procfs::MapsFile::open(pid)?,
+            walk::PageWalker::new(Some(pid))?,
+        ),
+    };
+    Ok(open.insert(o))
 }
 
 /// The processes an agent watches, in the order they were added.
@@ -278,6 +321,7 @@ impl<T> Targets<T> {
             ns_pid: crate::container::ns_pid(pid),
             container: crate::container::container_of(pid),
             state,
+            open: None,
         });
         Ok(())
     }
@@ -313,8 +357,12 @@ impl<T> Targets<T> {
     pub fn regions(&mut self, mut gone: impl FnMut(i32, &Error)) -> Vec<(usize, Vec<HugeRegion>)> {
         let mut out = Vec::new();
         for (i, t) in self.list.iter_mut().enumerate().filter(|(_, t)| !t.gone) {
-            let found = walk::PageWalker::new(Some(t.pid))
-                .and_then(|mut w| walk::huge_regions(t.pid, &mut w));
+            let mut found = t.regions();
+            if found.is_err() && t.open.take().is_some() {
+                // The files kept from an earlier step may be on the address
+                // space the process had before an `exec`.
+                found = t.regions();
+            }
             match found {
                 Ok(rs) => out.push((i, rs)),
                 Err(e) => {
@@ -383,6 +431,53 @@ impl StepClock {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::{BufRead, Write};
+
+    /// The maps and page map kept open from step to step are opened again
+    /// when the process replaces its address space by `exec`: its regions
+    /// then are those of the new program, as a fresh read finds them.
+    #[test]
+    fn regions_are_found_again_after_an_exec() {
+        if !crate::probe::get().pagemap_scan {
+            pagewise_testkit::report_skip("the kernel has no PAGEMAP_SCAN (Linux 6.7+)");
+            return;
+        }
+        let program = "import mmap, sys\n\
+            m = mmap.mmap(-1, 8 << 20, flags=mmap.MAP_PRIVATE)\n\
+            m[:] = b'x' * (8 << 20)\n\
+            print('ready', flush=True)\n\
+            sys.stdin.read()\n";
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "read x; exec python3 -c \"$0\"", program])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        let mut t: Targets<()> = Targets::default();
+        t.add(pid, |_| Ok(())).unwrap();
+        let before = t.regions(|p, e| panic!("pid {p} gone before its exec: {e}"));
+        assert_eq!(before.len(), 1, "the shell's regions read");
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(b"go\n").unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "ready", "python3 mapped and wrote its buffer");
+        let after = t.regions(|p, e| panic!("pid {p} taken for gone after its exec: {e}"));
+        let mut w = walk::PageWalker::new(Some(pid)).unwrap();
+        let fresh = walk::huge_regions(pid, &mut w).unwrap();
+        drop(stdin);
+        let _ = child.wait();
+        assert_eq!(after[0].1, fresh, "the regions a fresh read finds");
+        let full = fresh.iter().filter(|r| r.resident == 512).count();
+        assert!(full >= 3, "the 8 MiB buffer's whole regions, found {full}");
+        println!(
+            "ok   after exec: {} regions, {full} of them all in memory, as read afresh",
+            fresh.len()
+        );
+    }
 
     #[test]
     fn metrics_render_as_prometheus_text() {

@@ -261,8 +261,43 @@ impl Drop for ZramSwap {
 /// limit where it has one, otherwise the machine (`MemTotal` less
 /// `MemAvailable`, of `MemTotal`). Returns the share and what was read.
 pub fn memory_utilisation(pid: Option<i32>) -> Result<(f64, String)> {
-    if let Some(dir) = memory_cgroup_dir(pid)? {
-        let u = memory_use(&dir)?;
+    utilisation_in(memory_cgroup_dir(pid)?.as_deref())
+}
+
+/// [`memory_utilisation`] read again and again (an agent's every step):
+/// the process's memory cgroup is found at the first read and kept, and
+/// found again every [`Utilisation::FIND_EVERY`] reads or for another
+/// process, instead of reading its cgroup file and the mount table (long,
+/// on a node with many containers) at each.
+#[derive(Debug, Default)]
+pub struct Utilisation {
+    found: Option<(Option<i32>, Option<PathBuf>)>,
+    reads: u64,
+}
+
+impl Utilisation {
+    /// Reads between two finds of the same process's cgroup (it may have
+    /// been moved to another).
+    pub const FIND_EVERY: u64 = 30;
+
+    /// [`memory_utilisation`] of `pid`.
+    pub fn read(&mut self, pid: Option<i32>) -> Result<(f64, String)> {
+        let stale = self.reads.is_multiple_of(Self::FIND_EVERY);
+        self.reads += 1;
+        let dir = match self.found.take() {
+            Some((p, dir)) if p == pid && !stale => dir,
+            _ => memory_cgroup_dir(pid)?,
+        };
+        let dir = &self.found.insert((pid, dir)).1;
+        utilisation_in(dir.as_deref())
+    }
+}
+
+/// [`memory_utilisation`] of the memory cgroup `dir` where it has a
+/// limit, else of the machine.
+fn utilisation_in(dir: Option<&Path>) -> Result<(f64, String)> {
+    if let Some(dir) = dir {
+        let u = memory_use(dir)?;
         if let Some(l) = u.limit.filter(|&l| l > 0) {
             return Ok((
                 (u.usage as f64 / l as f64).min(1.0),
@@ -288,4 +323,26 @@ pub fn memory_utilisation(pid: Option<i32>) -> Result<(f64, String)> {
             total >> 10
         ),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Read again and again, the kept cgroup gives what a fresh read does:
+    /// the same source, a share between 0 and 1.
+    #[test]
+    fn utilisation_kept_reads_as_a_fresh_one() {
+        let me = Some(std::process::id() as i32);
+        let mut kept = Utilisation::default();
+        for _ in 0..Utilisation::FIND_EVERY + 2 {
+            let (share, of) = kept.read(me).unwrap();
+            let (_, fresh) = memory_utilisation(me).unwrap();
+            assert!((0.0..=1.0).contains(&share), "{share}");
+            let source = |s: &str| s.split_whitespace().next().map(str::to_string);
+            assert_eq!(source(&of), source(&fresh), "{of} against {fresh}");
+        }
+        let (_, of) = kept.read(me).unwrap();
+        println!("ok   {of}, as a fresh read says");
+    }
 }

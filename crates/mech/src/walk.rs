@@ -108,39 +108,110 @@ pub struct HugeRegion {
 }
 
 /// The 2 MiB regions of `pid` wholly inside private anonymous writable
-/// mappings.
+/// mappings. One `PAGEMAP_SCAN` a mapping, its runs shared out among its
+/// regions.
 pub fn huge_regions(pid: i32, walker: &mut PageWalker) -> Result<Vec<HugeRegion>> {
+    huge_regions_in(&procfs::writable_anonymous(Some(pid))?, walker)
+}
+
+/// [`huge_regions`] of the writable anonymous mappings `maps` (as
+/// [`procfs::writable_anonymous`] gives them), through `walker`.
+pub(crate) fn huge_regions_in(
+    maps: &[procfs::Mapping],
+    walker: &mut PageWalker,
+) -> Result<Vec<HugeRegion>> {
     let huge = HUGE_PAGE_SIZE as u64;
     let mut out = Vec::new();
     let mut runs = Vec::new();
-    for m in procfs::writable_anonymous(Some(pid))? {
+    for m in maps {
         // pagewise's own memory in the process (the shim's heap, a staging
         // mapping) is never the program's to split, merge or collapse.
         if m.kind() != procfs::MemoryKind::PrivateAnonymous || m.is_pagewise() {
             continue;
         }
-        let (mut a, end) = (m.start.div_ceil(huge) * huge, m.end / huge * huge);
+        let (first, end) = (m.start.div_ceil(huge) * huge, m.end / huge * huge);
+        if first >= end {
+            continue;
+        }
+        walker.categories(
+            Region::new(first, end - first)?,
+            pagemap::category::PRESENT,
+            pagemap::category::PRESENT | pagemap::category::HUGE,
+            &mut runs,
+        )?;
+        let mut next = runs.iter().peekable();
+        let mut a = first;
         while a < end {
             let r = Region::new(a, huge)?;
-            walker.categories(
-                r,
-                pagemap::category::PRESENT,
-                pagemap::category::PRESENT | pagemap::category::HUGE,
-                &mut runs,
-            )?;
-            let resident: u64 = runs
-                .iter()
-                .map(|p| (p.end - p.start) / PAGE_SIZE as u64)
-                .sum();
+            let (mut resident, mut is_huge) = (0, false);
+            // The runs are ascending: those before this region are done
+            // with, one reaching past it is looked at again for the next.
+            while let Some(p) = next.peek() {
+                let (lo, hi) = (p.start.max(a), p.end.min(a + huge));
+                if lo < hi {
+                    resident += (hi - lo) / PAGE_SIZE as u64;
+                    is_huge |= p.categories & pagemap::category::HUGE != 0;
+                }
+                if p.end > a + huge {
+                    break;
+                }
+                next.next();
+            }
             out.push(HugeRegion {
                 region: r,
                 resident,
-                huge: runs
-                    .iter()
-                    .any(|p| p.categories & pagemap::category::HUGE != 0),
+                huge: is_huge,
             });
             a += huge;
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pagewise_sys::mem::OwnedMapping;
+
+    /// Each 2 MiB region's resident pages, from one scan of its mapping,
+    /// are exactly the pages written: runs that cross a region's edge are
+    /// shared between the two, a region with none reads 0.
+    #[test]
+    fn huge_regions_count_each_regions_pages_from_one_scan() {
+        if !crate::probe::get().pagemap_scan {
+            pagewise_testkit::report_skip("the kernel has no PAGEMAP_SCAN (Linux 6.7+)");
+            return;
+        }
+        let huge = HUGE_PAGE_SIZE;
+        let m = OwnedMapping::new(4 * huge, huge, 0).unwrap();
+        // No huge page may come: the counts are of 4 KiB pages.
+        m.madvise(0, 4 * huge, libc::MADV_NOHUGEPAGE).unwrap();
+        let per = huge / PAGE_SIZE;
+        let mut written = [0u64; 4];
+        let mut touch = |region: usize, pages: std::ops::Range<usize>| {
+            for p in pages {
+                m.write_byte(region * huge + p * PAGE_SIZE, 1);
+                written[region] += 1;
+            }
+        };
+        touch(0, 0..10);
+        // Region 2 whole and region 3's first pages: one run across the edge.
+        touch(2, 0..per);
+        touch(3, 0..3);
+        touch(3, per - 3..per);
+        let pid = std::process::id() as i32;
+        let mut w = PageWalker::new(Some(pid)).unwrap();
+        let found: Vec<HugeRegion> = huge_regions(pid, &mut w)
+            .unwrap()
+            .into_iter()
+            .filter(|r| r.region.start >= m.addr() && r.region.start < m.addr() + 4 * huge as u64)
+            .collect();
+        let starts: Vec<u64> = found.iter().map(|r| r.region.start).collect();
+        let want: Vec<u64> = (0..4).map(|i| m.addr() + (i * huge) as u64).collect();
+        assert_eq!(starts, want, "the mapping's four regions, in order");
+        let resident: Vec<u64> = found.iter().map(|r| r.resident).collect();
+        assert_eq!(resident, written.to_vec(), "pages in memory per region");
+        assert!(found.iter().all(|r| !r.huge), "no region is mapped huge");
+        println!("ok   resident pages per region {resident:?}, as written");
+    }
 }

@@ -84,7 +84,7 @@ pub mod process {
     pub use pagewise_mech::procfs::{
         check_target, cpu_time, is_alive, kernel_thread, ksm_stat, maps, open_fds, peak_rss_kib,
         pids, read_trimmed, reset_peak_rss, resident, status_field, writable, Descriptor,
-        ExecIdentity, FdKind, KsmStat, Mapping, Resident,
+        ExecIdentity, FdKind, KsmStat, Mapping, Resident, TaskCensus,
     };
     pub use pagewise_mech::remote::read;
     pub use pagewise_mech::stop::Stopped;

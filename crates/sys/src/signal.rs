@@ -180,6 +180,28 @@ impl std::ops::Deref for StopFlag {
 }
 
 impl StopFlag {
+    /// Sleeps for `d`, or less if a stop comes (woken by the signals'
+    /// thread, not by polling); whether one came.
+    pub fn sleep(&self, d: std::time::Duration) -> bool {
+        use std::sync::atomic::Ordering;
+        let end = std::time::Instant::now() + d;
+        let (lock, woken) = &WAKE;
+        let mut g = lock.lock().unwrap_or_else(|e| e.into_inner());
+        // The flag is set before the signals' thread takes the lock to
+        // wake sleepers: seen here, or the wake-up comes after the wait.
+        while !self.0.load(Ordering::SeqCst) {
+            let now = std::time::Instant::now();
+            if now >= end {
+                return false;
+            }
+            g = woken
+                .wait_timeout(g, end - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        true
+    }
+
     /// The signal that set the flag (SIGINT or SIGTERM), once one came.
     pub fn signal(&self) -> Option<libc::c_int> {
         match LAST.load(std::sync::atomic::Ordering::SeqCst) {
@@ -200,6 +222,9 @@ static FLAG: std::sync::OnceLock<std::sync::Arc<std::sync::atomic::AtomicBool>> 
 static HOLDERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 /// The first SIGINT or SIGTERM that came (0: none yet).
 static LAST: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+/// Where [`StopFlag::sleep`] waits for the signals' thread.
+static WAKE: (std::sync::Mutex<()>, std::sync::Condvar) =
+    (std::sync::Mutex::new(()), std::sync::Condvar::new());
 /// What a signal does while no [`StopFlag`] is held.
 type Action = Box<dyn Fn(libc::c_int) + Send + Sync>;
 static OTHERWISE: std::sync::OnceLock<Action> = std::sync::OnceLock::new();
@@ -250,6 +275,10 @@ fn take_stop_signals() -> io::Result<&'static std::sync::Arc<std::sync::atomic::
                 let _ =
                     LAST.compare_exchange(0, i32::from(b[0]), Ordering::SeqCst, Ordering::SeqCst);
                 flag.store(true, Ordering::SeqCst);
+                {
+                    let _g = WAKE.0.lock().unwrap_or_else(|e| e.into_inner());
+                    WAKE.1.notify_all();
+                }
                 if HOLDERS.load(Ordering::SeqCst) == 0 {
                     if let Some(f) = OTHERWISE.get() {
                         f(libc::c_int::from(b[0]));
@@ -418,9 +447,30 @@ mod stop_tests {
                 "signal {sig} blocked in the child: {text}"
             );
         }
+        // Sleeping with no signal lasts its whole time.
+        let t0 = std::time::Instant::now();
+        assert!(!flag.sleep(std::time::Duration::from_millis(50)));
+        assert!(t0.elapsed() >= std::time::Duration::from_millis(50));
+        // A sleeper is woken by the signal, long before its time is up.
+        let sleeper = std::thread::spawn(|| {
+            let flag = super::stop_flag().unwrap();
+            let t0 = std::time::Instant::now();
+            (
+                flag.sleep(std::time::Duration::from_secs(120)),
+                t0.elapsed(),
+            )
+        });
+        std::thread::sleep(std::time::Duration::from_millis(100));
         // The flag turns true when one comes.
         // SAFETY: raising a signal this process now catches.
         unsafe { libc::raise(libc::SIGTERM) };
+        let (woken, slept) = sleeper.join().unwrap();
+        assert!(woken, "the sleep says a stop came");
+        assert!(
+            slept < std::time::Duration::from_secs(100),
+            "woken by the signal, not by the end of its time ({slept:?})"
+        );
+        println!("ok   a 120 s sleep woken by SIGTERM after {slept:?}");
         let t0 = std::time::Instant::now();
         while !flag.load(std::sync::atomic::Ordering::SeqCst)
             && t0.elapsed() < std::time::Duration::from_secs(10)
