@@ -105,6 +105,19 @@ impl ThpPolicy {
             .map(|p| format!("this kernel has no {p}"))
     }
 
+    /// The policies of `ALL` this kernel can run, and for each other one
+    /// why not (`never: this kernel has no ...`).
+    pub fn available() -> (Vec<ThpPolicy>, Vec<String>) {
+        let (mut ready, mut skipped) = (Vec::new(), Vec::new());
+        for p in Self::ALL {
+            match p.missing() {
+                Some(why) => skipped.push(format!("{}: {why}", p.name())),
+                None => ready.push(p),
+            }
+        }
+        (ready, skipped)
+    }
+
     /// Applies the policy; dropping the answer puts every setting back.
     pub fn apply(self) -> Result<Applied> {
         let mut guards = Vec::new();
@@ -145,12 +158,7 @@ pub fn thp_knobs() -> Vec<String> {
 /// The value in force of a THP setting written as a choice list
 /// (`always [madvise] never`: the bracketed one), or as is.
 pub fn in_force(file: &str) -> Option<String> {
-    let v = std::fs::read_to_string(format!("{THP_DIR}/{file}")).ok()?;
-    let v = v.trim();
-    Some(match (v.find('['), v.find(']')) {
-        (Some(a), Some(b)) if a < b => v[a + 1..b].to_string(),
-        _ => v.to_string(),
-    })
+    pagewise::agent::settings::current(format!("{THP_DIR}/{file}")).ok()
 }
 
 #[cfg(test)]

@@ -574,7 +574,8 @@ pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
     // Repeat by repeat, the agent's runs and the kernel's policies in
     // turn: this VM's round time drifts over minutes, and the comparison
     // must not be between two stretches of it.
-    let (mut kernel, mut kernel_skipped) = (Vec::new(), Vec::new());
+    let (ready, kernel_skipped) = crate::kernel::ThpPolicy::available();
+    let mut kernel = Vec::new();
     for repeat in 0..cfg.repeats {
         for &k in &cfg.budgets {
             for &(policy, name) in &policies {
@@ -582,9 +583,7 @@ pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
                 rows.push(one(cfg, policy, name, k, repeat, walk_ns)?);
             }
         }
-        let (rows, skipped) = kernel_rows(cfg, repeat, progress)?;
-        kernel.extend(rows);
-        kernel_skipped = skipped;
+        kernel.extend(kernel_rows(cfg, &ready, repeat, progress)?);
     }
     Ok(Report {
         machine: Machine::this(),
@@ -611,20 +610,16 @@ fn mthp_64k_faults() -> u64 {
     .unwrap_or(0)
 }
 
-/// The workload under each of the kernel's policies, a fresh process each
-/// (repeat `repeat`); and the policies this kernel cannot run.
+/// The workload under each of the kernel's `policies`, a fresh process
+/// each (repeat `repeat`).
 fn kernel_rows(
     cfg: &Config,
+    policies: &[crate::kernel::ThpPolicy],
     repeat: usize,
     progress: &mut dyn FnMut(&str),
-) -> Result<(Vec<KernelRow>, Vec<String>)> {
-    use crate::kernel::ThpPolicy;
-    let (mut rows, mut skipped) = (Vec::new(), Vec::new());
-    for policy in ThpPolicy::ALL {
-        if let Some(why) = policy.missing() {
-            skipped.push(format!("{}: {why}", policy.name()));
-            continue;
-        }
+) -> Result<Vec<KernelRow>> {
+    let mut rows = Vec::new();
+    for &policy in policies {
         progress(&format!("{}, run {}", policy.name(), repeat + 1));
         let applied = policy.apply()?;
         let faults = mthp_64k_faults();
@@ -644,7 +639,7 @@ fn kernel_rows(
         drop(c);
         drop(applied);
     }
-    Ok((rows, skipped))
+    Ok(rows)
 }
 
 impl Report {

@@ -156,8 +156,8 @@ fn write_setting(path: &Path, value: &str) -> std::io::Result<()> {
 }
 
 /// The current value of setting `path` (the selected one of a
-/// `[bracketed]` choice list).
-fn read_setting(path: &Path) -> std::io::Result<String> {
+/// `[bracketed]` choice list, such as THP's `always [madvise] never`).
+pub fn current(path: impl AsRef<Path>) -> std::io::Result<String> {
     let raw = std::fs::read_to_string(path)?;
     Ok(procfs::bracketed_choice(&raw)
         .map(str::to_string)
@@ -236,7 +236,7 @@ fn repair(f: &mut File, j: &Path) -> Option<String> {
     let journal = read_journal(f);
     let line = match journal {
         Some(jn) => {
-            let now = read_setting(&jn.path).unwrap_or_default();
+            let now = current(&jn.path).unwrap_or_default();
             match write_setting(&jn.path, &jn.old) {
                 Ok(()) => Some(format!(
                     "{} was left at {now:?} by pagewise process {} ({}), which ended without \
@@ -351,8 +351,8 @@ impl SettingGuard {
                 }
                 continue;
             }
-            let old = read_setting(path)
-                .map_err(|e| Error::os(format!("reading {}", path.display()), e))?;
+            let old =
+                current(path).map_err(|e| Error::os(format!("reading {}", path.display()), e))?;
             let me = Journal {
                 path: path.to_path_buf(),
                 old: old.clone(),

@@ -71,7 +71,9 @@ pub mod agent {
     /// System settings changed for a run, journaled first and put back
     /// when it ends, fails or is killed (the next run repairs a killed one).
     pub mod settings {
-        pub use pagewise_mech::settings::{put_back_own, recover, take_put_back, SettingGuard};
+        pub use pagewise_mech::settings::{
+            current, put_back_own, recover, take_put_back, SettingGuard,
+        };
     }
 }
 
