@@ -506,10 +506,15 @@ def rollback_redis(r):
         "\n\nMedian (min–max) over the resets of each method; the ratio by medians."
 
 
+def lazy_cpus(r, x):
+    """The CPUs a lazy-restore point ran on: the machine's count for "all"."""
+    return {"all": r["machine"].get("cpus", "all"), "one": 1}.get(x["cpus"], x["cpus"])
+
+
 def rollback_lazy(r):
     rows = []
     for x in r["lazy"]:
-        cpus = {"all": r["machine"].get("cpus", "all"), "one": 1}.get(x["cpus"], x["cpus"])
+        cpus = lazy_cpus(r, x)
         f = lambda v: sig(v)
         rows.append([x["mib"], x["store"], cpus, mmm(x["eager"], f) + " ms",
                      mmm(x["first_work_eager"], f) + " ms", mmm(x["first_work_lazy"], f) + " ms",
@@ -524,7 +529,7 @@ def rollback_lazy(r):
 def rollback_lazy_staged(r):
     rows = []
     for x in r["lazy"]:
-        cpus = {"all": r["machine"].get("cpus", "all"), "one": 1}.get(x["cpus"], x["cpus"])
+        cpus = lazy_cpus(r, x)
         f = lambda v: sig(v)
         rows.append([x["mib"], x["store"], cpus, mmm(x["first_work_staged"], f) + " ms",
                      mmm(x["staged_all"], f) + " ms",
