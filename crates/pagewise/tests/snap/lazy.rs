@@ -267,30 +267,45 @@ fn lazy_restore_refuses_other_memory_types() {
     }
 }
 
+/// A lazy restore of `mem` from the store in `dir`, with staging and no
+/// background fill.
+fn start_staged(mem: &AnonMemory, dir: &TempDir) -> LazyRestore {
+    let disk = DiskStore::open(&dir.0).unwrap();
+    let opts = LazyOptions::default().background(false).stage(true);
+    LazyRestore::start(disk, 1, &[mem.region()], opts).unwrap()
+}
+
+/// Waits (up to `secs`) until the stager has staged at least `pages`;
+/// whether it did.
+fn wait_staged(test: &str, lazy: &LazyRestore, pages: u64, secs: u64) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        let st = lazy.stats();
+        assert!(st.staging, "{test}: staging asked for: {st:?}");
+        if st.staged >= pages {
+            return true;
+        }
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_micros(100));
+    }
+}
+
 /// Starts a lazy restore with staging and no background fill, and waits
 /// (up to 20 s) until every non-zero page is staged; `None` (said) if the
 /// stager did not get there.
 fn staged_fully(test: &str, mem: &AnonMemory, dir: &TempDir, pages: usize) -> Option<LazyRestore> {
-    let disk = DiskStore::open(&dir.0).unwrap();
-    let opts = LazyOptions::default().background(false).stage(true);
-    let lazy = LazyRestore::start(disk, 1, &[mem.region()], opts).unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    loop {
-        let st = lazy.stats();
-        assert!(st.staging, "{test}: staging asked for: {st:?}");
-        if st.staged == nonzero(pages) {
-            return Some(lazy);
-        }
-        if std::time::Instant::now() > deadline {
-            pagewise_testkit::not_happened!(
-                "{test}: the stager staged {} of {} pages in 20 s",
-                st.staged,
-                nonzero(pages)
-            );
-            return None;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(1));
+    let lazy = start_staged(mem, dir);
+    if wait_staged(test, &lazy, nonzero(pages), 20) {
+        return Some(lazy);
     }
+    pagewise_testkit::not_happened!(
+        "{test}: the stager staged {} of {} pages in 20 s",
+        lazy.stats().staged,
+        nonzero(pages)
+    );
+    None
 }
 
 /// With every page staged ahead, first touches are answered from staging,
@@ -347,16 +362,11 @@ fn lazy_restore_with_staging_is_byte_exact_under_concurrent_writers() {
     }
     let pages = 8192;
     let (mem, mut want, dir) = saved("lazy-staged-concurrent", pages);
-    let disk = DiskStore::open(&dir.0).unwrap();
-    let opts = LazyOptions::default().background(false).stage(true);
-    let lazy = LazyRestore::start(disk, 1, &[mem.region()], opts).unwrap();
+    let lazy = start_staged(&mem, &dir);
     // Some pages staged before the threads start (the stager, at the
     // lowest priority, may get little CPU once they run), not all: faults
     // of both kinds race.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while lazy.stats().staged < nonzero(pages) / 8 && std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_micros(100));
-    }
+    wait_staged("lazy_staged_concurrent", &lazy, nonzero(pages) / 8, 10);
     let (written, bad) = readers_and_writers(&mem, &want, pages, 30);
     let st = lazy.finish().unwrap();
     assert!(!bad, "a reader saw a page unlike the saved one");
