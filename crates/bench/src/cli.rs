@@ -362,7 +362,7 @@ struct DedupArgs {
     #[arg(long)]
     full: bool,
     /// Run only this scheme (repeatable): none, ksm-everywhere,
-    /// no-splitting, ingens-like, smartmd.
+    /// ksm-advisor, ksm-advisor-tuned, no-splitting, ingens-like, smartmd.
     #[arg(long = "scheme")]
     schemes: Vec<String>,
     /// Seconds per scheme (default 16, or 60 with --full).

@@ -1,5 +1,6 @@
 //! ksmd as the agent drives it: started, paced so that one pass over the
-//! pages made mergeable takes [`Options::full_scan`], smart scan set as
+//! pages made mergeable takes [`Options::full_scan`] (or paced by the
+//! kernel's advisor, [`Options::advisor`]), smart scan set as
 //! [`Options::smart_scan`] asks; every setting journaled and put back when
 //! the agent is dropped (a second agent is refused).
 
@@ -11,6 +12,10 @@ use std::time::Duration;
 
 /// ksmd started and paced by the agent; its settings put back on drop.
 pub(super) struct Ksm {
+    /// The advisor's mode and target, put back first (the kernel sets
+    /// `pages_to_scan` anew when the mode changes; its own guard below
+    /// then puts back the value before).
+    advisor: Vec<SettingGuard>,
     run: Option<SettingGuard>,
     pages_to_scan: Option<SettingGuard>,
     smart_scan: Option<SettingGuard>,
@@ -27,11 +32,13 @@ pub(super) fn ksm_value(name: &str) -> u64 {
 }
 
 impl Ksm {
-    /// Takes ksmd's settings as `opts` asks: with [`Options::full_scan`],
-    /// ksmd is started, its pace held for the agent's whole run and smart
-    /// scan set as [`Options::smart_scan`] asks, whatever the policy.
+    /// Takes ksmd's settings as `opts` asks: with [`Options::full_scan`]
+    /// or [`Options::advisor`], ksmd is started, its pace held for the
+    /// agent's whole run (the advisor set to pace it, for the latter) and
+    /// smart scan set as [`Options::smart_scan`] asks, whatever the policy.
     pub(super) fn claim(opts: &Options) -> Result<Ksm> {
         let mut ksm = Ksm {
+            advisor: Vec::new(),
             run: None,
             pages_to_scan: None,
             smart_scan: None,
@@ -40,7 +47,8 @@ impl Ksm {
         };
         // The agent drives ksmd: it holds its settings for its whole run
         // (journaled, put back at the end; a second agent is refused).
-        if opts.full_scan.is_some() {
+        let drives = opts.full_scan.is_some() || opts.advisor.is_some();
+        if drives {
             let run = SettingGuard::claim(format!("{KSM_DIR}/run"))?;
             if ksm_value("run") != 1 {
                 run.write("1")?;
@@ -48,10 +56,24 @@ impl Ksm {
             ksm.run = Some(run);
             ksm.pages_to_scan = Some(SettingGuard::claim(format!("{KSM_DIR}/pages_to_scan"))?);
         }
+        if let Some(target) = opts.advisor {
+            let mode = format!("{KSM_DIR}/advisor_mode");
+            if !std::path::Path::new(&mode).exists() {
+                return Err(pagewise_mech::Error::Unsupported {
+                    feature: "the KSM advisor",
+                    why: format!("this kernel has no {mode} (Linux 6.9+)"),
+                });
+            }
+            ksm.advisor.push(SettingGuard::set(&mode, "scan-time")?);
+            ksm.advisor.push(SettingGuard::set(
+                format!("{KSM_DIR}/advisor_target_scan_time"),
+                &target.as_secs().max(1).to_string(),
+            )?);
+        }
         // A kernel without smart scan (before 6.7) has no such file: there
         // is nothing to set.
         let smart = format!("{KSM_DIR}/smart_scan");
-        if let (Some(on), Some(_)) = (opts.smart_scan, opts.full_scan) {
+        if let (Some(on), true) = (opts.smart_scan, drives) {
             let want = if on { "1" } else { "0" };
             if std::path::Path::new(&smart).exists() {
                 let g = SettingGuard::claim(&smart)?;
@@ -67,9 +89,10 @@ impl Ksm {
 }
 
 impl Agent {
-    /// Sets ksmd's pace from the pages made mergeable; reads KSM's state.
+    /// Sets ksmd's pace from the pages made mergeable (unless the
+    /// kernel's advisor paces it); reads KSM's state.
     pub(super) fn pace(&mut self, actions: &mut Vec<Action>) -> KsmReport {
-        if let Some(full) = self.opts.full_scan {
+        if let (Some(full), None) = (self.opts.full_scan, self.opts.advisor) {
             let pages: u64 = self
                 .targets
                 .live()

@@ -197,15 +197,23 @@ pub struct Options {
     /// Drive ksmd: start it, and set `pages_to_scan` so that one pass over
     /// the mergeable pages takes this long (`None`: leave ksmd as it is).
     pub full_scan: Option<Duration>,
+    /// Let the kernel's KSM advisor pace ksmd instead (`advisor_mode`
+    /// `scan-time`, Linux 6.9+), aiming at one pass over the mergeable
+    /// pages in this long (`advisor_target_scan_time`, whole seconds, at
+    /// least 1; the kernel's default is 200 s): ksmd is started and
+    /// [`full_scan`](Self::full_scan) is not used. `None`: the agent paces
+    /// it, where `full_scan` asks.
+    pub advisor: Option<Duration>,
     /// Regions rebuilt at most per step (each a collapse).
     pub rebuilds_per_step: usize,
     /// What to set KSM's `smart_scan` to while the agent runs (`None`:
     /// leave it). Smart scan skips, for up to 8 passes, a page that did
     /// not merge; when regions are made mergeable one after another, a
     /// page scanned before its twin was made mergeable is then skipped
-    /// long after the twin arrives. Only with
-    /// [`full_scan`](Self::full_scan), and for every policy alike, so that
-    /// the comparison policies run ksmd as the SmartMD policy does.
+    /// long after the twin arrives. Only where the agent starts ksmd
+    /// ([`full_scan`](Self::full_scan) or [`advisor`](Self::advisor)), and
+    /// for every policy alike, so that the comparison policies run ksmd as
+    /// the SmartMD policy does.
     pub smart_scan: Option<bool>,
     /// A region found written in step after step, its frequency at
     /// [`FREQ_MAX`], is left unprotected for 1, 2, 4, ... up to this many
@@ -223,6 +231,7 @@ setters!(Options {
     exact: bool,
     thresholds: Option<Thresholds>,
     full_scan: Option<Duration>,
+    advisor: Option<Duration>,
     rebuilds_per_step: usize,
     smart_scan: Option<bool>,
     hot_backoff: u8,
@@ -237,6 +246,7 @@ impl Default for Options {
             exact: false,
             thresholds: None,
             full_scan: Some(Duration::from_secs(10)),
+            advisor: None,
             rebuilds_per_step: 32,
             smart_scan: Some(false),
             hot_backoff: 0,

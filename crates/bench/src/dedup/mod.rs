@@ -16,13 +16,17 @@
 //! huge page; a scheme that keeps hot regions whole keeps reading them
 //! through one TLB entry. Everything else is cold.
 //!
-//! Five schemes, one after the other, each on fresh processes, with ksmd
+//! Seven schemes, one after the other, each on fresh processes, with ksmd
 //! paced by the agent in the same way (one pass over the mergeable pages
-//! in [`Config::full_scan_ms`]):
+//! in [`Config::full_scan_ms`]) but where the kernel's advisor paces it:
 //!
 //! - `none`: no deduplication;
 //! - `ksm-everywhere`: every region mergeable; KSM splits every huge page
 //!   in which it merges a page, the hot ones too;
+//! - `ksm-advisor` and `ksm-advisor-tuned`: the same, with ksmd paced by
+//!   the kernel's advisor (`advisor_mode` scan-time; Linux 6.9+) at its
+//!   default target of 200 s a pass and at the run's own pace, smart scan
+//!   on (the kernel's defaults);
 //! - `no-splitting`: only regions of base pages;
 //! - `ingens-like`: base pages and cold huge pages, whatever their
 //!   duplicates;
@@ -36,11 +40,15 @@
 //! of its memory: a lost or torn write fails the benchmark.
 
 mod report;
+mod schemes;
+
+use schemes::scheme_options;
+pub use schemes::{check_schemes, SCHEMES};
 
 use crate::thp::{next, spawn_worker, stop_and_check_each, Child};
 use crate::Machine;
 use pagewise::agent::{drive, Cadence, Deadline, Interrupt, Uninterrupted};
-use pagewise::dedup::{Agent, Options, Policy};
+use pagewise::dedup::{Agent, Policy};
 use pagewise::process as procfs;
 use pagewise::system as cgroup;
 use pagewise::workload::AnonMemory;
@@ -136,15 +144,6 @@ impl Config {
     }
 }
 
-/// The schemes, in the order they run.
-pub const SCHEMES: [&str; 5] = [
-    "none",
-    "ksm-everywhere",
-    "no-splitting",
-    "ingens-like",
-    "smartmd",
-];
-
 /// One sample of a run.
 #[derive(Debug, Clone, Serialize)]
 pub struct Sample {
@@ -233,6 +232,8 @@ pub struct Report {
     pub config: Config,
     /// One per scheme, level and repeat.
     pub rows: Vec<Row>,
+    /// Schemes this kernel cannot run, each with why.
+    pub skipped: Vec<String>,
 }
 
 /// Why the experiment cannot run here, or `None`.
@@ -413,14 +414,6 @@ pub(crate) fn merging_mib(pids: &[i32]) -> f64 {
         .sum()
 }
 
-/// Refuses a scheme not in [`SCHEMES`].
-pub fn check_schemes(schemes: &[String]) -> std::result::Result<(), String> {
-    match schemes.iter().find(|s| !SCHEMES.contains(&s.as_str())) {
-        Some(bad) => Err(format!("--scheme {bad}: one of {SCHEMES:?}")),
-        None => Ok(()),
-    }
-}
-
 /// This process in the memory cgroup `to` until dropped, then back in the
 /// group it came from: what it allocates meanwhile (the processes it forks
 /// and fills) is charged to `to`.
@@ -496,14 +489,8 @@ fn run_scheme(
             .collect::<Result<_>>()?
     };
     let pids: Vec<i32> = children.iter().map(|c| c.pid).collect();
-    let mut agent = match Policy::parse(scheme) {
-        Some(policy) => Some(Agent::new(
-            &pids,
-            Options::default()
-                .window(Duration::from_millis(cfg.window_ms))
-                .policy(policy)
-                .full_scan(Some(Duration::from_millis(cfg.full_scan_ms))),
-        )?),
+    let mut agent = match scheme_options(cfg, scheme) {
+        Some(opts) => Some(Agent::new(&pids, opts)?),
         None => None,
     };
     let ksmd = KsmdClock::start();
@@ -733,9 +720,21 @@ pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
     } else {
         None
     };
+    // The advisor's schemes need a kernel that has it (6.9+): said, not run.
+    let advisor = std::path::Path::new("/sys/kernel/mm/ksm/advisor_mode").exists();
+    let mut skipped = Vec::new();
     let schemes: Vec<&str> = SCHEMES
         .into_iter()
         .filter(|s| cfg.schemes.is_empty() || cfg.schemes.iter().any(|c| c == s))
+        .filter(|s| {
+            let runs = advisor || !s.starts_with("ksm-advisor");
+            if !runs {
+                skipped.push(format!(
+                    "{s}: this kernel has no KSM advisor (/sys/kernel/mm/ksm/advisor_mode)"
+                ));
+            }
+            runs
+        })
         .collect();
     let mut rows = Vec::new();
     for &level in &cfg.levels {
@@ -764,6 +763,7 @@ pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
         machine: Machine::this(),
         config: cfg.clone(),
         rows,
+        skipped,
     })
 }
 

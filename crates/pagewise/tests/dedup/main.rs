@@ -534,6 +534,73 @@ fn comparison_policies_choose_as_they_say() {
     }
 }
 
+/// With the kernel's advisor pacing ksmd (`advisor_mode` scan-time, a 2 s
+/// target, smart scan on as the kernel ships it): ksmd runs at the
+/// advisor's pace (`pages_to_scan` no longer its value before), merges the
+/// regions made mergeable, and every setting (the advisor's mode and
+/// target, `pages_to_scan`, `run`, `smart_scan`) reads as before once the
+/// agent is dropped; no write of the target is lost.
+#[test]
+fn the_kernels_advisor_paces_ksmd_and_every_setting_is_put_back() {
+    if !available() {
+        return;
+    }
+    let ksm = |f: &str| pagewise::agent::settings::current(format!("/sys/kernel/mm/ksm/{f}"));
+    if ksm("advisor_mode").is_err() {
+        pagewise_testkit::skip!(
+            "this kernel has no KSM advisor (/sys/kernel/mm/ksm/advisor_mode, Linux 6.9+)"
+        );
+        return;
+    }
+    let _one = common::one_target_at_a_time();
+    let files = [
+        "advisor_mode",
+        "advisor_target_scan_time",
+        "pages_to_scan",
+        "run",
+        "smart_scan",
+    ];
+    let before: Vec<String> = files.iter().map(|f| ksm(f).unwrap()).collect();
+    let t = Target::start();
+    let opts = Options::default()
+        .window(Duration::from_millis(150))
+        .policy(Policy::KsmEverywhere)
+        .advisor(Some(Duration::from_secs(2)))
+        .smart_scan(Some(true))
+        .thresholds(Some(
+            Thresholds::default().cold_max(0).hot_min(2).repetition(0.5),
+        ));
+    let mut agent = Agent::new(&[t.pid], opts).unwrap();
+    assert_eq!(ksm("advisor_mode").unwrap(), "scan-time");
+    assert_eq!(ksm("advisor_target_scan_time").unwrap(), "2");
+    assert_eq!(ksm("run").unwrap(), "1");
+    if ksm("smart_scan").is_ok() {
+        assert_eq!(ksm("smart_scan").unwrap(), "1");
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut merging = 0;
+    while merging == 0 && Instant::now() < deadline {
+        agent.step().unwrap();
+        merging = pagewise_mech::procfs::ksm_stat(t.pid).map_or(0, |k| k.merging_pages);
+    }
+    let paced = ksm("pages_to_scan").unwrap();
+    agent.end();
+    drop(agent);
+    let after: Vec<String> = files.iter().map(|f| ksm(f).unwrap()).collect();
+    assert_eq!(after, before, "{files:?} put back");
+    t.check(false);
+    if merging == 0 {
+        pagewise_testkit::not_happened!(
+            "KSM merged none of the target's pages in 30 s under the advisor"
+        );
+        return;
+    }
+    println!(
+        "ok   the advisor paced ksmd ({} pages a scan, {} before), {merging} pages merged; {files:?} back as {before:?}",
+        paced, before[2]
+    );
+}
+
 /// The shim's advice thread, served here on a socketpair: advice that
 /// changes no byte is made (the range shows `mg` in smaps, then not),
 /// advice that could (`MADV_DONTNEED`) is refused for every range and the
