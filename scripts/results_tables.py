@@ -459,6 +459,49 @@ def thp_redis(r):
 
 
 
+def dedup_advisor(r):
+    """SmartMD against KSM everywhere paced by the kernel's advisor, per
+    level: medians over the runs with their spread (min–max), smartmd's
+    saving and ksmd CPU as shares of each advisor scheme's."""
+    rows = r["rows"]
+    names = {"ksm-everywhere": "KSM everywhere, paced by the agent",
+             "ksm-advisor": "KSM everywhere, advisor (200 s target)",
+             "ksm-advisor-tuned": "KSM everywhere, advisor (run's pace)",
+             "smartmd": "**pagewise (SmartMD)**"}
+    out = []
+    for level in r["config"]["levels"]:
+        def runs(s):
+            return [x for x in rows if x["scheme"] == s and x["level"] == level]
+
+        def spread(s, key, f):
+            v = [x[key] for x in runs(s)]
+            return f"{f(median(v))} ({f(min(v))}–{f(max(v))})"
+        for s in names:
+            if not runs(s):
+                continue
+            m = runs("smartmd")
+            vs = "–"
+            if s.startswith("ksm-advisor") and m:
+                saved = median([x["saved_mib"] for x in runs(s)])
+                cpu = median([x["ksmd_cpu_ms"] for x in runs(s)])
+                ms, mc = median([x["saved_mib"] for x in m]), median([x["ksmd_cpu_ms"] for x in m])
+                vs = (f"{100 * ms / saved:.0f} % of its saving" if saved else "its saving is 0") + \
+                     (f", {100 * mc / cpu:.0f} % of its ksmd CPU" if cpu else "")
+            out.append([f"{level}", names[s], str(len(runs(s))),
+                        spread(s, "saved_mib", lambda v: f"{v:.0f}") + " MiB",
+                        spread(s, "ksmd_cpu_ms", lambda v: f"{v / 1e3:.2f}") + " s",
+                        spread(s, "agent_cpu_ms", lambda v: f"{v / 1e3:.2f}") + " s",
+                        spread(s, "ops_per_s", lambda v: f"{v / 1e6:.0f}") + " M",
+                        f"{median([x['huge_end'] for x in runs(s)]):.0f}",
+                        vs,
+                        "yes" if all(x["verified"] and not x["oom_killed"] for x in runs(s)) else "**no**"])
+    return md(["level", "scheme", "runs", "saved (pages_sharing)", "ksmd CPU", "agent CPU",
+               "ops/s (median of run medians)", "huge pages at end", "smartmd against it",
+               "every word verified"], out) + \
+        f"\n\nMedian (min–max) over the runs of each scheme, {r['config']['seconds']} s each; the " \
+        "advisor's schemes run smart scan on (the kernel's default), the others off."
+
+
 # ---------------------------------------------------------------- dedup-redis/
 
 
@@ -1019,6 +1062,7 @@ def goals_afl(r):
 
 TABLES = {
     "dedup": dedup_table,
+    "dedup-advisor": dedup_advisor,
     "track-write": track_write,
     "track-collect": track_collect,
     "outside": outside,
