@@ -435,6 +435,11 @@ def checkpoint(r):
 
 def thp_redis(r):
     names = {"linux": "Linux (THP `always`)",
+             "never": "kernel: THP `never`",
+             "madvise": "kernel: THP `madvise` (Redis does not advise)",
+             "always": "kernel: THP `always`",
+             "always-shrinker": "kernel: THP `always` + shrinker (`max_ptes_none` 409)",
+             "mthp-64k": "kernel: 64 KiB mTHP only",
              "ingens": "Ingens-like (base pages at fault, promote at 90 %)",
              "pagewise": "pagewise (`limit-above:{p:g}`, {z} zero pages)"}
     c = r["config"]
@@ -455,7 +460,8 @@ def thp_redis(r):
                      f"{100 * x['huge_share_end']:.0f} %" if x["huge_share_end"] else "–"])
     return md(["policy", "P3", "peak MiB", "bloat before P3", "given back (of it / all)",
                "in 10 s", "t90", "P1 SET/s", "P3 SET/s", "GET/s after", "huge"], rows) + \
-        "\n\nOne run per policy."
+        "\n\nOne run per policy." + \
+        "".join(f"\nNot run: {why}." for why in r.get("skipped", []))
 
 
 

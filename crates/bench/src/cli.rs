@@ -152,12 +152,18 @@ enum What {
     },
     /// HawkEye's experiment (a): memory bloat of a real redis-server in a
     /// memory cgroup (P1 insert, P2 delete 80 %, P3 insert larger values)
-    /// under Linux's THP, an Ingens-like policy and pagewise's bloat
-    /// recovery; every value checked after P3. Short by default.
+    /// under the kernel's THP policies (never, madvise, always, always
+    /// with the shrinker, 64 KiB mTHP), an Ingens-like policy and
+    /// pagewise's bloat recovery; every value checked after P3. Short by
+    /// default.
     ThpRedis {
         /// The full experiment (twice the data and limit).
         #[arg(long)]
         full: bool,
+        /// Run only this way (repeatable): never, madvise, always,
+        /// always-shrinker, mthp-64k (the kernel's own), ingens, pagewise.
+        #[arg(long = "way")]
+        ways: Vec<String>,
         #[command(flatten)]
         output: Output,
     },
@@ -312,7 +318,7 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
             Ok(rc)
         }
         What::DedupRedis(a) => dedup_redis(a, quiet),
-        What::ThpRedis { full, output } => {
+        What::ThpRedis { full, ways, output } => {
             if let Some(why) = crate::thp_redis::unavailable() {
                 println!("bench thp-redis: skipped: {why}");
                 return Ok(0);
@@ -322,7 +328,8 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
             } else {
                 crate::thp_redis::Config::quick()
             };
-            let report = crate::thp_redis::run(&cfg, &mut progress(quiet))?;
+            let (ways, skipped) = crate::thp_redis::Way::chosen(&ways)?;
+            let report = crate::thp_redis::run(&cfg, &ways, &skipped, &mut progress(quiet))?;
             let rc = output.emit(&report, report.summary(), report.charts())?;
             let lost: u64 = report.rows.iter().map(|r| r.lost).sum();
             if lost > 0 {

@@ -13,12 +13,14 @@
 //!   the small holes P2 left, so it takes new memory, and the bloat in the
 //!   holes is memory P3 cannot have.
 //!
-//! Policies, each on a fresh server and cgroup:
-//! - `linux`: THP `always`, khugepaged with its default thresholds;
+//! Policies, each on a fresh server and cgroup ([`ways`]):
+//! - the kernel's own, with no agent: THP `never`, `madvise`, `always`
+//!   (khugepaged with its default thresholds), `always-shrinker` (the THP
+//!   shrinker on, `max_ptes_none` 409) and `mthp-64k` (64 KiB pages only);
 //! - `ingens`: THP `madvise` (Redis does not advise: base pages at fault,
 //!   khugepaged leaves it alone) and the agent promoting regions at least
 //!   90 % resident (Ingens's utilisation threshold), no recovery;
-//! - `pagewise`: THP `always`, khugepaged as in `linux`, and `pagewise thp`
+//! - `pagewise`: THP `always`, khugepaged as in `always`, and `pagewise thp`
 //!   (coverage policy) recovering bloat when the cgroup is charged above a
 //!   share of its limit.
 //!
@@ -39,6 +41,9 @@
 
 mod oom;
 mod report;
+mod ways;
+
+pub use ways::Way;
 
 use crate::redis::{free_port, server_args, value, wait_ready, which, Client};
 use crate::svg::{Chart, Series};
@@ -47,7 +52,7 @@ use anyhow::{bail, Context, Result};
 use pagewise::agent::settings::SettingGuard;
 use pagewise::agent::{drive, Cadence};
 use pagewise::system::MemoryCgroup;
-use pagewise::thp::agent::{Action, Agent, Budget, Options, Policy, Pressure, Recovery};
+use pagewise::thp::agent::{Action, Agent};
 use serde::Serialize;
 use std::ops::ControlFlow;
 use std::process::{Command, Stdio};
@@ -135,9 +140,6 @@ impl Config {
     }
 }
 
-/// The policies compared.
-const WAYS: [&str; 3] = ["linux", "ingens", "pagewise"];
-
 /// One sample of the timeline.
 #[derive(Debug, Clone, Serialize)]
 pub struct Sample {
@@ -223,6 +225,8 @@ pub struct Report {
     pub config: Config,
     /// One row per policy.
     pub rows: Vec<Row>,
+    /// Ways this kernel cannot run, each with why.
+    pub skipped: Vec<String>,
 }
 
 fn mib(bytes: u64) -> f64 {
@@ -347,13 +351,13 @@ pub(crate) fn join_cgroup_at_exec(c: &mut Command, cg: &MemoryCgroup) -> Result<
 
 fn one(
     cfg: &Config,
-    way: &str,
+    kind: Way,
     walk_ns: f64,
     stop: &AtomicBool,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Row> {
-    let _thp = SettingGuard::set(THP, if way == "ingens" { "madvise" } else { "always" })
-        .with_context(|| format!("setting {THP}"))?;
+    let _thp = kind.set_up()?;
+    let way = kind.name();
     let cg = MemoryCgroup::create(
         &format!("pagewise-thp-redis-{}-{way}", std::process::id()),
         cfg.limit_mib << 20,
@@ -370,7 +374,7 @@ fn one(
     });
     // The timeline, every 100 ms; the agent, where the policy has one.
     let sampler = spawn_sampler(&shared, cg.dir().to_path_buf(), pid, t0);
-    let agent = spawn_agent(cfg, way, walk_ns, pid, &shared, t0)?;
+    let agent = spawn_agent(cfg, kind, walk_ns, pid, &shared, t0)?;
     let result = phases(cfg, way, port, pid, &cg, &shared, stop, progress);
     shared.done.store(true, Ordering::SeqCst);
     let agent = match agent {
@@ -443,39 +447,15 @@ fn spawn_sampler(
 /// since `t0`, action) and its CPU time, s.
 fn spawn_agent(
     cfg: &Config,
-    way: &str,
+    way: Way,
     walk_ns: f64,
     pid: i32,
     shared: &Arc<Shared>,
     t0: Instant,
 ) -> Result<Option<AgentThread>> {
-    Ok(match way {
-        "linux" => None,
-        _ => {
-            let opts = Options::default()
-                .interval(Duration::from_millis(cfg.interval_ms))
-                .window(Duration::from_millis(cfg.interval_ms / 4))
-                .policy(if way == "ingens" {
-                    Policy::Utilisation(0.9)
-                } else {
-                    Policy::Coverage
-                })
-                .budget(
-                    Budget::default()
-                        .total(None)
-                        .per_second(1000.0)
-                        .cpu_share(0.5),
-                )
-                .walk_ns(walk_ns)
-                .recovery(
-                    (way == "pagewise").then_some(
-                        Recovery::default()
-                            .when(Pressure::LimitAbove(cfg.pressure_pct))
-                            .zero_pages(cfg.zero_pages)
-                            .tune_khugepaged(true)
-                            .hold(Duration::from_secs(60)),
-                    ),
-                );
+    Ok(match way.agent_options(cfg, walk_ns) {
+        None => None,
+        Some(opts) => {
             let mut a = Agent::new(&[pid], opts)?;
             let shared = shared.clone();
             let interval = Duration::from_millis(cfg.interval_ms);
@@ -768,8 +748,14 @@ pub fn unavailable() -> Option<String> {
     (!writable).then(|| format!("{THP} is not writable here (root, and no lockdown of it)"))
 }
 
-/// Runs the experiment.
-pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
+/// Runs the experiment: the `ways` this kernel can run; `skipped` says
+/// why each other one is not run ([`Way::chosen`]).
+pub fn run(
+    cfg: &Config,
+    ways: &[Way],
+    skipped: &[String],
+    progress: &mut dyn FnMut(&str),
+) -> Result<Report> {
     if !which("redis-server") {
         bail!("redis-server is not installed (scripts/setup.sh installs it)");
     }
@@ -789,12 +775,13 @@ pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
         .unwrap_or(30.0)
         .max(1.0);
     let mut rows = Vec::new();
-    for way in WAYS {
+    for &way in ways {
         rows.push(one(cfg, way, walk_ns, &stop, progress)?);
     }
     Ok(Report {
         machine: Machine::this(),
         config: cfg.clone(),
         rows,
+        skipped: skipped.to_vec(),
     })
 }

@@ -26,10 +26,10 @@ impl Report {
             c.khugepaged_pages,
             c.khugepaged_sleep_ms,
         );
-        s += "policy    P3              peak MiB  after P2  bloat MiB  recovered  in 10 s  t90 s  P1 SET/s  P3 SET/s  GET/s    huge  lost\n";
+        s += "policy           P3              peak MiB  after P2  bloat MiB  recovered  in 10 s  t90 s  P1 SET/s  P3 SET/s  GET/s    huge  lost\n";
         for r in &self.rows {
             s += &format!(
-                "{:<9} {:<15} {:>8.0}  {:>8.0}  {:>9.0}  {:>9}  {:>7}  {:>5}  {:>8.0}  {:>8.0}  {:>7}  {:>4.0}%  {}\n",
+                "{:<16} {:<15} {:>8.0}  {:>8.0}  {:>9.0}  {:>9}  {:>7}  {:>5}  {:>8.0}  {:>8.0}  {:>7}  {:>4.0}%  {}\n",
                 r.way,
                 if let Some(phase) = &r.died_after_p3 {
                     format!("died in {phase}")
@@ -59,15 +59,22 @@ impl Report {
         s += "\nkernel counters over each run (/proc/vmstat differences):\n";
         for r in &self.rows {
             let v: Vec<String> = r.vmstat.iter().map(|(k, n)| format!("{k} {n}")).collect();
-            s += &format!("  {:<9} {}\n", r.way, v.join(", "));
+            s += &format!("  {:<16} {}\n", r.way, v.join(", "));
         }
-        for r in self.rows.iter().filter(|r| r.way != "linux") {
+        for r in self
+            .rows
+            .iter()
+            .filter(|r| r.way == "ingens" || r.way == "pagewise")
+        {
             s += &format!(
                 "\n{}: agent CPU {:.2} s, {} huge pages promoted, longest stop for recovery {:.1} ms",
                 r.way, r.agent_cpu_s, r.promoted, r.max_stop_ms
             );
         }
         s += "\n";
+        for why in &self.skipped {
+            s += &format!("not run: {why}\n");
+        }
         s
     }
 
