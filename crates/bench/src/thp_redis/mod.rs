@@ -13,7 +13,7 @@
 //!   the small holes P2 left, so it takes new memory, and the bloat in the
 //!   holes is memory P3 cannot have.
 //!
-//! Policies, each on a fresh server and cgroup ([`ways`]):
+//! Policies, each on a fresh server and cgroup ([`Way`]):
 //! - the kernel's own, with no agent: THP `never`, `madvise`, `always`
 //!   (khugepaged with its default thresholds), `always-shrinker` (the THP
 //!   shrinker on, `max_ptes_none` 409) and `mthp-64k` (64 KiB pages only);
