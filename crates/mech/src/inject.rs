@@ -92,18 +92,30 @@ impl Inside {
 /// KSM page): such a refusal is retried, at most [`COLLAPSE_TRIES`] times,
 /// 20 ms apart. Any other refusal is answered at once.
 pub fn collapse(pidfd: std::os::fd::RawFd, start: u64, len: usize) -> std::io::Result<()> {
-    let mut tries = 1;
-    loop {
-        match pagewise_sys::process::process_madvise(
+    collapse_retried(|| {
+        pagewise_sys::process::process_madvise(
             pidfd,
             &[(start, len)],
             pagewise_sys::mem::MADV_COLLAPSE,
-        ) {
+        )
+        .map(|_| ())
+    })
+}
+
+/// `collapse`, a call of `MADV_COLLAPSE` made by the caller, retried as
+/// [`collapse`] retries it: on `EAGAIN`, at most [`COLLAPSE_TRIES`] times,
+/// 20 ms apart.
+pub(crate) fn collapse_retried(
+    mut collapse: impl FnMut() -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    let mut tries = 1;
+    loop {
+        match collapse() {
             Err(e) if e.raw_os_error() == Some(libc::EAGAIN) && tries < COLLAPSE_TRIES => {
                 tries += 1;
                 std::thread::sleep(std::time::Duration::from_millis(20));
             }
-            r => return r.map(|_| ()),
+            r => return r,
         }
     }
 }

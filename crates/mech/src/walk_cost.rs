@@ -89,7 +89,8 @@ pub fn calibrate_walk_cost(bytes: usize, accesses: u64) -> Result<WalkCost> {
     let huge = AnonMemory::new(bytes)?;
     let huge_ok = huge.madvise(0, bytes, libc::MADV_HUGEPAGE).is_ok();
     huge.write_pass(1, 1);
-    let collapsed = huge_ok && huge.madvise(0, bytes, mem::MADV_COLLAPSE).is_ok();
+    let collapsed = huge_ok
+        && crate::inject::collapse_retried(|| huge.madvise(0, bytes, mem::MADV_COLLAPSE)).is_ok();
     let best = |m: &AnonMemory| {
         (0..3)
             .map(|_| chase(m, accesses, counter.as_ref()))

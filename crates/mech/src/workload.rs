@@ -71,7 +71,11 @@ impl Layout {
                 }
             }
         }
-        let collapsed = huge && mem.madvise(0, mem.len(), mem::MADV_COLLAPSE).is_ok();
+        // Pages just written may not be on an LRU list yet, which the
+        // kernel answers with EAGAIN: retried, as every collapse is.
+        let collapsed = huge
+            && crate::inject::collapse_retried(|| mem.madvise(0, mem.len(), mem::MADV_COLLAPSE))
+                .is_ok();
         Ok(Layout { mem, collapsed })
     }
 
