@@ -102,9 +102,7 @@ pub fn collapse(pidfd: std::os::fd::RawFd, start: u64, len: usize) -> std::io::R
     })
 }
 
-/// `collapse`, a call of `MADV_COLLAPSE` made by the caller, retried as
-/// [`collapse`] retries it: on `EAGAIN`, at most [`COLLAPSE_TRIES`] times,
-/// 20 ms apart.
+/// A call of `MADV_COLLAPSE` the caller makes, retried as [`collapse`]'s.
 pub(crate) fn collapse_retried(
     mut collapse: impl FnMut() -> std::io::Result<()>,
 ) -> std::io::Result<()> {
