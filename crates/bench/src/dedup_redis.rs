@@ -22,7 +22,7 @@ use crate::Machine;
 use anyhow::{bail, Context, Result};
 use pagewise::agent::settings::SettingGuard;
 use pagewise::agent::{drive, Agent as _, Cadence};
-use pagewise::dedup::{Agent, Options, Policy};
+use pagewise::dedup::Agent;
 use pagewise::process as procfs;
 use pagewise::system::MemoryCgroup;
 use serde::Serialize;
@@ -346,15 +346,13 @@ fn one(
     let usage = || cg.usage().map_or(0.0, |u| u.usage as f64 / MIB);
     let (loaded_mib, huge_loaded_mib) = (usage(), huge_mib(&pids));
     let done = Arc::new(AtomicBool::new(false));
-    let agent = match Policy::parse(scheme) {
-        Some(policy) => {
-            let mut a = Agent::new(
-                &pids,
-                Options::default()
-                    .window(Duration::from_millis(cfg.window_ms))
-                    .policy(policy)
-                    .full_scan(Some(Duration::from_millis(cfg.full_scan_ms))),
-            )?;
+    let agent = match crate::dedup::scheme_options(
+        scheme,
+        Duration::from_millis(cfg.window_ms),
+        Duration::from_millis(cfg.full_scan_ms),
+    ) {
+        Some(opts) => {
+            let mut a = Agent::new(&pids, opts)?;
             let (done, interval) = (done.clone(), Duration::from_millis(cfg.interval_ms));
             Some(std::thread::spawn(move || {
                 let cadence = Cadence::default().interval(interval);
@@ -459,6 +457,11 @@ pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
     let mut rows = Vec::new();
     for scheme in crate::dedup::SCHEMES {
         if !cfg.schemes.is_empty() && !cfg.schemes.iter().any(|s| s == scheme) {
+            continue;
+        }
+        // A scheme this kernel cannot run (the advisor's) is said, not run.
+        if let Some(why) = crate::dedup::scheme_unavailable(scheme) {
+            progress(&format!("not run: {why}"));
             continue;
         }
         rows.push(one(cfg, scheme, &stop, progress)?);

@@ -42,8 +42,8 @@
 mod report;
 mod schemes;
 
-use schemes::scheme_options;
 pub use schemes::{check_schemes, SCHEMES};
+pub(crate) use schemes::{scheme_options, scheme_unavailable};
 
 use crate::thp::{next, spawn_worker, stop_and_check_each, Child};
 use crate::Machine;
@@ -489,7 +489,8 @@ fn run_scheme(
             .collect::<Result<_>>()?
     };
     let pids: Vec<i32> = children.iter().map(|c| c.pid).collect();
-    let mut agent = match scheme_options(cfg, scheme) {
+    let window = Duration::from_millis(cfg.window_ms);
+    let mut agent = match scheme_options(scheme, window, Duration::from_millis(cfg.full_scan_ms)) {
         Some(opts) => Some(Agent::new(&pids, opts)?),
         None => None,
     };
@@ -721,19 +722,16 @@ pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
         None
     };
     // The advisor's schemes need a kernel that has it (6.9+): said, not run.
-    let advisor = std::path::Path::new("/sys/kernel/mm/ksm/advisor_mode").exists();
     let mut skipped = Vec::new();
     let schemes: Vec<&str> = SCHEMES
         .into_iter()
         .filter(|s| cfg.schemes.is_empty() || cfg.schemes.iter().any(|c| c == s))
-        .filter(|s| {
-            let runs = advisor || !s.starts_with("ksm-advisor");
-            if !runs {
-                skipped.push(format!(
-                    "{s}: this kernel has no KSM advisor (/sys/kernel/mm/ksm/advisor_mode)"
-                ));
+        .filter(|s| match scheme_unavailable(s) {
+            Some(why) => {
+                skipped.push(why);
+                false
             }
-            runs
+            None => true,
         })
         .collect();
     let mut rows = Vec::new();

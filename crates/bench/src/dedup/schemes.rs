@@ -1,6 +1,5 @@
 //! The schemes `bench dedup` compares, and the agent each runs.
 
-use super::Config;
 use pagewise::dedup::{Options, Policy};
 use std::time::Duration;
 
@@ -19,14 +18,18 @@ pub const SCHEMES: [&str; 7] = [
 /// pages (`advisor_target_scan_time`).
 const ADVISOR_DEFAULT: Duration = Duration::from_secs(200);
 
-/// The agent a scheme runs (`None`: no deduplication): the four policies
-/// with ksmd paced by the agent (one pass in [`Config::full_scan_ms`],
-/// smart scan off), and KSM everywhere paced by the kernel's advisor
+/// The agent a scheme runs (`None`: no deduplication), with `window` for
+/// its access window: the four policies with ksmd paced by the agent (one
+/// pass in `full_scan`, smart scan off), and KSM everywhere paced by the kernel's advisor
 /// instead, with smart scan on as the kernel ships it: at the advisor's
 /// default target (`ksm-advisor`) and at the run's own pace
 /// (`ksm-advisor-tuned`, the target the agents' pacing has).
-pub(super) fn scheme_options(cfg: &Config, scheme: &str) -> Option<Options> {
-    let base = Options::default().window(Duration::from_millis(cfg.window_ms));
+pub(crate) fn scheme_options(
+    scheme: &str,
+    window: Duration,
+    full_scan: Duration,
+) -> Option<Options> {
+    let base = Options::default().window(window);
     let advised = |target: Duration| {
         base.clone()
             .policy(Policy::KsmEverywhere)
@@ -36,13 +39,22 @@ pub(super) fn scheme_options(cfg: &Config, scheme: &str) -> Option<Options> {
     };
     match scheme {
         "ksm-advisor" => Some(advised(ADVISOR_DEFAULT)),
-        "ksm-advisor-tuned" => Some(advised(Duration::from_millis(cfg.full_scan_ms))),
+        "ksm-advisor-tuned" => Some(advised(full_scan)),
         _ => Some(
             base.clone()
                 .policy(Policy::parse(scheme)?)
-                .full_scan(Some(Duration::from_millis(cfg.full_scan_ms))),
+                .full_scan(Some(full_scan)),
         ),
     }
+}
+
+/// Why this kernel cannot run `scheme` (the advisor's need Linux 6.9+),
+/// or `None`.
+pub(crate) fn scheme_unavailable(scheme: &str) -> Option<String> {
+    let advisor = std::path::Path::new("/sys/kernel/mm/ksm/advisor_mode").exists();
+    (scheme.starts_with("ksm-advisor") && !advisor).then(|| {
+        format!("{scheme}: this kernel has no KSM advisor (/sys/kernel/mm/ksm/advisor_mode)")
+    })
 }
 
 /// Refuses a scheme not in [`SCHEMES`].
