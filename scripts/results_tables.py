@@ -119,8 +119,11 @@ def dedup_table(report):
     """SmartMD's trade-off: per level and scheme, the median of the runs
     (the spread of ops/s: the lowest and highest 1 s sample of any run)."""
     rows = report["rows"]
-    names = {"none": "none", "ksm-everywhere": "KSM everywhere", "no-splitting": "no splitting",
-             "ingens-like": "Ingens-like", "smartmd": "**pagewise (SmartMD)**"}
+    names = {"none": "none", "ksm-everywhere": "KSM everywhere",
+             "ksm-advisor": "KSM everywhere, advisor (200 s target)",
+             "ksm-advisor-tuned": "KSM everywhere, advisor (run's pace)",
+             "no-splitting": "no splitting", "ingens-like": "Ingens-like",
+             "smartmd": "**pagewise (SmartMD)**"}
     secs = report["config"]["seconds"]
     out = ["| level | scheme | runs | saved (pages_sharing) | of KSM | held by the cgroup | swapped | ops/s (spread) | of no-splitting | ops per CPU-s, of no-splitting | huge pages at end | ksmd CPU | agent CPU | total CPU | every word verified |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -158,7 +161,13 @@ def dedup_table(report):
                 "yes" if all(r["verified"] for r in rs) and not any(r["oom_killed"] for r in rs) else "**no**",
             ]) + " |")
             first = False
-    return "\n".join(out)
+    notes = [f"Medians over the runs of each scheme, {secs} s each; every scheme but the advisor's "
+             "has ksmd paced by the agent to one pass over the mergeable pages in "
+             f"{report['config'].get('full_scan_ms', 5000) / 1e3:g} s, smart scan off."]
+    if any(r["scheme"].startswith("ksm-advisor") for r in rows):
+        notes.append("The advisor's schemes: ksmd paced by the kernel's advisor (`advisor_mode` "
+                     "`scan-time`) and smart scan on, as the kernel ships them.")
+    return "\n".join(out) + "\n\n" + " ".join(notes)
 
 
 # ---------------------------------------------------------------- outside/
@@ -194,6 +203,33 @@ def thp_fair(r):
                "stream: speedup, median (min–max)"], rows)
 
 
+def thp_fair_kernel(r):
+    """Each process's time per round under the kernel's own policies
+    (fresh processes, no agent) and under pagewise after its budget."""
+    ms = lambda v: fix(v, 1)
+    rows = []
+    names = list(dict.fromkeys(x["policy"] for x in r.get("kernel", [])))
+    for p in names:
+        rs = [x for x in r["kernel"] if x["policy"] == p]
+        rows.append([p, spread([x["random_ms"] for x in rs], ms),
+                     spread([x["random_huge_kib"] / 1024 for x in rs], lambda v: fix(v, 0)),
+                     spread([x["stream_ms"] for x in rs], ms),
+                     spread([x["stream_huge_kib"] / 1024 for x in rs], lambda v: fix(v, 0)),
+                     "yes" if all(x["verified"] for x in rs) else "no"])
+    for p in ["first-come", "pagewise"]:
+        rs = [x for x in r["rows"] if x["policy"] == p]
+        rows.append([f"{p}, after the budget", spread([x["random_after_ms"] for x in rs], ms),
+                     spread([x["random_promoted"] * 2 for x in rs], lambda v: fix(v, 0)),
+                     spread([x["stream_after_ms"] for x in rs], ms),
+                     spread([x["stream_promoted"] * 2 for x in rs], lambda v: fix(v, 0)),
+                     "yes" if all(x["verified"] for x in rs) else "no"])
+    skipped = "".join(f" Skipped: {w}." for w in r.get("kernel_skipped", []))
+    return md(["policy", "random: ms per round", "random: in 2 MiB pages, MiB", "stream: ms per pass",
+               "stream: in 2 MiB pages, MiB", "verified"], rows) + \
+        f"\n\nMedian (min–max) over {r['config']['repeats']} runs per policy, in the same run; the THP knobs " \
+        f"no policy changes: {', '.join(r.get('thp_knobs', []))}.{skipped}"
+
+
 def thp_saved(r):
     names = [("coverage", "coverage (pagewise)"), ("address", "address order (khugepaged)"),
              ("utilisation", "utilisation ≥ 0.9 (Ingens-like)")]
@@ -209,10 +245,7 @@ def thp_saved(r):
 
 def thp_kernel(r):
     rows = []
-    names = []
-    for x in r.get("kernel", []):
-        if x["policy"] not in names:
-            names.append(x["policy"])
+    names = list(dict.fromkeys(x["policy"] for x in r.get("kernel", [])))
     for p in names:
         rs = [x for x in r["kernel"] if x["policy"] == p]
         rows.append([p, spread([x["ms_per_round"] for x in rs], lambda v: fix(v, 1)),
@@ -443,26 +476,60 @@ def thp_redis(r):
              "ingens": "Ingens-like (base pages at fault, promote at 90 %)",
              "pagewise": "pagewise (`limit-above:{p:g}`, {z} zero pages)"}
     c = r["config"]
+    runs = max(c.get("repeats", 1), 1)
+
+    def sp(vals, f):
+        vals = [v for v in vals if v is not None]
+        return spread(vals, f) if vals else "–"
+
     rows = []
-    for x in r["rows"]:
-        name = names.get(x["way"], x["way"]).format(p=c["pressure_pct"], z=c["zero_pages"])
-        p3 = "completed" if x["p3_completed"] else \
-            f"**OOM-killed** at {fix(x['p3_inserted'], 0)} of {fix(c['p3_keys'], 0)}"
-        bloat = x["bloat_before_p3_mib"]
-        given = x["recovered_mib"]
-        rows.append([name, p3, fix(x["peak_mib"], 0),
-                     f"{fix(bloat, 0)} MiB" if bloat >= 1 else "0",
-                     f"{fix(x['recovered_of_bloat_mib'], 0)} / {fix(given, 0)} MiB" if given else "–",
-                     f"{100 * x['recovered_in_10s']:.0f} %" if x["recovered_in_10s"] is not None else "–",
-                     f"{x['t90_s']:.1f} s" if x["t90_s"] is not None else "–",
-                     fix(x["p1_set_per_s"], 0), fix(x["p3_set_per_s"], 0),
-                     fix(x["get_per_s"], 0) if x["get_per_s"] else "–",
-                     f"{100 * x['huge_share_end']:.0f} %" if x["huge_share_end"] else "–"])
-    return md(["policy", "P3", "peak MiB", "bloat before P3", "given back (of it / all)",
-               "in 10 s", "t90", "P1 SET/s", "P3 SET/s", "GET/s after", "huge"], rows) + \
-        "\n\nOne run per policy." + \
+    for w in dict.fromkeys(x["way"] for x in r["rows"]):
+        xs = [x for x in r["rows"] if x["way"] == w]
+        name = names.get(w, w).format(p=c["pressure_pct"], z=c["zero_pages"])
+        done = [x for x in xs if x["p3_completed"] and not x.get("died_after_p3")]
+        if len(done) == len(xs):
+            p3 = f"completed {len(done)}/{len(xs)}"
+        else:
+            killed = [fix(x["p3_inserted"], 0) for x in xs if not x["p3_completed"]]
+            p3 = f"**OOM-killed** {len(xs) - len(done)}/{len(xs)} (at {', '.join(killed)} of {fix(c['p3_keys'], 0)})"
+        agent = any(x["recovered_mib"] for x in xs)
+        rows.append([name, p3, sp([x["peak_mib"] for x in xs], lambda v: fix(v, 0)),
+                     sp([x["bloat_before_p3_mib"] for x in xs], lambda v: fix(v, 0)),
+                     sp([x["recovered_of_bloat_mib"] for x in xs], lambda v: fix(v, 0)) if agent else "–",
+                     sp([x["recovered_in_10s"] for x in xs], lambda v: f"{100 * v:.0f} %"),
+                     sp([x["t90_s"] for x in xs], lambda v: f"{v:.1f} s"),
+                     sp([x["p1_set_per_s"] for x in xs], lambda v: fix(v, 0)),
+                     sp([x["p3_set_per_s"] for x in xs], lambda v: fix(v, 0)),
+                     sp([x["get_per_s"] for x in xs], lambda v: fix(v, 0)),
+                     sp([x["huge_share_end"] for x in xs if x["huge_share_end"]], lambda v: f"{100 * v:.0f} %")])
+    return md(["policy", "P3", "peak MiB", "bloat before P3, MiB", "of it given back, MiB",
+               "in 10 s", "t90", "P1 SET/s", "P3 SET/s", "GET/s after", "huge at the end"], rows) + \
+        (f"\n\nMedian (min–max) over {runs} fresh servers and cgroups per policy, the policies in turn run by run"
+         if runs > 1 else "\n\nOne run per policy") + \
+        f"; cgroup limit {c['limit_mib']} MiB, no swap." + \
         "".join(f"\nNot run: {why}." for why in r.get("skipped", []))
 
+
+def thp_redis_get(r):
+    """Per way: GET/s (median of each run's second-half rounds) against
+    resident memory and memory in huge pages, medians over the runs with
+    their spread."""
+    c = r["config"]
+    names = {"pagewise": "**pagewise** (THP `madvise`, the agent promoting)"}
+    rows = []
+    for w in dict.fromkeys(x["way"] for x in r["rows"]):
+        rs = [x for x in r["rows"] if x["way"] == w]
+        rows.append([names.get(w, w), spread([x["get_per_s"] for x in rs], lambda v: fix(v, 0)),
+                     spread([x["rss_mib"] for x in rs], lambda v: fix(v, 0)),
+                     spread([x["huge_mib"] for x in rs], lambda v: fix(v, 0)),
+                     spread([x["agent_cpu_s"] for x in rs], lambda v: fix(v, 2)) if w == "pagewise" else "–",
+                     "yes" if all(x["lost"] == 0 and x["misses"] == 0 for x in rs) else "**no**"])
+    return md(["way", "GET/s (second half)", "resident MiB", "in 2 MiB pages, MiB", "agent CPU, s",
+               "every value back, no miss"], rows) + \
+        f"\n\nMedian (min–max) over {c['repeats']} fresh servers per way, the ways in turn run by run; " \
+        f"{fix(c['keys'], 0)} keys of {c['value_bytes']} B, {c['rounds']} rounds of " \
+        f"{fix(c['requests_per_round'], 0)} GETs (`-P {c['pipeline']} -c {c['clients']}`)." + \
+        "".join(f"\nNot run: {why}." for why in r.get("skipped", []))
 
 
 def dedup_advisor(r):
@@ -491,7 +558,7 @@ def dedup_advisor(r):
                 saved = median([x["saved_mib"] for x in runs(s)])
                 cpu = median([x["ksmd_cpu_ms"] for x in runs(s)])
                 ms, mc = median([x["saved_mib"] for x in m]), median([x["ksmd_cpu_ms"] for x in m])
-                vs = (f"{100 * ms / saved:.0f} % of its saving" if saved else "its saving is 0") + \
+                vs = (f"{100 * ms / saved:.0f} % of its saving" if saved >= 1 else f"it saved {saved:.0f} MiB") + \
                      (f", {100 * mc / cpu:.0f} % of its ksmd CPU" if cpu else "")
             out.append([f"{level}", names[s], str(len(runs(s))),
                         spread(s, "saved_mib", lambda v: f"{v:.0f}") + " MiB",
@@ -512,7 +579,8 @@ def dedup_advisor(r):
 
 
 def dedup_redis(r):
-    names = {"none": "none", "ksm-everywhere": "KSM everywhere", "no-splitting": "no splitting",
+    names = {"none": "none", "ksm-everywhere": "KSM everywhere", "ksm-advisor": "KSM everywhere, advisor (200 s target)",
+             "ksm-advisor-tuned": "KSM everywhere, advisor (run's pace)", "no-splitting": "no splitting",
              "ingens-like": "Ingens-like", "smartmd": "pagewise (SmartMD)"}
     at = {x["scheme"]: x for x in r["rows"]}
     ksm = at.get("ksm-everywhere", {}).get("saved_mib", 0)
@@ -525,7 +593,10 @@ def dedup_redis(r):
         if not x:
             continue
         ksmd, agent = x["ksmd_cpu_ms"], x["agent_cpu_ms"]
-        rows.append([name, f"{fix(x['saved_mib'], 0)} MiB", pct(x["saved_mib"], ksm),
+        t90 = next((y["t_s"] for y in x.get("samples", []) if y["saved_mib"] >= 0.9 * x["saved_mib"]), None) \
+            if x["saved_mib"] >= 1 else None
+        rows.append([name, f"{fix(x['saved_mib'], 0)} MiB", f"{t90:.1f} s" if t90 is not None else "–",
+                     pct(x["saved_mib"], ksm),
                      f"{fix(x['usage_mib'], 0)} MiB",
                      f"{fix(x['huge_loaded_mib'], 0)} → {fix(x['huge_end_mib'], 0)} MiB",
                      f"{fix(x['get_per_s'], 0)} ({fix(x['get_min'], 0)}–{fix(x['get_max'], 0)})",
@@ -533,7 +604,7 @@ def dedup_redis(r):
                      f"{ksmd / 1e3:.2f} s" if ksmd else "–", f"{agent / 1e3:.2f} s" if agent else "–",
                      f"{(ksmd + agent) / (secs * 10):.1f} %",
                      "yes" if x["values_ok"] == x["values_checked"] else "**no**"])
-    return md(["scheme", "saved (pages_sharing)", "of KSM", "held by the cgroup (end)",
+    return md(["scheme", "saved (pages_sharing)", "90 % of it by", "of KSM", "held by the cgroup (end)",
                "huge pages (after load → end)", "GET/s, 4 servers (spread)", "of no-splitting",
                "SET/s", "ksmd CPU", "agent CPU", "total CPU", "every value read back"], rows) + \
         f"\n\nOne {secs} s run per scheme; GET/s and SET/s are medians of its 1 s samples in the second half, GET/s with their spread."
@@ -1073,6 +1144,7 @@ TABLES = {
     "track-collect": track_collect,
     "outside": outside,
     "thp-fair": thp_fair,
+    "thp-fair-kernel": thp_fair_kernel,
     "thp-saved": thp_saved,
     "prezero": prezero,
     "redis": redis,
@@ -1091,6 +1163,7 @@ TABLES = {
     "rollback-redis": rollback_redis,
     "rollback-lazy": rollback_lazy,
     "thp-kernel": thp_kernel,
+    "thp-redis-get": thp_redis_get,
     "rollback-lazy-staged": rollback_lazy_staged,
     "farmem-delay": farmem_delay,
     "farmem-fault-paths": farmem_fault_paths,

@@ -129,7 +129,7 @@ enum What {
     /// coverage against address order and utilisation, on a self-checking
     /// random-update workload. Short by default.
     Thp {
-        /// The full experiment (budgets 4, 8, 16; 3 repeats).
+        /// The full experiment (budgets 4, 8, 16; 5 repeats).
         #[arg(long)]
         full: bool,
         #[command(flatten)]
@@ -140,7 +140,7 @@ enum What {
     /// under first-come promotion, Ingens-like utilisation and pagewise's
     /// coverage fairness. Short by default.
     ThpFair {
-        /// The full experiment (3 repeats, 15 rounds timed).
+        /// The full experiment (5 repeats, 15 rounds timed).
         #[arg(long)]
         full: bool,
         /// A smoke run (256 MiB per process, 5 rounds): that it runs and
@@ -164,6 +164,18 @@ enum What {
         /// always-shrinker, mthp-64k (the kernel's own), ingens, pagewise.
         #[arg(long = "way")]
         ways: Vec<String>,
+        #[command(flatten)]
+        output: Output,
+    },
+    /// A real redis-server whose speed depends on the TLB: a large key
+    /// space under redis-benchmark's random GETs, in rounds, under the
+    /// kernel's THP policies and under pagewise's agent: GET/s against
+    /// resident memory and huge pages; every value read back. Short by
+    /// default.
+    ThpRedisGet {
+        /// The full experiment (2,000,000 keys, 10 rounds, 5 runs per way).
+        #[arg(long)]
+        full: bool,
         #[command(flatten)]
         output: Output,
     },
@@ -318,25 +330,8 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
             Ok(rc)
         }
         What::DedupRedis(a) => dedup_redis(a, quiet),
-        What::ThpRedis { full, ways, output } => {
-            if let Some(why) = crate::thp_redis::unavailable() {
-                println!("bench thp-redis: skipped: {why}");
-                return Ok(0);
-            }
-            let cfg = if full {
-                crate::thp_redis::Config::full()
-            } else {
-                crate::thp_redis::Config::quick()
-            };
-            let (ways, skipped) = crate::thp_redis::Way::chosen(&ways)?;
-            let report = crate::thp_redis::run(&cfg, &ways, &skipped, &mut progress(quiet))?;
-            let rc = output.emit(&report, report.summary(), report.charts())?;
-            let lost: u64 = report.rows.iter().map(|r| r.lost).sum();
-            if lost > 0 {
-                anyhow::bail!("{lost} values were lost or wrong after P3");
-            }
-            Ok(rc)
-        }
+        What::ThpRedisGet { full, output } => thp_redis_get(full, &output, quiet),
+        What::ThpRedis { full, ways, output } => thp_redis(full, &ways, &output, quiet),
         What::Prezero { full, output } => {
             let cfg = if full {
                 crate::prezero::Config::full()
@@ -521,6 +516,50 @@ fn live(full: bool, output: Output, quiet: bool) -> Result<i32> {
     let rc = output.emit(&report, report.summary(), report.charts())?;
     if wrong > 0 {
         anyhow::bail!("{wrong} stored pages differ from the process's memory at the stop");
+    }
+    Ok(rc)
+}
+
+/// `bench thp-redis-get`.
+fn thp_redis_get(full: bool, output: &Output, quiet: bool) -> Result<i32> {
+    if let Some(why) = crate::thp_redis_get::unavailable() {
+        println!("bench thp-redis-get: skipped: {why}");
+        return Ok(0);
+    }
+    let cfg = if full {
+        crate::thp_redis_get::Config::full()
+    } else {
+        crate::thp_redis_get::Config::quick()
+    };
+    let report = crate::thp_redis_get::run(&cfg, &mut progress(quiet))?;
+    let rc = output.emit(&report, report.summary(), report.charts())?;
+    let (lost, misses): (u64, u64) = report
+        .rows
+        .iter()
+        .fold((0, 0), |(l, m), r| (l + r.lost, m + r.misses));
+    if lost > 0 || misses > 0 {
+        anyhow::bail!("{lost} values lost or wrong, {misses} GETs found no key");
+    }
+    Ok(rc)
+}
+
+/// `bench thp-redis`.
+fn thp_redis(full: bool, ways: &[String], output: &Output, quiet: bool) -> Result<i32> {
+    if let Some(why) = crate::thp_redis::unavailable() {
+        println!("bench thp-redis: skipped: {why}");
+        return Ok(0);
+    }
+    let cfg = if full {
+        crate::thp_redis::Config::full()
+    } else {
+        crate::thp_redis::Config::quick()
+    };
+    let (ways, skipped) = crate::thp_redis::Way::chosen(ways)?;
+    let report = crate::thp_redis::run(&cfg, &ways, &skipped, &mut progress(quiet))?;
+    let rc = output.emit(&report, report.summary(), report.charts())?;
+    let lost: u64 = report.rows.iter().map(|r| r.lost).sum();
+    if lost > 0 {
+        anyhow::bail!("{lost} values were lost or wrong after P3");
     }
     Ok(rc)
 }

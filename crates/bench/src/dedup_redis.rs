@@ -335,7 +335,7 @@ fn one(
     )?;
     let mut servers = Vec::new();
     for _ in 0..cfg.servers {
-        servers.push(crate::thp_redis::start_redis(&cg, free_port()?)?);
+        servers.push(crate::thp_redis::start_redis(Some(&cg), free_port()?)?);
     }
     let ports: Vec<u16> = servers.iter().map(|s| s.port).collect();
     let pids: Vec<i32> = servers.iter().map(|s| s.child.id() as i32).collect();

@@ -131,6 +131,24 @@ impl ThpPolicy {
     }
 }
 
+/// `run` under each of `policies` in turn, each applied just before and
+/// put back just after it (repeat `repeat`, said to `progress`).
+pub fn under_each<T>(
+    policies: &[ThpPolicy],
+    repeat: usize,
+    progress: &mut dyn FnMut(&str),
+    mut run: impl FnMut(ThpPolicy) -> Result<T>,
+) -> Result<Vec<T>> {
+    let mut out = Vec::new();
+    for &policy in policies {
+        progress(&format!("{}, run {}", policy.name(), repeat + 1));
+        let applied = policy.apply()?;
+        out.push(run(policy)?);
+        drop(applied);
+    }
+    Ok(out)
+}
+
 /// A policy in force; its settings are put back when it is dropped.
 #[derive(Debug)]
 pub struct Applied {
@@ -153,6 +171,15 @@ pub fn thp_knobs() -> Vec<String> {
     .iter()
     .filter_map(|f| Some(format!("{f}={}", in_force(f)?)))
     .collect()
+}
+
+/// The 64 KiB huge pages faulted in so far on this machine (0 where the
+/// kernel has no count).
+pub fn mthp_64k_faults() -> u64 {
+    std::fs::read_to_string(format!("{THP_DIR}/hugepages-64kB/stats/anon_fault_alloc"))
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 /// The value in force of a THP setting written as a choice list

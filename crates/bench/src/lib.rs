@@ -27,6 +27,7 @@ pub mod svg;
 pub mod thp;
 pub mod thp_fair;
 pub mod thp_redis;
+pub mod thp_redis_get;
 pub mod track;
 
 use serde::Serialize;
@@ -112,6 +113,18 @@ pub fn pct(v: f64, of: f64) -> String {
     } else {
         "-".into()
     }
+}
+
+/// Each distinct name once, in the order it first comes (the policies of
+/// a report's rows, as they ran).
+pub fn in_order<'a>(names: impl IntoIterator<Item = &'a str>) -> Vec<&'a str> {
+    let mut v: Vec<&str> = Vec::new();
+    for n in names {
+        if !v.contains(&n) {
+            v.push(n);
+        }
+    }
+    v
 }
 
 /// Median of a non-empty sample.

@@ -8,13 +8,17 @@
 //! - `THP`: `MADV_HUGEPAGE` (as THP `always` does for every mapping): the
 //!   first touch waits while the kernel zeroes 2 MiB;
 //! - `THP + pre-zeroing`: the same, with [`pagewise::thp::prezero`]'s thread
-//!   faulting huge pages in ahead of the loop.
+//!   faulting huge pages in ahead of the loop;
+//! - the kernel's own policies ([`crate::kernel::ThpPolicy`]): no advice on
+//!   the mapping, the policy in force (`always` is `THP` for every
+//!   mapping; `64K mTHP` faults 64 KiB at a time).
 //!
 //! Each run starts from one of two states of memory ([`REGIMES`]):
 //! compacted just before, or just after the same size was used in base
 //! pages (huge pages then wait on compaction). The ways run in turn within
 //! each state, so no way inherits memory another left behind in a better
-//! state.
+//! state; each repeat runs them in an order of its own, so no way follows
+//! the same one in every run.
 //!
 //! After each 2 MiB is filled, the loop reads it `passes` times (the
 //! program's work on what it allocated). Reported: the first-touch latency
@@ -23,6 +27,7 @@
 //! which would otherwise weigh on whichever way runs first. Self-check: every 2 MiB is read back after the loop (its fill, and
 //! nothing else changed).
 
+use crate::kernel::ThpPolicy;
 use crate::{median, Machine};
 use pagewise::thp::prezero::{PrezeroOptions, Prezeroer};
 use pagewise::workload::AnonMemory;
@@ -78,6 +83,9 @@ pub struct Row {
     pub way: String,
     /// Run number.
     pub repeat: usize,
+    /// The way that ran just before it in its state (empty for the
+    /// first).
+    pub after: String,
     /// First-touch latency, µs: median.
     pub p50_us: f64,
     /// 99th percentile.
@@ -88,6 +96,8 @@ pub struct Row {
     pub run_ms: f64,
     /// Huge pages in the mapping after the loop.
     pub huge_pages: u64,
+    /// 64 KiB huge pages faulted in on the machine during the loop.
+    pub mthp_64k_faults: u64,
     /// Huge pages the thread faulted in ahead.
     pub prezeroed: u64,
     /// The thread's CPU time, ms.
@@ -105,6 +115,10 @@ pub struct Report {
     pub config: Config,
     /// Runs.
     pub rows: Vec<Row>,
+    /// The kernel's policies this kernel cannot run, with why.
+    pub kernel_skipped: Vec<String>,
+    /// The THP knobs no policy changed, as the machine had them.
+    pub thp_knobs: Vec<String>,
 }
 
 fn pct(sorted: &[f64], p: f64) -> f64 {
@@ -136,13 +150,17 @@ fn one(cfg: &Config, regime: &str, way: &str, repeat: usize) -> Result<Row> {
     prepare(regime, cfg.mib)?;
     let len = cfg.mib << 20;
     let mem = AnonMemory::reserve(len)?;
-    let advice = if way == "no THP" {
-        libc::MADV_NOHUGEPAGE
-    } else {
-        14 // MADV_HUGEPAGE
+    // The kernel's policies: no advice, the policy decides.
+    let advice = match way {
+        "no THP" => Some(libc::MADV_NOHUGEPAGE),
+        "THP" | "THP + pre-zeroing" => Some(14), // MADV_HUGEPAGE
+        _ => None,
     };
-    mem.madvise(0, len, advice)
-        .map_err(|e| Error::os("madvise of the mapping", e))?;
+    if let Some(advice) = advice {
+        mem.madvise(0, len, advice)
+            .map_err(|e| Error::os("madvise of the mapping", e))?;
+    }
+    let faults = crate::kernel::mthp_64k_faults();
     let chunks = len / HUGE_PAGE_SIZE;
     let base = mem.addr() as usize;
     let mut lat = Vec::with_capacity(chunks);
@@ -172,6 +190,7 @@ fn one(cfg: &Config, regime: &str, way: &str, repeat: usize) -> Result<Row> {
     }
     std::hint::black_box(sum);
     let run_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let mthp_64k_faults = crate::kernel::mthp_64k_faults().saturating_sub(faults);
     let stats = pre.as_ref().map(|p| p.stats()).unwrap_or_default();
     drop(pre);
     let mut verified = true;
@@ -199,11 +218,13 @@ fn one(cfg: &Config, regime: &str, way: &str, repeat: usize) -> Result<Row> {
         regime: regime.to_string(),
         way: way.to_string(),
         repeat,
+        after: String::new(),
         p50_us: pct(&lat, 0.5),
         p99_us: pct(&lat, 0.99),
         max_us: *lat.last().unwrap_or(&0.0),
         run_ms,
         huge_pages,
+        mthp_64k_faults,
         prezeroed: stats.populated,
         thread_cpu_ms: stats.cpu_ms,
         verified,
@@ -212,18 +233,59 @@ fn one(cfg: &Config, regime: &str, way: &str, repeat: usize) -> Result<Row> {
 
 const WAYS: [&str; 3] = ["no THP", "THP", "THP + pre-zeroing"];
 
+/// One run of `way`, under its kernel policy where it is one.
+fn run_way(
+    cfg: &Config,
+    regime: &str,
+    way: (&str, Option<ThpPolicy>),
+    repeat: usize,
+) -> Result<Row> {
+    let applied = way.1.map(ThpPolicy::apply).transpose()?;
+    let row = one(cfg, regime, way.0, repeat);
+    drop(applied);
+    row
+}
+
+/// `0..n` in an order drawn from `seed` (Fisher–Yates over the
+/// workload's generator).
+fn shuffled(n: usize, seed: u64) -> Vec<usize> {
+    let mut v: Vec<usize> = (0..n).collect();
+    let mut rng = pagewise::workload::Rng::new(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    for i in (1..n).rev() {
+        v.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    v
+}
+
 /// Runs the experiment.
 pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
+    let (ready, kernel_skipped) = ThpPolicy::available();
+    let ways: Vec<(&str, Option<ThpPolicy>)> = WAYS
+        .iter()
+        .map(|&w| (w, None))
+        .chain(ready.iter().map(|&p| (p.name(), Some(p))))
+        .collect();
     let mut rows = Vec::new();
     for regime in REGIMES {
-        for way in WAYS {
-            progress(&format!("{regime}: {way}, warm-up (dropped)"));
-            one(cfg, regime, way, 0)?;
+        for &way in &ways {
+            progress(&format!("{regime}: {}, warm-up (dropped)", way.0));
+            run_way(cfg, regime, way, 0)?;
         }
+        // Each repeat runs the ways in an order of its own (shuffled,
+        // the same on every run of the benchmark): how fast memory a way
+        // has just freed faults in again depends on what freed it, and
+        // no way is to follow the same one in every run. Each row says
+        // which way ran before it.
         for repeat in 0..cfg.repeats {
-            for way in WAYS {
-                progress(&format!("{regime}: {way}, run {}", repeat + 1));
-                rows.push(one(cfg, regime, way, repeat)?);
+            let order = shuffled(ways.len(), repeat as u64 + 1);
+            for (k, &i) in order.iter().enumerate() {
+                let way = ways[i];
+                progress(&format!("{regime}: {}, run {}", way.0, repeat + 1));
+                let mut row = run_way(cfg, regime, way, repeat)?;
+                if k > 0 {
+                    row.after = ways[order[k - 1]].0.to_string();
+                }
+                rows.push(row);
             }
         }
     }
@@ -231,10 +293,22 @@ pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
         machine: Machine::this(),
         config: cfg.clone(),
         rows,
+        kernel_skipped,
+        thp_knobs: crate::kernel::thp_knobs(),
     })
 }
 
 impl Report {
+    /// The kernel's policies the run made, in order.
+    fn kernel_ways(&self) -> Vec<&str> {
+        crate::in_order(
+            self.rows
+                .iter()
+                .map(|r| r.way.as_str())
+                .filter(|w| !WAYS.contains(w)),
+        )
+    }
+
     fn med(&self, regime: &str, way: &str, f: fn(&Row) -> f64) -> f64 {
         let mut v: Vec<f64> = self
             .rows
@@ -248,15 +322,15 @@ impl Report {
     /// The table.
     pub fn summary(&self) -> String {
         let mut s = format!(
-            "pagewise bench prezero — {}\n(d) growing through {} MiB, 2 MiB at a time: first touch of each 2 MiB, then the rest filled and read {} times; pre-zeroing {} huge pages ahead, at most {} per second\n\n{:>18} {:>4} {:>9} {:>9} {:>9} {:>9} {:>6} {:>10} {:>11} {:>9}\n",
+            "pagewise bench prezero — {}\n(d) growing through {} MiB, 2 MiB at a time: first touch of each 2 MiB, then the rest filled and read {} times; pre-zeroing {} huge pages ahead, at most {} per second\n\n{:>26} {:>4} {:>9} {:>9} {:>9} {:>9} {:>6} {:>6} {:>10} {:>11} {:>9}  {}\n",
             self.machine, self.config.mib, self.config.passes, self.config.ahead, self.config.rate,
-            "way", "run", "p50 µs", "p99 µs", "max µs", "run ms", "huge", "prezeroed", "thread ms", "verified"
+            "way", "run", "p50 µs", "p99 µs", "max µs", "run ms", "huge", "64K", "prezeroed", "thread ms", "verified", "after"
         );
         for regime in REGIMES {
             s += &format!("{regime}:\n");
             for r in self.rows.iter().filter(|r| r.regime == regime) {
                 s += &format!(
-                    "{:>18} {:>4} {:>9.2} {:>9.2} {:>9.1} {:>9.1} {:>6} {:>10} {:>11.1} {:>9}\n",
+                    "{:>26} {:>4} {:>9.2} {:>9.2} {:>9.1} {:>9.1} {:>6} {:>6} {:>10} {:>11.1} {:>9}  {}\n",
                     r.way,
                     r.repeat + 1,
                     r.p50_us,
@@ -264,9 +338,11 @@ impl Report {
                     r.max_us,
                     r.run_ms,
                     r.huge_pages,
+                    r.mthp_64k_faults,
                     r.prezeroed,
                     r.thread_cpu_ms,
-                    r.verified
+                    r.verified,
+                    r.after
                 );
             }
             let m = |w: &str, f: fn(&Row) -> f64| self.med(regime, w, f);
@@ -278,11 +354,29 @@ impl Report {
                 m("THP + pre-zeroing", |r| r.run_ms),
             );
             s += &format!(
-                "  medians: first touch p50 THP {thp50:.1} µs, with pre-zeroing {pre50:.2} µs; p99 THP {thp99:.1} µs, with pre-zeroing {pre99:.1} µs ({:.1} % of THP's); run time no THP {no_run:.1} ms, THP {thp_run:.1} ms, with pre-zeroing {pre_run:.1} ms ({:.2}x THP's)\n\n",
+                "  medians: first touch p50 THP {thp50:.1} µs, with pre-zeroing {pre50:.2} µs; p99 THP {thp99:.1} µs, with pre-zeroing {pre99:.1} µs ({:.1} % of THP's); run time no THP {no_run:.1} ms, THP {thp_run:.1} ms, with pre-zeroing {pre_run:.1} ms ({:.2}x THP's)\n",
                 pre99 / thp99 * 100.0,
                 pre_run / thp_run
             );
+            for w in self.kernel_ways() {
+                s += &format!(
+                    "  {w}: first touch p50 {:.2} µs, p99 {:.1} µs; run time {:.1} ms ({:.2}x THP's); {} huge pages\n",
+                    m(w, |r| r.p50_us),
+                    m(w, |r| r.p99_us),
+                    m(w, |r| r.run_ms),
+                    m(w, |r| r.run_ms) / thp_run,
+                    m(w, |r| r.huge_pages as f64)
+                );
+            }
+            s += "\n";
         }
+        for why in &self.kernel_skipped {
+            s += &format!("skipped: {why}\n");
+        }
+        s += &format!(
+            "the kernel's policies: no advice on the mapping, the policy in force; the THP knobs no policy changes, as the machine has them: {}\n",
+            self.thp_knobs.join(" ")
+        );
         s += "goal: p99 first-touch latency of a new 2 MiB at most 10 % of plain THP's; run time no worse than plain THP's.\n";
         s
     }
@@ -290,8 +384,9 @@ impl Report {
     /// First-touch latency percentiles per way.
     pub fn charts(&self) -> Vec<(String, crate::svg::Chart)> {
         let mut series = Vec::new();
+        let ways: Vec<&str> = WAYS.iter().copied().chain(self.kernel_ways()).collect();
         for regime in REGIMES {
-            for w in WAYS {
+            for &w in &ways {
                 series.push(crate::svg::Series {
                     label: format!("{w} ({regime})"),
                     points: vec![
@@ -313,5 +408,34 @@ impl Report {
                 series,
             },
         )]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every repeat's order holds every way once, and over five repeats
+    /// no way follows the same one every time.
+    #[test]
+    fn each_order_is_a_permutation_and_predecessors_change() {
+        let n = 8;
+        let orders: Vec<Vec<usize>> = (1..=5).map(|s| super::shuffled(n, s)).collect();
+        for o in &orders {
+            let mut sorted = o.clone();
+            sorted.sort();
+            assert_eq!(sorted, (0..n).collect::<Vec<_>>(), "{o:?}");
+        }
+        for way in 0..n {
+            let before: Vec<Option<usize>> = orders
+                .iter()
+                .map(|o| {
+                    let k = o.iter().position(|&w| w == way).unwrap();
+                    (k > 0).then(|| o[k - 1])
+                })
+                .collect();
+            assert!(
+                before.windows(2).any(|w| w[0] != w[1]),
+                "way {way} follows {before:?} in every repeat"
+            );
+        }
     }
 }

@@ -598,18 +598,6 @@ pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
     })
 }
 
-/// The 64 KiB huge pages faulted in so far (0 where the kernel has no
-/// count).
-fn mthp_64k_faults() -> u64 {
-    std::fs::read_to_string(format!(
-        "{}/hugepages-64kB/stats/anon_fault_alloc",
-        crate::kernel::THP_DIR
-    ))
-    .ok()
-    .and_then(|v| v.trim().parse().ok())
-    .unwrap_or(0)
-}
-
 /// The workload under each of the kernel's `policies`, a fresh process
 /// each (repeat `repeat`).
 fn kernel_rows(
@@ -618,28 +606,22 @@ fn kernel_rows(
     repeat: usize,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Vec<KernelRow>> {
-    let mut rows = Vec::new();
-    for &policy in policies {
-        progress(&format!("{}, run {}", policy.name(), repeat + 1));
-        let applied = policy.apply()?;
-        let faults = mthp_64k_faults();
+    crate::kernel::under_each(policies, repeat, progress, |policy| {
+        let faults = crate::kernel::mthp_64k_faults();
         let c = start(cfg)?;
         let ms_per_round = rounds_ms(&c, cfg.rounds);
         let held = pagewise::process::resident(c.pid)?;
         let verified = c.stop_and_check();
-        rows.push(KernelRow {
+        Ok(KernelRow {
             policy: policy.name().to_string(),
             repeat,
             ms_per_round,
             anon_huge_kib: held.anon_huge_kib,
             rss_kib: held.rss_kib,
-            mthp_64k_faults: mthp_64k_faults().saturating_sub(faults),
+            mthp_64k_faults: crate::kernel::mthp_64k_faults().saturating_sub(faults),
             verified,
-        });
-        drop(c);
-        drop(applied);
-    }
-    Ok(rows)
+        })
+    })
 }
 
 impl Report {
@@ -710,12 +692,7 @@ impl Report {
             self.config.repeats,
             "policy", "ms per round", "2 MiB pages MiB", "RSS MiB", "64K faults", "verified"
         );
-        let mut names: Vec<&str> = Vec::new();
-        for r in &self.kernel {
-            if !names.contains(&r.policy.as_str()) {
-                names.push(&r.policy);
-            }
-        }
+        let names = crate::in_order(self.kernel.iter().map(|r| r.policy.as_str()));
         for name in names {
             let of = |f: &dyn Fn(&KernelRow) -> f64| {
                 crate::median_min_max(

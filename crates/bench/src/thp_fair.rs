@@ -80,7 +80,7 @@ impl Config {
     pub fn full() -> Self {
         Config {
             rounds: 15,
-            repeats: 3,
+            repeats: 5,
             ..Self::quick()
         }
     }
@@ -122,6 +122,28 @@ impl Row {
     }
 }
 
+/// Both processes under one of the kernel's own policies, no agent (fresh
+/// processes, started under the policy).
+#[derive(Debug, Clone, Serialize)]
+pub struct KernelRow {
+    /// The policy ([`crate::kernel::ThpPolicy::name`]).
+    pub policy: String,
+    /// Repeat.
+    pub repeat: usize,
+    /// Random process: ms per round.
+    pub random_ms: f64,
+    /// Stream process: ms per pass.
+    pub stream_ms: f64,
+    /// Random process: KiB in 2 MiB pages.
+    pub random_huge_kib: u64,
+    /// Stream process: KiB in 2 MiB pages.
+    pub stream_huge_kib: u64,
+    /// Both processes' resident KiB.
+    pub rss_kib: u64,
+    /// Both processes found their memory as they wrote it.
+    pub verified: bool,
+}
+
 /// The report.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
@@ -133,6 +155,12 @@ pub struct Report {
     pub walk_ns: f64,
     /// Runs.
     pub rows: Vec<Row>,
+    /// The kernel's own policies, in the same run.
+    pub kernel: Vec<KernelRow>,
+    /// The policies this kernel cannot run, with why.
+    pub kernel_skipped: Vec<String>,
+    /// The THP knobs no policy changed, as the machine had them.
+    pub thp_knobs: Vec<String>,
 }
 
 /// Multiply-rotate rounds per word of the stream process.
@@ -193,7 +221,9 @@ fn stream(cfg: &Config, cpu: Option<usize>) -> Result<Child> {
     })
 }
 
-fn one(cfg: &Config, name: &str, policy: Policy, repeat: usize, walk_ns: f64) -> Result<Row> {
+/// The stream process, then the random one, each on a CPU of its own
+/// where there are two.
+fn start_pair(cfg: &Config) -> Result<(Child, Child)> {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let (cs, cr) = if cpus > 1 {
         (Some(0), Some(1))
@@ -203,6 +233,40 @@ fn one(cfg: &Config, name: &str, policy: Policy, repeat: usize, walk_ns: f64) ->
     // The stream first: it came first.
     let s = stream(cfg, cs)?;
     let r = random(cfg, cr)?;
+    Ok((s, r))
+}
+
+/// Both processes under each of the kernel's `policies`, fresh ones each
+/// (repeat `repeat`).
+fn kernel_rows(
+    cfg: &Config,
+    policies: &[crate::kernel::ThpPolicy],
+    repeat: usize,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Vec<KernelRow>> {
+    crate::kernel::under_each(policies, repeat, progress, |policy| {
+        let (s, r) = start_pair(cfg)?;
+        let (stream_ms, random_ms) = both_ms(&s, &r, cfg.rounds);
+        let (hs, hr) = (
+            pagewise::process::resident(s.pid)?,
+            pagewise::process::resident(r.pid)?,
+        );
+        let verified = stop_and_check_all(&[s, r], Duration::from_secs(60));
+        Ok(KernelRow {
+            policy: policy.name().to_string(),
+            repeat,
+            random_ms,
+            stream_ms,
+            random_huge_kib: hr.anon_huge_kib,
+            stream_huge_kib: hs.anon_huge_kib,
+            rss_kib: hs.rss_kib + hr.rss_kib,
+            verified,
+        })
+    })
+}
+
+fn one(cfg: &Config, name: &str, policy: Policy, repeat: usize, walk_ns: f64) -> Result<Row> {
+    let (s, r) = start_pair(cfg)?;
     let (stream_before_ms, random_before_ms) = both_ms(&s, &r, cfg.rounds);
     let k = cfg.regions as u64;
     let opts = Options::default()
@@ -287,17 +351,25 @@ pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
     let cost = pagewise::thp::calibrate_walk_cost(64 << 20, 1 << 20)?;
     let walk_ns = cost.walk_ns.unwrap_or(30.0).max(1.0);
     let mut rows = Vec::new();
+    // Repeat by repeat, the agent's runs and the kernel's policies in
+    // turn, as in `thp`.
+    let (ready, kernel_skipped) = crate::kernel::ThpPolicy::available();
+    let mut kernel = Vec::new();
     for repeat in 0..cfg.repeats {
         for (name, policy) in POLICIES {
             progress(&format!("{name}, run {}", repeat + 1));
             rows.push(one(cfg, name, policy, repeat, walk_ns)?);
         }
+        kernel.extend(kernel_rows(cfg, &ready, repeat, progress)?);
     }
     Ok(Report {
         machine: Machine::this(),
         config: cfg.clone(),
         walk_ns,
         rows,
+        kernel,
+        kernel_skipped,
+        thp_knobs: crate::kernel::thp_knobs(),
     })
 }
 
@@ -354,6 +426,77 @@ impl Report {
             pr / fr,
             (ps / fs - 1.0) * 100.0
         );
+        s += &self.kernel_summary();
+        s
+    }
+
+    /// Median (and min, max) of `f` over the kernel runs of `policy`.
+    pub fn kernel_stat(&self, policy: &str, f: fn(&KernelRow) -> f64) -> (f64, f64, f64) {
+        crate::median_min_max(
+            self.kernel
+                .iter()
+                .filter(|r| r.policy == policy)
+                .map(f)
+                .collect(),
+        )
+    }
+
+    /// The kernel's policies beside the agent's: each process's time per
+    /// round and its huge pages, and pagewise's after it spent the budget.
+    fn kernel_summary(&self) -> String {
+        let mut s = format!(
+            "\nthe kernel's own policies, no agent, both processes started under the policy (the THP knobs left as the machine has them: {}); median (min–max) over {} runs:\n{:>26} {:>22} {:>10} {:>22} {:>10} {:>9}\n",
+            self.thp_knobs.join(" "),
+            self.config.repeats,
+            "policy", "random ms", "huge MiB", "stream ms", "huge MiB", "verified"
+        );
+        let names = crate::in_order(self.kernel.iter().map(|r| r.policy.as_str()));
+        let cell = |(m, lo, hi): (f64, f64, f64)| format!("{m:.1} ({lo:.1}–{hi:.1})");
+        for name in &names {
+            s += &format!(
+                "{:>26} {:>22} {:>10.0} {:>22} {:>10.0} {:>9}\n",
+                name,
+                cell(self.kernel_stat(name, |r| r.random_ms)),
+                self.kernel_stat(name, |r| r.random_huge_kib as f64 / 1024.0)
+                    .0,
+                cell(self.kernel_stat(name, |r| r.stream_ms)),
+                self.kernel_stat(name, |r| r.stream_huge_kib as f64 / 1024.0)
+                    .0,
+                self.kernel
+                    .iter()
+                    .filter(|r| r.policy == *name)
+                    .all(|r| r.verified)
+            );
+        }
+        s += &format!(
+            "{:>26} {:>22} {:>10.0} {:>22} {:>10.0} {:>9}\n",
+            "pagewise, after",
+            cell(self.stat("pagewise", |r| r.random_after_ms)),
+            self.stat("pagewise", |r| r.random_promoted as f64).0 * 2.0,
+            cell(self.stat("pagewise", |r| r.stream_after_ms)),
+            self.stat("pagewise", |r| r.stream_promoted as f64).0 * 2.0,
+            self.rows
+                .iter()
+                .filter(|r| r.policy == "pagewise")
+                .all(|r| r.verified)
+        );
+        for why in &self.kernel_skipped {
+            s += &format!("  skipped: {why}\n");
+        }
+        // What huge pages are worth to each process: all of its memory in
+        // 2 MiB pages (always) against none (never), fresh processes.
+        let never = crate::kernel::ThpPolicy::Never.name();
+        let always = crate::kernel::ThpPolicy::Always.name();
+        if names.contains(&never) && names.contains(&always) {
+            let gain = |f: fn(&KernelRow) -> f64| {
+                (self.kernel_stat(never, f).0 / self.kernel_stat(always, f).0 - 1.0) * 100.0
+            };
+            s += &format!(
+                "all of a process's memory in huge pages (always) against none (never): random {:+.1} %, stream {:+.1} % faster\n",
+                gain(|r| r.random_ms),
+                gain(|r| r.stream_ms)
+            );
+        }
         s
     }
 

@@ -6,6 +6,7 @@
 //! conventions say.
 
 use anyhow::{Context, Result};
+use pagewise::agent::gains::{Gains, Ledger};
 use pagewise::agent::{self, Agent, Cadence, Ended};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -101,13 +102,14 @@ pub fn start(
 /// [`drive`](pagewise::agent::drive), each step handed to `report` and
 /// its counters published, until SIGINT/SIGTERM, the end of the watched
 /// processes or of `--steps`; returns the exit status: the command's when
-/// it ended, else 0. On SIGINT/SIGTERM the command is stopped. The caller
-/// then ends the agent and drops it (which puts its settings back).
+/// it ended, else 0. On SIGINT/SIGTERM the command is stopped. Each
+/// process watched is noted in `ledger` as it comes. The caller then ends
+/// the agent and drops it (which puts its settings back).
 pub fn drive<A: Agent>(
     w: &Watch,
     interval: Duration,
     stop: &crate::stop::Stop,
-    mut child: Option<std::process::Child>,
+    (mut child, ledger): (Option<std::process::Child>, &mut Ledger),
     agent: &mut A,
     mut report: impl FnMut(&A::Step) -> Result<()>,
 ) -> Result<i32> {
@@ -119,10 +121,18 @@ pub fn drive<A: Agent>(
     // A container's or cgroup's processes are followed as they come: each
     // new one is watched from the next step on.
     let mut known = w.pids.clone();
-    follow(w, &mut known, false, agent);
+    for pid in known
+        .iter()
+        .copied()
+        .chain(child.as_ref().map(|c| c.id() as i32))
+    {
+        ledger.watch(pid);
+    }
+    follow(w, &mut known, false, (agent, &mut *ledger));
     let ended = agent::drive(agent, &cadence, stop, child.as_mut(), |agent, step| {
         report(&step)?;
-        follow(w, &mut known, true, agent);
+        ledger.refresh();
+        follow(w, &mut known, true, (agent, &mut *ledger));
         Ok::<_, anyhow::Error>(std::ops::ControlFlow::Continue(()))
     })?;
     if let Some(code) = stop.status() {
@@ -141,15 +151,33 @@ pub fn drive<A: Agent>(
 /// Watches the processes of `w`'s containers and cgroups that `known`
 /// does not hold yet (saying each with `say`); one that ended in between
 /// is left out, said.
-fn follow<A: Agent>(w: &Watch, known: &mut Vec<i32>, say: bool, agent: &mut A) {
+fn follow<A: Agent>(
+    w: &Watch,
+    known: &mut Vec<i32>,
+    say: bool,
+    (agent, ledger): (&mut A, &mut Ledger),
+) {
     if !w.groups.given() {
         return;
     }
     for pid in w.groups.newcomers(known, say) {
-        if let Err(e) = agent.add(pid) {
-            eprintln!("pagewise: pid {pid} not watched: {e}");
+        match agent.add(pid) {
+            Ok(()) => ledger.watch(pid),
+            Err(e) => eprintln!("pagewise: pid {pid} not watched: {e}"),
         }
     }
+}
+
+/// Says what the watched processes gained against the machine's settings
+/// before the agent: a line on stdout, or `line`, the command's JSON object
+/// holding them.
+pub fn say_gains(gains: &Gains, json: bool, line: &impl crate::json::Printed) -> Result<()> {
+    if json {
+        println!("{}", crate::json::line(line)?);
+    } else {
+        println!("{}", gains.text());
+    }
+    Ok(())
 }
 
 impl agent::Interrupt for crate::stop::Stop {

@@ -123,8 +123,8 @@ pub fn run(a: Args) -> Result<i32> {
         // /proc), and every LOOK_EVERY steps all the same (a process moved
         // into a container's cgroup after it started).
         let census = tasks.as_ref().and_then(|t| t.read());
-        let changed = census.is_none() || census != last_census;
-        if changed || steps.is_multiple_of(LOOK_EVERY) {
+        let look = census.is_none() || census != last_census || steps.is_multiple_of(LOOK_EVERY);
+        if look {
             follow(&sel, &mut known, &mut ag, !a.json);
             last_census = census;
         }
@@ -137,7 +137,7 @@ pub fn run(a: Args) -> Result<i32> {
             None => None,
         };
         steps += 1;
-        if changed || steps.is_multiple_of(LOOK_EVERY) {
+        if look {
             known.retain(|k| pagewise::process::is_alive(k.member.pid));
         }
         let groups = ag.thp.as_ref().map(|t| t.groups()).unwrap_or_default();

@@ -2,6 +2,7 @@
 //! rebuild of huge pages, driving KSM).
 
 use anyhow::Result;
+use pagewise::agent::gains::{Gains, Ledger};
 use pagewise::agent::Agent as _;
 use pagewise::dedup::{Action, Agent, Options, Policy, Step, Thresholds};
 use pagewise::shim::Inside;
@@ -134,6 +135,8 @@ fn run_agent(a: RunArgs) -> Result<i32> {
         .thresholds(thresholds)
         .full_scan((a.full_scan_ms > 0).then(|| Duration::from_millis(a.full_scan_ms)))
         .hot_backoff(a.hot_backoff);
+    // The machine's settings are read before the agent changes any.
+    let mut ledger = Ledger::new(&pagewise::agent::gains::KSM_SETTINGS);
     // The agent first: a command is not started where it cannot run.
     let mut agent = Agent::new(&pids, opts)?;
     // A command is started under the shim, which makes the calls asked of
@@ -195,10 +198,13 @@ fn run_agent(a: RunArgs) -> Result<i32> {
         &a.watch,
         Duration::from_millis(a.interval_ms),
         &stop,
-        child,
+        (child, &mut ledger),
         &mut agent,
         |step| report(step, a.watch.json),
     )?;
+    // Taken before the agent's regions are unmerged: what it gained while
+    // it ran.
+    let gains = ledger.gains();
     if !a.keep_merged {
         for act in agent.end() {
             if a.watch.json {
@@ -224,6 +230,7 @@ fn run_agent(a: RunArgs) -> Result<i32> {
             c.ksmd_cpu_ms / wall_ms * 100.0
         );
     }
+    crate::agent_loop::say_gains(&gains, a.watch.json, &Line::Gained { gained: &gains })?;
     // KSM's settings are put back here.
     drop(agent);
     crate::agent_loop::say_put_back();
@@ -243,6 +250,13 @@ pub enum Line<'a> {
     },
     /// One step of the agent.
     Step(&'a Step),
+    /// At the end: the watched processes from when each was first watched
+    /// (under the machine's settings before the agent) to the end of its
+    /// steps, before its regions were unmerged.
+    Gained {
+        /// What they held, and the settings before.
+        gained: &'a Gains,
+    },
     /// At the end, once per region: what was put back.
     End {
         /// The action.

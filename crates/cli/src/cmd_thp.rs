@@ -2,6 +2,7 @@
 //! coverage, fairly across processes, under a budget).
 
 use anyhow::{Context, Result};
+use pagewise::agent::gains::{Gains, Ledger};
 use pagewise::thp::agent::{Action, Agent, Budget, Options, Policy, Pressure, Recovery, Step};
 use std::io::Write;
 use std::time::{Duration, Instant};
@@ -269,6 +270,8 @@ fn run_agent(a: RunArgs) -> Result<i32> {
         } else {
             None
         });
+    // The machine's settings are read before the agent changes any.
+    let mut ledger = Ledger::new(&pagewise::agent::gains::THP_SETTINGS);
     let mut agent = Agent::new(&pids, opts)?;
     if !a.watch.json {
         println!(
@@ -283,10 +286,11 @@ fn run_agent(a: RunArgs) -> Result<i32> {
         &a.watch,
         Duration::from_millis(a.interval_ms),
         &stop,
-        child,
+        (child, &mut ledger),
         &mut agent,
         |step| report(step, a.watch.json),
     )?;
+    let gains = ledger.gains();
     let c = agent.counters();
     if !a.watch.json {
         println!(
@@ -299,15 +303,25 @@ fn run_agent(a: RunArgs) -> Result<i32> {
             c.cpu_ms / (t0.elapsed().as_secs_f64() * 1e3).max(1.0) * 100.0
         );
     }
+    crate::agent_loop::say_gains(&gains, a.watch.json, &RunLine::Gained { gained: &gains })?;
     drop(agent);
     crate::agent_loop::say_put_back();
     Ok(status)
 }
 
-/// `thp run --json`: one object a step of the agent.
+/// `thp run --json`: one object a step of the agent, then one at the end.
 #[derive(serde::Serialize, schemars::JsonSchema)]
-#[serde(transparent)]
-pub struct RunLine<'a>(pub &'a Step);
+#[serde(untagged)]
+pub enum RunLine<'a> {
+    /// One step of the agent.
+    Step(&'a Step),
+    /// At the end: the watched processes from when each was first watched
+    /// (under the machine's settings before the agent) to the end.
+    Gained {
+        /// What they held, and the settings before.
+        gained: &'a Gains,
+    },
+}
 impl crate::json::Printed for RunLine<'_> {}
 
 /// `thp prezero --json`: the program's run and what the pre-zeroing thread
@@ -344,7 +358,7 @@ impl crate::json::Printed for PrezeroOutput<'_> {}
 fn report(step: &Step, json: bool) -> Result<()> {
     let mut out = std::io::stdout().lock();
     if json {
-        writeln!(out, "{}", crate::json::line(&RunLine(step))?)?;
+        writeln!(out, "{}", crate::json::line(&RunLine::Step(step))?)?;
         return Ok(());
     }
     for p in &step.processes {

@@ -50,10 +50,12 @@ fn thp_run_promotes_within_the_budget_and_ends_on_sigterm() {
         .arg(&prom)
         .output()
         .unwrap();
-    let steps = ok_json_lines(&out);
-    assert_eq!(steps.len(), 2);
+    let lines = ok_json_lines(&out);
+    // Two steps, then what the process gained.
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    let (steps, gained) = (&lines[..2], &lines[2]["gained"]);
     let mut promoted = Vec::new();
-    for s in &steps {
+    for s in steps {
         for a in s["actions"].as_array().unwrap() {
             match a["action"].as_str().unwrap() {
                 "promoted" => promoted.push(a["start"].as_u64().unwrap()),
@@ -83,6 +85,19 @@ fn thp_run_promotes_within_the_budget_and_ends_on_sigterm() {
     }
     let text = std::fs::read_to_string(&prom).unwrap();
     assert!(text.contains("pagewise_thp_promoted_total 3"), "{text}");
+    // The gains: the process from its first step, against the THP mode the
+    // machine had (and has again): 3 × 2 MiB more in huge pages, unless
+    // khugepaged made some of its own meanwhile (THP always).
+    let mode =
+        pagewise::agent::settings::current("/sys/kernel/mm/transparent_hugepage/enabled").unwrap();
+    assert_eq!(gained["before"][0]["value"], mode.as_str(), "{gained}");
+    assert_eq!(gained["end"]["processes"], 1, "{gained}");
+    let huge = |at: &str| gained[at]["anon_huge_kib"].as_u64().unwrap();
+    if mode == "always" {
+        assert!(huge("end") >= huge("start") + 3 * 2048, "{gained}");
+    } else {
+        assert_eq!(huge("end") - huge("start"), 3 * 2048, "{gained}");
+    }
     // Until SIGTERM.
     let mut run = Command::new(BIN)
         .args([
@@ -106,6 +121,10 @@ fn thp_run_promotes_within_the_budget_and_ends_on_sigterm() {
     // 128 + SIGTERM, as every long-running command, with its summary.
     assert_eq!(st.code(), Some(143), "thp run ended with {st}: {text}");
     assert!(text.contains("steps:"), "{text}");
+    assert!(
+        text.contains("against the machine's settings before (enabled="),
+        "no gains said at the end: {text}"
+    );
     let uw = std::fs::read_to_string(format!("/proc/{pid}/smaps"))
         .unwrap()
         .lines()
@@ -402,6 +421,42 @@ fn dedup_run_merges_cold_duplicates_and_changes_no_output() {
             "ksmd merged {sharing} of the program's 2048 identical pages within the run's steps"
         );
     }
+    // What the program gained: it ended before the agent, so as last read
+    // after a step; from nothing merged (it had just started) to at least
+    // what the step before the last saw (the last may have found it
+    // ending), where the kernel counts per process.
+    let gained = &lines
+        .iter()
+        .find(|v| v.get("gained").is_some())
+        .expect("the line saying what was gained")["gained"];
+    assert_eq!(gained["end"]["processes"], 1, "{gained}");
+    assert_eq!(gained["ended"], 1, "{gained}");
+    assert_eq!(
+        gained["before"][0]["value"],
+        knobs[0].trim(),
+        "KSM's run before: {gained}"
+    );
+    if let Some(end) = gained["end"]["ksm_merging_pages"].as_u64() {
+        let last = steps
+            .iter()
+            .rev()
+            .nth(1)
+            .and_then(|s| {
+                s["ksm"]["merging_pages"]
+                    .as_object()?
+                    .values()
+                    .next()?
+                    .as_u64()
+            })
+            .unwrap_or(0);
+        assert_eq!(gained["start"]["ksm_merging_pages"], 0, "{gained}");
+        assert!(
+            end >= last,
+            "{end} merged at the end, {last} at the last step: {gained}"
+        );
+    } else {
+        assert!(gained["start"]["ksm_merging_pages"].is_null(), "{gained}");
+    }
     let after = ["run", "pages_to_scan", "sleep_millisecs", "smart_scan"]
         .map(|k| std::fs::read_to_string(format!("/sys/kernel/mm/ksm/{k}")).unwrap_or_default());
     assert_eq!(after, knobs, "KSM's settings were not put back");
@@ -606,4 +661,44 @@ fn thp_run_without_cap_sys_nice_says_so_up_front() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(4), "{err}");
     assert!(err.contains("CAP_SYS_NICE"), "{err}");
+}
+
+/// What the agents say they gained (`agent::gains::Ledger`), against
+/// ground truth: a program that writes 64 MiB of new pages between its
+/// first reading and the end gains exactly that (its stack aside); one
+/// that ends counts as last read; a setting the kernel lacks reads as
+/// none.
+#[test]
+fn gains_count_the_pages_a_program_wrote_and_keep_an_ended_ones_last_reading() {
+    use pagewise::agent::gains::Ledger;
+    let exe = c_program("grow_on_ask");
+    let mut grower = pagewise_testkit::Piped::start(&mut Command::new(&exe));
+    let mut idle = pagewise_testkit::Piped::start(&mut Command::new(&exe));
+    // Both have answered once: their start-up pages are in.
+    assert_eq!(grower.ask("hello"), "?");
+    assert_eq!(idle.ask("hello"), "?");
+    let mut l = Ledger::new(&[
+        "/sys/kernel/mm/transparent_hugepage/enabled",
+        "/nonexistent/setting",
+    ]);
+    l.watch(grower.pid());
+    l.watch(idle.pid());
+    assert_eq!(grower.ask("grow 64"), "grown");
+    grower.settle_in_read();
+    let g = l.gains();
+    assert_eq!((g.ended, g.end.processes), (0, 2), "{g:?}");
+    // Every page written, and at most a few of the program's own besides.
+    let want = 64 * 1024;
+    assert!((want..=want + 256).contains(&g.rss_kib()), "{g:?}");
+    assert_eq!(g.anon_huge_kib(), 0, "{g:?}");
+    assert_eq!(g.before[1].value, None);
+    assert!(g.before[0].value.is_some(), "{g:?}");
+    assert!(g.text().contains("+64."), "{}", g.text());
+    // Read after its growth, then ended: it counts as last read.
+    l.refresh();
+    drop(grower);
+    let gone = l.gains();
+    assert_eq!(gone.ended, 1, "{gone:?}");
+    assert_eq!(gone.rss_kib(), g.rss_kib(), "{gone:?} against {g:?}");
+    drop(idle);
 }

@@ -58,10 +58,11 @@ impl Ksm {
         }
         if let Some(target) = opts.advisor {
             let mode = format!("{KSM_DIR}/advisor_mode");
-            if !std::path::Path::new(&mode).exists() {
+            let p = pagewise_mech::probe::get();
+            if !p.ksm_advisor {
                 return Err(pagewise_mech::Error::Unsupported {
                     feature: "the KSM advisor",
-                    why: format!("this kernel has no {mode} (Linux 6.9+)"),
+                    why: p.why("ksm.advisor"),
                 });
             }
             ksm.advisor.push(SettingGuard::set(&mode, "scan-time")?);

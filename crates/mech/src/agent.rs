@@ -17,6 +17,7 @@
 //! system setting the agent changed.
 
 mod drive;
+pub mod gains;
 pub use drive::{drive, serve_metrics, Cadence, Deadline, Ended, Interrupt, Uninterrupted};
 
 use crate::walk::HugeRegion;

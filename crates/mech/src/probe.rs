@@ -81,6 +81,9 @@ pub struct Probe {
     pub ksm: bool,
     /// `prctl(PR_SET_MEMORY_MERGE)` is accepted.
     pub memory_merge: bool,
+    /// The KSM advisor can pace ksmd (`/sys/kernel/mm/ksm/advisor_mode`,
+    /// Linux 6.9).
+    pub ksm_advisor: bool,
     /// `process_madvise(2)` exists.
     pub process_madvise: bool,
     /// Idle page tracking (`/sys/kernel/mm/page_idle/bitmap`).
@@ -123,6 +126,9 @@ fn feat(out: &mut Vec<Feature>, name: &str, available: bool, detail: impl Into<S
     });
 }
 
+/// The file that says whether the KSM advisor is there.
+const KSM_ADVISOR: &str = "/sys/kernel/mm/ksm/advisor_mode";
+
 fn kernel_release() -> String {
     procfs::read_trimmed("/proc/sys/kernel/osrelease").unwrap_or_default()
 }
@@ -147,6 +153,17 @@ fn run() -> Probe {
             "/sys/kernel/mm/ksm present".to_string()
         } else {
             "kernel built without CONFIG_KSM (/sys/kernel/mm/ksm missing)".to_string()
+        },
+    );
+    let ksm_advisor = std::path::Path::new(KSM_ADVISOR).exists();
+    feat(
+        &mut f,
+        "ksm.advisor",
+        ksm_advisor,
+        if ksm_advisor {
+            format!("{KSM_ADVISOR} present")
+        } else {
+            format!("this kernel has no KSM advisor ({KSM_ADVISOR}, Linux 6.9+)")
         },
     );
     let memory_merge = match mem::prctl(mem::PR_GET_MEMORY_MERGE, 0) {
@@ -233,6 +250,7 @@ fn run() -> Probe {
         madv_collapse,
         ksm,
         memory_merge,
+        ksm_advisor,
         process_madvise,
         idle_page,
         damon_vaddr,

@@ -45,6 +45,10 @@ pub const STOP_WAIT: Duration = Duration::from_secs(3);
 /// process flooded with signals still stops after this many).
 const MAX_HANDED_BACK: u32 = 10_000;
 
+/// How many times [`STOP_WAIT`] (or the wait given) a process's threads
+/// are chased while it keeps making new ones.
+const GROWING_LIMIT: u32 = 10;
+
 /// Threads seized whose stop never came in time: (tracer thread, pid, tid),
 /// let go by [`release_stragglers`] once they stop.
 static STRAGGLERS: Mutex<Vec<(i32, i32, i32)>> = Mutex::new(Vec::new());
@@ -257,6 +261,11 @@ fn seize_more(
     mut interrupted: Vec<i32>,
 ) -> Result<()> {
     let t0 = Instant::now();
+    // When a listing last found a thread not held: a pool whose threads
+    // each start a successor and end keeps a few running ahead of the
+    // listings for a while (a listing walked while a thread ends stops
+    // short), and is caught as long as listings keep finding threads.
+    let mut found_at = t0;
     // Threads of `owner` held.
     let mut held = known + interrupted.len();
     loop {
@@ -336,7 +345,10 @@ fn seize_more(
             return Err(e);
         }
         if new > 0 {
-            continue;
+            found_at = Instant::now();
+            if t0.elapsed() <= limit * GROWING_LIMIT {
+                continue;
+            }
         }
         // A listing made while threads end can miss threads that run on
         // (the kernel lists a directory by position): done only once the
@@ -351,7 +363,10 @@ fn seize_more(
         if counted <= held + ending {
             return Ok(());
         }
-        if t0.elapsed() > limit {
+        // Given up when no listing found a thread for `limit` though the
+        // count says there are more, or after `GROWING_LIMIT` times `limit`
+        // in all.
+        if found_at.elapsed() > limit || t0.elapsed() > limit * GROWING_LIMIT {
             return Err(Refusal::ThreadsUncounted {
                 pid: owner,
                 held,

@@ -130,6 +130,14 @@ impl Report {
                     self.summary_of(adv, level),
                     self.summary_of("smartmd", level),
                 ) {
+                    // A share of nothing says nothing.
+                    if a.saved_mib < 1.0 {
+                        s += &format!(
+                            "smartmd against {adv} at {level}: it saved nothing in the median run ({:.1} MiB, ksmd {:.0} ms); smartmd {:.1} MiB (ksmd {:.0} ms, the agent's own {:.0} ms)\n",
+                            a.saved_mib, a.ksmd_cpu_ms, m.saved_mib, m.ksmd_cpu_ms, m.agent_cpu_ms
+                        );
+                        continue;
+                    }
                     s += &format!(
                         "smartmd against {adv} at {level}: {} of its saving ({:.1} against {:.1} MiB), ksmd CPU {} of its ({:.0} against {:.0} ms; the agent's own {:.0} ms)\n",
                         crate::pct(m.saved_mib, a.saved_mib),

@@ -51,10 +51,9 @@ pub(crate) fn scheme_options(
 /// Why this kernel cannot run `scheme` (the advisor's need Linux 6.9+),
 /// or `None`.
 pub(crate) fn scheme_unavailable(scheme: &str) -> Option<String> {
-    let advisor = std::path::Path::new("/sys/kernel/mm/ksm/advisor_mode").exists();
-    (scheme.starts_with("ksm-advisor") && !advisor).then(|| {
-        format!("{scheme}: this kernel has no KSM advisor (/sys/kernel/mm/ksm/advisor_mode)")
-    })
+    let p = pagewise::probe::get();
+    (scheme.starts_with("ksm-advisor") && !p.ksm_advisor)
+        .then(|| format!("{scheme}: {}", p.why("ksm.advisor")))
 }
 
 /// Refuses a scheme not in [`SCHEMES`].

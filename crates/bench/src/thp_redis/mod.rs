@@ -40,9 +40,11 @@
 //! and on SIGINT/SIGTERM.
 
 mod oom;
+mod recovery;
 mod report;
 mod ways;
 
+pub(crate) use ways::on_redis;
 pub use ways::Way;
 
 use crate::redis::{free_port, server_args, value, wait_ready, which, Client};
@@ -105,6 +107,8 @@ pub struct Config {
     pub khugepaged_sleep_ms: u64,
     /// Seconds of GET load after P3.
     pub get_seconds: f64,
+    /// Runs per way, the ways in turn run by run.
+    pub repeats: usize,
 }
 
 impl Config {
@@ -125,6 +129,7 @@ impl Config {
             khugepaged_pages: 65536,
             khugepaged_sleep_ms: 100,
             get_seconds: 2.0,
+            repeats: 1,
         }
     }
     /// The experiment (twice the data).
@@ -135,6 +140,7 @@ impl Config {
             limit_mib: 1300,
             settle_max_s: 60,
             get_seconds: 5.0,
+            repeats: 5,
             ..Self::quick()
         }
     }
@@ -160,6 +166,8 @@ pub struct Sample {
 pub struct Row {
     /// Policy.
     pub way: String,
+    /// Which run of the way (from 0).
+    pub repeat: usize,
     /// P3 inserted every key and Redis was alive after it.
     pub p3_completed: bool,
     /// P3's keys acknowledged.
@@ -209,7 +217,7 @@ pub struct Row {
     /// What the kernel did to huge pages during the run (`/proc/vmstat`
     /// differences; other processes' count too): [`VMSTAT`] in order.
     pub vmstat: Vec<(String, u64)>,
-    /// The timeline.
+    /// The timeline (the first run's; later runs keep none).
     pub timeline: Vec<Sample>,
     /// Zero-filled pages inside each huge page before P3, by region start.
     #[serde(skip)]
@@ -248,12 +256,9 @@ const P3_SEED: u64 = 1 << 40;
 fn deleted(cfg: &Config) -> Vec<bool> {
     let n = cfg.p1_keys as usize;
     let mut order: Vec<usize> = (0..n).collect();
-    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut rng = pagewise::workload::Rng::new(0x2545_f491_4f6c_dd1d);
     for i in (1..n).rev() {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        order.swap(i, (x % (i as u64 + 1)) as usize);
+        order.swap(i, rng.below(i as u64 + 1) as usize);
     }
     let mut gone = vec![false; n];
     for &k in &order[..(n as f64 * cfg.delete_share) as usize] {
@@ -274,7 +279,7 @@ fn set_phase(s: &Shared, p: &str, progress: &mut dyn FnMut(&str), way: &str) {
     progress(&format!("{way}: {p}"));
 }
 
-fn check(stop: &AtomicBool) -> Result<()> {
+pub(crate) fn check(stop: &AtomicBool) -> Result<()> {
     if stop.load(Ordering::SeqCst) {
         bail!("interrupted: every setting put back");
     }
@@ -283,7 +288,7 @@ fn check(stop: &AtomicBool) -> Result<()> {
 
 /// Runs `cmds` in batches of `batch`; the requests/s, or the error and how
 /// many were acknowledged.
-fn load(
+pub(crate) fn load(
     c: &mut Client,
     n: u64,
     batch: u64,
@@ -310,15 +315,17 @@ fn load(
     (n, n as f64 / t0.elapsed().as_secs_f64(), None)
 }
 
-/// Starts redis-server inside `cg`, with THP allowed.
-pub(crate) fn start_redis(cg: &MemoryCgroup, port: u16) -> Result<crate::redis::Server> {
+/// Starts redis-server, inside `cg` where one is given, with THP allowed.
+pub(crate) fn start_redis(cg: Option<&MemoryCgroup>, port: u16) -> Result<crate::redis::Server> {
     let mut c = Command::new("redis-server");
     c.args(server_args(port))
         .args(["--disable-thp", "no"])
         .stdout(Stdio::null())
         .stderr(Stdio::null());
-    join_cgroup_at_exec(&mut c, cg)?;
-    let child = c.spawn().context("starting redis-server in its cgroup")?;
+    if let Some(cg) = cg {
+        join_cgroup_at_exec(&mut c, cg)?;
+    }
+    let child = c.spawn().context("starting redis-server")?;
     let s = crate::redis::Server { child, port };
     wait_ready(port)?;
     Ok(s)
@@ -364,7 +371,7 @@ fn one(
     )?;
     let vm0 = pagewise::system::vmstat(&VMSTAT)?;
     let port = free_port()?;
-    let mut server = start_redis(&cg, port)?;
+    let mut server = start_redis(Some(&cg), port)?;
     let pid = server.child.id() as i32;
     let t0 = Instant::now();
     let shared = Arc::new(Shared {
@@ -407,7 +414,7 @@ fn one(
         .iter()
         .map(|s| s.cgroup_mib)
         .fold(0.0, f64::max);
-    account_recovery(&mut row, &log, cfg, way);
+    recovery::account(&mut row, &log, cfg, way);
     Ok(row)
 }
 
@@ -474,66 +481,6 @@ fn spawn_agent(
             }))
         }
     })
-}
-
-/// The recovery figures of `row` from the agent's decisions: from the
-/// first sample above the pressure threshold, what counts is what was
-/// given back of the bloat measured before P3 (each region's recovered
-/// pages up to its bloat then), not the zero pages of huge pages P3 made
-/// since.
-fn account_recovery(row: &mut Row, log: &[(f64, Action)], cfg: &Config, way: &str) {
-    let page_mib = pagewise::PAGE_SIZE as f64 / (1u64 << 20) as f64;
-    let mut left = row.bloat_regions.clone();
-    let mut recovered: Vec<(f64, f64)> = Vec::new();
-    let mut all = 0u64;
-    for (t, a) in log {
-        if let Action::Recovered {
-            start, zero_pages, ..
-        } = a
-        {
-            all += zero_pages;
-            let old = left.get_mut(start).map_or(0, |b| {
-                let n = (*b).min(*zero_pages);
-                *b -= n;
-                n
-            });
-            recovered.push((*t, old as f64 * page_mib));
-        }
-    }
-    row.recovered_mib = all as f64 * page_mib;
-    row.recovered_of_bloat_mib = recovered.iter().map(|r| r.1).fold(0.0, |a, b| a + b);
-    row.max_stop_ms = log
-        .iter()
-        .filter_map(|(_, a)| match a {
-            Action::Recovered { stopped_ms, .. } => Some(*stopped_ms),
-            _ => None,
-        })
-        .fold(0.0, f64::max);
-    row.promoted = log
-        .iter()
-        .filter(|(_, a)| matches!(a, Action::Promoted { .. }))
-        .count() as u64;
-    let tight = cfg.limit_mib as f64 * cfg.pressure_pct / 100.0;
-    let onset = row
-        .timeline
-        .iter()
-        .find(|s| s.cgroup_mib > tight)
-        .map(|s| s.t_s);
-    if let (Some(t), true, true) = (onset, way == "pagewise", row.bloat_before_p3_mib > 0.0) {
-        let mut sum = 0.0;
-        for (ta, m) in &recovered {
-            sum += m;
-            if row.t90_s.is_none() && sum >= 0.9 * row.bloat_before_p3_mib {
-                row.t90_s = Some((ta - t).max(0.0));
-            }
-        }
-        let in10: f64 = recovered
-            .iter()
-            .filter(|r| r.0 <= t + 10.0)
-            .map(|r| r.1)
-            .sum();
-        row.recovered_in_10s = Some((in10 / row.bloat_before_p3_mib).min(1.0));
-    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -619,6 +566,7 @@ fn phases(
     }
     let mut row = Row {
         way: way.into(),
+        repeat: 0,
         p3_completed,
         p3_inserted,
         oom_kills: 0,
@@ -706,16 +654,11 @@ fn after_p3(
     set_phase(shared, "GET", progress, way);
     let t = Instant::now();
     let mut n = 0u64;
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut rng = pagewise::workload::Rng::new(0x9e37_79b9_7f4a_7c15);
     while t.elapsed().as_secs_f64() < cfg.get_seconds {
         check(stop)?;
         let keys: Vec<Vec<u8>> = (0..64)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                p1_key(kept[(x % kept.len() as u64) as usize])
-            })
+            .map(|_| p1_key(kept[rng.below(kept.len() as u64) as usize]))
             .collect();
         let cmds: Vec<Vec<&[u8]>> = keys.iter().map(|k| vec![&b"GET"[..], k]).collect();
         c.pipeline(&cmds)?;
@@ -775,8 +718,17 @@ pub fn run(
         .unwrap_or(30.0)
         .max(1.0);
     let mut rows = Vec::new();
-    for &way in ways {
-        rows.push(one(cfg, way, walk_ns, &stop, progress)?);
+    for repeat in 0..cfg.repeats.max(1) {
+        for &way in ways {
+            let mut row = one(cfg, way, walk_ns, &stop, &mut |m: &str| {
+                progress(&format!("run {}: {m}", repeat + 1))
+            })?;
+            row.repeat = repeat;
+            if repeat > 0 {
+                row.timeline = Vec::new();
+            }
+            rows.push(row);
+        }
     }
     Ok(Report {
         machine: Machine::this(),
@@ -784,4 +736,30 @@ pub fn run(
         rows,
         skipped: skipped.to_vec(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// P2 deletes exactly its share of the P1 keys, the same keys every
+    /// run, spread over the whole key space.
+    #[test]
+    fn p2_deletes_its_share_the_same_keys_every_run() {
+        let cfg = Config::quick();
+        let gone = deleted(&cfg);
+        assert_eq!(gone.len() as u64, cfg.p1_keys);
+        let want = (cfg.p1_keys as f64 * cfg.delete_share) as usize;
+        assert_eq!(gone.iter().filter(|&&g| g).count(), want);
+        assert_eq!(gone, deleted(&cfg));
+        // Each half of the key space loses its share, give or take 10 %.
+        let half = gone.len() / 2;
+        let first = gone[..half].iter().filter(|&&g| g).count() as f64;
+        let share = first / half as f64;
+        assert!(
+            (share - cfg.delete_share).abs() < 0.1 * cfg.delete_share,
+            "{share} of the first half deleted, against {}",
+            cfg.delete_share
+        );
+    }
 }

@@ -90,31 +90,21 @@ impl Way {
         if let Way::Kernel(_) = self {
             return None;
         }
+        let policy = if self == Way::Ingens {
+            Policy::Utilisation(0.9)
+        } else {
+            Policy::Coverage
+        };
         Some(
-            Options::default()
-                .interval(Duration::from_millis(cfg.interval_ms))
-                .window(Duration::from_millis(cfg.interval_ms / 4))
-                .policy(if self == Way::Ingens {
-                    Policy::Utilisation(0.9)
-                } else {
-                    Policy::Coverage
-                })
-                .budget(
-                    Budget::default()
-                        .total(None)
-                        .per_second(1000.0)
-                        .cpu_share(0.5),
-                )
-                .walk_ns(walk_ns)
-                .recovery(
-                    (self == Way::Pagewise).then_some(
-                        Recovery::default()
-                            .when(Pressure::LimitAbove(cfg.pressure_pct))
-                            .zero_pages(cfg.zero_pages)
-                            .tune_khugepaged(true)
-                            .hold(Duration::from_secs(60)),
-                    ),
+            on_redis(cfg.interval_ms, policy, walk_ns).recovery(
+                (self == Way::Pagewise).then_some(
+                    Recovery::default()
+                        .when(Pressure::LimitAbove(cfg.pressure_pct))
+                        .zero_pages(cfg.zero_pages)
+                        .tune_khugepaged(true)
+                        .hold(Duration::from_secs(60)),
                 ),
+            ),
         )
     }
 
@@ -142,4 +132,23 @@ impl Way {
         }
         Ok((ways, skipped))
     }
+}
+
+/// The huge-page agent as the Redis experiments run it: a step every
+/// `interval_ms` with a window of a quarter of it, `policy`, no budget of
+/// huge pages (1,000 a second at most, half a CPU for the collapses), no
+/// recovery.
+pub(crate) fn on_redis(interval_ms: u64, policy: Policy, walk_ns: f64) -> Options {
+    Options::default()
+        .interval(Duration::from_millis(interval_ms))
+        .window(Duration::from_millis(interval_ms / 4))
+        .policy(policy)
+        .budget(
+            Budget::default()
+                .total(None)
+                .per_second(1000.0)
+                .cpu_share(0.5),
+        )
+        .walk_ns(walk_ns)
+        .recovery(None)
 }

@@ -5,6 +5,13 @@
 //! take, and a restore is refused for the threads that changed — never a
 //! crash. A short slice runs by default; `PAGEWISE_LONG_RUNS=1` runs 100
 //! snapshots per size.
+//!
+//! The live snapshot is held to [`LIVE_PASSES`] passes: 1,024 threads that
+//! never stop leave the copier a thousandth of the CPU, and passes that
+//! never converge would run for minutes (the stop after the last pass is
+//! what is tested, not convergence). The program is given
+//! [`LIFETIME`] seconds, far more than any run needs; it ends when its
+//! stdin closes.
 
 use super::*;
 use pagewise::snap::RollbackRefusal;
@@ -26,6 +33,12 @@ fn churn() -> Option<PathBuf> {
     }
 }
 
+/// Passes of the live snapshot before it stops the pool for the rest.
+const LIVE_PASSES: usize = 3;
+
+/// The seconds the program runs at most unless its stdin closes first.
+const LIFETIME: &str = "3600";
+
 fn long() -> bool {
     std::env::var_os("PAGEWISE_LONG_RUNS").is_some_and(|v| v == "1")
 }
@@ -34,7 +47,7 @@ fn long() -> bool {
 /// restore; then the program's own verdict.
 fn pool(path: &Path, n: usize, takes: usize) {
     let mut child = Command::new(path)
-        .args([&n.to_string(), "600"])
+        .args([&n.to_string(), LIFETIME])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn()
@@ -81,14 +94,21 @@ fn pool(path: &Path, n: usize, takes: usize) {
         pid,
         &mut dest,
         "pool",
-        &pagewise::snap::live::LiveOptions::default(),
+        &pagewise::snap::live::LiveOptions::default().max_passes(LIVE_PASSES),
         &mut |_| {},
         &mut || {},
     );
     let _ = std::fs::remove_dir_all(&dir);
     match live {
-        Ok(_) => {}
-        Err(e) => panic!("{n} threads: live snapshot: {e}"),
+        Ok(r) => assert!(
+            r.passes.len() <= LIVE_PASSES,
+            "{n} threads: {} passes, held to {LIVE_PASSES}",
+            r.passes.len()
+        ),
+        Err(e) => {
+            let how = child.try_wait();
+            panic!("{n} threads: live snapshot: {e} (the program: {how:?})")
+        }
     }
     assert!(
         pagewise_mech::procfs::is_alive(pid),
