@@ -266,14 +266,44 @@ impl Piped {
         self.child.id() as i32
     }
 
-    /// Its next line, trimmed (empty at its end).
+    /// Its next line, trimmed (empty at its end). Waits at most
+    /// [`LINE_WAIT`]: a child that says nothing for that long fails the
+    /// test with what each of its threads was doing, instead of holding
+    /// the suite until CI's own limit.
     pub fn line(&mut self) -> String {
         use std::io::BufRead;
-        let mut l = String::new();
-        self.out
-            .read_line(&mut l)
-            .expect("reading the child's output");
-        l.trim().to_string()
+        use std::os::fd::AsRawFd;
+        let deadline = std::time::Instant::now() + LINE_WAIT;
+        let mut l = Vec::new();
+        loop {
+            let held = self.out.buffer();
+            if let Some(i) = held.iter().position(|&b| b == b'\n') {
+                l.extend_from_slice(&held[..i]);
+                self.out.consume(i + 1);
+                break;
+            }
+            let n = held.len();
+            l.extend_from_slice(held);
+            self.out.consume(n);
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if !readable_within(self.out.get_ref().as_raw_fd(), left) {
+                panic!(
+                    "child {} said no line within {LINE_WAIT:?} (so far {:?}); its threads: {}",
+                    self.pid(),
+                    String::from_utf8_lossy(&l),
+                    threads_doing(self.pid())
+                );
+            }
+            if self
+                .out
+                .fill_buf()
+                .expect("reading the child's output")
+                .is_empty()
+            {
+                break;
+            }
+        }
+        String::from_utf8_lossy(&l).trim().to_string()
     }
 
     /// Sends `req` as one line and returns the line it answers.
@@ -291,6 +321,65 @@ impl Piped {
     pub fn settle_in_read(&self) {
         settle_in_read(self.pid());
     }
+}
+
+/// How long [`Piped::line`] waits for a child's line.
+pub const LINE_WAIT: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// Whether `fd` has something to read (or its end) within `wait`.
+fn readable_within(fd: i32, wait: std::time::Duration) -> bool {
+    let deadline = std::time::Instant::now() + wait;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let ms = i32::try_from(left.as_millis()).unwrap_or(i32::MAX);
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: `p` is one valid pollfd for the duration of the call.
+        let n = unsafe { libc::poll(&mut p, 1, ms) };
+        if n > 0 {
+            return true;
+        }
+        let interrupted =
+            n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted;
+        if !interrupted || left.is_zero() {
+            return false;
+        }
+    }
+}
+
+/// What each thread of process `pid` is doing, for a failure's message:
+/// its id, state, kernel wait channel and system call (`/proc`).
+pub fn threads_doing(pid: i32) -> String {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return format!("process {pid} is gone");
+    };
+    let mut out = Vec::new();
+    for t in tasks.filter_map(Result::ok) {
+        let dir = t.path();
+        let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+        let stat = read("stat");
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|(_, r)| r.split_whitespace().next())
+            .unwrap_or("?")
+            .to_string();
+        let call = read("syscall");
+        let call = call
+            .split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ");
+        out.push(format!(
+            "{} {state} wchan={} syscall={call}",
+            t.file_name().to_string_lossy(),
+            read("wchan")
+        ));
+    }
+    out.sort();
+    out.join("; ")
 }
 
 /// The userfaultfd descriptors process `pid` holds (its `/proc/PID/fd`
