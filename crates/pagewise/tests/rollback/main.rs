@@ -57,8 +57,14 @@ impl std::ops::DerefMut for Target {
 }
 
 impl Target {
+    /// Its standard error is `/dev/null`, not the test's: a shared file
+    /// whose offset other tests move would be a descriptor put back.
     fn start(path: &Path, args: &[&str]) -> Target {
-        let mut p = Piped::start(Command::new(path).args(args));
+        let mut p = Piped::start(
+            Command::new(path)
+                .args(args)
+                .stderr(std::process::Stdio::null()),
+        );
         let l = p.line();
         assert!(l.starts_with("ready"), "the target said {l:?}");
         let rseq = l
