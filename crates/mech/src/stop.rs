@@ -120,18 +120,36 @@ fn wait_out_vfork(pid: i32, deadline: Instant) -> Result<()> {
     }
 }
 
+/// How much longer than its wait a thread that is runnable (state `R`)
+/// is awaited: it stops as soon as it runs, which a machine crowded with
+/// runnable threads can take seconds to let it do. A thread in an
+/// uninterruptible wait is not.
+const RUNNABLE_GRACE: Duration = Duration::from_secs(30);
+
+/// Whether thread `tid` is runnable: running, or waiting for a CPU.
+fn runnable(tid: i32) -> bool {
+    matches!(procfs::process_state(tid), Ok(Some(s)) if s == "R")
+}
+
 /// Waits until seized thread `tid` stands in the stop its interrupt asked
 /// for (`PTRACE_EVENT_STOP`), delivering on the way every signal it takes
 /// (with its own siginfo: continued from its signal-delivery stop with the
 /// same signal; the interrupt still pending stops it right after).
 /// `Ok(false)` if the thread ended; [`Refusal::NotStopping`] if it did not stop by
-/// `deadline`. Callers issue the interrupt first.
+/// `deadline` (by [`RUNNABLE_GRACE`] later if it is runnable). Callers
+/// issue the interrupt first.
 pub(crate) fn settle(pid: i32, tid: i32, deadline: Instant) -> Result<bool> {
     let os = |what: &str, e| Error::for_pid(pid, format!("{what} of thread {tid}"), e);
+    let last = deadline + RUNNABLE_GRACE;
+    let mut deadline = deadline;
     for _ in 0..MAX_HANDED_BACK {
         match process::wait_traced_until(tid, deadline)
             .map_err(|e| os("waiting for the stop", e))?
         {
+            // Runnable, not waiting: it stops once it gets a CPU.
+            None if Instant::now() < last && runnable(tid) => {
+                deadline = (Instant::now() + Duration::from_millis(100)).min(last);
+            }
             None => return Err(Refusal::NotStopping { pid, tid }.into()),
             Some(TraceStop::Gone) => return Ok(false),
             Some(TraceStop::Stopped { event, .. }) if event == process::PTRACE_EVENT_STOP => {

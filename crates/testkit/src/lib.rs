@@ -406,9 +406,39 @@ pub fn settle_in_read(pid: i32) {
 }
 
 impl Drop for Piped {
+    /// Killed, and reaped within 30 s. Its threads this process still
+    /// traces (a test that failed while holding it) are reaped first: the
+    /// process itself cannot be until they are, and a plain wait for it
+    /// would wait for ever.
     fn drop(&mut self) {
+        let pid = self.pid();
+        let tids: Vec<i32> = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .map(|d| {
+                d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
         let _ = self.child.kill();
-        let _ = self.child.wait();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            for &t in tids.iter().filter(|&&t| t != pid) {
+                let mut status = 0;
+                // SAFETY: `status` is a valid out-pointer; a thread this
+                // process does not trace is answered with ECHILD.
+                unsafe { libc::waitpid(t, &mut status, libc::__WALL | libc::WNOHANG) };
+            }
+            if !matches!(self.child.try_wait(), Ok(None)) {
+                return;
+            }
+            if std::time::Instant::now() > deadline {
+                say(&format!(
+                    "child {pid} not reaped 30 s after SIGKILL; its threads: {}\n",
+                    threads_doing(pid)
+                ));
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
     }
 }
 

@@ -25,6 +25,11 @@ const STOP_SIGNALS: [libc::c_int; 4] = [libc::SIGSTOP, libc::SIGTSTP, libc::SIGT
 pub struct Held {
     stopped: Stopped,
     running: bool,
+    /// Threads interrupted by a stop that failed before their own stop
+    /// came: not interrupted again (a second interrupt would stop the
+    /// thread once more after it is continued); their stop is taken by
+    /// the next stop, [`Held::pump`] or [`Held::wait_end`].
+    pending: Vec<i32>,
     /// Its `/proc/PID/stat`, read again at every stop for the thread
     /// count.
     stat: std::fs::File,
@@ -41,6 +46,7 @@ impl Held {
         Ok(Held {
             stopped,
             running: false,
+            pending: Vec::new(),
             stat,
             buf: Vec::with_capacity(1024),
         })
@@ -176,6 +182,7 @@ impl Held {
                         break;
                     }
                     Some(TraceStop::Stopped { .. }) => {
+                        self.pending.retain(|&t| t != tid);
                         process::ptrace_cont(tid, 0).map_err(|e| os("PTRACE_CONT", e))?
                     }
                 }
@@ -281,7 +288,10 @@ impl Held {
                     self.stop_others(tid)?;
                     return Ok(end);
                 }
-                None => process::ptrace_cont(tid, 0).map_err(|e| os("PTRACE_CONT", tid, e))?,
+                None => {
+                    self.pending.retain(|&t| t != tid);
+                    process::ptrace_cont(tid, 0).map_err(|e| os("PTRACE_CONT", tid, e))?
+                }
             }
         }
     }
@@ -305,10 +315,16 @@ impl Held {
 
     /// Interrupts `others` and waits for each (at most [`STOP_WAIT`],
     /// signals on the way handed over as they came); held stopped, the
-    /// threads that ended dropped.
+    /// threads that ended dropped. Where a thread does not stop in time,
+    /// the others are still awaited, then those stopped run on and the
+    /// process stays running, held: the late threads' stops are taken
+    /// later (see `pending`).
     fn halt(&mut self, others: Vec<i32>) -> Result<()> {
         let pid = self.pid();
         for &t in &others {
+            if self.pending.contains(&t) {
+                continue;
+            }
             if let Err(e) = process::ptrace_interrupt(t) {
                 if e.raw_os_error() != Some(libc::ESRCH) {
                     return Err(Error::for_pid(pid, format!("PTRACE_INTERRUPT of {t}"), e));
@@ -317,18 +333,33 @@ impl Held {
         }
         let deadline = Instant::now() + STOP_WAIT;
         let mut gone = Vec::new();
+        let mut halted = Vec::new();
+        let mut failed = None;
+        self.pending.retain(|t| !others.contains(t));
         for &t in &others {
             let owner = if self.stopped.tids.contains(&t) {
                 pid
             } else {
                 t
             };
-            if !settle(owner, t, deadline)? {
-                gone.push(t);
+            match settle(owner, t, deadline) {
+                Ok(true) => halted.push(t),
+                Ok(false) => gone.push(t),
+                Err(e) => {
+                    self.pending.push(t);
+                    failed.get_or_insert(e);
+                }
             }
         }
         self.stopped.tids.retain(|t| !gone.contains(t));
         self.stopped.sharers.retain(|t| !gone.contains(t));
+        if let Some(e) = failed {
+            for &t in &halted {
+                rewind_eintr(pid, t);
+                let _ = process::ptrace_cont(t, 0);
+            }
+            return Err(e);
+        }
         self.running = false;
         Ok(())
     }

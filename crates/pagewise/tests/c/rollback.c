@@ -26,6 +26,8 @@
  *   k       close it
  *   P       make a pipe ("pipe=A,B")
  *   K       close it
+ *   V MS    vfork a child that sleeps MS milliseconds and exits: the main
+ *           thread waits uninterruptibly meanwhile ("vforked=1")
  *   c       print the state
  *   q       exit
  * The first line, "ready", gives the addresses of big, keep and the main
@@ -56,6 +58,7 @@
 #include <sys/mman.h>
 #include <sys/rseq.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <sys/prctl.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
@@ -376,6 +379,17 @@ int main(int argc, char **argv)
             close(pipe_fds[0]);
             close(pipe_fds[1]);
             break;
+        case 'V': {
+            long ms = atol(cmd + 2);
+            pid_t c = vfork();
+            if (c == 0) {
+                struct timespec d = {ms / 1000, (ms % 1000) * 1000000L};
+                nanosleep(&d, NULL);
+                _exit(0);
+            }
+            printf("vforked=%d ", c > 0 && waitpid(c, NULL, 0) == c);
+            break;
+        }
         case 'c':
             break;
         case 'q':

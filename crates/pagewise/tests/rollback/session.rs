@@ -6,7 +6,9 @@
 //! (`bad=0`); resets take the quick path unless the layout, the
 //! descriptors or the threads changed, and then put those back too; a
 //! file's offset is put back on the quick path; workers writing all the
-//! time keep whole hash chains.
+//! time keep whole hash chains; a thread that cannot stop (in a `vfork`)
+//! fails the reset but leaves the others running, and its stop is taken
+//! later.
 
 use super::*;
 use pagewise::snap::ResetSession;
@@ -157,4 +159,76 @@ fn a_session_used_from_another_thread_says_so() {
     drop(s);
     // Let go whole by its own thread: the target answers.
     assert!(t.ask("c").contains("bad=0"));
+}
+
+/// The state letter of thread `tid` of `pid` (`/proc/PID/task/TID/stat`).
+fn thread_state(pid: i32, tid: i32) -> String {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).unwrap_or_default();
+    stat.rsplit_once(')')
+        .and_then(|(_, r)| r.split_whitespace().next())
+        .unwrap_or("gone")
+        .to_string()
+}
+
+/// Waits at most `secs` seconds until `ok` holds of the main thread's
+/// state letter.
+fn until_main(pid: i32, secs: u64, what: &str, ok: impl Fn(&str) -> bool) {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while !ok(&thread_state(pid, pid)) {
+        assert!(
+            std::time::Instant::now() < until,
+            "the main thread never {what}: {}",
+            pagewise_testkit::threads_doing(pid)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn a_thread_that_does_not_stop_in_time_leaves_the_others_running() {
+    use std::io::Write;
+    let Some(path) = target() else { return };
+    let mut t = Target::start(&path, &["threads", "2"]);
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let pid = t.pid();
+    let mut s = ResetSession::open(pid).unwrap();
+    s.reset().unwrap();
+    let first = t.ask("c");
+    // The main thread vforks a child that lives 6 s: it waits
+    // uninterruptibly meanwhile, and cannot stop.
+    writeln!(t.input, "V 6000").unwrap();
+    t.input.flush().unwrap();
+    until_main(pid, 5, "waited for its vfork", |s| s == "D");
+    let e = s.reset().unwrap_err();
+    assert!(e.to_string().contains("did not stop in time"), "{e}");
+    // The workers run on, not held in a stop.
+    let tids: Vec<i32> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    assert_eq!(tids.len(), 3, "{tids:?}");
+    for &tid in tids.iter().filter(|&&t| t != pid) {
+        let st = thread_state(pid, tid);
+        assert!(
+            st == "R" || st == "S",
+            "worker {tid} is {st} after the failed reset"
+        );
+    }
+    // The child ended: the main thread's late stop is taken and it runs
+    // on to its answer.
+    until_main(pid, 20, "left its vfork", |s| s != "D");
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while thread_state(pid, pid) == "t" && std::time::Instant::now() < until {
+        s.pump().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    assert!(t.line().contains("vforked=1"));
+    // The next reset stops every thread and puts the point back.
+    t.settle();
+    s.reset().unwrap();
+    assert_eq!(t.ask("c"), first);
+    assert!(
+        first.contains("bad=0") && first.contains("chains=ok"),
+        "{first}"
+    );
 }
