@@ -589,10 +589,12 @@ fn a_killed_dedup_agents_advice_is_taken_back() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut first = String::new();
-    BufReader::new(target.stderr.take().unwrap())
-        .read_line(&mut first)
-        .unwrap();
+    let target_pid = target.id() as i32;
+    let first = pagewise_testkit::line_within(
+        &mut BufReader::new(target.stderr.take().unwrap()),
+        target_pid,
+    )
+    .unwrap_or_default();
     if !first.contains("huge 1") {
         pagewise_testkit::claim_not_happened!(
             "madv_collapse",

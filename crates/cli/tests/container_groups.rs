@@ -303,8 +303,7 @@ fn a_containers_snapshots_agree_across_its_processes() {
         &addr,
     ]));
     for _ in 0..5 {
-        let mut l = String::new();
-        rx_out.read_line(&mut l).unwrap();
+        let l = pagewise_testkit::line_within(&mut rx_out, rx.id() as i32).unwrap_or_default();
         assert!(l.contains("saved"), "{l}");
     }
     pagewise_sys::process::kill(rx.id() as i32, libc::SIGTERM).unwrap();

@@ -158,8 +158,7 @@ fn every_command_acts_on(c: &mut Container) {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "snapshot --live --to: {err}");
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let mut conn = String::new();
-    rx_out.read_line(&mut conn).unwrap();
+    let conn = pagewise_testkit::line_within(&mut rx_out, rx.id() as i32).unwrap_or_default();
     let conn: serde_json::Value = serde_json::from_str(&conn).unwrap();
     assert_eq!(conn["saved"][0]["id"], report["save"]["id"], "{conn}");
     assert!(rx.wait().unwrap().success());

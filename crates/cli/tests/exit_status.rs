@@ -155,10 +155,9 @@ fn a_process_held_or_in_vfork_is_busy_everywhere() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    BufReader::new(v.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    let v_pid = v.id() as i32;
+    let line = pagewise_testkit::line_within(&mut BufReader::new(v.stdout.take().unwrap()), v_pid)
+        .unwrap_or_default();
     let vpid = line.trim().to_string();
     std::thread::sleep(Duration::from_millis(100));
     for c in commands(&vpid) {

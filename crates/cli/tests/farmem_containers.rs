@@ -13,7 +13,6 @@
 #[macro_use]
 mod support;
 use pagewise_testkit::container::{podman_missing, podman_run_with, Removed};
-use std::io::BufRead;
 use support::*;
 
 fn tmp() -> &'static Path {
@@ -38,8 +37,7 @@ impl Serve {
             .spawn()
             .unwrap();
         let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
-        let mut l = String::new();
-        out.read_line(&mut l).unwrap();
+        let l = pagewise_testkit::line_within(&mut out, child.id() as i32).unwrap_or_default();
         let v: serde_json::Value = serde_json::from_str(&l).expect("the serving line");
         assert_eq!(v["event"], "serving", "{l}");
         let args = v["podman_args"]

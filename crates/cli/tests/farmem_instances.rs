@@ -589,10 +589,9 @@ fn snapshot_and_inspect_of_an_emulated_process_never_hang() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let mut first = String::new();
-    BufReader::new(run.stdout.as_mut().unwrap())
-        .read_line(&mut first)
-        .unwrap();
+    let run_pid = run.id() as i32;
+    // Its first line: the workload runs.
+    pagewise_testkit::line_within(&mut BufReader::new(run.stdout.as_mut().unwrap()), run_pid);
     // The workload is the run's child.
     let children =
         std::fs::read_to_string(format!("/proc/{}/task/{}/children", run.id(), run.id()))

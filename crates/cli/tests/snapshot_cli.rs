@@ -271,8 +271,7 @@ fn live_migration_to_a_receiver_stores_the_known_layout() {
         .args(["--to", &addr]));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(report["handover_ms"].as_f64().unwrap() >= report["downtime_ms"].as_f64().unwrap());
-    let mut conn = String::new();
-    rx_out.read_line(&mut conn).unwrap();
+    let conn = pagewise_testkit::line_within(&mut rx_out, rx.id() as i32).unwrap_or_default();
     let conn: serde_json::Value = serde_json::from_str(&conn).unwrap();
     assert!(conn["broken"].is_null(), "{conn}");
     assert_eq!(conn["saved"][0]["id"], report["save"]["id"]);
@@ -309,8 +308,7 @@ fn receive_needs_a_key_beyond_loopback_and_once_waits_for_a_complete_migration()
     let (mut rx, mut rx_out, addr) = start_receiver(&dir, &["--once"]);
     // A connection that breaks off at once.
     drop(std::net::TcpStream::connect(&addr).unwrap());
-    let mut broken = String::new();
-    rx_out.read_line(&mut broken).unwrap();
+    let broken = pagewise_testkit::line_within(&mut rx_out, rx.id() as i32).unwrap_or_default();
     assert!(broken.contains("broken"), "{broken}");
     assert!(
         rx.try_wait().unwrap().is_none() || {

@@ -10,7 +10,7 @@
 
 #[macro_use]
 mod support;
-use std::io::{BufRead, Read};
+use std::io::Read;
 use std::os::unix::process::ExitStatusExt;
 use std::process::Stdio;
 use support::*;
@@ -38,9 +38,8 @@ fn start() -> Target {
         .spawn()
         .unwrap();
     let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
-    let mut l = String::new();
-    out.read_line(&mut l).unwrap();
-    assert_eq!(l.trim(), "ready");
+    let l = pagewise_testkit::line_within(&mut out, child.id() as i32).unwrap_or_default();
+    assert_eq!(l, "ready");
     Target { child, out }
 }
 

@@ -440,10 +440,8 @@ fn a_closed_pipe_ends_quietly() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut first = String::new();
-    BufReader::new(c.stdout.take().unwrap())
-        .read_line(&mut first)
-        .unwrap();
+    let c_pid = c.id() as i32;
+    pagewise_testkit::line_within(&mut BufReader::new(c.stdout.take().unwrap()), c_pid);
     // The reader is gone now (its end of the pipe dropped).
     let out = c.wait_with_output().unwrap();
     let _ = wl.kill();

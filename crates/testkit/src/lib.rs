@@ -266,44 +266,11 @@ impl Piped {
         self.child.id() as i32
     }
 
-    /// Its next line, trimmed (empty at its end). Waits at most
-    /// [`LINE_WAIT`]: a child that says nothing for that long fails the
-    /// test with what each of its threads was doing, instead of holding
-    /// the suite until CI's own limit.
+    /// Its next line, trimmed (empty at its end), awaited at most
+    /// [`LINE_WAIT`] (see [`line_within`]).
     pub fn line(&mut self) -> String {
-        use std::io::BufRead;
-        use std::os::fd::AsRawFd;
-        let deadline = std::time::Instant::now() + LINE_WAIT;
-        let mut l = Vec::new();
-        loop {
-            let held = self.out.buffer();
-            if let Some(i) = held.iter().position(|&b| b == b'\n') {
-                l.extend_from_slice(&held[..i]);
-                self.out.consume(i + 1);
-                break;
-            }
-            let n = held.len();
-            l.extend_from_slice(held);
-            self.out.consume(n);
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            if !readable_within(self.out.get_ref().as_raw_fd(), left) {
-                panic!(
-                    "child {} said no line within {LINE_WAIT:?} (so far {:?}); its threads: {}",
-                    self.pid(),
-                    String::from_utf8_lossy(&l),
-                    threads_doing(self.pid())
-                );
-            }
-            if self
-                .out
-                .fill_buf()
-                .expect("reading the child's output")
-                .is_empty()
-            {
-                break;
-            }
-        }
-        String::from_utf8_lossy(&l).trim().to_string()
+        let pid = self.pid();
+        line_within(&mut self.out, pid).unwrap_or_default()
     }
 
     /// Sends `req` as one line and returns the line it answers.
@@ -323,7 +290,51 @@ impl Piped {
     }
 }
 
-/// How long [`Piped::line`] waits for a child's line.
+/// The next line of `out`, trimmed; `None` at its end. Waits at most
+/// [`LINE_WAIT`]: a process (`pid`, which writes it) that says nothing for
+/// that long fails the test with what each of its threads was doing,
+/// instead of holding the suite until CI's own limit.
+pub fn line_within<R: std::io::Read + std::os::fd::AsFd>(
+    out: &mut std::io::BufReader<R>,
+    pid: i32,
+) -> Option<String> {
+    use std::io::BufRead;
+    use std::os::fd::AsRawFd;
+    let deadline = std::time::Instant::now() + LINE_WAIT;
+    let mut l = Vec::new();
+    loop {
+        let held = out.buffer();
+        if let Some(i) = held.iter().position(|&b| b == b'\n') {
+            l.extend_from_slice(&held[..i]);
+            out.consume(i + 1);
+            break;
+        }
+        let n = held.len();
+        l.extend_from_slice(held);
+        out.consume(n);
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if !readable_within(out.get_ref().as_fd().as_raw_fd(), left) {
+            panic!(
+                "process {pid} said no line within {LINE_WAIT:?} (so far {:?}); its threads: {}",
+                String::from_utf8_lossy(&l),
+                threads_doing(pid)
+            );
+        }
+        if out
+            .fill_buf()
+            .expect("reading the child's output")
+            .is_empty()
+        {
+            if l.is_empty() {
+                return None;
+            }
+            break;
+        }
+    }
+    Some(String::from_utf8_lossy(&l).trim().to_string())
+}
+
+/// How long [`line_within`] waits for a line.
 pub const LINE_WAIT: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// Whether `fd` has something to read (or its end) within `wait`.

@@ -72,10 +72,10 @@ pub fn spawn_workload(args: &[&str]) -> (std::process::Child, u64, u64) {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut first = String::new();
-    BufReader::new(wl.stdout.as_mut().unwrap())
-        .read_line(&mut first)
-        .unwrap();
+    let wl_pid = wl.id() as i32;
+    let first =
+        pagewise_testkit::line_within(&mut BufReader::new(wl.stdout.as_mut().unwrap()), wl_pid)
+            .unwrap_or_default();
     let (addr, len) = region_line(&first);
     (wl, addr, len)
 }
@@ -405,11 +405,11 @@ pub fn hold_in_instance(dir: &Path, name: &str, pages: u64, secs: u64) -> std::p
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    BufReader::new(c.stdout.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(line.trim(), format!("holding {pages}"));
+    let c_pid = c.id() as i32;
+    let line =
+        pagewise_testkit::line_within(&mut BufReader::new(c.stdout.as_mut().unwrap()), c_pid)
+            .unwrap_or_default();
+    assert_eq!(line, format!("holding {pages}"));
     c
 }
 
@@ -481,8 +481,7 @@ pub fn start_receiver(
         .spawn()
         .unwrap();
     let mut out = BufReader::new(rx.stdout.take().unwrap());
-    let mut first = String::new();
-    out.read_line(&mut first).unwrap();
+    let first = pagewise_testkit::line_within(&mut out, rx.id() as i32).unwrap_or_default();
     let v: serde_json::Value = serde_json::from_str(&first).unwrap();
     let addr = v["listening"].as_str().unwrap().to_string();
     (rx, out, addr)

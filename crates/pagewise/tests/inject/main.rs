@@ -11,7 +11,7 @@ mod common;
 use common::{can_ptrace, fds};
 use pagewise_mech::inject::Remote;
 use pagewise_mech::stop::Stopped;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -62,9 +62,8 @@ impl Target {
         self.child.id() as i32
     }
     fn line(&mut self) -> String {
-        let mut l = String::new();
-        self.out.read_line(&mut l).unwrap();
-        l.trim().to_string()
+        let pid = self.pid();
+        pagewise_testkit::line_within(&mut self.out, pid).unwrap_or_default()
     }
     fn signal(&self, sig: i32) {
         // SAFETY: kill of our own child.

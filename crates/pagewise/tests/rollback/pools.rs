@@ -15,7 +15,6 @@
 
 use super::*;
 use pagewise::snap::RollbackRefusal;
-use std::io::BufRead;
 use std::time::Duration;
 
 fn churn() -> Option<PathBuf> {
@@ -54,9 +53,8 @@ fn pool(path: &Path, n: usize, takes: usize) {
         .unwrap();
     let pid = child.id() as i32;
     let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "ready");
+    let line = pagewise_testkit::line_within(&mut out, pid).unwrap_or_default();
+    assert_eq!(line, "ready");
     let mut h = ProcessSnapshots::open(pid).unwrap();
     let mut slowest = Duration::ZERO;
     let mut last = 0;
