@@ -126,11 +126,6 @@ fn wait_out_vfork(pid: i32, deadline: Instant) -> Result<()> {
 /// uninterruptible wait is not.
 const RUNNABLE_GRACE: Duration = Duration::from_secs(30);
 
-/// Whether thread `tid` is runnable: running, or waiting for a CPU.
-fn runnable(tid: i32) -> bool {
-    matches!(procfs::process_state(tid), Ok(Some(s)) if s == "R")
-}
-
 /// Waits until seized thread `tid` stands in the stop its interrupt asked
 /// for (`PTRACE_EVENT_STOP`), delivering on the way every signal it takes
 /// (with its own siginfo: continued from its signal-delivery stop with the
@@ -147,7 +142,7 @@ pub(crate) fn settle(pid: i32, tid: i32, deadline: Instant) -> Result<bool> {
             .map_err(|e| os("waiting for the stop", e))?
         {
             // Runnable, not waiting: it stops once it gets a CPU.
-            None if Instant::now() < last && runnable(tid) => {
+            None if Instant::now() < last && procfs::thread_runnable(tid) => {
                 deadline = (Instant::now() + Duration::from_millis(100)).min(last);
             }
             None => return Err(Refusal::NotStopping { pid, tid }.into()),

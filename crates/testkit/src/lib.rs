@@ -364,19 +364,16 @@ fn readable_within(fd: i32, wait: std::time::Duration) -> bool {
 /// What each thread of process `pid` is doing, for a failure's message:
 /// its id, state, kernel wait channel and system call (`/proc`).
 pub fn threads_doing(pid: i32) -> String {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+    let tids = threads(pid);
+    if tids.is_empty() {
         return format!("process {pid} is gone");
-    };
+    }
     let mut out = Vec::new();
-    for t in tasks.filter_map(Result::ok) {
-        let dir = t.path();
-        let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
-        let stat = read("stat");
-        let state = stat
-            .rsplit_once(')')
-            .and_then(|(_, r)| r.split_whitespace().next())
-            .unwrap_or("?")
-            .to_string();
+    for tid in tids {
+        let read = |f: &str| {
+            std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/{f}")).unwrap_or_default()
+        };
+        let state = thread_state(pid, tid);
         let call = read("syscall");
         let call = call
             .split_whitespace()
@@ -384,13 +381,33 @@ pub fn threads_doing(pid: i32) -> String {
             .collect::<Vec<_>>()
             .join(" ");
         out.push(format!(
-            "{} {state} wchan={} syscall={call}",
-            t.file_name().to_string_lossy(),
+            "{tid} {state} wchan={} syscall={call}",
             read("wchan")
         ));
     }
     out.sort();
     out.join("; ")
+}
+
+/// The threads of process `pid` (`/proc/PID/task`); none once it is gone.
+pub fn threads(pid: i32) -> Vec<i32> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The state letter of thread `tid` of process `pid`
+/// (`/proc/PID/task/TID/stat`: `R`, `S`, `D`, `t`, ...); `gone` once it
+/// is.
+pub fn thread_state(pid: i32, tid: i32) -> String {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).unwrap_or_default();
+    stat.rsplit_once(')')
+        .and_then(|(_, r)| r.split_whitespace().next())
+        .unwrap_or("gone")
+        .to_string()
 }
 
 /// The userfaultfd descriptors process `pid` holds (its `/proc/PID/fd`
@@ -423,12 +440,7 @@ impl Drop for Piped {
     /// would wait for ever.
     fn drop(&mut self) {
         let pid = self.pid();
-        let tids: Vec<i32> = std::fs::read_dir(format!("/proc/{pid}/task"))
-            .map(|d| {
-                d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-                    .collect()
-            })
-            .unwrap_or_default();
+        let tids = threads(pid);
         let _ = self.child.kill();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         loop {

@@ -184,6 +184,11 @@ pub fn thread_ending(tid: i32) -> bool {
     }
 }
 
+/// Whether thread `tid` is runnable: running, or waiting for a CPU.
+pub fn thread_runnable(tid: i32) -> bool {
+    matches!(process_state(tid), Ok(Some(s)) if s == "R")
+}
+
 /// Whether thread `tid` is there as a zombie (or dead, not yet
 /// released): still counted in its process's `Threads:`, running nothing.
 pub fn thread_zombie(tid: i32) -> bool {

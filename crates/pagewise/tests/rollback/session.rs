@@ -161,20 +161,11 @@ fn a_session_used_from_another_thread_says_so() {
     assert!(t.ask("c").contains("bad=0"));
 }
 
-/// The state letter of thread `tid` of `pid` (`/proc/PID/task/TID/stat`).
-fn thread_state(pid: i32, tid: i32) -> String {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).unwrap_or_default();
-    stat.rsplit_once(')')
-        .and_then(|(_, r)| r.split_whitespace().next())
-        .unwrap_or("gone")
-        .to_string()
-}
-
 /// Waits at most `secs` seconds until `ok` holds of the main thread's
 /// state letter.
 fn until_main(pid: i32, secs: u64, what: &str, ok: impl Fn(&str) -> bool) {
     let until = std::time::Instant::now() + std::time::Duration::from_secs(secs);
-    while !ok(&thread_state(pid, pid)) {
+    while !ok(&pagewise_testkit::thread_state(pid, pid)) {
         assert!(
             std::time::Instant::now() < until,
             "the main thread never {what}: {}",
@@ -202,13 +193,10 @@ fn a_thread_that_does_not_stop_in_time_leaves_the_others_running() {
     let e = s.reset().unwrap_err();
     assert!(e.to_string().contains("did not stop in time"), "{e}");
     // The workers run on, not held in a stop.
-    let tids: Vec<i32> = std::fs::read_dir(format!("/proc/{pid}/task"))
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .collect();
+    let tids = pagewise_testkit::threads(pid);
     assert_eq!(tids.len(), 3, "{tids:?}");
     for &tid in tids.iter().filter(|&&t| t != pid) {
-        let st = thread_state(pid, tid);
+        let st = pagewise_testkit::thread_state(pid, tid);
         assert!(
             st == "R" || st == "S",
             "worker {tid} is {st} after the failed reset"
@@ -218,7 +206,7 @@ fn a_thread_that_does_not_stop_in_time_leaves_the_others_running() {
     // on to its answer.
     until_main(pid, 20, "left its vfork", |s| s != "D");
     let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while thread_state(pid, pid) == "t" && std::time::Instant::now() < until {
+    while pagewise_testkit::thread_state(pid, pid) == "t" && std::time::Instant::now() < until {
         s.pump().unwrap();
         std::thread::sleep(std::time::Duration::from_millis(2));
     }
