@@ -465,7 +465,7 @@ impl Error {
     pub fn for_pid(pid: i32, what: impl Into<String>, source: std::io::Error) -> Self {
         match source.raw_os_error() {
             Some(libc::ESRCH) | Some(libc::ENOENT) => {
-                if !crate::procfs::is_alive(pid) {
+                if crate::procfs::is_ending(pid) {
                     Error::ProcessExited(pid)
                 } else {
                     Error::os(what, source)

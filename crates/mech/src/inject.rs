@@ -199,16 +199,16 @@ pub struct Remote<'a> {
 /// Where a `syscall` instruction (`0f 05`) is in `pid`'s vDSO.
 fn find_syscall_instruction(pid: i32) -> Result<u64> {
     let maps = procfs::maps(Some(pid))?;
-    if maps.is_empty() && !procfs::is_alive(pid) {
-        return Err(Error::ProcessExited(pid));
-    }
-    let vdso = maps
-        .iter()
-        .find(|m| m.path == "[vdso]")
-        .ok_or_else(|| Error::Unsupported {
+    // A process in `exit` lists its mappings short (its memory gone), or none.
+    let Some(vdso) = maps.iter().find(|m| m.path == "[vdso]") else {
+        if procfs::is_ending(pid) {
+            return Err(Error::ProcessExited(pid));
+        }
+        return Err(Error::Unsupported {
             feature: "system calls inside another process",
             why: format!("process {pid} has no vDSO to borrow a syscall instruction from"),
-        })?;
+        });
+    };
     let mut text = vec![0u8; vdso.len() as usize];
     let n = pagewise_sys::process::process_vm_read(pid, vdso.start, &mut text)
         .map_err(|e| Error::for_pid(pid, "reading the vDSO", e))?;

@@ -220,7 +220,7 @@ fn read_around_shared(pid: i32, addr: u64, buf: &mut [u8], shared: &[u64]) -> Re
             read_from(pid, at, &mut buf[from..to], 0)?
         };
         if n < to - from {
-            if gone(pid) {
+            if procfs::is_ending(pid) {
                 return Err(Error::ProcessExited(pid));
             }
             let whole = (from + n) / PAGE_SIZE * PAGE_SIZE;
@@ -230,12 +230,6 @@ fn read_around_shared(pid: i32, addr: u64, buf: &mut [u8], shared: &[u64]) -> Re
         at = stop;
     }
     Ok(buf.len())
-}
-
-/// Whether process `pid` ended or is ending (its memory gone): what a
-/// read that stopped short asks.
-fn gone(pid: i32) -> bool {
-    !procfs::has_memory(pid) || !procfs::is_alive(pid)
 }
 
 /// [`read`] of `buf` at `addr`, whose first `got` bytes are read.
@@ -248,7 +242,7 @@ fn read_from(pid: i32, addr: u64, buf: &mut [u8], mut got: usize) -> Result<usiz
             // Nothing mapped at `at` any more: unmapped meanwhile, or the
             // process is tearing its memory down on its way out.
             Err(e) if e.raw_os_error() == Some(libc::EFAULT) => {
-                if gone(pid) {
+                if procfs::is_ending(pid) {
                     return Err(Error::ProcessExited(pid));
                 }
                 break;

@@ -184,7 +184,18 @@ pub struct Stopped {
 /// does not list children, every process this one may inspect.
 pub fn memory_sharers(pid: i32) -> Vec<i32> {
     let me = std::process::id() as i32;
-    let shares = |p: i32| p != pid && p != me && process::share_memory(pid, p).unwrap_or(false);
+    // `kcmp` finds two processes without memory alike (a kernel thread and
+    // a process in `exit` whose memory is released): only one with memory
+    // shares it.
+    if !procfs::has_memory(pid) {
+        return Vec::new();
+    }
+    let shares = |p: i32| {
+        p != pid
+            && p != me
+            && process::share_memory(pid, p).unwrap_or(false)
+            && procfs::has_memory(p)
+    };
     let tree = (|| {
         let parent = procfs::parent(pid)?;
         let mut todo = procfs::children(pid)?;

@@ -154,6 +154,13 @@ pub fn has_memory(pid: i32) -> bool {
     })
 }
 
+/// Whether process `pid` ended or is ending: gone, a zombie, or in `exit`
+/// with its memory already released (a process killed while stopped is
+/// still `R` or `D` for a while after its mappings are gone).
+pub fn is_ending(pid: i32) -> bool {
+    !has_memory(pid) || !is_alive(pid)
+}
+
 /// The state letter of process `pid` (`/proc/PID/stat`: `R`, `S`, `T`,
 /// `Z`, ...); `None` where the line holds none. A plain I/O error (not an
 /// [`Error`]: [`Error::for_pid`] itself asks [`is_alive`]).

@@ -515,6 +515,24 @@ fn a_process_just_killed_is_said_to_have_exited() {
     let _ = c.wait();
 }
 
+/// A process without memory (a kernel thread here; a process in `exit`
+/// whose memory is released is alike) shares it with none, though `kcmp`
+/// finds all such alike, and is said to be ending.
+#[test]
+fn a_process_without_memory_shares_it_with_none() {
+    let kernel_thread = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .find(|&p| !pagewise_mech::procfs::has_memory(p) && pagewise_mech::procfs::is_alive(p));
+    let Some(k) = kernel_thread else {
+        pagewise_testkit::skip!("no kernel thread is visible in this pid namespace");
+        return;
+    };
+    assert!(pagewise_mech::procfs::is_ending(k));
+    assert_eq!(pagewise_mech::stop::memory_sharers(k), Vec::<i32>::new());
+    println!("ok   kernel thread {k}: no memory, no sharers, said to be ending");
+}
+
 /// A shim's hello naming memory that wraps the top of the address space is
 /// refused, and the check of a range against the shim's memory cannot
 /// overflow.

@@ -163,6 +163,10 @@ pub(super) fn plan(
         }
     }
     if inside && !p.missing.is_empty() && !opts.ignore_missing_fds {
+        // A process in `exit` has closed them all.
+        if procfs::is_ending(pid) {
+            return Err(pagewise_mech::Error::ProcessExited(pid).into());
+        }
         return Err(RollbackRefusal::DescriptorsGone {
             pid,
             id,
