@@ -18,6 +18,8 @@ Examples:
   pagewise inspect --coverage-ms 2000 --heatmap m.svg -- ./server --port 7000
       start ./server under pagewise, wait --after-ms, watch which pages it
       touches for 2 s, inspect it, draw the regions, then stop it
+  pagewise inspect --ready-file /run/srv.pid --after-ms 60000 -- ./srv
+      inspect ./srv once it has written its pid file (at most 60 s)
 
 Access coverage needs idle page tracking (root, CONFIG_IDLE_PAGE_TRACKING)
 for --pid, or a program started under pagewise (-- CMD, or `pagewise farmem
@@ -51,6 +53,11 @@ pub struct Args {
         default_value_t = 1000
     )]
     after: u64,
+    /// With -- CMD: inspect as soon as the command has made FILE (its own
+    /// sign that it is ready: a pid file, a file it writes once loaded),
+    /// waiting at most --after-ms; an error if it has not by then.
+    #[arg(long, value_name = "FILE")]
+    ready_file: Option<PathBuf>,
     /// Draw every 2 MiB region (shade: access coverage, or repetition rate
     /// without coverage; outline: huge page) into FILE.svg.
     #[arg(long, value_name = "FILE.svg")]
@@ -191,14 +198,31 @@ fn targets(a: &Args) -> Result<(Vec<i32>, Option<Started>)> {
     let mut started = None;
     if !a.cmd.is_empty() {
         let s = start(&a.cmd, a.json)?;
-        let wait = crate::progress::spinner(format!(
-            "started {} (pid {}); inspecting in {} ms",
-            a.cmd[0],
-            s.child.id(),
-            a.after
-        ));
-        std::thread::sleep(Duration::from_millis(a.after));
+        let wait = crate::progress::spinner(match &a.ready_file {
+            Some(f) => format!(
+                "started {} (pid {}); inspecting once it makes {} (at most {} ms)",
+                a.cmd[0],
+                s.child.id(),
+                f.display(),
+                a.after
+            ),
+            None => format!(
+                "started {} (pid {}); inspecting in {} ms",
+                a.cmd[0],
+                s.child.id(),
+                a.after
+            ),
+        });
+        let made = wait_ready(a.ready_file.as_deref(), Duration::from_millis(a.after));
         wait.finish_and_clear();
+        if let (Some(f), false) = (&a.ready_file, made) {
+            bail!(
+                "{} did not make {} within {} ms (--ready-file; --after-ms sets the wait)",
+                a.cmd[0],
+                f.display(),
+                a.after
+            );
+        }
         let live: Vec<i32> = s
             .instance()
             .members()
@@ -221,6 +245,26 @@ fn targets(a: &Args) -> Result<(Vec<i32>, Option<Started>)> {
         started = Some(s);
     }
     Ok((pids, started))
+}
+
+/// Waits `most`, or until `file` exists where one is named; whether it
+/// does (true without one).
+fn wait_ready(file: Option<&std::path::Path>, most: Duration) -> bool {
+    let Some(file) = file else {
+        std::thread::sleep(most);
+        return true;
+    };
+    let until = std::time::Instant::now() + most;
+    loop {
+        if file.exists() {
+            return true;
+        }
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        std::thread::sleep(left.min(Duration::from_millis(10)));
+    }
 }
 
 /// Access coverage over `window` ms (0: none asked), by the far-memory

@@ -51,22 +51,31 @@ fn inspect_json_has_the_summary() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("no process"));
 }
 
-/// `pagewise inspect --coverage -- CMD` on the known layout
-/// (`pagewise workload --layout`): zero, duplicate, huge and bloat pages of
-/// its memory exactly, and access coverage exactly too: all 512 pages of
-/// every hot region touched, none of a cold one.
-#[test]
-fn command_under_inspect_matches_its_layout() {
+/// Whether `inspect -- CMD` can run here (the far-memory shim's needs);
+/// the test skipped, with the reason, where not.
+fn can_start_commands() -> bool {
     let p = pagewise::probe::get();
     if !p.pagemap_scan
         || !p.uffd_has(pagewise_sys::uffd::feature::MOVE)
         || !cfg!(target_arch = "x86_64")
     {
         pagewise_testkit::skip!("needs PAGEMAP_SCAN, UFFDIO_MOVE and the x86-64 shim");
-        return;
+        return false;
     }
     if let Err(why) = pagewise_testkit::ensure_preload_shim(env!("CARGO_BIN_EXE_pagewise")) {
         pagewise_testkit::skip!("{why}");
+        return false;
+    }
+    true
+}
+
+/// `pagewise inspect --coverage -- CMD` on the known layout
+/// (`pagewise workload --layout`): zero, duplicate, huge and bloat pages of
+/// its memory exactly, and access coverage exactly too: all 512 pages of
+/// every hot region touched, none of a cold one.
+#[test]
+fn command_under_inspect_matches_its_layout() {
+    if !can_start_commands() {
         return;
     }
     let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
@@ -76,7 +85,11 @@ fn command_under_inspect_matches_its_layout() {
     let svg = dir.join("map.svg");
     let out = ok(Command::new(BIN)
         .args(["inspect", "--json", "--regions", "--coverage", "1500"])
-        .args(["--after", "4000", "--heatmap"])
+        // Once the layout is built (it writes the truth then), not after
+        // a time a busy machine may not keep to.
+        .args(["--after", "60000", "--ready-file"])
+        .arg(&truth_path)
+        .arg("--heatmap")
         .arg(&svg)
         .args(["--", BIN, "workload", "--layout", "32", "--seconds", "60"])
         .arg("--truth")
@@ -131,6 +144,31 @@ fn command_under_inspect_matches_its_layout() {
     }
     let svg = std::fs::read_to_string(&svg).unwrap();
     assert!(svg.starts_with("<svg") && svg.matches("<rect").count() > 32);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A command that does not make its ready file in time is one clear
+/// error, naming the file and the wait.
+#[test]
+fn a_ready_file_not_made_in_time_is_an_error() {
+    if !can_start_commands() {
+        return;
+    }
+    let dir = temp_dir("inspect-ready");
+    let never = dir.join("never");
+    let out = Command::new(BIN)
+        .args(["inspect", "--after-ms", "300", "--ready-file"])
+        .arg(&never)
+        .args(["--", "sleep", "30"])
+        .env("PAGEWISE_FARMEM_DIR", &dir)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("did not make") && err.contains("within 300 ms"),
+        "{err}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
