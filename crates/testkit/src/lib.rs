@@ -278,6 +278,36 @@ impl Piped {
         use std::io::Write;
         writeln!(self.input, "{req}").expect("writing to the child");
         self.input.flush().expect("writing to the child");
+        self.ask_answer(req)
+    }
+
+    /// As [`ask`](Self::ask), calling `meanwhile` every few milliseconds
+    /// until the answer comes (a holder that hands over the signals that
+    /// stop the child on their way, say).
+    pub fn ask_while(&mut self, req: &str, mut meanwhile: impl FnMut()) -> String {
+        use std::io::Write;
+        use std::os::fd::AsRawFd;
+        writeln!(self.input, "{req}").expect("writing to the child");
+        self.input.flush().expect("writing to the child");
+        let deadline = std::time::Instant::now() + LINE_WAIT;
+        while self.out.buffer().is_empty()
+            && !readable_within(
+                self.out.get_ref().as_raw_fd(),
+                std::time::Duration::from_millis(5),
+            )
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "process {} did not answer {req:?} within {LINE_WAIT:?}; its threads: {}",
+                self.pid(),
+                threads_doing(self.pid())
+            );
+            meanwhile();
+        }
+        self.ask_answer(req)
+    }
+
+    fn ask_answer(&mut self, req: &str) -> String {
         let a = self.line();
         assert!(!a.is_empty(), "the child ended on {req:?}");
         a

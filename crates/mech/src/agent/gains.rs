@@ -6,10 +6,11 @@
 //! [`watch`](Ledger::watch)ed and reads the settings named to it when it
 //! is made, before the agent changes any; [`Ledger::refresh`] reads them
 //! again after each step, and [`Ledger::gains`] once more at the end. A
-//! process that ended before the agent did counts with its last reading. The difference is the agent's where the
-//! program's own memory did not change in between: a program that was
-//! still growing when it was first watched (a command the agent started)
-//! gains its own growth too, which the answer cannot tell apart.
+//! process that ended before the agent did counts with its last reading.
+//! The difference is the agent's where the program's own memory did not
+//! change in between: a program that was still growing when it was first
+//! watched (a command the agent started) gains its own growth too, which
+//! the answer cannot tell apart.
 
 use crate::procfs;
 use serde::Serialize;

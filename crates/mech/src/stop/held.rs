@@ -30,6 +30,11 @@ pub struct Held {
     /// thread once more after it is continued); their stop is taken by
     /// the next stop, [`Held::pump`] or [`Held::wait_end`].
     pending: Vec<i32>,
+    /// A thread stopped at the end of a run whose other threads did not
+    /// all stop in time ([`Held::wait_end`] failed): held at its end, not
+    /// interrupted; the next `wait_end` stops the others and returns the
+    /// end, the next stop takes the process as it is.
+    at_end: Option<(i32, RunEnd)>,
     /// Its `/proc/PID/stat`, read again at every stop for the thread
     /// count.
     stat: std::fs::File,
@@ -47,6 +52,7 @@ impl Held {
             stopped,
             running: false,
             pending: Vec::new(),
+            at_end: None,
             stat,
             buf: Vec::with_capacity(1024),
         })
@@ -105,7 +111,9 @@ impl Held {
             return Ok(self.thread_count()? == self.stopped.tids.len());
         }
         let pid = self.pid();
-        self.halt(self.all_tids().collect())?;
+        let ended = self.at_end.map(|(t, _)| t);
+        self.halt(self.all_tids().filter(|&t| Some(t) != ended).collect())?;
+        self.at_end = None;
         if self.stopped.tids.is_empty() {
             return Err(Error::ProcessExited(pid));
         }
@@ -163,7 +171,12 @@ impl Held {
         }
         let pid = self.pid();
         let mut handed = 0;
-        for tid in self.all_tids().collect::<Vec<_>>() {
+        let ended = self.at_end.map(|(t, _)| t);
+        for tid in self
+            .all_tids()
+            .filter(|&t| Some(t) != ended)
+            .collect::<Vec<_>>()
+        {
             let os = |what: &str, e| Error::for_pid(pid, format!("{what} of {tid}"), e);
             loop {
                 match process::wait_traced_until(tid, Instant::now())
@@ -216,7 +229,9 @@ impl Held {
     /// kernel's wait when the process has one thread). Signals that do not
     /// end it are handed over as they come, and a stop signal leaves it in
     /// its group-stop (the caller's deadline, or a fuzzer's timeout, ends
-    /// that). At an end, every other thread is stopped too.
+    /// that). At an end, every other thread is stopped too; where one does
+    /// not stop in time, the error is returned, the others run on and the
+    /// end is held: the next call stops them and returns it.
     pub fn wait_end(&mut self, deadline: Option<Instant>) -> Result<RunEnd> {
         let pid = self.pid();
         if !self.running {
@@ -225,6 +240,11 @@ impl Held {
                 "waiting for the end of a run of a stopped process",
                 std::io::Error::from_raw_os_error(libc::EINVAL),
             ));
+        }
+        if let Some((tid, end)) = self.at_end {
+            self.stop_others(tid)?;
+            self.at_end = None;
+            return Ok(end);
         }
         let os = |what: &str, tid: i32, e| Error::for_pid(pid, format!("{what} of {tid}"), e);
         let mut spins = 0u32;
@@ -258,6 +278,7 @@ impl Held {
                 if tid == pid || self.stopped.tids.is_empty() {
                     self.stopped.tids.clear();
                     self.running = false;
+                    self.at_end = None;
                     return Ok(RunEnd::Ended(st));
                 }
                 continue;
@@ -285,7 +306,9 @@ impl Held {
             };
             match end {
                 Some(end) => {
+                    self.at_end = Some((tid, end));
                     self.stop_others(tid)?;
+                    self.at_end = None;
                     return Ok(end);
                 }
                 None => {

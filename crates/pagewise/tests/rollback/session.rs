@@ -175,21 +175,30 @@ fn until_main(pid: i32, secs: u64, what: &str, ok: impl Fn(&str) -> bool) {
     }
 }
 
-#[test]
-fn a_thread_that_does_not_stop_in_time_leaves_the_others_running() {
+/// A target with two workers in a session, its answer at the point, and
+/// its main thread in a vfork whose child lives 6 s: it waits
+/// uninterruptibly meanwhile, and cannot stop.
+fn main_in_a_long_vfork() -> Option<(Target, ResetSession, String)> {
     use std::io::Write;
-    let Some(path) = target() else { return };
+    let path = target()?;
     let mut t = Target::start(&path, &["threads", "2"]);
     std::thread::sleep(std::time::Duration::from_millis(50));
     let pid = t.pid();
     let mut s = ResetSession::open(pid).unwrap();
     s.reset().unwrap();
     let first = t.ask("c");
-    // The main thread vforks a child that lives 6 s: it waits
-    // uninterruptibly meanwhile, and cannot stop.
     writeln!(t.input, "V 6000").unwrap();
     t.input.flush().unwrap();
     until_main(pid, 5, "waited for its vfork", |s| s == "D");
+    Some((t, s, first))
+}
+
+#[test]
+fn a_thread_that_does_not_stop_in_time_leaves_the_others_running() {
+    let Some((mut t, mut s, first)) = main_in_a_long_vfork() else {
+        return;
+    };
+    let pid = t.pid();
     let e = s.reset().unwrap_err();
     assert!(e.to_string().contains("did not stop in time"), "{e}");
     // The workers run on, not held in a stop.
@@ -215,6 +224,60 @@ fn a_thread_that_does_not_stop_in_time_leaves_the_others_running() {
     t.settle();
     s.reset().unwrap();
     assert_eq!(t.ask("c"), first);
+    assert!(
+        first.contains("bad=0") && first.contains("chains=ok"),
+        "{first}"
+    );
+}
+
+/// A run that ends (a worker meets a signal that would end the process)
+/// while the main thread cannot stop (in a 6 s vfork): the wait fails and
+/// the workers run on; the next wait stops them all once the main thread
+/// can be, and returns the end; the reset after it puts the point back.
+#[test]
+fn an_end_whose_others_do_not_stop_in_time_is_returned_by_the_next_wait() {
+    use pagewise_mech::stop::RunEnd;
+    use std::time::{Duration, Instant};
+    let Some((mut t, mut s, first)) = main_in_a_long_vfork() else {
+        return;
+    };
+    let pid = t.pid();
+    let workers: Vec<i32> = pagewise_testkit::threads(pid)
+        .into_iter()
+        .filter(|&w| w != pid)
+        .collect();
+    assert_eq!(workers.len(), 2, "{workers:?}");
+    let (ended, other) = (workers[0], workers[1]);
+    // SAFETY: tgkill of a thread of a child of this test.
+    let rc = unsafe { libc::syscall(libc::SYS_tgkill, pid, ended, libc::SIGTERM) };
+    assert_eq!(rc, 0);
+    let e = s
+        .wait_end(Some(Instant::now() + Duration::from_secs(20)))
+        .unwrap_err();
+    assert!(e.to_string().contains("did not stop in time"), "{e}");
+    assert_eq!(pagewise_testkit::thread_state(pid, ended), "t");
+    let st = pagewise_testkit::thread_state(pid, other);
+    assert!(st == "R" || st == "S", "the other worker is {st}");
+    // The vfork over, the next wait returns the end, every thread stopped.
+    until_main(pid, 20, "left its vfork", |s| s != "D");
+    let end = s
+        .wait_end(Some(Instant::now() + Duration::from_secs(20)))
+        .unwrap();
+    assert_eq!(end, RunEnd::Signal(libc::SIGTERM));
+    for tid in [pid, ended, other] {
+        assert_eq!(
+            pagewise_testkit::thread_state(pid, tid),
+            "t",
+            "thread {tid}"
+        );
+    }
+    // The vfork child's SIGCHLD, sent while the process was running,
+    // comes after the reset: handed over while the answer is awaited.
+    s.reset().unwrap();
+    let again = t.ask_while("c", || {
+        s.pump().unwrap();
+    });
+    assert_eq!(again, first);
     assert!(
         first.contains("bad=0") && first.contains("chains=ok"),
         "{first}"

@@ -4,7 +4,7 @@
 //! naming the owner.
 
 use pagewise_mech::settings::SettingGuard;
-use std::io::{BufRead, BufReader};
+use std::io::BufReader;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -52,11 +52,10 @@ fn start_owner() -> (std::process::Child, BufReader<std::process::ChildStdout>) 
     (c, out)
 }
 
-fn wait_held(out: &mut BufReader<std::process::ChildStdout>) {
-    let mut l = String::new();
+/// Waits (bounded) for the owner `c`'s "held".
+fn wait_held(c: &std::process::Child, out: &mut BufReader<std::process::ChildStdout>) {
     loop {
-        l.clear();
-        assert!(out.read_line(&mut l).unwrap() > 0, "the owner ended");
+        let l = pagewise_testkit::line_within(out, c.id() as i32).expect("the owner ended");
         if l.contains("held") {
             return;
         }
@@ -76,7 +75,7 @@ fn a_killed_owner_is_repaired_and_a_live_one_refuses_others() {
     let _one = serial();
     let original = value();
     let (mut c, mut out) = start_owner();
-    wait_held(&mut out);
+    wait_held(&c, &mut out);
     assert_eq!(value(), "123");
     let e = SettingGuard::claim(SETTING).unwrap_err();
     assert!(
@@ -112,7 +111,7 @@ fn a_setting_held_elsewhere_is_waited_for_then_named() {
     }
     let _one = serial();
     let (mut c, mut out) = start_owner();
-    wait_held(&mut out);
+    wait_held(&c, &mut out);
     let t0 = std::time::Instant::now();
     let e =
         pagewise_mech::settings::wait_until_free(SETTING, Duration::from_millis(500)).unwrap_err();

@@ -439,12 +439,7 @@ impl ResetSession {
 
 /// Kills a program the session started, and reaps it.
 fn end_launched(pid: i32) {
-    let mut tids: Vec<i32> = std::fs::read_dir(format!("/proc/{pid}/task"))
-        .map(|d| {
-            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default();
+    let mut tids = pagewise_mech::procfs::tasks(pid).unwrap_or_default();
     let _ = pagewise_sys::process::kill(pid, libc::SIGKILL);
     // Its other threads first (each reaped by its tracer), the process
     // last.
