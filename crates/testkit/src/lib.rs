@@ -284,11 +284,19 @@ impl Piped {
     /// As [`ask`](Self::ask), calling `meanwhile` every few milliseconds
     /// until the answer comes (a holder that hands over the signals that
     /// stop the child on their way, say).
-    pub fn ask_while(&mut self, req: &str, mut meanwhile: impl FnMut()) -> String {
+    pub fn ask_while(&mut self, req: &str, meanwhile: impl FnMut()) -> String {
         use std::io::Write;
-        use std::os::fd::AsRawFd;
         writeln!(self.input, "{req}").expect("writing to the child");
         self.input.flush().expect("writing to the child");
+        let a = self.line_while(meanwhile);
+        assert!(!a.is_empty(), "the child ended on {req:?}");
+        a
+    }
+
+    /// As [`line`](Self::line), calling `meanwhile` every few milliseconds
+    /// until the line comes.
+    pub fn line_while(&mut self, mut meanwhile: impl FnMut()) -> String {
+        use std::os::fd::AsRawFd;
         let deadline = std::time::Instant::now() + LINE_WAIT;
         while self.out.buffer().is_empty()
             && !readable_within(
@@ -298,13 +306,13 @@ impl Piped {
         {
             assert!(
                 std::time::Instant::now() < deadline,
-                "process {} did not answer {req:?} within {LINE_WAIT:?}; its threads: {}",
+                "process {} said no line within {LINE_WAIT:?}; its threads: {}",
                 self.pid(),
                 threads_doing(self.pid())
             );
             meanwhile();
         }
-        self.ask_answer(req)
+        self.line()
     }
 
     fn ask_answer(&mut self, req: &str) -> String {

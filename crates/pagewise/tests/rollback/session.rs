@@ -175,10 +175,28 @@ fn until_main(pid: i32, secs: u64, what: &str, ok: impl Fn(&str) -> bool) {
     }
 }
 
+/// The child a target vforked, killed when the test says (or at the end
+/// of the test, however it ends).
+struct VforkChild(i32);
+
+impl VforkChild {
+    /// Ends the child: its parent's vfork returns.
+    fn end(&self) {
+        // SAFETY: kill of a process this test's target started.
+        unsafe { libc::kill(self.0, libc::SIGKILL) };
+    }
+}
+
+impl Drop for VforkChild {
+    fn drop(&mut self) {
+        self.end();
+    }
+}
+
 /// A target with two workers in a session, its answer at the point, and
-/// its main thread in a vfork whose child lives 6 s: it waits
-/// uninterruptibly meanwhile, and cannot stop.
-fn main_in_a_long_vfork() -> Option<(Target, ResetSession, String)> {
+/// its main thread in a vfork whose child lives until the test ends it:
+/// it waits uninterruptibly meanwhile, and cannot stop.
+fn main_in_a_long_vfork() -> Option<(Target, ResetSession, String, VforkChild)> {
     use std::io::Write;
     let path = target()?;
     let mut t = Target::start(&path, &["threads", "2"]);
@@ -187,15 +205,24 @@ fn main_in_a_long_vfork() -> Option<(Target, ResetSession, String)> {
     let mut s = ResetSession::open(pid).unwrap();
     s.reset().unwrap();
     let first = t.ask("c");
-    writeln!(t.input, "V 6000").unwrap();
+    writeln!(t.input, "V 600000").unwrap();
     t.input.flush().unwrap();
-    until_main(pid, 5, "waited for its vfork", |s| s == "D");
-    Some((t, s, first))
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let child = loop {
+        let kids = pagewise_mech::procfs::children(pid).unwrap_or_default();
+        if let Some(&k) = kids.first() {
+            break VforkChild(k);
+        }
+        assert!(std::time::Instant::now() < until, "no vfork happened");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    };
+    until_main(pid, 30, "waited for its vfork", |s| s == "D");
+    Some((t, s, first, child))
 }
 
 #[test]
 fn a_thread_that_does_not_stop_in_time_leaves_the_others_running() {
-    let Some((mut t, mut s, first)) = main_in_a_long_vfork() else {
+    let Some((mut t, mut s, first, child)) = main_in_a_long_vfork() else {
         return;
     };
     let pid = t.pid();
@@ -211,15 +238,13 @@ fn a_thread_that_does_not_stop_in_time_leaves_the_others_running() {
             "worker {tid} is {st} after the failed reset"
         );
     }
-    // The child ended: the main thread's late stop is taken and it runs
+    // The child ends: the main thread's late stop is taken and it runs
     // on to its answer.
-    until_main(pid, 20, "left its vfork", |s| s != "D");
-    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while pagewise_testkit::thread_state(pid, pid) == "t" && std::time::Instant::now() < until {
+    child.end();
+    let vforked = t.line_while(|| {
         s.pump().unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(2));
-    }
-    assert!(t.line().contains("vforked=1"));
+    });
+    assert!(vforked.contains("vforked=1"), "{vforked}");
     // The next reset stops every thread and puts the point back.
     t.settle();
     s.reset().unwrap();
@@ -238,7 +263,7 @@ fn a_thread_that_does_not_stop_in_time_leaves_the_others_running() {
 fn an_end_whose_others_do_not_stop_in_time_is_returned_by_the_next_wait() {
     use pagewise_mech::stop::RunEnd;
     use std::time::{Duration, Instant};
-    let Some((mut t, mut s, first)) = main_in_a_long_vfork() else {
+    let Some((mut t, mut s, first, child)) = main_in_a_long_vfork() else {
         return;
     };
     let pid = t.pid();
@@ -259,6 +284,7 @@ fn an_end_whose_others_do_not_stop_in_time_is_returned_by_the_next_wait() {
     let st = pagewise_testkit::thread_state(pid, other);
     assert!(st == "R" || st == "S", "the other worker is {st}");
     // The vfork over, the next wait returns the end, every thread stopped.
+    child.end();
     until_main(pid, 20, "left its vfork", |s| s != "D");
     let end = s
         .wait_end(Some(Instant::now() + Duration::from_secs(20)))
