@@ -198,21 +198,15 @@ fn targets(a: &Args) -> Result<(Vec<i32>, Option<Started>)> {
     let mut started = None;
     if !a.cmd.is_empty() {
         let s = start(&a.cmd, a.json)?;
-        let wait = crate::progress::spinner(match &a.ready_file {
-            Some(f) => format!(
-                "started {} (pid {}); inspecting once it makes {} (at most {} ms)",
-                a.cmd[0],
-                s.child.id(),
-                f.display(),
-                a.after
-            ),
-            None => format!(
-                "started {} (pid {}); inspecting in {} ms",
-                a.cmd[0],
-                s.child.id(),
-                a.after
-            ),
-        });
+        let when = match &a.ready_file {
+            Some(f) => format!("once it makes {} (at most {} ms)", f.display(), a.after),
+            None => format!("in {} ms", a.after),
+        };
+        let wait = crate::progress::spinner(format!(
+            "started {} (pid {}); inspecting {when}",
+            a.cmd[0],
+            s.child.id()
+        ));
         let made = wait_ready(a.ready_file.as_deref(), Duration::from_millis(a.after));
         wait.finish_and_clear();
         if let (Some(f), false) = (&a.ready_file, made) {

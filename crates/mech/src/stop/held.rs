@@ -76,6 +76,13 @@ impl Held {
             .copied()
     }
 
+    /// The held threads that run while the process does: all but one held
+    /// at its end (see [`wait_end`](Self::wait_end)).
+    fn running_tids(&self) -> Vec<i32> {
+        let ended = self.at_end.map(|(t, _)| t);
+        self.all_tids().filter(|&t| Some(t) != ended).collect()
+    }
+
     /// Lets every thread run on, still held. A thread whose blocked call
     /// the stop ended with `EINTR` makes it again (see [`super`]), unless
     /// `rewound` says its registers were set by the holder.
@@ -111,8 +118,7 @@ impl Held {
             return Ok(self.thread_count()? == self.stopped.tids.len());
         }
         let pid = self.pid();
-        let ended = self.at_end.map(|(t, _)| t);
-        self.halt(self.all_tids().filter(|&t| Some(t) != ended).collect())?;
+        self.halt(self.running_tids())?;
         self.at_end = None;
         if self.stopped.tids.is_empty() {
             return Err(Error::ProcessExited(pid));
@@ -171,12 +177,7 @@ impl Held {
         }
         let pid = self.pid();
         let mut handed = 0;
-        let ended = self.at_end.map(|(t, _)| t);
-        for tid in self
-            .all_tids()
-            .filter(|&t| Some(t) != ended)
-            .collect::<Vec<_>>()
-        {
+        for tid in self.running_tids() {
             let os = |what: &str, e| Error::for_pid(pid, format!("{what} of {tid}"), e);
             loop {
                 match process::wait_traced_until(tid, Instant::now())
