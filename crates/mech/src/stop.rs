@@ -79,6 +79,26 @@ pub fn release_stragglers() {
     });
 }
 
+/// Lets go of thread `tid`, seized by mistake (a thread of another
+/// process that took a listed thread's id): stopped, as a seized thread
+/// must be to be let go, and let go at once; left to
+/// [`release_stragglers`] if it does not stop in time.
+fn let_go_of_stranger(tid: i32) {
+    if process::ptrace_interrupt(tid).is_err() {
+        return;
+    }
+    match settle(tid, tid, Instant::now() + STOP_WAIT) {
+        Ok(true) => {
+            let _ = process::ptrace_detach(tid);
+        }
+        Ok(false) => {}
+        Err(_) => STRAGGLERS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((gettid(), tid, tid)),
+    }
+}
+
 /// Whether a thread of `pid` left seized by an earlier stop is still
 /// waiting to be let go.
 fn straggler_of(pid: i32) -> Option<i32> {
@@ -120,10 +140,10 @@ fn wait_out_vfork(pid: i32, deadline: Instant) -> Result<()> {
     }
 }
 
-/// How much longer than its wait a thread that is runnable (state `R`)
-/// is awaited: it stops as soon as it runs, which a machine crowded with
-/// runnable threads can take seconds to let it do. A thread in an
-/// uninterruptible wait is not.
+/// How much longer than its wait a thread that is runnable (state `R`),
+/// or waits for anything but a vforked child, is awaited: it stops as soon
+/// as it runs, which a machine crowded with runnable threads can take
+/// seconds to let it do. A vfork parent is not.
 const RUNNABLE_GRACE: Duration = Duration::from_secs(30);
 
 /// Waits until seized thread `tid` stands in the stop its interrupt asked
@@ -131,7 +151,7 @@ const RUNNABLE_GRACE: Duration = Duration::from_secs(30);
 /// (with its own siginfo: continued from its signal-delivery stop with the
 /// same signal; the interrupt still pending stops it right after).
 /// `Ok(false)` if the thread ended; [`Refusal::NotStopping`] if it did not stop by
-/// `deadline` (by [`RUNNABLE_GRACE`] later if it is runnable). Callers
+/// `deadline` (by [`RUNNABLE_GRACE`] later unless it is a vfork parent). Callers
 /// issue the interrupt first.
 pub(crate) fn settle(pid: i32, tid: i32, deadline: Instant) -> Result<bool> {
     let os = |what: &str, e| Error::for_pid(pid, format!("{what} of thread {tid}"), e);
@@ -141,8 +161,13 @@ pub(crate) fn settle(pid: i32, tid: i32, deadline: Instant) -> Result<bool> {
         match process::wait_traced_until(tid, deadline)
             .map_err(|e| os("waiting for the stop", e))?
         {
-            // Runnable, not waiting: it stops once it gets a CPU.
-            None if Instant::now() < last && procfs::thread_runnable(tid) => {
+            // Runnable, or in a short uninterruptible wait (a lock that
+            // hundreds of threads of the process want, say): it stops once
+            // it gets a CPU. A vfork parent waits for its child, for ever
+            // perhaps.
+            None if Instant::now() < last
+                && (procfs::thread_runnable(tid) || !in_vfork(pid, tid)) =>
+            {
                 deadline = (Instant::now() + Duration::from_millis(100)).min(last);
             }
             None => return Err(Refusal::NotStopping { pid, tid }.into()),
@@ -326,6 +351,14 @@ fn seize_more(
                     failure = Some(seize_error(pid, owner, tid, e));
                     break;
                 }
+            }
+            // Its id freed and taken by another process's thread between
+            // the listing and the seize (thread ids wrap around within
+            // seconds where threads churn): not ours, let go. Seized, it
+            // keeps its id until let go.
+            if !procfs::thread_of(owner, tid) {
+                let_go_of_stranger(tid);
+                continue;
             }
             tids.push(tid);
             new += 1;
@@ -681,5 +714,38 @@ impl StoppedGroup {
     /// The cgroup frozen to stop them at one instant, if one was.
     pub fn frozen(&self) -> Option<&std::path::Path> {
         self.frozen.as_deref()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A thread seized by mistake (another process's, which took a listed
+    /// id) is let go running, its tracer none, its state as before.
+    #[test]
+    fn a_stranger_seized_by_mistake_is_let_go_running() {
+        if let Some(why) = pagewise_testkit::can_ptrace() {
+            pagewise_testkit::skip!("{why}");
+            return;
+        }
+        let mut child = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .expect("starting sleep");
+        let pid = child.id() as i32;
+        process::ptrace_seize(pid).unwrap();
+        assert!(!procfs::thread_of(std::process::id() as i32, pid));
+        let_go_of_stranger(pid);
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        assert_eq!(procfs::status_field(&status, "TracerPid"), Some(0));
+        let state = procfs::process_state(pid).unwrap();
+        assert!(
+            matches!(state.as_deref(), Some("S" | "R")),
+            "the stranger is {state:?}"
+        );
+        assert!(child.try_wait().unwrap().is_none(), "the stranger ended");
+        let _ = child.kill();
+        let _ = child.wait();
     }
 }

@@ -191,6 +191,16 @@ pub fn thread_ending(tid: i32) -> bool {
     }
 }
 
+/// Whether thread `tid` is a thread of process `pid` (the kernel finds
+/// `/proc/PID/task/TID` only then): a thread id freed by a thread that
+/// ended can be taken at once by another process's thread.
+pub fn thread_of(pid: i32, tid: i32) -> bool {
+    proc_dir(Some(pid))
+        .join("task")
+        .join(tid.to_string())
+        .exists()
+}
+
 /// Whether thread `tid` is runnable: running, or waiting for a CPU.
 pub fn thread_runnable(tid: i32) -> bool {
     matches!(process_state(tid), Ok(Some(s)) if s == "R")
@@ -517,6 +527,24 @@ mod tests {
         });
         let got: Vec<_> = [9, 20, 22, 23, 2].map(|n| stat_field(&t, n)).into();
         assert_eq!(got, [Some(4194560), Some(2000), Some(2200), None, None]);
+    }
+    #[test]
+    fn knows_whose_thread_an_id_is() {
+        let me = std::process::id() as i32;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (done, wait) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            let _ = tx.send(pagewise_sys::process::gettid());
+            let _ = wait.recv();
+        });
+        let tid = rx.recv().unwrap();
+        assert!(thread_of(me, tid), "a thread of this process");
+        assert!(thread_of(me, me), "its main thread");
+        assert!(!thread_of(1, tid), "this process's thread is not init's");
+        assert!(!thread_of(me, 1), "init is not a thread of this process");
+        drop(done);
+        let _ = t.join();
+        assert!(!thread_of(me, tid), "a thread that ended");
     }
     #[test]
     fn knows_the_living() {
