@@ -335,7 +335,9 @@ fn seize_more(
         // go), then it is returned.
         let mut failure = None;
         for tid in threads {
-            if tids.contains(&tid) {
+            // Ended since the listing, its id taken by another process's
+            // thread (checked again once seized).
+            if tids.contains(&tid) || !procfs::thread_of(owner, tid) {
                 continue;
             }
             match process::ptrace_seize(tid) {
