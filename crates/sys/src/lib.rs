@@ -34,6 +34,7 @@ pub mod pagemap;
 pub mod process;
 pub mod seccomp;
 pub mod signal;
+pub mod socket;
 pub mod tls;
 pub mod uffd;
 

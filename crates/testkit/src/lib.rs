@@ -458,6 +458,16 @@ pub fn userfaultfds(pid: i32) -> usize {
         .count()
 }
 
+/// Descriptors of process `pid` whose link in `/proc/PID/fd` reads
+/// `link` exactly (`/dev/userfaultfd`, `anon_inode:[userfaultfd]`).
+pub fn fds_on(pid: i32, link: &str) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("reading the process's descriptors")
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|l| l.as_os_str() == link)
+        .count()
+}
+
 /// Waits until the main thread of process `pid` blocks in a `read` of its
 /// stdin (for a child behind another program, such as a container's).
 pub fn settle_in_read(pid: i32) {

@@ -318,6 +318,16 @@ pub fn status_hex(text: &str, key: &str) -> Option<u64> {
     })
 }
 
+/// Every number of one field of `/proc/PID/status` that holds several,
+/// such as `Uid` (real, effective, saved, file system).
+pub fn status_ids(text: &str, key: &str) -> Option<Vec<u32>> {
+    let key = key.strip_suffix(':').unwrap_or(key);
+    text.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        (k.trim() == key).then(|| v.split_whitespace().map(|n| n.parse().ok()).collect())?
+    })
+}
+
 /// A thread's signal sets (`/proc/PID/task/TID/status`; bit `n - 1` for
 /// signal `n`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -503,6 +513,15 @@ mod tests {
         drop(tx);
         let _ = t.join();
         println!("ok   census {before:?} -> {during:?} with a thread begun");
+    }
+
+    #[test]
+    fn the_four_uids_are_read_as_status_writes_them() {
+        let t = "Name:\tx\nUid:\t1000\t0\t1000\t0\nGid:\t5\t5\t5\t5\n";
+        assert_eq!(status_ids(t, "Uid"), Some(vec![1000, 0, 1000, 0]));
+        assert_eq!(status_ids(t, "Gid:"), Some(vec![5; 4]));
+        assert_eq!(status_ids("Uid:\t1\tx\n", "Uid"), None);
+        assert_eq!(status_ids(t, "Groups"), None);
     }
 
     #[test]
