@@ -88,15 +88,25 @@ impl crate::json::Printed for ServeLine<'_> {}
 fn podman_args(run: &FarmemRun, opts: &FarmemOptions, shim: &str) -> Result<Vec<String>> {
     let dir = pagewise::farmem::instance::dir();
     let dir = dir.display();
+    // The server's socket: its instance's directory alone, read-only (a
+    // socket is connected to on a read-only mount).
+    let sockets = pagewise::farmem::serve::socket_dir();
+    let sockets = sockets.display();
+    let served = pagewise::farmem::serve::instance_socket_dir(run.instance().name());
+    let served = served.display();
     let mut args = vec![
         "-v".to_string(),
         format!("{dir}:{dir}"),
+        "-v".into(),
+        format!("{served}:{served}:ro"),
         "-v".into(),
         format!("{shim}:{CONTAINER_SHIM}:ro"),
         "-e".into(),
         format!("LD_PRELOAD={CONTAINER_SHIM}"),
         "-e".into(),
         format!("PAGEWISE_FARMEM_DIR={dir}"),
+        "-e".into(),
+        format!("PAGEWISE_FARMEM_SOCKETS={sockets}"),
     ];
     // The request as `farmem run` makes it for a program it starts.
     let cmd = run.command(&["true".to_string()], opts)?;
@@ -147,10 +157,12 @@ pub fn serve(a: ServeArgs) -> Result<i32> {
         };
         println!("{}", crate::json::line(&line)?);
     } else {
+        // Quoted for a shell, so that the line runs pasted.
+        let line = shlex::try_join(args.iter().map(String::as_str))
+            .context("quoting the podman arguments")?;
         eprintln!(
             "pagewise farmem serve: instance {name} serves programs in containers on {socket}; \
-             run them with:\n  podman run {} IMAGE PROGRAM",
-            args.join(" ")
+             run them with:\n  podman run {line} IMAGE PROGRAM"
         );
     }
     let stop = crate::stop::Stop::take()?;

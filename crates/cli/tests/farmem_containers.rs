@@ -33,6 +33,7 @@ impl Serve {
             .args(["farmem", "serve", "--json", "--local-pages", "64"])
             .args(extra)
             .env("PAGEWISE_FARMEM_DIR", dir)
+            .env("PAGEWISE_FARMEM_SOCKETS", sockets_of(dir))
             .stdout(std::process::Stdio::piped())
             .spawn()
             .unwrap();
@@ -76,6 +77,13 @@ impl Drop for Serve {
             let _ = self.child.wait();
         }
     }
+}
+
+/// Where the servers over instance directory `dir` keep their sockets.
+fn sockets_of(dir: &Path) -> PathBuf {
+    let mut s = dir.as_os_str().to_owned();
+    s.push("-sockets");
+    PathBuf::from(s)
 }
 
 /// The target run in a default container with `more` arguments.
@@ -202,8 +210,14 @@ fn a_containers_user_gets_an_instance_handed_to_it() {
     std::fs::create_dir_all(&dir).unwrap();
     let mut serve = Serve::start(&dir, &["--owner", "1000"]);
     use std::os::unix::fs::MetadataExt;
-    for f in [serve.instance.clone(), format!(".{}.uffd", serve.instance)] {
-        assert_eq!(std::fs::metadata(dir.join(&f)).unwrap().uid(), 1000, "{f}");
+    let socket = sockets_of(&dir).join(&serve.instance).join("uffd");
+    for f in [dir.join(&serve.instance), socket] {
+        assert_eq!(
+            std::fs::metadata(&f).unwrap().uid(),
+            1000,
+            "{}",
+            f.display()
+        );
     }
     let mut more = serve.args.clone();
     more.extend(["--user".to_string(), "1000:1000".to_string()]);

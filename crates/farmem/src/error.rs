@@ -91,6 +91,22 @@ pub enum Error {
         /// Its mode.
         mode: u32,
     },
+    /// A directory of servers' sockets (or one above it) that others could
+    /// write.
+    #[error(
+        "{} cannot hold a far-memory server's socket: only root or the user running the \
+         server may own it and the directories above it, and no one else write them \
+         (owner uid {uid}, mode {mode:o}); set PAGEWISE_FARMEM_SOCKETS to such a directory",
+        dir.display()
+    )]
+    UnsafeSocketDirectory {
+        /// The directory.
+        dir: PathBuf,
+        /// Its owner.
+        uid: u32,
+        /// Its mode.
+        mode: u32,
+    },
     /// An instance name that is not of the allowed characters or length.
     #[error("instance name {name:?}: use 1-64 letters, digits, '-', '_' or '.'")]
     BadInstanceName {
@@ -192,9 +208,10 @@ impl Error {
             | Error::TooManyInlineEngines { .. }
             | Error::BadInstanceName { .. }
             | Error::NeedsSettings { .. } => ErrorClass::BadInput,
-            Error::UnsafeDirectory { .. } | Error::NotOwner { .. } | Error::ReadOnly { .. } => {
-                ErrorClass::Permission
-            }
+            Error::UnsafeDirectory { .. }
+            | Error::UnsafeSocketDirectory { .. }
+            | Error::NotOwner { .. }
+            | Error::ReadOnly { .. } => ErrorClass::Permission,
             _ => ErrorClass::Failed,
         }
     }
@@ -208,9 +225,10 @@ impl Error {
             Error::NotEmulated { .. } => libc::EFAULT,
             Error::EnginePanicked { .. } | Error::EngineGone => libc::EPIPE,
             Error::NoCoverageReport { .. } => libc::ETIMEDOUT,
-            Error::UnsafeDirectory { .. } | Error::NotOwner { .. } | Error::ReadOnly { .. } => {
-                libc::EACCES
-            }
+            Error::UnsafeDirectory { .. }
+            | Error::UnsafeSocketDirectory { .. }
+            | Error::NotOwner { .. }
+            | Error::ReadOnly { .. } => libc::EACCES,
             Error::NoInstance { .. } => libc::ENOENT,
             Error::TooManyMembers { .. } => libc::ENOSPC,
             Error::Plugin { .. } => libc::ELIBBAD,

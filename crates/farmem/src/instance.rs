@@ -449,7 +449,7 @@ impl Instance {
     }
 
     /// The uid that owns it.
-    pub(crate) fn owner_uid(&self) -> u32 {
+    pub fn owner_uid(&self) -> u32 {
         self.h().owner_uid
     }
 

@@ -265,7 +265,9 @@ impl FarmemRun {
     pub fn finish(self) {
         self.reap_dead_members();
         self.inst.release_retired(self.tag);
-        if self.inst.members().iter().all(|m| !m.live) {
+        // A served instance stays for its server's next members.
+        if self.inst.members().iter().all(|m| !m.live) && !crate::serve::is_served(self.inst.name())
+        {
             let _ = self.inst.remove();
         }
     }

@@ -16,19 +16,37 @@
 //!   that one call and left as they were; the descriptor stays in the
 //!   program, which serves its own faults from then on as any member does.
 //!
-//! Only processes of the instance's owner are answered (as only they may
-//! join it), and a userfaultfd is made only for a live member. The server
-//! also leaves the slots of members that died without leaving, which
-//! members in containers cannot judge.
+//! Who may ask, and what is checked (the book's security chapter has the
+//! whole threat model):
+//!
+//! - Only processes of the instance's owner are answered (as only they may
+//!   join it), and a userfaultfd is made only for a live member, the very
+//!   process that connected (a pidfd of it), which sent every byte of the
+//!   request, and which, once stopped, still runs as the owner in all its
+//!   uids and is dumpable ([`maker`]'s module says how).
+//! - Sockets live in a directory of their own per instance
+//!   ([`instance_socket_dir`]) under [`socket_dir`], in which only root
+//!   (or the user running the server) can create entries: a socket planted
+//!   there first by another user is not possible, and a directory others
+//!   could write is refused. The shim asks a socket only once the kernel
+//!   says it is served by root or the instance's owner.
+//! - Requests are answered concurrently ([`MOST_AT_ONCE`] at most; one
+//!   more is refused as busy), each within one deadline from its
+//!   acceptance ([`maker::TIMEOUT`]), so that a slow or idle peer holds
+//!   only its own connection; a stop ends within a second.
+//!
+//! The server also leaves the slots of members that died without leaving,
+//! which members in containers cannot judge.
 
 use crate::instance::{Access, Instance};
 use crate::{Error, Result};
 use pagewise_mech::inject::maker::{self, Answered};
 use std::os::fd::AsFd;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// What the server did, for its log.
@@ -51,15 +69,109 @@ pub struct Server {
 
 /// How often the server looks for members that died without leaving.
 const REAP_EVERY: Duration = Duration::from_millis(500);
+/// Most connections answered at once; one more is refused as busy.
+pub const MOST_AT_ONCE: usize = 32;
+/// How long a stop waits for the answers under way.
+const DRAIN: Duration = Duration::from_millis(700);
+
+/// The directory of the servers' sockets: `PAGEWISE_FARMEM_SOCKETS`, else
+/// `/run/pagewise/farmem`. Each instance served has a directory of its own
+/// there, which the container mounts.
+pub fn socket_dir() -> PathBuf {
+    pagewise_mech::shim::farmem_sockets().unwrap_or_else(|| PathBuf::from("/run/pagewise/farmem"))
+}
+
+/// The directory that holds the socket of instance `name`'s server.
+pub fn instance_socket_dir(name: &str) -> PathBuf {
+    socket_dir().join(name)
+}
+
+/// The socket that serves instance `name`.
+pub fn socket_path(name: &str) -> PathBuf {
+    instance_socket_dir(name).join("uffd")
+}
+
+/// Whether a server listens on instance `name`'s socket now (in this
+/// network namespace's `/proc/net/unix`): a run that ends leaves a served
+/// instance to its server, whose members come and go.
+pub fn is_served(name: &str) -> bool {
+    const LISTENING: &str = "00010000";
+    let path = socket_path(name);
+    let Some(path) = path.to_str() else {
+        return false;
+    };
+    std::fs::read_to_string("/proc/net/unix").is_ok_and(|t| {
+        t.lines().skip(1).any(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.len() >= 8 && f[3] == LISTENING && f[7] == path
+        })
+    })
+}
+
+/// Refuses a directory in which, or above which, anyone but root and this
+/// process's user could create, rename or remove entries: a socket there
+/// is the server's and no one else's.
+fn check_private(d: &Path) -> Result<()> {
+    let me = pagewise_sys::process::geteuid();
+    let mut at = Some(d);
+    while let Some(p) = at {
+        let md = std::fs::symlink_metadata(p)
+            .map_err(|e| Error::os(format!("reading {}", p.display()), e))?;
+        let mode = md.permissions().mode();
+        let sticky = mode & 0o1000 != 0;
+        // Above the directory itself, a sticky shared directory (/tmp)
+        // lets others add entries but not touch ours.
+        let others_write = mode & 0o022 != 0 && (p == d || !sticky);
+        if !md.is_dir() || (md.uid() != 0 && md.uid() != me) || others_write {
+            return Err(Error::UnsafeSocketDirectory {
+                dir: p.to_path_buf(),
+                uid: md.uid(),
+                mode: mode & 0o7777,
+            });
+        }
+        at = p.parent().filter(|q| !q.as_os_str().is_empty());
+    }
+    Ok(())
+}
+
+/// Makes (or checks) the directory of instance `name`'s socket; its path.
+fn make_socket_dir(name: &str) -> Result<PathBuf> {
+    let base = socket_dir();
+    if !base.exists() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(&base)
+            .map_err(|e| Error::os(format!("making {}", base.display()), e))?;
+    }
+    check_private(&base)?;
+    let d = instance_socket_dir(name);
+    match std::fs::DirBuilder::new().mode(0o755).create(&d) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(Error::os(format!("making {}", d.display()), e)),
+    }
+    // Made here with this mode; a directory left by a server that was
+    // killed is checked as the base is.
+    std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755))
+        .map_err(|e| Error::os(format!("chmod of {}", d.display()), e))?;
+    check_private(&d)?;
+    Ok(d)
+}
 
 impl Server {
     /// Starts serving instance `name` (opened as its owner, or as root)
-    /// on its socket ([`maker::socket_path`]), leaving dead members of run
+    /// on its socket ([`socket_path`]), leaving dead members of run
     /// `tag`; each event goes to `log`. Refused when another server serves
-    /// it.
-    pub fn start(name: &str, tag: u32, log: impl Fn(Event) + Send + 'static) -> Result<Self> {
+    /// it, or where the socket's directory could be written by others.
+    pub fn start(
+        name: &str,
+        tag: u32,
+        log: impl Fn(Event) + Send + Sync + 'static,
+    ) -> Result<Self> {
         let inst = Instance::open(name, Access::Control)?;
-        let path = maker::socket_path(&crate::instance::dir(), name);
+        make_socket_dir(name)?;
+        let path = socket_path(name);
         if path.exists() {
             if UnixStream::connect(&path).is_ok() {
                 return Err(Error::os(
@@ -77,12 +189,16 @@ impl Server {
             .map_err(|e| Error::os(format!("binding {}", path.display()), e))?;
         // The instance's owner's processes alone may connect (root's: a
         // container's root without a user namespace).
-        use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
             .and_then(|()| std::os::unix::fs::chown(&path, Some(inst.owner_uid()), None))
             .map_err(|e| Error::os(format!("chmod and chown of {}", path.display()), e))?;
+        // Each request's bytes say who sent them, from the first on.
+        pagewise_sys::socket::set_passcred(listener.as_fd())
+            .map_err(|e| Error::os("SO_PASSCRED on the server's socket", e))?;
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
+        let inst = Arc::new(inst);
+        let log: Arc<dyn Fn(Event) + Send + Sync> = Arc::new(log);
         let thread = std::thread::Builder::new()
             .name("pagewise-farmem-serve".into())
             .spawn(move || serve(&inst, tag, &listener, &flag, &log))
@@ -99,7 +215,8 @@ impl Server {
         &self.path
     }
 
-    /// Stops serving and removes the socket.
+    /// Stops serving (at once for requests still arriving, within
+    /// [`DRAIN`] for those being answered) and removes the socket.
     pub fn stop(mut self) {
         self.end();
     }
@@ -110,6 +227,9 @@ impl Server {
             let _ = t.join();
         }
         let _ = std::fs::remove_file(&self.path);
+        if let Some(d) = self.path.parent() {
+            let _ = std::fs::remove_dir(d);
+        }
     }
 }
 
@@ -139,25 +259,61 @@ fn allowed(inst: &Instance, pid: i32, uid: u32, op: u32) -> std::result::Result<
     Ok(())
 }
 
+/// The answers under way, and a way to wait until they are done.
+#[derive(Default)]
+struct UnderWay {
+    n: Mutex<usize>,
+    done: Condvar,
+}
+
+impl UnderWay {
+    fn begin(&self) -> bool {
+        let mut n = self.n.lock().unwrap_or_else(|e| e.into_inner());
+        if *n >= MOST_AT_ONCE {
+            return false;
+        }
+        *n += 1;
+        true
+    }
+
+    fn end(&self) {
+        let mut n = self.n.lock().unwrap_or_else(|e| e.into_inner());
+        *n = n.saturating_sub(1);
+        self.done.notify_all();
+    }
+
+    /// Waits until none is under way, at most `within`.
+    fn drain(&self, within: Duration) {
+        let deadline = Instant::now() + within;
+        let mut n = self.n.lock().unwrap_or_else(|e| e.into_inner());
+        while *n > 0 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            n = self
+                .done
+                .wait_timeout(n, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+}
+
 fn serve(
-    inst: &Instance,
+    inst: &Arc<Instance>,
     tag: u32,
     listener: &UnixListener,
-    stop: &AtomicBool,
-    log: &dyn Fn(Event),
+    stop: &Arc<AtomicBool>,
+    log: &Arc<dyn Fn(Event) + Send + Sync>,
 ) {
+    let under_way = Arc::new(UnderWay::default());
     let mut reaped = Instant::now();
     while !stop.load(Ordering::SeqCst) {
         let ready = pagewise_sys::uffd::poll_readable(&[listener.as_fd()], 100).unwrap_or(0);
         if ready & 1 != 0 {
             match listener.accept() {
-                Ok((mut s, _)) => {
-                    let allow = |pid, uid, op| allowed(inst, pid, uid, op);
-                    match maker::answer(&mut s, "far memory in a container", &allow) {
-                        Ok(a) => log(Event::Answered(a)),
-                        Err(e) => log(Event::Failed(e.to_string())),
-                    }
-                }
+                Ok((s, _)) => answer_apart(inst, s, stop, log, &under_way),
                 Err(e) => log(Event::Failed(format!("accepting a connection: {e}"))),
             }
         }
@@ -171,17 +327,67 @@ fn serve(
             }
         }
     }
+    under_way.drain(DRAIN);
 }
 
-/// For a member: the server of instance `name`, if one serves it (its
-/// socket is there: a program in a container with the instance's
-/// directory mounted), and this process's pid as the server sees it.
-pub fn served_as(name: &str) -> Option<Result<(PathBuf, i32)>> {
-    let path = maker::socket_path(&crate::instance::dir(), name);
+/// One answer under way, counted out when it ends.
+struct Done(Arc<UnderWay>);
+
+impl Drop for Done {
+    fn drop(&mut self) {
+        self.0.end();
+    }
+}
+
+/// Answers connection `s` on a thread of its own, or refuses it as busy
+/// where [`MOST_AT_ONCE`] are under way.
+fn answer_apart(
+    inst: &Arc<Instance>,
+    mut s: UnixStream,
+    stop: &Arc<AtomicBool>,
+    log: &Arc<dyn Fn(Event) + Send + Sync>,
+    under_way: &Arc<UnderWay>,
+) {
+    let accepted = Instant::now();
+    if !under_way.begin() {
+        let who = pagewise_sys::process::peer_credentials(s.as_fd()).map_or(0, |c| c.0);
+        let _ = s.set_write_timeout(Some(Duration::from_millis(100)));
+        let why = format!("the server answers {MOST_AT_ONCE} requests at once: try again");
+        let _ = maker::write_answer(&mut s, -(libc::EAGAIN as i64), &why);
+        log(Event::Failed(format!(
+            "refused process {who} as busy: {why}"
+        )));
+        return;
+    }
+    let (inst, stop, said, done) = (inst.clone(), stop.clone(), log.clone(), under_way.clone());
+    let spawned = std::thread::Builder::new()
+        .name("pagewise-farmem-answer".into())
+        .spawn(move || {
+            // Counted out even should the answer panic.
+            let _done = Done(done);
+            let allow = |pid, uid, op| allowed(&inst, pid, uid, op);
+            let deadline = accepted + maker::TIMEOUT;
+            match maker::answer(&mut s, "far memory in a container", &allow, deadline, &stop) {
+                Ok(a) => said(Event::Answered(a)),
+                Err(e) => said(Event::Failed(e.to_string())),
+            }
+        });
+    if let Err(e) = spawned {
+        under_way.end();
+        log(Event::Failed(format!("starting a thread to answer: {e}")));
+    }
+}
+
+/// For a member: the server of instance `name` (owned by uid `owner`),
+/// if one serves it (its socket is there: a program in a container with
+/// the socket's directory mounted), and this process's pid as the server
+/// sees it. A socket answered by anyone but root or `owner` is refused.
+pub fn served_as(name: &str, owner: u32) -> Option<Result<(PathBuf, i32)>> {
+    let path = socket_path(name);
     if !path.exists() {
         return None;
     }
-    let who = maker::ask(&path, maker::WHO, 0)
+    let who = maker::ask(&path, maker::WHO, 0, &[0, owner])
         .map_err(|e| {
             Error::os(
                 format!("asking {} this process's host pid", path.display()),
@@ -189,10 +395,10 @@ pub fn served_as(name: &str) -> Option<Result<(PathBuf, i32)>> {
             )
         })
         .and_then(|v| {
-            i32::try_from(v).map_err(|_| {
+            i32::try_from(v).ok().filter(|&p| p > 1).ok_or_else(|| {
                 Error::os(
                     "reading the server's answer",
-                    std::io::Error::other(format!("{v} is not a pid")),
+                    std::io::Error::other(format!("{v} is not a member's pid")),
                 )
             })
         });
@@ -200,10 +406,10 @@ pub fn served_as(name: &str) -> Option<Result<(PathBuf, i32)>> {
 }
 
 /// For a member: `userfaultfd(flags)` made inside this process by the
-/// server at `path`; the descriptor's number here, checked to be a
-/// userfaultfd (its owner is then the caller).
-pub fn userfaultfd_from(path: &Path, flags: libc::c_int) -> std::io::Result<i32> {
-    let v = maker::ask(path, maker::USERFAULTFD, flags as u32).map_err(|e| {
+/// server at `path` (run by root or `owner`); the descriptor's number
+/// here, checked to be a userfaultfd (its owner is then the caller).
+pub fn userfaultfd_from(path: &Path, owner: u32, flags: libc::c_int) -> std::io::Result<i32> {
+    let v = maker::ask(path, maker::USERFAULTFD, flags as u32, &[0, owner]).map_err(|e| {
         std::io::Error::new(
             e.kind(),
             format!("the server of far memory ({}) refused: {e}", path.display()),

@@ -30,6 +30,7 @@ use crate::procfs;
 use crate::stop::{Refusal, Stopped};
 use crate::{Error, Result};
 
+mod give;
 pub mod maker;
 pub mod shim;
 mod way_back;
@@ -748,21 +749,7 @@ impl<'a> Remote<'a> {
                 path: path.to_vec(),
             });
         }
-        let page = self.syscall(
-            libc::SYS_mmap,
-            [
-                0,
-                crate::PAGE_SIZE as u64,
-                (libc::PROT_READ | libc::PROT_WRITE) as u64,
-                (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64,
-                u64::MAX,
-                0,
-            ],
-        )?;
-        if page < 0 {
-            return Err(failed(pid, "mmap of a scratch page made inside it", page));
-        }
-        let page = page as u64;
+        let page = self.scratch_page()?;
         let opened =
             crate::remote::write(pid, page, &name, "writing a path into it").and_then(|_| {
                 self.syscall(
@@ -775,26 +762,5 @@ impl<'a> Remote<'a> {
             [page, crate::PAGE_SIZE as u64, 0, 0, 0, 0],
         )?;
         opened
-    }
-
-    /// A descriptor the target opened, duplicated into this process
-    /// (`pidfd_getfd`) and then closed in the target.
-    pub fn take_fd(&self, fd: i32) -> Result<std::os::fd::OwnedFd> {
-        use std::os::fd::AsFd;
-        let pid = self.stopped.pid();
-        let pidfd = pagewise_sys::process::pidfd_open(pid)
-            .map_err(|e| Error::for_pid(pid, "pidfd_open", e))?;
-        let mine = pagewise_sys::process::pidfd_getfd(pidfd.as_fd(), fd);
-        let closed = self.syscall(libc::SYS_close, [fd as u64, 0, 0, 0, 0, 0]);
-        let mine =
-            mine.map_err(|e| Error::for_pid(pid, format!("pidfd_getfd of its fd {fd}"), e))?;
-        match closed? {
-            0 => Ok(mine),
-            e => Err(Error::for_pid(
-                pid,
-                format!("closing its fd {fd}"),
-                std::io::Error::from_raw_os_error(-e as i32),
-            )),
-        }
     }
 }

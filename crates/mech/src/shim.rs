@@ -85,6 +85,10 @@ pub mod env {
     /// Read by the library in every process: the directory of instance files
     /// (default `/dev/shm`).
     pub const FARMEM_DIR: &str = "PAGEWISE_FARMEM_DIR";
+    /// Read by the library in every process: the directory of the sockets
+    /// of far-memory servers (`pagewise farmem serve`; default
+    /// `/run/pagewise/farmem`), which only root may create entries in.
+    pub const FARMEM_SOCKETS: &str = "PAGEWISE_FARMEM_SOCKETS";
     /// Set by [`start_advised`](crate::inject::shim::start_advised), read and removed by
     /// the shim at start-up: the decimal number of the shim's end of the
     /// socketpair that carries [`inject::shim`](crate::inject::shim)'s
@@ -313,6 +317,12 @@ pub fn parsed_fd(
 /// ([`env::FARMEM_DIR`]).
 pub fn farmem_dir() -> Option<PathBuf> {
     std::env::var_os(env::FARMEM_DIR).map(PathBuf::from)
+}
+
+/// Where the sockets of far-memory servers are when pagewise's
+/// environment says ([`env::FARMEM_SOCKETS`]).
+pub fn farmem_sockets() -> Option<PathBuf> {
+    std::env::var_os(env::FARMEM_SOCKETS).map(PathBuf::from)
 }
 
 /// The first bytes of the shim's hello on one of its sockets: the socket's

@@ -125,8 +125,9 @@ fn respected_filters_are_evaluated_and_named() {
 /// watcher's userfaultfd (which handles faults the kernel takes too, so
 /// the kernel asks CAP_SYS_PTRACE of the process or
 /// `vm.unprivileged_userfaultfd = 1`) is made with the filter suspended
-/// and the setting lent for the one call, then put back; the writes the
-/// process makes are reported, and its filter is as it was.
+/// through `/dev/userfaultfd`, lent to the process for the one call; the
+/// machine's setting is never touched; the writes the process makes are
+/// reported, and its filter is as it was, with no descriptor left.
 #[test]
 fn a_process_without_privileges_under_a_filter_is_watched_for_writes() {
     use std::os::unix::process::CommandExt;
@@ -170,15 +171,20 @@ fn a_process_without_privileges_under_a_filter_is_watched_for_writes() {
     assert!(!regions.is_empty());
     let mut w = pagewise_mech::access::RegionWrites::new(pid).unwrap();
     assert!(
-        pagewise_mech::settings::take_put_back()
+        !pagewise_mech::settings::take_put_back()
             .iter()
             .any(|s| s.starts_with(SETTING)),
-        "the setting was lent for the call, and put back"
+        "the machine's setting was not lent"
     );
     assert_eq!(
         std::fs::read_to_string(SETTING).unwrap(),
         setting,
-        "the setting put back"
+        "the setting as it was"
+    );
+    assert_eq!(
+        pagewise_testkit::fds_on(pid, "/dev/userfaultfd"),
+        0,
+        "the device lent for the call is not left in it"
     );
     w.watch(&regions, &Default::default()).unwrap();
     assert!(w.take().unwrap().written.is_empty(), "nothing written yet");

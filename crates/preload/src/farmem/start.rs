@@ -88,15 +88,15 @@ extern "C" fn after_fork_child() {
 
 /// The socket of the host's server of the instance, for a program in a
 /// container (see `pagewise::farmem::serve`).
-static SERVER: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+static SERVER: std::sync::OnceLock<(std::path::PathBuf, u32)> = std::sync::OnceLock::new();
 
 /// A userfaultfd the kernel refused this process (a container's seccomp
 /// profile refuses the call), made inside it by the host's server.
 fn userfaultfd_from_server(flags: libc::c_int) -> std::io::Result<std::os::fd::OwnedFd> {
-    let path = SERVER
+    let (path, owner) = SERVER
         .get()
         .ok_or_else(|| std::io::Error::from_raw_os_error(libc::EPERM))?;
-    let fd = pagewise::farmem::serve::userfaultfd_from(path, flags)?;
+    let fd = pagewise::farmem::serve::userfaultfd_from(path, *owner, flags)?;
     // SAFETY: the server made this descriptor inside this process for this
     // request alone (checked to be a userfaultfd); nothing here knows its
     // number but this call.
@@ -118,11 +118,12 @@ fn start(req: &FarmemRequest, child: bool) -> Result<(), String> {
     let tag = req.tag;
     // In a container, by its host pid, and its userfaultfds made by the
     // host's server (see `pagewise::farmem::serve`).
-    let (pid, contained) = match pagewise::farmem::serve::served_as(&req.instance) {
+    let owner = inst.owner_uid();
+    let (pid, contained) = match pagewise::farmem::serve::served_as(&req.instance, owner) {
         None => (std::process::id() as i32, false),
         Some(Err(e)) => return Err(e.to_string()),
         Some(Ok((path, host_pid))) => {
-            let _ = SERVER.set(path);
+            let _ = SERVER.set((path, owner));
             pagewise_sys::uffd::set_maker(userfaultfd_from_server);
             (host_pid, true)
         }
