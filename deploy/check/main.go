@@ -17,6 +17,7 @@ import (
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	kjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
@@ -37,6 +38,8 @@ func object(apiVersion, kind string) (any, bool) {
 		return &rbacv1.Role{}, true
 	case "rbac.authorization.k8s.io/v1 RoleBinding":
 		return &rbacv1.RoleBinding{}, true
+	case "networking.k8s.io/v1 NetworkPolicy":
+		return &networkingv1.NetworkPolicy{}, true
 	case "apps/v1 DaemonSet":
 		return &appsv1.DaemonSet{}, true
 	case "monitoring.coreos.com/v1 ServiceMonitor":

@@ -15,7 +15,6 @@ use crate::stop::Stop;
 use anyhow::Result;
 use pagewise::agent::{self as agents, Agent as _, Metric};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 #[derive(clap::Args)]
@@ -100,8 +99,9 @@ pub fn run(a: Args) -> Result<i32> {
     // Answering first: /healthz and /metrics from start-up on, before the
     // agents are made (the walk cost is measured, KSM claimed).
     let mut sampled = Sampled::default();
-    let served = Arc::new(Mutex::new(node_text(&[], 0, t0, &[], &mut sampled)));
-    agents::serve_metrics(&c.listen, served.clone())?;
+    let interval = Duration::from_millis(c.interval_ms);
+    let served = agents::Published::new(interval, node_text(&[], 0, t0, &[], &mut sampled));
+    let _endpoint = agents::Endpoint::start(&c.listen, served.clone())?;
     if !a.json {
         eprintln!(
             "pagewise: agent answering at http://{}/metrics and /healthz",
@@ -110,7 +110,6 @@ pub fn run(a: Args) -> Result<i32> {
     }
     let mut ag = make_agents(&c)?;
     let mut known: Vec<Chosen> = Vec::new();
-    let interval = Duration::from_millis(c.interval_ms);
     let mut steps = 0u64;
     let mut last_census = None;
     let tasks = pagewise::process::TaskCensus::open().ok();
@@ -151,7 +150,7 @@ pub fn run(a: Args) -> Result<i32> {
         if let Some(f) = &c.metrics_file {
             pagewise::system::replace(f, text.as_bytes())?;
         }
-        *served.lock().unwrap_or_else(|p| p.into_inner()) = text;
+        served.stepped(text);
         if a.json {
             let line = Line {
                 t_ms: t0.elapsed().as_millis() as u64,

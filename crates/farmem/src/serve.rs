@@ -87,14 +87,14 @@ pub fn instance_socket_dir(name: &str) -> PathBuf {
 }
 
 /// The socket that serves instance `name`.
-pub fn socket_path(name: &str) -> PathBuf {
+fn socket_path(name: &str) -> PathBuf {
     instance_socket_dir(name).join("uffd")
 }
 
 /// Whether a server listens on instance `name`'s socket now (in this
 /// network namespace's `/proc/net/unix`): a run that ends leaves a served
 /// instance to its server, whose members come and go.
-pub fn is_served(name: &str) -> bool {
+pub(crate) fn is_served(name: &str) -> bool {
     const LISTENING: &str = "00010000";
     let path = socket_path(name);
     let Some(path) = path.to_str() else {
@@ -161,7 +161,7 @@ fn make_socket_dir(name: &str) -> Result<PathBuf> {
 
 impl Server {
     /// Starts serving instance `name` (opened as its owner, or as root)
-    /// on its socket ([`socket_path`]), leaving dead members of run
+    /// on its socket (`NAME/uffd` under [`socket_dir`]), leaving dead members of run
     /// `tag`; each event goes to `log`. Refused when another server serves
     /// it, or where the socket's directory could be written by others.
     pub fn start(
@@ -216,7 +216,7 @@ impl Server {
     }
 
     /// Stops serving (at once for requests still arriving, within
-    /// [`DRAIN`] for those being answered) and removes the socket.
+    /// 0.7 s for those being answered) and removes the socket.
     pub fn stop(mut self) {
         self.end();
     }

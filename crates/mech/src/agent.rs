@@ -17,8 +17,10 @@
 //! system setting the agent changed.
 
 mod drive;
+mod endpoint;
 pub mod gains;
-pub use drive::{drive, serve_metrics, Cadence, Deadline, Ended, Interrupt, Uninterrupted};
+pub use drive::{drive, Cadence, Deadline, Ended, Interrupt, Uninterrupted};
+pub use endpoint::{Endpoint, Published};
 
 use crate::walk::HugeRegion;
 use crate::{procfs, walk};

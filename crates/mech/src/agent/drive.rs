@@ -6,11 +6,9 @@
 
 use super::Agent;
 use crate::{files, Error};
-use std::io::{Read, Write};
 use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::process::{Child, ExitStatus};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// How an agent is driven: when it steps and where its counters go.
@@ -148,10 +146,11 @@ pub fn drive<A: Agent, E: From<Error>>(
     mut program: Option<&mut Child>,
     mut report: impl FnMut(&mut A, A::Step) -> Result<ControlFlow<()>, E>,
 ) -> Result<Ended, E> {
-    let served = Arc::new(Mutex::new(agent.metrics()));
-    if let Some(addr) = &cadence.metrics_listen {
-        serve_metrics(addr, served.clone())?;
-    }
+    let served = super::Published::new(cadence.interval, agent.metrics());
+    let _endpoint = match &cadence.metrics_listen {
+        Some(addr) => Some(super::Endpoint::start(addr, served.clone())?),
+        None => None,
+    };
     let t0 = Instant::now();
     let mut n = 0u32;
     loop {
@@ -177,7 +176,7 @@ pub fn drive<A: Agent, E: From<Error>>(
         if let Some(path) = &cadence.metrics_file {
             files::replace(path, text.as_bytes())?;
         }
-        *served.lock().unwrap_or_else(|p| p.into_inner()) = text;
+        served.stepped(text);
         if flow.is_break() {
             return Ok(Ended::ReportDone);
         }
@@ -188,36 +187,6 @@ pub fn drive<A: Agent, E: From<Error>>(
             return Ok(Ended::StepsDone);
         }
     }
-}
-
-/// Serves `text` over HTTP at `addr`, from a thread, for as long as the
-/// process lives: `/healthz` answers `ok` (the agent is up), any other
-/// path the counters in the Prometheus text format.
-pub fn serve_metrics(addr: &str, text: Arc<Mutex<String>>) -> Result<(), Error> {
-    let l = std::net::TcpListener::bind(addr)
-        .map_err(|e| Error::os(format!("listening on {addr}"), e))?;
-    std::thread::spawn(move || {
-        for s in l.incoming() {
-            let Ok(mut s) = s else { continue };
-            let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-            let mut req = [0u8; 1024];
-            let n = s.read(&mut req).unwrap_or(0);
-            let health = req[..n].starts_with(b"GET /healthz ");
-            let (body, kind) = match health {
-                true => ("ok\n".to_string(), "text/plain"),
-                false => (
-                    text.lock().map(|t| t.clone()).unwrap_or_default(),
-                    "text/plain; version=0.0.4",
-                ),
-            };
-            let _ = write!(
-                s,
-                "HTTP/1.0 200 OK\r\nContent-Type: {kind}\r\nContent-Length: {}\r\n\r\n{body}",
-                body.len()
-            );
-        }
-    });
-    Ok(())
 }
 
 #[cfg(test)]

@@ -199,11 +199,11 @@ pub fn write_answer(w: &mut impl Write, value: i64, why: &str) -> io::Result<()>
 
 /// The process that connected, as the kernel recorded it at the connect.
 #[derive(Debug)]
-pub struct Asker {
+struct Asker {
     /// Its pid in this process's pid namespace.
-    pub pid: i32,
+    pid: i32,
     /// Its effective uid at the connect.
-    pub uid: u32,
+    uid: u32,
     /// It (`SO_PEERPIDFD`), where the kernel gives one.
     pidfd: Option<OwnedFd>,
     /// Its start time, read at the acceptance, where it does not.
@@ -212,7 +212,7 @@ pub struct Asker {
 
 impl Asker {
     /// Who is at the other end of `s` (see the module).
-    pub fn of(s: &UnixStream) -> Result<Asker> {
+    fn of(s: &UnixStream) -> Result<Asker> {
         let (pid, uid) = pagewise_sys::process::peer_credentials(s.as_fd())
             .map_err(|e| Error::os("reading the asker's credentials (SO_PEERCRED)", e))?;
         if pid <= 0 {
@@ -242,7 +242,7 @@ impl Asker {
 
     /// Whether pid [`Asker::pid`] is still the process that connected:
     /// the reason where it is not.
-    pub fn still_there(&self) -> std::result::Result<(), String> {
+    fn still_there(&self) -> std::result::Result<(), String> {
         let pid = self.pid;
         let same = match &self.pidfd {
             Some(fd) => {
