@@ -43,6 +43,7 @@ impl Groups {
             sels.push((format!("container {c}"), Selector::Container(id)));
         }
         for c in &self.cgroups {
+            container::check_cgroup(c)?;
             sels.push((format!("cgroup {c}"), Selector::Cgroup(c.clone())));
         }
         Ok(self.resolved.get_or_init(|| sels))

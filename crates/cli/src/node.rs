@@ -197,6 +197,11 @@ impl Config {
                     i + 1
                 );
             }
+            if let Some(cg) = &s.cgroup {
+                if let Err(e) = pagewise::process::container::check_cgroup(cg) {
+                    crate::usage!("{p}: select #{}: {e}", i + 1);
+                }
+            }
         }
         if !self.listen_public {
             use std::net::ToSocketAddrs;

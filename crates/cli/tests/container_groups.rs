@@ -405,3 +405,49 @@ fn a_cgroup_without_a_freezer_of_its_own_is_held_process_by_process() {
     let said = p.ask("check");
     assert!(said.starts_with("ok total="), "{said}");
 }
+
+/// Regression: on a v1 host a one-component path under /sys/fs/cgroup (a
+/// typo, the v2 layout's path, a directory that does not exist) became
+/// `/`, and every command selected the whole node (`agent --check` listed
+/// all 114 processes, pid 1 first). Each command now refuses a path that
+/// is no cgroup, with the reason, as bad input (exit 2), before it acts.
+#[test]
+fn a_cgroup_path_that_is_no_cgroup_is_refused_by_every_command() {
+    let store = temp_dir("not-a-cgroup");
+    let store = store.to_str().unwrap();
+    for bad in [
+        "/sys/fs/cgroup/system.slice",
+        "/sys/fs/cgroup/no-such",
+        "/no-such.slice",
+    ] {
+        if std::path::Path::new(bad).join("cgroup.procs").exists() {
+            continue;
+        }
+        for cmd in [
+            &["track", "--count", "1", "--cgroup", bad][..],
+            &["snapshot", "--out", store, "--cgroup", bad],
+            &["thp", "run", "--cgroup", bad],
+            &["dedup", "run", "--cgroup", bad],
+        ] {
+            let out = Command::new(BIN).args(cmd).output().unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{cmd:?}: {err}");
+            assert!(err.contains("is not a cgroup"), "{cmd:?}: {err}");
+        }
+        let conf = temp_dir("not-a-cgroup-conf").with_extension("toml");
+        std::fs::write(&conf, format!("[[select]]\ncgroup = {bad:?}\n")).unwrap();
+        let out = Command::new(BIN)
+            .args(["agent", "--check", "--config"])
+            .arg(&conf)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "agent --check: {err}");
+        assert!(err.contains("is not a cgroup"), "agent --check: {err}");
+        assert!(
+            out.stdout.is_empty(),
+            "nothing selected: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+}

@@ -199,6 +199,7 @@ pub fn members(sel: &Selector) -> Result<Vec<Member>> {
     let me = std::process::id() as i32;
     let want: Box<Wanted> = match sel {
         Selector::Cgroup(path) => {
+            check_cgroup(path)?;
             let shown = shown_path(path);
             Box::new(move |lines| {
                 lines.iter().any(|(_, p)| {
@@ -264,6 +265,50 @@ pub fn in_containers() -> Vec<Member> {
 fn is_kernel_thread(pid: i32) -> bool {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     pid == 2 || crate::procfs::status_field(&status, "PPid") == Some(2)
+}
+
+/// Refuses a cgroup path that names no existing cgroup: a directory under
+/// `/sys/fs/cgroup` must hold `cgroup.procs` (on a v1 host,
+/// `/sys/fs/cgroup` itself and a path under it that is no hierarchy's are
+/// none, where they used to become `/`, the whole node); a path as
+/// `/proc/PID/cgroup` shows it must be a cgroup in some hierarchy.
+pub fn check_cgroup(path: &str) -> Result<()> {
+    let refuse = |why: &str| {
+        Err(Error::NotACgroup {
+            path: path.to_string(),
+            why: why.to_string(),
+        })
+    };
+    let is_cgroup = |d: &std::path::Path| d.join("cgroup.procs").is_file();
+    if !path.starts_with('/') || path.split('/').any(|c| c == "..") {
+        return refuse("not an absolute path without '..'");
+    }
+    let root = std::path::Path::new("/sys/fs/cgroup");
+    if let Some(rest) = path.strip_prefix("/sys/fs/cgroup") {
+        if !rest.is_empty() && !rest.starts_with('/') {
+            return refuse("no such directory");
+        }
+        let d = std::path::Path::new(path);
+        if !d.is_dir() {
+            return refuse("no such directory");
+        }
+        if !is_cgroup(d) {
+            return refuse("a directory that holds no cgroup.procs");
+        }
+        return Ok(());
+    }
+    // As /proc/PID/cgroup shows it: v2 at the root, or in a v1
+    // hierarchy (or v2's `unified` of a hybrid host).
+    let tail = path.trim_start_matches('/');
+    let mut places = vec![root.join(tail)];
+    if let Ok(rd) = std::fs::read_dir(root) {
+        places.extend(rd.filter_map(|e| Some(e.ok()?.path().join(tail))));
+    }
+    if places.iter().any(|d| d.is_dir() && is_cgroup(d)) {
+        Ok(())
+    } else {
+        refuse("no cgroup of that path in any hierarchy under /sys/fs/cgroup")
+    }
 }
 
 /// A cgroup path as `/proc/PID/cgroup` shows it: a directory of a cgroup
@@ -336,6 +381,48 @@ pub fn resolve_container(which: &str) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A path that names no cgroup is refused, with the reason; one this
+    /// process is in is taken (written both ways).
+    #[test]
+    fn a_cgroup_path_that_is_not_a_cgroup_is_refused() {
+        for bad in [
+            "/sys/fs/cgroup/no-such-cgroup",
+            "/sys/fs/cgroupx",
+            "/sys/fs/cgroup/../../etc",
+            "/no-such-slice/x.scope",
+            "relative/path",
+        ] {
+            let e = check_cgroup(bad).unwrap_err();
+            assert!(matches!(e, Error::NotACgroup { .. }), "{bad}: {e}");
+            assert!(members(&Selector::Cgroup(bad.into())).is_err(), "{bad}");
+        }
+        let v1 = std::path::Path::new("/sys/fs/cgroup/memory/cgroup.procs").exists();
+        if v1 {
+            // The v2 layout's path on a v1 host: no cgroup, not the root.
+            let e = check_cgroup("/sys/fs/cgroup/system.slice");
+            assert!(
+                e.is_err()
+                    || std::path::Path::new("/sys/fs/cgroup/system.slice/cgroup.procs").exists()
+            );
+            assert!(
+                check_cgroup("/sys/fs/cgroup").is_err(),
+                "v1's tmpfs is no cgroup"
+            );
+        }
+        let own = cgroup_paths(std::process::id() as i32).unwrap();
+        let (hier, shown) = own
+            .iter()
+            .find(|(h, _)| h == "memory" || h.is_empty())
+            .unwrap();
+        assert!(check_cgroup(shown).is_ok(), "{shown}");
+        let dir = if hier.is_empty() || !v1 {
+            format!("/sys/fs/cgroup{}", shown.trim_end_matches('/'))
+        } else {
+            format!("/sys/fs/cgroup/{hier}{}", shown.trim_end_matches('/'))
+        };
+        assert!(check_cgroup(&dir).is_ok(), "{dir}");
+    }
 
     const ID: &str = "f98d96efb83a43a768b4fd663d576d8253d52ebc6fe7bba69ff232d57317ead8";
 

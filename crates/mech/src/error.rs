@@ -247,6 +247,14 @@ pub enum Error {
         /// What was asked for.
         which: String,
     },
+    /// A cgroup path that names no cgroup.
+    #[error("{path} is not a cgroup: {why} (give a directory under /sys/fs/cgroup that holds cgroup.procs, or a path as /proc/PID/cgroup shows it)")]
+    NotACgroup {
+        /// What was asked for.
+        path: String,
+        /// Why it is none.
+        why: String,
+    },
     /// An id prefix that starts several running containers' ids.
     #[error("{which:?} is the start of {count} running containers' ids: give more of it")]
     AmbiguousContainer {
@@ -412,7 +420,8 @@ impl Error {
             Error::Corrupt { .. } => libc::EBADMSG,
             Error::ShimNotFound { .. }
             | Error::MissingField { .. }
-            | Error::NoSuchContainer { .. } => libc::ENOENT,
+            | Error::NoSuchContainer { .. }
+            | Error::NotACgroup { .. } => libc::ENOENT,
             Error::AmbiguousContainer { .. } => libc::EINVAL,
             Error::ShimSilent { source, .. } => source.raw_os_error().unwrap_or(libc::EPROTO),
             Error::NeedsRoot { .. } | Error::NotAJournal { .. } => libc::EACCES,
@@ -439,6 +448,7 @@ impl Error {
             | Error::NoFileName { .. }
             | Error::BadPath { .. }
             | Error::NoSuchContainer { .. }
+            | Error::NotACgroup { .. }
             | Error::AmbiguousContainer { .. } => ErrorClass::BadInput,
             Error::Unsupported { .. } | Error::MemoryType { .. } | Error::ShimNotFound { .. } => {
                 ErrorClass::Unsupported

@@ -95,8 +95,8 @@ pub mod process {
     /// a process is in, its pid inside its namespace.
     pub mod container {
         pub use pagewise_mech::container::{
-            container_of, in_containers, members, ns_pid, resolve_container, ContainerRef, Member,
-            Selector,
+            check_cgroup, container_of, in_containers, members, ns_pid, resolve_container,
+            ContainerRef, Member, Selector,
         };
     }
 
