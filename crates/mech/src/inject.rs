@@ -615,7 +615,11 @@ impl<'a> Remote<'a> {
                 continue;
             }
             let r = p::ptrace_getregs(tid).map_err(|e| os("PTRACE_GETREGS", e))?;
-            if sig == p::SYSCALL_STOP {
+            // A result is the call's only at its exit stop, the thread just
+            // past the `syscall` with the call's number (a filter's kill
+            // leaves the number in `rax`, and no exit stop).
+            let exited = r.rip == call.rip + 2 && r.orig_rax == call.rax;
+            if sig == p::SYSCALL_STOP && exited {
                 die_here(Phase::Exited);
                 let rax = r.rax as i64;
                 if RESTART.contains(&rax) && !interrupted {

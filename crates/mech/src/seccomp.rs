@@ -241,7 +241,18 @@ pub fn run_checked(prog: &[BpfInsn], data: &[u8; DATA_LEN as usize]) -> Option<u
             0x02 | 0x03 => *mem.get_mut(k as usize)? = if code & 0x07 == 0x02 { a } else { x },
             // BPF_ALU
             0x04 => {
-                let src = if code & 0x08 != 0 { x } else { k };
+                let by_x = code & 0x08 != 0;
+                let src = if by_x { x } else { k };
+                // The kernel refuses at load a constant shift of 32 or
+                // more and a constant division or remainder by 0; it masks
+                // a shift count taken from X (`& 31`, as its 32-bit ALU
+                // does) and ends the filter with 0 on a division by an X
+                // of 0.
+                if !by_x && (matches!(code & 0xf0, 0x60 | 0x70) && k >= 32)
+                    || !by_x && matches!(code & 0xf0, 0x30 | 0x90) && k == 0
+                {
+                    return None;
+                }
                 a = match code & 0xf0 {
                     0x00 => a.wrapping_add(src),
                     0x10 => a.wrapping_sub(src),
@@ -252,8 +263,8 @@ pub fn run_checked(prog: &[BpfInsn], data: &[u8; DATA_LEN as usize]) -> Option<u
                     },
                     0x40 => a | src,
                     0x50 => a & src,
-                    0x60 => a.checked_shl(src).unwrap_or(0),
-                    0x70 => a.checked_shr(src).unwrap_or(0),
+                    0x60 => a.wrapping_shl(src & 31),
+                    0x70 => a.wrapping_shr(src & 31),
                     0x80 => a.wrapping_neg(),
                     0x90 => match a.checked_rem(src) {
                         Some(v) => v,
