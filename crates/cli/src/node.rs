@@ -203,6 +203,40 @@ impl Config {
                 }
             }
         }
+        let t = &self.thp;
+        for (key, v, ok) in [
+            (
+                "thp.cpu_share",
+                t.cpu_share,
+                t.cpu_share > 0.0 && t.cpu_share <= 1.0,
+            ),
+            (
+                "thp.budget_per_second",
+                t.budget_per_second,
+                t.budget_per_second >= 0.0 && t.budget_per_second <= 1e6,
+            ),
+            (
+                "thp.walk_ns",
+                t.walk_ns.unwrap_or(1.0),
+                t.walk_ns.is_none_or(|w| w > 0.0 && w <= 1e6),
+            ),
+        ] {
+            // NaN fails every comparison, so it is refused with the rest.
+            if !ok || !v.is_finite() {
+                crate::usage!(
+                    "{p}: {key} = {v} is outside its domain (cpu_share: above 0, at most 1; \
+                     budget_per_second: 0 to 1e6; walk_ns: above 0, at most 1e6)"
+                );
+            }
+        }
+        if self.interval_ms > 24 * 3600 * 1000 {
+            crate::usage!("{p}: interval_ms = {} is more than a day", self.interval_ms);
+        }
+        if let Some(f) = &self.metrics_file {
+            if let Err(why) = metrics_file_allowed(f) {
+                crate::usage!("{p}: metrics_file = {:?}: {why}", f.display().to_string());
+            }
+        }
         if !self.listen_public {
             use std::net::ToSocketAddrs;
             let all: Vec<_> = self
@@ -219,6 +253,45 @@ impl Config {
             }
         }
         Ok(())
+    }
+}
+
+/// Where the agent, as root, may write its metrics file: a name ending in
+/// `.prom` (the textfile collector's), in an existing directory reached
+/// through no symbolic link, owned by root (or the agent's user) and
+/// writable by no one else, the file itself (where it exists) a regular
+/// file. The write is atomic (a new file renamed over the old one), so a
+/// symbolic link planted at the name is replaced, never followed.
+pub fn metrics_file_allowed(f: &std::path::Path) -> std::result::Result<(), String> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    if !f.is_absolute() {
+        return Err("give an absolute path".into());
+    }
+    if f.extension().is_none_or(|e| e != "prom") {
+        return Err("the name must end in .prom (the textfile collector's files)".into());
+    }
+    let dir = f.parent().ok_or("no directory")?;
+    let real = std::fs::canonicalize(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    if real != dir {
+        return Err(format!(
+            "{} is reached through a symbolic link (it is {})",
+            dir.display(),
+            real.display()
+        ));
+    }
+    let md = std::fs::metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let me = pagewise_sys::process::geteuid();
+    if !md.is_dir() || (md.uid() != 0 && md.uid() != me) || md.permissions().mode() & 0o022 != 0 {
+        return Err(format!(
+            "{} must be a directory of root's that no one else may write (owner uid {}, mode {:o})",
+            dir.display(),
+            md.uid(),
+            md.permissions().mode() & 0o7777
+        ));
+    }
+    match std::fs::symlink_metadata(f) {
+        Ok(m) if !m.is_file() => Err("exists and is not a regular file".into()),
+        _ => Ok(()),
     }
 }
 

@@ -259,6 +259,72 @@ fn a_pods_series_carry_its_namespace_and_name() {
 fn a_bad_configuration_is_refused_and_named() {
     need_support!();
     let port = free_port();
+    // Places a metrics file may not go: through a symbolic link to a
+    // directory, and into one others may write.
+    use std::os::unix::fs::PermissionsExt;
+    let base = temp_dir("agent-metrics-places");
+    let (real, link, open) = (base.join("real"), base.join("link"), base.join("open"));
+    for d in [&real, &open] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let sel = "[[select]]\nall_containers = true\n";
+    let metrics = |f: String| format!("metrics_file = {f:?}\n{sel}");
+    let thp = |kv: &str| format!("[thp]\n{kv}\n{sel}");
+    let bad = [
+        (
+            thp("cpu_share = nan"),
+            "thp.cpu_share = NaN is outside its domain",
+        ),
+        (thp("cpu_share = -0.1"), "thp.cpu_share = -0.1"),
+        (thp("cpu_share = 2.0"), "thp.cpu_share = 2"),
+        (thp("budget_per_second = -1.0"), "thp.budget_per_second"),
+        (thp("budget_per_second = inf"), "thp.budget_per_second"),
+        (thp("walk_ns = 0.0"), "thp.walk_ns"),
+        (metrics("/etc/passwd".into()), "must end in .prom"),
+        (metrics("agent.prom".into()), "absolute path"),
+        (
+            metrics(link.join("agent.prom").display().to_string()),
+            "through a symbolic link",
+        ),
+        (
+            metrics(open.join("agent.prom").display().to_string()),
+            "no one else may write",
+        ),
+        (
+            metrics(real.display().to_string() + "/x/agent.prom"),
+            "No such file",
+        ),
+    ];
+    for (body, want) in bad {
+        let cfg = config(port, &body);
+        let out = Command::new(BIN)
+            .args(["agent", "--check", "--config"])
+            .arg(&cfg)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{body:?}: {err}");
+        assert!(err.contains(want), "{body:?}: {err}");
+    }
+    // Where it may go: a directory of root's.
+    let cfg = config(
+        port,
+        &metrics(real.join("agent.prom").display().to_string()),
+    );
+    let out = Command::new(BIN)
+        .args(["agent", "--check", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for (body, want) in [
         (
             "intervall_ms = 5\n[[select]]\nall_containers = true\n",
