@@ -108,7 +108,11 @@ pub fn run(a: Args) -> Result<i32> {
             c.listen
         );
     }
-    let mut ag = make_agents(&c)?;
+    let Some(mut ag) = make_agents(&c, &stop)? else {
+        eprintln!("pagewise: agent stopped before its first step");
+        crate::agent_loop::say_put_back();
+        return Ok(stop.status().unwrap_or(0));
+    };
     let mut known: Vec<Chosen> = Vec::new();
     let mut steps = 0u64;
     let mut last_census = None;
@@ -177,17 +181,17 @@ pub fn run(a: Args) -> Result<i32> {
 }
 
 /// The agents the configuration asks for.
-fn make_agents(c: &Config) -> Result<Agents> {
+fn make_agents(c: &Config, stop: &Stop) -> Result<Option<Agents>> {
     let thp = match c.thp.enabled {
         false => None,
         true => {
             let policy = crate::cmd_thp::policy_of(&c.thp.policy)?;
             let walk_ns = match c.thp.walk_ns {
                 Some(w) => w,
-                None => pagewise::thp::calibrate_walk_cost(64 << 20, 1 << 20)?
-                    .walk_ns
-                    .filter(|w| *w > 0.0)
-                    .unwrap_or(30.0),
+                None => match crate::agent_loop::walk_cost(stop) {
+                    Some(w) => w,
+                    None => return Ok(None),
+                },
             };
             let opts = pagewise::thp::agent::Options::default()
                 .interval(Duration::from_millis(c.interval_ms))
@@ -220,7 +224,7 @@ fn make_agents(c: &Config) -> Result<Agents> {
             Some(pagewise::dedup::Agent::new(&[], opts)?)
         }
     };
-    Ok(Agents { thp, dedup })
+    Ok(Some(Agents { thp, dedup }))
 }
 
 /// Watches the processes selected now that are not yet watched; one that

@@ -236,16 +236,10 @@ fn run_agent(a: RunArgs) -> Result<i32> {
     let (pids, child) = crate::agent_loop::start(&a.watch, a.interval_ms, a.window_ms)?;
     let walk_ns = match a.walk_ns {
         Some(w) => w,
-        None => {
-            let c = pagewise::thp::calibrate_walk_cost(64 << 20, 1 << 20)?;
-            match c.walk_ns {
-                Some(w) if w > 0.0 => w,
-                _ => {
-                    eprintln!("pagewise: the page-walk cost could not be measured here (no huge page could be made); ranking with 30 ns");
-                    30.0
-                }
-            }
-        }
+        None => match crate::agent_loop::walk_cost(&stop) {
+            Some(w) => w,
+            None => return crate::agent_loop::end_before_start(&stop, child),
+        },
     };
     let opts = Options::default()
         .interval(Duration::from_millis(a.interval_ms))

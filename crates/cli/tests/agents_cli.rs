@@ -704,3 +704,117 @@ fn gains_count_the_pages_a_program_wrote_and_keep_an_ended_ones_last_reading() {
     assert_eq!(gone.rss_kib(), g.rss_kib(), "{gone:?} against {g:?}");
     drop(idle);
 }
+
+/// Regression: `thp run --pid P` ignored SIGINT for 30-42 s while it
+/// measured the page-walk cost at start-up. Now `thp run` and `dedup run`
+/// end within a second of SIGINT in each phase: while the walk cost is
+/// measured (the signal sent as soon as the command says nothing yet),
+/// and while it steps; each time with 130 and nothing left registered.
+#[test]
+fn agents_end_within_a_second_of_sigint_in_every_phase() {
+    use std::io::BufRead;
+    let p = pagewise::probe::get();
+    if !p.madv_collapse || !p.process_madvise {
+        pagewise_testkit::skip!("{} / {}", p.why("madv_collapse"), p.why("process_madvise"));
+        return;
+    }
+    let mut target = Command::new("sleep").arg("120").spawn().unwrap();
+    let pid = target.id().to_string();
+    let cases: [(&str, &[&str], Option<&str>); 3] = [
+        (
+            "thp run, measuring the walk cost",
+            &["thp", "run", "--pid", &pid],
+            Some("measuring"),
+        ),
+        (
+            "thp run, stepping",
+            &[
+                "thp",
+                "run",
+                "--json",
+                "--pid",
+                &pid,
+                "--walk-ns",
+                "30",
+                "--interval-ms",
+                "400",
+                "--window-ms",
+                "100",
+            ],
+            Some("{"),
+        ),
+        (
+            "dedup run, stepping",
+            &[
+                "dedup",
+                "run",
+                "--json",
+                "--pid",
+                &pid,
+                "--interval-ms",
+                "400",
+                "--window-ms",
+                "100",
+            ],
+            Some("{"),
+        ),
+    ];
+    for (what, args, after) in cases {
+        // A step is a JSON line on stdout; the measurement is said on
+        // stderr.
+        let stepping = word_is_json(after);
+        let mut c = Command::new(BIN)
+            .args(args)
+            .stderr(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let cpid = c.id() as i32;
+        let mut out = std::io::BufReader::new(c.stdout.take().unwrap());
+        let mut err = std::io::BufReader::new(c.stderr.take().unwrap());
+        let mut said = String::new();
+        if let Some(word) = after {
+            // The phase reached: the command said it is watching.
+            loop {
+                let l = if stepping {
+                    pagewise_testkit::line_within(&mut out, cpid)
+                } else {
+                    pagewise_testkit::line_within(&mut err, cpid)
+                }
+                .unwrap_or_default();
+                said += &l;
+                said += "\n";
+                if l.contains(word) || l.is_empty() {
+                    break;
+                }
+            }
+            assert!(said.contains(word), "{what}: never said {word:?}: {said}");
+        }
+        let asked = std::time::Instant::now();
+        pagewise_sys::process::kill(cpid, libc::SIGINT).unwrap();
+        let st = c.wait().unwrap();
+        let took = asked.elapsed();
+        let mut rest = String::new();
+        for l in err.lines().map_while(|l| l.ok()) {
+            rest += &l;
+            rest += "\n";
+        }
+        assert_eq!(st.code(), Some(130), "{what}: {said}{rest}");
+        assert!(
+            took < std::time::Duration::from_millis(1500),
+            "{what}: ended {took:?} after SIGINT: {said}{rest}"
+        );
+        assert_eq!(
+            pagewise_testkit::userfaultfds(target.id() as i32),
+            0,
+            "{what}"
+        );
+        println!("ok   {what}: ended {took:?} after SIGINT");
+    }
+    let _ = target.kill();
+    let _ = target.wait();
+}
+
+fn word_is_json(w: Option<&str>) -> bool {
+    w == Some("{")
+}

@@ -16,7 +16,8 @@ use std::time::Instant;
 pub struct WalkCost {
     /// Size of the buffer accessed.
     pub bytes: u64,
-    /// Dependent random 8-byte loads timed per page size (best of 3 runs).
+    /// Dependent random 8-byte loads timed per page size (the median of 5
+    /// runs, the two sizes in turn).
     pub accesses: u64,
     /// ns per access over 4 KiB pages.
     pub ns_per_access_4k: f64,
@@ -91,18 +92,26 @@ pub fn calibrate_walk_cost(bytes: usize, accesses: u64) -> Result<WalkCost> {
     huge.write_pass(1, 1);
     let collapsed = huge_ok
         && crate::inject::collapse_retried(|| huge.madvise(0, bytes, mem::MADV_COLLAPSE)).is_ok();
-    let best = |m: &AnonMemory| {
-        (0..3)
-            .map(|_| chase(m, accesses, counter.as_ref()))
-            .min_by(|a, b| a.0.total_cmp(&b.0))
-            .expect("three runs")
+    // The two sizes in turn, RUNS times each, and the median of each: a
+    // run that another program's burst slowed is not taken for the cost
+    // (the best of three, measured one size after the other, gave 2,255
+    // ns on a loaded machine).
+    const RUNS: usize = 5;
+    let (mut fours, mut twos) = (Vec::with_capacity(RUNS), Vec::with_capacity(RUNS));
+    for _ in 0..RUNS {
+        fours.push(chase(&small, accesses, counter.as_ref()));
+        if collapsed {
+            twos.push(chase(&huge, accesses, counter.as_ref()));
+        }
+    }
+    let median = |v: &mut Vec<(f64, Option<f64>)>| {
+        v.sort_by(|a, b| a.0.total_cmp(&b.0));
+        v.get(v.len() / 2).copied()
     };
-    let (ns4, miss4) = best(&small);
-    let (ns2, miss2) = if collapsed {
-        let (n, m) = best(&huge);
-        (Some(n), m)
-    } else {
-        (None, None)
+    let (ns4, miss4) = median(&mut fours).expect("RUNS runs");
+    let (ns2, miss2) = match median(&mut twos) {
+        Some((n, m)) => (Some(n), m),
+        None => (None, None),
     };
     Ok(WalkCost {
         bytes: bytes as u64,
