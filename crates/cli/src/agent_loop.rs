@@ -269,3 +269,55 @@ pub fn end_before_start(
     eprintln!("pagewise: stopped before the first step");
     Ok(stop.status().unwrap_or(0))
 }
+
+/// What an agent watches, said at its start: the processes it holds now
+/// (`held`: each as it is to be said) and the containers and cgroups whose
+/// processes it follows as they come.
+pub fn watching(w: &Watch, held: &[String]) -> String {
+    watching_of(&w.groups.containers, &w.groups.cgroups, held)
+}
+
+fn watching_of(containers: &[String], cgroups: &[String], held: &[String]) -> String {
+    let groups: Vec<String> = containers
+        .iter()
+        .map(|c| format!("container {c}"))
+        .chain(cgroups.iter().map(|c| format!("cgroup {c}")))
+        .collect();
+    let mut said = match held.len() {
+        0 => String::new(),
+        1 => format!("1 process ({})", held[0]),
+        n => format!("{n} processes ({})", held.join(", ")),
+    };
+    if !groups.is_empty() {
+        if !said.is_empty() {
+            said += " and ";
+        }
+        said += &format!("the processes of {} as they come", groups.join(", "));
+    }
+    if said.is_empty() {
+        said = "no process".into();
+    }
+    said
+}
+
+#[cfg(test)]
+mod tests {
+    use super::watching_of;
+
+    /// Regression: `thp run --container C` said "watching 0 process(es)"
+    /// and `dedup run --container C` "watching ;".
+    #[test]
+    fn what_an_agent_watches_is_said_with_its_containers() {
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            watching_of(&s(&["web"]), &[], &[]),
+            "the processes of container web as they come"
+        );
+        assert_eq!(watching_of(&[], &[], &s(&["42"])), "1 process (42)");
+        assert_eq!(
+            watching_of(&[], &s(&["/a.slice"]), &s(&["1", "2"])),
+            "2 processes (1, 2) and the processes of cgroup /a.slice as they come"
+        );
+        assert_eq!(watching_of(&[], &[], &[]), "no process");
+    }
+}

@@ -188,7 +188,7 @@ fn run_agent(a: RunArgs) -> Result<i32> {
             .collect();
         println!(
             "watching {}; policy {}; every {} ms (SIGINT or SIGTERM ends)",
-            how.join(", "),
+            crate::agent_loop::watching(&a.watch, &how),
             policy.name(),
             a.interval_ms
         );

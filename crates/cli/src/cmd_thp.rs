@@ -268,9 +268,10 @@ fn run_agent(a: RunArgs) -> Result<i32> {
     let mut ledger = Ledger::new(&pagewise::agent::gains::THP_SETTINGS);
     let mut agent = Agent::new(&pids, opts)?;
     if !a.watch.json {
+        let held: Vec<String> = pids.iter().map(|p| p.to_string()).collect();
         println!(
-            "watching {} process(es); policy {}; page walk {walk_ns:.1} ns; every {} ms (SIGINT or SIGTERM ends)",
-            pids.len(),
+            "watching {}; policy {}; page walk {walk_ns:.1} ns; every {} ms (SIGINT or SIGTERM ends)",
+            crate::agent_loop::watching(&a.watch, &held),
             a.policy,
             a.interval_ms
         );

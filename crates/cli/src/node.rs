@@ -346,8 +346,9 @@ impl Selection {
                     sel,
                     cgroup: s.cgroup.clone(),
                     budget: s.huge_pages,
-                    thp: s.thp,
-                    dedup: s.dedup,
+                    // An agent the configuration disables acts on none.
+                    thp: s.thp && c.thp.enabled,
+                    dedup: s.dedup && c.dedup.enabled,
                 }
             })
             .collect();

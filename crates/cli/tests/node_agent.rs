@@ -352,3 +352,32 @@ fn a_bad_configuration_is_refused_and_named() {
         let _ = std::fs::remove_file(&cfg);
     }
 }
+
+/// Regression: `agent --check` listed dedup for processes where the
+/// configuration disables the dedup agent. A process in a container is
+/// listed with thp alone when `[dedup] enabled = false`.
+#[test]
+fn agent_check_lists_only_the_agents_that_run() {
+    need_support!();
+    let Some((c, _gone, _p)) = shell(tmp(), "agent-check", "echo ready; read x") else {
+        return;
+    };
+    let port = free_port();
+    let cfg = config(
+        port,
+        &format!("[dedup]\nenabled = false\n[[select]]\ncontainer = \"{c}\"\n"),
+    );
+    let out = Command::new(BIN)
+        .args(["agent", "--check", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(said.contains(": thp"), "{said}");
+    assert!(!said.contains("dedup"), "dedup is disabled: {said}");
+}

@@ -92,6 +92,9 @@ impl Agent {
             st.mergeable = false;
             st.huge = r.is_ok();
             self.counters.rebuilt += u64::from(r.is_ok());
+            // A collapse the kernel refused is a request that failed (the
+            // summary said "0 requests failed" after one was reported).
+            self.counters.failed += u64::from(r.is_err());
             actions.push(Action::Rebuilt {
                 pid: t.pid,
                 start: s,

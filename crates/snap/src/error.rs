@@ -192,8 +192,10 @@ impl Error {
             Error::Mech(e) => e.class(),
             Error::Track(e) => e.class(),
             Error::Store(StoreError::Locked { .. }) => ErrorClass::Busy,
+            // A refusal, made before anything was changed, that no retry of
+            // the same restore mends: each says what to do instead.
             #[cfg(target_arch = "x86_64")]
-            Error::Rollback(RollbackRefusal::MemoryOnly { .. }) => ErrorClass::Unsupported,
+            Error::Rollback(_) => ErrorClass::Unsupported,
             Error::Store(_) | Error::Wire(_) => match self.errno() {
                 libc::EACCES => ErrorClass::Permission,
                 libc::EINVAL => ErrorClass::BadInput,
@@ -338,5 +340,34 @@ mod tests {
             e.to_string(),
             "store /s is being written by another process: one writer at a time"
         );
+    }
+
+    /// Regression: a restore refused because the threads changed or the
+    /// descriptors are gone exited 1 (failed); every refusal of a
+    /// rollback is now the refusal class (exit 3), which no retry mends.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn every_refused_rollback_is_of_the_refusal_class() {
+        for r in [
+            RollbackRefusal::ThreadsChanged {
+                pid: 1,
+                id: 1,
+                made: vec![2],
+                ended: vec![],
+            },
+            RollbackRefusal::DescriptorsGone {
+                pid: 1,
+                id: 1,
+                gone: vec!["3 (socket)".into()],
+            },
+            RollbackRefusal::MemoryOnly {
+                pid: 1,
+                why: "x".into(),
+            },
+            RollbackRefusal::ExecSince { pid: 1, stored: 1 },
+        ] {
+            let e = Error::Rollback(r);
+            assert_eq!(e.class(), ErrorClass::Unsupported, "{e}");
+        }
     }
 }
