@@ -83,6 +83,63 @@ impl crate::json::Printed for Line<'_> {}
 struct Agents {
     thp: Option<pagewise::thp::agent::Agent>,
     dedup: Option<pagewise::dedup::Agent>,
+    /// The dedup agent's options and why it does not run yet, while what
+    /// it needs (KSM) is held by another pagewise: it is made as soon as
+    /// that is free, the huge-page agent running meanwhile.
+    dedup_waiting: Option<(pagewise::dedup::Options, String)>,
+}
+
+/// Steps between two tries to make the dedup agent while KSM is held.
+const DEDUP_RETRY_STEPS: u64 = 5;
+
+impl Agents {
+    /// Makes the dedup agent if it waits and what it needs is free now;
+    /// it then watches every process `known` gives it.
+    fn retry_dedup(&mut self, known: &[Chosen]) {
+        let Some((opts, _)) = &self.dedup_waiting else {
+            return;
+        };
+        match pagewise::dedup::Agent::new(&[], opts.clone()) {
+            Ok(mut d) => {
+                eprintln!("pagewise: dedup: KSM is free now; the dedup agent runs");
+                for k in known.iter().filter(|k| k.dedup) {
+                    let pid = k.member.pid;
+                    if let Err(e) = d.add(pid) {
+                        eprintln!("pagewise: pid {pid}: no dedup: {e}");
+                    }
+                }
+                self.dedup = Some(d);
+                self.dedup_waiting = None;
+            }
+            Err(e) => {
+                if let Some(w) = self.dedup_waiting.as_mut() {
+                    w.1 = e.to_string();
+                }
+            }
+        }
+    }
+
+    /// Whether each agent runs now, as metrics (with the reason in the
+    /// log): `pagewise_node_agent_running{agent}`.
+    fn running(&self) -> Vec<Metric> {
+        let run = |name: &str, on: bool| {
+            Metric::labelled(
+                "agent_running",
+                "Whether an agent the configuration enables runs now (0: it waits for \
+                 what it needs, said in the log).",
+                vec![("agent", name.to_string())],
+                if on { 1.0 } else { 0.0 },
+            )
+        };
+        let mut m = Vec::new();
+        if self.thp.is_some() {
+            m.push(run("thp", true));
+        }
+        if self.dedup.is_some() || self.dedup_waiting.is_some() {
+            m.push(run("dedup", self.dedup.is_some()));
+        }
+        m
+    }
 }
 
 pub fn run(a: Args) -> Result<i32> {
@@ -100,7 +157,10 @@ pub fn run(a: Args) -> Result<i32> {
     // agents are made (the walk cost is measured, KSM claimed).
     let mut sampled = Sampled::default();
     let interval = Duration::from_millis(c.interval_ms);
-    let served = agents::Published::new(interval, node_text(&[], 0, t0, &[], &mut sampled));
+    let served = agents::Published::new(
+        interval,
+        node_text(&[], 0, t0, &[], &mut sampled, Vec::new()),
+    );
     let _endpoint = agents::Endpoint::start(&c.listen, served.clone())?;
     if !a.json {
         eprintln!(
@@ -140,11 +200,14 @@ pub fn run(a: Args) -> Result<i32> {
             None => None,
         };
         steps += 1;
+        if ag.dedup_waiting.is_some() && steps.is_multiple_of(DEDUP_RETRY_STEPS) {
+            ag.retry_dedup(&known);
+        }
         if look {
             known.retain(|k| pagewise::process::is_alive(k.member.pid));
         }
         let groups = ag.thp.as_ref().map(|t| t.groups()).unwrap_or_default();
-        let mut text = node_text(&known, steps, t0, &groups, &mut sampled);
+        let mut text = node_text(&known, steps, t0, &groups, &mut sampled, ag.running());
         if let Some(t) = &ag.thp {
             text += &t.metrics();
         }
@@ -182,6 +245,7 @@ pub fn run(a: Args) -> Result<i32> {
 
 /// The agents the configuration asks for.
 fn make_agents(c: &Config, stop: &Stop) -> Result<Option<Agents>> {
+    let mut waiting = None;
     let thp = match c.thp.enabled {
         false => None,
         true => {
@@ -221,10 +285,28 @@ fn make_agents(c: &Config, stop: &Stop) -> Result<Option<Agents>> {
                 .window(Duration::from_millis(c.window_ms))
                 .policy(policy)
                 .hot_backoff(c.dedup.hot_backoff);
-            Some(pagewise::dedup::Agent::new(&[], opts)?)
+            match pagewise::dedup::Agent::new(&[], opts.clone()) {
+                Ok(d) => Some(d),
+                // Another pagewise holds KSM: the huge-page agent runs
+                // alone meanwhile, rather than the node agent exiting (a
+                // DaemonSet would restart it for ever).
+                Err(e) if e.class() == pagewise::ErrorClass::Busy => {
+                    eprintln!(
+                        "pagewise: dedup: {e}; the dedup agent waits for it, the others run \
+                         meanwhile"
+                    );
+                    waiting = Some((opts, e.to_string()));
+                    None
+                }
+                Err(e) => return Err(e.into()),
+            }
         }
     };
-    Ok(Some(Agents { thp, dedup }))
+    Ok(Some(Agents {
+        thp,
+        dedup,
+        dedup_waiting: waiting,
+    }))
 }
 
 /// Watches the processes selected now that are not yet watched; one that
@@ -340,6 +422,7 @@ fn node_text(
     t0: Instant,
     groups: &[(String, u64, u64)],
     sampled: &mut Sampled,
+    running: Vec<Metric>,
 ) -> String {
     let cpu = pagewise::process::cpu_time(std::process::id() as i32)
         .map(|d| d.as_secs_f64())
@@ -413,5 +496,6 @@ fn node_text(
             ));
         }
     }
+    m.extend(running);
     Metric::render("node", &m)
 }

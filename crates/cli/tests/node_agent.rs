@@ -381,3 +381,98 @@ fn agent_check_lists_only_the_agents_that_run() {
     assert!(said.contains(": thp"), "{said}");
     assert!(!said.contains("dedup"), "dedup is disabled: {said}");
 }
+
+/// Regression: `agent --config` exited 6 when another pagewise held KSM,
+/// and a DaemonSet would restart it for ever. Now it runs the huge-page
+/// agent alone, says why dedup waits (in its log and in
+/// `pagewise_node_agent_running{agent="dedup"} 0`), and takes KSM once it
+/// is free.
+#[test]
+fn the_node_agent_runs_without_ksm_and_takes_it_when_free() {
+    need_support!();
+
+    let _one = ONE_AGENT.lock().unwrap_or_else(|p| p.into_inner());
+    let mut target = Command::new("sleep").arg("120").spawn().unwrap();
+    // Another pagewise holds KSM.
+    let mut holder = Command::new(BIN)
+        .args([
+            "dedup",
+            "run",
+            "--json",
+            "--interval-ms",
+            "400",
+            "--window-ms",
+            "100",
+        ])
+        .args(["--pid", &target.id().to_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let hpid = holder.id() as i32;
+    let mut hout = BufReader::new(holder.stdout.take().unwrap());
+    let first = pagewise_testkit::line_within(&mut hout, hpid).unwrap_or_default();
+    assert!(first.starts_with('{'), "the holder stepped: {first}");
+    let port = free_port();
+    let cfg = config(
+        port,
+        "interval_ms = 300\nwindow_ms = 50\n[thp]\nwalk_ns = 30.0\n[[select]]\nall_containers = true\n",
+    );
+    let mut agent = Command::new(BIN)
+        .args(["agent", "--config"])
+        .arg(&cfg)
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let apid = agent.id() as i32;
+    let mut log = BufReader::new(agent.stderr.take().unwrap());
+    let mut said = String::new();
+    let mut wait_for = |what: &str, said: &mut String| loop {
+        let l = pagewise_testkit::line_within(&mut log, apid).unwrap_or_default();
+        said.push_str(&l);
+        said.push('\n');
+        if l.contains(what) {
+            return;
+        }
+        assert!(!l.is_empty(), "the agent never said {what:?}: {said}");
+    };
+    wait_for("the dedup agent waits", &mut said);
+    // Running meanwhile, dedup said not to.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let metrics = loop {
+        let m = pagewise_testkit::http_get(port, "/metrics").unwrap_or_default();
+        if m.contains("pagewise_node_agent_running") {
+            break m;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no agent_running metric: {m}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert!(
+        metrics.contains("pagewise_node_agent_running{agent=\"dedup\"} 0"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("pagewise_node_agent_running{agent=\"thp\"} 1"),
+        "{metrics}"
+    );
+    assert_eq!(agent.try_wait().unwrap(), None, "the agent runs on: {said}");
+    // The holder ends; the agent takes KSM.
+    pagewise_sys::process::kill(hpid, libc::SIGTERM).unwrap();
+    let _ = holder.wait();
+    wait_for("KSM is free now", &mut said);
+    pagewise_sys::process::kill(apid, libc::SIGTERM).unwrap();
+    let st = agent.wait().unwrap();
+    for l in log.lines().map_while(|l| l.ok()) {
+        said += &l;
+        said += "\n";
+    }
+    assert_eq!(st.code(), Some(143), "{said}");
+    assert!(said.contains("settings put back"), "{said}");
+    let _ = target.kill();
+    let _ = target.wait();
+    println!("ok   dedup waited for KSM, then ran:\n{said}");
+}
