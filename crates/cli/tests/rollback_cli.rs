@@ -240,3 +240,51 @@ fn a_stored_snapshot_is_restored_and_extracted_from_the_command_line() {
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_file(&file);
 }
+
+/// Regression: a process that keeps a SIGTRAP blocked and pending for its
+/// whole life was refused every restore with "a signal arrived before
+/// each of 200 tries ... try again" (exit 6, for ever): the calls made
+/// inside it unblocked SIGTRAP, which then came first each time. It is
+/// now snapshotted and restored in full, and its SIGTRAP is still blocked
+/// and pending afterwards (never delivered by pagewise).
+#[test]
+fn a_process_with_a_sigtrap_pending_for_ever_is_restored() {
+    need_support!();
+    let mut t = Piped::start(&mut Command::new(c_program("trap_pending")));
+    assert_eq!(t.line(), "ready");
+    let pid = t.pid().to_string();
+    let store = temp_dir("trap-pending");
+    let _ = std::fs::remove_dir_all(&store);
+    pagewise_testkit::settle_in_read(t.pid());
+    let out = Command::new(BIN)
+        .args(["snapshot", "--pid", &pid, "--out"])
+        .arg(&store)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "snapshot: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let first = t.ask("x");
+    assert!(first.ends_with("pending 1"), "{first}");
+    pagewise_testkit::settle_in_read(t.pid());
+    let out = Command::new(BIN)
+        .args(["snapshot", "restore", "--pid", &pid])
+        .arg(&store)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "restore ({:?}): {err}",
+        out.status.code()
+    );
+    let r = String::from_utf8_lossy(&out.stdout);
+    assert!(r.contains("registers of 1 thread"), "in full: {r}");
+    let after = t.ask("x");
+    assert!(
+        after.ends_with("pending 1"),
+        "the SIGTRAP is still pending: {after}"
+    );
+}

@@ -500,7 +500,11 @@ impl<'a> Remote<'a> {
                 .and_then(|()| {
                     die_here(Phase::Registers);
                     if block {
-                        let all = !pagewise_sys::signal::bit(libc::SIGTRAP);
+                        // All but SIGTRAP, unless the thread blocks it
+                        // itself: one pending then stays so (else it came
+                        // before every try, and the call never ran).
+                        let trap = pagewise_sys::signal::bit(libc::SIGTRAP);
+                        let all = !trap | (mask & trap);
                         p::ptrace_setsigmask(tid, all).map_err(|e| os("PTRACE_SETSIGMASK", e))?;
                     }
                     die_here(Phase::Blocked);
