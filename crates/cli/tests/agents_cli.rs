@@ -818,3 +818,63 @@ fn agents_end_within_a_second_of_sigint_in_every_phase() {
 fn word_is_json(w: Option<&str>) -> bool {
     w == Some("{")
 }
+
+/// Regression: `thp run --pid` on a program that `mremap`s its 16 MiB
+/// buffer over and over made the program's `mremap` fail with `EFAULT`
+/// about 1.5 s after it attached: registering a 2 MiB region split the
+/// mapping, and the kernel refuses an `mremap` that spans two. Now a
+/// mapping is registered whole and only the regions are protected: the
+/// program's every `mremap` succeeds and every page reads back what it
+/// wrote, and while the agent runs no piece of the buffer (an anonymous
+/// mapping of 2 MiB or more, under 16 MiB) appears in its mappings.
+#[test]
+fn thp_run_never_splits_a_mapping_its_program_mremaps() {
+    let p = pagewise::probe::get();
+    if !p.madv_collapse || !p.process_madvise {
+        pagewise_testkit::skip!("{} / {}", p.why("madv_collapse"), p.why("process_madvise"));
+        return;
+    }
+    if let Err(why) = pagewise::track::BackendKind::UffdWp.available_for_pid() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    let mut t = pagewise_testkit::Piped::start(&mut Command::new(c_program("mremap_loop")));
+    let pid: i32 = t.line().strip_prefix("ready ").unwrap().parse().unwrap();
+    let mut agent = Command::new(BIN)
+        .args(["thp", "run", "--pid", &pid.to_string(), "--walk-ns", "30"])
+        .args(["--interval-ms", "300", "--window-ms", "100", "--steps", "8"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut pieces = Vec::new();
+    let mut samples = 0;
+    while agent.try_wait().unwrap().is_none() {
+        let maps = pagewise_mech::procfs::maps(Some(pid)).unwrap();
+        samples += 1;
+        for m in maps.iter().filter(|m| m.path.is_empty()) {
+            let len = m.end - m.start;
+            if (2 << 20..16 << 20).contains(&len) {
+                pieces.push(format!("{:#x}-{:#x}", m.start, m.end));
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let st = agent.wait().unwrap();
+    assert!(st.success(), "thp run: {st:?}");
+    use std::io::Write;
+    writeln!(t.input, "end").unwrap();
+    let said = t.line();
+    let f: Vec<&str> = said.split_whitespace().collect();
+    assert_eq!(f.first(), Some(&"mremaps"), "{said}");
+    assert_eq!(
+        (f[3], f[5]),
+        ("0", "0"),
+        "no mremap refused, no page wrong: {said}"
+    );
+    assert!(
+        pieces.is_empty(),
+        "pieces of the buffer seen in {samples} samples: {pieces:?}"
+    );
+    println!("ok   {said}; {samples} samples of its mappings, no piece");
+}

@@ -107,6 +107,11 @@ pub struct WriteCoverage {
     pid: i32,
     wp: crate::wp::UffdWp,
     armed: Vec<crate::Region>,
+    /// The whole mappings registered for them: a mapping is registered
+    /// whole (and only the regions protected), since registering part of
+    /// one splits it, and the program's `mremap` of a buffer then spans
+    /// two mappings and fails (`EFAULT`).
+    mappings: Vec<crate::Region>,
     since: Option<Instant>,
 }
 
@@ -118,6 +123,7 @@ impl WriteCoverage {
             pid,
             wp: crate::wp::UffdWp::open_in(pid)?,
             armed: Vec::new(),
+            mappings: Vec::new(),
             since: None,
         })
     }
@@ -134,8 +140,22 @@ impl WriteCoverage {
     pub fn start(&mut self, regions: &[crate::Region]) -> Result<()> {
         self.finish_quietly();
         self.wp.check_memory()?;
+        let maps = crate::procfs::maps(Some(self.pid))?;
         for &r in regions {
-            if self.wp.register(r, true).is_ok() {
+            let Some(m) = maps.iter().find(|m| m.start <= r.start && r.end() <= m.end) else {
+                continue;
+            };
+            let whole = crate::Region {
+                start: m.start,
+                len: m.end - m.start,
+            };
+            if !self.mappings.contains(&whole) {
+                if self.wp.register(whole, false).is_err() {
+                    continue;
+                }
+                self.mappings.push(whole);
+            }
+            if self.wp.protect(r).is_ok() {
                 self.armed.push(r);
             }
         }
@@ -166,9 +186,7 @@ impl WriteCoverage {
             let n: u64 = written.iter().map(|w| w.pages).sum();
             regions.push([r.start, r.pages(), r.pages(), n]);
         }
-        for r in &armed {
-            let _ = self.wp.unregister(*r);
-        }
+        self.unregister_mappings();
         if let Some(e) = failed {
             self.wp.check_memory()?;
             return Err(e);
@@ -182,8 +200,31 @@ impl WriteCoverage {
     }
 
     fn finish_quietly(&mut self) {
-        for r in std::mem::take(&mut self.armed) {
-            let _ = self.wp.unregister(r);
+        self.armed.clear();
+        self.unregister_mappings();
+    }
+
+    /// Unregisters the mappings registered, each whole as it is now (the
+    /// program may have moved, grown or split it since: the kernel skips a
+    /// mapping that is not registered, so none is split).
+    fn unregister_mappings(&mut self) {
+        let registered = std::mem::take(&mut self.mappings);
+        if registered.is_empty() {
+            return;
+        }
+        let now = crate::procfs::maps(Some(self.pid)).unwrap_or_default();
+        let mut done: Vec<(u64, u64)> = Vec::new();
+        for r in &registered {
+            for m in now.iter().filter(|m| m.start < r.end() && r.start < m.end) {
+                if done.contains(&(m.start, m.end)) {
+                    continue;
+                }
+                done.push((m.start, m.end));
+                let _ = self.wp.unregister(crate::Region {
+                    start: m.start,
+                    len: m.end - m.start,
+                });
+            }
         }
     }
 }
