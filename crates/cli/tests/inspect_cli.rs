@@ -216,3 +216,34 @@ fn inspect_command_without_userfaultfd_says_why() {
     assert!(err.contains("vm.unprivileged_userfaultfd is 0"), "{err}");
     assert!(!err.contains("exited"), "{err}");
 }
+
+/// A program that serves the faults of part of its memory itself (its own
+/// userfaultfd, MISSING mode, a handler that fails it on any event but a
+/// write fault): `inspect --pid` counts those mappings from the page
+/// tables and never reads them, so the handler sees no event of
+/// pagewise's. (The program failed 3 of 3; this one, whose
+/// served pages are either resident or never touched, did not fail
+/// before either: the test guards the reads that could.)
+#[test]
+fn inspect_never_reads_memory_a_program_serves_itself() {
+    if let Some(why) = unsupported() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    let mut t = pagewise_testkit::Piped::start(&mut Command::new(c_program("own_uffd")));
+    assert_eq!(t.line(), "ready");
+    let pid = t.pid().to_string();
+    for _ in 0..3 {
+        let out = Command::new(BIN)
+            .args(["inspect", "--pid", &pid, "--json"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let said = t.ask("w");
+        assert!(said.starts_with("ok "), "the program's handler: {said}");
+    }
+}

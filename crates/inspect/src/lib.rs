@@ -324,6 +324,10 @@ impl Found {
     /// Walks the page tables of every readable mapping of `pid`.
     fn walk(&mut self, pid: i32) -> Result<()> {
         let maps = procfs::maps(Some(pid))?;
+        // Mappings the program serves the faults of itself (its own
+        // userfaultfd): counted from the page tables, never read, since a
+        // read that faults there is an event its handler does not expect.
+        let served = procfs::uffd_served(Some(pid)).unwrap_or_default();
         let mut walker = PageWalker::new(Some(pid))?;
         let mut runs = Vec::new();
         for m in maps
@@ -343,7 +347,8 @@ impl Found {
             while a < m.end {
                 let next = ((a / HUGE_PAGE_SIZE as u64) + 1) * HUGE_PAGE_SIZE as u64;
                 let e = next.min(m.end);
-                self.count(pid, m, a, e, &runs);
+                let read = !served.iter().any(|&(s, t)| s < m.end && m.start < t);
+                self.count(pid, m, a, e, &runs, read);
                 a = e;
             }
         }
@@ -353,7 +358,15 @@ impl Found {
     /// Counts the pages of `[a, e)` of mapping `m` (inside one 2 MiB
     /// region) from the page-table `runs`, and plans the reading of its
     /// resident anonymous pages.
-    fn count(&mut self, pid: i32, m: &procfs::Mapping, a: u64, e: u64, runs: &[PageRegion]) {
+    fn count(
+        &mut self,
+        pid: i32,
+        m: &procfs::Mapping,
+        a: u64,
+        e: u64,
+        runs: &[PageRegion],
+        read: bool,
+    ) {
         let ri = self.regions.len();
         let anon = m.is_anonymous();
         let mut rep = RegionReport {
@@ -395,7 +408,7 @@ impl Found {
             if huge {
                 rep.huge_pages += n;
             }
-            if anon {
+            if anon && read {
                 self.plans.push((pid, ri, s, t, huge));
                 self.total += n;
             }
