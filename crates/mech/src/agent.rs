@@ -225,6 +225,11 @@ pub struct Watched<T> {
     /// after an `exec`, which leaves the old ones on a finished address
     /// space).
     open: Option<(procfs::MapsFile, walk::PageWalker)>,
+    /// The mappings it serves the faults of itself (its own userfaultfd),
+    /// read when it was added and after an `exec`: no agent acts there
+    /// (a read, a protection or a collapse would be an event its handler
+    /// does not expect).
+    served: Vec<(u64, u64)>,
 }
 
 /// A watched process as an agent's step names it: its host pid and, in a
@@ -263,8 +268,11 @@ impl<T> Watched<T> {
     /// page map it keeps open.
     fn regions(&mut self) -> Result<Vec<walk::HugeRegion>> {
         let pid = self.pid;
+        if self.open.is_none() {
+            self.served = procfs::uffd_served(Some(pid)).unwrap_or_default();
+        }
         let (maps, walker) = opened(&mut self.open, pid)?;
-        let all = maps.read()?;
+        let mut all = maps.read()?;
         if all.is_empty() {
             return Err(Error::for_pid(
                 pid,
@@ -272,6 +280,8 @@ impl<T> Watched<T> {
                 std::io::Error::from_raw_os_error(libc::ESRCH),
             ));
         }
+        let served = &self.served;
+        all.retain(|m| !served.iter().any(|&(s, e)| s < m.end && m.start < e));
         walk::huge_regions_in(&procfs::writable_anonymous_of(all), walker)
     }
 
@@ -325,6 +335,7 @@ impl<T> Targets<T> {
             container: crate::container::container_of(pid),
             state,
             open: None,
+            served: Vec::new(),
         });
         Ok(())
     }
