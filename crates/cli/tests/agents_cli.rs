@@ -718,6 +718,10 @@ fn agents_end_within_a_second_of_sigint_in_every_phase() {
         pagewise_testkit::skip!("{} / {}", p.why("madv_collapse"), p.why("process_madvise"));
         return;
     }
+    // dedup run takes KSM: one at a time with the other tests that do.
+    let Some(_ksm) = ksm_agents_one_at_a_time() else {
+        return;
+    };
     let mut target = Command::new("sleep").arg("120").spawn().unwrap();
     let pid = target.id().to_string();
     let cases: [(&str, &[&str], Option<&str>); 3] = [

@@ -105,15 +105,23 @@ pub enum Method {
 /// may not be collapsed into a huge page).
 pub struct WriteCoverage {
     pid: i32,
-    wp: crate::wp::UffdWp,
+    /// The userfaultfd of the window under way: each window registers the
+    /// mappings its regions are in whole (registering part of a mapping
+    /// splits it, and the program's `mremap` of a buffer then spans two
+    /// mappings and fails with `EFAULT`), protects only the regions, and
+    /// ends by closing it, which unregisters those mappings whole as they
+    /// are then, however the program moved or grew them meanwhile.
+    wp: Option<crate::wp::UffdWp>,
+    /// Userfaultfds made ahead, one per window to come.
+    spare: Vec<crate::wp::UffdWp>,
     armed: Vec<crate::Region>,
-    /// The whole mappings registered for them: a mapping is registered
-    /// whole (and only the regions protected), since registering part of
-    /// one splits it, and the program's `mremap` of a buffer then spans
-    /// two mappings and fails (`EFAULT`).
-    mappings: Vec<crate::Region>,
     since: Option<Instant>,
 }
+
+/// Userfaultfds made at each stop of the process, one per window (each
+/// holds two descriptors here, its own and the page map: kept few for a
+/// node agent watching many processes).
+const WINDOWS_PER_STOP: usize = 4;
 
 impl WriteCoverage {
     /// Makes the userfaultfd inside process `pid` (it is stopped for a
@@ -121,9 +129,9 @@ impl WriteCoverage {
     pub fn new(pid: i32) -> Result<Self> {
         Ok(WriteCoverage {
             pid,
-            wp: crate::wp::UffdWp::open_in(pid)?,
+            wp: None,
+            spare: crate::wp::UffdWp::open_many_in(pid, WINDOWS_PER_STOP)?,
             armed: Vec::new(),
-            mappings: Vec::new(),
             since: None,
         })
     }
@@ -139,26 +147,32 @@ impl WriteCoverage {
     /// out.
     pub fn start(&mut self, regions: &[crate::Region]) -> Result<()> {
         self.finish_quietly();
-        self.wp.check_memory()?;
+        if self.spare.is_empty() {
+            self.spare = crate::wp::UffdWp::open_many_in(self.pid, WINDOWS_PER_STOP)?;
+        }
+        let wp = self.spare.pop().expect("made above");
+        wp.check_memory()?;
         let maps = crate::procfs::maps(Some(self.pid))?;
+        let mut whole: Vec<crate::Region> = Vec::new();
         for &r in regions {
             let Some(m) = maps.iter().find(|m| m.start <= r.start && r.end() <= m.end) else {
                 continue;
             };
-            let whole = crate::Region {
+            let mapping = crate::Region {
                 start: m.start,
                 len: m.end - m.start,
             };
-            if !self.mappings.contains(&whole) {
-                if self.wp.register(whole, false).is_err() {
+            if !whole.contains(&mapping) {
+                if wp.register(mapping, false).is_err() {
                     continue;
                 }
-                self.mappings.push(whole);
+                whole.push(mapping);
             }
-            if self.wp.protect(r).is_ok() {
+            if wp.protect(r).is_ok() {
                 self.armed.push(r);
             }
         }
+        self.wp = Some(wp);
         self.since = Some(Instant::now());
         Ok(())
     }
@@ -175,22 +189,25 @@ impl WriteCoverage {
         let mut written = Vec::new();
         let armed = std::mem::take(&mut self.armed);
         let mut failed = None;
-        for r in &armed {
-            written.clear();
-            if let Err(e) = self
-                .wp
-                .scan_written(r.start, r.end(), false, false, &mut written)
-            {
-                failed.get_or_insert(e);
+        let mut wp = self.wp.take();
+        if let Some(wp) = wp.as_mut() {
+            for r in &armed {
+                written.clear();
+                if let Err(e) = wp.scan_written(r.start, r.end(), false, false, &mut written) {
+                    failed.get_or_insert(e);
+                }
+                let n: u64 = written.iter().map(|w| w.pages).sum();
+                regions.push([r.start, r.pages(), r.pages(), n]);
             }
-            let n: u64 = written.iter().map(|w| w.pages).sum();
-            regions.push([r.start, r.pages(), r.pages(), n]);
         }
-        self.unregister_mappings();
         if let Some(e) = failed {
-            self.wp.check_memory()?;
+            let check = wp.as_ref().map_or(Ok(()), |w| w.check_memory());
+            // Closed: every mapping it registered unregistered, whole.
+            drop(wp);
+            check?;
             return Err(e);
         }
+        drop(wp);
         Ok(CoverageReport {
             pid: self.pid,
             request: 0,
@@ -201,31 +218,8 @@ impl WriteCoverage {
 
     fn finish_quietly(&mut self) {
         self.armed.clear();
-        self.unregister_mappings();
-    }
-
-    /// Unregisters the mappings registered, each whole as it is now (the
-    /// program may have moved, grown or split it since: the kernel skips a
-    /// mapping that is not registered, so none is split).
-    fn unregister_mappings(&mut self) {
-        let registered = std::mem::take(&mut self.mappings);
-        if registered.is_empty() {
-            return;
-        }
-        let now = crate::procfs::maps(Some(self.pid)).unwrap_or_default();
-        let mut done: Vec<(u64, u64)> = Vec::new();
-        for r in &registered {
-            for m in now.iter().filter(|m| m.start < r.end() && r.start < m.end) {
-                if done.contains(&(m.start, m.end)) {
-                    continue;
-                }
-                done.push((m.start, m.end));
-                let _ = self.wp.unregister(crate::Region {
-                    start: m.start,
-                    len: m.end - m.start,
-                });
-            }
-        }
+        // Closing the window's userfaultfd unregisters its mappings whole.
+        self.wp = None;
     }
 }
 

@@ -121,6 +121,57 @@ impl UffdWp {
         Self::open_in_mode(pid, true)
     }
 
+    /// `n` userfaultfds over the memory of process `pid` as
+    /// [`open_in`](Self::open_in) makes one, with one stop for all of
+    /// them: for a user that closes one after each use (closing a
+    /// userfaultfd unregisters every mapping registered with it, each
+    /// whole, where an `UFFDIO_UNREGISTER` of a range read a moment before
+    /// could split a mapping the program has since grown).
+    pub(crate) fn open_many_in(pid: i32, n: usize) -> Result<Vec<Self>> {
+        let p = probe::get();
+        if p.uffd_access.is_none() {
+            return Err(Error::Unsupported {
+                feature: "userfaultfd",
+                why: p.why("userfaultfd"),
+            });
+        }
+        crate::inject::check_target(pid, "uffd-wp from outside", "the userfaultfd call")?;
+        let fds = {
+            let stopped = crate::stop::Stopped::new(pid)?;
+            let remote = crate::inject::Remote::new(&stopped)?;
+            let flags =
+                (libc::O_CLOEXEC | libc::O_NONBLOCK) as u64 | uffd::UFFD_USER_MODE_ONLY as u64;
+            let mut fds = Vec::with_capacity(n);
+            for _ in 0..n {
+                let fd = crate::inject::maker::userfaultfd_inside(
+                    &remote,
+                    flags,
+                    "write coverage from outside (uffd-wp)",
+                )?;
+                fds.push(remote.take_fd(fd)?);
+            }
+            fds
+        };
+        let mut out = Vec::with_capacity(n);
+        for fd in fds {
+            uffd::api(
+                fd.as_fd(),
+                uffd::feature::WP_ASYNC | uffd::feature::WP_UNPOPULATED,
+            )
+            .map_err(|e| Error::os("UFFDIO_API with WP_ASYNC|WP_UNPOPULATED", e))?;
+            let path = format!("/proc/{pid}/pagemap");
+            let pagemap =
+                File::open(&path).map_err(|e| Error::for_pid(pid, format!("opening {path}"), e))?;
+            out.push(UffdWp {
+                uffd: fd,
+                pagemap,
+                buf: vec![pagemap::PageRegion::default(); SCAN_VEC],
+                pid: Some(pid),
+            });
+        }
+        Ok(out)
+    }
+
     fn open_in_mode(pid: i32, sync: bool) -> Result<Self> {
         let p = probe::get();
         if p.uffd_access.is_none() {
