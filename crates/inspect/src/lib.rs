@@ -325,9 +325,10 @@ impl Found {
     fn walk(&mut self, pid: i32) -> Result<()> {
         let maps = procfs::maps(Some(pid))?;
         // Mappings the program serves the faults of itself (its own
-        // userfaultfd): counted from the page tables, never read, since a
-        // read that faults there is an event its handler does not expect.
-        let served = procfs::uffd_served(Some(pid)).unwrap_or_default();
+        // userfaultfd, not pagewise's shim's): counted from the page
+        // tables, never read, since a read that faults there is an event
+        // its handler does not expect.
+        let served = procfs::self_served(pid).unwrap_or_default();
         let mut walker = PageWalker::new(Some(pid))?;
         let mut runs = Vec::new();
         for m in maps

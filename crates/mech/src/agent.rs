@@ -269,7 +269,7 @@ impl<T> Watched<T> {
     fn regions(&mut self) -> Result<Vec<walk::HugeRegion>> {
         let pid = self.pid;
         if self.open.is_none() {
-            self.served = procfs::uffd_served(Some(pid)).unwrap_or_default();
+            self.served = procfs::self_served(pid).unwrap_or_default();
         }
         let (maps, walker) = opened(&mut self.open, pid)?;
         let mut all = maps.read()?;

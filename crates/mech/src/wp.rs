@@ -128,6 +128,18 @@ impl UffdWp {
     /// whole, where an `UFFDIO_UNREGISTER` of a range read a moment before
     /// could split a mapping the program has since grown).
     pub(crate) fn open_many_in(pid: i32, n: usize) -> Result<Vec<Self>> {
+        Self::made_in(pid, false, n)
+    }
+
+    fn open_in_mode(pid: i32, sync: bool) -> Result<Self> {
+        Self::made_in(pid, sync, 1)?
+            .pop()
+            .ok_or(Error::ProcessExited(pid))
+    }
+
+    /// `n` userfaultfds made inside `pid` in one stop (see
+    /// [`open_in`](Self::open_in)), synchronous or asynchronous.
+    fn made_in(pid: i32, sync: bool, n: usize) -> Result<Vec<Self>> {
         let p = probe::get();
         if p.uffd_access.is_none() {
             return Err(Error::Unsupported {
@@ -139,63 +151,22 @@ impl UffdWp {
         let fds = {
             let stopped = crate::stop::Stopped::new(pid)?;
             let remote = crate::inject::Remote::new(&stopped)?;
-            let flags =
-                (libc::O_CLOEXEC | libc::O_NONBLOCK) as u64 | uffd::UFFD_USER_MODE_ONLY as u64;
-            let mut fds = Vec::with_capacity(n);
-            for _ in 0..n {
-                let fd = crate::inject::maker::userfaultfd_inside(
-                    &remote,
-                    flags,
-                    "write coverage from outside (uffd-wp)",
-                )?;
-                fds.push(remote.take_fd(fd)?);
-            }
-            fds
-        };
-        let mut out = Vec::with_capacity(n);
-        for fd in fds {
-            uffd::api(
-                fd.as_fd(),
-                uffd::feature::WP_ASYNC | uffd::feature::WP_UNPOPULATED,
-            )
-            .map_err(|e| Error::os("UFFDIO_API with WP_ASYNC|WP_UNPOPULATED", e))?;
-            let path = format!("/proc/{pid}/pagemap");
-            let pagemap =
-                File::open(&path).map_err(|e| Error::for_pid(pid, format!("opening {path}"), e))?;
-            out.push(UffdWp {
-                uffd: fd,
-                pagemap,
-                buf: vec![pagemap::PageRegion::default(); SCAN_VEC],
-                pid: Some(pid),
-            });
-        }
-        Ok(out)
-    }
-
-    fn open_in_mode(pid: i32, sync: bool) -> Result<Self> {
-        let p = probe::get();
-        if p.uffd_access.is_none() {
-            return Err(Error::Unsupported {
-                feature: "userfaultfd",
-                why: p.why("userfaultfd"),
-            });
-        }
-        crate::inject::check_target(pid, "uffd-wp from outside", "the userfaultfd call")?;
-        let fd = {
-            let stopped = crate::stop::Stopped::new(pid)?;
-            let remote = crate::inject::Remote::new(&stopped)?;
             let flags = (libc::O_CLOEXEC | libc::O_NONBLOCK) as u64
                 | if sync {
                     0
                 } else {
                     uffd::UFFD_USER_MODE_ONLY as u64
                 };
-            let fd = crate::inject::maker::userfaultfd_inside(
-                &remote,
-                flags,
-                "write frequency from outside (synchronous uffd-wp)",
-            )?;
-            remote.take_fd(fd)?
+            let mut fds = Vec::with_capacity(n);
+            for _ in 0..n {
+                let fd = crate::inject::maker::userfaultfd_inside(
+                    &remote,
+                    flags,
+                    "write tracking from outside (uffd-wp)",
+                )?;
+                fds.push(remote.take_fd(fd)?);
+            }
+            fds
         };
         let (want, what) = if sync {
             (
@@ -210,16 +181,20 @@ impl UffdWp {
                 "UFFDIO_API with WP_ASYNC|WP_UNPOPULATED",
             )
         };
-        uffd::api(fd.as_fd(), want).map_err(|e| Error::os(what, e))?;
-        let path = format!("/proc/{pid}/pagemap");
-        let pagemap =
-            File::open(&path).map_err(|e| Error::for_pid(pid, format!("opening {path}"), e))?;
-        Ok(UffdWp {
-            uffd: fd,
-            pagemap,
-            buf: vec![pagemap::PageRegion::default(); SCAN_VEC],
-            pid: Some(pid),
-        })
+        let mut out = Vec::with_capacity(n);
+        for fd in fds {
+            uffd::api(fd.as_fd(), want).map_err(|e| Error::os(what, e))?;
+            let path = format!("/proc/{pid}/pagemap");
+            let pagemap =
+                File::open(&path).map_err(|e| Error::for_pid(pid, format!("opening {path}"), e))?;
+            out.push(UffdWp {
+                uffd: fd,
+                pagemap,
+                buf: vec![pagemap::PageRegion::default(); SCAN_VEC],
+                pid: Some(pid),
+            });
+        }
+        Ok(out)
     }
 
     /// Registers `r` for write-protect tracking; with `protect`, also protects it

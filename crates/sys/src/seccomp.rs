@@ -167,29 +167,35 @@ pub fn trap_syscalls(
             ]);
         }
         prog.push(stmt(BPF_RET_K, SECCOMP_RET_ALLOW));
-        let fprog = libc::sock_fprog {
-            len: prog.len() as u16,
-            filter: prog.as_mut_ptr(),
-        };
-        // SAFETY: plain prctl with integer arguments.
-        if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `fprog` points at a well-formed filter that outlives the
-        // call (the kernel copies it).
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_seccomp,
-                libc::SECCOMP_SET_MODE_FILTER,
-                0,
-                &fprog as *const libc::sock_fprog,
-            )
-        };
-        if r != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+        install(&mut prog)
     }
+}
+
+/// Sets the calling thread's `no_new_privs` and installs filter `prog` on
+/// it (and the threads it starts from then on).
+fn install(prog: &mut [libc::sock_filter]) -> io::Result<()> {
+    let fprog = libc::sock_fprog {
+        len: prog.len() as u16,
+        filter: prog.as_mut_ptr(),
+    };
+    // SAFETY: plain prctl with integer arguments.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fprog` points at a well-formed filter that outlives the
+    // call (the kernel copies it).
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_seccomp,
+            libc::SECCOMP_SET_MODE_FILTER,
+            0,
+            &fprog as *const libc::sock_fprog,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 const SECCOMP_RET_ERRNO: u32 = 0x0005_0000;
@@ -229,28 +235,7 @@ pub fn confine_thread(allowed: &[libc::c_long]) -> io::Result<()> {
     }
     prog.push(stmt(BPF_RET_K, SECCOMP_RET_ERRNO | libc::EPERM as u32));
     prog.push(stmt(BPF_RET_K, SECCOMP_RET_ALLOW));
-    let fprog = libc::sock_fprog {
-        len: prog.len() as u16,
-        filter: prog.as_mut_ptr(),
-    };
-    // SAFETY: plain prctl with integer arguments.
-    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fprog` points at a well-formed filter that outlives the
-    // call (the kernel copies it).
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_seccomp,
-            libc::SECCOMP_SET_MODE_FILTER,
-            0,
-            &fprog as *const libc::sock_fprog,
-        )
-    };
-    if r != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    install(&mut prog)
 }
 
 /// A trapped call as the `SIGSYS` handler sees it.

@@ -112,6 +112,20 @@ pub fn uffd_served(pid: Option<i32>) -> Result<Vec<(u64, u64)>> {
     with_vm_flag(pid, &["um", "ui"])
 }
 
+/// The mappings of `pid` that the program serves the faults of with a
+/// userfaultfd of its own, not pagewise's: [`uffd_served`], none where
+/// the program runs pagewise's preload shim (whose far-memory engine
+/// serves them, and reads of them are its to answer).
+pub fn self_served(pid: i32) -> Result<Vec<(u64, u64)>> {
+    let shim = maps(Some(pid))?
+        .iter()
+        .any(|m| m.path.ends_with(crate::shim::SHIM_FILE));
+    if shim {
+        return Ok(Vec::new());
+    }
+    uffd_served(Some(pid))
+}
+
 /// The mappings of `pid` (`None`: this process) whose smaps `VmFlags` hold
 /// any of `flags` (`mg`: KSM may merge it; `hg`: `MADV_HUGEPAGE`; ...), as
 /// `(start, end)`.
