@@ -12,12 +12,7 @@ use support::*;
 /// and leaves no range registered in the process.
 #[test]
 fn thp_run_promotes_within_the_budget_and_ends_on_sigterm() {
-    let p = pagewise::probe::get();
-    if !p.madv_collapse || !p.process_madvise {
-        pagewise_testkit::skip!("{} / {}", p.why("madv_collapse"), p.why("process_madvise"));
-        return;
-    }
-    if let Err(why) = pagewise::track::BackendKind::UffdWp.available_for_pid() {
+    if let Some(why) = thp_agent_missing(true) {
         pagewise_testkit::skip!("{why}");
         return;
     }
@@ -713,9 +708,8 @@ fn gains_count_the_pages_a_program_wrote_and_keep_an_ended_ones_last_reading() {
 #[test]
 fn agents_end_within_a_second_of_sigint_in_every_phase() {
     use std::io::BufRead;
-    let p = pagewise::probe::get();
-    if !p.madv_collapse || !p.process_madvise {
-        pagewise_testkit::skip!("{} / {}", p.why("madv_collapse"), p.why("process_madvise"));
+    if let Some(why) = thp_agent_missing(false) {
+        pagewise_testkit::skip!("{why}");
         return;
     }
     // dedup run takes KSM: one at a time with the other tests that do.
@@ -833,12 +827,7 @@ fn word_is_json(w: Option<&str>) -> bool {
 /// mapping of 2 MiB or more, under 16 MiB) appears in its mappings.
 #[test]
 fn thp_run_never_splits_a_mapping_its_program_mremaps() {
-    let p = pagewise::probe::get();
-    if !p.madv_collapse || !p.process_madvise {
-        pagewise_testkit::skip!("{} / {}", p.why("madv_collapse"), p.why("process_madvise"));
-        return;
-    }
-    if let Err(why) = pagewise::track::BackendKind::UffdWp.available_for_pid() {
+    if let Some(why) = thp_agent_missing(true) {
         pagewise_testkit::skip!("{why}");
         return;
     }
@@ -881,4 +870,23 @@ fn thp_run_never_splits_a_mapping_its_program_mremaps() {
         "pieces of the buffer seen in {samples} samples: {pieces:?}"
     );
     println!("ok   {said}; {samples} samples of its mappings, no piece");
+}
+
+/// Why `thp run` cannot run here (no `MADV_COLLAPSE` or `process_madvise`,
+/// or, with `coverage`, no uffd-wp from outside), or `None`.
+fn thp_agent_missing(coverage: bool) -> Option<String> {
+    let p = pagewise::probe::get();
+    if !p.madv_collapse || !p.process_madvise {
+        return Some(format!(
+            "{} / {}",
+            p.why("madv_collapse"),
+            p.why("process_madvise")
+        ));
+    }
+    if coverage {
+        if let Err(why) = pagewise::track::BackendKind::UffdWp.available_for_pid() {
+            return Some(why.to_string());
+        }
+    }
+    None
 }

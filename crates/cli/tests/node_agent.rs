@@ -299,33 +299,7 @@ fn a_bad_configuration_is_refused_and_named() {
             "No such file",
         ),
     ];
-    for (body, want) in bad {
-        let cfg = config(port, &body);
-        let out = Command::new(BIN)
-            .args(["agent", "--check", "--config"])
-            .arg(&cfg)
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{body:?}: {err}");
-        assert!(err.contains(want), "{body:?}: {err}");
-    }
-    // Where it may go: a directory of root's.
-    let cfg = config(
-        port,
-        &metrics(real.join("agent.prom").display().to_string()),
-    );
-    let out = Command::new(BIN)
-        .args(["agent", "--check", "--config"])
-        .arg(&cfg)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    for (body, want) in [
+    let older = [
         (
             "intervall_ms = 5\n[[select]]\nall_containers = true\n",
             "intervall_ms",
@@ -339,18 +313,36 @@ fn a_bad_configuration_is_refused_and_named() {
             "[[select]]\nall_containers = true\ncontainer = \"x\"\n",
             "exactly one",
         ),
-    ] {
-        let cfg = config(port, body);
-        let out = Command::new(BIN)
-            .args(["agent", "--check", "--config"])
-            .arg(&cfg)
-            .output()
-            .unwrap();
+    ];
+    let older = older.map(|(b, w)| (b.to_string(), w));
+    for (body, want) in bad.into_iter().chain(older) {
+        let cfg = config(port, &body);
+        let out = agent_check(&cfg);
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{body:?}: {err}");
         assert!(err.contains(want), "{body:?}: {err}");
         let _ = std::fs::remove_file(&cfg);
     }
+    // Where it may go: a directory of root's.
+    let cfg = config(
+        port,
+        &metrics(real.join("agent.prom").display().to_string()),
+    );
+    let out = agent_check(&cfg);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `agent --check --config CFG`, run to its end.
+fn agent_check(cfg: &Path) -> std::process::Output {
+    Command::new(BIN)
+        .args(["agent", "--check", "--config"])
+        .arg(cfg)
+        .output()
+        .unwrap()
 }
 
 /// Regression: `agent --check` listed dedup for processes where the
@@ -367,11 +359,7 @@ fn agent_check_lists_only_the_agents_that_run() {
         port,
         &format!("[dedup]\nenabled = false\n[[select]]\ncontainer = \"{c}\"\n"),
     );
-    let out = Command::new(BIN)
-        .args(["agent", "--check", "--config"])
-        .arg(&cfg)
-        .output()
-        .unwrap();
+    let out = agent_check(&cfg);
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),

@@ -43,17 +43,10 @@ impl Remote<'_> {
         let pidfd = pagewise_sys::process::pidfd_open(pid)
             .map_err(|e| Error::for_pid(pid, "pidfd_open", e))?;
         let mine = pagewise_sys::process::pidfd_getfd(pidfd.as_fd(), fd);
-        let closed = self.syscall(libc::SYS_close, [fd as u64, 0, 0, 0, 0, 0]);
+        let closed = self.close(fd);
         let mine =
             mine.map_err(|e| Error::for_pid(pid, format!("pidfd_getfd of its fd {fd}"), e))?;
-        match closed? {
-            0 => Ok(mine),
-            e => Err(Error::for_pid(
-                pid,
-                format!("closing its fd {fd}"),
-                std::io::Error::from_raw_os_error(-e as i32),
-            )),
-        }
+        closed.map(|()| mine)
     }
 
     /// Runs `f` with descriptor `fd` of this process placed in the stopped
