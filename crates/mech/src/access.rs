@@ -172,6 +172,7 @@ impl WriteCoverage {
                 self.armed.push(r);
             }
         }
+        heal(&wp, self.pid, &maps, &whole);
         self.wp = Some(wp);
         self.since = Some(Instant::now());
         Ok(())
@@ -189,6 +190,8 @@ impl WriteCoverage {
         let mut written = Vec::new();
         let armed = std::mem::take(&mut self.armed);
         let mut failed = None;
+        // Closed as it goes out of scope: every mapping it registered is
+        // then unregistered, whole.
         let mut wp = self.wp.take();
         if let Some(wp) = wp.as_mut() {
             for r in &armed {
@@ -201,13 +204,11 @@ impl WriteCoverage {
             }
         }
         if let Some(e) = failed {
-            let check = wp.as_ref().map_or(Ok(()), |w| w.check_memory());
-            // Closed: every mapping it registered unregistered, whole.
-            drop(wp);
-            check?;
+            if let Some(w) = &wp {
+                w.check_memory()?;
+            }
             return Err(e);
         }
-        drop(wp);
         Ok(CoverageReport {
             pid: self.pid,
             request: 0,
@@ -220,6 +221,40 @@ impl WriteCoverage {
         self.armed.clear();
         // Closing the window's userfaultfd unregisters its mappings whole.
         self.wp = None;
+    }
+}
+
+/// Registers the rest of a mapping the program grew in place between the
+/// read of its maps (`before`) and its registration: the registration
+/// covered the old extent and split it, leaving the grown part a mapping
+/// of its own next to the registered one. That part is registered with
+/// the same userfaultfd, and the kernel merges the two again. A mapping
+/// next to a registered one that was there before is another's, left
+/// alone; one that shrank or moved meanwhile needs nothing.
+fn heal(
+    wp: &crate::wp::UffdWp,
+    pid: i32,
+    before: &[crate::procfs::Mapping],
+    registered: &[crate::Region],
+) {
+    let Ok(now) = crate::procfs::maps(Some(pid)) else {
+        return;
+    };
+    for r in registered {
+        let end = r.end();
+        let Some(grown) = now.iter().find(|m| m.start == end) else {
+            continue;
+        };
+        if before.iter().any(|m| m.start == end) {
+            continue;
+        }
+        let _ = wp.register(
+            crate::Region {
+                start: grown.start,
+                len: grown.end - grown.start,
+            },
+            false,
+        );
     }
 }
 
