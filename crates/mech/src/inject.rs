@@ -10,7 +10,8 @@
 //! ret` of its C library, else one in its vDSO), the call's number and
 //! arguments go into the registers, `orig_rax` is set to -1 so that the
 //! kernel does not take the call for the restart of one the thread was
-//! interrupted in; the thread runs to the call's exit (`PTRACE_SYSCALL`),
+//! interrupted in (a thread held inside a call's entry is first taken
+//! out of it, see `entry`); the thread runs to the call's exit (`PTRACE_SYSCALL`),
 //! the result is read from `rax`, the thread is brought back to a stop in
 //! the signal code, and every register is put back. A thread that was
 //! stopped inside a system call then restarts it as it would have.
@@ -30,6 +31,7 @@ use crate::procfs;
 use crate::stop::{Refusal, Stopped};
 use crate::{Error, Result};
 
+mod entry;
 mod give;
 pub mod maker;
 pub mod shim;
@@ -464,6 +466,15 @@ impl<'a> Remote<'a> {
         } + 2;
         self.seccomp.check_call(pid, nr, args, ip)?;
         for _ in 0..MAX_TRIES {
+            // A thread held inside its own call's entry is first taken out
+            // of it, to make that call again when it goes on.
+            if let Some(seccomp_stop) = entry::at_entry(tid) {
+                if !seccomp_stop && !suspend {
+                    // Its filters see call -1 as it leaves.
+                    self.seccomp.check_call(pid, -1, [0; 6], ip)?;
+                }
+                entry::leave(pid, tid, seccomp_stop, suspend)?;
+            }
             let saved = p::ptrace_getregs(tid).map_err(|e| os("PTRACE_GETREGS", e))?;
             if saved.cs != USER_CS_64 {
                 return Err(Refusal::SwitchedTo32 { pid, tid }.into());
@@ -613,7 +624,15 @@ impl<'a> Remote<'a> {
                 // next resume runs it, or takes a signal first.
                 continue;
             }
-            if sig == p::SYSCALL_STOP && !entered {
+            // The kernel says which stop this is where it can (an exit is
+            // never taken for the entry); else the first is the entry.
+            let entry = sig == p::SYSCALL_STOP
+                && match pagewise_sys::launch::ptrace_syscall_info(tid) {
+                    Ok(pagewise_sys::launch::SyscallStop::Entry { .. }) => true,
+                    Ok(pagewise_sys::launch::SyscallStop::Exit { .. }) => false,
+                    _ => !entered,
+                };
+            if entry && !entered {
                 entered = true;
                 die_here(Phase::Entered);
                 continue;

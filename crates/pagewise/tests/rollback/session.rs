@@ -309,3 +309,91 @@ fn an_end_whose_others_do_not_stop_in_time_is_returned_by_the_next_wait() {
         "{first}"
     );
 }
+
+/// `ResetSession::launch` of a program whose every run moves its heap
+/// (`heap_moves MODE`, its input read from a file at a descriptor of its
+/// own): every run ends with the code of a run of the program without
+/// pagewise, and every reset goes through (the whole path where the
+/// layout changed, never a failure).
+fn launched_runs_that_move_the_heap_are_reset(mode: &str) {
+    use pagewise::snap::process::session::RunEnd;
+    if let Some(why) = can_ptrace() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../cli/tests/c/heap_moves.c");
+    let prog = match pagewise_testkit::c_program(&src, Path::new(env!("CARGO_TARGET_TMPDIR")), &[])
+    {
+        Ok(p) => p,
+        Err(why) => {
+            pagewise_testkit::skip!("{why}");
+            return;
+        }
+    };
+    let path = std::env::temp_dir().join(format!("pagewise-heap-{mode}-{}", std::process::id()));
+    std::fs::write(&path, b"").unwrap();
+    let file = std::fs::File::options()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    // Inherited by the program (not close-on-exec), closed here at the end.
+    // SAFETY: dup of a descriptor this function owns.
+    let fd = unsafe { libc::dup(std::os::fd::AsRawFd::as_raw_fd(&file)) };
+    assert!(fd >= 0, "dup: {}", std::io::Error::last_os_error());
+    let argv: Vec<std::ffi::OsString> =
+        vec![prog.clone().into(), mode.into(), fd.to_string().into()];
+    let mut s = ResetSession::launch(&argv, fd, &[], std::time::Duration::from_secs(10)).unwrap();
+    let (mut full, mut quick) = (0, 0);
+    for i in 0..20u8 {
+        let input: Vec<u8> = (0..(1 + i as usize * 13)).map(|k| (k as u8) ^ i).collect();
+        let mut native = Command::new(&prog)
+            .arg(mode)
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        native.stdin.take().unwrap().write_all(&input).unwrap();
+        let want = native.wait().unwrap().code().unwrap();
+        assert_ne!(
+            want & 32,
+            0,
+            "precondition: run {i} without pagewise moved its heap"
+        );
+        file.set_len(0).unwrap();
+        file.write_all_at(&input, 0).unwrap();
+        let r = s
+            .reset()
+            .unwrap_or_else(|e| panic!("{mode}, reset {i}: {e}"));
+        match &r.full {
+            Some(why) => {
+                assert!(why.contains("layout"), "{mode}, reset {i}: {why}");
+                full += 1
+            }
+            None => quick += 1,
+        }
+        let end = s
+            .wait_end(Some(
+                std::time::Instant::now() + std::time::Duration::from_secs(10),
+            ))
+            .unwrap();
+        assert!(
+            matches!(end, RunEnd::Exit(c) if c == want),
+            "{mode}, run {i}: {end:?}, {want} without pagewise"
+        );
+    }
+    drop(s);
+    // SAFETY: the descriptor dup'ed above, closed once.
+    unsafe { libc::close(fd) };
+    let _ = std::fs::remove_file(&path);
+    println!("ok   {mode}: 20 runs, {full} reset by the whole path, {quick} by the quick one");
+}
+
+#[test]
+fn launched_runs_that_grow_and_trim_the_break_are_reset() {
+    launched_runs_that_move_the_heap_are_reset("brk");
+}
+
+#[test]
+fn launched_runs_that_map_move_and_unmap_an_arena_are_reset() {
+    launched_runs_that_move_the_heap_are_reset("arena");
+}
