@@ -34,6 +34,8 @@ command -v curl >/dev/null || need+=(curl)
 # AFL++ for the fork server served by resets (pagewise snapshot afl), its
 # test and its benchmark (afl-cc, afl-fuzz).
 command -v afl-fuzz >/dev/null && command -v afl-cc >/dev/null || need+=(afl++)
+# Unpacking Debian's source packages (the real fuzz targets below).
+command -v dpkg-source >/dev/null || need+=(dpkg-dev)
 # libFuzzer's runtime is C++ (scripts/fuzz).
 command -v c++ >/dev/null || need+=(g++)
 # Installing and packaging (make install, make deb and their checks).
@@ -52,6 +54,31 @@ if ((${#need[@]})); then
     [ "$(id -u)" -eq 0 ] || SUDO="sudo"
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+# Real fuzz targets from Debian's source packages, unpacked once per
+# machine outside the clone: cJSON, fuzzed through resets built with
+# afl-cc (tests/afl_harness.rs). A deb-src entry of the machine's own
+# release is added where none is.
+SRC_CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/pagewise/src"
+if [ ! -f "$SRC_CACHE/cjson/cJSON.c" ] && [ "$(id -u)" -eq 0 ]; then
+    if ! grep -rqsE '^(Types:.*deb-src|deb-src )' /etc/apt/sources.list /etc/apt/sources.list.d/; then
+        codename=$(. /etc/os-release && echo "$VERSION_CODENAME")
+        cat >/etc/apt/sources.list.d/pagewise-deb-src.sources <<SRC
+# Written by pagewise's scripts/setup.sh: source packages of real fuzz targets.
+Types: deb-src
+URIs: http://deb.debian.org/debian
+Suites: $codename
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SRC
+        apt-get update -qq
+    fi
+    unpack=$(mktemp -d)
+    (cd "$unpack" && apt-get source -qq cjson >/dev/null 2>&1)
+    mkdir -p "$SRC_CACHE"
+    rm -rf "$SRC_CACHE/cjson"
+    mv "$unpack"/cjson-*/ "$SRC_CACHE/cjson"
+    rm -rf "$unpack"
 fi
 # The documentation book's builder, a crate at a pinned version.
 MDBOOK_VERSION=0.4.52

@@ -19,7 +19,13 @@ is needed because afl-fuzz looks for AFL++'s marks in the program it runs,
 pagewise, not the target. A run ends when the program calls exit_group,
 or takes a signal that would end it (a crash, reported to afl-fuzz as
 one); afl-fuzz's timeout kills it, and it is started again. What a run
-does outside its memory (files written, children started) stays done.";
+does outside its memory (files written, children started) stays done.
+
+A run that changed the program's layout (its break moved, a mapping made
+or removed) is reset by the whole path of a restore; a reset that cannot
+be made at all starts the program again, with a warning the first time.
+At its end (afl-fuzz closing the control descriptor, or SIGTERM) it says
+on standard error how many runs it served and how each was reset.";
 
 #[derive(clap::Args)]
 pub struct AflArgs {
@@ -51,7 +57,28 @@ pub fn run(a: AflArgs) -> Result<i32> {
     opts.input_fd = a.input_fd;
     opts.start_limit = Duration::from_millis(a.start_timeout_ms);
     let mut failed = None;
+    // The last stats told, for the summary at the end: afl-fuzz ends its
+    // fork server with SIGTERM, and that end says what was served too.
+    let last = std::sync::Arc::new(std::sync::Mutex::new(afl::ServeStats::default()));
+    {
+        let last = last.clone();
+        pagewise_sys::signal::on_stop_otherwise(move |sig| {
+            let s = last.lock().unwrap_or_else(|e| e.into_inner());
+            eprintln!("{}", summary(&s));
+            std::process::exit(128 + sig);
+        })?;
+    }
+    let mut warned = false;
     let mut save = |stats: &afl::ServeStats| {
+        *last.lock().unwrap_or_else(|e| e.into_inner()) = stats.clone();
+        if stats.failed_resets > 0 && !warned {
+            warned = true;
+            eprintln!(
+                "pagewise snapshot afl: warning: a reset failed and the program was started \
+                 again ({}); every run that cannot be reset is a start",
+                stats.failed_reasons.first().map_or("no reason kept", |r| r)
+            );
+        }
         let Some(path) = &a.stats else { return };
         let out = StatsOutput {
             stats: stats.clone(),
@@ -65,11 +92,36 @@ pub fn run(a: AflArgs) -> Result<i32> {
             failed.get_or_insert(e);
         }
     };
-    afl::serve(&a.cmd, afl::CONTROL_FD, afl::STATUS_FD, &opts, &mut save)?;
+    let served = afl::serve(&a.cmd, afl::CONTROL_FD, afl::STATUS_FD, &opts, &mut save)?;
+    eprintln!("{}", summary(&served));
     if let Some(e) = failed {
         return Err(e.context("writing --stats"));
     }
     Ok(0)
+}
+
+/// What was served, in one line: the runs, how each was reset, and the
+/// starts.
+fn summary(s: &afl::ServeStats) -> String {
+    let mut out = format!(
+        "pagewise snapshot afl: {} run(s), {} crash(es); resets: {} by the quick path, {} by \
+         the whole path",
+        s.runs,
+        s.crashes,
+        s.runs.saturating_sub(s.full_resets),
+        s.full_resets
+    );
+    if !s.full_reasons.is_empty() {
+        out += &format!(" ({})", s.full_reasons.join("; "));
+    }
+    out += &format!(
+        ", {} failed; the program started {} time(s)",
+        s.failed_resets, s.starts
+    );
+    if let Some(why) = s.failed_reasons.first() {
+        out += &format!(" (first failure: {why})");
+    }
+    out
 }
 
 /// `--stats`: what the fork server served.

@@ -86,6 +86,19 @@ impl Afl {
         self.ctl.write_all(&0u32.to_ne_bytes()).unwrap();
         self.word()
     }
+
+    /// Closes the control pipe as afl-fuzz does at its end: the server
+    /// ends with success; its stats and what it said on standard error.
+    fn end(&mut self, stats: &Path, dir: &Path) -> (serde_json::Value, String) {
+        drop(std::mem::replace(
+            &mut self.ctl,
+            std::fs::File::open("/dev/null").unwrap(),
+        ));
+        let st = self.child.wait().unwrap();
+        assert!(st.success(), "{st:?}");
+        let s = serde_json::from_str(&std::fs::read_to_string(stats).unwrap()).unwrap();
+        (s, std::fs::read_to_string(dir.join("server.err")).unwrap())
+    }
 }
 
 impl Drop for Afl {
@@ -113,7 +126,8 @@ fn start_server(target: &Path, args: &[&str], stats: &Path, dir: &Path) -> Afl {
         .arg(target)
         .args(args)
         .stdin(input.try_clone().unwrap())
-        .stdout(Stdio::null());
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("server.err")).unwrap());
     let (a, b) = (ctl_r.as_raw_fd(), st_w.as_raw_fd());
     // SAFETY: the closure only calls dup2, which is async-signal-safe,
     // on descriptors that stay open until the spawn returns.
@@ -344,19 +358,186 @@ fn a_run_that_leaves_a_thread_behind_is_followed_by_a_fresh_start() {
     assert_eq!(pids[2], pids[3]);
     assert_eq!(pids[3], pids[4]);
     assert_ne!(pids[4], pids[5]);
-    let Afl { child, ctl, .. } = &mut afl;
-    drop(std::mem::replace(
-        ctl,
-        std::fs::File::open("/dev/null").unwrap(),
-    ));
-    let st = child.wait().unwrap();
-    assert!(st.success(), "{st:?}");
-    let s: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    let (s, err) = afl.end(&stats, &dir);
     assert_eq!(s["failed_resets"], 2, "{s}");
     assert_eq!(s["starts"], 3, "{s}");
+    assert_eq!(
+        err.matches("warning: a reset failed").count(),
+        1,
+        "the first restart warned, once:\n{err}"
+    );
+    assert!(
+        err.contains("6 run(s)") && err.contains("2 failed; the program started 3 time(s)"),
+        "the summary at the end:\n{err}"
+    );
     assert!(
         s["failed_reasons"][0].as_str().unwrap().contains("thread"),
         "{s}"
+    );
+}
+
+/// Every input of `heap_moves MODE` moves the program's heap; every run
+/// is still a reset of the one process, with the status of a run without
+/// pagewise, and no reset failed.
+fn runs_that_move_the_heap_are_reset(mode: &str) {
+    if let Some(why) = no_sessions() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    let target = c_program("heap_moves");
+    let dir = temp_dir(&format!("afl-heap-{mode}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let stats = dir.join("stats.json");
+    let mut afl = start_server(&target, &[mode], &stats, &dir);
+    assert_eq!(afl.word(), 0);
+    let all = inputs(30);
+    let mut pids = std::collections::BTreeSet::new();
+    for (i, input) in all.iter().enumerate() {
+        let want = native(&target, &[mode], input);
+        assert_ne!(
+            want & (32 << 8),
+            0,
+            "precondition: input {i} moved the heap of a run without pagewise ({want:#x})"
+        );
+        let pid = afl.start(input);
+        let status = afl.word();
+        assert_eq!(
+            status,
+            want,
+            "{mode}, input {i} ({} bytes): status {status:#x} through the fork server, \
+             {want:#x} without pagewise",
+            input.len()
+        );
+        pids.insert(pid);
+    }
+    let (s, err) = afl.end(&stats, &dir);
+    assert_eq!(s["failed_resets"], 0, "{mode}: no reset failed: {s}");
+    assert!(
+        err.contains(&format!("{} run(s)", all.len()))
+            && err.contains("0 failed; the program started 1 time(s)")
+            && !err.contains("warning"),
+        "{mode}: the summary at the end, no warning:\n{err}"
+    );
+    assert_eq!(s["starts"], 1, "{mode}: the program was started once: {s}");
+    assert_eq!(
+        pids.len(),
+        1,
+        "{mode}: every run was a reset of one process: {pids:?}"
+    );
+}
+
+#[test]
+fn runs_that_grow_and_trim_the_break_are_reset() {
+    runs_that_move_the_heap_are_reset("brk");
+}
+
+#[test]
+fn runs_that_map_move_and_unmap_an_arena_are_reset() {
+    runs_that_move_the_heap_are_reset("arena");
+}
+
+/// Where `scripts/setup.sh` unpacks Debian's source of `package`.
+fn debian_source(package: &str) -> PathBuf {
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache")
+        });
+    cache.join("pagewise/src").join(package)
+}
+
+/// A JSON document of `n` members, for a parser that then grows its heap
+/// in small allocations (one per value), prefixed by the options the
+/// fuzz target reads from its first four bytes and ended by its NUL.
+fn json_input(n: usize, opts: &str) -> Vec<u8> {
+    let members: Vec<String> = (0..n)
+        .map(|i| format!("\"k{i}\":[{i},\"v{}\",{{\"x\":{}.5}}]", i * 7, i % 13))
+        .collect();
+    format!("{opts}{{{}}}\0", members.join(",")).into_bytes()
+}
+
+#[test]
+fn a_real_parser_built_with_afl_cc_is_served_by_resets_that_move_its_heap() {
+    if let Some(why) = no_sessions() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    let Some(cc) = which("afl-cc") else {
+        pagewise_testkit::skip!(
+            "[afl++] afl-cc is not installed (scripts/setup.sh installs afl++)"
+        );
+        return;
+    };
+    let src = debian_source("cjson");
+    if !src.join("cJSON.c").exists() {
+        pagewise_testkit::skip!(
+            "[debian-source] cJSON's Debian source is not at {} (scripts/setup.sh unpacks it)",
+            src.display()
+        );
+        return;
+    }
+    let dir = temp_dir("afl-cjson");
+    std::fs::create_dir_all(&dir).unwrap();
+    let target = dir.join("cjson_fuzz");
+    let main = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/stdin_fuzz_main.c");
+    let built = Command::new(&cc)
+        .args(["-O2", "-I"])
+        .arg(&src)
+        .arg("-o")
+        .arg(&target)
+        .arg(src.join("cJSON.c"))
+        .arg(src.join("fuzzing/cjson_read_fuzzer.c"))
+        .arg(&main)
+        .env("AFL_QUIET", "1")
+        .status()
+        .unwrap();
+    assert!(built.success(), "afl-cc failed on cJSON");
+    let stats = dir.join("stats.json");
+    let mut afl = start_server(&target, &[], &stats, &dir);
+    let hello = afl.word();
+    assert_ne!(hello, 0, "a program built with afl-cc says its map size");
+    // Small and large documents, each option, malformed ones between.
+    let mut all = Vec::new();
+    for (i, opts) in ["0000", "1111", "0101", "1010", "0011", "1100"]
+        .iter()
+        .enumerate()
+    {
+        all.push(json_input(2 + i, opts));
+        all.push(json_input(3_000 + 1_500 * i, opts));
+        let mut bad = json_input(800 * (i + 1), opts);
+        let cut = bad.len() / 2;
+        bad[cut] = b'}';
+        all.push(bad);
+        all.push(b"1111[1,2,{\"a\":\0".to_vec());
+    }
+    let mut moved = 0;
+    let mut pids = std::collections::BTreeSet::new();
+    for (i, input) in all.iter().enumerate() {
+        let want = native(&target, &[], input);
+        moved += usize::from(want & (32 << 8) != 0);
+        let pid = afl.start(input);
+        let status = afl.word();
+        assert_eq!(
+            status,
+            want,
+            "input {i} ({} bytes): {status:#x} through the fork server, {want:#x} without pagewise",
+            input.len()
+        );
+        pids.insert(pid);
+    }
+    assert!(
+        moved >= 6,
+        "precondition: runs without pagewise moved the break ({moved} of {})",
+        all.len()
+    );
+    let (s, err) = afl.end(&stats, &dir);
+    assert_eq!(s["failed_resets"], 0, "no reset failed: {s}");
+    assert_eq!(s["starts"], 1, "the parser was started once: {s}");
+    assert!(!err.contains("warning"), "no restart was warned of:\n{err}");
+    assert_eq!(pids.len(), 1, "every run a reset of one process: {pids:?}");
+    println!(
+        "ok   cJSON: {} inputs, {moved} moved the break, {} reset by the whole path",
+        all.len(),
+        s["full_resets"]
     );
 }

@@ -162,7 +162,8 @@ pub const STATS_EVERY: Duration = Duration::from_secs(1);
 /// Serves AFL++'s fork-server protocol on descriptors `control` and
 /// `status` (see the module) for program `argv`, until `afl-fuzz` closes
 /// the control descriptor; what it served, also told to `on_stats` every
-/// [`STATS_EVERY`] and at the end.
+/// [`STATS_EVERY`], at once after the first reset that failed, and at
+/// the end.
 pub fn serve(
     argv: &[OsString],
     control: RawFd,
@@ -215,6 +216,10 @@ pub fn serve(
                 let why = e.to_string();
                 if stats.failed_reasons.len() < 8 && !stats.failed_reasons.contains(&why) {
                     stats.failed_reasons.push(why);
+                }
+                // The first one told at once, for a warning.
+                if stats.failed_resets == 1 {
+                    on_stats(&stats);
                 }
                 session = None;
                 let fresh = session.insert(start(&mut stats)?);
