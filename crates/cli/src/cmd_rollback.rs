@@ -283,7 +283,7 @@ pub fn serve(a: ServeArgs) -> Result<i32> {
     let mut out = std::io::stdout().lock();
     let hello = ServeLine::Serving {
         serving: a.pid,
-        note: h.note().map(str::to_string),
+        note: h.note().or(h.untracked()).map(str::to_string),
     };
     writeln!(out, "{}", crate::json::line(&hello)?)?;
     out.flush()?;
@@ -428,8 +428,12 @@ pub fn restore(a: RestoreArgs) -> Result<i32> {
         _ => crate::usage!("give --pid, or --container/--cgroup, not both"),
     };
     let mut h = ProcessSnapshots::open(pid)?;
-    if let (Some(note), false) = (h.note(), a.json) {
+    // Without --memory-only the refusal says it (once).
+    if let (Some(note), false, true) = (h.note(), a.json, a.memory_only) {
         eprintln!("pagewise: {note}");
+    }
+    if let (Some(why), false) = (h.untracked(), a.json) {
+        eprintln!("pagewise: writes are not tracked, every page is compared: {why}");
     }
     let sid = h.load(&disk, id, a.another_process)?;
     let r = h.restore(sid, a.fds.options(a.memory_only))?;

@@ -288,3 +288,76 @@ fn a_process_with_a_sigtrap_pending_for_ever_is_restored() {
         "the SIGTRAP is still pending: {after}"
     );
 }
+
+/// `--respect-seccomp` on a process whose filter refuses `userfaultfd`
+/// (323) alone: restored in full (registers too), the tracking left out
+/// and said once; whose filter also refuses `sigaltstack` (131), which a
+/// full restore needs: refused with the call named once (exit 3), and
+/// restored memory-only when asked, the reason said once.
+#[test]
+fn respected_filters_refuse_only_what_needs_a_refused_call_said_once() {
+    need_support!();
+    let sleeper = c_program("refuse_calls");
+    for (calls, full) in [("323", true), ("323,131", false)] {
+        let mut child = Command::new(&sleeper)
+            .args([calls, "sleep", "60"])
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        let t0 = std::time::Instant::now();
+        while !std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .is_ok_and(|c| c.trim() == "sleep")
+        {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "{calls}: refuse_calls did not exec sleep within 10 s"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let store = temp_dir(&format!("respect-{calls}"));
+        let _ = std::fs::remove_dir_all(&store);
+        let pw = |args: &[&str]| {
+            Command::new(BIN)
+                .arg("--respect-seccomp")
+                .args(args)
+                .arg(&store)
+                .args(["--pid", &pid.to_string()])
+                .output()
+                .unwrap()
+        };
+        let out = pw(&["snapshot", "--out"]);
+        assert!(out.status.success(), "{calls}: snapshot: {out:?}");
+        let out = pw(&["snapshot", "restore"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        if full {
+            assert_eq!(out.status.code(), Some(0), "{calls}: {err}");
+            let said = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                said.contains("registers of 1 thread"),
+                "{calls}: in full: {said}"
+            );
+            assert_eq!(
+                err.matches("writes are not tracked").count(),
+                1,
+                "{calls}: {err}"
+            );
+        } else {
+            assert_eq!(out.status.code(), Some(3), "{calls}: refused: {err}");
+            assert_eq!(
+                err.matches("they answer the sigaltstack call").count(),
+                1,
+                "{calls}: the refused call named once: {err}"
+            );
+            let out = pw(&["snapshot", "restore", "--memory-only"]);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(0), "{calls}: memory-only: {err}");
+            assert_eq!(
+                err.matches("they answer the sigaltstack call").count(),
+                1,
+                "{err}"
+            );
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}

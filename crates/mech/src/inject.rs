@@ -31,6 +31,7 @@ use crate::procfs;
 use crate::stop::{Refusal, Stopped};
 use crate::{Error, Result};
 
+mod check;
 mod entry;
 mod give;
 pub mod maker;

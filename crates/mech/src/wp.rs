@@ -115,8 +115,10 @@ impl UffdWp {
     /// (otherwise a system call writing a protected buffer would fail with
     /// `EFAULT`), which the kernel allows a process with `CAP_SYS_PTRACE`
     /// or under `vm.unprivileged_userfaultfd = 1`: for a process without
-    /// it (in a container), the setting is lent for the one call (see
-    /// [`crate::inject::maker::userfaultfd_inside`]).
+    /// it (in a container), it is made through `/dev/userfaultfd`, lent to
+    /// the process for the one call (see
+    /// [`crate::inject::maker::userfaultfd_inside`]); the machine's setting
+    /// is never changed.
     pub(crate) fn open_in_sync(pid: i32) -> Result<Self> {
         Self::open_in_mode(pid, true)
     }

@@ -41,7 +41,8 @@
  * program does not make once it runs (userfaultfd, munmap, mprotect,
  * madvise, mremap, sigaltstack, close: so "u", "g", "s", "v", "p", "d",
  * "k" and "K" are not used then); notif keeps the listener and never
- * answers, so such a call would wait for ever.
+ * answers, so such a call would wait for ever. With "seccomp uffd" the
+ * filter answers ERRNO to userfaultfd alone.
  *
  * With "threads N" as arguments, N workers each extend a hash chain in
  * their own buffer for as long as they run; "c" then also checks every
@@ -234,7 +235,18 @@ int main(int argc, char **argv)
             prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0)
             return 2;
     }
-    if (argc == 3 && strcmp(argv[1], "seccomp") == 0) {
+    if (argc == 3 && strcmp(argv[1], "seccomp") == 0 && strcmp(argv[2], "uffd") == 0) {
+        struct sock_filter f[] = {
+            BPF_STMT(BPF_LD | BPF_W | BPF_ABS, 0),
+            BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 323 /* userfaultfd */, 0, 1),
+            BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | 1),
+            BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        };
+        struct sock_fprog prog = {.len = sizeof f / sizeof f[0], .filter = f};
+        if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
+            prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0)
+            return 2;
+    } else if (argc == 3 && strcmp(argv[1], "seccomp") == 0) {
         unsigned ret;
         unsigned flags = 0;
         if (strcmp(argv[2], "errno") == 0)

@@ -120,6 +120,57 @@ fn respected_filters_are_evaluated_and_named() {
     seccomp::set_thread_policy(None);
 }
 
+/// Respected filters that refuse `userfaultfd` alone: the writes are not
+/// tracked, and the rest is put back in full (a break grown, a mapping
+/// made, pages written, the registers), every page compared; each call
+/// the restore made was allowed by the filter, which it is afterwards as
+/// it was.
+#[test]
+fn respected_filters_that_refuse_userfaultfd_alone_leave_out_only_the_tracking() {
+    let Some(path) = target() else { return };
+    if !can_suspend() {
+        return;
+    }
+    seccomp::set_thread_policy(Some(Policy::Respect));
+    let mut t = Target::start(&path, &["seccomp", "uffd"]);
+    let pid = t.pid();
+    let before = filters(pid);
+    t.ask("w 16 1");
+    let mut h = ProcessSnapshots::open(pid).unwrap();
+    assert_eq!(h.note(), None, "calls can be made inside: {:?}", h.note());
+    let why = h.untracked().expect("the tracking is left out");
+    assert!(
+        why.contains("userfaultfd") && why.contains("ERRNO"),
+        "{why}"
+    );
+    t.settle();
+    let id = h.take().unwrap();
+    let shape = layout(pid);
+    let first = t.ask("c");
+    assert!(first.contains("bad=0"), "{first}");
+    t.ask("b");
+    t.ask("m");
+    t.ask("w 20 4");
+    t.settle();
+    assert_ne!(layout(pid), shape, "precondition: the layout changed");
+    let r = h.restore(id, RestoreOptions::default()).unwrap();
+    assert!(r.compared, "every page compared: {r:?}");
+    assert_eq!(r.threads, 1, "the registers put back: {r:?}");
+    assert!(r.layout_calls >= 1, "the mapping undone by a call: {r:?}");
+    assert_eq!(layout(pid), shape, "the layout put back");
+    assert_memory_is(&h, id, &t);
+    assert_eq!(t.ask("c"), first, "the answer after the restore");
+    drop(h);
+    let after = filters(pid);
+    assert_eq!(after.1, before.1, "the filter count");
+    assert!(
+        after.0 == before.0,
+        "the filters, instruction for instruction"
+    );
+    assert_eq!(userfaultfds(pid), 0, "no userfaultfd left in the target");
+    seccomp::set_thread_policy(None);
+}
+
 /// A process as a container runs one: not root, without CAP_SYS_PTRACE,
 /// under a filter that kills it for userfaultfd. The write-frequency
 /// watcher's userfaultfd (which handles faults the kernel takes too, so

@@ -187,6 +187,9 @@ pub struct ProcessSnapshots {
     identity: Option<procfs::ExecIdentity>,
     /// Why nothing can be done inside the process, if so.
     no_inside: Option<String>,
+    /// Why writes are not tracked though calls can be made inside (the
+    /// filters refuse `userfaultfd` alone), if so.
+    untracked: Option<String>,
     wp: Option<UffdWp>,
     store: PageStore,
     snaps: BTreeMap<SnapId, ProcSnap>,
@@ -216,6 +219,30 @@ fn is_data(v: &Vma) -> bool {
         && !matches!(&v.backing, layout::Backing::Other(n) if n.contains("hugepage"))
 }
 
+/// The calls a take and a whole restore make inside the process (the
+/// break, mappings, alternate stacks, descriptors).
+const INSIDE_CALLS: [libc::c_long; 11] = [
+    libc::SYS_brk,
+    libc::SYS_mmap,
+    libc::SYS_munmap,
+    libc::SYS_mprotect,
+    libc::SYS_sigaltstack,
+    libc::SYS_getpid,
+    libc::SYS_close,
+    libc::SYS_openat,
+    libc::SYS_dup3,
+    libc::SYS_lseek,
+    libc::SYS_fcntl,
+];
+
+/// Whether the process's filters allow every one of [`INSIDE_CALLS`]
+/// (stopped for the moment it takes to ask): a restore they would cut
+/// short half-way is refused before it starts.
+fn inside_calls_allowed(pid: i32) -> std::result::Result<(), MechError> {
+    let stopped = Stopped::new(pid)?;
+    Remote::new(&stopped)?.check_calls(&INSIDE_CALLS)
+}
+
 fn page_index(r: Region, addr: u64) -> usize {
     ((addr - r.start) / PAGE_SIZE as u64) as usize
 }
@@ -227,15 +254,33 @@ impl ProcessSnapshots {
     pub fn open(pid: i32) -> Result<Self> {
         procfs::check_target(pid)?;
         super::remote::not_self_served(pid)?;
-        let (wp, no_inside) = match UffdWp::open_in(pid) {
-            Ok(wp) => (Some(wp), None),
+        let (wp, no_inside, untracked) = match UffdWp::open_in(pid) {
+            Ok(wp) => (Some(wp), None, None),
+            // Filters that were read and refuse the userfaultfd call: the
+            // other calls are each asked of them when made, and only the
+            // tracking is left out (every page compared at a restore).
+            Err(MechError::Refused(
+                r @ pagewise_mech::Refusal::Seccomp {
+                    answer: Some(_), ..
+                },
+            )) if matches!(&r, pagewise_mech::Refusal::Seccomp { call, .. }
+                if *call == pagewise_mech::seccomp::call_name(libc::SYS_userfaultfd)) =>
+            {
+                match inside_calls_allowed(pid) {
+                    Ok(()) => (None, None, Some(r.to_string())),
+                    Err(e @ (MechError::Refused(_) | MechError::Unsupported { .. })) => {
+                        (None, Some(e.to_string()), None)
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
             // Another tracer: it cannot even be stopped, so not even
             // memory can be put back while it is traced.
             Err(e @ MechError::Refused(pagewise_mech::Refusal::Traced { .. })) => {
                 return Err(e.into())
             }
             Err(e @ (MechError::Refused(_) | MechError::Unsupported { .. })) => {
-                (None, Some(e.to_string()))
+                (None, Some(e.to_string()), None)
             }
             Err(e) => return Err(e.into()),
         };
@@ -244,6 +289,7 @@ impl ProcessSnapshots {
             start_time: procfs::start_time(pid),
             identity: procfs::exec_identity(pid),
             no_inside,
+            untracked,
             wp,
             store: PageStore::new(true),
             snaps: BTreeMap::new(),
@@ -264,6 +310,13 @@ impl ProcessSnapshots {
     /// Why only memory can be put back, if so.
     pub fn note(&self) -> Option<&str> {
         self.no_inside.as_deref()
+    }
+
+    /// Why the process's writes are not tracked while everything else can
+    /// be put back, if so (its filters refuse `userfaultfd` alone): every
+    /// page is then compared at a restore.
+    pub fn untracked(&self) -> Option<&str> {
+        self.untracked.as_deref()
     }
 
     /// The page store.

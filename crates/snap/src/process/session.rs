@@ -228,7 +228,7 @@ impl ResetSession {
     /// another tracer): a reset puts registers back.
     pub fn open(pid: i32) -> Result<Self> {
         let mut snaps = ProcessSnapshots::open(pid)?;
-        if let Some(why) = snaps.note() {
+        if let Some(why) = snaps.note().or(snaps.untracked()) {
             return Err(super::RollbackRefusal::MemoryOnly {
                 pid,
                 why: format!("a reset session puts registers back: {why}"),
