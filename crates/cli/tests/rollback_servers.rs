@@ -435,3 +435,87 @@ fn a_traced_process_is_named_as_traced() {
     let _ = target.wait();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Issue: after `snapshot`, `FLUSHALL` and `snapshot restore --memory-only`,
+/// Redis answered its next client with "Out Of Memory" or crashed (3 of
+/// 3): its allocator's per-thread caches, kept with the threads' own
+/// memory, listed chunks the restore made live again. The memory-only
+/// restore is now refused (exit 3), saying why and what to do, before
+/// anything is written; Redis serves on with clients (`redis-benchmark`)
+/// and a whole restore then puts back every key, checked one by one.
+#[test]
+fn a_memory_only_restore_that_would_break_redis_is_refused() {
+    need_support!();
+    let Some(r) = redis() else { return };
+    let (port, pid) = (r.port, r.child.id() as i32);
+    let spid = pid.to_string();
+    let keys: Vec<Vec<u8>> = (0..KEYS).map(key).collect();
+    let vals: Vec<Vec<u8>> = (0..KEYS).map(|i| value(i, 3)).collect();
+    {
+        let mut l = client(port);
+        let cmds: Vec<Vec<&[u8]>> = (0..KEYS)
+            .map(|i| cmd(&[b"SET", &keys[i], &vals[i]]))
+            .collect();
+        l.pipeline(&cmds).unwrap();
+    }
+    let dir = temp_dir("rollback-redis-memory-only");
+    ok(Command::new(BIN)
+        .args(["snapshot", "--pid", &spid, "--out"])
+        .arg(&dir));
+    let mut c = client(port);
+    assert_eq!(ask(&mut c, &[b"FLUSHALL"]).unwrap().unwrap(), b"OK");
+    let out = Command::new(BIN)
+        .args(["snapshot", "restore", "--memory-only", "--pid", &spid])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "refused: {err}");
+    assert!(
+        err.contains("own memory changed") && err.contains("without --memory-only"),
+        "says why and what to do: {err}"
+    );
+    // Nothing was written: the server is as FLUSHALL left it, and serves.
+    for i in [0, KEYS / 2, KEYS - 1] {
+        assert_eq!(
+            ask(&mut c, &[b"GET", &keys[i]]).unwrap(),
+            None,
+            "key {i} is flushed"
+        );
+    }
+    let bench = Command::new("redis-benchmark")
+        .args([
+            "-p",
+            &port.to_string(),
+            "-n",
+            "20000",
+            "-r",
+            "5000",
+            "-t",
+            "set,get,lpush",
+            "-q",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        bench.status.success(),
+        "redis-benchmark after the refusal: {bench:?}"
+    );
+    assert!(
+        r.child.id() > 0 && pagewise_mech::procfs::is_alive(pid),
+        "Redis runs on"
+    );
+    drop(c);
+    // In full: every key is back, as it was.
+    ok(Command::new(BIN)
+        .args(["snapshot", "restore", "--pid", &spid])
+        .arg(&dir));
+    let mut c = client(port);
+    for i in 0..KEYS {
+        assert_eq!(
+            ask(&mut c, &[b"GET", &keys[i]]).unwrap().as_deref(),
+            Some(&vals[i][..]),
+            "key {i} after the whole restore"
+        );
+    }
+}

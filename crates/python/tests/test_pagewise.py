@@ -152,7 +152,15 @@ def test_another_process_is_rolled_back(child):
     except PermissionError as e:
         pytest.skip(f"cannot act on another process here: {e}")
     a = ps.take()
-    write([0, 7, 63])
+    # Written from outside, as the child's own writes would be: the child
+    # runs no code meanwhile, so what its threads keep (their stacks and
+    # thread-local data, which a memory-only restore leaves them) still
+    # matches the memory put back; an interpreter that ran since may hold
+    # pointers into it, and the restore would be refused (ESTALE).
+    with open(f"/proc/{p.pid}/mem", "r+b", buffering=0) as mem:
+        for page in [0, 7, 63]:
+            mem.seek(address + page * PAGE + 5)
+            mem.write(b"\xee")
     r = ps.restore(a, memory_only=True)
     b = ps.take()
     got = ps.read(b, address, 64 * PAGE)

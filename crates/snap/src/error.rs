@@ -365,6 +365,13 @@ mod tests {
                 why: "x".into(),
             },
             RollbackRefusal::ExecSince { pid: 1, stored: 1 },
+            RollbackRefusal::ThreadMemoryDiverged {
+                pid: 1,
+                id: 1,
+                tid: 1,
+                word: 8,
+                points_to: 16,
+            },
         ] {
             let e = Error::Rollback(r);
             assert_eq!(e.class(), ErrorClass::Unsupported, "{e}");

@@ -274,15 +274,52 @@ fn a_target_gone_or_an_unknown_snapshot_is_a_clear_error() {
     assert_eq!(e.class(), pagewise::ErrorClass::Gone, "{e}");
 }
 
+/// A memory-only restore of snapshot `id` that is refused, and changed
+/// nothing: the target answers with its registers and memory as they go.
+fn memory_only_refused(
+    h: &mut ProcessSnapshots,
+    id: SnapId,
+    t: &mut Target,
+) -> pagewise::snap::Error {
+    let e = h
+        .restore(id, RestoreOptions::default().memory_only(true))
+        .unwrap_err();
+    assert!(
+        t.ask("c").contains("bad=0"),
+        "refused before anything changed: {e}"
+    );
+    e
+}
+
 /// A thread made since the snapshot, or one ended since, is refused with
-/// the thread named; memory-only puts memory and layout back all the same.
+/// the thread named; memory-only puts memory and layout back all the same
+/// where the threads' own memory points at nothing it changes (a thread
+/// made and ended before the snapshot: the C library's per-thread malloc
+/// state was made then), and is refused where the main thread's first
+/// `malloc` (for its first thread) came after the snapshot: its
+/// thread-local cache would point into the heap put back as before it.
 #[test]
 fn a_changed_thread_set_is_refused_unless_memory_only() {
     use pagewise::snap::RollbackRefusal;
     let Some(path) = target() else { return };
-    // Made since.
+    // Made since, the main thread's malloc state made since too.
     let mut t = Target::start(&path, &[]);
     let mut h = ProcessSnapshots::open(t.pid()).unwrap();
+    t.settle();
+    let id = h.take().unwrap();
+    t.ask("t");
+    t.ask("w 40 2");
+    t.settle();
+    let e = memory_only_refused(&mut h, id, &mut t);
+    assert!(
+        matches!(&e, pagewise::snap::Error::Rollback(RollbackRefusal::ThreadMemoryDiverged { tid, .. }) if *tid == t.pid()),
+        "the main thread's malloc state points into the heap: {e:?}"
+    );
+    // Made since, the thread made and ended once before the snapshot.
+    let mut t = Target::start(&path, &[]);
+    let mut h = ProcessSnapshots::open(t.pid()).unwrap();
+    t.ask("t");
+    t.ask("x");
     t.ask("w 8 1");
     t.settle();
     let id = h.take().unwrap();
@@ -307,12 +344,16 @@ fn a_changed_thread_set_is_refused_unless_memory_only() {
     // Refused before anything changed: the target answers as it would.
     assert!(t.ask("c").contains("line="));
     t.settle();
-    let r = h
-        .restore(id, RestoreOptions::default().memory_only(true))
-        .unwrap();
-    assert_eq!(r.threads, 0);
-    assert!((1..=4).contains(&r.thread_areas.len()), "{r:?}");
-    assert_memory_is_but(&h, id, &t, &r.thread_areas);
+    // The new thread's own memory points at the C library's thread lists,
+    // which the restore would put back as they were without it.
+    let e = memory_only_refused(&mut h, id, &mut t);
+    assert!(
+        matches!(
+            &e,
+            pagewise::snap::Error::Rollback(RollbackRefusal::ThreadMemoryDiverged { .. })
+        ),
+        "a thread made since keeps memory pointing at what the restore changes: {e:?}"
+    );
     // Ended since.
     let mut t = Target::start(&path, &[]);
     let mut h = ProcessSnapshots::open(t.pid()).unwrap();
@@ -327,6 +368,15 @@ fn a_changed_thread_set_is_refused_unless_memory_only() {
         "{e:?}"
     );
     assert!(e.to_string().contains("--memory-only"), "{e}");
+    let r = h
+        .restore(id, RestoreOptions::default().memory_only(true))
+        .unwrap();
+    assert_eq!(r.threads, 0);
+    assert!((1..=4).contains(&r.thread_areas.len()), "{r:?}");
+    assert_memory_is_but(&h, id, &t, &r.thread_areas);
+    // Its registers are its own, not the snapshot's: it answers on (its
+    // register check counts the lines it read against memory put back).
+    assert!(t.ask("c").contains("line="), "the target runs on");
     let _ = first;
 }
 

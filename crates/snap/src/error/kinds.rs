@@ -223,7 +223,8 @@ pub enum RollbackRefusal {
     #[error(
         "process {pid}: its threads changed since snapshot {id} (made since: {made:?}, ended \
          since: {ended:?}); registers are put back only into the threads they were taken \
-         from: restore memory and layout alone with --memory-only"
+         from: restore memory and layout alone with --memory-only (refused in turn where \
+         what the threads keep would not match it)"
     )]
     ThreadsChanged {
         /// The process.
@@ -234,6 +235,28 @@ pub enum RollbackRefusal {
         made: Vec<i32>,
         /// Threads ended since.
         ended: Vec<i32>,
+    },
+    /// A memory-only restore would leave a thread's own memory (its live
+    /// stack, its thread-local data), which it keeps, pointing at memory
+    /// the restore puts back to other contents.
+    #[error(
+        "process {pid}: thread {tid}'s own memory changed since snapshot {id} and now points \
+         at memory a memory-only restore would put back ({word:#x} holds {points_to:#x}): the \
+         thread keeps its stack and thread-local data (an allocator's per-thread cache, say), \
+         which would no longer match; restore in full (without --memory-only, the threads the \
+         snapshot's), or restart the program"
+    )]
+    ThreadMemoryDiverged {
+        /// The process.
+        pid: i32,
+        /// The snapshot.
+        id: u64,
+        /// The thread.
+        tid: i32,
+        /// The word of the thread's memory.
+        word: u64,
+        /// Where it points.
+        points_to: u64,
     },
     /// Nothing can be done inside the process: only memory can be put back.
     #[error(

@@ -52,6 +52,7 @@ pub mod group;
 mod memory;
 pub mod session;
 mod store;
+mod thread_memory;
 
 use super::table::{self, Chunk, Table};
 use super::{PageStore, RestoreStats, SnapId, TakeStats};
@@ -530,6 +531,25 @@ impl ProcessSnapshots {
             None => Some(Remote::new(stopped)?),
             Some(_) => None,
         };
+        // Memory-only: threads keep their registers, so the memory they
+        // run on stays theirs: the mapping each stack pointer is in and the
+        // one its thread-control block (fs base) is in are left alone.
+        let own = match opts.memory_only {
+            true => thread_memory::areas(stopped)?,
+            false => Vec::new(),
+        };
+        let theirs = |r: &Region| own.iter().any(|&(a, b)| a < r.end() && b > r.start);
+        // Refused before anything is changed where what the threads keep
+        // would not match what is put back.
+        if opts.memory_only {
+            let put: Vec<Region> = snap
+                .data
+                .iter()
+                .map(|(r, _)| *r)
+                .filter(|r| !theirs(r))
+                .collect();
+            thread_memory::check(self, id, stopped, &put)?;
+        }
         // The layout first: the break, then every mapping.
         let (calls, fresh) = put_layout(pid, id, snap, stopped, remote.as_ref(), opts)?;
         report.layout_calls = calls;
@@ -543,14 +563,6 @@ impl ProcessSnapshots {
         }
         report.fds = fds::apply(remote.as_ref(), pid, fd_plan)?;
         report.fd_changes = report.fds.changes();
-        // Memory-only: threads keep their registers, so the memory they
-        // run on stays theirs: the mapping each stack pointer is in and the
-        // one its thread-control block (fs base) is in are left alone.
-        let own = match opts.memory_only {
-            true => thread_areas(stopped)?,
-            false => Vec::new(),
-        };
-        let theirs = |r: &Region| own.iter().any(|&(a, b)| a < r.end() && b > r.start);
         report.thread_areas = snap
             .data
             .iter()
@@ -691,26 +703,6 @@ pub(crate) fn inside_state(stopped: &Stopped) -> Result<(u64, Vec<ThreadState>)>
     let remote = Remote::new(stopped)?;
     let threads = threads::capture(stopped, &remote)?;
     Ok((layout::brk(&remote, 0)?, threads))
-}
-
-/// The mappings the threads of `stopped` run on: the one each stack
-/// pointer is in and the one each thread-control block (`fs` base: glibc's
-/// thread descriptor and thread-local data) is in, as `(start, end)`.
-fn thread_areas(stopped: &Stopped) -> Result<Vec<(u64, u64)>> {
-    let maps = procfs::maps(Some(stopped.pid()))?;
-    let mut out = Vec::new();
-    for &tid in stopped.tids() {
-        let r = pagewise_sys::process::ptrace_getregs(tid)
-            .map_err(|e| Error::for_pid(stopped.pid(), format!("PTRACE_GETREGS of {tid}"), e))?;
-        for at in [r.rsp, r.fs_base] {
-            if let Some(m) = maps.iter().find(|m| m.start <= at && at < m.end) {
-                out.push((m.start, m.end));
-            }
-        }
-    }
-    out.sort_unstable();
-    out.dedup();
-    Ok(out)
 }
 
 /// Puts the layout of `snap` back (the process stopped): the break, then
