@@ -95,19 +95,26 @@ pub fn run(a: Args) -> Result<i32> {
     let rx = Arc::new(rx);
     let stop = Arc::new(AtomicBool::new(false));
     let live: Live = Arc::new(Mutex::new(Vec::new()));
-    let end = move |stop: &AtomicBool, live: &Live| {
+    // Wakes the accept by a connection of its own, on a thread of its own:
+    // the connections' threads may not make sockets (see below).
+    let (wake, woken) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        if woken.recv().is_ok() {
+            let _ = TcpStream::connect(local);
+        }
+    });
+    let end = Arc::new(move |stop: &AtomicBool, live: &Live| {
         stop.store(true, Ordering::SeqCst);
         for (_, s) in live.lock().unwrap_or_else(|e| e.into_inner()).iter() {
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
-        // Wakes the accept.
-        let _ = TcpStream::connect(local);
-    };
+        let _ = wake.send(());
+    });
     {
         // SIGINT and SIGTERM end the wait for a connection and the
         // connections in progress (their copies are discarded; the store
         // keeps its complete snapshots).
-        let (stop, live) = (stop.clone(), live.clone());
+        let (stop, live, end) = (stop.clone(), live.clone(), end.clone());
         pagewise_sys::signal::on_stop_otherwise(move |_| end(&stop, &live))?;
     }
     if a.json {
@@ -132,28 +139,36 @@ pub fn run(a: Args) -> Result<i32> {
             .unwrap_or_else(|e| e.into_inner())
             .push((n, stream.try_clone()?));
         let (rx, stop, live, status) = (rx.clone(), stop.clone(), live.clone(), status.clone());
-        let (json, once) = (a.json, a.once);
-        threads.push(std::thread::spawn(move || {
-            let r = serve_one(&rx, stream, json, &stop);
-            live.lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .retain(|(k, _)| *k != n);
-            match r {
-                Ok(got) => {
-                    if got.broken.is_some() {
+        let (json, once, end) = (a.json, a.once, end.clone());
+        let spawned = std::thread::Builder::new()
+            .name("pagewise-receive".into())
+            .spawn(move || {
+                // A peer that took this thread over gets the store's calls
+                // and its own socket's, nothing more (see Receiver::confine_thread).
+                let r = Receiver::confine_thread()
+                    .context("confining the connection's thread (seccomp)")
+                    .and_then(|()| serve_one(&rx, stream, json, &stop));
+                live.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .retain(|(k, _)| *k != n);
+                match r {
+                    Ok(got) => {
+                        if got.broken.is_some() {
+                            let _ =
+                                status.compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst);
+                        } else if once && !got.saved.is_empty() {
+                            // Its status is this migration's.
+                            status.store(-1, Ordering::SeqCst);
+                            end(&stop, &live);
+                        }
+                    }
+                    Err(e) => {
+                        eprintln!("pagewise: {e}");
                         let _ = status.compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst);
-                    } else if once && !got.saved.is_empty() {
-                        // Its status is this migration's.
-                        status.store(-1, Ordering::SeqCst);
-                        end(&stop, &live);
                     }
                 }
-                Err(e) => {
-                    eprintln!("pagewise: {e}");
-                    let _ = status.compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst);
-                }
-            }
-        }));
+            });
+        threads.push(spawned.context("starting a connection's thread")?);
         threads.retain(|t| !t.is_finished());
     }
     for t in threads {

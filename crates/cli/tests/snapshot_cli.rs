@@ -329,3 +329,38 @@ fn receive_needs_a_key_beyond_loopback_and_once_waits_for_a_complete_migration()
     let st = rx.wait().unwrap();
     assert!(st.success(), "{st:?}");
 }
+
+/// Each connection `receive` serves runs on a thread under a seccomp filter
+/// of pagewise's own (Receiver::confine_thread); the accepting thread is
+/// not under it.
+#[test]
+fn receive_serves_each_peer_on_a_confined_thread() {
+    if !cfg!(target_arch = "x86_64") {
+        return;
+    }
+    let dir = temp_dir("receive-confined");
+    let (mut rx, _out, addr) = start_receiver(&dir, &[]);
+    let pid = rx.id() as i32;
+    // An idle peer: its thread waits for its first byte.
+    let peer = std::net::TcpStream::connect(&addr).unwrap();
+    let t0 = std::time::Instant::now();
+    let mode = loop {
+        if let Some(m) = thread_seccomp(pid, "pagewise-receiv") {
+            break m;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "no connection thread (pagewise-receive) within 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert_eq!(mode, "2", "the connection's thread is under a filter");
+    assert_eq!(
+        thread_seccomp(pid, "pagewise").as_deref(),
+        Some("0"),
+        "the main thread is not"
+    );
+    drop(peer);
+    let _ = rx.kill();
+    let _ = rx.wait();
+}

@@ -202,6 +202,53 @@ const SECCOMP_RET_ERRNO: u32 = 0x0005_0000;
 const SECCOMP_RET_KILL_PROCESS: u32 = 0x8000_0000;
 const BPF_LD_W_ABS_ARCH: u32 = 4;
 
+/// The calls every thread of pagewise makes whatever its work: memory,
+/// futexes, starting a thread of its own (which inherits a filter),
+/// signal masks and the alternate stack, its ids, clocks and sleeps,
+/// randomness, reading and writing descriptors it holds, and its end. A
+/// confined thread's list is these and those of its work.
+pub const THREAD_CALLS: &[libc::c_long] = &[
+    libc::SYS_read,
+    libc::SYS_write,
+    libc::SYS_readv,
+    libc::SYS_writev,
+    libc::SYS_close,
+    libc::SYS_fcntl,
+    libc::SYS_ioctl,
+    libc::SYS_poll,
+    libc::SYS_ppoll,
+    libc::SYS_mmap,
+    libc::SYS_munmap,
+    libc::SYS_mprotect,
+    libc::SYS_madvise,
+    libc::SYS_mremap,
+    libc::SYS_brk,
+    libc::SYS_clone,
+    libc::SYS_clone3,
+    libc::SYS_futex,
+    libc::SYS_set_robust_list,
+    libc::SYS_rseq,
+    libc::SYS_sigaltstack,
+    libc::SYS_rt_sigprocmask,
+    libc::SYS_rt_sigreturn,
+    libc::SYS_restart_syscall,
+    libc::SYS_sched_getaffinity,
+    libc::SYS_sched_yield,
+    libc::SYS_prctl,
+    libc::SYS_gettid,
+    libc::SYS_getpid,
+    libc::SYS_getuid,
+    libc::SYS_geteuid,
+    libc::SYS_getgid,
+    libc::SYS_getegid,
+    libc::SYS_getrandom,
+    libc::SYS_clock_gettime,
+    libc::SYS_clock_nanosleep,
+    libc::SYS_nanosleep,
+    libc::SYS_exit,
+    libc::SYS_exit_group,
+];
+
 /// Confines the calling thread, and the threads it starts from then on,
 /// to the system calls `allowed`: any other is refused with `EPERM`, and a
 /// call of another architecture's table (x32, i386) ends the process.

@@ -486,3 +486,20 @@ pub fn start_receiver(
     let addr = v["listening"].as_str().unwrap().to_string();
     (rx, out, addr)
 }
+
+/// The `Seccomp:` mode (0 none, 1 strict, 2 filter) of the thread of
+/// `pid` whose name is `comm`, if it has one.
+pub fn thread_seccomp(pid: i32, comm: &str) -> Option<String> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    tasks.filter_map(|t| t.ok()).find_map(|t| {
+        let name = std::fs::read_to_string(t.path().join("comm")).ok()?;
+        if name.trim() != comm {
+            return None;
+        }
+        let status = std::fs::read_to_string(t.path().join("status")).ok()?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("Seccomp:"))
+            .map(|v| v.trim().to_string())
+    })
+}

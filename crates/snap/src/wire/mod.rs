@@ -100,6 +100,7 @@
 //! whatever the setting.
 
 mod auth;
+mod confine;
 mod receive;
 mod send;
 
