@@ -556,3 +556,36 @@ fn a_planted_socket_neither_stops_the_server_nor_is_trusted_by_the_shim() {
     );
     println!("ok   planted socket ignored; open directory refused; impostor not trusted");
 }
+
+/// The thread that accepts members runs under a seccomp filter of
+/// pagewise's own from before the first peer; the thread that starts the
+/// answers does not (a tracer under a filter may not step around a
+/// member's), nor does the main thread. Members are still served.
+#[test]
+fn the_servers_socket_thread_runs_under_a_filter_of_its_own() {
+    need_support!();
+    if !cfg!(target_arch = "x86_64") {
+        return;
+    }
+    let d = shared_dir("confined");
+    let mut s = Served::start(&d, "confined");
+    let pid = s.child.id() as i32;
+    let mode = |comm| thread_seccomp(pid, comm);
+    assert_eq!(
+        mode("pw-farmem-accep").as_deref(),
+        Some("2"),
+        "the accepting thread is under a filter when the server says it serves"
+    );
+    assert_eq!(
+        mode("pw-farmem-hand").as_deref(),
+        Some("0"),
+        "the answers' thread is not"
+    );
+    assert_eq!(
+        mode("pagewise").as_deref(),
+        Some("0"),
+        "the main thread is not"
+    );
+    let _ = s.child.kill();
+    let _ = s.child.wait();
+}

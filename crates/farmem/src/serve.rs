@@ -199,10 +199,51 @@ impl Server {
         let flag = stop.clone();
         let inst = Arc::new(inst);
         let log: Arc<dyn Fn(Event) + Send + Sync> = Arc::new(log);
+        let (confined, was) = std::sync::mpsc::sync_channel(1);
         let thread = std::thread::Builder::new()
-            .name("pagewise-farmem-serve".into())
-            .spawn(move || serve(&inst, tag, &listener, &flag, &log))
+            .name("pw-farmem-accept".into())
+            .spawn(move || {
+                // Answering stops the member under ptrace and steps around
+                // its filters, which the kernel allows only to a tracer under
+                // none: the answers are started by a thread made before this
+                // one confines itself, to which it hands each connection.
+                let (hand, handed) = std::sync::mpsc::channel();
+                let answers = {
+                    let (inst, stop, log) = (inst.clone(), flag.clone(), log.clone());
+                    std::thread::Builder::new()
+                        .name("pw-farmem-hand".into())
+                        .spawn(move || answer_handed(&inst, handed, &stop, &log))
+                };
+                // Before the first peer: the thread that accepts gets the
+                // calls accepting needs, nothing more (see OWN_CALLS).
+                let r = answers.and_then(|a| {
+                    match confine() {
+                        Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => Ok(()),
+                        r => r,
+                    }
+                    .map(|()| a)
+                });
+                let answers = match r {
+                    Ok(a) => {
+                        let _ = confined.send(Ok(()));
+                        a
+                    }
+                    Err(e) => {
+                        let _ = confined.send(Err(e));
+                        return;
+                    }
+                };
+                accept(&inst, tag, &listener, &flag, &log, hand);
+                let _ = answers.join();
+            })
             .map_err(|e| Error::os("starting the server's thread", e))?;
+        let r = was
+            .recv()
+            .unwrap_or_else(|_| Err(std::io::Error::other("the thread ended")));
+        if let Err(e) = r {
+            let _ = thread.join();
+            return Err(Error::os("confining the server's thread (seccomp)", e));
+        }
         Ok(Server {
             stop,
             thread: Some(thread),
@@ -300,20 +341,58 @@ impl UnderWay {
     }
 }
 
-fn serve(
+/// The calls the thread that accepts members makes beyond
+/// [`pagewise_sys::seccomp::THREAD_CALLS`]: accepting, and reading the
+/// instance and `/proc` to reap the slots of members that died. Not among
+/// them: starting a program, making, connecting or binding a socket,
+/// tracing or reading another process, mounting, changing who the process
+/// is, removing or renaming a file. The threads that answer cannot be
+/// confined: stepping around a member's filters
+/// (`PTRACE_O_SUSPEND_SECCOMP`) and reading them are refused by the
+/// kernel to a tracer under a filter of its own.
+const OWN_CALLS: &[libc::c_long] = &[
+    libc::SYS_accept4,
+    libc::SYS_accept,
+    libc::SYS_getsockopt,
+    libc::SYS_setsockopt,
+    libc::SYS_openat,
+    libc::SYS_lseek,
+    libc::SYS_pread64,
+    libc::SYS_fstat,
+    libc::SYS_newfstatat,
+    libc::SYS_statx,
+    libc::SYS_getdents64,
+    libc::SYS_readlink,
+    libc::SYS_readlinkat,
+    libc::SYS_flock,
+];
+
+/// Confines the calling thread to [`OWN_CALLS`] and the basics.
+fn confine() -> std::io::Result<()> {
+    pagewise_sys::seccomp::confine_thread(
+        &[pagewise_sys::seccomp::THREAD_CALLS, OWN_CALLS].concat(),
+    )
+}
+
+/// Accepts connections until `stop`, handing each (with when it was
+/// accepted) to the thread that answers; reaps the slots of members that
+/// died.
+fn accept(
     inst: &Arc<Instance>,
     tag: u32,
     listener: &UnixListener,
     stop: &Arc<AtomicBool>,
     log: &Arc<dyn Fn(Event) + Send + Sync>,
+    hand: std::sync::mpsc::Sender<(UnixStream, Instant)>,
 ) {
-    let under_way = Arc::new(UnderWay::default());
     let mut reaped = Instant::now();
     while !stop.load(Ordering::SeqCst) {
         let ready = pagewise_sys::uffd::poll_readable(&[listener.as_fd()], 100).unwrap_or(0);
         if ready & 1 != 0 {
             match listener.accept() {
-                Ok((s, _)) => answer_apart(inst, s, stop, log, &under_way),
+                Ok((s, _)) => {
+                    let _ = hand.send((s, Instant::now()));
+                }
                 Err(e) => log(Event::Failed(format!("accepting a connection: {e}"))),
             }
         }
@@ -326,6 +405,20 @@ fn serve(
                 }
             }
         }
+    }
+}
+
+/// Answers each connection handed over, until the thread that accepts
+/// ends; then waits for the answers under way ([`DRAIN`] at most).
+fn answer_handed(
+    inst: &Arc<Instance>,
+    handed: std::sync::mpsc::Receiver<(UnixStream, Instant)>,
+    stop: &Arc<AtomicBool>,
+    log: &Arc<dyn Fn(Event) + Send + Sync>,
+) {
+    let under_way = Arc::new(UnderWay::default());
+    for (s, accepted) in handed {
+        answer_apart(inst, s, accepted, stop, log, &under_way);
     }
     under_way.drain(DRAIN);
 }
@@ -344,11 +437,11 @@ impl Drop for Done {
 fn answer_apart(
     inst: &Arc<Instance>,
     mut s: UnixStream,
+    accepted: Instant,
     stop: &Arc<AtomicBool>,
     log: &Arc<dyn Fn(Event) + Send + Sync>,
     under_way: &Arc<UnderWay>,
 ) {
-    let accepted = Instant::now();
     if !under_way.begin() {
         let who = pagewise_sys::process::peer_credentials(s.as_fd()).map_or(0, |c| c.0);
         let _ = s.set_write_timeout(Some(Duration::from_millis(100)));
@@ -424,4 +517,36 @@ pub fn userfaultfd_from(path: &Path, owner: u32, flags: libc::c_int) -> std::io:
         )));
     }
     Ok(fd)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Under the server's filter a thread cannot start a program or make
+    /// a socket; it still reads `/proc` and starts a thread.
+    #[test]
+    fn the_servers_filter_refuses_what_answering_does_not_need() {
+        if !cfg!(target_arch = "x86_64") {
+            return;
+        }
+        let got = std::thread::spawn(|| {
+            confine().unwrap();
+            let errno = |r: std::io::Result<()>| r.err().and_then(|e| e.raw_os_error());
+            let dir = std::env::temp_dir().join(format!("pagewise-sock-{}", std::process::id()));
+            let socket = errno(std::os::unix::net::UnixListener::bind(&dir).map(drop));
+            let exec = errno(std::process::Command::new("/bin/true").status().map(drop));
+            let status = std::fs::read_to_string("/proc/self/status").is_ok();
+            let child = std::thread::spawn(|| 3).join().unwrap();
+            (socket, exec, status, child)
+        })
+        .join()
+        .unwrap();
+        assert_eq!(
+            (got.0, got.1),
+            (Some(libc::EPERM), Some(libc::EPERM)),
+            "socket, execve"
+        );
+        assert!(got.2 && got.3 == 3, "reading /proc and a thread pass");
+    }
 }
