@@ -174,6 +174,11 @@ impl Agent {
                     // and whether it was written is not known.
                     s.digests.fill(None);
                     s.read = false;
+                } else if taken.unwatched.contains(&start) {
+                    // Its watch was lifted with its mapping's, for another
+                    // region's collapse: whether it was written is not
+                    // known, and what was read of it may be stale.
+                    s.read = false;
                 } else if s.watched {
                     if taken.written.contains(&start) {
                         written.regions += 1;

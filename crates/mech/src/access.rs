@@ -282,7 +282,8 @@ impl Drop for WriteCoverage {
 pub struct RegionWrites {
     pid: i32,
     wp: crate::wp::UffdWp,
-    /// Starts of the regions registered.
+    /// Starts of the 2 MiB regions inside the mappings registered (each
+    /// mapping is registered whole).
     registered: BTreeSet<u64>,
     /// Starts of the regions protected by this side and not yet reported
     /// written (the serving thread lifts the protection of a region it
@@ -302,6 +303,7 @@ pub struct RegionWrites {
 struct Seen {
     written: BTreeSet<u64>,
     forgotten: Vec<(u64, u64)>,
+    unwatched: BTreeSet<u64>,
     failed: Option<(&'static str, std::io::Error)>,
 }
 
@@ -313,6 +315,10 @@ pub struct Taken {
     pub written: BTreeSet<u64>,
     /// Ranges `[start, end)` unmapped, moved or dropped (`MADV_DONTNEED`).
     pub forgotten: Vec<(u64, u64)>,
+    /// Starts of the regions whose watch was lifted by a
+    /// [`release`](RegionWrites::release) of another region of their
+    /// mapping: whether they were written since is not known.
+    pub unwatched: BTreeSet<u64>,
 }
 
 impl Taken {
@@ -366,37 +372,39 @@ impl RegionWrites {
     }
 
     /// Watches `regions` (2 MiB-aligned, each inside one private anonymous
-    /// writable mapping): registers those not registered and protects those
-    /// not protected, in runs of adjacent regions; those in `again` are
-    /// protected again even where they should still be. A run that cannot
-    /// be registered (unmapped meanwhile) is left out.
+    /// writable mapping): registers the mapping of each region not yet
+    /// registered, whole (registering part of a mapping splits it, and the
+    /// program's `mremap` of a buffer then spans two mappings and fails
+    /// with `EFAULT`), and protects the regions not protected, in runs of
+    /// adjacent regions; those in `again` are protected again even where
+    /// they should still be. A region whose mapping cannot be registered
+    /// (unmapped meanwhile) is left out.
     pub fn watch(&mut self, regions: &[crate::Region], again: &BTreeSet<u64>) -> Result<()> {
         self.wp.check_memory()?;
         let huge = HUGE_PAGE_SIZE as u64;
-        let new = runs_of(
-            regions
-                .iter()
-                .map(|r| r.start)
-                .filter(|s| !self.registered.contains(s)),
-        );
-        // A run that cannot be registered whole (a hole, or a mapping of
-        // another kind, in it) is registered region by region.
-        for r in new {
-            let parts: Vec<crate::Region> = if self.wp.register(r, false).is_ok() {
-                vec![r]
-            } else {
-                (0..r.len / huge)
-                    .map(|i| crate::Region {
-                        start: r.start + i * huge,
-                        len: huge,
-                    })
-                    .filter(|p| self.wp.register(*p, false).is_ok())
-                    .collect()
-            };
-            for p in parts {
-                self.registered
-                    .extend((0..p.len / huge).map(|i| p.start + i * huge));
+        let new: Vec<u64> = regions
+            .iter()
+            .map(|r| r.start)
+            .filter(|s| !self.registered.contains(s))
+            .collect();
+        if !new.is_empty() {
+            let maps = procfs::maps(Some(self.pid))?;
+            let mut whole: Vec<crate::Region> = Vec::new();
+            for s in new {
+                let Some(m) = maps.iter().find(|m| m.start <= s && s + huge <= m.end) else {
+                    continue;
+                };
+                let mapping = crate::Region {
+                    start: m.start,
+                    len: m.end - m.start,
+                };
+                if whole.contains(&mapping) || self.wp.register(mapping, false).is_err() {
+                    continue;
+                }
+                whole.push(mapping);
+                self.registered.extend(regions_in(mapping));
             }
+            heal(&self.wp, self.pid, &maps, &whole);
         }
         let protect = runs_of(
             regions
@@ -438,29 +446,56 @@ impl RegionWrites {
         Ok(Taken {
             written: seen.written,
             forgotten: seen.forgotten,
+            unwatched: seen.unwatched,
         })
     }
 
-    /// Stops watching region `r` (unregisters it, waking any writer): for
-    /// a region about to be collapsed, which the kernel refuses while a
-    /// page of it is write-protected. [`watch`](Self::watch) takes it back.
+    /// Stops watching region `r` for a moment: for a region about to be
+    /// collapsed, which the kernel refuses while a page of it is
+    /// write-protected or, in a registered mapping, not populated. The
+    /// whole mapping `r` is in is unregistered (waking any writer; part of
+    /// it would split it), and every other region of it that was protected
+    /// is reported by the next [`take`](Self::take) as
+    /// [`unwatched`](Taken::unwatched): whether it was written since is
+    /// not known. [`watch`](Self::watch) takes them back.
     pub fn release(&mut self, r: crate::Region) {
-        let _ = self.wp.unregister(r);
-        let huge = HUGE_PAGE_SIZE as u64;
-        for s in (0..r.len / huge).map(|i| r.start + i * huge) {
+        let now = procfs::maps(Some(self.pid)).unwrap_or_default();
+        let mapping = now
+            .iter()
+            .find(|m| m.start <= r.start && r.end() <= m.end)
+            .map_or(r, |m| crate::Region {
+                start: m.start,
+                len: m.end - m.start,
+            });
+        let _ = self.wp.unregister(mapping);
+        let gone: Vec<u64> = regions_in(mapping)
+            .chain(regions_in(r))
+            .filter(|s| self.registered.contains(s))
+            .collect();
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        for s in gone {
             self.registered.remove(&s);
-            self.protected.remove(&s);
+            if self.protected.remove(&s) && s != r.start && !seen.written.contains(&s) {
+                seen.unwatched.insert(s);
+            }
         }
     }
 }
 
+/// The starts of the 2 MiB regions wholly inside `m`.
+fn regions_in(m: crate::Region) -> impl Iterator<Item = u64> {
+    let huge = HUGE_PAGE_SIZE as u64;
+    let first = m.start.next_multiple_of(huge);
+    (first..m.end().saturating_sub(huge - 1)).step_by(HUGE_PAGE_SIZE)
+}
+
 impl Drop for RegionWrites {
     fn drop(&mut self) {
-        // Unregistering lifts every protection and wakes every writer; the
-        // serving thread then has nothing left to wait for.
-        for r in runs_of(self.registered.iter().copied()) {
-            let _ = self.wp.unregister(r);
-        }
+        // The serving thread ends first; closing the userfaultfd (its last
+        // descriptor is `wp`'s, dropped after this) then unregisters every
+        // mapping whole, as it is now, lifts every protection and wakes
+        // every writer. An `UFFDIO_UNREGISTER` of the ranges registered
+        // could split a mapping the program has grown since.
         self.stop.store(true, Ordering::SeqCst);
         let _ = std::io::Write::write_all(&mut self.wake, b"s");
         if let Some(t) = self.server.take() {

@@ -587,3 +587,17 @@ pub fn ran_alone(module: &str, name: &str) -> bool {
     }
     true
 }
+
+/// Kills and reaps a forked child when dropped: a test that ends early
+/// leaves no child behind.
+pub struct KillOnDrop(pub i32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        // SAFETY: signals and reaps the test's own child.
+        unsafe {
+            libc::kill(self.0, libc::SIGKILL);
+            libc::waitpid(self.0, std::ptr::null_mut(), 0);
+        }
+    }
+}
