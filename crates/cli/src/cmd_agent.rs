@@ -38,6 +38,7 @@ use std::time::{Duration, Instant};
   enabled = true
   policy = \"smartmd\"
   hot_backoff = 8             # steps a region hot step after step may rest unwatched
+  whole_mappings = false      # merge whole mappings only (programs that mremap)
 
   [[select]]                  # every process in a container
   all_containers = true       # or: container = \"ID|NAME\", cgroup = \"PATH\"
@@ -284,7 +285,8 @@ fn make_agents(c: &Config, stop: &Stop) -> Result<Option<Agents>> {
             let opts = pagewise::dedup::Options::default()
                 .window(Duration::from_millis(c.window_ms))
                 .policy(policy)
-                .hot_backoff(c.dedup.hot_backoff);
+                .hot_backoff(c.dedup.hot_backoff)
+                .whole_mappings(c.dedup.whole_mappings);
             match pagewise::dedup::Agent::new(&[], opts.clone()) {
                 Ok(d) => Some(d),
                 // Another pagewise holds KSM: the huge-page agent runs

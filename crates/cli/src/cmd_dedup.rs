@@ -78,6 +78,14 @@ struct RunArgs {
     /// step is most of what watching costs (0: every region every step).
     #[arg(long, default_value_t = 0)]
     hot_backoff: u8,
+    /// Make memory mergeable only as whole mappings: a mapping once every
+    /// region of it is to be merged. One 2 MiB region made mergeable
+    /// splits its mapping, and an `mremap` spanning the pieces fails
+    /// (`EFAULT`); the agent does this by itself for a process once it
+    /// sees it move a mapping; this asks it from the start, for programs
+    /// that resize their buffers rarely
+    #[arg(long)]
+    whole_mappings: bool,
     /// Leave the regions made mergeable merged at the end.
     #[arg(long)]
     keep_merged: bool,
@@ -134,7 +142,8 @@ fn run_agent(a: RunArgs) -> Result<i32> {
         .exact(a.exact)
         .thresholds(thresholds)
         .full_scan((a.full_scan_ms > 0).then(|| Duration::from_millis(a.full_scan_ms)))
-        .hot_backoff(a.hot_backoff);
+        .hot_backoff(a.hot_backoff)
+        .whole_mappings(a.whole_mappings);
     // The machine's settings are read before the agent changes any.
     let mut ledger = Ledger::new(&pagewise::agent::gains::KSM_SETTINGS);
     // The agent first: a command is not started where it cannot run.
@@ -339,6 +348,10 @@ fn action(out: &mut impl Write, act: &Action) -> Result<()> {
             "          no access frequency for pid {pid} (its huge pages are kept): {why}"
         )?,
         Action::Tuned { knob, to } => writeln!(out, "          {knob} = {to}")?,
+        Action::WholeMappings { pid, why, unmerged } => writeln!(
+            out,
+            "          whole mappings only for pid {pid} from now on ({unmerged} regions unmerged): {why}"
+        )?,
         Action::Unmerged { pid, regions } => writeln!(
             out,
             "          end: {regions} regions of pid {pid} unmerged"

@@ -113,6 +113,9 @@ pub struct DedupConfig {
     /// Steps a region found hot step after step may go unwatched (1, 2,
     /// 4, ... up to this; 0: every region watched every step).
     pub hot_backoff: u8,
+    /// Make memory mergeable only as whole mappings (see `dedup run
+    /// --whole-mappings`).
+    pub whole_mappings: bool,
 }
 
 impl Default for DedupConfig {
@@ -121,6 +124,7 @@ impl Default for DedupConfig {
             enabled: true,
             policy: "smartmd".into(),
             hot_backoff: 8,
+            whole_mappings: false,
         }
     }
 }

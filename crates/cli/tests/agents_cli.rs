@@ -823,20 +823,73 @@ fn word_is_json(w: Option<&str>) -> bool {
 /// mapping, and the kernel refuses an `mremap` that spans two. Now a
 /// mapping is registered whole and only the regions are protected: the
 /// program's every `mremap` succeeds and every page reads back what it
-/// wrote, and while the agent runs no piece of the buffer (an anonymous
-/// mapping of 2 MiB or more, under 16 MiB) appears in its mappings.
+/// wrote, and while the agent runs no piece of the buffer appears in its
+/// mappings. The buffer is on 2 MiB bounds and then a page off them.
 #[test]
 fn thp_run_never_splits_a_mapping_its_program_mremaps() {
-    if let Some(why) = thp_agent_missing(true) {
+    let p = pagewise::probe::get();
+    if !p.madv_collapse || !p.process_madvise {
+        pagewise_testkit::skip!("{} / {}", p.why("madv_collapse"), p.why("process_madvise"));
+        return;
+    }
+    if let Err(why) = pagewise::track::BackendKind::UffdWp.available_for_pid() {
         pagewise_testkit::skip!("{why}");
         return;
     }
-    let mut t = pagewise_testkit::Piped::start(&mut Command::new(c_program("mremap_loop")));
+    for mode in ["", "unaligned"] {
+        let args = ["thp", "run", "--walk-ns", "30", "--steps", "8"];
+        let (said, _) = mremap_loop_under(&args, mode);
+        println!("ok   thp run, {mode:9} buffer: {said}");
+    }
+}
+
+/// Regression: `dedup run --pid` on a program that grows, shrinks and
+/// moves a buffer of 16 MiB and a page with `mremap` made 10,099 of its
+/// 10,345 `mremap`s fail with `EFAULT`: registering runs of 2 MiB regions
+/// for the write watch split the mapping, and so did making one region
+/// mergeable. Now the watch registers whole mappings, and a program seen
+/// moving or resizing a mapping has its memory made mergeable only as
+/// whole mappings (said once): no `mremap` refused, no page wrong, no
+/// piece of the buffer in its mappings.
+#[test]
+fn dedup_run_never_splits_a_mapping_its_program_mremaps() {
+    let Some(_ksm) = ksm_agents_one_at_a_time() else {
+        return;
+    };
+    let p = pagewise::probe::get();
+    if !p.ksm || pagewise_sys::process::geteuid() != 0 {
+        pagewise_testkit::skip!("needs KSM ({}) and root to start ksmd", p.why("ksm"));
+        return;
+    }
+    if let Err(why) = pagewise::track::BackendKind::UffdWp.available_for_pid() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    for mode in ["", "unaligned"] {
+        let args = ["dedup", "run", "--full-scan-ms", "200", "--steps", "16"];
+        let (said, err) = mremap_loop_under(&args, mode);
+        assert_eq!(
+            err.matches("whole mappings only for pid").count(),
+            1,
+            "said once: {err}"
+        );
+        println!("ok   dedup run, {mode:9} buffer: {said}; whole mappings only, said once");
+    }
+}
+
+/// Runs `mremap_loop MODE` under the agent `args` (`--pid` and the pace
+/// added) to its end, sampling the program's mappings all along; checks
+/// that no `mremap` failed, no page read wrong and no piece of the buffer
+/// (an anonymous mapping of 2 MiB or more, under 16 MiB) was seen.
+/// Returns the program's last line and the agent's error output.
+fn mremap_loop_under(args: &[&str], mode: &str) -> (String, String) {
+    let mut t = pagewise_testkit::Piped::start(Command::new(c_program("mremap_loop")).arg(mode));
     let pid: i32 = t.line().strip_prefix("ready ").unwrap().parse().unwrap();
     let mut agent = Command::new(BIN)
-        .args(["thp", "run", "--pid", &pid.to_string(), "--walk-ns", "30"])
-        .args(["--interval-ms", "300", "--window-ms", "100", "--steps", "8"])
-        .stdout(std::process::Stdio::null())
+        .args(args)
+        .args(["--pid", &pid.to_string()])
+        .args(["--interval-ms", "300", "--window-ms", "100"])
+        .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
@@ -853,8 +906,10 @@ fn thp_run_never_splits_a_mapping_its_program_mremaps() {
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    let st = agent.wait().unwrap();
-    assert!(st.success(), "thp run: {st:?}");
+    let out = agent.wait_with_output().unwrap();
+    let err =
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{args:?}: {:?}: {err}", out.status);
     use std::io::Write;
     writeln!(t.input, "end").unwrap();
     let said = t.line();
@@ -863,13 +918,16 @@ fn thp_run_never_splits_a_mapping_its_program_mremaps() {
     assert_eq!(
         (f[3], f[5]),
         ("0", "0"),
-        "no mremap refused, no page wrong: {said}"
+        "{args:?} {mode}: no mremap refused, no page wrong: {said}\n{err}"
     );
     assert!(
         pieces.is_empty(),
-        "pieces of the buffer seen in {samples} samples: {pieces:?}"
+        "{args:?} {mode}: pieces of the buffer seen in {samples} samples: {pieces:?}"
     );
-    println!("ok   {said}; {samples} samples of its mappings, no piece");
+    (
+        format!("{said}; {samples} samples of its mappings, no piece"),
+        err,
+    )
 }
 
 /// Why `thp run` cannot run here (no `MADV_COLLAPSE` or `process_madvise`,

@@ -13,7 +13,23 @@ impl Agent {
             return;
         }
         let t = &mut self.targets[i];
-        let ranges: Vec<(u64, u64)> = starts.iter().map(|&s| (s, HUGE_PAGE_SIZE as u64)).collect();
+        let (ranges, groups) = if t.state.whole {
+            let (ranges, groups, left) = whole_mappings(t.pid, &t.state.regions, starts);
+            // A region whose mapping is not all to be merged is kept, and
+            // said as kept, not as merged.
+            actions.retain(|a| {
+                !matches!(a, Action::Merge { pid, start, .. } if *pid == t.pid && left.contains(start))
+            });
+            (ranges, groups)
+        } else {
+            let ranges: Vec<(u64, u64)> =
+                starts.iter().map(|&s| (s, HUGE_PAGE_SIZE as u64)).collect();
+            let groups = starts.iter().map(|&s| vec![s]).collect();
+            (ranges, groups)
+        };
+        if ranges.is_empty() {
+            return;
+        }
         if let Err(e) = t.state.journal.given(&ranges) {
             self.counters.failed += 1;
             actions.push(Action::Failed {
@@ -29,14 +45,19 @@ impl Agent {
             .madvise(t.pid, &ranges, libc::MADV_MERGEABLE, "dedup")
         {
             Ok(done) => {
-                for (&s, &n) in starts.iter().zip(&done) {
+                for ((group, &range), &n) in groups.iter().zip(&ranges).zip(&done) {
                     if n == 0 {
                         continue;
                     }
-                    if let Some(r) = t.state.regions.get_mut(&s) {
-                        r.mergeable = true;
-                        self.counters.merged += 1;
-                        self.counters.split += u64::from(r.huge);
+                    if t.state.whole {
+                        t.state.merged_whole.push(range);
+                    }
+                    for s in group {
+                        if let Some(r) = t.state.regions.get_mut(s) {
+                            r.mergeable = true;
+                            self.counters.merged += 1;
+                            self.counters.split += u64::from(r.huge);
+                        }
                     }
                 }
             }
@@ -57,12 +78,22 @@ impl Agent {
             return;
         }
         let t = &mut self.targets[i];
-        let ranges: Vec<(u64, u64)> = starts.iter().map(|&s| (s, HUGE_PAGE_SIZE as u64)).collect();
-        if let Err(e) = t
-            .state
-            .inside
-            .madvise(t.pid, &ranges, libc::MADV_UNMERGEABLE, "dedup")
-        {
+        // A region of a mapping made mergeable whole is unmerged with its
+        // whole mapping (unmerging the region alone would split it).
+        let mut ranges: Vec<(u64, u64)> = Vec::new();
+        for &s in starts {
+            let r = t
+                .state
+                .merged_whole
+                .iter()
+                .copied()
+                .find(|&(a, n)| a <= s && s < a + n)
+                .unwrap_or((s, HUGE_PAGE_SIZE as u64));
+            if !ranges.contains(&r) {
+                ranges.push(r);
+            }
+        }
+        if let Err(e) = t.state.unmerge(t.pid, &ranges) {
             self.counters.failed += 1;
             actions.push(Action::Failed {
                 pid: t.pid,
@@ -71,7 +102,6 @@ impl Agent {
             });
             return;
         }
-        let _ = t.state.journal.taken_back(&ranges);
         for &s in starts {
             // The kernel does not collapse a range holding a
             // write-protected page: the region leaves the write watch,
@@ -123,25 +153,20 @@ impl Agent {
             if starts.is_empty() || !procfs::is_alive(t.pid) {
                 continue;
             }
-            let ranges: Vec<(u64, u64)> =
-                starts.iter().map(|&s| (s, HUGE_PAGE_SIZE as u64)).collect();
-            match t
-                .state
-                .inside
-                .madvise(t.pid, &ranges, libc::MADV_UNMERGEABLE, "dedup")
-            {
-                Ok(_) => {
-                    let _ = t.state.journal.taken_back(&ranges);
-                    for s in &starts {
-                        if let Some(r) = t.state.regions.get_mut(s) {
-                            r.mergeable = false;
-                        }
-                    }
-                    actions.push(Action::Unmerged {
-                        pid: t.pid,
-                        regions: starts.len() as u64,
-                    })
-                }
+            // A mapping made mergeable whole is unmerged whole.
+            let whole = &t.state.merged_whole;
+            let mut ranges = whole.clone();
+            ranges.extend(
+                starts
+                    .iter()
+                    .filter(|&&s| !whole.iter().any(|&(a, n)| a <= s && s < a + n))
+                    .map(|&s| (s, HUGE_PAGE_SIZE as u64)),
+            );
+            match t.state.unmerge(t.pid, &ranges) {
+                Ok(()) => actions.push(Action::Unmerged {
+                    pid: t.pid,
+                    regions: starts.len() as u64,
+                }),
                 Err(e) => actions.push(Action::Failed {
                     pid: t.pid,
                     what: "madvise(MADV_UNMERGEABLE) at the end".into(),
@@ -151,4 +176,98 @@ impl Agent {
         }
         actions
     }
+
+    /// Makes target `i` merge only whole mappings from now on (it was seen
+    /// to move a mapping, `why`): the regions made mergeable one by one
+    /// are unmerged, which makes their mappings whole again.
+    pub(super) fn merge_whole_only(&mut self, i: usize, why: String, actions: &mut Vec<Action>) {
+        let t = &mut self.targets[i];
+        if t.state.whole {
+            return;
+        }
+        t.state.whole = true;
+        let ranges: Vec<(u64, u64)> = t
+            .state
+            .regions
+            .iter()
+            .filter(|r| r.1.mergeable)
+            .map(|r| (*r.0, HUGE_PAGE_SIZE as u64))
+            .collect();
+        if !ranges.is_empty() {
+            if let Err(e) = t.state.unmerge(t.pid, &ranges) {
+                self.counters.failed += 1;
+                actions.push(Action::Failed {
+                    pid: t.pid,
+                    what: "madvise(MADV_UNMERGEABLE) to make its mappings whole".into(),
+                    why: e.to_string(),
+                });
+                return;
+            }
+        }
+        actions.push(Action::WholeMappings {
+            pid: t.pid,
+            why,
+            unmerged: ranges.len() as u64,
+        });
+    }
+}
+
+impl super::Process {
+    /// Unmerges `ranges` of process `pid` (`(start, length)`): the call,
+    /// the journal, and every region in them no longer mergeable.
+    fn unmerge(&mut self, pid: i32, ranges: &[(u64, u64)]) -> pagewise_mech::Result<()> {
+        self.inside
+            .madvise(pid, ranges, libc::MADV_UNMERGEABLE, "dedup")?;
+        let _ = self.journal.taken_back(ranges);
+        self.merged_whole.retain(|r| !ranges.contains(r));
+        for &(a, n) in ranges {
+            for (_, r) in self.regions.range_mut(a..a + n) {
+                r.mergeable = false;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The mappings to make mergeable whole (`(start, length)`), the regions
+/// to merge in each, and the regions left out.
+type Wholes = (Vec<(u64, u64)>, Vec<Vec<u64>>, Vec<u64>);
+
+/// The mappings of process `pid` to make mergeable whole, for regions
+/// `starts`: each mapping all of whose regions known (in `regions`) are
+/// in `starts` or mergeable already, with the regions of `starts` in
+/// each; and the regions of `starts` left out.
+fn whole_mappings(
+    pid: i32,
+    regions: &std::collections::BTreeMap<u64, super::RegionState>,
+    starts: &[u64],
+) -> Wholes {
+    let maps = procfs::maps(Some(pid)).unwrap_or_default();
+    let (mut ranges, mut groups, mut left) = (Vec::new(), Vec::new(), Vec::new());
+    let mut seen: Vec<(u64, u64)> = Vec::new();
+    for &s in starts {
+        let Some(m) = maps.iter().find(|m| m.start <= s && s < m.end) else {
+            left.push(s);
+            continue;
+        };
+        if seen.contains(&(m.start, m.end)) {
+            continue;
+        }
+        seen.push((m.start, m.end));
+        let mine: Vec<u64> = starts
+            .iter()
+            .copied()
+            .filter(|&x| m.start <= x && x < m.end)
+            .collect();
+        let all = regions
+            .range(m.start..m.end)
+            .all(|(a, r)| r.mergeable || mine.contains(a));
+        if all {
+            ranges.push((m.start, m.end - m.start));
+            groups.push(mine);
+        } else {
+            left.extend(mine);
+        }
+    }
+    (ranges, groups, left)
 }

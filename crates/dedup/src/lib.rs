@@ -222,6 +222,15 @@ pub struct Options {
     /// the protection a hot region costs each step, lifted at its next
     /// write, is most of what watching costs. 0: every region every step.
     pub hot_backoff: u8,
+    /// Make memory mergeable only as whole mappings, in every process: a
+    /// mapping once every region of it is to be merged, and unmerged whole
+    /// when one turns hot. `MADV_MERGEABLE` on one 2 MiB region splits
+    /// its mapping in up to three, and the kernel refuses (`EFAULT`) an
+    /// `mremap` that spans two: a program that grows or shrinks a buffer
+    /// in place would fail. The agent does this by itself for a process
+    /// once it sees it move a mapping (see [`Action::WholeMappings`]);
+    /// this asks it from the start, for programs that resize rarely.
+    pub whole_mappings: bool,
 }
 
 setters!(Options {
@@ -235,6 +244,7 @@ setters!(Options {
     rebuilds_per_step: usize,
     smart_scan: Option<bool>,
     hot_backoff: u8,
+    whole_mappings: bool,
 });
 
 impl Default for Options {
@@ -250,6 +260,7 @@ impl Default for Options {
             rebuilds_per_step: 32,
             smart_scan: Some(false),
             hot_backoff: 0,
+            whole_mappings: false,
         }
     }
 }
@@ -316,6 +327,18 @@ pub enum Action {
         knob: String,
         /// Its value now.
         to: String,
+    },
+    /// From now on, this process's memory is made mergeable only as
+    /// whole mappings (see [`Options::whole_mappings`]); the regions made
+    /// mergeable one by one before are unmerged, which makes their
+    /// mappings whole again.
+    WholeMappings {
+        /// Process.
+        pid: i32,
+        /// Why.
+        why: String,
+        /// Regions unmerged.
+        unmerged: u64,
     },
     /// Regions made mergeable by the agent, unmerged at its end.
     Unmerged {
@@ -458,6 +481,10 @@ struct Process {
     journal: AdviceJournal,
     writes: std::result::Result<RegionWrites, String>,
     regions: BTreeMap<u64, RegionState>,
+    /// Whether its memory is made mergeable only as whole mappings.
+    whole: bool,
+    /// The mappings made mergeable whole, `(start, length)` as they were.
+    merged_whole: Vec<(u64, u64)>,
 }
 
 /// The agent: the processes it watches and the state of their regions.
@@ -507,6 +534,7 @@ impl Agent {
     /// [`agent::Agent::add`] makes them under ptrace).
     pub fn add_with(&mut self, pid: i32, inside: Inside) -> Result<()> {
         let frequency = self.opts.policy.needs_frequency();
+        let whole = self.opts.whole_mappings;
         self.targets.add(pid, |pid| {
             Ok(Process {
                 inside,
@@ -517,6 +545,8 @@ impl Agent {
                     Err("the policy does not use access frequency".into())
                 },
                 regions: BTreeMap::new(),
+                whole,
+                merged_whole: Vec::new(),
             })
         })
     }

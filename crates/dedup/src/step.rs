@@ -16,6 +16,9 @@ use std::time::Instant;
 struct Written {
     by_pid: HashMap<i32, BTreeSet<u64>>,
     regions: u64,
+    /// The processes seen moving or resizing a mapping since the last
+    /// step, and how many times.
+    moved: Vec<(i32, u64)>,
 }
 
 /// What the decisions of a step are: per target, the regions to make
@@ -35,6 +38,16 @@ impl Agent {
         self.scan += 1;
         self.discover(&mut actions);
         let written = self.frequency(&mut actions);
+        for &(pid, n) in &written.moved {
+            if let Some(i) = self.targets.all().iter().position(|t| t.pid == pid) {
+                let why = format!(
+                    "it moved or resized a mapping ({n} times since the last step): \
+                     one 2 MiB region made mergeable splits its mapping, and an mremap \
+                     spanning the pieces fails"
+                );
+                self.merge_whole_only(i, why, &mut actions);
+            }
+        }
         let (utilisation, utilisation_of, th) = self.thresholds();
         let filter = if self.opts.policy == Policy::SmartMd {
             self.repetition(&written.by_pid, th.hot_min, &mut actions)
@@ -141,6 +154,7 @@ impl Agent {
         let mut written = Written {
             by_pid: HashMap::new(),
             regions: 0,
+            moved: Vec::new(),
         };
         if !self.opts.policy.needs_frequency() {
             return written;
@@ -168,6 +182,9 @@ impl Agent {
                     continue;
                 }
             };
+            if taken.resized > 0 && !t.state.whole {
+                written.moved.push((pid, taken.resized));
+            }
             for (&start, s) in t.state.regions.iter_mut() {
                 if taken.forgets(start) {
                     // Unmapped, moved or dropped: what was read is gone,

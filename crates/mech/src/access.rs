@@ -285,6 +285,10 @@ pub struct RegionWrites {
     /// Starts of the 2 MiB regions inside the mappings registered (each
     /// mapping is registered whole).
     registered: BTreeSet<u64>,
+    /// The mappings registered, as last seen.
+    mappings: Vec<crate::Region>,
+    /// Mappings seen grown or shrunk in place since the last take.
+    resized: u64,
     /// Starts of the regions protected by this side and not yet reported
     /// written (the serving thread lifts the protection of a region it
     /// reports).
@@ -304,6 +308,11 @@ struct Seen {
     written: BTreeSet<u64>,
     forgotten: Vec<(u64, u64)>,
     unwatched: BTreeSet<u64>,
+    /// `mremap` moves seen.
+    moved: u64,
+    /// Ranges unmapped (`munmap`, an `mremap` that shrank a mapping) or
+    /// moved away from.
+    unmapped: Vec<(u64, u64)>,
     failed: Option<(&'static str, std::io::Error)>,
 }
 
@@ -319,6 +328,10 @@ pub struct Taken {
     /// [`release`](RegionWrites::release) of another region of their
     /// mapping: whether they were written since is not known.
     pub unwatched: BTreeSet<u64>,
+    /// How many times the program was seen moving, growing or shrinking a
+    /// watched mapping (`mremap`, or `munmap` of part of one): a program
+    /// that does is one whose mappings are not to be split.
+    pub resized: u64,
 }
 
 impl Taken {
@@ -352,6 +365,8 @@ impl RegionWrites {
             pid,
             wp,
             registered: BTreeSet::new(),
+            mappings: Vec::new(),
+            resized: 0,
             protected: BTreeSet::new(),
             seen,
             stop,
@@ -389,6 +404,14 @@ impl RegionWrites {
             .collect();
         if !new.is_empty() {
             let maps = procfs::maps(Some(self.pid))?;
+            // A mapping that now ends elsewhere was grown or shrunk in
+            // place (a region new to this side is often its grown part).
+            for k in &mut self.mappings {
+                if let Some(m) = maps.iter().find(|m| m.start == k.start && m.end != k.end()) {
+                    self.resized += 1;
+                    k.len = m.end - m.start;
+                }
+            }
             let mut whole: Vec<crate::Region> = Vec::new();
             for s in new {
                 let Some(m) = maps.iter().find(|m| m.start <= s && s + huge <= m.end) else {
@@ -403,6 +426,10 @@ impl RegionWrites {
                 }
                 whole.push(mapping);
                 self.registered.extend(regions_in(mapping));
+                match self.mappings.iter_mut().find(|k| k.start == mapping.start) {
+                    Some(k) => *k = mapping,
+                    None => self.mappings.push(mapping),
+                }
             }
             heal(&self.wp, self.pid, &maps, &whole);
         }
@@ -434,6 +461,25 @@ impl RegionWrites {
         for s in &seen.written {
             self.protected.remove(s);
         }
+        // Part of a mapping unmapped (from inside it, or its grown tail):
+        // the program cut or shrank it.
+        let cut = seen
+            .unmapped
+            .iter()
+            .filter(|&&(from, _)| {
+                self.mappings
+                    .iter()
+                    .any(|m| m.start < from && from <= m.end())
+            })
+            .count() as u64;
+        let resized = seen.moved + cut + std::mem::take(&mut self.resized);
+        // A mapping whose start was unmapped or moved away is gone.
+        self.mappings.retain(|m| {
+            !seen
+                .unmapped
+                .iter()
+                .any(|&(from, to)| from <= m.start && m.start < to)
+        });
         let huge = HUGE_PAGE_SIZE as u64;
         for &(from, to) in &seen.forgotten {
             let first = from & !(huge - 1);
@@ -447,6 +493,7 @@ impl RegionWrites {
             written: seen.written,
             forgotten: seen.forgotten,
             unwatched: seen.unwatched,
+            resized,
         })
     }
 
@@ -572,11 +619,17 @@ fn serve_writes(
                         std::thread::sleep(Duration::from_micros(200));
                     }
                 }
-                uffd::event::UNMAP | uffd::event::REMOVE => s.forgotten.push(m.range()),
+                uffd::event::UNMAP => {
+                    s.forgotten.push(m.range());
+                    s.unmapped.push(m.range());
+                }
+                uffd::event::REMOVE => s.forgotten.push(m.range()),
                 uffd::event::REMAP => {
                     let (from, to, len) = m.remap();
                     s.forgotten.push((from, from + len));
                     s.forgotten.push((to, to + len));
+                    s.unmapped.push((from, from + len));
+                    s.moved += 1;
                 }
                 _ => {}
             }

@@ -1027,3 +1027,61 @@ fn region_writes_never_splits_the_mapping_it_watches() {
         before.0
     );
 }
+
+/// With [`Options::whole_mappings`], memory is made mergeable only as
+/// whole mappings, so the target's mappings read as before (count and
+/// bounds, `/proc/PID/maps`) at every step: under KSM everywhere its
+/// whole mapping is made mergeable (every region flagged `mg` by the
+/// kernel) and unmerged at the end; under SmartMD, where region 2 is hot
+/// and region 3 unique, nothing of the mapping is (per region, regions 0
+/// and 1 would be, splitting it in two).
+#[test]
+fn whole_mappings_are_merged_whole_or_not_at_all() {
+    if !available() {
+        return;
+    }
+    let _one = common::one_target_at_a_time();
+    for (policy, want) in [
+        (Policy::KsmEverywhere, vec![true; REGIONS]),
+        (Policy::SmartMd, vec![false; REGIONS]),
+    ] {
+        let Some(t) = Target::start_huge() else {
+            return;
+        };
+        let maps = || -> (usize, Vec<(u64, u64)>) {
+            let all = pagewise_mech::procfs::maps(Some(t.pid)).unwrap();
+            let over = all
+                .iter()
+                .filter(|m| m.start < region(REGIONS) && LOW < m.end)
+                .map(|m| (m.start, m.end))
+                .collect();
+            (all.len(), over)
+        };
+        let before = maps();
+        assert_eq!(before.1, vec![(LOW, region(REGIONS))], "{policy:?}");
+        let opts = Options::default()
+            .window(Duration::from_millis(150))
+            .policy(policy)
+            .whole_mappings(true)
+            .thresholds(Some(
+                Thresholds::default().cold_max(0).hot_min(2).repetition(0.5),
+            ));
+        let mut agent = Agent::new(&[t.pid], opts).unwrap();
+        let mut all = Vec::new();
+        // A region starts hot: four unwritten windows make it cold.
+        for i in 0..6 {
+            all.extend(agent.step().unwrap().actions);
+            assert_eq!(maps(), before, "{policy:?}: after step {i}: {all:?}");
+        }
+        assert_eq!(mergeable(t.pid), want, "{policy:?}: {all:?}");
+        agent.end();
+        assert_eq!(maps(), before, "{policy:?}: after the end");
+        assert_eq!(mergeable(t.pid), vec![false; REGIONS], "{policy:?}");
+        drop(agent);
+        t.check(false);
+        println!(
+            "ok   {policy:?}: mergeable {want:?}, {} mappings as before",
+            before.0
+        );
+    }
+}
