@@ -468,8 +468,10 @@ impl<'a> Remote<'a> {
         self.seccomp.check_call(pid, nr, args, ip)?;
         for _ in 0..MAX_TRIES {
             // A thread held inside its own call's entry is first taken out
-            // of it, to make that call again when it goes on.
-            if let Some(seccomp_stop) = entry::at_entry(tid) {
+            // of it, to make that call again when it goes on; once a call
+            // of ours has completed in it, it is not (no need to ask).
+            let inside = (!self.stepped.get()).then(|| entry::at_entry(tid));
+            if let Some(seccomp_stop) = inside.flatten() {
                 if !seccomp_stop && !suspend {
                     // Its filters see call -1 as it leaves.
                     self.seccomp.check_call(pid, -1, [0; 6], ip)?;
