@@ -534,21 +534,20 @@ impl ProcessSnapshots {
         // Memory-only: threads keep their registers, so the memory they
         // run on stays theirs: the mapping each stack pointer is in and the
         // one its thread-control block (fs base) is in are left alone.
-        let own = match opts.memory_only {
-            true => thread_memory::areas(stopped)?,
-            false => Vec::new(),
-        };
+        let threads = opts.memory_only.then(|| thread_memory::read(stopped));
+        let threads = threads.transpose()?;
+        let own = threads.as_ref().map(|t| t.areas()).unwrap_or_default();
         let theirs = |r: &Region| own.iter().any(|&(a, b)| a < r.end() && b > r.start);
         // Refused before anything is changed where what the threads keep
         // would not match what is put back.
-        if opts.memory_only {
+        if let Some(threads) = &threads {
             let put: Vec<Region> = snap
                 .data
                 .iter()
                 .map(|(r, _)| *r)
                 .filter(|r| !theirs(r))
                 .collect();
-            thread_memory::check(self, id, stopped, &put)?;
+            thread_memory::check(self, id, threads, &put)?;
         }
         // The layout first: the break, then every mapping.
         let (calls, fresh) = put_layout(pid, id, snap, stopped, remote.as_ref(), opts)?;

@@ -2,7 +2,7 @@
 //! whether keeping it is consistent.
 //!
 //! A memory-only restore leaves the threads their registers, so it leaves
-//! them the memory they run on too ([`areas`]): the mapping each stack
+//! them the memory they run on too ([`Threads::areas`]): the mapping each stack
 //! pointer is in and the one each thread-control block (fs base) is in,
 //! which holds the thread's thread-local data. That is consistent only
 //! where what the threads keep does not point at memory the restore
@@ -24,27 +24,49 @@ use pagewise_mech::stop::Stopped;
 use pagewise_mech::{procfs, remote, Region, PAGE_SIZE};
 use std::collections::HashMap;
 
-/// The mappings the threads of `stopped` run on: each stack pointer's and
-/// each fs base's, sorted, each once.
-pub(super) fn areas(stopped: &Stopped) -> Result<Vec<(u64, u64)>> {
-    let maps = procfs::maps(Some(stopped.pid()))?;
-    let mut out = Vec::new();
-    for &tid in stopped.tids() {
-        let r = regs(stopped.pid(), tid)?;
-        for at in [r.rsp, r.fs_base] {
-            if let Some(m) = maps.iter().find(|m| m.start <= at && at < m.end) {
-                out.push((m.start, m.end));
-            }
-        }
-    }
-    out.sort_unstable();
-    out.dedup();
-    Ok(out)
+/// What the threads of a stopped process run on, read once: its maps and
+/// each thread's registers.
+pub(super) struct Threads {
+    pid: i32,
+    maps: Vec<procfs::Mapping>,
+    regs: Vec<(i32, pagewise_sys::process::Regs)>,
 }
 
-fn regs(pid: i32, tid: i32) -> Result<pagewise_sys::process::Regs> {
-    pagewise_sys::process::ptrace_getregs(tid)
-        .map_err(|e| Error::for_pid(pid, format!("PTRACE_GETREGS of {tid}"), e))
+/// Reads the maps of `stopped` and the registers of each of its threads.
+pub(super) fn read(stopped: &Stopped) -> Result<Threads> {
+    let pid = stopped.pid();
+    let regs = stopped
+        .tids()
+        .iter()
+        .map(|&tid| {
+            pagewise_sys::process::ptrace_getregs(tid)
+                .map(|r| (tid, r))
+                .map_err(|e| Error::for_pid(pid, format!("PTRACE_GETREGS of {tid}"), e))
+        })
+        .collect::<Result<_>>()?;
+    Ok(Threads {
+        pid,
+        maps: procfs::maps(Some(pid))?,
+        regs,
+    })
+}
+
+impl Threads {
+    /// The mappings the threads run on: each stack pointer's and each fs
+    /// base's, sorted, each once.
+    pub(super) fn areas(&self) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        for (_, r) in &self.regs {
+            for at in [r.rsp, r.fs_base] {
+                if let Some(m) = self.maps.iter().find(|m| m.start <= at && at < m.end) {
+                    out.push((m.start, m.end));
+                }
+            }
+        }
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
 }
 
 /// Refuses a memory-only restore of snapshot `id` that would put back
@@ -53,12 +75,11 @@ fn regs(pid: i32, tid: i32) -> Result<pagewise_sys::process::Regs> {
 pub(super) fn check(
     h: &ProcessSnapshots,
     id: SnapId,
-    stopped: &Stopped,
+    threads: &Threads,
     restored: &[Region],
 ) -> Result<()> {
-    let pid = stopped.pid();
+    let (pid, maps) = (threads.pid, &threads.maps);
     let snap = h.snap(id)?;
-    let maps = procfs::maps(Some(pid))?;
     let mut changes: HashMap<u64, bool> = HashMap::new();
     let mut page_changes = |page: u64| -> Result<bool> {
         if let Some(&c) = changes.get(&page) {
@@ -70,8 +91,7 @@ pub(super) fn check(
         changes.insert(page, c);
         Ok(c)
     };
-    for &tid in stopped.tids() {
-        let r = regs(pid, tid)?;
+    for &(tid, ref r) in &threads.regs {
         let mut live = Vec::new();
         let stack = maps.iter().find(|m| m.start <= r.rsp && r.rsp < m.end);
         if let Some(m) = stack {
