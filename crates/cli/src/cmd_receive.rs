@@ -147,7 +147,7 @@ pub fn run(a: Args) -> Result<i32> {
                 // and its own socket's, nothing more (see Receiver::confine_thread).
                 let r = Receiver::confine_thread()
                     .context("confining the connection's thread (seccomp)")
-                    .and_then(|()| serve_one(&rx, stream, json, &stop));
+                    .and_then(|_| serve_one(&rx, stream, json, &stop));
                 live.lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .retain(|(k, _)| *k != n);

@@ -216,13 +216,7 @@ impl Server {
                 };
                 // Before the first peer: the thread that accepts gets the
                 // calls accepting needs, nothing more (see OWN_CALLS).
-                let r = answers.and_then(|a| {
-                    match confine() {
-                        Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => Ok(()),
-                        r => r,
-                    }
-                    .map(|()| a)
-                });
+                let r = answers.and_then(|a| confine().map(|_| a));
                 let answers = match r {
                     Ok(a) => {
                         let _ = confined.send(Ok(()));
@@ -367,8 +361,9 @@ const OWN_CALLS: &[libc::c_long] = &[
     libc::SYS_flock,
 ];
 
-/// Confines the calling thread to [`OWN_CALLS`] and the basics.
-fn confine() -> std::io::Result<()> {
+/// Confines the calling thread to [`OWN_CALLS`] and the basics (see
+/// `pagewise_sys::seccomp::confine_thread` for what `Ok(false)` says).
+fn confine() -> std::io::Result<bool> {
     pagewise_sys::seccomp::confine_thread(
         &[pagewise_sys::seccomp::THREAD_CALLS, OWN_CALLS].concat(),
     )

@@ -255,11 +255,15 @@ pub const THREAD_CALLS: &[libc::c_long] = &[
 /// The filter is the thread's own: the process's other threads are not
 /// under it (no `SECCOMP_FILTER_FLAG_TSYNC`). Sets the thread's
 /// `no_new_privs`, which a process without CAP_SYS_ADMIN needs for a
-/// filter (and which only ever takes away). x86-64 only; elsewhere
-/// `EOPNOTSUPP`.
-pub fn confine_thread(allowed: &[libc::c_long]) -> io::Result<()> {
+/// filter (and which only ever takes away).
+///
+/// The filter is written for x86-64: on another architecture the thread
+/// is left as it is and `Ok(false)` says so, the one rule for every
+/// thread of pagewise's that confines itself (a service that refused to
+/// run there would protect nothing); `Ok(true)`: confined.
+pub fn confine_thread(allowed: &[libc::c_long]) -> io::Result<bool> {
     if !cfg!(target_arch = "x86_64") {
-        return Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP));
+        return Ok(false);
     }
     if allowed.len() > 200 {
         return Err(io::Error::from_raw_os_error(libc::E2BIG));
@@ -282,7 +286,7 @@ pub fn confine_thread(allowed: &[libc::c_long]) -> io::Result<()> {
     }
     prog.push(stmt(BPF_RET_K, SECCOMP_RET_ERRNO | libc::EPERM as u32));
     prog.push(stmt(BPF_RET_K, SECCOMP_RET_ALLOW));
-    install(&mut prog)
+    install(&mut prog).map(|()| true)
 }
 
 /// A trapped call as the `SIGSYS` handler sees it.

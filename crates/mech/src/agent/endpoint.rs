@@ -227,6 +227,7 @@ fn serve(
             let l = rt
                 .block_on(async { tokio::net::TcpListener::from_std(l) })
                 .map_err(|e| Error::os("the endpoint's listener", e))?;
+            // Ok(false) off x86-64: the one rule of confine_thread.
             pagewise_sys::seccomp::confine_thread(CALLS)
                 .map_err(|e| Error::os("confining the endpoint's thread (seccomp)", e))?;
             Ok((rt, l))

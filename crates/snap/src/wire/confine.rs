@@ -58,9 +58,10 @@ impl Receiver {
     /// on, to the calls serving a connection needs (see the module): any
     /// other is refused with `EPERM`. For the thread that calls
     /// [`serve`](Self::serve) with a peer's connection; the process's
-    /// other threads are not under it. x86-64 only (elsewhere
-    /// `EOPNOTSUPP`).
-    pub fn confine_thread() -> std::io::Result<()> {
+    /// other threads are not under it. `Ok(false)`: left unconfined, on
+    /// an architecture the filter is not written for (see
+    /// `pagewise_sys::seccomp::confine_thread`).
+    pub fn confine_thread() -> std::io::Result<bool> {
         pagewise_sys::seccomp::confine_thread(
             &[pagewise_sys::seccomp::THREAD_CALLS, OWN_CALLS].concat(),
         )
