@@ -329,13 +329,14 @@ fn a_filtered_tracer_says_why_it_cannot_step_around_a_filter() {
     let Some(path) = rollback_target() else {
         return;
     };
-    let wrap = c_program("under_filter");
+    // A filter that refuses nothing (an empty list): pagewise under one.
+    let wrap = c_program("refuse_calls");
     let mut t = pagewise_testkit::Piped::start(Command::new(&path).args(["seccomp", "errno"]));
     assert!(t.line().starts_with("ready"));
     let pid = t.pid().to_string();
     let track = |backend: &str| {
         Command::new(&wrap)
-            .arg(BIN)
+            .args(["", BIN])
             .args([
                 "track",
                 "--pid",
