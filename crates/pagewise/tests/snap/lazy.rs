@@ -413,6 +413,11 @@ fn lazy_restore_copies_staged_pages_a_child_shares() {
     let child = unsafe { libc::fork() };
     assert!(child >= 0, "fork: {}", std::io::Error::last_os_error());
     if child == 0 {
+        // Its copies of the test process's descriptors go first: held for
+        // its 30 s, a store's lock taken by a test running beside this one
+        // stayed held after that test let it go (one_writer_at_a_time
+        // then found its store locked).
+        super::common::close_inherited(&[]);
         // SAFETY: async-signal-safe calls only, in the forked child.
         unsafe {
             libc::sleep(30);
