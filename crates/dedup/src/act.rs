@@ -84,10 +84,7 @@ impl Agent {
         for &s in starts {
             let r = t
                 .state
-                .merged_whole
-                .iter()
-                .copied()
-                .find(|&(a, n)| a <= s && s < a + n)
+                .whole_range_of(s)
                 .unwrap_or((s, HUGE_PAGE_SIZE as u64));
             if !ranges.contains(&r) {
                 ranges.push(r);
@@ -154,12 +151,11 @@ impl Agent {
                 continue;
             }
             // A mapping made mergeable whole is unmerged whole.
-            let whole = &t.state.merged_whole;
-            let mut ranges = whole.clone();
+            let mut ranges = t.state.merged_whole.clone();
             ranges.extend(
                 starts
                     .iter()
-                    .filter(|&&s| !whole.iter().any(|&(a, n)| a <= s && s < a + n))
+                    .filter(|&&s| t.state.whole_range_of(s).is_none())
                     .map(|&s| (s, HUGE_PAGE_SIZE as u64)),
             );
             match t.state.unmerge(t.pid, &ranges) {
@@ -213,6 +209,14 @@ impl Agent {
 }
 
 impl super::Process {
+    /// The mapping made mergeable whole that region `s` is in, if any.
+    fn whole_range_of(&self, s: u64) -> Option<(u64, u64)> {
+        self.merged_whole
+            .iter()
+            .copied()
+            .find(|&(a, n)| a <= s && s < a + n)
+    }
+
     /// Unmerges `ranges` of process `pid` (`(start, length)`): the call,
     /// the journal, and every region in them no longer mergeable.
     fn unmerge(&mut self, pid: i32, ranges: &[(u64, u64)]) -> pagewise_mech::Result<()> {
