@@ -1,13 +1,25 @@
 //! Another process's memory, read and written: the one place pagewise
 //! copies bytes out of a process it did not start, or into it.
 //!
-//! Memory is read with `process_vm_readv`, except pages the process does
-//! not map exclusively (pagemap bit 56 clear on a present anonymous page:
-//! shared copy-on-write with a parent or child since `fork`, or a KSM
-//! page), which are read through `/proc/PID/mem`: `process_vm_readv` pins
-//! the pages it copies, and the kernel gives a pin its own copy of a page
-//! that is not exclusive, so a reader would turn every page a forked server
-//! shares with its child into two. `/proc/PID/mem` copies without a pin.
+//! Memory is read with `process_vm_readv`, except two kinds of page, read
+//! through `/proc/PID/mem`:
+//!
+//! - pages the process does not map exclusively (pagemap bit 56 clear on a
+//!   present anonymous page: shared copy-on-write with a parent or child
+//!   since `fork`, or a KSM page): `process_vm_readv` pins the pages it
+//!   copies, and the kernel gives a pin its own copy of a page that is not
+//!   exclusive, so a reader would turn every page a forked server shares
+//!   with its child into two. `/proc/PID/mem` copies without a pin;
+//! - pages not in memory (neither present nor swapped): where the process
+//!   serves the faults of that memory with a userfaultfd of its own, a
+//!   `process_vm_readv` there is a fault its handler receives (a read fault
+//!   it never asked for), while a read of `/proc/PID/mem` is one the kernel
+//!   refuses without an event (it cannot wait for a handler). Such a page
+//!   reads as zeros. Elsewhere both fault the page in alike.
+//!
+//! A page in memory when its pagemap entry is read and dropped before it is
+//! copied (the program evicts it at that instant) is the one read that can
+//! still reach such a handler.
 //!
 //! Memory is written with `process_vm_writev`: a page at a time
 //! ([`write_exact`], [`write`](fn@write)) or in batches of up to 1,024 pages, each
@@ -27,12 +39,12 @@ use std::os::fd::AsFd;
 /// about 2 GiB per call, and a read is continued until it is whole or meets
 /// an unmapped page.
 pub fn read(pid: i32, addr: u64, buf: &mut [u8]) -> Result<usize> {
-    let mut shared = Vec::new();
-    shared_pages(pid, &[(addr, buf.len())], &mut shared);
-    if shared.is_empty() {
+    let mut through_mem = Vec::new();
+    pages_through_mem(pid, &[(addr, buf.len())], &mut through_mem);
+    if through_mem.is_empty() {
         return read_from(pid, addr, buf, 0);
     }
-    read_around_shared(pid, addr, buf, &shared)
+    read_around(pid, addr, buf, &through_mem)
 }
 
 /// Reads many ranges of process `pid`, each into its own buffer, up to 1024
@@ -41,16 +53,16 @@ pub fn read(pid: i32, addr: u64, buf: &mut [u8]) -> Result<usize> {
 pub fn read_many(pid: i32, parts: &mut [(u64, &mut [u8])]) -> Result<()> {
     let spans: Vec<(u64, usize)> = parts.iter().map(|(a, b)| (*a, b.len())).collect();
     let mut shared = Vec::new();
-    shared_pages(pid, &spans, &mut shared);
+    pages_through_mem(pid, &spans, &mut shared);
     if !shared.is_empty() {
-        // Parts with a page not mapped exclusively are read on their own,
-        // around it; the others together.
+        // Parts with a page read through `/proc/PID/mem` are read on their
+        // own, around it; the others together.
         let mut rest: Vec<(u64, &mut [u8])> = Vec::with_capacity(parts.len());
         for (addr, buf) in parts.iter_mut() {
             let end = *addr + buf.len() as u64;
             let lo = shared.partition_point(|&p| p + PAGE_SIZE as u64 <= *addr);
             if shared.get(lo).is_some_and(|&p| p < end) {
-                read_around_shared(pid, *addr, buf, &shared)?;
+                read_around(pid, *addr, buf, &shared)?;
             } else {
                 rest.push((*addr, &mut buf[..]));
             }
@@ -147,9 +159,11 @@ fn zero_frame() -> Option<u64> {
 }
 
 /// Fills `out` (sorted) with the addresses of the pages of `spans`
-/// (address, bytes) that are present, anonymous and not mapped exclusively
-/// (not the zero page); empty where none is, or pagemap cannot be read.
-fn shared_pages(pid: i32, spans: &[(u64, usize)], out: &mut Vec<u64>) {
+/// (address, bytes) to read through `/proc/PID/mem` (see the module's
+/// documentation): present, anonymous and not mapped exclusively (not the
+/// zero page), or neither present nor swapped; empty where none is, or
+/// pagemap cannot be read.
+fn pages_through_mem(pid: i32, spans: &[(u64, usize)], out: &mut Vec<u64>) {
     out.clear();
     let page = PAGE_SIZE as u64;
     let mut pages: Vec<(u64, u64)> = spans
@@ -167,7 +181,7 @@ fn shared_pages(pid: i32, spans: &[(u64, usize)], out: &mut Vec<u64>) {
         }
     }
     let zero = zero_frame();
-    use pagemap::entry::{EXCLUSIVE, FILE, PFN_MASK, PRESENT};
+    use pagemap::entry::{EXCLUSIVE, FILE, PFN_MASK, PRESENT, SWAPPED};
     let mut entries = Vec::new();
     for (a, b) in runs {
         entries.resize((b - a) as usize, 0);
@@ -179,18 +193,21 @@ fn shared_pages(pid: i32, spans: &[(u64, usize)], out: &mut Vec<u64>) {
         }
         for (i, &e) in entries.iter().enumerate() {
             let shared = e & PRESENT != 0 && e & (EXCLUSIVE | FILE) == 0;
-            if shared && zero != Some(e & PFN_MASK) {
+            let absent = e & (PRESENT | SWAPPED) == 0;
+            if absent || (shared && zero != Some(e & PFN_MASK)) {
                 out.push((a + i as u64) * page);
             }
         }
     }
 }
 
-/// [`read`] of a range holding pages not mapped exclusively
-/// (`shared`, sorted page addresses): those through `/proc/PID/mem`, the
-/// rest with `process_vm_readv`; stops, zero-filling the rest, at the first
-/// page no longer mapped.
-fn read_around_shared(pid: i32, addr: u64, buf: &mut [u8], shared: &[u64]) -> Result<usize> {
+/// [`read`] of a range holding pages to read through `/proc/PID/mem`
+/// (`shared`, sorted page addresses): those so, the rest with
+/// `process_vm_readv`; stops, zero-filling the rest, at the first page no
+/// longer mapped. A page `/proc/PID/mem` refuses in a range still mapped
+/// (one not in memory whose faults the process serves itself) reads as
+/// zeros.
+fn read_around(pid: i32, addr: u64, buf: &mut [u8], shared: &[u64]) -> Result<usize> {
     use std::os::unix::fs::FileExt;
     let page = PAGE_SIZE as u64;
     let end = addr + buf.len() as u64;
@@ -208,9 +225,12 @@ fn read_around_shared(pid: i32, addr: u64, buf: &mut [u8], shared: &[u64]) -> Re
             with_opened(pid, |o| {
                 let mut done = 0;
                 while from + done < to {
-                    match o.mem.read_at(&mut buf[from + done..to], at + done as u64)? {
-                        0 => break,
-                        n => done += n,
+                    match o.mem.read_at(&mut buf[from + done..to], at + done as u64) {
+                        Ok(0) => break,
+                        Ok(n) => done += n,
+                        // Refused part way: what was read stands.
+                        Err(_) if done > 0 => break,
+                        Err(e) => return Err(e),
                     }
                 }
                 Ok(done)
@@ -224,12 +244,31 @@ fn read_around_shared(pid: i32, addr: u64, buf: &mut [u8], shared: &[u64]) -> Re
                 return Err(Error::ProcessExited(pid));
             }
             let whole = (from + n) / PAGE_SIZE * PAGE_SIZE;
+            let failed = addr + whole as u64;
+            if let Some(m_end) = is_shared.then(|| mapped_until(pid, failed)).flatten() {
+                // Refused, not unmapped: a page not in memory of a mapping
+                // whose faults the process serves, as is every other such
+                // page of the run in that mapping. Zeros, and on after.
+                let next = ((stop.min(m_end) - addr) as usize).max(whole + PAGE_SIZE);
+                buf[whole..next].fill(0);
+                at = addr + next as u64;
+                continue;
+            }
             buf[whole..].fill(0);
             return Ok(whole);
         }
         at = stop;
     }
     Ok(buf.len())
+}
+
+/// The end of the mapping of `pid` that `addr` lies in, if one does (its
+/// maps read again: only after a read was refused).
+fn mapped_until(pid: i32, addr: u64) -> Option<u64> {
+    let maps = procfs::maps(Some(pid)).ok()?;
+    maps.iter()
+        .find(|m| m.start <= addr && addr < m.end)
+        .map(|m| m.end)
 }
 
 /// [`read`] of `buf` at `addr`, whose first `got` bytes are read.

@@ -7,6 +7,7 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+mod late_uffd;
 
 use common::{can_ptrace, fds};
 use pagewise_mech::inject::Remote;

@@ -1,0 +1,96 @@
+//! A program that serves the faults of its own memory and registers it
+//! late (`tests/c/late_uffd.c`): reading that memory from outside hands
+//! its handler no event, and nothing pagewise does to the process first
+//! takes the memory the program registers afterwards.
+
+use super::{can_ptrace, target, Target};
+use std::io::Write;
+
+const PAGE: u64 = pagewise::PAGE_SIZE as u64;
+/// Pages of its region OWN (4 MiB).
+const OWN_PAGES: u64 = 1024;
+
+/// The program, started with `args`, and its regions' addresses.
+fn start(args: &[&str]) -> Option<(Target, u64, u64)> {
+    if let Some(why) = can_ptrace() {
+        pagewise_testkit::skip!("{why}");
+        return None;
+    }
+    let path = target("late_uffd", &["-pthread"])?;
+    let t = Target::start(&path, args, true);
+    let a: Vec<u64> = t
+        .ready
+        .split_whitespace()
+        .map(|a| u64::from_str_radix(a.trim_start_matches("0x"), 16).unwrap())
+        .collect();
+    Some((t, a[0], a[1]))
+}
+
+impl Target {
+    /// Sends `line` and checks the answer: `want`, not a "FAIL" of its
+    /// handler or of its registration.
+    fn ask(&mut self, line: &str, want: &str) {
+        self.child
+            .stdin
+            .as_mut()
+            .unwrap()
+            .write_all(format!("{line}\n").as_bytes())
+            .unwrap();
+        let got = self.line();
+        assert_eq!(got, want, "the program's answer to {line:?}");
+    }
+}
+
+/// Every page of the region the program serves itself read from outside,
+/// whole and in parts, before and after it evicts half of it: the pages
+/// in memory read as written, those not in memory as zeros, and its
+/// handler (which fails the program on any fault it did not cause) sees
+/// none of it. Before reads of pages not in memory went through
+/// `/proc/PID/mem`, the first such read was a read fault in its handler:
+/// "FAIL: event 18 flags 0".
+#[test]
+fn reading_memory_it_serves_itself_gives_its_handler_no_fault() {
+    let Some((mut t, _, own)) = start(&[]) else {
+        return;
+    };
+    let pid = t.pid();
+    t.ask("register", "registered");
+    let served = pagewise_mech::procfs::uffd_served(Some(pid)).unwrap();
+    assert_eq!(
+        served,
+        [(own, own + OWN_PAGES * PAGE)],
+        "the kernel's verdict (smaps um): what the program registered"
+    );
+    let mut whole = vec![0xffu8; (OWN_PAGES * PAGE) as usize];
+    let n = pagewise_mech::remote::read(pid, own, &mut whole).unwrap();
+    assert_eq!(n, whole.len(), "bytes read of the registered region");
+    let half = whole.len() / 2;
+    assert!(whole[..half].iter().all(|&b| b == 1), "the written half");
+    assert!(
+        whole[half..].iter().all(|&b| b == 0),
+        "the half never touched"
+    );
+    t.ask("evict", "evicted");
+    // In parts: one page of the evicted half, two of the untouched one.
+    let (mut a, mut b, mut c) = ([0xffu8; 4096], [0xffu8; 4096], [0xffu8; 4096]);
+    let mut parts: Vec<(u64, &mut [u8])> = vec![
+        (own + 3 * PAGE, &mut a[..]),
+        (own + 700 * PAGE, &mut b[..]),
+        (own + 1023 * PAGE, &mut c[..]),
+    ];
+    pagewise_mech::remote::read_many(pid, &mut parts).unwrap();
+    assert!(
+        [a, b, c].iter().all(|p| p.iter().all(|&x| x == 0)),
+        "pages not in memory read as zeros"
+    );
+    let n = pagewise_mech::remote::read(pid, own, &mut whole).unwrap();
+    assert_eq!(n, whole.len(), "bytes read after the eviction");
+    assert!(whole.iter().all(|&b| b == 0), "the whole region after it");
+    // Its handler is alive and has had only its own faults: the writes
+    // of the evicted pages are served, and read back as it served them.
+    t.ask("8", "ok");
+    let mut p = [0u8; 4096];
+    pagewise_mech::remote::read(pid, own + 7 * PAGE, &mut p).unwrap();
+    assert_eq!(p[0], 0x5b, "a page its handler served, then written");
+    assert!(p[1..].iter().all(|&b| b == 0x5a), "the rest as served");
+}
