@@ -225,12 +225,21 @@ pub struct Watched<T> {
     /// after an `exec`, which leaves the old ones on a finished address
     /// space).
     open: Option<(procfs::MapsFile, walk::PageWalker)>,
-    /// The mappings it serves the faults of itself (its own userfaultfd),
-    /// read when it was added and after an `exec`: no agent acts there
-    /// (a read, a protection or a collapse would be an event its handler
-    /// does not expect).
+    /// The mappings it serves the faults of itself (its own userfaultfd):
+    /// no agent acts there (a read, a protection or a collapse would be an
+    /// event its handler does not expect). A program may register memory
+    /// at any time: read again at each step where it holds a userfaultfd
+    /// or served some memory at the last look, and every `SERVED_EVERY`
+    /// steps whatever it holds (a userfaultfd it made and
+    /// handed to another process, for one). Its smaps cost a page-table
+    /// walk (about 15 ms a GiB in memory), its descriptors far less.
     served: Vec<(u64, u64)>,
+    /// Steps since `served` was last read.
+    served_age: u32,
 }
+
+/// Steps between two reads of what a process serves itself, at most.
+const SERVED_EVERY: u32 = 16;
 
 /// A watched process as an agent's step names it: its host pid and, in a
 /// container, its pid inside and the container.
@@ -268,8 +277,14 @@ impl<T> Watched<T> {
     /// page map it keeps open.
     fn regions(&mut self) -> Result<Vec<walk::HugeRegion>> {
         let pid = self.pid;
-        if self.open.is_none() {
+        self.served_age += 1;
+        if self.open.is_none()
+            || self.served_age >= SERVED_EVERY
+            || !self.served.is_empty()
+            || procfs::owns_userfaultfd(pid)
+        {
             self.served = procfs::self_served(pid).unwrap_or_default();
+            self.served_age = 0;
         }
         let (maps, walker) = opened(&mut self.open, pid)?;
         let mut all = maps.read()?;
@@ -336,6 +351,7 @@ impl<T> Targets<T> {
             state,
             open: None,
             served: Vec::new(),
+            served_age: 0,
         });
         Ok(())
     }

@@ -126,6 +126,24 @@ pub fn self_served(pid: i32) -> Result<Vec<(u64, u64)>> {
     uffd_served(Some(pid))
 }
 
+/// Whether process `pid` holds a userfaultfd of its own: a descriptor of
+/// one in its table, pagewise's preload shim's aside (pagewise's others,
+/// taken out of a process once made there, are not in its table). A
+/// program that holds one may register its memory at any time, and the
+/// kernel refuses it (`EBUSY`) a mapping another userfaultfd registered
+/// first: pagewise registers nothing of such a process.
+pub fn owns_userfaultfd(pid: i32) -> bool {
+    let Ok(dir) = std::fs::read_dir(proc_dir(Some(pid)).join("fd")) else {
+        return false;
+    };
+    let holds = dir.flatten().any(|e| {
+        std::fs::read_link(e.path()).is_ok_and(|l| l.as_os_str() == "anon_inode:[userfaultfd]")
+    });
+    holds
+        && !maps(Some(pid))
+            .is_ok_and(|m| m.iter().any(|m| m.path.ends_with(crate::shim::SHIM_FILE)))
+}
+
 /// The mappings of `pid` (`None`: this process) whose smaps `VmFlags` hold
 /// any of `flags` (`mg`: KSM may merge it; `hg`: `MADV_HUGEPAGE`; ...), as
 /// `(start, end)`.

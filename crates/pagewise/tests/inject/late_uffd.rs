@@ -94,3 +94,44 @@ fn reading_memory_it_serves_itself_gives_its_handler_no_fault() {
     assert_eq!(p[0], 0x5b, "a page its handler served, then written");
     assert!(p[1..].iter().all(|&b| b == 0x5a), "the rest as served");
 }
+
+/// An agent's regions of a process leave out what it serves itself from
+/// the step after it registers it, however late: the two 2 MiB regions
+/// of OWN are found before its registration and not after (the kernel's
+/// verdict: smaps `um` on OWN). Before, what a process served was read
+/// once, when the agent first looked, and a later registration was never
+/// seen: the agent went on reading and acting there.
+#[test]
+fn agents_see_a_registration_made_late() {
+    if !pagewise::probe::get().pagemap_scan {
+        pagewise_testkit::skip!("the kernel has no PAGEMAP_SCAN (Linux 6.7+)");
+        return;
+    }
+    let Some((mut t, _, own)) = start(&[]) else {
+        return;
+    };
+    let pid = t.pid();
+    let mut targets: pagewise_mech::agent::Targets<()> = Default::default();
+    targets.add(pid, |_| Ok(())).unwrap();
+    let of_own = |targets: &mut pagewise_mech::agent::Targets<()>| -> usize {
+        let found = targets.regions(|p, e| panic!("pid {p} taken for gone: {e}"));
+        found
+            .iter()
+            .flat_map(|(_, rs)| rs)
+            .filter(|r| own <= r.region.start && r.region.start < own + OWN_PAGES * PAGE)
+            .count()
+    };
+    assert_eq!(
+        of_own(&mut targets),
+        2,
+        "regions of OWN before its registration"
+    );
+    t.ask("register", "registered");
+    assert_eq!(
+        pagewise_mech::procfs::uffd_served(Some(pid)).unwrap(),
+        [(own, own + OWN_PAGES * PAGE)],
+        "the kernel's verdict: OWN registered"
+    );
+    assert_eq!(of_own(&mut targets), 0, "regions of OWN after it");
+    t.ask("1", "ok");
+}
