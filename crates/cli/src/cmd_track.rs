@@ -86,7 +86,14 @@ impl Source {
                         r.end()
                     );
                 }
-                t.collect()
+                // A note that comes during the run (the process made a
+                // userfaultfd of its own) is said when it comes.
+                let before = t.note().map(str::to_owned);
+                let c = t.collect();
+                if let Some(n) = t.note().filter(|&n| before.as_deref() != Some(n)) {
+                    eprintln!("pagewise: pid {pid}: {n}");
+                }
+                c
             }
             Source::Shim(s, _) => protocol::collect(s).map_err(|e| {
                 pagewise::MechError::os("collecting through the preload shim", e).into()

@@ -540,7 +540,11 @@ impl Agent {
                 inside,
                 journal: AdviceJournal::new(pid, libc::MADV_UNMERGEABLE)?,
                 writes: if frequency {
-                    RegionWrites::new(pid).map_err(|e| e.to_string())
+                    if pagewise_mech::procfs::owns_userfaultfd(pid) {
+                        Err(step::HOLDS_USERFAULTFD.into())
+                    } else {
+                        RegionWrites::new(pid).map_err(|e| e.to_string())
+                    }
                 } else {
                     Err("the policy does not use access frequency".into())
                 },

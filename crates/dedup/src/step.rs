@@ -7,9 +7,15 @@ use super::{
     MERGED_WATCH_EVERY, PAGES,
 };
 use pagewise_mech::agent::StepClock;
-use pagewise_mech::{Region, Result, HUGE_PAGE_SIZE};
+use pagewise_mech::{procfs, Region, Result, HUGE_PAGE_SIZE};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Instant;
+
+/// Why the writes of a process that holds a userfaultfd of its own are not
+/// watched ([`procfs::owns_userfaultfd`]).
+pub(crate) const HOLDS_USERFAULTFD: &str =
+    "it holds a userfaultfd of its own: watching its writes would register its memory with \
+     pagewise's first, and a mapping it registers itself would then be refused (EBUSY)";
 
 /// The regions each process wrote since the last step (only those whose
 /// writes are watched), and how many regions that makes.
@@ -168,6 +174,17 @@ impl Agent {
         for t in self.targets.live_mut() {
             let pid = t.pid;
             let no_coverage = |why: String| Action::NoCoverage { pid, why };
+            if t.state.writes.is_ok() && procfs::owns_userfaultfd(pid) {
+                // It made a userfaultfd since: the watch's registrations
+                // would make the program's own fail. Closed (and so lifted)
+                // now; what was read of each region is no longer known to
+                // be current.
+                t.state.writes = Err(HOLDS_USERFAULTFD.into());
+                for s in t.state.regions.values_mut() {
+                    s.read = false;
+                    s.watched = false;
+                }
+            }
             let w = match t.state.writes.as_mut() {
                 Ok(w) => w,
                 Err(why) => {

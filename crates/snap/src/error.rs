@@ -96,6 +96,19 @@ pub enum Error {
         /// Mappings its userfaultfd covers.
         mappings: usize,
     },
+    /// The process holds a userfaultfd of its own (and may register its
+    /// memory with it at any time): tracking its writes would register its
+    /// memory with pagewise's first, and the kernel would refuse the
+    /// program's own registration of it.
+    #[error(
+        "process {pid} holds a userfaultfd of its own: tracking its writes would register its \
+         memory with pagewise's first, and a mapping it then registered itself would be refused \
+         to it (EBUSY); take plain snapshots of it (without --live, --every-ms or a held session)"
+    )]
+    HoldsUserfaultfd {
+        /// The process.
+        pid: i32,
+    },
     /// A shared mapping, or one of a deleted file, is gone or replaced and
     /// cannot be mapped again.
     #[error(
@@ -205,6 +218,7 @@ impl Error {
                 ErrorClass::BadInput
             }
             Error::ServesOwnFaults { .. }
+            | Error::HoldsUserfaultfd { .. }
             | Error::MappingGone { .. }
             | Error::FileReplaced { .. } => ErrorClass::Unsupported,
             _ => ErrorClass::Failed,
@@ -227,6 +241,7 @@ impl Error {
             | Error::PastRegion { .. }
             | Error::RangeNotInSnapshot { .. } => libc::EFAULT,
             Error::DescriptorReplaced { .. } => libc::ESTALE,
+            Error::HoldsUserfaultfd { .. } => libc::EBUSY,
             Error::BadRecord { .. } => libc::EBADMSG,
             Error::Internal { .. } => libc::ENOTRECOVERABLE,
             _ => libc::EINVAL,
@@ -322,6 +337,11 @@ mod tests {
                 },
                 ErrorClass::Unsupported,
                 libc::EINVAL,
+            ),
+            (
+                Error::HoldsUserfaultfd { pid: 7 },
+                ErrorClass::Unsupported,
+                libc::EBUSY,
             ),
             (
                 pagewise_mech::Error::ProcessExited(7).into(),

@@ -242,7 +242,7 @@ impl ProcessSource {
     /// had, with the reason).
     pub fn new(pid: i32) -> Result<Self> {
         procfs::check_target(pid)?;
-        super::remote::not_self_served(pid)?;
+        super::remote::may_register(pid)?;
         Ok(ProcessSource {
             pid,
             tracker: DirtyTracker::for_process(pid, BackendKind::UffdWp)?,

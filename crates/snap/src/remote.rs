@@ -245,6 +245,18 @@ pub(crate) fn not_self_served(pid: i32) -> Result<()> {
     })
 }
 
+/// [`not_self_served`], and refuses a process that holds a userfaultfd of
+/// its own: for what registers the process's memory with pagewise's (live
+/// snapshots, held sessions), which would make the program's own
+/// registrations fail.
+pub(crate) fn may_register(pid: i32) -> Result<()> {
+    not_self_served(pid)?;
+    if procfs::owns_userfaultfd(pid) {
+        return Err(Error::HoldsUserfaultfd { pid });
+    }
+    Ok(())
+}
+
 /// What a rollback needs besides pages (the layout, the program break,
 /// every thread's state, the start time), read while `stopped`; `None`
 /// where nothing can be done inside the process (seccomp filters pagewise

@@ -388,7 +388,20 @@ impl DirtyTracker {
     /// picked up at each collection (their pages reported once as dirty).
     pub fn for_process(pid: i32, kind: BackendKind) -> Result<Self> {
         let auto = kind == BackendKind::Auto;
-        match Self::for_process_with(pid, kind.resolve_for_pid()) {
+        let resolved = kind.resolve_for_pid();
+        if auto && resolved == BackendKind::UffdWp && pagewise_mech::procfs::owns_userfaultfd(pid) {
+            // Registering its memory first would make the program's own
+            // registrations of it fail.
+            let fallback = BackendKind::without_the_target();
+            let mut t = Self::for_process_with(pid, fallback)?;
+            t.note = Some(format!(
+                "process {pid} holds a userfaultfd of its own: uffd-wp would register its memory \
+                 first, and a mapping it registered afterwards would be refused to it (EBUSY); \
+                 using {fallback}"
+            ));
+            return Ok(t);
+        }
+        match Self::for_process_with(pid, resolved) {
             // `Auto` falls back from uffd-wp to what needs nothing inside the
             // target, and says why.
             Err(e)

@@ -26,6 +26,11 @@ pub struct UffdWpBackend {
     /// Regions another userfaultfd holds, hashed instead.
     fallback: Option<super::hash::HashBackend>,
     note: Option<String>,
+    /// The target was seen holding a userfaultfd of its own
+    /// ([`pagewise_mech::procfs::owns_userfaultfd`]): nothing of it is
+    /// registered any more (a mapping it registers later would be refused
+    /// to it), and its memory is hashed instead.
+    yielded: bool,
 }
 
 impl std::fmt::Debug for UffdWpBackend {
@@ -35,6 +40,7 @@ impl std::fmt::Debug for UffdWpBackend {
             .field("regions", &self.regions)
             .field("strict", &self.strict)
             .field("note", &self.note)
+            .field("yielded", &self.yielded)
             .finish_non_exhaustive()
     }
 }
@@ -48,6 +54,7 @@ impl UffdWpBackend {
             target: super::Target::SelfProcess,
             fallback: None,
             note: None,
+            yielded: false,
         })
     }
     pub(crate) fn new_lenient() -> Result<Self> {
@@ -64,6 +71,7 @@ impl UffdWpBackend {
             target: super::Target::Pid(pid),
             fallback: None,
             note: None,
+            yielded: false,
         })
     }
 
@@ -84,6 +92,17 @@ impl UffdWpBackend {
             .as_mut()
             .expect("made above")
             .add_region(region, baseline)
+    }
+
+    /// Whether another process tracked here has come to hold a userfaultfd
+    /// of its own since the last look (checked once per collection).
+    fn must_yield(&self) -> bool {
+        match self.target {
+            super::Target::Pid(pid) if !self.yielded => {
+                pagewise_mech::procfs::owns_userfaultfd(pid)
+            }
+            _ => false,
+        }
     }
 
     fn in_fallback(&self, region: &Region) -> bool {
@@ -110,9 +129,30 @@ impl Backend for UffdWpBackend {
 
     fn scan(&mut self, out: &mut Vec<PageRange>, stats: &mut CollectStats) -> Result<()> {
         self.wp.check_memory()?;
+        let yielding = self.must_yield();
+        if yielding {
+            // Fingerprinted first, then collected, then let go: a write
+            // before the collection is in it, one after differs from the
+            // fingerprint.
+            for r in self.regions.clone() {
+                self.add_fallback(r, true)?;
+            }
+        }
         for r in &self.regions {
             self.wp
                 .scan_written(r.start, r.end(), self.strict, true, out)?;
+        }
+        if yielding {
+            for r in std::mem::take(&mut self.regions) {
+                let _ = self.wp.unregister(r);
+            }
+            self.yielded = true;
+            self.note = Some(
+                "the process made a userfaultfd of its own: its memory is let go by uffd-wp (a \
+                 mapping it registered would otherwise be refused to it) and tracked by hashing \
+                 its pages from now on"
+                    .into(),
+            );
         }
         if let Some(f) = self.fallback.as_mut() {
             f.scan(out, stats)?;
@@ -140,6 +180,9 @@ impl Backend for UffdWpBackend {
 
     fn add_region(&mut self, region: Region, baseline: bool) -> Result<()> {
         self.wp.check_memory()?;
+        if self.yielded {
+            return self.add_fallback(region, baseline);
+        }
         match self.wp.register(region, baseline) {
             Ok(()) => {}
             Err(MechError::Os { source, .. })

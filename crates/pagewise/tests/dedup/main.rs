@@ -1085,3 +1085,66 @@ fn whole_mappings_are_merged_whole_or_not_at_all() {
         );
     }
 }
+
+/// A program that serves the faults of its own memory and registers it
+/// late (`tests/c/late_uffd.c`, 4 MiB on 2 MiB bounds, half written),
+/// under SmartMD: while it holds a userfaultfd, from the start or made
+/// after the agent began, the agent watches none of its writes (said, with
+/// the reason), so its own registration succeeds; then it evicts what it
+/// serves and writes it again while the agent steps, and its handler (which
+/// fails the program on any fault it did not cause) sees only its own.
+/// Before, the write watch had taken the mapping first: "FAIL: register:
+/// 16 (Device or resource busy)".
+#[test]
+fn a_program_that_serves_its_own_faults_keeps_its_memory_to_itself() {
+    if !available() {
+        return;
+    }
+    let _one = common::one_target_at_a_time();
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/late_uffd.c");
+    let bin = match pagewise_testkit::c_program(
+        &src,
+        std::path::Path::new(env!("CARGO_TARGET_TMPDIR")),
+        &["-pthread"],
+    ) {
+        Ok(b) => b,
+        Err(why) => {
+            pagewise_testkit::skip!("{why}");
+            return;
+        }
+    };
+    for args in [&[][..], &["later"][..]] {
+        let mut p = pagewise_testkit::Piped::start(std::process::Command::new(&bin).args(args));
+        let ready = p.line();
+        assert!(ready.starts_with("ready"), "{args:?}: {ready:?}");
+        let opts = Options::default()
+            .window(Duration::from_millis(50))
+            .policy(Policy::SmartMd)
+            .thresholds(Some(Thresholds::default().cold_max(0).hot_min(2)));
+        let mut agent = Agent::new(&[p.pid()], opts).unwrap();
+        let mut actions = Vec::new();
+        let mut step = |agent: &mut Agent| actions.extend(agent.step().unwrap().actions);
+        step(&mut agent);
+        if args == ["later"] {
+            step(&mut agent);
+            assert_eq!(p.ask("make"), "made", "{args:?}");
+        }
+        step(&mut agent);
+        assert_eq!(p.ask("register"), "registered", "{args:?}");
+        for round in 0..3 {
+            step(&mut agent);
+            assert_eq!(p.ask("evict"), "evicted", "{args:?} round {round}");
+            step(&mut agent);
+            assert_eq!(p.ask("40"), "ok", "{args:?} round {round}");
+        }
+        agent.end();
+        assert_eq!(p.ask("1"), "ok", "{args:?}: after the end");
+        let said = actions.iter().any(|a| {
+            matches!(a, Action::NoCoverage { why, .. } if why.contains("userfaultfd of its own"))
+        });
+        assert!(
+            said,
+            "{args:?}: the reason its writes go unwatched: {actions:?}"
+        );
+    }
+}

@@ -4,11 +4,13 @@
 //! takes the memory the program registers afterwards.
 
 use super::{can_ptrace, target, Target};
+use pagewise::track::{BackendKind, DirtyTracker};
 use std::io::Write;
 
 const PAGE: u64 = pagewise::PAGE_SIZE as u64;
-/// Pages of its region OWN (4 MiB).
+/// Pages of its region OWN (4 MiB), and of PLAIN.
 const OWN_PAGES: u64 = 1024;
+const PLAIN_PAGES: u64 = 64;
 
 /// The program, started with `args`, and its regions' addresses.
 fn start(args: &[&str]) -> Option<(Target, u64, u64)> {
@@ -39,6 +41,16 @@ impl Target {
         let got = self.line();
         assert_eq!(got, want, "the program's answer to {line:?}");
     }
+}
+
+/// The pages of `[base, base + n pages)` a collection reported.
+fn reported(c: &pagewise::track::Collection, base: u64, n: u64) -> u64 {
+    (0..n)
+        .filter(|i| {
+            let a = base + i * PAGE;
+            c.ranges.iter().any(|r| r.start <= a && a < r.end())
+        })
+        .count() as u64
 }
 
 /// Every page of the region the program serves itself read from outside,
@@ -93,6 +105,77 @@ fn reading_memory_it_serves_itself_gives_its_handler_no_fault() {
     pagewise_mech::remote::read(pid, own + 7 * PAGE, &mut p).unwrap();
     assert_eq!(p[0], 0x5b, "a page its handler served, then written");
     assert!(p[1..].iter().all(|&b| b == 0x5a), "the rest as served");
+}
+
+/// A process holding a userfaultfd it has not used yet: `track` (auto)
+/// hashes it instead of registering its memory, held and live snapshots
+/// refuse it with the reason, and the program's own registration then
+/// succeeds; every page it writes is reported. Before, the tracker's
+/// uffd-wp took the memory first and the program's `UFFDIO_REGISTER`
+/// failed: "FAIL: register: 16 (Device or resource busy)".
+#[test]
+fn memory_of_a_program_holding_a_userfaultfd_is_left_to_it() {
+    let Some((mut t, plain, own)) = start(&[]) else {
+        return;
+    };
+    let pid = t.pid();
+    assert!(pagewise_mech::procfs::owns_userfaultfd(pid));
+    let mut tr = DirtyTracker::for_process(pid, BackendKind::Auto).unwrap();
+    let note = tr.note().unwrap_or_default().to_string();
+    assert!(note.contains("holds a userfaultfd"), "note: {note:?}");
+    assert_ne!(tr.backend(), BackendKind::UffdWp, "{note}");
+    match pagewise::snap::ProcessSnapshots::open(pid) {
+        Err(pagewise::snap::Error::HoldsUserfaultfd { pid: p }) => assert_eq!(p, pid),
+        other => panic!("a held session: {other:?}"),
+    }
+    tr.collect().unwrap();
+    t.ask("register", "registered");
+    t.ask("20", "ok");
+    let c = tr.collect().unwrap();
+    assert_eq!(
+        reported(&c, plain, PLAIN_PAGES),
+        20,
+        "pages written in PLAIN"
+    );
+    assert_eq!(reported(&c, own, OWN_PAGES), 20, "pages written in OWN");
+    t.ask("1", "ok");
+}
+
+/// A process that makes its userfaultfd while tracked with uffd-wp: the
+/// next collection lets its memory go (said in the tracker's note) and
+/// hashes it from then on, so the program's registration after it
+/// succeeds; no write is lost across the change. Before, the program's
+/// registration failed with EBUSY.
+#[test]
+fn a_tracker_lets_go_of_a_program_that_makes_a_userfaultfd() {
+    if let Err(why) = BackendKind::UffdWp.available_for_pid() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    let Some((mut t, plain, own)) = start(&["later"]) else {
+        return;
+    };
+    let pid = t.pid();
+    let mut tr = DirtyTracker::for_process(pid, BackendKind::Auto).unwrap();
+    assert_eq!(tr.backend(), BackendKind::UffdWp, "{:?}", tr.note());
+    tr.collect().unwrap();
+    t.ask("make", "made");
+    // Written after the userfaultfd was made, before the tracker saw it.
+    t.ask("5", "ok");
+    let c = tr.collect().unwrap();
+    let note = tr.note().unwrap_or_default().to_string();
+    assert!(note.contains("userfaultfd of its own"), "note: {note:?}");
+    assert_eq!(
+        reported(&c, plain, PLAIN_PAGES),
+        5,
+        "PLAIN, across the change"
+    );
+    assert_eq!(reported(&c, own, OWN_PAGES), 5, "OWN, across the change");
+    t.ask("register", "registered");
+    t.ask("12", "ok");
+    let c = tr.collect().unwrap();
+    assert_eq!(reported(&c, plain, PLAIN_PAGES), 12, "PLAIN, hashed");
+    assert_eq!(reported(&c, own, OWN_PAGES), 12, "OWN, hashed");
 }
 
 /// An agent's regions of a process leave out what it serves itself from

@@ -254,7 +254,7 @@ impl ProcessSnapshots {
     /// the same for memory-only restores, and [`note`](Self::note) says why.
     pub fn open(pid: i32) -> Result<Self> {
         procfs::check_target(pid)?;
-        super::remote::not_self_served(pid)?;
+        super::remote::may_register(pid)?;
         let (wp, no_inside, untracked) = match UffdWp::open_in(pid) {
             Ok(wp) => (Some(wp), None, None),
             // Filters that were read and refuse the userfaultfd call: the
