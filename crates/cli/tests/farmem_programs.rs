@@ -615,6 +615,35 @@ fn the_loaders_tables_are_never_served() {
     let _ = std::fs::remove_dir_all(&inst);
 }
 
+/// A program that registers memory with a userfaultfd of its own, memory
+/// far memory holds already: the kernel refuses it (EBUSY), as it must
+/// (one userfaultfd holds a mapping), and `farmem run` says so once,
+/// however often it happens. Before, nothing was said: the program got
+/// EBUSY and no one knew why.
+fn a_refused_registration_of_its_own_is_said_once() {
+    need_support!();
+    let native = plain(&["own_uffd"]);
+    if native != "register: ok\nregister: ok\n" {
+        pagewise_testkit::skip!("the program cannot use a userfaultfd of its own here: {native}");
+        return;
+    }
+    let dir = instance_dir("own-uffd");
+    let (out, err) = run_target(&dir, &["--local-pages", "64"], &["own_uffd"]);
+    let busy = std::io::Error::from_raw_os_error(libc::EBUSY).to_string();
+    let text = busy.split(" (os error").next().unwrap();
+    assert_eq!(
+        out,
+        format!("register: {text}\nregister: {text}\n"),
+        "its two registrations, under far memory"
+    );
+    assert_eq!(
+        err.matches("refused it (UFFDIO_REGISTER: EBUSY)").count(),
+        1,
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 // Every test runs on both fault paths: `NAME::thread` and `NAME::inline`.
 pagewise_testkit::per_fault_path!(
     super::on_path;
@@ -633,4 +662,5 @@ pagewise_testkit::per_fault_path!(
     heap_grown_and_trimmed_with_brk_keeps_its_bytes,
     unusable_trace_paths_and_static_programs_are_said,
     a_missing_command_is_one_line,
+    a_refused_registration_of_its_own_is_said_once,
 );

@@ -58,6 +58,7 @@ const BPF_JEQ_K: u16 = 0x15;
 const BPF_JGE_K: u16 = 0x35;
 const BPF_JGT_K: u16 = 0x25;
 const BPF_RET_K: u16 = 0x06;
+const BPF_JA: u16 = 0x05;
 
 fn stmt(code: u16, k: u32) -> libc::sock_filter {
     libc::sock_filter {
@@ -79,20 +80,24 @@ fn jump(code: u16, k: u32, jt: u8, jf: u8) -> libc::sock_filter {
 /// stays, the C library moves), go through. Sets `no_new_privs`, which
 /// seccomp requires. Install the `SIGSYS` handler first.
 pub fn trap_memory_syscalls(start: u64, end: u64) -> io::Result<()> {
-    trap_syscalls(start, end, &TRAPPED, &[])
+    trap_syscalls(start, end, &TRAPPED, &[], &[])
 }
 
-/// [`trap_memory_syscalls`] for any set of calls `nrs`, and the calls
+/// [`trap_memory_syscalls`] for any set of calls `nrs`, the calls
 /// `everywhere` from any code at all (a library making its own system
-/// calls, as liburing does): the filter tests the number against
-/// `everywhere` (a test each), then against the runs of consecutive
-/// numbers of `nrs` (in order, a test or two per run), then the
-/// instruction pointer.
+/// calls, as liburing does), and the calls `when` = `(nr, i, value)` from
+/// `[start, end)` whose argument `i` (its low 32 bits) is `value` (one
+/// `ioctl` request, not every `ioctl`; a number goes in `nrs` or in
+/// `when`, not both). The filter tests the number against
+/// `everywhere` (a test each), then `when` (one or two tests each), then
+/// the runs of consecutive numbers of `nrs` (in order, a test or two per
+/// run), then the instruction pointer.
 pub fn trap_syscalls(
     start: u64,
     end: u64,
     nrs: &[libc::c_long],
     everywhere: &[libc::c_long],
+    when: &[(libc::c_long, usize, u32)],
 ) -> io::Result<()> {
     if start >= end || end - start > 1 << 32 {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
@@ -131,9 +136,27 @@ pub fn trap_syscalls(
             prog.push(jump(BPF_JEQ_K, nr as u32, 0, 1));
             prog.push(stmt(BPF_RET_K, SECCOMP_RET_TRAP));
         }
-        // Run i (of n) starts at 2i after the header; "allow" sits at 2n,
+        // Run i (of n) starts at 2i after this point; "allow" sits at 2n,
         // the match block at 2n + 1.
         let n = runs.len();
+        // Each `when` rule: not its number, the next rule (the number
+        // still loaded); its number, its argument loaded and compared:
+        // equal, the match block; not, allowed.
+        let rules = when.len();
+        for (j, &(nr, i, value)) in when.iter().enumerate() {
+            if i > 5 {
+                return Err(io::Error::from_raw_os_error(libc::EINVAL));
+            }
+            prog.push(jump(BPF_JEQ_K, nr as u32, 0, 4));
+            // seccomp_data: args from 16, 8 bytes each, low half first.
+            prog.push(stmt(BPF_LD_W_ABS, 16 + 8 * i as u32));
+            prog.push(jump(BPF_JEQ_K, value, 1, 0));
+            prog.push(stmt(BPF_RET_K, SECCOMP_RET_ALLOW));
+            // From after this jump to the match block: the rules left,
+            // the runs and "allow".
+            let to_match = 5 * (rules - j - 1) + 2 * n + 1;
+            prog.push(stmt(BPF_JA, to_match as u32));
+        }
         for (i, &(lo, hi)) in runs.iter().enumerate() {
             let here = 2 * i;
             // nr > hi: the next run; else nr >= lo: a match, else allow.

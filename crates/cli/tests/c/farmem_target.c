@@ -8,6 +8,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/userfaultfd.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -189,6 +192,25 @@ static int uring(void) {
     return 0;
 }
 
+/* Registers two mappings of its own with a userfaultfd of its own (as a
+ * garbage collector does), after writing them: under far memory the
+ * kernel refuses both (EBUSY), since far memory holds them already. */
+static int own_uffd(void) {
+    int uffd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | 1 /* UFFD_USER_MODE_ONLY */);
+    struct uffdio_api api = {.api = UFFD_API};
+    if (uffd < 0 || ioctl(uffd, UFFDIO_API, &api)) { perror("userfaultfd"); return 2; }
+    for (int i = 0; i < 2; i++) {
+        char *m = mmap(0, 64 * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (m == MAP_FAILED) return 2;
+        memset(m, 1, 64 * PAGE);
+        struct uffdio_register r = {.range = {.start = (unsigned long)m, .len = 64 * PAGE},
+                                    .mode = UFFDIO_REGISTER_MODE_MISSING};
+        int ok = ioctl(uffd, UFFDIO_REGISTER, &r) == 0;
+        printf("register: %s\n", ok ? "ok" : strerror(errno));
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) { fprintf(stderr, "usage: farmem_target MODE ...\n"); return 2; }
     const char *m = argv[1];
@@ -200,5 +222,6 @@ int main(int argc, char **argv) {
     if (!strcmp(m, "fork")) return forked();
     if (!strcmp(m, "hold")) return hold(atol(argv[2]), atol(argv[3]));
     if (!strcmp(m, "uring")) return uring();
+    if (!strcmp(m, "own_uffd")) return own_uffd();
     return 2;
 }

@@ -235,13 +235,7 @@ fn kernel_call(nr: libc::c_long, a: [u64; 6], ctx: *mut libc::ucontext_t) -> i64
     match nr {
         _ if syscalls::REFUSED_INLINE.contains(&nr) => {
             static SAID: AtomicBool = AtomicBool::new(false);
-            if !SAID.swap(true, Ordering::AcqRel) {
-                let m = b"pagewise farmem: io_uring and Linux AIO are refused (ENOSYS) with --fault-path inline: the kernel would use their buffers where a remote page meets EFAULT; --fault-path thread serves them\n";
-                program_call(
-                    libc::SYS_write,
-                    [2, m.as_ptr() as u64, m.len() as u64, 0, 0, 0],
-                );
-            }
+            say_once(&SAID, b"pagewise farmem: io_uring and Linux AIO are refused (ENOSYS) with --fault-path inline: the kernel would use their buffers where a remote page meets EFAULT; --fault-path thread serves them\n");
             -libc::ENOSYS as i64
         }
         libc::SYS_rt_sigaction if a[0] == libc::SIGBUS as u64 => {
@@ -391,6 +385,17 @@ fn frame_sigmask(a: [u64; 6], ctx: *mut libc::ucontext_t, never: u64) -> i64 {
     0
 }
 
+/// Writes `m` on stderr unless `said` says it was already.
+/// Async-signal-safe.
+fn say_once(said: &AtomicBool, m: &[u8]) {
+    if !said.swap(true, Ordering::AcqRel) {
+        program_call(
+            libc::SYS_write,
+            [2, m.as_ptr() as u64, m.len() as u64, 0, 0, 0],
+        );
+    }
+}
+
 extern "C" fn on_sigsys(_: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: the handler's own arguments, for a SIGSYS raised by our filter.
     let t = unsafe { seccomp::trapped(info, ctx) };
@@ -428,8 +433,19 @@ extern "C" fn on_sigsys(_: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
         }
     }
     if !seccomp::TRAPPED.contains(&t.nr) {
-        // Only the inline path traps other calls.
-        let r = kernel_call(t.nr, a, ctx as *mut libc::ucontext_t);
+        // Only the inline path traps other calls, and either the program's
+        // own UFFDIO_REGISTER.
+        let register =
+            t.nr == libc::SYS_ioctl && a[1] as u32 == pagewise_sys::uffd::UFFDIO_REGISTER as u32;
+        let r = if register && !inline_path() {
+            program_call(t.nr, a)
+        } else {
+            kernel_call(t.nr, a, ctx as *mut libc::ucontext_t)
+        };
+        if register && r == -libc::EBUSY as i64 {
+            static SAID: AtomicBool = AtomicBool::new(false);
+            say_once(&SAID, b"pagewise farmem: the program registered memory with a userfaultfd of its own and the kernel refused it (UFFDIO_REGISTER: EBUSY): far memory (or another userfaultfd) holds that memory already, and one userfaultfd holds a mapping; said once\n");
+        }
         // SAFETY: as above.
         unsafe { seccomp::set_result(ctx, r) };
         return;

@@ -273,7 +273,16 @@ fn trap(libc_text: (u64, u64), inline_path: bool) -> Result<(), String> {
     } else {
         &[]
     };
-    seccomp::trap_syscalls(libc_text.0, libc_text.1, &trapped, everywhere).map_err(|e| {
+    // The program's own UFFDIO_REGISTER, to say once when the kernel
+    // refuses it memory far memory holds (the inline path traps every
+    // ioctl already).
+    let register = [(
+        libc::SYS_ioctl,
+        1,
+        pagewise_sys::uffd::UFFDIO_REGISTER as u32,
+    )];
+    let when: &[_] = if inline_path { &[] } else { &register };
+    seccomp::trap_syscalls(libc_text.0, libc_text.1, &trapped, everywhere, when).map_err(|e| {
         format!(
             "installing the seccomp filter for {:#x}..{:#x}: {e}",
             libc_text.0, libc_text.1
