@@ -625,3 +625,56 @@ fn no_shim_tracking() -> Option<String> {
         .err()
         .map(|why| format!("uffd-wp: {why}"))
 }
+
+/// A worker that grows and gives back its heap with `brk` in a tight loop
+/// (tests/c/brk_loop.c), tracked from outside every 200 ms, five times,
+/// beside two busy loops: five collections, while the worker's break moved
+/// (its own count, before and after) and it runs on. Reported against an
+/// earlier tree: no collection in 12 s, then "process W exited after 0
+/// collections" while W ran on.
+#[test]
+fn a_worker_moving_its_break_is_collected_on_time() {
+    let mut w = pagewise_testkit::Piped::start(&mut Command::new(c_program("brk_loop")));
+    assert_eq!(w.line(), "ready");
+    let moves = |w: &mut pagewise_testkit::Piped| -> u64 {
+        // SAFETY: a signal to our own child, which handles it.
+        unsafe { libc::kill(w.pid(), libc::SIGUSR1) };
+        let l = w.line();
+        l.strip_prefix("moves ")
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("the worker said {l:?}"))
+    };
+    // Two busy loops: threads of this test, ended by a flag.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let busy: Vec<_> = (0..2)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        })
+        .collect();
+    let before = moves(&mut w);
+    let out = Command::new("timeout")
+        .args(["60", BIN, "track", "--pid", &w.pid().to_string()])
+        .args(["--count", "5", "--interval-ms", "200", "--json"])
+        .output()
+        .unwrap();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for b in busy {
+        b.join().unwrap();
+    }
+    let after = moves(&mut w);
+    let lines = ok_json_lines(&out);
+    assert_eq!(lines.len(), 5, "collections made");
+    assert!(
+        after > before,
+        "precondition: the break moved during the run ({before} then {after})"
+    );
+    assert!(
+        pagewise_mech::procfs::is_alive(w.pid()),
+        "the worker runs on"
+    );
+}
