@@ -9,6 +9,25 @@ mod support;
 use pagewise_testkit::Piped;
 use support::*;
 
+/// A fresh store `name` holding one snapshot of `pid`, taken once it
+/// waits in `read`.
+fn snapshot_into(name: &str, pid: i32) -> std::path::PathBuf {
+    let store = temp_dir(name);
+    let _ = std::fs::remove_dir_all(&store);
+    pagewise_testkit::settle_in_read(pid);
+    let out = Command::new(BIN)
+        .args(["snapshot", "--pid", &pid.to_string(), "--out"])
+        .arg(&store)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{name}: snapshot: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    store
+}
+
 fn json(line: &str) -> serde_json::Value {
     serde_json::from_str(line).unwrap_or_else(|e| panic!("{line:?}: {e}"))
 }
@@ -253,19 +272,7 @@ fn a_process_with_a_sigtrap_pending_for_ever_is_restored() {
     let mut t = Piped::start(&mut Command::new(c_program("trap_pending")));
     assert_eq!(t.line(), "ready");
     let pid = t.pid().to_string();
-    let store = temp_dir("trap-pending");
-    let _ = std::fs::remove_dir_all(&store);
-    pagewise_testkit::settle_in_read(t.pid());
-    let out = Command::new(BIN)
-        .args(["snapshot", "--pid", &pid, "--out"])
-        .arg(&store)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "snapshot: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let store = snapshot_into("trap-pending", t.pid());
     let first = t.ask("x");
     assert!(first.ends_with("pending 1"), "{first}");
     pagewise_testkit::settle_in_read(t.pid());
@@ -359,5 +366,50 @@ fn respected_filters_refuse_only_what_needs_a_refused_call_said_once() {
         }
         let _ = child.kill();
         let _ = child.wait();
+    }
+}
+
+/// A restore of one process leaves its shared memory as it is (it would
+/// change it under every other process that maps it): after a snapshot,
+/// the program writes its `MAP_SHARED` page and its private ones; a full
+/// restore, and a memory-only restore of the same program in seccomp's
+/// strict mode (nothing can be done inside it), put the private pages back
+/// and leave the shared one. The strict one's maps read as before. Before:
+/// the full restore put the shared page back too, and the memory-only one
+/// was refused, exit 1, "its mappings changed since snapshot 1
+/// (0x…+0x1000 is not mapped private and writable)", naming the shared
+/// page, while its maps had not changed.
+#[test]
+fn a_restore_of_one_process_leaves_its_shared_memory() {
+    need_support!();
+    for mode in ["full", "strict"] {
+        let mut t = Piped::start(Command::new(c_program("shared_page")).args([mode]));
+        assert_eq!(t.line(), "ready", "{mode}");
+        assert_eq!(t.ask("g"), "shared 1 private 1", "{mode}");
+        let pid = t.pid().to_string();
+        let maps = || std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+        let store = snapshot_into(&format!("shared-page-{mode}"), t.pid());
+        assert_eq!(t.ask("w"), "shared 2 private 2", "{mode}");
+        let before = maps();
+        pagewise_testkit::settle_in_read(t.pid());
+        let mut restore = Command::new(BIN);
+        restore
+            .args(["snapshot", "restore", "--pid", &pid])
+            .arg(&store);
+        if mode == "strict" {
+            restore.arg("--memory-only");
+        }
+        let out = restore.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{mode}: restore: {err}");
+        if mode == "strict" {
+            assert_eq!(maps(), before, "strict: its maps, before and after");
+        }
+        assert_eq!(
+            t.ask("g"),
+            "shared 2 private 1",
+            "{mode}: private pages put back, the shared one left"
+        );
+        let _ = std::fs::remove_dir_all(&store);
     }
 }

@@ -76,7 +76,31 @@ impl ProcessSnapshots {
         }
         let mut stats = TakeStats::default();
         let tables = crate::table::from_disk(&mut self.store, disk, &ds, &mut stats)?;
-        let data = ds.regions.iter().copied().zip(tables).collect();
+        // Shared memory is not put back (a restore would change it under
+        // every other process that maps it): its regions are left out, as
+        // the snapshot's layout says them, or, without one, as the process
+        // maps them now (shared, at the same place).
+        let shared: Vec<(u64, u64)> = match &record {
+            Some(r) => r
+                .layout
+                .iter()
+                .filter(|v| v.shared)
+                .map(|v| (v.start, v.end))
+                .collect(),
+            None => pagewise_mech::procfs::maps(Some(self.pid))?
+                .iter()
+                .filter(|m| m.shared)
+                .map(|m| (m.start, m.end))
+                .collect(),
+        };
+        let (data, left): (Vec<_>, Vec<_>) = ds
+            .regions
+            .iter()
+            .copied()
+            .zip(tables)
+            .partition(|(r, _)| !shared.contains(&(r.start, r.end())));
+        let left = left.into_iter().map(|(_, t)| t).collect();
+        crate::table::release(&mut self.store, &mut self.spare, left);
         stats.pages = ds.pages();
         stats.elapsed_ns = t0.elapsed().as_nanos() as u64;
         let (layout, brk, threads, fds) = match record {
