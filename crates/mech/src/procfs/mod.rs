@@ -127,21 +127,39 @@ pub fn self_served(pid: i32) -> Result<Vec<(u64, u64)>> {
 }
 
 /// Whether process `pid` holds a userfaultfd of its own: a descriptor of
-/// one in its table, pagewise's preload shim's aside (pagewise's others,
-/// taken out of a process once made there, are not in its table). A
-/// program that holds one may register its memory at any time, and the
-/// kernel refuses it (`EBUSY`) a mapping another userfaultfd registered
-/// first: pagewise registers nothing of such a process.
+/// one in its table that its `UFFDIO_API` has set up, pagewise's preload
+/// shim's aside. A program that holds one may register its memory at any
+/// time, and the kernel refuses it (`EBUSY`) a mapping another
+/// userfaultfd registered first: pagewise registers nothing of such a
+/// process. One not set up yet can register nothing; a pagewise killed
+/// while it made its own inside the process leaves one such (set up only
+/// once taken out), which is not counted.
 pub fn owns_userfaultfd(pid: i32) -> bool {
-    let Ok(dir) = std::fs::read_dir(proc_dir(Some(pid)).join("fd")) else {
+    let dir = proc_dir(Some(pid));
+    let Ok(fds) = std::fs::read_dir(dir.join("fd")) else {
         return false;
     };
-    let holds = dir.flatten().any(|e| {
+    let holds = fds.flatten().any(|e| {
         std::fs::read_link(e.path()).is_ok_and(|l| l.as_os_str() == "anon_inode:[userfaultfd]")
+            && std::fs::read_to_string(dir.join("fdinfo").join(e.file_name()))
+                .is_ok_and(|info| uffd_set_up(&info))
     });
     holds
         && !maps(Some(pid))
             .is_ok_and(|m| m.iter().any(|m| m.path.ends_with(crate::shim::SHIM_FILE)))
+}
+
+/// Whether a userfaultfd's fdinfo says its `UFFDIO_API` was made: the
+/// features of its `API:` line (`api:features:ioctls`, hex) are not 0
+/// (recent kernels set a bit of their own there, `UFFD_FEATURE_INITIALIZED`,
+/// whatever the features asked; older ones show only those asked).
+fn uffd_set_up(fdinfo: &str) -> bool {
+    fdinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("API:"))
+        .and_then(|v| v.trim().split(':').nth(1))
+        .and_then(|f| u64::from_str_radix(f, 16).ok())
+        .is_some_and(|f| f != 0)
 }
 
 /// The mappings of `pid` (`None`: this process) whose smaps `VmFlags` hold
@@ -519,6 +537,19 @@ pub fn check_mapped_writable(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A userfaultfd's fdinfo before and after its `UFFDIO_API` (as Linux
+    /// 6.18 writes it: the kernel's own bit 31 once set up).
+    #[test]
+    fn a_userfaultfd_is_set_up_once_its_api_is_made() {
+        let before = "pos:\t0\nflags:\t02004000\nmnt_id:\t16\nino:\t1057\npending:\t0\ntotal:\t0\nAPI:\taa:0:80000000000001ff\n";
+        let after = before.replace("aa:0:", "aa:80000000:");
+        let asked = before.replace("aa:0:", "aa:8000:");
+        assert!(!uffd_set_up(before));
+        assert!(uffd_set_up(&after));
+        assert!(uffd_set_up(&asked), "an older kernel: the features asked");
+        assert!(!uffd_set_up("pos:\t0\n"), "no API line");
+    }
 
     /// The census is loadavg's task count and last pid; a thread begun
     /// moves it.

@@ -6,6 +6,8 @@
  * argument "later" only when told. Prints "ready PLAIN OWN"; then, for
  * each line from stdin:
  *   "make"     makes the userfaultfd (where "later"), says "made";
+ *   "bare"     makes another without UFFDIO_API (as a pagewise killed
+ *              while it made its own inside leaves one), says "bare";
  *   "register" registers OWN whole in missing mode and starts its handler,
  *              says "registered" (or "FAIL: register: ERRNO", exit 4: the
  *              memory was taken by another userfaultfd first);
@@ -88,6 +90,9 @@ int main(int argc, char **argv) {
         if (strncmp(line, "make", 4) == 0) {
             if (uffd < 0 && make()) { perror("userfaultfd"); return 2; }
             printf("made\n");
+        } else if (strncmp(line, "bare", 4) == 0) {
+            if (syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK | 1) < 0) { perror("userfaultfd"); return 2; }
+            printf("bare\n");
         } else if (strncmp(line, "register", 8) == 0) {
             struct uffdio_register r = {.range = {.start = (unsigned long)own, .len = OWN_BYTES},
                                         .mode = UFFDIO_REGISTER_MODE_MISSING};
