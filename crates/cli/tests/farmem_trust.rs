@@ -570,7 +570,7 @@ fn the_servers_socket_thread_runs_under_a_filter_of_its_own() {
     let d = shared_dir("confined");
     let mut s = Served::start(&d, "confined");
     let pid = s.child.id() as i32;
-    let mode = |comm| thread_seccomp(pid, comm);
+    let mode = |comm| thread_seccomp_once_named(pid, comm);
     assert_eq!(
         mode("pw-farmem-accep").as_deref(),
         Some("2"),
@@ -579,7 +579,7 @@ fn the_servers_socket_thread_runs_under_a_filter_of_its_own() {
     assert_eq!(
         mode("pw-farmem-hand").as_deref(),
         Some("0"),
-        "the answers' thread is not"
+        "the answers' thread is not (None: no thread of that name within 10 s)"
     );
     assert_eq!(
         mode("pagewise").as_deref(),

@@ -503,3 +503,17 @@ pub fn thread_seccomp(pid: i32, comm: &str) -> Option<String> {
             .map(|v| v.trim().to_string())
     })
 }
+
+/// [`thread_seccomp`] once the thread named `comm` is there: a thread
+/// takes its name when it starts to run, a moment after it is made.
+/// Awaited 10 s at most (then `None`).
+pub fn thread_seccomp_once_named(pid: i32, comm: &str) -> Option<String> {
+    let t0 = std::time::Instant::now();
+    loop {
+        let mode = thread_seccomp(pid, comm);
+        if mode.is_some() || t0.elapsed() > std::time::Duration::from_secs(10) {
+            return mode;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
