@@ -23,7 +23,7 @@
 //! And whether CRIU can do the same here (`criu check --feature
 //! mem_dirty_track`): where it cannot, the reason is reported.
 
-use crate::redis::{free_port, redis_benchmark, server_args, wait_ready, which, Server};
+use crate::redis::{free_port, redis_args, redis_benchmark, wait_ready, which, Server};
 use anyhow::{bail, Context, Result};
 use pagewise::snap::live::{Checkpointer, LiveOptions, ProcessSource, StoreSeries};
 use pagewise::snap::remote::{snapshot_process, Incremental};
@@ -263,7 +263,7 @@ fn checkpoints(
 fn one_run(mode: &str, a: &Args, scratch: &std::path::Path) -> Result<Run> {
     let port = free_port()?;
     let child = Command::new("redis-server")
-        .args(server_args(port))
+        .args(redis_args(port))
         .args(["--enable-debug-command", "local"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())

@@ -6,11 +6,14 @@
 
 use crate::svg::{Chart, Series};
 use anyhow::{bail, Context, Result};
+pub(crate) use pagewise_testkit::servers::{
+    free_port, redis_args, value, wait_ready_within, Client,
+};
 use serde::Serialize;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 #[derive(clap::Args)]
 /// The experiment's arguments.
@@ -82,30 +85,8 @@ pub(crate) fn baseline<R>(
     (base, nones)
 }
 
-/// A TCP port free on loopback now.
-pub fn free_port() -> Result<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(l.local_addr()?.port())
-}
-
 pub(crate) fn wait_ready(port: u16) -> Result<()> {
-    wait_ready_within(port, Duration::from_secs(10))
-}
-
-/// As `wait_ready`, for a server that may start slowly (under far-memory
-/// emulation with little local memory).
-pub fn wait_ready_within(port: u16, within: Duration) -> Result<()> {
-    let t0 = Instant::now();
-    while t0.elapsed() < within {
-        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return Ok(());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    bail!(
-        "the server did not listen on 127.0.0.1:{port} within {} s",
-        within.as_secs()
-    )
+    Ok(wait_ready_within(port, Duration::from_secs(10))?)
 }
 
 /// Runs `redis-benchmark` against 127.0.0.1:`port` with `args` (CSV
@@ -156,26 +137,6 @@ pub(crate) struct Server {
     pub(crate) port: u16,
 }
 
-/// The arguments of a `redis-server` that listens on loopback at `port` and
-/// writes nothing to disk.
-pub fn server_args(port: u16) -> Vec<String> {
-    let dir = std::env::temp_dir();
-    [
-        "--port",
-        &port.to_string(),
-        "--bind",
-        "127.0.0.1",
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-        "--dir",
-        dir.to_str().unwrap_or("/tmp"),
-    ]
-    .map(String::from)
-    .to_vec()
-}
-
 impl Server {
     /// Asks Redis to shut down and waits up to 10 s for the process to
     /// exit; then kills it. Does nothing once it has exited.
@@ -204,7 +165,7 @@ impl Drop for Server {
 
 fn one_run(backend: Option<&str>, interval: u64, requests: u64) -> Result<Run> {
     let port = free_port()?;
-    let server_args = server_args(port);
+    let server_args = redis_args(port);
     let mut cmd = match backend {
         None => {
             let mut c = Command::new("redis-server");
@@ -364,86 +325,4 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
     };
     a.output
         .emit(&report, summary, vec![("redis.svg".into(), chart)])
-}
-
-/// The value of key number `i`: `len` bytes of its own.
-pub(crate) fn value(i: u64, len: usize) -> Vec<u8> {
-    let mut v = Vec::with_capacity(len);
-    let mut x = i.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    while v.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.extend_from_slice(format!("{x:016x}").as_bytes());
-    }
-    v.truncate(len);
-    v
-}
-
-/// Appends a RESP bulk string.
-pub(crate) fn bulk(out: &mut Vec<u8>, b: &[u8]) {
-    out.extend_from_slice(format!("${}\r\n", b.len()).as_bytes());
-    out.extend_from_slice(b);
-    out.extend_from_slice(b"\r\n");
-}
-
-/// Reads one RESP reply: `Some(bytes)` for a bulk string, `None` for nil;
-/// simple strings and integers come back as their text.
-pub(crate) fn reply(r: &mut BufReader<TcpStream>) -> Result<Option<Vec<u8>>> {
-    let mut line = String::new();
-    r.read_line(&mut line)?;
-    match line.as_bytes().first() {
-        Some(b'+' | b':') => Ok(Some(line[1..].trim_end().as_bytes().to_vec())),
-        Some(b'-') => bail!("redis answered an error: {}", line[1..].trim_end()),
-        Some(b'$') => {
-            let n: i64 = line[1..].trim_end().parse()?;
-            if n < 0 {
-                return Ok(None);
-            }
-            let mut b = vec![0u8; n as usize + 2];
-            r.read_exact(&mut b)?;
-            b.truncate(n as usize);
-            Ok(Some(b))
-        }
-        _ => bail!("unexpected reply from redis: {line:?}"),
-    }
-}
-
-/// A client of one connection that sends commands in batches.
-pub struct Client {
-    w: TcpStream,
-    r: BufReader<TcpStream>,
-}
-
-impl Client {
-    /// Connects to the server on loopback port `port`.
-    pub fn connect(port: u16) -> Result<Client> {
-        let s = TcpStream::connect(("127.0.0.1", port))
-            .with_context(|| format!("connecting to redis on 127.0.0.1:{port}"))?;
-        Ok(Client {
-            w: s.try_clone()?,
-            r: BufReader::new(s),
-        })
-    }
-
-    /// Bounds every read and write of this client: an answer that does not
-    /// come within `d` is an error, never a wait for ever.
-    pub fn timeout(&self, d: Duration) -> Result<()> {
-        self.w.set_write_timeout(Some(d))?;
-        self.r.get_ref().set_read_timeout(Some(d))?;
-        Ok(())
-    }
-
-    /// Sends every command at once, then reads their replies in order.
-    pub fn pipeline(&mut self, cmds: &[Vec<&[u8]>]) -> Result<Vec<Option<Vec<u8>>>> {
-        let mut buf = Vec::new();
-        for c in cmds {
-            buf.extend_from_slice(format!("*{}\r\n", c.len()).as_bytes());
-            for a in c {
-                bulk(&mut buf, a);
-            }
-        }
-        self.w.write_all(&buf)?;
-        cmds.iter().map(|_| reply(&mut self.r)).collect()
-    }
 }

@@ -379,15 +379,15 @@ fn redis_keeps_every_value() {
         pagewise_testkit::skip!("redis-server is not installed (scripts/setup.sh installs it)");
         return;
     }
-    use pagewise_bench::farmem_redis::{fill, verify, App};
-    use pagewise_bench::redis::{free_port, server_args, wait_ready_within};
+    use pagewise_testkit::servers::{fill, verify, Kv};
+    use pagewise_testkit::servers::{free_port, redis_args, wait_ready_within};
     use std::io::Write;
     let dir = instance_dir("redis");
     let port = free_port().unwrap();
     let mut server = farmem(&dir)
         .args(["run", "--local-percent", "25", "--latency-ns", "1000", "--"])
         .arg("redis-server")
-        .args(server_args(port))
+        .args(redis_args(port))
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -397,8 +397,8 @@ fn redis_keeps_every_value() {
         panic!("redis under farmem run: {e}");
     }
     let (keys, len) = (3000, 1024);
-    fill(App::Redis, port, keys, len).unwrap();
-    let checked = verify(App::Redis, port, keys, len, keys).unwrap();
+    fill(Kv::Redis, port, keys, len).unwrap();
+    let checked = verify(Kv::Redis, port, keys, len, keys).unwrap();
     assert_eq!(checked, keys, "values read back");
     std::net::TcpStream::connect(("127.0.0.1", port))
         .unwrap()

@@ -241,13 +241,13 @@ fn report_of_real_runs_draws_every_plot_without_network() {
         );
         return;
     }
-    use pagewise_bench::redis::{free_port, server_args, wait_ready_within};
+    use pagewise_testkit::servers::{free_port, redis_args, wait_ready_within};
     let dir = temp_dir("report");
     std::fs::create_dir_all(&dir).unwrap();
     // Redis under load, tracked from outside.
     let port = free_port().unwrap();
     let mut server = Command::new("redis-server")
-        .args(server_args(port))
+        .args(redis_args(port))
         .stdout(Stdio::null())
         .spawn()
         .unwrap();

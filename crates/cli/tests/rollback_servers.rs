@@ -11,7 +11,7 @@
 
 #[macro_use]
 mod support;
-use pagewise_bench::redis::{free_port, server_args, wait_ready_within, Client};
+use pagewise_testkit::servers::{free_port, redis_args, wait_ready_within, Client};
 use support::*;
 
 const KEYS: usize = 2000;
@@ -46,7 +46,7 @@ fn redis() -> Option<Redis> {
     }
     let port = free_port().unwrap();
     let child = Command::new("redis-server")
-        .args(server_args(port))
+        .args(redis_args(port))
         // The thread set stays the snapshot's.
         .args(["--jemalloc-bg-thread", "no"])
         .stdout(Stdio::null())

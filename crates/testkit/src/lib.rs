@@ -6,6 +6,7 @@
 //! passes (it captures only what the print macros write), and returns.
 
 pub mod container;
+pub mod servers;
 
 /// Reports that the calling test skips (part of) what it is named after,
 /// and why: a kernel feature, a tool or a privilege this machine lacks.
@@ -513,11 +514,16 @@ impl Drop for Piped {
     }
 }
 
+/// Whether the test runs as root (its effective user).
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
 /// Why ptrace cannot be used here, if it cannot (Yama's scope).
 pub fn can_ptrace() -> Option<String> {
     let scope = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope").unwrap_or_default();
-    // SAFETY: geteuid has no preconditions.
-    if scope.trim() == "3" || (scope.trim() == "2" && unsafe { libc::geteuid() } != 0) {
+    if scope.trim() == "3" || (scope.trim() == "2" && !is_root()) {
         return Some(format!(
             "ptrace is restricted here (kernel.yama.ptrace_scope = {})",
             scope.trim()

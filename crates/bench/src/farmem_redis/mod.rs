@@ -20,17 +20,15 @@
 mod report;
 mod server;
 
-use server::*;
-pub use server::{fill, verify};
-
 use crate::redis::{
-    bulk, free_port, redis_benchmark, reply, server_args, value, wait_ready_within, which,
-    Server as RedisServer,
+    free_port, redis_args, redis_benchmark, wait_ready_within, which, Server as RedisServer,
 };
 use anyhow::{bail, Context, Result};
 use pagewise::system::{MemoryCgroup, ZramSwap};
+use pagewise_testkit::servers::{fill, memcached_args, verify, Kv};
 use serde::Serialize;
-use std::io::{BufReader, Write};
+use server::*;
+use std::io::Write;
 use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -89,11 +87,16 @@ pub enum App {
 }
 
 impl App {
-    fn name(self) -> &'static str {
+    /// How its clients speak to it.
+    fn kv(self) -> Kv {
         match self {
-            App::Redis => "redis",
-            App::Memcached => "memcached",
+            App::Redis => Kv::Redis,
+            App::Memcached => Kv::Memcached,
         }
+    }
+
+    fn name(self) -> &'static str {
+        self.kv().name()
     }
 
     /// What its throughput counts.
@@ -107,30 +110,8 @@ impl App {
     /// The server's command line on `port`.
     fn server(self, port: u16) -> (String, Vec<String>) {
         match self {
-            App::Redis => ("redis-server".into(), server_args(port)),
-            App::Memcached => {
-                let mut a: Vec<String> = [
-                    "-l",
-                    "127.0.0.1",
-                    "-p",
-                    &port.to_string(),
-                    "-U",
-                    "0",
-                    "-m",
-                    "1024",
-                    "-t",
-                    "4",
-                    "-A",
-                ]
-                .iter()
-                .map(|s| s.to_string())
-                .collect();
-                if pagewise_sys::process::geteuid() == 0 {
-                    // memcached refuses to run as root unless told whom to be.
-                    a.extend(["-u".to_string(), "root".to_string()]);
-                }
-                ("memcached".into(), a)
-            }
+            App::Redis => ("redis-server".into(), redis_args(port)),
+            App::Memcached => ("memcached".into(), memcached_args(port)),
         }
     }
 
@@ -152,82 +133,6 @@ impl App {
             App::Redis => get_rps(port, keys, requests),
             App::Memcached => mc_load(port, requests, len),
         }
-    }
-
-    /// Appends a request storing key `k` with its value.
-    fn put(self, buf: &mut Vec<u8>, k: u64, len: usize) {
-        match self {
-            App::Redis => {
-                buf.extend_from_slice(b"*3\r\n");
-                bulk(buf, b"SET");
-                bulk(buf, key(k).as_bytes());
-                bulk(buf, &value(k, len));
-            }
-            App::Memcached => {
-                buf.extend_from_slice(format!("set {} 0 0 {len}\r\n", key(k)).as_bytes());
-                buf.extend_from_slice(&value(k, len));
-                buf.extend_from_slice(b"\r\n");
-            }
-        }
-    }
-
-    /// Reads the answer to one [`App::put`].
-    fn stored(self, r: &mut BufReader<TcpStream>) -> Result<()> {
-        match self {
-            App::Redis => {
-                if reply(r)?.as_deref() != Some(b"OK") {
-                    bail!("SET failed");
-                }
-            }
-            App::Memcached => {
-                let mut line = String::new();
-                std::io::BufRead::read_line(r, &mut line)?;
-                if line != "STORED\r\n" {
-                    bail!("memcached answered {line:?} to a set");
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Appends a request reading key `k`.
-    fn get(self, buf: &mut Vec<u8>, k: u64) {
-        match self {
-            App::Redis => {
-                buf.extend_from_slice(b"*2\r\n");
-                bulk(buf, b"GET");
-                bulk(buf, key(k).as_bytes());
-            }
-            App::Memcached => buf.extend_from_slice(format!("get {}\r\n", key(k)).as_bytes()),
-        }
-    }
-
-    /// Reads the answer to one [`App::get`]: the value, `None` when the
-    /// key is missing.
-    fn got(self, r: &mut BufReader<TcpStream>) -> Result<Option<Vec<u8>>> {
-        use std::io::{BufRead, Read};
-        if self == App::Redis {
-            return reply(r);
-        }
-        let mut line = String::new();
-        r.read_line(&mut line)?;
-        if line == "END\r\n" {
-            return Ok(None);
-        }
-        let n: usize = line
-            .split_whitespace()
-            .nth(3)
-            .and_then(|v| v.parse().ok())
-            .with_context(|| format!("memcached answered {line:?} to a get"))?;
-        let mut v = vec![0u8; n + 2];
-        r.read_exact(&mut v)?;
-        v.truncate(n);
-        line.clear();
-        r.read_line(&mut line)?;
-        if line != "END\r\n" {
-            bail!("memcached answered {line:?} after a value");
-        }
-        Ok(Some(v))
     }
 }
 

@@ -142,53 +142,6 @@ impl Server {
     }
 }
 
-pub(super) fn key(i: u64) -> String {
-    format!("key:{i:012}")
-}
-
-/// Stores keys `0..keys` with their values, pipelined in batches.
-pub fn fill(app: App, port: u16, keys: u64, len: usize) -> Result<()> {
-    let s = TcpStream::connect(("127.0.0.1", port))?;
-    let mut w = s.try_clone()?;
-    let mut r = BufReader::new(s);
-    let mut i = 0;
-    while i < keys {
-        let n = (keys - i).min(256);
-        let mut buf = Vec::new();
-        for k in i..i + n {
-            app.put(&mut buf, k, len);
-        }
-        w.write_all(&buf)?;
-        for _ in 0..n {
-            app.stored(&mut r)?;
-        }
-        i += n;
-    }
-    Ok(())
-}
-
-/// Reads back every `keys/samples`-th key: all must hold their value.
-pub fn verify(app: App, port: u16, keys: u64, len: usize, samples: u64) -> Result<u64> {
-    let s = TcpStream::connect(("127.0.0.1", port))?;
-    let mut w = s.try_clone()?;
-    let mut r = BufReader::new(s);
-    let step = (keys / samples).max(1);
-    let mut checked = 0;
-    let mut k = 0;
-    while k < keys {
-        let mut buf = Vec::new();
-        app.get(&mut buf, k);
-        w.write_all(&buf)?;
-        match app.got(&mut r)? {
-            Some(v) if v == value(k, len) => checked += 1,
-            Some(_) => bail!("{} returned a wrong value for {}", app.name(), key(k)),
-            None => bail!("{} lost {}", app.name(), key(k)),
-        }
-        k += step;
-    }
-    Ok(checked)
-}
-
 /// GET requests/s over the key space, by redis-benchmark.
 pub(super) fn get_rps(port: u16, keys: u64, requests: u64) -> Result<f64> {
     let (n, r) = (requests.to_string(), keys.to_string());
@@ -304,9 +257,9 @@ pub(super) fn run_once(
             .map(|srv| {
                 let port = srv.redis.port;
                 sc.spawn(move || -> Result<(f64, u64)> {
-                    fill(s.app, port, s.keys, s.value_bytes)?;
+                    fill(s.app.kv(), port, s.keys, s.value_bytes)?;
                     let rps = s.app.load(port, s.keys, s.requests, s.value_bytes)?;
-                    let ok = verify(s.app, port, s.keys, s.value_bytes, 200)?;
+                    let ok = verify(s.app.kv(), port, s.keys, s.value_bytes, 200)?;
                     Ok((rps, ok))
                 })
             })

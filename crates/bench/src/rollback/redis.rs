@@ -18,7 +18,7 @@
 //! keys is read back and `DBSIZE` checked; after the last, every key.
 
 use super::Ms;
-use crate::redis::{free_port, server_args, wait_ready_within, Client, Server};
+use crate::redis::{free_port, redis_args, wait_ready_within, Client, Server};
 use anyhow::{bail, ensure, Context, Result};
 use pagewise::snap::{ProcessSnapshots, RestoreOptions};
 use pagewise::workload::Rng;
@@ -113,7 +113,7 @@ impl Redis {
     }
 
     fn client(&self) -> Result<Client> {
-        Client::connect(self.port())
+        Ok(Client::connect(self.port())?)
     }
 
     /// Shuts the server down and starts it again on its RDB; the time
@@ -127,8 +127,8 @@ impl Redis {
 }
 
 fn spawn(port: u16, dir: &std::path::Path, extra: &[String]) -> Result<Server> {
-    let mut args = server_args(port);
-    // The RDB in a directory of its own (server_args points at /tmp).
+    let mut args = redis_args(port);
+    // The RDB in a directory of its own (redis_args points at /tmp).
     if let Some(i) = args.iter().position(|a| a == "--dir") {
         args[i + 1] = dir.display().to_string();
     }

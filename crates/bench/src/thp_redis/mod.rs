@@ -47,7 +47,7 @@ mod ways;
 pub(crate) use ways::on_redis;
 pub use ways::Way;
 
-use crate::redis::{free_port, server_args, value, wait_ready, which, Client};
+use crate::redis::{free_port, redis_args, value, wait_ready, which, Client};
 use crate::svg::{Chart, Series};
 use crate::Machine;
 use anyhow::{bail, Context, Result};
@@ -308,7 +308,7 @@ pub(crate) fn load(
             .map(|c| c.iter().map(|a| a.as_slice()).collect())
             .collect();
         if let Err(e) = c.pipeline(&cmds) {
-            return (i, i as f64 / t0.elapsed().as_secs_f64(), Some(e));
+            return (i, i as f64 / t0.elapsed().as_secs_f64(), Some(e.into()));
         }
         i += k;
     }
@@ -318,7 +318,7 @@ pub(crate) fn load(
 /// Starts redis-server, inside `cg` where one is given, with THP allowed.
 pub(crate) fn start_redis(cg: Option<&MemoryCgroup>, port: u16) -> Result<crate::redis::Server> {
     let mut c = Command::new("redis-server");
-    c.args(server_args(port))
+    c.args(redis_args(port))
         .args(["--disable-thp", "no"])
         .stdout(Stdio::null())
         .stderr(Stdio::null());
