@@ -33,12 +33,27 @@ BIN     := $(ROOT)/bin
 LIB     := $(ROOT)/lib
 SHARE   := $(ROOT)/share
 
-.PHONY: all build install install-files uninstall deb image helm deploy-check
+.PHONY: all build bench bench-check check install install-files uninstall deb image helm deploy-check
 
 all: build
 
+# The product, then the experiments (a workspace of their own,
+# experiments/, built into the same target directory: pagewise-bench lands
+# beside pagewise and the library is built once for both).
+EXPERIMENTS := --manifest-path experiments/Cargo.toml --target-dir $(CURDIR)/target
+
 build:
 	$(CARGO) build --release --locked --workspace
+	$(CARGO) build --release --locked $(EXPERIMENTS)
+
+bench:
+	$(CARGO) build --release --locked $(EXPERIMENTS)
+
+# The experiments' format, lints and unit tests.
+bench-check:
+	$(CARGO) fmt --manifest-path experiments/Cargo.toml --all --check
+	$(CARGO) clippy --release --locked $(EXPERIMENTS) --all-targets -- -D warnings
+	$(CARGO) test --release --locked $(EXPERIMENTS)
 
 install: build install-files
 

@@ -28,7 +28,7 @@ pub fn run(args: Vec<String>, quiet: bool) -> Result<i32> {
     if e.kind() == std::io::ErrorKind::NotFound {
         bail!(
             "{BENCH} is not installed beside pagewise nor on the PATH: the benchmarks are a \
-             program of their own (cargo build --release -p pagewise-bench)"
+             program of their own (make bench, in the source tree)"
         );
     }
     bail!("starting {BENCH}: {e}")

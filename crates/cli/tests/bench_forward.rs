@@ -8,10 +8,7 @@ use support::*;
 fn bench_runs_the_bench_program_beside_the_tool() {
     let beside = std::path::Path::new(BIN).with_file_name("pagewise-bench");
     if !beside.exists() {
-        pagewise_testkit::skip!(
-            "{} is not built (cargo build --release -p pagewise-bench)",
-            beside.display()
-        );
+        pagewise_testkit::skip!("{} is not built (make bench)", beside.display());
         return;
     }
     let out = Command::new(BIN)

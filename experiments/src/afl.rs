@@ -27,7 +27,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// The target's source, built three ways.
-const TARGET_C: &str = include_str!("../../../examples/afl/target.c");
+const TARGET_C: &str = include_str!("../../examples/afl/target.c");
 
 /// The experiment's sizes.
 #[derive(Debug, Clone, Serialize)]
