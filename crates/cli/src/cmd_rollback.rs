@@ -541,6 +541,7 @@ fn fd_lines(r: &pagewise::snap::fds::FdReport) -> Vec<String> {
         ("left open (opened since)", &r.kept),
         ("opened again (closed since)", &r.reopened),
         ("offset put back", &r.rewound),
+        ("offset left (another process holds it too)", &r.shared),
         ("gone, left closed", &r.missing),
     ] {
         if !v.is_empty() {

@@ -413,3 +413,65 @@ fn a_restore_of_one_process_leaves_its_shared_memory() {
         let _ = std::fs::remove_dir_all(&store);
     }
 }
+
+/// Regression: a restore put back the offset of every regular file open
+/// at both times, also one whose open file description another process
+/// holds: a test harness's output file, inherited by the program it
+/// started. The harness's next line then overwrote its earlier ones (in
+/// CI's test log, lines of other tests went missing). Such an offset is
+/// that process's too, and is left; a file of the program's own still
+/// gets its offset back.
+#[test]
+fn a_restore_leaves_the_offset_of_a_file_another_process_shares() {
+    need_support!();
+    use std::io::Write;
+    let path = temp_dir("shared-offset.txt");
+    let mut mine = std::fs::File::create(&path).unwrap();
+    let mut child = pagewise_testkit::shell_writing_to(
+        "exec 4</proc/self/exe; echo ready; read x; head -c 100 <&4 >/dev/null; echo moved; read y",
+        &mine,
+    );
+    let pid = child.id() as i32;
+    let text = || std::fs::read_to_string(&path).unwrap();
+    let wait_for = |what: &str| pagewise_testkit::wait_in_file(&path, what, 1, || {});
+    wait_for("ready\n");
+    let store = snapshot_into("shared-offset", pid);
+    mine.write_all(b"from the test\n").unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"x\n").unwrap();
+    wait_for("moved\n");
+    let pos4 = || {
+        let info = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/4")).unwrap();
+        pagewise_mech::procfs::parse_fdinfo(&info).unwrap().0
+    };
+    assert!(pos4() > 0, "head moved descriptor 4's offset");
+    pagewise_testkit::settle_in_read(pid);
+    let out = Command::new(BIN)
+        .args(["snapshot", "restore", "--pid", &pid.to_string()])
+        .arg(&store)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "restore: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(pos4(), 0, "its own file's offset put back");
+    mine.write_all(b"after\n").unwrap();
+    assert_eq!(
+        text(),
+        "ready\nfrom the test\nmoved\nafter\n",
+        "the shared file's offset is left where the test's writes put it"
+    );
+    assert!(
+        said.contains("offset put back: 4 (file")
+            && said.contains("offset left (another process holds it too): 1 (file"),
+        "{said}"
+    );
+    drop(stdin);
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&store);
+    let _ = std::fs::remove_file(&path);
+}

@@ -514,6 +514,38 @@ impl Drop for Piped {
     }
 }
 
+/// Starts `sh -c script` with its input piped and its output `out`: one
+/// open file description with the caller's, as a test harness's output
+/// file is inherited by a program it starts.
+pub fn shell_writing_to(script: &str, out: &std::fs::File) -> std::process::Child {
+    std::process::Command::new("sh")
+        .args(["-c", script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(out.try_clone().expect("a second handle on the output file"))
+        .spawn()
+        .expect("starting sh")
+}
+
+/// Waits, 10 s at most, until the file at `path` holds `what` at least
+/// `n` times, calling `meanwhile` between looks; fails saying what it
+/// waited for and what the file held.
+pub fn wait_in_file(path: &std::path::Path, what: &str, n: usize, mut meanwhile: impl FnMut()) {
+    let t0 = std::time::Instant::now();
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if text.matches(what).count() >= n {
+            return;
+        }
+        assert!(
+            t0.elapsed().as_secs() < 10,
+            "{} did not hold {what:?} {n} time(s) within 10 s: {text:?}",
+            path.display()
+        );
+        meanwhile();
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 /// Whether the test runs as root (its effective user).
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.

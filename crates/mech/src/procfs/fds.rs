@@ -162,6 +162,60 @@ pub fn descriptors(pid: i32) -> Result<Vec<Descriptor>> {
     Ok(out)
 }
 
+/// Which of `fds`, descriptors of process `pid`, are open file
+/// descriptions that a process other than `pid` and those of `besides`
+/// also holds: inherited across a `fork` (a shell's output, a log its
+/// parent writes), or passed over a socket. Moving such a description's
+/// offset moves the other process's too.
+///
+/// Each process's descriptors are read by their links: one description
+/// reads as one path in every process that holds it, and `kcmp`
+/// (`KCMP_FILE`) confirms a match. A process whose descriptors cannot be
+/// read (another user's, without the privilege) is not seen.
+pub fn held_elsewhere(pid: i32, fds: &[&Descriptor], besides: &[i32]) -> Vec<i32> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut found: Vec<i32> = Vec::new();
+    if fds.is_empty() {
+        return found;
+    }
+    let Ok(all) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for e in all.flatten() {
+        let Some(q) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        if q == pid || besides.contains(&q) {
+            continue;
+        }
+        let Ok(theirs) = std::fs::read_dir(format!("/proc/{q}/fd")) else {
+            continue;
+        };
+        for t in theirs.flatten() {
+            let Some(qfd) = t.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+                continue;
+            };
+            let Ok(link) = std::fs::read_link(t.path()) else {
+                continue;
+            };
+            let link = link.as_os_str().as_bytes();
+            for d in fds.iter().filter(|d| d.target == link) {
+                if !found.contains(&d.fd)
+                    && pagewise_sys::process::same_open_file(pid, d.fd, q, qfd).unwrap_or(false)
+                {
+                    found.push(d.fd);
+                }
+            }
+            if found.len() == fds.len() {
+                found.sort_unstable();
+                return found;
+            }
+        }
+    }
+    found.sort_unstable();
+    found
+}
+
 /// The user owning the TCP socket on this machine whose own address is
 /// `from` and whose peer is `to` (`/proc/net/tcp`, `tcp6`): who is at the
 /// other end of a loopback connection. `None` where no such socket is
@@ -229,5 +283,40 @@ mod tests {
         );
         assert_eq!(d.flags & libc::O_CLOEXEC as u32, libc::O_CLOEXEC as u32);
         assert!(all.windows(2).all(|w| w[0].fd < w[1].fd));
+    }
+
+    /// A child's output is this process's file (one description, given at
+    /// spawn); a file the child opened itself is its alone.
+    #[test]
+    fn a_description_another_process_holds_is_found() {
+        let path = std::env::temp_dir().join(format!("pw-held-{}", std::process::id()));
+        let out = std::fs::File::create(&path).unwrap();
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "exec 3</proc/self/exe; echo ready; exec sleep 30"])
+            .stdout(out.try_clone().unwrap())
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        // Its own file is open once it said so.
+        let t0 = std::time::Instant::now();
+        while std::fs::read_to_string(&path)
+            .unwrap_or_default()
+            .is_empty()
+        {
+            assert!(
+                t0.elapsed().as_secs() < 10,
+                "the child did not start in 10 s"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let all = descriptors(pid).unwrap();
+        let picked: Vec<&Descriptor> = all.iter().filter(|d| d.fd == 1 || d.fd == 3).collect();
+        assert_eq!(picked.len(), 2, "{all:?}");
+        assert_eq!(held_elsewhere(pid, &picked, &[]), vec![1]);
+        let me = std::process::id() as i32;
+        assert_eq!(held_elsewhere(pid, &picked, &[me]), Vec::<i32>::new());
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let _ = std::fs::remove_file(&path);
     }
 }

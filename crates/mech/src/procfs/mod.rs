@@ -6,7 +6,7 @@ use crate::{Error, Region, Result};
 
 mod fds;
 mod maps;
-pub use fds::{descriptors, fd_kind, parse_fdinfo, tcp_owner, Descriptor, FdKind};
+pub use fds::{descriptors, fd_kind, held_elsewhere, parse_fdinfo, tcp_owner, Descriptor, FdKind};
 pub use maps::{
     maps, note_own_memory, own_memory, parse_maps, writable, writable_anonymous, Mapping,
     MemoryKind, MAX_OWN, OWN_MAPPING_PREFIX, OWN_THREAD_STACK, STAGING_NAME,

@@ -397,3 +397,58 @@ fn launched_runs_that_grow_and_trim_the_break_are_reset() {
 fn launched_runs_that_map_move_and_unmap_an_arena_are_reset() {
     launched_runs_that_move_the_heap_are_reset("arena");
 }
+
+/// Regression: a reset put back the offset of every regular file of the
+/// point, also one whose open file description another process holds (the
+/// output file of whoever started the target): that process's next write
+/// overwrote its earlier ones. Such an offset is left; the target's own
+/// file still gets its offset back at each quick reset.
+#[test]
+fn a_reset_leaves_the_offset_of_a_file_another_process_shares() {
+    use std::io::Write;
+    let path = std::env::temp_dir().join(format!("pagewise-shared-off-{}", std::process::id()));
+    let mut mine = std::fs::File::create(&path).unwrap();
+    let mut child = pagewise_testkit::shell_writing_to(
+        "exec 4</proc/self/exe; echo ready; while read x; do head -c 100 <&4 >/dev/null; echo moved; done",
+        &mine,
+    );
+    let pid = child.id() as i32;
+    let text = || std::fs::read_to_string(&path).unwrap();
+    let pos4 = || {
+        let info = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/4")).unwrap();
+        pagewise_mech::procfs::parse_fdinfo(&info).unwrap().0
+    };
+    pagewise_testkit::wait_in_file(&path, "ready\n", 1, || {});
+    pagewise_testkit::settle_in_read(pid);
+    let mut s = ResetSession::open(pid).unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut expected = String::from("ready\n");
+    for round in 1..=3 {
+        let line = format!("the test, round {round}\n");
+        mine.write_all(line.as_bytes()).unwrap();
+        stdin.write_all(b"x\n").unwrap();
+        // The session answers the target's stops (its shell forks
+        // `head`, whose end is a SIGCHLD) while it waits.
+        pagewise_testkit::wait_in_file(&path, "moved\n", round, || {
+            s.pump().unwrap();
+        });
+        expected.push_str(&line);
+        expected.push_str("moved\n");
+        assert!(
+            pos4() > 0,
+            "round {round}: head moved descriptor 4's offset"
+        );
+        pagewise_testkit::settle_in_read(pid);
+        let r = s.reset().unwrap();
+        assert_eq!(r.full, None, "round {round}: {r:?}");
+        assert_eq!(pos4(), 0, "round {round}: its own file's offset put back");
+    }
+    mine.write_all(b"after\n").unwrap();
+    expected.push_str("after\n");
+    assert_eq!(text(), expected, "the shared file's offset is the test's");
+    drop(s);
+    drop(stdin);
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_file(&path);
+}

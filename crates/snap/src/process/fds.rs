@@ -8,7 +8,11 @@
 //!   peer sees its connection end and no epoll set keeps it (the program's
 //!   memory, put back, no longer knows it); [`RestoreOptions::keep_new_fds`]
 //!   leaves them open;
-//! - a regular file open at both times gets its **offset** back;
+//! - a regular file open at both times gets its **offset** back, unless
+//!   its open file description is held by a process outside the restore
+//!   too (a shell's output, a log its parent writes: inherited across a
+//!   `fork`, [`procfs::held_elsewhere`]), whose offset it is as well: that
+//!   one is left as it is, and the report says so;
 //! - a regular file or a directory **closed since** is opened again at its
 //!   number, by its path (seen from the process's root), with its flags and
 //!   offset, where the path still names the same inode (as CRIU reopens
@@ -79,6 +83,10 @@ pub struct FdReport {
     pub reopened: Vec<FdNote>,
     /// Regular files open at both times whose offset was put back.
     pub rewound: Vec<FdNote>,
+    /// Regular files open at both times whose open file description a
+    /// process outside the restore holds too: their offset, that process's
+    /// as well, left as it is.
+    pub shared: Vec<FdNote>,
     /// Closed since and not given back.
     pub missing: Vec<FdNote>,
 }
@@ -105,6 +113,7 @@ pub(super) struct Plan {
     keep: Vec<Descriptor>,
     reopen: Vec<Descriptor>,
     rewind: Vec<Descriptor>,
+    shared: Vec<Descriptor>,
     missing: Vec<Descriptor>,
     recorded: bool,
 }
@@ -126,6 +135,8 @@ fn still_there(pid: i32, d: &Descriptor) -> bool {
 /// The plan for a restore of snapshot `id` of process `pid`, whose table
 /// was `then` (if recorded) and is `now`; refused where descriptors are
 /// gone and `opts` does not allow it and calls can be made inside.
+/// `group`: the processes restored with it, whose holding a description
+/// does not make it shared.
 pub(super) fn plan(
     pid: i32,
     id: SnapId,
@@ -133,6 +144,7 @@ pub(super) fn plan(
     now: &[Descriptor],
     opts: RestoreOptions,
     inside: bool,
+    group: &[i32],
 ) -> Result<Plan> {
     let Some(then) = then else {
         return Ok(Plan::default());
@@ -149,6 +161,14 @@ pub(super) fn plan(
             None => p.close.push(d.clone()),
         }
     }
+    // An offset another process shares is left to it.
+    let moved: Vec<&Descriptor> = now
+        .iter()
+        .filter(|d| p.rewind.iter().any(|t| t.fd == d.fd))
+        .collect();
+    let shared = procfs::held_elsewhere(pid, &moved, group);
+    let (shared, rewind) = p.rewind.drain(..).partition(|t| shared.contains(&t.fd));
+    (p.shared, p.rewind) = (shared, rewind);
     for t in then {
         if now.iter().any(|d| d.same(t)) {
             continue;
@@ -251,6 +271,7 @@ pub(super) fn apply(remote: Option<&Remote<'_>>, pid: i32, plan: Plan) -> Result
         recorded: plan.recorded,
         applied: remote.is_some() && plan.recorded,
         kept: notes(&plan.keep),
+        shared: notes(&plan.shared),
         missing: notes(&plan.missing),
         ..FdReport::default()
     };

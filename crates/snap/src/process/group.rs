@@ -51,7 +51,7 @@ pub fn restore_group(
         let Some(held) = group.members().iter().find(|s| s.pid() == pid) else {
             return Err(pagewise_mech::Error::ProcessExited(pid).into());
         };
-        let report = h.restore_held(*sid, opts, held)?;
+        let report = h.restore_held(*sid, opts, held, &pids)?;
         let shared_pages = write_shared(disk, ds, pid)?;
         out.push(MemberRestore {
             pid,

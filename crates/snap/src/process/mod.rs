@@ -435,19 +435,21 @@ impl ProcessSnapshots {
 
     /// Puts snapshot `id` back into the process (see the module).
     pub fn restore(&mut self, id: SnapId, opts: RestoreOptions) -> Result<RestoreReport> {
-        let r = self.restore_stopped(id, opts, None);
+        let r = self.restore_stopped(id, opts, None, &[]);
         self.gone_or(r)
     }
 
     /// As [`restore`](Self::restore), the process being held stopped by
-    /// the caller (`held`, with others: [`group::restore_group`]).
+    /// the caller (`held`, with the others of `group`, restored with it:
+    /// [`group::restore_group`]).
     pub(crate) fn restore_held(
         &mut self,
         id: SnapId,
         opts: RestoreOptions,
         held: &Stopped,
+        group: &[i32],
     ) -> Result<RestoreReport> {
-        let r = self.restore_stopped(id, opts, Some(held));
+        let r = self.restore_stopped(id, opts, Some(held), group);
         self.gone_or(r)
     }
 
@@ -456,6 +458,7 @@ impl ProcessSnapshots {
         id: SnapId,
         opts: RestoreOptions,
         held: Option<&Stopped>,
+        group: &[i32],
     ) -> Result<RestoreReport> {
         let t0 = Instant::now();
         self.snap(id)?;
@@ -526,6 +529,7 @@ impl ProcessSnapshots {
             &procfs::descriptors(pid)?,
             opts,
             self.no_inside.is_none(),
+            group,
         )?;
         let remote = match self.no_inside {
             None => Some(Remote::new(stopped)?),

@@ -137,24 +137,57 @@ impl MapsWatch {
 }
 
 /// The process's descriptor table at the point: its numbers, and a
-/// duplicate of each regular file with its offset then.
+/// duplicate of each regular file with its offset then, put back at each
+/// reset unless another process holds that file description too (a
+/// shell's output: its offset is that process's as well). A launched
+/// program's input is put back always: the fuzzer that shares it writes
+/// each input there for the program to read from its start.
 struct FdWatch {
     numbers: Vec<i32>,
-    files: Vec<(i32, std::fs::File, u64)>,
+    files: Vec<WatchedFile>,
+}
+
+struct WatchedFile {
+    fd: i32,
+    dup: std::fs::File,
+    pos: u64,
+    /// Held by another process too: its offset is left as it is.
+    shared: bool,
 }
 
 impl FdWatch {
-    fn new(pid: i32, at_point: &[pagewise_mech::procfs::Descriptor]) -> Result<Self> {
+    /// None: what the session holds before a full restore, so that its
+    /// duplicates do not count as another holder of the process's files.
+    fn none() -> Self {
+        FdWatch {
+            numbers: Vec::new(),
+            files: Vec::new(),
+        }
+    }
+
+    fn new(
+        pid: i32,
+        at_point: &[pagewise_mech::procfs::Descriptor],
+        input: Option<i32>,
+    ) -> Result<Self> {
         let pidfd = pagewise_sys::process::pidfd_open(pid)
             .map_err(|e| Error::for_pid(pid, "pidfd_open", e))?;
         let mut numbers: Vec<i32> = at_point.iter().map(|d| d.fd).collect();
         numbers.sort_unstable();
+        let regular: Vec<_> = at_point.iter().filter(|d| d.kind == FdKind::File).collect();
+        // Read before the duplicates below are made, which would count.
+        let shared = pagewise_mech::procfs::held_elsewhere(pid, &regular, &[]);
         let mut files = Vec::new();
-        for d in at_point.iter().filter(|d| d.kind == FdKind::File) {
+        for d in regular {
             let dup = pagewise_sys::process::pidfd_getfd(pidfd.as_fd(), d.fd).map_err(|e| {
                 Error::for_pid(pid, format!("pidfd_getfd of descriptor {}", d.fd), e)
             })?;
-            files.push((d.fd, std::fs::File::from(dup), d.pos));
+            files.push(WatchedFile {
+                fd: d.fd,
+                dup: std::fs::File::from(dup),
+                pos: d.pos,
+                shared: shared.contains(&d.fd) && Some(d.fd) != input,
+            });
         }
         Ok(FdWatch { numbers, files })
     }
@@ -171,7 +204,7 @@ impl FdWatch {
             return Ok(Some("descriptors were opened or closed".into()));
         }
         let me = std::process::id() as i32;
-        for (fd, dup, _) in &self.files {
+        for WatchedFile { fd, dup, .. } in &self.files {
             let same = pagewise_sys::process::same_open_file(pid, *fd, me, dup.as_raw_fd())
                 .map_err(|e| Error::for_pid(pid, format!("kcmp of descriptor {fd}"), e))?;
             if !same {
@@ -181,9 +214,10 @@ impl FdWatch {
         Ok(None)
     }
 
-    /// Sets every regular file's offset back to the point's.
+    /// Sets every regular file's offset back to the point's, but those
+    /// another process holds too.
     fn put_back_offsets(&self, pid: i32) -> Result<()> {
-        for (fd, dup, pos) in &self.files {
+        for WatchedFile { fd, dup, pos, .. } in self.files.iter().filter(|f| !f.shared) {
             let mut f = dup;
             let at = f
                 .stream_position()
@@ -208,6 +242,8 @@ pub struct ResetSession {
     point: SnapId,
     maps: MapsWatch,
     fds: FdWatch,
+    /// The launched program's input descriptor, put back even when shared.
+    input: Option<i32>,
     /// Started by the session ([`ResetSession::launch`]): killed with it.
     launched: bool,
 }
@@ -227,6 +263,10 @@ impl ResetSession {
     /// the process (a seccomp filter that cannot be stepped around,
     /// another tracer): a reset puts registers back.
     pub fn open(pid: i32) -> Result<Self> {
+        Self::open_with(pid, None)
+    }
+
+    fn open_with(pid: i32, input: Option<i32>) -> Result<Self> {
         let mut snaps = ProcessSnapshots::open(pid)?;
         if let Some(why) = snaps.note().or(snaps.untracked()) {
             return Err(super::RollbackRefusal::MemoryOnly {
@@ -239,7 +279,7 @@ impl ResetSession {
         let stopped = held.stopped().ok_or(MechError::ProcessExited(pid))?;
         let point = snaps.take_held(stopped)?;
         let maps = MapsWatch::new(pid)?;
-        let fds = FdWatch::new(pid, snaps.snap(point)?.fds.as_deref().unwrap_or(&[]))?;
+        let fds = FdWatch::new(pid, snaps.snap(point)?.fds.as_deref().unwrap_or(&[]), input)?;
         held.resume(false)?;
         Ok(ResetSession {
             snaps,
@@ -248,6 +288,7 @@ impl ResetSession {
             point,
             maps,
             fds,
+            input,
             launched: false,
         })
     }
@@ -267,7 +308,7 @@ impl ResetSession {
     ) -> Result<Self> {
         let l = pagewise_mech::stop::launch::start_before_read(argv, fd, close, limit)?;
         pagewise_sys::process::report_seccomp_stops(l.pid, true);
-        let opened = Self::open(l.pid).and_then(|mut s| {
+        let opened = Self::open_with(l.pid, Some(fd)).and_then(|mut s| {
             s.launched = true;
             s.point_reads(l.pid, l.read_nr)?;
             Ok(s)
@@ -407,12 +448,16 @@ impl ResetSession {
                     self.held.hold_new_threads()?;
                 }
                 let stopped = self.held.stopped().ok_or(MechError::ProcessExited(pid))?;
-                let r = self
-                    .snaps
-                    .restore_held(self.point, RestoreOptions::default(), stopped)?;
+                self.fds = FdWatch::none();
+                let r =
+                    self.snaps
+                        .restore_held(self.point, RestoreOptions::default(), stopped, &[])?;
                 self.maps.changed(pid)?;
                 let point = self.snaps.snap(self.point)?;
-                self.fds = FdWatch::new(pid, point.fds.as_deref().unwrap_or(&[]))?;
+                self.fds = FdWatch::new(pid, point.fds.as_deref().unwrap_or(&[]), self.input)?;
+                // The restore left a shared input's offset; it is the
+                // program's input, put back as on the quick path.
+                self.fds.put_back_offsets(pid)?;
                 rep.full = Some(why);
                 rep.pages_dirty = r.stats.pages_dirty;
                 rep.pages_written = r.stats.pages_written;
