@@ -49,6 +49,27 @@ build:
 bench:
 	$(CARGO) build --release --locked $(EXPERIMENTS)
 
+# Before each commit, in minutes from a warm target directory: the format,
+# the commit messages, the lints, the library's shape, the unit tests and
+# the integration tests that take seconds. CI (.ci/run) runs all of them
+# and the rest (the far-memory programs, rollbacks of thread pools,
+# containers, the package, the image, the benchmarks' smoke runs).
+FAST_TESTS := track farmem inject thp stop settings inspect dedup \
+	shim_contract json_schema header mirrors corpus bpf_differential \
+	special_mappings cow_sharing conventions c_programs farmem_trust \
+	bench_forward snapshot_cli inspect_cli rollback_cli
+
+check:
+	$(CARGO) fmt --all --check
+	$(CARGO) fmt --manifest-path experiments/Cargo.toml --all --check
+	scripts/check-commits
+	$(CARGO) clippy --workspace --all-targets --release --locked -- -D warnings
+	$(CARGO) clippy $(EXPERIMENTS) --all-targets --release --locked -- -D warnings
+	scripts/check-layers --quiet
+	scripts/check-unsafe
+	$(CARGO) build --release --locked --workspace
+	$(CARGO) test --release --locked --workspace --lib --bins $(addprefix --test ,$(FAST_TESTS))
+
 # The experiments' format, lints and unit tests.
 bench-check:
 	$(CARGO) fmt --manifest-path experiments/Cargo.toml --all --check
