@@ -178,13 +178,7 @@ pub fn held_elsewhere(pid: i32, fds: &[&Descriptor], besides: &[i32]) -> Vec<i32
     if fds.is_empty() {
         return found;
     }
-    let Ok(all) = std::fs::read_dir("/proc") else {
-        return found;
-    };
-    for e in all.flatten() {
-        let Some(q) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
-            continue;
-        };
+    for q in super::pids() {
         if q == pid || besides.contains(&q) {
             continue;
         }

@@ -166,9 +166,10 @@ pub(super) fn plan(
         .iter()
         .filter(|d| p.rewind.iter().any(|t| t.fd == d.fd))
         .collect();
-    let shared = procfs::held_elsewhere(pid, &moved, group);
-    let (shared, rewind) = p.rewind.drain(..).partition(|t| shared.contains(&t.fd));
-    (p.shared, p.rewind) = (shared, rewind);
+    let held = procfs::held_elsewhere(pid, &moved, group);
+    (p.shared, p.rewind) = std::mem::take(&mut p.rewind)
+        .into_iter()
+        .partition(|t| held.contains(&t.fd));
     for t in then {
         if now.iter().any(|d| d.same(t)) {
             continue;
