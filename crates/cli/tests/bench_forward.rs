@@ -58,7 +58,7 @@ fn bench_without_the_bench_program_says_so() {
 #[test]
 fn a_bench_ended_by_sigint_puts_its_settings_back() {
     let beside = std::path::Path::new(BIN).with_file_name("pagewise-bench");
-    if !unsafe_is_root() || !beside.exists() {
+    if !pagewise_testkit::is_root() || !beside.exists() {
         pagewise_testkit::skip!("bench and SIGINT: needs root and pagewise-bench built");
         return;
     }

@@ -35,7 +35,7 @@ const STRANGER: u32 = 65533;
 /// Whether the tests can act as other users here (root, setpriv); the
 /// reason where not.
 fn users_missing() -> Option<&'static str> {
-    if !unsafe_is_root() {
+    if !pagewise_testkit::is_root() {
         return Some("needs root to act as two other users");
     }
     None

@@ -416,7 +416,7 @@ pub fn hold_in_instance(dir: &Path, name: &str, pages: u64, secs: u64) -> std::p
 /// `pagewise` run as user nobody (65534) through `setpriv`; `None` where
 /// that cannot be here (not root, or no setpriv).
 pub fn as_nobody() -> Option<Command> {
-    if !unsafe_is_root() || !Path::new("/usr/bin/setpriv").exists() {
+    if !pagewise_testkit::is_root() || !Path::new("/usr/bin/setpriv").exists() {
         return None;
     }
     let mut c = Command::new("setpriv");
@@ -428,11 +428,6 @@ pub fn as_nobody() -> Option<Command> {
 /// get user-mode faults only).
 pub fn unprivileged_userfaultfd_off() -> bool {
     std::fs::read_to_string("/proc/sys/vm/unprivileged_userfaultfd").is_ok_and(|v| v.trim() == "0")
-}
-
-pub fn unsafe_is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
 }
 
 /// Runs `c`, which must succeed (its error output is said if it does not);
