@@ -39,11 +39,15 @@ impl Agent {
             });
             return;
         }
-        match t
-            .state
-            .inside
-            .madvise(t.pid, &ranges, libc::MADV_MERGEABLE, "dedup")
-        {
+        // Whole mappings are advised as the stopped process has them (one
+        // grown since it was read would be split).
+        let inside = &mut t.state.inside;
+        let advised = if t.state.whole {
+            inside.madvise_mappings(t.pid, &ranges, libc::MADV_MERGEABLE, "dedup")
+        } else {
+            inside.madvise(t.pid, &ranges, libc::MADV_MERGEABLE, "dedup")
+        };
+        match advised {
             Ok(done) => {
                 for ((group, &range), &n) in groups.iter().zip(&ranges).zip(&done) {
                     if n == 0 {
@@ -220,8 +224,20 @@ impl super::Process {
     /// Unmerges `ranges` of process `pid` (`(start, length)`): the call,
     /// the journal, and every region in them no longer mergeable.
     fn unmerge(&mut self, pid: i32, ranges: &[(u64, u64)]) -> pagewise_mech::Result<()> {
-        self.inside
-            .madvise(pid, ranges, libc::MADV_UNMERGEABLE, "dedup")?;
+        // A mapping made mergeable whole is unmerged as the stopped process
+        // has it (one grown since would be split); a region made mergeable
+        // alone, as it is.
+        let (whole, alone): (Vec<_>, Vec<_>) = ranges
+            .iter()
+            .copied()
+            .partition(|r| self.merged_whole.contains(r));
+        let un = libc::MADV_UNMERGEABLE;
+        if !whole.is_empty() {
+            self.inside.madvise_mappings(pid, &whole, un, "dedup")?;
+        }
+        if !alone.is_empty() {
+            self.inside.madvise(pid, &alone, un, "dedup")?;
+        }
         let _ = self.journal.taken_back(ranges);
         self.merged_whole.retain(|r| !ranges.contains(r));
         for &(a, n) in ranges {

@@ -152,6 +152,7 @@ impl WriteCoverage {
         }
         let wp = self.spare.pop().expect("made above");
         wp.check_memory()?;
+        let held = hold_layout(self.pid);
         let maps = crate::procfs::maps(Some(self.pid))?;
         let mut whole: Vec<crate::Region> = Vec::new();
         for &r in regions {
@@ -172,7 +173,10 @@ impl WriteCoverage {
                 self.armed.push(r);
             }
         }
-        heal(&wp, self.pid, &maps, &whole);
+        if held.is_none() {
+            heal(&wp, self.pid, &maps, &whole);
+        }
+        drop(held);
         self.wp = Some(wp);
         self.since = Some(Instant::now());
         Ok(())
@@ -222,6 +226,18 @@ impl WriteCoverage {
         // Closing the window's userfaultfd unregisters its mappings whole.
         self.wp = None;
     }
+}
+
+/// Every thread of process `pid` stopped while its mappings are read and
+/// registered (or unregistered) whole: a registration of a mapping's
+/// extent as it was read, after the program grew it in place, would split
+/// it, and a program whose `mremap` then spans the two pieces fails with
+/// `EFAULT`. Stopped, the program can neither grow, shrink nor move a
+/// mapping in between. `None` for a process that cannot be stopped now
+/// (another tracer holds it, or it is gone): it is read and registered as
+/// it runs, and a mapping it grew meanwhile is healed ([`heal`]).
+fn hold_layout(pid: i32) -> Option<crate::stop::Stopped> {
+    crate::stop::Stopped::new(pid).ok()
 }
 
 /// Registers the rest of a mapping the program grew in place between the
@@ -403,6 +419,7 @@ impl RegionWrites {
             .filter(|s| !self.registered.contains(s))
             .collect();
         if !new.is_empty() {
+            let held = hold_layout(self.pid);
             let maps = procfs::maps(Some(self.pid))?;
             // A mapping that now ends elsewhere was grown or shrunk in
             // place (a region new to this side is often its grown part).
@@ -431,7 +448,9 @@ impl RegionWrites {
                     None => self.mappings.push(mapping),
                 }
             }
-            heal(&self.wp, self.pid, &maps, &whole);
+            if held.is_none() {
+                heal(&self.wp, self.pid, &maps, &whole);
+            }
         }
         let protect = runs_of(
             regions
@@ -506,6 +525,7 @@ impl RegionWrites {
     /// [`unwatched`](Taken::unwatched): whether it was written since is
     /// not known. [`watch`](Self::watch) takes them back.
     pub fn release(&mut self, r: crate::Region) {
+        let held = hold_layout(self.pid);
         let now = procfs::maps(Some(self.pid)).unwrap_or_default();
         let mapping = now
             .iter()
@@ -515,6 +535,7 @@ impl RegionWrites {
                 len: m.end - m.start,
             });
         let _ = self.wp.unregister(mapping);
+        drop(held);
         let gone: Vec<u64> = regions_in(mapping)
             .chain(regions_in(r))
             .filter(|s| self.registered.contains(s))

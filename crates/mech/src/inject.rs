@@ -67,6 +67,29 @@ impl Inside {
         }
     }
 
+    /// As [`madvise`](Self::madvise), each range taken as the whole
+    /// mapping that holds its start when the advice is given, for advice
+    /// that must not split a mapping (`MADV_MERGEABLE` on a mapping the
+    /// program grows, shrinks or moves: a program whose `mremap` spans
+    /// the pieces fails with `EFAULT`). Under ptrace the maps are read
+    /// while the process is stopped, so the mapping advised is the one the
+    /// program has; a range whose start is in no mapping then gets 0. The
+    /// shim's advice thread advises the ranges as given, the program
+    /// running on (a mapping grown in between is split: see the book's
+    /// security limits).
+    pub fn madvise_mappings(
+        &mut self,
+        pid: i32,
+        ranges: &[(u64, u64)],
+        advice: i32,
+        feature: &'static str,
+    ) -> Result<Vec<u64>> {
+        match self {
+            Inside::Ptrace => madvise_mappings_in(pid, ranges, advice, feature),
+            Inside::Shim(s) => s.madvise(ranges, advice),
+        }
+    }
+
     /// Whether `[start, start+len)` overlaps pagewise's own memory in the
     /// process: the shim's, as its hello named it (nothing under ptrace),
     /// or a mapping named `[anon:pagewise-…]`, which the caller checks.
@@ -172,6 +195,34 @@ pub fn madvise_in(
     let stopped = Stopped::new(pid)?;
     let remote = Remote::new(&stopped)?;
     remote.madvise_many(ranges, advice)
+}
+
+/// As [`madvise_in`], each range taken as the whole mapping holding its
+/// start in the stopped process (see [`Inside::madvise_mappings`]).
+fn madvise_mappings_in(
+    pid: i32,
+    ranges: &[(u64, u64)],
+    advice: i32,
+    feature: &'static str,
+) -> Result<Vec<u64>> {
+    check_target(pid, feature, "the madvise call")?;
+    let stopped = Stopped::new(pid)?;
+    let maps = procfs::maps(Some(pid))?;
+    let wholes: Vec<Option<(u64, u64)>> = ranges
+        .iter()
+        .map(|&(a, _)| {
+            maps.iter()
+                .find(|m| m.start <= a && a < m.end)
+                .map(|m| (m.start, m.end - m.start))
+        })
+        .collect();
+    let runs: Vec<(u64, u64)> = wholes.iter().flatten().copied().collect();
+    let remote = Remote::new(&stopped)?;
+    let mut done = remote.madvise_many(&runs, advice)?.into_iter();
+    Ok(wholes
+        .iter()
+        .map(|w| w.and_then(|_| done.next()).unwrap_or(0))
+        .collect())
 }
 
 /// The error of a call made inside process `pid` that answered `rc`
