@@ -24,12 +24,12 @@
 //! Faults taken inside system calls (a `read()` into a remote buffer) are
 //! handled the same way: the kernel waits for the handler.
 //!
-//! That is the *thread* path. On the *inline* path ([`FaultPath`], see
-//! [`inline`]) the faulting thread serves its own fault in a `SIGBUS`
+//! That is the *thread* path. On the *inline* path ([`FaultPath`]) the
+//! faulting thread serves its own fault in a `SIGBUS`
 //! handler, under a lock shared with the other faulting threads and the
 //! event thread: no sleep, no wake-up; memory handed to the kernel must be
-//! held first ([`FarMemory::hold`]; the preload shim does it for every
-//! call, see [`syscalls`]).
+//! held first ([`FarMemory::hold`]; in a program under the preload shim,
+//! [`in_process`] does it for every call).
 //!
 //! The program's
 //! `MADV_DONTNEED` and `munmap` of emulated memory arrive as events: those
@@ -70,8 +70,9 @@ extern crate pagewise_mech;
 mod calibrate;
 mod emulated;
 mod engine;
-#[doc(hidden)]
-pub mod inline;
+#[cfg(target_arch = "x86_64")]
+pub mod in_process;
+mod inline;
 #[doc(hidden)]
 pub mod instance;
 pub mod link;
@@ -84,8 +85,7 @@ pub mod sampler;
 pub mod serve;
 mod stats;
 #[cfg(target_arch = "x86_64")]
-#[doc(hidden)]
-pub mod syscalls;
+mod syscalls;
 
 pub use calibrate::{at_latency_zero, calibrate, Calibration};
 use engine::Engine;

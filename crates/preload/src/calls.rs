@@ -2,25 +2,22 @@
 //! for the inline fault path: a server makes several for each request
 //! (`epoll_wait`, `read`, `write`, `sendmsg`, ...), and the seccomp trap
 //! that catches every other such call costs a signal each time. Here the
-//! call's memory is held (see `pagewise::farmem::inline`) and the call made
-//! directly. Off the inline path each wrapper hands over to the C
+//! call is made directly with its memory held
+//! (`pagewise::farmem::in_process::held_call`). Off the inline path each wrapper hands over to the C
 //! library's own function.
 //!
 //! Made directly, these calls are not cancellation points
 //! (`pthread_cancel` of a thread blocked in one waits for the call to
 //! return).
 
-use crate::farmem::inline_path;
-use pagewise::farmem::{inline, syscalls};
+use pagewise::farmem::in_process::inline_path;
 use std::sync::atomic::AtomicUsize;
 
 /// Makes call `nr` with its memory held; the C library's convention for
 /// the result (-1 and `errno`).
 fn held_call(nr: libc::c_long, a: [u64; 6]) -> i64 {
-    let held = syscalls::hold_for(nr, &a);
     // SAFETY: the program's own call with its own arguments.
-    let r = unsafe { pagewise_sys::seccomp::raw_syscall(nr, a) };
-    inline::release(held);
+    let r = unsafe { pagewise::farmem::in_process::held_call(nr, a) };
     if r < 0 {
         // SAFETY: this thread's errno.
         unsafe { *pagewise_sys::process::errno_location() = -r as i32 };

@@ -9,8 +9,10 @@
 //! shim does nothing.
 //!
 //! Far-memory emulation: when `PAGEWISE_FARMEM` names an instance (set by
-//! `pagewise farmem run`), the shim emulates far memory for the program's
-//! anonymous memory (see `farmem`).
+//! `pagewise farmem run`), the shim starts far memory's in-process half
+//! (`pagewise::farmem::in_process`), whose `SIGSYS` handler then serves the
+//! calls its filter traps; the shim keeps only what a dispatcher of the
+//! program's calls needs (`mask`, and `calls` on the inline path).
 //!
 //! Advice inside the program: when `PAGEWISE_ADVISE_FD` names a socket
 //! inherited from pagewise (`pagewise dedup run -- CMD`), a thread of the
@@ -30,7 +32,8 @@
 mod alloc;
 #[cfg(target_arch = "x86_64")]
 mod calls;
-mod farmem;
+#[cfg(target_arch = "x86_64")]
+mod mask;
 
 #[global_allocator]
 static ALLOC: alloc::ShimAlloc = alloc::ShimAlloc;
@@ -230,8 +233,19 @@ extern "C" fn pagewise_preload_init() {
             shim::note_own_memory(m.start, m.len());
         }
     }
+    #[cfg(target_arch = "x86_64")]
     if let Some(f) = farmem_req {
-        farmem::init(f);
+        // Every C library function the shim forwards to is looked up now,
+        // before any memory is served: a lookup walks the loader's tables,
+        // and a thread serving faults that looked one up later would wait
+        // on a fault only it can serve.
+        calls::resolve_all();
+        mask::resolve_all();
+        let around_fork = pagewise::farmem::in_process::AroundFork {
+            before: alloc::hold_for_fork,
+            after: alloc::release_after_fork,
+        };
+        pagewise::farmem::in_process::init(f, around_fork);
     }
     if let Some(p) = prezero_req {
         prezero(p);

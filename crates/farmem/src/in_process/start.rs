@@ -15,11 +15,28 @@ fn fault_path(req: &FarmemRequest) -> FaultPath {
     }
 }
 
-/// Starts emulation in this process; on failure the program runs without
-/// it, and says so.
-pub fn init(req: FarmemRequest) {
+/// What the shim does around a `fork` of the program, besides far
+/// memory's own work: its heap's lock held across the fork (`before`) and
+/// let go in the parent and in the child (`after`), so that the child's
+/// heap is whole.
+#[derive(Debug, Clone, Copy)]
+pub struct AroundFork {
+    /// Called last before the fork.
+    pub before: fn(),
+    /// Called first after it, in the parent and in the child.
+    pub after: fn(),
+}
+
+static AROUND_FORK: std::sync::OnceLock<AroundFork> = std::sync::OnceLock::new();
+
+/// Starts emulation in this process as `req` asks (the shim calls it once,
+/// at start-up, having looked up every C library function it forwards to:
+/// a lookup walks the loader's tables, and a thread serving faults that
+/// looked one up later would wait on a fault only it can serve); on
+/// failure the program runs without it, and says so.
+pub fn init(req: FarmemRequest, around_fork: AroundFork) {
     let name = req.instance.clone();
-    resolve_forwarded();
+    let _ = AROUND_FORK.set(around_fork);
     let req = REQUEST.get_or_init(|| req);
     if let Err(e) = start(req, false) {
         eprintln!("pagewise farmem: instance {name}: {e}; running without far-memory emulation");
@@ -45,11 +62,15 @@ extern "C" fn before_fork() {
             eprintln!("pagewise farmem: before fork: {e}");
         }
     }
-    crate::alloc::hold_for_fork();
+    if let Some(a) = AROUND_FORK.get() {
+        (a.before)();
+    }
 }
 
 extern "C" fn after_fork_parent() {
-    crate::alloc::release_after_fork();
+    if let Some(a) = AROUND_FORK.get() {
+        (a.after)();
+    }
     if let Some(r) = RUNNING.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
         if let Err(e) = r.fm.resume() {
             eprintln!("pagewise farmem: after fork: {e}");
@@ -62,7 +83,9 @@ extern "C" fn after_fork_parent() {
 /// instance with an engine of its own; the memory it inherited stays shared
 /// with the parent, what it maps from now on is emulated.
 extern "C" fn after_fork_child() {
-    crate::alloc::release_after_fork();
+    if let Some(a) = AROUND_FORK.get() {
+        (a.after)();
+    }
     inline::after_fork_child();
     UFFD.store(-1, Ordering::Relaxed);
     if let Some(r) = RUNNING.lock().unwrap_or_else(|e| e.into_inner()).take() {
@@ -87,7 +110,7 @@ extern "C" fn after_fork_child() {
 }
 
 /// The socket of the host's server of the instance, for a program in a
-/// container (see `pagewise::farmem::serve`).
+/// container (see `crate::serve`).
 static SERVER: std::sync::OnceLock<(std::path::PathBuf, u32)> = std::sync::OnceLock::new();
 
 /// A userfaultfd the kernel refused this process (a container's seccomp
@@ -96,7 +119,7 @@ fn userfaultfd_from_server(flags: libc::c_int) -> std::io::Result<std::os::fd::O
     let (path, owner) = SERVER
         .get()
         .ok_or_else(|| std::io::Error::from_raw_os_error(libc::EPERM))?;
-    let fd = pagewise::farmem::serve::userfaultfd_from(path, *owner, flags)?;
+    let fd = crate::serve::userfaultfd_from(path, *owner, flags)?;
     // SAFETY: the server made this descriptor inside this process for this
     // request alone (checked to be a userfaultfd); nothing here knows its
     // number but this call.
@@ -112,14 +135,13 @@ static REQUEST: std::sync::OnceLock<FarmemRequest> = std::sync::OnceLock::new();
 /// C library's memory calls. On failure the slot is left.
 fn start(req: &FarmemRequest, child: bool) -> Result<(), String> {
     let inst = Arc::new(
-        Instance::open(&req.instance, pagewise::farmem::instance::Access::Join)
-            .map_err(|e| e.to_string())?,
+        Instance::open(&req.instance, crate::instance::Access::Join).map_err(|e| e.to_string())?,
     );
     let tag = req.tag;
     // In a container, by its host pid, and its userfaultfds made by the
-    // host's server (see `pagewise::farmem::serve`).
+    // host's server (see `crate::serve`).
     let owner = inst.owner_uid();
-    let (pid, contained) = match pagewise::farmem::serve::served_as(&req.instance, owner) {
+    let (pid, contained) = match crate::serve::served_as(&req.instance, owner) {
         None => (std::process::id() as i32, false),
         Some(Err(e)) => return Err(e.to_string()),
         Some(Ok((path, host_pid))) => {
@@ -143,7 +165,7 @@ fn start(req: &FarmemRequest, child: bool) -> Result<(), String> {
     };
     let policy = policy_of(req, pid).map_err(fail)?;
     STACKS.store(req.options.stacks, Ordering::Relaxed);
-    let maps = pagewise::shim::maps(None).map_err(|e| fail(e.to_string()))?;
+    let maps = pagewise_mech::procfs::maps(None).map_err(|e| fail(e.to_string()))?;
     let libc_text = maps
         .iter()
         .find(|m| {
@@ -241,7 +263,7 @@ fn engine(
         .instance(inst.clone(), slot)
         .remapping(&CHANGING)
         .fault_path(path)
-        .thread_floor(pagewise::farmem::instance::MIN_LOCAL_PAGES_THREAD as usize)
+        .thread_floor(crate::instance::MIN_LOCAL_PAGES_THREAD as usize)
         .check_books(req.options.check)
         .on_start(|| {
             // SAFETY: gettid has no arguments and no side effect.

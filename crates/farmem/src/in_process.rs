@@ -1,4 +1,7 @@
-//! Far-memory emulation of an unmodified program (`pagewise farmem run`).
+//! Far-memory emulation of an unmodified program from inside it (`pagewise
+//! farmem run`): the in-process half of the engine, which the preload shim
+//! starts with [`init`] and whose `SIGSYS` handler the shim's filter
+//! calls for each trapped call.
 //!
 //! At start-up the shim joins the instance named by `PAGEWISE_FARMEM`,
 //! emulates the program's private anonymous writable memory mapped from
@@ -11,25 +14,30 @@
 //! registers new anonymous writable memory before the program gets the
 //! address back). The engine learns of these ranges from a lock-free ring.
 //!
+//! What stays in the shim is what a dispatcher of the program's calls
+//! needs: the C library's functions it wraps (which make a call with its
+//! memory held here, [`held_call`], on the inline path) and the signal-mask
+//! functions, which leave the signals [`never_blocked`] names unblocked.
+//!
 //! Not seen: memory mapped by code that makes its own system calls rather
 //! than through the C library (statically linked programs, Go).
 
 mod start;
 
-pub use start::init;
+pub use start::{init, AroundFork};
 
-use pagewise::farmem::instance::Instance;
-use pagewise::farmem::link::LinkConfig;
-use pagewise::farmem::{inline, syscalls};
-use pagewise::farmem::{policy, Calibration, Config, FarMemory, FaultPath, Hooks};
-use pagewise::{Region, PAGE_SIZE};
+use crate::instance::Instance;
+use crate::link::LinkConfig;
+use crate::{inline, syscalls};
+use crate::{policy, Calibration, Config, FarMemory, FaultPath, Hooks};
+use pagewise_mech::{Region, PAGE_SIZE};
 use pagewise_sys::seccomp::{self, raw_syscall};
 use pagewise_sys::signal::{self, KernelSigaction};
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use pagewise::farmem::FarmemRequest;
+use crate::FarmemRequest;
 
 /// The top of a thread stack left alone with `--stacks` (see on_sigsys).
 const STACK_TOP_KEPT: u64 = 64 << 10;
@@ -195,7 +203,7 @@ pub fn inline_path() -> bool {
 }
 
 /// The calls trapped besides the memory ones on the inline path: every
-/// call `pagewise::farmem::syscalls` knows, and the signal calls that must
+/// call `crate::syscalls` knows, and the signal calls that must
 /// leave `SIGBUS` to the engine.
 fn inline_trapped() -> Vec<libc::c_long> {
     let mut v: Vec<libc::c_long> = seccomp::TRAPPED.to_vec();
@@ -533,84 +541,36 @@ static CHANGING: AtomicUsize = AtomicUsize::new(0);
 /// Set once emulation runs: from then on no thread may block `SIGSYS`.
 static ACTIVE: AtomicBool = AtomicBool::new(false);
 
-type SigmaskFn =
-    unsafe extern "C" fn(libc::c_int, *const libc::sigset_t, *mut libc::sigset_t) -> libc::c_int;
-
-/// Forwards a signal-mask change with `SIGSYS` left unblocked: a thread
-/// that blocked it would be killed by its first trapped call (the kernel
-/// forces a blocked `SIGSYS` to its default action).
-unsafe fn mask_without_sigsys(
-    name: &std::ffi::CStr,
-    cache: &AtomicUsize,
-    how: libc::c_int,
-    set: *const libc::sigset_t,
-    old: *mut libc::sigset_t,
-) -> libc::c_int {
-    let f = crate::forwarded(name, cache);
-    if f == 0 {
-        return libc::ENOSYS;
-    }
-    // SAFETY: the next definition of this very function, same signature.
-    let real: SigmaskFn = unsafe { std::mem::transmute::<usize, SigmaskFn>(f) };
-    if set.is_null() || how == libc::SIG_UNBLOCK || !ACTIVE.load(Ordering::Relaxed) {
-        // SAFETY: the caller's own arguments.
-        return unsafe { real(how, set, old) };
-    }
-    // SAFETY: `set` is the caller's valid sigset; we change a copy.
-    let mut copy = unsafe { *set };
-    pagewise_sys::signal::sigset_remove(&mut copy, libc::SIGSYS);
-    if INLINE.load(Ordering::Relaxed) {
-        pagewise_sys::signal::sigset_remove(&mut copy, libc::SIGBUS);
-    }
-    // SAFETY: the caller's arguments, with the copy.
-    unsafe { real(how, &copy, old) }
-}
-
-/// The C library's signal-mask functions the interposed ones forward to.
-const MASK_NAMES: [&std::ffi::CStr; 2] = [c"pthread_sigmask", c"sigprocmask"];
-
-/// The functions of [`MASK_NAMES`], looked up at start-up
-/// ([`resolve_forwarded`]).
-static MASK_REAL: [AtomicUsize; 2] = [const { AtomicUsize::new(0) }; 2];
-
-/// Looks up every C library function the shim forwards to now, before any
-/// memory is served: a lookup walks the loader's tables, and a thread
-/// serving faults that looked one up later would wait on a fault only it
-/// can serve.
-fn resolve_forwarded() {
-    #[cfg(target_arch = "x86_64")]
-    crate::calls::resolve_all();
-    for (name, cache) in MASK_NAMES.iter().zip(&MASK_REAL) {
-        crate::forwarded(name, cache);
+/// The signals no thread of the program may block now, as a kernel mask:
+/// none before emulation runs; from then on `SIGSYS` (a thread that blocked
+/// it would be killed by its first trapped call: the kernel forces a
+/// blocked `SIGSYS` to its default action), and on the inline path
+/// `SIGBUS` (the faults) too. The shim's signal-mask functions take them
+/// out of every set the program blocks.
+pub fn never_blocked() -> u64 {
+    if !ACTIVE.load(Ordering::Relaxed) {
+        0
+    } else if INLINE.load(Ordering::Relaxed) {
+        NEVER_BLOCKED
+    } else {
+        signal::bit(libc::SIGSYS)
     }
 }
 
-/// `pthread_sigmask(3)`, interposed: see [`mask_without_sigsys`].
+/// Makes the program's call `nr` with `a`, with the memory it hands to
+/// the kernel held local for its duration (the inline path: a remote page
+/// there would fail the call with `EFAULT`); the kernel's result (a
+/// negative errno on failure). The shim's wrappers of the C library's
+/// busiest calls make their call here on the inline path.
 ///
 /// # Safety
-/// As for `pthread_sigmask`.
-#[no_mangle]
-pub unsafe extern "C" fn pthread_sigmask(
-    how: libc::c_int,
-    set: *const libc::sigset_t,
-    old: *mut libc::sigset_t,
-) -> libc::c_int {
-    // SAFETY: forwarded as received.
-    unsafe { mask_without_sigsys(MASK_NAMES[0], &MASK_REAL[0], how, set, old) }
-}
-
-/// `sigprocmask(2)`, interposed: see [`mask_without_sigsys`].
-///
-/// # Safety
-/// As for `sigprocmask`.
-#[no_mangle]
-pub unsafe extern "C" fn sigprocmask(
-    how: libc::c_int,
-    set: *const libc::sigset_t,
-    old: *mut libc::sigset_t,
-) -> libc::c_int {
-    // SAFETY: forwarded as received.
-    unsafe { mask_without_sigsys(MASK_NAMES[1], &MASK_REAL[1], how, set, old) }
+/// `nr` and `a` are a call the program itself made, with its own
+/// arguments: the kernel checks them as it would the program's.
+pub unsafe fn held_call(nr: libc::c_long, a: [u64; 6]) -> i64 {
+    let held = syscalls::hold_for(nr, &a);
+    let r = program_call(nr, a);
+    inline::release(held);
+    r
 }
 
 extern "C" fn at_exit() {
