@@ -241,10 +241,10 @@ extern "C" fn pagewise_preload_init() {
         // on a fault only it can serve.
         calls::resolve_all();
         mask::resolve_all();
-        let around_fork = pagewise::farmem::in_process::AroundFork {
-            before: alloc::hold_for_fork,
-            after: alloc::release_after_fork,
-        };
+        let around_fork = pagewise::farmem::in_process::AroundFork::new(
+            alloc::hold_for_fork,
+            alloc::release_after_fork,
+        );
         pagewise::farmem::in_process::init(f, around_fork);
     }
     if let Some(p) = prezero_req {

@@ -20,11 +20,20 @@ fn fault_path(req: &FarmemRequest) -> FaultPath {
 /// let go in the parent and in the child (`after`), so that the child's
 /// heap is whole.
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub struct AroundFork {
     /// Called last before the fork.
     pub before: fn(),
     /// Called first after it, in the parent and in the child.
     pub after: fn(),
+}
+
+impl AroundFork {
+    /// `before` called last before a fork, `after` first after it (in the
+    /// parent and in the child).
+    pub fn new(before: fn(), after: fn()) -> Self {
+        AroundFork { before, after }
+    }
 }
 
 static AROUND_FORK: std::sync::OnceLock<AroundFork> = std::sync::OnceLock::new();
