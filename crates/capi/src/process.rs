@@ -209,7 +209,7 @@ pub unsafe extern "C" fn pw_rollback_pump(r: *mut pw_rollback) -> c_int {
     let rc = call("pw_rollback_pump", || {
         // SAFETY: the caller's contract.
         let r = unsafe { obj(r, "rollback session") }?;
-        n = r.inner.pump()?;
+        n = r.inner.hand_over_signals()?;
         Ok(())
     });
     if rc < 0 {

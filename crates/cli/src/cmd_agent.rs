@@ -10,7 +10,7 @@
 //! changed (journaled first, so a killed agent is repaired by the next
 //! run), and says so.
 
-use crate::node::{Chosen, Config, Selection};
+use crate::node::{Config, SelectedProcess, Selection};
 use crate::stop::Stop;
 use anyhow::Result;
 use pagewise::agent::{self as agents, Agent as _, Metric};
@@ -96,7 +96,7 @@ const DEDUP_RETRY_STEPS: u64 = 5;
 impl Agents {
     /// Makes the dedup agent if it waits and what it needs is free now;
     /// it then watches every process `known` gives it.
-    fn retry_dedup(&mut self, known: &[Chosen]) {
+    fn retry_dedup(&mut self, known: &[SelectedProcess]) {
         let Some((opts, _)) = &self.dedup_waiting else {
             return;
         };
@@ -156,7 +156,7 @@ pub fn run(a: Args) -> Result<i32> {
     let t0 = Instant::now();
     // Answering first: /healthz and /metrics from start-up on, before the
     // agents are made (the walk cost is measured, KSM claimed).
-    let mut sampled = Sampled::default();
+    let mut sampled = FiguresCache::default();
     let interval = Duration::from_millis(c.interval_ms);
     let served = agents::Published::new(
         interval,
@@ -174,7 +174,7 @@ pub fn run(a: Args) -> Result<i32> {
         crate::agent_loop::say_put_back();
         return Ok(stop.status().unwrap_or(0));
     };
-    let mut known: Vec<Chosen> = Vec::new();
+    let mut known: Vec<SelectedProcess> = Vec::new();
     let mut steps = 0u64;
     let mut last_census = None;
     let tasks = pagewise::process::TaskCensus::open().ok();
@@ -313,7 +313,7 @@ fn make_agents(c: &Config, stop: &Stop) -> Result<Option<Agents>> {
 
 /// Watches the processes selected now that are not yet watched; one that
 /// cannot be is said and left.
-fn follow(sel: &Selection, known: &mut Vec<Chosen>, ag: &mut Agents, say: bool) {
+fn follow(sel: &Selection, known: &mut Vec<SelectedProcess>, ag: &mut Agents, say: bool) {
     for ch in sel.chosen() {
         if known.iter().any(|k| k.member.pid == ch.member.pid) {
             continue;
@@ -341,7 +341,7 @@ fn follow(sel: &Selection, known: &mut Vec<Chosen>, ag: &mut Agents, say: bool) 
 }
 
 /// `pid 4242 (9 inside) in podman 6148a47bde33: thp (budget 64), dedup`.
-fn describe(ch: &Chosen) -> String {
+fn describe(ch: &SelectedProcess) -> String {
     let m = &ch.member;
     let inside = match m.ns_pid {
         Some(n) if n != m.pid => format!(" ({n} inside)"),
@@ -365,7 +365,7 @@ fn describe(ch: &Chosen) -> String {
 }
 
 /// The containers the processes are in, each once.
-fn containers(known: &[Chosen]) -> Vec<&pagewise::process::container::ContainerRef> {
+fn containers(known: &[SelectedProcess]) -> Vec<&pagewise::process::container::ContainerRef> {
     let mut out: Vec<&pagewise::process::container::ContainerRef> = Vec::new();
     for c in known.iter().filter_map(|k| k.member.container.as_ref()) {
         if !out.iter().any(|o| o.id == c.id) {
@@ -389,15 +389,15 @@ type Figures = (Option<(u64, i64)>, Option<u64>);
 /// Each watched process's [`Figures`], as last read, and the step they
 /// were read at.
 #[derive(Default)]
-struct Sampled {
+struct FiguresCache {
     at: u64,
     per: std::collections::HashMap<i32, Figures>,
 }
 
-impl Sampled {
+impl FiguresCache {
     /// Process `pid`'s figures: read again every [`SAMPLE_EVERY`] steps
     /// (and for a process not read yet).
-    fn of(&mut self, pid: i32, steps: u64) -> Figures {
+    fn figures_of(&mut self, pid: i32, steps: u64) -> Figures {
         if steps >= self.at + SAMPLE_EVERY {
             self.at = steps;
             self.per.clear();
@@ -419,11 +419,11 @@ impl Sampled {
 /// [`SAMPLE_EVERY`] steps); per container the huge pages given under its
 /// budget.
 fn node_text(
-    known: &[Chosen],
+    known: &[SelectedProcess],
     steps: u64,
     t0: Instant,
     groups: &[(String, u64, u64)],
-    sampled: &mut Sampled,
+    sampled: &mut FiguresCache,
     running: Vec<Metric>,
 ) -> String {
     let cpu = pagewise::process::cpu_time(std::process::id() as i32)
@@ -456,7 +456,7 @@ fn node_text(
     for k in known {
         let mm = &k.member;
         let labels = || agents::process_labels(mm.pid, mm.ns_pid, mm.container.as_ref());
-        let (ksm, huge) = sampled.of(mm.pid, steps);
+        let (ksm, huge) = sampled.figures_of(mm.pid, steps);
         if let Some((merging, profit)) = ksm {
             m.push(Metric::labelled(
                 "ksm_merging_pages",

@@ -393,7 +393,7 @@ fn take_group(t: &TakeArgs, stop: &Stop) -> Result<i32> {
     let mut series = if t.count > 1 || t.live {
         pagewise::snap::remote::IncrementalGroup::new(&pids)
     } else {
-        pagewise::snap::remote::IncrementalGroup::plain()
+        pagewise::snap::remote::IncrementalGroup::without_tracking()
     };
     let start = Instant::now();
     let mut r: Result<()> = Ok(());

@@ -301,7 +301,7 @@ pub fn metrics_file_allowed(f: &std::path::Path) -> std::result::Result<(), Stri
 
 /// A process the configuration selects now, with what to do to it.
 #[derive(Debug, Clone)]
-pub struct Chosen {
+pub struct SelectedProcess {
     /// The process, its pid inside and its container.
     pub member: Member,
     /// The group whose huge-page budget it draws on (its container, or
@@ -360,8 +360,8 @@ impl Selection {
     }
 
     /// The processes selected now, each by the first rule that selects it.
-    pub fn chosen(&self) -> Vec<Chosen> {
-        let mut out: Vec<Chosen> = Vec::new();
+    pub fn chosen(&self) -> Vec<SelectedProcess> {
+        let mut out: Vec<SelectedProcess> = Vec::new();
         for r in &self.rules {
             let members = match &r.sel {
                 Some(s) => pagewise::process::container::members(s).unwrap_or_default(),
@@ -376,7 +376,7 @@ impl Selection {
                     (None, Some(cg)) => Some(format!("cgroup {cg}")),
                     (None, None) => None,
                 };
-                out.push(Chosen {
+                out.push(SelectedProcess {
                     group: r.budget.and_then(|b| group_name.map(|g| (g, b))),
                     member: m,
                     thp: r.thp,

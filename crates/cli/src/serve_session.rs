@@ -99,7 +99,7 @@ pub fn serve(pid: i32) -> Result<i32> {
         let line = match rx.recv_timeout(PUMP) {
             Ok(line) => line?,
             Err(RecvTimeoutError::Timeout) => {
-                s.pump()?;
+                s.hand_over_signals()?;
                 continue;
             }
             Err(RecvTimeoutError::Disconnected) => break,

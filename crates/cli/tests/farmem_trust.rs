@@ -416,7 +416,7 @@ fn idle_and_slow_peers_hold_only_their_own_connection() {
     extra
         .set_read_timeout(Some(Duration::from_secs(30)))
         .unwrap();
-    let (value, why) = pagewise_mech::inject::maker::read_answer(&mut extra).unwrap();
+    let (value, why) = pagewise_mech::inject::uffd_lending::read_answer(&mut extra).unwrap();
     assert_eq!(value, -(libc::EAGAIN as i64), "busy: {why}");
     drop(extra);
     // Half the idle peers leave; the server has seen them go.

@@ -30,7 +30,7 @@ impl Agent {
         if ranges.is_empty() {
             return;
         }
-        if let Err(e) = t.state.journal.given(&ranges) {
+        if let Err(e) = t.state.journal.record_advice(&ranges) {
             self.counters.failed += 1;
             actions.push(Action::Failed {
                 pid: t.pid,

@@ -1,12 +1,12 @@
 //! The fault engine: the handler thread's state and its loop (see the
 //! module docs of [`crate`] for what it does).
 
-mod books;
 mod cell;
 mod coverage;
 mod evict;
 mod fault;
 mod held;
+mod page_audit;
 mod regions;
 
 use super::*;
@@ -14,7 +14,7 @@ use crate::emulated;
 use crate::{Error, Result};
 pub(crate) use cell::{Cell, Served};
 use link::{Injector, Link, LinkConfig};
-use pagewise_mech::fault::{self as server, again};
+use pagewise_mech::fault::{self as server, retry_after_events};
 use pagewise_mech::workload::AnonMemory;
 use pagewise_mech::{Region, PAGE_SIZE};
 use pagewise_sys::{mem, uffd};
@@ -454,7 +454,7 @@ impl Engine {
             match this.apply_changes(sh) {
                 Ok(()) => {}
                 // After the pending events: the change is tried again then.
-                Err(e) if again(&e) => {}
+                Err(e) if retry_after_events(&e) => {}
                 Err(e) => break Err(e),
             }
             if let Err(e) = this.apply_coverage(sh) {
@@ -494,7 +494,7 @@ impl Engine {
                 Err(e) => break Err(e.into()),
             };
             let arrived = Instant::now();
-            this.note(|| format!("read {}", books::describe(&msg)));
+            this.note(|| format!("read {}", page_audit::describe(&msg)));
             let r = match msg.event {
                 uffd::event::PAGEFAULT => {
                     let addr = msg.pf_address();
@@ -505,7 +505,7 @@ impl Engine {
                         Ok(())
                     } else {
                         match this.fault(sh, addr, arrived) {
-                            Err(e) if again(&e) => {
+                            Err(e) if retry_after_events(&e) => {
                                 this.later.push((addr, arrived));
                                 Ok(())
                             }
@@ -587,7 +587,7 @@ impl Engine {
         for r in std::mem::take(&mut self.adopts) {
             match self.adopt(r) {
                 Ok(()) => progress = true,
-                Err(e) if again(&e) => self.adopts.push(r),
+                Err(e) if retry_after_events(&e) => self.adopts.push(r),
                 Err(e) => return Err(e),
             }
         }
@@ -598,7 +598,7 @@ impl Engine {
             self.note(|| format!("deferred fault {addr:#x}"));
             match self.fault(sh, addr, arrived) {
                 Ok(()) => progress = true,
-                Err(e) if again(&e) => self.later.push((addr, arrived)),
+                Err(e) if retry_after_events(&e) => self.later.push((addr, arrived)),
                 Err(e) => return Err(e),
             }
         }
@@ -629,7 +629,7 @@ impl Engine {
         }
         if !self.changing_now() && sh.changed.swap(false, Ordering::AcqRel) {
             if let Err(e) = self.fit_budget(sh) {
-                if again(&e) {
+                if retry_after_events(&e) {
                     sh.changed.store(true, Ordering::Release);
                 }
                 return Err(e);

@@ -6,7 +6,7 @@
 //! serving the kernel's faults needs, and in a pid namespace of its own.
 //! Its preload shim joins the instance as any member does (the instance's
 //! directory is mounted into the container), and asks the [`Server`]
-//! over the instance's socket ([`pagewise_mech::inject::maker`]):
+//! over the instance's socket ([`pagewise_mech::inject::uffd_lending`]):
 //!
 //! - its pid as the host sees it, under which it joins, so that the
 //!   instance lists members by host pid (`farmem ls` on the host names
@@ -23,7 +23,7 @@
 //!   join it), and a userfaultfd is made only for a live member, the very
 //!   process that connected (a pidfd of it), which sent every byte of the
 //!   request, and which, once stopped, still runs as the owner in all its
-//!   uids and is dumpable ([`maker`]'s module says how).
+//!   uids and is dumpable ([`uffd_lending`]'s module says how).
 //! - Sockets live in a directory of their own per instance
 //!   ([`instance_socket_dir`]) under [`socket_dir`], in which only root
 //!   (or the user running the server) can create entries: a socket planted
@@ -32,7 +32,7 @@
 //!   says it is served by root or the instance's owner.
 //! - Requests are answered concurrently ([`MOST_AT_ONCE`] at most; one
 //!   more is refused as busy), each within one deadline from its
-//!   acceptance ([`maker::TIMEOUT`]), so that a slow or idle peer holds
+//!   acceptance ([`uffd_lending::TIMEOUT`]), so that a slow or idle peer holds
 //!   only its own connection; a stop ends within a second.
 //!
 //! The server also leaves the slots of members that died without leaving,
@@ -40,7 +40,7 @@
 
 use crate::instance::{Access, Instance};
 use crate::{Error, Result};
-use pagewise_mech::inject::maker::{self, Answered};
+use pagewise_mech::inject::uffd_lending::{self, Answered};
 use std::os::fd::AsFd;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -284,7 +284,7 @@ fn allowed(inst: &Instance, pid: i32, uid: u32, op: u32) -> std::result::Result<
             inst.name()
         ));
     }
-    if op == maker::USERFAULTFD && !inst.members().iter().any(|m| m.pid == pid && m.live) {
+    if op == uffd_lending::USERFAULTFD && !inst.members().iter().any(|m| m.pid == pid && m.live) {
         return Err(format!(
             "process {pid} is not a member of instance {}: a userfaultfd is made only for a \
              member",
@@ -441,7 +441,7 @@ fn answer_apart(
         let who = pagewise_sys::process::peer_credentials(s.as_fd()).map_or(0, |c| c.0);
         let _ = s.set_write_timeout(Some(Duration::from_millis(100)));
         let why = format!("the server answers {MOST_AT_ONCE} requests at once: try again");
-        let _ = maker::write_answer(&mut s, -(libc::EAGAIN as i64), &why);
+        let _ = uffd_lending::write_answer(&mut s, -(libc::EAGAIN as i64), &why);
         log(Event::Failed(format!(
             "refused process {who} as busy: {why}"
         )));
@@ -454,8 +454,9 @@ fn answer_apart(
             // Counted out even should the answer panic.
             let _done = Done(done);
             let allow = |pid, uid, op| allowed(&inst, pid, uid, op);
-            let deadline = accepted + maker::TIMEOUT;
-            match maker::answer(&mut s, "far memory in a container", &allow, deadline, &stop) {
+            let deadline = accepted + uffd_lending::TIMEOUT;
+            match uffd_lending::answer(&mut s, "far memory in a container", &allow, deadline, &stop)
+            {
                 Ok(a) => said(Event::Answered(a)),
                 Err(e) => said(Event::Failed(e.to_string())),
             }
@@ -475,7 +476,7 @@ pub fn served_as(name: &str, owner: u32) -> Option<Result<(PathBuf, i32)>> {
     if !path.exists() {
         return None;
     }
-    let who = maker::ask(&path, maker::WHO, 0, &[0, owner])
+    let who = uffd_lending::ask(&path, uffd_lending::WHO, 0, &[0, owner])
         .map_err(|e| {
             Error::os(
                 format!("asking {} this process's host pid", path.display()),
@@ -497,12 +498,14 @@ pub fn served_as(name: &str, owner: u32) -> Option<Result<(PathBuf, i32)>> {
 /// server at `path` (run by root or `owner`); the descriptor's number
 /// here, checked to be a userfaultfd (its owner is then the caller).
 pub fn userfaultfd_from(path: &Path, owner: u32, flags: libc::c_int) -> std::io::Result<i32> {
-    let v = maker::ask(path, maker::USERFAULTFD, flags as u32, &[0, owner]).map_err(|e| {
-        std::io::Error::new(
-            e.kind(),
-            format!("the server of far memory ({}) refused: {e}", path.display()),
-        )
-    })?;
+    let v = uffd_lending::ask(path, uffd_lending::USERFAULTFD, flags as u32, &[0, owner]).map_err(
+        |e| {
+            std::io::Error::new(
+                e.kind(),
+                format!("the server of far memory ({}) refused: {e}", path.display()),
+            )
+        },
+    )?;
     let fd = i32::try_from(v).map_err(|_| std::io::Error::other(format!("fd {v}")))?;
     let link = std::fs::read_link(format!("/proc/self/fd/{fd}"))?;
     if link.as_os_str() != "anon_inode:[userfaultfd]" {

@@ -12,7 +12,7 @@
 //!   The two races a server meets are answered here once: a page already
 //!   there (`EEXIST`: another fill won, or the program wrote it) wakes the
 //!   threads waiting on it and counts as done; a mapping changing under an
-//!   event not read yet (`EAGAIN`, see [`again`]) is given back, for the
+//!   event not read yet (`EAGAIN`, see [`retry_after_events`]) is given back, for the
 //!   server to read its events and try again. Both are `unsafe`: the
 //!   kernel writes the page, which may be the caller's own memory.
 
@@ -74,7 +74,7 @@ fn refused_hint(e: &std::io::Error) -> String {
 
 /// Whether `e` is `EAGAIN`: the address space is changing under a
 /// userfaultfd event not read yet; read events, then try again.
-pub fn again(e: &impl crate::Failure) -> bool {
+pub fn retry_after_events(e: &impl crate::Failure) -> bool {
     e.errno() == libc::EAGAIN
 }
 
@@ -209,11 +209,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn eagain_is_again_and_others_are_not() {
+    fn eagain_asks_for_a_retry_after_events_and_others_do_not() {
         let e = Error::os("x", std::io::Error::from_raw_os_error(libc::EAGAIN));
-        assert!(again(&e));
+        assert!(retry_after_events(&e));
         let e = Error::os("x", std::io::Error::from_raw_os_error(libc::EEXIST));
-        assert!(!again(&e));
-        assert!(!again(&Error::NoCommand));
+        assert!(!retry_after_events(&e));
+        assert!(!retry_after_events(&Error::NoCommand));
     }
 }

@@ -75,7 +75,7 @@ impl Freezer {
     /// v2's `cgroup.freeze`. `None` where there is none: the processes are
     /// in different cgroups, or share theirs with others (the root, a
     /// session's), or the kernel has no freezer.
-    pub fn of(pids: &[i32]) -> Option<Freezer> {
+    pub fn holding_exactly(pids: &[i32]) -> Option<Freezer> {
         let first = *pids.first()?;
         let v1: LineOf = |c| c.split(',').any(|c| c == "freezer");
         let v2: LineOf = str::is_empty;

@@ -36,7 +36,7 @@ mod check;
 mod entry;
 mod give;
 pub mod shim;
-pub mod maker;
+pub mod uffd_lending;
 mod way_back;
 
 pub(crate) use advice::collapse_retried;

@@ -468,13 +468,14 @@ mod tests {
             let text = std::fs::read_to_string(&j.path).unwrap();
             text.lines().skip(4).map(str::to_string).collect()
         };
-        j.given(&[(0x1000, 0x2000), (0x8000, 0x1000)]).unwrap();
-        j.given(&[(0x1000, 0x2000)]).unwrap();
+        j.record_advice(&[(0x1000, 0x2000), (0x8000, 0x1000)])
+            .unwrap();
+        j.record_advice(&[(0x1000, 0x2000)]).unwrap();
         assert_eq!(ranges(&j), ["1000 2000", "8000 1000"]);
         j.taken_back(&[(0x1000, 0x2000)]).unwrap();
         j.taken_back(&[(0x1000, 0x2000), (0x5000, 0x1000)]).unwrap();
         assert_eq!(ranges(&j), ["8000 1000"]);
-        j.given(&[(0x8000, 0x3000)]).unwrap();
+        j.record_advice(&[(0x8000, 0x3000)]).unwrap();
         assert_eq!(ranges(&j), ["8000 3000"]);
         let path = j.path.clone();
         drop(j);
@@ -538,7 +539,7 @@ impl AdviceJournal {
     }
 
     /// Notes `ranges` before the advice is given on them.
-    pub fn given(&mut self, ranges: &[(u64, u64)]) -> Result<()> {
+    pub fn record_advice(&mut self, ranges: &[(u64, u64)]) -> Result<()> {
         let mut changed = false;
         for &(s, n) in ranges {
             changed |= self.ranges.insert(s, n) != Some(n);

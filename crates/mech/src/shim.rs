@@ -13,7 +13,7 @@
 //!   ([`super::inject::shim`], magic `PGWA`) both begin with their magic and
 //!   the contract ([`hello_header`], checked by [`check_hello`]), as do
 //!   the requests of far memory's members in containers to the host's
-//!   server ([`super::inject::maker`], magic `PGWU`);
+//!   server ([`super::inject::uffd_lending`], magic `PGWU`);
 //! - **the far-memory instance files** the shim joins (`farmem::instance`,
 //!   whose layout has its own version, checked on every open).
 //!
@@ -36,7 +36,7 @@ use std::process::{Child, Command};
 /// (see the module). 3: the first contract carried by both hellos and the
 /// environment; 4: the pre-zeroing report; 5: pre-zeroing kept across the
 /// program's `exec` (the request's owner); 6: far memory's userfaultfds
-/// made by the host's server (`inject::maker`, magic `PGWU`).
+/// made by the host's server (`inject::uffd_lending`, magic `PGWU`).
 pub const CONTRACT: u32 = 6;
 
 /// The package version of this build, said beside the contract.

@@ -626,7 +626,7 @@ impl StoppedGroup {
     /// type); waits at most `limit` for each thread and for the freezer.
     pub fn new(list: &dyn Fn() -> Result<Vec<i32>>, limit: Duration) -> Result<Self> {
         let first = list()?;
-        if let Some(f) = crate::freezer::Freezer::of(&first) {
+        if let Some(f) = crate::freezer::Freezer::holding_exactly(&first) {
             let frozen = f.freeze(limit)?;
             let pids = list()?;
             let mut interrupted = Vec::new();

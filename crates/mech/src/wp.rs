@@ -117,7 +117,7 @@ impl UffdWp {
     /// or under `vm.unprivileged_userfaultfd = 1`: for a process without
     /// it (in a container), it is made through `/dev/userfaultfd`, lent to
     /// the process for the one call (see
-    /// [`crate::inject::maker::userfaultfd_inside`]); the machine's setting
+    /// [`crate::inject::uffd_lending::userfaultfd_inside`]); the machine's setting
     /// is never changed.
     pub(crate) fn open_in_sync(pid: i32) -> Result<Self> {
         Self::open_in_mode(pid, true)
@@ -161,7 +161,7 @@ impl UffdWp {
                 };
             let mut fds = Vec::with_capacity(n);
             for _ in 0..n {
-                let fd = crate::inject::maker::userfaultfd_inside(
+                let fd = crate::inject::uffd_lending::userfaultfd_inside(
                     &remote,
                     flags,
                     "write tracking from outside (uffd-wp)",

@@ -253,7 +253,7 @@ impl ResetSession {
     /// Hands over the signals sent to the process since it was let run;
     /// how many.
     fn pump(&mut self) -> PyResult<usize> {
-        self.inner.pump().map_err(os_error)
+        self.inner.hand_over_signals().map_err(os_error)
     }
 
     /// `length` bytes at `address` as the point holds them.

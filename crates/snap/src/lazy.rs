@@ -47,7 +47,7 @@
 
 use crate::disk::{check_same_shape, DiskSnapshot, DiskStore};
 use crate::{Error, Result};
-use pagewise_mech::fault::{self, again, Filled};
+use pagewise_mech::fault::{self, retry_after_events, Filled};
 use pagewise_mech::procfs;
 use pagewise_mech::workload::AnonMemory;
 use pagewise_mech::{Region, PAGE_SIZE};
@@ -574,7 +574,7 @@ impl Server {
                 let arrived = Instant::now();
                 let addr = msg.pf_address() & !(PAGE_SIZE as u64 - 1);
                 match self.fault(fd, addr, arrived) {
-                    Err(e) if again(&e) => self.later.push((addr, arrived)),
+                    Err(e) if retry_after_events(&e) => self.later.push((addr, arrived)),
                     r => r?,
                 }
             }
@@ -594,7 +594,7 @@ impl Server {
     fn retry_later(&mut self, fd: BorrowedFd<'_>) -> Result<()> {
         for (addr, arrived) in std::mem::take(&mut self.later) {
             match self.fault(fd, addr, arrived) {
-                Err(e) if again(&e) => self.later.push((addr, arrived)),
+                Err(e) if retry_after_events(&e) => self.later.push((addr, arrived)),
                 r => r?,
             }
         }
@@ -694,7 +694,7 @@ impl Server {
                 continue;
             };
             match self.bring(fd, addr, i, false) {
-                Err(e) if again(&e) => {
+                Err(e) if retry_after_events(&e) => {
                     // An event is waiting: read it first.
                     self.cursor = i;
                     return Ok(());

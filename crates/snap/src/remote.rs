@@ -319,7 +319,7 @@ pub fn snapshot_group(
     disk: &mut DiskStore,
     label: &str,
 ) -> Result<GroupSnapshot> {
-    IncrementalGroup::plain().snapshot(list, disk, label)
+    IncrementalGroup::without_tracking().snapshot(list, disk, label)
 }
 
 /// Successive snapshots of a group, each taken with every process
@@ -339,7 +339,7 @@ pub struct IncrementalGroup {
 
 impl IncrementalGroup {
     /// Every snapshot read whole.
-    pub fn plain() -> Self {
+    pub fn without_tracking() -> Self {
         IncrementalGroup { members: None }
     }
 

@@ -23,7 +23,7 @@ impl Engine {
                 self.policy.removed(g);
                 match self.evict(sh, g, true) {
                     Ok(_) => {}
-                    Err(e) if again(&e) => {
+                    Err(e) if retry_after_events(&e) => {
                         // Try the whole sweep again after the events.
                         self.policy.inserted(g);
                         return Ok(());

@@ -71,7 +71,7 @@ impl Engine {
                 match self.evict_victim(sh) {
                     Ok(Some(_)) => {}
                     Ok(None) => break,
-                    Err(e) if again(&e) => {
+                    Err(e) if retry_after_events(&e) => {
                         // After the pending events: try again then.
                         sh.changed.store(true, Ordering::Release);
                         break;

@@ -51,7 +51,7 @@ impl Engine {
         // SAFETY: a page registered with the engine's userfaultfd: the engine's own pages (its regions, registered with its userfaultfd, and their staging slots): memory it emulates for the program as raw memory, which no Rust reference of the engine relies on.
         match unsafe { pagewise_mech::fault::zero(self.uffd.as_fd(), page, PAGE_SIZE as u64) } {
             Ok(_) => Ok(()),
-            Err(e) if again(&e) => Err(e.into()),
+            Err(e) if retry_after_events(&e) => Err(e.into()),
             // Unregistered meanwhile: whoever waits only needs waking.
             Err(_) => uffd::wake(self.uffd.as_fd(), page, PAGE_SIZE as u64)
                 .map_err(|e| Error::os("UFFDIO_WAKE", e)),
@@ -100,8 +100,8 @@ impl Engine {
                     format!(
                         "UFFDIO_MOVE of {staged:#x} back to {addr:#x} (page {g} parked; \
                          the region page is {}, the staging page {})",
-                        books::presence(here.ok()),
-                        books::presence(there.ok())
+                        page_audit::presence(here.ok()),
+                        page_audit::presence(there.ok())
                     ),
                     e,
                 ));
@@ -173,7 +173,9 @@ impl Engine {
             c.overshoot
                 .fetch_max(local.saturating_sub(room.1), Ordering::Relaxed);
         }
-        if r.as_ref().is_err_and(|e| again(e) || unregistered(e)) {
+        if r.as_ref()
+            .is_err_and(|e| retry_after_events(e) || unregistered(e))
+        {
             // Not mapped: undone, to be served again after the events (or
             // not the engine's, see `pass`).
             self.put(g, was);

@@ -22,7 +22,7 @@ impl Engine {
         // the handler thread.
         match self.apply_changes(sh) {
             Ok(()) => {}
-            Err(e) if again(&e) => return Served::Again,
+            Err(e) if retry_after_events(&e) => return Served::Again,
             Err(e) => self.fail(&e),
         }
         if self.locate(addr).is_none() {
@@ -42,7 +42,7 @@ impl Engine {
                 unsafe { pagewise_mech::fault::zero(self.uffd.as_fd(), page, PAGE_SIZE as u64) };
             return match zeroed {
                 Ok(_) => Served::Done,
-                Err(e) if again(&e) => Served::Again,
+                Err(e) if retry_after_events(&e) => Served::Again,
                 Err(_) => Served::NotMine,
             };
         }
@@ -58,7 +58,7 @@ impl Engine {
                 }
                 Served::Done
             }
-            Err(e) if again(&e) => {
+            Err(e) if retry_after_events(&e) => {
                 c.inline.fetch_sub(1, Ordering::Relaxed);
                 Served::Again
             }

@@ -316,7 +316,7 @@ impl Engine {
         for r in self.carve(whole) {
             match self.add_region(r, true) {
                 Ok(()) => {}
-                Err(e) if again(&e) => self.adopts.push(r),
+                Err(e) if retry_after_events(&e) => self.adopts.push(r),
                 Err(e) => {
                     // Found late, the range may be gone in part or in whole
                     // (a heap the C library trimmed, a mapping unmapped

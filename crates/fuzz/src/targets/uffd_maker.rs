@@ -1,11 +1,11 @@
-//! The far-memory server's wire (`pagewise_mech::inject::maker`): a
+//! The far-memory server's wire (`pagewise_mech::inject::uffd_lending`): a
 //! request a program in a container sends to the host's server, and the
 //! answer the program reads back. The first byte picks which one the rest
 //! is read as.
 
 use super::Target;
 use crate::mutate::Rng;
-use pagewise_mech::inject::maker;
+use pagewise_mech::inject::uffd_lending;
 
 /// Both readers of the wire.
 pub(super) struct UffdMaker;
@@ -16,24 +16,25 @@ impl Target for UffdMaker {
             return false;
         };
         if kind & 1 == 0 {
-            let Ok((op, flags)) = maker::read_request(&mut &rest[..]) else {
+            let Ok((op, flags)) = uffd_lending::read_request(&mut &rest[..]) else {
                 return false;
             };
             let _ = (op, flags);
             true
         } else {
-            let Ok((value, why)) = maker::read_answer(&mut &rest[..]) else {
+            let Ok((value, why)) = uffd_lending::read_answer(&mut &rest[..]) else {
                 return false;
             };
             assert!(
-                why.len() <= 4 * maker::MAX_WHY as usize,
+                why.len() <= 4 * uffd_lending::MAX_WHY as usize,
                 "a reason of {}",
                 why.len()
             );
             // What is read is what would be written.
             let mut again = Vec::new();
-            maker::write_answer(&mut again, value, &why).expect("writing to a vector");
-            let back = maker::read_answer(&mut &again[..]).expect("an answer written reads back");
+            uffd_lending::write_answer(&mut again, value, &why).expect("writing to a vector");
+            let back =
+                uffd_lending::read_answer(&mut &again[..]).expect("an answer written reads back");
             assert_eq!(back.0, value);
             true
         }
@@ -41,9 +42,9 @@ impl Target for UffdMaker {
 
     fn seeds(&self, rng: &mut Rng) -> Vec<Vec<u8>> {
         let mut out = Vec::new();
-        for op in [maker::WHO, maker::USERFAULTFD] {
+        for op in [uffd_lending::WHO, uffd_lending::USERFAULTFD] {
             let mut b = vec![0u8];
-            b.extend_from_slice(&pagewise_mech::shim::hello_header(maker::MAGIC));
+            b.extend_from_slice(&pagewise_mech::shim::hello_header(uffd_lending::MAGIC));
             b.extend_from_slice(&op.to_le_bytes());
             b.extend_from_slice(&((rng.below(2) as u32) << 19 | 0x800).to_le_bytes());
             out.push(b);
@@ -53,7 +54,7 @@ impl Target for UffdMaker {
             (-1, "process 4242 is not a member of instance web"),
         ] {
             let mut b = vec![1u8];
-            maker::write_answer(&mut b, value, why).expect("writing to a vector");
+            uffd_lending::write_answer(&mut b, value, why).expect("writing to a vector");
             out.push(b);
         }
         out

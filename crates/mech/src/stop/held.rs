@@ -5,7 +5,7 @@
 //!
 //! While the process runs between two stops, a signal sent to it stops
 //! the thread that takes it until the holder hands it over: at the next
-//! stop, or at [`Held::pump`], which a holder that waits calls (it hands
+//! stop, or at [`Held::hand_over_signals`], which a holder that waits calls (it hands
 //! over every such signal at once, as it came). A stop signal puts the
 //! process in its group-stop as it would without pagewise, and it stays
 //! there (`PTRACE_LISTEN`) until something continues it.
@@ -28,7 +28,7 @@ pub struct Held {
     /// Threads interrupted by a stop that failed before their own stop
     /// came: not interrupted again (a second interrupt would stop the
     /// thread once more after it is continued); their stop is taken by
-    /// the next stop, [`Held::pump`] or [`Held::wait_end`].
+    /// the next stop, [`Held::hand_over_signals`] or [`Held::wait_end`].
     pending: Vec<i32>,
     /// A thread stopped at the end of a run whose other threads did not
     /// all stop in time ([`Held::wait_end`] failed): held at its end, not
@@ -171,7 +171,7 @@ impl Held {
 
     /// While it runs: hands over, without waiting, every signal that has
     /// stopped a thread on its way (see the module); how many.
-    pub fn pump(&mut self) -> Result<usize> {
+    pub fn hand_over_signals(&mut self) -> Result<usize> {
         if !self.running {
             return Ok(0);
         }

@@ -242,7 +242,7 @@ fn a_thread_that_does_not_stop_in_time_leaves_the_others_running() {
     // on to its answer.
     child.end();
     let vforked = t.line_while(|| {
-        s.pump().unwrap();
+        s.hand_over_signals().unwrap();
     });
     assert!(vforked.contains("vforked=1"), "{vforked}");
     // The next reset stops every thread and puts the point back.
@@ -301,7 +301,7 @@ fn an_end_whose_others_do_not_stop_in_time_is_returned_by_the_next_wait() {
     // comes after the reset: handed over while the answer is awaited.
     s.reset().unwrap();
     let again = t.ask_while("c", || {
-        s.pump().unwrap();
+        s.hand_over_signals().unwrap();
     });
     assert_eq!(again, first);
     assert!(
@@ -430,7 +430,7 @@ fn a_reset_leaves_the_offset_of_a_file_another_process_shares() {
         // The session answers the target's stops (its shell forks
         // `head`, whose end is a SIGCHLD) while it waits.
         pagewise_testkit::wait_in_file(&path, "moved\n", round, || {
-            s.pump().unwrap();
+            s.hand_over_signals().unwrap();
         });
         expected.push_str(&line);
         expected.push_str("moved\n");

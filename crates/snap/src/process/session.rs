@@ -34,8 +34,8 @@
 //! (only its own `sigaltstack` changes it; [`ResetSession::reset_full`]
 //! puts it back), and the program break moved within its last page (glibc
 //! moves it by whole pages). Signals sent to the process between resets
-//! are handed over at the next reset or [`ResetSession::pump`] (a caller
-//! that waits on the process pumps: a thread stopped by a signal, a crash
+//! are handed over at the next reset or [`ResetSession::hand_over_signals`] (a caller
+//! that waits on the process calls it: a thread stopped by a signal, a crash
 //! too, stays stopped until then). A thread caught at the point before it
 //! registered its rseq area (just made) would register it again after
 //! each reset, which the kernel refuses (the registration is the kernel's,
@@ -380,11 +380,11 @@ impl ResetSession {
     }
 
     /// Hands over the signals sent to the process since it was let run
-    /// (see [`Held::pump`]); how many. A caller that waits for the process
+    /// (see [`Held::hand_over_signals`]); how many. A caller that waits for the process
     /// between resets calls it now and then.
-    pub fn pump(&mut self) -> Result<usize> {
+    pub fn hand_over_signals(&mut self) -> Result<usize> {
         self.same_thread()?;
-        Ok(self.held.pump()?)
+        Ok(self.held.hand_over_signals()?)
     }
 
     /// Refuses a call from another thread than the one that opened the

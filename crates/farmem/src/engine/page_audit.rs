@@ -1,4 +1,5 @@
-//! The books against the page tables: a debug mode (see
+//! The engine's books (where it holds each page: local, parked, remote)
+//! audited against the page tables: a debug mode (see
 //! [`crate::Hooks::check_books`]) for the randomized tests, which
 //! finds a wrong place in the books at the fault it first matters to,
 //! instead of as a wrong byte read much later.
