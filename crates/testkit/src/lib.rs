@@ -7,6 +7,7 @@
 
 pub mod container;
 pub mod servers;
+pub mod targets;
 
 /// Reports that the calling test skips (part of) what it is named after,
 /// and why: a kernel feature, a tool or a privilege this machine lacks.

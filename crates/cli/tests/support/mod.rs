@@ -446,7 +446,7 @@ pub fn ok(c: &mut Command) -> std::process::Output {
 /// its own registers across every read), compiled once; `None` (a skip
 /// said) where it cannot be.
 pub fn rollback_target() -> Option<PathBuf> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../pagewise/tests/c/rollback.c");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../snap/tests/c/rollback.c");
     match pagewise_testkit::c_program(&src, Path::new(env!("CARGO_TARGET_TMPDIR")), &["-pthread"]) {
         Ok(p) => Some(p),
         Err(why) => {

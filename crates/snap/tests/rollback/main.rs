@@ -7,8 +7,7 @@
 //! layout changes of every kind are put back; workers writing while the
 //! snapshot is taken and restored keep consistent hash chains.
 
-#[path = "../common/mod.rs"]
-mod common;
+use pagewise_testkit::targets as common;
 
 use common::can_ptrace;
 use pagewise::snap::{ProcessSnapshots, RestoreOptions, SnapId};

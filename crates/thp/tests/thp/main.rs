@@ -6,8 +6,7 @@
 //! and at least as new as the last pass the process completed).
 
 mod cgroup;
-#[path = "../common/mod.rs"]
-mod common;
+use pagewise_testkit::targets as common;
 
 use pagewise::thp::agent::{Action, Agent, Budget, Options, Policy};
 use pagewise::workload::AnonMemory;

@@ -5,8 +5,7 @@
 //! the tool; calls blocked in the target do not see an EINTR the stop
 //! caused.
 
-#[path = "../common/mod.rs"]
-mod common;
+use pagewise_testkit::targets as common;
 mod late_uffd;
 
 use common::{can_ptrace, fds};

@@ -5,8 +5,7 @@
 //! a take reads exactly the pages written since the last take or restore, and
 //! a restore writes exactly the pages that differ.
 
-#[path = "../common/mod.rs"]
-mod common;
+use pagewise_testkit::targets as common;
 mod disk;
 mod lazy;
 mod live;

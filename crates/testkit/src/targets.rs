@@ -1,4 +1,6 @@
-//! Helpers shared by the integration tests.
+//! Targets the library's integration tests act on (memory of known
+//! content, scripted processes, writers checked against a shadow copy) and
+//! the helpers they share, for the tests of each crate (`crates/X/tests`).
 #![allow(dead_code)]
 
 use pagewise::track::BackendKind;
@@ -7,11 +9,11 @@ use pagewise::track::BackendKind;
 pub fn for_each_backend(name: &str, skip: &[BackendKind], f: impl Fn(BackendKind)) {
     for kind in BackendKind::ALL {
         if skip.contains(&kind) {
-            pagewise_testkit::skip!("[{kind}] does not apply to this backend");
+            crate::skip!("[{kind}] does not apply to this backend");
             continue;
         }
         if let Err(why) = kind.available_in_process() {
-            pagewise_testkit::skip!("[{kind}] {why}");
+            crate::skip!("[{kind}] {why}");
             continue;
         }
         f(kind);
@@ -22,7 +24,9 @@ pub fn for_each_backend(name: &str, skip: &[BackendKind], f: impl Fn(BackendKind
 /// A mapping of one kind of memory, for the memory-type tests; unmapped when
 /// dropped.
 pub struct Mapped {
+    /// Where the mapping starts.
     pub addr: u64,
+    /// Its length in bytes.
     pub len: usize,
     _file: Option<std::fs::File>,
 }
@@ -49,7 +53,7 @@ impl Mapped {
                 (libc::MAP_SHARED, Some(f))
             }
             K::FilePrivate => {
-                let p = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+                let p = std::env::temp_dir().join(format!(
                     "mapped-{}-{addr}",
                     std::process::id(),
                     addr = pages
@@ -107,15 +111,18 @@ impl Mapped {
         })
     }
 
+    /// The mapping as a region.
     pub fn region(&self) -> pagewise::Region {
         pagewise::Region::new(self.addr, self.len as u64).unwrap()
     }
 
+    /// The byte at `off`, read as the program would.
     pub fn byte(&self, off: usize) -> u8 {
         // SAFETY: inside the mapping.
         unsafe { std::ptr::read_volatile((self.addr as *const u8).add(off)) }
     }
 
+    /// Writes `v` at `off`, as the program would.
     pub fn set(&self, off: usize, v: u8) {
         // SAFETY: inside the mapping.
         unsafe { std::ptr::write_volatile((self.addr as *mut u8).add(off), v) }
@@ -139,13 +146,17 @@ impl Drop for Mapped {
 /// It answers each command with one byte once done (for `h`: 1 if the
 /// collapse succeeded).
 pub struct Scripted {
+    /// The child.
     pub pid: i32,
+    /// The region it acts on.
     pub region: pagewise::Region,
+    /// Where its commands are written.
     pub cmd: std::io::PipeWriter,
     ack: std::io::PipeReader,
 }
 
 impl Scripted {
+    /// Forks the child over a region of `pages` pages, each written once.
     pub fn start(pages: usize) -> Scripted {
         use std::io::{Read, Write};
         let (mut cmd_r, cmd_w) = std::io::pipe().unwrap();
@@ -343,12 +354,15 @@ impl Drop for Scripted {
 /// pages of a private region until told to stop; the region's address is the
 /// same in the child (inherited mapping).
 pub struct Writer {
+    /// The child.
     pub pid: i32,
+    /// The region its threads write.
     pub region: pagewise::Region,
     ctl: *mut std::sync::atomic::AtomicU64,
 }
 
 impl Writer {
+    /// Forks the writer over a region of `pages` pages.
     pub fn start(pages: usize) -> Writer {
         // SAFETY: fresh anonymous mappings.
         let (mem, ctl) = unsafe {
@@ -461,6 +475,7 @@ impl Writer {
         }
     }
 
+    /// The whole region as the child holds it now, read from outside.
     pub fn read_all(&self) -> Vec<u8> {
         let mut b = vec![0u8; self.region.len as usize];
         let n = pagewise_mech::remote::read(self.pid, self.region.start, &mut b).unwrap();
@@ -525,7 +540,7 @@ pub fn huge_regions(pid: i32, base: u64, n: usize) -> Vec<bool> {
 }
 
 #[allow(unused_imports)]
-pub use pagewise_testkit::can_ptrace;
+pub use crate::can_ptrace;
 
 /// The fds of `pid`, as /proc lists them.
 pub fn fds(pid: i32) -> Vec<String> {
@@ -575,8 +590,8 @@ pub fn ran_alone(module: &str, name: &str) -> bool {
         if line.starts_with("SKIP ") {
             let why = line.split_once(": ").map_or(line, |(_, why)| why);
             match why.strip_prefix("(did not happen) ") {
-                Some(why) => pagewise_testkit::not_happened!("{why}"),
-                None => pagewise_testkit::skip!("{why}"),
+                Some(why) => crate::not_happened!("{why}"),
+                None => crate::skip!("{why}"),
             }
         } else if !line.is_empty()
             && !line.starts_with("running ")

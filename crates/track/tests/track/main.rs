@@ -7,8 +7,7 @@
 //! Each case runs for every backend; a backend this kernel lacks is skipped
 //! with the probe's reason.
 
-#[path = "../common/mod.rs"]
-mod common;
+use pagewise_testkit::targets as common;
 mod outside;
 
 use common::for_each_backend;

@@ -2,8 +2,7 @@
 //! writes under eviction checked against shadow copies, faults inside system
 //! calls, the link model's exact sums, and live reconfiguration.
 
-#[path = "../common/mod.rs"]
-mod common;
+use pagewise_testkit::targets as common;
 mod policies;
 mod regions;
 

@@ -7,8 +7,7 @@
 //! are back, and no write of the process is lost (every page checked
 //! against the content it must hold).
 
-#[path = "../common/mod.rs"]
-mod common;
+use pagewise_testkit::targets as common;
 
 use pagewise::dedup::{Action, Agent, Options, Policy, Thresholds};
 use pagewise::{HUGE_PAGE_SIZE, PAGE_SIZE};
@@ -1101,7 +1100,7 @@ fn a_program_that_serves_its_own_faults_keeps_its_memory_to_itself() {
         return;
     }
     let _one = common::one_target_at_a_time();
-    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/late_uffd.c");
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../mech/tests/c/late_uffd.c");
     let bin = match pagewise_testkit::c_program(
         &src,
         std::path::Path::new(env!("CARGO_TARGET_TMPDIR")),

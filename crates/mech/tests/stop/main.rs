@@ -4,8 +4,7 @@
 //! stand still); dropped, the target runs again; a target its user had
 //! stopped stays stopped; a missing process is a clear error.
 
-#[path = "../common/mod.rs"]
-mod common;
+use pagewise_testkit::targets as common;
 
 use common::{can_ptrace, fds};
 use pagewise_mech::stop::Stopped;
