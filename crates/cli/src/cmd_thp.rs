@@ -181,20 +181,10 @@ fn prezero(p: PrezeroArgs) -> Result<i32> {
 }
 
 pub(crate) fn policy_of(s: &str) -> Result<Policy> {
-    Ok(match s {
-        "coverage" => Policy::Coverage,
-        "address" => Policy::AddressOrder,
-        _ => match s.strip_prefix("utilisation:") {
-            Some(f) => {
-                let f: f64 = f.parse().with_context(|| format!("policy {s}"))?;
-                if !(0.0..=1.0).contains(&f) {
-                    crate::usage!("policy {s}: the threshold is a share, 0 to 1");
-                }
-                Policy::Utilisation(f)
-            }
-            None => crate::usage!("policy {s}: coverage, address or utilisation:F"),
-        },
-    })
+    match Policy::parse(s) {
+        Ok(p) => Ok(p),
+        Err(why) => crate::usage!("{why}"),
+    }
 }
 
 fn pressure_of(s: Option<&str>) -> Result<Pressure> {

@@ -76,7 +76,8 @@ pub fn failure<'a>(
         pagewise::MechError,
         pagewise::track::Error,
         pagewise::snap::Error,
-        pagewise::farmem::Error
+        pagewise::farmem::Error,
+        pagewise::agent::Error
     );
     None
 }

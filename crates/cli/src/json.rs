@@ -46,7 +46,7 @@ pub fn schemas() -> Vec<(&'static str, serde_json::Value)> {
         ("thp-run", schema_for!(cmd_thp::RunLine<'static>)),
         ("thp-prezero", schema_for!(cmd_thp::PrezeroOutput<'static>)),
         ("dedup-run", schema_for!(cmd_dedup::Line<'static>)),
-        ("agent", schema_for!(cmd_agent::Line<'static>)),
+        ("agent", schema_for!(pagewise::agent::node::Step)),
     ];
     // Every object the tool prints carries the version of what it prints.
     all.drain(..)

@@ -22,7 +22,6 @@ mod exit;
 mod groups;
 mod heatmap;
 mod json;
-mod node;
 mod progress;
 mod serve_session;
 mod stop;

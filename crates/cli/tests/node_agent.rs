@@ -127,7 +127,13 @@ fn the_node_agent_watches_containers_and_puts_back_what_it_changed() {
     // names its container; at most 50 series per container.
     let mut per_container = std::collections::BTreeMap::new();
     for l in text.lines().filter(|l| !l.starts_with('#')) {
-        let family = l.split(['{', ' ']).next().unwrap();
+        // A counter's samples end in `_total`, its family's name does not
+        // (OpenMetrics).
+        let sample = l.split(['{', ' ']).next().unwrap();
+        let family = sample
+            .strip_suffix("_total")
+            .filter(|f| text.contains(&format!("# TYPE {f} counter\n")))
+            .unwrap_or(sample);
         assert!(
             text.contains(&format!("# HELP {family} "))
                 && text.contains(&format!("# TYPE {family} ")),

@@ -7,20 +7,16 @@
 //! - their 2 MiB regions, found again every step ([`Targets::regions`]);
 //! - the step's clock and CPU time ([`StepClock`]), the agent's own
 //!   thread's and that of threads serving it;
-//! - its counters in the Prometheus text format ([`Metric`]).
+//! - its counters and gauges ([`Metric`]), each with its help and, for one
+//!   process or container, its labels.
 //!
 //! Each agent keeps its own per-process state (`T` in [`Targets`]), its own
 //! step (a short list of named phases) and its own actions, each with its
-//! reason. Every agent is driven the same way ([`drive`]): a step per
-//! interval until interrupted (SIGINT/SIGTERM for the tool), the metrics
-//! after each, then [`Agent::end`], then drop, which puts back every
-//! system setting the agent changed.
-
-mod drive;
-mod endpoint;
-pub mod gains;
-pub use drive::{drive, Cadence, Deadline, Ended, Interrupt, Uninterrupted};
-pub use endpoint::{Endpoint, Published};
+//! reason. Every agent is driven the same way, by the runtime of
+//! `pagewise-agent`: a step per interval until interrupted
+//! (SIGINT/SIGTERM for the tool), the metrics after each, then
+//! [`Agent::end`], then drop, which puts back every system setting the
+//! agent changed.
 
 use crate::walk::HugeRegion;
 use crate::{procfs, walk};
@@ -49,11 +45,13 @@ pub trait Agent {
     /// must not outlive it. System settings are put back when the agent
     /// is dropped.
     fn end(&mut self) -> Vec<Self::Action>;
-    /// Its counters now.
+    /// Its counters now (`pagewise-agent` renders them in the Prometheus
+    /// exposition).
     fn metric_values(&self) -> Vec<Metric>;
-    /// The counters in the Prometheus text format.
-    fn metrics(&self) -> String {
-        Metric::render(Self::NAME, &self.metric_values())
+    /// Its counters under each agent's name (`pagewise_NAME_…`): its own
+    /// and, for an agent made of others (the node agent), theirs.
+    fn metric_groups(&self) -> Vec<(&'static str, Vec<Metric>)> {
+        vec![(Self::NAME, self.metric_values())]
     }
 }
 
@@ -124,40 +122,6 @@ impl Metric {
             ..Metric::gauge(name, help, value)
         }
     }
-
-    /// `metrics` of agent `agent` in the Prometheus text format: the
-    /// lines of each name together, in the order names first appear, each
-    /// name's help and type once before them.
-    pub fn render(agent: &str, metrics: &[Metric]) -> String {
-        let mut s = String::new();
-        let mut names: Vec<&str> = Vec::new();
-        for m in metrics {
-            if !names.contains(&m.name) {
-                names.push(m.name);
-            }
-        }
-        for n in names {
-            let name = format!("pagewise_{agent}_{n}");
-            let mut said = false;
-            for m in metrics.iter().filter(|m| m.name == n) {
-                match &m.process {
-                    None => prometheus_metric(&mut s, &name, m.kind, m.help, m.value),
-                    Some(labels) => {
-                        if !said {
-                            said = true;
-                            s += &format!("# HELP {name} {}\n# TYPE {name} {}\n", m.help, m.kind);
-                        }
-                        let l: Vec<String> = labels
-                            .iter()
-                            .map(|(k, v)| format!("{k}=\"{}\"", label_value(v)))
-                            .collect();
-                        s += &format!("{name}{{{}}} {}\n", l.join(","), m.value);
-                    }
-                }
-            }
-        }
-        s
-    }
 }
 
 /// The labels of a process's series: its `pid`, and in a container its
@@ -194,14 +158,6 @@ pub fn container_labels(c: &crate::container::ContainerRef) -> Vec<(&'static str
         }
     }
     labels
-}
-
-/// A label's value in the Prometheus text format: `\\`, `"` and newlines
-/// escaped.
-fn label_value(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }
 
 /// A process an agent watches, and the agent's state of it.
@@ -423,12 +379,6 @@ pub fn thread_cpu_ms() -> f64 {
     process::thread_cpu_ns() as f64 / 1e6
 }
 
-/// Appends one metric in the Prometheus text format (its help, its type
-/// and its value) to `out`.
-pub(crate) fn prometheus_metric(out: &mut String, name: &str, kind: &str, help: &str, v: f64) {
-    *out += &format!("# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n");
-}
-
 /// A step's clock: its wall time and the CPU time the agent spent in it,
 /// its own thread's and, given at both ends, that of threads serving it.
 #[derive(Debug, Clone, Copy)]
@@ -507,37 +457,6 @@ mod tests {
             "ok   after exec: {} regions, {full} of them all in memory, as read afresh",
             fresh.len()
         );
-    }
-
-    #[test]
-    fn metrics_render_as_prometheus_text() {
-        let mut t: Targets<()> = Targets::default();
-        let me = std::process::id() as i32;
-        t.add(me, |_| Ok(())).unwrap();
-        t.list[0].ns_pid = Some(7);
-        t.list[0].container = crate::container::parse_cgroup_path(
-            "/kubepods.slice/kubepods-pod1a2b_c3.slice/cri-containerd-0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef.scope",
-        );
-        let m = [
-            Metric::counter("steps_total", "Steps taken.", 3.0),
-            Metric::gauge("watched", "Processes watched.", 1.0),
-            Metric::of_process("promoted", "Huge pages promoted.", &t.all()[0], 7.0),
-            Metric::of_process("promoted", "Huge pages promoted.", &t.all()[0], 8.0),
-        ];
-        let line = format!(
-            "pagewise_x_promoted{{pid=\"{me}\",ns_pid=\"7\",container=\"0123456789ab\",runtime=\"containerd\",pod=\"1a2b-c3\"}}"
-        );
-        assert_eq!(
-            Metric::render("x", &m),
-            format!(
-                "# HELP pagewise_x_steps_total Steps taken.\n# TYPE pagewise_x_steps_total counter\n\
-                 pagewise_x_steps_total 3\n# HELP pagewise_x_watched Processes watched.\n\
-                 # TYPE pagewise_x_watched gauge\npagewise_x_watched 1\n\
-                 # HELP pagewise_x_promoted Huge pages promoted.\n# TYPE pagewise_x_promoted gauge\n\
-                 {line} 7\n{line} 8\n"
-            )
-        );
-        assert_eq!(label_value("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
     }
 
     #[test]

@@ -179,6 +179,18 @@ pub struct Member {
     pub container: Option<ContainerRef>,
 }
 
+impl Member {
+    /// Process `pid` as a member: its pid inside and its container, as the
+    /// kernel says them now.
+    pub fn of(pid: i32) -> Member {
+        Member {
+            pid,
+            ns_pid: ns_pid(pid),
+            container: container_of(pid),
+        }
+    }
+}
+
 /// Which processes: those of a cgroup, or of a container.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]

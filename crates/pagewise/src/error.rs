@@ -22,6 +22,9 @@ pub enum Error {
     /// Far-memory emulation failed.
     #[error(transparent)]
     Farmem(#[from] pagewise_farmem::Error),
+    /// The agent runtime failed (a node agent's configuration, say).
+    #[error(transparent)]
+    Agent(#[from] pagewise_agent::Error),
 }
 
 impl Error {
@@ -46,6 +49,7 @@ impl Error {
             Error::Track(e) => e,
             Error::Snap(e) => e,
             Error::Farmem(e) => e,
+            Error::Agent(e) => e,
         }
     }
 }

@@ -1,7 +1,7 @@
 //! pagewise: page-level memory management on a stock Linux kernel, from user space.
 //!
 //! The library is the product; the `pagewise` CLI, the preload shim and the C
-//! API are thin layers over it. It has two layers (see `ARCHITECTURE.md`):
+//! API are thin layers over it. It has three layers (see `ARCHITECTURE.md`):
 //!
 //! **Capabilities**, each one system of the papers, at the crate root:
 //!
@@ -17,12 +17,16 @@
 //! A capability imports mechanisms, never another capability (except
 //! `snap`, built on `track`).
 //!
+//! **The agent runtime** ([`agent`], the `pagewise-agent` crate), above
+//! the capabilities: the one step loop that runs `thp`'s and `dedup`'s
+//! agents, the node agent over a node's containers, their metrics and
+//! endpoint.
+//!
 //! **Mechanisms** (the `pagewise-mech` crate), what every capability uses,
 //! each in one place. Those a user may need are re-exported here: what
 //! the kernel offers ([`probe`]), page-table walks ([`walk`]) and their
 //! cost ([`walk_cost`]), userfaultfd write-protect ([`wp`]), access
-//! coverage ([`access`]), digests ([`hash`]), and the frame of the agents
-//! ([`agent`]). The rest (parsing `/proc`, stopping a process and acting
+//! coverage ([`access`]) and digests ([`hash`]). The rest (parsing `/proc`, stopping a process and acting
 //! inside it, cgroups, the preload shim's contract) is reached through a
 //! few hidden modules for pagewise's own faces ([`process`], [`system`],
 //! [`shim`]), which may change without notice.
@@ -52,30 +56,13 @@ pub use pagewise_mech::Error as MechError;
 pub use pagewise_mech::{probe, ErrorClass, Failure, PageRange, Refusal, Region};
 pub use pagewise_mech::{HUGE_PAGE_SIZE, PAGE_SIZE};
 
-/// The frame every agent runs in: the [`Agent`](agent::Agent) trait, its
-/// targets and metrics, and [`drive`](agent::drive), the loop that steps
-/// an agent at its cadence until it is stopped or its program ends; the
-/// program an agent watches ([`child`](agent::child)), and the system
-/// settings agents change and put back ([`settings`](agent::settings)).
-pub mod agent {
-    pub use pagewise_mech::agent::*;
-
-    /// The program an agent (or a tool) starts and watches: tied to its
-    /// starter, stopped within a bound, its exit as a code.
-    pub mod child {
-        pub use pagewise_mech::child::{
-            exit_code, signal_then_kill, stop, tie, wait_for, wait_or_kill,
-        };
-    }
-
-    /// System settings changed for a run, journaled first and put back
-    /// when it ends, fails or is killed (the next run repairs a killed one).
-    pub mod settings {
-        pub use pagewise_mech::settings::{
-            current, put_back_own, recover, take_put_back, SettingGuard,
-        };
-    }
-}
+/// The agent runtime (`pagewise-agent`): the one step loop that runs an
+/// [`Agent`](agent::Agent) or several ([`drive`](agent::drive),
+/// [`run`](agent::run)), the node agent ([`node`](agent::node)), the
+/// metrics in the Prometheus exposition and their endpoint, what a run
+/// gained, the system settings agents change and put back, and the
+/// program an agent watches.
+pub use pagewise_agent as agent;
 
 /// What pagewise reads of a process: whether it may be a target, its
 /// mappings, residency, descriptors and CPU time, its memory (a page

@@ -78,6 +78,22 @@ pub enum Policy {
     Utilisation(f64),
 }
 
+impl Policy {
+    /// The policy `s` names: `coverage`, `address` or `utilisation:F`
+    /// (F a share, 0 to 1); what is wrong with it where it names none.
+    pub fn parse(s: &str) -> std::result::Result<Policy, String> {
+        match s {
+            "coverage" => Ok(Policy::Coverage),
+            "address" => Ok(Policy::AddressOrder),
+            _ => match s.strip_prefix("utilisation:").map(str::parse::<f64>) {
+                Some(Ok(f)) if (0.0..=1.0).contains(&f) => Ok(Policy::Utilisation(f)),
+                Some(_) => Err(format!("policy {s}: the threshold is a share, 0 to 1")),
+                None => Err(format!("policy {s}: coverage, address or utilisation:F")),
+            },
+        }
+    }
+}
+
 /// Limits on what the agent does.
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 #[non_exhaustive]

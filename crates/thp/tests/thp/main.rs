@@ -320,7 +320,7 @@ fn promotes_by_coverage_within_the_budget_and_loses_no_write() {
         std::thread::sleep(Duration::from_millis(100));
         let n = t.check();
         assert_eq!(n, 2048);
-        assert!(agent.metrics().contains("pagewise_thp_promoted_total 2"));
+        assert!(pagewise::agent::exposition(&agent).contains("pagewise_thp_promoted_total 2.0"));
     }
 }
 

@@ -19,10 +19,10 @@
 //! kubelet restarts an agent whose loop is wedged, not one whose endpoint
 //! is busy.
 
-use crate::{Error, Result};
 use http_body_util::Full;
 use hyper::body::Bytes;
 use hyper::{Method, Request, Response, StatusCode};
+use pagewise_mech::{Error, Result};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -53,7 +53,7 @@ pub struct Published(Arc<Mutex<State>>);
 
 impl Published {
     /// Nothing published yet, for a loop that steps every `interval`.
-    pub fn new(interval: Duration, text: String) -> Self {
+    pub(crate) fn new(interval: Duration, text: String) -> Self {
         Published(Arc::new(Mutex::new(State {
             text,
             started: Instant::now(),
@@ -67,7 +67,7 @@ impl Published {
     }
 
     /// A step was made; `text` is the metrics after it.
-    pub fn stepped(&self, text: String) {
+    pub(crate) fn stepped(&self, text: String) {
         let mut s = self.state();
         s.text = text;
         s.last_step = Some(Instant::now());
@@ -163,7 +163,7 @@ impl Endpoint {
     /// Listens on `addr` and serves `published` from a thread of its own
     /// (see the module). Refused where the address cannot be had, or the
     /// thread could not be confined (then it does not serve).
-    pub fn start(addr: &str, published: Published) -> Result<Endpoint> {
+    pub(crate) fn start(addr: &str, published: Published) -> Result<Endpoint> {
         let l = std::net::TcpListener::bind(addr)
             .map_err(|e| Error::os(format!("listening on {addr}"), e))?;
         let local = l
@@ -321,7 +321,7 @@ fn respond(p: &Published, req: &Request<hyper::body::Incoming>) -> Response<Full
         return r;
     }
     match path {
-        "/metrics" => text(StatusCode::OK, "text/plain; version=0.0.4", p.text()),
+        "/metrics" => text(StatusCode::OK, crate::CONTENT_TYPE, p.text()),
         "/healthz" => match p.health() {
             Ok(()) => text(StatusCode::OK, "text/plain", "ok\n".into()),
             Err(why) => text(

@@ -12,7 +12,7 @@
 //! watched (a command the agent started) gains its own growth too, which
 //! the answer cannot tell apart.
 
-use crate::procfs;
+use pagewise_mech::procfs;
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -194,7 +194,7 @@ impl Ledger {
                 .iter()
                 .map(|f| Before {
                     file: f.to_string(),
-                    value: crate::settings::current(f).ok(),
+                    value: pagewise_mech::settings::current(f).ok(),
                 })
                 .collect(),
             seen: BTreeMap::new(),

@@ -32,17 +32,17 @@
 //! Unknown keys are refused, named, so that a misspelt one is not silently
 //! ignored.
 
-use anyhow::{Context, Result};
-use pagewise::process::container::{ContainerRef, Member, Selector};
+use crate::{Error, Result};
 use serde::Deserialize;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Largest configuration file read.
 const MAX_CONFIG: u64 = 1 << 20;
 
 /// The node agent's configuration.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct Config {
     /// Time from one step's start to the next's, ms.
     #[serde(default = "default_interval")]
@@ -71,8 +71,9 @@ pub struct Config {
 }
 
 /// The huge-page agent's settings.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
+#[non_exhaustive]
 pub struct ThpConfig {
     /// Whether it runs.
     pub enabled: bool,
@@ -103,8 +104,9 @@ impl Default for ThpConfig {
 }
 
 /// The dedup agent's settings.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
+#[non_exhaustive]
 pub struct DedupConfig {
     /// Whether it runs.
     pub enabled: bool,
@@ -130,8 +132,9 @@ impl Default for DedupConfig {
 }
 
 /// One selection of processes, and what is done to them.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct Select {
     /// Every process that runs in a container.
     #[serde(default)]
@@ -165,45 +168,55 @@ fn yes() -> bool {
 
 impl Config {
     /// Reads and checks the configuration at `path`.
-    pub fn read(path: &std::path::Path) -> Result<Config> {
+    pub fn read(path: &Path) -> Result<Config> {
         use std::io::Read;
         let mut text = String::new();
         std::fs::File::open(path)
-            .with_context(|| format!("opening {}", path.display()))?
-            .take(MAX_CONFIG)
-            .read_to_string(&mut text)
-            .with_context(|| format!("reading {}", path.display()))?;
-        let c: Config = match toml::from_str(&text) {
-            Ok(c) => c,
-            Err(e) => crate::usage!("{}: {}", path.display(), e.to_string().trim_end()),
+            .and_then(|f| f.take(MAX_CONFIG).read_to_string(&mut text))
+            .map_err(|e| {
+                Error::Mech(pagewise_mech::Error::os(
+                    format!("reading {}", path.display()),
+                    e,
+                ))
+            })?;
+        Config::parse(&text, path)
+    }
+
+    /// Reads and checks a configuration's text (`path` names it in what
+    /// is said of it).
+    pub fn parse(text: &str, path: &Path) -> Result<Config> {
+        let bad = |why: String| Error::Config {
+            path: path.display().to_string(),
+            why,
         };
-        c.check(path)?;
+        let c: Config =
+            toml::from_str(text).map_err(|e| bad(e.to_string().trim_end().to_string()))?;
+        c.check().map_err(bad)?;
         Ok(c)
     }
 
-    fn check(&self, path: &std::path::Path) -> Result<()> {
-        let p = path.display();
+    /// What is wrong with it, if anything.
+    fn check(&self) -> std::result::Result<(), String> {
         if self.interval_ms == 0 || self.window_ms * 2 >= self.interval_ms {
-            crate::usage!(
-                "{p}: window_ms ({}) must be under half of interval_ms ({}): both agents measure in each step",
-                self.window_ms,
-                self.interval_ms
-            );
+            return Err(format!(
+                "window_ms ({}) must be under half of interval_ms ({}): both agents measure in each step",
+                self.window_ms, self.interval_ms
+            ));
         }
         if self.select.is_empty() {
-            crate::usage!("{p}: no [[select]]: say which containers or cgroups to act on");
+            return Err("no [[select]]: say which containers or cgroups to act on".into());
         }
         for (i, s) in self.select.iter().enumerate() {
             let given = [s.all_containers, s.container.is_some(), s.cgroup.is_some()];
             if given.iter().filter(|&&g| g).count() != 1 {
-                crate::usage!(
-                    "{p}: select #{}: give exactly one of all_containers, container, cgroup",
+                return Err(format!(
+                    "select #{}: give exactly one of all_containers, container, cgroup",
                     i + 1
-                );
+                ));
             }
             if let Some(cg) = &s.cgroup {
-                if let Err(e) = pagewise::process::container::check_cgroup(cg) {
-                    crate::usage!("{p}: select #{}: {e}", i + 1);
+                if let Err(e) = pagewise_mech::container::check_cgroup(cg) {
+                    return Err(format!("select #{}: {e}", i + 1));
                 }
             }
         }
@@ -227,18 +240,34 @@ impl Config {
         ] {
             // NaN fails every comparison, so it is refused with the rest.
             if !ok || !v.is_finite() {
-                crate::usage!(
-                    "{p}: {key} = {v} is outside its domain (cpu_share: above 0, at most 1; \
+                return Err(format!(
+                    "{key} = {v} is outside its domain (cpu_share: above 0, at most 1; \
                      budget_per_second: 0 to 1e6; walk_ns: above 0, at most 1e6)"
-                );
+                ));
             }
         }
+        if self.thp.enabled {
+            pagewise_thp::agent::Policy::parse(&self.thp.policy)
+                .map_err(|why| format!("[thp] {why}"))?;
+        }
+        if self.dedup.enabled && pagewise_dedup::Policy::parse(&self.dedup.policy).is_none() {
+            return Err(format!(
+                "[dedup] policy = {:?}: smartmd, ksm-everywhere, no-splitting or ingens-like",
+                self.dedup.policy
+            ));
+        }
         if self.interval_ms > 24 * 3600 * 1000 {
-            crate::usage!("{p}: interval_ms = {} is more than a day", self.interval_ms);
+            return Err(format!(
+                "interval_ms = {} is more than a day",
+                self.interval_ms
+            ));
         }
         if let Some(f) = &self.metrics_file {
             if let Err(why) = metrics_file_allowed(f) {
-                crate::usage!("{p}: metrics_file = {:?}: {why}", f.display().to_string());
+                return Err(format!(
+                    "metrics_file = {:?}: {why}",
+                    f.display().to_string()
+                ));
             }
         }
         if !self.listen_public {
@@ -246,14 +275,14 @@ impl Config {
             let all: Vec<_> = self
                 .listen
                 .to_socket_addrs()
-                .with_context(|| format!("{p}: listen = {:?}", self.listen))?
+                .map_err(|e| format!("listen = {:?}: {e}", self.listen))?
                 .collect();
             if all.is_empty() || all.iter().any(|a| !a.ip().is_loopback()) {
-                crate::usage!(
-                    "{p}: listen = {:?} is not a loopback address: the metrics name the \
+                return Err(format!(
+                    "listen = {:?} is not a loopback address: the metrics name the \
                      processes watched; add listen_public = true to serve them there",
                     self.listen
-                );
+                ));
             }
         }
         Ok(())
@@ -266,7 +295,7 @@ impl Config {
 /// writable by no one else, the file itself (where it exists) a regular
 /// file. The write is atomic (a new file renamed over the old one), so a
 /// symbolic link planted at the name is replaced, never followed.
-pub fn metrics_file_allowed(f: &std::path::Path) -> std::result::Result<(), String> {
+pub(crate) fn metrics_file_allowed(f: &Path) -> std::result::Result<(), String> {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     if !f.is_absolute() {
         return Err("give an absolute path".into());
@@ -297,98 +326,4 @@ pub fn metrics_file_allowed(f: &std::path::Path) -> std::result::Result<(), Stri
         Ok(m) if !m.is_file() => Err("exists and is not a regular file".into()),
         _ => Ok(()),
     }
-}
-
-/// A process the configuration selects now, with what to do to it.
-#[derive(Debug, Clone)]
-pub struct SelectedProcess {
-    /// The process, its pid inside and its container.
-    pub member: Member,
-    /// The group whose huge-page budget it draws on (its container, or
-    /// the cgroup selected), and that budget.
-    pub group: Option<(String, u64)>,
-    /// Whether the huge-page agent acts on it.
-    pub thp: bool,
-    /// Whether the dedup agent acts on it.
-    pub dedup: bool,
-}
-
-/// One selection resolved.
-struct Rule {
-    /// Whose processes (`None`: every container's).
-    sel: Option<Selector>,
-    /// The cgroup selected, as given.
-    cgroup: Option<String>,
-    /// Huge pages per container (or this cgroup).
-    budget: Option<u64>,
-    thp: bool,
-    dedup: bool,
-}
-
-/// The selections resolved: containers named resolved to their ids once.
-pub struct Selection {
-    rules: Vec<Rule>,
-}
-
-impl Selection {
-    /// Resolves the configuration's selections; a container named that
-    /// does not run now is said, and looked for again at every step.
-    pub fn new(c: &Config) -> Selection {
-        let rules = c
-            .select
-            .iter()
-            .map(|s| {
-                let sel = match (&s.container, &s.cgroup) {
-                    (Some(name), _) => Some(Selector::Container(
-                        pagewise::process::container::resolve_container(name)
-                            .unwrap_or_else(|_| name.clone()),
-                    )),
-                    (_, Some(cg)) => Some(Selector::Cgroup(cg.clone())),
-                    _ => None,
-                };
-                Rule {
-                    sel,
-                    cgroup: s.cgroup.clone(),
-                    budget: s.huge_pages,
-                    // An agent the configuration disables acts on none.
-                    thp: s.thp && c.thp.enabled,
-                    dedup: s.dedup && c.dedup.enabled,
-                }
-            })
-            .collect();
-        Selection { rules }
-    }
-
-    /// The processes selected now, each by the first rule that selects it.
-    pub fn chosen(&self) -> Vec<SelectedProcess> {
-        let mut out: Vec<SelectedProcess> = Vec::new();
-        for r in &self.rules {
-            let members = match &r.sel {
-                Some(s) => pagewise::process::container::members(s).unwrap_or_default(),
-                None => pagewise::process::container::in_containers(),
-            };
-            for m in members {
-                if out.iter().any(|o| o.member.pid == m.pid) {
-                    continue;
-                }
-                let group_name = match (&m.container, &r.cgroup) {
-                    (Some(c), _) => Some(group_of(c)),
-                    (None, Some(cg)) => Some(format!("cgroup {cg}")),
-                    (None, None) => None,
-                };
-                out.push(SelectedProcess {
-                    group: r.budget.and_then(|b| group_name.map(|g| (g, b))),
-                    member: m,
-                    thp: r.thp,
-                    dedup: r.dedup,
-                });
-            }
-        }
-        out
-    }
-}
-
-/// A container's group name: its runtime and short id.
-pub fn group_of(c: &ContainerRef) -> String {
-    format!("{} {}", c.runtime, c.short_id())
 }

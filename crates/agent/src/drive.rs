@@ -1,11 +1,17 @@
-//! Driving an agent: a step every interval until it is interrupted, the
+//! The one step loop: a step every interval until it is interrupted, the
 //! program it watches ends, no watched process is left, its steps are done
 //! or its reporter is done; the counters published after each step, to a
-//! file (for node_exporter's textfile collector) and over HTTP. The tool,
-//! the bindings and the benchmarks drive every agent through [`drive`].
+//! file (for node_exporter's textfile collector) and over HTTP.
+//!
+//! [`run`] drives anything that steps ([`Stepping`], object-safe: the node
+//! agent steps both agents in one); [`drive`] one [`Agent`] with a
+//! reporter of its typed steps. The tool (`thp run`, `dedup run`,
+//! `agent --config`), the bindings and the benchmarks step every agent
+//! through them.
 
-use super::Agent;
-use crate::{files, Error};
+use crate::endpoint::{Endpoint, Published};
+use pagewise_mech::agent::Agent;
+use pagewise_mech::{files, Error};
 use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::process::{Child, ExitStatus};
@@ -23,15 +29,19 @@ pub struct Cadence {
     /// step (whole, through a fresh file).
     pub metrics_file: Option<PathBuf>,
     /// Serve the counters over HTTP at this address, from a thread of its
-    /// own, for as long as the process lives.
+    /// own, for as long as the drive lasts.
     pub metrics_listen: Option<String>,
+    /// Publish the counters here instead: to an endpoint that answers
+    /// already (the node agent's, from its start-up on).
+    pub published: Option<Published>,
 }
 
-setters!(Cadence {
+pagewise_mech::setters!(Cadence {
     interval: Duration,
     steps: Option<u64>,
     metrics_file: Option<PathBuf>,
     metrics_listen: Option<String>,
+    published: Option<Published>,
 });
 
 /// What may end a drive between steps: for the tool, SIGINT and SIGTERM.
@@ -133,6 +143,42 @@ pub enum Ended {
     ReportDone,
 }
 
+/// What the loop steps: one agent and its reporter, or several agents at
+/// once. Object-safe, so that a caller holds any of them alike.
+pub trait Stepping<E> {
+    /// Measures, decides and acts once, and reports it; `Break` ends the
+    /// drive ([`Ended::ReportDone`]).
+    fn step(&mut self) -> Result<ControlFlow<()>, E>;
+    /// Whether any watched process is still there.
+    fn watching(&self) -> bool;
+    /// The counters now, in the exposition (as [`crate::exposition`] renders an agent's).
+    fn exposition(&self) -> String;
+}
+
+/// One agent and the reporter of its steps, as the loop steps them.
+struct Reported<'a, A, F> {
+    agent: &'a mut A,
+    report: F,
+}
+
+impl<A, E, F> Stepping<E> for Reported<'_, A, F>
+where
+    A: Agent,
+    E: From<Error>,
+    F: FnMut(&mut A, A::Step) -> Result<ControlFlow<()>, E>,
+{
+    fn step(&mut self) -> Result<ControlFlow<()>, E> {
+        let step = self.agent.step()?;
+        (self.report)(self.agent, step)
+    }
+    fn watching(&self) -> bool {
+        self.agent.watching()
+    }
+    fn exposition(&self) -> String {
+        crate::exposition(&*self.agent)
+    }
+}
+
 /// Steps `agent` at `cadence` until one of [`Ended`] happens; each step is
 /// handed to `report` with the agent (which it may set up for the next
 /// step; it may end the drive) and the counters are
@@ -143,13 +189,31 @@ pub fn drive<A: Agent, E: From<Error>>(
     agent: &mut A,
     cadence: &Cadence,
     interrupt: &dyn Interrupt,
-    mut program: Option<&mut Child>,
-    mut report: impl FnMut(&mut A, A::Step) -> Result<ControlFlow<()>, E>,
+    program: Option<&mut Child>,
+    report: impl FnMut(&mut A, A::Step) -> Result<ControlFlow<()>, E>,
 ) -> Result<Ended, E> {
-    let served = super::Published::new(cadence.interval, agent.metrics());
-    let _endpoint = match &cadence.metrics_listen {
-        Some(addr) => Some(super::Endpoint::start(addr, served.clone())?),
-        None => None,
+    run(&mut Reported { agent, report }, cadence, interrupt, program)
+}
+
+/// Steps `s` at `cadence` until one of [`Ended`] happens, the counters
+/// published after each step (see [`drive`], which steps one agent
+/// through it).
+pub fn run<E: From<Error>>(
+    s: &mut dyn Stepping<E>,
+    cadence: &Cadence,
+    interrupt: &dyn Interrupt,
+    mut program: Option<&mut Child>,
+) -> Result<Ended, E> {
+    let (served, _endpoint) = match &cadence.published {
+        Some(p) => (p.clone(), None),
+        None => {
+            let p = Published::new(cadence.interval, s.exposition());
+            let e = match &cadence.metrics_listen {
+                Some(addr) => Some(Endpoint::start(addr, p.clone())?),
+                None => None,
+            };
+            (p, e)
+        }
     };
     let t0 = Instant::now();
     let mut n = 0u32;
@@ -169,9 +233,8 @@ pub fn drive<A: Agent, E: From<Error>>(
         if interrupt.sleep(due.saturating_duration_since(Instant::now())) {
             return Ok(Ended::Interrupted);
         }
-        let step = agent.step()?;
-        let flow = report(agent, step)?;
-        let (text, watching) = (agent.metrics(), agent.watching());
+        let flow = s.step()?;
+        let (text, watching) = (s.exposition(), s.watching());
         n = n.saturating_add(1);
         if let Some(path) = &cadence.metrics_file {
             files::replace(path, text.as_bytes())?;
@@ -192,7 +255,7 @@ pub fn drive<A: Agent, E: From<Error>>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::Metric;
+    use pagewise_mech::agent::Metric;
 
     /// Counts its steps; watches until `watch_for` steps were made.
     struct Counter {
@@ -204,13 +267,13 @@ mod tests {
         type Step = u64;
         type Action = ();
         const NAME: &'static str = "counter";
-        fn add(&mut self, _: i32) -> crate::Result<()> {
+        fn add(&mut self, _: i32) -> pagewise_mech::Result<()> {
             Ok(())
         }
         fn watching(&self) -> bool {
             self.steps < self.watch_for
         }
-        fn step(&mut self) -> crate::Result<u64> {
+        fn step(&mut self) -> pagewise_mech::Result<u64> {
             self.steps += 1;
             Ok(self.steps)
         }
@@ -306,7 +369,7 @@ mod tests {
             t0.elapsed()
         );
         let text = std::fs::read_to_string(&file).unwrap();
-        assert!(text.contains("pagewise_counter_steps 3"), "{text}");
+        assert!(text.contains("pagewise_counter_steps_total 3.0"), "{text}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
