@@ -245,7 +245,7 @@ pub fn run(heap_mib: usize, progress: &mut dyn FnMut(&str)) -> Result<DumpReport
     let mut target = Target::spawn(&mem, &changes)?;
     let rss_kib = std::fs::read_to_string(format!("/proc/{}/status", target.pid))
         .ok()
-        .and_then(|s| pagewise::process::status_field(&s, "VmRSS"))
+        .and_then(|s| pagewise_testkit::host::status_field(&s, "VmRSS"))
         .unwrap_or(0);
     let work = std::env::temp_dir().join(format!("pagewise-bench-dump-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&work);

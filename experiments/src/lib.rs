@@ -73,7 +73,7 @@ impl Machine {
             cpus: std::thread::available_parallelism()
                 .map(|n| n.get())
                 .unwrap_or(1),
-            mem_gib: pagewise::process::status_field(&meminfo, "MemTotal").unwrap_or(0) as f64
+            mem_gib: pagewise_testkit::host::status_field(&meminfo, "MemTotal").unwrap_or(0) as f64
                 / 1048576.0,
         }
     }

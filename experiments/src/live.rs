@@ -17,13 +17,13 @@
 
 use crate::{median, Machine};
 use pagewise::hash::{page_hash, PageHash};
-use pagewise::process as procfs;
-use pagewise::process::Stopped;
 use pagewise::snap::live::{live_snapshot, Destination, LiveOptions, LiveReport, StoreSeries};
 use pagewise::snap::wire::{Compression, Receiver, Sender, WireStats};
 use pagewise::snap::DiskStore;
 use pagewise::workload::AnonMemory;
 use pagewise::{Error, Region, Result, PAGE_SIZE};
+use pagewise_testkit::host as procfs;
+use pagewise_testkit::host::Stopped;
 use serde::Serialize;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -220,7 +220,7 @@ pub(crate) fn fingerprints(pid: i32) -> Result<Truth> {
         let mut off = 0;
         while off < r.len {
             let n = (r.len - off).min(b.len() as u64) as usize;
-            pagewise::process::read(pid, r.start + off, &mut b[..n])?;
+            pagewise_testkit::host::read(pid, r.start + off, &mut b[..n])?;
             h.extend(b[..n].chunks_exact(PAGE_SIZE).map(page_hash));
             off += n as u64;
         }
@@ -234,7 +234,7 @@ fn read_all(pid: i32) -> Result<u64> {
     let mut bytes = 0;
     for m in procfs::writable(Some(pid))? {
         let mut b = vec![0u8; m.len() as usize];
-        pagewise::process::read(pid, m.start, &mut b)?;
+        pagewise_testkit::host::read(pid, m.start, &mut b)?;
         bytes += b.len() as u64;
     }
     Ok(bytes)

@@ -214,10 +214,10 @@ fn measure(port: u16, pid: i32, containers: usize, seconds: u64, t0: Instant) ->
         std::thread::sleep(Duration::from_millis(50));
     }
     let all_watched_ms = t0.elapsed().as_secs_f64() * 1e3;
-    let cpu0 = pagewise::process::cpu_time(pid)?;
+    let cpu0 = pagewise_testkit::host::cpu_time(pid)?;
     let w0 = Instant::now();
     std::thread::sleep(Duration::from_secs(seconds));
-    let cpu = pagewise::process::cpu_time(pid)? - cpu0;
+    let cpu = pagewise_testkit::host::cpu_time(pid)? - cpu0;
     let cpu_percent = cpu.as_secs_f64() / w0.elapsed().as_secs_f64() * 100.0;
     let text = pagewise_testkit::http_get(port, "/metrics").unwrap_or_default();
     let mut per = std::collections::BTreeMap::new();

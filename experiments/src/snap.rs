@@ -16,10 +16,10 @@
 //! the same checksums, and every restore is compared with the base contents.
 
 use super::{median, Machine};
-use pagewise::process as procfs;
 use pagewise::snap::{SnapshotOptions, Snapshots};
 use pagewise::workload::{AnonMemory, Rng};
 use pagewise::{Error, Result, PAGE_SIZE};
+use pagewise_testkit::host as procfs;
 use serde::Serialize;
 use std::collections::VecDeque;
 use std::time::Instant;

@@ -610,7 +610,7 @@ fn kernel_rows(
         let faults = crate::kernel::mthp_64k_faults();
         let c = start(cfg)?;
         let ms_per_round = rounds_ms(&c, cfg.rounds);
-        let held = pagewise::process::resident(c.pid)?;
+        let held = pagewise_testkit::host::resident(c.pid)?;
         let verified = c.stop_and_check();
         Ok(KernelRow {
             policy: policy.name().to_string(),

@@ -248,8 +248,8 @@ fn kernel_rows(
         let (s, r) = start_pair(cfg)?;
         let (stream_ms, random_ms) = both_ms(&s, &r, cfg.rounds);
         let (hs, hr) = (
-            pagewise::process::resident(s.pid)?,
-            pagewise::process::resident(r.pid)?,
+            pagewise_testkit::host::resident(s.pid)?,
+            pagewise_testkit::host::resident(r.pid)?,
         );
         let verified = stop_and_check_all(&[s, r], Duration::from_secs(60));
         Ok(KernelRow {

@@ -279,7 +279,7 @@ fn one(cfg: &Config, way: Way, repeat: usize, walk_ns: f64, stop: &AtomicBool) -
         ];
         match redis_benchmark(port, &args, &["GET"]) {
             Ok(r) => {
-                let held = pagewise::process::resident(pid).unwrap_or_default();
+                let held = pagewise_testkit::host::resident(pid).unwrap_or_default();
                 rounds.push(Round {
                     t_s: t0.elapsed().as_secs_f64(),
                     get_per_s: r[0],

@@ -24,7 +24,8 @@
 //!   machine's settings before it.
 //! - [`settings`]: the system settings agents change, journaled first and
 //!   put back when they end, fail or are killed; [`child`]: the program an
-//!   agent starts and watches.
+//!   agent starts and watches; [`stop`]: how a tool's run ends on SIGINT
+//!   or SIGTERM, with the program it started.
 
 #![forbid(unsafe_code)]
 
@@ -34,6 +35,7 @@ mod error;
 mod exposition;
 pub mod gains;
 pub mod node;
+pub mod stop;
 
 pub use drive::{drive, run, Cadence, Deadline, Ended, Interrupt, Stepping, Uninterrupted};
 pub use endpoint::{Endpoint, Published};
@@ -41,6 +43,7 @@ pub use error::{Error, Result};
 pub use exposition::exposition;
 pub(crate) use exposition::{render, CONTENT_TYPE};
 pub use pagewise_mech::agent::{Agent, Metric, Named};
+pub use stop::StopSignals;
 
 /// The program an agent (or a tool) starts and watches: tied to its
 /// starter, stopped within a bound, its exit as a code.

@@ -180,15 +180,6 @@ pub fn say_gains(gains: &Gains, json: bool, line: &impl crate::json::Printed) ->
     Ok(())
 }
 
-impl agent::Interrupt for crate::stop::Stop {
-    fn requested(&self) -> bool {
-        crate::stop::Stop::requested(self)
-    }
-    fn sleep(&self, d: Duration) -> bool {
-        crate::stop::Stop::sleep(self, d)
-    }
-}
-
 /// Says, on standard error, which system settings were put back as the
 /// command ends (nothing where none was changed).
 pub fn say_put_back() {

@@ -45,13 +45,11 @@ pub struct AflArgs {
 }
 
 pub fn run(a: AflArgs) -> Result<i32> {
-    for fd in [afl::CONTROL_FD, afl::STATUS_FD] {
-        if pagewise_sys::process::set_cloexec(fd).is_err() {
-            bail!(
-                "descriptor {fd} is not open: `pagewise snapshot afl` is run by afl-fuzz \
-                 (see --help)"
-            );
-        }
+    if let Err(fd) = afl::take_descriptors() {
+        bail!(
+            "descriptor {fd} is not open: `pagewise snapshot afl` is run by afl-fuzz \
+             (see --help)"
+        );
     }
     let mut opts = ServeOptions::default();
     opts.input_fd = a.input_fd;
@@ -62,7 +60,7 @@ pub fn run(a: AflArgs) -> Result<i32> {
     let last = std::sync::Arc::new(std::sync::Mutex::new(afl::ServeStats::default()));
     {
         let last = last.clone();
-        pagewise_sys::signal::on_stop_otherwise(move |sig| {
+        pagewise::agent::stop::on_stop_otherwise(move |sig| {
             let s = last.lock().unwrap_or_else(|e| e.into_inner());
             eprintln!("{}", summary(&s));
             std::process::exit(128 + sig);

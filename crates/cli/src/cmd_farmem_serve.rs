@@ -4,7 +4,7 @@
 use anyhow::{Context, Result};
 use pagewise::farmem::serve::{Event, Server};
 use pagewise::farmem::{FarmemOptions, FarmemRun};
-use pagewise::process::container::{container_of, ns_pid, ContainerRef};
+use pagewise::process::{container_of, ns_pid, ContainerRef};
 use std::time::Duration;
 
 /// Where the shim is mounted in a container.

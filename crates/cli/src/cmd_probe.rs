@@ -36,7 +36,7 @@ pub fn run(a: Args) -> Result<i32> {
         None => Err("userfaultfd is not available".to_string()),
     };
     let floor = floor_on(FaultPath::Thread);
-    let inline_floor = if p.uffd_has(pagewise_sys::uffd::feature::SIGBUS) {
+    let inline_floor = if p.uffd_sigbus() {
         floor_on(FaultPath::Inline)
     } else {
         Err("the kernel lacks UFFD_FEATURE_SIGBUS".to_string())

@@ -115,7 +115,7 @@ pub fn run(a: Args) -> Result<i32> {
         // connections in progress (their copies are discarded; the store
         // keeps its complete snapshots).
         let (stop, live, end) = (stop.clone(), live.clone(), end.clone());
-        pagewise_sys::signal::on_stop_otherwise(move |_| end(&stop, &live))?;
+        pagewise::agent::stop::on_stop_otherwise(move |_| end(&stop, &live))?;
     }
     if a.json {
         let first = Line::Listening {

@@ -272,7 +272,7 @@ pub fn serve(a: ServeArgs) -> Result<i32> {
     let busy = Arc::new(Mutex::new(()));
     {
         let busy = busy.clone();
-        pagewise_sys::signal::on_stop_otherwise(move |_| {
+        pagewise::agent::stop::on_stop_otherwise(move |_| {
             let _held = busy.lock();
             // Exiting closes the userfaultfd: nothing stays registered in
             // the process.

@@ -212,8 +212,7 @@ fn pressure_of(s: Option<&str>) -> Result<Pressure> {
 fn run_agent(a: RunArgs) -> Result<i32> {
     let policy = policy_of(&a.policy)?;
     // Said up front: without it every collapse would be refused, one by one.
-    const CAP_SYS_NICE: u32 = 23;
-    if !pagewise::system::has_capability(CAP_SYS_NICE) {
+    if !pagewise::thp::agent::may_collapse_in_others() {
         return Err(crate::exit::NotPermitted(
             "thp run collapses huge pages in other processes with \
              process_madvise(MADV_COLLAPSE), which needs CAP_SYS_NICE: run it as root \

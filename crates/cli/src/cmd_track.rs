@@ -3,7 +3,7 @@
 use crate::stop::Stop;
 use anyhow::{bail, Context, Result};
 use pagewise::agent::child;
-use pagewise::process::container::Member;
+use pagewise::process::Member;
 use pagewise::track::{protocol, BackendKind, Collection, DirtyTracker};
 use pagewise::track::{start_tracked, Tracked};
 use pagewise::PAGE_SIZE;
@@ -367,7 +367,7 @@ pub struct Line {
     /// With --container or --cgroup: the container it runs in, where its
     /// cgroup path names one.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub container: Option<pagewise::process::container::ContainerRef>,
+    pub container: Option<pagewise::process::ContainerRef>,
 }
 impl crate::json::Printed for Line {}
 

@@ -3,7 +3,7 @@
 //! namespace and its container.
 
 type Result<T, E = anyhow::Error> = std::result::Result<T, E>;
-use pagewise::process::container::{self, Member, Selector};
+use pagewise::process::{self as container, Member, Selector};
 
 /// The flags that select processes by container or cgroup.
 #[derive(clap::Args, Debug, Default)]

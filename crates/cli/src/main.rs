@@ -142,11 +142,11 @@ enum Cmd {
 
 fn main() {
     // Output piped into `head` ends quietly when the reader goes away.
-    let _ = pagewise_sys::signal::default_sigpipe();
+    let _ = pagewise::agent::stop::default_sigpipe();
     let cli = Cli::parse();
     progress::set_quiet(cli.quiet);
     if cli.respect_seccomp || std::env::var("PAGEWISE_SECCOMP").is_ok_and(|v| v == "respect") {
-        pagewise::process::seccomp::set_policy(pagewise::process::seccomp::Policy::Respect);
+        pagewise::process::set_seccomp_policy(pagewise::process::SeccompPolicy::Respect);
     }
     // Settings a killed pagewise left changed are put back first (and said).
     pagewise::agent::settings::recover();

@@ -63,7 +63,7 @@ pub fn serve(pid: i32) -> Result<i32> {
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     {
         let stop = stop.clone();
-        pagewise_sys::signal::on_stop_otherwise(move |_| {
+        pagewise::agent::stop::on_stop_otherwise(move |_| {
             stop.store(true, std::sync::atomic::Ordering::SeqCst);
         })?;
     }

@@ -382,7 +382,7 @@ fn a_containers_snapshots_agree_across_its_processes() {
 #[test]
 fn a_cgroup_without_a_freezer_of_its_own_is_held_process_by_process() {
     need_support!();
-    let group = match pagewise::system::MemoryCgroup::create(
+    let group = match pagewise_testkit::host::MemoryCgroup::create(
         &format!("pagewise-group-{}", std::process::id()),
         1 << 30,
     ) {

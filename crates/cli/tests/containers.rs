@@ -532,7 +532,7 @@ fn an_agent_follows_a_containers_new_processes() {
         }
     }
     let text = std::fs::read_to_string(&prom).unwrap();
-    let inside = pagewise::process::container::ns_pid(later).unwrap();
+    let inside = pagewise_testkit::host::ns_pid(later).unwrap();
     let series = format!(
         "pagewise_thp_promoted{{pid=\"{later}\",ns_pid=\"{inside}\",container=\"{}\",runtime=\"podman\"}}",
         &id[..12]

@@ -288,7 +288,7 @@ fn without_a_server_the_shim_names_the_filter_and_the_program_runs() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     let d = dir.display();
-    let shim = pagewise::shim::shim_path().unwrap();
+    let shim = pagewise_testkit::host::shim_path().unwrap();
     let more: Vec<String> = [
         "-v".to_string(),
         format!("{d}:{d}"),
@@ -303,8 +303,8 @@ fn without_a_server_the_shim_names_the_filter_and_the_program_runs() {
         "-e".into(),
         format!(
             "PAGEWISE_CONTRACT={} {}",
-            pagewise::shim::CONTRACT,
-            pagewise::shim::BUILD
+            pagewise_testkit::host::CONTRACT,
+            pagewise_testkit::host::BUILD
         ),
     ]
     .into();

@@ -213,7 +213,7 @@ fn member_runs_emulated(d: &Path, name: &str, native: &str) {
 }
 
 fn contract() -> String {
-    pagewise::shim::CONTRACT.to_string()
+    pagewise_testkit::host::CONTRACT.to_string()
 }
 
 #[test]

@@ -169,7 +169,7 @@ fn the_node_agent_watches_containers_and_puts_back_what_it_changed() {
     }
     assert!(
         text.contains("pagewise_node_ksm_merging_pages{pid=")
-            || pagewise::process::ksm_stat(std::process::id() as i32).is_none(),
+            || pagewise_testkit::host::ksm_stat(std::process::id() as i32).is_none(),
         "no ksm_stat series where the kernel has ksm_stat: {text}"
     );
     // SIGTERM: ends, puts back what it changed, says so.

@@ -33,8 +33,8 @@ fn a_shim_refuses_a_request_of_another_contract_in_one_line() {
         pagewise_testkit::skip!("the preload shim is not built (cargo build --release)");
         return;
     };
-    use pagewise::shim::CONTRACT;
     use pagewise_mech::shim::env;
+    use pagewise_testkit::host::CONTRACT;
     // A far-memory request from a pagewise of contract 999: not joined (the
     // instance does not exist either; the contract is checked first).
     let (out, err) = echo_under_shim(
@@ -60,7 +60,7 @@ fn a_shim_refuses_a_request_of_another_contract_in_one_line() {
     assert_eq!(out, "hello\n");
     assert!(err.contains("contract unknown"), "{err}");
     // The same contract: the request is taken (pre-zeroing starts quietly).
-    let ours = format!("{CONTRACT} {}", pagewise::shim::BUILD);
+    let ours = format!("{CONTRACT} {}", pagewise_testkit::host::BUILD);
     let (out, err) = echo_under_shim(&shim, &[(env::CONTRACT, &ours), (env::PREZERO, "1,1")]);
     assert_eq!(out, "hello\n");
     assert!(!err.contains("contract"), "{err}");
@@ -75,8 +75,8 @@ fn a_shim_refuses_a_value_it_cannot_read_naming_the_variable() {
         pagewise_testkit::skip!("the preload shim is not built (cargo build --release)");
         return;
     };
-    use pagewise::shim::{BUILD, CONTRACT};
     use pagewise_mech::shim::env;
+    use pagewise_testkit::host::{BUILD, CONTRACT};
     let ours = format!("{CONTRACT} {BUILD}");
     // A far-memory request whose fault path is neither `thread` nor
     // `inline`: refused before the instance is looked at, never taken for

@@ -33,7 +33,6 @@ macro_rules! setters {
 }
 
 mod error;
-#[doc(hidden)]
 pub mod workload;
 
 pub use error::{Error, ErrorClass, Failure, Holder, Result};

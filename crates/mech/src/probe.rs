@@ -102,6 +102,12 @@ impl Probe {
         self.uffd_access.is_some() && self.uffd_features & bit == bit
     }
 
+    /// Whether userfaultfd can answer a missing page with SIGBUS in the
+    /// faulting thread (`UFFD_FEATURE_SIGBUS`: far memory's inline path).
+    pub fn uffd_sigbus(&self) -> bool {
+        self.uffd_has(pagewise_sys::uffd::feature::SIGBUS)
+    }
+
     /// The detail line of a named feature.
     pub fn why(&self, name: &str) -> String {
         self.features

@@ -26,10 +26,10 @@
 //! each in one place. Those a user may need are re-exported here: what
 //! the kernel offers ([`probe`]), page-table walks ([`walk`]) and their
 //! cost ([`walk_cost`]), userfaultfd write-protect ([`wp`]), access
-//! coverage ([`access`]) and digests ([`hash`]). The rest (parsing `/proc`, stopping a process and acting
-//! inside it, cgroups, the preload shim's contract) is reached through a
-//! few hidden modules for pagewise's own faces ([`process`], [`system`],
-//! [`shim`]), which may change without notice.
+//! coverage ([`access`]) and digests ([`hash`]); the processes a tool
+//! selects ([`process`]), the preload shim's contract ([`shim`]) and the
+//! self-checking workloads the examples, tests and `pagewise demo` run
+//! ([`workload`]).
 //!
 //! Each capability has its own error enum, whose kinds carry the values
 //! they are about (`snap::Error::NoSnapshot { id }`); failures of the
@@ -47,7 +47,6 @@ pub use pagewise_snap as snap;
 pub use pagewise_thp as thp;
 pub use pagewise_track as track;
 
-#[doc(hidden)]
 pub use pagewise_mech::workload;
 pub use pagewise_mech::{access, hash, walk, walk_cost, wp};
 mod error;
@@ -64,58 +63,28 @@ pub use pagewise_mech::{HUGE_PAGE_SIZE, PAGE_SIZE};
 /// program an agent watches.
 pub use pagewise_agent as agent;
 
-/// What pagewise reads of a process: whether it may be a target, its
-/// mappings, residency, descriptors and CPU time, its memory (a page
-/// walk, a read), and a consistent stop of it. For pagewise's own faces
-/// and benchmarks; these may change without notice.
-#[doc(hidden)]
+/// The processes pagewise acts on, as a tool selects them: whether one may
+/// be a target and is still there, its writable memory, the containers
+/// and cgroups whose processes it takes, and whether pagewise may suspend
+/// a target's seccomp filters around the calls it makes inside it.
 pub mod process {
-    pub use pagewise_mech::procfs::{
-        check_target, cpu_time, is_alive, kernel_thread, ksm_stat, maps, open_fds, peak_rss_kib,
-        pids, read_trimmed, reset_peak_rss, resident, status_field, writable, Descriptor,
-        ExecIdentity, FdKind, KsmStat, Mapping, Resident, TaskCensus,
+    pub use pagewise_mech::container::{
+        check_cgroup, container_of, members, ns_pid, resolve_container, ContainerRef, Member,
+        Selector,
     };
-    pub use pagewise_mech::remote::read;
-    pub use pagewise_mech::stop::Stopped;
-
-    /// Containers and cgroups as targets: their processes, the container
-    /// a process is in, its pid inside its namespace.
-    pub mod container {
-        pub use pagewise_mech::container::{
-            check_cgroup, container_of, in_containers, members, ns_pid, resolve_container,
-            ContainerRef, Member, Selector,
-        };
-    }
-
-    /// Whether pagewise may suspend a target's seccomp filters around the
-    /// calls it makes inside it (the default), or must respect them.
-    pub mod seccomp {
-        pub use pagewise_mech::seccomp::{set_policy, Policy};
-    }
-}
-
-/// The host around the targets: memory cgroups and zram swap for
-/// experiments under a memory limit, kernel counters, this process's
-/// capabilities, and files replaced whole. For pagewise's own faces and
-/// benchmarks; these may change without notice.
-#[doc(hidden)]
-pub mod system {
-    pub use pagewise_mech::cgroup::{
-        memory_cgroup_dir, memory_use, MemoryCgroup, MemoryUse, ZramSwap,
-    };
-    pub use pagewise_mech::files::replace;
-    pub use pagewise_mech::procfs::{has_capability, vmstat};
+    pub use pagewise_mech::procfs::{check_target, is_alive, writable};
+    pub use pagewise_mech::seccomp::{set_policy as set_seccomp_policy, Policy as SeccompPolicy};
 }
 
 /// The preload shim's side of its contract with pagewise (what was asked
-/// of it, the advice socket it serves, its own memory), and starting a
-/// program under it. For the shim and pagewise's faces.
-#[doc(hidden)]
+/// of it, the advice socket it serves, its own memory kept out of what it
+/// reports), where its file is, and starting a program under it to be
+/// advised from inside.
 pub mod shim {
-    pub use pagewise_mech::inject::shim::{serve, start_advised, AdviseRequest, ShimAdvice};
+    pub use pagewise_mech::inject::shim::{serve, start_advised, AdviseRequest};
     pub use pagewise_mech::inject::Inside;
     pub use pagewise_mech::procfs::{maps, note_own_memory, OWN_THREAD_STACK};
     pub use pagewise_mech::shim::{
-        asked, contract_of_request, shim_command, shim_path, Request, BUILD, CONTRACT,
+        asked, contract_of_request, shim_path, Request, BUILD, CONTRACT,
     };
 }

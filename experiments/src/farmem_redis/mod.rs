@@ -24,7 +24,7 @@ use crate::redis::{
     free_port, redis_args, redis_benchmark, wait_ready_within, which, Server as RedisServer,
 };
 use anyhow::{bail, Context, Result};
-use pagewise::system::{MemoryCgroup, ZramSwap};
+use pagewise_testkit::host::{MemoryCgroup, ZramSwap};
 use pagewise_testkit::servers::{fill, memcached_args, verify, Kv};
 use serde::Serialize;
 use server::*;

@@ -46,7 +46,7 @@ pub(super) fn faults_and_rss(pid: i32) -> (u64, u64) {
             after.split_whitespace().nth(9)?.parse().ok()
         })
         .unwrap_or(0);
-    let rss = pagewise::process::resident(pid).map_or(0, |r| r.rss_kib);
+    let rss = pagewise_testkit::host::resident(pid).map_or(0, |r| r.rss_kib);
     (majflt, rss)
 }
 

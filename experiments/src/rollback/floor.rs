@@ -8,7 +8,7 @@ use std::time::Instant;
 /// The writable mapping of at least `mib` MiB holding the target's state.
 fn state_of(pid: i32, mib: usize) -> Result<u64> {
     let len = (mib << 20) as u64;
-    Ok(pagewise::process::maps(Some(pid))?
+    Ok(pagewise_testkit::host::maps(Some(pid))?
         .into_iter()
         .filter(|m| m.write && m.end - m.start >= len)
         .max_by_key(|m| m.end - m.start)

@@ -235,7 +235,7 @@ fn sample(keys: usize, n: usize, seed: u64) -> Vec<usize> {
 fn wait_for_fds(pid: i32, want: &[i64]) -> Result<()> {
     let t0 = Instant::now();
     loop {
-        let now = pagewise::process::open_fds(pid);
+        let now = pagewise_testkit::host::open_fds(pid);
         if now == want {
             return Ok(());
         }
@@ -288,7 +288,7 @@ fn rollback(
     load(&r, c.keys)?;
     // The loader's connection closed on the server's side too.
     std::thread::sleep(Duration::from_secs(1));
-    let fds = pagewise::process::open_fds(r.pid());
+    let fds = pagewise_testkit::host::open_fds(r.pid());
     let mut h = ProcessSnapshots::open(r.pid()).context("opening rollback on redis-server")?;
     let id = h.take()?;
     let mut out = row(c, "rollback", c.reps);
@@ -313,7 +313,7 @@ fn rollback(
         out.keys_checked += check(&r, c.keys, which, "after a rollback")?;
     }
     drop(h);
-    let heap_mib = pagewise::process::maps(Some(r.pid()))?
+    let heap_mib = pagewise_testkit::host::maps(Some(r.pid()))?
         .iter()
         .filter(|m| m.write)
         .map(|m| (m.end - m.start) as usize)

@@ -53,8 +53,8 @@ use crate::Machine;
 use anyhow::{bail, Context, Result};
 use pagewise::agent::settings::SettingGuard;
 use pagewise::agent::{drive, Cadence};
-use pagewise::system::MemoryCgroup;
 use pagewise::thp::agent::{Action, Agent};
+use pagewise_testkit::host::MemoryCgroup;
 use serde::Serialize;
 use std::ops::ControlFlow;
 use std::process::{Command, Stdio};
@@ -369,7 +369,7 @@ fn one(
         &format!("pagewise-thp-redis-{}-{way}", std::process::id()),
         cfg.limit_mib << 20,
     )?;
-    let vm0 = pagewise::system::vmstat(&VMSTAT)?;
+    let vm0 = pagewise_testkit::host::vmstat(&VMSTAT)?;
     let port = free_port()?;
     let mut server = start_redis(Some(&cg), port)?;
     let pid = server.child.id() as i32;
@@ -401,7 +401,7 @@ fn one(
     let mut row = result?;
     let (log, agent_cpu_s) = agent.map_err(|e| anyhow::anyhow!("the {way} agent failed: {e}"))?;
     row.agent_cpu_s = agent_cpu_s;
-    let vm1 = pagewise::system::vmstat(&VMSTAT)?;
+    let vm1 = pagewise_testkit::host::vmstat(&VMSTAT)?;
     row.vmstat = VMSTAT
         .iter()
         .zip(vm0.iter().zip(vm1))
@@ -432,10 +432,10 @@ fn spawn_sampler(
     let shared = shared.clone();
     std::thread::spawn(move || {
         while !shared.done.load(Ordering::SeqCst) {
-            let usage = pagewise::system::memory_use(&dir)
+            let usage = pagewise_testkit::host::memory_use(&dir)
                 .map(|u| u.usage)
                 .unwrap_or(0);
-            let r = pagewise::process::resident(pid).unwrap_or_default();
+            let r = pagewise_testkit::host::resident(pid).unwrap_or_default();
             let phase = shared.phase.lock().expect("not poisoned").clone();
             shared.samples.lock().expect("not poisoned").push(Sample {
                 t_s: t0.elapsed().as_secs_f64(),
@@ -524,7 +524,7 @@ fn phases(
     let (mut last, mut since) = (u64::MAX, Instant::now());
     while t.elapsed() < Duration::from_secs(cfg.settle_max_s) {
         check(stop)?;
-        let huge = pagewise::process::resident(pid)?.anon_huge_kib;
+        let huge = pagewise_testkit::host::resident(pid)?.anon_huge_kib;
         if huge != last {
             (last, since) = (huge, Instant::now());
         }
@@ -595,7 +595,7 @@ fn phases(
     if !p3_completed {
         return Ok(row);
     }
-    let r = pagewise::process::resident(pid)?;
+    let r = pagewise_testkit::host::resident(pid)?;
     row.huge_share_end = r.anon_huge_kib as f64 / r.rss_kib.max(1) as f64;
     let mut phase = "verify";
     match after_p3(
@@ -678,7 +678,7 @@ pub fn unavailable() -> Option<String> {
             p.why("process_madvise")
         ));
     }
-    match pagewise::system::memory_cgroup_dir(None) {
+    match pagewise_testkit::host::memory_cgroup_dir(None) {
         Ok(Some(_)) => {}
         Ok(None) => {
             return Some(

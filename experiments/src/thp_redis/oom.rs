@@ -1,7 +1,7 @@
 //! Whether the server a phase lost its connection to was ended by its
 //! cgroup's OOM killer.
 
-use pagewise::system::MemoryCgroup;
+use pagewise_testkit::host::MemoryCgroup;
 use std::time::{Duration, Instant};
 
 /// Whether `pid` has ended. After a failed request (`failed`), an OOM kill

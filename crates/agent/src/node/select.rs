@@ -6,6 +6,7 @@ use pagewise_mech::container::{ContainerRef, Member, Selector};
 
 /// A process the configuration selects now, with what to do to it.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct SelectedProcess {
     /// The process, its pid inside and its container.
     pub member: Member,

@@ -74,6 +74,17 @@ pub const CONTROL_FD: RawFd = 198;
 /// AFL++'s status descriptor (`FORKSRV_FD + 1`).
 pub const STATUS_FD: RawFd = 199;
 
+/// Marks AFL++'s two descriptors ([`CONTROL_FD`], [`STATUS_FD`])
+/// close-on-exec, so that the program served does not inherit them; the
+/// first that is not open, where one is not (the server was not started
+/// by afl-fuzz).
+pub fn take_descriptors() -> std::result::Result<(), RawFd> {
+    for fd in [CONTROL_FD, STATUS_FD] {
+        pagewise_sys::process::set_cloexec(fd).map_err(|_| fd)?;
+    }
+    Ok(())
+}
+
 /// What a fork server served (see [`serve`]).
 #[derive(Debug, Clone, Default, serde::Serialize, schemars::JsonSchema)]
 #[non_exhaustive]

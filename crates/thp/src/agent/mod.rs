@@ -78,6 +78,14 @@ pub enum Policy {
     Utilisation(f64),
 }
 
+/// Whether this process may collapse huge pages in others
+/// (`process_madvise(MADV_COLLAPSE)` needs `CAP_SYS_NICE`): without it,
+/// every promotion the agent tries is refused.
+pub fn may_collapse_in_others() -> bool {
+    const CAP_SYS_NICE: u32 = 23;
+    pagewise_mech::procfs::has_capability(CAP_SYS_NICE)
+}
+
 impl Policy {
     /// The policy `s` names: `coverage`, `address` or `utilisation:F`
     /// (F a share, 0 to 1); what is wrong with it where it names none.
