@@ -113,6 +113,52 @@ fn farmem_run(
     })
 }
 
+/// Runs the node agent (`pagewise agent --config CONFIG`) for `steps`
+/// steps: one JSON object per step. Its endpoint answers at the
+/// configuration's `listen` while it runs; what it took and changed is
+/// put back before it returns. `walk_ns` is what a page walk costs here
+/// (else the configuration's, else measured).
+#[pyfunction]
+#[pyo3(signature = (config, steps, walk_ns=None))]
+fn node_agent_run(
+    py: Python<'_>,
+    config: std::path::PathBuf,
+    steps: u64,
+    walk_ns: Option<f64>,
+) -> PyResult<Vec<String>> {
+    use pagewise::agent::{node, Agent as _, Cadence, Uninterrupted};
+    if steps == 0 {
+        return Err(PyValueError::new_err("give at least one step"));
+    }
+    py.detach(|| {
+        let c = node::Config::read(&config).map_err(os_error)?;
+        let t0 = std::time::Instant::now();
+        let (published, _endpoint) = node::answer(&c, t0).map_err(os_error)?;
+        let walk = walk_ns.or(c.thp.walk_ns).unwrap_or_else(|| {
+            pagewise::thp::calibrate_walk_cost(64 << 20, 1 << 20)
+                .ok()
+                .and_then(|w| w.walk_ns)
+                .filter(|&w| w > 0.0)
+                .unwrap_or(30.0)
+        });
+        let mut n = node::Node::new(&c, walk, t0).map_err(os_error)?;
+        let cadence = Cadence::default()
+            .interval(std::time::Duration::from_millis(c.interval_ms))
+            .steps(Some(steps))
+            .metrics_file(c.metrics_file.clone())
+            .published(Some(published));
+        let mut taken = Vec::new();
+        let ended = pagewise::agent::drive(&mut n, &cadence, &Uninterrupted, None, |_, s| {
+            taken.push(s);
+            Ok::<_, pagewise::MechError>(std::ops::ControlFlow::Continue(()))
+        });
+        n.end();
+        drop(n);
+        ended.map_err(os_error)?;
+        taken.iter().map(json).collect()
+    })
+}
+
 /// The page size and the huge page size of this machine.
 #[pyfunction]
 fn page_sizes() -> (usize, usize) {
@@ -124,6 +170,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(probe_json, m)?)?;
     m.add_function(wrap_pyfunction!(inspect_json, m)?)?;
     m.add_function(wrap_pyfunction!(farmem_run, m)?)?;
+    m.add_function(wrap_pyfunction!(node_agent_run, m)?)?;
     m.add_function(wrap_pyfunction!(page_sizes, m)?)?;
     m.add_class::<track::Tracker>()?;
     m.add_class::<snap::Snapshots>()?;

@@ -275,3 +275,36 @@ def test_long_calls_release_the_gil():
     th.join()
     assert r.status == 0
     assert len(ticks) >= 10, f"the other thread ran {len(ticks)} times in 0.5 s"
+
+
+def test_the_node_agent_steps_and_puts_back_what_it_changed(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("the node agent claims KSM and THP settings: needs root")
+    ksm_run = pathlib.Path("/sys/kernel/mm/ksm/run")
+    if not ksm_run.exists():
+        pytest.skip("the kernel has no KSM")
+    before = ksm_run.read_text()
+    prom = tmp_path / "agent.prom"
+    cfg = tmp_path / "agent.toml"
+    cfg.write_text(textwrap.dedent(f"""\
+        interval_ms = 200
+        window_ms = 50
+        listen = "127.0.0.1:0"
+        metrics_file = "{prom}"
+        [thp]
+        enabled = false
+        [[select]]
+        all_containers = true
+        """))
+    steps = pagewise.node_agent(cfg, 2)
+    assert len(steps) == 2, steps
+    assert steps[0]["t_ms"] <= steps[1]["t_ms"], steps
+    assert all(s["thp"] is None for s in steps), "thp is disabled"
+    text = prom.read_text()
+    assert "pagewise_node_steps_total 2.0" in text, text
+    assert text.endswith("# EOF\n"), text
+    assert ksm_run.read_text() == before, "KSM's run is not as it was"
+    with pytest.raises(OSError) as bad:
+        cfg.write_text("[[select]]\n")
+        pagewise.node_agent(cfg, 1)
+    assert "exactly one of" in str(bad.value), bad.value

@@ -47,6 +47,7 @@ __all__ = [
     "ResetSession",
     "Store",
     "inspect",
+    "node_agent",
     "farmem",
 ]
 
@@ -284,6 +285,16 @@ def inspect(*pids, bloom_sample=False):
     """What the processes' memory holds (`pagewise inspect --json`): a dict
     with per-region records under "regions"."""
     return _json.loads(_native.inspect_json(list(pids), bool(bloom_sample)))
+
+
+def node_agent(config, steps, walk_ns=None):
+    """Runs the node agent (`pagewise agent --config CONFIG`, its TOML
+    configuration at `config`) for `steps` steps: a dict per step (as
+    `pagewise agent --json` prints). Its endpoint answers at the
+    configuration's `listen` while it runs; what it changed is put back
+    before it returns."""
+    lines = _native.node_agent_run(str(config), int(steps), walk_ns)
+    return [_json.loads(line) for line in lines]
 
 
 from . import farmem  # noqa: E402  (uses the names above)

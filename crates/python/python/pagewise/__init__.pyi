@@ -16,6 +16,7 @@ __all__ = [
     "ResetSession",
     "Store",
     "inspect",
+    "node_agent",
     "farmem",
 ]
 
@@ -30,6 +31,7 @@ HUGE_PAGE_SIZE: int
 def probe() -> dict[str, Any]: ...
 def alloc(nbytes: int) -> Any: ...
 def inspect(*pids: int, bloom_sample: bool = ...) -> dict[str, Any]: ...
+def node_agent(config: Union[str, PathLike[str]], steps: int, walk_ns: Optional[float] = ...) -> list[dict[str, Any]]: ...
 
 class Collection:
     ranges: _Ranges
