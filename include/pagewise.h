@@ -101,6 +101,25 @@ typedef struct pw_store pw_store;
 // A dirty-page tracker over regions of the calling process.
 typedef struct pw_tracker pw_tracker;
 
+// One step of the node agent, as a C caller sees it.
+typedef struct pw_agent_step {
+  // Since the agent started, ms.
+  uint64_t t_ms;
+  // Processes watched.
+  uint64_t processes;
+  // Containers they are in.
+  uint64_t containers;
+  // 1 where the huge-page agent stepped, else 0.
+  int thp_stepped;
+  // 1 where the dedup agent stepped, else 0 (disabled, or waiting for
+  // KSM, which another pagewise holds).
+  int dedup_stepped;
+} pw_agent_step;
+
+// Called once a step of the node agent, with the step and the caller's
+// `user`.
+typedef void (*pw_agent_step_fn)(void *user, const struct pw_agent_step *step);
+
 // What a durable store holds.
 typedef struct pw_disk_stats {
   // Snapshots.
@@ -361,6 +380,26 @@ size_t pw_page_size(void);
 
 // The name of a `PW_BACKEND_*` value ("uffd-wp", ...), or NULL for an unknown one.
 const char *pw_backend_name(uint32_t backend);
+
+// Runs the node agent (`pagewise agent --config`) with the TOML
+// configuration at `config` for `steps` steps (at least one): its
+// endpoint answers at the configuration's `listen` while it runs, each
+// step is handed to `on_step` (may be NULL) with `user`, and the agents
+// are ended and every system setting they changed put back before it
+// returns, whatever happened. `walk_ns` is what a page walk costs here
+// (0: the configuration's, else measured). The steps made go to `*made`
+// (may be NULL). A configuration that is wrong is `-EINVAL`, its fault
+// in `pw_last_error()`.
+//
+// # Safety
+// `config` is a string; `on_step` is NULL or callable with `user` and a
+// step; `made` is NULL or writable.
+int pw_agent_run(const char *config,
+                 uint64_t steps,
+                 double walk_ns,
+                 pw_agent_step_fn on_step,
+                 void *user,
+                 uint64_t *made);
 
 // Opens the durable store in directory `dir` for writing, creating it if it
 // does not exist. With `verify` non-zero, digest matches are confirmed by content.

@@ -22,6 +22,7 @@
 
 #![allow(non_camel_case_types)]
 
+mod agent;
 mod disk;
 mod lazy;
 mod live;

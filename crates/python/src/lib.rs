@@ -126,36 +126,15 @@ fn node_agent_run(
     steps: u64,
     walk_ns: Option<f64>,
 ) -> PyResult<Vec<String>> {
-    use pagewise::agent::{node, Agent as _, Cadence, Uninterrupted};
     if steps == 0 {
         return Err(PyValueError::new_err("give at least one step"));
     }
     py.detach(|| {
-        let c = node::Config::read(&config).map_err(os_error)?;
-        let t0 = std::time::Instant::now();
-        let (published, _endpoint) = node::answer(&c, t0).map_err(os_error)?;
-        let walk = walk_ns.or(c.thp.walk_ns).unwrap_or_else(|| {
-            pagewise::thp::calibrate_walk_cost(64 << 20, 1 << 20)
-                .ok()
-                .and_then(|w| w.walk_ns)
-                .filter(|&w| w > 0.0)
-                .unwrap_or(30.0)
-        });
-        let mut n = node::Node::new(&c, walk, t0).map_err(os_error)?;
-        let cadence = Cadence::default()
-            .interval(std::time::Duration::from_millis(c.interval_ms))
-            .steps(Some(steps))
-            .metrics_file(c.metrics_file.clone())
-            .published(Some(published));
+        let c = pagewise::agent::node::Config::read(&config).map_err(os_error)?;
         let mut taken = Vec::new();
-        let ended = pagewise::agent::drive(&mut n, &cadence, &Uninterrupted, None, |_, s| {
-            taken.push(s);
-            Ok::<_, pagewise::MechError>(std::ops::ControlFlow::Continue(()))
-        });
-        n.end();
-        drop(n);
-        ended.map_err(os_error)?;
-        taken.iter().map(json).collect()
+        pagewise::agent::node::run_steps(&c, steps, walk_ns, |s| taken.push(json(s)))
+            .map_err(os_error)?;
+        taken.into_iter().collect()
     })
 }
 

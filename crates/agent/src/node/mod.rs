@@ -107,6 +107,43 @@ pub fn answer(config: &Config, t0: Instant) -> pagewise_mech::Result<(Published,
     Ok((published, endpoint))
 }
 
+/// Runs the node agent of `config` for `steps` steps, for the bindings:
+/// its endpoint answers from the start, each step is handed to `on_step`,
+/// and the agents are ended and their settings put back before it
+/// returns, whatever happened. `walk_ns` is what a page walk costs here
+/// (else the configuration's, else measured, else 30 ns). Returns the
+/// steps made.
+pub fn run_steps(
+    config: &Config,
+    steps: u64,
+    walk_ns: Option<f64>,
+    mut on_step: impl FnMut(&Step),
+) -> pagewise_mech::Result<u64> {
+    let t0 = Instant::now();
+    let (published, _endpoint) = answer(config, t0)?;
+    let walk = walk_ns.or(config.thp.walk_ns).unwrap_or_else(|| {
+        pagewise_thp::calibrate_walk_cost(64 << 20, 1 << 20)
+            .ok()
+            .and_then(|c| c.walk_ns)
+            .filter(|&w| w > 0.0)
+            .unwrap_or(30.0)
+    });
+    let mut node = Node::new(config, walk, t0)?;
+    let cadence = crate::Cadence::default()
+        .interval(Duration::from_millis(config.interval_ms))
+        .steps(Some(steps))
+        .metrics_file(config.metrics_file.clone())
+        .published(Some(published));
+    let ended = crate::drive(&mut node, &cadence, &crate::Uninterrupted, None, |_, s| {
+        on_step(&s);
+        Ok::<_, pagewise_mech::Error>(std::ops::ControlFlow::Continue(()))
+    });
+    node.end();
+    let made = node.steps();
+    drop(node);
+    ended.map(|_| made)
+}
+
 impl Node {
     /// The agents `config` asks for, started at `t0`; `walk_ns` is what a
     /// page walk costs here (`config.thp.walk_ns` where given, else

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -718,6 +719,71 @@ static void session_test(void) {
     printf("reset session ok\n");
 }
 
+struct agent_seen {
+    int steps;
+    uint64_t last_t_ms;
+    int ordered;
+    int thp;
+};
+
+static void agent_step(void *user, const pw_agent_step *s) {
+    struct agent_seen *a = user;
+    if (a->steps > 0 && s->t_ms < a->last_t_ms)
+        a->ordered = 0;
+    a->last_t_ms = s->t_ms;
+    a->thp += s->thp_stepped;
+    a->steps++;
+}
+
+static void read_line(const char *path, char *buf, size_t n) {
+    buf[0] = 0;
+    FILE *f = fopen(path, "r");
+    if (f) {
+        if (!fgets(buf, (int)n, f))
+            buf[0] = 0;
+        fclose(f);
+    }
+}
+
+/* The node agent runs its steps, hands each over in order and puts KSM's
+ * run back as it was; a configuration without a selector is -EINVAL. */
+static void agent_test(const char *dir) {
+    if (geteuid() != 0 || access("/sys/kernel/mm/ksm/run", F_OK) != 0) {
+        printf("SKIP agent: the node agent needs root and KSM\n");
+        return;
+    }
+    char cfg[4200], before[64], after[64];
+    mkdir(dir, 0700);
+    snprintf(cfg, sizeof cfg, "%s/agent.toml", dir);
+    FILE *f = fopen(cfg, "w");
+    CHECK(f != NULL, "writing %s", cfg);
+    if (!f)
+        return;
+    fputs("interval_ms = 200\nwindow_ms = 50\nlisten = \"127.0.0.1:0\"\n"
+          "[thp]\nenabled = false\n[[select]]\nall_containers = true\n",
+          f);
+    fclose(f);
+    read_line("/sys/kernel/mm/ksm/run", before, sizeof before);
+    struct agent_seen seen = {0, 0, 1, 0};
+    uint64_t made = 0;
+    OK(pw_agent_run(cfg, 3, 30.0, agent_step, &seen, &made));
+    CHECK(made == 3 && seen.steps == 3, "3 steps made and handed over (%llu, %d)",
+          (unsigned long long)made, seen.steps);
+    CHECK(seen.ordered, "the steps come in order of time");
+    CHECK(seen.thp == 0, "the huge-page agent is disabled, yet stepped %d times", seen.thp);
+    read_line("/sys/kernel/mm/ksm/run", after, sizeof after);
+    CHECK(strcmp(before, after) == 0, "KSM's run put back (%s, now %s)", before, after);
+    f = fopen(cfg, "w");
+    if (f) {
+        fputs("[[select]]\n", f);
+        fclose(f);
+    }
+    CHECK(pw_agent_run(cfg, 1, 30.0, NULL, NULL, NULL) == -EINVAL,
+          "a configuration without a selector is refused");
+    CHECK(strstr(pw_last_error(), "exactly one of") != NULL, "and the fault named: %s",
+          pw_last_error());
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: %s SCRATCH_DIR\n", argv[0]);
@@ -740,6 +806,8 @@ int main(int argc, char **argv) {
     session_test();
     snprintf(dir, sizeof dir, "%s/live", argv[1]);
     live_test(dir);
+    snprintf(dir, sizeof dir, "%s/agent", argv[1]);
+    agent_test(dir);
     printf("%s\n", failures ? "FAILED" : "all C API checks passed");
     return failures ? 1 : 0;
 }
