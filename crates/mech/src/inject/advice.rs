@@ -32,10 +32,7 @@ impl Inside {
         advice: i32,
         feature: &'static str,
     ) -> Result<Vec<u64>> {
-        match self {
-            Inside::Ptrace => madvise_in(pid, ranges, advice, feature),
-            Inside::Shim(s) => s.madvise(ranges, advice),
-        }
+        self.advise(pid, ranges, (advice, Extent::AsGiven), feature)
     }
 
     /// As [`madvise`](Self::madvise), each range taken as the whole
@@ -55,8 +52,20 @@ impl Inside {
         advice: i32,
         feature: &'static str,
     ) -> Result<Vec<u64>> {
+        self.advise(pid, ranges, (advice, Extent::WholeMappings), feature)
+    }
+
+    /// [`madvise`](Self::madvise) or
+    /// [`madvise_mappings`](Self::madvise_mappings), as `extent` says.
+    fn advise(
+        &mut self,
+        pid: i32,
+        ranges: &[(u64, u64)],
+        (advice, extent): (i32, Extent),
+        feature: &'static str,
+    ) -> Result<Vec<u64>> {
         match self {
-            Inside::Ptrace => madvise_mappings_in(pid, ranges, advice, feature),
+            Inside::Ptrace => advise_stopped(pid, ranges, (advice, extent), feature),
             Inside::Shim(s) => s.madvise(ranges, advice),
         }
     }
@@ -119,6 +128,15 @@ pub(crate) fn collapse_retried(
 /// Most attempts [`collapse`] makes at a range the kernel says to retry.
 pub const COLLAPSE_TRIES: u32 = 5;
 
+/// What a range advised under ptrace stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Extent {
+    /// The range as given.
+    AsGiven,
+    /// The whole mapping holding its start in the stopped process.
+    WholeMappings,
+}
+
 /// Makes process `pid` call `madvise(advice)` on each of `ranges`
 /// (address, bytes) itself, stopped for the moment it takes (see
 /// [`Remote::madvise_many`]): for advice that the kernel accepts only from
@@ -130,22 +148,23 @@ pub fn madvise_in(
     advice: i32,
     feature: &'static str,
 ) -> Result<Vec<u64>> {
-    check_target(pid, feature, "the madvise call")?;
-    let stopped = Stopped::new(pid)?;
-    let remote = Remote::new(&stopped)?;
-    remote.madvise_many(ranges, advice)
+    advise_stopped(pid, ranges, (advice, Extent::AsGiven), feature)
 }
 
-/// As [`madvise_in`], each range taken as the whole mapping holding its
-/// start in the stopped process (see [`Inside::madvise_mappings`]).
-fn madvise_mappings_in(
+/// [`madvise_in`], each range as `extent` says: as given, or the whole
+/// mapping that holds its start in the stopped process (a range whose
+/// start is in no mapping then gets 0).
+fn advise_stopped(
     pid: i32,
     ranges: &[(u64, u64)],
-    advice: i32,
+    (advice, extent): (i32, Extent),
     feature: &'static str,
 ) -> Result<Vec<u64>> {
     check_target(pid, feature, "the madvise call")?;
     let stopped = Stopped::new(pid)?;
+    if extent == Extent::AsGiven {
+        return Remote::new(&stopped)?.madvise_many(ranges, advice);
+    }
     let maps = procfs::maps(Some(pid))?;
     let wholes: Vec<Option<(u64, u64)>> = ranges
         .iter()
