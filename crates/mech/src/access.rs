@@ -152,31 +152,29 @@ impl WriteCoverage {
         }
         let wp = self.spare.pop().expect("made above");
         wp.check_memory()?;
-        let held = hold_layout(self.pid);
-        let maps = crate::procfs::maps(Some(self.pid))?;
-        let mut whole: Vec<crate::Region> = Vec::new();
-        for &r in regions {
-            let Some(m) = maps.iter().find(|m| m.start <= r.start && r.end() <= m.end) else {
-                continue;
-            };
-            let mapping = crate::Region {
-                start: m.start,
-                len: m.end - m.start,
-            };
-            if !whole.contains(&mapping) {
-                if wp.register(mapping, false).is_err() {
+        let armed = &mut self.armed;
+        registering(self.pid, &wp, |maps| {
+            let mut whole: Vec<crate::Region> = Vec::new();
+            for &r in regions {
+                let Some(m) = maps.iter().find(|m| m.start <= r.start && r.end() <= m.end) else {
                     continue;
+                };
+                let mapping = crate::Region {
+                    start: m.start,
+                    len: m.end - m.start,
+                };
+                if !whole.contains(&mapping) {
+                    if wp.register(mapping, false).is_err() {
+                        continue;
+                    }
+                    whole.push(mapping);
                 }
-                whole.push(mapping);
+                if wp.protect(r).is_ok() {
+                    armed.push(r);
+                }
             }
-            if wp.protect(r).is_ok() {
-                self.armed.push(r);
-            }
-        }
-        if held.is_none() {
-            heal(&wp, self.pid, &maps, &whole);
-        }
-        drop(held);
+            whole
+        })?;
         self.wp = Some(wp);
         self.since = Some(Instant::now());
         Ok(())
@@ -238,6 +236,23 @@ impl WriteCoverage {
 /// it runs, and a mapping it grew meanwhile is healed ([`heal`]).
 fn hold_layout(pid: i32) -> Option<crate::stop::Stopped> {
     crate::stop::Stopped::new(pid).ok()
+}
+
+/// Runs `register` over process `pid`'s maps with its layout held
+/// ([`hold_layout`]); the mappings it registered with `wp` (its answer)
+/// are healed ([`heal`]) where the process could not be stopped.
+fn registering(
+    pid: i32,
+    wp: &crate::wp::UffdWp,
+    register: impl FnOnce(&[crate::procfs::Mapping]) -> Vec<crate::Region>,
+) -> Result<()> {
+    let held = hold_layout(pid);
+    let maps = crate::procfs::maps(Some(pid))?;
+    let whole = register(&maps);
+    if held.is_none() {
+        heal(wp, pid, &maps, &whole);
+    }
+    Ok(())
 }
 
 /// Registers the rest of a mapping the program grew in place between the
@@ -419,38 +434,38 @@ impl RegionWrites {
             .filter(|s| !self.registered.contains(s))
             .collect();
         if !new.is_empty() {
-            let held = hold_layout(self.pid);
-            let maps = procfs::maps(Some(self.pid))?;
-            // A mapping that now ends elsewhere was grown or shrunk in
-            // place (a region new to this side is often its grown part).
-            for k in &mut self.mappings {
-                if let Some(m) = maps.iter().find(|m| m.start == k.start && m.end != k.end()) {
-                    self.resized += 1;
-                    k.len = m.end - m.start;
+            let (mappings, registered, resized) =
+                (&mut self.mappings, &mut self.registered, &mut self.resized);
+            registering(self.pid, &self.wp, |maps| {
+                // A mapping that now ends elsewhere was grown or shrunk in
+                // place (a region new to this side is often its grown part).
+                for k in mappings.iter_mut() {
+                    if let Some(m) = maps.iter().find(|m| m.start == k.start && m.end != k.end()) {
+                        *resized += 1;
+                        k.len = m.end - m.start;
+                    }
                 }
-            }
-            let mut whole: Vec<crate::Region> = Vec::new();
-            for s in new {
-                let Some(m) = maps.iter().find(|m| m.start <= s && s + huge <= m.end) else {
-                    continue;
-                };
-                let mapping = crate::Region {
-                    start: m.start,
-                    len: m.end - m.start,
-                };
-                if whole.contains(&mapping) || self.wp.register(mapping, false).is_err() {
-                    continue;
+                let mut whole: Vec<crate::Region> = Vec::new();
+                for s in new {
+                    let Some(m) = maps.iter().find(|m| m.start <= s && s + huge <= m.end) else {
+                        continue;
+                    };
+                    let mapping = crate::Region {
+                        start: m.start,
+                        len: m.end - m.start,
+                    };
+                    if whole.contains(&mapping) || self.wp.register(mapping, false).is_err() {
+                        continue;
+                    }
+                    whole.push(mapping);
+                    registered.extend(regions_in(mapping));
+                    match mappings.iter_mut().find(|k| k.start == mapping.start) {
+                        Some(k) => *k = mapping,
+                        None => mappings.push(mapping),
+                    }
                 }
-                whole.push(mapping);
-                self.registered.extend(regions_in(mapping));
-                match self.mappings.iter_mut().find(|k| k.start == mapping.start) {
-                    Some(k) => *k = mapping,
-                    None => self.mappings.push(mapping),
-                }
-            }
-            if held.is_none() {
-                heal(&self.wp, self.pid, &maps, &whole);
-            }
+                whole
+            })?;
         }
         let protect = runs_of(
             regions
