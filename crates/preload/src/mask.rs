@@ -43,10 +43,13 @@ unsafe fn forward(
     }
     // SAFETY: `set` is the caller's valid sigset; we change a copy.
     let mut copy = unsafe { *set };
-    for sig in 1..=64 {
-        if never & pagewise_sys::signal::bit(sig) != 0 {
-            pagewise_sys::signal::sigset_remove(&mut copy, sig);
-        }
+    // Only the signals set in `never` (one or two) are visited.
+    let mut left = never;
+    while left != 0 {
+        let sig = left.trailing_zeros() as libc::c_int + 1;
+        debug_assert_eq!(pagewise_sys::signal::bit(sig), left & left.wrapping_neg());
+        pagewise_sys::signal::sigset_remove(&mut copy, sig);
+        left &= left - 1;
     }
     // SAFETY: the caller's arguments, with the copy.
     unsafe { real(how, &copy, old) }
