@@ -56,7 +56,16 @@ pub mod child {
 /// System settings changed for a run, journaled first and put back when
 /// it ends, fails or is killed (the next run repairs a killed one).
 pub mod settings {
-    pub use pagewise_mech::settings::{
-        current, put_back_own, recover, take_put_back, SettingGuard,
-    };
+    pub use pagewise_mech::settings::{current, put_back_own, take_put_back, SettingGuard};
+
+    /// What a run that was killed left behind, put back: every setting
+    /// whose journal's owner is gone, and the advice dedup agents that
+    /// died gave inside processes still running. What was done, one line
+    /// each (also said on stderr). Every `pagewise` command runs it at its
+    /// start.
+    pub fn recover() -> Vec<String> {
+        let mut said = pagewise_dedup::recover_advice();
+        said.extend(pagewise_mech::settings::recover());
+        said
+    }
 }

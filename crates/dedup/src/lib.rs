@@ -70,16 +70,18 @@
 extern crate pagewise_mech;
 
 mod act;
+mod journal;
 mod ksm;
 mod sample;
 mod step;
+pub use journal::recover_advice;
 
+use journal::AdviceJournal;
 use ksm::{ksm_value, Ksm};
 use pagewise_mech::access::RegionWrites;
 use pagewise_mech::agent::{self, Metric, Targets};
 use pagewise_mech::hash::PageDigest;
 use pagewise_mech::inject::Inside;
-use pagewise_mech::settings::AdviceJournal;
 use pagewise_mech::{Error, Result, HUGE_PAGE_SIZE, PAGE_SIZE};
 use serde::Serialize;
 use std::collections::BTreeMap;

@@ -18,10 +18,8 @@
 //! - **Put back when dropped**, also on an error path, and by the agents on
 //!   SIGINT/SIGTERM (they end normally).
 //!
-//! The same holds for advice an agent gives inside a process
-//! ([`AdviceJournal`]: the regions `dedup run` made mergeable): journaled
-//! before the call, taken back by the next run if the agent died, as long
-//! as the process (its pid and start time) is still there.
+//! The same holds for advice an agent gives inside a process (dedup's
+//! advice journal, below, kept with [`orphans`] and [`open_journal`]).
 //!
 //! Journal format, version 1 (text, at most 64 KiB read):
 //! `pagewise-setting 1\npath=<setting>\nold=<value>\npid=<owner>\ncmd=<owner's name>\n`.
@@ -36,7 +34,8 @@ use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 const HEADER: &str = "pagewise-setting 1";
-const MAX_JOURNAL: u64 = 64 << 10;
+/// Most bytes of a journal read.
+pub const MAX_JOURNAL: u64 = 64 << 10;
 
 /// Settings this process holds (their paths), for claims that wait.
 static HELD: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
@@ -103,7 +102,7 @@ impl Journal {
 }
 
 /// Opens (creating) journal file `j`, owner-only, never through a link.
-fn open_journal(j: &Path) -> Result<File> {
+pub fn open_journal(j: &Path) -> Result<File> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt};
     let dir = j.parent().expect("a journal lies in the journal directory");
     std::fs::DirBuilder::new()
@@ -168,7 +167,7 @@ pub fn current(path: impl AsRef<Path>) -> std::io::Result<String> {
 /// what was put back, one line each (also said on stderr). Journals of
 /// live owners are left alone.
 pub fn recover() -> Vec<String> {
-    let mut said = recover_advice();
+    let mut said = Vec::new();
     for (j, mut f) in orphans(&journal_dir()) {
         if let Some(line) = repair(&mut f, &j) {
             eprintln!("pagewise: {line}");
@@ -215,7 +214,7 @@ pub fn put_back_own() -> Vec<String> {
 /// The journals in `dir` whose owner is gone, each opened and locked (a
 /// journal a live owner holds is left alone, as is one its owner unlinked
 /// meanwhile).
-fn orphans(dir: &Path) -> Vec<(PathBuf, File)> {
+pub fn orphans(dir: &Path) -> Vec<(PathBuf, File)> {
     let Ok(rd) = std::fs::read_dir(dir) else {
         return Vec::new();
     };
@@ -459,167 +458,4 @@ mod tests {
             assert_eq!(Journal::decode(bad), None, "{bad:?}");
         }
     }
-
-    #[test]
-    fn an_advice_journal_holds_the_ranges_given_and_not_taken_back() {
-        let mut j = AdviceJournal::new(std::process::id() as i32, libc::MADV_UNMERGEABLE)
-            .expect("an advice journal for this process");
-        let ranges = |j: &AdviceJournal| -> Vec<String> {
-            let text = std::fs::read_to_string(&j.path).unwrap();
-            text.lines().skip(4).map(str::to_string).collect()
-        };
-        j.record_advice(&[(0x1000, 0x2000), (0x8000, 0x1000)])
-            .unwrap();
-        j.record_advice(&[(0x1000, 0x2000)]).unwrap();
-        assert_eq!(ranges(&j), ["1000 2000", "8000 1000"]);
-        j.taken_back(&[(0x1000, 0x2000)]).unwrap();
-        j.taken_back(&[(0x1000, 0x2000), (0x5000, 0x1000)]).unwrap();
-        assert_eq!(ranges(&j), ["8000 1000"]);
-        j.record_advice(&[(0x8000, 0x3000)]).unwrap();
-        assert_eq!(ranges(&j), ["8000 3000"]);
-        let path = j.path.clone();
-        drop(j);
-        assert!(!path.exists(), "the journal outlived its agent");
-    }
-}
-
-/// The directory of advice journals.
-fn advice_dir() -> PathBuf {
-    journal_dir().with_file_name("advice")
-}
-
-const ADVICE_HEADER: &str = "pagewise-advice 1";
-/// Most ranges read back from one advice journal.
-const MAX_ADVICE_RANGES: usize = 1 << 16;
-
-/// Advice an agent gave inside process `pid` (`madvise(advice)` on
-/// ranges), journaled so that it is taken back (`undo`) if the agent dies
-/// first: by the next `pagewise` command, while the same process runs.
-/// Format, version 1: `pagewise-advice 1\npid=P\nstart=TICKS\nundo=ADVICE\n`
-/// then one `START LEN` line (hexadecimal) per range.
-#[derive(Debug)]
-pub struct AdviceJournal {
-    path: PathBuf,
-    file: File,
-    head: String,
-    ranges: std::collections::BTreeMap<u64, u64>,
-}
-
-impl AdviceJournal {
-    /// A journal of advice given in process `pid`, undone with `undo`.
-    pub fn new(pid: i32, undo: i32) -> Result<Self> {
-        recover();
-        let start = procfs::start_time(pid).ok_or(Error::NoSuchProcess(pid))?;
-        let path = advice_dir().join(format!("{pid}.{}", std::process::id()));
-        let file = open_journal(&path)?;
-        pagewise_sys::process::flock_exclusive_nonblocking(file.as_fd())
-            .map_err(|e| Error::os(format!("locking {}", path.display()), e))?;
-        let j = AdviceJournal {
-            path,
-            file,
-            head: format!("{ADVICE_HEADER}\npid={pid}\nstart={start}\nundo={undo}\n"),
-            ranges: Default::default(),
-        };
-        j.write()?;
-        Ok(j)
-    }
-
-    fn write(&self) -> Result<()> {
-        use std::fmt::Write as _;
-        let mut text = self.head.clone();
-        for (s, n) in &self.ranges {
-            let _ = writeln!(text, "{s:x} {n:x}");
-        }
-        let mut f = &self.file;
-        f.set_len(0)
-            .and_then(|()| f.rewind())
-            .and_then(|()| f.write_all(text.as_bytes()))
-            .and_then(|()| f.sync_data())
-            .map_err(|e| Error::os(format!("writing {}", self.path.display()), e))
-    }
-
-    /// Notes `ranges` before the advice is given on them.
-    pub fn record_advice(&mut self, ranges: &[(u64, u64)]) -> Result<()> {
-        let mut changed = false;
-        for &(s, n) in ranges {
-            changed |= self.ranges.insert(s, n) != Some(n);
-        }
-        if changed {
-            self.write()?;
-        }
-        Ok(())
-    }
-
-    /// Notes `ranges` taken back (undone by the agent itself).
-    pub fn taken_back(&mut self, ranges: &[(u64, u64)]) -> Result<()> {
-        let mut changed = false;
-        for (s, _) in ranges {
-            changed |= self.ranges.remove(s).is_some();
-        }
-        if changed {
-            self.write()?;
-        }
-        Ok(())
-    }
-}
-
-impl Drop for AdviceJournal {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
-    }
-}
-
-/// Takes back the advice of agents that died (see [`AdviceJournal`]).
-fn recover_advice() -> Vec<String> {
-    let mut said = Vec::new();
-    for (j, mut f) in orphans(&advice_dir()) {
-        let mut text = String::new();
-        let _ = f.rewind();
-        let _ = (&mut f).take(MAX_JOURNAL * 16).read_to_string(&mut text);
-        let mut lines = text.lines();
-        let head = (lines.next() == Some(ADVICE_HEADER))
-            .then(|| {
-                let mut field = |k: &str| -> Option<u64> {
-                    lines
-                        .next()?
-                        .strip_prefix(k)?
-                        .strip_prefix('=')?
-                        .parse()
-                        .ok()
-                };
-                Some((field("pid")?, field("start")?, field("undo")?))
-            })
-            .flatten();
-        let ranges: Vec<(u64, u64)> = lines
-            .take(MAX_ADVICE_RANGES)
-            .filter_map(|l| {
-                let (a, b) = l.split_once(' ')?;
-                let (a, b) = (
-                    u64::from_str_radix(a, 16).ok()?,
-                    u64::from_str_radix(b, 16).ok()?,
-                );
-                crate::Region::new(a, b).ok().map(|_| (a, b))
-            })
-            .collect();
-        if let Some((pid, start, undo)) = head {
-            let pid = i32::try_from(pid).unwrap_or(-1);
-            let same = pid > 0 && procfs::start_time(pid) == Some(start);
-            if same && !ranges.is_empty() {
-                let line = match crate::inject::madvise_in(pid, &ranges, undo as i32, "recovery") {
-                    Ok(_) => format!(
-                        "took back the advice a pagewise agent that ended without doing so had \
-                         given in process {pid} ({} ranges)",
-                        ranges.len()
-                    ),
-                    Err(e) => format!(
-                        "could not take back the advice a pagewise agent left in process {pid}: {e}"
-                    ),
-                };
-                eprintln!("pagewise: {line}");
-                said.push(line);
-            }
-        }
-        let _ = std::fs::remove_file(&j);
-    }
-    said
 }
