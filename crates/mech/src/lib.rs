@@ -33,44 +33,21 @@ macro_rules! setters {
 }
 
 mod error;
-pub mod workload;
+// The mechanisms, in folders by what they act on; each module is reached
+// from the crate root (`pagewise_mech::walk`, ...).
+mod host;
+mod pages;
+mod process;
 
 pub use error::{Error, ErrorClass, Failure, Holder, Result};
 pub use pagewise_sys::{HUGE_PAGE_SIZE, PAGE_SIZE};
 pub use region::{PageRange, Region};
 pub use stop::Refusal;
 
-pub mod access;
-pub mod agent;
-pub mod anon;
-pub mod bloom;
+pub use host::probe;
 #[doc(hidden)]
-pub mod cgroup;
+pub use host::{cgroup, files, freezer, settings};
+pub use pages::{access, anon, bloom, fault, hash, region, walk, walk_cost, workload, wp};
+pub use process::{agent, remote};
 #[doc(hidden)]
-pub mod child;
-#[doc(hidden)]
-pub mod container;
-pub mod fault;
-#[doc(hidden)]
-pub mod files;
-#[doc(hidden)]
-pub mod freezer;
-pub mod hash;
-#[doc(hidden)]
-pub mod inject;
-pub mod probe;
-#[doc(hidden)]
-pub mod procfs;
-pub mod region;
-pub mod remote;
-#[doc(hidden)]
-pub mod seccomp;
-#[doc(hidden)]
-pub mod settings;
-#[doc(hidden)]
-pub mod shim;
-#[doc(hidden)]
-pub mod stop;
-pub mod walk;
-pub mod walk_cost;
-pub mod wp;
+pub use process::{child, container, inject, procfs, seccomp, shim, stop};

@@ -2,7 +2,7 @@
 //! against its limit, or the machine), and the set-ups a run makes and takes
 //! down again (a memory cgroup with a limit, swap on zram).
 
-use super::procfs::{proc_dir, read_trimmed, status_field};
+use crate::procfs::{proc_dir, read_trimmed, status_field};
 use crate::{Error, Result};
 use std::path::{Path, PathBuf};
 

@@ -1,7 +1,7 @@
 //! Userfaultfd write-protect on the caller's memory or another process's:
 //! one userfaultfd in asynchronous write-protect mode, read and re-armed by
 //! `PAGEMAP_SCAN` in one atomic walk. Dirty tracking (`track`'s `uffd-wp`
-//! backend) and access coverage ([`super::access`]) both stand on it.
+//! backend) and access coverage ([`crate::access`]) both stand on it.
 //!
 //! Set-up: a userfaultfd with `UFFD_FEATURE_WP_ASYNC | UFFD_FEATURE_WP_UNPOPULATED`,
 //! each region registered in `UFFDIO_REGISTER_MODE_WP` and write-protected. A

@@ -10,10 +10,10 @@
 //!   a request is a typed [`Request`] owned by what it is for;
 //! - **the hellos** the shim sends first on its sockets: the tracking
 //!   socket (`track::protocol`, magic `PGWS`) and the advice socket
-//!   ([`super::inject::shim`], magic `PGWA`) both begin with their magic and
+//!   ([`crate::inject::shim`], magic `PGWA`) both begin with their magic and
 //!   the contract ([`hello_header`], checked by [`check_hello`]), as do
 //!   the requests of far memory's members in containers to the host's
-//!   server ([`super::inject::uffd_lending`], magic `PGWU`);
+//!   server ([`crate::inject::uffd_lending`], magic `PGWU`);
 //! - **the far-memory instance files** the shim joins (`farmem::instance`,
 //!   whose layout has its own version, checked on every open).
 //!

@@ -1,6 +1,6 @@
 //! Reading `/proc` and `/sys`: the one place pagewise parses them.
-//! Memory cgroups and swap set up for a run are in [`super::cgroup`]; system
-//! settings changed and put back in [`super::settings`].
+//! Memory cgroups and swap set up for a run are in [`crate::cgroup`]; system
+//! settings changed and put back in [`crate::settings`].
 
 use crate::{Error, Region, Result};
 
