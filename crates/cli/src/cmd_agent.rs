@@ -36,7 +36,8 @@ use std::time::{Duration, Instant};
   whole_mappings = false      # merge whole mappings only (programs that mremap)
 
   [[select]]                  # every process in a container
-  all_containers = true       # or: container = \"ID|NAME\", cgroup = \"PATH\"
+  all_containers = true       # or: container = \"ID|NAME\", cgroup = \"PATH\",
+                              #   namespace = \"NS\" (a Kubernetes namespace's pods)
   huge_pages = 64             # huge pages each container may be given
   thp = true
   dedup = true

@@ -229,6 +229,32 @@ fn a_pods_series_carry_its_namespace_and_name() {
     let text = metrics_after_steps(port, 2.0);
     let _ = pagewise_sys::process::kill(agent.id() as i32, libc::SIGTERM);
     let _ = agent.wait();
+    // Selected by its pod's namespace, the container's processes are
+    // those selected by its name; another namespace selects none.
+    let check = |select: &str| -> Vec<String> {
+        let cfg = config(port, &format!("[[select]]\n{select}\n"));
+        let out = Command::new(BIN)
+            .args(["agent", "--check", "--config"])
+            .arg(&cfg)
+            .env("PAGEWISE_POD_LOGS", &logs)
+            .output()
+            .unwrap();
+        let _ = std::fs::remove_file(&cfg);
+        assert!(out.status.success(), "{select}: {out:?}");
+        let mut said: Vec<String> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect();
+        said.sort();
+        said
+    };
+    let by_name = check(&format!("container = \"{name}\""));
+    assert!(
+        !by_name.is_empty(),
+        "the container's processes are selected"
+    );
+    assert_eq!(check("namespace = \"shop\""), by_name, "by namespace");
+    assert_eq!(check("namespace = \"other\""), Vec::<String>::new());
     drop(gone);
     // The cgroups the test's parent made, emptied with the container.
     for h in std::fs::read_dir("/sys/fs/cgroup")

@@ -24,7 +24,8 @@
 //! all_containers = true
 //! huge_pages = 64
 //!
-//! [[select]]                  # or one by id, id prefix or name; or a cgroup
+//! [[select]]                  # or one by id, id prefix or name; a cgroup; or
+//!                             # a Kubernetes namespace (namespace = "shop")
 //! container = "web"
 //! dedup = false
 //! ```
@@ -143,6 +144,10 @@ pub struct Select {
     pub container: Option<String>,
     /// A cgroup, its sub-cgroups included.
     pub cgroup: Option<String>,
+    /// Every process of the Kubernetes pods in this namespace (as the
+    /// kubelet's directory of pod logs names their pods; no API server is
+    /// asked).
+    pub namespace: Option<String>,
     /// Huge pages each container (or this cgroup) may be given in all.
     pub huge_pages: Option<u64>,
     /// Whether the huge-page agent acts on them.
@@ -207,10 +212,15 @@ impl Config {
             return Err("no [[select]]: say which containers or cgroups to act on".into());
         }
         for (i, s) in self.select.iter().enumerate() {
-            let given = [s.all_containers, s.container.is_some(), s.cgroup.is_some()];
+            let given = [
+                s.all_containers,
+                s.container.is_some(),
+                s.cgroup.is_some(),
+                s.namespace.is_some(),
+            ];
             if given.iter().filter(|&&g| g).count() != 1 {
                 return Err(format!(
-                    "select #{}: give exactly one of all_containers, container, cgroup",
+                    "select #{}: give exactly one of all_containers, container, cgroup, namespace",
                     i + 1
                 ));
             }

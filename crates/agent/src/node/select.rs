@@ -25,6 +25,8 @@ struct Rule {
     sel: Option<Selector>,
     /// The cgroup selected, as given.
     cgroup: Option<String>,
+    /// The Kubernetes namespace whose pods' processes are selected.
+    namespace: Option<String>,
     /// Huge pages per container (or this cgroup).
     budget: Option<u64>,
     thp: bool,
@@ -55,6 +57,7 @@ impl Selection {
                 Rule {
                     sel,
                     cgroup: s.cgroup.clone(),
+                    namespace: s.namespace.clone(),
                     budget: s.huge_pages,
                     // An agent the configuration disables acts on none.
                     thp: s.thp && c.thp.enabled,
@@ -71,7 +74,13 @@ impl Selection {
         for r in &self.rules {
             let members = match &r.sel {
                 Some(s) => pagewise_mech::container::members(s).unwrap_or_default(),
-                None => pagewise_mech::container::in_containers(),
+                None => {
+                    let mut all = pagewise_mech::container::in_containers();
+                    if let Some(ns) = &r.namespace {
+                        all.retain(|m| in_namespace(m, ns));
+                    }
+                    all
+                }
             };
             for m in members {
                 if out.iter().any(|o| o.member.pid == m.pid) {
@@ -92,6 +101,15 @@ impl Selection {
         }
         out
     }
+}
+
+/// Whether process `m` runs in a Kubernetes pod of namespace `ns`.
+fn in_namespace(m: &Member, ns: &str) -> bool {
+    m.container
+        .as_ref()
+        .and_then(|c| c.pod.as_deref())
+        .and_then(pagewise_mech::container::pod_names)
+        .is_some_and(|(namespace, _)| namespace == ns)
 }
 
 /// A container's group name: its runtime and short id.
