@@ -36,6 +36,7 @@ mod exposition;
 pub mod gains;
 pub mod node;
 pub mod stop;
+pub mod walk_cost;
 
 pub use drive::{drive, run, Cadence, Deadline, Ended, Interrupt, Stepping, Uninterrupted};
 pub use endpoint::{Endpoint, Published};

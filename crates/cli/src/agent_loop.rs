@@ -197,55 +197,34 @@ pub fn say_put_back() {
     }
 }
 
-/// Most time the page-walk cost's measurement at start-up may take.
-pub const WALK_WITHIN: Duration = Duration::from_secs(15);
-/// What a page walk is taken to cost where it could not be measured.
-pub const WALK_DEFAULT_NS: f64 = 30.0;
-
-/// The page-walk cost, measured at start-up on a thread of its own (at
-/// most [`WALK_WITHIN`]; where it could not be measured or took longer,
-/// [`WALK_DEFAULT_NS`], said): `None` when SIGINT or SIGTERM came
+/// The page-walk cost, measured at start-up (`pagewise::agent::walk_cost`,
+/// bounded), said on standard error: `None` when SIGINT or SIGTERM came
 /// meanwhile, which is answered at once (the caller ends).
 pub fn walk_cost(stop: &crate::stop::Stop) -> Option<f64> {
+    use pagewise::agent::walk_cost::{measure, WalkCost, WALK_DEFAULT_NS, WALK_WITHIN};
     eprintln!(
         "pagewise: measuring what a page walk costs here (at most {} s; --walk-ns skips it)",
         WALK_WITHIN.as_secs()
     );
-    let (tx, rx) = std::sync::mpsc::channel();
-    let _ = std::thread::Builder::new()
-        .name("pagewise-walk-cost".into())
-        .spawn(move || {
-            let _ = tx.send(pagewise::thp::calibrate_walk_cost(64 << 20, 1 << 20));
-        });
-    let deadline = std::time::Instant::now() + WALK_WITHIN;
-    let why = loop {
-        if stop.requested() {
-            return None;
-        }
-        match rx.recv_timeout(Duration::from_millis(50)) {
-            Ok(Ok(c)) => match c.walk_ns {
-                Some(w) if w > 0.0 => {
-                    eprintln!(
-                        "pagewise: a page walk costs {w:.1} ns here (random loads: {:.1} ns over \
-                         4 KiB pages, {:.1} ns over 2 MiB pages, medians of 5 runs)",
-                        c.ns_per_access_4k,
-                        c.ns_per_access_2m.unwrap_or(f64::NAN)
-                    );
-                    return Some(w);
-                }
-                _ => break "no huge page could be made to measure it".to_string(),
-            },
-            Ok(Err(e)) => break e.to_string(),
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout)
-                if std::time::Instant::now() < deadline => {}
-            Err(_) => break format!("it took more than {} s", WALK_WITHIN.as_secs()),
-        }
-    };
-    eprintln!(
-        "pagewise: the page-walk cost could not be measured here ({why}); ranking with \
-         {WALK_DEFAULT_NS} ns"
-    );
-    Some(WALK_DEFAULT_NS)
+    let cost = measure(stop);
+    match &cost {
+        WalkCost::Measured {
+            walk_ns,
+            ns_per_access_4k,
+            ns_per_access_2m,
+        } => eprintln!(
+            "pagewise: a page walk costs {walk_ns:.1} ns here (random loads: \
+             {ns_per_access_4k:.1} ns over 4 KiB pages, {:.1} ns over 2 MiB pages, medians of \
+             5 runs)",
+            ns_per_access_2m.unwrap_or(f64::NAN)
+        ),
+        WalkCost::Default(why) => eprintln!(
+            "pagewise: the page-walk cost could not be measured here ({why}); ranking with \
+             {WALK_DEFAULT_NS} ns"
+        ),
+        _ => {}
+    }
+    cost.ns()
 }
 
 /// SIGINT or SIGTERM before the first step: the command started (if any)

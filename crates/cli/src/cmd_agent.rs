@@ -83,7 +83,7 @@ pub fn run(a: Args) -> Result<i32> {
     }
     let walk_ns = match (c.thp.enabled, c.thp.walk_ns) {
         (_, Some(w)) => w,
-        (false, None) => crate::agent_loop::WALK_DEFAULT_NS,
+        (false, None) => pagewise::agent::walk_cost::WALK_DEFAULT_NS,
         (true, None) => match crate::agent_loop::walk_cost(&stop) {
             Some(w) => w,
             None => {

@@ -111,8 +111,8 @@ pub fn answer(config: &Config, t0: Instant) -> pagewise_mech::Result<(Published,
 /// its endpoint answers from the start, each step is handed to `on_step`,
 /// and the agents are ended and their settings put back before it
 /// returns, whatever happened. `walk_ns` is what a page walk costs here
-/// (else the configuration's, else measured, else 30 ns). Returns the
-/// steps made.
+/// (else the configuration's, else measured: [`crate::walk_cost`]).
+/// Returns the steps made.
 pub fn run_steps(
     config: &Config,
     steps: u64,
@@ -122,11 +122,9 @@ pub fn run_steps(
     let t0 = Instant::now();
     let (published, _endpoint) = answer(config, t0)?;
     let walk = walk_ns.or(config.thp.walk_ns).unwrap_or_else(|| {
-        pagewise_thp::calibrate_walk_cost(64 << 20, 1 << 20)
-            .ok()
-            .and_then(|c| c.walk_ns)
-            .filter(|&w| w > 0.0)
-            .unwrap_or(30.0)
+        crate::walk_cost::measure(&crate::Uninterrupted)
+            .ns()
+            .unwrap_or(crate::walk_cost::WALK_DEFAULT_NS)
     });
     let mut node = Node::new(config, walk, t0)?;
     let cadence = crate::Cadence::default()
