@@ -24,6 +24,11 @@ pub struct Args {
     /// Delay before --write-first, in ms.
     #[arg(long, default_value_t = 0)]
     delay_ms: u64,
+    /// With --write-first: write when FILE exists (not after --delay-ms),
+    /// print `written` on its own line, then exit 0 once FILE is removed.
+    /// A test drives the writes by events; --seconds bounds each wait.
+    #[arg(long, value_name = "FILE", requires = "write_first")]
+    write_when: Option<std::path::PathBuf>,
     /// Instead: build the inspector's known layout over this many 2 MiB
     /// regions (`pagewise::workload::Layout`), write what it holds to
     /// --truth as JSON, then read every page of its hot regions in a loop
@@ -81,9 +86,32 @@ pub fn run(a: Args) -> Result<i32> {
     std::io::stdout().flush()?;
     let t0 = Instant::now();
     if let Some(k) = a.write_first {
-        std::thread::sleep(Duration::from_millis(a.delay_ms));
+        let within = |exists: bool, f: &std::path::Path| {
+            while f.exists() != exists {
+                if t0.elapsed().as_secs_f64() >= a.seconds {
+                    return false;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            true
+        };
+        match &a.write_when {
+            Some(f) if !within(true, f) => {
+                anyhow::bail!("{} did not appear within --seconds", f.display())
+            }
+            Some(_) => {}
+            None => std::thread::sleep(Duration::from_millis(a.delay_ms)),
+        }
         for p in 0..k.min(mem.pages()) {
             mem.write_byte(p * PAGE_SIZE + 100, 0xA5);
+        }
+        if let Some(f) = &a.write_when {
+            println!("written");
+            std::io::stdout().flush()?;
+            if !within(false, f) {
+                anyhow::bail!("{} was not removed within --seconds", f.display());
+            }
+            return Ok(0);
         }
         while t0.elapsed().as_secs_f64() < a.seconds {
             std::thread::sleep(Duration::from_millis(10));

@@ -65,26 +65,36 @@ fn assert_known_layout(
 #[test]
 fn snapshot_pid_stores_the_known_layout() {
     let dir = temp_dir("snap");
-    let (mut wl, addr, len) = spawn_workload(KNOWN_WORKLOAD);
+    let when = temp_dir("snap-when");
+    let args = known_workload_when(&when);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (mut wl, addr, len) = spawn_workload(&args);
     let pid = wl.id().to_string();
-    // One snapshot before the workload's writes (at 700 ms), one after.
-    let out = Command::new(BIN)
-        .args(["snapshot", "--pid", &pid, "--out"])
-        .arg(&dir)
-        .args(["--every", "1300", "--count", "2", "--json"])
-        .output()
-        .unwrap();
+    // One snapshot before the workload's writes, one after: the second
+    // command adds to the store the first made.
+    let snapshot = || {
+        let out = Command::new(BIN)
+            .args(["snapshot", "--pid", &pid, "--out"])
+            .arg(&dir)
+            .arg("--json")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        json_lines(&out.stdout)
+    };
+    let mut lines = snapshot();
+    written(&mut wl, &when);
+    lines.extend(snapshot());
+    std::fs::remove_file(&when).unwrap();
     let status = wl.wait().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     assert!(
         status.success(),
         "the snapshotted process ran on and exited normally"
     );
-    let lines = json_lines(&out.stdout);
     assert_eq!(lines.len(), 2);
     assert!(
         lines[1]["save"]["pages_new"].as_u64().unwrap()
@@ -263,8 +273,11 @@ fn live_migration_to_a_receiver_stores_the_known_layout() {
     }
     let dir = temp_dir("receive");
     let (mut rx, mut rx_out, addr) = start_receiver(&dir, &[]);
-    let (mut wl, start, len) = spawn_workload(KNOWN_WORKLOAD);
-    std::thread::sleep(std::time::Duration::from_millis(1200));
+    let when = temp_dir("receive-when");
+    let args = known_workload_when(&when);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (mut wl, start, len) = spawn_workload(&args);
+    written(&mut wl, &when);
     let out = ok(Command::new(BIN)
         .args(["snapshot", "--live", "--json", "--label", "moved", "--pid"])
         .arg(wl.id().to_string())
@@ -275,6 +288,7 @@ fn live_migration_to_a_receiver_stores_the_known_layout() {
     let conn: serde_json::Value = serde_json::from_str(&conn).unwrap();
     assert!(conn["broken"].is_null(), "{conn}");
     assert_eq!(conn["saved"][0]["id"], report["save"]["id"]);
+    std::fs::remove_file(&when).unwrap();
     assert!(wl.wait().unwrap().success());
     // SIGTERM: the receiver ends, status 0.
     pagewise_sys::process::kill(rx.id() as i32, libc::SIGTERM).unwrap();

@@ -53,26 +53,38 @@ fn probe_json_has_every_feature() {
 
 #[test]
 fn track_pid_from_outside_sees_the_known_writes() {
-    let (mut wl, addr, len) = spawn_workload(KNOWN_WORKLOAD);
+    let when = temp_dir("track-when");
+    let args = known_workload_when(&when);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (mut wl, addr, len) = spawn_workload(&args);
     let pid = wl.id().to_string();
-    let out = Command::new(BIN)
-        .args([
-            "track",
-            "--pid",
-            &pid,
-            "--backend",
-            "hash",
-            "--interval",
-            "300",
-            "--count",
-            "6",
-            "--json",
-        ])
-        .output()
+    let mut tr = Command::new(BIN)
+        .args(["track", "--pid", &pid, "--backend", "hash"])
+        .args(["--interval", "100", "--json"])
+        .stdout(Stdio::piped())
+        .spawn()
         .unwrap();
-    let _ = wl.wait();
-    let lines = ok_json_lines(&out);
-    assert_eq!(lines.len(), 6);
+    let tr_pid = tr.id() as i32;
+    let mut tr_out = BufReader::new(tr.stdout.take().unwrap());
+    let mut next = || {
+        let l = pagewise_testkit::line_within(&mut tr_out, tr_pid).unwrap_or_default();
+        serde_json::from_str::<serde_json::Value>(&l).expect("a collection's JSON line")
+    };
+    // A collection before the writes, then two after the workload said it
+    // wrote (the second began after they were done).
+    let mut lines = vec![next()];
+    written(&mut wl, &when);
+    lines.push(next());
+    lines.push(next());
+    pagewise_sys::process::kill(tr_pid, libc::SIGTERM).unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut tr_out, &mut rest).unwrap();
+    lines.extend(json_lines(rest.as_bytes()));
+    let st = tr.wait().unwrap();
+    // Ended by SIGTERM as the conventions say: 128 + 15, its output whole.
+    assert_eq!(st.code(), Some(143), "track ended on SIGTERM with {st}");
+    std::fs::remove_file(&when).unwrap();
+    assert!(wl.wait().unwrap().success());
     for l in &lines {
         assert!(
             l["t_ms"].is_u64() && l["dirty_pages"].is_u64() && l["ranges"].is_array(),

@@ -36,6 +36,41 @@ pub const KNOWN_WORKLOAD: &[&str] = &[
     "3",
 ];
 
+/// The known workload driven by events: it writes its first 300 pages when
+/// `when` exists, says `written` (see [`written`]), and exits 0 once `when`
+/// is removed; 60 s bound each wait.
+pub fn known_workload_when(when: &std::path::Path) -> Vec<String> {
+    let mut v: Vec<String> = [
+        "workload",
+        "--mib",
+        "16",
+        "--write-first",
+        "300",
+        "--seconds",
+        "60",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    v.push("--write-when".into());
+    v.push(when.display().to_string());
+    v
+}
+
+/// Makes the event-driven known workload write (creates `when`) and waits,
+/// bounded, for it to say it has written.
+pub fn written(wl: &mut std::process::Child, when: &std::path::Path) {
+    std::fs::write(when, b"").unwrap();
+    let pid = wl.id() as i32;
+    let line = pagewise_testkit::line_within(&mut BufReader::new(wl.stdout.as_mut().unwrap()), pid)
+        .unwrap_or_default();
+    assert_eq!(
+        line.trim(),
+        "written",
+        "the workload said it wrote its pages"
+    );
+}
+
 /// Parses the workload's first line, `0xADDR LEN`.
 pub fn region_line(line: &str) -> (u64, u64) {
     let mut it = line.split_whitespace();
