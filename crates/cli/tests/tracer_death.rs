@@ -135,9 +135,16 @@ fn a_tracer_killed_in_a_call_leaves_its_target_as_it_was() {
     let mut killed = [[0u32; PHASES]; 2];
     let mut whole = [0u32; 2];
     let mut runs = 0u32;
-    while killed.iter().flatten().sum::<u32>() < want {
+    // Until `want` runs were killed in a call, and at least one at each
+    // phase of each command (a phase drawn seldom is drawn again).
+    while killed.iter().flatten().sum::<u32>() < want || killed.iter().flatten().any(|&n| n == 0) {
         runs += 1;
-        assert!(runs < want * 5, "too few runs were killed in a call");
+        assert!(
+            runs < want * 5,
+            "too few runs were killed in a call: by phase, snapshot {:?}, track {:?}",
+            killed[0],
+            killed[1]
+        );
         let which = usize::from(rng.below(3) == 0);
         let phase = rng.below(PHASES as u64);
         let (call, mut c) = if which == 0 {
