@@ -215,10 +215,10 @@ fn fuzz(
         // is pagewise here.
         c.env("AFL_SKIP_BIN_CHECK", "1");
     }
-    pagewise::agent::child::tie(&mut c);
+    pagewise_agent::child::tie(&mut c);
     let mut child = c.spawn().context("starting afl-fuzz")?;
     let limit = Duration::from_secs(cfg.seconds + 120);
-    let Some(st) = pagewise::agent::child::wait_for(&mut child, limit) else {
+    let Some(st) = pagewise_agent::child::wait_for(&mut child, limit) else {
         let _ = child.kill();
         let _ = child.wait();
         bail!("afl-fuzz ({mode}) did not end within {} s", limit.as_secs());

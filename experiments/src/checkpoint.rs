@@ -25,9 +25,9 @@
 
 use crate::redis::{free_port, redis_args, redis_benchmark, wait_ready, which, Server};
 use anyhow::{bail, Context, Result};
-use pagewise::snap::live::{Checkpointer, LiveOptions, ProcessSource, StoreSeries};
-use pagewise::snap::remote::{snapshot_process, Incremental};
-use pagewise::snap::DiskStore;
+use pagewise_snap::live::{Checkpointer, LiveOptions, ProcessSource, StoreSeries};
+use pagewise_snap::remote::{snapshot_process, Incremental};
+use pagewise_snap::DiskStore;
 use serde::Serialize;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -156,7 +156,7 @@ fn populate(port: u16, n: u64) -> Result<()> {
 }
 
 fn writable_bytes(pid: i32) -> u64 {
-    pagewise::process::writable(Some(pid))
+    pagewise_mech::procfs::writable(Some(pid))
         .map(|m| m.iter().map(|m| m.len()).sum())
         .unwrap_or(0)
 }
@@ -379,7 +379,7 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
         bail!("redis-server and redis-benchmark are needed: run scripts/setup.sh (installs Debian's redis-server and redis-tools)");
     }
     if a.modes.iter().any(|m| m == "live" || m == "incremental") {
-        if let Err(why) = pagewise::track::BackendKind::UffdWp.available_for_pid() {
+        if let Err(why) = pagewise_track::BackendKind::UffdWp.available_for_pid() {
             bail!("uffd-wp from outside is not available here: {why}");
         }
     }

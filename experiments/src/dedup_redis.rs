@@ -20,9 +20,9 @@
 use crate::redis::{free_port, value, Client};
 use crate::Machine;
 use anyhow::{bail, Context, Result};
-use pagewise::agent::settings::SettingGuard;
-use pagewise::agent::{drive, Agent as _, Cadence};
-use pagewise::dedup::Agent;
+use pagewise_agent::settings::SettingGuard;
+use pagewise_agent::{drive, Agent as _, Cadence};
+use pagewise_dedup::Agent;
 use pagewise_testkit::host as procfs;
 use pagewise_testkit::host::MemoryCgroup;
 use serde::Serialize;

@@ -11,10 +11,10 @@
 //! and the reason is kept in the report (Debian 12's CRIU 3.17 cannot parse
 //! the vDSO of Linux 6.13 and later, for example).
 
-use pagewise::snap::remote::snapshot_process;
-use pagewise::snap::DiskStore;
-use pagewise::workload::{AnonMemory, Rng};
 use pagewise::{Error, Result, PAGE_SIZE};
+use pagewise_mech::workload::{AnonMemory, Rng};
+use pagewise_snap::remote::snapshot_process;
+use pagewise_snap::DiskStore;
 use serde::Serialize;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};

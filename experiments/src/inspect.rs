@@ -3,8 +3,8 @@
 //! the known layout (whose figures every run checks exactly).
 
 use anyhow::{bail, Context, Result};
-use pagewise::inspect::{inspect, Options};
-use pagewise::workload::{AnonMemory, LayoutTruth};
+use pagewise_inspect::{inspect, Options};
+use pagewise_mech::workload::{AnonMemory, LayoutTruth};
 use serde::Serialize;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -132,7 +132,7 @@ fn point(bytes: u64, bw: f64, dir: &Path, bar: &mut dyn FnMut(&str)) -> Result<P
         .filter(|r| r.start >= t.addr && r.start < t.addr + t.len)
         .collect();
     let sum =
-        |f: fn(&pagewise::inspect::RegionReport) -> u64| mine.iter().map(|r| f(r)).sum::<u64>();
+        |f: fn(&pagewise_inspect::RegionReport) -> u64| mine.iter().map(|r| f(r)).sum::<u64>();
     let exact = sum(|r| r.resident_pages) == t.pages
         && sum(|r| r.zero_pages) == t.zero_pages
         && sum(|r| r.duplicate_pages) == t.duplicate_pages
@@ -156,10 +156,10 @@ fn point(bytes: u64, bw: f64, dir: &Path, bar: &mut dyn FnMut(&str)) -> Result<P
 
 /// Runs the experiment; the process's exit code.
 pub fn run(a: Args, quiet: bool) -> Result<i32> {
-    if !pagewise::probe::get().pagemap_scan {
+    if !pagewise_mech::probe::get().pagemap_scan {
         bail!(
             "the inspector needs PAGEMAP_SCAN: {}",
-            pagewise::probe::get().why("pagemap_scan")
+            pagewise_mech::probe::get().why("pagemap_scan")
         );
     }
     let mut bar = crate::report::progress(quiet);

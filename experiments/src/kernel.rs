@@ -21,8 +21,8 @@
 //! khugepaged's pace) are left as the machine has them, the same for every
 //! policy, and recorded with [`thp_knobs`].
 
-use pagewise::agent::settings::SettingGuard;
 use pagewise::Result;
+use pagewise_agent::settings::SettingGuard;
 use serde::Serialize;
 use std::path::Path;
 
@@ -185,7 +185,7 @@ pub fn mthp_64k_faults() -> u64 {
 /// The value in force of a THP setting written as a choice list
 /// (`always [madvise] never`: the bracketed one), or as is.
 pub fn in_force(file: &str) -> Option<String> {
-    pagewise::agent::settings::current(format!("{THP_DIR}/{file}")).ok()
+    pagewise_agent::settings::current(format!("{THP_DIR}/{file}")).ok()
 }
 
 #[cfg(test)]

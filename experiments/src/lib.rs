@@ -68,7 +68,7 @@ impl Machine {
             .unwrap_or_else(|| "unknown".into());
         let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
         Machine {
-            kernel: pagewise::probe::get().kernel.clone(),
+            kernel: pagewise_mech::probe::get().kernel.clone(),
             cpu,
             cpus: std::thread::available_parallelism()
                 .map(|n| n.get())
@@ -144,7 +144,7 @@ pub fn median(v: &mut [f64]) -> f64 {
 /// The memory-bandwidth baseline of every "× read once" ratio: seconds to
 /// read `mem` once, sequentially on one core, summing 64-byte lines; the
 /// median of `reps` passes.
-pub fn read_once_s(mem: &pagewise::workload::AnonMemory, reps: usize) -> f64 {
+pub fn read_once_s(mem: &pagewise_mech::workload::AnonMemory, reps: usize) -> f64 {
     let mut times = Vec::new();
     for _ in 0..reps.max(1) {
         let t0 = std::time::Instant::now();

@@ -16,12 +16,12 @@
 //! is measured first, by a stop-and-copy of the same process.
 
 use crate::{median, Machine};
-use pagewise::hash::{page_hash, PageHash};
-use pagewise::snap::live::{live_snapshot, Destination, LiveOptions, LiveReport, StoreSeries};
-use pagewise::snap::wire::{Compression, Receiver, Sender, WireStats};
-use pagewise::snap::DiskStore;
-use pagewise::workload::AnonMemory;
 use pagewise::{Error, Region, Result, PAGE_SIZE};
+use pagewise_mech::hash::{page_hash, PageHash};
+use pagewise_mech::workload::AnonMemory;
+use pagewise_snap::live::{live_snapshot, Destination, LiveOptions, LiveReport, StoreSeries};
+use pagewise_snap::wire::{Compression, Receiver, Sender, WireStats};
+use pagewise_snap::DiskStore;
 use pagewise_testkit::host as procfs;
 use pagewise_testkit::host::Stopped;
 use serde::Serialize;
@@ -344,7 +344,7 @@ pub fn run(
     scratch: &std::path::Path,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Report> {
-    if let Err(why) = pagewise::track::BackendKind::UffdWp.available_for_pid() {
+    if let Err(why) = pagewise_track::BackendKind::UffdWp.available_for_pid() {
         return Err(pagewise::Error::from(pagewise::MechError::Unsupported {
             feature: "uffd-wp from outside",
             why,

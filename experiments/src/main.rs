@@ -34,7 +34,7 @@ fn main() {
     }
     let cli = Cli::parse();
     // Settings a killed pagewise left changed are put back first (and said).
-    pagewise::agent::settings::recover();
+    pagewise_agent::settings::recover();
     match pagewise_bench::cli::run(cli.args, cli.quiet) {
         Ok(code) => std::process::exit(code),
         Err(e) => {
@@ -47,7 +47,7 @@ fn main() {
 /// Ends the process on SIGINT or SIGTERM after putting back every system
 /// setting it holds (its guards' drops will not run): 128 + the signal.
 fn stopped(sig: libc::c_int) {
-    for line in pagewise::agent::settings::put_back_own() {
+    for line in pagewise_agent::settings::put_back_own() {
         eprintln!("pagewise-bench: {line}");
     }
     eprintln!("pagewise-bench: ended by signal {sig}");

@@ -12,9 +12,9 @@
 use crate::dump::Target;
 use crate::svg::{Chart, Series};
 use crate::{median, Machine};
-use pagewise::track::{BackendKind, DirtyTracker};
-use pagewise::workload::{AnonMemory, Rng};
 use pagewise::{Result, PAGE_SIZE};
+use pagewise_mech::workload::{AnonMemory, Rng};
+use pagewise_track::{BackendKind, DirtyTracker};
 use serde::Serialize;
 use std::time::Instant;
 

@@ -7,7 +7,7 @@
 //! - `no THP`: `MADV_NOHUGEPAGE`, base pages (512 faults per 2 MiB);
 //! - `THP`: `MADV_HUGEPAGE` (as THP `always` does for every mapping): the
 //!   first touch waits while the kernel zeroes 2 MiB;
-//! - `THP + pre-zeroing`: the same, with [`pagewise::thp::prezero`]'s thread
+//! - `THP + pre-zeroing`: the same, with [`pagewise_thp::prezero`]'s thread
 //!   faulting huge pages in ahead of the loop;
 //! - the kernel's own policies ([`crate::kernel::ThpPolicy`]): no advice on
 //!   the mapping, the policy in force (`always` is `THP` for every
@@ -29,9 +29,9 @@
 
 use crate::kernel::ThpPolicy;
 use crate::{median, Machine};
-use pagewise::thp::prezero::{PrezeroOptions, Prezeroer};
-use pagewise::workload::AnonMemory;
 use pagewise::{Error, Result, HUGE_PAGE_SIZE};
+use pagewise_mech::workload::AnonMemory;
+use pagewise_thp::prezero::{PrezeroOptions, Prezeroer};
 use serde::Serialize;
 use std::time::Instant;
 
@@ -205,7 +205,7 @@ fn one(cfg: &Config, regime: &str, way: &str, repeat: usize) -> Result<Row> {
         };
         verified &= w == (i as u64 | 1 << 63) && bytes.iter().all(|&b| b == (i % 251) as u8);
     }
-    let mut w = pagewise::walk::PageWalker::new(None)?;
+    let mut w = pagewise_mech::walk::PageWalker::new(None)?;
     let mut runs = Vec::new();
     let h = pagewise_sys::pagemap::category::HUGE;
     w.categories(mem.region(), h, h, &mut runs)?;
@@ -250,7 +250,7 @@ fn run_way(
 /// workload's generator).
 fn shuffled(n: usize, seed: u64) -> Vec<usize> {
     let mut v: Vec<usize> = (0..n).collect();
-    let mut rng = pagewise::workload::Rng::new(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let mut rng = pagewise_mech::workload::Rng::new(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
     for i in (1..n).rev() {
         v.swap(i, rng.below(i as u64 + 1) as usize);
     }

@@ -148,7 +148,7 @@ impl Server {
         if let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) {
             let _ = s.write_all(b"*2\r\n$8\r\nSHUTDOWN\r\n$6\r\nNOSAVE\r\n");
         }
-        pagewise::agent::child::wait_or_kill(&mut self.child, Duration::from_secs(10));
+        pagewise_agent::child::wait_or_kill(&mut self.child, Duration::from_secs(10));
         // A server started through another command in a process group of
         // its own (`pagewise farmem run -- redis-server`): whatever of the
         // group is left goes too. Without a group of its own, there is no

@@ -1,4 +1,4 @@
-//! Resets at fuzzing speed (`pagewise::snap::ResetSession`).
+//! Resets at fuzzing speed (`pagewise_snap::ResetSession`).
 //!
 //! A target holding `MiB` of initialised state (the rollback experiments'
 //! own program, [`crate::rollback::target`]) handles an input that writes
@@ -27,7 +27,7 @@
 use crate::rollback::{check, Target};
 use crate::svg::{Chart, Series};
 use anyhow::{bail, Result};
-use pagewise::snap::{ProcessSnapshots, ResetPhases, ResetSession, RestoreOptions};
+use pagewise_snap::{ProcessSnapshots, ResetPhases, ResetSession, RestoreOptions};
 use serde::Serialize;
 use std::time::Instant;
 

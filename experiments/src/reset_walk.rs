@@ -17,8 +17,8 @@
 
 use crate::reset::Dist;
 use anyhow::{bail, Context, Result};
-use pagewise::wp::UffdWp;
 use pagewise::Region;
+use pagewise_mech::wp::UffdWp;
 use pagewise_sys::uffd;
 use serde::Serialize;
 use std::os::fd::AsFd;
@@ -64,7 +64,7 @@ fn write_pages(base: *mut u8, pages: &[usize], v: u8) {
 /// Measures one size.
 pub fn walk(mib: usize, k: usize, reps: usize) -> Result<WalkRow> {
     let ps = pagewise::PAGE_SIZE;
-    let mem = pagewise::workload::AnonMemory::new(mib << 20)?;
+    let mem = pagewise_mech::workload::AnonMemory::new(mib << 20)?;
     let base = mem.as_ptr();
     let total = mem.len() / ps;
     // SAFETY: the mapping is this function's own, alive until it returns.

@@ -16,9 +16,9 @@
 //! the same checksums, and every restore is compared with the base contents.
 
 use super::{median, Machine};
-use pagewise::snap::{SnapshotOptions, Snapshots};
-use pagewise::workload::{AnonMemory, Rng};
 use pagewise::{Error, Result, PAGE_SIZE};
+use pagewise_mech::workload::{AnonMemory, Rng};
+use pagewise_snap::{SnapshotOptions, Snapshots};
 use pagewise_testkit::host as procfs;
 use serde::Serialize;
 use std::collections::VecDeque;
@@ -216,7 +216,7 @@ impl StateKeeper for FullCopy {
 }
 
 impl StateKeeper for Snapshots {
-    type Snap = pagewise::snap::SnapId;
+    type Snap = pagewise_snap::SnapId;
     fn take(&mut self, _mem: &AnonMemory) -> Result<Self::Snap> {
         Ok(Snapshots::take(self)?)
     }

@@ -13,7 +13,7 @@
 //!
 //! Per policy and budget k (huge pages), a fresh process: its time per
 //! round of updates is measured before any promotion, then the agent
-//! ([`pagewise::thp::agent`]) runs with that policy until it has promoted k
+//! ([`pagewise_thp::agent`]) runs with that policy until it has promoted k
 //! regions (or gives up), and the time per round is measured again. The
 //! time saved per huge page is (before - after) / k per round. Policies:
 //! `coverage` (pagewise: coverage x walk cost), `address` (khugepaged's
@@ -26,10 +26,10 @@
 //! or torn write during a collapse would fail it.
 
 use crate::Machine;
-use pagewise::agent::{drive, Cadence, Deadline, Uninterrupted};
-use pagewise::thp::agent::{Action, Agent, Budget, Options, Policy};
-use pagewise::workload::AnonMemory;
 use pagewise::{Error, Result, HUGE_PAGE_SIZE, PAGE_SIZE};
+use pagewise_agent::{drive, Cadence, Deadline, Uninterrupted};
+use pagewise_mech::workload::AnonMemory;
+use pagewise_thp::agent::{Action, Agent, Budget, Options, Policy};
 use serde::Serialize;
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -350,7 +350,7 @@ pub(crate) fn stop_and_check_each(children: &[Child], within: Duration) -> Vec<O
         0 => None,
         v => Some(v == 1),
     };
-    let done = |c: &Child| answer(c).is_some() || !pagewise::process::is_alive(c.pid);
+    let done = |c: &Child| answer(c).is_some() || !pagewise_mech::procfs::is_alive(c.pid);
     while !children.iter().all(done) && t0.elapsed() < within {
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -551,7 +551,7 @@ fn idle_cost(seconds: u64, walk_ns: f64) -> Result<IdleCost> {
 
 /// Runs the experiment.
 pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
-    let p = pagewise::probe::get();
+    let p = pagewise_mech::probe::get();
     if !p.madv_collapse || !p.process_madvise {
         return Err(pagewise::Error::from(pagewise::MechError::Unsupported {
             feature: "MADV_COLLAPSE through process_madvise",
@@ -559,7 +559,7 @@ pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
         }));
     }
     progress("measuring the page-walk cost");
-    let cost = pagewise::thp::calibrate_walk_cost(64 << 20, 1 << 20)?;
+    let cost = pagewise_thp::calibrate_walk_cost(64 << 20, 1 << 20)?;
     let walk_ns = cost.walk_ns.unwrap_or(30.0).max(1.0);
     progress("coverage from outside against ground truth");
     let coverage = coverage_check(cfg, walk_ns)?;

@@ -30,10 +30,10 @@
 
 use crate::thp::{next, rounds_ms, spawn_worker, stop_and_check_all, Child};
 use crate::Machine;
-use pagewise::agent::{drive, Cadence, Uninterrupted};
-use pagewise::thp::agent::{Action, Agent, Budget, Options, Policy};
-use pagewise::workload::AnonMemory;
 use pagewise::{Error, Result, HUGE_PAGE_SIZE};
+use pagewise_agent::{drive, Cadence, Uninterrupted};
+use pagewise_mech::workload::AnonMemory;
+use pagewise_thp::agent::{Action, Agent, Budget, Options, Policy};
 use serde::Serialize;
 use std::ops::ControlFlow;
 use std::time::Duration;
@@ -340,7 +340,7 @@ fn both_ms(s: &Child, r: &Child, n: usize) -> (f64, f64) {
 
 /// Runs the experiment.
 pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
-    let p = pagewise::probe::get();
+    let p = pagewise_mech::probe::get();
     if !p.madv_collapse || !p.process_madvise {
         return Err(pagewise::Error::from(pagewise::MechError::Unsupported {
             feature: "MADV_COLLAPSE through process_madvise",
@@ -348,7 +348,7 @@ pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
         }));
     }
     progress("measuring the page-walk cost");
-    let cost = pagewise::thp::calibrate_walk_cost(64 << 20, 1 << 20)?;
+    let cost = pagewise_thp::calibrate_walk_cost(64 << 20, 1 << 20)?;
     let walk_ns = cost.walk_ns.unwrap_or(30.0).max(1.0);
     let mut rows = Vec::new();
     // Repeat by repeat, the agent's runs and the kernel's policies in

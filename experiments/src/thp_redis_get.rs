@@ -26,8 +26,8 @@ use crate::redis::{free_port, redis_benchmark, value, which, Client};
 use crate::thp_redis::{check, load, start_redis};
 use crate::Machine;
 use anyhow::{bail, Context, Result};
-use pagewise::agent::{drive, Cadence};
-use pagewise::thp::agent::{Action, Agent, Policy};
+use pagewise_agent::{drive, Cadence};
+use pagewise_thp::agent::{Action, Agent, Policy};
 use serde::Serialize;
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -337,7 +337,7 @@ pub fn unavailable() -> Option<String> {
             "redis-server and redis-benchmark are needed (scripts/setup.sh installs them)".into(),
         );
     }
-    let p = pagewise::probe::get();
+    let p = pagewise_mech::probe::get();
     (!p.madv_collapse || !p.process_madvise)
         .then(|| format!("{} / {}", p.why("madv_collapse"), p.why("process_madvise")))
 }
@@ -349,7 +349,7 @@ pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
     }
     let stop = pagewise_sys::signal::stop_flag()?;
     progress("measuring a page walk's cost");
-    let walk_ns = pagewise::thp::calibrate_walk_cost(64 << 20, 1 << 20)?
+    let walk_ns = pagewise_thp::calibrate_walk_cost(64 << 20, 1 << 20)?
         .walk_ns
         .unwrap_or(30.0)
         .max(1.0);

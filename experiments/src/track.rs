@@ -11,10 +11,10 @@
 //! it would in use; the fault-based backends collect between passes.
 
 use super::{median, Machine};
-use pagewise::agent::settings::SettingGuard;
-use pagewise::track::{BackendKind, DirtyTracker};
-use pagewise::workload::{AnonMemory, Rng};
 use pagewise::{Result, PAGE_SIZE};
+use pagewise_agent::settings::SettingGuard;
+use pagewise_mech::workload::{AnonMemory, Rng};
+use pagewise_track::{BackendKind, DirtyTracker};
 use serde::Serialize;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

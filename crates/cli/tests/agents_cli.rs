@@ -67,7 +67,7 @@ fn thp_run_promotes_within_the_budget_and_ends_on_sigterm() {
         }
     }
     assert_eq!(promoted.len(), 3, "{steps:?}");
-    let mut w = pagewise::walk::PageWalker::new(Some(wl.id() as i32)).unwrap();
+    let mut w = pagewise_mech::walk::PageWalker::new(Some(wl.id() as i32)).unwrap();
     let mut runs = Vec::new();
     for &start in &promoted {
         let r = pagewise::Region::new(start, 2 << 20).unwrap();

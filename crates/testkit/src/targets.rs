@@ -3,7 +3,7 @@
 //! the helpers they share, for the tests of each crate (`crates/X/tests`).
 #![allow(dead_code)]
 
-use pagewise::track::BackendKind;
+use pagewise_track::BackendKind;
 
 /// Runs `f` for every backend available in-process; prints skips with reasons.
 pub fn for_each_backend(name: &str, skip: &[BackendKind], f: impl Fn(BackendKind)) {
@@ -37,7 +37,7 @@ impl Mapped {
     pub fn new(kind: pagewise_mech::procfs::MemoryKind, pages: usize) -> Result<Self, String> {
         use pagewise_mech::procfs::MemoryKind as K;
         use std::os::fd::AsRawFd;
-        let mut len = pages * pagewise::PAGE_SIZE;
+        let mut len = pages * pagewise_mech::PAGE_SIZE;
         let (flags, file) = match kind {
             K::PrivateAnonymous => (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, None),
             K::Shared => {
@@ -77,7 +77,7 @@ impl Mapped {
                 if n == 0 {
                     return Err("no hugetlb pages configured (vm.nr_hugepages is 0)".into());
                 }
-                len = len.next_multiple_of(pagewise::HUGE_PAGE_SIZE);
+                len = len.next_multiple_of(pagewise_mech::HUGE_PAGE_SIZE);
                 (
                     libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB,
                     None,
@@ -100,9 +100,9 @@ impl Mapped {
         if p == libc::MAP_FAILED {
             return Err(format!("mmap: {}", std::io::Error::last_os_error()));
         }
-        for i in 0..len / pagewise::PAGE_SIZE {
+        for i in 0..len / pagewise_mech::PAGE_SIZE {
             // SAFETY: inside the mapping just made, readable and writable.
-            unsafe { *(p as *mut u8).add(i * pagewise::PAGE_SIZE + 9) = (i as u8) | 1 };
+            unsafe { *(p as *mut u8).add(i * pagewise_mech::PAGE_SIZE + 9) = (i as u8) | 1 };
         }
         Ok(Mapped {
             addr: p as u64,
@@ -112,8 +112,8 @@ impl Mapped {
     }
 
     /// The mapping as a region.
-    pub fn region(&self) -> pagewise::Region {
-        pagewise::Region::new(self.addr, self.len as u64).unwrap()
+    pub fn region(&self) -> pagewise_mech::Region {
+        pagewise_mech::Region::new(self.addr, self.len as u64).unwrap()
     }
 
     /// The byte at `off`, read as the program would.
@@ -149,7 +149,7 @@ pub struct Scripted {
     /// The child.
     pub pid: i32,
     /// The region it acts on.
-    pub region: pagewise::Region,
+    pub region: pagewise_mech::Region,
     /// Where its commands are written.
     pub cmd: std::io::PipeWriter,
     ack: std::io::PipeReader,
@@ -161,7 +161,8 @@ impl Scripted {
         use std::io::{Read, Write};
         let (mut cmd_r, cmd_w) = std::io::pipe().unwrap();
         let (ack_r, mut ack_w) = std::io::pipe().unwrap();
-        let mem = pagewise::workload::AnonMemory::new(pages * pagewise::PAGE_SIZE).unwrap();
+        let mem =
+            pagewise_mech::workload::AnonMemory::new(pages * pagewise_mech::PAGE_SIZE).unwrap();
         mem.write_pass(1, 3);
         let region = mem.region();
         // SAFETY: the child reads and writes pipes, writes its memory, calls
@@ -185,15 +186,15 @@ impl Scripted {
                     // SAFETY: the child's own region or mapping; plain system calls.
                     b'w' => unsafe {
                         std::ptr::write_volatile(
-                            (base + (arg & 0xffff) * pagewise::PAGE_SIZE + 64) as *mut u8,
+                            (base + (arg & 0xffff) * pagewise_mech::PAGE_SIZE + 64) as *mut u8,
                             (arg >> 16) as u8,
                         )
                     },
                     // SAFETY: the child's own region or mapping; plain system calls.
                     b'd' => unsafe {
                         libc::madvise(
-                            (base + (arg & 0xffff) * pagewise::PAGE_SIZE) as *mut _,
-                            (arg >> 16) * pagewise::PAGE_SIZE,
+                            (base + (arg & 0xffff) * pagewise_mech::PAGE_SIZE) as *mut _,
+                            (arg >> 16) * pagewise_mech::PAGE_SIZE,
                             libc::MADV_DONTNEED,
                         );
                     },
@@ -202,7 +203,7 @@ impl Scripted {
                         let g = libc::fork();
                         if g == 0 {
                             std::ptr::write_volatile(
-                                (base + arg * pagewise::PAGE_SIZE + 80) as *mut u8,
+                                (base + arg * pagewise_mech::PAGE_SIZE + 80) as *mut u8,
                                 0xCC,
                             );
                             libc::_exit(0);
@@ -213,7 +214,7 @@ impl Scripted {
                     b'm' => unsafe {
                         let p = libc::mmap(
                             std::ptr::null_mut(),
-                            arg * pagewise::PAGE_SIZE,
+                            arg * pagewise_mech::PAGE_SIZE,
                             libc::PROT_READ | libc::PROT_WRITE,
                             libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
                             -1,
@@ -221,7 +222,7 @@ impl Scripted {
                         );
                         for i in 0..arg {
                             std::ptr::write_volatile(
-                                (p as usize + i * pagewise::PAGE_SIZE) as *mut u8,
+                                (p as usize + i * pagewise_mech::PAGE_SIZE) as *mut u8,
                                 0x77,
                             );
                         }
@@ -231,8 +232,8 @@ impl Scripted {
                         // The program changes its protections: pages
                         // read-only (p) or inaccessible (n), then back.
                         let (at, len) = (
-                            (base + (arg & 0xffff) * pagewise::PAGE_SIZE) as *mut libc::c_void,
-                            (arg >> 16) * pagewise::PAGE_SIZE,
+                            (base + (arg & 0xffff) * pagewise_mech::PAGE_SIZE) as *mut libc::c_void,
+                            (arg >> 16) * pagewise_mech::PAGE_SIZE,
                         );
                         let prot = if c[0] == b'p' {
                             libc::PROT_READ
@@ -357,7 +358,7 @@ pub struct Writer {
     /// The child.
     pub pid: i32,
     /// The region its threads write.
-    pub region: pagewise::Region,
+    pub region: pagewise_mech::Region,
     ctl: *mut std::sync::atomic::AtomicU64,
 }
 
@@ -369,7 +370,7 @@ impl Writer {
             (
                 libc::mmap(
                     std::ptr::null_mut(),
-                    pages * pagewise::PAGE_SIZE,
+                    pages * pagewise_mech::PAGE_SIZE,
                     libc::PROT_READ | libc::PROT_WRITE,
                     libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
                     -1,
@@ -377,7 +378,7 @@ impl Writer {
                 ),
                 libc::mmap(
                     std::ptr::null_mut(),
-                    pagewise::PAGE_SIZE,
+                    pagewise_mech::PAGE_SIZE,
                     libc::PROT_READ | libc::PROT_WRITE,
                     libc::MAP_SHARED | libc::MAP_ANONYMOUS,
                     -1,
@@ -411,11 +412,11 @@ impl Writer {
                 x ^= x >> 7;
                 x ^= x << 17;
                 let page = (x as usize >> 8) % a.pages;
-                let off = (x as usize >> 40) % (pagewise::PAGE_SIZE - 8);
+                let off = (x as usize >> 40) % (pagewise_mech::PAGE_SIZE - 8);
                 // SAFETY: inside the region.
                 unsafe {
                     std::ptr::write_volatile(
-                        (a.mem + page * pagewise::PAGE_SIZE + off) as *mut u8,
+                        (a.mem + page * pagewise_mech::PAGE_SIZE + off) as *mut u8,
                         x as u8,
                     )
                 };
@@ -448,8 +449,11 @@ impl Writer {
         }
         Writer {
             pid,
-            region: pagewise::Region::new(mem as u64, (pages * pagewise::PAGE_SIZE) as u64)
-                .unwrap(),
+            region: pagewise_mech::Region::new(
+                mem as u64,
+                (pages * pagewise_mech::PAGE_SIZE) as u64,
+            )
+            .unwrap(),
             ctl,
         }
     }
@@ -528,9 +532,9 @@ pub fn huge_regions(pid: i32, base: u64, n: usize) -> Vec<bool> {
     let h = pagewise_sys::pagemap::category::HUGE;
     (0..n)
         .map(|r| {
-            let reg = pagewise::Region::new(
-                base + (r * pagewise::HUGE_PAGE_SIZE) as u64,
-                pagewise::HUGE_PAGE_SIZE as u64,
+            let reg = pagewise_mech::Region::new(
+                base + (r * pagewise_mech::HUGE_PAGE_SIZE) as u64,
+                pagewise_mech::HUGE_PAGE_SIZE as u64,
             )
             .unwrap();
             w.categories(reg, h, h, &mut runs).unwrap();

@@ -47,10 +47,10 @@ pub(crate) use schemes::{scheme_options, scheme_unavailable};
 
 use crate::thp::{next, spawn_worker, stop_and_check_each, Child};
 use crate::Machine;
-use pagewise::agent::{drive, Cadence, Deadline, Interrupt, Uninterrupted};
-use pagewise::dedup::{Agent, Policy};
-use pagewise::workload::AnonMemory;
 use pagewise::{Error, Result, HUGE_PAGE_SIZE, PAGE_SIZE};
+use pagewise_agent::{drive, Cadence, Deadline, Interrupt, Uninterrupted};
+use pagewise_dedup::{Agent, Policy};
+use pagewise_mech::workload::AnonMemory;
 use pagewise_testkit::host as procfs;
 use pagewise_testkit::host as cgroup;
 use serde::Serialize;
@@ -238,7 +238,7 @@ pub struct Report {
 
 /// Why the experiment cannot run here, or `None`.
 pub fn unavailable() -> Option<String> {
-    let p = pagewise::probe::get();
+    let p = pagewise_mech::probe::get();
     if !p.ksm {
         return Some(p.why("ksm"));
     }
@@ -359,7 +359,7 @@ fn huge_regions(children: &[Child], regions: usize) -> u64 {
     children
         .iter()
         .map(|c| {
-            let Ok(mut w) = pagewise::walk::PageWalker::new(Some(c.pid)) else {
+            let Ok(mut w) = pagewise_mech::walk::PageWalker::new(Some(c.pid)) else {
                 return 0;
             };
             (0..regions)
@@ -379,7 +379,7 @@ fn huge_regions(children: &[Child], regions: usize) -> u64 {
 
 /// Memory KSM saves now (`pages_sharing`), MiB.
 pub(crate) fn ksm_sharing_mib() -> f64 {
-    procfs::read_trimmed(format!("{}/pages_sharing", pagewise::dedup::KSM_DIR))
+    procfs::read_trimmed(format!("{}/pages_sharing", pagewise_dedup::KSM_DIR))
         .ok()
         .and_then(|v| v.parse::<f64>().ok())
         .unwrap_or(0.0)
@@ -692,7 +692,7 @@ fn log_step(
     scheme: &str,
     level: f64,
     repeat: usize,
-    step: &pagewise::dedup::Step,
+    step: &pagewise_dedup::Step,
 ) -> Result<()> {
     use std::io::Write;
     let line =

@@ -1,6 +1,6 @@
 //! The schemes `bench dedup` compares, and the agent each runs.
 
-use pagewise::dedup::{Options, Policy};
+use pagewise_dedup::{Options, Policy};
 use std::time::Duration;
 
 /// The schemes, in the order they run.
@@ -51,7 +51,7 @@ pub(crate) fn scheme_options(
 /// Why this kernel cannot run `scheme` (the advisor's need Linux 6.9+),
 /// or `None`.
 pub(crate) fn scheme_unavailable(scheme: &str) -> Option<String> {
-    let p = pagewise::probe::get();
+    let p = pagewise_mech::probe::get();
     (scheme.starts_with("ksm-advisor") && !p.ksm_advisor)
         .then(|| format!("{scheme}: {}", p.why("ksm.advisor")))
 }

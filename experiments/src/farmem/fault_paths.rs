@@ -53,14 +53,14 @@ pub fn measure_fault_paths(pages: usize) -> Result<FaultPaths> {
     };
     let plain_ns = touch(&AnonMemory::new(pages * PAGE_SIZE)?);
     let mem = AnonMemory::new(pages * PAGE_SIZE)?;
-    let fm = pagewise::farmem::at_latency_zero(&mem, pages, FaultPath::Thread)?;
+    let fm = pagewise_farmem::at_latency_zero(&mem, pages, FaultPath::Thread)?;
     let thread_ns = touch(&mem);
     fm.stop()?;
-    let probe = pagewise::probe::get();
+    let probe = pagewise_mech::probe::get();
     let (sigbus_ns, inline_ns) = if probe.uffd_has(uffd::feature::SIGBUS) {
         let raw = sigbus_path(pages, &touch)?;
         let mem = AnonMemory::new(pages * PAGE_SIZE)?;
-        let fm = pagewise::farmem::at_latency_zero(&mem, pages, FaultPath::Inline)?;
+        let fm = pagewise_farmem::at_latency_zero(&mem, pages, FaultPath::Inline)?;
         let inline = touch(&mem);
         fm.stop()?;
         (Some(raw), Some(inline))

@@ -19,10 +19,10 @@ use fault_paths::least_path;
 pub use fault_paths::{measure_fault_paths, FaultPaths};
 
 use super::Machine;
-use pagewise::farmem::link::LinkConfig;
-use pagewise::farmem::{calibrate, policy, Calibration, Config, FarMemory, FaultPath};
-use pagewise::workload::AnonMemory;
 use pagewise::{Error, Result, PAGE_SIZE};
+use pagewise_farmem::link::LinkConfig;
+use pagewise_farmem::{calibrate, policy, Calibration, Config, FarMemory, FaultPath};
+use pagewise_mech::workload::AnonMemory;
 use pagewise_sys::uffd;
 use serde::Serialize;
 use std::os::fd::AsRawFd;
@@ -203,7 +203,7 @@ fn cfg(local_pages: usize, latency_ns: u64) -> Config {
 
 /// An engine over `mem` on `path`, FIFO.
 fn new_fm(mem: &AnonMemory, c: Config, cal: Calibration, path: FaultPath) -> Result<FarMemory> {
-    let hooks = pagewise::farmem::Hooks::default().fault_path(path);
+    let hooks = pagewise_farmem::Hooks::default().fault_path(path);
     let fm = FarMemory::new_with(&[mem.region()], c, fifo(), cal, hooks)?;
     if fm.fault_path() != path {
         return Err(pagewise::Error::from(pagewise::MechError::Unsupported {
@@ -339,14 +339,14 @@ fn path_run(
 
 /// Whether the least inline fault can be measured here.
 fn least_here() -> bool {
-    pagewise::probe::get().uffd_has(uffd::feature::SIGBUS | uffd::feature::MOVE)
+    pagewise_mech::probe::get().uffd_has(uffd::feature::SIGBUS | uffd::feature::MOVE)
 }
 
 /// Runs (a), (b), (c) and (f) on every path, idle and (if asked) busy.
 pub fn run(c: &FarmemConfig, progress: &mut dyn FnMut(&str)) -> Result<FarmemReport> {
     progress("(a) DiME's Table 5.1");
     let table_5_1 = table_5_1(FaultPath::Thread)?;
-    let inline_here = pagewise::probe::get().uffd_has(uffd::feature::SIGBUS);
+    let inline_here = pagewise_mech::probe::get().uffd_has(uffd::feature::SIGBUS);
     let paths: Vec<FaultPath> = c
         .paths
         .iter()

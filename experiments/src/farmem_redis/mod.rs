@@ -41,7 +41,7 @@ pub struct Args {
     full: bool,
     /// Which thread serves the emulated server's faults (Redis or Memcached).
     #[arg(long, default_value = "inline")]
-    fault_path: pagewise::farmem::FaultPath,
+    fault_path: pagewise_farmem::FaultPath,
     #[command(flatten)]
     output: crate::report::Output,
 }
@@ -68,7 +68,7 @@ struct Emulation {
     instance: String,
     local_percent: u64,
     latency_ns: u64,
-    fault_path: pagewise::farmem::FaultPath,
+    fault_path: pagewise_farmem::FaultPath,
     /// The system-wide emulator instead of pagewise: the server in a memory
     /// cgroup limited to `local_percent` of the data set (two servers of the
     /// same `instance` share one group, with twice the limit), swapping to
@@ -142,7 +142,7 @@ struct Report {
     app: App,
     server_version: String,
     command: String,
-    fault_path: pagewise::farmem::FaultPath,
+    fault_path: pagewise_farmem::FaultPath,
     keys: u64,
     value_bytes: usize,
     requests: u64,
@@ -214,7 +214,7 @@ impl Scale {
 struct Experiment<'a> {
     s: &'a Scale,
     tmp: &'a std::path::Path,
-    fault_path: pagewise::farmem::FaultPath,
+    fault_path: pagewise_farmem::FaultPath,
 }
 
 /// The system-wide emulator's points and pagewise's at latency 0 beside

@@ -125,7 +125,7 @@ impl Server {
             if let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.redis.port)) {
                 let _ = s.write_all(b"shutdown\r\n");
             }
-            pagewise::agent::child::wait_or_kill(
+            pagewise_agent::child::wait_or_kill(
                 &mut self.redis.child,
                 std::time::Duration::from_secs(10),
             );

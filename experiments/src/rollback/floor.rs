@@ -86,7 +86,7 @@ pub(super) fn cycle(pid: i32, mib: usize, k: usize, reps: usize) -> Result<(Ms, 
         scattered(pid, &addrs, &mut buf, false)?;
         vm.push(t0.elapsed().as_secs_f64() * 1e3);
     }
-    let mem = pagewise::workload::AnonMemory::new(mib << 20)?;
+    let mem = pagewise_mech::workload::AnonMemory::new(mib << 20)?;
     mem.write_pass(1, 1);
     let mut copy = Vec::new();
     for rep in 0..reps {

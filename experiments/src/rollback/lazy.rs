@@ -1,4 +1,4 @@
-//! (d) **Lazy restore from a store** (`pagewise::snap::LazyRestore`, the
+//! (d) **Lazy restore from a store** (`pagewise_snap::LazyRestore`, the
 //! VMM case). Memory of `MiB` (seven pages in eight of distinct data, one
 //! zero) is saved in a store; then, per repeat, it is scribbled over and
 //! put back three ways:
@@ -28,9 +28,9 @@
 use super::Ms;
 use crate::svg::{Chart, Series};
 use anyhow::{ensure, Context, Result};
-use pagewise::snap::{DiskStore, LazyOptions, LazyRestore};
-use pagewise::workload::{AnonMemory, Rng};
 use pagewise::PAGE_SIZE;
+use pagewise_mech::workload::{AnonMemory, Rng};
+use pagewise_snap::{DiskStore, LazyOptions, LazyRestore};
 use serde::Serialize;
 use std::os::fd::AsRawFd;
 use std::time::Instant;
@@ -509,7 +509,7 @@ fn one_repeat(
     // The far-memory floor: first touches of fresh pages at latency 0.
     let n = fresh.len().max(1);
     let fm_mem = AnonMemory::new(n * PAGE_SIZE)?;
-    let fm = pagewise::farmem::at_latency_zero(&fm_mem, n, pagewise::farmem::FaultPath::Thread)?;
+    let fm = pagewise_farmem::at_latency_zero(&fm_mem, n, pagewise_farmem::FaultPath::Thread)?;
     let order = random_pages(n, n, 300 + seed);
     let mut lat = timed_touches(&fm_mem, &order);
     let fst = fm.stop()?;

@@ -1,4 +1,4 @@
-//! Rollback of another process in place (`pagewise::snap::ProcessSnapshots`).
+//! Rollback of another process in place (`pagewise_snap::ProcessSnapshots`).
 //!
 //! (a) **Snapshot fuzzing / model-checking loop.** A target holding `MiB`
 //! of initialised state (its own program, [`target`]) handles an input that
@@ -22,7 +22,7 @@ pub mod target;
 use crate::svg::{Chart, Series};
 use crate::Machine;
 use anyhow::{bail, Context, Result};
-use pagewise::snap::{ProcessSnapshots, RestoreOptions, SnapId};
+use pagewise_snap::{ProcessSnapshots, RestoreOptions, SnapId};
 use serde::Serialize;
 use std::io::{Read, Write};
 use std::os::unix::fs::FileExt;
@@ -134,7 +134,7 @@ pub struct ResetRow {
     /// pages (the page-table walk), %.
     pub walk_share_pct: Option<f64>,
     /// Rollback: median phases of a reset, µs.
-    pub phases: Option<pagewise::snap::RestorePhases>,
+    pub phases: Option<pagewise_snap::RestorePhases>,
     /// Pages compared with the snapshot through `/proc/PID/mem`.
     pub pages_checked: u64,
 }
@@ -304,7 +304,7 @@ pub(crate) fn check(
     };
     match sample {
         Some((n, seed)) => {
-            let mut rng = pagewise::workload::Rng::new(seed);
+            let mut rng = pagewise_mech::workload::Rng::new(seed);
             for _ in 0..n {
                 compare(page_at(rng.below(total)))?;
             }
@@ -691,11 +691,11 @@ impl Report {
 }
 
 /// The median of every phase over `phases`.
-fn median_phases(phases: &[pagewise::snap::RestorePhases]) -> pagewise::snap::RestorePhases {
-    let mid = |f: fn(&pagewise::snap::RestorePhases) -> f64| -> f64 {
+fn median_phases(phases: &[pagewise_snap::RestorePhases]) -> pagewise_snap::RestorePhases {
+    let mid = |f: fn(&pagewise_snap::RestorePhases) -> f64| -> f64 {
         crate::median(&mut phases.iter().map(f).collect::<Vec<_>>())
     };
-    let mut ph = pagewise::snap::RestorePhases::default();
+    let mut ph = pagewise_snap::RestorePhases::default();
     ph.stop_us = mid(|p| p.stop_us);
     ph.layout_us = mid(|p| p.layout_us);
     ph.threads_us = mid(|p| p.threads_us);

@@ -20,8 +20,8 @@
 use super::Ms;
 use crate::redis::{free_port, redis_args, wait_ready_within, Client, Server};
 use anyhow::{bail, ensure, Context, Result};
-use pagewise::snap::{ProcessSnapshots, RestoreOptions};
-use pagewise::workload::Rng;
+use pagewise_mech::workload::Rng;
+use pagewise_snap::{ProcessSnapshots, RestoreOptions};
 use serde::Serialize;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -67,7 +67,7 @@ pub struct RedisRow {
     /// Rollback: pages written back per reset (median).
     pub pages_written: Option<f64>,
     /// Rollback: median phases of a reset, µs.
-    pub phases: Option<pagewise::snap::RestorePhases>,
+    pub phases: Option<pagewise_snap::RestorePhases>,
     /// Rollback: `process_vm_writev` alone writing as many pages scattered
     /// over as much memory (the floor of the copy here), ms.
     pub writev_floor: Option<Ms>,

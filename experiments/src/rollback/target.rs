@@ -57,8 +57,8 @@ pub fn input(mem: &mut [u8], k: usize, seed: u64) -> u64 {
     h
 }
 
-fn state(mib: usize, thp: bool) -> pagewise::workload::AnonMemory {
-    let mem = pagewise::workload::AnonMemory::new(mib << 20).expect("mapping the state");
+fn state(mib: usize, thp: bool) -> pagewise_mech::workload::AnonMemory {
+    let mem = pagewise_mech::workload::AnonMemory::new(mib << 20).expect("mapping the state");
     if thp {
         let _ = pagewise_sys::mem::advise(mem.addr(), mem.len(), libc::MADV_HUGEPAGE);
     }

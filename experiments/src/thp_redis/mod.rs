@@ -51,10 +51,10 @@ use crate::redis::{free_port, redis_args, value, wait_ready, which, Client};
 use crate::svg::{Chart, Series};
 use crate::Machine;
 use anyhow::{bail, Context, Result};
-use pagewise::agent::settings::SettingGuard;
-use pagewise::agent::{drive, Cadence};
-use pagewise::thp::agent::{Action, Agent};
+use pagewise_agent::settings::SettingGuard;
+use pagewise_agent::{drive, Cadence};
 use pagewise_testkit::host::MemoryCgroup;
+use pagewise_thp::agent::{Action, Agent};
 use serde::Serialize;
 use std::ops::ControlFlow;
 use std::process::{Command, Stdio};
@@ -256,7 +256,7 @@ const P3_SEED: u64 = 1 << 40;
 fn deleted(cfg: &Config) -> Vec<bool> {
     let n = cfg.p1_keys as usize;
     let mut order: Vec<usize> = (0..n).collect();
-    let mut rng = pagewise::workload::Rng::new(0x2545_f491_4f6c_dd1d);
+    let mut rng = pagewise_mech::workload::Rng::new(0x2545_f491_4f6c_dd1d);
     for i in (1..n).rev() {
         order.swap(i, rng.below(i as u64 + 1) as usize);
     }
@@ -536,9 +536,9 @@ fn phases(
         std::thread::sleep(Duration::from_millis(200));
     }
     let after_p2 = cg.usage()?.usage;
-    let seen = pagewise::inspect::inspect(
+    let seen = pagewise_inspect::inspect(
         &[pid],
-        pagewise::inspect::Options::default().bloom_sample(true),
+        pagewise_inspect::Options::default().bloom_sample(true),
         &mut |_, _| {},
     )?;
     let bloat = seen.bloat_bytes;
@@ -603,7 +603,7 @@ fn phases(
     ) {
         // Killed after P3 (the OOM killer, at a limit Redis's memory
         // reached): an outcome, not a failure of the benchmark.
-        Err(_) if !pagewise::process::is_alive(pid) => {
+        Err(_) if !pagewise_mech::procfs::is_alive(pid) => {
             row.died_after_p3 = Some(phase.to_string());
             Ok(row)
         }
@@ -654,7 +654,7 @@ fn after_p3(
     set_phase(shared, "GET", progress, way);
     let t = Instant::now();
     let mut n = 0u64;
-    let mut rng = pagewise::workload::Rng::new(0x9e37_79b9_7f4a_7c15);
+    let mut rng = pagewise_mech::workload::Rng::new(0x9e37_79b9_7f4a_7c15);
     while t.elapsed().as_secs_f64() < cfg.get_seconds {
         check(stop)?;
         let keys: Vec<Vec<u8>> = (0..64)
@@ -670,7 +670,7 @@ fn after_p3(
 
 /// Why the experiment cannot run here, or `None` when it can.
 pub fn unavailable() -> Option<String> {
-    let p = pagewise::probe::get();
+    let p = pagewise_mech::probe::get();
     if !p.madv_collapse || !p.process_madvise {
         return Some(format!(
             "{} / {}",
@@ -713,7 +713,7 @@ pub fn run(
         &cfg.khugepaged_sleep_ms.to_string(),
     )?;
     progress("measuring a page walk's cost");
-    let walk_ns = pagewise::thp::calibrate_walk_cost(64 << 20, 1 << 20)?
+    let walk_ns = pagewise_thp::calibrate_walk_cost(64 << 20, 1 << 20)?
         .walk_ns
         .unwrap_or(30.0)
         .max(1.0);

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 pub(super) fn ended(pid: i32, cg: &MemoryCgroup, failed: bool) -> bool {
     let t0 = Instant::now();
     loop {
-        if !pagewise::process::is_alive(pid) || (failed && cg.oom_kills() > 0) {
+        if !pagewise_mech::procfs::is_alive(pid) || (failed && cg.oom_kills() > 0) {
             return true;
         }
         if !failed || t0.elapsed() >= Duration::from_secs(2) {

@@ -6,8 +6,8 @@
 
 use crate::kernel::ThpPolicy;
 use anyhow::{Context, Result};
-use pagewise::agent::settings::SettingGuard;
-use pagewise::thp::agent::{Budget, Options, Policy, Pressure, Recovery};
+use pagewise_agent::settings::SettingGuard;
+use pagewise_thp::agent::{Budget, Options, Policy, Pressure, Recovery};
 use std::time::Duration;
 
 /// One way of running Redis.

@@ -9,8 +9,8 @@
 
 use pagewise_testkit::targets as common;
 
-use pagewise::dedup::{Action, Agent, Options, Policy, Thresholds};
 use pagewise::{HUGE_PAGE_SIZE, PAGE_SIZE};
+use pagewise_dedup::{Action, Agent, Options, Policy, Thresholds};
 use pagewise_mech::agent::Agent as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -240,7 +240,7 @@ fn mergeable(pid: i32) -> Vec<bool> {
 }
 
 fn available() -> bool {
-    let p = pagewise::probe::get();
+    let p = pagewise_mech::probe::get();
     for (ok, what) in [
         (p.ksm, "ksm"),
         (p.madv_collapse, "madv_collapse"),
@@ -257,7 +257,7 @@ fn available() -> bool {
         );
         return false;
     }
-    if let Err(why) = pagewise::track::BackendKind::UffdWp.available_for_pid() {
+    if let Err(why) = pagewise_track::BackendKind::UffdWp.available_for_pid() {
         pagewise_testkit::skip!("{why}");
         return false;
     }
@@ -544,7 +544,7 @@ fn the_kernels_advisor_paces_ksmd_and_every_setting_is_put_back() {
     if !available() {
         return;
     }
-    let ksm = |f: &str| pagewise::agent::settings::current(format!("/sys/kernel/mm/ksm/{f}"));
+    let ksm = |f: &str| pagewise_agent::settings::current(format!("/sys/kernel/mm/ksm/{f}"));
     if ksm("advisor_mode").is_err() {
         pagewise_testkit::skip!(
             "this kernel has no KSM advisor (/sys/kernel/mm/ksm/advisor_mode, Linux 6.9+)"
@@ -624,7 +624,7 @@ fn shim_advice_takes_only_harmless_advice() {
         !inside.is_own_memory(own.0, 4096),
         "ptrace names no own memory"
     );
-    let mem = pagewise::workload::AnonMemory::new(4 * PAGE_SIZE).unwrap();
+    let mem = pagewise_mech::workload::AnonMemory::new(4 * PAGE_SIZE).unwrap();
     for p in 0..4 {
         // SAFETY: inside `mem`.
         unsafe { *((mem.addr() as usize + p * PAGE_SIZE) as *mut u8) = 7 + p as u8 };
@@ -639,7 +639,7 @@ fn shim_advice_takes_only_harmless_advice() {
             .iter()
             .any(|&(s, e)| s <= mem.addr() && mem.addr() < e)
     };
-    let p = pagewise::probe::get();
+    let p = pagewise_mech::probe::get();
     if p.ksm {
         assert_eq!(
             shim.madvise(&ranges, libc::MADV_MERGEABLE).unwrap(),
@@ -722,7 +722,7 @@ fn swapped_out_whole_stays_known(t: &Target, agent: &mut Agent) {
 #[test]
 fn region_writes_reports_every_write_between_takes() {
     use pagewise_mech::access::RegionWrites;
-    if pagewise_sys::process::geteuid() != 0 || pagewise::probe::get().uffd_access.is_none() {
+    if pagewise_sys::process::geteuid() != 0 || pagewise_mech::probe::get().uffd_access.is_none() {
         pagewise_testkit::skip!("needs root and userfaultfd to watch another process's writes");
         return;
     }
@@ -901,7 +901,7 @@ fn region_writes_reports_every_write_between_takes() {
 #[test]
 fn region_writes_never_splits_the_mapping_it_watches() {
     use pagewise_mech::access::RegionWrites;
-    if pagewise_sys::process::geteuid() != 0 || pagewise::probe::get().uffd_access.is_none() {
+    if pagewise_sys::process::geteuid() != 0 || pagewise_mech::probe::get().uffd_access.is_none() {
         pagewise_testkit::skip!("needs root and userfaultfd to watch another process's writes");
         return;
     }

@@ -6,10 +6,10 @@ use pagewise_testkit::targets as common;
 mod policies;
 mod regions;
 
-use pagewise::farmem::link::LinkConfig;
-use pagewise::farmem::{policy, Calibration, Config, FarMemory, FaultPath, Hooks, Stats};
-use pagewise::workload::{AnonMemory, Rng};
 use pagewise::PAGE_SIZE;
+use pagewise_farmem::link::LinkConfig;
+use pagewise_farmem::{policy, Calibration, Config, FarMemory, FaultPath, Hooks, Stats};
+use pagewise_mech::workload::{AnonMemory, Rng};
 use std::sync::Arc;
 
 thread_local! {
@@ -23,7 +23,7 @@ fn new_fm(
     config: Config,
     policy: Box<dyn policy::Policy>,
     cal: Calibration,
-) -> pagewise::farmem::Result<FarMemory> {
+) -> pagewise_farmem::Result<FarMemory> {
     let hooks = Hooks::default().fault_path(PATH.with(|p| p.get()));
     let fm = FarMemory::new_with(regions, config, policy, cal, hooks)?;
     assert_eq!(
@@ -40,7 +40,7 @@ fn fm_path() -> FaultPath {
 
 /// Runs `test` on fault path `path` (see `per_fault_path!`).
 fn on_path(path: &str, name: &str, test: fn()) {
-    let sigbus = pagewise::probe::get().uffd_has(pagewise_sys::uffd::feature::SIGBUS);
+    let sigbus = pagewise_mech::probe::get().uffd_has(pagewise_sys::uffd::feature::SIGBUS);
     if !pagewise_testkit::fault_path_runs(path, name, sigbus) {
         return;
     }
@@ -65,7 +65,7 @@ pagewise_testkit::per_fault_path!(
 
 /// Whether userfaultfd works here; prints the reason when not.
 fn uffd_or_skip(test: &str) -> bool {
-    match pagewise::probe::get().uffd_access {
+    match pagewise_mech::probe::get().uffd_access {
         Some(_) => true,
         None => {
             pagewise_testkit::skip!(
@@ -313,7 +313,7 @@ fn bad_configuration_is_refused() {
     assert!(
         matches!(
             e,
-            pagewise::farmem::Error::BadSetting {
+            pagewise_farmem::Error::BadSetting {
                 key: "local_pages",
                 value: 0,
                 ..
@@ -322,14 +322,14 @@ fn bad_configuration_is_refused() {
         "{e:?}"
     );
     let e = new_fm(&[], config(1, 0), fifo(), Calibration::NONE).unwrap_err();
-    assert!(matches!(e, pagewise::farmem::Error::NoRegion), "{e:?}");
+    assert!(matches!(e, pagewise_farmem::Error::NoRegion), "{e:?}");
 }
 
 /// Pinned pages cost no fetch and never leave; always-remote pages are
 /// fetched on every fault and take no budget.
 fn placements_pinned_local_and_always_remote() {
-    use pagewise::farmem::Placement;
     use pagewise::Region;
+    use pagewise_farmem::Placement;
     if !uffd_or_skip("placements") {
         return;
     }

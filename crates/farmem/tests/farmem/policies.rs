@@ -72,7 +72,7 @@ fn bad_policy_plugins_are_refused() {
     // SAFETY: loading fails before any code of the object runs.
     let e = unsafe { policy::Plugin::load("/nonexistent/policy.so", "") }.unwrap_err();
     assert!(
-        matches!(&e, pagewise::farmem::Error::Plugin { path, .. } if path == "/nonexistent/policy.so"),
+        matches!(&e, pagewise_farmem::Error::Plugin { path, .. } if path == "/nonexistent/policy.so"),
         "{e:?}"
     );
     // A shared object without the entry point.
@@ -80,7 +80,7 @@ fn bad_policy_plugins_are_refused() {
     // SAFETY: libc is already loaded; dlopen only adds a reference.
     let e = unsafe { policy::Plugin::load(libc_path, "") }.unwrap_err();
     assert!(
-        matches!(&e, pagewise::farmem::Error::Plugin { what, .. } if what.contains("pw_policy_plugin")),
+        matches!(&e, pagewise_farmem::Error::Plugin { what, .. } if what.contains("pw_policy_plugin")),
         "{e:?}"
     );
 }
@@ -171,7 +171,7 @@ fn learning_policies_keep_the_hot_page() {
 
 /// The trace records every fetch and eviction, in order, with addresses.
 fn trace_of_the_two_page_test() {
-    use pagewise::farmem::TraceKind;
+    use pagewise_farmem::TraceKind;
     if !uffd_or_skip("trace") {
         return;
     }

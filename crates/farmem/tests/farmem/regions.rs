@@ -95,7 +95,7 @@ fn a_range_found_after_it_changed_is_emulated_where_it_is_still_anonymous() {
     assert_ne!(p, libc::MAP_FAILED);
     let told = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let t = told.clone();
-    let hooks = pagewise::farmem::Hooks::default()
+    let hooks = pagewise_farmem::Hooks::default()
         .discover(move |out: &mut Vec<pagewise::Region>| {
             if !t.swap(true, std::sync::atomic::Ordering::AcqRel) {
                 out.push(found);
@@ -171,7 +171,7 @@ fn memory_types_other_than_private_anonymous_are_refused() {
         assert!(
             matches!(
                 e,
-                pagewise::farmem::Error::Mech(pagewise::MechError::MemoryType { kind: k, .. })
+                pagewise_farmem::Error::Mech(pagewise::MechError::MemoryType { kind: k, .. })
                     if k == kind.name()
             ),
             "{}: {e:?}",
@@ -193,7 +193,7 @@ fn held_buffers_survive_eviction_inside_system_calls() {
     if !uffd_or_skip("held_buffers") {
         return;
     }
-    if !pagewise::probe::get().uffd_has(pagewise_sys::uffd::feature::SIGBUS) {
+    if !pagewise_mech::probe::get().uffd_has(pagewise_sys::uffd::feature::SIGBUS) {
         pagewise_testkit::skip!("held_buffers: the kernel lacks UFFD_FEATURE_SIGBUS");
         return;
     }

@@ -2,7 +2,7 @@
 //! and calibrations other processes wrote into it.
 
 use anyhow::Result;
-use pagewise::farmem::instance::{self, Access, Instance, Settings};
+use pagewise_farmem::instance::{self, Access, Instance, Settings};
 use std::path::{Path, PathBuf};
 
 use super::Target;
@@ -50,7 +50,7 @@ impl Target for InstanceFile {
         let _ = i.settings();
         let _ = i.retired(None);
         let _ = i.is_stale();
-        let _ = i.calibration(pagewise::farmem::FaultPath::Inline);
+        let _ = i.calibration(pagewise_farmem::FaultPath::Inline);
         !members.is_empty()
     }
 

@@ -1,6 +1,6 @@
 //! The pre-zeroing report the shim sends at a program's exit.
 
-use pagewise::thp::prezero::PrezeroStats;
+use pagewise_thp::prezero::PrezeroStats;
 
 use super::Target;
 use crate::mutate::Rng;

@@ -1,7 +1,7 @@
 //! A snapshot's process record (store format 4): any bytes are refused
 //! or read, never a panic; what is read writes back the same bytes.
 
-use pagewise::snap::disk::ProcessRecord;
+use pagewise_snap::disk::ProcessRecord;
 
 use super::Target;
 use crate::mutate::Rng;
@@ -25,8 +25,8 @@ impl Target for ProcessRecordTarget {
 
 /// A process record with two mappings and two threads.
 fn seed(rng: &mut Rng) -> ProcessRecord {
-    use pagewise::snap::layout::{Backing, Vma};
-    use pagewise::snap::threads::{AltStack, ThreadState};
+    use pagewise_snap::layout::{Backing, Vma};
+    use pagewise_snap::threads::{AltStack, ThreadState};
     let thread = |tid: i32, rng: &mut Rng| {
         let mut regs = pagewise_sys::process::zeroed_regs();
         regs.rip = rng.word();

@@ -7,8 +7,8 @@
 //! that breaks this framing is refused before the store is opened.
 
 use anyhow::Result;
-use pagewise::snap::DiskStore;
-use pagewise::{Region, PAGE_SIZE};
+use pagewise_mech::{Region, PAGE_SIZE};
+use pagewise_snap::DiskStore;
 use std::path::{Path, PathBuf};
 
 use super::Target;

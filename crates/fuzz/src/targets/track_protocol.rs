@@ -9,8 +9,8 @@ pub(super) struct TrackProtocol;
 
 impl Target for TrackProtocol {
     fn feed(&self, input: &[u8]) -> bool {
-        let hello = pagewise::track::protocol::read_hello(&mut &input[..]).is_ok();
-        let collection = pagewise::track::protocol::read_collection(&mut &input[..]).is_ok();
+        let hello = pagewise_track::protocol::read_hello(&mut &input[..]).is_ok();
+        let collection = pagewise_track::protocol::read_collection(&mut &input[..]).is_ok();
         hello || collection
     }
 
@@ -21,7 +21,7 @@ impl Target for TrackProtocol {
 
 /// A valid track-protocol hello and collection reply.
 fn seeds(rng: &mut Rng) -> Vec<Vec<u8>> {
-    use pagewise::track::protocol as p;
+    use pagewise_track::protocol as p;
     let mut hello = Vec::new();
     for v in [p::MAGIC, p::VERSION, 1, 0] {
         hello.extend_from_slice(&v.to_le_bytes());

@@ -2,9 +2,9 @@
 //! loopback to a receiver that stores what it is sent.
 
 use anyhow::Result;
-use pagewise::snap::wire::{Receiver, MAGIC, NONCE_LEN, VERSION};
-use pagewise::snap::DiskStore;
-use pagewise::PAGE_SIZE;
+use pagewise_mech::PAGE_SIZE;
+use pagewise_snap::wire::{Receiver, MAGIC, NONCE_LEN, VERSION};
+use pagewise_snap::DiskStore;
 use std::io::Write;
 use std::net::TcpListener;
 use std::path::Path;

@@ -2,18 +2,18 @@
 //! which, page by page, 30 % are zero-filled, 20 % repeat in groups of 8
 //! identical pages, and the rest are unique. Every count must be exact.
 
-use pagewise::inspect::{inspect, Options};
 use pagewise::PAGE_SIZE;
+use pagewise_inspect::{inspect, Options};
 
 #[test]
 fn known_layout_counted_exactly() {
-    let p = pagewise::probe::get();
+    let p = pagewise_mech::probe::get();
     if !p.pagemap_scan {
         pagewise_testkit::skip!("{}", p.why("pagemap_scan"));
         return;
     }
     const HUGE: usize = 16;
-    let layout = pagewise::workload::Layout::build(HUGE, 0x5eed).unwrap();
+    let layout = pagewise_mech::workload::Layout::build(HUGE, 0x5eed).unwrap();
     let t = layout.truth();
     let mem = &layout.mem;
     let collapsed = layout.collapsed;
@@ -27,7 +27,7 @@ fn known_layout_counted_exactly() {
         .collect();
     assert_eq!(mine.len(), HUGE, "one report per 2 MiB region");
     let sum =
-        |f: fn(&pagewise::inspect::RegionReport) -> u64| mine.iter().map(|r| f(r)).sum::<u64>();
+        |f: fn(&pagewise_inspect::RegionReport) -> u64| mine.iter().map(|r| f(r)).sum::<u64>();
     let (n, zeros, dups, groups) = (t.pages, t.zero_pages, t.duplicate_pages, t.groups);
     assert_eq!(sum(|r| r.resident_pages), n);
     assert_eq!(sum(|r| r.zero_pages), zeros);
@@ -85,7 +85,7 @@ fn known_layout_counted_exactly() {
 /// twice: 34.1 MiB where the kernel said 32.1).
 #[test]
 fn fragmented_process_counts_as_the_kernel_does() {
-    let p = pagewise::probe::get();
+    let p = pagewise_mech::probe::get();
     if !p.pagemap_scan {
         pagewise_testkit::skip!("{}", p.why("pagemap_scan"));
         return;

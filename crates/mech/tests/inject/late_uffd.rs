@@ -4,7 +4,7 @@
 //! takes the memory the program registers afterwards.
 
 use super::{can_ptrace, target, Target};
-use pagewise::track::{BackendKind, DirtyTracker};
+use pagewise_track::{BackendKind, DirtyTracker};
 use std::io::Write;
 
 const PAGE: u64 = pagewise::PAGE_SIZE as u64;
@@ -44,7 +44,7 @@ impl Target {
 }
 
 /// The pages of `[base, base + n pages)` a collection reported.
-fn reported(c: &pagewise::track::Collection, base: u64, n: u64) -> u64 {
+fn reported(c: &pagewise_track::Collection, base: u64, n: u64) -> u64 {
     (0..n)
         .filter(|i| {
             let a = base + i * PAGE;
@@ -124,8 +124,8 @@ fn memory_of_a_program_holding_a_userfaultfd_is_left_to_it() {
     let note = tr.note().unwrap_or_default().to_string();
     assert!(note.contains("holds a userfaultfd"), "note: {note:?}");
     assert_ne!(tr.backend(), BackendKind::UffdWp, "{note}");
-    match pagewise::snap::ProcessSnapshots::open(pid) {
-        Err(pagewise::snap::Error::HoldsUserfaultfd { pid: p }) => assert_eq!(p, pid),
+    match pagewise_snap::ProcessSnapshots::open(pid) {
+        Err(pagewise_snap::Error::HoldsUserfaultfd { pid: p }) => assert_eq!(p, pid),
         other => panic!("a held session: {other:?}"),
     }
     tr.collect().unwrap();
@@ -192,7 +192,7 @@ fn a_tracker_lets_go_of_a_program_that_makes_a_userfaultfd() {
 /// seen: the agent went on reading and acting there.
 #[test]
 fn agents_see_a_registration_made_late() {
-    if !pagewise::probe::get().pagemap_scan {
+    if !pagewise_mech::probe::get().pagemap_scan {
         pagewise_testkit::skip!("the kernel has no PAGEMAP_SCAN (Linux 6.7+)");
         return;
     }

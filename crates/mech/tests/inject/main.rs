@@ -168,7 +168,7 @@ fn tracking_a_target_flooded_with_signals_starts_every_time() {
         pagewise_testkit::skip!("{why}");
         return;
     }
-    use pagewise::track::{BackendKind, DirtyTracker};
+    use pagewise_track::{BackendKind, DirtyTracker};
     if let Err(why) = BackendKind::UffdWp.available_for_pid() {
         pagewise_testkit::skip!("{why}");
         return;
@@ -228,13 +228,13 @@ fn a_32_bit_target_is_refused_before_any_call() {
             .unwrap_err()
             .to_string();
     assert!(e.contains("32-bit"), "{e}");
-    if pagewise::track::BackendKind::UffdWp
+    if pagewise_track::BackendKind::UffdWp
         .available_for_pid()
         .is_ok()
     {
-        let e = match pagewise::track::DirtyTracker::for_process(
+        let e = match pagewise_track::DirtyTracker::for_process(
             pid,
-            pagewise::track::BackendKind::UffdWp,
+            pagewise_track::BackendKind::UffdWp,
         ) {
             Ok(_) => panic!("uffd-wp tracking of a 32-bit process was not refused"),
             Err(e) => e.to_string(),
@@ -359,7 +359,7 @@ fn blocked_calls_see_no_eintr_from_a_stop() {
 /// plain region beside it.
 #[test]
 fn a_target_with_its_own_userfaultfd_loses_no_write() {
-    use pagewise::track::{BackendKind, DirtyTracker};
+    use pagewise_track::{BackendKind, DirtyTracker};
     if let Some(why) = can_ptrace() {
         pagewise_testkit::skip!("{why}");
         return;
@@ -573,8 +573,8 @@ fn every_snapshot_refuses_a_process_serving_its_own_faults() {
     };
     let mut t = Target::start(&path, &[], true);
     let pid = t.pid();
-    let refused = |what: &str, r: pagewise::snap::Result<()>| match r {
-        Err(pagewise::snap::Error::ServesOwnFaults { pid: p, mappings }) => {
+    let refused = |what: &str, r: pagewise_snap::Result<()>| match r {
+        Err(pagewise_snap::Error::ServesOwnFaults { pid: p, mappings }) => {
             assert_eq!(p, pid, "{what}");
             assert!(mappings > 0, "{what}: its userfaultfd covers no mapping");
         }
@@ -582,23 +582,23 @@ fn every_snapshot_refuses_a_process_serving_its_own_faults() {
     };
     let dir = std::env::temp_dir().join(format!("pagewise-own-uffd-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let mut disk = pagewise::snap::DiskStore::create(&dir, true).unwrap();
+    let mut disk = pagewise_snap::DiskStore::create(&dir, true).unwrap();
     refused(
         "snapshot",
-        pagewise::snap::remote::snapshot_process(pid, &mut disk, "x").map(|_| ()),
+        pagewise_snap::remote::snapshot_process(pid, &mut disk, "x").map(|_| ()),
     );
     refused(
         "held for rollback",
-        pagewise::snap::ProcessSnapshots::open(pid).map(|_| ()),
+        pagewise_snap::ProcessSnapshots::open(pid).map(|_| ()),
     );
-    let mut dest = pagewise::snap::live::StoreSeries::new(&mut disk);
+    let mut dest = pagewise_snap::live::StoreSeries::new(&mut disk);
     refused(
         "live",
-        pagewise::snap::live::live_snapshot(
+        pagewise_snap::live::live_snapshot(
             pid,
             &mut dest,
             "x",
-            &pagewise::snap::live::LiveOptions::default(),
+            &pagewise_snap::live::LiveOptions::default(),
             &mut |_| {},
             &mut || {},
         )

@@ -39,9 +39,8 @@ fn a_default_podman_container_is_tracked_restored_and_advised() {
     );
 
     // Tracked with uffd-wp from outside: the pages written are reported.
-    let mut t =
-        pagewise::track::DirtyTracker::for_process(pid, pagewise::track::BackendKind::UffdWp)
-            .unwrap();
+    let mut t = pagewise_track::DirtyTracker::for_process(pid, pagewise_track::BackendKind::UffdWp)
+        .unwrap();
     let _ = t.collect().unwrap();
     assert!(c.p.ask("w 16 1").contains("bad=0"));
     pagewise_testkit::settle_in_read(pid);

@@ -5,8 +5,8 @@
 //! restore before anything changes, unless asked to go on without it.
 
 use super::*;
-use pagewise::snap::RollbackRefusal;
 use pagewise_mech::procfs::{self, Descriptor, FdKind};
+use pagewise_snap::RollbackRefusal;
 
 /// A file of known bytes: `0123456789abcdef…` over and over.
 fn known_file(name: &str) -> PathBuf {
@@ -129,7 +129,7 @@ fn a_pipe_gone_since_refuses_the_restore_unless_asked() {
     let table = procfs::descriptors(t.pid()).unwrap();
     let e = h.restore(id, RestoreOptions::default()).unwrap_err();
     match &e {
-        pagewise::snap::Error::Rollback(RollbackRefusal::DescriptorsGone { gone, .. }) => {
+        pagewise_snap::Error::Rollback(RollbackRefusal::DescriptorsGone { gone, .. }) => {
             assert_eq!(gone.len(), 2, "{gone:?}");
             assert!(gone.iter().all(|g| g.contains("pipe")), "{gone:?}");
         }
@@ -163,12 +163,12 @@ fn a_stored_snapshot_carries_its_descriptors() {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("rollback-fds-store-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let mut disk = pagewise::snap::DiskStore::create(&dir, true).unwrap();
+    let mut disk = pagewise_snap::DiskStore::create(&dir, true).unwrap();
     h.save(id, &mut disk, "fds").unwrap();
     drop(h);
     t.ask("P");
     t.settle();
-    let disk = pagewise::snap::DiskStore::open(&dir).unwrap();
+    let disk = pagewise_snap::DiskStore::open(&dir).unwrap();
     let mut h = ProcessSnapshots::open(t.pid()).unwrap();
     let last = *disk.ids().unwrap().last().unwrap();
     let sid = h.load(&disk, last, false).unwrap();

@@ -1,4 +1,4 @@
-//! Rollback of another process in place (`pagewise::snap::ProcessSnapshots`)
+//! Rollback of another process in place (`pagewise_snap::ProcessSnapshots`)
 //! against ground truth: after every restore the target's memory, read
 //! through `/proc/PID/mem`, equals the snapshot page for page; the target
 //! (`tests/c/rollback.c`) checks its own callee-saved and vector registers
@@ -10,7 +10,7 @@
 use pagewise_testkit::targets as common;
 
 use common::can_ptrace;
-use pagewise::snap::{ProcessSnapshots, RestoreOptions, SnapId};
+use pagewise_snap::{ProcessSnapshots, RestoreOptions, SnapId};
 use pagewise_testkit::Piped;
 use std::io::Write;
 use std::os::unix::fs::FileExt;
@@ -132,7 +132,7 @@ fn assert_memory_is_but(h: &ProcessSnapshots, id: SnapId, t: &Target, skip: &[[u
 
 /// The target's layout (without the kernel's special mappings), as text.
 fn layout(pid: i32) -> Vec<String> {
-    pagewise::snap::layout::read(Some(pid))
+    pagewise_snap::layout::read(Some(pid))
         .unwrap()
         .iter()
         .map(|v| {
@@ -163,7 +163,7 @@ fn rollbacks_in_random_order_match_the_snapshot_and_the_first_run() {
     }
     // Per snapshot: the command sent right after it, and its answer.
     let mut snaps: Vec<(SnapId, String, String)> = Vec::new();
-    let mut rng = pagewise::workload::Rng::new(0x5eed);
+    let mut rng = pagewise_mech::workload::Rng::new(0x5eed);
     for round in 0..24u64 {
         t.settle();
         if snaps.is_empty() || rng.below(3) == 0 {
@@ -264,7 +264,7 @@ fn a_target_gone_or_an_unknown_snapshot_is_a_clear_error() {
     let id = h.take().unwrap();
     let e = h.restore(id + 7, RestoreOptions::default()).unwrap_err();
     assert!(
-        matches!(e, pagewise::snap::Error::NoSnapshot { id: i } if i == id + 7),
+        matches!(e, pagewise_snap::Error::NoSnapshot { id: i } if i == id + 7),
         "{e}"
     );
     t.child.kill().unwrap();
@@ -279,7 +279,7 @@ fn memory_only_refused(
     h: &mut ProcessSnapshots,
     id: SnapId,
     t: &mut Target,
-) -> pagewise::snap::Error {
+) -> pagewise_snap::Error {
     let e = h
         .restore(id, RestoreOptions::default().memory_only(true))
         .unwrap_err();
@@ -299,7 +299,7 @@ fn memory_only_refused(
 /// thread-local cache would point into the heap put back as before it.
 #[test]
 fn a_changed_thread_set_is_refused_unless_memory_only() {
-    use pagewise::snap::RollbackRefusal;
+    use pagewise_snap::RollbackRefusal;
     let Some(path) = target() else { return };
     // Made since, the main thread's malloc state made since too.
     let mut t = Target::start(&path, &[]);
@@ -311,7 +311,7 @@ fn a_changed_thread_set_is_refused_unless_memory_only() {
     t.settle();
     let e = memory_only_refused(&mut h, id, &mut t);
     assert!(
-        matches!(&e, pagewise::snap::Error::Rollback(RollbackRefusal::ThreadMemoryDiverged { tid, .. }) if *tid == t.pid()),
+        matches!(&e, pagewise_snap::Error::Rollback(RollbackRefusal::ThreadMemoryDiverged { tid, .. }) if *tid == t.pid()),
         "the main thread's malloc state points into the heap: {e:?}"
     );
     // Made since, the thread made and ended once before the snapshot.
@@ -327,7 +327,7 @@ fn a_changed_thread_set_is_refused_unless_memory_only() {
     t.ask("w 40 2");
     t.settle();
     match h.restore(id, RestoreOptions::default()) {
-        Err(pagewise::snap::Error::Rollback(RollbackRefusal::ThreadsChanged {
+        Err(pagewise_snap::Error::Rollback(RollbackRefusal::ThreadsChanged {
             made,
             ended,
             ..
@@ -349,7 +349,7 @@ fn a_changed_thread_set_is_refused_unless_memory_only() {
     assert!(
         matches!(
             &e,
-            pagewise::snap::Error::Rollback(RollbackRefusal::ThreadMemoryDiverged { .. })
+            pagewise_snap::Error::Rollback(RollbackRefusal::ThreadMemoryDiverged { .. })
         ),
         "a thread made since keeps memory pointing at what the restore changes: {e:?}"
     );
@@ -363,7 +363,7 @@ fn a_changed_thread_set_is_refused_unless_memory_only() {
     t.settle();
     let e = h.restore(id, RestoreOptions::default()).unwrap_err();
     assert!(
-        matches!(&e, pagewise::snap::Error::Rollback(RollbackRefusal::ThreadsChanged { made, ended, .. }) if made.is_empty() && ended.len() == 1),
+        matches!(&e, pagewise_snap::Error::Rollback(RollbackRefusal::ThreadsChanged { made, ended, .. }) if made.is_empty() && ended.len() == 1),
         "{e:?}"
     );
     assert!(e.to_string().contains("--memory-only"), "{e}");
@@ -397,7 +397,7 @@ fn a_seccomp_target_is_restored_memory_only_by_comparison() {
     let first = t.ask("w 20 5");
     let e = h.restore(id, RestoreOptions::default()).unwrap_err();
     assert!(
-        matches!(&e, pagewise::snap::Error::Rollback(pagewise::snap::RollbackRefusal::MemoryOnly { pid, .. }) if *pid == t.pid()),
+        matches!(&e, pagewise_snap::Error::Rollback(pagewise_snap::RollbackRefusal::MemoryOnly { pid, .. }) if *pid == t.pid()),
         "{e:?}"
     );
     assert!(e.to_string().contains("--memory-only"), "{e}");
@@ -464,7 +464,7 @@ fn a_sleep_caught_by_the_snapshot_sleeps_in_full_after_a_restore() {
 #[test]
 fn a_target_killed_during_a_restore_is_one_clear_error() {
     let Some(path) = target() else { return };
-    let mut rng = pagewise::workload::Rng::new(7);
+    let mut rng = pagewise_mech::workload::Rng::new(7);
     let mut outcomes = [0u32; 2];
     for round in 0..12 {
         let mut t = Target::start(&path, &[]);
@@ -525,7 +525,7 @@ fn a_stored_snapshot_restores_as_taken_and_only_into_its_process() {
     t.ask("w 12 3");
     t.settle();
     let id = h.take().unwrap();
-    let mut disk = pagewise::snap::DiskStore::create(&dir, true).unwrap();
+    let mut disk = pagewise_snap::DiskStore::create(&dir, true).unwrap();
     let saved = h.save(id, &mut disk, "before").unwrap();
     let first = t.ask("w 50 4");
     t.ask("m");
@@ -555,7 +555,7 @@ fn a_stored_snapshot_restores_as_taken_and_only_into_its_process() {
     assert!(
         matches!(
             e,
-            pagewise::snap::Error::Rollback(pagewise::snap::RollbackRefusal::AnotherProcess { .. })
+            pagewise_snap::Error::Rollback(pagewise_snap::RollbackRefusal::AnotherProcess { .. })
         ),
         "{e:?}"
     );
@@ -566,7 +566,7 @@ fn a_stored_snapshot_restores_as_taken_and_only_into_its_process() {
     let mut s = Target::start(&path, &["seccomp", "errno"]);
     s.ask("w 9 9");
     s.settle();
-    let plain = pagewise::snap::remote::snapshot_process(s.pid(), &mut disk, "plain").unwrap();
+    let plain = pagewise_snap::remote::snapshot_process(s.pid(), &mut disk, "plain").unwrap();
     assert!(disk.load(plain.save.id).unwrap().record.is_empty());
     let answer = s.ask("w 30 1");
     s.settle();
@@ -574,7 +574,7 @@ fn a_stored_snapshot_restores_as_taken_and_only_into_its_process() {
     let ls = hs.load(&disk, plain.save.id, false).unwrap();
     let e = hs.restore(ls, RestoreOptions::default()).unwrap_err();
     assert!(
-        matches!(&e, pagewise::snap::Error::Rollback(pagewise::snap::RollbackRefusal::MemoryOnly { pid, .. }) if *pid == s.pid()),
+        matches!(&e, pagewise_snap::Error::Rollback(pagewise_snap::RollbackRefusal::MemoryOnly { pid, .. }) if *pid == s.pid()),
         "{e:?}"
     );
     assert!(e.to_string().contains("--memory-only"), "{e}");

@@ -14,7 +14,7 @@
 //! stdin closes.
 
 use super::*;
-use pagewise::snap::RollbackRefusal;
+use pagewise_snap::RollbackRefusal;
 use std::time::Duration;
 
 fn churn() -> Option<PathBuf> {
@@ -77,7 +77,7 @@ fn pool(path: &Path, n: usize, takes: usize) {
     }
     // The pool changed since: refused, naming the threads, not a crash.
     match h.restore(last, RestoreOptions::default()) {
-        Err(pagewise::snap::Error::Rollback(RollbackRefusal::ThreadsChanged { .. })) => {}
+        Err(pagewise_snap::Error::Rollback(RollbackRefusal::ThreadsChanged { .. })) => {}
         Ok(_) => println!("{n} threads: the pool stood still between take and restore"),
         Err(e) => panic!("{n} threads: restore: {e}"),
     }
@@ -85,14 +85,14 @@ fn pool(path: &Path, n: usize, takes: usize) {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("rollback-pool-{n}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let mut dest = pagewise::snap::live::StoreSeries::new(
-        pagewise::snap::DiskStore::create(&dir, true).unwrap(),
+    let mut dest = pagewise_snap::live::StoreSeries::new(
+        pagewise_snap::DiskStore::create(&dir, true).unwrap(),
     );
-    let live = pagewise::snap::live::live_snapshot(
+    let live = pagewise_snap::live::live_snapshot(
         pid,
         &mut dest,
         "pool",
-        &pagewise::snap::live::LiveOptions::default().max_passes(LIVE_PASSES),
+        &pagewise_snap::live::LiveOptions::default().max_passes(LIVE_PASSES),
         &mut |_| {},
         &mut || {},
     );

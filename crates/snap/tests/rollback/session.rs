@@ -1,4 +1,4 @@
-//! Reset sessions (`pagewise::snap::ResetSession`) against ground truth:
+//! Reset sessions (`pagewise_snap::ResetSession`) against ground truth:
 //! after resets memory equals the point page for page (read through
 //! `/proc/PID/mem`); every answer equals the first answer to the same
 //! command, and that of a run of the same program without pagewise; the
@@ -11,7 +11,7 @@
 //! later.
 
 use super::*;
-use pagewise::snap::ResetSession;
+use pagewise_snap::ResetSession;
 
 /// `read=XXXXXXXX pos=N` of an answer.
 fn read_word(answer: &str) -> String {
@@ -316,7 +316,7 @@ fn an_end_whose_others_do_not_stop_in_time_is_returned_by_the_next_wait() {
 /// pagewise, and every reset goes through (the whole path where the
 /// layout changed, never a failure).
 fn launched_runs_that_move_the_heap_are_reset(mode: &str) {
-    use pagewise::snap::process::session::RunEnd;
+    use pagewise_snap::process::session::RunEnd;
     if let Some(why) = can_ptrace() {
         pagewise_testkit::skip!("{why}");
         return;

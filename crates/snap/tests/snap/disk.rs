@@ -7,9 +7,9 @@ mod process;
 mod writers;
 
 use super::assert_same;
-use pagewise::snap::{DiskStore, SnapshotOptions, Snapshots};
-use pagewise::workload::{AnonMemory, Rng};
 use pagewise::{Region, PAGE_SIZE};
+use pagewise_mech::workload::{AnonMemory, Rng};
+use pagewise_snap::{DiskStore, SnapshotOptions, Snapshots};
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 
@@ -166,7 +166,7 @@ fn save_load_round_trip_into_other_memory() {
     assert!(
         matches!(
             &e,
-            pagewise::snap::Error::Store(pagewise::snap::StoreError::ShapeMismatch { id: 1, want, .. })
+            pagewise_snap::Error::Store(pagewise_snap::StoreError::ShapeMismatch { id: 1, want, .. })
                 if *want == vec![small.region().len]
         ),
         "{e}"
@@ -189,13 +189,13 @@ fn not_a_store_and_read_only() {
     std::fs::write(dir.0.join("something"), b"x").unwrap();
     let e = DiskStore::open(&dir.0).unwrap_err();
     assert!(
-        matches!(&e, pagewise::snap::Error::Store(pagewise::snap::StoreError::NotAStore { dir: d, .. }) if *d == dir.0),
+        matches!(&e, pagewise_snap::Error::Store(pagewise_snap::StoreError::NotAStore { dir: d, .. }) if *d == dir.0),
         "{e:?}"
     );
 
     let e = DiskStore::create(&dir.0, true).unwrap_err();
     assert!(
-        matches!(&e, pagewise::snap::Error::Store(pagewise::snap::StoreError::NotAStore { dir: d, .. }) if *d == dir.0),
+        matches!(&e, pagewise_snap::Error::Store(pagewise_snap::StoreError::NotAStore { dir: d, .. }) if *d == dir.0),
         "{e:?}"
     );
     let fresh = TempDir::new("ro");
@@ -338,7 +338,7 @@ fn small_store(dir: &Path, rounds: u64, seed: u64) -> BTreeMap<u64, Vec<u8>> {
 }
 
 /// Saves one more snapshot of fresh contents into the store at `dir`.
-fn append_one(dir: &Path, seed: u64) -> pagewise::snap::Result<u64> {
+fn append_one(dir: &Path, seed: u64) -> pagewise_snap::Result<u64> {
     let mem = AnonMemory::new(24 * P).unwrap();
     fill(&mem, seed);
     let mut s = Snapshots::new(&[mem.region()], SnapshotOptions::default()).unwrap();
@@ -648,7 +648,7 @@ fn another_users_store_is_refused() {
     assert!(
         matches!(
             e,
-            pagewise::snap::Error::Store(pagewise::snap::StoreError::NotOwned { owner: 65534, .. })
+            pagewise_snap::Error::Store(pagewise_snap::StoreError::NotOwned { owner: 65534, .. })
         ),
         "{e}"
     );
@@ -656,7 +656,7 @@ fn another_users_store_is_refused() {
     assert!(
         matches!(
             e,
-            pagewise::snap::Error::Store(pagewise::snap::StoreError::NotOwned { owner: 65534, .. })
+            pagewise_snap::Error::Store(pagewise_snap::StoreError::NotOwned { owner: 65534, .. })
         ),
         "{e}"
     );
@@ -672,7 +672,7 @@ fn another_users_store_is_refused() {
     assert!(
         matches!(
             &e,
-            pagewise::snap::Error::Store(pagewise::snap::StoreError::NotOwned { path, owner: 65534, .. })
+            pagewise_snap::Error::Store(pagewise_snap::StoreError::NotOwned { path, owner: 65534, .. })
                 if path.ends_with("pages.pack")
         ),
         "{e}"
@@ -686,7 +686,7 @@ fn another_users_store_is_refused() {
     assert!(
         matches!(
             &e,
-            pagewise::snap::Error::Store(pagewise::snap::StoreError::WritableByOthers { path, .. })
+            pagewise_snap::Error::Store(pagewise_snap::StoreError::WritableByOthers { path, .. })
                 if *path == dir.0
         ),
         "{e}"

@@ -4,15 +4,15 @@
 //! copies are exact; drops, unmaps and moves made meanwhile are followed.
 
 use super::disk::TempDir;
-use pagewise::snap::{DiskStore, LazyOptions, LazyRestore};
-use pagewise::workload::{AnonMemory, Rng};
 use pagewise::PAGE_SIZE;
+use pagewise_mech::workload::{AnonMemory, Rng};
+use pagewise_snap::{DiskStore, LazyOptions, LazyRestore};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 const P: usize = PAGE_SIZE;
 
 fn uffd_or_skip(test: &str) -> bool {
-    if pagewise::probe::get().uffd_access.is_some() {
+    if pagewise_mech::probe::get().uffd_access.is_some() {
         return true;
     }
     pagewise_testkit::skip!("{test}: userfaultfd is not available to this user on this kernel");

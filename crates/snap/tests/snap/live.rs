@@ -5,17 +5,17 @@
 //! written since the one before.
 
 use super::disk::{pages_differing, private_memory, TempDir};
-use pagewise::snap::live::{Checkpointer, LiveOptions, OwnRegions, ProcessSource, StoreSeries};
-use pagewise::snap::wire::{Compression, Receiver, Sender};
-use pagewise::snap::DiskStore;
-use pagewise::workload::AnonMemory;
 use pagewise::{Region, PAGE_SIZE};
+use pagewise_mech::workload::AnonMemory;
+use pagewise_snap::live::{Checkpointer, LiveOptions, OwnRegions, ProcessSource, StoreSeries};
+use pagewise_snap::wire::{Compression, Receiver, Sender};
+use pagewise_snap::DiskStore;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 fn uffd_wp_or_skip(outside: bool) -> bool {
-    let k = pagewise::track::BackendKind::UffdWp;
+    let k = pagewise_track::BackendKind::UffdWp;
     let r = if outside {
         k.available_for_pid()
     } else {
@@ -69,7 +69,7 @@ fn periodic_live_checkpoints_are_each_exact() {
         for _ in 0..5 {
             std::thread::sleep(Duration::from_millis(50));
             let mut truth = Vec::new();
-            let dest: &mut dyn pagewise::snap::live::Destination =
+            let dest: &mut dyn pagewise_snap::live::Destination =
                 if to_receiver { &mut tx } else { &mut series };
             let r = cp
                 .checkpoint(dest, "", &mut |_| {}, &mut || {

@@ -12,10 +12,10 @@ mod live;
 mod wire;
 
 use common::for_each_backend;
-use pagewise::snap::{SnapId, SnapshotOptions, Snapshots};
-use pagewise::track::BackendKind;
-use pagewise::workload::{AnonMemory, Rng};
 use pagewise::{PageRange, Region, PAGE_SIZE};
+use pagewise_mech::workload::{AnonMemory, Rng};
+use pagewise_snap::{SnapId, SnapshotOptions, Snapshots};
+use pagewise_track::BackendKind;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 const P: usize = PAGE_SIZE;

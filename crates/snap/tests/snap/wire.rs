@@ -5,11 +5,11 @@
 //! snapshot, and say why.
 
 use super::disk::{pages_differing, private_memory, TempDir};
-use pagewise::snap::live::{live_snapshot, Destination, LiveOptions};
-use pagewise::snap::wire::WireError;
-use pagewise::snap::wire::{Compression, Event, Received, Receiver, Sender};
-use pagewise::snap::DiskStore;
 use pagewise::{PageRange, Region, PAGE_SIZE};
+use pagewise_snap::live::{live_snapshot, Destination, LiveOptions};
+use pagewise_snap::wire::WireError;
+use pagewise_snap::wire::{Compression, Event, Received, Receiver, Sender};
+use pagewise_snap::DiskStore;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::thread::JoinHandle;
@@ -35,7 +35,7 @@ fn receiver(
 }
 
 fn uffd_wp_or_skip() -> bool {
-    if let Err(why) = pagewise::track::BackendKind::UffdWp.available_for_pid() {
+    if let Err(why) = pagewise_track::BackendKind::UffdWp.available_for_pid() {
         pagewise_testkit::skip!("{why}");
         return false;
     }
@@ -123,7 +123,7 @@ impl Destination for BreakAfter {
         &mut self,
         regions: &[(Region, Vec<u8>)],
         changed: &[PageRange],
-    ) -> pagewise::snap::Result<()> {
+    ) -> pagewise_snap::Result<()> {
         if self.passes == 0 {
             self.tx = None;
             return Err(pagewise::MechError::os(
@@ -140,7 +140,7 @@ impl Destination for BreakAfter {
         _: &[(Region, Vec<u8>)],
         _: i32,
         _: &str,
-    ) -> pagewise::snap::Result<pagewise::snap::SaveStats> {
+    ) -> pagewise_snap::Result<pagewise_snap::SaveStats> {
         unreachable!("broken off before")
     }
 }
@@ -240,7 +240,7 @@ fn damaged_pages_and_strangers_are_refused() {
     assert!(ok.contains(&b'K') && ok.contains(&b'A'), "{ok:?}");
     let mut s = TcpStream::connect(&addr).unwrap();
     let mut m = Vec::new();
-    for v in [pagewise::snap::wire::MAGIC, 99, 0] {
+    for v in [pagewise_snap::wire::MAGIC, 99, 0] {
         m.extend_from_slice(&v.to_le_bytes());
     }
     s.write_all(&m).unwrap();
@@ -337,10 +337,7 @@ fn concurrent_receiver(rx: Receiver, conns: usize) -> (String, Served) {
 }
 
 /// One page migrated by hand through a `Sender` (no process needed).
-fn send_one_page(
-    addr: &str,
-    key: Option<&pagewise::snap::wire::Key>,
-) -> pagewise::snap::Result<u64> {
+fn send_one_page(addr: &str, key: Option<&pagewise_snap::wire::Key>) -> pagewise_snap::Result<u64> {
     let mut tx = Sender::connect_with(addr, Compression::None, key)?;
     let r = Region::new(0x10000, PAGE_SIZE as u64).unwrap();
     let page = vec![0x3cu8; PAGE_SIZE];
@@ -360,7 +357,7 @@ fn send_one_page(
 /// sender without one, or with another, is refused and stores nothing.
 #[test]
 fn a_receiver_with_a_key_refuses_forged_senders() {
-    use pagewise::snap::wire::Key;
+    use pagewise_snap::wire::Key;
     let dir = TempDir::new("wire-key");
     let key = Key::from_bytes(b"0123456789abcdef-shared").unwrap();
     let other = Key::from_bytes(b"0123456789abcdef-forged").unwrap();
@@ -371,7 +368,7 @@ fn a_receiver_with_a_key_refuses_forged_senders() {
     assert!(
         matches!(
             e,
-            pagewise::snap::Error::Wire(WireError::KeyMismatch {
+            pagewise_snap::Error::Wire(WireError::KeyMismatch {
                 we_have_key: false,
                 ..
             })
@@ -381,7 +378,7 @@ fn a_receiver_with_a_key_refuses_forged_senders() {
     let e = send_one_page(&addr, Some(&other)).unwrap_err();
     assert!(
         // The receiver's own words, sent back.
-        matches!(&e, pagewise::snap::Error::Wire(WireError::Refused { reason, .. })
+        matches!(&e, pagewise_snap::Error::Wire(WireError::Refused { reason, .. })
             if reason.contains("authentication tag")),
         "{e}"
     );
@@ -409,7 +406,7 @@ fn a_receiver_with_a_key_refuses_forged_senders() {
     assert!(
         matches!(
             e,
-            pagewise::snap::Error::Wire(WireError::KeyMismatch {
+            pagewise_snap::Error::Wire(WireError::KeyMismatch {
                 we_have_key: true,
                 ..
             })
@@ -437,7 +434,7 @@ fn slow_and_greedy_peers_are_bounded() {
         let mut s = TcpStream::connect(&slow_addr).unwrap();
         let m = hello();
         s.write_all(&m).unwrap();
-        let mut reply = [0u8; pagewise::snap::wire::REPLY_LEN];
+        let mut reply = [0u8; pagewise_snap::wire::REPLY_LEN];
         s.read_exact(&mut reply).unwrap();
         s.write_all(b"B").unwrap();
         for _ in 0..100 {
@@ -513,11 +510,11 @@ fn memory_is_capped_for_the_receiver_as_a_whole() {
     let mut a = TcpStream::connect(&addr).unwrap();
     a.write_all(&regions(256 * MIB)).unwrap();
     let before = rss();
-    let chunk = pagewise::snap::wire::MAX_CHUNK_PAGES as u64;
+    let chunk = pagewise_snap::wire::MAX_CHUNK_PAGES as u64;
     let mut m = Vec::new();
     for i in 0..(256 * MIB / PAGE_SIZE as u64 / chunk) {
         m.push(b'P');
-        m.push(pagewise::snap::wire::ENC_ZERO);
+        m.push(pagewise_snap::wire::ENC_ZERO);
         m.extend_from_slice(&[0, 0]);
         m.extend_from_slice(&(chunk as u32).to_le_bytes());
         m.extend_from_slice(&(0x1000_0000 + i * chunk * PAGE_SIZE as u64).to_le_bytes());
@@ -533,7 +530,7 @@ fn memory_is_capped_for_the_receiver_as_a_whole() {
     a.write_all(&0u32.to_le_bytes()).unwrap();
     a.write_all(b"D").unwrap();
     let mut complete = [0u8; 9];
-    let mut reply = [0u8; pagewise::snap::wire::REPLY_LEN];
+    let mut reply = [0u8; pagewise_snap::wire::REPLY_LEN];
     a.read_exact(&mut reply).unwrap();
     a.read_exact(&mut complete).unwrap();
     assert_eq!(complete[0], b'K', "the copy is complete");
@@ -562,14 +559,10 @@ fn memory_is_capped_for_the_receiver_as_a_whole() {
 /// A sender's hello of this version, without a key.
 fn hello() -> Vec<u8> {
     let mut m = Vec::new();
-    for v in [
-        pagewise::snap::wire::MAGIC,
-        pagewise::snap::wire::VERSION,
-        0,
-    ] {
+    for v in [pagewise_snap::wire::MAGIC, pagewise_snap::wire::VERSION, 0] {
         m.extend_from_slice(&v.to_le_bytes());
     }
-    m.extend_from_slice(&[7u8; pagewise::snap::wire::NONCE_LEN]);
+    m.extend_from_slice(&[7u8; pagewise_snap::wire::NONCE_LEN]);
     m
 }
 
@@ -582,16 +575,16 @@ fn hello() -> Vec<u8> {
 fn trickling_peers_are_cut_inside_a_message() {
     let dir = TempDir::new("wire-trickle");
     let mut rx = Receiver::new(DiskStore::create(&dir.0, true).unwrap())
-        .with_key(pagewise::snap::wire::Key::from_bytes(b"0123456789abcdef-shared").unwrap());
+        .with_key(pagewise_snap::wire::Key::from_bytes(b"0123456789abcdef-shared").unwrap());
     rx.idle = std::time::Duration::from_secs(1);
     rx.max_time = std::time::Duration::from_secs(2);
     let (addr, h) = concurrent_receiver(rx, 1);
     let t0 = std::time::Instant::now();
     let mut s = TcpStream::connect(&addr).unwrap();
     let mut m = hello();
-    m[8..12].copy_from_slice(&pagewise::snap::wire::FLAG_AUTH.to_le_bytes());
+    m[8..12].copy_from_slice(&pagewise_snap::wire::FLAG_AUTH.to_le_bytes());
     s.write_all(&m).unwrap();
-    let mut reply = [0u8; pagewise::snap::wire::REPLY_LEN];
+    let mut reply = [0u8; pagewise_snap::wire::REPLY_LEN];
     s.read_exact(&mut reply).unwrap();
     // What the store holds is not told before the key is shown.
     assert_eq!(u64::from_le_bytes(reply[12..20].try_into().unwrap()), 0);

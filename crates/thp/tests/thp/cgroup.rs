@@ -88,7 +88,7 @@ fn cgroup(what: &str, limit: u64) -> Option<pagewise_mech::cgroup::MemoryCgroup>
 fn a_cgroup_near_its_limit_is_pressure_and_khugepaged_is_put_back() {
     // Its memory would be inherited by another test's target.
     let _one = common::one_target_at_a_time();
-    use pagewise::thp::agent::{Pressure, Recovery, MAX_PTES_NONE};
+    use pagewise_thp::agent::{Pressure, Recovery, MAX_PTES_NONE};
     if !available() {
         return;
     }
@@ -147,7 +147,7 @@ fn a_cgroup_near_its_limit_is_pressure_and_khugepaged_is_put_back() {
 /// the cgroup's charge falls by about as much, without waiting for reclaim.
 #[test]
 fn recovered_bloat_is_uncharged_from_the_cgroup_at_once() {
-    use pagewise::thp::agent::{Pressure, Recovery};
+    use pagewise_thp::agent::{Pressure, Recovery};
     let _one = common::one_target_at_a_time();
     if !available() {
         return;

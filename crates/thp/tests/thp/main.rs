@@ -8,10 +8,10 @@
 mod cgroup;
 use pagewise_testkit::targets as common;
 
-use pagewise::thp::agent::{Action, Agent, Budget, Options, Policy};
-use pagewise::workload::AnonMemory;
 use pagewise::{HUGE_PAGE_SIZE, PAGE_SIZE};
 use pagewise_mech::agent::Agent as _;
+use pagewise_mech::workload::AnonMemory;
+use pagewise_thp::agent::{Action, Agent, Budget, Options, Policy};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -178,7 +178,7 @@ impl Drop for Target {
 }
 
 fn available() -> bool {
-    let p = pagewise::probe::get();
+    let p = pagewise_mech::probe::get();
     for (ok, what) in [
         (p.madv_collapse, "madv_collapse"),
         (p.process_madvise, "process_madvise"),
@@ -188,7 +188,7 @@ fn available() -> bool {
             return false;
         }
     }
-    if let Err(why) = pagewise::track::BackendKind::UffdWp.available_for_pid() {
+    if let Err(why) = pagewise_track::BackendKind::UffdWp.available_for_pid() {
         pagewise_testkit::skip!("{why}");
         return false;
     }
@@ -320,7 +320,7 @@ fn promotes_by_coverage_within_the_budget_and_loses_no_write() {
         std::thread::sleep(Duration::from_millis(100));
         let n = t.check();
         assert_eq!(n, 2048);
-        assert!(pagewise::agent::exposition(&agent).contains("pagewise_thp_promoted_total 2.0"));
+        assert!(pagewise_agent::exposition(&agent).contains("pagewise_thp_promoted_total 2.0"));
     }
 }
 
@@ -614,8 +614,8 @@ fn bloat_recovery_loses_no_write_of_concurrent_writers() {
         return;
     }
     let opts = recovery_only(
-        pagewise::thp::agent::Recovery::default()
-            .when(pagewise::thp::agent::Pressure::Always)
+        pagewise_thp::agent::Recovery::default()
+            .when(pagewise_thp::agent::Pressure::Always)
             .zero_pages(256)
             .tune_khugepaged(false)
             .hold(Duration::ZERO),
@@ -690,7 +690,7 @@ fn bloat_recovery_loses_no_write_of_concurrent_writers() {
 fn prezeroing_runs_ahead_and_loses_no_write() {
     // Its memory would be inherited by another test's target.
     let _one = common::one_target_at_a_time();
-    use pagewise::thp::prezero::{PrezeroOptions, Prezeroer};
+    use pagewise_thp::prezero::{PrezeroOptions, Prezeroer};
     let mem = AnonMemory::new(32 * HUGE_PAGE_SIZE).unwrap();
     if mem.madvise(0, mem.len(), 14 /* MADV_HUGEPAGE */).is_err() {
         pagewise_testkit::not_happened!("MADV_HUGEPAGE refused");
@@ -777,7 +777,7 @@ fn prezeroing_runs_ahead_and_loses_no_write() {
 
 /// An agent that only recovers bloat (address order, no huge page to
 /// promote: no coverage is measured).
-fn recovery_only(recovery: pagewise::thp::agent::Recovery) -> Options {
+fn recovery_only(recovery: pagewise_thp::agent::Recovery) -> Options {
     Options::default()
         .interval(Duration::from_millis(100))
         .window(Duration::from_millis(10))

@@ -11,10 +11,10 @@ use pagewise_testkit::targets as common;
 mod outside;
 
 use common::for_each_backend;
-use pagewise::track::{BackendKind, Collection, DirtyTracker};
-use pagewise::workload::{AnonMemory, Rng};
 use pagewise::PAGE_SIZE;
 use pagewise_mech::procfs;
+use pagewise_mech::workload::{AnonMemory, Rng};
+use pagewise_track::{BackendKind, Collection, DirtyTracker};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -397,7 +397,7 @@ fn program_changing_protections() {
 }
 
 fn thp_available() -> Result<(), String> {
-    let p = pagewise::probe::get();
+    let p = pagewise_mech::probe::get();
     if p.thp_mode.is_empty() || p.thp_mode == "never" {
         return Err(format!("THP not enabled: {}", p.why("thp")));
     }
@@ -517,7 +517,7 @@ fn wait_for(what: &str, secs: u64, mut f: impl FnMut() -> bool) -> bool {
 
 #[test]
 fn ksm_merging() {
-    let p = pagewise::probe::get();
+    let p = pagewise_mech::probe::get();
     if !p.ksm || !p.memory_merge {
         pagewise_testkit::skip!("{} / {}", p.why("ksm"), p.why("ksm.memory_merge"));
         return;
@@ -657,7 +657,7 @@ fn several_regions_and_bad_input() {
     assert!(
         matches!(
             err,
-            pagewise::track::Error::Mech(pagewise::MechError::Overlap { a_start, b_start, .. })
+            pagewise_track::Error::Mech(pagewise::MechError::Overlap { a_start, b_start, .. })
                 if a_start == r.start && b_start == r.start
         ),
         "{err}"
@@ -700,7 +700,7 @@ fn memory_types() {
                     assert!(
                         matches!(
                             e,
-                            pagewise::track::Error::Mech(pagewise::MechError::MemoryType {
+                            pagewise_track::Error::Mech(pagewise::MechError::MemoryType {
                                 kind: k,
                                 ..
                             }) if k == mk.name()
@@ -773,7 +773,7 @@ fn a_second_tracker_over_the_same_memory_says_who_holds_it() {
     assert_eq!(e.errno(), libc::EBUSY, "{e}");
     let r = mem.region();
     assert!(
-        matches!(e, pagewise::track::Error::HeldElsewhere { start, end } if start == r.start && end == r.end()),
+        matches!(e, pagewise_track::Error::HeldElsewhere { start, end } if start == r.start && end == r.end()),
         "{e}"
     );
     drop(first);

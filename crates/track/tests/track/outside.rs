@@ -126,7 +126,7 @@ fn uffd_wp_from_outside_leaves_no_trace() {
     assert!(
         matches!(
             e,
-            pagewise::track::Error::Mech(pagewise::MechError::Refused(pagewise_mech::stop::Refusal::JobStopped { pid, .. })) if pid == w.pid
+            pagewise_track::Error::Mech(pagewise::MechError::Refused(pagewise_mech::stop::Refusal::JobStopped { pid, .. })) if pid == w.pid
         ),
         "{e:?}"
     );
@@ -281,7 +281,7 @@ fn uffd_wp_from_outside_ksm() {
     if !outside_possible() {
         return;
     }
-    let p = pagewise::probe::get();
+    let p = pagewise_mech::probe::get();
     if !p.ksm {
         pagewise_testkit::skip!("{}", p.why("ksm"));
         return;
@@ -376,7 +376,7 @@ fn a_traced_or_seccomp_target_falls_back_to_hash() {
         let e = DirtyTracker::for_process(s.pid, BackendKind::UffdWp).unwrap_err();
         use pagewise::Refusal;
         let refused_for_it = match &e {
-            pagewise::track::Error::Mech(pagewise::MechError::Refused(r)) => match r {
+            pagewise_track::Error::Mech(pagewise::MechError::Refused(r)) => match r {
                 Refusal::Traced { pid, .. } => case == "traced" && *pid == s.pid,
                 Refusal::Seccomp { pid, .. } => case == "seccomp" && *pid == s.pid,
                 _ => false,
@@ -433,7 +433,7 @@ fn uffd_wp_from_outside_exec_is_a_clear_end() {
             .and_then(|_| t.collect().map(|_| ()))
             .unwrap_err();
         assert!(
-            matches!(e, pagewise::track::Error::Mech(pagewise::MechError::ProgramReplaced(p)) if p == s.pid),
+            matches!(e, pagewise_track::Error::Mech(pagewise::MechError::ProgramReplaced(p)) if p == s.pid),
             "collection {i} after exec: {e:?}"
         );
     }
@@ -501,7 +501,7 @@ fn uffd_wp_from_outside_follows_the_process() {
     assert!(
         matches!(
             e,
-            Err(pagewise::track::Error::Mech(
+            Err(pagewise_track::Error::Mech(
                 pagewise::MechError::ProcessExited(_)
             ))
         ),
@@ -515,7 +515,7 @@ fn uffd_wp_from_outside_follows_the_process() {
 /// walk resumed at `walk_end` reported runs twice).
 #[test]
 fn fragmented_memory_is_walked_once() {
-    let p = pagewise::probe::get();
+    let p = pagewise_mech::probe::get();
     if !p.pagemap_scan {
         pagewise_testkit::skip!("{}", p.why("pagemap_scan"));
         return;
@@ -550,7 +550,7 @@ fn fragmented_memory_is_walked_once() {
         .map(|r| (r.end - r.start) / PAGE_SIZE as u64)
         .sum();
     assert_eq!(pages, (PAGES / 2) as u64);
-    if pagewise::track::BackendKind::UffdWp
+    if pagewise_track::BackendKind::UffdWp
         .available_in_process()
         .is_err()
     {

@@ -12,8 +12,8 @@ use super::*;
 #[test]
 fn incremental_snapshots_of_a_process_are_exact() {
     let _one = crate::common::one_target_at_a_time();
-    use pagewise::snap::remote::Incremental;
-    if let Err(why) = pagewise::track::BackendKind::UffdWp.available_for_pid() {
+    use pagewise_snap::remote::Incremental;
+    if let Err(why) = pagewise_track::BackendKind::UffdWp.available_for_pid() {
         pagewise_testkit::skip!("{why}");
         return;
     }
@@ -101,8 +101,8 @@ fn incremental_snapshots_of_a_process_are_exact() {
 #[test]
 fn live_checkpoint_holds_the_memory_at_the_stop() {
     let _one = crate::common::one_target_at_a_time();
-    use pagewise::snap::live::{live_snapshot, LiveOptions, StoreSeries};
-    if let Err(why) = pagewise::track::BackendKind::UffdWp.available_for_pid() {
+    use pagewise_snap::live::{live_snapshot, LiveOptions, StoreSeries};
+    if let Err(why) = pagewise_track::BackendKind::UffdWp.available_for_pid() {
         pagewise_testkit::skip!("{why}");
         return;
     }
@@ -153,8 +153,8 @@ fn live_checkpoint_holds_the_memory_at_the_stop() {
 #[test]
 fn live_checkpoint_that_cannot_converge() {
     let _one = crate::common::one_target_at_a_time();
-    use pagewise::snap::live::{live_snapshot, LiveOptions, StoreSeries};
-    if let Err(why) = pagewise::track::BackendKind::UffdWp.available_for_pid() {
+    use pagewise_snap::live::{live_snapshot, LiveOptions, StoreSeries};
+    if let Err(why) = pagewise_track::BackendKind::UffdWp.available_for_pid() {
         pagewise_testkit::skip!("{why}");
         return;
     }

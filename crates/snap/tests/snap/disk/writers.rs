@@ -3,7 +3,7 @@
 //! concurrent appends keep every snapshot, two creators leave one store.
 
 use super::*;
-use pagewise::snap::StoreError;
+use pagewise_snap::StoreError;
 
 /// Child half of `killed_saves_leave_earlier_snapshots_loadable`, which
 /// runs it (with `--ignored`) in a process of its own: saves snapshots into
@@ -91,7 +91,7 @@ fn one_writer_at_a_time() {
     let first = DiskStore::create(&dir.0, true).unwrap();
     let e = DiskStore::create(&dir.0, true).unwrap_err();
     assert!(
-        matches!(e, pagewise::snap::Error::Store(StoreError::Locked { .. })),
+        matches!(e, pagewise_snap::Error::Store(StoreError::Locked { .. })),
         "{e:?}"
     );
     let e = e.to_string();
@@ -128,10 +128,7 @@ fn concurrent_appends_keep_every_snapshot() {
                         }
                         Err(e) => {
                             assert!(
-                                matches!(
-                                    e,
-                                    pagewise::snap::Error::Store(StoreError::Locked { .. })
-                                ),
+                                matches!(e, pagewise_snap::Error::Store(StoreError::Locked { .. })),
                                 "{e:?}"
                             );
                             refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -178,7 +175,7 @@ fn two_creators_of_one_store_leave_one_complete_store() {
         for t in threads {
             match t.join().unwrap() {
                 Ok(()) => opened += 1,
-                Err(pagewise::snap::Error::Store(StoreError::Locked { .. })) => {}
+                Err(pagewise_snap::Error::Store(StoreError::Locked { .. })) => {}
                 Err(e) => panic!("round {round}: a creator failed: {e}"),
             }
         }
