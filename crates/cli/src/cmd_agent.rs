@@ -8,9 +8,7 @@
 use crate::stop::Stop;
 use anyhow::Result;
 use pagewise::agent::node::{self, Config, Node, Selection};
-use pagewise::agent::{Agent as _, Cadence};
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
 
 #[derive(clap::Args)]
 #[command(after_help = "The configuration (TOML), with its defaults:
@@ -71,48 +69,29 @@ pub fn run(a: Args) -> Result<i32> {
         }
         return Ok(0);
     }
-    let t0 = Instant::now();
-    // Answering first: /healthz and /metrics from start-up on, before the
-    // agents are made (the walk cost is measured, KSM claimed).
-    let (published, _endpoint) = node::answer(&c, t0)?;
-    if !a.json {
-        eprintln!(
-            "pagewise: agent answering at http://{}/metrics and /healthz",
-            c.listen
-        );
-    }
-    let walk_ns = match (c.thp.enabled, c.thp.walk_ns) {
-        (_, Some(w)) => w,
-        (false, None) => pagewise::agent::walk_cost::WALK_DEFAULT_NS,
-        (true, None) => match crate::agent_loop::walk_cost(&stop) {
-            Some(w) => w,
-            None => {
-                eprintln!("pagewise: agent stopped before its first step");
-                crate::agent_loop::say_put_back();
-                return Ok(stop.status().unwrap_or(0));
-            }
-        },
+    // The endpoint answers from start-up on, before the agents are made
+    // (the walk cost is measured, KSM claimed).
+    let walk = |c: &Config| {
+        c.walk_ns_known(None)
+            .or_else(|| crate::agent_loop::walk_cost(&stop))
     };
-    let mut n = Node::new(&c, walk_ns, t0)?;
-    let cadence = Cadence::default()
-        .interval(Duration::from_millis(c.interval_ms))
-        .steps(a.steps)
-        .metrics_file(c.metrics_file.clone())
-        .published(Some(published));
-    say_notes(&mut n, a.json);
-    pagewise::agent::drive(&mut n, &cadence, &stop, None, |n, step| {
-        say_notes(n, a.json);
-        if a.json {
-            println!("{}", crate::json::line(&step)?);
+    let made = node::run(&c, a.steps, &stop, walk, |n, step| {
+        match step {
+            None if !a.json => eprintln!(
+                "pagewise: agent answering at http://{}/metrics and /healthz",
+                c.listen
+            ),
+            Some(step) if a.json => println!("{}", crate::json::line(&step)?),
+            _ => {}
         }
+        say_notes(n, a.json);
         Ok::<_, anyhow::Error>(std::ops::ControlFlow::Continue(()))
     })?;
-    // What must not outlive the agent is taken back; settings are put
-    // back as the agents are dropped.
-    n.end();
-    let steps = n.steps();
-    drop(n);
-    eprintln!("pagewise: agent stopped after {steps} steps");
+    // The agents were ended and their settings put back.
+    match made {
+        Some(steps) => eprintln!("pagewise: agent stopped after {steps} steps"),
+        None => eprintln!("pagewise: agent stopped before its first step"),
+    }
     crate::agent_loop::say_put_back();
     Ok(stop.status().unwrap_or(0))
 }

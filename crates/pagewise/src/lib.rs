@@ -73,9 +73,7 @@ pub mod agent {
     }
     /// The node agent (`pagewise agent --config FILE`).
     pub mod node {
-        pub use pagewise_agent::node::{
-            answer, describe, run_steps, Config, Node, Selection, Step,
-        };
+        pub use pagewise_agent::node::{describe, run, run_steps, Config, Node, Selection, Step};
     }
     /// System settings changed for a run, journaled first and put back when
     /// the run ends, fails or is killed.

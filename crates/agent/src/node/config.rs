@@ -172,6 +172,17 @@ fn yes() -> bool {
 }
 
 impl Config {
+    /// What a page walk costs for a run, where it needs no measuring:
+    /// `given` (the caller's), else the configuration's `thp.walk_ns`,
+    /// else [`WALK_DEFAULT_NS`](crate::walk_cost::WALK_DEFAULT_NS) when the
+    /// huge-page agent is off (nothing ranks by it). `None`: measure it
+    /// ([`crate::walk_cost::measure`]).
+    pub fn walk_ns_known(&self, given: Option<f64>) -> Option<f64> {
+        given
+            .or(self.thp.walk_ns)
+            .or((!self.thp.enabled).then_some(crate::walk_cost::WALK_DEFAULT_NS))
+    }
+
     /// Reads and checks the configuration at `path`.
     pub fn read(path: &Path) -> Result<Config> {
         use std::io::Read;

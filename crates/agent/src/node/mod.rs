@@ -39,6 +39,7 @@ use pagewise_mech::container::Member;
 use pagewise_mech::procfs::{self, TaskCensus};
 use pagewise_mech::ErrorClass;
 use pagewise_thp::agent as thp;
+use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
 /// Steps between two reads of the node's processes for newcomers when no
@@ -107,11 +108,49 @@ pub fn answer(config: &Config, t0: Instant) -> pagewise_mech::Result<(Published,
     Ok((published, endpoint))
 }
 
-/// Runs the node agent of `config` for `steps` steps, for the bindings:
-/// its endpoint answers from the start, each step is handed to `on_step`,
-/// and the agents are ended and their settings put back before it
-/// returns, whatever happened. `walk_ns` is what a page walk costs here
-/// (else the configuration's, else measured: [`crate::walk_cost`]).
+/// One run of the node agent of `config`, as the tool and the bindings
+/// make it: its endpoint answers from the start; then `walk_ns` says what
+/// a page walk costs (see [`Config::walk_ns_known`]; `None`: interrupted,
+/// the run ends before its first step); the agents are made and `on`
+/// hears of them once (`None`) and of each step after; it steps until
+/// `steps`, `interrupt` or `on` ends it; the agents are ended and their
+/// settings put back before it returns, whatever happened. Returns the
+/// steps made (`None`: ended before the agents were made).
+pub fn run<E: From<pagewise_mech::Error>>(
+    config: &Config,
+    steps: Option<u64>,
+    interrupt: &dyn crate::Interrupt,
+    walk_ns: impl FnOnce(&Config) -> Option<f64>,
+    mut on: impl FnMut(&mut Node, Option<Step>) -> Result<ControlFlow<()>, E>,
+) -> Result<Option<u64>, E> {
+    let t0 = Instant::now();
+    let (published, _endpoint) = answer(config, t0)?;
+    let Some(walk) = walk_ns(config) else {
+        return Ok(None);
+    };
+    let mut node = Node::new(config, walk, t0)?;
+    let cadence = crate::Cadence::default()
+        .interval(Duration::from_millis(config.interval_ms))
+        .steps(steps)
+        .metrics_file(config.metrics_file.clone())
+        .published(Some(published));
+    let ended = match on(&mut node, None) {
+        Ok(ControlFlow::Break(())) => Ok(crate::Ended::ReportDone),
+        Ok(ControlFlow::Continue(())) => {
+            crate::drive(&mut node, &cadence, interrupt, None, |n, s| on(n, Some(s)))
+        }
+        Err(e) => Err(e),
+    };
+    node.end();
+    let made = node.steps();
+    drop(node);
+    ended.map(|_| Some(made))
+}
+
+/// Runs the node agent of `config` for `steps` steps, for the bindings
+/// ([`run`], never interrupted): each step is handed to `on_step`.
+/// `walk_ns` is what a page walk costs here (else as
+/// [`Config::walk_ns_known`] says, else measured: [`crate::walk_cost`]).
 /// Returns the steps made.
 pub fn run_steps(
     config: &Config,
@@ -119,33 +158,26 @@ pub fn run_steps(
     walk_ns: Option<f64>,
     mut on_step: impl FnMut(&Step),
 ) -> pagewise_mech::Result<u64> {
-    let t0 = Instant::now();
-    let (published, _endpoint) = answer(config, t0)?;
-    let walk = walk_ns.or(config.thp.walk_ns).unwrap_or_else(|| {
-        crate::walk_cost::measure(&crate::Uninterrupted)
-            .ns()
-            .unwrap_or(crate::walk_cost::WALK_DEFAULT_NS)
-    });
-    let mut node = Node::new(config, walk, t0)?;
-    let cadence = crate::Cadence::default()
-        .interval(Duration::from_millis(config.interval_ms))
-        .steps(Some(steps))
-        .metrics_file(config.metrics_file.clone())
-        .published(Some(published));
-    let ended = crate::drive(&mut node, &cadence, &crate::Uninterrupted, None, |_, s| {
-        on_step(&s);
-        Ok::<_, pagewise_mech::Error>(std::ops::ControlFlow::Continue(()))
-    });
-    node.end();
-    let made = node.steps();
-    drop(node);
-    ended.map(|_| made)
+    let walk = |c: &Config| {
+        Some(c.walk_ns_known(walk_ns).unwrap_or_else(|| {
+            crate::walk_cost::measure(&crate::Uninterrupted)
+                .ns()
+                .unwrap_or(crate::walk_cost::WALK_DEFAULT_NS)
+        }))
+    };
+    let made = run(config, Some(steps), &crate::Uninterrupted, walk, |_, s| {
+        if let Some(s) = s {
+            on_step(&s);
+        }
+        Ok::<_, pagewise_mech::Error>(ControlFlow::Continue(()))
+    })?;
+    Ok(made.unwrap_or(0))
 }
 
 impl Node {
     /// The agents `config` asks for, started at `t0`; `walk_ns` is what a
-    /// page walk costs here (`config.thp.walk_ns` where given, else
-    /// measured by the caller: `thp::calibrate_walk_cost`).
+    /// page walk costs here ([`Config::walk_ns_known`], else measured by
+    /// the caller: [`crate::walk_cost::measure`]).
     pub fn new(config: &Config, walk_ns: f64, t0: Instant) -> pagewise_mech::Result<Node> {
         let mut notes = Vec::new();
         let mut waiting = None;
