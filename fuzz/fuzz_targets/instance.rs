@@ -1,3 +1,3 @@
-//! libFuzzer's entry to the target `instance` (`crates/fuzz/src/targets/instance.rs`).
+//! libFuzzer's entry to the target `instance` (`crates/beside/fuzz/src/targets/instance.rs`).
 #![no_main]
 pagewise_fuzz::libfuzzer_main!("instance");

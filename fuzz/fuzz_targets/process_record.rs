@@ -1,3 +1,3 @@
-//! libFuzzer's entry to the target `process-record` (`crates/fuzz/src/targets/process_record.rs`).
+//! libFuzzer's entry to the target `process-record` (`crates/beside/fuzz/src/targets/process_record.rs`).
 #![no_main]
 pagewise_fuzz::libfuzzer_main!("process-record");

@@ -1,3 +1,3 @@
-//! libFuzzer's entry to the target `shim-hello` (`crates/fuzz/src/targets/shim_hello.rs`).
+//! libFuzzer's entry to the target `shim-hello` (`crates/beside/fuzz/src/targets/shim_hello.rs`).
 #![no_main]
 pagewise_fuzz::libfuzzer_main!("shim-hello");

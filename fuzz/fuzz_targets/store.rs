@@ -1,3 +1,3 @@
-//! libFuzzer's entry to the target `store` (`crates/fuzz/src/targets/store.rs`).
+//! libFuzzer's entry to the target `store` (`crates/beside/fuzz/src/targets/store.rs`).
 #![no_main]
 pagewise_fuzz::libfuzzer_main!("store");

@@ -1,3 +1,3 @@
-//! libFuzzer's entry to the target `uffd-maker` (`crates/fuzz/src/targets/uffd_maker.rs`).
+//! libFuzzer's entry to the target `uffd-maker` (`crates/beside/fuzz/src/targets/uffd_maker.rs`).
 #![no_main]
 pagewise_fuzz::libfuzzer_main!("uffd-maker");
