@@ -222,15 +222,25 @@ extern "C" fn pagewise_preload_init() {
         shim::note_own_memory(start, len);
     }
     // So is the shim's own zero-filled data (its .bss past the file's last
-    // page, an anonymous mapping of its own): the tracker's and the
-    // agents' statics, written as they work.
+    // page, an anonymous mapping of its own right after the shim's last
+    // writable page of its file): the tracker's and the agents' statics,
+    // written as they work. Found from the shim's file, not from where one
+    // static happens to lie: that one may sit in the file's last page.
     if let Ok(maps) = shim::maps(None) {
-        let at = std::ptr::addr_of!(PREZERO_PID) as u64;
-        if let Some(m) = maps
-            .iter()
-            .find(|m| m.start <= at && at < m.end && m.is_anonymous())
-        {
-            shim::note_own_memory(m.start, m.len());
+        let code = pagewise_preload_init as *const () as u64;
+        let own = maps.iter().find(|m| m.start <= code && code < m.end);
+        let data = own.and_then(|f| {
+            maps.iter()
+                .filter(|m| m.write && m.inode == f.inode && m.path == f.path)
+                .max_by_key(|m| m.end)
+        });
+        if let Some(d) = data {
+            for m in maps
+                .iter()
+                .filter(|m| m.start == d.end && m.write && m.is_anonymous())
+            {
+                shim::note_own_memory(m.start, m.len());
+            }
         }
     }
     #[cfg(target_arch = "x86_64")]
