@@ -111,6 +111,43 @@ fn emulate(start: u64, len: u64) {
     }
 }
 
+/// Gives a mapping the program has just made, and which `emulate` has
+/// just registered, its reverse-map root (`anon_vma`) now, before any
+/// page of it is placed. Natively a read of untouched memory maps the zero
+/// page and leaves a mapping without one; under emulation every first
+/// touch is a userfaultfd fill, which gives one to whatever part of the
+/// mapping it lands in. A mapping the program splits (`mprotect` of part
+/// of it) then had its parts given different roots (each taken from
+/// whichever neighbour was compatible at its first fill), and they never
+/// merged again: the program's next `mremap` over the whole mapping met
+/// `EFAULT` (it spans two mappings). One root for the whole mapping
+/// before any split keeps its parts mergeable, as natively. A move of
+/// its first page, a hole, onto its second, with holes allowed, moves
+/// nothing and makes the kernel give the mapping its root
+/// (`UFFDIO_MOVE` prepares both mappings first). A mapping of one page
+/// cannot be split, and is left alone.
+fn give_root(start: u64, len: u64) {
+    let raw = UFFD.load(Ordering::Relaxed);
+    if raw < 0 || page_up(len) < 2 * PAGE_SIZE as u64 {
+        return;
+    }
+    // SAFETY: as in `emulate`.
+    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(raw) };
+    // SAFETY: a mapping the program's call has just made and whose
+    // address it has not been given yet: both pages are holes, so with
+    // holes allowed nothing moves. A failure (an older kernel) leaves the
+    // mapping as it was.
+    let _ = unsafe {
+        pagewise_sys::uffd::move_pages(
+            fd,
+            start + PAGE_SIZE as u64,
+            start,
+            PAGE_SIZE as u64,
+            pagewise_sys::uffd::MOVE_MODE_ALLOW_SRC_HOLES | pagewise_sys::uffd::MOVE_MODE_DONTWAKE,
+        )
+    };
+}
+
 fn wake_engine() {
     let b = b"d";
     // SAFETY: a one-byte write to the engine's wake pipe.
@@ -516,9 +553,12 @@ extern "C" fn on_sigsys(_: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
                             remember_reserved(start, len);
                         } else {
                             emulate(start, len);
+                            give_root(start, len);
                         }
                     }
                     libc::SYS_mprotect if writable(a[2]) && is_reserved(a[0], a[1]) => {
+                        // No `give_root`: a reservation opened again may
+                        // hold data the program wrote when it was open.
                         emulate(a[0], a[1]);
                     }
                     libc::SYS_mremap => emulate(r as u64, a[2]),

@@ -26,6 +26,22 @@ fn mremap_sequence_keeps_every_byte() {
     }
 }
 
+/// Regression: a mapping split by `mprotect` and put back whole stayed two
+/// mappings under emulation, and the program's `mremap` over the whole met
+/// `EFAULT` (each part first touched by a read, which the engine fills:
+/// each part was given a reverse-map root of its own). Every round of
+/// `farmem_split_merge` failed so; seed 4 of `farmem_mmfuzz` about one
+/// run in a hundred.
+fn a_mapping_split_and_put_back_moves_whole() {
+    need_support!();
+    same_as_native(
+        "split-merge",
+        "farmem_split_merge",
+        &["20"],
+        &[&["--local-pages", "256"], &["--local-pages", "2"]],
+    );
+}
+
 /// Regression: realloc cycles up to 48 MiB and back deadlocked in the
 /// second round (the handler faulted on a staged page it was hashing,
 /// which a stale adoption had moved away).
@@ -652,6 +668,7 @@ pagewise_testkit::per_fault_path!(
     python3_reads_files_larger_than_the_budget,
     real_programs_match_native,
     mremap_sequence_keeps_every_byte,
+    a_mapping_split_and_put_back_moves_whole,
     realloc_cycles_neither_hang_nor_lose_data,
     random_memory_operations_match_native,
     a_failing_handler_stops_the_program,
