@@ -48,7 +48,7 @@
 mod error;
 pub use error::{Error, Result};
 pub use pagewise_mech::Error as MechError;
-pub use pagewise_mech::{ErrorClass, Failure, PageRange, Refusal, Region};
+pub use pagewise_mech::{ErrorClass, Failure, PageRange, Region};
 pub use pagewise_mech::{HUGE_PAGE_SIZE, PAGE_SIZE};
 
 /// Access coverage: which base pages of each 2 MiB region a process touches

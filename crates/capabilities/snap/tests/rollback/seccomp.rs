@@ -107,7 +107,7 @@ fn respected_filters_are_evaluated_and_named() {
     let t = Target::start(&path, &["seccomp", "errno"]);
     let e = pagewise_mech::wp::UffdWp::open_in(t.pid()).unwrap_err();
     match &e {
-        pagewise::MechError::Refused(pagewise::Refusal::Seccomp {
+        pagewise::MechError::Refused(pagewise_mech::Refusal::Seccomp {
             pid, call, answer, ..
         }) => {
             assert_eq!(*pid, t.pid());

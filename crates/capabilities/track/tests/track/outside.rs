@@ -374,7 +374,7 @@ fn a_traced_or_seccomp_target_falls_back_to_hash() {
             ));
         }
         let e = DirtyTracker::for_process(s.pid, BackendKind::UffdWp).unwrap_err();
-        use pagewise::Refusal;
+        use pagewise_mech::Refusal;
         let refused_for_it = match &e {
             pagewise_track::Error::Mech(pagewise::MechError::Refused(r)) => match r {
                 Refusal::Traced { pid, .. } => case == "traced" && *pid == s.pid,
