@@ -74,20 +74,35 @@ fn page_up(x: u64) -> u64 {
     x.next_multiple_of(PAGE_SIZE as u64)
 }
 
-/// Registers `[start, start+len)` and tells the engine. Signal-safe.
-fn emulate(start: u64, len: u64) {
-    let len = page_up(len);
-    if len == 0 {
-        return;
-    }
+/// Whether a mapping is new: just made by the program's call, whose
+/// address the program has not been given yet (see `give_root`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Made {
+    Now,
+    Before,
+}
+
+/// The running engine's userfaultfd, if one runs (-1 in a child after
+/// fork). Signal-safe.
+fn engine_uffd() -> Option<std::os::fd::BorrowedFd<'static>> {
     let raw = UFFD.load(Ordering::Relaxed);
     if raw < 0 {
-        return;
+        return None;
     }
     // SAFETY: UFFD holds the running engine's userfaultfd (set when the
     // engine starts, -1 in a child after fork); the engine keeps it open
     // for the life of the program.
-    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(raw) };
+    Some(unsafe { std::os::fd::BorrowedFd::borrow_raw(raw) })
+}
+
+/// Registers `[start, start+len)` and tells the engine; a mapping made
+/// `Now` is given its reverse-map root too. Signal-safe.
+fn emulate(start: u64, len: u64, made: Made) {
+    let len = page_up(len);
+    if len == 0 {
+        return;
+    }
+    let Some(fd) = engine_uffd() else { return };
     if pagewise_sys::uffd::register(fd, start, len, pagewise_sys::uffd::REGISTER_MODE_MISSING)
         .is_err()
     {
@@ -109,6 +124,9 @@ fn emulate(start: u64, len: u64) {
     if i - TAIL.load(Ordering::Acquire) >= RING / 2 {
         wake_engine();
     }
+    if made == Made::Now {
+        give_root(fd, start, len);
+    }
 }
 
 /// Gives a mapping the program has just made, and which `emulate` has
@@ -126,13 +144,10 @@ fn emulate(start: u64, len: u64) {
 /// nothing and makes the kernel give the mapping its root
 /// (`UFFDIO_MOVE` prepares both mappings first). A mapping of one page
 /// cannot be split, and is left alone.
-fn give_root(start: u64, len: u64) {
-    let raw = UFFD.load(Ordering::Relaxed);
-    if raw < 0 || page_up(len) < 2 * PAGE_SIZE as u64 {
+fn give_root(fd: std::os::fd::BorrowedFd<'_>, start: u64, len: u64) {
+    if len < 2 * PAGE_SIZE as u64 {
         return;
     }
-    // SAFETY: as in `emulate`.
-    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(raw) };
     // SAFETY: a mapping the program's call has just made and whose
     // address it has not been given yet: both pages are holes, so with
     // holes allowed nothing moves. A failure (an older kernel) leaves the
@@ -504,7 +519,7 @@ extern "C" fn on_sigsys(_: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
             if a[0] != 0 && r > old {
                 let (s, e) = (page_up(old as u64), page_up(r as u64));
                 if e > s {
-                    emulate(s, e - s);
+                    emulate(s, e - s, Made::Before);
                 }
             }
             r
@@ -552,16 +567,15 @@ extern "C" fn on_sigsys(_: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
                         } else if !writable(a[2]) {
                             remember_reserved(start, len);
                         } else {
-                            emulate(start, len);
-                            give_root(start, len);
+                            emulate(start, len, Made::Now);
                         }
                     }
                     libc::SYS_mprotect if writable(a[2]) && is_reserved(a[0], a[1]) => {
-                        // No `give_root`: a reservation opened again may
+                        // Not made now: a reservation opened again may
                         // hold data the program wrote when it was open.
-                        emulate(a[0], a[1]);
+                        emulate(a[0], a[1], Made::Before);
                     }
-                    libc::SYS_mremap => emulate(r as u64, a[2]),
+                    libc::SYS_mremap => emulate(r as u64, a[2], Made::Before),
                     _ => {}
                 }
             }
