@@ -67,7 +67,6 @@ fn snapshot_pid_stores_the_known_layout() {
     let dir = temp_dir("snap");
     let when = temp_dir("snap-when");
     let args = known_workload_when(&when);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let (mut wl, addr, len) = spawn_workload(&args);
     let pid = wl.id().to_string();
     // One snapshot before the workload's writes, one after: the second
@@ -275,7 +274,6 @@ fn live_migration_to_a_receiver_stores_the_known_layout() {
     let (mut rx, mut rx_out, addr) = start_receiver(&dir, &[]);
     let when = temp_dir("receive-when");
     let args = known_workload_when(&when);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let (mut wl, start, len) = spawn_workload(&args);
     written(&mut wl, &when);
     let out = ok(Command::new(BIN)

@@ -55,7 +55,6 @@ fn probe_json_has_every_feature() {
 fn track_pid_from_outside_sees_the_known_writes() {
     let when = temp_dir("track-when");
     let args = known_workload_when(&when);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let (mut wl, addr, len) = spawn_workload(&args);
     let pid = wl.id().to_string();
     let mut tr = Command::new(BIN)

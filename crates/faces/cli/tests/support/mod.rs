@@ -101,7 +101,7 @@ pub fn pages_in(
 }
 
 /// Starts the hidden workload; returns it with the region it printed.
-pub fn spawn_workload(args: &[&str]) -> (std::process::Child, u64, u64) {
+pub fn spawn_workload<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> (std::process::Child, u64, u64) {
     let mut wl = Command::new(BIN)
         .args(args)
         .stdout(Stdio::piped())
