@@ -240,6 +240,8 @@ pub struct DiskStore {
     /// Digest → offsets of records with that digest (more than one only after
     /// a digest collision). Only built for writing.
     index: HashMap<PageDigest, Vec<u64>>,
+    /// The pack's length when the save in progress (or given up) began.
+    saving_from: Option<u64>,
     writable: bool,
     verify: bool,
 }

@@ -167,6 +167,7 @@ impl DiskStore {
             manifest,
             _lock: lock,
             index: HashMap::new(),
+            saving_from: None,
             writable,
             verify: true,
         };

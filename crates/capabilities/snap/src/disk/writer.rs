@@ -21,6 +21,17 @@ impl DiskStore {
         if label.len() > MAX_LABEL {
             return Err(StoreError::LabelTooLong { max: MAX_LABEL }.into());
         }
+        // A save given up (a peer that broke off, an error) leaves the
+        // store as it was: its records are neither referenced by this
+        // save nor kept (this one writes over them).
+        if let Some(start) = self.saving_from.take() {
+            self.pack_len = start;
+            self.index.retain(|_, offs| {
+                offs.retain(|&o| o < start);
+                !offs.is_empty()
+            });
+        }
+        self.saving_from = Some(self.pack_len);
         let id = self.manifest.next_id;
         if id == u64::MAX {
             return Err(StoreError::IdsExhausted {
@@ -348,6 +359,7 @@ impl SnapshotWriter<'_> {
         fs::rename(&mtmp, &mpath).map_err(|e| io(&mpath, "renaming into", e))?;
         sync_dir(&self.store.dir)?;
         self.store.manifest = manifest;
+        self.store.saving_from = None;
         self.stats.id = self.id;
         self.stats.pages = self.pages;
         self.stats.index_bytes = b.len() as u64;

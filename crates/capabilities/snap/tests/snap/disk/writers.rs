@@ -196,3 +196,56 @@ fn two_creators_of_one_store_leave_one_complete_store() {
         assert!(leftovers.is_empty(), "half-made stores left: {leftovers:?}");
     }
 }
+
+/// A save given up halfway (its writer dropped unfinished, as a server
+/// does when its peer breaks off) leaves the store as it was: the next
+/// save neither refers to the pages the given-up one wrote nor keeps them,
+/// so the store's pack is that of a store that never heard of it.
+#[test]
+fn a_save_given_up_is_not_kept() {
+    let pages = |fill: u8| -> Vec<Vec<u8>> {
+        (0..8u64)
+            .map(|i| {
+                let mut p = vec![fill; P];
+                p[..8].copy_from_slice(&i.to_le_bytes());
+                p
+            })
+            .collect()
+    };
+    let r = Region::new(0x10000, 8 * P as u64).unwrap();
+    let save = |store: &mut DiskStore, fill: u8| {
+        let mut w = store.writer(&[r], None, "kept").unwrap();
+        for p in pages(fill) {
+            w.push(&p).unwrap();
+        }
+        w.finish().unwrap()
+    };
+    let given_up = TempDir::new("given-up");
+    let mut store = DiskStore::create(&given_up.0, true).unwrap();
+    {
+        let mut w = store.writer(&[r], None, "given up").unwrap();
+        for p in pages(7).iter().take(5) {
+            w.push(p).unwrap();
+        }
+    }
+    // The same pages as the given-up save, and others: all stored anew.
+    let kept = save(&mut store, 7);
+    assert_eq!(kept.pages_new, 8, "no page of the given-up save is referred to");
+    let clean = TempDir::new("never-given-up");
+    let mut other = DiskStore::create(&clean.0, true).unwrap();
+    save(&mut other, 7);
+    assert_eq!(
+        store.stats().unwrap().pack_bytes,
+        other.stats().unwrap().pack_bytes,
+        "the given-up save's records are not kept"
+    );
+    drop(store);
+    let store = DiskStore::open(&given_up.0).unwrap();
+    assert_eq!(store.ids().unwrap(), [kept.id]);
+    let snap = store.load(kept.id).unwrap();
+    let mut buf = vec![0u8; P];
+    for (i, want) in pages(7).iter().enumerate() {
+        store.read_page(snap.entries[i], &mut buf).unwrap();
+        assert!(buf == *want, "page {i} of the kept save");
+    }
+}
