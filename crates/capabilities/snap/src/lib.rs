@@ -31,6 +31,7 @@
 #[macro_use]
 extern crate pagewise_mech;
 
+pub mod criu;
 pub mod disk;
 pub mod extract;
 #[doc(hidden)]

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use crate::mutate::Rng;
 
 mod container_names;
+mod criu_page_server;
 mod instance;
 mod prezero_report;
 mod process_record;
@@ -17,8 +18,9 @@ mod uffd_maker;
 mod wire;
 
 /// The targets' names (those of `corpus/` and of `fuzz/fuzz_targets/`).
-pub const NAMES: [&str; 10] = [
+pub const NAMES: [&str; 11] = [
     "wire",
+    "criu-page-server",
     "track-protocol",
     "shim-hello",
     "prezero-report",
@@ -45,6 +47,7 @@ pub fn open(name: &str, work: &Path) -> Result<Box<dyn Target>> {
     std::fs::create_dir_all(work)?;
     Ok(match name {
         "wire" => Box::new(wire::Wire::new(work)?),
+        "criu-page-server" => Box::new(criu_page_server::CriuPageServer::new(work)?),
         "track-protocol" => Box::new(track_protocol::TrackProtocol),
         "shim-hello" => Box::new(shim_hello::ShimHello),
         "prezero-report" => Box::new(prezero_report::PrezeroReport),

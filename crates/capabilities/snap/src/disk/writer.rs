@@ -176,6 +176,18 @@ impl std::fmt::Debug for SnapshotWriter<'_> {
 }
 
 impl SnapshotWriter<'_> {
+    /// Adds a region after those given to [`DiskStore::writer`], for a
+    /// snapshot whose regions arrive with its pages (a CRIU dump's
+    /// pagemap): its pages are pushed next. A region that starts where
+    /// the last one ends extends it.
+    pub(crate) fn add_region(&mut self, r: Region) {
+        self.pages += r.pages();
+        match self.regions.last_mut() {
+            Some(last) if last.end() == r.start => last.len += r.len,
+            _ => self.regions.push(r),
+        }
+    }
+
     /// Appends the next page (4096 bytes).
     pub fn push(&mut self, page: &[u8]) -> Result<()> {
         let digest = page_digest(page);

@@ -6,6 +6,7 @@
 //! a restore writes exactly the pages that differ.
 
 use pagewise_testkit::targets as common;
+mod criu;
 mod disk;
 mod lazy;
 mod live;
