@@ -57,7 +57,7 @@ bench:
 FAST_TESTS := track farmem inject thp stop settings inspect dedup \
 	shim_contract json_schema header mirrors corpus bpf_differential \
 	special_mappings cow_sharing conventions c_programs farmem_trust \
-	bench_forward snapshot_cli inspect_cli rollback_cli
+	bench_forward snapshot_cli inspect_cli rollback_cli criu_cli
 
 check:
 	$(CARGO) fmt --all --check

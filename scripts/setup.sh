@@ -80,6 +80,41 @@ SRC
     mv "$unpack"/cjson-*/ "$SRC_CACHE/cjson"
     rm -rf "$unpack"
 fi
+# CRIU 4.2, built once per machine outside the clone from the source the
+# project is given (../shared/thirdparty; Debian's criu 3.17 does not run
+# on this kernel): pagewise's page server is tested against CRIU itself
+# (crates/faces/cli/tests/criu_cli.rs; testkit::criu finds it here).
+CRIU_SHA256=28b727b9af07681a8173ea6f2bbadeaf603b03b50881f5ec69020e5ecf205412
+CRIU_DIR="${XDG_CACHE_HOME:-$HOME/.cache}/pagewise/criu-4.2"
+if [ ! -x "$CRIU_DIR/criu/criu" ] && [ "$(id -u)" -eq 0 ]; then
+    root=$(cd "$(dirname "$0")/.." && pwd)
+    tarball=""
+    for d in "${PAGEWISE_THIRDPARTY:-}" "$root/../shared/thirdparty" "$root/../../shared/thirdparty"; do
+        if [ -n "$d" ] && [ -f "$d/criu-4.2.tar.gz" ]; then
+            tarball="$d/criu-4.2.tar.gz"
+            break
+        fi
+    done
+    if [ -z "$tarball" ]; then
+        echo "setup: no criu-4.2.tar.gz (PAGEWISE_THIRDPARTY or ../shared/thirdparty): CRIU's tests will skip" >&2
+    elif ! echo "$CRIU_SHA256  $tarball" | sha256sum -c --quiet -; then
+        echo "setup: $tarball is not CRIU 4.2 as given (sha256 differs)" >&2
+        exit 1
+    else
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+            protobuf-compiler protobuf-c-compiler libprotobuf-dev libprotobuf-c-dev \
+            libnet1-dev libnl-3-dev libcap-dev uuid-dev libbsd-dev libgnutls28-dev \
+            pkg-config build-essential >/dev/null
+        build=$(mktemp -d)
+        tar -xzf "$tarball" -C "$build"
+        make -s -C "$build/criu-4.2" -j"$(nproc)" criu >"$build/build.log" 2>&1 ||
+            { tail -20 "$build/build.log" >&2; exit 1; }
+        mkdir -p "$(dirname "$CRIU_DIR")"
+        rm -rf "$CRIU_DIR"
+        mv "$build/criu-4.2" "$CRIU_DIR"
+        rm -rf "$build"
+    fi
+fi
 # The documentation book's builder, a crate at a pinned version.
 MDBOOK_VERSION=0.4.52
 if ! mdbook --version 2>/dev/null | grep -qx "mdbook v$MDBOOK_VERSION"; then

@@ -6,6 +6,7 @@
 //! passes (it captures only what the print macros write), and returns.
 
 pub mod container;
+pub mod criu;
 pub mod host;
 pub mod servers;
 pub mod targets;

@@ -161,6 +161,10 @@ pub mod snap {
     pub mod extract {
         pub use pagewise_snap::extract::{core, raw, Placed};
     }
+    /// A page server CRIU dumps into: each dump's pages kept in a store.
+    pub mod criu {
+        pub use pagewise_snap::criu::{PageServer, PagemapReceived, Received, Run};
+    }
     /// Live checkpoints with pre-copy (LDT's first use; QEMU's migration loop).
     pub mod live {
         pub use pagewise_snap::live::{

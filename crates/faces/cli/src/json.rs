@@ -36,6 +36,7 @@ pub fn schemas() -> Vec<(&'static str, serde_json::Value)> {
         ("snapshot-extract", schema_for!(cmd_rollback::ExtractOutput)),
         ("snapshot-serve", schema_for!(cmd_rollback::ServeLine)),
         ("receive", schema_for!(cmd_receive::Line<'static>)),
+        ("page-server", schema_for!(cmd_page_server::Line<'static>)),
         ("inspect", schema_for!(cmd_inspect::Output<'static>)),
         ("farmem-run", schema_for!(cmd_farmem::RunOutput<'static>)),
         ("farmem-ls", schema_for!(cmd_farmem::Instances)),

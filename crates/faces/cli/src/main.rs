@@ -10,6 +10,7 @@ mod cmd_farmem;
 mod cmd_farmem_serve;
 mod cmd_generate;
 mod cmd_inspect;
+mod cmd_page_server;
 mod cmd_probe;
 mod cmd_receive;
 mod cmd_report;
@@ -77,6 +78,15 @@ enum Cmd {
     /// one snapshot of the store DIR. A connection that breaks leaves the
     /// store at its last complete snapshot.
     Receive(cmd_receive::Args),
+    /// A page server CRIU dumps into, keeping its pages in a store.
+    ///
+    /// `pagewise page-server --store DIR` listens on loopback (port 27027
+    /// by default, CRIU's own); `criu dump --page-server --address
+    /// 127.0.0.1 --port 27027` then sends it every page of the dump, and
+    /// each distinct page is stored once across dumps, processes and
+    /// containers. Each pagemap of a dump becomes a snapshot of DIR; the
+    /// dump's own pagemap is kept in DIR/criu/dump-N.json.
+    PageServer(cmd_page_server::Args),
     /// Emulate far memory (DiME) for unmodified programs: run, list, set live.
     ///
     /// `pagewise farmem run --local-pages N --latency-ns L --bandwidth-bps B
@@ -155,6 +165,7 @@ fn main() {
         Cmd::Track(a) => cmd_track::run(a),
         Cmd::Snapshot(a) => cmd_snapshot::run(a),
         Cmd::Receive(a) => cmd_receive::run(a),
+        Cmd::PageServer(a) => cmd_page_server::run(a),
         Cmd::Farmem(a) => cmd_farmem::run(a),
         Cmd::Inspect(a) => cmd_inspect::run(a),
         Cmd::Thp(a) => cmd_thp::run(a),

@@ -230,7 +230,10 @@ fn a_save_given_up_is_not_kept() {
     }
     // The same pages as the given-up save, and others: all stored anew.
     let kept = save(&mut store, 7);
-    assert_eq!(kept.pages_new, 8, "no page of the given-up save is referred to");
+    assert_eq!(
+        kept.pages_new, 8,
+        "no page of the given-up save is referred to"
+    );
     let clean = TempDir::new("never-given-up");
     let mut other = DiskStore::create(&clean.0, true).unwrap();
     save(&mut other, 7);
