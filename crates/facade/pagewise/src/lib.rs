@@ -163,7 +163,9 @@ pub mod snap {
     }
     /// A page server CRIU dumps into: each dump's pages kept in a store.
     pub mod criu {
-        pub use pagewise_snap::criu::{PageServer, PagemapReceived, Received, Run};
+        pub use pagewise_snap::criu::{
+            export, Exported, PageServer, PagemapReceived, Received, Run,
+        };
     }
     /// Live checkpoints with pre-copy (LDT's first use; QEMU's migration loop).
     pub mod live {

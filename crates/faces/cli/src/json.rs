@@ -37,6 +37,7 @@ pub fn schemas() -> Vec<(&'static str, serde_json::Value)> {
         ("snapshot-serve", schema_for!(cmd_rollback::ServeLine)),
         ("receive", schema_for!(cmd_receive::Line<'static>)),
         ("page-server", schema_for!(cmd_page_server::Line<'static>)),
+        ("criu-export", schema_for!(cmd_criu::ExportOutput)),
         ("inspect", schema_for!(cmd_inspect::Output<'static>)),
         ("farmem-run", schema_for!(cmd_farmem::RunOutput<'static>)),
         ("farmem-ls", schema_for!(cmd_farmem::Instances)),

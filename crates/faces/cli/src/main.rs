@@ -4,6 +4,7 @@ mod agent_loop;
 mod cmd_afl;
 mod cmd_agent;
 mod cmd_bench;
+mod cmd_criu;
 mod cmd_dedup;
 mod cmd_demo;
 mod cmd_farmem;
@@ -87,6 +88,12 @@ enum Cmd {
     /// containers. Each pagemap of a dump becomes a snapshot of DIR; the
     /// dump's own pagemap is kept in DIR/criu/dump-N.json.
     PageServer(cmd_page_server::Args),
+    /// CRIU's own images out of the dumps `page-server` keeps.
+    ///
+    /// `pagewise criu export STORE DUMP DIR` writes a dump's pagemap and
+    /// pages images, byte for byte what CRIU's own page server writes, for
+    /// `criu restore` to read beside the dump's other images.
+    Criu(cmd_criu::Args),
     /// Emulate far memory (DiME) for unmodified programs: run, list, set live.
     ///
     /// `pagewise farmem run --local-pages N --latency-ns L --bandwidth-bps B
@@ -166,6 +173,7 @@ fn main() {
         Cmd::Snapshot(a) => cmd_snapshot::run(a),
         Cmd::Receive(a) => cmd_receive::run(a),
         Cmd::PageServer(a) => cmd_page_server::run(a),
+        Cmd::Criu(a) => cmd_criu::run(a),
         Cmd::Farmem(a) => cmd_farmem::run(a),
         Cmd::Inspect(a) => cmd_inspect::run(a),
         Cmd::Thp(a) => cmd_thp::run(a),

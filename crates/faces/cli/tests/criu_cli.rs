@@ -43,12 +43,17 @@ impl Drop for Reaped {
 }
 
 /// Starts the target in a session of its own with its streams on files,
-/// as CRIU wants a process it dumps without `--shell-job`.
-fn start_target(dir: &std::path::Path) -> Target {
+/// as CRIU wants a process it dumps without `--shell-job`; on CPU 0 alone
+/// with `pinned` (the kernel writes the CPU a thread runs on into its
+/// `rseq` area: two dumps of one process then agree on it).
+fn start_target(dir: &std::path::Path, pinned: bool) -> Target {
     let prog = c_program("criu_target");
     let out = dir.join("target.out");
     let file = std::fs::File::create(&out).unwrap();
-    let child = Command::new("setsid")
+    let mut c = Command::new("taskset");
+    c.args(["-c", if pinned { "0" } else { "0-1023" }]);
+    let child = c
+        .arg("setsid")
         .arg(prog)
         .stdin(Stdio::null())
         .stdout(file.try_clone().unwrap())
@@ -63,7 +68,11 @@ fn start_target(dir: &std::path::Path) -> Target {
         .take(5)
         .map(|x| x.parse().unwrap())
         .collect();
-    assert_eq!(w[0], u64::from(child.id()), "setsid ran the target itself");
+    assert_eq!(
+        w[0],
+        u64::from(child.id()),
+        "taskset and setsid ran the target itself"
+    );
     Target {
         child,
         out,
@@ -206,7 +215,7 @@ fn criu_dumps_into_the_page_server_page_for_page() {
         .next()
         .unwrap()
         .to_string();
-    let t = start_target(&dir);
+    let t = start_target(&dir, false);
 
     // The first dump: every page stored is the page at its address. The
     // target is stopped (SIGSTOP) for each dump and its comparison: a
@@ -367,4 +376,179 @@ fn another_user_cannot_dump_into_the_page_server() {
     // SIGTERM ends it; its status says a session was refused.
     signal(ps.0.id() as i32, "TERM");
     assert_eq!(ps.0.wait().unwrap().code(), Some(1));
+}
+
+/// Waits (10 s at most) until a socket listens on loopback port `port`,
+/// as /proc/net/tcp lists it: CRIU's page server serves one connection,
+/// so it cannot be probed by connecting.
+fn wait_listening(port: u16) {
+    let t0 = std::time::Instant::now();
+    let want = format!(":{port:04X} ");
+    loop {
+        let tcp = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+        if tcp
+            .lines()
+            .any(|l| l.split_whitespace().nth(3) == Some("0A") && l.contains(&want))
+        {
+            return;
+        }
+        assert!(
+            t0.elapsed().as_secs() < 10,
+            "nothing listens on port {port} after 10 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// The pages images pagewise exports are those CRIU's own page server
+/// writes for the same dump, byte for byte; and `criu restore` brings
+/// the process back from them, its memory as dumped, running.
+#[test]
+fn criu_restores_from_the_images_pagewise_exports() {
+    let criu = match pagewise_testkit::criu::criu4() {
+        Ok(c) => c,
+        Err(why) => return pagewise_testkit::skip!("{why}"),
+    };
+    let dir = temp_dir("criu-export");
+    std::fs::create_dir_all(&dir).unwrap();
+    let t = start_target(&dir, true);
+    signal(t.pid, "STOP");
+    // CRIU's own page server, one session, into own/.
+    let port = pagewise_testkit::servers::free_port().unwrap();
+    let own = dir.join("own");
+    std::fs::create_dir_all(&own).unwrap();
+    let mut theirs = Reaped(
+        Command::new(&criu)
+            .args(["page-server", "--port", &port.to_string(), "-D"])
+            .arg(&own)
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_listening(port);
+    dump(&criu, t.pid, &dir.join("own-img"), &port.to_string());
+    assert!(theirs.0.wait().unwrap().success(), "criu page-server");
+    // pagewise's, then its export.
+    let store_dir = dir.join("store");
+    let mut ps = Reaped(
+        Command::new(BIN)
+            .args([
+                "page-server",
+                "--listen",
+                "127.0.0.1:0",
+                "--once",
+                "--json",
+                "--store",
+            ])
+            .arg(&store_dir)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut out = BufReader::new(ps.0.stdout.take().unwrap());
+    let first = pagewise_testkit::line_within(&mut out, ps.0.id() as i32).unwrap_or_default();
+    let v: serde_json::Value = serde_json::from_str(&first).unwrap();
+    let pw_port = v["listening"]
+        .as_str()
+        .unwrap()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .to_string();
+    let images = dir.join("img");
+    dump(&criu, t.pid, &images, &pw_port);
+    assert_eq!(ps.0.wait().unwrap().code(), Some(0));
+    let exported = dir.join("exported");
+    let o = ok(Command::new(BIN)
+        .args(["criu", "export", "--json"])
+        .arg(&store_dir)
+        .arg("1")
+        .arg(&exported));
+    let e: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let files: Vec<String> = e["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        files,
+        [
+            format!("pagemap-{}.img", t.pid),
+            "pages-65537.img".to_string()
+        ]
+    );
+    for f in &files {
+        let (a, b) = (
+            std::fs::read(own.join(f)).unwrap(),
+            std::fs::read(exported.join(f)).unwrap(),
+        );
+        let first_diff = a.iter().zip(&b).position(|(x, y)| x != y);
+        assert!(
+            a.len() == b.len() && first_diff.is_none(),
+            "{f}: {} bytes from CRIU's page server, {} exported; first difference at {first_diff:?}",
+            a.len(),
+            b.len()
+        );
+    }
+    // The original gone, CRIU restores it from the dump's images and the
+    // exported pages: its memory is the dump's, and it runs on.
+    for f in &files {
+        std::fs::copy(exported.join(f), images.join(f)).unwrap();
+    }
+    let pages = std::fs::read(images.join("pages-65537.img")).unwrap();
+    let pid = t.pid;
+    let out_file = t.out.clone();
+    drop(t);
+    let st = Command::new(&criu)
+        .args(["restore", "-d", "-v4", "-o", "restore.log", "-D"])
+        .arg(&images)
+        .status()
+        .unwrap();
+    let log = std::fs::read_to_string(images.join("restore.log")).unwrap_or_default();
+    let tail: Vec<&str> = log.lines().rev().take(15).collect();
+    assert!(st.success(), "criu restore: {st}; its log ends: {tail:#?}");
+    let restored = Restored(pid);
+    signal(pid, "STOP");
+    let store = DiskStore::open(&store_dir).unwrap();
+    let snap = store.load(1).unwrap();
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    let mut live = vec![0u8; PAGE_SIZE];
+    // The kernel writes a thread's `struct rseq` (32 bytes, 32-aligned:
+    // the CPU it runs on, its concurrency id) as it runs: the restored
+    // thread's may differ there, in one such window of one page, and
+    // nowhere else.
+    let (mut differ, mut rseq_like) = (Vec::new(), 0);
+    for i in 0..snap.pages() {
+        let addr = snap.address_of(i).unwrap();
+        mem.read_exact_at(&mut live, addr).unwrap();
+        let dumped = &pages[i as usize * PAGE_SIZE..(i as usize + 1) * PAGE_SIZE];
+        let offs: Vec<usize> = (0..PAGE_SIZE).filter(|&k| live[k] != dumped[k]).collect();
+        match (offs.first(), offs.last()) {
+            (Some(&f), Some(&l)) if f / 32 == l / 32 => rseq_like += 1,
+            (Some(_), _) => differ.push(addr),
+            _ => {}
+        }
+    }
+    assert!(
+        differ.is_empty() && rseq_like <= 1,
+        "pages of the restored process unlike the dump's: {differ:x?} in {:#?} \
+         ({rseq_like} differing in one 32-byte window)",
+        mappings_of(pid, &differ)
+    );
+    signal(pid, "CONT");
+    signal(pid, "USR1");
+    pagewise_testkit::wait_in_file(&out_file, "changed", 1, || {});
+    drop(restored);
+}
+
+/// A process `criu restore -d` left running, killed at the end.
+struct Restored(i32);
+
+impl Drop for Restored {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-KILL", &self.0.to_string()])
+            .status();
+    }
 }

@@ -19,7 +19,10 @@
 //! session with [`Received::broken`] said; only the store's own failures
 //! are errors.
 
+mod images;
 pub mod wire;
+
+pub use images::{export, Exported, IMG_COMMON_MAGIC, PAGEMAP_MAGIC};
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
