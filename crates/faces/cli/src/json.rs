@@ -185,7 +185,7 @@ mod tests {
         let all = schemas();
         assert_eq!(
             all.len(),
-            19,
+            21,
             "one schema a command with --json or a JSON file"
         );
         for (name, s) in &all {
