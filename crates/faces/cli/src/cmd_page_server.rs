@@ -32,6 +32,11 @@ pub struct Args {
     /// of comparing contents.
     #[arg(long)]
     no_verify: bool,
+    /// Serve the lazy pages of dump N of the store (its number, as the
+    /// server said it) to `criu lazy-pages --page-server`, instead of
+    /// keeping dumps: `criu restore --lazy-pages` then fetches them.
+    #[arg(long, value_name = "N")]
+    lazy: Option<u64>,
     /// One JSON object per session on stdout (and one line with the
     /// address listened on first).
     #[arg(long)]
@@ -62,7 +67,15 @@ pub fn run(a: Args) -> Result<i32> {
              carry no authentication, and any peer could write into the store"
         );
     }
-    let mut server = PageServer::new(DiskStore::create(&a.store, !a.no_verify)?);
+    let mut server = match a.lazy {
+        // Serving lazy pages only reads the store.
+        Some(dump) => {
+            let mut s = PageServer::new(DiskStore::open(&a.store)?);
+            s.serve_lazy(dump)?;
+            s
+        }
+        None => PageServer::new(DiskStore::create(&a.store, !a.no_verify)?),
+    };
     server.idle = Duration::from_secs(a.idle_seconds.max(1));
     let stop = Arc::new(AtomicBool::new(false));
     let live: Arc<Mutex<Option<TcpStream>>> = Arc::new(Mutex::new(None));
@@ -84,6 +97,11 @@ pub fn run(a: Args) -> Result<i32> {
             listening: local.to_string(),
         };
         println!("{}", crate::json::line(&first)?);
+    } else if let Some(d) = a.lazy {
+        println!(
+            "listening on {local}; serving the lazy pages of dump {d} of {} (SIGINT or SIGTERM ends)",
+            a.store.display()
+        );
     } else {
         println!(
             "listening on {local}; keeping CRIU's dumps in {} (SIGINT or SIGTERM ends)",
@@ -145,6 +163,10 @@ fn say(got: &Received, json: bool, store: &std::path::Path) -> Result<()> {
         return Ok(());
     }
     let what = match got.dump {
+        Some(n) if got.requests > 0 => format!(
+            "lazy pages of dump {n}: {} requests, {} pages served",
+            got.requests, got.served_pages
+        ),
         Some(n) => format!(
             "dump {n} ({}/criu/dump-{n}.json): {} pagemaps, {} pages, {:.1} MiB new to the store",
             store.display(),

@@ -552,3 +552,193 @@ impl Drop for Restored {
             .status();
     }
 }
+
+/// `criu restore --lazy-pages` fetches the pages the dump marked lazy
+/// from `pagewise page-server --lazy` (through `criu lazy-pages
+/// --page-server`): each is served once, and the restored process's
+/// memory is the dump's.
+#[test]
+fn criu_restores_lazily_from_the_page_server() {
+    let criu = match pagewise_testkit::criu::criu4() {
+        Ok(c) => c,
+        Err(why) => return pagewise_testkit::skip!("{why}"),
+    };
+    let dir = temp_dir("criu-lazy");
+    std::fs::create_dir_all(&dir).unwrap();
+    let t = start_target(&dir, true);
+    let store_dir = dir.join("store");
+    let start_server = |extra: &[&str]| {
+        let mut ps = Reaped(
+            Command::new(BIN)
+                .args(["page-server", "--listen", "127.0.0.1:0", "--once", "--json"])
+                .args(extra)
+                .arg("--store")
+                .arg(&store_dir)
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
+        let mut out = BufReader::new(ps.0.stdout.take().unwrap());
+        let first = pagewise_testkit::line_within(&mut out, ps.0.id() as i32).unwrap_or_default();
+        let v: serde_json::Value = serde_json::from_str(&first).unwrap();
+        let port = v["listening"]
+            .as_str()
+            .unwrap()
+            .rsplit(':')
+            .next()
+            .unwrap()
+            .to_string();
+        (ps, out, port)
+    };
+    // The dump ends the process (no --leave-running).
+    let (mut ps, _out, port) = start_server(&[]);
+    let images = dir.join("img");
+    signal(t.pid, "STOP");
+    let pid = t.pid;
+    let out_file = t.out.clone();
+    dump_and_end(&criu, pid, &images, &port);
+    assert_eq!(ps.0.wait().unwrap().code(), Some(0));
+    drop(t);
+    ok(Command::new(BIN)
+        .args(["criu", "export"])
+        .arg(&store_dir)
+        .arg("1")
+        .arg(&images));
+    let rec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(store_dir.join("criu/dump-1.json")).unwrap())
+            .unwrap();
+    let lazy_pages: u64 = rec["pagemaps"][0]["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["flags"].as_u64().unwrap() & 6 == 6)
+        .map(|r| r["nr_pages"].as_u64().unwrap())
+        .sum();
+    assert!(
+        lazy_pages >= 3072,
+        "the known regions are lazy: {lazy_pages} pages"
+    );
+    // pagewise serves dump 1's lazy pages; CRIU's daemon fetches them.
+    let (ps, mut out, port) = start_server(&["--lazy", "1"]);
+    let mut daemon = Reaped(
+        Command::new(&criu)
+            .args([
+                "lazy-pages",
+                "--page-server",
+                "--address",
+                "127.0.0.1",
+                "--port",
+                &port,
+            ])
+            .args(["-v4", "-o", "lazy.log", "-D"])
+            .arg(&images)
+            .spawn()
+            .unwrap(),
+    );
+    let sock = images.join("lazy-pages.socket");
+    let t0 = std::time::Instant::now();
+    while !sock.exists() {
+        assert!(
+            t0.elapsed().as_secs() < 10,
+            "criu lazy-pages made no {} in 10 s",
+            sock.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let st = Command::new(&criu)
+        .args([
+            "restore",
+            "--lazy-pages",
+            "-d",
+            "-v4",
+            "-o",
+            "restore.log",
+            "-D",
+        ])
+        .arg(&images)
+        .status()
+        .unwrap();
+    let log = std::fs::read_to_string(images.join("restore.log")).unwrap_or_default();
+    let tail: Vec<&str> = log.lines().rev().take(15).collect();
+    assert!(
+        st.success(),
+        "criu restore --lazy-pages: {st}; its log ends: {tail:#?}"
+    );
+    let restored = Restored(pid);
+    // The daemon ends once every lazy page is in (it fetches the rest in
+    // the background); bounded.
+    let t0 = std::time::Instant::now();
+    let end = loop {
+        if let Some(st) = daemon.0.try_wait().unwrap() {
+            break st;
+        }
+        let log = std::fs::read_to_string(images.join("lazy.log")).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(10).collect();
+        assert!(
+            t0.elapsed().as_secs() < 60,
+            "criu lazy-pages still running after 60 s: {tail:#?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    assert!(end.success(), "criu lazy-pages: {end}");
+    let line = pagewise_testkit::line_within(&mut out, ps.0.id() as i32).unwrap_or_default();
+    let got: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(got["broken"], serde_json::Value::Null, "{got}");
+    assert_eq!(
+        got["served_pages"], lazy_pages,
+        "every lazy page served once: {got}"
+    );
+    // The restored memory is the dump's (but the rseq window).
+    signal(pid, "STOP");
+    let pages = std::fs::read(images.join("pages-65537.img")).unwrap();
+    let store = DiskStore::open(&store_dir).unwrap();
+    let snap = store.load(1).unwrap();
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    let mut live = vec![0u8; PAGE_SIZE];
+    let (mut differ, mut rseq_like) = (Vec::new(), 0);
+    for i in 0..snap.pages() {
+        let addr = snap.address_of(i).unwrap();
+        mem.read_exact_at(&mut live, addr).unwrap();
+        let dumped = &pages[i as usize * PAGE_SIZE..(i as usize + 1) * PAGE_SIZE];
+        let offs: Vec<usize> = (0..PAGE_SIZE).filter(|&k| live[k] != dumped[k]).collect();
+        match (offs.first(), offs.last()) {
+            (Some(&f), Some(&l)) if f / 32 == l / 32 => rseq_like += 1,
+            (Some(_), _) => differ.push(addr),
+            _ => {}
+        }
+    }
+    assert!(
+        differ.is_empty() && rseq_like <= 1,
+        "pages of the lazily restored process unlike the dump's: {differ:x?} in {:#?}",
+        mappings_of(pid, &differ)
+    );
+    signal(pid, "CONT");
+    signal(pid, "USR1");
+    pagewise_testkit::wait_in_file(&out_file, "changed", 1, || {});
+    drop(restored);
+    drop(ps);
+}
+
+/// `criu dump` of `pid` into the page server at `port`, the process
+/// ended by it (no `--leave-running`).
+fn dump_and_end(criu: &std::path::Path, pid: i32, images: &std::path::Path, port: &str) {
+    std::fs::create_dir_all(images).unwrap();
+    let st = Command::new(criu)
+        .args(["dump", "-t", &pid.to_string(), "--page-server"])
+        .args([
+            "--address",
+            "127.0.0.1",
+            "--port",
+            port,
+            "-v4",
+            "-o",
+            "dump.log",
+            "-D",
+        ])
+        .arg(images)
+        .status()
+        .unwrap();
+    let log = std::fs::read_to_string(images.join("dump.log")).unwrap_or_default();
+    let tail: Vec<&str> = log.lines().rev().take(15).collect();
+    assert!(st.success(), "criu dump: {st}; its log ends: {tail:#?}");
+}

@@ -64,7 +64,7 @@ fn message(out: &mut Vec<u8>, fields: &[(u8, u64)]) {
 }
 
 /// The dump record `dump` of the store at `dir`.
-fn record(dir: &Path, dump: u64) -> Result<DumpRecord> {
+pub(super) fn record(dir: &Path, dump: u64) -> Result<DumpRecord> {
     let path = dumps_dir(dir).join(format!("dump-{dump}.json"));
     let text = std::fs::read(&path).map_err(|e| {
         crate::Error::from(pagewise_mech::Error::os(
@@ -81,22 +81,29 @@ fn record(dir: &Path, dump: u64) -> Result<DumpRecord> {
     })
 }
 
+/// Refuses a dump CRIU did not close (its session broke).
+pub(super) fn closed(rec: &DumpRecord) -> Result<()> {
+    if rec.closed {
+        return Ok(());
+    }
+    Err(pagewise_mech::Error::os(
+        format!("using dump {}", rec.dump),
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "the dump was cut short (CRIU never closed it): its pages are incomplete",
+        ),
+    )
+    .into())
+}
+
 /// Writes dump `dump` of `store` into `out` (created if missing) as
 /// CRIU's page server would have: see the module. A dump CRIU did not
 /// close (its session broke) is refused.
 pub fn export(store: &DiskStore, dump: u64, out: &Path) -> Result<Exported> {
     let rec = record(store.dir(), dump)?;
+    closed(&rec)?;
     let io =
         |what: String, e: std::io::Error| crate::Error::from(pagewise_mech::Error::os(what, e));
-    if !rec.closed {
-        return Err(io(
-            format!("exporting dump {dump}"),
-            std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                "the dump was cut short (CRIU never closed it): its images would be incomplete",
-            ),
-        ));
-    }
     std::fs::create_dir_all(out).map_err(|e| io(format!("making {}", out.display()), e))?;
     let mut done = Exported {
         dump,

@@ -20,6 +20,7 @@
 //! are errors.
 
 mod images;
+mod lazy;
 pub mod wire;
 
 pub use images::{export, Exported, IMG_COMMON_MAGIC, PAGEMAP_MAGIC};
@@ -53,6 +54,9 @@ pub struct PageServer {
     pub max_pages: u64,
     /// Runs one dump may name, over all its pagemaps.
     pub max_runs: usize,
+    /// The dump whose lazy pages it serves, if it serves one (then it
+    /// keeps no dump).
+    lazy: Option<lazy::LazySource>,
 }
 
 /// One run of a dump's pagemap, as CRIU's `PagemapEntry` says it.
@@ -104,6 +108,10 @@ pub struct Received {
     pub stored_bytes: u64,
     /// Why the session ended before CRIU closed it, if it did.
     pub broken: Option<String>,
+    /// Lazy pages answered (a server serving a dump's lazy pages).
+    pub served_pages: u64,
+    /// Requests for them.
+    pub requests: u64,
 }
 
 /// A dump's record beside the store (`criu/dump-N.json`).
@@ -183,12 +191,26 @@ impl PageServer {
             // machine's memory, and bounded.
             max_pages: 16 << 20,
             max_runs: 1 << 20,
+            lazy: None,
         }
     }
 
     /// The store.
     pub fn store(&self) -> &DiskStore {
         &self.store
+    }
+
+    /// Serves the lazy pages of dump `dump` of the store from now on, to
+    /// `criu lazy-pages --page-server`, as `criu page-server
+    /// --lazy-pages` serves them from images: a session is then a run of
+    /// `GET`s, each answered with the pages asked of one run the dump
+    /// marked lazy (see `lazy.rs`); the server keeps no dump.
+    ///
+    /// # Errors
+    /// No such dump, or one CRIU did not close.
+    pub fn serve_lazy(&mut self, dump: u64) -> Result<()> {
+        self.lazy = Some(lazy::LazySource::load(&self.store, dump)?);
+        Ok(())
     }
 
     /// Confines the calling thread to the calls serving a session needs:
@@ -210,6 +232,16 @@ impl PageServer {
         let _ = s.set_write_timeout(Some(self.idle));
         let _ = s.set_nodelay(true);
         let mut got = Received::default();
+        if let Some(src) = &self.lazy {
+            return match lazy::serve_lazy_session(&self.store, src, &mut s, &mut got) {
+                Ok(()) => Ok(got),
+                Err(Stop::Peer(Broken(why))) => {
+                    got.broken = Some(why);
+                    Ok(got)
+                }
+                Err(Stop::Ours(e)) => Err(e),
+            };
+        }
         let dump = next_dump(self.store.dir());
         let mut records = Vec::new();
         let end = serve_session(self, &mut s, &mut got, &mut records);
@@ -439,7 +471,7 @@ fn finish(
 }
 
 /// Reads until `buf` is full or the peer closes; how much was read.
-fn read_all(s: &mut TcpStream, buf: &mut [u8]) -> std::io::Result<usize> {
+fn read_all(s: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
     let mut n = 0;
     while n < buf.len() {
         match s.read(&mut buf[n..]) {

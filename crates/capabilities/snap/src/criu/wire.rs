@@ -66,6 +66,9 @@ impl Dialect {
     /// 16 to 24 are `vaddr` in v4.2 (0 in an `OPEN`, `OPEN2` or `PARENT`;
     /// page-aligned in a `GET`: either way its low byte is 0) and `dst_id`
     /// in the older header (its low byte is the pagemap's type, never 0).
+    /// A first `GET` of the older header whose task id is a multiple of
+    /// 256, or one of v4.2 at an unaligned address, is taken for the
+    /// other: it is then refused as a malformed request.
     pub fn of_first(first: &[u8; HEADER_LEGACY]) -> Dialect {
         if first[16] == 0 {
             Dialect::V42

@@ -260,3 +260,97 @@ fn a_peer_that_breaks_the_protocol_is_said_and_the_next_is_served() {
     drop(server);
     DiskStore::open(&dir.0).expect("the store opens after every broken session");
 }
+
+#[test]
+fn lazy_requests_are_answered_with_the_kept_pages_and_only_lazy_ones() {
+    let d = Dialect::V42;
+    let dir = TempDir::new("criu-lazy");
+    let mut keeper = PageServer::new(DiskStore::create(&dir.0, true).unwrap());
+    serve(&mut keeper, dump(d, &sample()));
+    drop(keeper);
+    let mut server = PageServer::new(DiskStore::open(&dir.0).unwrap());
+    server.serve_lazy(1).unwrap();
+    let get = |nr_pages, vaddr, dst_id| {
+        Header {
+            op: wire::OP_GET,
+            flags: 0,
+            nr_pages,
+            vaddr,
+            dst_id,
+        }
+        .encode(d)
+    };
+    let close = Header {
+        op: wire::OP_CLOSE,
+        flags: 0,
+        nr_pages: 0,
+        vaddr: 0,
+        dst_id: 0,
+    }
+    .encode(d);
+    // Two pages asked of a lazy run of two (5 asked: the run's 2 sent),
+    // then the last two of the five-page run at the stack's end.
+    let session = [
+        get(5, 0x5555_0000_3000, 4242),
+        get(2, 0x7fff_f000_3000, 4242),
+        close,
+    ]
+    .concat();
+    let (got, answer) = serve(&mut server, session);
+    assert_eq!(got.broken, None);
+    assert!(got.closed);
+    assert_eq!((got.requests, got.served_pages), (2, 4));
+    let mut want = Vec::new();
+    for (nr, vaddr, fill) in [(2u64, 0x5555_0000_3000u64, 2u8), (2, 0x7fff_f000_3000, 3)] {
+        let reply = Header {
+            op: wire::OP_ADD_F,
+            flags: wire::PE_PRESENT,
+            nr_pages: nr,
+            vaddr,
+            dst_id: 4242,
+        };
+        want.extend(reply.encode(d));
+        for i in 0..nr {
+            want.extend(page(fill, vaddr / PAGE_SIZE as u64 + i));
+        }
+    }
+    want.extend([0u8; 4]);
+    assert!(
+        answer == want,
+        "the answers are the kept pages, as CRIU reads them"
+    );
+    // A page the dump did not mark lazy, another task, a page not kept.
+    for (name, req, said) in [
+        (
+            "present, not lazy",
+            get(1, 0x5555_0000_0000, 4242),
+            "no lazy page",
+        ),
+        (
+            "in the parent",
+            get(1, 0x5555_0001_0000, 4242),
+            "no lazy page",
+        ),
+        ("another task", get(1, 0x5555_0000_3000, 99), "task 99"),
+        // (After a first request: an unaligned first one reads as the
+        // older header, and is refused as such.)
+        (
+            "unaligned",
+            [
+                get(1, 0x5555_0000_3000, 4242),
+                get(1, 0x5555_0000_3008, 4242),
+            ]
+            .concat(),
+            "no lazy page",
+        ),
+        (
+            "a dump to a lazy server",
+            dump(d, &sample()),
+            "takes GET and CLOSE",
+        ),
+    ] {
+        let (got, _) = serve(&mut server, req);
+        let why = got.broken.unwrap_or_else(|| panic!("{name}: not refused"));
+        assert!(why.contains(said), "{name}: said {why:?}");
+    }
+}
