@@ -197,6 +197,11 @@ enum What {
     /// incremental, full read): throughput, time stopped and bytes read per
     /// checkpoint.
     Checkpoint(crate::checkpoint::Args),
+    /// CRIU's dumps of a real redis-server kept by pagewise's page server
+    /// against CRIU's own, in one run: bytes kept on disk for all the
+    /// dumps and the time of each `criu dump` (CRIU 4.2, built by
+    /// scripts/setup.sh).
+    Criu(crate::criu::Args),
     /// DiME's experiments (d) and (e): a real redis-server under `pagewise
     /// farmem run`, GET throughput against local memory and latency, and
     /// isolation between instances (with --full); every run checks a sample
@@ -347,6 +352,7 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
         }
         What::Redis(r) => crate::redis::run(r, quiet),
         What::Checkpoint(r) => crate::checkpoint::run(r, quiet),
+        What::Criu(r) => crate::criu::run(r, quiet),
         What::FarmemRedis(r) => crate::farmem_redis::run(r, quiet),
         What::FarmemMemcached(r) => {
             crate::farmem_redis::run_app(crate::farmem_redis::App::Memcached, r, quiet)

@@ -5,6 +5,7 @@
 pub mod afl;
 pub mod checkpoint;
 pub mod cli;
+pub mod criu;
 pub mod dedup;
 pub mod dedup_redis;
 pub mod dump;
