@@ -296,8 +296,12 @@ fn serve_session(
     records: &mut Vec<PagemapRecord>,
 ) -> std::result::Result<(), Stop> {
     check_peer(s)?;
+    // Pages arrive by the thousand: read through a buffer (a call per
+    // megabyte, not per page); answers go straight to the socket.
+    let mut out: &TcpStream = s;
+    let mut s = std::io::BufReader::with_capacity(1 << 20, out);
     let mut first = [0u8; wire::HEADER_LEGACY];
-    match read_all(s, &mut first)? {
+    match read_all(&mut s, &mut first)? {
         0 => return Ok(()),
         n if n < first.len() => return Err(Broken("the peer sent half a header".into()).into()),
         _ => {}
@@ -322,10 +326,10 @@ fn serve_session(
                 open = Some(begin(&mut server.store, h.dst_id, records.len())?);
                 if h.op == wire::OP_OPEN2 {
                     // No parent dump: CRIU then sends every page.
-                    s.write_all(&[0u8])?;
+                    out.write_all(&[0u8])?;
                 }
             }
-            wire::OP_PARENT => s.write_all(&0i32.to_ne_bytes())?,
+            wire::OP_PARENT => out.write_all(&0i32.to_ne_bytes())?,
             wire::OP_ADD | wire::OP_ADD_F | wire::OP_HOLE => {
                 let flags = h.page_flags().unwrap_or(0);
                 // A run without an open pagemap opens it, as CRIU's own
@@ -374,7 +378,7 @@ fn serve_session(
                     finish(o, got, records)?;
                 }
                 got.closed = true;
-                s.write_all(&0i32.to_ne_bytes())?;
+                out.write_all(&0i32.to_ne_bytes())?;
                 // CRIU closes its end next: wait for it (bounded), as its
                 // own server does.
                 let mut rest = [0u8; 1];
@@ -388,7 +392,7 @@ fn serve_session(
             .into()),
             op => return Err(Broken(format!("an unknown command {op:#x}")).into()),
         }
-        if read_all(s, &mut head)? < head.len() {
+        if read_all(&mut s, &mut head)? < head.len() {
             return Err(Broken("the peer closed the connection before CLOSE".into()).into());
         }
     }
