@@ -3,9 +3,12 @@
 //! figures). A real `redis-server` on loopback holds `keys` values; it is
 //! dumped `dumps` times with `criu dump --leave-running --page-server`,
 //! each time into CRIU's own page server (`criu page-server -D DIR`, a
-//! directory per dump) and into pagewise's (one store), which goes first
-//! alternating; between dumps a client rewrites `percent` % of the keys
-//! with new values (bounded: a fixed count of SETs).
+//! directory per dump) and into pagewise's twice (one store each): as
+//! `page-server` runs by default (a page whose digest matches a stored
+//! one is compared byte for byte) and trusting the digest (`--no-verify`).
+//! Each of the three goes first once every three dumps. Between dumps a
+//! client rewrites `percent` % of the keys with new values (bounded: a
+//! fixed count of SETs).
 //!
 //! Measured: the bytes each keeps on disk for all the dumps (CRIU's
 //! `pages-*.img` and `pagemap-*.img`; pagewise's store, the dumps'
@@ -21,7 +24,7 @@ use pagewise_testkit::servers::{fill, value, Kv};
 use serde::Serialize;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -64,8 +67,12 @@ pub struct Dump {
     pub n: usize,
     /// `criu dump` through CRIU's own page server, ms.
     pub criu_ms: f64,
-    /// `criu dump` through pagewise's, ms.
+    /// `criu dump` through pagewise's, ms (its default: a page whose
+    /// digest matches a stored one is compared byte for byte).
     pub pagewise_ms: f64,
+    /// `criu dump` through pagewise's trusting the 128-bit digest
+    /// (`page-server --no-verify`), ms.
+    pub pagewise_trusting_ms: f64,
     /// Pages CRIU sent (pagewise's count).
     pub pages: u64,
     /// Bytes CRIU's page server wrote for it.
@@ -290,20 +297,31 @@ fn measure(cfg: &Config, criu: &Path, work: &Path, quiet: bool) -> Result<Report
     );
     crate::redis::wait_ready(port)?;
     fill(Kv::Redis, port, cfg.keys, cfg.value_bytes)?;
-    // pagewise's page server: one store for every dump, on a thread.
+    // pagewise's page servers, one store each for every dump, on a
+    // thread each: its default, and trusting the digest (--no-verify).
+    let serve = |dir: PathBuf,
+                 verify: bool|
+     -> Result<(
+        u16,
+        std::thread::JoinHandle<Result<Vec<pagewise_snap::criu::Received>>>,
+    )> {
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let port = listener.local_addr()?.port();
+        let mut server = PageServer::new(DiskStore::create(&dir, verify)?);
+        let dumps = cfg.dumps;
+        let h = std::thread::spawn(move || {
+            let mut all = Vec::new();
+            for _ in 0..dumps {
+                let (s, _) = listener.accept()?;
+                all.push(server.serve(s)?);
+            }
+            Ok(all)
+        });
+        Ok((port, h))
+    };
     let store_dir = work.join("store");
-    let listener = TcpListener::bind("127.0.0.1:0")?;
-    let pw_port = listener.local_addr()?.port();
-    let mut server = PageServer::new(DiskStore::create(&store_dir, true)?);
-    let dumps = cfg.dumps;
-    let pw = std::thread::spawn(move || -> Result<Vec<pagewise_snap::criu::Received>> {
-        let mut all = Vec::new();
-        for _ in 0..dumps {
-            let (s, _) = listener.accept()?;
-            all.push(server.serve(s)?);
-        }
-        Ok(all)
-    });
+    let (pw_port, pw) = serve(store_dir.clone(), true)?;
+    let (trust_port, trust) = serve(work.join("store-trusting"), false)?;
     let per_round = ((cfg.keys as f64) * cfg.percent / 100.0).round() as u64;
     let mut rewritten = Vec::new();
     let mut rows = Vec::new();
@@ -322,15 +340,14 @@ fn measure(cfg: &Config, criu: &Path, work: &Path, quiet: bool) -> Result<Report
             .stderr(Stdio::null())
             .spawn()?;
         wait_listening(their_port)?;
-        let (criu_t, pw_t) = if n % 2 == 1 {
-            let c = dump(criu, pid, &work.join(format!("img-c{n}")), their_port)?;
-            let p = dump(criu, pid, &work.join(format!("img-p{n}")), pw_port)?;
-            (c, p)
-        } else {
-            let p = dump(criu, pid, &work.join(format!("img-p{n}")), pw_port)?;
-            let c = dump(criu, pid, &work.join(format!("img-c{n}")), their_port)?;
-            (c, p)
-        };
+        // The three in turn, each first once every three dumps.
+        let mut order = [(0, their_port), (1, pw_port), (2, trust_port)];
+        order.rotate_left((n - 1) % 3);
+        let mut took = [Duration::ZERO; 3];
+        for (i, port) in order {
+            took[i] = dump(criu, pid, &work.join(format!("img-{i}-{n}")), port)?;
+        }
+        let [criu_t, pw_t, trust_t] = took;
         if !theirs.wait()?.success() {
             bail!("criu page-server of dump {n} failed");
         }
@@ -339,6 +356,7 @@ fn measure(cfg: &Config, criu: &Path, work: &Path, quiet: bool) -> Result<Report
             n,
             criu_ms: criu_t.as_secs_f64() * 1e3,
             pagewise_ms: pw_t.as_secs_f64() * 1e3,
+            pagewise_trusting_ms: trust_t.as_secs_f64() * 1e3,
             pages: 0,
             criu_bytes,
             pagewise_bytes: 0,
@@ -355,6 +373,14 @@ fn measure(cfg: &Config, criu: &Path, work: &Path, quiet: bool) -> Result<Report
     let got = pw
         .join()
         .map_err(|_| anyhow::anyhow!("the page server's thread panicked"))??;
+    let trusted = trust
+        .join()
+        .map_err(|_| anyhow::anyhow!("the page server's thread panicked"))??;
+    for g in &trusted {
+        if g.broken.is_some() || !g.closed {
+            bail!("a dump through pagewise --no-verify broke: {:?}", g.broken);
+        }
+    }
     for (row, g) in rows.iter_mut().zip(&got) {
         if let Some(why) = &g.broken {
             bail!("dump {} through pagewise broke: {why}", row.n);
@@ -392,7 +418,7 @@ impl Report {
     pub fn summary(&self) -> String {
         let mib = |b: u64| b as f64 / 1048576.0;
         let mut s = format!(
-            "pagewise bench criu — {}\n{}; {}\nredis-server with {} keys of {} bytes, {} dumps (criu dump --leave-running --page-server), {} % of the keys rewritten between dumps\n\n{:>5}  {:>8}  {:>10}  {:>12}  {:>9}  {:>13}\n",
+            "pagewise bench criu — {}\n{}; {}\nredis-server with {} keys of {} bytes, {} dumps (criu dump --leave-running --page-server), {} % of the keys rewritten between dumps\n\n{:>5}  {:>8}  {:>10}  {:>12}  {:>14}  {:>9}  {:>13}\n",
             self.machine,
             self.criu,
             self.redis,
@@ -404,16 +430,18 @@ impl Report {
             "pages",
             "criu ms",
             "pagewise ms",
+            "--no-verify ms",
             "criu MiB",
             "pagewise MiB"
         );
         for d in &self.dumps {
             s += &format!(
-                "{:>5}  {:>8}  {:>10.0}  {:>12.0}  {:>9.1}  {:>13.2}\n",
+                "{:>5}  {:>8}  {:>10.0}  {:>12.0}  {:>14.0}  {:>9.1}  {:>13.2}\n",
                 d.n,
                 d.pages,
                 d.criu_ms,
                 d.pagewise_ms,
+                d.pagewise_trusting_ms,
                 mib(d.criu_bytes),
                 mib(d.pagewise_bytes)
             );
@@ -428,9 +456,17 @@ impl Report {
             mib(self.pagewise_total_bytes),
             ratio
         );
+        let (t, tlo, thi) = spread(
+            &self
+                .dumps
+                .iter()
+                .map(|d| d.pagewise_trusting_ms)
+                .collect::<Vec<_>>(),
+        );
         s += &format!(
-            "dump time, median (min–max): CRIU's page server {c:.0} ms ({clo:.0}–{chi:.0}), pagewise's {p:.0} ms ({plo:.0}–{phi:.0}): {:.2}x CRIU's (goal at most 1.1x)\n",
-            p / c.max(1e-9)
+            "dump time, median (min–max): CRIU's page server {c:.0} ms ({clo:.0}–{chi:.0}), pagewise's {p:.0} ms ({plo:.0}–{phi:.0}): {:.2}x CRIU's (goal at most 1.1x); trusting the digest (--no-verify) {t:.0} ms ({tlo:.0}–{thi:.0}): {:.2}x\n",
+            p / c.max(1e-9),
+            t / c.max(1e-9)
         );
         s += &format!(
             "checked: every dump through pagewise closed whole; all {} keys answer their last value after the dumps\n",
