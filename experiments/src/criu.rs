@@ -16,6 +16,7 @@
 //! server (medians with their spread). Checked: every key answers its
 //! value after the last dump, and every dump was closed whole.
 
+use crate::median_min_max;
 use crate::redis::{free_port, redis_args, which};
 use anyhow::{bail, Context, Result};
 use pagewise_snap::criu::PageServer;
@@ -26,7 +27,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 #[derive(clap::Args)]
 /// The experiment's arguments.
@@ -123,55 +124,8 @@ fn bytes_under(dir: &Path, keep: &dyn Fn(&str) -> bool) -> u64 {
 /// `criu dump` of `pid` into the page server at `port`, leaving it
 /// running; its time.
 fn dump(criu: &Path, pid: u32, images: &Path, port: u16) -> Result<Duration> {
-    std::fs::create_dir_all(images)?;
-    let t0 = Instant::now();
-    let out = Command::new(criu)
-        .args([
-            "dump",
-            "-t",
-            &pid.to_string(),
-            "--leave-running",
-            "--page-server",
-        ])
-        .args([
-            "--address",
-            "127.0.0.1",
-            "--port",
-            &port.to_string(),
-            "-o",
-            "dump.log",
-            "-D",
-        ])
-        .arg(images)
-        .stderr(Stdio::null())
-        .status()?;
-    let took = t0.elapsed();
-    if !out.success() {
-        let log = std::fs::read_to_string(images.join("dump.log")).unwrap_or_default();
-        let tail: Vec<&str> = log.lines().rev().take(10).collect();
-        bail!("criu dump: {out}; its log ends: {tail:#?}");
-    }
-    Ok(took)
-}
-
-/// Waits (10 s at most) until a socket listens on loopback port `port`
-/// (CRIU's page server serves one connection: it cannot be probed).
-fn wait_listening(port: u16) -> Result<()> {
-    let want = format!(":{port:04X} ");
-    let t0 = Instant::now();
-    loop {
-        let tcp = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
-        if tcp
-            .lines()
-            .any(|l| l.split_whitespace().nth(3) == Some("0A") && l.contains(&want))
-        {
-            return Ok(());
-        }
-        if t0.elapsed() > Duration::from_secs(10) {
-            bail!("nothing listens on port {port} after 10 s");
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    pagewise_testkit::criu::dump_to_page_server(criu, pid, images, port, &["--leave-running"])
+        .map_err(|why| anyhow::anyhow!("{why}"))
 }
 
 /// Rewrites `n` keys (spread over all of them) with values of round `r`.
@@ -339,7 +293,8 @@ fn measure(cfg: &Config, criu: &Path, work: &Path, quiet: bool) -> Result<Report
             .arg(&own)
             .stderr(Stdio::null())
             .spawn()?;
-        wait_listening(their_port)?;
+        pagewise_testkit::criu::wait_listening(their_port)
+            .map_err(|why| anyhow::anyhow!("{why}"))?;
         // The three in turn, each first once every three dumps.
         let mut order = [(0, their_port), (1, pw_port), (2, trust_port)];
         order.rotate_left((n - 1) % 3);
@@ -406,13 +361,6 @@ fn measure(cfg: &Config, criu: &Path, work: &Path, quiet: bool) -> Result<Report
     })
 }
 
-fn spread(v: &[f64]) -> (f64, f64, f64) {
-    let mut s = v.to_vec();
-    let lo = s.iter().cloned().fold(f64::MAX, f64::min);
-    let hi = s.iter().cloned().fold(f64::MIN, f64::max);
-    (crate::median(&mut s), lo, hi)
-}
-
 impl Report {
     /// The table and the two ratios the goals speak of.
     pub fn summary(&self) -> String {
@@ -446,8 +394,8 @@ impl Report {
                 mib(d.pagewise_bytes)
             );
         }
-        let (c, clo, chi) = spread(&self.dumps.iter().map(|d| d.criu_ms).collect::<Vec<_>>());
-        let (p, plo, phi) = spread(&self.dumps.iter().map(|d| d.pagewise_ms).collect::<Vec<_>>());
+        let (c, clo, chi) = median_min_max(self.dumps.iter().map(|d| d.criu_ms).collect());
+        let (p, plo, phi) = median_min_max(self.dumps.iter().map(|d| d.pagewise_ms).collect());
         let ratio = self.pagewise_total_bytes as f64 / self.criu_total_bytes.max(1) as f64;
         s += &format!(
             "\nkept on disk for the {} dumps: CRIU's page server {:.1} MiB, pagewise's store {:.1} MiB: {:.3} of CRIU's (goal at most 0.25)\n",
@@ -456,13 +404,8 @@ impl Report {
             mib(self.pagewise_total_bytes),
             ratio
         );
-        let (t, tlo, thi) = spread(
-            &self
-                .dumps
-                .iter()
-                .map(|d| d.pagewise_trusting_ms)
-                .collect::<Vec<_>>(),
-        );
+        let (t, tlo, thi) =
+            median_min_max(self.dumps.iter().map(|d| d.pagewise_trusting_ms).collect());
         s += &format!(
             "dump time, median (min–max): CRIU's page server {c:.0} ms ({clo:.0}–{chi:.0}), pagewise's {p:.0} ms ({plo:.0}–{phi:.0}): {:.2}x CRIU's (goal at most 1.1x); trusting the digest (--no-verify) {t:.0} ms ({tlo:.0}–{thi:.0}): {:.2}x\n",
             p / c.max(1e-9),

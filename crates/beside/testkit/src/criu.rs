@@ -48,3 +48,55 @@ pub fn criu4() -> Result<PathBuf, String> {
     }
     Ok(bin)
 }
+
+/// `criu dump` of `pid` into the page server at 127.0.0.1:`port`, the
+/// dump's other images and its log (`dump.log`) in `images` (made if
+/// missing), with `extra` options (`--leave-running`, `-v4`); how long it
+/// took. `Err`: its status and the last lines of its log.
+pub fn dump_to_page_server(
+    criu: &std::path::Path,
+    pid: u32,
+    images: &std::path::Path,
+    port: u16,
+    extra: &[&str],
+) -> Result<std::time::Duration, String> {
+    std::fs::create_dir_all(images).map_err(|e| format!("{}: {e}", images.display()))?;
+    let t0 = std::time::Instant::now();
+    let st = Command::new(criu)
+        .args(["dump", "-t", &pid.to_string(), "--page-server"])
+        .args(["--address", "127.0.0.1", "--port", &port.to_string()])
+        .args(extra)
+        .args(["-o", "dump.log", "-D"])
+        .arg(images)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .map_err(|e| format!("criu dump: {e}"))?;
+    let took = t0.elapsed();
+    if !st.success() {
+        let log = std::fs::read_to_string(images.join("dump.log")).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(15).collect();
+        return Err(format!("criu dump: {st}; its log ends: {tail:#?}"));
+    }
+    Ok(took)
+}
+
+/// Waits (10 s at most) until a socket listens on loopback port `port`,
+/// as /proc/net/tcp lists it: CRIU's page server serves one connection,
+/// so it cannot be probed by connecting. `Err`: what it waited for.
+pub fn wait_listening(port: u16) -> Result<(), String> {
+    let t0 = std::time::Instant::now();
+    let want = format!(":{port:04X} ");
+    loop {
+        let tcp = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+        if tcp
+            .lines()
+            .any(|l| l.split_whitespace().nth(3) == Some("0A") && l.contains(&want))
+        {
+            return Ok(());
+        }
+        if t0.elapsed().as_secs() >= 10 {
+            return Err(format!("nothing listens on port {port} after 10 s"));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}

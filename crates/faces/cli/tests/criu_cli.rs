@@ -82,33 +82,95 @@ fn start_target(dir: &std::path::Path, pinned: bool) -> Target {
     }
 }
 
-/// `criu dump` of `pid` into the page server at `port`, leaving it running.
-fn dump(criu: &std::path::Path, pid: i32, images: &std::path::Path, port: &str) {
-    std::fs::create_dir_all(images).unwrap();
+/// `criu dump` of `pid` into pagewise's or CRIU's page server at `port`,
+/// with `extra` options (`--leave-running`), verbose into its log.
+fn dump(criu: &std::path::Path, pid: i32, images: &std::path::Path, port: u16, extra: &[&str]) {
+    let extra = [extra, &["-v4"]].concat();
+    if let Err(why) =
+        pagewise_testkit::criu::dump_to_page_server(criu, pid as u32, images, port, &extra)
+    {
+        panic!("{why}");
+    }
+}
+
+/// `pagewise page-server --listen 127.0.0.1:0 --json --store STORE` with
+/// `extra` options: the server, its output after the first line, and the
+/// port it listens on.
+fn start_page_server(
+    store: &std::path::Path,
+    extra: &[&str],
+) -> (Reaped, BufReader<std::process::ChildStdout>, u16) {
+    let mut ps = Reaped(
+        Command::new(BIN)
+            .args(["page-server", "--listen", "127.0.0.1:0", "--json"])
+            .args(extra)
+            .arg("--store")
+            .arg(store)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut out = BufReader::new(ps.0.stdout.take().unwrap());
+    let v = next_line(&mut out, &ps);
+    let port = v["listening"].as_str().unwrap().rsplit(':').next().unwrap();
+    let port = port.parse().unwrap();
+    (ps, out, port)
+}
+
+/// The next JSON object the page server `ps` printed (bounded wait).
+fn next_line(out: &mut BufReader<std::process::ChildStdout>, ps: &Reaped) -> serde_json::Value {
+    let line = pagewise_testkit::line_within(out, ps.0.id() as i32).unwrap_or_default();
+    serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"))
+}
+
+/// `criu restore -d` from `images` with `extra` options, verbose into its
+/// log; the process it restored, killed at the end.
+fn restore(criu: &std::path::Path, images: &std::path::Path, extra: &[&str], pid: i32) -> Restored {
     let st = Command::new(criu)
-        .args([
-            "dump",
-            "-t",
-            &pid.to_string(),
-            "--leave-running",
-            "--page-server",
-        ])
-        .args([
-            "--address",
-            "127.0.0.1",
-            "--port",
-            port,
-            "-v4",
-            "-o",
-            "dump.log",
-            "-D",
-        ])
+        .arg("restore")
+        .args(extra)
+        .args(["-d", "-v4", "-o", "restore.log", "-D"])
         .arg(images)
         .status()
         .unwrap();
-    let log = std::fs::read_to_string(images.join("dump.log")).unwrap_or_default();
+    let log = std::fs::read_to_string(images.join("restore.log")).unwrap_or_default();
     let tail: Vec<&str> = log.lines().rev().take(15).collect();
-    assert!(st.success(), "criu dump: {st}; its log ends: {tail:#?}");
+    assert!(
+        st.success(),
+        "criu restore {extra:?}: {st}; its log ends: {tail:#?}"
+    );
+    Restored(pid)
+}
+
+/// Checks a process restored from dump 1 of the store at `store_dir`
+/// (stopped) against the dump's pages (`pages`, its pages image): every
+/// page as dumped. The kernel writes a thread's `struct rseq` (32 bytes,
+/// 32-aligned: the CPU it runs on, its concurrency id) as it runs: the
+/// restored thread's may differ there, in one such window of one page,
+/// and nowhere else.
+fn assert_restored_as_dumped(pid: i32, store_dir: &std::path::Path, pages: &[u8]) {
+    let store = DiskStore::open(store_dir).unwrap();
+    let snap = store.load(1).unwrap();
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    let mut live = vec![0u8; PAGE_SIZE];
+    let (mut differ, mut rseq_like) = (Vec::new(), 0);
+    for i in 0..snap.pages() {
+        let addr = snap.address_of(i).unwrap();
+        mem.read_exact_at(&mut live, addr).unwrap();
+        let dumped = &pages[i as usize * PAGE_SIZE..(i as usize + 1) * PAGE_SIZE];
+        let offs: Vec<usize> = (0..PAGE_SIZE).filter(|&k| live[k] != dumped[k]).collect();
+        match (offs.first(), offs.last()) {
+            (Some(&f), Some(&l)) if f / 32 == l / 32 => rseq_like += 1,
+            (Some(_), _) => differ.push(addr),
+            _ => {}
+        }
+    }
+    assert!(
+        differ.is_empty() && rseq_like <= 1,
+        "pages of the restored process unlike the dump's: {differ:x?} in {:#?} \
+         ({rseq_like} differing in one 32-byte window)",
+        mappings_of(pid, &differ)
+    );
 }
 
 /// Every page of snapshot `id` against the process's memory now: the
@@ -191,39 +253,15 @@ fn criu_dumps_into_the_page_server_page_for_page() {
     let dir = temp_dir("criu");
     std::fs::create_dir_all(&dir).unwrap();
     let store_dir = dir.join("store");
-    let mut ps = Reaped(
-        Command::new(BIN)
-            .args([
-                "page-server",
-                "--listen",
-                "127.0.0.1:0",
-                "--json",
-                "--store",
-            ])
-            .arg(&store_dir)
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let mut out = BufReader::new(ps.0.stdout.take().unwrap());
-    let first = pagewise_testkit::line_within(&mut out, ps.0.id() as i32).unwrap_or_default();
-    let v: serde_json::Value = serde_json::from_str(&first).unwrap();
-    let port = v["listening"]
-        .as_str()
-        .unwrap()
-        .rsplit(':')
-        .next()
-        .unwrap()
-        .to_string();
+    let (mut ps, mut out, port) = start_page_server(&store_dir, &[]);
     let t = start_target(&dir, false);
 
     // The first dump: every page stored is the page at its address. The
     // target is stopped (SIGSTOP) for each dump and its comparison: a
     // running one writes its own thread block as it goes on waiting.
     signal(t.pid, "STOP");
-    dump(&criu, t.pid, &dir.join("img-1"), &port);
-    let line = pagewise_testkit::line_within(&mut out, ps.0.id() as i32).unwrap_or_default();
-    let got: serde_json::Value = serde_json::from_str(&line).unwrap();
+    dump(&criu, t.pid, &dir.join("img-1"), port, &["--leave-running"]);
+    let got = next_line(&mut out, &ps);
     assert_eq!(got["broken"], serde_json::Value::Null, "{got}");
     assert_eq!(got["closed"], true);
     assert_eq!(got["dialect"], "v42");
@@ -256,9 +294,8 @@ fn criu_dumps_into_the_page_server_page_for_page() {
     pagewise_testkit::wait_in_file(&t.out, "changed", 1, || {});
     signal(t.pid, "STOP");
     let changed = (t.a.1 / PAGE_SIZE as u64).div_ceil(100);
-    dump(&criu, t.pid, &dir.join("img-2"), &port);
-    let line = pagewise_testkit::line_within(&mut out, ps.0.id() as i32).unwrap_or_default();
-    let got: serde_json::Value = serde_json::from_str(&line).unwrap();
+    dump(&criu, t.pid, &dir.join("img-2"), port, &["--leave-running"]);
+    let got = next_line(&mut out, &ps);
     assert_eq!(got["closed"], true, "{got}");
     assert_eq!(got["dump"], 2);
     let second_snap = got["pagemaps"]
@@ -298,7 +335,7 @@ fn criu_dumps_into_the_page_server_page_for_page() {
 
 /// A dump of one page, sent as CRIU v4.2 sends it, by `python3` run as
 /// `uid` (through `setpriv`) to the page server at `port`.
-fn send_as(uid: u32, port: &str) -> std::process::ExitStatus {
+fn send_as(uid: u32, port: u16) -> std::process::ExitStatus {
     let script = format!(
         "import socket, struct\n\
          h = lambda op, fl, n, v, d: struct.pack('=IIQQQ', fl << 16 | op, 0, n, v, d)\n\
@@ -326,45 +363,20 @@ fn another_user_cannot_dump_into_the_page_server() {
     }
     let dir = temp_dir("criu-nobody");
     let store_dir = dir.join("store");
-    let mut ps = Reaped(
-        Command::new(BIN)
-            .args([
-                "page-server",
-                "--listen",
-                "127.0.0.1:0",
-                "--json",
-                "--store",
-            ])
-            .arg(&store_dir)
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let mut out = BufReader::new(ps.0.stdout.take().unwrap());
-    let first = pagewise_testkit::line_within(&mut out, ps.0.id() as i32).unwrap_or_default();
-    let v: serde_json::Value = serde_json::from_str(&first).unwrap();
-    let port = v["listening"]
-        .as_str()
-        .unwrap()
-        .rsplit(':')
-        .next()
-        .unwrap()
-        .to_string();
+    let (mut ps, mut out, port) = start_page_server(&store_dir, &[]);
     // User nobody is refused before a byte of its dump is read...
-    let st = send_as(65534, &port);
+    let st = send_as(65534, port);
     assert!(
         !matches!(st.code(), Some(126 | 127)),
         "python3 as nobody: {st}"
     );
-    let line = pagewise_testkit::line_within(&mut out, ps.0.id() as i32).unwrap_or_default();
-    let got: serde_json::Value = serde_json::from_str(&line).unwrap();
+    let got = next_line(&mut out, &ps);
     let why = got["broken"].as_str().unwrap_or_default();
     assert!(why.contains("user 65534"), "nobody's dump: {got}");
     assert_eq!(got["pagemaps"].as_array().map(Vec::len), Some(0));
     // ...and root's is kept, whole.
-    assert!(send_as(0, &port).success());
-    let line = pagewise_testkit::line_within(&mut out, ps.0.id() as i32).unwrap_or_default();
-    let got: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert!(send_as(0, port).success());
+    let got = next_line(&mut out, &ps);
     assert_eq!(got["closed"], true, "root's dump: {got}");
     assert_eq!(got["present_pages"], 1);
     let store = DiskStore::open(&store_dir).unwrap();
@@ -376,28 +388,6 @@ fn another_user_cannot_dump_into_the_page_server() {
     // SIGTERM ends it; its status says a session was refused.
     signal(ps.0.id() as i32, "TERM");
     assert_eq!(ps.0.wait().unwrap().code(), Some(1));
-}
-
-/// Waits (10 s at most) until a socket listens on loopback port `port`,
-/// as /proc/net/tcp lists it: CRIU's page server serves one connection,
-/// so it cannot be probed by connecting.
-fn wait_listening(port: u16) {
-    let t0 = std::time::Instant::now();
-    let want = format!(":{port:04X} ");
-    loop {
-        let tcp = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
-        if tcp
-            .lines()
-            .any(|l| l.split_whitespace().nth(3) == Some("0A") && l.contains(&want))
-        {
-            return;
-        }
-        assert!(
-            t0.elapsed().as_secs() < 10,
-            "nothing listens on port {port} after 10 s"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
 }
 
 /// The pages images pagewise exports are those CRIU's own page server
@@ -425,38 +415,20 @@ fn criu_restores_from_the_images_pagewise_exports() {
             .spawn()
             .unwrap(),
     );
-    wait_listening(port);
-    dump(&criu, t.pid, &dir.join("own-img"), &port.to_string());
+    pagewise_testkit::criu::wait_listening(port).unwrap_or_else(|why| panic!("{why}"));
+    dump(
+        &criu,
+        t.pid,
+        &dir.join("own-img"),
+        port,
+        &["--leave-running"],
+    );
     assert!(theirs.0.wait().unwrap().success(), "criu page-server");
     // pagewise's, then its export.
     let store_dir = dir.join("store");
-    let mut ps = Reaped(
-        Command::new(BIN)
-            .args([
-                "page-server",
-                "--listen",
-                "127.0.0.1:0",
-                "--once",
-                "--json",
-                "--store",
-            ])
-            .arg(&store_dir)
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let mut out = BufReader::new(ps.0.stdout.take().unwrap());
-    let first = pagewise_testkit::line_within(&mut out, ps.0.id() as i32).unwrap_or_default();
-    let v: serde_json::Value = serde_json::from_str(&first).unwrap();
-    let pw_port = v["listening"]
-        .as_str()
-        .unwrap()
-        .rsplit(':')
-        .next()
-        .unwrap()
-        .to_string();
+    let (mut ps, _out, pw_port) = start_page_server(&store_dir, &["--once"]);
     let images = dir.join("img");
-    dump(&criu, t.pid, &images, &pw_port);
+    dump(&criu, t.pid, &images, pw_port, &["--leave-running"]);
     assert_eq!(ps.0.wait().unwrap().code(), Some(0));
     let exported = dir.join("exported");
     let o = ok(Command::new(BIN)
@@ -500,42 +472,9 @@ fn criu_restores_from_the_images_pagewise_exports() {
     let pid = t.pid;
     let out_file = t.out.clone();
     drop(t);
-    let st = Command::new(&criu)
-        .args(["restore", "-d", "-v4", "-o", "restore.log", "-D"])
-        .arg(&images)
-        .status()
-        .unwrap();
-    let log = std::fs::read_to_string(images.join("restore.log")).unwrap_or_default();
-    let tail: Vec<&str> = log.lines().rev().take(15).collect();
-    assert!(st.success(), "criu restore: {st}; its log ends: {tail:#?}");
-    let restored = Restored(pid);
+    let restored = restore(&criu, &images, &[], pid);
     signal(pid, "STOP");
-    let store = DiskStore::open(&store_dir).unwrap();
-    let snap = store.load(1).unwrap();
-    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
-    let mut live = vec![0u8; PAGE_SIZE];
-    // The kernel writes a thread's `struct rseq` (32 bytes, 32-aligned:
-    // the CPU it runs on, its concurrency id) as it runs: the restored
-    // thread's may differ there, in one such window of one page, and
-    // nowhere else.
-    let (mut differ, mut rseq_like) = (Vec::new(), 0);
-    for i in 0..snap.pages() {
-        let addr = snap.address_of(i).unwrap();
-        mem.read_exact_at(&mut live, addr).unwrap();
-        let dumped = &pages[i as usize * PAGE_SIZE..(i as usize + 1) * PAGE_SIZE];
-        let offs: Vec<usize> = (0..PAGE_SIZE).filter(|&k| live[k] != dumped[k]).collect();
-        match (offs.first(), offs.last()) {
-            (Some(&f), Some(&l)) if f / 32 == l / 32 => rseq_like += 1,
-            (Some(_), _) => differ.push(addr),
-            _ => {}
-        }
-    }
-    assert!(
-        differ.is_empty() && rseq_like <= 1,
-        "pages of the restored process unlike the dump's: {differ:x?} in {:#?} \
-         ({rseq_like} differing in one 32-byte window)",
-        mappings_of(pid, &differ)
-    );
+    assert_restored_as_dumped(pid, &store_dir, &pages);
     signal(pid, "CONT");
     signal(pid, "USR1");
     pagewise_testkit::wait_in_file(&out_file, "changed", 1, || {});
@@ -567,36 +506,13 @@ fn criu_restores_lazily_from_the_page_server() {
     std::fs::create_dir_all(&dir).unwrap();
     let t = start_target(&dir, true);
     let store_dir = dir.join("store");
-    let start_server = |extra: &[&str]| {
-        let mut ps = Reaped(
-            Command::new(BIN)
-                .args(["page-server", "--listen", "127.0.0.1:0", "--once", "--json"])
-                .args(extra)
-                .arg("--store")
-                .arg(&store_dir)
-                .stdout(Stdio::piped())
-                .spawn()
-                .unwrap(),
-        );
-        let mut out = BufReader::new(ps.0.stdout.take().unwrap());
-        let first = pagewise_testkit::line_within(&mut out, ps.0.id() as i32).unwrap_or_default();
-        let v: serde_json::Value = serde_json::from_str(&first).unwrap();
-        let port = v["listening"]
-            .as_str()
-            .unwrap()
-            .rsplit(':')
-            .next()
-            .unwrap()
-            .to_string();
-        (ps, out, port)
-    };
     // The dump ends the process (no --leave-running).
-    let (mut ps, _out, port) = start_server(&[]);
+    let (mut ps, _out, port) = start_page_server(&store_dir, &["--once"]);
     let images = dir.join("img");
     signal(t.pid, "STOP");
     let pid = t.pid;
     let out_file = t.out.clone();
-    dump_and_end(&criu, pid, &images, &port);
+    dump(&criu, pid, &images, port, &[]);
     assert_eq!(ps.0.wait().unwrap().code(), Some(0));
     drop(t);
     ok(Command::new(BIN)
@@ -619,7 +535,7 @@ fn criu_restores_lazily_from_the_page_server() {
         "the known regions are lazy: {lazy_pages} pages"
     );
     // pagewise serves dump 1's lazy pages; CRIU's daemon fetches them.
-    let (ps, mut out, port) = start_server(&["--lazy", "1"]);
+    let (ps, mut out, port) = start_page_server(&store_dir, &["--once", "--lazy", "1"]);
     let mut daemon = Reaped(
         Command::new(&criu)
             .args([
@@ -628,7 +544,7 @@ fn criu_restores_lazily_from_the_page_server() {
                 "--address",
                 "127.0.0.1",
                 "--port",
-                &port,
+                &port.to_string(),
             ])
             .args(["-v4", "-o", "lazy.log", "-D"])
             .arg(&images)
@@ -645,26 +561,7 @@ fn criu_restores_lazily_from_the_page_server() {
         );
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
-    let st = Command::new(&criu)
-        .args([
-            "restore",
-            "--lazy-pages",
-            "-d",
-            "-v4",
-            "-o",
-            "restore.log",
-            "-D",
-        ])
-        .arg(&images)
-        .status()
-        .unwrap();
-    let log = std::fs::read_to_string(images.join("restore.log")).unwrap_or_default();
-    let tail: Vec<&str> = log.lines().rev().take(15).collect();
-    assert!(
-        st.success(),
-        "criu restore --lazy-pages: {st}; its log ends: {tail:#?}"
-    );
-    let restored = Restored(pid);
+    let restored = restore(&criu, &images, &["--lazy-pages"], pid);
     // The daemon ends once every lazy page is in (it fetches the rest in
     // the background); bounded.
     let t0 = std::time::Instant::now();
@@ -681,8 +578,7 @@ fn criu_restores_lazily_from_the_page_server() {
         std::thread::sleep(std::time::Duration::from_millis(10));
     };
     assert!(end.success(), "criu lazy-pages: {end}");
-    let line = pagewise_testkit::line_within(&mut out, ps.0.id() as i32).unwrap_or_default();
-    let got: serde_json::Value = serde_json::from_str(&line).unwrap();
+    let got = next_line(&mut out, &ps);
     assert_eq!(got["broken"], serde_json::Value::Null, "{got}");
     assert_eq!(
         got["served_pages"], lazy_pages,
@@ -691,54 +587,10 @@ fn criu_restores_lazily_from_the_page_server() {
     // The restored memory is the dump's (but the rseq window).
     signal(pid, "STOP");
     let pages = std::fs::read(images.join("pages-65537.img")).unwrap();
-    let store = DiskStore::open(&store_dir).unwrap();
-    let snap = store.load(1).unwrap();
-    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
-    let mut live = vec![0u8; PAGE_SIZE];
-    let (mut differ, mut rseq_like) = (Vec::new(), 0);
-    for i in 0..snap.pages() {
-        let addr = snap.address_of(i).unwrap();
-        mem.read_exact_at(&mut live, addr).unwrap();
-        let dumped = &pages[i as usize * PAGE_SIZE..(i as usize + 1) * PAGE_SIZE];
-        let offs: Vec<usize> = (0..PAGE_SIZE).filter(|&k| live[k] != dumped[k]).collect();
-        match (offs.first(), offs.last()) {
-            (Some(&f), Some(&l)) if f / 32 == l / 32 => rseq_like += 1,
-            (Some(_), _) => differ.push(addr),
-            _ => {}
-        }
-    }
-    assert!(
-        differ.is_empty() && rseq_like <= 1,
-        "pages of the lazily restored process unlike the dump's: {differ:x?} in {:#?}",
-        mappings_of(pid, &differ)
-    );
+    assert_restored_as_dumped(pid, &store_dir, &pages);
     signal(pid, "CONT");
     signal(pid, "USR1");
     pagewise_testkit::wait_in_file(&out_file, "changed", 1, || {});
     drop(restored);
     drop(ps);
-}
-
-/// `criu dump` of `pid` into the page server at `port`, the process
-/// ended by it (no `--leave-running`).
-fn dump_and_end(criu: &std::path::Path, pid: i32, images: &std::path::Path, port: &str) {
-    std::fs::create_dir_all(images).unwrap();
-    let st = Command::new(criu)
-        .args(["dump", "-t", &pid.to_string(), "--page-server"])
-        .args([
-            "--address",
-            "127.0.0.1",
-            "--port",
-            port,
-            "-v4",
-            "-o",
-            "dump.log",
-            "-D",
-        ])
-        .arg(images)
-        .status()
-        .unwrap();
-    let log = std::fs::read_to_string(images.join("dump.log")).unwrap_or_default();
-    let tail: Vec<&str> = log.lines().rev().take(15).collect();
-    assert!(st.success(), "criu dump: {st}; its log ends: {tail:#?}");
 }
