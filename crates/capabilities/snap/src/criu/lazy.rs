@@ -13,7 +13,7 @@ use std::net::TcpStream;
 use pagewise_mech::PAGE_SIZE;
 
 use super::wire::{self, Dialect, Header};
-use super::{images::record, read_all, Broken, Received, Stop};
+use super::{first_header, images::record, read_all, Broken, Received, Stop};
 use crate::disk::{DiskSnapshot, DiskStore};
 use crate::Result;
 
@@ -111,18 +111,11 @@ pub(super) fn serve_lazy_session(
     super::check_peer(s)?;
     // Read and written through shared handles: no second descriptor.
     let mut r: &TcpStream = s;
-    let mut first = [0u8; wire::HEADER_LEGACY];
-    match read_all(&mut r, &mut first)? {
-        0 => return Ok(()),
-        n if n < first.len() => return Err(Broken("the peer sent half a header".into()).into()),
-        _ => {}
-    }
-    let dialect = Dialect::of_first(&first);
+    let Some((dialect, mut head)) = first_header(&mut r)? else {
+        return Ok(());
+    };
     got.dialect = Some(dialect);
     got.dump = Some(src.dump);
-    let mut head = vec![0u8; dialect.header_len()];
-    head[..first.len()].copy_from_slice(&first);
-    std::io::Read::read_exact(&mut r, &mut head[first.len()..])?;
     let mut out = BufWriter::with_capacity(1 << 16, &*s);
     loop {
         let h = Header::decode(dialect, &head);

@@ -300,17 +300,10 @@ fn serve_session(
     // megabyte, not per page); answers go straight to the socket.
     let mut out: &TcpStream = s;
     let mut s = std::io::BufReader::with_capacity(1 << 20, out);
-    let mut first = [0u8; wire::HEADER_LEGACY];
-    match read_all(&mut s, &mut first)? {
-        0 => return Ok(()),
-        n if n < first.len() => return Err(Broken("the peer sent half a header".into()).into()),
-        _ => {}
-    }
-    let dialect = Dialect::of_first(&first);
+    let Some((dialect, mut head)) = first_header(&mut s)? else {
+        return Ok(());
+    };
     got.dialect = Some(dialect);
-    let mut head = vec![0u8; dialect.header_len()];
-    head[..first.len()].copy_from_slice(&first);
-    s.read_exact(&mut head[first.len()..])?;
     let (max_pages, max_runs) = (server.max_pages, server.max_runs);
     let mut pages_named = 0u64;
     let mut runs_named = 0usize;
@@ -396,6 +389,22 @@ fn serve_session(
             return Err(Broken("the peer closed the connection before CLOSE".into()).into());
         }
     }
+}
+
+/// A session's first header and the dialect it is in (see
+/// [`Dialect::of_first`]); `None` if the peer sent nothing.
+fn first_header(r: &mut impl Read) -> std::result::Result<Option<(Dialect, Vec<u8>)>, Stop> {
+    let mut first = [0u8; wire::HEADER_LEGACY];
+    match read_all(r, &mut first)? {
+        0 => return Ok(None),
+        n if n < first.len() => return Err(Broken("the peer sent half a header".into()).into()),
+        _ => {}
+    }
+    let dialect = Dialect::of_first(&first);
+    let mut head = vec![0u8; dialect.header_len()];
+    head[..first.len()].copy_from_slice(&first);
+    r.read_exact(&mut head[first.len()..])?;
+    Ok(Some((dialect, head)))
 }
 
 /// Checks a run's header: page-aligned, within the user address space,
