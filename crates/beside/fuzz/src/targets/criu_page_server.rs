@@ -6,13 +6,12 @@ use pagewise_mech::PAGE_SIZE;
 use pagewise_snap::criu::wire::{self, Dialect, Header};
 use pagewise_snap::criu::PageServer;
 use pagewise_snap::DiskStore;
-use std::io::Write;
 use std::net::TcpListener;
 use std::path::Path;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use super::Target;
+use super::{over_loopback, Target};
 use crate::mutate::Rng;
 
 /// A page server and the loopback socket it is sent on.
@@ -39,25 +38,14 @@ impl CriuPageServer {
 
 impl Target for CriuPageServer {
     fn feed(&self, input: &[u8]) -> bool {
-        let addr = self.listener.local_addr().expect("a bound socket");
-        let data = input.to_vec();
-        let writer = std::thread::spawn(move || {
-            if let Ok(mut s) = std::net::TcpStream::connect(addr) {
-                let _ = s.write_all(&data);
-                let _ = s.shutdown(std::net::Shutdown::Write);
-                let mut sink = Vec::new();
-                let _ = std::io::Read::read_to_end(&mut s, &mut sink);
-            }
-        });
-        let (s, _) = self.listener.accept().expect("loopback accepts");
         // Store errors are the server's own (a full disk); the peer's
         // faults are results. Only a panic is a failure.
-        let mut server = self.server.lock().unwrap_or_else(|e| e.into_inner());
-        let read = server
-            .serve(s)
-            .is_ok_and(|r| r.broken.is_none() && r.closed && r.present_pages > 0);
-        writer.join().expect("the peer thread ends");
-        read
+        over_loopback(&self.listener, input, |s| {
+            let mut server = self.server.lock().unwrap_or_else(|e| e.into_inner());
+            server
+                .serve(s)
+                .is_ok_and(|r| r.broken.is_none() && r.closed && r.present_pages > 0)
+        })
     }
 
     fn seeds(&self, rng: &mut Rng) -> Vec<Vec<u8>> {

@@ -72,3 +72,27 @@ pub fn corpus_dir(name: &str) -> PathBuf {
 fn le(v: &[u64]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
+
+/// Sends `input` to `listener` from a peer thread (which then reads the
+/// answer to its end) and has `serve` serve the accepted connection;
+/// what `serve` said of it.
+fn over_loopback(
+    listener: &std::net::TcpListener,
+    input: &[u8],
+    serve: impl FnOnce(std::net::TcpStream) -> bool,
+) -> bool {
+    let addr = listener.local_addr().expect("a bound socket");
+    let data = input.to_vec();
+    let peer = std::thread::spawn(move || {
+        if let Ok(mut s) = std::net::TcpStream::connect(addr) {
+            let _ = std::io::Write::write_all(&mut s, &data);
+            let _ = s.shutdown(std::net::Shutdown::Write);
+            let mut sink = Vec::new();
+            let _ = std::io::Read::read_to_end(&mut s, &mut sink);
+        }
+    });
+    let (s, _) = listener.accept().expect("loopback accepts");
+    let read = serve(s);
+    peer.join().expect("the peer thread ends");
+    read
+}

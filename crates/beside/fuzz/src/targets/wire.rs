@@ -5,12 +5,11 @@ use anyhow::Result;
 use pagewise_mech::PAGE_SIZE;
 use pagewise_snap::wire::{Receiver, MAGIC, NONCE_LEN, VERSION};
 use pagewise_snap::DiskStore;
-use std::io::Write;
 use std::net::TcpListener;
 use std::path::Path;
 use std::time::Duration;
 
-use super::{le, Target};
+use super::{le, over_loopback, Target};
 use crate::mutate::Rng;
 
 /// A receiver and the loopback socket it is sent on.
@@ -33,25 +32,13 @@ impl Wire {
 
 impl Target for Wire {
     fn feed(&self, input: &[u8]) -> bool {
-        let addr = self.listener.local_addr().expect("a bound socket");
-        let data = input.to_vec();
-        let writer = std::thread::spawn(move || {
-            if let Ok(mut s) = std::net::TcpStream::connect(addr) {
-                let _ = s.write_all(&data);
-                let _ = s.shutdown(std::net::Shutdown::Write);
-                let mut sink = Vec::new();
-                let _ = std::io::Read::read_to_end(&mut s, &mut sink);
-            }
-        });
-        let (s, _) = self.listener.accept().expect("loopback accepts");
         // Store errors are the receiver's own (a full disk); the peer's
         // faults are results. Only a panic is a failure.
-        let read = self
-            .rx
-            .serve(s, &mut |_| {})
-            .is_ok_and(|r| r.broken.is_none() && !r.saved.is_empty());
-        writer.join().expect("the sender thread ends");
-        read
+        over_loopback(&self.listener, input, |s| {
+            self.rx
+                .serve(s, &mut |_| {})
+                .is_ok_and(|r| r.broken.is_none() && !r.saved.is_empty())
+        })
     }
 
     fn seeds(&self, rng: &mut Rng) -> Vec<Vec<u8>> {
