@@ -233,32 +233,31 @@ impl PageServer {
         let _ = s.set_nodelay(true);
         let mut got = Received::default();
         if let Some(src) = &self.lazy {
-            return match lazy::serve_lazy_session(&self.store, src, &mut s, &mut got) {
-                Ok(()) => Ok(got),
-                Err(Stop::Peer(Broken(why))) => {
-                    got.broken = Some(why);
-                    Ok(got)
-                }
-                Err(Stop::Ours(e)) => Err(e),
+            let end = lazy::serve_lazy_session(&self.store, src, &mut s, &mut got);
+            return match ended(end, &mut got) {
+                None => Ok(got),
+                Some(e) => Err(e),
             };
         }
         let dump = next_dump(self.store.dir());
-        let mut records = Vec::new();
-        let end = serve_session(self, &mut s, &mut got, &mut records);
-        let ours = match end {
-            Ok(()) => None,
-            Err(Stop::Peer(Broken(why))) => {
-                got.broken = Some(why);
-                None
-            }
-            Err(Stop::Ours(e)) => Some(e),
-        };
-        if !records.is_empty() {
+        let end = serve_session(self, &mut s, &mut got);
+        let ours = ended(end, &mut got);
+        if !got.pagemaps.is_empty() {
             got.dump = Some(dump);
+            let pagemaps = got
+                .pagemaps
+                .iter()
+                .map(|p| PagemapRecord {
+                    shmem: p.kind == Pagemap::Shmem,
+                    id: p.id,
+                    snapshot: p.snapshot,
+                    runs: p.runs.clone(),
+                })
+                .collect();
             let rec = DumpRecord {
                 dump,
                 closed: got.closed,
-                pagemaps: records,
+                pagemaps,
             };
             write_record(self.store.dir(), &rec)?;
         }
@@ -293,7 +292,6 @@ fn serve_session(
     server: &mut PageServer,
     s: &mut TcpStream,
     got: &mut Received,
-    records: &mut Vec<PagemapRecord>,
 ) -> std::result::Result<(), Stop> {
     check_peer(s)?;
     // Pages arrive by the thousand: read through a buffer (a call per
@@ -314,9 +312,9 @@ fn serve_session(
         match h.op {
             wire::OP_OPEN | wire::OP_OPEN2 => {
                 if let Some(o) = open.take() {
-                    finish(o, got, records)?;
+                    finish(o, got)?;
                 }
-                open = Some(begin(&mut server.store, h.dst_id, records.len())?);
+                open = Some(begin(&mut server.store, h.dst_id, got.pagemaps.len())?);
                 if h.op == wire::OP_OPEN2 {
                     // No parent dump: CRIU then sends every page.
                     out.write_all(&[0u8])?;
@@ -329,9 +327,9 @@ fn serve_session(
                 // server does ("IO w/o open").
                 if open.as_ref().is_none_or(|o| o.dst_id != h.dst_id) {
                     if let Some(o) = open.take() {
-                        finish(o, got, records)?;
+                        finish(o, got)?;
                     }
-                    open = Some(begin(&mut server.store, h.dst_id, records.len())?);
+                    open = Some(begin(&mut server.store, h.dst_id, got.pagemaps.len())?);
                 }
                 let Some(o) = open.as_mut() else {
                     unreachable!("a pagemap was just opened")
@@ -368,7 +366,7 @@ fn serve_session(
             }
             wire::OP_CLOSE | wire::OP_FORCE_CLOSE => {
                 if let Some(o) = open.take() {
-                    finish(o, got, records)?;
+                    finish(o, got)?;
                 }
                 got.closed = true;
                 out.write_all(&0i32.to_ne_bytes())?;
@@ -458,29 +456,31 @@ fn begin(store: &mut DiskStore, dst_id: u64, n: usize) -> std::result::Result<Op
     })
 }
 
-fn finish(
-    o: Open<'_>,
-    got: &mut Received,
-    records: &mut Vec<PagemapRecord>,
-) -> std::result::Result<(), Stop> {
+fn finish(o: Open<'_>, got: &mut Received) -> std::result::Result<(), Stop> {
     let saved = o.writer.finish()?;
-    let snapshot = saved.id;
     got.present_pages += o.present;
     got.stored_bytes += saved.pack_bytes;
-    records.push(PagemapRecord {
-        shmem: o.kind == Pagemap::Shmem,
-        id: o.id,
-        snapshot,
-        runs: o.runs.clone(),
-    });
     got.pagemaps.push(PagemapReceived {
         kind: o.kind,
         id: o.id,
-        snapshot,
+        snapshot: saved.id,
         runs: o.runs,
         present_pages: o.present,
     });
     Ok(())
+}
+
+/// How a session ended: a peer's failure is said in `got`; one of ours
+/// is returned.
+fn ended(end: std::result::Result<(), Stop>, got: &mut Received) -> Option<crate::Error> {
+    match end {
+        Ok(()) => None,
+        Err(Stop::Peer(Broken(why))) => {
+            got.broken = Some(why);
+            None
+        }
+        Err(Stop::Ours(e)) => Some(e),
+    }
 }
 
 /// Reads until `buf` is full or the peer closes; how much was read.
