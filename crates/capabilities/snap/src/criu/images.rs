@@ -109,7 +109,6 @@ pub fn export(store: &DiskStore, dump: u64, out: &Path) -> Result<Exported> {
         dump,
         ..Exported::default()
     };
-    let mut page = vec![0u8; PAGE_SIZE];
     for (i, pm) in rec.pagemaps.iter().enumerate() {
         let pages_id = PAGES_ID_BASE + i as u64 + 1;
         let mut img = Vec::new();
@@ -142,11 +141,7 @@ pub fn export(store: &DiskStore, dump: u64, out: &Path) -> Result<Exported> {
             .map_err(|e| io(format!("writing {}", path.display()), e))?;
         let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
         let snap = store.load(pm.snapshot)?;
-        for &e in &snap.entries {
-            store.read_page(e, &mut page)?;
-            w.write_all(&page)
-                .map_err(|e| io(format!("writing {}", path.display()), e))?;
-        }
+        crate::extract::raw(store, &snap, None, &mut w)?;
         w.flush()
             .map_err(|e| io(format!("writing {}", path.display()), e))?;
         done.pages += snap.pages();
