@@ -535,7 +535,10 @@ extern "C" fn on_sigsys(_: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
             // exit calls it with every signal blocked.)
             let changing = program && t.nr == libc::SYS_mremap;
             if changing {
-                CHANGING.fetch_add(1, Ordering::AcqRel);
+                // Then no step of the engine is under way that saw none
+                // changing (see engine::wait_for_steps).
+                CHANGING.fetch_add(1, Ordering::SeqCst);
+                crate::engine::wait_for_steps();
             }
             // SAFETY: the program's own call, made for it.
             let r = unsafe { raw_syscall(t.nr, a) };

@@ -210,7 +210,10 @@ pub struct Hooks {
     /// unmap, then the remap), letting the thread run between them: until
     /// the call is over the engine's books and the address space disagree,
     /// so while the count is non-zero the engine reads events but defers
-    /// adoptions, queued moves, faults and evictions for a new budget.
+    /// adoptions, queued moves, faults and evictions for a new budget. A
+    /// step that began before the count rose may still be moving pages:
+    /// the preload shim, once counted in, waits for the steps under way
+    /// to end before it calls `mremap`.
     pub remapping: Option<&'static std::sync::atomic::AtomicUsize>,
     /// Which thread serves faults (see [`FaultPath`]). `Inline` falls back
     /// to `Thread` where the kernel lacks `UFFD_FEATURE_SIGBUS`;

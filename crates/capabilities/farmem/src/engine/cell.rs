@@ -11,7 +11,36 @@ use super::Engine;
 use crate::Shared;
 use pagewise_sys::futex::{gettid, OwnedLock};
 use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+
+/// How many threads hold an engine's lock now, over every engine of the
+/// process: each step of an engine (an event read and followed, a fault
+/// served, work that waited for the events) runs under the lock and
+/// checks first that no thread of the program is inside an `mremap`
+/// (`Hooks::remapping`). A thread about to `mremap` counts itself in and
+/// then waits here for the steps under way to end (see
+/// [`wait_for_steps`]): a step that saw the count at zero must not still
+/// be moving the program's pages when the kernel moves them (reclaiming a
+/// range, it would take a page the kernel just moved there for one the
+/// books know nothing of, and book it remote where the move's event then
+/// books it local).
+static HOLDING: AtomicUsize = AtomicUsize::new(0);
+
+/// Waits until no thread holds an engine's lock (called by a thread of
+/// the program that counted itself in as remapping, before its call).
+/// Steps are short and never wait for the program's threads.
+pub(crate) fn wait_for_steps() {
+    let mut spins = 0u32;
+    while HOLDING.load(Ordering::SeqCst) != 0 {
+        spins += 1;
+        if spins < 64 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
+    }
+}
 
 /// One engine and the lock over it.
 pub(crate) struct Cell {
@@ -46,6 +75,7 @@ impl Guard<'_> {
 
 impl Drop for Guard<'_> {
     fn drop(&mut self) {
+        HOLDING.fetch_sub(1, Ordering::SeqCst);
         self.cell.lock.unlock();
     }
 }
@@ -60,8 +90,7 @@ impl Cell {
     }
 
     pub(crate) fn lock(&self) -> Guard<'_> {
-        self.lock.lock(gettid());
-        Guard { cell: self }
+        self.lock_as(gettid())
     }
 
     /// Whether thread `tid` holds the lock (it is inside the engine).
@@ -71,6 +100,9 @@ impl Cell {
 
     pub(crate) fn lock_as(&self, tid: i32) -> Guard<'_> {
         self.lock.lock(tid);
+        // Counted before the step looks at `Hooks::remapping` (see
+        // HOLDING): sequentially consistent on both sides.
+        HOLDING.fetch_add(1, Ordering::SeqCst);
         Guard { cell: self }
     }
 }

@@ -12,7 +12,7 @@ mod regions;
 use super::*;
 use crate::emulated;
 use crate::{Error, Result};
-pub(crate) use cell::{Cell, Served};
+pub(crate) use cell::{wait_for_steps, Cell, Served};
 use link::{Injector, Link, LinkConfig};
 use pagewise_mech::fault::{self as server, retry_after_events};
 use pagewise_mech::workload::AnonMemory;
@@ -608,8 +608,7 @@ impl Engine {
     /// Whether a thread of the program is inside an `mremap` (see
     /// [`super::Hooks::remapping`]).
     fn changing_now(&self) -> bool {
-        self.remapping
-            .is_some_and(|n| n.load(Ordering::Acquire) > 0)
+        self.remapping.is_some_and(|n| n.load(Ordering::SeqCst) > 0)
     }
 
     /// Applies what changed since the last fault or event: the instance's
