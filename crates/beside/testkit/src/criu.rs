@@ -60,11 +60,41 @@ pub fn dump_to_page_server(
     port: u16,
     extra: &[&str],
 ) -> Result<std::time::Duration, String> {
+    dump(criu, pid, images, Some(port), extra)
+}
+
+/// `criu dump` of `pid` with every image (its pages too) and its log
+/// (`dump.log`) in `images`, as [`dump_to_page_server`] says.
+pub fn dump_to_dir(
+    criu: &std::path::Path,
+    pid: u32,
+    images: &std::path::Path,
+    extra: &[&str],
+) -> Result<std::time::Duration, String> {
+    dump(criu, pid, images, None, extra)
+}
+
+fn dump(
+    criu: &std::path::Path,
+    pid: u32,
+    images: &std::path::Path,
+    port: Option<u16>,
+    extra: &[&str],
+) -> Result<std::time::Duration, String> {
     std::fs::create_dir_all(images).map_err(|e| format!("{}: {e}", images.display()))?;
     let t0 = std::time::Instant::now();
-    let st = Command::new(criu)
-        .args(["dump", "-t", &pid.to_string(), "--page-server"])
-        .args(["--address", "127.0.0.1", "--port", &port.to_string()])
+    let mut c = Command::new(criu);
+    c.args(["dump", "-t", &pid.to_string()]);
+    if let Some(port) = port {
+        c.args([
+            "--page-server",
+            "--address",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+        ]);
+    }
+    let st = c
         .args(extra)
         .args(["-o", "dump.log", "-D"])
         .arg(images)

@@ -107,6 +107,13 @@ pub enum RestoreOutput<'a> {
         /// Each process.
         restored: &'a [pagewise::snap::process::group::MemberRestore],
     },
+    /// `--criu`: a CRIU dump put in place.
+    Criu {
+        /// The dump's directory.
+        criu: std::path::PathBuf,
+        /// What was put in place.
+        restored: pagewise::snap::criu::InPlace,
+    },
 }
 impl crate::json::Printed for RestoreOutput<'_> {}
 
@@ -364,10 +371,23 @@ pub fn serve(a: ServeArgs) -> Result<i32> {
 
 #[derive(clap::Args)]
 pub struct RestoreArgs {
-    /// The store directory.
+    /// The store directory (with --criu: the CRIU dump's images).
     dir: std::path::PathBuf,
     /// The snapshot of the store to put back (default: its last).
     id: Option<u64>,
+    /// DIR holds a CRIU dump (`criu dump -D DIR`, `pagewise criu export`):
+    /// put its memory into the running process --pid in place, writing
+    /// only the pages that differ (for instance a process `criu restore`
+    /// started from an earlier dump of it, rolled to a later one). The
+    /// dump's private mappings must be the process's; registers are not
+    /// put back (the mapping each thread's stack pointer is in is left as
+    /// it is).
+    #[arg(long, conflicts_with_all = ["id", "memory_only", "another_process"])]
+    criu: bool,
+    /// With --criu: the dump's task to read (its `pagemap-ID.img`;
+    /// default: the --pid, or the dump's only task).
+    #[arg(long, requires = "criu")]
+    task: Option<u32>,
     /// The process to put it back into: the one it was taken of.
     #[arg(long, required_unless_present_any = ["containers", "cgroups"])]
     pid: Option<i32>,
@@ -415,6 +435,9 @@ descriptor the snapshot had is gone for good (a socket, a pipe). Not put
 back: the files themselves, shared memory, pending signals.";
 
 pub fn restore(a: RestoreArgs) -> Result<i32> {
+    if a.criu {
+        return restore_criu(&a);
+    }
     let disk = pagewise::snap::DiskStore::open(&a.dir)?;
     let id = match a.id {
         Some(id) => id,
@@ -466,6 +489,39 @@ pub fn restore(a: RestoreArgs) -> Result<i32> {
         for line in fd_lines(&r.fds) {
             println!("{line}");
         }
+    }
+    Ok(0)
+}
+
+/// `snapshot restore --criu DIR --pid P`.
+fn restore_criu(a: &RestoreArgs) -> Result<i32> {
+    let Some(pid) = a.pid else {
+        crate::usage!("--criu puts a dump into one running process: give --pid");
+    };
+    let r = pagewise::snap::criu::restore_in_place(&a.dir, pid, a.task)?;
+    if a.json {
+        let v = RestoreOutput::Criu {
+            criu: a.dir.clone(),
+            restored: r,
+        };
+        println!("{}", crate::json::line(&v)?);
+        return Ok(0);
+    }
+    println!(
+        "put CRIU dump {} (task {}) into process {}: {} of {} pages differed and were written, {} left-out pages reset, {:.2} ms",
+        a.dir.display(),
+        r.task,
+        pid,
+        r.pages_written,
+        r.pages_compared,
+        r.pages_reset,
+        r.elapsed_ns as f64 / 1e6
+    );
+    if !r.left.is_empty() {
+        println!(
+            "registers are not put back: {} mapping(s) holding a thread's stack left as they are",
+            r.left.len()
+        );
     }
     Ok(0)
 }

@@ -158,11 +158,10 @@ fn assert_restored_as_dumped(pid: i32, store_dir: &std::path::Path, pages: &[u8]
         let addr = snap.address_of(i).unwrap();
         mem.read_exact_at(&mut live, addr).unwrap();
         let dumped = &pages[i as usize * PAGE_SIZE..(i as usize + 1) * PAGE_SIZE];
-        let offs: Vec<usize> = (0..PAGE_SIZE).filter(|&k| live[k] != dumped[k]).collect();
-        match (offs.first(), offs.last()) {
-            (Some(&f), Some(&l)) if f / 32 == l / 32 => rseq_like += 1,
-            (Some(_), _) => differ.push(addr),
-            _ => {}
+        match one_rseq_window(&live, dumped) {
+            Some(true) => rseq_like += 1,
+            Some(false) => differ.push(addr),
+            None => {}
         }
     }
     assert!(
@@ -171,6 +170,21 @@ fn assert_restored_as_dumped(pid: i32, store_dir: &std::path::Path, pages: &[u8]
          ({rseq_like} differing in one 32-byte window)",
         mappings_of(pid, &differ)
     );
+}
+
+/// How page `live` differs from `dumped`: not at all (`None`), within one
+/// 32-byte aligned window alone, as the kernel's writes to a thread's
+/// `struct rseq` do (`Some(true)`), or otherwise.
+fn one_rseq_window(live: &[u8], dumped: &[u8]) -> Option<bool> {
+    let first = live.iter().zip(dumped).position(|(x, y)| x != y)?;
+    let last = PAGE_SIZE
+        - 1
+        - live
+            .iter()
+            .rev()
+            .zip(dumped.iter().rev())
+            .position(|(x, y)| x != y)?;
+    Some(first / 32 == last / 32)
 }
 
 /// Every page of snapshot `id` against the process's memory now: the
@@ -593,4 +607,170 @@ fn criu_restores_lazily_from_the_page_server() {
     pagewise_testkit::wait_in_file(&out_file, "changed", 1, || {});
     drop(restored);
     drop(ps);
+}
+
+/// The pages of a CRIU dump's images (`pagemap-PID.img` and the pages
+/// image it names, as CRIU wrote them): address to bytes.
+fn dumped_pages(images: &std::path::Path, pid: i32) -> std::collections::BTreeMap<u64, Vec<u8>> {
+    let pm = std::fs::read(images.join(format!("pagemap-{pid}.img"))).unwrap();
+    // Two magics, then u32-sized protobuf messages: the head (pages_id),
+    // then (vaddr = 1, nr_pages = 5, flags = 4) per run.
+    let mut msgs = Vec::new();
+    let mut at = 8;
+    while at < pm.len() {
+        let n = u32::from_ne_bytes(pm[at..at + 4].try_into().unwrap()) as usize;
+        msgs.push(&pm[at + 4..at + 4 + n]);
+        at += 4 + n;
+    }
+    let fields = |m: &[u8]| {
+        let mut out = std::collections::HashMap::new();
+        let mut i = 0;
+        let varint = |i: &mut usize| {
+            let (mut v, mut s) = (0u64, 0);
+            loop {
+                let b = m[*i];
+                *i += 1;
+                v |= u64::from(b & 0x7f) << s;
+                s += 7;
+                if b & 0x80 == 0 {
+                    return v;
+                }
+            }
+        };
+        while i < m.len() {
+            let k = varint(&mut i);
+            assert_eq!(k & 7, 0, "pagemap fields are varints");
+            out.insert(k >> 3, varint(&mut i));
+        }
+        out
+    };
+    let pages_id = fields(msgs[0])[&1];
+    let pages = std::fs::read(images.join(format!("pages-{pages_id}.img"))).unwrap();
+    let mut out = std::collections::BTreeMap::new();
+    let mut off = 0;
+    for m in &msgs[1..] {
+        let f = fields(m);
+        if f.get(&4).copied().unwrap_or(4) & 4 == 0 {
+            continue;
+        }
+        for i in 0..f[&5] {
+            out.insert(
+                f[&1] + i * PAGE_SIZE as u64,
+                pages[off..off + PAGE_SIZE].to_vec(),
+            );
+            off += PAGE_SIZE;
+        }
+    }
+    assert_eq!(
+        off,
+        pages.len(),
+        "the pages image holds the pagemap's pages"
+    );
+    out
+}
+
+/// `pagewise snapshot restore --criu DIR --pid P` puts a later CRIU dump
+/// into the process `criu restore` made of an earlier one, in place: it
+/// writes the pages that differ between the dumps (the target changed 21
+/// known pages between them, and a few of its own: its output buffer), and
+/// afterwards every dumped page outside the thread's stack reads as the
+/// later dump has it; the process runs on. Into a process whose mappings
+/// are not the dump's it is refused, naming the first difference.
+#[test]
+fn a_later_criu_dump_is_put_in_place_into_a_restored_process() {
+    let criu = match pagewise_testkit::criu::criu4() {
+        Ok(c) => c,
+        Err(why) => return pagewise_testkit::skip!("{why}"),
+    };
+    let dir = temp_dir("criu-in-place");
+    std::fs::create_dir_all(&dir).unwrap();
+    let t = start_target(&dir, true);
+    let (d1, d2) = (dir.join("d1"), dir.join("d2"));
+    let dump_dir = |d: &std::path::Path| {
+        pagewise_testkit::criu::dump_to_dir(&criu, t.pid as u32, d, &["--leave-running", "-v4"])
+            .unwrap_or_else(|why| panic!("{why}"))
+    };
+    dump_dir(&d1);
+    // CRIU restores only a process whose open files are as they were: the
+    // output file is put back as it was at the first dump.
+    let out_then = std::fs::read(&t.out).unwrap();
+    signal(t.pid, "USR1");
+    pagewise_testkit::wait_in_file(&t.out, "changed", 1, || {});
+    dump_dir(&d2);
+    let (pages1, pages2) = (dumped_pages(&d1, t.pid), dumped_pages(&d2, t.pid));
+    let pid = t.pid;
+    let out_file = t.out.clone();
+    drop(t);
+    // Refused into another process: its mappings are not the dump's.
+    std::fs::create_dir_all(dir.join("other")).unwrap();
+    let other = start_target(&dir.join("other"), true);
+    let o = Command::new(BIN)
+        .args(["snapshot", "restore", "--criu"])
+        .arg(&d2)
+        .args(["--pid", &other.pid.to_string(), "--task", &pid.to_string()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("its mappings are not those of the CRIU dump"),
+        "into another process: {} {err}",
+        o.status
+    );
+    drop(other);
+    std::fs::write(&out_file, &out_then).unwrap();
+    let restored = restore(&criu, &d1, &[], pid);
+    let o = ok(Command::new(BIN)
+        .args(["snapshot", "restore", "--json", "--criu"])
+        .arg(&d2)
+        .args(["--pid", &pid.to_string()]));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let r = &v["restored"];
+    let left: Vec<(u64, u64)> = r["left"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p[0].as_u64().unwrap(), p[1].as_u64().unwrap()))
+        .collect();
+    assert_eq!(left.len(), 1, "one thread, its stack left: {v}");
+    let on_stack = |a: u64| left.iter().any(|&(s, e)| s <= a && a < e);
+    // Ground truth: the pages that differ between the two dumps.
+    let changed = pages2
+        .iter()
+        .filter(|(a, p)| !on_stack(**a) && pages1.get(*a) != Some(*p))
+        .count() as u64;
+    assert!(changed >= 21, "the target changed 21 pages of A: {changed}");
+    let written = r["pages_written"].as_u64().unwrap();
+    assert_eq!(
+        r["pages_compared"].as_u64().unwrap(),
+        pages2.keys().filter(|a| !on_stack(**a)).count() as u64,
+        "every dumped page off the stack compared: {v}"
+    );
+    // The restored process may differ from the first dump in its rseq
+    // area (one page, see assert_restored_as_dumped).
+    assert!(
+        written == changed || written == changed + 1,
+        "{written} pages written, {changed} differ between the dumps: {v}"
+    );
+    signal(pid, "STOP");
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    let mut live = vec![0u8; PAGE_SIZE];
+    let (mut differ, mut rseq_like) = (Vec::new(), 0);
+    for (a, p) in pages2.iter().filter(|(a, _)| !on_stack(**a)) {
+        mem.read_exact_at(&mut live, *a).unwrap();
+        match one_rseq_window(&live, p) {
+            Some(true) => rseq_like += 1,
+            Some(false) => differ.push(*a),
+            None => {}
+        }
+    }
+    assert!(
+        differ.is_empty() && rseq_like <= 1,
+        "pages unlike the later dump's: {differ:x?} in {:#?} ({rseq_like} differing in one \
+         32-byte window; {v})",
+        mappings_of(pid, &differ),
+    );
+    signal(pid, "CONT");
+    signal(pid, "USR1");
+    pagewise_testkit::wait_in_file(&out_file, "changed", 1, || {});
+    drop(restored);
 }

@@ -21,9 +21,11 @@
 
 mod images;
 mod lazy;
+mod restore;
 pub mod wire;
 
 pub use images::{export, Exported, IMG_COMMON_MAGIC, PAGEMAP_MAGIC};
+pub use restore::{restore_in_place, InPlace};
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

@@ -327,4 +327,27 @@ pub enum RollbackRefusal {
         /// The first change.
         first: String,
     },
+    /// A CRIU dump put in place meets mappings other than the dump's:
+    /// pagewise writes pages into the mappings there are and makes none.
+    #[error(
+        "process {pid}: its mappings are not those of the CRIU dump in {dir} ({first}); \
+         pages are put in place only into the dump's own mappings: restore that dump with \
+         criu restore"
+    )]
+    CriuLayout {
+        /// The process.
+        pid: i32,
+        /// The dump's directory.
+        dir: String,
+        /// The first difference.
+        first: String,
+    },
+    /// CRIU images that cannot be put in place.
+    #[error("the CRIU dump in {dir} cannot be put in place: {why}")]
+    CriuImages {
+        /// The dump's directory.
+        dir: String,
+        /// Why.
+        why: String,
+    },
 }

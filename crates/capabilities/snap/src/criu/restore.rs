@@ -1,0 +1,662 @@
+//! A later CRIU dump put into a running process in place: the process
+//! (for instance one `criu restore` started from an earlier dump of it)
+//! is stopped, each page the dump's images hold is compared with what the
+//! process holds and written where it differs, and every other page CRIU
+//! would have left as zeros or as the file's is made so: what `criu
+//! restore` of the later dump would have made of the process's memory,
+//! writing only the pages that differ.
+//!
+//! The images read are the task's `pagemap-ID.img` and the `pages-N.img`
+//! it names, and its `mm-ID.img` for the mappings the dump saw (`vma_entry`:
+//! start, end, protection, CRIU's status). CRIU leaves out of a dump every
+//! page that was never touched or maps the zero page, and, in a private
+//! mapping of a file, every page not copied on write: such a page reads
+//! as zeros (anonymous memory) or as the file (a file's mapping) after
+//! `criu restore`, and is made so here where the process holds other
+//! bytes.
+//!
+//! What is put back and what is not:
+//! - **memory**: every private mapping's pages as above, written through
+//!   `/proc/PID/mem` (so also those of mappings the program made
+//!   read-only since, as CRIU's restore writes them before it protects);
+//! - **the layout** is checked, not made: every private mapping of the
+//!   dump must be mapped in the process with the same bounds and
+//!   protection, and no private writable mapping may have appeared since
+//!   ([`RollbackRefusal::CriuLayout`] names the first difference);
+//! - **registers are not put back**: the threads run on from where they
+//!   are, so the mapping each thread's stack pointer is in is left as it
+//!   is ([`InPlace::left`]), as in a memory-only restore of pagewise's own
+//!   snapshots. This suits a process that waits where it waited at the
+//!   dump (a server in its event loop).
+//!
+//! Dumps whose pages sit in a parent dump (`PE_PARENT`, `criu dump
+//! --prev-images-dir`) are refused: only whole dumps are read.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use pagewise_mech::stop::Stopped;
+use pagewise_mech::walk::PageWalker;
+use pagewise_mech::{procfs, Region, PAGE_SIZE};
+use serde::Serialize;
+
+use super::images::{IMG_COMMON_MAGIC, PAGEMAP_MAGIC};
+use super::wire::{PE_PARENT, PE_PRESENT};
+use super::Run;
+use crate::error::RollbackRefusal;
+use crate::{Error, Result};
+
+/// `MM_MAGIC` (criu/include/magic.h).
+const MM_MAGIC: u32 = 0x5749_2820;
+
+/// CRIU's `VMA_AREA_REGULAR`: a mapping CRIU dumps and restores.
+const VMA_AREA_REGULAR: u32 = 1 << 0;
+/// `VMA_AREA_VSYSCALL`, `VMA_AREA_VDSO`, `VMA_AREA_VVAR`: the kernel's.
+const VMA_KERNELS: u32 = (1 << 2) | (1 << 3) | (1 << 12);
+/// `VMA_FILE_PRIVATE`.
+const VMA_FILE_PRIVATE: u32 = 1 << 6;
+/// `VMA_ANON_PRIVATE`.
+const VMA_ANON_PRIVATE: u32 = 1 << 9;
+/// `PROT_WRITE`.
+const PROT_WRITE: u32 = 2;
+
+/// Pages compared per read.
+const CHUNK_PAGES: u64 = 256;
+
+/// One mapping of a dump (`vma_entry`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Vma {
+    start: u64,
+    end: u64,
+    /// The offset in the file mapped, in bytes.
+    pgoff: u64,
+    prot: u32,
+    status: u32,
+}
+
+impl Vma {
+    /// A private mapping whose pages CRIU dumps.
+    fn private(&self) -> bool {
+        self.status & VMA_AREA_REGULAR != 0
+            && self.status & VMA_KERNELS == 0
+            && self.status & (VMA_ANON_PRIVATE | VMA_FILE_PRIVATE) != 0
+    }
+}
+
+/// One task's images in a CRIU dump directory.
+#[derive(Debug)]
+struct Images {
+    task: u32,
+    runs: Vec<Run>,
+    vmas: Vec<Vma>,
+    pages: PathBuf,
+}
+
+/// What an in-place restore of a CRIU dump did.
+#[derive(Debug, Clone, Default, Serialize, schemars::JsonSchema)]
+#[non_exhaustive]
+pub struct InPlace {
+    /// The process written into.
+    pub pid: i32,
+    /// The dump's task id (its images are `pagemap-ID.img`, `mm-ID.img`).
+    pub task: u32,
+    /// Pages of the dump's images compared with the process's.
+    pub pages_compared: u64,
+    /// Of those, pages that differed and were written.
+    pub pages_written: u64,
+    /// Pages the dump left out that the process held other bytes in, made
+    /// zeros (anonymous memory) or the file's bytes again.
+    pub pages_reset: u64,
+    /// Mappings left as they are because a thread's stack pointer is in
+    /// them (registers are not put back), `[start, end)`.
+    pub left: Vec<(u64, u64)>,
+    /// Time from the stop to the release, in nanoseconds.
+    pub elapsed_ns: u64,
+}
+
+fn corrupt(path: &Path, what: impl Into<String>) -> Error {
+    pagewise_mech::Error::Corrupt {
+        path: path.display().to_string(),
+        what: what.into(),
+    }
+    .into()
+}
+
+fn io(what: String, e: std::io::Error) -> Error {
+    pagewise_mech::Error::os(what, e).into()
+}
+
+/// A protobuf field's value: a varint or fixed number, or bytes.
+enum Value<'a> {
+    Int(u64),
+    Bytes(&'a [u8]),
+}
+
+fn varint(b: &[u8], at: &mut usize) -> Option<u64> {
+    let mut v = 0u64;
+    for shift in (0..64).step_by(7) {
+        let byte = *b.get(*at)?;
+        *at += 1;
+        v |= u64::from(byte & 0x7f) << shift;
+        if byte & 0x80 == 0 {
+            return Some(v);
+        }
+    }
+    None
+}
+
+/// The fields of one protobuf message, in order; `None` where it is cut
+/// short or uses a wire type protobuf 2 does not have.
+fn fields(b: &[u8]) -> Option<Vec<(u64, Value<'_>)>> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at < b.len() {
+        let key = varint(b, &mut at)?;
+        let value = match key & 7 {
+            0 => Value::Int(varint(b, &mut at)?),
+            1 => {
+                let v = b.get(at..at + 8)?;
+                at += 8;
+                Value::Int(u64::from_le_bytes(v.try_into().ok()?))
+            }
+            2 => {
+                let n = usize::try_from(varint(b, &mut at)?).ok()?;
+                let v = b.get(at..at.checked_add(n)?)?;
+                at += n;
+                Value::Bytes(v)
+            }
+            5 => {
+                let v = b.get(at..at + 4)?;
+                at += 4;
+                Value::Int(u64::from(u32::from_le_bytes(v.try_into().ok()?)))
+            }
+            _ => return None,
+        };
+        out.push((key >> 3, value));
+    }
+    Some(out)
+}
+
+/// The messages of an image file with image magic `magic`, each after its
+/// `u32` size.
+fn messages<'a>(path: &Path, b: &'a [u8], magic: u32) -> Result<Vec<&'a [u8]>> {
+    let word = |at: usize| {
+        b.get(at..at + 4)
+            .map(|w| u32::from_ne_bytes(w.try_into().expect("four bytes")))
+    };
+    if word(0) != Some(IMG_COMMON_MAGIC) || word(4) != Some(magic) {
+        return Err(corrupt(
+            path,
+            format!("not a CRIU image with magic {magic:#x}"),
+        ));
+    }
+    let mut out = Vec::new();
+    let mut at = 8;
+    while at < b.len() {
+        let n = word(at).ok_or_else(|| corrupt(path, "a message size cut short"))? as usize;
+        let m = b
+            .get(at + 4..at + 4 + n)
+            .ok_or_else(|| corrupt(path, format!("a message of {n} bytes cut short")))?;
+        out.push(m);
+        at += 4 + n;
+    }
+    Ok(out)
+}
+
+fn int(f: &[(u64, Value<'_>)], field: u64) -> Option<u64> {
+    f.iter().find_map(|(k, v)| match v {
+        Value::Int(i) if *k == field => Some(*i),
+        _ => None,
+    })
+}
+
+fn read(path: &Path) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|e| io(format!("reading {}", path.display()), e))
+}
+
+/// The task of `dir` to read: `task`, or the only one there.
+fn pick_task(dir: &Path, task: u32) -> Result<u32> {
+    if dir.join(format!("pagemap-{task}.img")).exists() {
+        return Ok(task);
+    }
+    let entries =
+        std::fs::read_dir(dir).map_err(|e| io(format!("listing {}", dir.display()), e))?;
+    let mut ids: Vec<u32> = entries
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            name.strip_prefix("pagemap-")?
+                .strip_suffix(".img")?
+                .parse()
+                .ok()
+        })
+        .collect();
+    ids.sort_unstable();
+    match ids.as_slice() {
+        [only] => Ok(*only),
+        _ => Err(RollbackRefusal::CriuImages {
+            dir: dir.display().to_string(),
+            why: format!(
+                "no pagemap-{task}.img, and the dump's tasks are {ids:?}: name one with --task"
+            ),
+        }
+        .into()),
+    }
+}
+
+fn read_images(dir: &Path, task: u32) -> Result<Images> {
+    let task = pick_task(dir, task)?;
+    let path = dir.join(format!("pagemap-{task}.img"));
+    let b = read(&path)?;
+    let msgs = messages(&path, &b, PAGEMAP_MAGIC)?;
+    let (head, entries) = msgs
+        .split_first()
+        .ok_or_else(|| corrupt(&path, "no pagemap_head"))?;
+    let pages_id = fields(head)
+        .and_then(|f| int(&f, 1))
+        .ok_or_else(|| corrupt(&path, "a pagemap_head without pages_id"))?;
+    let mut runs = Vec::with_capacity(entries.len());
+    for m in entries {
+        let f = fields(m).ok_or_else(|| corrupt(&path, "a pagemap_entry cut short"))?;
+        let vaddr = int(&f, 1).ok_or_else(|| corrupt(&path, "a pagemap_entry without vaddr"))?;
+        let nr_pages = int(&f, 5).or_else(|| int(&f, 2)).unwrap_or(0);
+        // As CRIU reads an entry without flags: in its parent, or present.
+        let flags = match (int(&f, 4), int(&f, 3)) {
+            (Some(fl), _) => fl as u32,
+            (None, Some(1)) => PE_PARENT,
+            (None, _) => PE_PRESENT,
+        };
+        if vaddr % PAGE_SIZE as u64 != 0
+            || nr_pages > super::USER_END / PAGE_SIZE as u64
+            || vaddr.saturating_add(nr_pages * PAGE_SIZE as u64) > super::USER_END
+        {
+            return Err(corrupt(
+                &path,
+                format!("a run of {nr_pages} pages at {vaddr:#x} outside the user address space"),
+            ));
+        }
+        runs.push(Run {
+            vaddr,
+            nr_pages,
+            flags,
+        });
+    }
+    let path = dir.join(format!("mm-{task}.img"));
+    let b = read(&path)?;
+    let msgs = messages(&path, &b, MM_MAGIC)?;
+    let mm = msgs
+        .first()
+        .and_then(|m| fields(m))
+        .ok_or_else(|| corrupt(&path, "no mm_entry"))?;
+    let mut vmas = Vec::new();
+    for (k, v) in &mm {
+        if let (14, Value::Bytes(m)) = (k, v) {
+            let f = fields(m).ok_or_else(|| corrupt(&path, "a vma_entry cut short"))?;
+            let get = |n| int(&f, n).ok_or_else(|| corrupt(&path, "a vma_entry missing a field"));
+            vmas.push(Vma {
+                start: get(1)?,
+                end: get(2)?,
+                pgoff: get(3)?,
+                prot: get(5)? as u32,
+                status: get(7)? as u32,
+            });
+        }
+    }
+    Ok(Images {
+        task,
+        runs,
+        vmas,
+        pages: dir.join(format!("pages-{pages_id}.img")),
+    })
+}
+
+/// The first way the process's mappings differ from the dump's, if any.
+fn layout_difference(vmas: &[Vma], maps: &[procfs::Mapping]) -> Option<String> {
+    let prot = |m: &procfs::Mapping| {
+        u32::from(m.read) | (u32::from(m.write) << 1) | (u32::from(m.exec) << 2)
+    };
+    for v in vmas.iter().filter(|v| v.private()) {
+        let Some(m) = maps.iter().find(|m| m.start < v.end && v.start < m.end) else {
+            return Some(format!(
+                "the dump's mapping {:#x}..{:#x} is not mapped",
+                v.start, v.end
+            ));
+        };
+        if (m.start, m.end, prot(m)) != (v.start, v.end, v.prot) || m.shared {
+            return Some(format!(
+                "the dump's mapping {:#x}..{:#x} (protection {}) is {:#x}..{:#x} (protection {}{}) now",
+                v.start,
+                v.end,
+                v.prot,
+                m.start,
+                m.end,
+                prot(m),
+                if m.shared { ", shared" } else { "" }
+            ));
+        }
+    }
+    for m in maps.iter().filter(|m| m.write && !m.shared) {
+        if !vmas.iter().any(|v| v.start == m.start && v.end == m.end) {
+            return Some(format!(
+                "{:#x}..{:#x} ({}) was mapped since the dump",
+                m.start,
+                m.end,
+                if m.path.is_empty() {
+                    "anonymous"
+                } else {
+                    &m.path
+                }
+            ));
+        }
+    }
+    None
+}
+
+/// Puts the memory of the CRIU dump in `dir` (task `task`, by default the
+/// process's own pid) into process `pid` in place: see the module. The
+/// process is stopped meanwhile and left as it was found.
+pub fn restore_in_place(dir: &Path, pid: i32, task: Option<u32>) -> Result<InPlace> {
+    procfs::check_target(pid)?;
+    let img = read_images(dir, task.unwrap_or(pid as u32))?;
+    let refuse = |why: String| -> Error {
+        RollbackRefusal::CriuImages {
+            dir: dir.display().to_string(),
+            why,
+        }
+        .into()
+    };
+    if let Some(r) = img.runs.iter().find(|r| r.flags & PE_PARENT != 0) {
+        return Err(refuse(format!(
+            "the pages at {:#x} are in a parent dump (criu dump --prev-images-dir): only whole dumps are read",
+            r.vaddr
+        )));
+    }
+    let pages =
+        File::open(&img.pages).map_err(|e| io(format!("opening {}", img.pages.display()), e))?;
+    let stopped = Stopped::new(pid)?;
+    let t0 = Instant::now();
+    // Checked once every thread is stopped: the process is the one named.
+    procfs::check_target(pid)?;
+    let maps = procfs::maps(Some(pid))?;
+    if let Some(first) = layout_difference(&img.vmas, &maps) {
+        return Err(RollbackRefusal::CriuLayout {
+            pid,
+            dir: dir.display().to_string(),
+            first,
+        }
+        .into());
+    }
+    let mut left = Vec::new();
+    for &tid in stopped.tids() {
+        let r = pagewise_sys::process::ptrace_getregs(tid)
+            .map_err(|e| Error::for_pid(pid, format!("PTRACE_GETREGS of {tid}"), e))?;
+        if let Some(m) = maps.iter().find(|m| m.start <= r.rsp && r.rsp < m.end) {
+            left.push((m.start, m.end));
+        }
+    }
+    left.sort_unstable();
+    left.dedup();
+    let is_left = |a: u64| left.iter().any(|&(s, e)| s <= a && a < e);
+    let mem = Mem::open(pid)?;
+    let mut out = InPlace {
+        pid,
+        task: img.task,
+        left: left.clone(),
+        ..InPlace::default()
+    };
+    let mut want = vec![0u8; (CHUNK_PAGES as usize) * PAGE_SIZE];
+    let mut have = vec![0u8; want.len()];
+    // The dump's pages: compared, written where they differ.
+    let mut dumped: Vec<(u64, u64)> = Vec::new();
+    let mut offset = 0u64;
+    for r in img.runs.iter().filter(|r| r.flags & PE_PRESENT != 0) {
+        let end = r.vaddr + r.nr_pages * PAGE_SIZE as u64;
+        dumped.push((r.vaddr, end));
+        let mut at = r.vaddr;
+        while at < end {
+            let n = ((end - at) / PAGE_SIZE as u64).min(CHUNK_PAGES);
+            let len = (n as usize) * PAGE_SIZE;
+            if is_left(at) {
+                // Skipped a page at a time: a run may leave the area.
+                offset += PAGE_SIZE as u64;
+                at += PAGE_SIZE as u64;
+                continue;
+            }
+            let n = (0..n)
+                .take_while(|i| !is_left(at + i * PAGE_SIZE as u64))
+                .count() as u64;
+            let len = len.min(n as usize * PAGE_SIZE);
+            pages
+                .read_exact_at(&mut want[..len], offset)
+                .map_err(|e| io(format!("reading {} at {offset}", img.pages.display()), e))?;
+            mem.read(at, &mut have[..len])?;
+            out.pages_compared += n;
+            out.pages_written += mem.write_differing(at, &want[..len], &have[..len])?;
+            offset += len as u64;
+            at += len as u64;
+        }
+    }
+    dumped.sort_unstable();
+    out.pages_reset = reset_left_out(&mem, &img.vmas, &dumped, &left)?;
+    out.elapsed_ns = t0.elapsed().as_nanos() as u64;
+    drop(stopped);
+    Ok(out)
+}
+
+/// A stopped process's memory, through `/proc/PID/mem`.
+struct Mem {
+    pid: i32,
+    file: File,
+}
+
+impl Mem {
+    fn open(pid: i32) -> Result<Mem> {
+        let path = format!("/proc/{pid}/mem");
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|e| Error::for_pid(pid, format!("opening {path}"), e))?;
+        Ok(Mem { pid, file })
+    }
+
+    fn read(&self, at: u64, b: &mut [u8]) -> Result<()> {
+        self.file
+            .read_exact_at(b, at)
+            .map_err(|e| Error::for_pid(self.pid, format!("reading {:#x}+{:#x}", at, b.len()), e))
+    }
+
+    /// Writes the pages of `want` that differ from `have` at `at`, a run
+    /// of adjacent ones per write; returns how many.
+    fn write_differing(&self, at: u64, want: &[u8], have: &[u8]) -> Result<u64> {
+        let pages = want.len() / PAGE_SIZE;
+        let same = |k: usize| {
+            want[k * PAGE_SIZE..(k + 1) * PAGE_SIZE] == have[k * PAGE_SIZE..(k + 1) * PAGE_SIZE]
+        };
+        let (mut i, mut written) = (0, 0);
+        while i < pages {
+            if same(i) {
+                i += 1;
+                continue;
+            }
+            let mut j = i + 1;
+            while j < pages && !same(j) {
+                j += 1;
+            }
+            let (w, b) = (
+                at + (i * PAGE_SIZE) as u64,
+                &want[i * PAGE_SIZE..j * PAGE_SIZE],
+            );
+            self.file.write_all_at(b, w).map_err(|e| {
+                Error::for_pid(self.pid, format!("writing {:#x}+{:#x}", w, b.len()), e)
+            })?;
+            written += (j - i) as u64;
+            i = j;
+        }
+        Ok(written)
+    }
+}
+
+/// Makes the pages the dump left out (outside `dumped`, sorted runs) of
+/// its private writable mappings what `criu restore` would: zeros in
+/// anonymous memory, the file's bytes in a file's mapping (where the
+/// process copied them on write since); mappings in `left` are skipped.
+/// Returns how many pages it wrote.
+fn reset_left_out(
+    mem: &Mem,
+    vmas: &[Vma],
+    dumped: &[(u64, u64)],
+    left: &[(u64, u64)],
+) -> Result<u64> {
+    use pagewise_sys::pagemap::category::{FILE, PRESENT, SWAPPED};
+    let mut walker = PageWalker::new(Some(mem.pid))?;
+    let (mut runs, mut reset) = (Vec::new(), 0);
+    let (mut have, mut want) = (vec![0u8; PAGE_SIZE], vec![0u8; PAGE_SIZE]);
+    for v in vmas
+        .iter()
+        .filter(|v| v.private() && v.prot & PROT_WRITE != 0)
+    {
+        if left.iter().any(|&(s, e)| s <= v.start && v.start < e) {
+            continue;
+        }
+        let anon = v.status & VMA_ANON_PRIVATE != 0;
+        let region = Region::new(v.start, v.end - v.start)?;
+        walker.categories(
+            region,
+            PRESENT | SWAPPED,
+            PRESENT | SWAPPED | FILE,
+            &mut runs,
+        )?;
+        // A file's page not copied on write is the file's already.
+        for pr in runs.iter().filter(|pr| anon || pr.categories & FILE == 0) {
+            for at in (pr.start..pr.end).step_by(PAGE_SIZE) {
+                let inside = dumped
+                    .get(dumped.partition_point(|&(_, e)| e <= at))
+                    .is_some_and(|&(s, _)| s <= at);
+                if inside {
+                    continue;
+                }
+                mem.read(at, &mut have)?;
+                if anon {
+                    want.fill(0);
+                } else {
+                    file_page(mem.pid, v, at, &mut want)?;
+                }
+                reset += mem.write_differing(at, &want, &have)?;
+            }
+        }
+    }
+    Ok(reset)
+}
+
+/// The bytes of the file mapped privately by `v` at page `at`, as the
+/// process maps it (`/proc/PID/map_files`): what CRIU's restore maps
+/// there; zeros past the file's end.
+fn file_page(pid: i32, v: &Vma, at: u64, out: &mut [u8]) -> Result<()> {
+    let path = format!("/proc/{pid}/map_files/{:x}-{:x}", v.start, v.end);
+    let f = File::open(&path).map_err(|e| Error::for_pid(pid, format!("opening {path}"), e))?;
+    out.fill(0);
+    let mut got = 0;
+    while got < out.len() {
+        match f.read_at(&mut out[got..], v.pgoff + at - v.start + got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(Error::for_pid(pid, format!("reading {path}"), e)),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn image(magic: u32, msgs: &[&[u8]]) -> Vec<u8> {
+        let mut b = Vec::new();
+        b.extend_from_slice(&IMG_COMMON_MAGIC.to_ne_bytes());
+        b.extend_from_slice(&magic.to_ne_bytes());
+        for m in msgs {
+            b.extend_from_slice(&(m.len() as u32).to_ne_bytes());
+            b.extend_from_slice(m);
+        }
+        b
+    }
+
+    #[test]
+    fn messages_are_split_and_checked() {
+        let p = Path::new("x.img");
+        let b = image(MM_MAGIC, &[&[8, 1], &[]]);
+        assert_eq!(
+            messages(p, &b, MM_MAGIC).unwrap(),
+            vec![&[8u8, 1][..], &[][..]]
+        );
+        // Another image's magic, a size past the end, a cut size.
+        assert!(messages(p, &b, PAGEMAP_MAGIC).is_err());
+        // A size cut short, a message cut short.
+        assert!(messages(p, &b[..b.len() - 2], MM_MAGIC).is_err());
+        assert!(messages(p, &b[..13], MM_MAGIC).is_err());
+        let mut long = image(MM_MAGIC, &[&[8, 1]]);
+        long[8] = 200;
+        assert!(messages(p, &long, MM_MAGIC).is_err());
+    }
+
+    #[test]
+    fn fields_read_each_wire_type_and_refuse_what_is_cut() {
+        // 1: varint 300; 2: bytes "ab"; 3: fixed32 7; 4: fixed64 9.
+        let m = [
+            8, 0xac, 2, 18, 2, b'a', b'b', 29, 7, 0, 0, 0, 33, 9, 0, 0, 0, 0, 0, 0, 0,
+        ];
+        let f = fields(&m).unwrap();
+        assert_eq!(int(&f, 1), Some(300));
+        assert!(matches!(f[1], (2, Value::Bytes(b"ab"))));
+        assert_eq!(int(&f, 3), Some(7));
+        assert_eq!(int(&f, 4), Some(9));
+        for n in 1..m.len() {
+            if [3, 7, 12].contains(&n) {
+                continue; // whole fields
+            }
+            assert!(fields(&m[..n]).is_none(), "cut at {n}");
+        }
+        // A length past the end, a varint of eleven bytes, wire type 3.
+        assert!(fields(&[18, 200, 1]).is_none());
+        assert!(
+            fields(&[8, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 1]).is_none()
+        );
+        assert!(fields(&[11]).is_none());
+    }
+
+    #[test]
+    fn a_layout_differs_where_a_private_mapping_moved_or_appeared() {
+        let vma = |start, end, prot| Vma {
+            start,
+            end,
+            pgoff: 0,
+            prot,
+            status: VMA_AREA_REGULAR | VMA_ANON_PRIVATE,
+        };
+        let map = |start: u64, end: u64, write: bool| {
+            let line = format!(
+                "{start:x}-{end:x} r{}-p 00000000 00:00 0",
+                if write { "w" } else { "-" }
+            );
+            procfs::parse_maps(&line).remove(0)
+        };
+        let dump = [vma(0x1000, 0x3000, 3)];
+        assert_eq!(layout_difference(&dump, &[map(0x1000, 0x3000, true)]), None);
+        let grown = layout_difference(&dump, &[map(0x1000, 0x4000, true)]).unwrap();
+        assert!(grown.contains("0x1000..0x4000"), "{grown}");
+        let read_only = layout_difference(&dump, &[map(0x1000, 0x3000, false)]).unwrap();
+        assert!(read_only.contains("protection 1"), "{read_only}");
+        let gone = layout_difference(&dump, &[]).unwrap();
+        assert!(gone.contains("is not mapped"), "{gone}");
+        let new = layout_difference(
+            &dump,
+            &[map(0x1000, 0x3000, true), map(0x8000, 0x9000, true)],
+        )
+        .unwrap();
+        assert!(new.contains("mapped since the dump"), "{new}");
+    }
+}
