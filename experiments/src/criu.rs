@@ -15,6 +15,14 @@
 //! records included), and the time of each `criu dump` through each
 //! server (medians with their spread). Checked: every key answers its
 //! value after the last dump, and every dump was closed whole.
+//!
+//! Then the original Redis is stopped and, `restores` times, the last
+//! dump is restored afresh by `criu restore` (its images, with the pages
+//! pagewise exports), against `criu restore` of the dump before it (one
+//! round of rewrites apart) and the last put into it in place
+//! (`snapshot restore --criu`): the time of
+//! each, and every restored Redis checked key by key; the last one put
+//! in place then serves a bounded `redis-benchmark`.
 
 use crate::median_min_max;
 use crate::redis::{free_port, redis_args, which};
@@ -44,6 +52,10 @@ pub struct Args {
     /// Keys rewritten between dumps, %.
     #[arg(long, default_value_t = 1.0)]
     percent: f64,
+    /// Rounds of the restores: `criu restore` of the last dump against
+    /// `criu restore` of the first and the last put in place.
+    #[arg(long, default_value_t = 5)]
+    restores: usize,
     #[command(flatten)]
     output: crate::report::Output,
 }
@@ -59,6 +71,31 @@ pub struct Config {
     pub dumps: usize,
     /// Keys rewritten between dumps, %.
     pub percent: f64,
+    /// Rounds of the restores.
+    pub restores: usize,
+}
+
+/// One round of the restores (the original Redis gone): the last dump
+/// restored afresh by CRIU, against the one before it (one round of
+/// rewrites apart) restored by CRIU and the last put into it in place by
+/// pagewise.
+#[derive(Debug, Clone, Serialize)]
+pub struct Restore {
+    /// Its number (1 on).
+    pub n: usize,
+    /// `criu restore -d` of the last dump (from pagewise's export), ms.
+    pub fresh_ms: f64,
+    /// `criu restore -d` of the dump before the last, ms (not timed
+    /// against: the process the last dump goes into).
+    pub base_ms: f64,
+    /// `pagewise snapshot restore --criu` of the last dump into it, ms.
+    pub in_place_ms: f64,
+    /// Pages it compared.
+    pub pages_compared: u64,
+    /// Pages it wrote.
+    pub pages_written: u64,
+    /// Keys checked in each restored Redis (both, every key).
+    pub keys_checked: u64,
 }
 
 /// One dump through both servers.
@@ -101,6 +138,11 @@ pub struct Report {
     pub pagewise_total_bytes: u64,
     /// Keys checked after the last dump (all of them).
     pub keys_checked: u64,
+    /// The restores.
+    pub restores: Vec<Restore>,
+    /// `redis-benchmark` (SET and GET, bounded) against the last Redis
+    /// put in place: requests a second.
+    pub benchmark_after: (f64, f64),
 }
 
 /// Bytes of the files under `dir` whose names `keep` accepts.
@@ -226,6 +268,7 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
         value_bytes: a.value_bytes,
         dumps: a.dumps.max(1),
         percent: a.percent,
+        restores: a.restores.max(1),
     };
     let work = std::env::temp_dir().join(format!("pagewise-bench-criu-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&work);
@@ -347,6 +390,10 @@ fn measure(cfg: &Config, criu: &Path, work: &Path, quiet: bool) -> Result<Report
         row.pagewise_bytes = g.stored_bytes;
     }
     let keys_checked = check_all(port, cfg, &rewritten)?;
+    let pid = redis.0.id();
+    drop(redis);
+    let (restores, benchmark_after) =
+        restore_rounds(cfg, criu, work, &store_dir, pid, port, &rewritten, quiet)?;
     let criu_total_bytes = rows.iter().map(|r| r.criu_bytes).sum();
     let pagewise_total_bytes = bytes_under(&store_dir, &|_| true);
     Ok(Report {
@@ -358,7 +405,121 @@ fn measure(cfg: &Config, criu: &Path, work: &Path, quiet: bool) -> Result<Report
         criu_total_bytes,
         pagewise_total_bytes,
         keys_checked,
+        restores,
+        benchmark_after,
     })
+}
+
+/// A process `criu restore -d` started: killed on drop, and waited for
+/// (10 s at most) until it is gone, its port free again.
+struct Restored(u32);
+
+impl Drop for Restored {
+    fn drop(&mut self) {
+        let pid = self.0 as i32;
+        // SAFETY: kill(2) with a plain pid and signal.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        let t0 = std::time::Instant::now();
+        while std::path::Path::new(&format!("/proc/{pid}")).exists()
+            && t0.elapsed() < Duration::from_secs(10)
+        {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+}
+
+/// `criu restore -d -D images`: the process (the dump's pid) and the
+/// command's time.
+fn criu_restore(criu: &Path, images: &Path, pid: u32) -> Result<(Restored, Duration)> {
+    let t0 = std::time::Instant::now();
+    let st = Command::new(criu)
+        .args(["restore", "-d", "-o", "restore.log", "-D"])
+        .arg(images)
+        .stderr(Stdio::null())
+        .status()?;
+    let took = t0.elapsed();
+    if !st.success() {
+        let log = std::fs::read_to_string(images.join("restore.log")).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(12).collect();
+        bail!(
+            "criu restore of {}: {st}; its log ends: {tail:#?}",
+            images.display()
+        );
+    }
+    Ok((Restored(pid), took))
+}
+
+/// The restores (see [`Restore`]), each Redis checked key by key; the
+/// last one put in place then serves `redis-benchmark`.
+#[allow(clippy::too_many_arguments)]
+fn restore_rounds(
+    cfg: &Config,
+    criu: &Path,
+    work: &Path,
+    store_dir: &Path,
+    pid: u32,
+    port: u16,
+    rewritten: &[(u64, u64)],
+    quiet: bool,
+) -> Result<(Vec<Restore>, (f64, f64))> {
+    // The dumps' own images (of pagewise's first store, whose page
+    // server they went through) with their pages exported beside them.
+    let store = DiskStore::open(store_dir)?;
+    let (first, last) = (
+        work.join("img-1-1"),
+        work.join(format!("img-1-{}", cfg.dumps)),
+    );
+    pagewise_snap::criu::export(&store, 1, &first)?;
+    pagewise_snap::criu::export(&store, cfg.dumps as u64, &last)?;
+    let mut out = Vec::new();
+    let mut bench = (0.0, 0.0);
+    for n in 1..=cfg.restores {
+        let fresh = |out: &mut u64| -> Result<f64> {
+            let (r, took) = criu_restore(criu, &last, pid)?;
+            *out = check_all(port, cfg, rewritten)?;
+            drop(r);
+            Ok(took.as_secs_f64() * 1e3)
+        };
+        let mut keys = 0;
+        // Each goes first every other round.
+        let fresh_ms = if n % 2 == 1 { fresh(&mut keys)? } else { 0.0 };
+        let (r, first_took) = criu_restore(criu, &first, pid)?;
+        let t0 = std::time::Instant::now();
+        let put = pagewise_snap::criu::restore_in_place(&last, pid as i32, None)?;
+        let in_place = t0.elapsed();
+        let keys_in_place = check_all(port, cfg, rewritten)?;
+        if n == cfg.restores {
+            bench = crate::redis::load(port, 20_000)?;
+        }
+        drop(r);
+        let fresh_ms = if n % 2 == 0 {
+            fresh(&mut keys)?
+        } else {
+            fresh_ms
+        };
+        if keys != keys_in_place {
+            bail!("round {n}: {keys} keys checked afresh, {keys_in_place} in place");
+        }
+        if !quiet {
+            eprintln!(
+                "restore {n} of {}: criu restore {fresh_ms:.0} ms, in place {:.1} ms ({} of {} pages written)",
+                cfg.restores,
+                in_place.as_secs_f64() * 1e3,
+                put.pages_written,
+                put.pages_compared
+            );
+        }
+        out.push(Restore {
+            n,
+            fresh_ms,
+            base_ms: first_took.as_secs_f64() * 1e3,
+            in_place_ms: in_place.as_secs_f64() * 1e3,
+            pages_compared: put.pages_compared,
+            pages_written: put.pages_written,
+            keys_checked: keys,
+        });
+    }
+    Ok((out, bench))
 }
 
 impl Report {
@@ -414,6 +575,41 @@ impl Report {
         s += &format!(
             "checked: every dump through pagewise closed whole; all {} keys answer their last value after the dumps\n",
             self.keys_checked
+        );
+        s += &format!(
+            "\nrestores of dump {} (the original stopped), {} rounds: criu restore of it, against criu restore of dump {} ({} % of the keys rewritten since) and dump {} put in place\n{:>5}  {:>9}  {:>14}  {:>13}  {:>14}  {:>8}\n",
+            self.config.dumps,
+            self.restores.len(),
+            self.config.dumps.saturating_sub(1).max(1),
+            if self.config.dumps > 1 { self.config.percent } else { 0.0 },
+            self.config.dumps,
+            "round",
+            "fresh ms",
+            "base dump ms",
+            "in place ms",
+            "pages written",
+            "keys"
+        );
+        for r in &self.restores {
+            s += &format!(
+                "{:>5}  {:>9.0}  {:>14.0}  {:>13.1}  {:>14}  {:>8}\n",
+                r.n,
+                r.fresh_ms,
+                r.base_ms,
+                r.in_place_ms,
+                format!("{}/{}", r.pages_written, r.pages_compared),
+                r.keys_checked
+            );
+        }
+        let (f, flo, fhi) = median_min_max(self.restores.iter().map(|r| r.fresh_ms).collect());
+        let (i, ilo, ihi) = median_min_max(self.restores.iter().map(|r| r.in_place_ms).collect());
+        s += &format!(
+            "restore time, median (min–max): criu restore {f:.0} ms ({flo:.0}–{fhi:.0}), in place {i:.1} ms ({ilo:.1}–{ihi:.1}): {:.1}x faster (goal at least 10x)\n",
+            f / i.max(1e-9)
+        );
+        s += &format!(
+            "checked: every restored Redis, afresh and in place, answers all its keys with the last dump's values; the last put in place then served redis-benchmark: {:.0} SET/s, {:.0} GET/s\n",
+            self.benchmark_after.0, self.benchmark_after.1
         );
         s
     }

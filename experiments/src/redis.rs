@@ -117,7 +117,10 @@ pub(crate) fn redis_benchmark(port: u16, args: &[&str], names: &[&str]) -> Resul
         .collect()
 }
 
-fn load(port: u16, requests: u64) -> Result<(f64, f64)> {
+/// A bounded `redis-benchmark` of SET and GET (`requests` each, 50
+/// clients, values of 1 KiB on random keys) against 127.0.0.1:`port`:
+/// requests a second of each.
+pub(crate) fn load(port: u16, requests: u64) -> Result<(f64, f64)> {
     let n = requests.to_string();
     let r = redis_benchmark(
         port,
