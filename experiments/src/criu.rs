@@ -417,8 +417,7 @@ struct Restored(u32);
 impl Drop for Restored {
     fn drop(&mut self) {
         let pid = self.0 as i32;
-        // SAFETY: kill(2) with a plain pid and signal.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
+        let _ = pagewise_sys::process::kill(pid, libc::SIGKILL);
         let t0 = std::time::Instant::now();
         while std::path::Path::new(&format!("/proc/{pid}")).exists()
             && t0.elapsed() < Duration::from_secs(10)
