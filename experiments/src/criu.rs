@@ -23,6 +23,14 @@
 //! (`snapshot restore --criu`): the time of
 //! each, and every restored Redis checked key by key; the last one put
 //! in place then serves a bounded `redis-benchmark`.
+//!
+//! Last, `lazy` rounds of `criu restore --lazy-pages` of the last dump,
+//! its lazy pages fetched by `criu lazy-pages --page-server` from CRIU's
+//! own page server (`criu page-server --lazy-pages -D`, the exported
+//! images) and from pagewise's (`page-server --lazy`, the store), in
+//! turn: the time to a first GET answered and until every page is in,
+//! and every key checked. CRIU's server needs `fs.pipe-max-size` of
+//! 4 MiB: set, journaled, for the lazy rounds and put back after.
 
 use crate::median_min_max;
 use crate::redis::{free_port, redis_args, which};
@@ -56,6 +64,10 @@ pub struct Args {
     /// `criu restore` of the first and the last put in place.
     #[arg(long, default_value_t = 5)]
     restores: usize,
+    /// Rounds of the lazy restores of the last dump, each served by
+    /// CRIU's page server and by pagewise's.
+    #[arg(long, default_value_t = 3)]
+    lazy: usize,
     #[command(flatten)]
     output: crate::report::Output,
 }
@@ -73,6 +85,28 @@ pub struct Config {
     pub percent: f64,
     /// Rounds of the restores.
     pub restores: usize,
+    /// Rounds of the lazy restores.
+    pub lazy: usize,
+}
+
+/// One lazy restore of the last dump (`criu restore --lazy-pages`, its
+/// pages fetched by `criu lazy-pages --page-server` from a page server).
+#[derive(Debug, Clone, Serialize)]
+pub struct Lazy {
+    /// Its round (1 on).
+    pub n: usize,
+    /// The page server: `criu` (`criu page-server --lazy-pages -D`, from
+    /// the exported images) or `pagewise` (`page-server --lazy`, from the
+    /// store).
+    pub server: String,
+    /// From the start of `criu restore` to the answer of a first GET sent
+    /// as soon as it returns, ms.
+    pub first_answer_ms: f64,
+    /// From the start of `criu restore` until `criu lazy-pages` ends
+    /// (every lazy page in), ms.
+    pub full_ms: f64,
+    /// Keys checked in the restored Redis (every key).
+    pub keys_checked: u64,
 }
 
 /// One round of the restores (the original Redis gone): the last dump
@@ -143,6 +177,10 @@ pub struct Report {
     /// `redis-benchmark` (SET and GET, bounded) against the last Redis
     /// put in place: requests a second.
     pub benchmark_after: (f64, f64),
+    /// Pages of the last dump CRIU marked lazy.
+    pub lazy_pages: u64,
+    /// The lazy restores, by round and server.
+    pub lazy: Vec<Lazy>,
 }
 
 /// Bytes of the files under `dir` whose names `keep` accepts.
@@ -269,6 +307,7 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
         dumps: a.dumps.max(1),
         percent: a.percent,
         restores: a.restores.max(1),
+        lazy: a.lazy,
     };
     let work = std::env::temp_dir().join(format!("pagewise-bench-criu-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&work);
@@ -394,6 +433,32 @@ fn measure(cfg: &Config, criu: &Path, work: &Path, quiet: bool) -> Result<Report
     drop(redis);
     let (restores, benchmark_after) =
         restore_rounds(cfg, criu, work, &store_dir, pid, port, &rewritten, quiet)?;
+    let lazy_pages = lazy_pages_of(&store_dir, cfg.dumps as u64)?;
+    let mut lazy = Vec::new();
+    if cfg.lazy > 0 {
+        // CRIU's lazy page server splices pages through pipes of 4 MiB
+        // (journaled, put back when the guard drops).
+        let _pipes = pagewise_agent::settings::SettingGuard::set(PIPE_MAX, "4194304")?;
+        let last = work.join(format!("img-1-{}", cfg.dumps));
+        for n in 1..=cfg.lazy {
+            let mut servers = ["criu", "pagewise"];
+            if n % 2 == 0 {
+                servers.reverse();
+            }
+            for server in servers {
+                let l = lazy_round(
+                    cfg, criu, &last, &store_dir, pid, port, &rewritten, server, n,
+                )?;
+                if !quiet {
+                    eprintln!(
+                        "lazy restore {n} of {} from {server}: first answer {:.1} ms, all pages in {:.0} ms",
+                        cfg.lazy, l.first_answer_ms, l.full_ms
+                    );
+                }
+                lazy.push(l);
+            }
+        }
+    }
     let criu_total_bytes = rows.iter().map(|r| r.criu_bytes).sum();
     let pagewise_total_bytes = bytes_under(&store_dir, &|_| true);
     Ok(Report {
@@ -407,6 +472,149 @@ fn measure(cfg: &Config, criu: &Path, work: &Path, quiet: bool) -> Result<Report
         keys_checked,
         restores,
         benchmark_after,
+        lazy_pages,
+        lazy,
+    })
+}
+
+/// The largest pipe an unprivileged process may make.
+const PIPE_MAX: &str = "/proc/sys/fs/pipe-max-size";
+
+/// Pages dump `dump` of the store marked lazy (`PE_LAZY` with `PE_PRESENT`).
+fn lazy_pages_of(store_dir: &Path, dump: u64) -> Result<u64> {
+    let path = store_dir.join(format!("criu/dump-{dump}.json"));
+    let rec: serde_json::Value = serde_json::from_slice(&std::fs::read(&path)?)?;
+    let mut n = 0;
+    for pm in rec["pagemaps"].as_array().into_iter().flatten() {
+        for r in pm["runs"].as_array().into_iter().flatten() {
+            if r["flags"].as_u64().unwrap_or(0) & 6 == 6 {
+                n += r["nr_pages"].as_u64().unwrap_or(0);
+            }
+        }
+    }
+    Ok(n)
+}
+
+/// One lazy restore of the dump in `images` served by `server` (see
+/// [`Lazy`]); the restored Redis checked key by key, then stopped.
+#[allow(clippy::too_many_arguments)]
+fn lazy_round(
+    cfg: &Config,
+    criu: &Path,
+    images: &Path,
+    store_dir: &Path,
+    pid: u32,
+    port: u16,
+    rewritten: &[(u64, u64)],
+    server: &str,
+    n: usize,
+) -> Result<Lazy> {
+    let ps_port = free_port()?;
+    let sock = images.join("lazy-pages.socket");
+    let _ = std::fs::remove_file(&sock);
+    // The page server: CRIU's from the images, or pagewise's from the
+    // store, on a thread of this process.
+    let mut theirs = None;
+    let mut ours = None;
+    if server == "criu" {
+        theirs = Some(Redis(
+            Command::new(criu)
+                .args([
+                    "page-server",
+                    "--lazy-pages",
+                    "--port",
+                    &ps_port.to_string(),
+                ])
+                .args(["-o", "ps.log", "-D"])
+                .arg(images)
+                .stderr(Stdio::null())
+                .spawn()?,
+        ));
+        pagewise_testkit::criu::wait_listening(ps_port).map_err(|why| anyhow::anyhow!("{why}"))?;
+    } else {
+        let listener = TcpListener::bind(("127.0.0.1", ps_port))?;
+        let mut ps = PageServer::new(DiskStore::open(store_dir)?);
+        ps.serve_lazy(cfg.dumps as u64)?;
+        ours = Some(std::thread::spawn(
+            move || -> Result<pagewise_snap::criu::Received> {
+                let (s, _) = listener.accept()?;
+                Ok(ps.serve(s)?)
+            },
+        ));
+    }
+    let daemon = Redis(
+        Command::new(criu)
+            .args(["lazy-pages", "--page-server", "--address", "127.0.0.1"])
+            .args(["--port", &ps_port.to_string(), "-o", "lazy.log", "-D"])
+            .arg(images)
+            .stderr(Stdio::null())
+            .spawn()?,
+    );
+    let t0 = std::time::Instant::now();
+    while !sock.exists() {
+        if t0.elapsed() > Duration::from_secs(10) {
+            bail!("criu lazy-pages made no {} in 10 s", sock.display());
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let t0 = std::time::Instant::now();
+    let st = Command::new(criu)
+        .args([
+            "restore",
+            "--lazy-pages",
+            "-d",
+            "-o",
+            "restore-lazy.log",
+            "-D",
+        ])
+        .arg(images)
+        .stderr(Stdio::null())
+        .status()?;
+    if !st.success() {
+        bail!("criu restore --lazy-pages from {server}: {st}");
+    }
+    let restored = Restored(pid);
+    // A first GET, as soon as the process runs.
+    let first = {
+        let s = TcpStream::connect(("127.0.0.1", port))?;
+        let mut w = s.try_clone()?;
+        let mut rd = BufReader::new(s);
+        let mut buf = Vec::new();
+        Kv::Redis.get(&mut buf, 0);
+        w.write_all(&buf)?;
+        Kv::Redis.got(&mut rd)?;
+        t0.elapsed()
+    };
+    let mut daemon = daemon;
+    let full = loop {
+        if let Some(st) = daemon.0.try_wait()? {
+            if !st.success() {
+                bail!("criu lazy-pages from {server}: {st}");
+            }
+            break t0.elapsed();
+        }
+        if t0.elapsed() > Duration::from_secs(60) {
+            bail!("criu lazy-pages from {server} still running after 60 s");
+        }
+        std::thread::sleep(Duration::from_micros(500));
+    };
+    let keys_checked = check_all(port, cfg, rewritten)?;
+    drop(restored);
+    if let Some(h) = ours {
+        let got = h
+            .join()
+            .map_err(|_| anyhow::anyhow!("the lazy page server's thread panicked"))??;
+        if let Some(why) = got.broken {
+            bail!("pagewise's lazy page server broke: {why}");
+        }
+    }
+    drop(theirs);
+    Ok(Lazy {
+        n,
+        server: server.to_string(),
+        first_answer_ms: first.as_secs_f64() * 1e3,
+        full_ms: full.as_secs_f64() * 1e3,
+        keys_checked,
     })
 }
 
@@ -609,6 +817,44 @@ impl Report {
         s += &format!(
             "checked: every restored Redis, afresh and in place, answers all its keys with the last dump's values; the last put in place then served redis-benchmark: {:.0} SET/s, {:.0} GET/s\n",
             self.benchmark_after.0, self.benchmark_after.1
+        );
+        if self.lazy.is_empty() {
+            return s;
+        }
+        s += &format!(
+            "\nlazy restores of dump {} ({} of its pages marked lazy), {} rounds, each served by CRIU's page server (criu page-server --lazy-pages -D) and by pagewise's (page-server --lazy), in turn\n{:>5}  {:>9}  {:>16}  {:>12}  {:>8}\n",
+            self.config.dumps,
+            self.lazy_pages,
+            self.config.lazy,
+            "round",
+            "server",
+            "first answer ms",
+            "all in ms",
+            "keys"
+        );
+        for l in &self.lazy {
+            s += &format!(
+                "{:>5}  {:>9}  {:>16.1}  {:>12.0}  {:>8}\n",
+                l.n, l.server, l.first_answer_ms, l.full_ms, l.keys_checked
+            );
+        }
+        let of = |who: &str, f: fn(&Lazy) -> f64| {
+            median_min_max(
+                self.lazy
+                    .iter()
+                    .filter(|l| l.server == who)
+                    .map(f)
+                    .collect(),
+            )
+        };
+        let (cf, cflo, cfhi) = of("criu", |l| l.first_answer_ms);
+        let (pf, pflo, pfhi) = of("pagewise", |l| l.first_answer_ms);
+        let (ca, calo, cahi) = of("criu", |l| l.full_ms);
+        let (pa, palo, pahi) = of("pagewise", |l| l.full_ms);
+        s += &format!(
+            "first answer, median (min–max): CRIU's {cf:.1} ms ({cflo:.1}–{cfhi:.1}), pagewise's {pf:.1} ms ({pflo:.1}–{pfhi:.1}): {:.2}x (goal at most 1x)\nall pages in: CRIU's {ca:.0} ms ({calo:.0}–{cahi:.0}), pagewise's {pa:.0} ms ({palo:.0}–{pahi:.0}): {:.2}x (goal at most 1x)\nchecked: every lazily restored Redis answers all its keys with the last dump's values\n",
+            pf / cf.max(1e-9),
+            pa / ca.max(1e-9)
         );
         s
     }
