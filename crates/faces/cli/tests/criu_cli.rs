@@ -675,7 +675,8 @@ fn dumped_pages(images: &std::path::Path, pid: i32) -> std::collections::BTreeMa
 /// known pages between them, and a few of its own: its output buffer), and
 /// afterwards every dumped page outside the thread's stack reads as the
 /// later dump has it; the process runs on. Into a process whose mappings
-/// are not the dump's it is refused, naming the first difference.
+/// are not the dump's it is refused, naming the first difference; so is
+/// another user's attempt on root's process.
 #[test]
 fn a_later_criu_dump_is_put_in_place_into_a_restored_process() {
     let criu = match pagewise_testkit::criu::criu4() {
@@ -719,6 +720,28 @@ fn a_later_criu_dump_is_put_in_place_into_a_restored_process() {
     drop(other);
     std::fs::write(&out_file, &out_then).unwrap();
     let restored = restore(&criu, &d1, &[], pid);
+    // Another user may not put a dump into root's process, even with the
+    // images readable: refused before a page is written (the count of
+    // pages written below is exact).
+    let st = Command::new("chmod")
+        .args(["-R", "a+rX"])
+        .arg(&dir)
+        .status()
+        .unwrap();
+    assert!(st.success(), "chmod -R a+rX {}", dir.display());
+    let o = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", BIN])
+        .args(["snapshot", "restore", "--criu"])
+        .arg(&d2)
+        .args(["--pid", &pid.to_string()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("ermi"),
+        "as user nobody: {} {err}",
+        o.status
+    );
     let o = ok(Command::new(BIN)
         .args(["snapshot", "restore", "--json", "--criu"])
         .arg(&d2)
