@@ -434,31 +434,7 @@ fn measure(cfg: &Config, criu: &Path, work: &Path, quiet: bool) -> Result<Report
     let (restores, benchmark_after) =
         restore_rounds(cfg, criu, work, &store_dir, pid, port, &rewritten, quiet)?;
     let lazy_pages = lazy_pages_of(&store_dir, cfg.dumps as u64)?;
-    let mut lazy = Vec::new();
-    if cfg.lazy > 0 {
-        // CRIU's lazy page server splices pages through pipes of 4 MiB
-        // (journaled, put back when the guard drops).
-        let _pipes = pagewise_agent::settings::SettingGuard::set(PIPE_MAX, "4194304")?;
-        let last = work.join(format!("img-1-{}", cfg.dumps));
-        for n in 1..=cfg.lazy {
-            let mut servers = ["criu", "pagewise"];
-            if n % 2 == 0 {
-                servers.reverse();
-            }
-            for server in servers {
-                let l = lazy_round(
-                    cfg, criu, &last, &store_dir, pid, port, &rewritten, server, n,
-                )?;
-                if !quiet {
-                    eprintln!(
-                        "lazy restore {n} of {} from {server}: first answer {:.1} ms, all pages in {:.0} ms",
-                        cfg.lazy, l.first_answer_ms, l.full_ms
-                    );
-                }
-                lazy.push(l);
-            }
-        }
-    }
+    let lazy = lazy_rounds(cfg, criu, work, &store_dir, pid, port, &rewritten, quiet)?;
     let criu_total_bytes = rows.iter().map(|r| r.criu_bytes).sum();
     let pagewise_total_bytes = bytes_under(&store_dir, &|_| true);
     Ok(Report {
@@ -493,6 +469,46 @@ fn lazy_pages_of(store_dir: &Path, dump: u64) -> Result<u64> {
         }
     }
     Ok(n)
+}
+
+/// The lazy restores (see [`Lazy`]): `cfg.lazy` rounds, each served by
+/// CRIU's page server and by pagewise's, in turn.
+#[allow(clippy::too_many_arguments)]
+fn lazy_rounds(
+    cfg: &Config,
+    criu: &Path,
+    work: &Path,
+    store_dir: &Path,
+    pid: u32,
+    port: u16,
+    rewritten: &[(u64, u64)],
+    quiet: bool,
+) -> Result<Vec<Lazy>> {
+    let mut lazy = Vec::new();
+    if cfg.lazy == 0 {
+        return Ok(lazy);
+    }
+    // CRIU's lazy page server splices pages through pipes of 4 MiB
+    // (journaled, put back when the guard drops).
+    let _pipes = pagewise_agent::settings::SettingGuard::set(PIPE_MAX, "4194304")?;
+    let last = work.join(format!("img-1-{}", cfg.dumps));
+    for n in 1..=cfg.lazy {
+        let mut servers = ["criu", "pagewise"];
+        if n % 2 == 0 {
+            servers.reverse();
+        }
+        for server in servers {
+            let l = lazy_round(cfg, criu, &last, store_dir, pid, port, rewritten, server, n)?;
+            if !quiet {
+                eprintln!(
+                    "lazy restore {n} of {} from {server}: first answer {:.1} ms, all pages in {:.0} ms",
+                    cfg.lazy, l.first_answer_ms, l.full_ms
+                );
+            }
+            lazy.push(l);
+        }
+    }
+    Ok(lazy)
 }
 
 /// One lazy restore of the dump in `images` served by `server` (see
