@@ -301,6 +301,18 @@ impl DiskStore {
     /// Reads the page whose record is at `offset` (0: the zero page) into
     /// `out`, checking its checksum and digest.
     pub fn read_page(&self, offset: u64, out: &mut [u8]) -> Result<()> {
+        self.read_record(offset, out, true)
+    }
+
+    /// [`DiskStore::read_page`] for a comparison with a page at hand,
+    /// which checks the bytes whole: neither checksum nor digest (a
+    /// record damaged since it was written compares unequal, or fails to
+    /// decompress).
+    pub(super) fn read_page_to_compare(&self, offset: u64, out: &mut [u8]) -> Result<()> {
+        self.read_record(offset, out, false)
+    }
+
+    fn read_record(&self, offset: u64, out: &mut [u8], checked: bool) -> Result<()> {
         assert_eq!(out.len(), PAGE_SIZE);
         if offset == 0 {
             out.fill(0);
@@ -347,11 +359,37 @@ impl DiskStore {
         if REC_HEADER + len > first {
             read(&mut buf[first..REC_HEADER + len], offset + first as u64)?;
         }
-        let header = &buf[..REC_HEADER];
-        let payload = &buf[REC_HEADER..REC_HEADER + len];
-        if record_checksum(header, payload) != u64_at(header, 32) {
+        self.decode_record(offset, &buf[..REC_HEADER + len], out, checked)
+    }
+
+    /// The length of the record at `offset` whose first bytes are
+    /// `bytes`, if they hold its header and it is one: the header, then
+    /// the payload.
+    pub(super) fn record_len(&self, offset: u64, bytes: &[u8]) -> Option<usize> {
+        if bytes.len() < REC_HEADER || u32_at(bytes, 0) != REC_MAGIC {
+            return None;
+        }
+        let len = u32_at(bytes, 8) as usize;
+        (len <= PAGE_SIZE && offset + (REC_HEADER + len) as u64 <= self.pack_len)
+            .then_some(REC_HEADER + len)
+    }
+
+    /// Decodes the record at `offset`, whole in `rec` (its header and
+    /// payload), into `out`; with `checked`, checking its checksum and
+    /// digest.
+    pub(super) fn decode_record(
+        &self,
+        offset: u64,
+        rec: &[u8],
+        out: &mut [u8],
+        checked: bool,
+    ) -> Result<()> {
+        let path = || self.dir.join(PACK_FILE);
+        let (header, payload) = rec.split_at(REC_HEADER);
+        let len = payload.len();
+        if checked && record_checksum(header, payload) != u64_at(header, 32) {
             return Err(corrupt(
-                &path,
+                &path(),
                 format!("checksum mismatch in the record at offset {offset}"),
             ));
         }
@@ -361,26 +399,32 @@ impl DiskStore {
                 Ok(PAGE_SIZE) => {}
                 _ => {
                     return Err(corrupt(
-                        &path,
+                        &path(),
                         format!("the record at offset {offset} does not decompress to a page"),
                     ))
                 }
             },
             _ => {
                 return Err(corrupt(
-                    &path,
+                    &path(),
                     format!("unknown encoding in the record at offset {offset}"),
                 ))
             }
         }
         let digest = u128::from_le_bytes(header[16..32].try_into().expect("16 bytes"));
-        if page_digest(out) != digest {
+        if checked && page_digest(out) != digest {
             return Err(corrupt(
-                &path,
+                &path(),
                 format!("the page at offset {offset} does not match its digest"),
             ));
         }
         Ok(())
+    }
+
+    /// Reads `buf.len()` bytes of the pack at `at` or as many as there
+    /// are; returns how many.
+    pub(super) fn read_pack(&self, buf: &mut [u8], at: u64) -> Result<usize> {
+        read_up_to(&self.pack, buf, at).map_err(|e| io(&self.dir.join(PACK_FILE), "reading", e))
     }
 }
 
