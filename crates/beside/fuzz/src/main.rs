@@ -28,7 +28,7 @@ struct Args {
     /// Write every target's built-in seeds into `corpus/` and end.
     #[arg(long)]
     write_corpus: bool,
-    /// Targets to run (default: all): wire, track-protocol, shim-hello,
+    /// Targets to run (default: all): wire, criu-page-server, criu-images, track-protocol, shim-hello,
     /// prezero-report, instance, store, process-record, seccomp-filter, uffd-maker,
     /// container-names.
     targets: Vec<String>,

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use crate::mutate::Rng;
 
 mod container_names;
+mod criu_images;
 mod criu_page_server;
 mod instance;
 mod prezero_report;
@@ -18,9 +19,10 @@ mod uffd_maker;
 mod wire;
 
 /// The targets' names (those of `corpus/` and of `fuzz/fuzz_targets/`).
-pub const NAMES: [&str; 11] = [
+pub const NAMES: [&str; 12] = [
     "wire",
     "criu-page-server",
+    "criu-images",
     "track-protocol",
     "shim-hello",
     "prezero-report",
@@ -48,6 +50,7 @@ pub fn open(name: &str, work: &Path) -> Result<Box<dyn Target>> {
     Ok(match name {
         "wire" => Box::new(wire::Wire::new(work)?),
         "criu-page-server" => Box::new(criu_page_server::CriuPageServer::new(work)?),
+        "criu-images" => Box::new(criu_images::CriuImages::new(work)?),
         "track-protocol" => Box::new(track_protocol::TrackProtocol),
         "shim-hello" => Box::new(shim_hello::ShimHello),
         "prezero-report" => Box::new(prezero_report::PrezeroReport),

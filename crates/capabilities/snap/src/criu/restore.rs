@@ -358,7 +358,7 @@ fn layout_difference(vmas: &[Vma], maps: &[procfs::Mapping]) -> Option<String> {
 /// process's own pid) into process `pid` in place: see the module. The
 /// process is stopped meanwhile and left as it was found.
 pub fn restore_in_place(dir: &Path, pid: i32, task: Option<u32>) -> Result<InPlace> {
-    procfs::check_target(pid)?;
+    // The images are read whole before the process is looked at.
     let img = read_images(dir, task.unwrap_or(pid as u32))?;
     let refuse = |why: String| -> Error {
         RollbackRefusal::CriuImages {
@@ -373,6 +373,7 @@ pub fn restore_in_place(dir: &Path, pid: i32, task: Option<u32>) -> Result<InPla
             r.vaddr
         )));
     }
+    procfs::check_target(pid)?;
     let pages =
         File::open(&img.pages).map_err(|e| io(format!("opening {}", img.pages.display()), e))?;
     let stopped = Stopped::new(pid)?;
