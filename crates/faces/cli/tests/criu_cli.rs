@@ -47,6 +47,11 @@ impl Drop for Reaped {
 /// with `pinned` (the kernel writes the CPU a thread runs on into its
 /// `rseq` area: two dumps of one process then agree on it).
 fn start_target(dir: &std::path::Path, pinned: bool) -> Target {
+    start_target_with(dir, pinned, &[])
+}
+
+/// [`start_target`] with arguments for the program.
+fn start_target_with(dir: &std::path::Path, pinned: bool, args: &[&str]) -> Target {
     let prog = c_program("criu_target");
     let out = dir.join("target.out");
     let file = std::fs::File::create(&out).unwrap();
@@ -55,6 +60,7 @@ fn start_target(dir: &std::path::Path, pinned: bool) -> Target {
     let child = c
         .arg("setsid")
         .arg(prog)
+        .args(args)
         .stdin(Stdio::null())
         .stdout(file.try_clone().unwrap())
         .stderr(file)
@@ -684,38 +690,17 @@ fn a_later_criu_dump_is_put_in_place_into_a_restored_process() {
         Err(why) => return pagewise_testkit::skip!("{why}"),
     };
     let dir = temp_dir("criu-in-place");
-    std::fs::create_dir_all(&dir).unwrap();
-    let t = start_target(&dir, true);
-    let (d1, d2) = (dir.join("d1"), dir.join("d2"));
-    let dump_dir = |d: &std::path::Path| {
-        pagewise_testkit::criu::dump_to_dir(&criu, t.pid as u32, d, &["--leave-running", "-v4"])
-            .unwrap_or_else(|why| panic!("{why}"))
-    };
-    dump_dir(&d1);
-    // CRIU restores only a process whose open files are as they were: the
-    // output file is put back as it was at the first dump.
-    let out_then = std::fs::read(&t.out).unwrap();
-    signal(t.pid, "USR1");
-    pagewise_testkit::wait_in_file(&t.out, "changed", 1, || {});
-    dump_dir(&d2);
-    let (pages1, pages2) = (dumped_pages(&d1, t.pid), dumped_pages(&d2, t.pid));
-    let pid = t.pid;
-    let out_file = t.out.clone();
-    drop(t);
+    let (pid, out_file, out_then, d1, d2) = dump_twice(&criu, &dir, &[]);
+    let (pages1, pages2) = (dumped_pages(&d1, pid), dumped_pages(&d2, pid));
     // Refused into another process: its mappings are not the dump's.
     std::fs::create_dir_all(dir.join("other")).unwrap();
     let other = start_target(&dir.join("other"), true);
-    let o = Command::new(BIN)
-        .args(["snapshot", "restore", "--criu"])
-        .arg(&d2)
-        .args(["--pid", &other.pid.to_string(), "--task", &pid.to_string()])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(
-        !o.status.success() && err.contains("its mappings are not those of the CRIU dump"),
-        "into another process: {} {err}",
-        o.status
+    in_place_refused(
+        Command::new(BIN),
+        &d2,
+        other.pid,
+        &["--task", &pid.to_string()],
+        "its mappings are not those of the CRIU dump",
     );
     drop(other);
     std::fs::write(&out_file, &out_then).unwrap();
@@ -729,19 +714,9 @@ fn a_later_criu_dump_is_put_in_place_into_a_restored_process() {
         .status()
         .unwrap();
     assert!(st.success(), "chmod -R a+rX {}", dir.display());
-    let o = Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", BIN])
-        .args(["snapshot", "restore", "--criu"])
-        .arg(&d2)
-        .args(["--pid", &pid.to_string()])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(
-        !o.status.success() && err.contains("ermi"),
-        "as user nobody: {} {err}",
-        o.status
-    );
+    let mut nobody = Command::new("setpriv");
+    nobody.args(["--reuid=65534", "--regid=65534", "--clear-groups", BIN]);
+    in_place_refused(nobody, &d2, pid, &[], "ermi");
     let o = ok(Command::new(BIN)
         .args(["snapshot", "restore", "--json", "--criu"])
         .arg(&d2)
@@ -775,17 +750,7 @@ fn a_later_criu_dump_is_put_in_place_into_a_restored_process() {
         "{written} pages written, {changed} differ between the dumps: {v}"
     );
     signal(pid, "STOP");
-    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
-    let mut live = vec![0u8; PAGE_SIZE];
-    let (mut differ, mut rseq_like) = (Vec::new(), 0);
-    for (a, p) in pages2.iter().filter(|(a, _)| !on_stack(**a)) {
-        mem.read_exact_at(&mut live, *a).unwrap();
-        match one_rseq_window(&live, p) {
-            Some(true) => rseq_like += 1,
-            Some(false) => differ.push(*a),
-            None => {}
-        }
-    }
+    let (differ, rseq_like) = unlike(pid, &pages2, &on_stack);
     assert!(
         differ.is_empty() && rseq_like <= 1,
         "pages unlike the later dump's: {differ:x?} in {:#?} ({rseq_like} differing in one \
@@ -796,4 +761,121 @@ fn a_later_criu_dump_is_put_in_place_into_a_restored_process() {
     signal(pid, "USR1");
     pagewise_testkit::wait_in_file(&out_file, "changed", 1, || {});
     drop(restored);
+}
+
+/// The target (with `args`) dumped into `dir/d1`, made to change its
+/// known pages, dumped into `dir/d2`, then killed: its pid, its output
+/// file and what that held at the first dump (CRIU restores only a
+/// process whose open files are as they were), and the two dumps.
+fn dump_twice(
+    criu: &std::path::Path,
+    dir: &std::path::Path,
+    args: &[&str],
+) -> (
+    i32,
+    std::path::PathBuf,
+    Vec<u8>,
+    std::path::PathBuf,
+    std::path::PathBuf,
+) {
+    std::fs::create_dir_all(dir).unwrap();
+    let t = start_target_with(dir, true, args);
+    let (d1, d2) = (dir.join("d1"), dir.join("d2"));
+    let dump_dir = |d: &std::path::Path| {
+        pagewise_testkit::criu::dump_to_dir(criu, t.pid as u32, d, &["--leave-running", "-v4"])
+            .unwrap_or_else(|why| panic!("{why}"))
+    };
+    dump_dir(&d1);
+    let out_then = std::fs::read(&t.out).unwrap();
+    signal(t.pid, "USR1");
+    pagewise_testkit::wait_in_file(&t.out, "changed", 1, || {});
+    dump_dir(&d2);
+    (t.pid, t.out.clone(), out_then, d1, d2)
+}
+
+/// Registers are not put back, so a thread keeps its stack: where a word
+/// of it changed since the dump and points at memory the dump would
+/// change, `snapshot restore --criu` refuses, naming the word, and writes
+/// nothing. The target keeps a pointer to the last page it rewrote in
+/// main's frame: restored from the first dump it points at page 0 of its
+/// region, which the second dump has rewritten.
+#[test]
+fn a_criu_dump_is_refused_where_a_thread_stack_points_at_what_it_changes() {
+    let criu = match pagewise_testkit::criu::criu4() {
+        Ok(c) => c,
+        Err(why) => return pagewise_testkit::skip!("{why}"),
+    };
+    let dir = temp_dir("criu-in-place-stack");
+    let (pid, out_file, out_then, d1, d2) = dump_twice(&criu, &dir, &["keep-pointer"]);
+    let pages1 = dumped_pages(&d1, pid);
+    std::fs::write(&out_file, &out_then).unwrap();
+    let restored = restore(&criu, &d1, &[], pid);
+    in_place_refused(
+        Command::new(BIN),
+        &d2,
+        pid,
+        &[],
+        "stack changed since the CRIU dump",
+    );
+    // Nothing written: every page of the first dump off the stack reads
+    // as it did (the rseq window aside).
+    signal(pid, "STOP");
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let stack = maps.lines().find(|l| l.ends_with("[stack]")).unwrap();
+    let (s, e) = stack
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .split_once('-')
+        .unwrap();
+    let (s, e) = (
+        u64::from_str_radix(s, 16).unwrap(),
+        u64::from_str_radix(e, 16).unwrap(),
+    );
+    let (differ, rseq_like) = unlike(pid, &pages1, &|a| s <= a && a < e);
+    assert!(
+        differ.is_empty() && rseq_like <= 1,
+        "pages written despite the refusal: {differ:x?}"
+    );
+    drop(restored);
+}
+
+/// `c` (pagewise, or a command that runs it) with `snapshot restore
+/// --criu DIR --pid PID` and `extra`: it must fail, saying `why`.
+fn in_place_refused(mut c: Command, dir: &std::path::Path, pid: i32, extra: &[&str], why: &str) {
+    let o = c
+        .args(["snapshot", "restore", "--criu"])
+        .arg(dir)
+        .args(["--pid", &pid.to_string()])
+        .args(extra)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains(why),
+        "snapshot restore --criu {} --pid {pid} {extra:?}: {} (wanted a refusal saying {why:?}) {err}",
+        dir.display(),
+        o.status
+    );
+}
+
+/// The pages of `pages` (address to bytes) outside `skip` that process
+/// `pid` holds otherwise: those that differ, and how many differ only in
+/// one 32-byte window (a thread's `rseq` area, see `one_rseq_window`).
+fn unlike(
+    pid: i32,
+    pages: &std::collections::BTreeMap<u64, Vec<u8>>,
+    skip: &dyn Fn(u64) -> bool,
+) -> (Vec<u64>, usize) {
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    let (mut live, mut differ, mut rseq_like) = (vec![0u8; PAGE_SIZE], Vec::new(), 0);
+    for (a, p) in pages.iter().filter(|(a, _)| !skip(**a)) {
+        mem.read_exact_at(&mut live, *a).unwrap();
+        match one_rseq_window(&live, p) {
+            Some(true) => rseq_like += 1,
+            Some(false) => differ.push(*a),
+            None => {}
+        }
+    }
+    (differ, rseq_like)
 }

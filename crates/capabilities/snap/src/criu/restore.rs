@@ -27,7 +27,10 @@
 //!   are, so the mapping each thread's stack pointer is in is left as it
 //!   is ([`InPlace::left`]), as in a memory-only restore of pagewise's own
 //!   snapshots. This suits a process that waits where it waited at the
-//!   dump (a server in its event loop).
+//!   dump (a server in its event loop). Every page is compared first and
+//!   nothing written until each thread's live stack is checked: a word
+//!   that changed since the dump and points into a page the restore
+//!   would change refuses it ([`RollbackRefusal::CriuThreadMemory`]).
 //!
 //! Dumps whose pages sit in a parent dump (`PE_PARENT`, `criu dump
 //! --prev-images-dir`) are refused: only whole dumps are read.
@@ -390,11 +393,13 @@ pub fn restore_in_place(dir: &Path, pid: i32, task: Option<u32>) -> Result<InPla
         .into());
     }
     let mut left = Vec::new();
+    let mut stacks = Vec::new();
     for &tid in stopped.tids() {
         let r = pagewise_sys::process::ptrace_getregs(tid)
             .map_err(|e| Error::for_pid(pid, format!("PTRACE_GETREGS of {tid}"), e))?;
         if let Some(m) = maps.iter().find(|m| m.start <= r.rsp && r.rsp < m.end) {
             left.push((m.start, m.end));
+            stacks.push((tid, r.rsp & !7, m.end));
         }
     }
     left.sort_unstable();
@@ -407,43 +412,184 @@ pub fn restore_in_place(dir: &Path, pid: i32, task: Option<u32>) -> Result<InPla
         left: left.clone(),
         ..InPlace::default()
     };
-    let mut want = vec![0u8; (CHUNK_PAGES as usize) * PAGE_SIZE];
-    let mut have = vec![0u8; want.len()];
-    // The dump's pages: compared, written where they differ.
-    let mut dumped: Vec<(u64, u64)> = Vec::new();
-    let mut offset = 0u64;
-    for r in img.runs.iter().filter(|r| r.flags & PE_PRESENT != 0) {
-        let end = r.vaddr + r.nr_pages * PAGE_SIZE as u64;
-        dumped.push((r.vaddr, end));
-        let mut at = r.vaddr;
-        while at < end {
-            let n = ((end - at) / PAGE_SIZE as u64).min(CHUNK_PAGES);
-            let len = (n as usize) * PAGE_SIZE;
-            if is_left(at) {
-                // Skipped a page at a time: a run may leave the area.
-                offset += PAGE_SIZE as u64;
-                at += PAGE_SIZE as u64;
-                continue;
+    // First every page is compared and what differs noted; nothing is
+    // written until the threads' stacks are known to agree with it.
+    let dump = Dumped::compare(&img, &pages, &mem, &is_left)?;
+    let resets = left_out_changes(&mem, &img.vmas, &dump.runs, &left)?;
+    let mut changed: Vec<u64> = dump.changes.iter().map(|&(a, _)| a).collect();
+    changed.extend(resets.iter().map(|&(a, _)| a));
+    changed.sort_unstable();
+    for &(tid, from, to) in &stacks {
+        if let Some((word, points_to)) = dump.stack_divergence(&pages, &mem, from, to, &changed)? {
+            return Err(RollbackRefusal::CriuThreadMemory {
+                pid,
+                tid,
+                word,
+                points_to,
             }
-            let n = (0..n)
-                .take_while(|i| !is_left(at + i * PAGE_SIZE as u64))
-                .count() as u64;
-            let len = len.min(n as usize * PAGE_SIZE);
-            pages
-                .read_exact_at(&mut want[..len], offset)
-                .map_err(|e| io(format!("reading {} at {offset}", img.pages.display()), e))?;
-            mem.read(at, &mut have[..len])?;
-            out.pages_compared += n;
-            out.pages_written += mem.write_differing(at, &want[..len], &have[..len])?;
-            offset += len as u64;
-            at += len as u64;
+            .into());
         }
     }
-    dumped.sort_unstable();
-    out.pages_reset = reset_left_out(&mem, &img.vmas, &dumped, &left)?;
+    out.pages_compared = dump.compared;
+    out.pages_written = dump.write(&pages, &mem)?;
+    for &(at, vma) in &resets {
+        let mut page = vec![0u8; PAGE_SIZE];
+        if let Some(v) = vma {
+            file_page(pid, &img.vmas[v], at, &mut page)?;
+        }
+        mem.write(at, &page)?;
+    }
+    out.pages_reset = resets.len() as u64;
     out.elapsed_ns = t0.elapsed().as_nanos() as u64;
     drop(stopped);
     Ok(out)
+}
+
+/// The dump's pages against the process's: where each present run's
+/// pages are in the pages image, and which pages differ.
+struct Dumped {
+    /// Present runs: `[start, end)` and the pages image's offset of the
+    /// first page, ascending.
+    runs: Vec<(u64, u64, u64)>,
+    /// Pages that differ: address and pages image offset, ascending.
+    changes: Vec<(u64, u64)>,
+    /// Pages compared.
+    compared: u64,
+}
+
+impl Dumped {
+    /// Compares every present page of `img` outside the areas `is_left`
+    /// with the process's.
+    fn compare(
+        img: &Images,
+        pages: &File,
+        mem: &Mem,
+        is_left: &dyn Fn(u64) -> bool,
+    ) -> Result<Self> {
+        let mut want = vec![0u8; (CHUNK_PAGES as usize) * PAGE_SIZE];
+        let mut have = vec![0u8; want.len()];
+        let mut d = Dumped {
+            runs: Vec::new(),
+            changes: Vec::new(),
+            compared: 0,
+        };
+        let mut offset = 0u64;
+        for r in img.runs.iter().filter(|r| r.flags & PE_PRESENT != 0) {
+            let end = r.vaddr + r.nr_pages * PAGE_SIZE as u64;
+            d.runs.push((r.vaddr, end, offset));
+            let mut at = r.vaddr;
+            while at < end {
+                if is_left(at) {
+                    // Skipped a page at a time: a run may leave the area.
+                    offset += PAGE_SIZE as u64;
+                    at += PAGE_SIZE as u64;
+                    continue;
+                }
+                let n = ((end - at) / PAGE_SIZE as u64).min(CHUNK_PAGES);
+                let n = (0..n)
+                    .take_while(|i| !is_left(at + i * PAGE_SIZE as u64))
+                    .count();
+                let len = n * PAGE_SIZE;
+                pages
+                    .read_exact_at(&mut want[..len], offset)
+                    .map_err(|e| io(format!("reading {} at {offset}", img.pages.display()), e))?;
+                mem.read(at, &mut have[..len])?;
+                d.compared += n as u64;
+                for k in 0..n {
+                    let p = k * PAGE_SIZE..(k + 1) * PAGE_SIZE;
+                    if want[p.clone()] != have[p] {
+                        let k = (k * PAGE_SIZE) as u64;
+                        d.changes.push((at + k, offset + k));
+                    }
+                }
+                offset += len as u64;
+                at += len as u64;
+            }
+        }
+        d.runs.sort_unstable();
+        Ok(d)
+    }
+
+    /// The dump's bytes of page `at` (zeros where it holds none).
+    fn page(&self, pages: &File, at: u64, out: &mut [u8]) -> Result<()> {
+        match self
+            .runs
+            .get(self.runs.partition_point(|&(_, e, _)| e <= at))
+        {
+            Some(&(s, _, off)) if s <= at => pages
+                .read_exact_at(out, off + (at - s))
+                .map_err(|e| io(format!("reading the pages image at {}", off + (at - s)), e)),
+            _ => {
+                out.fill(0);
+                Ok(())
+            }
+        }
+    }
+
+    /// A word of the live stack `[from, to)` that differs from the dump's
+    /// and points into a page in `changed` (sorted): its address and
+    /// value. A thread keeps its stack through the restore: such a word
+    /// would point at memory no longer as the thread left it.
+    fn stack_divergence(
+        &self,
+        pages: &File,
+        mem: &Mem,
+        from: u64,
+        to: u64,
+        changed: &[u64],
+    ) -> Result<Option<(u64, u64)>> {
+        let (mut live, mut then) = (vec![0u8; PAGE_SIZE], vec![0u8; PAGE_SIZE]);
+        let mut page = from & !(PAGE_SIZE as u64 - 1);
+        while page < to {
+            mem.read(page, &mut live)?;
+            self.page(pages, page, &mut then)?;
+            let skip = (from.saturating_sub(page) / 8) as usize;
+            for (k, (w, v)) in live
+                .chunks_exact(8)
+                .zip(then.chunks_exact(8))
+                .enumerate()
+                .skip(skip)
+            {
+                if w == v {
+                    continue;
+                }
+                let to = u64::from_ne_bytes(w.try_into().expect("8 bytes"));
+                if changed
+                    .binary_search(&(to & !(PAGE_SIZE as u64 - 1)))
+                    .is_ok()
+                {
+                    return Ok(Some((page + 8 * k as u64, to)));
+                }
+            }
+            page += PAGE_SIZE as u64;
+        }
+        Ok(None)
+    }
+
+    /// Writes the pages that differ, a run of adjacent ones per write;
+    /// returns how many.
+    fn write(&self, pages: &File, mem: &Mem) -> Result<u64> {
+        let mut buf = vec![0u8; (CHUNK_PAGES as usize) * PAGE_SIZE];
+        let mut i = 0;
+        while i < self.changes.len() {
+            let (at, off) = self.changes[i];
+            let mut n = 1;
+            while i + n < self.changes.len()
+                && n < CHUNK_PAGES as usize
+                && self.changes[i + n]
+                    == (at + (n * PAGE_SIZE) as u64, off + (n * PAGE_SIZE) as u64)
+            {
+                n += 1;
+            }
+            let b = &mut buf[..n * PAGE_SIZE];
+            pages
+                .read_exact_at(b, off)
+                .map_err(|e| io(format!("reading the pages image at {off}"), e))?;
+            mem.write(at, b)?;
+            i += n;
+        }
+        Ok(self.changes.len() as u64)
+    }
 }
 
 /// A stopped process's memory, through `/proc/PID/mem`.
@@ -469,56 +615,33 @@ impl Mem {
             .map_err(|e| Error::for_pid(self.pid, format!("reading {:#x}+{:#x}", at, b.len()), e))
     }
 
-    /// Writes the pages of `want` that differ from `have` at `at`, a run
-    /// of adjacent ones per write; returns how many.
-    fn write_differing(&self, at: u64, want: &[u8], have: &[u8]) -> Result<u64> {
-        let pages = want.len() / PAGE_SIZE;
-        let same = |k: usize| {
-            want[k * PAGE_SIZE..(k + 1) * PAGE_SIZE] == have[k * PAGE_SIZE..(k + 1) * PAGE_SIZE]
-        };
-        let (mut i, mut written) = (0, 0);
-        while i < pages {
-            if same(i) {
-                i += 1;
-                continue;
-            }
-            let mut j = i + 1;
-            while j < pages && !same(j) {
-                j += 1;
-            }
-            let (w, b) = (
-                at + (i * PAGE_SIZE) as u64,
-                &want[i * PAGE_SIZE..j * PAGE_SIZE],
-            );
-            self.file.write_all_at(b, w).map_err(|e| {
-                Error::for_pid(self.pid, format!("writing {:#x}+{:#x}", w, b.len()), e)
-            })?;
-            written += (j - i) as u64;
-            i = j;
-        }
-        Ok(written)
+    fn write(&self, at: u64, b: &[u8]) -> Result<()> {
+        self.file
+            .write_all_at(b, at)
+            .map_err(|e| Error::for_pid(self.pid, format!("writing {:#x}+{:#x}", at, b.len()), e))
     }
 }
 
-/// Makes the pages the dump left out (outside `dumped`, sorted runs) of
-/// its private writable mappings what `criu restore` would: zeros in
-/// anonymous memory, the file's bytes in a file's mapping (where the
-/// process copied them on write since); mappings in `left` are skipped.
-/// Returns how many pages it wrote.
-fn reset_left_out(
+/// The pages the dump left out (outside its present `runs`) of its
+/// private writable mappings that the process holds other bytes in than
+/// `criu restore` would make: zeros in anonymous memory (`None`), the
+/// file's bytes in a file's mapping (`Some` of the mapping's index; where
+/// the process copied them on write since). Mappings in `left` are
+/// skipped.
+fn left_out_changes(
     mem: &Mem,
     vmas: &[Vma],
-    dumped: &[(u64, u64)],
+    runs: &[(u64, u64, u64)],
     left: &[(u64, u64)],
-) -> Result<u64> {
+) -> Result<Vec<(u64, Option<usize>)>> {
     use pagewise_sys::pagemap::category::{FILE, PRESENT, SWAPPED};
     let mut walker = PageWalker::new(Some(mem.pid))?;
-    let (mut runs, mut reset) = (Vec::new(), 0);
+    let (mut found, mut out) = (Vec::new(), Vec::new());
     let (mut have, mut want) = (vec![0u8; PAGE_SIZE], vec![0u8; PAGE_SIZE]);
-    for v in vmas
-        .iter()
-        .filter(|v| v.private() && v.prot & PROT_WRITE != 0)
-    {
+    for (i, v) in vmas.iter().enumerate() {
+        if !v.private() || v.prot & PROT_WRITE == 0 {
+            continue;
+        }
         if left.iter().any(|&(s, e)| s <= v.start && v.start < e) {
             continue;
         }
@@ -528,14 +651,14 @@ fn reset_left_out(
             region,
             PRESENT | SWAPPED,
             PRESENT | SWAPPED | FILE,
-            &mut runs,
+            &mut found,
         )?;
         // A file's page not copied on write is the file's already.
-        for pr in runs.iter().filter(|pr| anon || pr.categories & FILE == 0) {
+        for pr in found.iter().filter(|pr| anon || pr.categories & FILE == 0) {
             for at in (pr.start..pr.end).step_by(PAGE_SIZE) {
-                let inside = dumped
-                    .get(dumped.partition_point(|&(_, e)| e <= at))
-                    .is_some_and(|&(s, _)| s <= at);
+                let inside = runs
+                    .get(runs.partition_point(|&(_, e, _)| e <= at))
+                    .is_some_and(|&(s, _, _)| s <= at);
                 if inside {
                     continue;
                 }
@@ -545,11 +668,13 @@ fn reset_left_out(
                 } else {
                     file_page(mem.pid, v, at, &mut want)?;
                 }
-                reset += mem.write_differing(at, &want, &have)?;
+                if have != want {
+                    out.push((at, (!anon).then_some(i)));
+                }
             }
         }
     }
-    Ok(reset)
+    Ok(out)
 }
 
 /// The bytes of the file mapped privately by `v` at page `at`, as the

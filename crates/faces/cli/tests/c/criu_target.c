@@ -3,7 +3,9 @@
  * in its first word; region B (MIB_B MiB) a pseudo-random stream. It says
  * "ready PID A_ADDR A_LEN B_ADDR B_LEN" on standard output and waits for
  * signals: each SIGUSR1 rewrites every 100th page of A with contents no
- * page had before and says "changed N" (N pages) when done. */
+ * page had before and says "changed N" (N pages) when done. With the
+ * argument "keep-pointer", main's frame also holds (in a volatile local)
+ * a pointer to the last page it rewrote. */
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -21,7 +23,8 @@ static volatile sig_atomic_t asked;
 
 static void on_usr1(int sig) { (void)sig; asked++; }
 
-int main(void) {
+int main(int argc, char **argv) {
+    int keep = argc > 1 && strcmp(argv[1], "keep-pointer") == 0;
     size_t la = (size_t)MIB_A << 20, lb = (size_t)MIB_B << 20;
     a = mmap(0, la, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     b = mmap(0, lb, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -46,6 +49,7 @@ int main(void) {
     printf("ready %d %lu %lu %lu %lu\n", getpid(), (unsigned long)a, (unsigned long)la,
            (unsigned long)b, (unsigned long)lb);
     fflush(stdout);
+    unsigned char *volatile last = a;
     uint64_t round = 0;
     for (;;) {
         while (!asked) sigsuspend(&old);
@@ -56,8 +60,9 @@ int main(void) {
             uint64_t tag[2] = {0xc0ffee00ull + round, i};
             memset(a + i * PAGE, (int)(round + 0x80), PAGE);
             memcpy(a + i * PAGE, tag, sizeof tag);
+            if (keep) last = a + i * PAGE;
         }
-        printf("changed %zu\n", n);
+        printf("changed %zu (last at %p)\n", n, (void *)last);
         fflush(stdout);
     }
 }
