@@ -194,12 +194,16 @@ fn one_rseq_window(live: &[u8], dumped: &[u8]) -> Option<bool> {
 }
 
 /// Every page of snapshot `id` against the process's memory now: the
-/// pages that differ (address), and the addresses stored.
+/// pages that differ (address), and the addresses stored. One page that
+/// differs only in one 32-byte window is not counted: the kernel writes a
+/// thread's `rseq` area (the CPU it runs on) whenever it returns to the
+/// thread, and CRIU makes the stopped target run its parasite's cure
+/// after it has read the pages.
 fn against_memory(store: &DiskStore, id: u64, pid: i32) -> (Vec<u64>, Vec<(u64, u64)>) {
     let snap = store.load(id).unwrap();
     let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
     let (mut stored, mut live) = (vec![0u8; PAGE_SIZE], vec![0u8; PAGE_SIZE]);
-    let mut differ = Vec::new();
+    let (mut differ, mut rseq_like) = (Vec::new(), Vec::new());
     let mut at = Vec::new();
     for i in 0..snap.pages() {
         let addr = snap.address_of(i).unwrap();
@@ -207,10 +211,15 @@ fn against_memory(store: &DiskStore, id: u64, pid: i32) -> (Vec<u64>, Vec<(u64, 
             .read_page(snap.entries[i as usize], &mut stored)
             .unwrap();
         mem.read_exact_at(&mut live, addr).unwrap();
-        if stored != live {
-            differ.push(addr);
+        match one_rseq_window(&live, &stored) {
+            Some(false) => differ.push(addr),
+            Some(true) => rseq_like.push(addr),
+            None => {}
         }
         at.push((addr, snap.entries[i as usize]));
+    }
+    if rseq_like.len() > 1 {
+        differ.extend(rseq_like);
     }
     (differ, at)
 }
