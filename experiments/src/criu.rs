@@ -37,6 +37,7 @@ use crate::redis::{free_port, redis_args, which};
 use anyhow::{bail, Context, Result};
 use pagewise_snap::criu::PageServer;
 use pagewise_snap::DiskStore;
+use pagewise_testkit::criu::Restored;
 use pagewise_testkit::servers::{fill, value, Kv};
 use serde::Serialize;
 use std::io::{BufRead, BufReader, Write};
@@ -578,22 +579,8 @@ fn lazy_round(
         std::thread::sleep(Duration::from_millis(2));
     }
     let t0 = std::time::Instant::now();
-    let st = Command::new(criu)
-        .args([
-            "restore",
-            "--lazy-pages",
-            "-d",
-            "-o",
-            "restore-lazy.log",
-            "-D",
-        ])
-        .arg(images)
-        .stderr(Stdio::null())
-        .status()?;
-    if !st.success() {
-        bail!("criu restore --lazy-pages from {server}: {st}");
-    }
-    let restored = Restored(pid);
+    let (restored, _) = pagewise_testkit::criu::restore(criu, images, &["--lazy-pages"], pid)
+        .map_err(|why| anyhow::anyhow!("from {server}: {why}"))?;
     // A first GET, as soon as the process runs.
     let first = {
         let s = TcpStream::connect(("127.0.0.1", port))?;
@@ -638,42 +625,9 @@ fn lazy_round(
     })
 }
 
-/// A process `criu restore -d` started: killed on drop, and waited for
-/// (10 s at most) until it is gone, its port free again.
-struct Restored(u32);
-
-impl Drop for Restored {
-    fn drop(&mut self) {
-        let pid = self.0 as i32;
-        let _ = pagewise_sys::process::kill(pid, libc::SIGKILL);
-        let t0 = std::time::Instant::now();
-        while std::path::Path::new(&format!("/proc/{pid}")).exists()
-            && t0.elapsed() < Duration::from_secs(10)
-        {
-            std::thread::sleep(Duration::from_millis(2));
-        }
-    }
-}
-
-/// `criu restore -d -D images`: the process (the dump's pid) and the
-/// command's time.
+/// `criu restore -d -D images` (see [`pagewise_testkit::criu::restore`]).
 fn criu_restore(criu: &Path, images: &Path, pid: u32) -> Result<(Restored, Duration)> {
-    let t0 = std::time::Instant::now();
-    let st = Command::new(criu)
-        .args(["restore", "-d", "-o", "restore.log", "-D"])
-        .arg(images)
-        .stderr(Stdio::null())
-        .status()?;
-    let took = t0.elapsed();
-    if !st.success() {
-        let log = std::fs::read_to_string(images.join("restore.log")).unwrap_or_default();
-        let tail: Vec<&str> = log.lines().rev().take(12).collect();
-        bail!(
-            "criu restore of {}: {st}; its log ends: {tail:#?}",
-            images.display()
-        );
-    }
-    Ok((Restored(pid), took))
+    pagewise_testkit::criu::restore(criu, images, &[], pid).map_err(|why| anyhow::anyhow!("{why}"))
 }
 
 /// The restores (see [`Restore`]), each Redis checked key by key; the

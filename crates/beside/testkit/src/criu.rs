@@ -110,6 +110,55 @@ fn dump(
     Ok(took)
 }
 
+/// A process `criu restore -d` started: killed on drop, and waited for
+/// (10 s at most) until it is gone, its pid and ports free again.
+#[derive(Debug)]
+pub struct Restored(pub u32);
+
+impl Drop for Restored {
+    fn drop(&mut self) {
+        let pid = self.0 as i32;
+        let _ = pagewise_sys::process::kill(pid, libc::SIGKILL);
+        let t0 = std::time::Instant::now();
+        while std::path::Path::new(&format!("/proc/{pid}")).exists()
+            && t0.elapsed() < std::time::Duration::from_secs(10)
+        {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    }
+}
+
+/// `criu restore -d -D images` with `extra` options (`--lazy-pages`,
+/// `-v4`), its log in `images/restore.log`: the process it restored (the
+/// dump's pid, `pid`) and how long the command took. `Err`: its status
+/// and the last lines of its log.
+pub fn restore(
+    criu: &std::path::Path,
+    images: &std::path::Path,
+    extra: &[&str],
+    pid: u32,
+) -> Result<(Restored, std::time::Duration), String> {
+    let t0 = std::time::Instant::now();
+    let st = Command::new(criu)
+        .arg("restore")
+        .args(extra)
+        .args(["-d", "-o", "restore.log", "-D"])
+        .arg(images)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .map_err(|e| format!("criu restore: {e}"))?;
+    let took = t0.elapsed();
+    if !st.success() {
+        let log = std::fs::read_to_string(images.join("restore.log")).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(15).collect();
+        return Err(format!(
+            "criu restore {extra:?} of {}: {st}; its log ends: {tail:#?}",
+            images.display()
+        ));
+    }
+    Ok((Restored(pid), took))
+}
+
 /// Waits (10 s at most) until a socket listens on loopback port `port`,
 /// as /proc/net/tcp lists it: CRIU's page server serves one connection,
 /// so it cannot be probed by connecting. `Err`: what it waited for.

@@ -131,21 +131,16 @@ fn next_line(out: &mut BufReader<std::process::ChildStdout>, ps: &Reaped) -> ser
 
 /// `criu restore -d` from `images` with `extra` options, verbose into its
 /// log; the process it restored, killed at the end.
-fn restore(criu: &std::path::Path, images: &std::path::Path, extra: &[&str], pid: i32) -> Restored {
-    let st = Command::new(criu)
-        .arg("restore")
-        .args(extra)
-        .args(["-d", "-v4", "-o", "restore.log", "-D"])
-        .arg(images)
-        .status()
-        .unwrap();
-    let log = std::fs::read_to_string(images.join("restore.log")).unwrap_or_default();
-    let tail: Vec<&str> = log.lines().rev().take(15).collect();
-    assert!(
-        st.success(),
-        "criu restore {extra:?}: {st}; its log ends: {tail:#?}"
-    );
-    Restored(pid)
+fn restore(
+    criu: &std::path::Path,
+    images: &std::path::Path,
+    extra: &[&str],
+    pid: i32,
+) -> pagewise_testkit::criu::Restored {
+    let extra = [extra, &["-v4"]].concat();
+    pagewise_testkit::criu::restore(criu, images, &extra, pid as u32)
+        .unwrap_or_else(|why| panic!("{why}"))
+        .0
 }
 
 /// Checks a process restored from dump 1 of the store at `store_dir`
@@ -508,17 +503,6 @@ fn criu_restores_from_the_images_pagewise_exports() {
     signal(pid, "USR1");
     pagewise_testkit::wait_in_file(&out_file, "changed", 1, || {});
     drop(restored);
-}
-
-/// A process `criu restore -d` left running, killed at the end.
-struct Restored(i32);
-
-impl Drop for Restored {
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-KILL", &self.0.to_string()])
-            .status();
-    }
 }
 
 /// `criu restore --lazy-pages` fetches the pages the dump marked lazy
