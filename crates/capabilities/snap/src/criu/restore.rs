@@ -432,12 +432,9 @@ pub fn restore_in_place(dir: &Path, pid: i32, task: Option<u32>) -> Result<InPla
     }
     out.pages_compared = dump.compared;
     out.pages_written = dump.write(&pages, &mem)?;
-    for &(at, vma) in &resets {
-        let mut page = vec![0u8; PAGE_SIZE];
-        if let Some(v) = vma {
-            file_page(pid, &img.vmas[v], at, &mut page)?;
-        }
-        mem.write(at, &page)?;
+    let zeros = vec![0u8; PAGE_SIZE];
+    for (at, file) in &resets {
+        mem.write(*at, file.as_deref().unwrap_or(&zeros))?;
     }
     out.pages_reset = resets.len() as u64;
     out.elapsed_ns = t0.elapsed().as_nanos() as u64;
@@ -625,20 +622,19 @@ impl Mem {
 /// The pages the dump left out (outside its present `runs`) of its
 /// private writable mappings that the process holds other bytes in than
 /// `criu restore` would make: zeros in anonymous memory (`None`), the
-/// file's bytes in a file's mapping (`Some` of the mapping's index; where
-/// the process copied them on write since). Mappings in `left` are
-/// skipped.
+/// file's bytes in a file's mapping (`Some` of them; where the process
+/// copied them on write since). Mappings in `left` are skipped.
 fn left_out_changes(
     mem: &Mem,
     vmas: &[Vma],
     runs: &[(u64, u64, u64)],
     left: &[(u64, u64)],
-) -> Result<Vec<(u64, Option<usize>)>> {
+) -> Result<Vec<(u64, Option<Vec<u8>>)>> {
     use pagewise_sys::pagemap::category::{FILE, PRESENT, SWAPPED};
     let mut walker = PageWalker::new(Some(mem.pid))?;
     let (mut found, mut out) = (Vec::new(), Vec::new());
     let (mut have, mut want) = (vec![0u8; PAGE_SIZE], vec![0u8; PAGE_SIZE]);
-    for (i, v) in vmas.iter().enumerate() {
+    for v in vmas.iter() {
         if !v.private() || v.prot & PROT_WRITE == 0 {
             continue;
         }
@@ -669,7 +665,7 @@ fn left_out_changes(
                     file_page(mem.pid, v, at, &mut want)?;
                 }
                 if have != want {
-                    out.push((at, (!anon).then_some(i)));
+                    out.push((at, (!anon).then(|| want.clone())));
                 }
             }
         }
