@@ -274,8 +274,7 @@ fn criu_dumps_into_the_page_server_page_for_page() {
         Ok(c) => c,
         Err(why) => return pagewise_testkit::skip!("{why}"),
     };
-    let dir = temp_dir("criu");
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = Scratch::new("criu");
     let store_dir = dir.join("store");
     let (mut ps, mut out, port) = start_page_server(&store_dir, &[]);
     let t = start_target(&dir, false);
@@ -385,7 +384,7 @@ fn another_user_cannot_dump_into_the_page_server() {
     if as_nobody().is_none() {
         return pagewise_testkit::skip!("needs root and setpriv to act as another user");
     }
-    let dir = temp_dir("criu-nobody");
+    let dir = Scratch::new("criu-nobody");
     let store_dir = dir.join("store");
     let (mut ps, mut out, port) = start_page_server(&store_dir, &[]);
     // User nobody is refused before a byte of its dump is read...
@@ -423,8 +422,7 @@ fn criu_restores_from_the_images_pagewise_exports() {
         Ok(c) => c,
         Err(why) => return pagewise_testkit::skip!("{why}"),
     };
-    let dir = temp_dir("criu-export");
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = Scratch::new("criu-export");
     let t = start_target(&dir, true);
     signal(t.pid, "STOP");
     // CRIU's own page server, one session, into own/.
@@ -515,8 +513,7 @@ fn criu_restores_lazily_from_the_page_server() {
         Ok(c) => c,
         Err(why) => return pagewise_testkit::skip!("{why}"),
     };
-    let dir = temp_dir("criu-lazy");
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = Scratch::new("criu-lazy");
     let t = start_target(&dir, true);
     let store_dir = dir.join("store");
     // The dump ends the process (no --leave-running).
@@ -682,7 +679,7 @@ fn a_later_criu_dump_is_put_in_place_into_a_restored_process() {
         Ok(c) => c,
         Err(why) => return pagewise_testkit::skip!("{why}"),
     };
-    let dir = temp_dir("criu-in-place");
+    let dir = Scratch::new("criu-in-place");
     let (pid, out_file, out_then, d1, d2) = dump_twice(&criu, &dir, &[]);
     let (pages1, pages2) = (dumped_pages(&d1, pid), dumped_pages(&d2, pid));
     // Refused into another process: its mappings are not the dump's.
@@ -798,7 +795,7 @@ fn a_criu_dump_is_refused_where_a_thread_stack_points_at_what_it_changes() {
         Ok(c) => c,
         Err(why) => return pagewise_testkit::skip!("{why}"),
     };
-    let dir = temp_dir("criu-in-place-stack");
+    let dir = Scratch::new("criu-in-place-stack");
     let (pid, out_file, out_then, d1, d2) = dump_twice(&criu, &dir, &["keep-pointer"]);
     let pages1 = dumped_pages(&d1, pid);
     std::fs::write(&out_file, &out_then).unwrap();

@@ -141,6 +141,50 @@ pub fn temp_dir(name: &str) -> std::path::PathBuf {
     p
 }
 
+/// A test's own directory, gone when the test passes and kept when it
+/// fails (what a failed run wrote is the evidence). For tests that write
+/// much (CRIU's images): left behind, they fill the disk run after run.
+pub struct Scratch(PathBuf);
+
+impl Scratch {
+    /// An empty directory, `pagewise-cli-NAME-PID` in Cargo's temporary
+    /// directory.
+    pub fn new(name: &str) -> Scratch {
+        let p = temp_dir(name);
+        std::fs::create_dir_all(&p).unwrap_or_else(|e| panic!("create {}: {e}", p.display()));
+        Scratch(p)
+    }
+}
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for Scratch {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<std::ffi::OsStr> for Scratch {
+    fn as_ref(&self) -> &std::ffi::OsStr {
+        self.0.as_os_str()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("kept for the failure: {}", self.0.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
 /// Why this machine cannot run these tests, if it cannot.
 pub fn unsupported() -> Option<String> {
     if let Err(why) = pagewise_testkit::ensure_preload_shim(BIN) {
