@@ -534,12 +534,11 @@ fn an_agent_follows_a_containers_new_processes() {
     let text = std::fs::read_to_string(&prom).unwrap();
     let inside = pagewise_testkit::host::ns_pid(later).unwrap();
     let series = format!(
-        "pagewise_thp_promoted{{pid=\"{later}\",ns_pid=\"{inside}\",container=\"{}\",runtime=\"podman\"}}",
-        &id[..12]
+        "pagewise_thp_promoted_bytes{{pid=\"{later}\",ns_pid=\"{inside}\",container=\"{name}\",container_id=\"podman://{id}\"}}",
     );
     assert!(text.contains(&series), "{series} in {text}");
     assert!(
-        text.contains("# TYPE pagewise_thp_promoted gauge"),
+        text.contains("# TYPE pagewise_thp_promoted_bytes gauge"),
         "{text}"
     );
     let _ = std::fs::remove_file(&prom);

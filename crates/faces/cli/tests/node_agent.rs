@@ -1,7 +1,8 @@
 //! The node agent (`pagewise agent --config FILE`) against podman
 //! containers started with the runtime's defaults: it answers `/healthz`
 //! and `/metrics` before its first step, follows every container's
-//! processes (labelled with their pid, pid inside and container), gives each
+//! processes (their series folded into their container's, labelled as
+//! cAdvisor labels its own; a series per process when asked), gives each
 //! container its own budget of huge pages, and on SIGTERM puts back every
 //! system setting it changed and says so. A configuration with a misspelt
 //! key or an impossible window is refused, named.
@@ -123,8 +124,10 @@ fn the_node_agent_watches_containers_and_puts_back_what_it_changed() {
         Some(2.0),
         "{text}"
     );
-    // Every family has its help and its type; every series of a process
-    // names its container; at most 50 series per container.
+    // Every family has its help and its type; no series names a pid (a
+    // process's are folded into its container's); every series of a
+    // container names it by its podman name and its id; at most 50 series
+    // per container.
     let mut per_container = std::collections::BTreeMap::new();
     for l in text.lines().filter(|l| !l.starts_with('#')) {
         // A counter's samples end in `_total`, its family's name does not
@@ -139,13 +142,15 @@ fn the_node_agent_watches_containers_and_puts_back_what_it_changed() {
                 && text.contains(&format!("# TYPE {family} ")),
             "{family} has no help or type"
         );
-        if let Some(c) = l.split("container=\"").nth(1) {
-            *per_container.entry(c[..12].to_string()).or_insert(0) += 1;
-        } else {
+        assert!(!l.contains("pid=\""), "a series of one process: {l}");
+        if let Some(c) = l.split("container_id=\"podman://").nth(1) {
+            let c = c[..12].to_string();
+            let name = if c == ida { &a } else { &b };
             assert!(
-                !l.contains("pid="),
-                "a process's series without its container: {l}"
+                l.contains(&format!("container=\"{name}\"")),
+                "a container's series without its name: {l}"
             );
+            *per_container.entry(c).or_insert(0) += 1;
         }
     }
     assert_eq!(
@@ -161,14 +166,39 @@ fn the_node_agent_watches_containers_and_puts_back_what_it_changed() {
         per_container.values().all(|&n| n <= 50),
         "{per_container:?}"
     );
-    for (c, budget) in [(&ida, 5), (&idb, 7)] {
-        let series = format!(
-            "pagewise_node_container_huge_page_budget{{container=\"{c}\",runtime=\"podman\"}} {budget}"
+    for (name, budget) in [(&a, 5), (&b, 7)] {
+        let series = text
+            .lines()
+            .find(|l| {
+                l.starts_with("pagewise_node_container_huge_budget_bytes{")
+                    && l.contains(&format!("container=\"{name}\""))
+            })
+            .unwrap_or_else(|| panic!("no budget of {name}: {text}"));
+        let bytes = series.rsplit(' ').next().unwrap().parse::<f64>().unwrap();
+        assert_eq!(
+            bytes,
+            (budget << 21) as f64,
+            "{series}: {budget} huge pages"
         );
-        assert!(text.contains(&series), "{series} in {text}");
     }
+    // Whose build, and the serving process's own figures.
     assert!(
-        text.contains("pagewise_node_ksm_merging_pages{pid=")
+        text.lines()
+            .any(|l| l.starts_with("pagewise_build_info{version=\"")),
+        "{text}"
+    );
+    let started = pagewise_testkit::metric_value(&text, "process_start_time_seconds")
+        .unwrap_or_else(|| panic!("no process_start_time_seconds: {text}"));
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    assert!(
+        (now - 120.0..=now).contains(&started),
+        "the agent started at {started}, now is {now}"
+    );
+    assert!(
+        text.contains("pagewise_node_ksm_merging_bytes{container=")
             || pagewise_testkit::host::ksm_stat(std::process::id() as i32).is_none(),
         "no ksm_stat series where the kernel has ksm_stat: {text}"
     );
@@ -197,8 +227,10 @@ fn the_node_agent_watches_containers_and_puts_back_what_it_changed() {
 
 /// A container of a Kubernetes pod (its cgroup under
 /// `kubepods/besteffort/pod<UID>`, as the kubelet's cgroupfs driver makes
-/// it), on a node whose kubelet directory says `shop_web-0_<UID>`: its
-/// series carry the pod's uid, its namespace and its name.
+/// it), on a node whose kubelet directory says `shop_web-0_<UID>` and
+/// whose link to the container's log says `web-0_shop_app-<ID>.log`: its
+/// series carry the pod's uid, its namespace, its name and the
+/// container's; asked for, a series per process, each with its pid.
 #[test]
 fn a_pods_series_carry_its_namespace_and_name() {
     need_support!();
@@ -212,17 +244,27 @@ fn a_pods_series_carry_its_namespace_and_name() {
     };
     let logs = temp_dir("pod-logs");
     std::fs::create_dir_all(logs.join(format!("shop_web-0_{uid}"))).unwrap();
+    let id = String::from_utf8_lossy(
+        &ok(Command::new("podman").args(["inspect", "--format", "{{.Id}}", &name])).stdout,
+    )
+    .trim()
+    .to_string();
+    let links = temp_dir("container-logs");
+    std::fs::create_dir_all(&links).unwrap();
+    std::fs::write(links.join(format!("web-0_shop_app-{id}.log")), "").unwrap();
     let port = free_port();
     let cfg = config(
         port,
         &format!(
-            "interval_ms = 500\nwindow_ms = 100\n[thp]\nwalk_ns = 30.0\n[[select]]\ncontainer = \"{name}\"\nhuge_pages = 2\n"
+            "interval_ms = 500\nwindow_ms = 100\nper_process_metrics = true\n\
+             [thp]\nwalk_ns = 30.0\n[[select]]\ncontainer = \"{name}\"\nhuge_pages = 2\n"
         ),
     );
     let mut agent = Command::new(BIN)
         .args(["agent", "--config"])
         .arg(&cfg)
         .env("PAGEWISE_POD_LOGS", &logs)
+        .env("PAGEWISE_CONTAINER_LOGS", &links)
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
@@ -264,23 +306,25 @@ fn a_pods_series_carry_its_namespace_and_name() {
     {
         let _ = std::fs::remove_dir(h.path().join(parent.trim_start_matches('/')));
     }
-    let want = format!("pod=\"{uid}\",namespace=\"shop\",pod_name=\"web-0\"");
+    let want = format!(
+        "container=\"app\",container_id=\"podman://{id}\",pod_uid=\"{uid}\",namespace=\"shop\",pod=\"web-0\""
+    );
     let labelled: Vec<&str> = text.lines().filter(|l| l.contains(&want)).collect();
     assert!(
         labelled
             .iter()
-            .any(|l| l.starts_with("pagewise_node_ksm_merging_pages{")),
+            .any(|l| l.starts_with("pagewise_node_ksm_merging_bytes{pid=")),
         "a process's series: {text}"
     );
     assert!(
         labelled
             .iter()
-            .any(|l| l.starts_with("pagewise_node_container_huge_page_budget{")),
+            .any(|l| l.starts_with("pagewise_node_container_huge_budget_bytes{container=")),
         "the container's series: {text}"
     );
     assert!(
         text.lines()
-            .filter(|l| l.contains(&format!("pod=\"{uid}\"")))
+            .filter(|l| l.contains(&format!("pod_uid=\"{uid}\"")))
             .all(|l| l.contains(&want)),
         "every series of the pod names it: {text}"
     );

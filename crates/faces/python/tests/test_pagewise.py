@@ -302,7 +302,9 @@ def test_the_node_agent_steps_and_puts_back_what_it_changed(tmp_path):
     assert all(s["thp"] is None for s in steps), "thp is disabled"
     text = prom.read_text()
     assert "pagewise_node_steps_total 2.0" in text, text
-    assert text.endswith("# EOF\n"), text
+    # The classic text format, as node_exporter's textfile collector reads it.
+    assert "# TYPE pagewise_node_steps_total counter\n" in text, text
+    assert "# EOF" not in text, text
     assert ksm_run.read_text() == before, "KSM's run is not as it was"
     with pytest.raises(OSError) as bad:
         cfg.write_text("[[select]]\n")

@@ -207,7 +207,7 @@ pub fn run<E: From<Error>>(
     let (served, _endpoint) = match &cadence.published {
         Some(p) => (p.clone(), None),
         None => {
-            let p = Published::new(cadence.interval, s.exposition());
+            let p = Published::new(cadence.interval, crate::served(&s.exposition()));
             let e = match &cadence.metrics_listen {
                 Some(addr) => Some(Endpoint::start(addr, p.clone())?),
                 None => None,
@@ -237,9 +237,9 @@ pub fn run<E: From<Error>>(
         let (text, watching) = (s.exposition(), s.watching());
         n = n.saturating_add(1);
         if let Some(path) = &cadence.metrics_file {
-            files::replace(path, text.as_bytes())?;
+            files::replace(path, crate::exposition::classic(&text).as_bytes())?;
         }
-        served.stepped(text);
+        served.stepped(crate::served(&text));
         if flow.is_break() {
             return Ok(Ended::ReportDone);
         }

@@ -1,5 +1,7 @@
 //! An agent's HTTP endpoint: `GET /metrics` (the Prometheus text the step
-//! loop last published), `GET /healthz` (true while the loop steps) and
+//! loop last published: OpenMetrics to a client whose `Accept` names it,
+//! as Prometheus' does, the classic text format to any other), `GET
+//! /healthz` (true while the loop steps) and
 //! `GET /readyz` (true once it has stepped); any other path is 404, any
 //! other method 405.
 //!
@@ -321,7 +323,23 @@ fn respond(p: &Published, req: &Request<hyper::body::Incoming>) -> Response<Full
         return r;
     }
     match path {
-        "/metrics" => text(StatusCode::OK, crate::CONTENT_TYPE, p.text()),
+        // OpenMetrics to a scraper that asks for it (Prometheus), the
+        // classic text to any other.
+        "/metrics" => match req
+            .headers()
+            .get_all(hyper::header::ACCEPT)
+            .iter()
+            .any(|v| {
+                v.to_str()
+                    .is_ok_and(|v| v.contains("application/openmetrics-text"))
+            }) {
+            true => text(StatusCode::OK, crate::CONTENT_TYPE, p.text()),
+            false => text(
+                StatusCode::OK,
+                crate::CLASSIC_CONTENT_TYPE,
+                crate::exposition::classic(&p.text()),
+            ),
+        },
         "/healthz" => match p.health() {
             Ok(()) => text(StatusCode::OK, "text/plain", "ok\n".into()),
             Err(why) => text(

@@ -42,7 +42,7 @@ pub use drive::{drive, run, Cadence, Deadline, Ended, Interrupt, Stepping, Unint
 pub use endpoint::{Endpoint, Published};
 pub use error::{Error, Result};
 pub use exposition::exposition;
-pub(crate) use exposition::{render, CONTENT_TYPE};
+pub(crate) use exposition::{per_container, render, served, CLASSIC_CONTENT_TYPE, CONTENT_TYPE};
 pub use pagewise_mech::agent::{Agent, Metric, Named};
 pub use stop::StopSignals;
 

@@ -216,18 +216,18 @@ impl agent::Agent for Agent {
                 c.ksmd_cpu_ms / 1e3,
             ),
             Metric::gauge(
-                "ksm_pages_sharing",
-                "Pages merged by KSM (system-wide).",
-                ksm_value("pages_sharing") as f64,
+                "ksm_sharing_bytes",
+                "Memory merged by KSM, system-wide (pages_sharing), bytes.",
+                (ksm_value("pages_sharing") * pagewise_sys::mem::page_size() as u64) as f64,
             ),
         ];
         for t in self.targets.live() {
             let merged = t.state.regions.values().filter(|r| r.mergeable).count();
             m.push(Metric::of_process(
-                "mergeable_regions",
-                "Regions of the process advised mergeable.",
+                "mergeable_bytes",
+                "Memory of the process advised mergeable (its 2 MiB regions), bytes.",
                 t,
-                merged as f64,
+                (merged * (2 << 20)) as f64,
             ));
         }
         m

@@ -711,10 +711,10 @@ impl agent::Agent for Agent {
         ];
         for t in self.targets.all() {
             m.push(Metric::of_process(
-                "promoted",
-                "Huge pages promoted in the process.",
+                "promoted_bytes",
+                "Memory of the process promoted to 2 MiB pages, bytes.",
                 t,
-                t.state.promoted as f64,
+                (t.state.promoted * (2 << 20)) as f64,
             ));
         }
         m

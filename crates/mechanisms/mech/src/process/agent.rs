@@ -67,8 +67,8 @@ pub struct Metric {
     pub help: &'static str,
     /// Its value.
     pub value: f64,
-    /// The process it is of, for one line per process: its labels (`pid`,
-    /// and in a container `ns_pid`, `container`, `runtime` and `pod`).
+    /// Its labels, for one line per process or container: a process's
+    /// ([`process_labels`]) or a container's ([`container_labels`]).
     pub process: Option<Vec<(&'static str, String)>>,
 }
 
@@ -93,8 +93,8 @@ impl Metric {
     }
 
     /// A gauge of one watched process, labelled with what the kernel
-    /// says of it: its pid, and in a container its pid inside, the
-    /// container's short id, its runtime and its pod.
+    /// says of it: its pid, and in a container its pid inside and its
+    /// container's labels ([`process_labels`]).
     pub fn of_process<T>(
         name: &'static str,
         help: &'static str,
@@ -125,7 +125,7 @@ impl Metric {
 }
 
 /// The labels of a process's series: its `pid`, and in a container its
-/// `ns_pid`, `container` (the id's first 12 digits), `runtime` and `pod`.
+/// `ns_pid` and its container's ([`container_labels`]).
 pub fn process_labels(
     pid: i32,
     ns_pid: Option<i32>,
@@ -141,20 +141,25 @@ pub fn process_labels(
     labels
 }
 
-/// The labels of a container's series: `container`, `runtime` and, where
-/// its cgroup path says it, `pod` (the pod's uid); for a Kubernetes pod
-/// whose node keeps the kubelet's pod directories, `namespace` and
-/// `pod_name` too (see [`crate::container::pod_names`]).
+/// The labels of a container's series, named as cAdvisor and
+/// kube-state-metrics name theirs so that a query joins them:
+/// `container_id` (`RUNTIME://ID`, as a pod's status says it) always;
+/// `container`, its name, where the node's files say it (see
+/// [`crate::container::container_name`]); `pod_uid` where its cgroup path
+/// names a pod; for a Kubernetes pod whose node keeps the kubelet's pod
+/// directories, `namespace` and `pod`, the pod's name (see
+/// [`crate::container::pod_names`]).
 pub fn container_labels(c: &crate::container::ContainerRef) -> Vec<(&'static str, String)> {
-    let mut labels = vec![
-        ("container", c.short_id().to_string()),
-        ("runtime", c.runtime.to_string()),
-    ];
-    if let Some(pod) = &c.pod {
-        labels.push(("pod", pod.clone()));
-        if let Some((namespace, name)) = crate::container::pod_names(pod) {
+    let mut labels = Vec::new();
+    if let Some(name) = crate::container::container_name(c) {
+        labels.push(("container", name));
+    }
+    labels.push(("container_id", format!("{}://{}", c.runtime, c.id)));
+    if let Some(uid) = &c.pod {
+        labels.push(("pod_uid", uid.clone()));
+        if let Some((namespace, name)) = crate::container::pod_names(uid) {
             labels.push(("namespace", namespace));
-            labels.push(("pod_name", name));
+            labels.push(("pod", name));
         }
     }
     labels

@@ -107,20 +107,121 @@ pub const POD_LOGS: &str = "/var/log/pods";
 /// server is asked. The directory is read again at most once a second,
 /// when a uid is not found in what was read last.
 pub fn pod_names(uid: &str) -> Option<(String, String)> {
-    use std::collections::HashMap;
-    use std::sync::Mutex;
-    use std::time::{Duration, Instant};
-    type Names = HashMap<String, (String, String)>;
-    static READ: Mutex<Option<(Instant, Names)>> = Mutex::new(None);
-    let mut read = READ.lock().unwrap_or_else(|p| p.into_inner());
-    let stale = read.as_ref().is_none_or(|(at, names)| {
-        !names.contains_key(uid) && at.elapsed() >= Duration::from_secs(1)
-    });
-    if stale {
+    static READ: Names<(String, String)> = Names::new();
+    READ.get(uid, || {
         let dir = std::env::var_os("PAGEWISE_POD_LOGS").unwrap_or_else(|| POD_LOGS.into());
-        *read = Some((Instant::now(), pods_in(std::path::Path::new(&dir))));
+        pods_in(std::path::Path::new(&dir))
+    })
+}
+
+/// Names read from the node's files, keyed by an id: read again at most
+/// once a second, when an id is not found in what was read last.
+struct Names<V> {
+    read: std::sync::Mutex<Option<(std::time::Instant, std::collections::HashMap<String, V>)>>,
+}
+
+impl<V: Clone> Names<V> {
+    const fn new() -> Names<V> {
+        Names {
+            read: std::sync::Mutex::new(None),
+        }
     }
-    read.as_ref()?.1.get(uid).cloned()
+
+    fn get(
+        &self,
+        id: &str,
+        read: impl FnOnce() -> std::collections::HashMap<String, V>,
+    ) -> Option<V> {
+        let mut last = self.read.lock().unwrap_or_else(|p| p.into_inner());
+        let stale = last.as_ref().is_none_or(|(at, names)| {
+            !names.contains_key(id) && at.elapsed() >= std::time::Duration::from_secs(1)
+        });
+        if stale {
+            *last = Some((std::time::Instant::now(), read()));
+        }
+        last.as_ref()?.1.get(id).cloned()
+    }
+}
+
+/// Where the kubelet links each container's log as
+/// `POD_NAMESPACE_CONTAINER-ID.log` (what log shippers read);
+/// `PAGEWISE_CONTAINER_LOGS` overrides it.
+pub const CONTAINER_LOGS: &str = "/var/log/containers";
+
+/// Where podman (containers/storage, as root) lists its containers with
+/// their names; `PAGEWISE_PODMAN_CONTAINERS` overrides it.
+pub const PODMAN_CONTAINERS: &str =
+    "/var/lib/containers/storage/overlay-containers/containers.json";
+
+/// Largest list of podman's containers read.
+const MAX_CONTAINERS_JSON: u64 = 16 << 20;
+
+/// A container's name, as the kubelet or its runtime named it, read from
+/// the node's files with no runtime asked: the kubelet's link to its log
+/// ([`CONTAINER_LOGS`]: the name in the pod's spec, as cAdvisor says it),
+/// else for podman's its list of containers ([`PODMAN_CONTAINERS`]).
+/// `None` where neither says it.
+pub fn container_name(c: &ContainerRef) -> Option<String> {
+    static KUBELET: Names<String> = Names::new();
+    static PODMAN: Names<String> = Names::new();
+    let kubelet = KUBELET.get(&c.id, || {
+        let dir =
+            std::env::var_os("PAGEWISE_CONTAINER_LOGS").unwrap_or_else(|| CONTAINER_LOGS.into());
+        std::fs::read_dir(dir)
+            .map(|d| {
+                d.flatten()
+                    .filter_map(|e| parse_container_log(e.file_name().to_str()?))
+                    .map(|(_, _, name, id)| (id, name))
+                    .collect()
+            })
+            .unwrap_or_default()
+    });
+    kubelet.or_else(|| {
+        (c.runtime == "podman").then(|| {
+            PODMAN.get(&c.id, || {
+                let file = std::env::var_os("PAGEWISE_PODMAN_CONTAINERS")
+                    .unwrap_or_else(|| PODMAN_CONTAINERS.into());
+                podman_names(std::path::Path::new(&file))
+            })
+        })?
+    })
+}
+
+/// The containers podman's list names: id → its first name. A list
+/// that cannot be read or parsed names none.
+fn podman_names(file: &std::path::Path) -> std::collections::HashMap<String, String> {
+    use std::io::Read;
+    #[derive(serde::Deserialize)]
+    struct Entry {
+        id: String,
+        #[serde(default)]
+        names: Vec<String>,
+    }
+    let mut text = String::new();
+    let read = std::fs::File::open(file)
+        .and_then(|f| f.take(MAX_CONTAINERS_JSON).read_to_string(&mut text));
+    let entries: Vec<Entry> = match read {
+        Ok(_) => serde_json::from_str(&text).unwrap_or_default(),
+        Err(_) => Vec::new(),
+    };
+    entries
+        .into_iter()
+        .filter(|e| is_id(&e.id))
+        .filter_map(|e| Some((e.id, e.names.into_iter().next()?)))
+        .collect()
+}
+
+/// A kubelet container log link's name, `POD_NAMESPACE_CONTAINER-ID.log`,
+/// as (pod, namespace, container, id): the names DNS names (none holds
+/// `_`), the id 64 hexadecimal digits; anything else is not one.
+fn parse_container_log(file: &str) -> Option<(String, String, String, String)> {
+    let stem = file.strip_suffix(".log")?;
+    let (names, id) = stem.rsplit_once('-')?;
+    if !is_id(id) {
+        return None;
+    }
+    let (pod, namespace, container) = parse_pod_dir(names)?;
+    Some((pod, namespace, container, id.to_ascii_lowercase()))
 }
 
 /// The pods a directory of kubelet pod directories names: uid → (namespace,
@@ -437,6 +538,48 @@ mod tests {
     }
 
     const ID: &str = "f98d96efb83a43a768b4fd663d576d8253d52ebc6fe7bba69ff232d57317ead8";
+
+    /// A kubelet's link to a container's log names the pod, its namespace
+    /// and the container, then the id; podman's list names its containers.
+    #[test]
+    fn a_containers_name_is_read_from_the_kubelets_links_and_podmans_list() {
+        assert_eq!(
+            parse_container_log(&format!(
+                "coredns-5d78c9869d-x7k2p_kube-system_coredns-{ID}.log"
+            )),
+            Some((
+                "coredns-5d78c9869d-x7k2p".into(),
+                "kube-system".into(),
+                "coredns".into(),
+                ID.into()
+            ))
+        );
+        for bad in [
+            format!("a_b_c-{ID}"),
+            format!("a_b-{ID}.log"),
+            format!("a_b_c-{}.log", &ID[1..]),
+            format!("a_b_C-{ID}.log"),
+            "a_b_c.log".to_string(),
+        ] {
+            assert_eq!(parse_container_log(&bad), None, "{bad:?}");
+        }
+        let file =
+            std::env::temp_dir().join(format!("pagewise-podman-{}.json", std::process::id()));
+        std::fs::write(
+            &file,
+            format!(
+                r#"[{{"id":"{ID}","names":["web","alias"],"image":"x"}},{{"id":"short","names":["no"]}},{{"id":"{}","names":[]}}]"#,
+                "0".repeat(64)
+            ),
+        )
+        .unwrap();
+        let names = podman_names(&file);
+        assert_eq!(names.len(), 1, "{names:?}");
+        assert_eq!(names[ID], "web");
+        std::fs::write(&file, "[{").unwrap();
+        assert!(podman_names(&file).is_empty(), "a broken list names none");
+        std::fs::remove_file(&file).unwrap();
+    }
 
     #[test]
     fn a_pods_namespace_and_name_are_read_from_the_kubelets_directories() {

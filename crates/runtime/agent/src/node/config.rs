@@ -7,6 +7,7 @@
 //! listen = "127.0.0.1:9464"   # /metrics and /healthz, from start-up
 //! # listen_public = true      # needed for an address beyond loopback
 //! # metrics_file = "/run/pagewise/agent.prom"
+//! # per_process_metrics = true  # a series per process too (pid label)
 //!
 //! [thp]                       # huge pages where they pay (thp run)
 //! enabled = true
@@ -59,6 +60,11 @@ pub struct Config {
     pub listen_public: bool,
     /// Also write the metrics to this file after each step.
     pub metrics_file: Option<PathBuf>,
+    /// A series per process (labelled with its `pid`) as well as per
+    /// container: off by default, since each process the node ever ran
+    /// would leave its own series in the scraper's store.
+    #[serde(default)]
+    pub per_process_metrics: bool,
     /// The huge-page agent.
     #[serde(default)]
     pub thp: ThpConfig,

@@ -2,7 +2,7 @@
 //! what it watches, and per process what KSM saves it (the kernel's
 //! `ksm_stat`) and the huge pages it holds (both read every
 //! [`SAMPLE_EVERY`] steps); per container the huge pages given under its
-//! budget.
+//! budget. Every gauge of memory is in bytes.
 
 use super::select::{group_of, SelectedProcess};
 use pagewise_mech::agent::{container_labels, process_labels, Metric};
@@ -15,7 +15,11 @@ use std::time::Instant;
 /// 30 s or so needs no fresher figures.
 const SAMPLE_EVERY: u64 = 5;
 
-/// A process's KSM figures (merging pages, profit) and huge pages.
+/// A huge page's size, bytes (a budget is counted in them).
+const HUGE: u64 = 2 << 20;
+
+/// A process's KSM figures (merging pages, profit) and its memory
+/// mapped by huge pages, bytes.
 type Figures = (Option<(u64, i64)>, Option<u64>);
 
 /// Each watched process's [`Figures`], as last read, and the step they
@@ -37,7 +41,7 @@ impl FiguresCache {
         *self.per.entry(pid).or_insert_with(|| {
             (
                 procfs::ksm_stat(pid).map(|s| (s.merging_pages, s.process_profit)),
-                procfs::resident(pid).ok().map(|r| r.anon_huge_kib / 2048),
+                procfs::resident(pid).ok().map(|r| r.anon_huge_kib * 1024),
             )
         })
     }
@@ -89,28 +93,29 @@ pub(super) fn node_metrics(
             containers(known).len() as f64,
         ),
     ];
+    let page = pagewise_sys::mem::page_size() as u64;
     for k in known {
         let mm = &k.member;
         let labels = || process_labels(mm.pid, mm.ns_pid, mm.container.as_ref());
         let (ksm, huge) = sampled.figures_of(mm.pid, steps);
         if let Some((merging, profit)) = ksm {
             m.push(Metric::labelled(
-                "ksm_merging_pages",
-                "Pages of the process merged by KSM (ksm_stat's ksm_merging_pages).",
+                "ksm_merging_bytes",
+                "Memory of the process merged by KSM (ksm_stat's ksm_merging_pages), bytes.",
                 labels(),
-                merging as f64,
+                (merging * page) as f64,
             ));
             m.push(Metric::labelled(
                 "ksm_profit_bytes",
-                "What KSM saves the process less its own cost (ksm_stat's ksm_process_profit).",
+                "What KSM saves the process less its own cost (ksm_stat's ksm_process_profit), bytes.",
                 labels(),
                 profit as f64,
             ));
         }
         if let Some(h) = huge {
             m.push(Metric::labelled(
-                "anon_huge_pages",
-                "Anonymous memory of the process mapped by 2 MiB pages (smaps_rollup's AnonHugePages).",
+                "anon_huge_bytes",
+                "Anonymous memory of the process mapped by 2 MiB pages (smaps_rollup's AnonHugePages), bytes.",
                 labels(),
                 h as f64,
             ));
@@ -121,16 +126,16 @@ pub(super) fn node_metrics(
         if let Some((_, given, budget)) = groups.iter().find(|(g, _, _)| *g == name) {
             let labels = container_labels(c);
             m.push(Metric::labelled(
-                "container_huge_pages_given",
-                "Huge pages the agent gave the container's processes.",
+                "container_huge_given_bytes",
+                "Memory the agent gave the container's processes as 2 MiB pages, bytes.",
                 labels.clone(),
-                *given as f64,
+                (*given * HUGE) as f64,
             ));
             m.push(Metric::labelled(
-                "container_huge_page_budget",
-                "Huge pages the container's processes may be given in all.",
+                "container_huge_budget_bytes",
+                "Memory the container's processes may be given as 2 MiB pages in all, bytes.",
                 labels,
-                *budget as f64,
+                (*budget * HUGE) as f64,
             ));
         }
     }

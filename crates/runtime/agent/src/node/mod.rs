@@ -92,6 +92,8 @@ pub struct Node {
     tasks: Option<TaskCensus>,
     last_census: Option<(u64, u64)>,
     notes: Vec<String>,
+    /// Each process's series as well as each container's.
+    per_process: bool,
 }
 
 /// Serves the node agent's metrics at `config.listen` from now on (its
@@ -102,7 +104,7 @@ pub fn answer(config: &Config, t0: Instant) -> pagewise_mech::Result<(Published,
     let first = metrics::node_metrics(&[], (0, t0), &[], &mut FiguresCache::default());
     let published = Published::new(
         Duration::from_millis(config.interval_ms),
-        crate::render(&[(Node::NAME, first)]),
+        crate::served(&crate::render(&[(Node::NAME, first)])),
     );
     let endpoint = Endpoint::start(&config.listen, published.clone())?;
     Ok((published, endpoint))
@@ -235,6 +237,7 @@ impl Node {
             tasks: TaskCensus::open().ok(),
             last_census: None,
             notes,
+            per_process: config.per_process_metrics,
         })
     }
 
@@ -407,6 +410,9 @@ impl Agent for Node {
         m
     }
 
+    /// Its own, the huge-page agent's and the dedup agent's; a process's
+    /// series folded into its container's unless the configuration asks
+    /// for them ([`Config::per_process_metrics`]).
     fn metric_groups(&self) -> Vec<(&'static str, Vec<Metric>)> {
         let mut g = vec![(Node::NAME, self.metric_values())];
         if let Some(t) = &self.thp {
@@ -414,6 +420,11 @@ impl Agent for Node {
         }
         if let Some(d) = &self.dedup {
             g.push((dedup::Agent::NAME, d.metric_values()));
+        }
+        if !self.per_process {
+            for (_, m) in g.iter_mut() {
+                *m = crate::per_container(std::mem::take(m));
+            }
         }
         g
     }
