@@ -5,7 +5,8 @@
 # run on the kernel), Memcached and its load generator (libmemcached-tools'
 # memaslap) for DiME's Memcached experiment, a C compiler for the C API's
 # tests, make, pkg-config and man-db for installing and packaging, Python's
-# venv for the wheel, Chromium for the HTML report's test, AFL++ for the
+# venv for the wheel, Chromium for the HTML report's test, Prometheus for the
+# node agent's scrape test, AFL++ for the
 # fuzzer driven through resets, and the nightly toolchain for counting the
 # public API.
 set -euo pipefail
@@ -31,6 +32,8 @@ command -v runc >/dev/null || [ -x /usr/sbin/runc ] || need+=(runc)
 # and the deployment's check (make deploy-check scrapes the agent's pod).
 command -v debootstrap >/dev/null || [ -x /usr/sbin/debootstrap ] || need+=(debootstrap)
 command -v curl >/dev/null || need+=(curl)
+# A real Prometheus (and promtool) scrapes the node agent in its tests.
+command -v prometheus >/dev/null && command -v promtool >/dev/null || need+=(prometheus)
 # AFL++ for the fork server served by resets (pagewise snapshot afl), its
 # test and its benchmark (afl-cc, afl-fuzz).
 command -v afl-fuzz >/dev/null && command -v afl-cc >/dev/null || need+=(afl++)

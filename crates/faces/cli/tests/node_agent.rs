@@ -540,3 +540,206 @@ fn the_node_agent_runs_without_ksm_and_takes_it_when_free() {
     let _ = target.wait();
     println!("ok   dedup waited for KSM, then ran:\n{said}");
 }
+
+/// Kills a program the test started when the test ends, however it ends.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `s` as a URL's query value.
+fn url_encoded(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// The queries the dashboard's panels and the agent chapter's `promql`
+/// blocks use.
+fn queries_used() -> Vec<(String, String)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../..");
+    let dash: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("deploy/grafana/pagewise.json")).unwrap(),
+    )
+    .unwrap();
+    let mut out = Vec::new();
+    for p in dash["panels"].as_array().unwrap() {
+        for t in p["targets"].as_array().unwrap() {
+            let title = p["title"].as_str().unwrap();
+            out.push((
+                format!("panel {title:?}"),
+                t["expr"].as_str().unwrap().to_string(),
+            ));
+        }
+    }
+    let book = std::fs::read_to_string(root.join("docs/book/src/agent.md")).unwrap();
+    let mut inside = false;
+    for l in book.lines() {
+        if l.starts_with("```") {
+            inside = l == "```promql";
+        } else if inside && !l.trim().is_empty() {
+            out.push(("agent.md".to_string(), l.trim().to_string()));
+        }
+    }
+    out
+}
+
+/// Debian's Prometheus scrapes the agent watching two podman containers:
+/// the target is up with no scrape error, `promtool check metrics` has
+/// nothing to say of the text, and every query of the dashboard
+/// (`deploy/grafana/pagewise.json`) and of the agent chapter returns
+/// series.
+#[test]
+fn a_real_prometheus_scrapes_the_agent_and_every_query_answers() {
+    need_support!();
+    let installed = |p: &str| {
+        Command::new(p)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if !installed("prometheus") || !installed("promtool") {
+        return pagewise_testkit::skip!(
+            "prometheus is not installed (Debian's prometheus, with promtool)"
+        );
+    }
+    let _one = ONE_AGENT.lock().unwrap_or_else(|p| p.into_inner());
+    let Some((a, _gone_a, _pa)) = shell(tmp(), "scrape-a", "sleep 60 & echo ready; wait") else {
+        return;
+    };
+    let Some((b, _gone_b, _pb)) = shell(tmp(), "scrape-b", "sleep 60 & echo ready; wait") else {
+        return;
+    };
+    let port = free_port();
+    let cfg = config(
+        port,
+        &format!(
+            "interval_ms = 500\nwindow_ms = 100\n[thp]\nwalk_ns = 30.0\n[[select]]\ncontainer = \"{a}\"\nhuge_pages = 3\n\
+             [[select]]\ncontainer = \"{b}\"\nhuge_pages = 4\n"
+        ),
+    );
+    let mut agent = Killed(
+        Command::new(BIN)
+            .args(["agent", "--config"])
+            .arg(&cfg)
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let text = metrics_after_steps(port, 2.0);
+    assert_eq!(
+        pagewise_testkit::metric_value(&text, "pagewise_node_containers"),
+        Some(2.0),
+        "{text}"
+    );
+    // What promtool says of the text a client without preference gets.
+    let mut lint = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(lint.stdin.as_mut().unwrap(), text.as_bytes()).unwrap();
+    drop(lint.stdin.take());
+    let said = lint.wait_with_output().unwrap();
+    assert!(
+        said.status.success() && said.stdout.is_empty() && said.stderr.is_empty(),
+        "promtool check metrics: {} {}{}",
+        said.status,
+        String::from_utf8_lossy(&said.stdout),
+        String::from_utf8_lossy(&said.stderr)
+    );
+    println!(
+        "ok   promtool check metrics: clean, {} lines",
+        text.lines().count()
+    );
+
+    let dir = Scratch::new("prometheus");
+    let prom_port = free_port();
+    std::fs::write(
+        dir.join("prometheus.yml"),
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
+             scrape_configs:\n  - job_name: pagewise\n    static_configs:\n      - targets: ['127.0.0.1:{port}']\n"
+        ),
+    )
+    .unwrap();
+    let log = std::fs::File::create(dir.join("prometheus.log")).unwrap();
+    let _prometheus = Killed(
+        Command::new("prometheus")
+            .arg(format!(
+                "--config.file={}",
+                dir.join("prometheus.yml").display()
+            ))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    );
+    let api = |path: &str| -> Option<serde_json::Value> {
+        serde_json::from_str(&pagewise_testkit::http_get(prom_port, path)?).ok()
+    };
+    // Up, and scraped at least five times (a rate over the window needs
+    // two samples).
+    let mut target = serde_json::Value::Null;
+    let mut scrapes = 0.0;
+    for _ in 0..600 {
+        if let Some(t) = api("/api/v1/targets") {
+            target = t["data"]["activeTargets"][0].clone();
+        }
+        let q = format!(
+            "/api/v1/query?query={}",
+            url_encoded("count_over_time(up{job=\"pagewise\"}[5m])")
+        );
+        scrapes = api(&q)
+            .and_then(|v| v["data"]["result"][0]["value"][1].as_str()?.parse().ok())
+            .unwrap_or(0.0);
+        if target["health"] == "up" && scrapes >= 5.0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        target["health"] == "up" && scrapes >= 5.0,
+        "waited 60 s for Prometheus to scrape the agent up five times: {scrapes} scrapes, target {target}; its log: {}",
+        std::fs::read_to_string(dir.join("prometheus.log")).unwrap_or_default()
+    );
+    assert_eq!(target["lastError"], "", "a scrape error: {target}");
+    println!("ok   Prometheus scraped the agent {scrapes} times, up, no error");
+    // Every query used returns series.
+    let mut empty = Vec::new();
+    let queries = queries_used();
+    for (whose, q) in &queries {
+        let got = api(&format!("/api/v1/query?query={}", url_encoded(q)));
+        let n = got
+            .as_ref()
+            .and_then(|v| v["data"]["result"].as_array().map(Vec::len))
+            .unwrap_or(0);
+        if n == 0 {
+            empty.push(format!("{whose}: {q} -> {got:?}"));
+        } else {
+            println!("ok   {whose}: {q}: {n} series");
+        }
+    }
+    assert!(empty.is_empty(), "queries without series: {empty:#?}");
+    assert!(queries.len() >= 12, "{queries:?}");
+    let _ = pagewise_sys::process::kill(agent.0.id() as i32, libc::SIGTERM);
+    let st = agent.0.wait().unwrap();
+    assert_eq!(st.code(), Some(143));
+    let _ = std::fs::remove_file(&cfg);
+}
