@@ -100,8 +100,9 @@ func decode(doc string) (any, error) {
 }
 
 // podman is the `podman run` a DaemonSet's pod template means on one
-// node: the host's pid namespace, privileged, its volumes (host paths as
-// they are; ConfigMaps written into dir) and environment, its command.
+// node: the host's pid namespace, privileged, a read-only root, its CPU
+// and memory limits, its volumes (host paths as they are; ConfigMaps
+// written into dir) and environment, its command.
 func podman(ds *appsv1.DaemonSet, maps map[string]*corev1.ConfigMap, dir string) ([]string, error) {
 	spec := ds.Spec.Template.Spec
 	if len(spec.Containers) != 1 {
@@ -114,6 +115,16 @@ func podman(ds *appsv1.DaemonSet, maps map[string]*corev1.ConfigMap, dir string)
 	}
 	if c.SecurityContext != nil && c.SecurityContext.Privileged != nil && *c.SecurityContext.Privileged {
 		args = append(args, "--privileged")
+	}
+	if c.SecurityContext != nil && c.SecurityContext.ReadOnlyRootFilesystem != nil && *c.SecurityContext.ReadOnlyRootFilesystem {
+		// As a kubelet runs it: no tmpfs of podman's own over /tmp or /run.
+		args = append(args, "--read-only", "--read-only-tmpfs=false")
+	}
+	if q, ok := c.Resources.Limits[corev1.ResourceMemory]; ok {
+		args = append(args, "--memory", fmt.Sprint(q.Value()))
+	}
+	if q, ok := c.Resources.Limits[corev1.ResourceCPU]; ok {
+		args = append(args, "--cpus", fmt.Sprintf("%.3f", float64(q.MilliValue())/1000))
 	}
 	if spec.TerminationGracePeriodSeconds != nil {
 		args = append(args, "--stop-timeout", fmt.Sprint(*spec.TerminationGracePeriodSeconds))
