@@ -32,6 +32,8 @@ command -v runc >/dev/null || [ -x /usr/sbin/runc ] || need+=(runc)
 # and the deployment's check (make deploy-check scrapes the agent's pod).
 command -v debootstrap >/dev/null || [ -x /usr/sbin/debootstrap ] || need+=(debootstrap)
 command -v curl >/dev/null || need+=(curl)
+# The registry images reach the cluster of scripts/k8s-node through.
+command -v docker-registry >/dev/null || need+=(docker-registry)
 # A real Prometheus (and promtool) scrapes the node agent in its tests.
 command -v prometheus >/dev/null && command -v promtool >/dev/null || need+=(prometheus)
 # AFL++ for the fork server served by resets (pagewise snapshot afl), its
