@@ -273,12 +273,12 @@ fn a_pods_series_carry_its_namespace_and_name() {
     let _ = agent.wait();
     // Selected by its pod's namespace, the container's processes are
     // those selected by its name; another namespace selects none.
-    let check = |select: &str| -> Vec<String> {
+    let check_in = |logs: &Path, select: &str| -> Vec<String> {
         let cfg = config(port, &format!("[[select]]\n{select}\n"));
         let out = Command::new(BIN)
             .args(["agent", "--check", "--config"])
             .arg(&cfg)
-            .env("PAGEWISE_POD_LOGS", &logs)
+            .env("PAGEWISE_POD_LOGS", logs)
             .output()
             .unwrap();
         let _ = std::fs::remove_file(&cfg);
@@ -290,6 +290,7 @@ fn a_pods_series_carry_its_namespace_and_name() {
         said.sort();
         said
     };
+    let check = |select: &str| check_in(&logs, select);
     let by_name = check(&format!("container = \"{name}\""));
     assert!(
         !by_name.is_empty(),
@@ -297,6 +298,35 @@ fn a_pods_series_carry_its_namespace_and_name() {
     );
     assert_eq!(check("namespace = \"shop\""), by_name, "by namespace");
     assert_eq!(check("namespace = \"other\""), Vec::<String>::new());
+    // A namespace left alone is, whatever selects it; kube-system is by
+    // default.
+    let left = |extra: &str, select: &str| {
+        let cfg = config(port, &format!("{extra}\n[[select]]\n{select}\n"));
+        let out = Command::new(BIN)
+            .args(["agent", "--check", "--config"])
+            .arg(&cfg)
+            .env("PAGEWISE_POD_LOGS", &logs)
+            .output()
+            .unwrap();
+        let _ = std::fs::remove_file(&cfg);
+        assert!(out.status.success(), "{extra}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let shop = left("leave_namespaces = [\"shop\"]", "namespace = \"shop\"");
+    assert!(!shop.contains(&by_name[0]), "shop left alone: {shop}");
+    let none_left = left("leave_namespaces = []", "namespace = \"shop\"");
+    assert!(
+        none_left.contains(&by_name[0]),
+        "none left alone: {none_left}"
+    );
+    let system = temp_dir("pod-logs-system");
+    std::fs::create_dir_all(system.join(format!("kube-system_web-0_{uid}"))).unwrap();
+    let in_system = check_in(&system, "all_containers = true");
+    assert!(
+        !in_system.iter().any(|l| by_name.contains(l)),
+        "a kube-system pod's processes are left alone by default: {in_system:?}"
+    );
+    let _ = std::fs::remove_dir_all(&system);
     drop(gone);
     // The cgroups the test's parent made, emptied with the container.
     for h in std::fs::read_dir("/sys/fs/cgroup")

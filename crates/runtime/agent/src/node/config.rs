@@ -8,6 +8,7 @@
 //! # listen_public = true      # needed for an address beyond loopback
 //! # metrics_file = "/run/pagewise/agent.prom"
 //! # per_process_metrics = true  # a series per process too (pid label)
+//! # leave_namespaces = ["kube-system"]  # pods never acted on (the default)
 //!
 //! [thp]                       # huge pages where they pay (thp run)
 //! enabled = true
@@ -75,6 +76,11 @@ pub struct Config {
     /// selects it.
     #[serde(default)]
     pub select: Vec<Select>,
+    /// Kubernetes namespaces whose pods are left alone whatever selects
+    /// them (as the kubelet's directory of pod logs names their pods):
+    /// `kube-system` unless said otherwise; `[]` leaves none.
+    #[serde(default = "default_leave_namespaces")]
+    pub leave_namespaces: Vec<String>,
 }
 
 /// The huge-page agent's settings.
@@ -175,6 +181,9 @@ fn default_listen() -> String {
 }
 fn yes() -> bool {
     true
+}
+fn default_leave_namespaces() -> Vec<String> {
+    vec!["kube-system".into()]
 }
 
 impl Config {

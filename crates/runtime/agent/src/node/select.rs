@@ -36,6 +36,8 @@ struct Rule {
 /// The selections resolved: containers named resolved to their ids once.
 pub struct Selection {
     rules: Vec<Rule>,
+    /// Namespaces whose pods no rule takes.
+    leave: Vec<String>,
 }
 
 impl Selection {
@@ -65,10 +67,14 @@ impl Selection {
                 }
             })
             .collect();
-        Selection { rules }
+        Selection {
+            rules,
+            leave: c.leave_namespaces.clone(),
+        }
     }
 
-    /// The processes selected now, each by the first rule that selects it.
+    /// The processes selected now, each by the first rule that selects it,
+    /// but for those of pods in the namespaces left alone.
     pub fn chosen(&self) -> Vec<SelectedProcess> {
         let mut out: Vec<SelectedProcess> = Vec::new();
         for r in &self.rules {
@@ -83,7 +89,9 @@ impl Selection {
                 }
             };
             for m in members {
-                if out.iter().any(|o| o.member.pid == m.pid) {
+                if out.iter().any(|o| o.member.pid == m.pid)
+                    || self.leave.iter().any(|ns| in_namespace(&m, ns))
+                {
                     continue;
                 }
                 let group_name = match (&m.container, &r.cgroup) {
