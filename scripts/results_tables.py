@@ -869,6 +869,18 @@ def goals_node(r):
     return md(["goal", "measured", "met"], goals)
 
 
+def k8s_node(r):
+    rows = [[w["how"], str(w["ready_s"]), f"{w['end_s']} (grace 30)", str(w["series"]),
+             "yes", f"back to {w['ksm_back_to']}"] for w in r["ways"]]
+    v = r["versions"]
+    return md(["deployed with", "agent Ready, s", "agent ended, s", "series", "probes, labels, scrape, promtool",
+               "KSM's run"], rows) + \
+        (f"\n\nKubernetes {v['kubernetes']}, etcd {v['etcd']}, containerd {v['containerd']}, runc {v['runc']}, "
+         f"Helm {v['helm']}, Prometheus {v['prometheus']}; cluster up in {r['cluster_up_s']} s, "
+         f"the whole test {r['total_s']} s; after `down`, "
+         + ("nothing left." if r["down_clean"] else "something left."))
+
+
 def node(r):
     def m(t, d):
         return f"{t[0]:.{d}f} ({t[1]:.{d}f}–{t[2]:.{d}f})"
@@ -1176,6 +1188,7 @@ TABLES = {
     "farmem-app-system-isolation": farmem_app_system_isolation,
     "inspect": inspect,
     "node": node,
+    "k8s-node": k8s_node,
     "goals-node": goals_node,
     "goals-track": goals_track,
     "goals-rollback-resets": goals_rollback_resets,
