@@ -873,8 +873,8 @@ def k8s_node(r):
     rows = [[w["how"], str(w["ready_s"]), f"{w['end_s']} (grace 30)", str(w["series"]),
              "yes", f"back to {w['ksm_back_to']}"] for w in r["ways"]]
     v = r["versions"]
-    return md(["deployed with", "agent Ready, s", "agent ended, s", "series", "probes, labels, scrape, promtool",
-               "KSM's run"], rows) + \
+    return md(["deployed with", "agent Ready, s", "agent ended, s", "series",
+               "probes, labels, pods left alone, scrape, promtool", "KSM's run"], rows) + \
         (f"\n\nKubernetes {v['kubernetes']}, etcd {v['etcd']}, containerd {v['containerd']}, runc {v['runc']}, "
          f"Helm {v['helm']}, Prometheus {v['prometheus']}; cluster up in {r['cluster_up_s']} s, "
          f"the whole test {r['total_s']} s; after `down`, "

@@ -38,6 +38,10 @@ func object(apiVersion, kind string) (any, bool) {
 		return &rbacv1.Role{}, true
 	case "rbac.authorization.k8s.io/v1 RoleBinding":
 		return &rbacv1.RoleBinding{}, true
+	case "rbac.authorization.k8s.io/v1 ClusterRole":
+		return &rbacv1.ClusterRole{}, true
+	case "rbac.authorization.k8s.io/v1 ClusterRoleBinding":
+		return &rbacv1.ClusterRoleBinding{}, true
 	case "networking.k8s.io/v1 NetworkPolicy":
 		return &networkingv1.NetworkPolicy{}, true
 	case "apps/v1 DaemonSet":

@@ -9,6 +9,7 @@
 //! # metrics_file = "/run/pagewise/agent.prom"
 //! # per_process_metrics = true  # a series per process too (pid label)
 //! # leave_namespaces = ["kube-system"]  # pods never acted on (the default)
+//! # kubernetes_api = false    # do not ask which pods opted out (in a pod)
 //!
 //! [thp]                       # huge pages where they pay (thp run)
 //! enabled = true
@@ -81,6 +82,11 @@ pub struct Config {
     /// `kube-system` unless said otherwise; `[]` leaves none.
     #[serde(default = "default_leave_namespaces")]
     pub leave_namespaces: Vec<String>,
+    /// Run in a Kubernetes pod, ask the API server which namespaces and
+    /// pods are labelled `pagewise.io/opt-out=true`, and leave them alone
+    /// (and every pod until it has answered). `false`: do not ask.
+    #[serde(default = "yes")]
+    pub kubernetes_api: bool,
 }
 
 /// The huge-page agent's settings.

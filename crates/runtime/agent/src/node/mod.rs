@@ -24,6 +24,7 @@
 //!   is repaired by the next run).
 
 mod config;
+mod kube;
 mod metrics;
 mod select;
 
@@ -94,6 +95,8 @@ pub struct Node {
     notes: Vec<String>,
     /// Each process's series as well as each container's.
     per_process: bool,
+    /// The namespaces and pods that opted out, as the API server says.
+    kube: kube::Watch,
 }
 
 /// Serves the node agent's metrics at `config.listen` from now on (its
@@ -225,7 +228,9 @@ impl Node {
                 }
             }
         };
+        let kube = kube::Watch::new(config.kubernetes_api, &mut notes);
         Ok(Node {
+            kube,
             selection: Selection::new(config),
             thp,
             dedup,
@@ -255,7 +260,9 @@ impl Node {
     /// Watches the processes selected now that are not yet watched; one
     /// that cannot be is noted and left.
     fn follow(&mut self) {
-        for ch in self.selection.chosen() {
+        self.kube.refresh(&mut self.notes);
+        let kube = &self.kube;
+        for ch in self.selection.chosen(|m| kube.leaves(m)) {
             if self.known.iter().any(|k| k.member.pid == ch.member.pid) {
                 continue;
             }
@@ -407,6 +414,7 @@ impl Agent for Node {
         let mut m =
             metrics::node_metrics(&self.known, (self.steps, self.t0), &groups, &mut figures);
         m.extend(self.running());
+        m.extend(self.kube.metric());
         m
     }
 

@@ -74,8 +74,9 @@ impl Selection {
     }
 
     /// The processes selected now, each by the first rule that selects it,
-    /// but for those of pods in the namespaces left alone.
-    pub fn chosen(&self) -> Vec<SelectedProcess> {
+    /// but for those of pods in the namespaces left alone and those
+    /// `leave` says (pods that opted out).
+    pub fn chosen(&self, leave: impl Fn(&Member) -> bool) -> Vec<SelectedProcess> {
         let mut out: Vec<SelectedProcess> = Vec::new();
         for r in &self.rules {
             let members = match &r.sel {
@@ -91,6 +92,7 @@ impl Selection {
             for m in members {
                 if out.iter().any(|o| o.member.pid == m.pid)
                     || self.leave.iter().any(|ns| in_namespace(&m, ns))
+                    || leave(&m)
                 {
                     continue;
                 }
