@@ -350,8 +350,8 @@ fn a_traced_or_seccomp_target_falls_back_to_hash() {
                     }
                 }
             }
-            tracer = Some(pid);
-            assert!(wait_for("the tracer attached", 5, || {
+            tracer = Some(KillOnDrop(pid));
+            assert!(wait_for("the tracer attached", 30, || {
                 std::fs::read_to_string(format!("/proc/{target}/status"))
                     .ok()
                     .and_then(|st| procfs::status_field(&st, "TracerPid"))
@@ -399,15 +399,25 @@ fn a_traced_or_seccomp_target_falls_back_to_hash() {
             sh.check(&s, &mut t, &format!("{case}, hash from outside")),
             3
         );
-        if let Some(pid) = tracer {
-            // SAFETY: our own child.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-                libc::waitpid(pid, std::ptr::null_mut(), 0);
-            }
-        }
+        drop(tracer);
     }
     pagewise_mech::seccomp::set_thread_policy(None);
+}
+
+/// A tracer child, killed and reaped when dropped: declared after the
+/// target, it goes first, so that a failed check ends in its report
+/// rather than in the target's reaping, which waits for as long as the
+/// tracer holds it.
+struct KillOnDrop(libc::pid_t);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        // SAFETY: our own child.
+        unsafe {
+            libc::kill(self.0, libc::SIGKILL);
+            libc::waitpid(self.0, std::ptr::null_mut(), 0);
+        }
+    }
 }
 
 /// A tracked process that replaces its program (exec): the next collection
