@@ -198,7 +198,7 @@ pub enum Error {
 
 impl Error {
     /// Its class (see [`ErrorClass`]).
-    pub fn class(&self) -> ErrorClass {
+    pub(crate) fn class(&self) -> ErrorClass {
         match self {
             Error::Mech(e) => e.class(),
             Error::BadSetting { .. }
@@ -217,7 +217,7 @@ impl Error {
     }
 
     /// The errno that says it best.
-    pub fn errno(&self) -> i32 {
+    pub(crate) fn errno(&self) -> i32 {
         match self {
             Error::Mech(e) => e.errno(),
             Error::Overlaps { .. } | Error::InstanceExists { .. } => libc::EEXIST,

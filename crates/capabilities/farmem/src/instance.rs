@@ -184,7 +184,7 @@ pub(crate) const MAX_LATENCY_NS: u64 = 60_000_000_000;
 
 impl Settings {
     /// Refuses settings no emulation can run with, saying why.
-    pub fn check(&self) -> Result<()> {
+    pub(crate) fn check(&self) -> Result<()> {
         if self.local_pages == 0 && !(1..=100).contains(&self.local_percent) {
             return Err(Error::BadSetting {
                 key: "local_percent",
@@ -449,7 +449,7 @@ impl Instance {
     }
 
     /// The uid that owns it.
-    pub fn owner_uid(&self) -> u32 {
+    pub(crate) fn owner_uid(&self) -> u32 {
         self.h().owner_uid
     }
 
@@ -583,7 +583,7 @@ impl Instance {
     /// slots of members that died without leaving are not taken (their
     /// pids cannot be judged from there); the server of the instance
     /// (`farmem::serve`) leaves them.
-    pub fn join_from_container(&self, host_pid: i32, tag: u32) -> Result<usize> {
+    pub(crate) fn join_from_container(&self, host_pid: i32, tag: u32) -> Result<usize> {
         self.take_slot(host_pid, tag, false)
     }
 
@@ -693,7 +693,7 @@ impl Instance {
 
     /// Marks slot `i` as exited: its counters stay, its pages no longer
     /// count against the budget.
-    pub fn leave(&self, i: usize) {
+    pub(crate) fn leave(&self, i: usize) {
         let s = &self.h().slots[i];
         s.counters.local.store(0, Ordering::Relaxed);
         s.state.store(2, Ordering::Release);
@@ -701,7 +701,7 @@ impl Instance {
 
     /// Leaves every slot of process `pid` (for a supervisor whose child died
     /// without leaving).
-    pub fn leave_pid(&self, pid: i32) {
+    pub(crate) fn leave_pid(&self, pid: i32) {
         for (i, s) in self.h().slots.iter().enumerate() {
             if s.state.load(Ordering::Acquire) == 1 && s.pid.load(Ordering::Relaxed) == pid {
                 self.leave(i);
@@ -757,7 +757,7 @@ impl Instance {
 
     /// Removes the instance file (members already running keep their
     /// mapping).
-    pub fn remove(&self) -> Result<()> {
+    pub(crate) fn remove(&self) -> Result<()> {
         std::fs::remove_file(&self.path)
             .map_err(|e| Error::os(format!("removing {}", self.path.display()), e))
     }

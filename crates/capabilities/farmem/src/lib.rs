@@ -243,17 +243,17 @@ impl Hooks {
         self
     }
     /// Sets [`Hooks::instance`].
-    pub fn instance(mut self, inst: Arc<instance::Instance>, slot: usize) -> Self {
+    pub(crate) fn instance(mut self, inst: Arc<instance::Instance>, slot: usize) -> Self {
         self.instance = Some((inst, slot));
         self
     }
     /// Sets [`Hooks::on_start`].
-    pub fn on_start(mut self, f: impl FnOnce() + Send + 'static) -> Self {
+    pub(crate) fn on_start(mut self, f: impl FnOnce() + Send + 'static) -> Self {
         self.on_start = Some(Box::new(f));
         self
     }
     /// Sets [`Hooks::remapping`].
-    pub fn remapping(mut self, count: &'static std::sync::atomic::AtomicUsize) -> Self {
+    pub(crate) fn remapping(mut self, count: &'static std::sync::atomic::AtomicUsize) -> Self {
         self.remapping = Some(count);
         self
     }
@@ -263,12 +263,12 @@ impl Hooks {
         self
     }
     /// Sets [`Hooks::check_books`].
-    pub fn check_books(mut self, every: u64) -> Self {
+    pub(crate) fn check_books(mut self, every: u64) -> Self {
         self.check_books = every;
         self
     }
     /// Sets [`Hooks::thread_floor`].
-    pub fn thread_floor(mut self, pages: usize) -> Self {
+    pub(crate) fn thread_floor(mut self, pages: usize) -> Self {
         self.thread_floor = pages;
         self
     }
@@ -547,7 +547,7 @@ impl FarMemory {
     }
 
     /// The configuration now.
-    pub fn config(&self) -> Config {
+    pub(crate) fn config(&self) -> Config {
         *self.shared.config.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -664,7 +664,7 @@ impl FarMemory {
 
     /// Publishes the counters to slot `slot` of `inst` now (the handler
     /// publishes after every event; this is for a process about to exit).
-    pub fn publish_to(&self, inst: &instance::Instance, slot: usize) {
+    pub(crate) fn publish_to(&self, inst: &instance::Instance, slot: usize) {
         inst.publish(slot, &self.shared.counters, inst.published(slot).1);
     }
 

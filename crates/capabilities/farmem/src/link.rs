@@ -91,7 +91,7 @@ pub struct Injector {
 
 impl Injector {
     /// An injector that subtracts `unseen_ns` from every wait.
-    pub fn new(unseen_ns: u64) -> Self {
+    pub(crate) fn new(unseen_ns: u64) -> Self {
         Injector {
             unseen_ns,
             carry_ns: 0,

@@ -419,7 +419,7 @@ pub struct Random {
 
 impl Random {
     /// A random policy with a seed, so that runs repeat.
-    pub fn new(seed: u64) -> Self {
+    pub(crate) fn new(seed: u64) -> Self {
         Random {
             pages: Vec::new(),
             at: Default::default(),

@@ -156,7 +156,7 @@ impl Counters {
 
 impl Stats {
     /// The sum of several engines' counters (the calibration of the first).
-    pub fn sum<'a>(all: impl IntoIterator<Item = &'a Stats>) -> Stats {
+    pub(crate) fn sum<'a>(all: impl IntoIterator<Item = &'a Stats>) -> Stats {
         let mut t = Stats::default();
         for s in all {
             if t.floor_ns == 0 {

@@ -220,11 +220,6 @@ impl Snapshots {
         })
     }
 
-    /// The regions, sorted by address.
-    pub fn regions(&self) -> &[Region] {
-        &self.regions
-    }
-
     /// The dirty-tracking backend in use.
     pub fn backend(&self) -> BackendKind {
         self.tracker.backend()

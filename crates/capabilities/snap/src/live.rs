@@ -454,11 +454,6 @@ impl<S: Source> Checkpointer<S> {
         }
     }
 
-    /// The source.
-    pub fn source(&self) -> &S {
-        &self.src
-    }
-
     /// The next checkpoint copies everything again (for a new destination,
     /// which has none of the earlier ones).
     pub fn restart(&mut self) {

@@ -27,7 +27,7 @@ impl PageId {
     pub const ZERO: PageId = PageId(0);
 
     /// Whether this is the zero page.
-    pub fn is_zero(self) -> bool {
+    pub(crate) fn is_zero(self) -> bool {
         self.0 == 0
     }
 
@@ -134,11 +134,6 @@ impl PageStore {
             #[cfg(test)]
             weak_digest: false,
         }
-    }
-
-    /// Whether digest matches are confirmed by comparing contents.
-    pub fn verifies(&self) -> bool {
-        self.verify
     }
 
     fn digest(&self, page: &[u8]) -> PageDigest {

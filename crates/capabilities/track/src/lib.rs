@@ -67,7 +67,7 @@ pub enum BackendKind {
 
 impl BackendKind {
     /// The wire value (the discriminant).
-    pub fn wire(self) -> u32 {
+    pub(crate) fn wire(self) -> u32 {
         self as u32
     }
 

@@ -17,7 +17,7 @@
 //!    | -- quit:    'Q'  (or close) ----> |   shim stops tracking
 //! ```
 //! All integers are little-endian; the backend is
-//! [`BackendKind::wire`](super::BackendKind::wire). The shim serves one
+//! its number on the wire (`BackendKind::wire`). The shim serves one
 //! request at a time ([`serve`]), in two states:
 //!
 //! - *greeting* (from the start): `H` gets the hello and moves to *serving*,

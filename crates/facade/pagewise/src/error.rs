@@ -29,12 +29,12 @@ pub enum Error {
 
 impl Error {
     /// Its class (see [`ErrorClass`]).
-    pub fn class(&self) -> ErrorClass {
+    pub(crate) fn class(&self) -> ErrorClass {
         self.inner().class()
     }
 
     /// The errno that says it best to C callers and over the wire.
-    pub fn errno(&self) -> i32 {
+    pub(crate) fn errno(&self) -> i32 {
         self.inner().errno()
     }
 

@@ -22,7 +22,7 @@ pub enum Error {
 
 impl Error {
     /// Its class (see [`ErrorClass`]).
-    pub fn class(&self) -> ErrorClass {
+    pub(crate) fn class(&self) -> ErrorClass {
         match self {
             Error::Config { .. } => ErrorClass::BadInput,
             Error::Mech(e) => e.class(),
@@ -30,7 +30,7 @@ impl Error {
     }
 
     /// The errno that says it best to C callers.
-    pub fn errno(&self) -> i32 {
+    pub(crate) fn errno(&self) -> i32 {
         match self {
             Error::Config { .. } => libc::EINVAL,
             Error::Mech(e) => e.errno(),

@@ -249,7 +249,7 @@ impl DiskStore {
     }
 
     /// The store's directory.
-    pub fn dir(&self) -> &Path {
+    pub(crate) fn dir(&self) -> &Path {
         &self.dir
     }
 

@@ -94,7 +94,7 @@ pub struct FdReport {
 impl FdReport {
     /// The report as the older list had it: `+N` for each descriptor opened
     /// since, `-N` for each closed since.
-    pub fn changes(&self) -> Vec<i64> {
+    pub(crate) fn changes(&self) -> Vec<i64> {
         let opened = self.closed.iter().chain(&self.kept).map(|n| n.fd as i64);
         let gone = self
             .reopened

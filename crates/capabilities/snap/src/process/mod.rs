@@ -320,11 +320,6 @@ impl ProcessSnapshots {
         self.untracked.as_deref()
     }
 
-    /// The page store.
-    pub fn store(&self) -> &PageStore {
-        &self.store
-    }
-
     /// Stops the process, checking it is still the one the handle opened,
     /// running the same program.
     fn stop(&self) -> Result<Stopped> {

@@ -78,7 +78,7 @@ impl Sender {
 
     /// Greets a receiver over a connected stream (with `key`: see
     /// [`Sender::connect_with`]).
-    pub fn over(
+    pub(crate) fn over(
         stream: TcpStream,
         peer: &str,
         compression: Compression,

@@ -574,11 +574,6 @@ impl Agent {
             .collect()
     }
 
-    /// The options.
-    pub fn options(&self) -> &Options {
-        &self.opts
-    }
-
     /// The candidates to promote, in the policy's order (those that would
     /// gain nothing are left out).
     fn order(&self, lists: &mut [Vec<Candidate>]) -> Vec<Candidate> {

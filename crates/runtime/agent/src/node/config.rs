@@ -221,7 +221,7 @@ impl Config {
 
     /// Reads and checks a configuration's text (`path` names it in what
     /// is said of it).
-    pub fn parse(text: &str, path: &Path) -> Result<Config> {
+    pub(crate) fn parse(text: &str, path: &Path) -> Result<Config> {
         let bad = |why: String| Error::Config {
             path: path.display().to_string(),
             why,

@@ -183,7 +183,7 @@ impl Node {
     /// The agents `config` asks for, started at `t0`; `walk_ns` is what a
     /// page walk costs here ([`Config::walk_ns_known`], else measured by
     /// the caller: [`crate::walk_cost::measure`]).
-    pub fn new(config: &Config, walk_ns: f64, t0: Instant) -> pagewise_mech::Result<Node> {
+    pub(crate) fn new(config: &Config, walk_ns: f64, t0: Instant) -> pagewise_mech::Result<Node> {
         let mut notes = Vec::new();
         let mut waiting = None;
         let thp = match config.thp.enabled {
@@ -253,7 +253,7 @@ impl Node {
     }
 
     /// Steps taken.
-    pub fn steps(&self) -> u64 {
+    pub(crate) fn steps(&self) -> u64 {
         self.steps
     }
 
