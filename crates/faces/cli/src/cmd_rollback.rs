@@ -508,21 +508,16 @@ fn restore_criu(a: &RestoreArgs) -> Result<i32> {
         return Ok(0);
     }
     println!(
-        "put CRIU dump {} (task {}) into process {}: {} of {} pages differed and were written, {} left-out pages reset, {:.2} ms",
+        "put CRIU dump {} (task {}) into process {}: {} of {} pages differed and were written, {} left-out pages reset, {} thread(s) put back, {:.2} ms",
         a.dir.display(),
         r.task,
         pid,
         r.pages_written,
         r.pages_compared,
         r.pages_reset,
+        r.threads,
         r.elapsed_ns as f64 / 1e6
     );
-    if !r.left.is_empty() {
-        println!(
-            "registers are not put back: {} mapping(s) holding a thread's stack left as they are",
-            r.left.len()
-        );
-    }
     Ok(0)
 }
 

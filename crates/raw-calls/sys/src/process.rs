@@ -596,6 +596,19 @@ pub fn ptrace_setregs(tid: libc::pid_t, r: &Regs) -> io::Result<()> {
 /// SSE, AVX and beyond: the `XSAVE` area).
 pub const NT_X86_XSTATE: libc::c_int = 0x202;
 
+/// Where state component `i` of the `XSAVE` area lies in the standard
+/// (uncompacted) format `NT_X86_XSTATE` reads and writes: its offset and
+/// size in bytes, as this CPU says (`CPUID` leaf 0xD, sub-leaf `i`);
+/// `None` for the legacy components 0 and 1 (the first 512 bytes) and for
+/// a component this CPU does not have.
+pub fn xsave_component(i: u32) -> Option<(usize, usize)> {
+    if !(2..63).contains(&i) {
+        return None;
+    }
+    let r = std::arch::x86_64::__cpuid_count(0xd, i);
+    (r.eax != 0).then_some((r.ebx as usize, r.eax as usize))
+}
+
 /// `ptrace(PTRACE_GETREGSET)` of regset `kind` into `buf`: the bytes the
 /// kernel filled (at most `buf.len()`).
 pub fn ptrace_getregset(tid: libc::pid_t, kind: libc::c_int, buf: &mut [u8]) -> io::Result<usize> {

@@ -19,6 +19,7 @@
 //! session with [`Received::broken`] said; only the store's own failures
 //! are errors.
 
+mod core;
 mod images;
 mod lazy;
 mod restore;

@@ -1,38 +1,42 @@
 //! A later CRIU dump put into a running process in place: the process
 //! (for instance one `criu restore` started from an earlier dump of it)
 //! is stopped, each page the dump's images hold is compared with what the
-//! process holds and written where it differs, and every other page CRIU
-//! would have left as zeros or as the file's is made so: what `criu
-//! restore` of the later dump would have made of the process's memory,
-//! writing only the pages that differ.
+//! process holds and written where it differs, every other page CRIU
+//! would have left as zeros or as the file's is made so, and each thread
+//! is put back as the dump caught it: what `criu restore` of the later
+//! dump would have made of the process's memory and threads, writing
+//! only the pages that differ.
 //!
 //! The images read are the task's `pagemap-ID.img` and the `pages-N.img`
-//! it names, and its `mm-ID.img` for the mappings the dump saw (`vma_entry`:
-//! start, end, protection, CRIU's status). CRIU leaves out of a dump every
-//! page that was never touched or maps the zero page, and, in a private
-//! mapping of a file, every page not copied on write: such a page reads
-//! as zeros (anonymous memory) or as the file (a file's mapping) after
-//! `criu restore`, and is made so here where the process holds other
-//! bytes.
+//! it names, its `mm-ID.img` for the mappings the dump saw (`vma_entry`:
+//! start, end, protection, CRIU's status), `pstree.img` for its threads
+//! and each thread's `core-TID.img` (see `core`). CRIU leaves out of a
+//! dump every page that was never touched or maps the zero page, and, in
+//! a private mapping of a file, every page not copied on write: such a
+//! page reads as zeros (anonymous memory) or as the file (a file's
+//! mapping) after `criu restore`, and is made so here where the process
+//! holds other bytes.
 //!
 //! What is put back and what is not:
 //! - **memory**: every private mapping's pages as above, written through
 //!   `/proc/PID/mem` (so also those of mappings the program made
 //!   read-only since, as CRIU's restore writes them before it protects);
+//! - **threads**: each thread's general registers (with the `fs`/`gs`
+//!   bases), its `XSAVE` state, its signal mask and its alternate signal
+//!   stack, as a rollback of pagewise's own snapshots puts them back. The
+//!   dump's threads must be the process's, by their ids in its own pid
+//!   namespace (as `criu restore` makes them);
 //! - **the layout** is checked, not made: every private mapping of the
 //!   dump must be mapped in the process with the same bounds and
 //!   protection, and no private writable mapping may have appeared since
 //!   ([`RollbackRefusal::CriuLayout`] names the first difference);
-//! - **registers are not put back**: the threads run on from where they
-//!   are, so the mapping each thread's stack pointer is in is left as it
-//!   is ([`InPlace::left`]), as in a memory-only restore of pagewise's own
-//!   snapshots. This suits a process that waits where it waited at the
-//!   dump (a server in its event loop). Every page is compared first and
-//!   nothing written until each thread's live stack is checked: a word
-//!   that changed since the dump and points into a page the restore
-//!   would change refuses it ([`RollbackRefusal::CriuThreadMemory`]).
+//! - **not put back**: descriptors, signal dispositions, timers, limits,
+//!   credentials and everything else of the task's `core` but its
+//!   threads' state; what a process changed of them since its base dump
+//!   stays.
 //!
-//! Dumps whose pages sit in a parent dump (`PE_PARENT`, `criu dump
+//! Nothing is changed until every page has been compared and every image
+//! read. Dumps whose pages sit in a parent dump (`PE_PARENT`, `criu dump
 //! --prev-images-dir`) are refused: only whole dumps are read.
 
 use std::fs::File;
@@ -40,15 +44,18 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use pagewise_mech::inject::Remote;
 use pagewise_mech::stop::Stopped;
 use pagewise_mech::walk::PageWalker;
 use pagewise_mech::{procfs, Region, PAGE_SIZE};
 use serde::Serialize;
 
+use super::core;
 use super::images::{IMG_COMMON_MAGIC, PAGEMAP_MAGIC};
 use super::wire::{PE_PARENT, PE_PRESENT};
 use super::Run;
 use crate::error::RollbackRefusal;
+use crate::threads;
 use crate::{Error, Result};
 
 /// `MM_MAGIC` (criu/include/magic.h).
@@ -64,6 +71,9 @@ const VMA_FILE_PRIVATE: u32 = 1 << 6;
 const VMA_ANON_PRIVATE: u32 = 1 << 9;
 /// `PROT_WRITE`.
 const PROT_WRITE: u32 = 2;
+
+/// Room for the largest `XSAVE` area (with AMX tiles, about 11 KiB).
+const XSTATE_MAX: usize = 16 << 10;
 
 /// Pages compared per read.
 const CHUNK_PAGES: u64 = 256;
@@ -112,14 +122,14 @@ pub struct InPlace {
     /// Pages the dump left out that the process held other bytes in, made
     /// zeros (anonymous memory) or the file's bytes again.
     pub pages_reset: u64,
-    /// Mappings left as they are because a thread's stack pointer is in
-    /// them (registers are not put back), `[start, end)`.
-    pub left: Vec<(u64, u64)>,
+    /// Threads whose registers, extended state, signal mask and
+    /// alternate signal stack were put back.
+    pub threads: u64,
     /// Time from the stop to the release, in nanoseconds.
     pub elapsed_ns: u64,
 }
 
-fn corrupt(path: &Path, what: impl Into<String>) -> Error {
+pub(super) fn corrupt(path: &Path, what: impl Into<String>) -> Error {
     pagewise_mech::Error::Corrupt {
         path: path.display().to_string(),
         what: what.into(),
@@ -127,17 +137,17 @@ fn corrupt(path: &Path, what: impl Into<String>) -> Error {
     .into()
 }
 
-fn io(what: String, e: std::io::Error) -> Error {
+pub(super) fn io(what: String, e: std::io::Error) -> Error {
     pagewise_mech::Error::os(what, e).into()
 }
 
 /// A protobuf field's value: a varint or fixed number, or bytes.
-enum Value<'a> {
+pub(super) enum Value<'a> {
     Int(u64),
     Bytes(&'a [u8]),
 }
 
-fn varint(b: &[u8], at: &mut usize) -> Option<u64> {
+pub(super) fn varint(b: &[u8], at: &mut usize) -> Option<u64> {
     let mut v = 0u64;
     for shift in (0..64).step_by(7) {
         let byte = *b.get(*at)?;
@@ -152,7 +162,7 @@ fn varint(b: &[u8], at: &mut usize) -> Option<u64> {
 
 /// The fields of one protobuf message, in order; `None` where it is cut
 /// short or uses a wire type protobuf 2 does not have.
-fn fields(b: &[u8]) -> Option<Vec<(u64, Value<'_>)>> {
+pub(super) fn fields(b: &[u8]) -> Option<Vec<(u64, Value<'_>)>> {
     let mut out = Vec::new();
     let mut at = 0;
     while at < b.len() {
@@ -184,7 +194,7 @@ fn fields(b: &[u8]) -> Option<Vec<(u64, Value<'_>)>> {
 
 /// The messages of an image file with image magic `magic`, each after its
 /// `u32` size.
-fn messages<'a>(path: &Path, b: &'a [u8], magic: u32) -> Result<Vec<&'a [u8]>> {
+pub(super) fn messages<'a>(path: &Path, b: &'a [u8], magic: u32) -> Result<Vec<&'a [u8]>> {
     let word = |at: usize| {
         b.get(at..at + 4)
             .map(|w| u32::from_ne_bytes(w.try_into().expect("four bytes")))
@@ -208,14 +218,14 @@ fn messages<'a>(path: &Path, b: &'a [u8], magic: u32) -> Result<Vec<&'a [u8]>> {
     Ok(out)
 }
 
-fn int(f: &[(u64, Value<'_>)], field: u64) -> Option<u64> {
+pub(super) fn int(f: &[(u64, Value<'_>)], field: u64) -> Option<u64> {
     f.iter().find_map(|(k, v)| match v {
         Value::Int(i) if *k == field => Some(*i),
         _ => None,
     })
 }
 
-fn read(path: &Path) -> Result<Vec<u8>> {
+pub(super) fn read(path: &Path) -> Result<Vec<u8>> {
     std::fs::read(path).map_err(|e| io(format!("reading {}", path.display()), e))
 }
 
@@ -357,9 +367,11 @@ fn layout_difference(vmas: &[Vma], maps: &[procfs::Mapping]) -> Option<String> {
     None
 }
 
-/// Puts the memory of the CRIU dump in `dir` (task `task`, by default the
-/// process's own pid) into process `pid` in place: see the module. The
-/// process is stopped meanwhile and left as it was found.
+/// Puts the CRIU dump in `dir` (task `task`, by default the process's own
+/// pid) into process `pid` in place: its memory and its threads'
+/// registers, extended state, signal masks and alternate signal stacks
+/// (see the module). The process is stopped meanwhile; it runs on from
+/// where the dump caught it.
 pub fn restore_in_place(dir: &Path, pid: i32, task: Option<u32>) -> Result<InPlace> {
     // The images are read whole before the process is looked at.
     let img = read_images(dir, task.unwrap_or(pid as u32))?;
@@ -376,6 +388,28 @@ pub fn restore_in_place(dir: &Path, pid: i32, task: Option<u32>) -> Result<InPla
             r.vaddr
         )));
     }
+    let dumped = core::threads_of(dir, img.task)?;
+    // Every thread's image read and checked before the process is
+    // stopped; the task's signal mask is in its leader's.
+    let mut task_mask = None;
+    for &t in &dumped {
+        let (_, m) = core::thread_state(dir, t, vec![0; XSTATE_MAX], None)?;
+        task_mask = task_mask.or(m);
+    }
+    // The first page of the dump in a private writable mapping: the
+    // threads' alternate stacks are set through it, and it is written
+    // whole afterwards.
+    let scratch = img
+        .runs
+        .iter()
+        .filter(|r| r.flags & PE_PRESENT != 0 && r.nr_pages > 0)
+        .map(|r| r.vaddr)
+        .find(|&a| {
+            img.vmas
+                .iter()
+                .any(|v| v.private() && v.prot & PROT_WRITE != 0 && v.start <= a && a < v.end)
+        })
+        .ok_or_else(|| refuse("no page of the dump is in a private writable mapping".into()))?;
     procfs::check_target(pid)?;
     let pages =
         File::open(&img.pages).map_err(|e| io(format!("opening {}", img.pages.display()), e))?;
@@ -392,52 +426,63 @@ pub fn restore_in_place(dir: &Path, pid: i32, task: Option<u32>) -> Result<InPla
         }
         .into());
     }
-    let mut left = Vec::new();
-    let mut stacks = Vec::new();
-    for &tid in stopped.tids() {
-        let r = pagewise_sys::process::ptrace_getregs(tid)
-            .map_err(|e| Error::for_pid(pid, format!("PTRACE_GETREGS of {tid}"), e))?;
-        if let Some(m) = maps.iter().find(|m| m.start <= r.rsp && r.rsp < m.end) {
-            left.push((m.start, m.end));
-            stacks.push((tid, r.rsp & !7, m.end));
+    // The threads, by their ids in the process's own pid namespace (those
+    // the dump knows them by).
+    let mut now: Vec<(u32, i32)> = stopped
+        .tids()
+        .iter()
+        .map(|&t| (pagewise_mech::container::ns_pid(t).unwrap_or(t) as u32, t))
+        .collect();
+    now.sort_unstable();
+    let ids: Vec<u32> = now.iter().map(|&(n, _)| n).collect();
+    if ids != dumped {
+        return Err(RollbackRefusal::CriuLayout {
+            pid,
+            dir: dir.display().to_string(),
+            first: format!("the dump's threads are {dumped:?}, the process's {ids:?}"),
         }
+        .into());
     }
-    left.sort_unstable();
-    left.dedup();
-    let is_left = |a: u64| left.iter().any(|&(s, e)| s <= a && a < e);
+    let mut states = Vec::with_capacity(now.len());
+    let mut buf = vec![0u8; XSTATE_MAX];
+    for &(ns, tid) in &now {
+        let n = pagewise_sys::process::ptrace_getregset(
+            tid,
+            pagewise_sys::process::NT_X86_XSTATE,
+            &mut buf,
+        )
+        .map_err(|e| Error::for_pid(pid, format!("PTRACE_GETREGSET(NT_X86_XSTATE) of {tid}"), e))?;
+        let (mut state, _) = core::thread_state(dir, ns, buf[..n].to_vec(), task_mask)?;
+        state.tid = tid;
+        states.push(state);
+    }
     let mem = Mem::open(pid)?;
     let mut out = InPlace {
         pid,
         task: img.task,
-        left: left.clone(),
+        threads: states.len() as u64,
         ..InPlace::default()
     };
-    // First every page is compared and what differs noted; nothing is
-    // written until the threads' stacks are known to agree with it.
-    let dump = Dumped::compare(&img, &pages, &mem, &is_left)?;
-    let resets = left_out_changes(&mem, &img.vmas, &dump.runs, &left)?;
-    let mut changed: Vec<u64> = dump.changes.iter().map(|&(a, _)| a).collect();
-    changed.extend(resets.iter().map(|&(a, _)| a));
-    changed.sort_unstable();
-    for &(tid, from, to) in &stacks {
-        if let Some((word, points_to)) = dump.stack_divergence(&pages, &mem, from, to, &changed)? {
-            return Err(RollbackRefusal::CriuThreadMemory {
-                pid,
-                tid,
-                word,
-                points_to,
-            }
-            .into());
-        }
-    }
+    // Every page compared and what differs noted before anything is
+    // changed.
+    let dump = Dumped::compare(&img, &pages, &mem)?;
+    let resets = left_out_changes(&mem, &img.vmas, &dump.runs)?;
+    // The threads first (their alternate stacks are set by calls made
+    // inside them, which need the registers they have), then the memory.
+    let remote = Remote::new(&stopped)?;
+    threads::put_back(&stopped, &remote, &states, scratch)?;
     out.pages_compared = dump.compared;
     out.pages_written = dump.write(&pages, &mem)?;
+    let mut page = vec![0u8; PAGE_SIZE];
+    dump.page(&pages, scratch, &mut page)?;
+    mem.write(scratch, &page)?;
     let zeros = vec![0u8; PAGE_SIZE];
     for (at, file) in &resets {
         mem.write(*at, file.as_deref().unwrap_or(&zeros))?;
     }
     out.pages_reset = resets.len() as u64;
     out.elapsed_ns = t0.elapsed().as_nanos() as u64;
+    drop(remote);
     drop(stopped);
     Ok(out)
 }
@@ -455,14 +500,8 @@ struct Dumped {
 }
 
 impl Dumped {
-    /// Compares every present page of `img` outside the areas `is_left`
-    /// with the process's.
-    fn compare(
-        img: &Images,
-        pages: &File,
-        mem: &Mem,
-        is_left: &dyn Fn(u64) -> bool,
-    ) -> Result<Self> {
+    /// Compares every present page of `img` with the process's.
+    fn compare(img: &Images, pages: &File, mem: &Mem) -> Result<Self> {
         let mut want = vec![0u8; (CHUNK_PAGES as usize) * PAGE_SIZE];
         let mut have = vec![0u8; want.len()];
         let mut d = Dumped {
@@ -476,16 +515,7 @@ impl Dumped {
             d.runs.push((r.vaddr, end, offset));
             let mut at = r.vaddr;
             while at < end {
-                if is_left(at) {
-                    // Skipped a page at a time: a run may leave the area.
-                    offset += PAGE_SIZE as u64;
-                    at += PAGE_SIZE as u64;
-                    continue;
-                }
-                let n = ((end - at) / PAGE_SIZE as u64).min(CHUNK_PAGES);
-                let n = (0..n)
-                    .take_while(|i| !is_left(at + i * PAGE_SIZE as u64))
-                    .count();
+                let n = ((end - at) / PAGE_SIZE as u64).min(CHUNK_PAGES) as usize;
                 let len = n * PAGE_SIZE;
                 pages
                     .read_exact_at(&mut want[..len], offset)
@@ -521,46 +551,6 @@ impl Dumped {
                 Ok(())
             }
         }
-    }
-
-    /// A word of the live stack `[from, to)` that differs from the dump's
-    /// and points into a page in `changed` (sorted): its address and
-    /// value. A thread keeps its stack through the restore: such a word
-    /// would point at memory no longer as the thread left it.
-    fn stack_divergence(
-        &self,
-        pages: &File,
-        mem: &Mem,
-        from: u64,
-        to: u64,
-        changed: &[u64],
-    ) -> Result<Option<(u64, u64)>> {
-        let (mut live, mut then) = (vec![0u8; PAGE_SIZE], vec![0u8; PAGE_SIZE]);
-        let mut page = from & !(PAGE_SIZE as u64 - 1);
-        while page < to {
-            mem.read(page, &mut live)?;
-            self.page(pages, page, &mut then)?;
-            let skip = (from.saturating_sub(page) / 8) as usize;
-            for (k, (w, v)) in live
-                .chunks_exact(8)
-                .zip(then.chunks_exact(8))
-                .enumerate()
-                .skip(skip)
-            {
-                if w == v {
-                    continue;
-                }
-                let to = u64::from_ne_bytes(w.try_into().expect("8 bytes"));
-                if changed
-                    .binary_search(&(to & !(PAGE_SIZE as u64 - 1)))
-                    .is_ok()
-                {
-                    return Ok(Some((page + 8 * k as u64, to)));
-                }
-            }
-            page += PAGE_SIZE as u64;
-        }
-        Ok(None)
     }
 
     /// Writes the pages that differ, a run of adjacent ones per write;
@@ -623,12 +613,11 @@ impl Mem {
 /// private writable mappings that the process holds other bytes in than
 /// `criu restore` would make: zeros in anonymous memory (`None`), the
 /// file's bytes in a file's mapping (`Some` of them; where the process
-/// copied them on write since). Mappings in `left` are skipped.
+/// copied them on write since).
 fn left_out_changes(
     mem: &Mem,
     vmas: &[Vma],
     runs: &[(u64, u64, u64)],
-    left: &[(u64, u64)],
 ) -> Result<Vec<(u64, Option<Vec<u8>>)>> {
     use pagewise_sys::pagemap::category::{FILE, PRESENT, SWAPPED};
     let mut walker = PageWalker::new(Some(mem.pid))?;
@@ -636,9 +625,6 @@ fn left_out_changes(
     let (mut have, mut want) = (vec![0u8; PAGE_SIZE], vec![0u8; PAGE_SIZE]);
     for v in vmas.iter() {
         if !v.private() || v.prot & PROT_WRITE == 0 {
-            continue;
-        }
-        if left.iter().any(|&(s, e)| s <= v.start && v.start < e) {
             continue;
         }
         let anon = v.status & VMA_ANON_PRIVATE != 0;

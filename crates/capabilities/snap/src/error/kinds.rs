@@ -342,25 +342,6 @@ pub enum RollbackRefusal {
         /// The first difference.
         first: String,
     },
-    /// A thread's stack, which an in-place restore of a CRIU dump leaves
-    /// as it is, changed since the dump and points at memory the restore
-    /// changes.
-    #[error(
-        "process {pid}: thread {tid}'s stack changed since the CRIU dump and points at memory \
-         putting the dump in place would change ({word:#x} holds {points_to:#x}): the thread \
-         keeps its stack (registers are not put back), which would no longer match; restore \
-         that dump with criu restore"
-    )]
-    CriuThreadMemory {
-        /// The process.
-        pid: i32,
-        /// The thread.
-        tid: i32,
-        /// The stack word's address.
-        word: u64,
-        /// What it holds.
-        points_to: u64,
-    },
     /// CRIU images that cannot be put in place.
     #[error("the CRIU dump in {dir} cannot be put in place: {why}")]
     CriuImages {

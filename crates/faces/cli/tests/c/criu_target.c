@@ -2,10 +2,12 @@
  * Region A (MIB_A MiB) holds page i filled with (i * 7 + 1) and its index
  * in its first word; region B (MIB_B MiB) a pseudo-random stream. It says
  * "ready PID A_ADDR A_LEN B_ADDR B_LEN" on standard output and waits for
- * signals: each SIGUSR1 rewrites every 100th page of A with contents no
- * page had before and says "changed N" (N pages) when done. With the
- * argument "keep-pointer", main's frame also holds (in a volatile local)
- * a pointer to the last page it rewrote. */
+ * signals: each SIGUSR1 (round R) rewrites every 100th page of A with R + 0x80
+ * behind a tag of (0xc0ffee00 + R, page index), and says "changed N round R
+ * (last at P)" (N pages, P the last one) when done. The round is main's
+ * local: a restore that puts back memory but not registers can get it
+ * wrong. With the argument "keep-pointer", main's frame also holds (in a
+ * volatile local) a pointer to the last page it rewrote. */
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -62,7 +64,7 @@ int main(int argc, char **argv) {
             memcpy(a + i * PAGE, tag, sizeof tag);
             if (keep) last = a + i * PAGE;
         }
-        printf("changed %zu (last at %p)\n", n, (void *)last);
+        printf("changed %zu round %lu (last at %p)\n", n, (unsigned long)round, (void *)last);
         fflush(stdout);
     }
 }
