@@ -75,6 +75,9 @@ const PROT_WRITE: u32 = 2;
 /// Room for the largest `XSAVE` area (with AMX tiles, about 11 KiB).
 const XSTATE_MAX: usize = 16 << 10;
 
+/// Threads comparing pages.
+const COMPARERS: usize = 2;
+
 /// Pages compared per read.
 const CHUNK_PAGES: u64 = 256;
 
@@ -500,41 +503,66 @@ struct Dumped {
 }
 
 impl Dumped {
-    /// Compares every present page of `img` with the process's.
+    /// Compares every present page of `img` with the process's, in
+    /// chunks of [`CHUNK_PAGES`] shared among [`COMPARERS`] threads (the
+    /// comparison is bound by memory bandwidth, which one core does not
+    /// fill).
     fn compare(img: &Images, pages: &File, mem: &Mem) -> Result<Self> {
-        let mut want = vec![0u8; (CHUNK_PAGES as usize) * PAGE_SIZE];
-        let mut have = vec![0u8; want.len()];
-        let mut d = Dumped {
-            runs: Vec::new(),
-            changes: Vec::new(),
-            compared: 0,
-        };
+        let mut runs = Vec::new();
+        // (address, offset in the pages image, pages).
+        let mut chunks = Vec::new();
         let mut offset = 0u64;
         for r in img.runs.iter().filter(|r| r.flags & PE_PRESENT != 0) {
             let end = r.vaddr + r.nr_pages * PAGE_SIZE as u64;
-            d.runs.push((r.vaddr, end, offset));
+            runs.push((r.vaddr, end, offset));
             let mut at = r.vaddr;
             while at < end {
                 let n = ((end - at) / PAGE_SIZE as u64).min(CHUNK_PAGES) as usize;
+                chunks.push((at, offset, n));
+                offset += (n * PAGE_SIZE) as u64;
+                at += (n * PAGE_SIZE) as u64;
+            }
+        }
+        runs.sort_unstable();
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let next = AtomicUsize::new(0);
+        let one = || -> Result<Vec<(u64, u64)>> {
+            let mut want = vec![0u8; (CHUNK_PAGES as usize) * PAGE_SIZE];
+            let mut have = vec![0u8; want.len()];
+            let mut changes = Vec::new();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(&(at, offset, n)) = chunks.get(i) else {
+                    return Ok(changes);
+                };
                 let len = n * PAGE_SIZE;
                 pages
                     .read_exact_at(&mut want[..len], offset)
                     .map_err(|e| io(format!("reading {} at {offset}", img.pages.display()), e))?;
                 mem.read(at, &mut have[..len])?;
-                d.compared += n as u64;
                 for k in 0..n {
                     let p = k * PAGE_SIZE..(k + 1) * PAGE_SIZE;
                     if want[p.clone()] != have[p] {
                         let k = (k * PAGE_SIZE) as u64;
-                        d.changes.push((at + k, offset + k));
+                        changes.push((at + k, offset + k));
                     }
                 }
-                offset += len as u64;
-                at += len as u64;
             }
-        }
-        d.runs.sort_unstable();
-        Ok(d)
+        };
+        let mut changes = std::thread::scope(|s| {
+            let others: Vec<_> = (1..COMPARERS).map(|_| s.spawn(one)).collect();
+            let mut all = one()?;
+            for h in others {
+                all.extend(h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))?);
+            }
+            Ok::<_, Error>(all)
+        })?;
+        changes.sort_unstable();
+        Ok(Dumped {
+            runs,
+            changes,
+            compared: offset / PAGE_SIZE as u64,
+        })
     }
 
     /// The dump's bytes of page `at` (zeros where it holds none).
@@ -579,7 +607,9 @@ impl Dumped {
     }
 }
 
-/// A stopped process's memory, through `/proc/PID/mem`.
+/// A stopped process's memory, through `process_vm_readv` and
+/// `process_vm_writev` (one copy), or `/proc/PID/mem` where they cannot
+/// reach (a page the program cannot read or write itself).
 struct Mem {
     pid: i32,
     file: File,
@@ -597,12 +627,20 @@ impl Mem {
     }
 
     fn read(&self, at: u64, b: &mut [u8]) -> Result<()> {
+        if pagewise_mech::remote::read_exact(self.pid, at, b).is_ok() {
+            return Ok(());
+        }
         self.file
             .read_exact_at(b, at)
             .map_err(|e| Error::for_pid(self.pid, format!("reading {:#x}+{:#x}", at, b.len()), e))
     }
 
     fn write(&self, at: u64, b: &[u8]) -> Result<()> {
+        // A mapping the program made read-only since takes the write
+        // through /proc/PID/mem alone.
+        if pagewise_mech::remote::write_exact(self.pid, at, b).is_ok() {
+            return Ok(());
+        }
         self.file
             .write_all_at(b, at)
             .map_err(|e| Error::for_pid(self.pid, format!("writing {:#x}+{:#x}", at, b.len()), e))
