@@ -164,7 +164,8 @@ pub mod snap {
     /// A page server CRIU dumps into: each dump's pages kept in a store.
     pub mod criu {
         pub use pagewise_snap::criu::{
-            export, restore_in_place, Exported, InPlace, PageServer, PagemapReceived, Received, Run,
+            export, restore_in_place, Exported, InPlace, PageServer, PagemapReceived, Received,
+            Run, Tls,
         };
     }
     /// Live checkpoints with pre-copy (LDT's first use; QEMU's migration loop).

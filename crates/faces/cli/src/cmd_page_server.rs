@@ -19,9 +19,40 @@ pub struct Args {
     #[arg(long)]
     store: PathBuf,
     /// Address to listen on, HOST:PORT (port 0: any free port, printed).
-    /// Loopback only: CRIU's plain connections carry no authentication.
+    /// Loopback only without --tls: CRIU's plain connections carry no
+    /// authentication.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:27027")]
     listen: String,
+    /// Speak CRIU's TLS (`criu dump --tls`): each peer must show a
+    /// certificate signed by --tls-cacert, and may then connect from any
+    /// address --listen reaches.
+    #[arg(long)]
+    tls: bool,
+    /// The authority peers' certificates must be signed by (PEM), as
+    /// CRIU's --tls-cacert (its defaults are CRIU's).
+    #[arg(
+        long,
+        value_name = "FILE",
+        default_value = "/etc/pki/CA/cacert.pem",
+        requires = "tls"
+    )]
+    tls_cacert: PathBuf,
+    /// The server's certificate (PEM), as CRIU's --tls-cert.
+    #[arg(
+        long,
+        value_name = "FILE",
+        default_value = "/etc/pki/criu/cert.pem",
+        requires = "tls"
+    )]
+    tls_cert: PathBuf,
+    /// The server's private key (PEM), as CRIU's --tls-key.
+    #[arg(
+        long,
+        value_name = "FILE",
+        default_value = "/etc/pki/criu/private/key.pem",
+        requires = "tls"
+    )]
+    tls_key: PathBuf,
     /// End after the first session (as `criu page-server` does).
     #[arg(long)]
     once: bool,
@@ -61,12 +92,21 @@ pub fn run(a: Args) -> Result<i32> {
     let listener =
         TcpListener::bind(&a.listen).with_context(|| format!("listening on {}", a.listen))?;
     let local = listener.local_addr()?;
-    if !local.ip().is_loopback() {
+    if !local.ip().is_loopback() && !a.tls {
         crate::usage!(
-            "--listen {local} is not a loopback address: CRIU's page-server connections \
-             carry no authentication, and any peer could write into the store"
+            "--listen {local} is not a loopback address: CRIU's plain page-server connections \
+             carry no authentication, and any peer could write into the store (use --tls)"
         );
     }
+    // Read before a connection is taken: a file wrong is said at once.
+    let tls = match a.tls {
+        true => Some(pagewise::snap::criu::Tls::from_files(
+            &a.tls_cacert,
+            &a.tls_cert,
+            &a.tls_key,
+        )?),
+        false => None,
+    };
     let mut server = match a.lazy {
         // Serving lazy pages only reads the store.
         Some(dump) => {
@@ -120,7 +160,10 @@ pub fn run(a: Args) -> Result<i32> {
             let mut all = Vec::new();
             for (s, handle) in take {
                 *serving.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle);
-                let got = server.serve(s);
+                let got = match &tls {
+                    Some(t) => server.serve_tls(s, t),
+                    None => server.serve(s),
+                };
                 *serving.lock().unwrap_or_else(|e| e.into_inner()) = None;
                 let got = got?;
                 say(&got, json, &store)?;

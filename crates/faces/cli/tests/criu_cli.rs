@@ -843,3 +843,225 @@ fn unlike(
     }
     (differ, rseq_like)
 }
+
+/// `openssl` with `args` in `dir`; it must succeed.
+fn openssl(dir: &std::path::Path, args: &[&str]) {
+    let o = Command::new("openssl")
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .expect("running openssl");
+    assert!(
+        o.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// An authority `NAME-ca.pem` (and its key) in `dir`, and certificates
+/// signed by it for each of `leaves` (file stem, extensions), each with
+/// its key `STEM.key`.
+fn authority(dir: &std::path::Path, name: &str, leaves: &[(&str, &str)]) {
+    let (ca, ca_key) = (format!("{name}-ca.pem"), format!("{name}-ca.key"));
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            &ca_key,
+            "-out",
+            &ca,
+            "-days",
+            "2",
+            "-subj",
+            &format!("/CN={name} CA"),
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+        ],
+    );
+    for (stem, ext) in leaves {
+        let (csr, key, pem, exts) = (
+            format!("{stem}.csr"),
+            format!("{stem}.key"),
+            format!("{stem}.pem"),
+            format!("{stem}.ext"),
+        );
+        std::fs::write(dir.join(&exts), ext).unwrap();
+        openssl(
+            dir,
+            &[
+                "req",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:P-256",
+                "-nodes",
+                "-keyout",
+                &key,
+                "-out",
+                &csr,
+                "-subj",
+                &format!("/CN={stem}"),
+            ],
+        );
+        openssl(
+            dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                &ca,
+                "-CAkey",
+                &ca_key,
+                "-CAcreateserial",
+                "-out",
+                &pem,
+                "-days",
+                "2",
+                "-extfile",
+                &exts,
+            ],
+        );
+    }
+}
+
+/// `pagewise page-server --tls` speaks CRIU's TLS: `criu dump --tls` with
+/// a certificate signed by the server's authority dumps into it (every
+/// stored page is the process's, both known regions whole); one signed
+/// by another authority, or a dump without TLS, is refused at the
+/// handshake and stores nothing. The server's own certificate is the one
+/// CRIU checks against the address it dials (127.0.0.1).
+#[test]
+fn criu_dumps_over_tls_into_the_page_server() {
+    let criu = match pagewise_testkit::criu::criu4() {
+        Ok(c) => c,
+        Err(why) => return pagewise_testkit::skip!("{why}"),
+    };
+    if Command::new("openssl").arg("version").output().is_err() {
+        return pagewise_testkit::skip!("no openssl to make certificates with");
+    }
+    let dir = Scratch::new("criu-tls");
+    let pki = dir.join("pki");
+    std::fs::create_dir_all(&pki).unwrap();
+    let leaf = "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\n";
+    authority(
+        &pki,
+        "good",
+        &[
+            (
+                "server",
+                &format!("{leaf}extendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1\n"),
+            ),
+            ("client", &format!("{leaf}extendedKeyUsage=clientAuth\n")),
+        ],
+    );
+    authority(
+        &pki,
+        "rogue",
+        &[("intruder", &format!("{leaf}extendedKeyUsage=clientAuth\n"))],
+    );
+    let p = |f: &str| pki.join(f).display().to_string();
+    let store_dir = dir.join("store");
+    let (ps, mut out, port) = start_page_server(
+        &store_dir,
+        &[
+            "--tls",
+            "--tls-cacert",
+            &p("good-ca.pem"),
+            "--tls-cert",
+            &p("server.pem"),
+            "--tls-key",
+            &p("server.key"),
+        ],
+    );
+    let t = start_target(&dir, false);
+    signal(t.pid, "STOP");
+    let tls = |ca: &str, cert: &str, key: &str| {
+        vec![
+            "--leave-running".to_string(),
+            "--tls".into(),
+            "--tls-cacert".into(),
+            p(ca),
+            "--tls-cert".into(),
+            p(cert),
+            "--tls-key".into(),
+            p(key),
+        ]
+    };
+    let dump_with = |images: &str, extra: &[String]| {
+        let extra: Vec<&str> = extra.iter().map(|s| s.as_str()).collect();
+        pagewise_testkit::criu::dump_to_page_server(
+            &criu,
+            t.pid as u32,
+            &dir.join(images),
+            port,
+            &[&extra[..], &["-v4"]].concat(),
+        )
+    };
+    // Another authority's certificate: refused at the handshake.
+    let rogue = dump_with(
+        "img-rogue",
+        &tls("good-ca.pem", "intruder.pem", "intruder.key"),
+    );
+    assert!(
+        rogue.is_err(),
+        "a dump with another authority's certificate went through"
+    );
+    let got = next_line(&mut out, &ps);
+    let why = got["broken"].as_str().unwrap_or_default();
+    assert!(why.contains("TLS handshake failed"), "{got}");
+    assert_eq!(
+        got["pagemaps"].as_array().map(|a| a.len()),
+        Some(0),
+        "{got}"
+    );
+    // Without TLS: refused at the handshake too.
+    let plain = dump_with("img-plain", &["--leave-running".to_string()]);
+    assert!(plain.is_err(), "a dump without TLS went through");
+    let got = next_line(&mut out, &ps);
+    assert!(
+        got["broken"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("TLS handshake failed"),
+        "{got}"
+    );
+    // The authority's own: every page stored is the process's.
+    if let Err(why) = dump_with("img-1", &tls("good-ca.pem", "client.pem", "client.key")) {
+        panic!("a dump over TLS: {why}");
+    }
+    let got = next_line(&mut out, &ps);
+    assert_eq!(got["broken"], serde_json::Value::Null, "{got}");
+    assert_eq!(got["closed"], true, "{got}");
+    assert_eq!(got["dump"], 1, "the refused sessions kept no dump: {got}");
+    let snap = got["pagemaps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["kind"] == "task" && p["id"] == t.pid)
+        .unwrap_or_else(|| panic!("no pagemap of task {}: {got}", t.pid))["snapshot"]
+        .as_u64()
+        .unwrap();
+    let store = DiskStore::open(&store_dir).unwrap();
+    let (differ, at) = against_memory(&store, snap, t.pid);
+    assert!(
+        differ.is_empty(),
+        "pages stored unlike the process's: {differ:x?}"
+    );
+    assert!(
+        covers(&at, t.a) && covers(&at, t.b),
+        "both known regions stored whole"
+    );
+    signal(t.pid, "CONT");
+    signal(ps.0.id() as i32, "TERM");
+}

@@ -7,8 +7,7 @@
 //! and ends the session as it does CRIU's.
 
 use std::collections::HashMap;
-use std::io::{BufWriter, Write};
-use std::net::TcpStream;
+use std::io::{BufWriter, Read, Write};
 
 use pagewise_mech::PAGE_SIZE;
 
@@ -102,32 +101,31 @@ impl LazySource {
 }
 
 /// A lazy-pages session: `GET`s answered from `src`, to CRIU's `CLOSE`.
-pub(super) fn serve_lazy_session(
+pub(super) fn serve_lazy_session<S: Read + Write>(
     store: &DiskStore,
     src: &LazySource,
-    s: &mut TcpStream,
+    s: &mut S,
     got: &mut Received,
 ) -> std::result::Result<(), Stop> {
-    super::check_peer(s)?;
-    // Read and written through shared handles: no second descriptor.
-    let mut r: &TcpStream = s;
-    let Some((dialect, mut head)) = first_header(&mut r)? else {
+    let Some((dialect, mut head)) = first_header(s)? else {
         return Ok(());
     };
     got.dialect = Some(dialect);
     got.dump = Some(src.dump);
-    let mut out = BufWriter::with_capacity(1 << 16, &*s);
     loop {
         let h = Header::decode(dialect, &head);
         match h.op {
             wire::OP_GET => {
+                // Through a buffer (a call per 64 KiB, not per page);
+                // `answer` flushes it.
+                let mut out = BufWriter::with_capacity(1 << 16, &mut *s);
                 got.served_pages += src.answer(store, &h, dialect, &mut out)?;
                 got.requests += 1;
             }
             wire::OP_CLOSE | wire::OP_FORCE_CLOSE => {
                 got.closed = true;
-                out.write_all(&0i32.to_ne_bytes())?;
-                out.flush()?;
+                s.write_all(&0i32.to_ne_bytes())?;
+                s.flush()?;
                 return Ok(());
             }
             op => {
@@ -138,7 +136,7 @@ pub(super) fn serve_lazy_session(
                 .into())
             }
         }
-        if read_all(&mut r, &mut head)? < head.len() {
+        if read_all(s, &mut head)? < head.len() {
             return Err(Broken("the peer closed the connection before CLOSE".into()).into());
         }
     }

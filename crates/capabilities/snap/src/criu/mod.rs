@@ -23,10 +23,12 @@ mod core;
 mod images;
 mod lazy;
 mod restore;
+mod tls;
 pub mod wire;
 
 pub use images::{export, Exported, IMG_COMMON_MAGIC, PAGEMAP_MAGIC};
 pub use restore::{restore_in_place, InPlace};
+pub use tls::Tls;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -225,25 +227,72 @@ impl PageServer {
         crate::wire::Receiver::confine_thread()
     }
 
-    /// Serves one session on `s`: a dump CRIU sends, to its end.
+    /// Serves one session on `s`: a dump CRIU sends, to its end. Only
+    /// root and the server's own user may connect (see `check_peer`).
     ///
     /// # Errors
     /// The store's own failures (a full disk); what the peer does wrong
     /// is said in [`Received::broken`].
     pub fn serve(&mut self, mut s: TcpStream) -> Result<Received> {
+        self.prepare(&s);
+        let mut got = Received::default();
+        if let Err(b) = check_peer(&s) {
+            return match ended(Err(b.into()), &mut got) {
+                None => Ok(got),
+                Some(e) => Err(e),
+            };
+        }
+        self.serve_on(&mut s, got)
+    }
+
+    /// [`serve`](Self::serve) over CRIU's `--tls`: the session starts
+    /// with a TLS handshake in which the peer shows a certificate signed
+    /// by the authority of `tls`; it is then served whoever and wherever
+    /// the peer is (see the `tls` module). A handshake that fails is
+    /// the peer's fault, said in [`Received::broken`].
+    ///
+    /// # Errors
+    /// As [`serve`](Self::serve).
+    pub fn serve_tls(&mut self, s: TcpStream, tls: &Tls) -> Result<Received> {
+        self.prepare(&s);
+        let mut got = Received::default();
+        let conn = rustls::ServerConnection::new(tls.0.clone()).map_err(|e| {
+            crate::Error::from(pagewise_mech::Error::os(
+                "starting a TLS session",
+                std::io::Error::other(e),
+            ))
+        })?;
+        let mut stream = rustls::StreamOwned::new(conn, s);
+        while stream.conn.is_handshaking() {
+            if let Err(e) = stream.conn.complete_io(&mut stream.sock) {
+                got.broken = Some(format!("the TLS handshake failed: {e}"));
+                return Ok(got);
+            }
+        }
+        let r = self.serve_on(&mut stream, got);
+        stream.conn.send_close_notify();
+        let _ = stream.conn.complete_io(&mut stream.sock);
+        r
+    }
+
+    /// A connection's bounds in time.
+    fn prepare(&self, s: &TcpStream) {
         let _ = s.set_read_timeout(Some(self.idle));
         let _ = s.set_write_timeout(Some(self.idle));
         let _ = s.set_nodelay(true);
-        let mut got = Received::default();
+    }
+
+    /// One session on `s`, whose peer may send it.
+    fn serve_on<S: Read + Write>(&mut self, s: &mut S, mut got: Received) -> Result<Received> {
         if let Some(src) = &self.lazy {
-            let end = lazy::serve_lazy_session(&self.store, src, &mut s, &mut got);
+            let end = lazy::serve_lazy_session(&self.store, src, s, &mut got);
             return match ended(end, &mut got) {
                 None => Ok(got),
                 Some(e) => Err(e),
             };
         }
         let dump = next_dump(self.store.dir());
-        let end = serve_session(self, &mut s, &mut got);
+        let end = serve_session(self, s, &mut got);
         let ours = ended(end, &mut got);
         if !got.pagemaps.is_empty() {
             got.dump = Some(dump);
@@ -291,16 +340,18 @@ fn check_peer(s: &TcpStream) -> std::result::Result<(), Broken> {
     }
 }
 
-fn serve_session(
+fn serve_session<S: Read + Write>(
     server: &mut PageServer,
-    s: &mut TcpStream,
+    s: &mut S,
     got: &mut Received,
 ) -> std::result::Result<(), Stop> {
-    check_peer(s)?;
     // Pages arrive by the thousand: read through a buffer (a call per
-    // megabyte, not per page); answers go straight to the socket.
-    let mut out: &TcpStream = s;
-    let mut s = std::io::BufReader::with_capacity(1 << 20, out);
+    // megabyte, not per page); answers go straight to the connection.
+    let mut s = std::io::BufReader::with_capacity(1 << 20, s);
+    let answer = |s: &mut std::io::BufReader<&mut S>, b: &[u8]| -> std::io::Result<()> {
+        s.get_mut().write_all(b)?;
+        s.get_mut().flush()
+    };
     let Some((dialect, mut head)) = first_header(&mut s)? else {
         return Ok(());
     };
@@ -320,10 +371,10 @@ fn serve_session(
                 open = Some(begin(&mut server.store, h.dst_id, got.pagemaps.len())?);
                 if h.op == wire::OP_OPEN2 {
                     // No parent dump: CRIU then sends every page.
-                    out.write_all(&[0u8])?;
+                    answer(&mut s, &[0u8])?;
                 }
             }
-            wire::OP_PARENT => out.write_all(&0i32.to_ne_bytes())?,
+            wire::OP_PARENT => answer(&mut s, &0i32.to_ne_bytes())?,
             wire::OP_ADD | wire::OP_ADD_F | wire::OP_HOLE => {
                 let flags = h.page_flags().unwrap_or(0);
                 // A run without an open pagemap opens it, as CRIU's own
@@ -372,7 +423,7 @@ fn serve_session(
                     finish(o, got)?;
                 }
                 got.closed = true;
-                out.write_all(&0i32.to_ne_bytes())?;
+                answer(&mut s, &0i32.to_ne_bytes())?;
                 // CRIU closes its end next: wait for it (bounded), as its
                 // own server does.
                 let mut rest = [0u8; 1];
