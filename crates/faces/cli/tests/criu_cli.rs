@@ -509,11 +509,32 @@ fn criu_restores_from_the_images_pagewise_exports() {
 /// memory is the dump's.
 #[test]
 fn criu_restores_lazily_from_the_page_server() {
+    lazy_restore(false);
+}
+
+/// [`criu_restores_lazily_from_the_page_server`] with the pages fetched
+/// over CRIU's TLS: `page-server --tls --lazy 1` and `criu lazy-pages
+/// --tls` with a certificate of the server's authority.
+#[test]
+fn criu_restores_lazily_over_tls() {
+    lazy_restore(true);
+}
+
+/// A dump's lazy restore served by `page-server --lazy`, over TLS with
+/// `tls` (see the two tests).
+fn lazy_restore(tls: bool) {
     let criu = match pagewise_testkit::criu::criu4() {
         Ok(c) => c,
         Err(why) => return pagewise_testkit::skip!("{why}"),
     };
-    let dir = Scratch::new("criu-lazy");
+    if tls && Command::new("openssl").arg("version").output().is_err() {
+        return pagewise_testkit::skip!("no openssl to make certificates with");
+    }
+    let dir = Scratch::new(if tls { "criu-lazy-tls" } else { "criu-lazy" });
+    let (server_tls, daemon_tls) = match tls {
+        true => pki(&dir),
+        false => (Vec::new(), Vec::new()),
+    };
     let t = start_target(&dir, true);
     let store_dir = dir.join("store");
     // The dump ends the process (no --leave-running).
@@ -545,7 +566,11 @@ fn criu_restores_lazily_from_the_page_server() {
         "the known regions are lazy: {lazy_pages} pages"
     );
     // pagewise serves dump 1's lazy pages; CRIU's daemon fetches them.
-    let (ps, mut out, port) = start_page_server(&store_dir, &["--once", "--lazy", "1"]);
+    let server_args: Vec<&str> = ["--once", "--lazy", "1"]
+        .into_iter()
+        .chain(server_tls.iter().map(|s| s.as_str()))
+        .collect();
+    let (ps, mut out, port) = start_page_server(&store_dir, &server_args);
     let mut daemon = Reaped(
         Command::new(&criu)
             .args([
@@ -556,6 +581,7 @@ fn criu_restores_lazily_from_the_page_server() {
                 "--port",
                 &port.to_string(),
             ])
+            .args(&daemon_tls)
             .args(["-v4", "-o", "lazy.log", "-D"])
             .arg(&images)
             .spawn()
@@ -935,6 +961,36 @@ fn authority(dir: &std::path::Path, name: &str, leaves: &[(&str, &str)]) {
     }
 }
 
+/// Certificates for TLS in `dir/pki` (see [`authority`]): the options of
+/// `page-server` (its authority, certificate and key) and those of CRIU
+/// (the same authority, a client certificate it signed); a second
+/// authority signs `intruder.pem`.
+fn pki(dir: &std::path::Path) -> (Vec<String>, Vec<String>) {
+    let pki = dir.join("pki");
+    std::fs::create_dir_all(&pki).unwrap();
+    let leaf = "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\n";
+    let server = format!("{leaf}extendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1\n");
+    let client = format!("{leaf}extendedKeyUsage=clientAuth\n");
+    authority(&pki, "good", &[("server", &server), ("client", &client)]);
+    authority(&pki, "rogue", &[("intruder", &client)]);
+    let p = |f: &str| pki.join(f).display().to_string();
+    let opts = |cert: &str, key: &str| {
+        vec![
+            "--tls".to_string(),
+            "--tls-cacert".into(),
+            p("good-ca.pem"),
+            "--tls-cert".into(),
+            p(cert),
+            "--tls-key".into(),
+            p(key),
+        ]
+    };
+    (
+        opts("server.pem", "server.key"),
+        opts("client.pem", "client.key"),
+    )
+}
+
 /// `pagewise page-server --tls` speaks CRIU's TLS: `criu dump --tls` with
 /// a certificate signed by the server's authority dumps into it (every
 /// stored page is the process's, both known regions whole); one signed
@@ -951,39 +1007,11 @@ fn criu_dumps_over_tls_into_the_page_server() {
         return pagewise_testkit::skip!("no openssl to make certificates with");
     }
     let dir = Scratch::new("criu-tls");
-    let pki = dir.join("pki");
-    std::fs::create_dir_all(&pki).unwrap();
-    let leaf = "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\n";
-    authority(
-        &pki,
-        "good",
-        &[
-            (
-                "server",
-                &format!("{leaf}extendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1\n"),
-            ),
-            ("client", &format!("{leaf}extendedKeyUsage=clientAuth\n")),
-        ],
-    );
-    authority(
-        &pki,
-        "rogue",
-        &[("intruder", &format!("{leaf}extendedKeyUsage=clientAuth\n"))],
-    );
-    let p = |f: &str| pki.join(f).display().to_string();
+    let (server_tls, _) = pki(&dir);
+    let p = |f: &str| dir.join("pki").join(f).display().to_string();
     let store_dir = dir.join("store");
-    let (ps, mut out, port) = start_page_server(
-        &store_dir,
-        &[
-            "--tls",
-            "--tls-cacert",
-            &p("good-ca.pem"),
-            "--tls-cert",
-            &p("server.pem"),
-            "--tls-key",
-            &p("server.key"),
-        ],
-    );
+    let server_args: Vec<&str> = server_tls.iter().map(|s| s.as_str()).collect();
+    let (ps, mut out, port) = start_page_server(&store_dir, &server_args);
     let t = start_target(&dir, false);
     signal(t.pid, "STOP");
     let tls = |ca: &str, cert: &str, key: &str| {

@@ -90,6 +90,12 @@ impl LazySource {
             dst_id: h.dst_id,
         };
         out.write_all(&reply.encode(d))?;
+        // The header goes alone (its own TLS record over TLS): CRIU's lazy
+        // daemon reads it, then waits for the socket to be readable again
+        // before it reads the pages; pages in the header's record would
+        // sit in its TLS buffer unseen (seen: the first answer waited for
+        // the connection's end).
+        out.flush()?;
         let mut buf = vec![0u8; PAGE_SIZE];
         for k in first + skip..first + skip + n {
             store.read_page(task.snapshot.entries[k as usize], &mut buf)?;
