@@ -36,6 +36,8 @@ command -v curl >/dev/null || need+=(curl)
 command -v docker-registry >/dev/null || need+=(docker-registry)
 # A real Prometheus (and promtool) scrapes the node agent in its tests.
 command -v prometheus >/dev/null && command -v promtool >/dev/null || need+=(prometheus)
+# Certificates for the page server's TLS tests (CRIU's --tls).
+command -v openssl >/dev/null || need+=(openssl)
 # AFL++ for the fork server served by resets (pagewise snapshot afl), its
 # test and its benchmark (afl-cc, afl-fuzz).
 command -v afl-fuzz >/dev/null && command -v afl-cc >/dev/null || need+=(afl++)
