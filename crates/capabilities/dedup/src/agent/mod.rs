@@ -227,7 +227,7 @@ impl agent::Agent for Agent {
                 "mergeable_bytes",
                 "Memory of the process advised mergeable (its 2 MiB regions), bytes.",
                 t,
-                (merged * (2 << 20)) as f64,
+                (merged * pagewise_mech::HUGE_PAGE_SIZE) as f64,
             ));
         }
         m

@@ -709,7 +709,7 @@ impl agent::Agent for Agent {
                 "promoted_bytes",
                 "Memory of the process promoted to 2 MiB pages, bytes.",
                 t,
-                (t.state.promoted * (2 << 20)) as f64,
+                (t.state.promoted * HUGE_PAGE_SIZE as u64) as f64,
             ));
         }
         m

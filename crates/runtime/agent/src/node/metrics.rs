@@ -16,7 +16,7 @@ use std::time::Instant;
 const SAMPLE_EVERY: u64 = 5;
 
 /// A huge page's size, bytes (a budget is counted in them).
-const HUGE: u64 = 2 << 20;
+const HUGE: u64 = pagewise_mech::HUGE_PAGE_SIZE as u64;
 
 /// A process's KSM figures (merging pages, profit) and its memory
 /// mapped by huge pages, bytes.
