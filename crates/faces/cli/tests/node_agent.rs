@@ -273,8 +273,10 @@ fn a_pods_series_carry_its_namespace_and_name() {
     let _ = agent.wait();
     // Selected by its pod's namespace, the container's processes are
     // those selected by its name; another namespace selects none.
-    let check_in = |logs: &Path, select: &str| -> Vec<String> {
-        let cfg = config(port, &format!("[[select]]\n{select}\n"));
+    // `agent --check` of a configuration with `top` lines and one
+    // selection: the processes it says, sorted.
+    let check_with = |logs: &Path, top: &str, select: &str| -> Vec<String> {
+        let cfg = config(port, &format!("{top}\n[[select]]\n{select}\n"));
         let out = Command::new(BIN)
             .args(["agent", "--check", "--config"])
             .arg(&cfg)
@@ -282,7 +284,7 @@ fn a_pods_series_carry_its_namespace_and_name() {
             .output()
             .unwrap();
         let _ = std::fs::remove_file(&cfg);
-        assert!(out.status.success(), "{select}: {out:?}");
+        assert!(out.status.success(), "{top} {select}: {out:?}");
         let mut said: Vec<String> = String::from_utf8_lossy(&out.stdout)
             .lines()
             .map(str::to_string)
@@ -290,6 +292,7 @@ fn a_pods_series_carry_its_namespace_and_name() {
         said.sort();
         said
     };
+    let check_in = |logs: &Path, select: &str| check_with(logs, "", select);
     let check = |select: &str| check_in(&logs, select);
     let by_name = check(&format!("container = \"{name}\""));
     assert!(
@@ -300,24 +303,13 @@ fn a_pods_series_carry_its_namespace_and_name() {
     assert_eq!(check("namespace = \"other\""), Vec::<String>::new());
     // A namespace left alone is, whatever selects it; kube-system is by
     // default.
-    let left = |extra: &str, select: &str| {
-        let cfg = config(port, &format!("{extra}\n[[select]]\n{select}\n"));
-        let out = Command::new(BIN)
-            .args(["agent", "--check", "--config"])
-            .arg(&cfg)
-            .env("PAGEWISE_POD_LOGS", &logs)
-            .output()
-            .unwrap();
-        let _ = std::fs::remove_file(&cfg);
-        assert!(out.status.success(), "{extra}: {out:?}");
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
+    let left = |top: &str, select: &str| check_with(&logs, top, select);
     let shop = left("leave_namespaces = [\"shop\"]", "namespace = \"shop\"");
-    assert!(!shop.contains(&by_name[0]), "shop left alone: {shop}");
+    assert!(!shop.contains(&by_name[0]), "shop left alone: {shop:?}");
     let none_left = left("leave_namespaces = []", "namespace = \"shop\"");
     assert!(
         none_left.contains(&by_name[0]),
-        "none left alone: {none_left}"
+        "none left alone: {none_left:?}"
     );
     let system = temp_dir("pod-logs-system");
     std::fs::create_dir_all(system.join(format!("kube-system_web-0_{uid}"))).unwrap();
