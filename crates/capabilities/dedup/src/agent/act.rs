@@ -2,7 +2,8 @@
 //! first, so that a killed agent's advice is taken back by the next
 //! pagewise command), unmerged and collapsed again, and unmerged at the end.
 
-use super::{Action, Agent};
+use super::{Action, Agent, Process};
+use pagewise_mech::agent::Watched;
 use pagewise_mech::procfs;
 use pagewise_mech::{Region, HUGE_PAGE_SIZE};
 
@@ -142,39 +143,17 @@ impl Agent {
     /// still there (their pages unshared), so that the processes are left
     /// as they were found (see [`Agent::end`](pagewise_mech::agent::Agent::end)).
     pub(super) fn unmerge_all(&mut self) -> Vec<Action> {
-        let mut actions = Vec::new();
-        for t in self.targets.live_mut() {
-            let starts: Vec<u64> = t
-                .state
-                .regions
-                .iter()
-                .filter(|r| r.1.mergeable)
-                .map(|r| *r.0)
-                .collect();
-            if starts.is_empty() || !procfs::is_alive(t.pid) {
-                continue;
-            }
-            // A mapping made mergeable whole is unmerged whole.
-            let mut ranges = t.state.merged_whole.clone();
-            ranges.extend(
-                starts
-                    .iter()
-                    .filter(|&&s| t.state.whole_range_of(s).is_none())
-                    .map(|&s| (s, HUGE_PAGE_SIZE as u64)),
-            );
-            match t.state.unmerge(t.pid, &ranges) {
-                Ok(()) => actions.push(Action::Unmerged {
-                    pid: t.pid,
-                    regions: starts.len() as u64,
-                }),
-                Err(e) => actions.push(Action::Failed {
-                    pid: t.pid,
-                    what: "madvise(MADV_UNMERGEABLE) at the end".into(),
-                    why: e.to_string(),
-                }),
-            }
+        self.targets.live_mut().filter_map(unmerge).collect()
+    }
+
+    /// Stops watching `pid`, its regions made mergeable unmerged first
+    /// (what the agent does to every process at its end): for a process
+    /// that is to be left alone from now on.
+    pub fn release(&mut self, pid: i32) -> Vec<Action> {
+        match self.targets.release(pid) {
+            Some(mut t) if !t.gone => unmerge(&mut t).into_iter().collect(),
+            _ => Vec::new(),
         }
-        actions
     }
 
     /// Makes target `i` merge only whole mappings from now on (it was seen
@@ -290,4 +269,38 @@ fn whole_mappings(
         }
     }
     (ranges, groups, left)
+}
+
+/// Unmerges what the agent made mergeable in `t`, if anything and it is
+/// alive: the action it took.
+fn unmerge(t: &mut Watched<Process>) -> Option<Action> {
+    let starts: Vec<u64> = t
+        .state
+        .regions
+        .iter()
+        .filter(|r| r.1.mergeable)
+        .map(|r| *r.0)
+        .collect();
+    if starts.is_empty() || !procfs::is_alive(t.pid) {
+        return None;
+    }
+    // A mapping made mergeable whole is unmerged whole.
+    let mut ranges = t.state.merged_whole.clone();
+    ranges.extend(
+        starts
+            .iter()
+            .filter(|&&s| t.state.whole_range_of(s).is_none())
+            .map(|&s| (s, HUGE_PAGE_SIZE as u64)),
+    );
+    Some(match t.state.unmerge(t.pid, &ranges) {
+        Ok(()) => Action::Unmerged {
+            pid: t.pid,
+            regions: starts.len() as u64,
+        },
+        Err(e) => Action::Failed {
+            pid: t.pid,
+            what: "madvise(MADV_UNMERGEABLE) at the end".into(),
+            why: e.to_string(),
+        },
+    })
 }

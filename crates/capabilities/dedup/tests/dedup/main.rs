@@ -413,14 +413,23 @@ fn smartmd_splits_cold_duplicates_keeps_hot_and_rebuilds() {
     assert_eq!(mergeable(t.pid), vec![false, true, false, false]);
     let n = t.check(true);
     assert_eq!(n, (REGIONS * 512) as u64);
-    // The end: nothing left mergeable, KSM's settings back.
-    let end = agent.end();
+    // Released (its pod opted out): nothing left mergeable, and the
+    // agent no longer watches it; the end then has nothing to unmerge,
+    // and puts KSM's settings back.
+    let released = agent.release(t.pid);
     assert!(
-        end.iter()
+        released
+            .iter()
             .any(|a| matches!(a, Action::Unmerged { regions, .. } if *regions >= 1)),
-        "{end:?}"
+        "{released:?}"
     );
     assert_eq!(mergeable(t.pid), vec![false; REGIONS]);
+    assert!(!agent.watching(), "the released process is still watched");
+    let end = agent.end();
+    assert!(
+        !end.iter().any(|a| matches!(a, Action::Unmerged { .. })),
+        "the end unmerged a released process: {end:?}"
+    );
     drop(agent);
     assert_eq!(
         std::fs::read_to_string("/sys/kernel/mm/ksm/run").unwrap(),

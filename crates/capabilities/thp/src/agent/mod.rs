@@ -566,6 +566,13 @@ impl Agent {
         Ok(())
     }
 
+    /// Stops watching `pid` (a process to be left alone from now on):
+    /// whether it was watched. Its huge pages stay (as at the agent's
+    /// end), and count in its group's budget.
+    pub fn release(&mut self, pid: i32) -> bool {
+        self.targets.release(pid).is_some()
+    }
+
     /// Each group's huge pages given and budget, by name.
     pub fn groups(&self) -> Vec<(String, u64, u64)> {
         self.groups

@@ -317,6 +317,13 @@ impl<T> Targets<T> {
         Ok(())
     }
 
+    /// Stops watching `pid`: its entry, if it was watched, for the agent
+    /// to put back what it changed there.
+    pub fn release(&mut self, pid: i32) -> Option<Watched<T>> {
+        let i = self.list.iter().position(|t| t.pid == pid)?;
+        Some(self.list.remove(i))
+    }
+
     /// Whether any is still there.
     pub fn watching(&self) -> bool {
         self.list.iter().any(|t| !t.gone)

@@ -261,6 +261,7 @@ impl Node {
     /// that cannot be is noted and left.
     fn follow(&mut self) {
         self.kube.refresh(&mut self.notes);
+        self.release_opted_out();
         let kube = &self.kube;
         for ch in self.selection.chosen(|m| kube.leaves(m)) {
             if self.known.iter().any(|k| k.member.pid == ch.member.pid) {
@@ -283,6 +284,41 @@ impl Node {
             }
             self.notes.push(format!("watching {}", describe(&ch)));
             self.known.push(ch);
+        }
+    }
+
+    /// Leaves alone from now on each process watched whose pod (or its
+    /// namespace) opted out since it was taken: the dedup agent unmerges
+    /// what it made mergeable there, the huge-page agent stops (its huge
+    /// pages stay), and its series go.
+    fn release_opted_out(&mut self) {
+        let kube = &self.kube;
+        let (out, keep): (Vec<SelectedProcess>, Vec<SelectedProcess>) =
+            std::mem::take(&mut self.known)
+                .into_iter()
+                .partition(|k| kube.leaves(&k.member));
+        self.known = keep;
+        for k in out {
+            let pid = k.member.pid;
+            if let Some(t) = self.thp.as_mut() {
+                t.release(pid);
+            }
+            let mut undone = String::new();
+            if let Some(d) = self.dedup.as_mut() {
+                for a in d.release(pid) {
+                    undone += &match a {
+                        dedup::Action::Unmerged { regions, .. } => {
+                            format!("; {regions} region(s) unmerged")
+                        }
+                        dedup::Action::Failed { why, .. } => format!("; unmerging failed: {why}"),
+                        other => format!("; {other:?}"),
+                    };
+                }
+            }
+            self.notes.push(format!(
+                "left alone now (opted out): {}{undone}",
+                describe(&k)
+            ));
         }
     }
 
