@@ -888,31 +888,33 @@ fn openssl(dir: &std::path::Path, args: &[&str]) {
 /// signed by it for each of `leaves` (file stem, extensions), each with
 /// its key `STEM.key`.
 fn authority(dir: &std::path::Path, name: &str, leaves: &[(&str, &str)]) {
+    // `openssl req` making a P-256 key into the file that follows.
+    const NEW_KEY: [&str; 7] = [
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+        "-keyout",
+    ];
     let (ca, ca_key) = (format!("{name}-ca.pem"), format!("{name}-ca.key"));
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-keyout",
-            &ca_key,
-            "-out",
-            &ca,
-            "-days",
-            "2",
-            "-subj",
-            &format!("/CN={name} CA"),
-            "-addext",
-            "basicConstraints=critical,CA:TRUE",
-            "-addext",
-            "keyUsage=critical,keyCertSign,cRLSign",
-        ],
-    );
+    let subject = format!("/CN={name} CA");
+    let ca_args = [
+        ca_key.as_str(),
+        "-x509",
+        "-out",
+        &ca,
+        "-days",
+        "2",
+        "-subj",
+        &subject,
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+    ];
+    openssl(dir, &[&NEW_KEY[..], &ca_args[..]].concat());
     for (stem, ext) in leaves {
         let (csr, key, pem, exts) = (
             format!("{stem}.csr"),
@@ -921,23 +923,9 @@ fn authority(dir: &std::path::Path, name: &str, leaves: &[(&str, &str)]) {
             format!("{stem}.ext"),
         );
         std::fs::write(dir.join(&exts), ext).unwrap();
-        openssl(
-            dir,
-            &[
-                "req",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:P-256",
-                "-nodes",
-                "-keyout",
-                &key,
-                "-out",
-                &csr,
-                "-subj",
-                &format!("/CN={stem}"),
-            ],
-        );
+        let subject = format!("/CN={stem}");
+        let leaf_args = [key.as_str(), "-out", &csr, "-subj", &subject];
+        openssl(dir, &[&NEW_KEY[..], &leaf_args[..]].concat());
         openssl(
             dir,
             &[
