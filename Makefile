@@ -119,7 +119,9 @@ deb: build
 		-e "s|@SIZE@|$$(du -sk target/deb/root/usr | cut -f1)|" \
 		scripts/deb/control.in > target/deb/root/DEBIAN/control
 	install -m 755 scripts/deb/postinst scripts/deb/postrm target/deb/root/DEBIAN/
-	dpkg-deb --root-owner-group --build target/deb/root $(DEB)
+	# zstd at level 9: 1.5 s here against xz's 35 s (44 MB against 36 MB);
+	# dpkg reads it from 1.21.18 on (Debian 12).
+	dpkg-deb --root-owner-group -Zzstd -z9 --build target/deb/root $(DEB)
 	@echo "built $(DEB)"
 
 # The node agent's image, from the package above on a Debian base made
