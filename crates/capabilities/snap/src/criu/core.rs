@@ -39,8 +39,7 @@ const COMPAT: u64 = 2;
 /// Every value of a repeated numeric field, packed or not.
 fn repeated(f: &[(u64, Value<'_>)], field: u64) -> Option<Vec<u64>> {
     let mut out = Vec::new();
-    for (k, v) in f.iter().filter(|(k, _)| *k == field) {
-        let _ = k;
+    for (_, v) in f.iter().filter(|(k, _)| *k == field) {
         match v {
             Value::Int(i) => out.push(*i),
             Value::Bytes(b) => {
