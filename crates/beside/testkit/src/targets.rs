@@ -174,6 +174,10 @@ impl Scripted {
                 use std::os::fd::AsRawFd;
                 close_inherited(&[cmd_r.as_raw_fd(), ack_w.as_raw_fd()]);
             }
+            // Ready: from here it holds none of the test process's
+            // descriptors (a userfaultfd another test thread made, seen
+            // in its table until now, would read as its own).
+            let _ = ack_w.write_all(&[1]);
             let base = region.start as usize;
             loop {
                 let mut c = [0u8; 9];
@@ -296,11 +300,18 @@ impl Scripted {
             }
         }
         std::mem::forget(mem); // the child's copy is what counts; ours stays mapped
+        drop(cmd_r);
+        drop(ack_w);
+        let mut ack = ack_r;
+        let mut ready = [0u8; 1];
+        if let Err(e) = ack.read_exact(&mut ready) {
+            panic!("the scripted child {pid} never said it had closed the descriptors it inherited: {e}");
+        }
         Scripted {
             pid,
             region,
             cmd: cmd_w,
-            ack: ack_r,
+            ack,
         }
     }
 
