@@ -446,7 +446,7 @@ impl Writer {
                     mem: mem as usize,
                     pages,
                     ctl: ctl as usize,
-                    seed: 0x9E37_79B9_7F4A_7C15 * (i as u64 + 1),
+                    seed: 0x9E37_79B9_7F4A_7C15u64.wrapping_mul(i as u64 + 1),
                 }));
                 // SAFETY: starting a thread on a plain extern "C" function.
                 unsafe { libc::pthread_create(th, std::ptr::null(), write_loop, a as *mut _) };
