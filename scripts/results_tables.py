@@ -870,13 +870,18 @@ def goals_node(r):
 
 
 def k8s_node(r):
+    def policy(w):
+        # Reports before kube-router enforced the policy have no figure.
+        s = w.get("policy_enforced_s")
+        return "not enforced (no enforcer)" if s is None else f"enforced within {s} s"
     rows = [[w["how"], str(w["ready_s"]), f"{w['end_s']} (grace 30)", str(w["series"]),
-             "yes", f"back to {w['ksm_back_to']}"] for w in r["ways"]]
+             "yes", policy(w), f"back to {w['ksm_back_to']}"] for w in r["ways"]]
     v = r["versions"]
+    enforcer = f", kube-router {v['kube-router']} (iptables {v['iptables']})" if "kube-router" in v else ""
     return md(["deployed with", "agent Ready, s", "agent ended, s", "series",
-               "probes, labels, pods left alone, scrape, promtool", "KSM's run"], rows) + \
+               "probes, labels, pods left alone, scrape, promtool", "NetworkPolicy", "KSM's run"], rows) + \
         (f"\n\nKubernetes {v['kubernetes']}, etcd {v['etcd']}, containerd {v['containerd']}, runc {v['runc']}, "
-         f"Helm {v['helm']}, Prometheus {v['prometheus']}; cluster up in {r['cluster_up_s']} s, "
+         f"Helm {v['helm']}, Prometheus {v['prometheus']}{enforcer}; cluster up in {r['cluster_up_s']} s, "
          f"the whole test {r['total_s']} s; after `down`, "
          + ("nothing left." if r["down_clean"] else "something left."))
 

@@ -34,6 +34,12 @@ command -v debootstrap >/dev/null || [ -x /usr/sbin/debootstrap ] || need+=(debo
 command -v curl >/dev/null || need+=(curl)
 # The registry images reach the cluster of scripts/k8s-node through.
 command -v docker-registry >/dev/null || need+=(docker-registry)
+# The cluster's NetworkPolicy enforcer (kube-router's firewall) writes
+# iptables rules and ipsets; its test's probe pods run Debian's static
+# busybox (scripts/k8s-node).
+command -v iptables >/dev/null || [ -x /usr/sbin/iptables ] || need+=(iptables)
+command -v ipset >/dev/null || [ -x /usr/sbin/ipset ] || need+=(ipset)
+[ -x /bin/busybox ] && ! readelf -l /bin/busybox 2>/dev/null | grep -q INTERP || need+=(busybox-static)
 # A real Prometheus (and promtool) scrapes the node agent in its tests.
 command -v prometheus >/dev/null && command -v promtool >/dev/null || need+=(prometheus)
 # Certificates for the page server's TLS tests (CRIU's --tls).
