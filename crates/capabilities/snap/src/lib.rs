@@ -135,6 +135,11 @@ pub struct RestoreStats {
     pub pages_written: u64,
     /// Pages written during the restore by someone else (see the module docs).
     pub foreign_writes: u64,
+    /// Pages read from memory and compared with the snapshot's (where
+    /// writes are not tracked; a page of anonymous memory never populated
+    /// is not read).
+    #[serde(default)]
+    pub pages_compared: u64,
     /// Wall time, nanoseconds.
     pub elapsed_ns: u64,
 }

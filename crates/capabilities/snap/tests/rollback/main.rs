@@ -621,3 +621,64 @@ mod fds;
 mod pools;
 mod seccomp;
 mod session;
+
+/// A restore from a store compares only what memory holds of a sparse
+/// mapping: a page the process never populated reads as zeros and is not
+/// read (reading it would fault the zero page in, at every address of the
+/// mapping). Ground truth: the five pages memory holds are the only ones
+/// compared, exactly the pages written since are written back (two
+/// written in holes, one changed), and every page reads as the
+/// snapshot's.
+#[test]
+fn a_restore_from_a_store_leaves_a_sparse_mapping_sparse() {
+    if let Some(why) = can_ptrace() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    let _one = common::one_target_at_a_time();
+    const PAGES: u64 = 32768; // 128 MiB
+    const PAGE: usize = pagewise_mech::PAGE_SIZE;
+    let mut s = common::Scripted::start(PAGES as usize);
+    s.tell(b'd', PAGES << 16); // every page let go: none populated
+    let kept = [5u64, 9000, 30000];
+    for p in kept {
+        s.tell(b'w', p | (0x11 << 16));
+    }
+    let dir = std::env::temp_dir().join(format!("pagewise-sparse-store-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut disk = pagewise_snap::DiskStore::create(&dir, true).unwrap();
+    let saved = pagewise_snap::remote::snapshot_process(s.pid, &mut disk, "sparse").unwrap();
+    // Since: two pages written in holes, one of the snapshot's changed.
+    s.tell(b'w', 100 | (0x22 << 16));
+    s.tell(b'w', 20000 | (0x23 << 16));
+    s.tell(b'w', 9000 | (0x33 << 16));
+    let mut h = ProcessSnapshots::open(s.pid).unwrap();
+    let id = h.load(&disk, saved.save.id, false).unwrap();
+    let r = h
+        .restore(id, RestoreOptions::default().memory_only(true))
+        .unwrap();
+    // The five pages memory holds, and none of the 32763 holes, were
+    // read (every one before: reading a hole faults the zero page in);
+    // the rest of the process (its heap, stacks and the libraries' data)
+    // holds a few dozen.
+    assert!(
+        r.stats.pages_compared < 5 + 1024,
+        "{} pages compared for a mapping of {PAGES} pages with 5 populated: {r:?}",
+        r.stats.pages_compared
+    );
+    assert_eq!(r.stats.pages_written, 3, "{r:?}");
+    let mut all = vec![0u8; (PAGES as usize) * PAGE];
+    pagewise_mech::remote::read(s.pid, s.region.start, &mut all).unwrap();
+    for (p, page) in all.chunks_exact(PAGE).enumerate() {
+        let want = if kept.contains(&(p as u64)) { 0x11 } else { 0 };
+        assert!(
+            page.iter()
+                .enumerate()
+                .all(|(k, &b)| b == if k == 64 { want } else { 0 }),
+            "page {p} does not read as the snapshot's (byte 64 is {:#x})",
+            page[64]
+        );
+    }
+    drop(h);
+    let _ = std::fs::remove_dir_all(&dir);
+}
