@@ -450,13 +450,11 @@ pub fn restore(a: RestoreArgs) -> Result<i32> {
         (None, true) => return restore_group(&a, &disk, id),
         _ => crate::usage!("give --pid, or --container/--cgroup, not both"),
     };
-    let mut h = ProcessSnapshots::open(pid)?;
+    // One restore: nothing tracked, what memory holds compared.
+    let mut h = ProcessSnapshots::open_for_one_restore(pid)?;
     // Without --memory-only the refusal says it (once).
     if let (Some(note), false, true) = (h.note(), a.json, a.memory_only) {
         eprintln!("pagewise: {note}");
-    }
-    if let (Some(why), false) = (h.untracked(), a.json) {
-        eprintln!("pagewise: writes are not tracked, every page is compared: {why}");
     }
     let sid = h.load(&disk, id, a.another_process)?;
     let r = h.restore(sid, a.fds.options(a.memory_only))?;

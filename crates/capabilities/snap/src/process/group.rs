@@ -39,7 +39,7 @@ pub fn restore_group(
 ) -> Result<Vec<MemberRestore>> {
     let mut handles = Vec::new();
     for &(pid, id) in members {
-        let mut h = ProcessSnapshots::open(pid)?;
+        let mut h = ProcessSnapshots::open_for_one_restore(pid)?;
         let sid = h.load(disk, id, false)?;
         handles.push((h, sid, disk.load(id)?));
     }

@@ -625,10 +625,12 @@ mod session;
 /// A restore from a store compares only what memory holds of a sparse
 /// mapping: a page the process never populated reads as zeros and is not
 /// read (reading it would fault the zero page in, at every address of the
-/// mapping). Ground truth: the five pages memory holds are the only ones
-/// compared, exactly the pages written since are written back (two
-/// written in holes, one changed), and every page reads as the
-/// snapshot's.
+/// mapping). One restore tracks nothing, so it sets no write protection
+/// at the holes either. Ground truth: the five pages memory holds are the
+/// only ones compared, exactly the pages written since are written back
+/// (two written in holes, one changed), the mapping holds those five
+/// pages and nothing more afterwards (PAGEMAP_SCAN), and every page reads
+/// as the snapshot's.
 #[test]
 fn a_restore_from_a_store_leaves_a_sparse_mapping_sparse() {
     if let Some(why) = can_ptrace() {
@@ -652,7 +654,16 @@ fn a_restore_from_a_store_leaves_a_sparse_mapping_sparse() {
     s.tell(b'w', 100 | (0x22 << 16));
     s.tell(b'w', 20000 | (0x23 << 16));
     s.tell(b'w', 9000 | (0x33 << 16));
-    let mut h = ProcessSnapshots::open(s.pid).unwrap();
+    let populated = |pid: i32| -> u64 {
+        let mut runs = Vec::new();
+        pagewise_mech::walk::PageWalker::new(Some(pid))
+            .unwrap()
+            .populated(s.region, &mut runs)
+            .unwrap();
+        runs.iter().map(|&(a, b)| (b - a) / PAGE as u64).sum()
+    };
+    assert_eq!(populated(s.pid), 5, "the mapping's populated pages before");
+    let mut h = ProcessSnapshots::open_for_one_restore(s.pid).unwrap();
     let id = h.load(&disk, saved.save.id, false).unwrap();
     let r = h
         .restore(id, RestoreOptions::default().memory_only(true))
@@ -667,6 +678,14 @@ fn a_restore_from_a_store_leaves_a_sparse_mapping_sparse() {
         r.stats.pages_compared
     );
     assert_eq!(r.stats.pages_written, 3, "{r:?}");
+    // Nothing else of the mapping was touched: no zero page faulted in by
+    // a read, no write protection set on its holes (which the kernel
+    // shows as swap entries) by a handle that tracks.
+    assert_eq!(
+        populated(s.pid),
+        5,
+        "pages of the mapping populated or write-protected by the restore"
+    );
     let mut all = vec![0u8; (PAGES as usize) * PAGE];
     pagewise_mech::remote::read(s.pid, s.region.start, &mut all).unwrap();
     for (p, page) in all.chunks_exact(PAGE).enumerate() {
