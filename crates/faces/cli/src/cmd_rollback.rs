@@ -421,8 +421,9 @@ pub struct RestoreArgs {
 
 /// What `snapshot restore` says in `--help`.
 pub const RESTORE_HELP: &str = "\
-One restore compares every page of the snapshot with what the process
-holds now and writes those that differ; for repeated resets, hold the
+One restore compares the snapshot with what the process's memory holds
+now (a page of anonymous memory never populated reads as zeros and is
+not read) and writes the pages that differ; for repeated resets, hold the
 process with `pagewise snapshot serve --pid P`, which writes only the
 pages written since.
 Put back: every page of every private writable mapping, the layout and
