@@ -299,7 +299,10 @@ impl Scripted {
                 let _ = ack_w.write_all(&[1]);
             }
         }
-        std::mem::forget(mem); // the child's copy is what counts; ours stays mapped
+        // The child's copy is what counts; ours goes (kept, every start left
+        // its pages in the test process, and every later child inherited
+        // them).
+        drop(mem);
         drop(cmd_r);
         drop(ack_w);
         let mut ack = ack_r;
