@@ -29,6 +29,10 @@ impl ProcessSnapshots {
         let mut out = Vec::with_capacity(regions.len());
         let mut now = Vec::with_capacity(regions.len());
         let mut walker = PageWalker::new(Some(self.pid))?;
+        // The anonymous mappings, read where memory holds their pages; a
+        // file's private mapping is read whole (a page not populated holds
+        // the file's contents). Asked at the first mapping read whole.
+        let mut anon: Option<Vec<(u64, u64)>> = None;
         for &r in regions {
             let known = old_by_start
                 .remove(&r.start)
@@ -47,8 +51,31 @@ impl ProcessSnapshots {
                     if let Some(k) = k {
                         table::release(&mut self.store, &mut self.spare, vec![k.table]);
                     }
+                    // What memory holds, walked before the mapping is
+                    // write-protected: protection marks every page of it,
+                    // holes too, and the walk shows a mark as it shows a
+                    // page swapped out. A page populated in between (by
+                    // another writer than the stopped threads) is present
+                    // afterwards, and read too.
+                    let anon = match &mut anon {
+                        Some(a) => a,
+                        None => anon.insert(anonymous_ranges(self.pid)?),
+                    };
+                    let anonymous = covered(anon, r);
+                    let mut runs = Vec::new();
+                    if anonymous {
+                        walker.populated(r, &mut runs)?;
+                    } else {
+                        runs.push((r.start, r.end()));
+                    }
                     let watched = self.watch(r, true)?;
-                    (self.read_whole(r, &mut walker, stats)?, watched)
+                    if watched && anonymous {
+                        let present = pagewise_sys::pagemap::category::PRESENT;
+                        let mut after = Vec::new();
+                        walker.categories(r, present, present, &mut after)?;
+                        runs.extend(after.iter().map(|p| (p.start, p.end)));
+                    }
+                    (self.read_whole(r, runs, stats)?, watched)
                 }
             };
             out.push((
@@ -172,11 +199,12 @@ impl ProcessSnapshots {
         Ok(())
     }
 
-    /// Reads every populated page of `r`; the others are zero pages.
+    /// Reads the pages of `runs` (`[a, b)` in `r`, in any order, overlaps
+    /// allowed); the others are zero pages.
     fn read_whole(
         &mut self,
         r: Region,
-        walker: &mut PageWalker,
+        runs: Vec<(u64, u64)>,
         stats: &mut TakeStats,
     ) -> Result<Table> {
         let n = r.pages() as usize;
@@ -184,12 +212,11 @@ impl ProcessSnapshots {
             self.store.incref(PageId::ZERO);
         }
         let mut t = Table::from_ids(&vec![PageId::ZERO; n]);
-        let mut runs = Vec::new();
-        walker.populated(r, &mut runs)?;
-        let ranges: Vec<PageRange> = runs
+        let mut ranges: Vec<PageRange> = runs
             .iter()
-            .filter_map(|&(a, b)| PageRange::checked(a, b - a))
+            .filter_map(|&(a, b)| PageRange::checked(a, (b - a) / PAGE_SIZE as u64))
             .collect();
+        pagewise_mech::region::normalize(&mut ranges);
         self.read_runs(r, &mut t, &ranges, stats)?;
         Ok(t)
     }

@@ -701,3 +701,113 @@ fn a_restore_from_a_store_leaves_a_sparse_mapping_sparse() {
     drop(h);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A take reads a file's private mapping whole: a page of it never
+/// touched holds the file's contents, not zeros, though memory holds
+/// nothing there. The target's `.data` table (4 MiB, every int 7) is
+/// untouched at the take; one int written since is put back as 7, read
+/// through `/proc/PID/mem` (as zeros, the restore would write 0 there).
+#[test]
+fn a_file_mappings_untouched_pages_are_taken_as_the_file_holds_them() {
+    if let Some(why) = can_ptrace() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/data_table.c");
+    let bin = match pagewise_testkit::c_program(&src, Path::new(env!("CARGO_TARGET_TMPDIR")), &[]) {
+        Ok(p) => p,
+        Err(why) => {
+            pagewise_testkit::skip!("{why}");
+            return;
+        }
+    };
+    let mut t = Piped::start(&mut Command::new(&bin));
+    let table = u64::from_str_radix(t.ask("a").trim_start_matches("0x"), 16).unwrap();
+    let at = table + 4 * (1 << 19);
+    let mut h = ProcessSnapshots::open(t.pid()).unwrap();
+    let id = h.take().unwrap();
+    assert_eq!(t.ask(&format!("w {} -1", 1 << 19)), "ok");
+    let r = h.restore(id, RestoreOptions::default()).unwrap();
+    let mem = std::fs::File::open(format!("/proc/{}/mem", t.pid())).unwrap();
+    let mut b = [0u8; 4];
+    mem.read_exact_at(&mut b, at).unwrap();
+    assert_eq!(
+        i32::from_ne_bytes(b),
+        7,
+        "the int written since, after the restore ({r:?})"
+    );
+    assert_eq!(t.ask(&format!("r {}", 1 << 19)), "7");
+}
+
+/// A take of a handle reads what memory holds of a sparse anonymous
+/// mapping, walked before the mapping is write-protected (protection
+/// marks every page, holes too, and a walk after it would read them all).
+/// Ground truth: 3 pages written in 128 MiB let go; read in all, those 3
+/// and what the rest of the process holds (walked before the take), not
+/// the 32,765 holes; and a restore after writes in the holes puts them
+/// back to zeros.
+#[test]
+fn a_take_reads_only_what_memory_holds_of_a_sparse_mapping() {
+    if let Some(why) = can_ptrace() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    let _one = common::one_target_at_a_time();
+    const PAGES: u64 = 32768;
+    let mut s = common::Scripted::start(PAGES as usize);
+    s.tell(b'd', PAGES << 16);
+    for p in [1u64, 16000, 32000] {
+        s.tell(b'w', p | (0x44 << 16));
+    }
+    // What the rest of the process holds (the test process's mappings it
+    // inherited among them): a file's private mapping whole, what memory
+    // holds of the others.
+    let mut walker = pagewise_mech::walk::PageWalker::new(Some(s.pid)).unwrap();
+    let mut runs = Vec::new();
+    let mut others = 0u64;
+    for m in pagewise_mech::procfs::writable(Some(s.pid)).unwrap() {
+        let r = pagewise_mech::Region::new(m.start, m.len()).unwrap();
+        if r.start <= s.region.start && s.region.end() <= r.end() {
+            walker.populated(r, &mut runs).unwrap();
+            let theirs: u64 = runs
+                .iter()
+                .filter(|&&(a, b)| b <= s.region.start || a >= s.region.end())
+                .map(|&(a, b)| (b - a) / 4096)
+                .sum();
+            others += theirs;
+        } else if m.inode != 0 {
+            others += r.pages();
+        } else {
+            walker.populated(r, &mut runs).unwrap();
+            others += runs.iter().map(|&(a, b)| (b - a) / 4096).sum::<u64>();
+        }
+    }
+    let mut h = ProcessSnapshots::open(s.pid).unwrap();
+    let id = h.take().unwrap();
+    let took = h.take_stats(id).unwrap();
+    // A few pages of slack: the stopped process's stack and the like.
+    assert!(
+        took.pages_read <= 3 + others + 64,
+        "{} pages read for a mapping of {PAGES} pages with 3 populated, the rest of the process holding {others}: {took:?}",
+        took.pages_read
+    );
+    s.tell(b'w', 7 | (0x55 << 16));
+    s.tell(b'w', 16000 | (0x56 << 16));
+    let r = h
+        .restore(id, RestoreOptions::default().memory_only(true))
+        .unwrap();
+    assert_eq!(r.stats.pages_written, 2, "{r:?}");
+    let mem = std::fs::File::open(format!("/proc/{}/mem", s.pid)).unwrap();
+    let mut page = vec![0u8; 4096];
+    for (p, want) in [(1u64, 0x44u8), (7, 0), (16000, 0x44), (32000, 0x44)] {
+        mem.read_exact_at(&mut page, s.region.start + p * 4096)
+            .unwrap();
+        assert!(
+            page.iter()
+                .enumerate()
+                .all(|(k, &b)| b == if k == 64 { want } else { 0 }),
+            "page {p} after the restore: byte 64 is {:#x}, want {want:#x}",
+            page[64]
+        );
+    }
+}
