@@ -28,11 +28,7 @@ impl ProcessSnapshots {
             old.into_iter().map(|k| (k.region.start, k)).collect();
         let mut out = Vec::with_capacity(regions.len());
         let mut now = Vec::with_capacity(regions.len());
-        let mut walker = PageWalker::new(Some(self.pid))?;
-        // The anonymous mappings, read where memory holds their pages; a
-        // file's private mapping is read whole (a page not populated holds
-        // the file's contents). Asked at the first mapping read whole.
-        let mut anon: Option<Vec<(u64, u64)>> = None;
+        let mut held: Option<Held> = None;
         for &r in regions {
             let known = old_by_start
                 .remove(&r.start)
@@ -57,22 +53,14 @@ impl ProcessSnapshots {
                     // page swapped out. A page populated in between (by
                     // another writer than the stopped threads) is present
                     // afterwards, and read too.
-                    let anon = match &mut anon {
-                        Some(a) => a,
-                        None => anon.insert(anonymous_ranges(self.pid)?),
-                    };
-                    let anonymous = covered(anon, r);
+                    let held = Held::of(&mut held, self.pid)?;
                     let mut runs = Vec::new();
-                    if anonymous {
-                        walker.populated(r, &mut runs)?;
-                    } else {
-                        runs.push((r.start, r.end()));
-                    }
+                    let anonymous = held.runs(r, &mut runs)?;
                     let watched = self.watch(r, true)?;
                     if watched && anonymous {
                         let present = pagewise_sys::pagemap::category::PRESENT;
                         let mut after = Vec::new();
-                        walker.categories(r, present, present, &mut after)?;
+                        held.walker.categories(r, present, present, &mut after)?;
                         runs.extend(after.iter().map(|p| (p.start, p.end)));
                     }
                     (self.read_whole(r, runs, stats)?, watched)
@@ -239,9 +227,7 @@ impl ProcessSnapshots {
         let mut old_by_start: BTreeMap<u64, Known> =
             old.into_iter().map(|k| (k.region.start, k)).collect();
         let mut now = Vec::with_capacity(target.len());
-        // For the mappings compared: which are anonymous, and a walker of
-        // what memory holds (made at the first one).
-        let mut sparse = None;
+        let mut held = None;
         for (r, tgt) in target {
             let made = fresh.iter().any(|&(a, b)| a < r.end() && b > r.start);
             let known = old_by_start
@@ -271,7 +257,7 @@ impl ProcessSnapshots {
                 // Not known (no tracking, or a region the handle has not
                 // seen as it is): compared, so that only pages that differ
                 // are written (a zero page not populated stays so).
-                _ => self.differing(&mut sparse, r, &tgt, &mut pages, &mut stats.pages_compared)?,
+                _ => self.differing(&mut held, r, &tgt, &mut pages, &mut stats.pages_compared)?,
             }
             // A mapping not known is registered before it is written: its
             // pages then join the neighbours' (a mapping made afresh merges
@@ -344,7 +330,7 @@ impl ProcessSnapshots {
         walk_ns: &mut u64,
     ) -> Result<()> {
         let mut dirty = Vec::new();
-        let mut sparse = None;
+        let mut held = None;
         // Per mapping: its pages to write, and whether a walk found them
         // (they are protected again after).
         let mut todo: Vec<(usize, Vec<usize>, bool)> = Vec::new();
@@ -375,7 +361,7 @@ impl ProcessSnapshots {
                 }
             } else {
                 self.differing(
-                    &mut sparse,
+                    &mut held,
                     r,
                     &k.table,
                     &mut pages,
@@ -419,29 +405,17 @@ impl ProcessSnapshots {
     /// never populated reads as zeros: it differs where the snapshot's is
     /// not zero, and is not read (reading would fault the zero page in at
     /// every address of a sparse mapping: 10 GiB read for 2 pages).
-    /// `sparse`: the process's anonymous mappings and a walker of its
-    /// memory, made at the first call of a restore.
+    /// `held`: see [`Held`], made at the first call of a restore.
     fn differing(
         &mut self,
-        sparse: &mut Option<Sparse>,
+        held: &mut Option<Held>,
         r: Region,
         tgt: &Table,
         pages: &mut Vec<usize>,
         compared: &mut u64,
     ) -> Result<()> {
-        let (anon, walker) = match sparse {
-            Some(s) => s,
-            None => sparse.insert((
-                anonymous_ranges(self.pid)?,
-                PageWalker::new(Some(self.pid))?,
-            )),
-        };
         let mut runs = Vec::new();
-        if covered(anon, r) {
-            walker.populated(r, &mut runs)?;
-        } else {
-            runs.push((r.start, r.end()));
-        }
+        Held::of(held, self.pid)?.runs(r, &mut runs)?;
         let holes = |from: u64, to: u64, pages: &mut Vec<usize>| {
             let (a, b) = (page_index(r, from), page_index(r, to));
             pages.extend((a..b).filter(|&i| !tgt.get(i).is_zero()));
@@ -469,31 +443,54 @@ impl ProcessSnapshots {
     }
 }
 
-/// What [`ProcessSnapshots::differing`] keeps through one restore.
-type Sparse = (Vec<(u64, u64)>, PageWalker);
-
-/// The anonymous mappings of process `pid` now, `[start, end)`, ascending
-/// and coalesced.
-fn anonymous_ranges(pid: i32) -> Result<Vec<(u64, u64)>> {
-    let mut out: Vec<(u64, u64)> = Vec::new();
-    for m in pagewise_mech::procfs::maps(Some(pid))? {
-        if m.inode != 0 || m.shared {
-            continue;
-        }
-        match out.last_mut() {
-            Some(last) if last.1 == m.start => last.1 = m.end,
-            _ => out.push((m.start, m.end)),
-        }
-    }
-    Ok(out)
+/// Where memory holds a process's pages, for one take or restore (the
+/// process stopped): its anonymous mappings, `[start, end)` ascending and
+/// coalesced, read when first asked, and a walker of its page tables.
+struct Held {
+    anon: Vec<(u64, u64)>,
+    walker: PageWalker,
 }
 
-/// Whether `r` lies wholly inside one of `ranges` (ascending, coalesced).
-fn covered(ranges: &[(u64, u64)], r: Region) -> bool {
-    let i = ranges.partition_point(|&(_, end)| end <= r.start);
-    ranges
-        .get(i)
-        .is_some_and(|&(a, b)| a <= r.start && r.end() <= b)
+impl Held {
+    /// The one `slot` holds, made for process `pid` at the first call.
+    fn of(slot: &mut Option<Held>, pid: i32) -> Result<&mut Held> {
+        if slot.is_none() {
+            let mut anon: Vec<(u64, u64)> = Vec::new();
+            for m in pagewise_mech::procfs::maps(Some(pid))? {
+                if m.inode != 0 || m.shared {
+                    continue;
+                }
+                match anon.last_mut() {
+                    Some(last) if last.1 == m.start => last.1 = m.end,
+                    _ => anon.push((m.start, m.end)),
+                }
+            }
+            *slot = Some(Held {
+                anon,
+                walker: PageWalker::new(Some(pid))?,
+            });
+        }
+        Ok(slot.as_mut().expect("made above"))
+    }
+
+    /// Replaces `out` with the runs of `r` to read: where memory holds a
+    /// page (present or swapped) of anonymous memory, whose other pages
+    /// read as zeros; all of a file's private mapping, whose pages not
+    /// populated hold the file's contents. Whether `r` is anonymous.
+    fn runs(&mut self, r: Region, out: &mut Vec<(u64, u64)>) -> Result<bool> {
+        let i = self.anon.partition_point(|&(_, end)| end <= r.start);
+        let anonymous = self
+            .anon
+            .get(i)
+            .is_some_and(|&(a, b)| a <= r.start && r.end() <= b);
+        if anonymous {
+            self.walker.populated(r, out)?;
+        } else {
+            out.clear();
+            out.push((r.start, r.end()));
+        }
+        Ok(anonymous)
+    }
 }
 
 /// The pages of `r` written since it was last protected (with `rearm`,
