@@ -208,15 +208,43 @@ pub(crate) fn writable_anonymous_of(maps: Vec<Mapping>) -> Vec<Mapping> {
 }
 
 /// The writable private anonymous mappings of `maps` that are not
-/// pagewise's own nor in the ranges `own`.
+/// pagewise's own, with the ranges `own` taken out of them: the kernel
+/// merges a mapping of the program with one of the shim's beside it (the
+/// shim's heap, say) into one line of the maps, and such a mapping was
+/// once left out whole (the program's memory in it went untracked).
 fn only_writable_anonymous(maps: Vec<Mapping>, own: &[(u64, u64)]) -> Vec<Mapping> {
-    maps.into_iter()
+    let mut out = Vec::new();
+    for m in maps
+        .into_iter()
         .filter(|m| m.write && m.is_anonymous() && !m.is_special() && !m.is_pagewise())
-        .filter(|m| {
-            !own.iter()
-                .any(|&(s, l)| s < m.end && m.start < s.saturating_add(l))
-        })
-        .collect()
+    {
+        let mut cut: Vec<(u64, u64)> = own
+            .iter()
+            .map(|&(s, l)| (s.max(m.start), s.saturating_add(l).min(m.end)))
+            .filter(|(a, e)| a < e)
+            .collect();
+        if cut.is_empty() {
+            out.push(m);
+            continue;
+        }
+        cut.sort_unstable();
+        let mut at = m.start;
+        let part = |a: u64, e: u64| Mapping {
+            start: a,
+            end: e,
+            ..m.clone()
+        };
+        for (a, e) in cut {
+            if a > at {
+                out.push(part(at, a));
+            }
+            at = at.max(e);
+        }
+        if at < m.end {
+            out.push(part(at, m.end));
+        }
+    }
+    out
 }
 
 /// A process's `/proc/PID/maps` kept open and read again from its start
@@ -274,4 +302,36 @@ pub fn writable(pid: Option<i32>) -> Result<Vec<Mapping>> {
         .into_iter()
         .filter(|m| m.read && m.write && !m.is_special())
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn anon(start: u64, end: u64) -> Mapping {
+        Mapping {
+            start,
+            end,
+            read: true,
+            write: true,
+            exec: false,
+            shared: false,
+            offset: 0,
+            inode: 0,
+            path: String::new(),
+        }
+    }
+
+    /// A mapping of the program merged with the shim's heap beside it
+    /// keeps the program's part; one inside the shim's ranges is gone.
+    #[test]
+    fn the_shims_ranges_are_taken_out_of_a_mapping_not_the_mapping_whole() {
+        let maps = vec![anon(0x1000, 0x9000), anon(0x20000, 0x22000)];
+        let own = [(0x5000, 0x4000), (0x20000, 0x2000)];
+        let got: Vec<(u64, u64)> = only_writable_anonymous(maps, &own)
+            .iter()
+            .map(|m| (m.start, m.end))
+            .collect();
+        assert_eq!(got, vec![(0x1000, 0x5000)]);
+    }
 }
