@@ -184,6 +184,13 @@ pub mod snap {
                 serve, take_descriptors, ServeOptions, ServeStats, CONTROL_FD, STATUS_FD,
             };
         }
+        /// Resets made inside the program by the preload shim (the shim's
+        /// side of `afl::serve`).
+        pub mod inside {
+            pub use pagewise_snap::process::inside::{
+                init, stage, Board, ResetRequest, BOARD_BYTES,
+            };
+        }
         /// Putting a whole group back: a container's processes, snapshotted at
         /// one instant, held stopped and put back together.
         pub mod group {

@@ -21,11 +21,20 @@ or takes a signal that would end it (a crash, reported to afl-fuzz as
 one); afl-fuzz's timeout kills it, and it is started again. What a run
 does outside its memory (files written, children started) stays done.
 
-A run that changed the program's layout (its break moved, a mapping made
-or removed) is reset by the whole path of a restore; a reset that cannot
-be made at all starts the program again, with a warning the first time.
-At its end (afl-fuzz closing the control descriptor, or SIGTERM) it says
-on standard error how many runs it served and how each was reset.";
+Resets are made inside the program, by pagewise's preload shim (x86-64,
+a single-threaded program that reads its input through the C library):
+no ptrace stop and no copy between processes per execution. A run that
+moved the break, mapped memory or opened descriptors is put back there
+too; one that unmapped, moved or re-protected a mapping of the point,
+closed a descriptor of the point, left a thread or set an alternate
+signal stack cannot be, and the program is started again for the next
+run. A program that cannot be reset from inside (threads at its first
+read, say) is reset from outside, with ptrace, as with --outside: there a
+run that changed the program's layout is reset by the whole path of a
+restore, and one that cannot be reset at all starts the program again.
+The first restart warns. At its end (afl-fuzz closing the control
+descriptor, or SIGTERM) it says on standard error how many runs it
+served and how each was reset.";
 
 #[derive(clap::Args)]
 pub struct AflArgs {
@@ -35,6 +44,10 @@ pub struct AflArgs {
     /// How long the program may take to reach its first read.
     #[arg(long, value_name = "MS", default_value_t = 10_000)]
     start_timeout_ms: u64,
+    /// Reset the program from outside (ptrace, as before resets inside the
+    /// program), even where the preload shim could reset it from inside.
+    #[arg(long)]
+    outside: bool,
     /// What was served (runs, crashes, starts, resets that took the whole
     /// path) as one JSON object into FILE, every second and at the end.
     #[arg(long, value_name = "FILE")]
@@ -54,6 +67,7 @@ pub fn run(a: AflArgs) -> Result<i32> {
     let mut opts = ServeOptions::default();
     opts.input_fd = a.input_fd;
     opts.start_limit = Duration::from_millis(a.start_timeout_ms);
+    opts.inside = !a.outside;
     let mut failed = None;
     // The last stats told, for the summary at the end: afl-fuzz ends its
     // fork server with SIGTERM, and that end says what was served too.
@@ -102,11 +116,15 @@ pub fn run(a: AflArgs) -> Result<i32> {
 /// starts.
 fn summary(s: &afl::ServeStats) -> String {
     let mut out = format!(
-        "pagewise snapshot afl: {} run(s), {} crash(es); resets: {} by the quick path, {} by \
-         the whole path",
+        "pagewise snapshot afl: {} run(s), {} crash(es); resets: {} inside the program, {} by \
+         the quick path from outside, {} by the whole path",
         s.runs,
         s.crashes,
-        s.runs.saturating_sub(s.full_resets),
+        s.inside_resets,
+        s.runs
+            .saturating_sub(s.full_resets)
+            .saturating_sub(s.inside_resets)
+            .saturating_sub(if s.inside_resets > 0 { s.starts } else { 0 }),
         s.full_resets
     );
     if !s.full_reasons.is_empty() {
@@ -118,6 +136,9 @@ fn summary(s: &afl::ServeStats) -> String {
     );
     if let Some(why) = s.failed_reasons.first() {
         out += &format!(" (first failure: {why})");
+    }
+    if let Some(why) = &s.inside_refused {
+        out += &format!("; not reset from inside: {why}");
     }
     out
 }

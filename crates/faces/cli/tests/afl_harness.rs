@@ -109,6 +109,17 @@ impl Drop for Afl {
 }
 
 fn start_server(target: &Path, args: &[&str], stats: &Path, dir: &Path) -> Afl {
+    start_server_with(target, args, stats, dir, &[])
+}
+
+/// [`start_server`] with options of `snapshot afl` (`--outside`).
+fn start_server_with(
+    target: &Path,
+    args: &[&str],
+    stats: &Path,
+    dir: &Path,
+    options: &[&str],
+) -> Afl {
     let (ctl_r, ctl_w) = pipe();
     let (st_r, st_w) = pipe();
     let path = dir.join(".cur_input");
@@ -120,7 +131,9 @@ fn start_server(target: &Path, args: &[&str], stats: &Path, dir: &Path) -> Afl {
         .open(&path)
         .unwrap();
     let mut c = Command::new(BIN);
-    c.args(["snapshot", "afl", "--stats"])
+    c.args(["snapshot", "afl"])
+        .args(options)
+        .arg("--stats")
         .arg(stats)
         .arg("--")
         .arg(target)
@@ -174,6 +187,46 @@ fn inputs(n: usize) -> Vec<Vec<u8>> {
 
 #[test]
 fn each_run_of_the_fork_server_is_a_reset_with_the_status_of_a_run_without_pagewise() {
+    each_run_is_a_reset_with_the_status_of_a_run_without_pagewise(Way::Inside);
+}
+
+#[test]
+fn each_run_reset_from_outside_has_the_status_of_a_run_without_pagewise() {
+    each_run_is_a_reset_with_the_status_of_a_run_without_pagewise(Way::Outside);
+}
+
+/// Which way `snapshot afl` resets the program.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Way {
+    /// From inside it, by the preload shim (the default).
+    Inside,
+    /// From outside (`--outside`).
+    Outside,
+}
+
+impl Way {
+    fn options(self) -> &'static [&'static str] {
+        match self {
+            Way::Inside => &[],
+            Way::Outside => &["--outside"],
+        }
+    }
+
+    /// Checks that the served runs were reset this way: every reset but
+    /// the first run's inside, or none.
+    fn check(self, s: &serde_json::Value) {
+        let inside = s["inside_resets"].as_u64().unwrap();
+        match self {
+            Way::Inside => {
+                assert!(s["inside_refused"].is_null(), "{s}");
+                assert!(inside > 0, "resets were made inside: {s}");
+            }
+            Way::Outside => assert_eq!(inside, 0, "no reset was made inside: {s}"),
+        }
+    }
+}
+
+fn each_run_is_a_reset_with_the_status_of_a_run_without_pagewise(path: Way) {
     if let Some(why) = no_sessions() {
         pagewise_testkit::skip!("{why}");
         return;
@@ -181,11 +234,11 @@ fn each_run_of_the_fork_server_is_a_reset_with_the_status_of_a_run_without_pagew
     let Some(target) = afl_target() else {
         return;
     };
-    let dir = temp_dir("afl-protocol");
+    let dir = temp_dir(&format!("afl-protocol-{path:?}"));
     std::fs::create_dir_all(&dir).unwrap();
     let stats = dir.join("stats.json");
     let args = ["8", "16"];
-    let mut afl = start_server(&target, &args, &stats, &dir);
+    let mut afl = start_server_with(&target, &args, &stats, &dir, path.options());
     assert_eq!(
         afl.word(),
         0,
@@ -244,6 +297,7 @@ fn each_run_of_the_fork_server_is_a_reset_with_the_status_of_a_run_without_pagew
     assert_eq!(s["crashes"], 2, "{s}");
     assert_eq!(s["starts"], 2, "{s}");
     assert_eq!(s["full_resets"], 0, "{s}");
+    path.check(&s);
 }
 
 #[test]
@@ -379,16 +433,16 @@ fn a_run_that_leaves_a_thread_behind_is_followed_by_a_fresh_start() {
 /// Every input of `heap_moves MODE` moves the program's heap; every run
 /// is still a reset of the one process, with the status of a run without
 /// pagewise, and no reset failed.
-fn runs_that_move_the_heap_are_reset(mode: &str) {
+fn runs_that_move_the_heap_are_reset(mode: &str, path: Way) {
     if let Some(why) = no_sessions() {
         pagewise_testkit::skip!("{why}");
         return;
     }
     let target = c_program("heap_moves");
-    let dir = temp_dir(&format!("afl-heap-{mode}"));
+    let dir = temp_dir(&format!("afl-heap-{mode}-{path:?}"));
     std::fs::create_dir_all(&dir).unwrap();
     let stats = dir.join("stats.json");
-    let mut afl = start_server(&target, &[mode], &stats, &dir);
+    let mut afl = start_server_with(&target, &[mode], &stats, &dir, path.options());
     assert_eq!(afl.word(), 0);
     let all = inputs(30);
     let mut pids = std::collections::BTreeSet::new();
@@ -424,16 +478,165 @@ fn runs_that_move_the_heap_are_reset(mode: &str) {
         1,
         "{mode}: every run was a reset of one process: {pids:?}"
     );
+    path.check(&s);
 }
 
 #[test]
 fn runs_that_grow_and_trim_the_break_are_reset() {
-    runs_that_move_the_heap_are_reset("brk");
+    runs_that_move_the_heap_are_reset("brk", Way::Inside);
 }
 
 #[test]
 fn runs_that_map_move_and_unmap_an_arena_are_reset() {
-    runs_that_move_the_heap_are_reset("arena");
+    runs_that_move_the_heap_are_reset("arena", Way::Inside);
+}
+
+#[test]
+fn runs_that_move_the_break_or_map_an_arena_are_reset_from_outside() {
+    runs_that_move_the_heap_are_reset("brk", Way::Outside);
+    runs_that_move_the_heap_are_reset("arena", Way::Outside);
+}
+
+/// Random inputs for `afl_shadow` (none of its special first bytes).
+fn shadow_inputs(n: usize, seed: u64) -> Vec<Vec<u8>> {
+    let mut x = seed;
+    let mut next = || {
+        x = x
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (x >> 33) as u32
+    };
+    (0..n)
+        .map(|_| {
+            let len = 1 + next() as usize % 200;
+            let mut v: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+            if b"UCTSKA".contains(&v[0]) {
+                v[0] = b'x';
+            }
+            v
+        })
+        .collect()
+}
+
+#[test]
+fn a_reset_inside_the_program_finds_every_run_as_its_point_left_it() {
+    if let Some(why) = no_sessions() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    let target = c_program("afl_shadow");
+    let dir = temp_dir("afl-shadow");
+    std::fs::create_dir_all(&dir).unwrap();
+    let stats = dir.join("stats.json");
+    let mut afl = start_server(&target, &[], &stats, &dir);
+    assert_eq!(afl.word(), 0);
+    // Crashes among them, each caught inside: still one process.
+    let mut all = shadow_inputs(150, 7);
+    all[40] = b"Kaboom".to_vec();
+    all[90] = b"Abort".to_vec();
+    let mut pids = std::collections::BTreeSet::new();
+    for (i, input) in all.iter().enumerate() {
+        let want = native(&target, &[], input);
+        assert_eq!(
+            want & (7 << 12),
+            0,
+            "precondition: a program started afresh passes its own checks ({want:#x})"
+        );
+        let pid = afl.start(input);
+        let status = afl.word();
+        assert_eq!(
+            status,
+            want,
+            "input {i} ({} bytes): status {status:#x} through the fork server, {want:#x} \
+             without pagewise (bits 12-14: a check of the point that failed)",
+            input.len()
+        );
+        pids.insert(pid);
+    }
+    assert_eq!(
+        pids.len(),
+        1,
+        "every run was a reset of one process: {pids:?}"
+    );
+    let (s, err) = afl.end(&stats, &dir);
+    Way::Inside.check(&s);
+    assert_eq!(s["runs"], all.len() as u64, "{s}");
+    assert_eq!(
+        s["inside_resets"],
+        all.len() as u64 - 1,
+        "every reset inside: {s}"
+    );
+    assert_eq!(s["crashes"], 2, "{s}");
+    assert_eq!(s["starts"], 1, "{s}");
+    assert_eq!(s["failed_resets"], 0, "{s}");
+    assert!(
+        s["pages_dirty"].as_f64().unwrap() >= 16.0,
+        "a reset found at least the 16 pages of the state each run writes: {s}"
+    );
+    assert!(!err.contains("warning"), "{err}");
+}
+
+#[test]
+fn what_a_reset_inside_cannot_put_back_starts_the_program_again_and_says_why() {
+    if let Some(why) = no_sessions() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    let target = c_program("afl_shadow");
+    let dir = temp_dir("afl-shadow-restarts");
+    std::fs::create_dir_all(&dir).unwrap();
+    let stats = dir.join("stats.json");
+    let mut afl = start_server(&target, &[], &stats, &dir);
+    assert_eq!(afl.word(), 0);
+    let cases: [(&[u8], &str); 4] = [
+        (b"Unmap", "unmapped"),
+        (b"Close", "descriptor of the point was closed"),
+        (b"Thread", "thread"),
+        (b"Stack", "alternate signal stack"),
+    ];
+    let plain = shadow_inputs(3, 11);
+    let mut restarts = 0;
+    for (input, why) in cases {
+        let before = afl.start(&plain[0]);
+        assert_eq!(afl.word(), native(&target, &[], &plain[0]));
+        let special = afl.start(input);
+        assert_eq!(special, before, "a plain run is followed by a reset");
+        assert_eq!(
+            afl.word(),
+            native(&target, &[], input),
+            "{}: the run that changed the program (pid {special})",
+            String::from_utf8_lossy(input)
+        );
+        let mut restarted = None;
+        for p in &plain[1..] {
+            let after = afl.start(p);
+            assert_eq!(
+                afl.word(),
+                native(&target, &[], p),
+                "after {why} (pid {after}, before {special})"
+            );
+            match restarted {
+                None => {
+                    assert_ne!(after, special, "{why}: the program was started again");
+                    restarted = Some(after);
+                }
+                Some(r) => assert_eq!(after, r, "{why}: then reset again"),
+            }
+        }
+        restarts += 1;
+    }
+    let (s, _) = afl.end(&stats, &dir);
+    Way::Inside.check(&s);
+    assert_eq!(s["failed_resets"], restarts, "{s}");
+    assert_eq!(s["starts"], restarts + 1, "{s}");
+    let reasons = s["failed_reasons"].to_string();
+    for (input, why) in cases {
+        assert!(
+            reasons.contains(why),
+            "{}: the reason says {why:?}: {reasons}",
+            String::from_utf8_lossy(input)
+        );
+    }
 }
 
 /// Where `scripts/setup.sh` unpacks Debian's source of `package`.

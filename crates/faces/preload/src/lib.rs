@@ -26,6 +26,11 @@
 //! program an `exec` puts in the same process, not for its children
 //! (`PAGEWISE_PREZERO`).
 //!
+//! Resets inside the program: when `PAGEWISE_RESET` is set (by `pagewise
+//! snapshot afl`), the shim serves AFL++'s fork server from inside the
+//! program, each execution a reset to its first read of its input
+//! (`pagewise::snap::process::inside`).
+//!
 //! The shim's own Rust code allocates from a heap of its own (`alloc`),
 //! never from the program's `malloc`.
 
@@ -215,6 +220,7 @@ extern "C" fn pagewise_preload_init() {
     }
     let advise_req = part::<shim::AdviseRequest>("advice");
     let track_req = part::<pagewise::track::TrackRequest>("tracking");
+    let reset_req = part::<pagewise::snap::process::inside::ResetRequest>("resets");
     // The shim's heap (made by the first allocation, reading the request)
     // is its own, never the program's: no tracker or agent takes it for
     // the program's memory, even where mappings bear no names.
@@ -275,6 +281,11 @@ extern "C" fn pagewise_preload_init() {
         if let Some(sock) = take_socket(t.fd) {
             track(sock, t.backend);
         }
+    }
+    // Last: resets take the point at the program's first read, after
+    // everything else the shim set up.
+    if let Some(r) = reset_req {
+        pagewise::snap::process::inside::init(r);
     }
 }
 

@@ -43,6 +43,21 @@ pub fn mmap_shared_anonymous(len: usize) -> io::Result<*mut u8> {
     Ok(p.cast())
 }
 
+/// A new memory file (`memfd_create(2)`, close-on-exec) of `len` bytes
+/// of zeros, named `name` (as `/proc/PID/fd` shows it): memory that two
+/// processes share by mapping it ([`mmap_shared_file`]).
+pub fn memfd(name: &std::ffi::CStr, len: u64) -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: a valid C string and flags.
+    let fd = cvt_int(unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) })?;
+    // SAFETY: the kernel just gave this process the descriptor, which
+    // nothing else owns.
+    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+    // SAFETY: ftruncate of a descriptor this function owns.
+    cvt_int(unsafe { libc::ftruncate(std::os::fd::AsRawFd::as_raw_fd(&fd), len as libc::off_t) })?;
+    Ok(fd)
+}
+
 /// [`mmap_anonymous`] with extra `MAP_*` flags (such as `MAP_NORESERVE`).
 pub fn mmap_anonymous_flags(len: usize, flags: libc::c_int) -> io::Result<*mut u8> {
     // SAFETY: an anonymous private mapping at a kernel-chosen address touches no

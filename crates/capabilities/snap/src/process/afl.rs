@@ -112,6 +112,14 @@ pub struct ServeStats {
     /// Mean time from the end of a reset to the end of the run
     /// (the program's own work), microseconds.
     pub run_us: f64,
+    /// Mean pages written since the point, found at a reset.
+    pub pages_dirty: f64,
+    /// Resets made inside the program, by the preload shim
+    /// ([`super::inside`]); the rest were made from outside.
+    pub inside_resets: u64,
+    /// Why the program could not be reset from inside, if it could not
+    /// (it was then reset from outside).
+    pub inside_refused: Option<String>,
 }
 
 impl ServeStats {
@@ -121,6 +129,7 @@ impl ServeStats {
         let mean = |m: &mut f64, x: f64| *m += (x - *m) / (n + 1.0);
         mean(&mut self.reset_us, rep.elapsed_ns as f64 / 1e3);
         mean(&mut self.run_us, run_us);
+        mean(&mut self.pages_dirty, rep.pages_dirty as f64);
         let (p, q) = (&mut self.reset_phases, &rep.phases);
         mean(&mut p.stop_us, q.stop_us);
         mean(&mut p.check_us, q.check_us);
@@ -140,6 +149,9 @@ pub struct ServeOptions {
     pub input_fd: RawFd,
     /// How long the program may take to reach its first read.
     pub start_limit: Duration,
+    /// Reset the program from inside it where the preload shim can
+    /// ([`super::inside`]; the default), else from outside.
+    pub inside: bool,
 }
 
 impl Default for ServeOptions {
@@ -147,6 +159,7 @@ impl Default for ServeOptions {
         ServeOptions {
             input_fd: 0,
             start_limit: Duration::from_secs(10),
+            inside: true,
         }
     }
 }
@@ -190,15 +203,41 @@ pub fn serve(
             std::fs::File::from_raw_fd(status),
         )
     };
+    let mut stats = ServeStats::default();
+    let size = map_size(argv);
+    let mut pending = vec![hello(size)];
+    if opts.inside {
+        match serve_inside(
+            argv,
+            &ctl,
+            &mut st,
+            opts,
+            &mut stats,
+            on_stats,
+            &mut pending,
+        )? {
+            None => {
+                on_stats(&stats);
+                return Ok(stats);
+            }
+            Some(why) => {
+                stats.inside_refused = Some(why);
+                on_stats(&stats);
+            }
+        }
+    }
     let start = |stats: &mut ServeStats| {
         stats.starts += 1;
         ResetSession::launch(argv, opts.input_fd, &[control, status], opts.start_limit)
     };
-    let mut stats = ServeStats::default();
-    let size = map_size(argv);
+    // Started first, then the hello (and any status owed): what the
+    // program does as it starts lands in the coverage map before
+    // afl-fuzz clears it for the first run.
     let mut session = Some(start(&mut stats)?);
-    st.write_all(&hello(size).to_ne_bytes())
-        .map_err(|e| io("writing the fork server's hello", e))?;
+    for w in pending {
+        st.write_all(&w.to_ne_bytes())
+            .map_err(|e| io("writing to afl-fuzz's status descriptor", e))?;
+    }
     let mut word = [0u8; 4];
     let mut told = std::time::Instant::now();
     loop {
@@ -256,5 +295,244 @@ pub fn serve(
         }
         st.write_all(&wait_status(end).to_ne_bytes())
             .map_err(|e| io("writing the status of a run", e))?;
+    }
+}
+
+/// Sums over the programs served inside, to make [`ServeStats`] of.
+#[derive(Default, Clone, Copy)]
+struct Sums {
+    runs: u64,
+    crashes: u64,
+    resets: u64,
+    reset_ns: u64,
+    walk_ns: u64,
+    copy_ns: u64,
+    run_ns: u64,
+    pages: u64,
+    /// Crashes that ended the program (not caught by the shim).
+    killed: u64,
+}
+
+impl Sums {
+    fn plus(mut self, b: &super::inside::Board) -> Self {
+        let l = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+        self.runs += l(&b.runs);
+        self.crashes += l(&b.crashes);
+        self.resets += l(&b.resets);
+        self.reset_ns += l(&b.reset_ns);
+        self.walk_ns += l(&b.walk_ns);
+        self.copy_ns += l(&b.copy_ns);
+        self.run_ns += l(&b.run_ns);
+        self.pages += l(&b.pages_dirty);
+        self
+    }
+
+    fn into_stats(self, stats: &mut ServeStats) {
+        let per = |ns: u64, n: u64| {
+            if n == 0 {
+                0.0
+            } else {
+                ns as f64 / n as f64 / 1e3
+            }
+        };
+        stats.runs = self.runs;
+        stats.crashes = self.crashes + self.killed;
+        stats.inside_resets = self.resets;
+        stats.reset_us = per(self.reset_ns, self.resets);
+        stats.reset_phases.walk_us = per(self.walk_ns, self.resets);
+        stats.reset_phases.copy_us = per(self.copy_ns, self.resets);
+        stats.run_us = per(self.run_ns, self.runs);
+        stats.pages_dirty = per(self.pages * 1000, self.resets);
+    }
+}
+
+/// A board shared with one program: its memory file and mapping.
+struct SharedBoard {
+    fd: std::os::fd::OwnedFd,
+    mem: *mut u8,
+}
+
+impl SharedBoard {
+    fn new() -> Result<Self> {
+        use super::inside::BOARD_BYTES;
+        use std::os::fd::AsFd;
+        let fd = pagewise_sys::mem::memfd(c"pagewise-reset-board", BOARD_BYTES as u64)
+            .map_err(|e| io("making the reset board", e))?;
+        let mem = pagewise_sys::mem::mmap_shared_file(fd.as_fd(), BOARD_BYTES, true)
+            .map_err(|e| io("mapping the reset board", e))?;
+        // SAFETY: a fresh shared mapping of BOARD_BYTES, unmapped on drop
+        // (the board is not used past it).
+        unsafe { super::inside::Board::at(mem, true) };
+        Ok(SharedBoard { fd, mem })
+    }
+
+    fn board(&self) -> &super::inside::Board {
+        // SAFETY: made ready in `new`, mapped while self lives.
+        unsafe { super::inside::Board::at(self.mem, false) }
+    }
+}
+
+impl Drop for SharedBoard {
+    fn drop(&mut self) {
+        // SAFETY: the mapping `new` made, no longer referenced.
+        unsafe { libc::munmap(self.mem.cast(), super::inside::BOARD_BYTES) };
+    }
+}
+
+/// Serves the protocol with resets made inside the program (see
+/// [`super::inside`]): the program, started with the shim, answers
+/// afl-fuzz itself; this side starts it again whenever it ends, and tells
+/// afl-fuzz the status of a run it did not end itself (a crash, afl-fuzz's
+/// own kill at a timeout). The words `pending` (the hello, a status owed)
+/// are told once a program stands at its point, so that nothing it does
+/// as it starts lands in the coverage map of a run; those left when it
+/// returns are the caller's to tell. `Ok(None)`: afl-fuzz closed the
+/// control pipe; `Ok(Some(why))`: the program cannot be reset from
+/// inside.
+fn serve_inside(
+    argv: &[OsString],
+    ctl: &std::fs::File,
+    st: &mut std::fs::File,
+    opts: &ServeOptions,
+    stats: &mut ServeStats,
+    on_stats: &mut dyn FnMut(&ServeStats),
+    pending: &mut Vec<u32>,
+) -> Result<Option<String>> {
+    use super::inside::{stage, ResetRequest};
+    use std::os::fd::{AsFd, AsRawFd};
+    use std::os::unix::process::ExitStatusExt;
+    if !cfg!(target_arch = "x86_64") {
+        return Ok(Some(
+            "resets inside the program are made on x86-64 alone".into(),
+        ));
+    }
+    let preload = match pagewise_mech::shim::ld_preload() {
+        Ok(p) => p,
+        Err(e) => return Ok(Some(e.to_string())),
+    };
+    let (first, rest) = argv
+        .split_first()
+        .ok_or(Error::Mech(pagewise_mech::Error::NoCommand))?;
+    let mut sums = Sums::default();
+    let mut control_read = false;
+    let mut told = std::time::Instant::now();
+    loop {
+        let shared = SharedBoard::new()?;
+        let dup = |f: &std::fs::File, what: &str| {
+            f.as_fd()
+                .try_clone_to_owned()
+                .map_err(|e| io(&format!("duplicating the {what} pipe"), e))
+        };
+        let (c_fd, s_fd) = (dup(ctl, "control")?, dup(st, "status")?);
+        let req = ResetRequest::new(
+            opts.input_fd,
+            c_fd.as_raw_fd(),
+            s_fd.as_raw_fd(),
+            shared.fd.as_raw_fd(),
+            control_read,
+        );
+        let mut c = std::process::Command::new(first);
+        c.args(rest).env("LD_PRELOAD", &preload);
+        pagewise_mech::shim::ask(&mut c, &req);
+        for fd in [c_fd.as_raw_fd(), s_fd.as_raw_fd(), shared.fd.as_raw_fd()] {
+            pagewise_sys::process::keep_fd_across_exec(&mut c, fd);
+        }
+        pagewise_mech::child::tie(&mut c);
+        let mut child = c
+            .spawn()
+            .map_err(|e| io(&format!("starting {}", first.to_string_lossy()), e))?;
+        drop((c_fd, s_fd));
+        stats.starts += 1;
+        let started = std::time::Instant::now();
+        let pidfd = pagewise_sys::process::pidfd_open(child.id() as i32)
+            .map_err(|e| io("pidfd_open of the program", e))?;
+        let board = shared.board();
+        let mut ready = false;
+        loop {
+            // Waiting for the point in steps of 1 ms, then for the end.
+            let wait = if ready { 200 } else { 1 };
+            let ended = pagewise_sys::uffd::poll_readable(&[pidfd.as_fd()], wait)
+                .map_err(|e| io("waiting for the program", e))?;
+            if !ready && board.stage() != stage::STARTING {
+                ready = true;
+                for w in pending.drain(..) {
+                    st.write_all(&w.to_ne_bytes())
+                        .map_err(|e| io("writing to afl-fuzz's status descriptor", e))?;
+                }
+            }
+            if ended != 0 {
+                break;
+            }
+            if !ready && started.elapsed() > opts.start_limit {
+                let _ = child.kill();
+            }
+            if told.elapsed() >= STATS_EVERY {
+                sums.plus(board).into_stats(stats);
+                on_stats(stats);
+                told = std::time::Instant::now();
+            }
+        }
+        let status = child.wait().map_err(|e| io("waiting for the program", e))?;
+        sums = sums.plus(board);
+        sums.into_stats(stats);
+        control_read = false;
+        let keep = |list: &mut Vec<String>, why: String| {
+            if list.len() < 8 && !list.contains(&why) {
+                list.push(why);
+            }
+        };
+        match board.stage() {
+            stage::STARTING => {
+                return Ok(Some(board.refused().unwrap_or_else(|| {
+                    if started.elapsed() > opts.start_limit {
+                        format!(
+                            "the program did not read descriptor {} within {:?}",
+                            opts.input_fd, opts.start_limit
+                        )
+                    } else {
+                        format!(
+                            "the program ended ({status}) before its first read of descriptor {}",
+                            opts.input_fd
+                        )
+                    }
+                })));
+            }
+            stage::GONE => return Ok(None),
+            stage::RUNNING => {
+                // Ended during a run: its status is afl-fuzz's answer,
+                // told once the next program stands at its point.
+                sums.runs += 1;
+                if status.signal().is_some_and(|sig| sig != libc::SIGKILL) {
+                    sums.killed += 1;
+                }
+                sums.into_stats(stats);
+                pending.push(status.into_raw() as u32);
+            }
+            stage::OWES_PID => {
+                // A reset failed after the control word was read: the
+                // next program tells its pid without reading one.
+                control_read = true;
+                stats.failed_resets += 1;
+                let why = board
+                    .ended()
+                    .unwrap_or_else(|| format!("the program ended during a reset ({status})"));
+                keep(&mut stats.failed_reasons, why);
+                if stats.failed_resets == 1 {
+                    on_stats(stats);
+                }
+            }
+            _ => {
+                // What a reset inside could not put back: the program
+                // is started again, as after a reset that failed.
+                stats.failed_resets += 1;
+                let why = board
+                    .ended()
+                    .unwrap_or_else(|| format!("the program ended between runs ({status})"));
+                keep(&mut stats.failed_reasons, why);
+                if stats.failed_resets == 1 {
+                    on_stats(stats);
+                }
+            }
+        }
     }
 }

@@ -49,6 +49,7 @@
 pub mod afl;
 pub mod fds;
 pub mod group;
+pub mod inside;
 mod memory;
 pub mod session;
 mod store;

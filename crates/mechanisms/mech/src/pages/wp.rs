@@ -214,6 +214,13 @@ impl UffdWp {
         Ok(())
     }
 
+    /// The userfaultfd and the pagemap file, for a caller that makes its
+    /// own `UFFDIO_WRITEPROTECT` and `PAGEMAP_SCAN` calls (a reset inside
+    /// the program, from a signal handler, with buffers of its own).
+    pub fn descriptors(&self) -> (std::os::fd::BorrowedFd<'_>, std::os::fd::BorrowedFd<'_>) {
+        (self.uffd.as_fd(), self.pagemap.as_fd())
+    }
+
     /// A second descriptor of the same userfaultfd, for a thread serving it.
     pub(crate) fn try_clone_fd(&self) -> Result<OwnedFd> {
         self.uffd

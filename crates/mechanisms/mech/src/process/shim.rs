@@ -36,8 +36,9 @@ use std::process::{Child, Command};
 /// (see the module). 3: the first contract carried by both hellos and the
 /// environment; 4: the pre-zeroing report; 5: pre-zeroing kept across the
 /// program's `exec` (the request's owner); 6: far memory's userfaultfds
-/// made by the host's server (`inject::uffd_lending`, magic `PGWU`).
-pub const CONTRACT: u32 = 6;
+/// made by the host's server (`inject::uffd_lending`, magic `PGWU`); 7:
+/// resets made inside the program ([`env::RESET`]).
+pub const CONTRACT: u32 = 7;
 
 /// The package version of this build, said beside the contract.
 pub const BUILD: &str = env!("CARGO_PKG_VERSION");
@@ -104,6 +105,15 @@ pub mod env {
     /// without a report (the socket closed at the `exec`), and its
     /// children (other processes) are not.
     pub const PREZERO: &str = "PAGEWISE_PREZERO";
+    /// Set by `pagewise::snap::process::afl::serve` (`pagewise snapshot
+    /// afl`), read and removed by the shim at start-up: resets made inside
+    /// the program (`pagewise::snap::process::inside`), as
+    /// `INPUT,CONTROL,STATUS,BOARD,READ`: the descriptor the program reads
+    /// its input from, AFL++'s control and status pipes and the shared
+    /// board (decimal numbers of descriptors passed to the shim), and `1`
+    /// when the control word of the next run was read already (by the
+    /// program before this one), else `0`.
+    pub const RESET: &str = "PAGEWISE_RESET";
 }
 
 /// The name of the preload shim's file.
@@ -210,11 +220,12 @@ pub trait Request: Sized {
 
 /// The variables whose presence asks something of the shim: one per
 /// [`Request`] (the contract is checked whenever one is set).
-pub const REQUEST_KEYS: [&str; 4] = [
+pub const REQUEST_KEYS: [&str; 5] = [
     env::TRACK_FD,
     env::ADVISE_FD,
     env::FARMEM_INSTANCE,
     env::PREZERO,
+    env::RESET,
 ];
 
 /// Sets the environment of `c` that asks for `r`, with the contract.
