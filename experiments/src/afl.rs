@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 
 /// The target's source, built three ways.
 const TARGET_C: &str = include_str!("../../examples/afl/target.c");
+const FLOOR_C: &str = include_str!("../c/afl_floor.c");
 
 /// The experiment's sizes.
 #[derive(Debug, Clone, Serialize)]
@@ -67,7 +68,7 @@ impl Config {
 /// One `afl-fuzz` run.
 #[derive(Debug, Clone, Serialize)]
 pub struct Run {
-    /// `fork server`, `persistent` or `pagewise reset`.
+    /// `fork server`, `persistent`, `pagewise outside` or `pagewise inside`.
     pub mode: String,
     /// Which repeat.
     pub repeat: usize,
@@ -106,6 +107,24 @@ pub struct ModeRow {
     pub x_persistent: f64,
 }
 
+/// The kernel's costs that bound a reset made inside the program
+/// (`experiments/c/afl_floor.c`), measured in the same run, at its start
+/// and its end; and the executions a second they leave at most.
+#[derive(Debug, Clone, Serialize)]
+pub struct Floor {
+    /// Each measurement, as the program printed it.
+    pub samples: Vec<serde_json::Value>,
+    /// Per execution, microseconds (the lower of the samples' sums): the
+    /// walk of the state, the pages protected again, the program's faults
+    /// on them, the pages copied back and two trapped calls.
+    pub reset_floor_us: f64,
+    /// Persistent mode's time per execution plus `reset_floor_us`, as
+    /// executions a second: the most a reset inside the program can make.
+    pub inside_max_execs_per_sec: f64,
+    /// That, over persistent mode's executions a second.
+    pub inside_max_x_persistent: f64,
+}
+
 /// Everything one run measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
@@ -117,13 +136,45 @@ pub struct Report {
     pub modes: Vec<ModeRow>,
     /// Every run.
     pub runs: Vec<Run>,
+    /// The floor of a reset inside the program, where it was measured.
+    pub floor: Option<Floor>,
 }
 
-/// The three modes: name, `afl-cc` flags, whether pagewise serves it.
-const MODES: [(&str, &str, bool); 3] = [
-    ("fork server", "-DDEFERRED", false),
-    ("persistent", "-DPERSISTENT", false),
-    ("pagewise reset", "", true),
+/// Builds and runs `afl_floor.c` for the configuration: its JSON line.
+fn measure_floor(cfg: &Config, dir: &Path) -> Result<serde_json::Value> {
+    let src = dir.join("afl_floor.c");
+    let bin = dir.join("afl_floor");
+    if !bin.exists() {
+        std::fs::write(&src, FLOOR_C)?;
+        let st = Command::new("cc")
+            .args(["-O2", "-o"])
+            .arg(&bin)
+            .arg(&src)
+            .status()
+            .context("running cc")?;
+        anyhow::ensure!(st.success(), "cc failed on afl_floor.c: {st}");
+    }
+    let out = Command::new(&bin)
+        .args([cfg.mib.to_string(), cfg.k.to_string()])
+        .output()
+        .context("running afl_floor")?;
+    anyhow::ensure!(
+        out.status.success(),
+        "afl_floor failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(serde_json::from_slice(&out.stdout)?)
+}
+
+/// The modes: name, `afl-cc` flags, and the options of `pagewise
+/// snapshot afl` where pagewise serves it (the reset from outside, with
+/// ptrace, and the reset inside the program, by the preload shim).
+const MODES: [(&str, &str, Option<&[&str]>); 4] = [
+    ("fork server", "-DDEFERRED", None),
+    ("persistent", "-DPERSISTENT", None),
+    ("pagewise outside", "", Some(&["--outside"])),
+    ("pagewise inside", "", Some(&[])),
 ];
 
 /// `tool`, refused with how to install it where it is not on `PATH`.
@@ -181,7 +232,7 @@ fn fuzz(
     dir: &Path,
     mode: &str,
     cmd: &[PathBuf],
-    pagewise: bool,
+    pagewise: Option<&[&str]>,
     repeat: usize,
 ) -> Result<Run> {
     let afl = need("afl-fuzz")?;
@@ -196,9 +247,11 @@ fn fuzz(
         &cfg.seconds.to_string(),
         "--",
     ]);
-    if pagewise {
+    if let Some(options) = pagewise {
         c.arg(crate::pagewise_tool()?)
-            .args(["snapshot", "afl", "--stats"])
+            .args(["snapshot", "afl"])
+            .args(options)
+            .arg("--stats")
             .arg(&served)
             .arg("--");
     }
@@ -210,7 +263,7 @@ fn fuzz(
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);
-    if pagewise {
+    if pagewise.is_some() {
         // afl-fuzz looks for AFL++'s marks in the program it runs, which
         // is pagewise here.
         c.env("AFL_SKIP_BIN_CHECK", "1");
@@ -231,7 +284,7 @@ fn fuzz(
         );
     }
     let s = stats(&out.join("default/fuzzer_stats"))?;
-    let served = if pagewise {
+    let served = if pagewise.is_some() {
         let text = std::fs::read_to_string(&served).context("reading pagewise's --stats")?;
         Some(serde_json::from_str(&text)?)
     } else {
@@ -273,13 +326,18 @@ fn run_in(cfg: &Config, cc: &Path, dir: &Path, progress: &mut dyn FnMut(&str)) -
     std::fs::write(dir.join("in/hello"), b"hello")?;
     std::fs::write(dir.join("in/bytes"), [0u8, 1, 2, 3, 250, 251, 252, 253])?;
     progress("building the target three ways with afl-cc");
+    let mut by_flags: Vec<(&str, PathBuf)> = Vec::new();
     let mut built = Vec::new();
     for (i, (mode, flags, pagewise)) in MODES.iter().enumerate() {
-        built.push((
-            *mode,
-            build(&dir, &cc, flags, &format!("target{i}"))?,
-            *pagewise,
-        ));
+        let bin = match by_flags.iter().find(|(f, _)| f == flags) {
+            Some((_, b)) => b.clone(),
+            None => {
+                let b = build(&dir, &cc, flags, &format!("target{i}"))?;
+                by_flags.push((flags, b.clone()));
+                b
+            }
+        };
+        built.push((*mode, bin, *pagewise));
     }
     // afl-fuzz's first line names its version ("afl-fuzz++4.04c based on…").
     let version = Command::new(need("afl-fuzz")?)
@@ -298,6 +356,8 @@ fn run_in(cfg: &Config, cc: &Path, dir: &Path, progress: &mut dyn FnMut(&str)) -
                 .unwrap_or_default()
         })
         .unwrap_or_default();
+    progress("measuring the floor of a reset inside the program");
+    let mut samples = vec![measure_floor(cfg, &dir)?];
     let mut runs = Vec::new();
     let t0 = Instant::now();
     for repeat in 0..cfg.repeats {
@@ -327,7 +387,22 @@ fn run_in(cfg: &Config, cc: &Path, dir: &Path, progress: &mut dyn FnMut(&str)) -
             .collect();
         Spread::of(v).median
     };
+    samples.push(measure_floor(cfg, &dir)?);
     let (fork, persistent) = (median_of("fork server"), median_of("persistent"));
+    let reset_floor_us = samples
+        .iter()
+        .map(|v| {
+            let f = |k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+            f("walk_us") + f("protect_us") + f("fault_us") + f("copy_us") + 2.0 * f("trap_us")
+        })
+        .fold(f64::INFINITY, f64::min);
+    let max = 1e6 / (1e6 / persistent + reset_floor_us);
+    let floor = Some(Floor {
+        samples,
+        reset_floor_us,
+        inside_max_execs_per_sec: max,
+        inside_max_x_persistent: max / persistent,
+    });
     let modes = MODES
         .iter()
         .map(|(mode, _, _)| {
@@ -350,6 +425,7 @@ fn run_in(cfg: &Config, cc: &Path, dir: &Path, progress: &mut dyn FnMut(&str)) -
         afl_version: version,
         modes,
         runs,
+        floor,
     })
 }
 
@@ -365,13 +441,13 @@ impl Report {
         );
         let _ = writeln!(
             s,
-            "{:<15} {:>10} {:>21} {:>10} {:>8} {:>8} {:>6}",
+            "{:<17} {:>10} {:>21} {:>10} {:>8} {:>8} {:>6}",
             "mode", "execs/s", "[min..max]", "stability", "x fork", "x pers.", "paths"
         );
         for m in &self.modes {
             let _ = writeln!(
                 s,
-                "{:<15} {:>10.0} {:>21} {:>9.1}% {:>8.2} {:>8.2} {:>6.0}",
+                "{:<17} {:>10.0} {:>21} {:>9.1}% {:>8.2} {:>8.2} {:>6.0}",
                 m.mode,
                 m.execs_per_sec.median,
                 format!("[{:.0}..{:.0}]", m.execs_per_sec.min, m.execs_per_sec.max),
@@ -381,14 +457,28 @@ impl Report {
                 m.corpus_count.median
             );
         }
+        if let Some(f) = &self.floor {
+            let _ = writeln!(
+                s,
+                "floor of a reset inside the program: {:.1} µs an execution (walk, protect, faults, copy, 2 traps: {}), so at most {:.0} execs/s = {:.2}x persistent mode",
+                f.reset_floor_us,
+                f.samples.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(" then "),
+                f.inside_max_execs_per_sec,
+                f.inside_max_x_persistent
+            );
+        }
         for r in self.runs.iter().filter(|r| r.served.is_some()) {
             let v = r.served.as_ref().expect("filtered");
             let _ = writeln!(
                 s,
-                "pagewise run {}: {} resets, {} whole-path, reset {:.1} µs (check {:.1} walk {:.1} copy {:.1}), program {:.1} µs",
+                "{} run {}: {} runs, {} reset inside, {} whole-path, {} failed, {:.1} pages, reset {:.1} µs (check {:.1} walk {:.1} copy {:.1}), program {:.1} µs",
+                r.mode,
                 r.repeat,
                 v["runs"],
+                v["inside_resets"],
                 v["full_resets"],
+                v["failed_resets"],
+                v["pages_dirty"].as_f64().unwrap_or(f64::NAN),
                 v["reset_us"].as_f64().unwrap_or(f64::NAN),
                 v["reset_phases"]["check_us"].as_f64().unwrap_or(f64::NAN),
                 v["reset_phases"]["walk_us"].as_f64().unwrap_or(f64::NAN),
