@@ -744,3 +744,42 @@ fn a_real_parser_built_with_afl_cc_is_served_by_resets_that_move_its_heap() {
         s["full_resets"]
     );
 }
+
+#[test]
+fn a_program_with_threads_at_its_first_read_is_reset_from_outside_and_says_why() {
+    if let Some(why) = no_sessions() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    let target = c_program("afl_early_thread");
+    let dir = temp_dir("afl-early-thread");
+    std::fs::create_dir_all(&dir).unwrap();
+    let stats = dir.join("stats.json");
+    let mut afl = start_server(&target, &[], &stats, &dir);
+    assert_eq!(afl.word(), 0);
+    let all = shadow_inputs(20, 3);
+    let mut pids = std::collections::BTreeSet::new();
+    for (i, input) in all.iter().enumerate() {
+        let pid = afl.start(input);
+        assert_eq!(
+            afl.word(),
+            native(&target, &[], input),
+            "input {i}: through the fork server and without pagewise"
+        );
+        pids.insert(pid);
+    }
+    let (s, err) = afl.end(&stats, &dir);
+    let refused = s["inside_refused"].as_str().unwrap_or_default();
+    assert!(
+        refused.contains("2 threads"),
+        "the reason names the threads: {s}"
+    );
+    assert_eq!(s["inside_resets"], 0, "{s}");
+    assert_eq!(pids.len(), 1, "reset from outside, one process: {pids:?}");
+    // One start refused inside, one reset from outside.
+    assert_eq!(s["starts"], 2, "{s}");
+    assert!(
+        err.contains("not reset from inside") && err.contains("threads"),
+        "the summary says why:\n{err}"
+    );
+}
