@@ -783,3 +783,44 @@ fn a_program_with_threads_at_its_first_read_is_reset_from_outside_and_says_why()
         "the summary says why:\n{err}"
     );
 }
+
+#[test]
+fn a_program_killed_between_runs_is_started_again_and_no_reset_failed() {
+    if let Some(why) = no_sessions() {
+        pagewise_testkit::skip!("{why}");
+        return;
+    }
+    let target = c_program("afl_shadow");
+    let dir = temp_dir("afl-killed-between");
+    std::fs::create_dir_all(&dir).unwrap();
+    let stats = dir.join("stats.json");
+    let mut afl = start_server(&target, &[], &stats, &dir);
+    assert_eq!(afl.word(), 0);
+    let all = shadow_inputs(4, 5);
+    let first = afl.start(&all[0]);
+    assert_eq!(afl.word(), native(&target, &[], &all[0]));
+    // As afl-fuzz does as it ends: the pid it was told, killed while the
+    // program waits for the next input.
+    pagewise_sys::process::kill(first, libc::SIGKILL).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while Path::new(&format!("/proc/{first}/status"))
+        .exists()
+        .then(|| std::fs::read_to_string(format!("/proc/{first}/status")).unwrap_or_default())
+        .is_some_and(|s| !s.contains("State:\tZ"))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "process {first} did not end within 10 s of SIGKILL"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    for input in &all[1..] {
+        let pid = afl.start(input);
+        assert_ne!(pid, first, "a fresh program runs the next input");
+        assert_eq!(afl.word(), native(&target, &[], input));
+    }
+    let (s, err) = afl.end(&stats, &dir);
+    assert_eq!(s["failed_resets"], 0, "no reset failed: {s}");
+    assert_eq!(s["starts"], 2, "{s}");
+    assert!(!err.contains("warning"), "{err}");
+}

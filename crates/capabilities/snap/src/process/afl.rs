@@ -521,6 +521,10 @@ fn serve_inside(
                     on_stats(stats);
                 }
             }
+            // Killed from outside between runs (afl-fuzz kills the pid
+            // it was told as it ends, before it ends pagewise): started
+            // again, no reset failed.
+            _ if board.ended().is_none() && status.signal().is_some() => {}
             _ => {
                 // What a reset inside could not put back: the program
                 // is started again, as after a reset that failed.
