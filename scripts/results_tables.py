@@ -1179,7 +1179,43 @@ def goals_afl(r):
     return md(["goal", "measured", "met"], rows)
 
 
+def afl_parsers(r):
+    rows = []
+    for p in r.get("parsers", []):
+        for m in p["modes"]:
+            rows.append([p["name"], m["mode"], _spread(m["execs_per_sec"], lambda v: fix(v, 0)),
+                         f"{m['x_fork']:.2f}", f"{m['x_persistent']:.2f}",
+                         _spread(m["stability_pct"], lambda v: f"{v:.1f}") + " %",
+                         _spread(m["edges_found"], lambda v: f"{v:.0f}")])
+    c = r["config"]
+    text = md(["parser", "mode", "executions a second", "x fork server", "x persistent", "stability",
+               "edges found"], rows)
+    text += (f"\n\nEach parser's own libFuzzer target from its Debian source, built with `afl-cc` the "
+             f"three ways by `experiments/c/afl_libfuzzer_main.c`; {c['repeats']} runs of "
+             f"`afl-fuzz -V {c['seconds']}` per mode, interleaved with the example target's.")
+    return text
+
+
+def goals_afl_parsers(r):
+    rows = []
+    for p in r.get("parsers", []):
+        at = {m["mode"]: m for m in p["modes"]}
+        i, f = at["pagewise inside"], at["fork server"]
+        st, sf = i["stability_pct"]["min"], f["stability_pct"]["min"]
+        rows += [
+            [f"{p['name']}: ≥ 0.8× persistent mode's", f"{i['x_persistent']:.2f}×",
+             yes_no(i["x_persistent"] >= 0.8, f"{0.8 / i['x_persistent']:.1f}× short")],
+            [f"{p['name']}: ≥ 5× the fork server's", f"{i['x_fork']:.2f}×",
+             yes_no(i["x_fork"] >= 5, f"{5 / i['x_fork']:.1f}× short")],
+            [f"{p['name']}: stability no lower than the fork server's",
+             f"{st:.1f} % (lowest run) against {sf:.1f} %", yes_no(st >= sf, f"{sf - st:.1f} points lower")],
+        ]
+    return md(["goal", "measured", "met"], rows)
+
+
 TABLES = {
+    "afl-parsers": afl_parsers,
+    "goals-afl-parsers": goals_afl_parsers,
     "dedup": dedup_table,
     "dedup-advisor": dedup_advisor,
     "track-write": track_write,

@@ -70,10 +70,12 @@ if ((${#need[@]})); then
 fi
 # Real fuzz targets from Debian's source packages, unpacked once per
 # machine outside the clone: cJSON, fuzzed through resets built with
-# afl-cc (tests/afl_harness.rs). A deb-src entry of the machine's own
-# release is added where none is.
+# afl-cc (tests/afl_harness.rs), and cJSON and expat, fuzzed by the AFL++
+# benchmark (experiments/src/afl.rs). A deb-src entry of the machine's
+# own release is added where none is.
 SRC_CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/pagewise/src"
-if [ ! -f "$SRC_CACHE/cjson/cJSON.c" ] && [ "$(id -u)" -eq 0 ]; then
+if { [ ! -f "$SRC_CACHE/cjson/cJSON.c" ] || [ ! -f "$SRC_CACHE/expat/expat/lib/xmlparse.c" ]; } \
+    && [ "$(id -u)" -eq 0 ]; then
     if ! grep -rqsE '^(Types:.*deb-src|deb-src )' /etc/apt/sources.list /etc/apt/sources.list.d/; then
         codename=$(. /etc/os-release && echo "$VERSION_CODENAME")
         cat >/etc/apt/sources.list.d/pagewise-deb-src.sources <<SRC
@@ -86,12 +88,14 @@ Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 SRC
         apt-get update -qq
     fi
-    unpack=$(mktemp -d)
-    (cd "$unpack" && apt-get source -qq cjson >/dev/null 2>&1)
     mkdir -p "$SRC_CACHE"
-    rm -rf "$SRC_CACHE/cjson"
-    mv "$unpack"/cjson-*/ "$SRC_CACHE/cjson"
-    rm -rf "$unpack"
+    for package in cjson expat; do
+        unpack=$(mktemp -d)
+        (cd "$unpack" && apt-get source -qq "$package" >/dev/null 2>&1)
+        rm -rf "${SRC_CACHE:?}/$package"
+        mv "$unpack/$package"-*/ "$SRC_CACHE/$package"
+        rm -rf "$unpack"
+    done
 fi
 # CRIU 4.2, built once per machine outside the clone from the source the
 # project is given (../shared/thirdparty; Debian's criu 3.17 does not run

@@ -29,6 +29,8 @@ use std::time::{Duration, Instant};
 /// The target's source, built three ways.
 const TARGET_C: &str = include_str!("../../examples/afl/target.c");
 const FLOOR_C: &str = include_str!("../c/afl_floor.c");
+const LIBFUZZER_MAIN_C: &str = include_str!("../c/afl_libfuzzer_main.c");
+const EXPAT_CONFIG_H: &str = include_str!("../c/expat_config.h");
 
 /// The experiment's sizes.
 #[derive(Debug, Clone, Serialize)]
@@ -41,6 +43,9 @@ pub struct Config {
     pub seconds: u64,
     /// Runs per mode.
     pub repeats: usize,
+    /// Real parsers fuzzed too, each the four ways, from their Debian
+    /// source ([`PARSERS`]).
+    pub parsers: Vec<String>,
 }
 
 impl Config {
@@ -51,6 +56,7 @@ impl Config {
             k: 16,
             seconds: 4,
             repeats: 1,
+            parsers: vec!["cjson".into(), "expat".into()],
         }
     }
 
@@ -61,13 +67,109 @@ impl Config {
             k: 16,
             seconds: 30,
             repeats: 5,
+            parsers: vec!["cjson".into(), "expat".into()],
         }
     }
+}
+
+/// A real parser: its Debian source package, its sources (relative to
+/// the unpacked package) with its libFuzzer target, and seeds.
+struct Parser {
+    name: &'static str,
+    sources: &'static [&'static str],
+    /// Directories of the package searched for headers.
+    includes: &'static [&'static str],
+    /// Further compiler flags.
+    flags: &'static str,
+    seeds: &'static [&'static [u8]],
+}
+
+/// The real parsers the benchmark knows.
+const PARSERS: &[Parser] = &[
+    Parser {
+        name: "cjson",
+        sources: &["cJSON.c", "fuzzing/cjson_read_fuzzer.c"],
+        includes: &["."],
+        flags: "",
+        // Its target reads four option bytes, then a document ended by NUL.
+        seeds: &[
+            b"1111{\"a\":[1,2,{\"b\":\"c\"}],\"d\":-1.5e3}\0",
+            b"0000[true,false,null,\"x\\u0041\"]\0",
+            b"0101{\"k\":{\"k\":{\"k\":[]}}}\0",
+        ],
+    },
+    Parser {
+        name: "expat",
+        sources: &[
+            "expat/lib/xmlparse.c",
+            "expat/lib/xmlrole.c",
+            "expat/lib/xmltok.c",
+            "expat/fuzz/xml_parse_fuzzer.c",
+        ],
+        includes: &["expat/lib"],
+        // Its configuration (`expat_config.h`, written beside the build)
+        // and the encoding its target is built for.
+        flags: "-DENCODING_FOR_FUZZING=UTF-8",
+        seeds: &[
+            b"<?xml version=\"1.0\"?><a b=\"c\"><d>text &amp; more</d><!-- x --></a>",
+            b"<!DOCTYPE r [<!ENTITY e \"v\">]><r xmlns:p=\"u\"><p:x>&e;</p:x><![CDATA[y]]></r>",
+            b"<l><i n=\"1\"/><i n=\"2\"/><i n=\"3\">&#65;</i></l>",
+        ],
+    },
+];
+
+/// Where `scripts/setup.sh` unpacks Debian's source of `package`.
+fn debian_source(package: &str) -> PathBuf {
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache")
+        });
+    cache.join("pagewise/src").join(package)
+}
+
+/// Builds parser `p`'s libFuzzer target with `flags` into `out`.
+fn build_parser(dir: &Path, cc: &Path, p: &Parser, flags: &str, out: &Path) -> Result<()> {
+    let src = debian_source(p.name);
+    let main = dir.join("libfuzzer_main.c");
+    if !main.exists() {
+        std::fs::write(&main, LIBFUZZER_MAIN_C)?;
+        std::fs::write(dir.join("expat_config.h"), EXPAT_CONFIG_H)?;
+    }
+    let st = Command::new(cc)
+        .args(["-O2", "-o"])
+        .arg(out)
+        .args(flags.split_whitespace())
+        .args(p.flags.split_whitespace())
+        .arg("-I")
+        .arg(dir)
+        .args(p.includes.iter().flat_map(|i| ["-I".into(), src.join(i)]))
+        .arg(&main)
+        .args(p.sources.iter().map(|f| src.join(f)))
+        .env("AFL_QUIET", "1")
+        .stdout(Stdio::null())
+        .status()
+        .with_context(|| format!("running {}", cc.display()))?;
+    if !st.success() {
+        bail!("{} {flags} failed on {}: {st}", cc.display(), p.name);
+    }
+    Ok(())
+}
+
+/// One real parser over its runs.
+#[derive(Debug, Clone, Serialize)]
+pub struct ParserReport {
+    /// Its Debian source package.
+    pub name: String,
+    /// Each mode.
+    pub modes: Vec<ModeRow>,
 }
 
 /// One `afl-fuzz` run.
 #[derive(Debug, Clone, Serialize)]
 pub struct Run {
+    /// `example` (`examples/afl/target.c`) or a real parser's name.
+    pub target: String,
     /// `fork server`, `persistent`, `pagewise outside` or `pagewise inside`.
     pub mode: String,
     /// Which repeat.
@@ -101,6 +203,8 @@ pub struct ModeRow {
     pub stability_pct: Spread,
     /// Paths found (corpus size at the end).
     pub corpus_count: Spread,
+    /// Edges found (`edges_found`).
+    pub edges_found: Spread,
     /// Median executions a second over the fork server's.
     pub x_fork: f64,
     /// Median executions a second over persistent mode's.
@@ -138,6 +242,8 @@ pub struct Report {
     pub runs: Vec<Run>,
     /// The floor of a reset inside the program, where it was measured.
     pub floor: Option<Floor>,
+    /// The real parsers, each the four ways.
+    pub parsers: Vec<ParserReport>,
 }
 
 /// Builds and runs `afl_floor.c` for the configuration: its JSON line.
@@ -227,26 +333,30 @@ fn field<T: std::str::FromStr>(all: &[(String, String)], key: &str) -> Result<T>
 }
 
 /// One `afl-fuzz` run of `cmd` for `cfg.seconds`.
+#[allow(clippy::too_many_arguments)]
 fn fuzz(
     cfg: &Config,
     dir: &Path,
+    target: &str,
     mode: &str,
     cmd: &[PathBuf],
+    args: &[String],
     pagewise: Option<&[&str]>,
     repeat: usize,
 ) -> Result<Run> {
     let afl = need("afl-fuzz")?;
-    let out = dir.join(format!("out-{}-{repeat}", mode.replace(' ', "-")));
+    let tag = format!("{target}-{}-{repeat}", mode.replace(' ', "-"));
+    let out = dir.join(format!("out-{tag}"));
     let _ = std::fs::remove_dir_all(&out);
-    let log = std::fs::File::create(dir.join(format!("{}-{repeat}.log", mode.replace(' ', "-"))))?;
+    let log = std::fs::File::create(dir.join(format!("{tag}.log")))?;
     let served = dir.join("served.json");
     let _ = std::fs::remove_file(&served);
     let mut c = Command::new(afl);
-    c.arg("-i").arg(dir.join("in")).arg("-o").arg(&out).args([
-        "-V",
-        &cfg.seconds.to_string(),
-        "--",
-    ]);
+    c.arg("-i")
+        .arg(dir.join(format!("in-{target}")))
+        .arg("-o")
+        .arg(&out)
+        .args(["-V", &cfg.seconds.to_string(), "--"]);
     if let Some(options) = pagewise {
         c.arg(crate::pagewise_tool()?)
             .args(["snapshot", "afl"])
@@ -256,7 +366,7 @@ fn fuzz(
             .arg("--");
     }
     c.args(cmd)
-        .args([cfg.mib.to_string(), cfg.k.to_string()])
+        .args(args)
         .env("AFL_NO_UI", "1")
         .env("AFL_SKIP_CPUFREQ", "1")
         .env("AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES", "1")
@@ -278,9 +388,8 @@ fn fuzz(
     };
     if !st.success() {
         bail!(
-            "afl-fuzz ({mode}) failed ({st}): see {}",
-            dir.join(format!("{}-{repeat}.log", mode.replace(' ', "-")))
-                .display()
+            "afl-fuzz ({target}, {mode}) failed ({st}): see {}",
+            dir.join(format!("{tag}.log")).display()
         );
     }
     let s = stats(&out.join("default/fuzzer_stats"))?;
@@ -291,6 +400,7 @@ fn fuzz(
         None
     };
     Ok(Run {
+        target: target.to_string(),
         mode: mode.to_string(),
         repeat,
         execs_per_sec: field(&s, "execs_per_sec")?,
@@ -314,7 +424,7 @@ pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
     need("afl-fuzz")?;
     let dir = std::env::temp_dir().join(format!("pagewise-bench-afl-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(dir.join("in"))?;
+    std::fs::create_dir_all(dir.join("in-example"))?;
     let r = run_in(cfg, &cc, &dir, progress);
     let _ = std::fs::remove_dir_all(&dir);
     r
@@ -323,8 +433,11 @@ pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
 fn run_in(cfg: &Config, cc: &Path, dir: &Path, progress: &mut dyn FnMut(&str)) -> Result<Report> {
     let (cc, dir) = (cc.to_path_buf(), dir.to_path_buf());
     std::fs::write(dir.join("target.c"), TARGET_C)?;
-    std::fs::write(dir.join("in/hello"), b"hello")?;
-    std::fs::write(dir.join("in/bytes"), [0u8, 1, 2, 3, 250, 251, 252, 253])?;
+    std::fs::write(dir.join("in-example/hello"), b"hello")?;
+    std::fs::write(
+        dir.join("in-example/bytes"),
+        [0u8, 1, 2, 3, 250, 251, 252, 253],
+    )?;
     progress("building the target three ways with afl-cc");
     let mut by_flags: Vec<(&str, PathBuf)> = Vec::new();
     let mut built = Vec::new();
@@ -338,6 +451,35 @@ fn run_in(cfg: &Config, cc: &Path, dir: &Path, progress: &mut dyn FnMut(&str)) -
             }
         };
         built.push((*mode, bin, *pagewise));
+    }
+    // Each parser the four ways: (parser, [(mode, binary, options)]).
+    let mut parsers = Vec::new();
+    for name in &cfg.parsers {
+        let p = PARSERS
+            .iter()
+            .find(|p| p.name == name)
+            .with_context(|| format!("no parser {name} (known: cjson, expat)"))?;
+        anyhow::ensure!(
+            debian_source(p.name).join(p.sources[0]).exists(),
+            "{}'s Debian source is not at {} (scripts/setup.sh unpacks it)",
+            p.name,
+            debian_source(p.name).display()
+        );
+        progress(&format!("building {} three ways with afl-cc", p.name));
+        let seeds = dir.join(format!("in-{}", p.name));
+        std::fs::create_dir_all(&seeds)?;
+        for (i, seed) in p.seeds.iter().enumerate() {
+            std::fs::write(seeds.join(format!("seed{i}")), seed)?;
+        }
+        let mut bins: Vec<(&str, PathBuf, Option<&[&str]>)> = Vec::new();
+        for (mode, flags, pagewise) in MODES.iter() {
+            let out = dir.join(format!("{}-{}", p.name, flags.trim_start_matches("-D")));
+            if !out.exists() {
+                build_parser(&dir, &cc, p, flags, &out)?;
+            }
+            bins.push((*mode, out, *pagewise));
+        }
+        parsers.push((p.name, bins));
     }
     // afl-fuzz's first line names its version ("afl-fuzz++4.04c based on…").
     let version = Command::new(need("afl-fuzz")?)
@@ -360,35 +502,42 @@ fn run_in(cfg: &Config, cc: &Path, dir: &Path, progress: &mut dyn FnMut(&str)) -
     let mut samples = vec![measure_floor(cfg, &dir)?];
     let mut runs = Vec::new();
     let t0 = Instant::now();
+    let example_args = [cfg.mib.to_string(), cfg.k.to_string()];
     for repeat in 0..cfg.repeats {
-        for (mode, bin, pagewise) in &built {
-            progress(&format!(
-                "{mode}, run {} of {} ({} s each; {:.0} s so far)",
-                repeat + 1,
-                cfg.repeats,
-                cfg.seconds,
-                t0.elapsed().as_secs_f64()
-            ));
-            runs.push(fuzz(
-                cfg,
-                &dir,
-                mode,
-                std::slice::from_ref(bin),
-                *pagewise,
-                repeat,
-            )?);
+        let all = std::iter::once(("example", &built, &example_args[..]))
+            .chain(parsers.iter().map(|(n, b)| (*n, b, &[][..])));
+        for (target, bins, args) in all {
+            for (mode, bin, pagewise) in bins.iter() {
+                progress(&format!(
+                    "{target}, {mode}, run {} of {} ({} s each; {:.0} s so far)",
+                    repeat + 1,
+                    cfg.repeats,
+                    cfg.seconds,
+                    t0.elapsed().as_secs_f64()
+                ));
+                runs.push(fuzz(
+                    cfg,
+                    &dir,
+                    target,
+                    mode,
+                    std::slice::from_ref(bin),
+                    args,
+                    *pagewise,
+                    repeat,
+                )?);
+            }
         }
     }
     let median_of = |mode: &str| {
         let v: Vec<f64> = runs
             .iter()
-            .filter(|r| r.mode == mode)
+            .filter(|r| r.mode == mode && r.target == "example")
             .map(|r| r.execs_per_sec)
             .collect();
         Spread::of(v).median
     };
     samples.push(measure_floor(cfg, &dir)?);
-    let (fork, persistent) = (median_of("fork server"), median_of("persistent"));
+    let persistent = median_of("persistent");
     let reset_floor_us = samples
         .iter()
         .map(|v| {
@@ -403,21 +552,12 @@ fn run_in(cfg: &Config, cc: &Path, dir: &Path, progress: &mut dyn FnMut(&str)) -
         inside_max_execs_per_sec: max,
         inside_max_x_persistent: max / persistent,
     });
-    let modes = MODES
+    let modes = mode_rows(&runs, "example");
+    let parsers = parsers
         .iter()
-        .map(|(mode, _, _)| {
-            let of = |f: &dyn Fn(&Run) -> f64| {
-                Spread::of(runs.iter().filter(|r| r.mode == *mode).map(f).collect())
-            };
-            let eps = of(&|r| r.execs_per_sec);
-            ModeRow {
-                mode: mode.to_string(),
-                x_fork: eps.median / fork,
-                x_persistent: eps.median / persistent,
-                execs_per_sec: eps,
-                stability_pct: of(&|r| r.stability_pct),
-                corpus_count: of(&|r| r.corpus_count as f64),
-            }
+        .map(|(name, _)| ParserReport {
+            name: name.to_string(),
+            modes: mode_rows(&runs, name),
         })
         .collect();
     Ok(Report {
@@ -426,7 +566,38 @@ fn run_in(cfg: &Config, cc: &Path, dir: &Path, progress: &mut dyn FnMut(&str)) -
         modes,
         runs,
         floor,
+        parsers,
     })
+}
+
+/// Each mode of `target` over its runs, against its own fork server and
+/// persistent mode.
+fn mode_rows(runs: &[Run], target: &str) -> Vec<ModeRow> {
+    let of_mode = |mode: &str, f: &dyn Fn(&Run) -> f64| {
+        Spread::of(
+            runs.iter()
+                .filter(|r| r.mode == mode && r.target == target)
+                .map(f)
+                .collect(),
+        )
+    };
+    let fork = of_mode("fork server", &|r| r.execs_per_sec).median;
+    let persistent = of_mode("persistent", &|r| r.execs_per_sec).median;
+    MODES
+        .iter()
+        .map(|(mode, _, _)| {
+            let eps = of_mode(mode, &|r| r.execs_per_sec);
+            ModeRow {
+                mode: mode.to_string(),
+                x_fork: eps.median / fork,
+                x_persistent: eps.median / persistent,
+                execs_per_sec: eps,
+                stability_pct: of_mode(mode, &|r| r.stability_pct),
+                corpus_count: of_mode(mode, &|r| r.corpus_count as f64),
+                edges_found: of_mode(mode, &|r| r.edges_found as f64),
+            }
+        })
+        .collect()
 }
 
 impl Report {
@@ -441,21 +612,31 @@ impl Report {
         );
         let _ = writeln!(
             s,
-            "{:<17} {:>10} {:>21} {:>10} {:>8} {:>8} {:>6}",
-            "mode", "execs/s", "[min..max]", "stability", "x fork", "x pers.", "paths"
+            "{:<17} {:>10} {:>21} {:>10} {:>8} {:>8} {:>6} {:>6}",
+            "mode", "execs/s", "[min..max]", "stability", "x fork", "x pers.", "paths", "edges"
         );
-        for m in &self.modes {
+        let row = |s: &mut String, m: &ModeRow| {
             let _ = writeln!(
                 s,
-                "{:<17} {:>10.0} {:>21} {:>9.1}% {:>8.2} {:>8.2} {:>6.0}",
+                "{:<17} {:>10.0} {:>21} {:>9.1}% {:>8.2} {:>8.2} {:>6.0} {:>6.0}",
                 m.mode,
                 m.execs_per_sec.median,
                 format!("[{:.0}..{:.0}]", m.execs_per_sec.min, m.execs_per_sec.max),
                 m.stability_pct.median,
                 m.x_fork,
                 m.x_persistent,
-                m.corpus_count.median
+                m.corpus_count.median,
+                m.edges_found.median
             );
+        };
+        for m in &self.modes {
+            row(&mut s, m);
+        }
+        for p in &self.parsers {
+            let _ = writeln!(s, "{} (Debian's source, its libFuzzer target):", p.name);
+            for m in &p.modes {
+                row(&mut s, m);
+            }
         }
         if let Some(f) = &self.floor {
             let _ = writeln!(
@@ -471,7 +652,8 @@ impl Report {
             let v = r.served.as_ref().expect("filtered");
             let _ = writeln!(
                 s,
-                "{} run {}: {} runs, {} reset inside, {} whole-path, {} failed, {:.1} pages, reset {:.1} µs (check {:.1} walk {:.1} copy {:.1}), program {:.1} µs",
+                "{} {} run {}: {} runs, {} reset inside, {} whole-path, {} failed, {:.1} pages, reset {:.1} µs (check {:.1} walk {:.1} copy {:.1}), program {:.1} µs",
+                r.target,
                 r.mode,
                 r.repeat,
                 v["runs"],
@@ -498,7 +680,7 @@ impl Report {
                 points: self
                     .runs
                     .iter()
-                    .filter(|r| r.mode == *mode)
+                    .filter(|r| r.mode == *mode && r.target == "example")
                     .map(|r| (r.repeat as f64 + 1.0, r.execs_per_sec))
                     .collect(),
             })

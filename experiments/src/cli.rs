@@ -72,16 +72,22 @@ enum What {
         #[command(flatten)]
         output: Output,
     },
-    /// AFL++ fuzzing one target (64 MiB of state, 16 pages written per
-    /// input) three ways: through pagewise's reset (`pagewise snapshot
-    /// afl`), through AFL++'s own fork server (deferred), and in AFL++'s
-    /// persistent mode: executions a second, stability and paths, from
-    /// afl-fuzz's own statistics. Needs afl++ (afl-cc, afl-fuzz). Short by
-    /// default.
+    /// AFL++ fuzzing an example target (64 MiB of state, 16 pages
+    /// written per input) and two real parsers from Debian's source
+    /// (cJSON, expat) four ways: through pagewise's reset inside the
+    /// program and from outside (`pagewise snapshot afl`, `--outside`),
+    /// through AFL++'s own fork server (deferred), and in AFL++'s
+    /// persistent mode: executions a second, stability, paths and edges,
+    /// from afl-fuzz's own statistics; with the floor of a reset inside
+    /// the program on this kernel. Needs afl++ (afl-cc, afl-fuzz) and the
+    /// sources scripts/setup.sh unpacks. Short by default.
     Afl {
-        /// The full experiment (five 30-second runs per mode).
+        /// The full experiment (five 30-second runs per mode and target).
         #[arg(long)]
         full: bool,
+        /// Seconds per run, instead of the experiment's (30 full, 4 short).
+        #[arg(long, value_name = "S")]
+        seconds: Option<u64>,
         #[command(flatten)]
         output: Output,
     },
@@ -271,13 +277,20 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
             let report = bz::run(&cfg, &mut progress(quiet))?;
             output.emit(&report, report.summary(), report.charts())
         }
-        What::Afl { full, output } => {
+        What::Afl {
+            full,
+            seconds,
+            output,
+        } => {
             use crate::afl as ba;
-            let cfg = if full {
+            let mut cfg = if full {
                 ba::Config::full()
             } else {
                 ba::Config::quick()
             };
+            if let Some(s) = seconds {
+                cfg.seconds = s;
+            }
             let report = ba::run(&cfg, &mut progress(quiet))?;
             output.emit(&report, report.summary(), report.charts())
         }
