@@ -1140,8 +1140,9 @@ def afl(r):
     text += (f"\n\nAFL++ {r['afl_version']}, {c['repeats']} runs of `afl-fuzz -V {c['seconds']}` per mode, "
              "interleaved: median (lowest–highest) of afl-fuzz's own `fuzzer_stats`. "
              f"The target: {c['mib']} MiB of state written at start-up, {c['k']} pages of it read and written per input.")
-    for mode in sorted({x["mode"] for x in r["runs"] if x.get("served")}):
-        served = [x["served"] for x in r["runs"] if x.get("served") and x["mode"] == mode]
+    example = [x for x in r["runs"] if x.get("served") and x.get("target", "example") == "example"]
+    for mode in sorted({x["mode"] for x in example}):
+        served = [x["served"] for x in example if x["mode"] == mode]
         med = lambda key, sub=None: sorted((s[key][sub] if sub else s[key]) for s in served)[len(served) // 2]
         full = sum(s["full_resets"] for s in served)
         failed = sum(s.get("failed_resets", 0) for s in served)
