@@ -346,6 +346,18 @@ impl Sums {
     }
 }
 
+/// Counts a reset that failed, with its reason (the first eight kept),
+/// and tells the first at once (for the warning).
+fn failed(stats: &mut ServeStats, why: String, on_stats: &mut dyn FnMut(&ServeStats)) {
+    stats.failed_resets += 1;
+    if stats.failed_reasons.len() < 8 && !stats.failed_reasons.contains(&why) {
+        stats.failed_reasons.push(why);
+    }
+    if stats.failed_resets == 1 {
+        on_stats(stats);
+    }
+}
+
 /// A board shared with one program: its memory file and mapping.
 struct SharedBoard {
     fd: std::os::fd::OwnedFd,
@@ -476,11 +488,6 @@ fn serve_inside(
         sums = sums.plus(board);
         sums.into_stats(stats);
         control_read = false;
-        let keep = |list: &mut Vec<String>, why: String| {
-            if list.len() < 8 && !list.contains(&why) {
-                list.push(why);
-            }
-        };
         match board.stage() {
             stage::STARTING => {
                 return Ok(Some(board.refused().unwrap_or_else(|| {
@@ -512,14 +519,10 @@ fn serve_inside(
                 // A reset failed after the control word was read: the
                 // next program tells its pid without reading one.
                 control_read = true;
-                stats.failed_resets += 1;
                 let why = board
                     .ended()
                     .unwrap_or_else(|| format!("the program ended during a reset ({status})"));
-                keep(&mut stats.failed_reasons, why);
-                if stats.failed_resets == 1 {
-                    on_stats(stats);
-                }
+                failed(stats, why, on_stats);
             }
             // Killed from outside between runs (afl-fuzz kills the pid
             // it was told as it ends, before it ends pagewise): started
@@ -528,14 +531,10 @@ fn serve_inside(
             _ => {
                 // What a reset inside could not put back: the program
                 // is started again, as after a reset that failed.
-                stats.failed_resets += 1;
                 let why = board
                     .ended()
                     .unwrap_or_else(|| format!("the program ended between runs ({status})"));
-                keep(&mut stats.failed_reasons, why);
-                if stats.failed_resets == 1 {
-                    on_stats(stats);
-                }
+                failed(stats, why, on_stats);
             }
         }
     }
