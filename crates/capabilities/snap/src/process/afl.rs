@@ -262,15 +262,7 @@ pub fn serve(
             // restore refuses): the program is started again, as a fork
             // server without a snapshot would, and the reason kept.
             Err(e) => {
-                stats.failed_resets += 1;
-                let why = e.to_string();
-                if stats.failed_reasons.len() < 8 && !stats.failed_reasons.contains(&why) {
-                    stats.failed_reasons.push(why);
-                }
-                // The first one told at once, for a warning.
-                if stats.failed_resets == 1 {
-                    on_stats(&stats);
-                }
+                failed(&mut stats, e.to_string(), on_stats);
                 session = None;
                 let fresh = session.insert(start(&mut stats)?);
                 fresh.reset()?
