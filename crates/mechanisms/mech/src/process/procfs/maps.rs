@@ -213,36 +213,39 @@ pub(crate) fn writable_anonymous_of(maps: Vec<Mapping>) -> Vec<Mapping> {
 /// shim's heap, say) into one line of the maps, and such a mapping was
 /// once left out whole (the program's memory in it went untracked).
 fn only_writable_anonymous(maps: Vec<Mapping>, own: &[(u64, u64)]) -> Vec<Mapping> {
-    let mut out = Vec::new();
-    for m in maps
-        .into_iter()
+    maps.into_iter()
         .filter(|m| m.write && m.is_anonymous() && !m.is_special() && !m.is_pagewise())
-    {
-        let mut cut: Vec<(u64, u64)> = own
-            .iter()
-            .map(|&(s, l)| (s.max(m.start), s.saturating_add(l).min(m.end)))
-            .filter(|(a, e)| a < e)
-            .collect();
-        if cut.is_empty() {
-            out.push(m);
-            continue;
+        .flat_map(|m| {
+            outside_ranges(m.start, m.end, own)
+                .into_iter()
+                .map(move |(start, end)| Mapping {
+                    start,
+                    end,
+                    ..m.clone()
+                })
+        })
+        .collect()
+}
+
+/// The parts of `[start, end)` outside every range of `own` (address,
+/// bytes), in order.
+pub fn outside_ranges(start: u64, end: u64, own: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut cut: Vec<(u64, u64)> = own
+        .iter()
+        .map(|&(s, l)| (s.max(start), s.saturating_add(l).min(end)))
+        .filter(|(a, e)| a < e)
+        .collect();
+    cut.sort_unstable();
+    let mut out = Vec::new();
+    let mut at = start;
+    for (a, e) in cut {
+        if a > at {
+            out.push((at, a));
         }
-        cut.sort_unstable();
-        let mut at = m.start;
-        let part = |a: u64, e: u64| Mapping {
-            start: a,
-            end: e,
-            ..m.clone()
-        };
-        for (a, e) in cut {
-            if a > at {
-                out.push(part(at, a));
-            }
-            at = at.max(e);
-        }
-        if at < m.end {
-            out.push(part(at, m.end));
-        }
+        at = at.max(e);
+    }
+    if at < end {
+        out.push((at, end));
     }
     out
 }
@@ -320,6 +323,17 @@ mod tests {
             inode: 0,
             path: String::new(),
         }
+    }
+
+    #[test]
+    fn a_range_keeps_what_lies_outside_the_ranges_taken_out() {
+        let own = [(0x5000, 0x2000), (0x1000, 0x1000), (0x9000, 0x4000)];
+        assert_eq!(
+            outside_ranges(0x0, 0xa000, &own),
+            vec![(0x0, 0x1000), (0x2000, 0x5000), (0x7000, 0x9000)]
+        );
+        assert_eq!(outside_ranges(0x2000, 0x3000, &own), vec![(0x2000, 0x3000)]);
+        assert!(outside_ranges(0x5000, 0x7000, &own).is_empty());
     }
 
     /// A mapping of the program merged with the shim's heap beside it

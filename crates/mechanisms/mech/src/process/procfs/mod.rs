@@ -8,8 +8,8 @@ mod fds;
 mod maps;
 pub use fds::{descriptors, fd_kind, held_elsewhere, parse_fdinfo, tcp_owner, Descriptor, FdKind};
 pub use maps::{
-    maps, note_own_memory, own_memory, parse_maps, writable, writable_anonymous, Mapping,
-    MemoryKind, MAX_OWN, OWN_MAPPING_PREFIX, OWN_THREAD_STACK, STAGING_NAME,
+    maps, note_own_memory, outside_ranges, own_memory, parse_maps, writable, writable_anonymous,
+    Mapping, MemoryKind, MAX_OWN, OWN_MAPPING_PREFIX, OWN_THREAD_STACK, STAGING_NAME,
 };
 pub(crate) use maps::{writable_anonymous_of, MapsFile};
 use std::path::{Path, PathBuf};

@@ -286,36 +286,13 @@ fn regions_of(s: &mut Inside) -> Result<(Vec<(u64, u64)>, u64), String> {
         // into one line of the maps, and a mapping that met the shim's
         // was once left out whole (the program's 8 MiB beside the
         // shim's heap went untracked).
-        for (a, e) in outside(m.start, m.end, &own) {
+        for (a, e) in pagewise_mech::procfs::outside_ranges(m.start, m.end, &own) {
             regions.push((a, e));
             total += e - a;
         }
     }
     s.mappings.sort_unstable();
     Ok((regions, total))
-}
-
-/// The parts of `[start, end)` outside every range of `own` (address,
-/// bytes).
-fn outside(start: u64, end: u64, own: &[(u64, u64)]) -> Vec<(u64, u64)> {
-    let mut cut: Vec<(u64, u64)> = own
-        .iter()
-        .map(|&(a, n)| (a.max(start), (a + n).min(end)))
-        .filter(|(a, e)| a < e)
-        .collect();
-    cut.sort_unstable();
-    let mut out = Vec::new();
-    let mut at = start;
-    for (a, e) in cut {
-        if a > at {
-            out.push((at, a));
-        }
-        at = at.max(e);
-    }
-    if at < end {
-        out.push((at, end));
-    }
-    out
 }
 
 /// The size of the `XSAVE` area at `fp` in a signal frame: the extended
@@ -337,19 +314,5 @@ pub(super) unsafe fn fp_size(fp: *const u8) -> usize {
         size as usize
     } else {
         512
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn a_mapping_keeps_what_lies_outside_the_shims_ranges() {
-        let own = [(0x5000, 0x2000), (0x1000, 0x1000), (0x9000, 0x4000)];
-        assert_eq!(
-            super::outside(0x0, 0xa000, &own),
-            vec![(0x0, 0x1000), (0x2000, 0x5000), (0x7000, 0x9000)]
-        );
-        assert_eq!(super::outside(0x2000, 0x3000, &own), vec![(0x2000, 0x3000)]);
-        assert!(super::outside(0x5000, 0x7000, &own).is_empty());
     }
 }
