@@ -118,19 +118,9 @@ const PARSERS: &[Parser] = &[
     },
 ];
 
-/// Where `scripts/setup.sh` unpacks Debian's source of `package`.
-fn debian_source(package: &str) -> PathBuf {
-    let cache = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache")
-        });
-    cache.join("pagewise/src").join(package)
-}
-
 /// Builds parser `p`'s libFuzzer target with `flags` into `out`.
 fn build_parser(dir: &Path, cc: &Path, p: &Parser, flags: &str, out: &Path) -> Result<()> {
-    let src = debian_source(p.name);
+    let src = pagewise_testkit::debian_source(p.name);
     let main = dir.join("libfuzzer_main.c");
     if !main.exists() {
         std::fs::write(&main, LIBFUZZER_MAIN_C)?;
@@ -460,10 +450,12 @@ fn run_in(cfg: &Config, cc: &Path, dir: &Path, progress: &mut dyn FnMut(&str)) -
             .find(|p| p.name == name)
             .with_context(|| format!("no parser {name} (known: cjson, expat)"))?;
         anyhow::ensure!(
-            debian_source(p.name).join(p.sources[0]).exists(),
+            pagewise_testkit::debian_source(p.name)
+                .join(p.sources[0])
+                .exists(),
             "{}'s Debian source is not at {} (scripts/setup.sh unpacks it)",
             p.name,
-            debian_source(p.name).display()
+            pagewise_testkit::debian_source(p.name).display()
         );
         progress(&format!("building {} three ways with afl-cc", p.name));
         let seeds = dir.join(format!("in-{}", p.name));

@@ -208,6 +208,17 @@ pub fn fault_path_runs(path: &str, name: &str, sigbus: bool) -> bool {
     true
 }
 
+/// Where `scripts/setup.sh` unpacks Debian's source of `package` (real
+/// fuzz targets: cJSON, expat), outside the clone.
+pub fn debian_source(package: &str) -> std::path::PathBuf {
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache")
+        });
+    cache.join("pagewise/src").join(package)
+}
+
 /// Compiles the C program `src` with the system's C compiler (`$CC`, else
 /// `cc`) and `flags` into `out_dir`, once per test process and name; the
 /// executable's path. Panics when the compiler fails on it (the sources

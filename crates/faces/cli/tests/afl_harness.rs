@@ -639,16 +639,6 @@ fn what_a_reset_inside_cannot_put_back_starts_the_program_again_and_says_why() {
     }
 }
 
-/// Where `scripts/setup.sh` unpacks Debian's source of `package`.
-fn debian_source(package: &str) -> PathBuf {
-    let cache = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache")
-        });
-    cache.join("pagewise/src").join(package)
-}
-
 /// A JSON document of `n` members, for a parser that then grows its heap
 /// in small allocations (one per value), prefixed by the options the
 /// fuzz target reads from its first four bytes and ended by its NUL.
@@ -671,7 +661,7 @@ fn a_real_parser_built_with_afl_cc_is_served_by_resets_that_move_its_heap() {
         );
         return;
     };
-    let src = debian_source("cjson");
+    let src = pagewise_testkit::debian_source("cjson");
     if !src.join("cJSON.c").exists() {
         pagewise_testkit::skip!(
             "[debian-source] cJSON's Debian source is not at {} (scripts/setup.sh unpacks it)",
