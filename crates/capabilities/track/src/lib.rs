@@ -433,7 +433,23 @@ impl DirtyTracker {
         self.note.as_deref().or_else(|| self.backend.note())
     }
 
+    /// As [`DirtyTracker::for_process`] with `uffd-wp`, the holes of the
+    /// process's memory (pages it does not hold) neither protected nor
+    /// scanned: arming and every collection cost what memory holds, not
+    /// the size of the mappings (see
+    /// [`pagewise_mech::wp::UffdWp::open_in_sparse`]). A page written in a
+    /// hole is reported as written; a page the process gives back
+    /// (`MADV_DONTNEED`), which now reads as zeros, is **not**: the caller
+    /// must walk what memory holds (a snapshot does, to skip the holes).
+    pub fn for_process_sparse(pid: i32) -> Result<Self> {
+        Self::for_process_built(pid, BackendKind::UffdWp, true)
+    }
+
     fn for_process_with(pid: i32, kind: BackendKind) -> Result<Self> {
+        Self::for_process_built(pid, kind, false)
+    }
+
+    fn for_process_built(pid: i32, kind: BackendKind, sparse: bool) -> Result<Self> {
         kind.available_for_pid()
             .map_err(|why| MechError::Unsupported {
                 feature: kind.name(),
@@ -449,7 +465,7 @@ impl DirtyTracker {
                 Box::new(soft_dirty::SoftDirtyBackend::new(Target::Pid(pid))?)
             }
             BackendKind::Hash => Box::new(hash::HashBackend::new(Target::Pid(pid))?),
-            BackendKind::UffdWp => Box::new(uffd_wp::UffdWpBackend::for_process(pid)?),
+            BackendKind::UffdWp => Box::new(uffd_wp::UffdWpBackend::for_process(pid, sparse)?),
             _ => unreachable!("checked by available_for_pid"),
         };
         let mut t = DirtyTracker {

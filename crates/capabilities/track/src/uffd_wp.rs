@@ -62,10 +62,14 @@ impl UffdWpBackend {
         b.strict = false;
         Ok(b)
     }
-    /// Tracks process `pid` from outside (see [`UffdWp::open_in`]).
-    pub(crate) fn for_process(pid: i32) -> Result<Self> {
+    /// Tracks process `pid` from outside (see [`UffdWp::open_in`]; with
+    /// `sparse`, [`UffdWp::open_in_sparse`]).
+    pub(crate) fn for_process(pid: i32, sparse: bool) -> Result<Self> {
         Ok(UffdWpBackend {
-            wp: UffdWp::open_in(pid)?,
+            wp: match sparse {
+                true => UffdWp::open_in_sparse(pid)?,
+                false => UffdWp::open_in(pid)?,
+            },
             regions: Vec::new(),
             strict: false,
             target: super::Target::Pid(pid),
