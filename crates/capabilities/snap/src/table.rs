@@ -137,7 +137,8 @@ pub(super) fn get_bit(bits: &[u64], i: usize) -> bool {
 
 /// The tables of stored snapshot `ds` of `disk`, one per region, its
 /// pages interned in `store` (each record read once); pages read and new
-/// are counted in `stats`.
+/// are counted in `stats`. A chunk of zero pages alone is one chunk shared
+/// by every such place (a sparse mapping's holes cost no memory).
 pub(super) fn from_disk(
     store: &mut PageStore,
     disk: &DiskStore,
@@ -147,35 +148,53 @@ pub(super) fn from_disk(
     let mut seen: std::collections::HashMap<u64, PageId> = std::collections::HashMap::new();
     let mut buf = vec![0u8; PAGE_SIZE];
     let mut tables = Vec::with_capacity(ds.regions.len());
-    let mut entries = ds.entries.iter();
+    let mut zeros: Option<Chunk> = None;
+    let mut at = 0usize;
     for r in &ds.regions {
-        let mut ids = Vec::with_capacity(r.pages() as usize);
-        for _ in 0..r.pages() {
-            // The reader checked that the entries fill the regions.
-            let e = *entries.next().unwrap_or(&0);
-            let id = match seen.get(&e) {
-                Some(&id) => {
-                    store.incref(id);
-                    id
-                }
-                None if e == 0 => {
-                    store.incref(PageId::ZERO);
+        let n = r.pages() as usize;
+        // The reader checked that the entries fill the regions.
+        let Some(entries) = ds.entries.get(at..at + n) else {
+            return Err(crate::Error::Internal {
+                what: "a stored snapshot's entries do not fill its regions",
+            });
+        };
+        at += n;
+        let mut chunks = Vec::with_capacity(n.div_ceil(CHUNK_PAGES));
+        for part in entries.chunks(CHUNK_PAGES) {
+            if part.len() == CHUNK_PAGES && part.iter().all(|&e| e == 0) {
+                let z = zeros.get_or_insert_with(|| {
+                    for _ in 0..CHUNK_PAGES {
+                        store.incref(PageId::ZERO);
+                    }
+                    Arc::new(vec![PageId::ZERO; CHUNK_PAGES])
+                });
+                chunks.push(Arc::clone(z));
+                continue;
+            }
+            let mut ids = Vec::with_capacity(part.len());
+            for &e in part {
+                let id = if e == 0 {
                     PageId::ZERO
-                }
-                None => {
+                } else if let Some(&id) = seen.get(&e) {
+                    id
+                } else {
                     disk.read_page(e, &mut buf)?;
                     let id = store.intern(&buf);
+                    // Interned with its reference: the one of this place.
                     stats.pages_read += 1;
                     if !id.is_zero() && store.refs(id) == 1 {
                         stats.pages_new += 1;
                     }
                     seen.insert(e, id);
-                    id
-                }
-            };
-            ids.push(id);
+                    ids.push(id);
+                    continue;
+                };
+                store.incref(id);
+                ids.push(id);
+            }
+            chunks.push(Arc::new(ids));
         }
-        tables.push(Table::from_ids(&ids));
+        tables.push(Table { chunks });
     }
     Ok(tables)
 }

@@ -173,7 +173,12 @@ pub(super) fn parse_index(
         regions.push(r);
         off += 16;
     }
-    if pages > MAX_PAGES || (body.len() - off) as u64 != pages * 8 {
+    if pages > MAX_PAGES {
+        return Err(corrupt(path, format!("the regions hold {pages} pages")));
+    }
+    let entries = if version >= 5 {
+        entries_from_runs(path, &body[off..], pages)?
+    } else if (body.len() - off) as u64 != pages * 8 {
         return Err(corrupt(
             path,
             format!(
@@ -181,8 +186,9 @@ pub(super) fn parse_index(
                 (body.len() - off) / 8
             ),
         ));
-    }
-    let entries: Vec<u64> = body[off..].chunks_exact(8).map(|c| u64_at(c, 0)).collect();
+    } else {
+        body[off..].chunks_exact(8).map(|c| u64_at(c, 0)).collect()
+    };
     if let Some(bad) = entries
         .iter()
         .find(|&&e| e != 0 && (e < PACK_HEADER || e + REC_HEADER as u64 > pack_len))
@@ -202,4 +208,62 @@ pub(super) fn parse_index(
         index_bytes: b.len() as u64,
         record,
     })
+}
+
+/// The entries of an index of version 5 (`words`: a record's offset per
+/// stored page, [`ZERO_RUN`]` | n` per run of n zero pages), a `u64` per
+/// page (0 for a zero page) of `pages`. The zero runs are never written:
+/// the vector comes zeroed from the allocator (for a large one, fresh
+/// pages of the kernel's), so a sparse snapshot's holes cost no memory.
+fn entries_from_runs(path: &Path, words: &[u8], pages: u64) -> Result<Vec<u64>> {
+    if !words.len().is_multiple_of(8) {
+        return Err(corrupt(path, "the page entries are not whole words"));
+    }
+    // A few words may claim 2^32 pages: the list is had or refused, not
+    // an abort of the reader.
+    let mut entries = zeroed(pages as usize).ok_or_else(|| {
+        corrupt(
+            path,
+            format!("the index lists {pages} pages, more than this machine can hold the list of"),
+        )
+    })?;
+    let mut i = 0u64;
+    for w in words.chunks_exact(8).map(|c| u64_at(c, 0)) {
+        let n = if w & ZERO_RUN != 0 { w & !ZERO_RUN } else { 1 };
+        if n == 0 || n > pages - i {
+            return Err(corrupt(
+                path,
+                format!("the page entries run past the regions' {pages} pages"),
+            ));
+        }
+        if w & ZERO_RUN == 0 {
+            entries[i as usize] = w;
+        }
+        i += n;
+    }
+    if i != pages {
+        return Err(corrupt(
+            path,
+            format!("the index lists {i} page entries where its regions hold {pages} pages"),
+        ));
+    }
+    Ok(entries)
+}
+
+/// `n` zero words, from the allocator's zeroed memory (for a large list,
+/// fresh pages of the kernel's, which cost nothing until written), or
+/// `None` where it has not that much.
+fn zeroed(n: usize) -> Option<Vec<u64>> {
+    if n == 0 {
+        return Some(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<u64>(n).ok()?;
+    // SAFETY: the layout's size is not zero (n > 0). A pointer that is not
+    // null is a fresh allocation of the global allocator with this layout,
+    // which is the one a `Vec<u64>` of capacity n frees with; its n words
+    // are zeroed, and zero is a valid u64, so length n is initialised.
+    unsafe {
+        let p = std::alloc::alloc_zeroed(layout).cast::<u64>();
+        (!p.is_null()).then(|| Vec::from_raw_parts(p, n, n))
+    }
 }

@@ -1,16 +1,15 @@
 //! The durable snapshot store: snapshots saved to a directory, each distinct
 //! page stored once across all of them, compressed, checksummed.
 //!
-//! # Format, version 4
+//! # Format, version 5
 //!
 //! All integers are little-endian. A store is a directory (mode 0700; every
 //! file 0600: it holds raw process memory) holding:
 //!
-//! * `STORE` — the text `pagewise-store 4\n`: marks the directory and names
-//!   the format version. A reader refuses any other version but 2 and 3,
-//!   which it reads as they are (format 3 only adds index version 3, and
-//!   format 4 index version 4); the first writer of an older store makes
-//!   it format 4.
+//! * `STORE` — the text `pagewise-store 5\n`: marks the directory and names
+//!   the format version. A reader refuses any other version but 2, 3 and
+//!   4, which it reads as they are (format N only adds index version N);
+//!   the first writer of an older store makes it format 5.
 //! * `pages.pack` — a 32-byte header (`PWPACK\0\0`, `u32` version = 2,
 //!   `u32` 0, the 16-byte store identity) followed by page records, appended
 //!   only. A record is a 48-byte header then its payload:
@@ -28,16 +27,20 @@
 //!
 //!   The zero page is never stored.
 //! * `snap-NNNNNNNNNN.idx` — one per snapshot (`N`: its id, decimal, ten
-//!   digits): a 64-byte header (`PWSNAP\0\0`; `u32` version = 4 (2 and
-//!   3 are read too); `u32` region count; `u64` id; `u64` creation time, ms since
+//!   digits): a 64-byte header (`PWSNAP\0\0`; `u32` version = 5 (2, 3
+//!   and 4 are read too); `u32` region count; `u64` id; `u64` creation time, ms since
 //!   the Unix epoch; `i64` source pid or 0; `u32` label length; `u32`
 //!   process record length, 0 in version 2; the 16-byte store identity), the
 //!   label (UTF-8), the process record of a snapshot of another process
 //!   (its layout, program break, threads and start time; from version 4
 //!   its descriptor table: [`ProcessRecord`]), the regions (`u64` start, `u64` length
-//!   each), one `u64` per page of the regions in order — the offset of its
-//!   record in `pages.pack`, or 0 for a zero page — and last a `u64` xxh3-64
-//!   checksum of every byte before it.
+//!   each), the pages of the regions in order, and last a `u64` xxh3-64
+//!   checksum of every byte before it. Each page is a `u64`, the offset
+//!   of its record in `pages.pack`, except zero pages: from version 5, a
+//!   run of `n` of them (n ≥ 1) is one `u64`, `2^63 | n` (a sparse
+//!   mapping's index costs what its data does: 10 GiB with 2 pages
+//!   written is a few words, not 20 MiB); up to version 4, each is a
+//!   `u64` 0.
 //! * `MANIFEST` — what the store holds: a 48-byte header (`PWMANIF\0`;
 //!   `u32` version = 2; `u32` snapshot count; the 16-byte store identity;
 //!   `u64` committed length of the pack; `u64` the next snapshot id), one
@@ -95,10 +98,14 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 const STORE_FILE: &str = "STORE";
-const STORE_TEXT: &str = "pagewise-store 4\n";
-/// Formats 2 and 3, read as they are and upgraded to 4 by the first
-/// writer (format 3 only adds index version 3, format 4 index version 4).
-const STORE_TEXT_OLD: [&str; 2] = ["pagewise-store 2\n", "pagewise-store 3\n"];
+const STORE_TEXT: &str = "pagewise-store 5\n";
+/// Formats 2, 3 and 4, read as they are and upgraded to 5 by the first
+/// writer (format N only adds index version N).
+const STORE_TEXT_OLD: [&str; 3] = [
+    "pagewise-store 2\n",
+    "pagewise-store 3\n",
+    "pagewise-store 4\n",
+];
 const PACK_FILE: &str = "pages.pack";
 const MANIFEST_FILE: &str = "MANIFEST";
 const LOCK_FILE: &str = "LOCK";
@@ -111,8 +118,11 @@ const REC_HEADER: usize = 48;
 const SNAP_MAGIC: &[u8; 8] = b"PWSNAP\0\0";
 const SNAP_HEADER: usize = 64;
 const VERSION: u32 = 2;
-/// The version of the indices written (2 and 3 are read too).
-const INDEX_VERSION: u32 = 4;
+/// The version of the indices written (2, 3 and 4 are read too).
+const INDEX_VERSION: u32 = 5;
+/// In an index of version 5, the mark of a word that stands for a run of
+/// zero pages (its low bits: how many).
+const ZERO_RUN: u64 = 1 << 63;
 /// Longest process record read.
 const MAX_RECORD: usize = 64 << 20;
 /// Most snapshots a manifest may list when reading.

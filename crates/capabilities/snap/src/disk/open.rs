@@ -125,7 +125,7 @@ impl DiskStore {
             None
         };
         if writable && old_format {
-            // Its next index may be of version 4: a reader of an older
+            // Its next index may be of version 5: a reader of an older
             // format must not take it for a store it reads.
             let tmp = dir.join("STORE.tmp");
             write_synced(&tmp, STORE_TEXT.as_bytes())?;

@@ -57,7 +57,7 @@ impl DiskStore {
             regions: regions.to_vec(),
             pid,
             label: label.to_string(),
-            entries: Vec::with_capacity(pages as usize),
+            entries: Runs::default(),
             pages,
             stats: SaveStats::default(),
             compressed: vec![0u8; lz4_flex::block::get_maximum_output_size(PAGE_SIZE)],
@@ -119,7 +119,7 @@ pub struct SnapshotWriter<'s> {
     regions: Vec<Region>,
     pid: Option<i32>,
     label: String,
-    entries: Vec<u64>,
+    entries: Runs,
     pages: u64,
     stats: SaveStats,
     compressed: Vec<u8>,
@@ -132,6 +132,38 @@ pub struct SnapshotWriter<'s> {
     window_at: u64,
     /// The process record (index version 3 and on), if any.
     record: Vec<u8>,
+}
+
+/// A snapshot's pages as an index of version 5 lists them: a word per
+/// stored page (its record's offset), one per run of zero pages
+/// ([`ZERO_RUN`] and how many).
+#[derive(Default)]
+struct Runs {
+    words: Vec<u64>,
+    /// Pages listed.
+    count: u64,
+}
+
+impl Runs {
+    fn push(&mut self, e: u64) {
+        if e == 0 {
+            self.zeros(1);
+        } else {
+            self.words.push(e);
+            self.count += 1;
+        }
+    }
+
+    fn zeros(&mut self, n: u64) {
+        if n == 0 {
+            return;
+        }
+        match self.words.last_mut() {
+            Some(w) if *w & ZERO_RUN != 0 => *w += n,
+            _ => self.words.push(ZERO_RUN | n),
+        }
+        self.count += n;
+    }
 }
 
 /// Bytes of the pack a comparison reads ahead.
@@ -178,7 +210,7 @@ impl std::fmt::Debug for SnapshotWriter<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SnapshotWriter")
             .field("id", &self.id)
-            .field("pages", &self.entries.len())
+            .field("pages", &self.entries.count)
             .finish()
     }
 }
@@ -205,7 +237,7 @@ impl SnapshotWriter<'_> {
     /// Appends the next page whose digest the caller computed.
     pub(crate) fn push_digested(&mut self, page: &[u8], digest: PageDigest) -> Result<()> {
         assert_eq!(page.len(), PAGE_SIZE);
-        if self.entries.len() as u64 >= self.pages {
+        if self.entries.count >= self.pages {
             return Err(StoreError::TooManyPages.into());
         }
         if digest == zero_page_digest() && page == ZERO_PAGE {
@@ -237,7 +269,7 @@ impl SnapshotWriter<'_> {
     /// of this store: the caller knows the page has not changed since (a
     /// dirty tracker said so). The new snapshot refers to the same record.
     pub(crate) fn push_unchanged(&mut self, prev: &DiskSnapshot, i: usize) -> Result<()> {
-        if self.entries.len() as u64 >= self.pages {
+        if self.entries.count >= self.pages {
             return Err(StoreError::TooManyPages.into());
         }
         if !self.store.manifest.entries.iter().any(|e| e.0 == prev.id) {
@@ -260,10 +292,10 @@ impl SnapshotWriter<'_> {
 
     /// Appends a run of `n` zero pages.
     pub(crate) fn push_zeros(&mut self, n: u64) -> Result<()> {
-        if self.entries.len() as u64 + n > self.pages {
+        if self.entries.count + n > self.pages {
             return Err(StoreError::TooManyPages.into());
         }
-        self.entries.extend(std::iter::repeat_n(0, n as usize));
+        self.entries.zeros(n);
         self.stats.zero_pages += n;
         Ok(())
     }
@@ -360,9 +392,9 @@ impl SnapshotWriter<'_> {
 
     /// Makes the snapshot durable and visible; returns what was written.
     pub fn finish(mut self) -> Result<SaveStats> {
-        if self.entries.len() as u64 != self.pages {
+        if self.entries.count != self.pages {
             return Err(Error::PageCount {
-                pushed: self.entries.len() as u64,
+                pushed: self.entries.count,
                 expected: self.pages,
             });
         }
@@ -372,7 +404,7 @@ impl SnapshotWriter<'_> {
             .get_ref()
             .sync_data()
             .map_err(|e| io(&pack_path, "syncing", e))?;
-        let mut b = Vec::with_capacity(SNAP_HEADER + self.entries.len() * 8 + 64);
+        let mut b = Vec::with_capacity(SNAP_HEADER + self.entries.words.len() * 8 + 64);
         b.extend_from_slice(SNAP_MAGIC);
         b.extend_from_slice(&INDEX_VERSION.to_le_bytes());
         b.extend_from_slice(&(self.regions.len() as u32).to_le_bytes());
@@ -391,8 +423,8 @@ impl SnapshotWriter<'_> {
             b.extend_from_slice(&r.start.to_le_bytes());
             b.extend_from_slice(&r.len.to_le_bytes());
         }
-        for e in &self.entries {
-            b.extend_from_slice(&e.to_le_bytes());
+        for w in &self.entries.words {
+            b.extend_from_slice(&w.to_le_bytes());
         }
         let sum = checksum(&b);
         b.extend_from_slice(&sum.to_le_bytes());
