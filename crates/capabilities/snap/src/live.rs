@@ -110,13 +110,18 @@ pub struct LiveReport {
 pub struct Copy {
     regions: Vec<(Region, Vec<u8>)>,
     changed: Vec<PageRange>,
+    /// The pages of the copy read from the source, sorted and coalesced:
+    /// the rest are zeros (holes of its memory, never read or touched
+    /// here: a buffer comes zeroed from the allocator).
+    held: Vec<PageRange>,
 }
 
 /// Where a live checkpoint goes: told after each pass what changed in the
 /// copy, and given the whole copy once the process runs again.
 pub trait Destination {
     /// After a pass: the copy's regions now, and the ranges of it that
-    /// changed (every page of a region new since the last call is in them).
+    /// changed. A page of a region new since the last call that is not in
+    /// them holds zeros (a hole of the source's memory).
     fn pass(&mut self, regions: &[(Region, Vec<u8>)], changed: &[PageRange]) -> Result<()>;
     /// After the last pass: returns once the destination holds the whole
     /// copy (a receiver across a network has it all), before it is saved.
@@ -165,12 +170,7 @@ impl<S: BorrowMut<DiskStore>> Destination for StoreSeries<S> {
         pagewise_mech::region::normalize(&mut self.changed);
         let prev = self.prev.take();
         let store = self.store.borrow_mut();
-        let s = store.save(
-            regions,
-            pid_of(pid),
-            label,
-            prev.as_ref().map(|p| (p, &self.changed[..])),
-        )?;
+        let s = store.save_changed(regions, pid_of(pid), label, prev.as_ref(), &self.changed)?;
         self.changed.clear();
         self.prev = Some(store.load(s.id)?);
         Ok(s)
@@ -204,6 +204,14 @@ pub trait Source {
     fn tracked(&self) -> Vec<Region>;
     /// Stops every writer; they run again when the guard is dropped.
     fn pause(&mut self) -> Result<Box<dyn std::any::Any>>;
+    /// Replaces `out` with the runs of `r` (one of `regions`) that memory
+    /// holds, ascending: the rest reads as zeros and is not read. By
+    /// default all of it.
+    fn held(&mut self, r: Region, out: &mut Vec<(u64, u64)>) -> Result<()> {
+        out.clear();
+        out.push((r.start, r.end()));
+        Ok(())
+    }
 }
 
 impl<T: Source + ?Sized> Source for Box<T> {
@@ -228,6 +236,9 @@ impl<T: Source + ?Sized> Source for Box<T> {
     fn pause(&mut self) -> Result<Box<dyn std::any::Any>> {
         (**self).pause()
     }
+    fn held(&mut self, r: Region, out: &mut Vec<(u64, u64)>) -> Result<()> {
+        (**self).held(r, out)
+    }
 }
 
 /// Another process: its writable mappings, tracked with uffd-wp from
@@ -235,6 +246,7 @@ impl<T: Source + ?Sized> Source for Box<T> {
 pub struct ProcessSource {
     pid: i32,
     tracker: DirtyTracker,
+    walker: pagewise_mech::walk::PageWalker,
 }
 
 impl ProcessSource {
@@ -243,9 +255,12 @@ impl ProcessSource {
     pub fn new(pid: i32) -> Result<Self> {
         procfs::check_target(pid)?;
         super::remote::may_register(pid)?;
+        // Holes left unmarked (a sparse mapping costs what it holds): a
+        // page given back is found at the stop, walking what memory holds.
         Ok(ProcessSource {
             pid,
-            tracker: DirtyTracker::for_process(pid, BackendKind::UffdWp)?,
+            tracker: DirtyTracker::for_process_sparse(pid)?,
+            walker: pagewise_mech::walk::PageWalker::new(Some(pid))?,
         })
     }
 }
@@ -276,6 +291,21 @@ impl Source for ProcessSource {
     }
     fn pause(&mut self) -> Result<Box<dyn std::any::Any>> {
         Ok(Box::new(Stopped::new(self.pid)?))
+    }
+    /// What memory holds of a tracked (anonymous) region; a file's
+    /// mapping whole (a page not populated holds the file's contents).
+    fn held(&mut self, r: Region, out: &mut Vec<(u64, u64)>) -> Result<()> {
+        let tracked = self.tracker.regions();
+        if tracked
+            .iter()
+            .any(|t| t.start <= r.start && r.end() <= t.end())
+        {
+            self.walker.populated(r, out)?;
+        } else {
+            out.clear();
+            out.push((r.start, r.end()));
+        }
+        Ok(())
     }
 }
 
@@ -351,27 +381,76 @@ impl Source for OwnRegions {
 }
 
 impl Copy {
-    /// Brings the copy's regions in line with the source's: new or
-    /// reshaped ones are read whole (returns the pages read).
+    /// Brings the copy's regions in line with the source's: of new or
+    /// reshaped ones, what the source holds is read (returns the pages
+    /// read).
     fn follow(&mut self, src: &mut dyn Source) -> Result<u64> {
         let now = src.regions()?;
         let mut old = std::mem::take(&mut self.regions);
         let mut read = 0;
+        let mut runs = Vec::new();
+        let mut fresh = Vec::new();
         for r in now {
             if let Some(i) = old.iter().position(|(o, _)| *o == r) {
                 self.regions.push(old.swap_remove(i));
                 continue;
             }
             let mut buf = vec![0u8; r.len as usize];
-            src.read(r.start, &mut buf)?;
-            read += r.pages();
-            self.changed.push(PageRange {
-                start: r.start,
-                pages: r.pages(),
-            });
+            src.held(r, &mut runs)?;
+            for &(a, b) in &runs {
+                src.read(a, &mut buf[(a - r.start) as usize..(b - r.start) as usize])?;
+                let part = PageRange {
+                    start: a,
+                    pages: (b - a) / PAGE_SIZE as u64,
+                };
+                read += part.pages;
+                self.changed.push(part);
+                fresh.push(part);
+            }
             self.regions.push((r, buf));
         }
+        if !old.is_empty() || !fresh.is_empty() {
+            let mut kept: Vec<Region> = self.regions.iter().map(|(r, _)| *r).collect();
+            kept.sort_by_key(|r| r.start);
+            pagewise_mech::region::normalize(&mut fresh);
+            self.held = pagewise_mech::region::clip_to(
+                &pagewise_mech::region::union_sorted(&self.held, &fresh),
+                &kept,
+            );
+        }
         Ok(read)
+    }
+
+    /// At the stop: the pages the copy holds that the source no longer
+    /// does (given back since: `MADV_DONTNEED`, which a tracker of what
+    /// memory holds does not report) are zeros now (returns how many).
+    fn forget_given_back(&mut self, src: &mut dyn Source) -> Result<u64> {
+        let mut runs = Vec::new();
+        let mut gone = Vec::new();
+        for (r, buf) in &mut self.regions {
+            let before = pagewise_mech::region::clip_to(&self.held, &[*r]);
+            if before.is_empty() {
+                continue;
+            }
+            src.held(*r, &mut runs)?;
+            let now: Vec<PageRange> = runs
+                .iter()
+                .map(|&(a, b)| PageRange {
+                    start: a,
+                    pages: (b - a) / PAGE_SIZE as u64,
+                })
+                .collect();
+            for g in pagewise_mech::region::subtract_sorted(&before, &now) {
+                let at = (g.start - r.start) as usize;
+                buf[at..at + g.len() as usize].fill(0);
+                self.changed.push(g);
+                gone.push(g);
+            }
+        }
+        if !gone.is_empty() {
+            self.held = pagewise_mech::region::subtract_sorted(&self.held, &gone);
+        }
+        Ok(pagewise_mech::region::total_pages(&gone))
     }
 
     /// Re-reads the pages of `dirty` that the copy holds (returns how
@@ -381,6 +460,7 @@ impl Copy {
         pagewise_mech::region::normalize(&mut sorted);
         let dirty = &sorted[..];
         let mut n = 0;
+        let from = self.changed.len();
         for (r, buf) in &mut self.regions {
             let first = dirty.partition_point(|d| d.end() <= r.start);
             let mut parts: Vec<(u64, &mut [u8])> = Vec::new();
@@ -406,6 +486,12 @@ impl Copy {
             }
             src.read_many(&mut parts)?;
         }
+        let read: Vec<PageRange> = self.changed[from..].to_vec();
+        self.held = pagewise_mech::region::union_sorted(&self.held, &{
+            let mut v = read;
+            pagewise_mech::region::normalize(&mut v);
+            v
+        });
         Ok(n)
     }
 
@@ -448,6 +534,7 @@ impl<S: Source> Checkpointer<S> {
             copy: Copy {
                 regions: Vec::new(),
                 changed: Vec::new(),
+                held: Vec::new(),
             },
             opts,
             first: true,
@@ -459,6 +546,7 @@ impl<S: Source> Checkpointer<S> {
     pub fn restart(&mut self) {
         self.copy.regions.clear();
         self.copy.changed.clear();
+        self.copy.held.clear();
         self.first = true;
     }
 
@@ -559,6 +647,7 @@ impl<S: Source> Checkpointer<S> {
             n += copy.follow(src)?;
             let untracked = copy.untracked(&src.tracked());
             n += copy.update(src, &untracked)?;
+            n += copy.forget_given_back(src)?;
             let hook = Instant::now();
             at_stop();
             hook_ms = hook.elapsed().as_secs_f64() * 1e3;

@@ -46,11 +46,14 @@ pub fn snapshot_process(pid: i32, disk: &mut DiskStore, label: &str) -> Result<P
 
 /// Successive snapshots of one process that read, after the first, only
 /// the pages written since the previous one: a `uffd-wp` tracker from
-/// outside ([`pagewise_track::DirtyTracker::for_process`]) runs alongside,
-/// and is collected while the process is stopped for each snapshot. Pages
-/// it does not report are taken over from the previous snapshot unread. A
-/// mapping that is new, or changed in place or size, is read whole; so are
-/// file-backed mappings, which the tracker does not watch.
+/// outside ([`pagewise_track::DirtyTracker::for_process_sparse`]: a
+/// sparse mapping costs what memory holds of it) runs alongside,
+/// and is collected while the process is stopped for each snapshot. Of
+/// what memory holds, pages it does not report are taken over from the
+/// previous snapshot unread; a page memory does not hold is a zero page
+/// (given back since, or never written). A mapping that is new, or
+/// changed in place or size, is read as far as memory holds it; file-backed
+/// mappings, which the tracker does not watch, are read whole.
 pub struct Incremental {
     pid: i32,
     tracker: pagewise_track::DirtyTracker,
@@ -61,8 +64,9 @@ impl Incremental {
     /// Starts tracking `pid` (refused, with the reason, where uffd-wp from
     /// outside cannot be had: use [`snapshot_process`] then).
     pub fn new(pid: i32) -> Result<Self> {
-        let tracker =
-            pagewise_track::DirtyTracker::for_process(pid, pagewise_track::BackendKind::UffdWp)?;
+        // Holes neither protected nor scanned: each snapshot walks what
+        // memory holds anyway, and learns there of a page given back.
+        let tracker = pagewise_track::DirtyTracker::for_process_sparse(pid)?;
         Ok(Incremental {
             pid,
             tracker,
@@ -85,19 +89,25 @@ impl Incremental {
     }
 }
 
-/// Which pages of `r` (a mapping `prev` also had, at the same place and
-/// size) were written: a bit per page.
-fn written_pages(r: Region, dirty: &[pagewise_mech::PageRange]) -> Vec<bool> {
-    let mut w = vec![false; r.pages() as usize];
-    for d in dirty {
-        let (a, b) = (d.start.max(r.start), (d.start + d.len()).min(r.end()));
-        let mut x = a;
-        while x < b {
-            w[((x - r.start) / PAGE_SIZE as u64) as usize] = true;
-            x += PAGE_SIZE as u64;
+/// Reads `[a, b)` of process `pid` through `buf` into the next pages of
+/// `w`; returns how many.
+fn read_into(
+    pid: i32,
+    w: &mut super::disk::SnapshotWriter<'_>,
+    buf: &mut [u8],
+    a: u64,
+    b: u64,
+) -> Result<u64> {
+    let mut addr = a;
+    while addr < b {
+        let len = ((b - addr) as usize).min(buf.len());
+        remote::read(pid, addr, &mut buf[..len])?;
+        for page in buf[..len].chunks_exact(PAGE_SIZE) {
+            w.push(page)?;
         }
+        addr += len as u64;
     }
-    w
+    Ok((b - a) / PAGE_SIZE as u64)
 }
 
 /// How a process is held while its snapshot is read.
@@ -166,27 +176,34 @@ fn snapshot_with(
             .filter(|_| anonymous)
             .and_then(|p| p.first_page_of(&r).map(|i| (p, i)));
         if let Some((p, first)) = before {
-            let written = written_pages(r, &dirty);
-            let mut i = 0usize;
-            while i < written.len() {
-                if !written[i] {
-                    w.push_unchanged(p, first + i)?;
-                    i += 1;
-                    continue;
+            // What memory holds: a hole is a zero page now (given back
+            // since, if the previous snapshot had data there; the sparse
+            // tracker does not report that); a page it holds is read if
+            // written since, taken over from `p` otherwise.
+            walker.populated(r, &mut runs)?;
+            let mut cursor = r.start;
+            let index = |addr: u64| first + ((addr - r.start) / PAGE_SIZE as u64) as usize;
+            for &(a, b) in &runs {
+                w.push_zeros((a - cursor) / PAGE_SIZE as u64)?;
+                let mut x = a;
+                let k = dirty.partition_point(|d| d.end() <= a);
+                for d in dirty[k..].iter().take_while(|d| d.start < b) {
+                    let (da, db) = (d.start.max(x), d.end().min(b));
+                    if da >= db {
+                        continue;
+                    }
+                    for i in index(x)..index(da) {
+                        w.push_unchanged(p, i)?;
+                    }
+                    pages_read += read_into(pid, &mut w, &mut buf, da, db)?;
+                    x = db;
                 }
-                let mut j = i;
-                while j < written.len() && written[j] && j - i < CHUNK / PAGE_SIZE {
-                    j += 1;
+                for i in index(x)..index(b) {
+                    w.push_unchanged(p, i)?;
                 }
-                let addr = r.start + (i * PAGE_SIZE) as u64;
-                let len = (j - i) * PAGE_SIZE;
-                remote::read(pid, addr, &mut buf[..len])?;
-                for page in buf[..len].chunks_exact(PAGE_SIZE) {
-                    w.push(page)?;
-                }
-                pages_read += (j - i) as u64;
-                i = j;
+                cursor = b;
             }
+            w.push_zeros((r.end() - cursor) / PAGE_SIZE as u64)?;
             continue;
         }
         if anonymous {
@@ -198,16 +215,7 @@ fn snapshot_with(
         let mut cursor = r.start;
         for &(a, b) in &runs {
             w.push_zeros((a - cursor) / PAGE_SIZE as u64)?;
-            let mut addr = a;
-            while addr < b {
-                let len = ((b - addr) as usize).min(CHUNK);
-                remote::read(pid, addr, &mut buf[..len])?;
-                for page in buf[..len].chunks_exact(PAGE_SIZE) {
-                    w.push(page)?;
-                }
-                pages_read += (len / PAGE_SIZE) as u64;
-                addr += len as u64;
-            }
+            pages_read += read_into(pid, &mut w, &mut buf, a, b)?;
             cursor = b;
         }
         w.push_zeros((r.end() - cursor) / PAGE_SIZE as u64)?;

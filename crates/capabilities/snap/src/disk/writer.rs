@@ -82,29 +82,82 @@ impl DiskStore {
         label: &str,
         since: Option<(&DiskSnapshot, &[PageRange])>,
     ) -> Result<SaveStats> {
+        match since {
+            Some((prev, changed)) => {
+                self.save_with(regions, pid, label, Some(prev), changed, false)
+            }
+            None => {
+                let all: Vec<PageRange> = regions
+                    .iter()
+                    .map(|(r, _)| PageRange {
+                        start: r.start,
+                        pages: r.pages(),
+                    })
+                    .collect();
+                self.save_with(regions, pid, label, None, &all, false)
+            }
+        }
+    }
+
+    /// As [`DiskStore::save`] with `since = (prev, changed)`, where a
+    /// region `prev` lacks (every region without `prev`) holds zeros
+    /// outside `changed`: a copy that read only what memory held of a
+    /// sparse mapping is saved at the cost of that, neither its holes
+    /// hashed nor a page of them touched.
+    pub(crate) fn save_changed(
+        &mut self,
+        regions: &[(Region, Vec<u8>)],
+        pid: Option<i32>,
+        label: &str,
+        prev: Option<&DiskSnapshot>,
+        changed: &[PageRange],
+    ) -> Result<SaveStats> {
+        self.save_with(regions, pid, label, prev, changed, true)
+    }
+
+    fn save_with(
+        &mut self,
+        regions: &[(Region, Vec<u8>)],
+        pid: Option<i32>,
+        label: &str,
+        prev: Option<&DiskSnapshot>,
+        changed: &[PageRange],
+        zeros_elsewhere: bool,
+    ) -> Result<SaveStats> {
         let order: Vec<Region> = regions.iter().map(|(r, _)| *r).collect();
         let mut w = self.writer(&order, pid, label)?;
         for (r, buf) in regions {
-            let before = since.and_then(|(p, changed)| p.first_page_of(r).map(|i| (p, i, changed)));
-            let Some((prev, first, changed)) = before else {
+            let first = prev.and_then(|p| p.first_page_of(r).map(|i| (p, i)));
+            if first.is_none() && !zeros_elsewhere {
                 for page in buf.chunks_exact(PAGE_SIZE) {
                     w.push(page)?;
                 }
                 continue;
-            };
-            // Walk the changed ranges that meet this region, in order.
-            let mut k = changed.partition_point(|c| c.end() <= r.start);
-            for (i, page) in buf.chunks_exact(PAGE_SIZE).enumerate() {
-                let addr = r.start + (i * PAGE_SIZE) as u64;
-                while k < changed.len() && changed[k].end() <= addr {
-                    k += 1;
-                }
-                if k < changed.len() && changed[k].start <= addr {
-                    w.push(page)?;
-                } else {
-                    w.push_unchanged(prev, first + i)?;
-                }
             }
+            // The changed ranges that meet this region, in order; the
+            // pages between them from `prev`, or zeros.
+            let index = |addr: u64| ((addr - r.start) / PAGE_SIZE as u64) as usize;
+            let mut at = r.start;
+            let k = changed.partition_point(|c| c.end() <= r.start);
+            let between = |w: &mut SnapshotWriter<'_>, from: u64, to: u64| match first {
+                Some((p, i)) => {
+                    (index(from)..index(to)).try_for_each(|k| w.push_unchanged(p, i + k))
+                }
+                None => w.push_zeros(index(to) as u64 - index(from) as u64),
+            };
+            for c in changed[k..].iter().take_while(|c| c.start < r.end()) {
+                let (a, b) = (c.start.max(at), c.end().min(r.end()));
+                if a >= b {
+                    continue;
+                }
+                between(&mut w, at, a)?;
+                for page in buf[index(a) * PAGE_SIZE..index(b) * PAGE_SIZE].chunks_exact(PAGE_SIZE)
+                {
+                    w.push(page)?;
+                }
+                at = b;
+            }
+            between(&mut w, at, r.end())?;
         }
         w.finish()
     }
