@@ -158,10 +158,15 @@ pub(super) fn from_disk(
                 what: "a stored snapshot's entries do not fill its regions",
             });
         };
-        at += n;
         let mut chunks = Vec::with_capacity(n.div_ceil(CHUNK_PAGES));
-        for part in entries.chunks(CHUNK_PAGES) {
-            if part.len() == CHUNK_PAGES && part.iter().all(|&e| e == 0) {
+        // The stored pages' indexes say which chunks are all zero pages,
+        // without reading a sparse snapshot's holes.
+        let mut next = ds.stored.partition_point(|&i| i < at);
+        for (c, part) in entries.chunks(CHUNK_PAGES).enumerate() {
+            let end = at + c * CHUNK_PAGES + part.len();
+            let empty = ds.stored.get(next).is_none_or(|&i| i >= end);
+            next = ds.stored.partition_point(|&i| i < end);
+            if part.len() == CHUNK_PAGES && empty {
                 let z = zeros.get_or_insert_with(|| {
                     for _ in 0..CHUNK_PAGES {
                         store.incref(PageId::ZERO);
@@ -194,6 +199,7 @@ pub(super) fn from_disk(
             }
             chunks.push(Arc::new(ids));
         }
+        at += n;
         tables.push(Table { chunks });
     }
     Ok(tables)

@@ -176,7 +176,7 @@ pub(super) fn parse_index(
     if pages > MAX_PAGES {
         return Err(corrupt(path, format!("the regions hold {pages} pages")));
     }
-    let entries = if version >= 5 {
+    let (entries, stored) = if version >= 5 {
         entries_from_runs(path, &body[off..], pages)?
     } else if (body.len() - off) as u64 != pages * 8 {
         return Err(corrupt(
@@ -187,11 +187,14 @@ pub(super) fn parse_index(
             ),
         ));
     } else {
-        body[off..].chunks_exact(8).map(|c| u64_at(c, 0)).collect()
+        let entries: Vec<u64> = body[off..].chunks_exact(8).map(|c| u64_at(c, 0)).collect();
+        let stored = (0..entries.len()).filter(|&i| entries[i] != 0).collect();
+        (entries, stored)
     };
-    if let Some(bad) = entries
+    if let Some(bad) = stored
         .iter()
-        .find(|&&e| e != 0 && (e < PACK_HEADER || e + REC_HEADER as u64 > pack_len))
+        .map(|&i| entries[i])
+        .find(|&e| e < PACK_HEADER || e + REC_HEADER as u64 > pack_len)
     {
         return Err(corrupt(
             path,
@@ -205,6 +208,7 @@ pub(super) fn parse_index(
         label,
         regions,
         entries,
+        stored,
         index_bytes: b.len() as u64,
         record,
     })
@@ -215,7 +219,8 @@ pub(super) fn parse_index(
 /// page (0 for a zero page) of `pages`. The zero runs are never written:
 /// the vector comes zeroed from the allocator (for a large one, fresh
 /// pages of the kernel's), so a sparse snapshot's holes cost no memory.
-fn entries_from_runs(path: &Path, words: &[u8], pages: u64) -> Result<Vec<u64>> {
+/// Also the indexes of the pages stored, ascending.
+fn entries_from_runs(path: &Path, words: &[u8], pages: u64) -> Result<(Vec<u64>, Vec<usize>)> {
     if !words.len().is_multiple_of(8) {
         return Err(corrupt(path, "the page entries are not whole words"));
     }
@@ -227,6 +232,7 @@ fn entries_from_runs(path: &Path, words: &[u8], pages: u64) -> Result<Vec<u64>> 
             format!("the index lists {pages} pages, more than this machine can hold the list of"),
         )
     })?;
+    let mut stored = Vec::new();
     let mut i = 0u64;
     for w in words.chunks_exact(8).map(|c| u64_at(c, 0)) {
         let n = if w & ZERO_RUN != 0 { w & !ZERO_RUN } else { 1 };
@@ -236,8 +242,9 @@ fn entries_from_runs(path: &Path, words: &[u8], pages: u64) -> Result<Vec<u64>> 
                 format!("the page entries run past the regions' {pages} pages"),
             ));
         }
-        if w & ZERO_RUN == 0 {
+        if w & ZERO_RUN == 0 && w != 0 {
             entries[i as usize] = w;
+            stored.push(i as usize);
         }
         i += n;
     }
@@ -247,7 +254,7 @@ fn entries_from_runs(path: &Path, words: &[u8], pages: u64) -> Result<Vec<u64>> 
             format!("the index lists {i} page entries where its regions hold {pages} pages"),
         ));
     }
-    Ok(entries)
+    Ok((entries, stored))
 }
 
 /// `n` zero words, from the allocator's zeroed memory (for a large list,

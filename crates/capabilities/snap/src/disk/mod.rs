@@ -151,6 +151,10 @@ pub struct DiskSnapshot {
     /// Per page: offset of its record in the pack, 0 for a zero page.
     #[serde(skip)]
     pub entries: Vec<u64>,
+    /// The indexes in `entries` of the pages stored (not zero), ascending:
+    /// what a sparse snapshot holds, found without reading its holes.
+    #[serde(skip)]
+    pub(crate) stored: Vec<usize>,
     /// Size of the index file.
     pub index_bytes: u64,
     /// The process record of a snapshot of another process (index
@@ -180,7 +184,7 @@ impl DiskSnapshot {
 
     /// Zero pages among them.
     pub fn zero_pages(&self) -> u64 {
-        self.entries.iter().filter(|&&e| e == 0).count() as u64
+        self.pages() - self.stored.len() as u64
     }
 
     /// `(region index, address)` of page `i` of the entries.
@@ -451,14 +455,9 @@ impl DiskStore {
         let mut seen = std::collections::HashSet::new();
         for s in list {
             st.snapshots += 1;
-            for &e in &s.entries {
-                if e == 0 {
-                    st.zero_pages += 1;
-                } else {
-                    st.referenced_pages += 1;
-                    seen.insert(e);
-                }
-            }
+            st.zero_pages += s.zero_pages();
+            st.referenced_pages += s.stored.len() as u64;
+            seen.extend(s.stored.iter().map(|&i| s.entries[i]));
             st.bytes_represented += s.pages() * PAGE_SIZE as u64;
         }
         st.unique_pages = seen.len() as u64;
