@@ -706,7 +706,20 @@ pub fn private_memory(pid: i32) -> Vec<(Region, Vec<u8>)> {
         }
         let r = Region::new(m.start, m.len()).unwrap();
         let mut b = vec![0u8; r.len as usize];
-        pagewise_mech::remote::read(pid, r.start, &mut b).unwrap();
+        // Of anonymous memory, what it holds (the kernel's walk): a hole
+        // reads as zeros, and reading it would fault the zero page in,
+        // which a tracker of what memory holds reports as written.
+        let mut runs = vec![(r.start, r.end())];
+        if m.inode == 0 {
+            pagewise_mech::walk::PageWalker::new(Some(pid))
+                .unwrap()
+                .populated(r, &mut runs)
+                .unwrap();
+        }
+        for (a, e) in runs {
+            let at = (a - r.start) as usize;
+            pagewise_mech::remote::read(pid, a, &mut b[at..at + (e - a) as usize]).unwrap();
+        }
         out.push((r, b));
     }
     out
@@ -778,7 +791,11 @@ fn a_sparse_snapshot_is_indexed_at_the_cost_of_its_data() {
     let huge: u64 = 1 << 32;
     b[regions + 8..regions + 16].copy_from_slice(&(huge * P as u64).to_le_bytes());
     let last = u64::from_le_bytes(b[body - 8..body].try_into().unwrap());
-    assert_ne!(last & (1 << 63), 0, "the index ends with a run of zero pages");
+    assert_ne!(
+        last & (1 << 63),
+        0,
+        "the index ends with a run of zero pages"
+    );
     b[body - 8..body].copy_from_slice(&(last + huge - PAGES).to_le_bytes());
     let sum = pagewise_mech::hash::checksum(&b[..body]);
     b[body..].copy_from_slice(&sum.to_le_bytes());
