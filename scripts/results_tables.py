@@ -850,6 +850,18 @@ def inspect(r):
 
 
 
+def sparse(r):
+    def mmx(x, d):
+        return f"{fix(x['median'], d)} ({fix(x['min'], d)}–{fix(x['max'], d)})"
+    rows = [[x["shape"], f"`{x['command']}`", mmx(x["ms"], 1) + " ms", f"{x['ms_over_floor']:.2f}×",
+             mmx(x["peak_mib"], 1) + " MiB", f"{x['mib_over_floor']:.2f}×",
+             yes_no(x["met"])] for x in r["rows"]]
+    return md(["shape", "command", "time", "÷ floor", "pagewise's peak memory", "÷ floor",
+               f"≤ {r['bound_ms']:.0f} ms and ≤ {r['bound_mib']:.0f} MiB"], rows) + \
+        f"\n\nMedian (min–max) of {r['runs']} runs each, interleaved; every snapshot checked " \
+        f"(the 2 pages, zeros elsewhere) and every restore: {'yes' if r['verified'] else '**no**'}."
+
+
 # ---------------------------------------------------------------- node/
 
 
@@ -1254,6 +1266,7 @@ TABLES = {
     "farmem-app-system": farmem_app_system,
     "farmem-app-system-isolation": farmem_app_system_isolation,
     "inspect": inspect,
+    "sparse": sparse,
     "node": node,
     "k8s-node": k8s_node,
     "goals-node": goals_node,

@@ -47,6 +47,9 @@ command -v openssl >/dev/null || need+=(openssl)
 # AFL++ for the fork server served by resets (pagewise snapshot afl), its
 # test and its benchmark (afl-cc, afl-fuzz).
 command -v afl-fuzz >/dev/null && command -v afl-cc >/dev/null || need+=(afl++)
+# A command's own peak memory, as its parent cannot see it (wait4 counts
+# the parent's memory before the exec): GNU time (pagewise bench sparse).
+[ -x /usr/bin/time ] || need+=(time)
 # Unpacking Debian's source packages (the real fuzz targets below).
 command -v dpkg-source >/dev/null || need+=(dpkg-dev)
 # libFuzzer's runtime is C++ (scripts/fuzz).

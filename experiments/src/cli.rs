@@ -224,6 +224,12 @@ enum What {
     /// reading that memory once at this machine's bandwidth, the target's
     /// slowdown during the scan, and every exact figure checked.
     Inspect(crate::inspect::Args),
+    /// Snapshot commands on sparse processes: CRIU's maps03 shape (10 GiB
+    /// mapped, 2 pages written) and a 64 GiB PROT_NONE reservation with
+    /// 1 GiB made writable, against the same program holding only its 2
+    /// pages: each command's time and pagewise's own peak memory, against
+    /// 50 ms and 64 MiB; every snapshot and restore checked.
+    Sparse(crate::sparse::Args),
     /// The node agent's cost: `pagewise agent` over N podman containers (4;
     /// 50 with --full) against the same agent watching none, in the same
     /// run: its share of one CPU, the series it serves per container, how
@@ -371,6 +377,7 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
             crate::farmem_redis::run_app(crate::farmem_redis::App::Memcached, r, quiet)
         }
         What::Inspect(r) => crate::inspect::run(r, quiet),
+        What::Sparse(r) => crate::sparse::run(r, quiet),
         What::Node(r) => crate::node::run(r, quiet),
     }
 }

@@ -24,6 +24,7 @@ pub mod reset;
 pub mod reset_walk;
 pub mod rollback;
 pub mod snap;
+pub mod sparse;
 pub mod svg;
 pub mod thp;
 pub mod thp_fair;
