@@ -92,14 +92,19 @@ pub fn at_latency_zero(mem: &AnonMemory, local_pages: usize, path: FaultPath) ->
 /// One round of [`calibrate`]: (floor, unseen part, faults).
 ///
 /// Inline, the faults are the steady state of an emulated program short of
-/// memory: two pages written in turn through a budget of one, so that
-/// every fault evicts a written page and fetches one with data; everything
-/// but the signal's delivery and return is then seen by the engine. On the
-/// handler thread, first touches of fresh pages through a budget of one:
-/// the faulting thread's wake-up, unseen, dominates either way.
+/// memory: pages written in turn through a budget of one, so that every
+/// fault evicts a written page and fetches one with data; everything but
+/// the signal's delivery and return is then seen by the engine. More pages
+/// than one instruction is ever lent ([`crate::engine::LOAN_MAX`]): with
+/// two, the writing instruction came back to a page it had fetched, the
+/// engine lent it both and the faults stopped after five, so that a
+/// round's floor was its first faults' cost (23-33 µs with the other vCPU
+/// idle, against 7 µs per fault in the steady state). On the handler
+/// thread, first touches of fresh pages through a budget of one: the
+/// faulting thread's wake-up, unseen, dominates either way.
 fn calibrate_once(pages: usize, path: FaultPath) -> Result<(u64, u64, u64)> {
     let span = match path {
-        FaultPath::Inline => 2,
+        FaultPath::Inline => 2 * crate::engine::LOAN_MAX,
         FaultPath::Thread => pages,
     };
     let touch = |mem: &AnonMemory| {

@@ -59,9 +59,14 @@ struct Loan {
     lent: Vec<usize>,
 }
 
+/// The most pages lent to one instruction ([`Loan`]): a loop whose one
+/// instruction writes more pages than this in turn is never lent any (the
+/// fault-cost calibration's pattern).
+pub(crate) const LOAN_MAX: usize = 16;
+
 impl Loan {
     /// The most pages lent to one instruction.
-    const MAX: usize = 16;
+    const MAX: usize = LOAN_MAX;
 
     /// Before serving a fault on page `g` at `site`: whether the fault is a
     /// repeat without progress (and the pages are lent from now on).
