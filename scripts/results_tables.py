@@ -1079,6 +1079,24 @@ def reset_walk(r):
         f"\n\nMedian, 99th percentile (min–max) of {r['walk'][0]['reps']} inputs; the inputs' times are medians."
 
 
+def reset_walk_huge(r):
+    rows = []
+    us = lambda d: dist(d, lambda v: fix(v, 1)) + " µs"
+    for w in r["walk"]:
+        h = w.get("huge")
+        if not h:
+            rows.append([mib(w["mib"]), w["k"], us(w["whole_range"]),
+                         "not measured: " + (w.get("huge_skipped") or "no report"), "–", "–", "–"])
+            continue
+        rows.append([mib(w["mib"]), w["k"], us(w["whole_range"]), us(h["hot"]),
+                     mib(h["huge_left_mib"][0]), us(h["scattered"]), mib(h["huge_left_mib"][1])])
+    return md(["mapping", "k", "scan, base pages", "scan, huge pages, the same pages every input",
+               "still huge after", "scan, huge pages, other pages every input", "still huge after"],
+              rows) + \
+        f"\n\nMedian, 99th percentile (min–max) of {r['walk'][0]['reps']} inputs each; " \
+        "still huge: the kernel's count (PAGEMAP_SCAN) after the inputs."
+
+
 def goals_reset(r):
     at = _reset_at(r)
     rows = []
@@ -1278,6 +1296,7 @@ TABLES = {
     "farmem-pieces": farmem_pieces,
     "reset": reset,
     "reset-walk": reset_walk,
+    "reset-walk-huge": reset_walk_huge,
     "goals-reset": goals_reset,
     "afl": afl,
     "goals-afl": goals_afl,

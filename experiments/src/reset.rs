@@ -410,6 +410,29 @@ impl Report {
                 w.input_sync.median,
                 w.sync_extra_us
             );
+            match (&w.huge, &w.huge_skipped) {
+                (Some(h), _) => {
+                    let _ = writeln!(
+                        s,
+                        "{:>5} MiB in huge pages: whole range {:.1} p99 {:.1} (the same pages every input; {} MiB still huge), {:.1} p99 {:.1} (other pages; {} MiB still huge)",
+                        w.mib,
+                        h.hot.median,
+                        h.hot.p99,
+                        h.huge_left_mib.0,
+                        h.scattered.median,
+                        h.scattered.p99,
+                        h.huge_left_mib.1
+                    );
+                }
+                (None, why) => {
+                    let _ = writeln!(
+                        s,
+                        "{:>5} MiB in huge pages: not measured ({})",
+                        w.mib,
+                        why.as_deref().unwrap_or("no reason")
+                    );
+                }
+            }
         }
         let _ = writeln!(
             s,

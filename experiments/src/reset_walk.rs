@@ -12,7 +12,18 @@
 //!   round trip per page. Its cost is the input's time over that of the
 //!   same writes under asynchronous write-protect.
 //!
-//! Checked: the whole-range scan and the handler each find exactly the
+//! - **huge pages:** the whole-range scan of the same memory collapsed
+//!   into 2 MiB huge pages (`MADV_COLLAPSE`, which needs no change of the
+//!   program's own advice): a protected huge page is one entry to the
+//!   walk, and a write splits only the huge page it lands in (the
+//!   asynchronous write-protect fault splits it, then protects per base
+//!   page). With the same `k` pages written by every input (a fuzzing
+//!   target's hot state), the walk visits the untouched huge pages and the
+//!   split ones; with other pages every input, splits accumulate until the
+//!   walk is the base pages' again. Both are measured, with the memory
+//!   still in huge pages at the end (the kernel's count).
+//!
+//! Checked: the whole-range scans and the handler each find exactly the
 //! pages written.
 
 use crate::reset::Dist;
@@ -46,6 +57,22 @@ pub struct WalkRow {
     pub input_sync: Dist,
     /// What synchronous write-protect adds to an input (medians), µs.
     pub sync_extra_us: f64,
+    /// The whole-range scan with the memory in huge pages.
+    pub huge: Option<HugeWalk>,
+    /// Why it was not measured, if so.
+    pub huge_skipped: Option<String>,
+}
+
+/// The whole-range scan of memory collapsed into huge pages.
+#[derive(Debug, Clone, Serialize)]
+pub struct HugeWalk {
+    /// The same `k` pages written by every input, µs.
+    pub hot: Dist,
+    /// Other pages every input, µs.
+    pub scattered: Dist,
+    /// Memory still in huge pages after the inputs, MiB (the kernel's
+    /// count): the same pages, other pages.
+    pub huge_left_mib: (u64, u64),
 }
 
 fn us(t: Instant) -> f64 {
@@ -110,6 +137,11 @@ pub fn walk(mib: usize, k: usize, reps: usize) -> Result<WalkRow> {
         wp.unregister(r)?;
     }
     let input_sync = sync_inputs(base, r, reps, &pages_of)?;
+    drop(mem);
+    let (huge, huge_skipped) = match huge_walk(mib, reps, &pages_of) {
+        Ok(h) => (Some(h), None),
+        Err(e) => (None, Some(format!("{e:#}"))),
+    };
     let (a, s) = (Dist::of(input_async), Dist::of(input_sync));
     Ok(WalkRow {
         mib,
@@ -120,6 +152,70 @@ pub fn walk(mib: usize, k: usize, reps: usize) -> Result<WalkRow> {
         input_async: a,
         sync_extra_us: s.median - a.median,
         input_sync: s,
+        huge,
+        huge_skipped,
+    })
+}
+
+/// Memory of `r` in huge pages, MiB (`PAGEMAP_SCAN`'s own count).
+fn huge_mib(r: Region) -> Result<u64> {
+    let mut w = pagewise_mech::walk::PageWalker::new(None)?;
+    let mut runs = Vec::new();
+    let huge = pagewise_sys::pagemap::category::HUGE;
+    w.categories(r, huge, huge, &mut runs)?;
+    Ok(runs.iter().map(|x| x.end - x.start).sum::<u64>() >> 20)
+}
+
+/// The whole-range scan over `mib` MiB collapsed into huge pages, the
+/// same pages written by every input, then other pages every input.
+fn huge_walk(mib: usize, reps: usize, pages_of: &dyn Fn(usize) -> Vec<usize>) -> Result<HugeWalk> {
+    let ps = pagewise::PAGE_SIZE;
+    let mut times = Vec::new();
+    let mut left = Vec::new();
+    for scattered in [false, true] {
+        let mem = pagewise_mech::workload::AnonMemory::new(mib << 20)?;
+        let base = mem.as_ptr();
+        // SAFETY: the mapping is this function's own, alive until the
+        // end of this iteration.
+        unsafe { std::ptr::write_bytes(base, 1, mem.len()) };
+        let r = Region::new(base as u64, mem.len() as u64)?;
+        pagewise_sys::mem::advise(r.start, mem.len(), pagewise_sys::mem::MADV_COLLAPSE)
+            .context("MADV_COLLAPSE of the memory")?;
+        let huge = huge_mib(r)?;
+        if huge < mib as u64 {
+            bail!("{huge} of {mib} MiB collapsed into huge pages");
+        }
+        let mut wp = UffdWp::open()?;
+        wp.register(r, true)?;
+        let mut out = Vec::new();
+        let mut t_all = Vec::with_capacity(reps);
+        for rep in 0..reps {
+            let pages = pages_of(if scattered { rep } else { 0 });
+            write_pages(base, &pages, rep as u8);
+            out.clear();
+            let t = Instant::now();
+            wp.scan_written(r.start, r.end(), true, false, &mut out)?;
+            t_all.push(us(t));
+            let found = out.iter().map(|p| p.pages).sum::<u64>() as usize;
+            if found != pages.len() {
+                bail!(
+                    "the scan of huge pages found {found} pages written, not {}",
+                    pages.len()
+                );
+            }
+            for &p in &pages {
+                wp.protect(Region::new(r.start + (p * ps) as u64, ps as u64)?)?;
+            }
+        }
+        left.push(huge_mib(r)?);
+        wp.unregister(r)?;
+        times.push(Dist::of(t_all));
+    }
+    let scattered = times.pop().expect("two");
+    Ok(HugeWalk {
+        hot: times.pop().expect("two"),
+        scattered,
+        huge_left_mib: (left[0], left[1]),
     })
 }
 
