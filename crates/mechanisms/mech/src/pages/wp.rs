@@ -242,30 +242,10 @@ impl UffdWp {
     /// Write-protects the present and swapped pages of `r`. A page
     /// populated meanwhile stays unprotected: reported as written.
     fn protect_populated(&self, r: Region) -> Result<()> {
-        let any = pagemap::category::PRESENT | pagemap::category::SWAPPED;
-        let mut buf = vec![pagemap::PageRegion::default(); SCAN_VEC];
         let mut runs = Vec::new();
-        let mut addr = r.start;
-        while addr < r.end() {
-            let mut arg = pagemap::PmScanArg {
-                start: addr,
-                end: r.end(),
-                category_anyof_mask: any,
-                return_mask: any,
-                ..Default::default()
-            };
-            let n = pagemap::pagemap_scan(self.pagemap.as_fd(), &mut arg, &mut buf)
-                .map_err(|e| Error::os(format!("PAGEMAP_SCAN of {addr:#x}..{:#x}", r.end()), e))?;
-            for x in &buf[..n] {
-                push_coalesced(&mut runs, x.start, x.end);
-            }
-            match pagemap::next_scan_start(addr, &arg, &buf[..n]) {
-                Some(next) => addr = next,
-                None => break,
-            }
-        }
-        for run in runs {
-            self.protect(Region::new(run.start, run.pages * crate::PAGE_SIZE as u64)?)?;
+        crate::walk::PageWalker::new(self.pid)?.populated(r, &mut runs)?;
+        for (a, b) in runs {
+            self.protect(Region::new(a, b - a)?)?;
         }
         Ok(())
     }
