@@ -45,6 +45,24 @@ impl Churn {
         Ok(Churn { child, map, ops })
     }
 
+    /// Started and past its first 10,000 operations, or a SKIP with the
+    /// reason (no uffd-wp from outside, no C compiler).
+    fn started() -> Option<Self> {
+        let t = pagewise_track::BackendKind::UffdWp
+            .available_for_pid()
+            .and_then(|()| Churn::start());
+        match t {
+            Ok(t) => {
+                t.churn(10_000);
+                Some(t)
+            }
+            Err(why) => {
+                pagewise_testkit::skip!("{why}");
+                None
+            }
+        }
+    }
+
     fn pid(&self) -> i32 {
         self.child.id() as i32
     }
@@ -158,18 +176,9 @@ fn wrong_in_snapshot(disk: &DiskStore, id: u64, map: u64, slots: &[Vec<u8>]) -> 
 #[test]
 fn incremental_snapshots_of_a_sparse_process_read_what_it_holds() {
     let _one = crate::common::one_target_at_a_time();
-    if let Err(why) = pagewise_track::BackendKind::UffdWp.available_for_pid() {
-        pagewise_testkit::skip!("{why}");
+    let Some(t) = Churn::started() else {
         return;
-    }
-    let t = match Churn::start() {
-        Ok(t) => t,
-        Err(why) => {
-            pagewise_testkit::skip!("{why}");
-            return;
-        }
     };
-    t.churn(10_000);
     let dir = TempDir::new("sparse-incremental");
     let mut disk = DiskStore::create(&dir.0, true).unwrap();
     let mut inc = pagewise_snap::remote::Incremental::new(t.pid()).unwrap();
@@ -210,18 +219,9 @@ fn incremental_snapshots_of_a_sparse_process_read_what_it_holds() {
 fn live_checkpoints_of_a_sparse_process_hold_it_at_the_stop() {
     let _one = crate::common::one_target_at_a_time();
     use pagewise_snap::live::{Checkpointer, LiveOptions, ProcessSource, StoreSeries};
-    if let Err(why) = pagewise_track::BackendKind::UffdWp.available_for_pid() {
-        pagewise_testkit::skip!("{why}");
+    let Some(t) = Churn::started() else {
         return;
-    }
-    let t = match Churn::start() {
-        Ok(t) => t,
-        Err(why) => {
-            pagewise_testkit::skip!("{why}");
-            return;
-        }
     };
-    t.churn(10_000);
     let dir = TempDir::new("sparse-live");
     let mut disk = DiskStore::create(&dir.0, true).unwrap();
     let mut series = StoreSeries::new(&mut disk);
