@@ -145,9 +145,11 @@ fn group_snapshots_agree(
         totals.windows(2).all(|w| w[0] <= w[1]) && totals.first() < totals.last(),
         "the processes counted on between snapshots: {totals:?}"
     );
-    // A series reads, from each process's third snapshot on, only what it
-    // wrote since (its shared page and its own counting page, a few more
-    // of the C library's): far fewer pages than its first, whole read.
+    // A series reads, after the first snapshot, only what each process
+    // wrote since: its shared page and its own counting page, a few more
+    // of the C library's and its stack's (at most 16), fewer than the
+    // first, which reads all that memory holds (about 20: holes are not
+    // read, so the first is no longer hundreds).
     let read = |k: usize| -> Vec<u64> {
         lines[k]["members"]
             .as_array()
@@ -158,7 +160,10 @@ fn group_snapshots_agree(
     };
     let (first, last) = (read(0), read(count - 1));
     for (f, l) in first.iter().zip(&last) {
-        assert!(l * 4 < *f, "pages read: first {first:?}, last {last:?}");
+        assert!(
+            *l <= 16 && l < f,
+            "pages read: first {first:?}, last {last:?}"
+        );
     }
     println!(
         "ok   {count} snapshots of {} ({}), each of one instant (totals {} .. {}); pages read per process first {first:?}, last {last:?}",
@@ -277,8 +282,10 @@ fn a_containers_snapshots_agree_across_its_processes() {
             .iter()
             .map(|m| m["snapshot"]["pages_read"].as_u64().unwrap())
             .sum();
+        // At the stop, what each process wrote since the pre-copy (at
+        // most 16 pages each, as above), fewer than the pre-copy read.
         assert!(
-            at_stop * 4 < pre,
+            at_stop <= 16 * members.len() as u64 && at_stop < pre,
             "pages read: pre-copy {pre}, at the stop {at_stop}"
         );
         if round == 0 {
