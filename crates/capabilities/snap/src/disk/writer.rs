@@ -82,21 +82,9 @@ impl DiskStore {
         label: &str,
         since: Option<(&DiskSnapshot, &[PageRange])>,
     ) -> Result<SaveStats> {
-        match since {
-            Some((prev, changed)) => {
-                self.save_with(regions, pid, label, Some(prev), changed, false)
-            }
-            None => {
-                let all: Vec<PageRange> = regions
-                    .iter()
-                    .map(|(r, _)| PageRange {
-                        start: r.start,
-                        pages: r.pages(),
-                    })
-                    .collect();
-                self.save_with(regions, pid, label, None, &all, false)
-            }
-        }
+        // Without `prev`, every region is pushed whole: `changed` unused.
+        let (prev, changed) = since.map_or((None, &[][..]), |(p, c)| (Some(p), c));
+        self.save_with(regions, pid, label, prev, changed, false)
     }
 
     /// As [`DiskStore::save`] with `since = (prev, changed)`, where a
