@@ -486,12 +486,9 @@ impl Copy {
             }
             src.read_many(&mut parts)?;
         }
-        let read: Vec<PageRange> = self.changed[from..].to_vec();
-        self.held = pagewise_mech::region::union_sorted(&self.held, &{
-            let mut v = read;
-            pagewise_mech::region::normalize(&mut v);
-            v
-        });
+        let mut read = self.changed[from..].to_vec();
+        pagewise_mech::region::normalize(&mut read);
+        self.held = pagewise_mech::region::union_sorted(&self.held, &read);
         Ok(n)
     }
 
