@@ -137,6 +137,12 @@ fn summary(s: &afl::ServeStats) -> String {
     if let Some(why) = s.failed_reasons.first() {
         out += &format!(" (first failure: {why})");
     }
+    if let Some(d) = &s.inside_reset_spread {
+        out += &format!(
+            "; a reset inside took {:.1} µs (median; 99th percentile {:.1}, longest {:.1})",
+            d.p50_us, d.p99_us, d.max_us
+        );
+    }
     if let Some(why) = &s.inside_refused {
         out += &format!("; not reset from inside: {why}");
     }

@@ -220,8 +220,23 @@ impl Way {
             Way::Inside => {
                 assert!(s["inside_refused"].is_null(), "{s}");
                 assert!(inside > 0, "resets were made inside: {s}");
+                // Each of them in the histogram of their times.
+                let d = &s["inside_reset_spread"];
+                assert_eq!(d["resets"], inside, "every reset counted: {s}");
+                let f = |k: &str| d[k].as_f64().unwrap();
+                assert!(
+                    0.0 < f("p50_us") && f("min_us") <= f("p50_us"),
+                    "a spread in order: {d}"
+                );
+                assert!(
+                    f("p50_us") <= f("p99_us") && f("p99_us") <= f("max_us"),
+                    "{d}"
+                );
             }
-            Way::Outside => assert_eq!(inside, 0, "no reset was made inside: {s}"),
+            Way::Outside => {
+                assert_eq!(inside, 0, "no reset was made inside: {s}");
+                assert!(s["inside_reset_spread"].is_null(), "{s}");
+            }
         }
     }
 }

@@ -120,6 +120,9 @@ pub struct ServeStats {
     /// Why the program could not be reset from inside, if it could not
     /// (it was then reset from outside).
     pub inside_refused: Option<String>,
+    /// How long the resets made inside took: median, 99th percentile,
+    /// shortest and longest (`None`: none was made inside).
+    pub inside_reset_spread: Option<super::inside::ResetSpread>,
 }
 
 impl ServeStats {
@@ -291,7 +294,7 @@ pub fn serve(
 }
 
 /// Sums over the programs served inside, to make [`ServeStats`] of.
-#[derive(Default, Clone, Copy)]
+#[derive(Clone)]
 struct Sums {
     runs: u64,
     crashes: u64,
@@ -303,6 +306,27 @@ struct Sums {
     pages: u64,
     /// Crashes that ended the program (not caught by the shim).
     killed: u64,
+    /// The resets' histogram, bucket by bucket, and the longest.
+    hist: Box<super::inside::Hist>,
+    max_reset_ns: u64,
+}
+
+impl Default for Sums {
+    fn default() -> Self {
+        Sums {
+            runs: 0,
+            crashes: 0,
+            resets: 0,
+            reset_ns: 0,
+            walk_ns: 0,
+            copy_ns: 0,
+            run_ns: 0,
+            pages: 0,
+            killed: 0,
+            hist: Box::new([0; std::mem::size_of::<super::inside::Hist>() / 8]),
+            max_reset_ns: 0,
+        }
+    }
 }
 
 impl Sums {
@@ -316,10 +340,12 @@ impl Sums {
         self.copy_ns += l(&b.copy_ns);
         self.run_ns += l(&b.run_ns);
         self.pages += l(&b.pages_dirty);
+        let max = b.add_hist(&mut self.hist);
+        self.max_reset_ns = self.max_reset_ns.max(max);
         self
     }
 
-    fn into_stats(self, stats: &mut ServeStats) {
+    fn write_stats(&self, stats: &mut ServeStats) {
         let per = |ns: u64, n: u64| {
             if n == 0 {
                 0.0
@@ -335,6 +361,7 @@ impl Sums {
         stats.reset_phases.copy_us = per(self.copy_ns, self.resets);
         stats.run_us = per(self.run_ns, self.runs);
         stats.pages_dirty = per(self.pages * 1000, self.resets);
+        stats.inside_reset_spread = super::inside::ResetSpread::of(&self.hist, self.max_reset_ns);
     }
 }
 
@@ -471,14 +498,14 @@ fn serve_inside(
                 let _ = child.kill();
             }
             if told.elapsed() >= STATS_EVERY {
-                sums.plus(board).into_stats(stats);
+                sums.clone().plus(board).write_stats(stats);
                 on_stats(stats);
                 told = std::time::Instant::now();
             }
         }
         let status = child.wait().map_err(|e| io("waiting for the program", e))?;
         sums = sums.plus(board);
-        sums.into_stats(stats);
+        sums.write_stats(stats);
         control_read = false;
         match board.stage() {
             stage::STARTING => {
@@ -504,7 +531,7 @@ fn serve_inside(
                 if status.signal().is_some_and(|sig| sig != libc::SIGKILL) {
                     sums.killed += 1;
                 }
-                sums.into_stats(stats);
+                sums.write_stats(stats);
                 pending.push(status.into_raw() as u32);
             }
             stage::OWES_PID => {

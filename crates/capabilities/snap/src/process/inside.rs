@@ -161,6 +161,11 @@ pub struct Board {
     /// The program's own time, from the end of a reset to the end of its
     /// run, nanoseconds in all.
     pub run_ns: AtomicU64,
+    /// The longest reset, nanoseconds.
+    max_reset_ns: AtomicU64,
+    /// Resets by time: bucket `i` counts those that took from `i` to
+    /// `i + 1` times [`BUCKET_NS`]; the last, those that took longer.
+    hist: [AtomicU32; BUCKETS],
     refused_len: AtomicU32,
     refused: [AtomicU8; WHY],
     ended_len: AtomicU32,
@@ -168,7 +173,11 @@ pub struct Board {
 }
 
 /// The board's size in its memory file.
-pub const BOARD_BYTES: usize = 4096;
+pub const BOARD_BYTES: usize = 8192;
+/// The width of a bucket of [`Board`]'s histogram of resets.
+pub const BUCKET_NS: u64 = 500;
+/// The histogram's buckets: 0.5 µs wide up to 512 µs.
+const BUCKETS: usize = 1024;
 const _: () = assert!(std::mem::size_of::<Board>() <= BOARD_BYTES);
 
 impl Board {
@@ -202,6 +211,23 @@ impl Board {
         self.stage.store(s, Ordering::Release);
     }
 
+    /// Counts a reset that took `ns` nanoseconds in the histogram
+    /// (signal-safe: atomics alone).
+    fn record_reset(&self, ns: u64) {
+        let i = ((ns / BUCKET_NS) as usize).min(BUCKETS - 1);
+        self.hist[i].fetch_add(1, Ordering::Relaxed);
+        self.max_reset_ns.fetch_max(ns, Ordering::Relaxed);
+    }
+
+    /// Adds this board's resets to `into`, bucket by bucket (see
+    /// [`ResetSpread::of`]), and gives its longest reset.
+    pub(crate) fn add_hist(&self, into: &mut [u64; BUCKETS]) -> u64 {
+        for (a, h) in into.iter_mut().zip(&self.hist) {
+            *a += h.load(Ordering::Relaxed) as u64;
+        }
+        self.max_reset_ns.load(Ordering::Relaxed)
+    }
+
     /// Why the shim refused to reset the program inside it, if it did.
     pub fn refused(&self) -> Option<String> {
         read_why(&self.refused_len, &self.refused)
@@ -211,6 +237,62 @@ impl Board {
     /// inside it could not put back).
     pub fn ended(&self) -> Option<String> {
         read_why(&self.ended_len, &self.ended)
+    }
+}
+
+/// How long the resets made inside took, from the boards' histograms:
+/// each figure is the upper edge of its bucket (0.5 µs wide),
+/// the longest exact.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, schemars::JsonSchema)]
+#[non_exhaustive]
+pub struct ResetSpread {
+    /// Resets counted.
+    pub resets: u64,
+    /// Median, microseconds.
+    pub p50_us: f64,
+    /// 99th percentile, microseconds.
+    pub p99_us: f64,
+    /// Shortest, microseconds.
+    pub min_us: f64,
+    /// Longest, microseconds.
+    pub max_us: f64,
+}
+
+/// The histogram's buckets, summed over programs.
+pub(crate) type Hist = [u64; BUCKETS];
+
+impl ResetSpread {
+    /// The spread of the resets counted in `hist`, the longest `max_ns`;
+    /// `None` where none was.
+    pub(crate) fn of(hist: &Hist, max_ns: u64) -> Option<ResetSpread> {
+        let n: u64 = hist.iter().sum();
+        if n == 0 {
+            return None;
+        }
+        let edge = |i: usize| match i {
+            // The last bucket has no upper edge but the longest reset.
+            _ if i == BUCKETS - 1 => max_ns as f64 / 1e3,
+            _ => ((i as u64 + 1) * BUCKET_NS).min(max_ns) as f64 / 1e3,
+        };
+        // The bucket of the `rank`-th reset (from 1).
+        let at = |rank: u64| {
+            let mut seen = 0;
+            for (i, &c) in hist.iter().enumerate() {
+                seen += c;
+                if seen >= rank {
+                    return edge(i);
+                }
+            }
+            max_ns as f64 / 1e3
+        };
+        let first = hist.iter().position(|&c| c > 0).unwrap_or(0);
+        Some(ResetSpread {
+            resets: n,
+            p50_us: at(n.div_ceil(2)),
+            p99_us: at((n * 99).div_ceil(100)),
+            min_us: (first as u64 * BUCKET_NS) as f64 / 1e3,
+            max_us: max_ns as f64 / 1e3,
+        })
     }
 }
 
@@ -300,5 +382,28 @@ mod tests {
         write_why(&b.ended_len, &b.ended, &[&long]);
         assert_eq!(b.ended().map(|s| s.len()), Some(WHY));
         assert_eq!(decimal(0, &mut n), b"0");
+    }
+
+    #[test]
+    fn the_spread_of_resets_is_read_from_the_histogram() {
+        let mem = vec![0u64; BOARD_BYTES / 8];
+        // SAFETY: an aligned buffer of BOARD_BYTES that outlives the board.
+        let b = unsafe { Board::at(mem.as_ptr() as *mut u8, true) };
+        let mut hist: Hist = [0; BUCKETS];
+        let none = b.add_hist(&mut hist);
+        assert_eq!(ResetSpread::of(&hist, none), None);
+        // 98 resets of 20.2 µs, one of 70.1 µs, one of 2 ms (the last
+        // bucket's).
+        for _ in 0..98 {
+            b.record_reset(20_200);
+        }
+        b.record_reset(70_100);
+        b.record_reset(2_000_000);
+        let max = b.add_hist(&mut hist);
+        let s = ResetSpread::of(&hist, max).unwrap();
+        assert_eq!(s.resets, 100);
+        assert_eq!((s.p50_us, s.min_us), (20.5, 20.0));
+        assert_eq!(s.p99_us, 70.5);
+        assert_eq!(s.max_us, 2000.0);
     }
 }

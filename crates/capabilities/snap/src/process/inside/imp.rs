@@ -634,7 +634,9 @@ unsafe fn end_of_run(s: &mut Inside, ctx: *mut libc::c_void, status: u32) {
         write_why(&b.ended_len, &b.ended, &[what]);
         end_now();
     }
-    b.reset_ns.fetch_add(now_ns() - t0, Ordering::Relaxed);
+    let took = now_ns() - t0;
+    b.reset_ns.fetch_add(took, Ordering::Relaxed);
+    b.record_reset(took);
     b.resets.fetch_add(1, Ordering::Relaxed);
     tell(s, pid as u32);
     b.set_stage(stage::RUNNING);
