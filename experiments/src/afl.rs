@@ -236,8 +236,9 @@ pub struct Report {
     pub parsers: Vec<ParserReport>,
 }
 
-/// Builds and runs `afl_floor.c` for the configuration: its JSON line.
-fn measure_floor(cfg: &Config, dir: &Path) -> Result<serde_json::Value> {
+/// Builds (in `dir`) and runs `afl_floor.c` for `mib` MiB of state and
+/// `k` pages written per input: its JSON line.
+pub(crate) fn measure_floor(mib: usize, k: usize, dir: &Path) -> Result<serde_json::Value> {
     let src = dir.join("afl_floor.c");
     let bin = dir.join("afl_floor");
     if !bin.exists() {
@@ -251,7 +252,7 @@ fn measure_floor(cfg: &Config, dir: &Path) -> Result<serde_json::Value> {
         anyhow::ensure!(st.success(), "cc failed on afl_floor.c: {st}");
     }
     let out = Command::new(&bin)
-        .args([cfg.mib.to_string(), cfg.k.to_string()])
+        .args([mib.to_string(), k.to_string()])
         .output()
         .context("running afl_floor")?;
     anyhow::ensure!(
@@ -491,7 +492,7 @@ fn run_in(cfg: &Config, cc: &Path, dir: &Path, progress: &mut dyn FnMut(&str)) -
         })
         .unwrap_or_default();
     progress("measuring the floor of a reset inside the program");
-    let mut samples = vec![measure_floor(cfg, &dir)?];
+    let mut samples = vec![measure_floor(cfg.mib, cfg.k, &dir)?];
     let mut runs = Vec::new();
     let t0 = Instant::now();
     let example_args = [cfg.mib.to_string(), cfg.k.to_string()];
@@ -528,7 +529,7 @@ fn run_in(cfg: &Config, cc: &Path, dir: &Path, progress: &mut dyn FnMut(&str)) -
             .collect();
         Spread::of(v).median
     };
-    samples.push(measure_floor(cfg, &dir)?);
+    samples.push(measure_floor(cfg.mib, cfg.k, &dir)?);
     let persistent = median_of("persistent");
     let reset_floor_us = samples
         .iter()

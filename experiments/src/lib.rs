@@ -21,6 +21,7 @@ pub mod provenance;
 pub mod redis;
 pub mod report;
 pub mod reset;
+mod reset_inside;
 pub mod reset_walk;
 pub mod rollback;
 pub mod snap;

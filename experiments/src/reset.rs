@@ -18,6 +18,11 @@
 //! idle CPU woken by another costs tens of microseconds; every reset wakes
 //! the target twice).
 //!
+//! The reset made inside the program (`inside`, [`crate::reset_inside`])
+//! runs beside them on a target of its own that checks itself; its
+//! figures are the shim's histogram of resets, and the goals are stated
+//! on it.
+//!
 //! Checked: every answer of a reset target equals its first answer to the
 //! same input and the fork server's; after every reset a sample of pages
 //! read through `/proc/PID/mem` equals the snapshot; every page at the end
@@ -112,8 +117,12 @@ pub struct Row {
     pub phases: Option<ResetPhases>,
     /// Session: resets that took the whole path of a restore.
     pub full_resets: u64,
-    /// Pages compared with the snapshot through `/proc/PID/mem`.
+    /// Pages compared with the snapshot (through `/proc/PID/mem`; inside:
+    /// by the target itself, against its pattern).
     pub pages_checked: u64,
+    /// Inside: from the control word to the pid told, as a fuzzer waits
+    /// for a reset, µs.
+    pub asked_us: Option<Dist>,
 }
 
 /// Everything one run measured (its provenance is added as it is
@@ -130,6 +139,47 @@ pub struct Report {
     /// How a reset finds the pages written, three ways
     /// ([`crate::reset_walk`]).
     pub walk: Vec<crate::reset_walk::WalkRow>,
+    /// The kernel's floor of a reset inside the program, per size
+    /// (`experiments/c/afl_floor.c`).
+    pub floors: Vec<Floor>,
+}
+
+/// The floor of a reset made inside the program of `mib` MiB writing `k`
+/// pages: one `PAGEMAP_SCAN` of the state, the `k` pages protected again
+/// one by one and copied back (medians, µs; the program's faults and the
+/// traps are its run's, not the reset's).
+#[derive(Debug, Clone, Serialize)]
+pub struct Floor {
+    /// State, MiB.
+    pub mib: usize,
+    /// Pages written.
+    pub k: usize,
+    /// The walk.
+    pub walk_us: f64,
+    /// Protecting again.
+    pub protect_us: f64,
+    /// Copying back.
+    pub copy_us: f64,
+    /// Their sum.
+    pub reset_us: f64,
+}
+
+fn floor(work: &std::path::Path, mib: usize, k: usize) -> Result<Floor> {
+    let v = crate::afl::measure_floor(mib, k, work)?;
+    let f = |key: &str| {
+        v[key]
+            .as_f64()
+            .ok_or_else(|| anyhow::anyhow!("afl_floor gave no {key}: {v}"))
+    };
+    let (walk_us, protect_us, copy_us) = (f("walk_us")?, f("protect_us")?, f("copy_us")?);
+    Ok(Floor {
+        mib,
+        k,
+        walk_us,
+        protect_us,
+        copy_us,
+        reset_us: walk_us + protect_us + copy_us,
+    })
 }
 
 /// Inputs cycle through this many seeds: each is answered more than once.
@@ -165,6 +215,7 @@ fn row(variant: &str, mib: usize, k: usize, reset: Vec<f64>, cycle: Vec<f64>) ->
         phases: None,
         full_resets: 0,
         pages_checked: 0,
+        asked_us: None,
     }
 }
 
@@ -256,6 +307,25 @@ fn median_phases(phases: &[ResetPhases]) -> ResetPhases {
 
 /// Runs the experiment.
 pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
+    let work =
+        std::env::temp_dir().join(format!("pagewise-bench-reset-bin-{}", std::process::id()));
+    std::fs::create_dir_all(&work)?;
+    let r = run_with(cfg, &work, progress);
+    let _ = std::fs::remove_dir_all(&work);
+    r
+}
+
+fn run_with(
+    cfg: &Config,
+    work: &std::path::Path,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Report> {
+    let target = crate::reset_inside::build(work)?;
+    let mut floors = Vec::new();
+    for &mib in &cfg.sizes_mib {
+        progress(&format!("{mib} MiB: the floor of a reset inside"));
+        floors.push(floor(work, mib, cfg.ks[0])?);
+    }
     let mut rows = Vec::new();
     let round_trip = vec![
         ("two CPUs".to_string(), pipe_round_trip(cfg.reps, false)?),
@@ -272,6 +342,8 @@ pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
                 let at = format!("{mib} MiB k={k} ({placement})");
                 progress(&format!("{at}: session"));
                 let mut point = vec![session(cfg, mib, k, &mut first)?];
+                progress(&format!("{at}: inside"));
+                point.push(crate::reset_inside::inside(&target, cfg.reps, mib, k)?);
                 progress(&format!("{at}: restore"));
                 point.push(restore(cfg, mib, k, &mut first)?);
                 progress(&format!("{at}: fork server"));
@@ -293,6 +365,7 @@ pub fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report> {
         rows,
         round_trip,
         walk,
+        floors,
     })
 }
 
@@ -369,15 +442,17 @@ impl Report {
                 }
                 _ => "-".into(),
             };
-            let ph = r
-                .phases
-                .map(|p| {
-                    format!(
-                        "  {:.0} {:.0} {:.0} {:.0} {:.0} {:.0}",
-                        p.stop_us, p.check_us, p.threads_us, p.walk_us, p.copy_us, p.resume_us
-                    )
-                })
-                .unwrap_or_default();
+            let ph = match (r.phases, r.asked_us) {
+                (Some(p), Some(a)) => format!(
+                    "  walk {:.0} copy {:.0} (means); asked {:.1} p99 {:.1}",
+                    p.walk_us, p.copy_us, a.median, a.p99
+                ),
+                (Some(p), None) => format!(
+                    "  {:.0} {:.0} {:.0} {:.0} {:.0} {:.0}",
+                    p.stop_us, p.check_us, p.threads_us, p.walk_us, p.copy_us, p.resume_us
+                ),
+                _ => String::new(),
+            };
             let _ = writeln!(
                 s,
                 "{:<12} {:<8} {:>5} {:>4} {:>8.1} {:>8.1} {:>21} {:>9.0} {:>7}{ph}",
@@ -392,6 +467,7 @@ impl Report {
                 x
             );
         }
+        s += &self.goals();
         let _ = writeln!(
             s,
             "\nfinding the pages written, µs: median p99; sync = the input's time over async's"
@@ -445,6 +521,78 @@ impl Report {
                 d.median, d.p99, d.min, d.max
             );
         }
+        s
+    }
+
+    /// The reset goals, each with its figure and whether it is
+    /// met (the reset made inside the program), beside the kernel's floor
+    /// of a reset measured in the same run.
+    fn goals(&self) -> String {
+        use std::fmt::Write;
+        let mut s = String::from("\ngoals (a reset writing 16 pages; inside the program):\n");
+        let find = |placement: &str, mib: usize| {
+            self.rows.iter().find(|r| {
+                r.variant == "inside" && r.placement == placement && r.mib == mib && r.k == 16
+            })
+        };
+        let floor = |mib: usize| self.floors.iter().find(|f| f.mib == mib && f.k == 16);
+        let mut line = |what: &str,
+                        figure: Option<(f64, &Dist)>,
+                        goal: f64,
+                        floor: Option<&Floor>| {
+            let _ = match figure {
+                Some((x, d)) => {
+                    let met = if x <= goal { "met" } else { "not met" };
+                    let floor = floor
+                        .map(|f| {
+                            format!(
+                                "; the kernel's floor {:.1} µs (walk {:.1}, protect {:.1}, copy {:.1}), the goal x{:.2} of it",
+                                f.reset_us,
+                                f.walk_us,
+                                f.protect_us,
+                                f.copy_us,
+                                goal / f.reset_us
+                            )
+                        })
+                        .unwrap_or_default();
+                    writeln!(
+                        s,
+                        "  {what:<34} {x:>7.1} µs [{:.1}..{:.1}], goal <= {goal}: {met} (x{:.2} of the goal){floor}",
+                        d.min,
+                        d.max,
+                        x / goal
+                    )
+                }
+                None => writeln!(s, "  {what:<34} not measured in this run"),
+            };
+        };
+        let one64 = find("one CPU", 64);
+        line(
+            "64 MiB, one CPU, median",
+            one64.map(|r| (r.reset_us.median, &r.reset_us)),
+            30.0,
+            floor(64),
+        );
+        line(
+            "64 MiB, one CPU, 99th percentile",
+            one64.map(|r| (r.reset_us.p99, &r.reset_us)),
+            60.0,
+            None,
+        );
+        let spread64 = find("spread", 64);
+        line(
+            "64 MiB, spread, median",
+            spread64.map(|r| (r.reset_us.median, &r.reset_us)),
+            50.0,
+            None,
+        );
+        let one1g = find("one CPU", 1024);
+        line(
+            "1 GiB, one CPU, median",
+            one1g.map(|r| (r.reset_us.median, &r.reset_us)),
+            100.0,
+            floor(1024),
+        );
         s
     }
 
