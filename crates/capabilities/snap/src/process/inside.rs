@@ -156,7 +156,8 @@ pub struct Board {
     pub walk_ns: AtomicU64,
     /// Of it, copying pages back and protecting them again.
     pub copy_ns: AtomicU64,
-    /// Pages written since the point, in all.
+    /// Pages copied back (found written since the point, and the spans
+    /// of a few pages copied whole), in all.
     pub pages_dirty: AtomicU64,
     /// The program's own time, from the end of a reset to the end of its
     /// run, nanoseconds in all.

@@ -63,10 +63,15 @@ struct Inside {
     /// Every mapping of the point, sorted (for the overlap checks).
     mappings: Vec<(u64, u64)>,
     regions: Vec<Copied>,
-    /// The regions, those that touch joined: one `PAGEMAP_SCAN` each (one
-    /// over all of them would walk the page tables of every mapping
-    /// between, the point's copy among them).
+    /// The regions, those that touch joined.
     spans: Vec<(u64, u64)>,
+    /// Of them, those a reset walks (one `PAGEMAP_SCAN` each: one over all
+    /// of them would walk the page tables of every mapping between, the
+    /// point's copy among them).
+    walked: Vec<(u64, u64)>,
+    /// The others, a few pages each: copied back whole at every reset and
+    /// never protected.
+    whole: Vec<(u64, u64)>,
     offsets: Vec<(i32, u64)>,
     /// Descriptors the point held, sorted.
     fds: Vec<i32>,
@@ -83,6 +88,8 @@ struct Inside {
     /// Resets made.
     round: u64,
     // The run.
+    /// Whether the run called `brk` (else the break is the point's).
+    brk_called: bool,
     brk_low: u64,
     made: Vec<(u64, u64)>,
     made_overflow: bool,
@@ -210,6 +217,8 @@ fn start(mut req: ResetRequest, board: &'static Board) -> Result<(), String> {
         mappings: Vec::new(),
         regions: Vec::new(),
         spans: Vec::new(),
+        walked: Vec::new(),
+        whole: Vec::new(),
         offsets: Vec::new(),
         fds: Vec::new(),
         gaps: Vec::new(),
@@ -220,6 +229,7 @@ fn start(mut req: ResetRequest, board: &'static Board) -> Result<(), String> {
         runs: Vec::with_capacity(4096),
         last: Vec::with_capacity(4096),
         round: 0,
+        brk_called: false,
         brk_low: 0,
         made: Vec::with_capacity(256),
         made_overflow: false,
@@ -349,6 +359,7 @@ extern "C" fn on_sigsys(_sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
             unsafe { end_of_run(s, ctx, ((t.args[0] as u32) & 0xff) << 8) }
         }
         libc::SYS_brk => {
+            s.brk_called = true;
             let r = pass(ctx, &t);
             if r > 0 {
                 s.brk_low = s.brk_low.min(r as u64);
@@ -577,6 +588,9 @@ fn threads(fd: i32) -> usize {
         }
         let bytes = buf.as_ptr() as *const u8;
         let mut off = 0usize;
+        // Room left for more than the longest entry: the directory's end
+        // (the kernel fills what fits), no call more to find it.
+        let last = (n as usize) + 512 <= std::mem::size_of_val(&buf);
         while off < n as usize {
             // struct linux_dirent64: d_ino (8), d_off (8), d_reclen (2).
             // SAFETY: inside the `n` bytes the kernel wrote.
@@ -586,6 +600,9 @@ fn threads(fd: i32) -> usize {
             }
             count += 1;
             off += reclen as usize;
+        }
+        if last {
+            return count.saturating_sub(2);
         }
     }
 }

@@ -13,9 +13,13 @@ pub(super) unsafe fn reset(s: &mut Inside, ctx: *mut libc::c_void) -> Result<(),
     let t0 = now_ns();
     // The break: back to the point's; pages given back since are mapped
     // again, registered, and filled from the point's copy below.
-    let cur = sys(libc::SYS_brk, a1(0)) as u64;
-    if cur != s.brk && sys(libc::SYS_brk, a1(s.brk)) as u64 != s.brk {
-        return Err(b"the break could not be put back");
+    // Not called during the run (by the C library): the point's still.
+    if s.brk_called {
+        let cur = sys(libc::SYS_brk, a1(0)) as u64;
+        if cur != s.brk && sys(libc::SYS_brk, a1(s.brk)) as u64 != s.brk {
+            return Err(b"the break could not be put back");
+        }
+        s.brk_called = false;
     }
     let heap_end = s.brk.next_multiple_of(PAGE);
     let low = s.brk_low.next_multiple_of(PAGE);
@@ -49,8 +53,8 @@ pub(super) unsafe fn reset(s: &mut Inside, ctx: *mut libc::c_void) -> Result<(),
     s.made.clear();
     let t1 = now_ns();
     // The pages written since the point.
-    for k in 0..s.spans.len() {
-        let (mut from, end) = s.spans[k];
+    for k in 0..s.walked.len() {
+        let (mut from, end) = s.walked[k];
         loop {
             let mut arg = PmScanArg {
                 size: std::mem::size_of::<PmScanArg>() as u64,
@@ -119,6 +123,11 @@ pub(super) unsafe fn reset(s: &mut Inside, ctx: *mut libc::c_void) -> Result<(),
             protect(s.uffd, at, end);
             at = end;
         }
+    }
+    for i in 0..s.whole.len() {
+        let (a, e) = s.whole[i];
+        copy_back(s, a, e);
+        pages += (e - a) / PAGE;
     }
     if let Some((a, e)) = given_back {
         copy_back(s, a, e);
