@@ -588,6 +588,16 @@ fn a_reset_inside_the_program_finds_every_run_as_its_point_left_it() {
         s["pages_dirty"].as_f64().unwrap() >= 16.0,
         "a reset found at least the 16 pages of the state each run writes: {s}"
     );
+    // The state (8 MiB) collapsed into huge pages at the point: the runs
+    // wrote into huge pages, and every check above held.
+    let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled");
+    match thp {
+        Ok(t) if !t.contains("[never]") => assert!(
+            s["inside_collapsed_mib"].as_f64().unwrap() >= 2.0,
+            "at least one 2 MiB block of the state was collapsed at the point: {s}"
+        ),
+        _ => eprintln!("note: no huge pages here: the state stayed in base pages"),
+    }
     assert!(!err.contains("warning"), "{err}");
 }
 

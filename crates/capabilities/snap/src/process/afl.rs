@@ -123,6 +123,10 @@ pub struct ServeStats {
     /// How long the resets made inside took: median, 99th percentile,
     /// shortest and longest (`None`: none was made inside).
     pub inside_reset_spread: Option<super::inside::ResetSpread>,
+    /// The program's state the shim collapsed into huge pages at its
+    /// point (the last program's), MiB: a reset walks one entry for each
+    /// 2 MiB of it no run wrote.
+    pub inside_collapsed_mib: f64,
 }
 
 impl ServeStats {
@@ -309,6 +313,8 @@ struct Sums {
     /// The resets' histogram, bucket by bucket, and the longest.
     hist: Box<super::inside::Hist>,
     max_reset_ns: u64,
+    /// The last program's state collapsed into huge pages at its point.
+    collapsed: u64,
 }
 
 impl Default for Sums {
@@ -325,6 +331,7 @@ impl Default for Sums {
             killed: 0,
             hist: Box::new([0; std::mem::size_of::<super::inside::Hist>() / 8]),
             max_reset_ns: 0,
+            collapsed: 0,
         }
     }
 }
@@ -340,6 +347,10 @@ impl Sums {
         self.copy_ns += l(&b.copy_ns);
         self.run_ns += l(&b.run_ns);
         self.pages += l(&b.pages_dirty);
+        let collapsed = l(&b.collapsed_bytes);
+        if collapsed > 0 {
+            self.collapsed = collapsed;
+        }
         let max = b.add_hist(&mut self.hist);
         self.max_reset_ns = self.max_reset_ns.max(max);
         self
@@ -362,6 +373,7 @@ impl Sums {
         stats.run_us = per(self.run_ns, self.runs);
         stats.pages_dirty = per(self.pages * 1000, self.resets);
         stats.inside_reset_spread = super::inside::ResetSpread::of(&self.hist, self.max_reset_ns);
+        stats.inside_collapsed_mib = self.collapsed as f64 / (1 << 20) as f64;
     }
 }
 

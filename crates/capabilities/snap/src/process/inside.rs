@@ -19,8 +19,10 @@
 //!   of its input, before it is made: the interrupted registers, `XSAVE`
 //!   area and signal mask (the signal frame's), a copy of every private
 //!   writable mapping but the shim's own (kept in the shim's memory, where
-//!   a `memcpy` reaches it), write-protected with a userfaultfd in
-//!   asynchronous mode, the break, the descriptor table and the regular
+//!   a `memcpy` reaches it), each 2 MiB block of it populated whole
+//!   collapsed into a huge page (a reset walks one entry for it until a
+//!   run writes it), write-protected with a userfaultfd in asynchronous
+//!   mode, the break, the descriptor table and the regular
 //!   files' offsets. A program with more than one thread, or an alternate
 //!   signal stack of its own, is refused (the reset from outside takes it).
 //! - **A run** ends at `exit_group`: the handler tells AFL++ the status,
@@ -162,6 +164,8 @@ pub struct Board {
     /// The program's own time, from the end of a reset to the end of its
     /// run, nanoseconds in all.
     pub run_ns: AtomicU64,
+    /// The point's state collapsed into huge pages, bytes.
+    pub collapsed_bytes: AtomicU64,
     /// The longest reset, nanoseconds.
     max_reset_ns: AtomicU64,
     /// Resets by time: bucket `i` counts those that took from `i` to

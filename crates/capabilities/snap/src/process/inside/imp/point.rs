@@ -130,6 +130,9 @@ unsafe fn take(s: &mut Inside, ctx: *mut libc::c_void) -> Result<(), String> {
         });
         off += e - a;
     }
+    s.board
+        .collapsed_bytes
+        .store(collapse(&s.regions), Ordering::Relaxed);
     // SAFETY: the userfaultfd the shim holds for the life of the process.
     let uffd = unsafe { std::os::fd::BorrowedFd::borrow_raw(s.uffd) };
     for c in &s.regions {
@@ -172,6 +175,43 @@ unsafe fn take(s: &mut Inside, ctx: *mut libc::c_void) -> Result<(), String> {
         s.fp = std::slice::from_raw_parts(fp, n).to_vec();
     }
     Ok(())
+}
+
+/// Keeps the point's state in huge pages where it can (before it is
+/// registered: the kernel collapses no page that is write-protected):
+/// each 2 MiB block of a region that is populated whole is collapsed
+/// (`MADV_COLLAPSE`; a block with a hole is left, which the collapse
+/// would fill). The reset's walk then reads one entry for such a block
+/// until a run writes it (the write splits its mapping into pages, each
+/// still protected but the one written). Not a byte changes; a block the
+/// kernel refuses is left as it is. The bytes collapsed.
+fn collapse(regions: &[Copied]) -> u64 {
+    const HUGE: u64 = pagewise_mech::HUGE_PAGE_SIZE as u64;
+    let Ok(mut walker) = pagewise_mech::walk::PageWalker::new(None) else {
+        return 0;
+    };
+    let mut runs = Vec::new();
+    let mut done = 0;
+    for c in regions {
+        let (lo, hi) = (c.start.next_multiple_of(HUGE), c.end / HUGE * HUGE);
+        let Ok(r) = pagewise_mech::Region::new(lo, hi.saturating_sub(lo)) else {
+            continue;
+        };
+        if walker.populated(r, &mut runs).is_err() {
+            continue;
+        }
+        for &(a, b) in &runs {
+            let mut at = a.next_multiple_of(HUGE);
+            while at + HUGE <= b {
+                let advice = pagewise_sys::mem::MADV_COLLAPSE;
+                if pagewise_sys::mem::advise(at, HUGE as usize, advice).is_ok() {
+                    done += HUGE;
+                }
+                at += HUGE;
+            }
+        }
+    }
+    done
 }
 
 /// The largest span copied back whole at each reset instead of walked:
