@@ -123,6 +123,8 @@ pub struct Row {
     /// Inside: from the control word to the pid told, as a fuzzer waits
     /// for a reset, µs.
     pub asked_us: Option<Dist>,
+    /// Inside: the state collapsed into huge pages at the point, MiB.
+    pub collapsed_mib: Option<f64>,
 }
 
 /// Everything one run measured (its provenance is added as it is
@@ -216,6 +218,7 @@ fn row(variant: &str, mib: usize, k: usize, reset: Vec<f64>, cycle: Vec<f64>) ->
         full_resets: 0,
         pages_checked: 0,
         asked_us: None,
+        collapsed_mib: None,
     }
 }
 
@@ -444,8 +447,12 @@ impl Report {
             };
             let ph = match (r.phases, r.asked_us) {
                 (Some(p), Some(a)) => format!(
-                    "  walk {:.0} copy {:.0} (means); asked {:.1} p99 {:.1}",
-                    p.walk_us, p.copy_us, a.median, a.p99
+                    "  walk {:.0} copy {:.0} (means); asked {:.1} p99 {:.1}; {:.0} MiB huge at the point",
+                    p.walk_us,
+                    p.copy_us,
+                    a.median,
+                    a.p99,
+                    r.collapsed_mib.unwrap_or(0.0)
                 ),
                 (Some(p), None) => format!(
                     "  {:.0} {:.0} {:.0} {:.0} {:.0} {:.0}",
@@ -525,8 +532,9 @@ impl Report {
     }
 
     /// The reset goals, each with its figure and whether it is
-    /// met (the reset made inside the program), beside the kernel's floor
-    /// of a reset measured in the same run.
+    /// met (the reset made inside the program), beside the floor of a
+    /// reset of the same state in base pages measured in the same run
+    /// (the state collapsed into huge pages at the point walks less).
     fn goals(&self) -> String {
         use std::fmt::Write;
         let mut s = String::from("\ngoals (a reset writing 16 pages; inside the program):\n");
@@ -546,7 +554,7 @@ impl Report {
                     let floor = floor
                         .map(|f| {
                             format!(
-                                "; the kernel's floor {:.1} µs (walk {:.1}, protect {:.1}, copy {:.1}), the goal x{:.2} of it",
+                                "; floor in base pages {:.1} µs (one walk {:.1}, protect {:.1}, copy {:.1}: afl_floor), the goal x{:.2} of it",
                                 f.reset_us,
                                 f.walk_us,
                                 f.protect_us,

@@ -247,5 +247,6 @@ fn measure(target: &Path, dir: &Path, reps: usize, mib: usize, k: usize) -> Resu
         full_resets: 0,
         pages_checked: checked,
         asked_us: Some(Dist::of(asked)),
+        collapsed_mib: st["inside_collapsed_mib"].as_f64(),
     })
 }
