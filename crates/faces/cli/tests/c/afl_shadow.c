@@ -13,12 +13,14 @@
  * The input's first byte asks for what a reset inside the program cannot
  * put back (the program is then started again for the next run):
  *   'U' unmaps a page of the state, 'C' closes standard output,
- *   'T' leaves a thread, 'S' sets an alternate signal stack;
+ *   'T' leaves a thread, 'R' leaves a thread made with clone() (no
+ *   set_robust_list call marks it), 'S' sets an alternate signal stack;
  * and for a crash: 'K' writes through a null pointer, 'A' aborts.
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -44,6 +46,14 @@ static uint64_t pattern(size_t i)
 }
 
 static void *sleeper(void *arg)
+{
+    (void)arg;
+    for (;;)
+        pause();
+    return 0;
+}
+
+static int raw_sleeper(void *arg)
 {
     (void)arg;
     for (;;)
@@ -143,6 +153,12 @@ int main(void)
         case 'T': {
             pthread_t t;
             pthread_create(&t, 0, sleeper, 0);
+            break;
+        }
+        case 'R': {
+            static char stack[1 << 16] __attribute__((aligned(16)));
+            clone(raw_sleeper, stack + sizeof stack,
+                  CLONE_VM | CLONE_FS | CLONE_FILES | CLONE_SIGHAND | CLONE_THREAD | CLONE_SYSVSEM, 0);
             break;
         }
         case 'S': {

@@ -81,6 +81,8 @@ struct Inside {
     pagemap: i32,
     /// `/proc/self/task`, read at the end of each run.
     tasks: i32,
+    /// Its link count at the point, with one thread ([`task_links`]).
+    one_thread_links: u64,
     scan: Vec<PageRegion>,
     runs: Vec<(u64, u64)>,
     /// The runs found written at the last reset (left unprotected).
@@ -225,6 +227,7 @@ fn start(mut req: ResetRequest, board: &'static Board) -> Result<(), String> {
         uffd: -1,
         pagemap: -1,
         tasks: -1,
+        one_thread_links: 0,
         scan: vec![PageRegion::default(); 512],
         runs: Vec::with_capacity(4096),
         last: Vec::with_capacity(4096),
@@ -568,43 +571,21 @@ extern "C" fn on_crash(sig: libc::c_int, _info: *mut libc::siginfo_t, ctx: *mut 
     unsafe { end_of_run(s, ctx, (sig as u32) & 0x7f) }
 }
 
-/// The threads of this process (entries of `/proc/self/task` but `.` and
-/// `..`), from the directory's descriptor `fd`; 0 where it cannot be read.
-fn threads(fd: i32) -> usize {
-    let mut buf = [0u64; 256];
-    sys(libc::SYS_lseek, a3(fd as u64, 0, libc::SEEK_SET as u64));
-    let mut count = 0usize;
-    loop {
-        let n = sys(
-            libc::SYS_getdents64,
-            a3(
-                fd as u64,
-                buf.as_mut_ptr() as u64,
-                std::mem::size_of_val(&buf) as u64,
-            ),
-        );
-        if n <= 0 {
-            return if n < 0 { 0 } else { count.saturating_sub(2) };
-        }
-        let bytes = buf.as_ptr() as *const u8;
-        let mut off = 0usize;
-        // Room left for more than the longest entry: the directory's end
-        // (the kernel fills what fits), no call more to find it.
-        let last = (n as usize) + 512 <= std::mem::size_of_val(&buf);
-        while off < n as usize {
-            // struct linux_dirent64: d_ino (8), d_off (8), d_reclen (2).
-            // SAFETY: inside the `n` bytes the kernel wrote.
-            let reclen = unsafe { std::ptr::read_unaligned(bytes.add(off + 16) as *const u16) };
-            if reclen == 0 {
-                return 0;
-            }
-            count += 1;
-            off += reclen as usize;
-        }
-        if last {
-            return count.saturating_sub(2);
-        }
+/// The link count of `/proc/self/task` from its descriptor `fd`: the
+/// kernel adds the process's threads to it (`proc_task_getattr`), so that
+/// one `fstat` tells whether a thread was made since the point (which
+/// keeps the count it had with one). 0 where it cannot be read.
+fn task_links(fd: i32) -> u64 {
+    // SAFETY: a zeroed stat is valid storage.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    let r = sys(
+        libc::SYS_fstat,
+        a3(fd as u64, &mut st as *mut libc::stat as u64, 0),
+    );
+    if r != 0 {
+        return 0;
     }
+    st.st_nlink
 }
 
 /// The end of a run: tells AFL++ the status, waits for the next input,
@@ -620,7 +601,7 @@ unsafe fn end_of_run(s: &mut Inside, ctx: *mut libc::c_void, status: u32) {
     b.runs.fetch_add(1, Ordering::Relaxed);
     b.set_stage(stage::IDLE);
     let pid = POINT_PID.load(Ordering::Relaxed);
-    if sys(libc::SYS_gettid, [0; 6]) as i32 != pid || threads(s.tasks) != 1 {
+    if sys(libc::SYS_gettid, [0; 6]) as i32 != pid || task_links(s.tasks) != s.one_thread_links {
         s.mark(b"a thread was made", 0);
     }
     if s.made_overflow {

@@ -241,6 +241,14 @@ fn own_descriptors(s: &mut Inside) -> Result<(), String> {
         ));
     }
     s.tasks = moved_high(s.tasks);
+    // One thread now (checked first thing in `take`).
+    s.one_thread_links = super::task_links(s.tasks);
+    if s.one_thread_links == 0 {
+        return Err(format!(
+            "reading /proc/self/task: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
     {
         use std::os::fd::AsRawFd;
         let (u, p) = wp.descriptors();
