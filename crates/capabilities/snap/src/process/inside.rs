@@ -168,8 +168,9 @@ pub struct Board {
     pub collapsed_bytes: AtomicU64,
     /// The longest reset, nanoseconds.
     max_reset_ns: AtomicU64,
-    /// Resets by time: bucket `i` counts those that took from `i` to
-    /// `i + 1` times [`BUCKET_NS`]; the last, those that took longer.
+    /// Resets by time ([`bucket_of`]): 0.5 µs wide up to 256 µs, then 4
+    /// µs wide up to 2304 µs; the last bucket counts those that took
+    /// longer.
     hist: [AtomicU32; BUCKETS],
     refused_len: AtomicU32,
     refused: [AtomicU8; WHY],
@@ -179,10 +180,31 @@ pub struct Board {
 
 /// The board's size in its memory file.
 pub const BOARD_BYTES: usize = 8192;
-/// The width of a bucket of [`Board`]'s histogram of resets.
+/// The width of the first half of the buckets of [`Board`]'s histogram
+/// of resets; the second half's are eight times as wide.
 pub const BUCKET_NS: u64 = 500;
-/// The histogram's buckets: 0.5 µs wide up to 512 µs.
+/// The histogram's buckets.
 const BUCKETS: usize = 1024;
+const HALF: usize = BUCKETS / 2;
+
+/// The bucket of a reset of `ns` nanoseconds.
+fn bucket_of(ns: u64) -> usize {
+    let fine = (ns / BUCKET_NS) as usize;
+    if fine < HALF {
+        return fine;
+    }
+    let coarse = ((ns - HALF as u64 * BUCKET_NS) / (8 * BUCKET_NS)) as usize;
+    (HALF + coarse).min(BUCKETS - 1)
+}
+
+/// Where bucket `i` starts, nanoseconds.
+fn bucket_start(i: usize) -> u64 {
+    if i < HALF {
+        i as u64 * BUCKET_NS
+    } else {
+        HALF as u64 * BUCKET_NS + (i - HALF) as u64 * 8 * BUCKET_NS
+    }
+}
 const _: () = assert!(std::mem::size_of::<Board>() <= BOARD_BYTES);
 
 impl Board {
@@ -219,7 +241,7 @@ impl Board {
     /// Counts a reset that took `ns` nanoseconds in the histogram
     /// (signal-safe: atomics alone).
     fn record_reset(&self, ns: u64) {
-        let i = ((ns / BUCKET_NS) as usize).min(BUCKETS - 1);
+        let i = bucket_of(ns);
         self.hist[i].fetch_add(1, Ordering::Relaxed);
         self.max_reset_ns.fetch_max(ns, Ordering::Relaxed);
     }
@@ -246,8 +268,8 @@ impl Board {
 }
 
 /// How long the resets made inside took, from the boards' histograms:
-/// each figure is the upper edge of its bucket (0.5 µs wide),
-/// the longest exact.
+/// each figure is the upper edge of its bucket (0.5 µs wide up to
+/// 256 µs, 4 µs up to 2304 µs), the longest exact.
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, schemars::JsonSchema)]
 #[non_exhaustive]
 pub struct ResetSpread {
@@ -277,7 +299,7 @@ impl ResetSpread {
         let edge = |i: usize| match i {
             // The last bucket has no upper edge but the longest reset.
             _ if i == BUCKETS - 1 => max_ns as f64 / 1e3,
-            _ => ((i as u64 + 1) * BUCKET_NS).min(max_ns) as f64 / 1e3,
+            _ => bucket_start(i + 1).min(max_ns) as f64 / 1e3,
         };
         // The bucket of the `rank`-th reset (from 1).
         let at = |rank: u64| {
@@ -295,7 +317,7 @@ impl ResetSpread {
             resets: n,
             p50_us: at(n.div_ceil(2)),
             p99_us: at((n * 99).div_ceil(100)),
-            min_us: (first as u64 * BUCKET_NS) as f64 / 1e3,
+            min_us: bucket_start(first) as f64 / 1e3,
             max_us: max_ns as f64 / 1e3,
         })
     }
@@ -397,18 +419,24 @@ mod tests {
         let mut hist: Hist = [0; BUCKETS];
         let none = b.add_hist(&mut hist);
         assert_eq!(ResetSpread::of(&hist, none), None);
-        // 98 resets of 20.2 µs, one of 70.1 µs, one of 2 ms (the last
+        // 98 resets of 20.2 µs, one of 70.1 µs, one of 5 ms (the last
         // bucket's).
         for _ in 0..98 {
             b.record_reset(20_200);
         }
         b.record_reset(70_100);
-        b.record_reset(2_000_000);
+        b.record_reset(5_000_000);
         let max = b.add_hist(&mut hist);
         let s = ResetSpread::of(&hist, max).unwrap();
         assert_eq!(s.resets, 100);
         assert_eq!((s.p50_us, s.min_us), (20.5, 20.0));
         assert_eq!(s.p99_us, 70.5);
-        assert_eq!(s.max_us, 2000.0);
+        assert_eq!(s.max_us, 5000.0);
+        // Past 256 µs, 4 µs buckets: 700.1 µs is counted in [700, 704).
+        let mut far: Hist = [0; BUCKETS];
+        far[bucket_of(700_100)] += 1;
+        let s = ResetSpread::of(&far, 700_100).unwrap();
+        assert_eq!((s.min_us, s.p50_us), (700.0, 700.1));
+        assert_eq!(bucket_of(2_400_000), BUCKETS - 1);
     }
 }
