@@ -1122,6 +1122,55 @@ def goals_reset(r):
     return md(["goal", "measured", "met"], rows)
 
 
+def reset_inside(r):
+    at = _reset_at(r)
+    rows = []
+    for placement in ("spread", "one CPU"):
+        for mib_ in r["config"]["sizes_mib"]:
+            for k in r["config"]["ks"]:
+                i = at.get(("inside", placement, mib_, k))
+                if i is None:
+                    continue
+                s, f = at[("session", placement, mib_, k)], at[("fork server", placement, mib_, k)]
+                rows.append([placement, mib(mib_), k,
+                             dist(i["reset_us"], lambda v: fix(v, 1)) + " µs",
+                             dist(i["asked_us"], lambda v: fix(v, 0)) + " µs",
+                             f"{s['reset_us']['median'] / i['reset_us']['median']:.1f}",
+                             f"{f['reset_us']['median'] / i['reset_us']['median']:.0f}",
+                             f"{i['phases']['walk_us']:.0f} / {i['phases']['copy_us']:.0f}",
+                             mib(round(i["collapsed_mib"] or 0)),
+                             fix(i["pages_checked"], 0)])
+    return md(["placed", "state", "k", "reset inside", "asked (control word to pid)", "x session",
+               "x fork", "walk / copy µs (means)", "huge at the point", "pages checked"], rows) + \
+        f"\n\nMedian, 99th percentile (min–max) of {r['config']['reps']} resets per point, from the " \
+        "shim's histogram (0.5 µs buckets up to 256 µs, 4 µs up to 2.3 ms; each figure a bucket's upper edge); asked: as the fuzzer waits, " \
+        "from the control word to the pid told; x session, x fork: their medians over this one's."
+
+
+def goals_reset_inside(r):
+    at = _reset_at(r)
+    floors = {(f["mib"], f["k"]): f for f in r.get("floors", [])}
+    rows = []
+
+    def one(goal, placement, mib_, key, bound):
+        i = at.get(("inside", placement, mib_, 16))
+        if i is None:
+            rows.append([goal, "not measured", "–", "–"])
+            return
+        x = i["reset_us"][key]
+        fl = floors.get((mib_, 16))
+        floor = (f"{fix(fl['reset_us'], 1)} µs (walk {fix(fl['walk_us'], 1)}, protect "
+                 f"{fix(fl['protect_us'], 1)}, copy {fix(fl['copy_us'], 1)})") if fl and key == "median" else "–"
+        rows.append([goal, f"{fix(x, 1)} µs ({fix(i['reset_us']['min'], 1)}–{fix(i['reset_us']['max'], 1)})",
+                     floor, yes_no(x <= bound, f"{x / bound:.2f}× the goal")])
+
+    one("one CPU: 64 MiB, 16 pages, p50 ≤ 30 µs", "one CPU", 64, "median", 30)
+    one("one CPU: 64 MiB, 16 pages, p99 ≤ 60 µs", "one CPU", 64, "p99", 60)
+    one("spread: 64 MiB, 16 pages, p50 ≤ 50 µs", "spread", 64, "median", 50)
+    one("one CPU: 1 GiB, 16 pages, p50 ≤ 100 µs", "one CPU", 1024, "median", 100)
+    return md(["goal", "reset inside (min–max)", "floor in base pages (afl_floor)", "met"], rows)
+
+
 def _afl_at(r):
     """The modes by name; the reset inside the program (or, in reports
     from before it, the one reset) and the reset from outside, if run."""
@@ -1298,6 +1347,8 @@ TABLES = {
     "reset-walk": reset_walk,
     "reset-walk-huge": reset_walk_huge,
     "goals-reset": goals_reset,
+    "reset-inside": reset_inside,
+    "goals-reset-inside": goals_reset_inside,
     "afl": afl,
     "goals-afl": goals_afl,
 }
