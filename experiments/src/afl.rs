@@ -239,17 +239,9 @@ pub struct Report {
 /// Builds (in `dir`) and runs `afl_floor.c` for `mib` MiB of state and
 /// `k` pages written per input: its JSON line.
 pub(crate) fn measure_floor(mib: usize, k: usize, dir: &Path) -> Result<serde_json::Value> {
-    let src = dir.join("afl_floor.c");
     let bin = dir.join("afl_floor");
     if !bin.exists() {
-        std::fs::write(&src, FLOOR_C)?;
-        let st = Command::new("cc")
-            .args(["-O2", "-o"])
-            .arg(&bin)
-            .arg(&src)
-            .status()
-            .context("running cc")?;
-        anyhow::ensure!(st.success(), "cc failed on afl_floor.c: {st}");
+        crate::compile_c(dir, "afl_floor", FLOOR_C, &["-O2"])?;
     }
     let out = Command::new(&bin)
         .args([mib.to_string(), k.to_string()])

@@ -164,6 +164,29 @@ pub fn read_once_s(mem: &pagewise_mech::workload::AnonMemory, reps: usize) -> f6
     median(&mut times)
 }
 
+/// Compiles C `source` (an experiment's own program, embedded in it) into
+/// `dir/name` with `cc` and the flags `flags`: the program's path.
+pub(crate) fn compile_c(
+    dir: &std::path::Path,
+    name: &str,
+    source: &str,
+    flags: &[&str],
+) -> anyhow::Result<std::path::PathBuf> {
+    use anyhow::Context;
+    let src = dir.join(format!("{name}.c"));
+    let bin = dir.join(name);
+    std::fs::write(&src, source)?;
+    let st = std::process::Command::new("cc")
+        .args(flags)
+        .arg("-o")
+        .arg(&bin)
+        .arg(&src)
+        .status()
+        .context("running cc")?;
+    anyhow::ensure!(st.success(), "cc failed on {name}.c: {st}");
+    Ok(bin)
+}
+
 /// The `pagewise` tool, which some benchmarks run (a program tracked by
 /// `pagewise track`, under `pagewise farmem run`, a `pagewise workload`):
 /// `$PAGEWISE` if set, else `pagewise` beside this program (where `cargo

@@ -8,7 +8,7 @@
 //! most 1 % of one CPU with 50 containers, at most 50 series per container,
 //! metrics within 1 s of start-up.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -100,17 +100,7 @@ struct Report {
 
 /// The tenant, compiled into `dir`.
 fn tenant(dir: &Path) -> Result<()> {
-    let src = dir.join("tenant.c");
-    std::fs::write(&src, TENANT)?;
-    let st = Command::new("cc")
-        .args(["-O", "-o"])
-        .arg(dir.join("tenant"))
-        .arg(&src)
-        .status()
-        .context("running cc")?;
-    if !st.success() {
-        bail!("compiling the tenant failed");
-    }
+    crate::compile_c(dir, "tenant", TENANT, &["-O"])?;
     Ok(())
 }
 

@@ -31,17 +31,7 @@ const TARGET_C: &str = include_str!("../c/reset_target.c");
 
 /// Builds the target in `dir`.
 pub(crate) fn build(dir: &Path) -> Result<PathBuf> {
-    let src = dir.join("reset_target.c");
-    let bin = dir.join("reset_target");
-    std::fs::write(&src, TARGET_C)?;
-    let st = Command::new("cc")
-        .args(["-O2", "-o"])
-        .arg(&bin)
-        .arg(&src)
-        .status()
-        .context("running cc")?;
-    ensure!(st.success(), "cc failed on reset_target.c: {st}");
-    Ok(bin)
+    crate::compile_c(dir, "reset_target", TARGET_C, &["-O2"])
 }
 
 /// `pagewise snapshot afl` serving the target, and this side's ends of

@@ -240,15 +240,7 @@ pub fn run(a: Args, quiet: bool) -> Result<i32> {
     let mut bar = crate::report::progress(quiet);
     let work = std::env::temp_dir().join(format!("pw-bench-sparse-{}", std::process::id()));
     std::fs::create_dir_all(&work)?;
-    let bin = work.join("sparse_target");
-    std::fs::write(work.join("sparse_target.c"), TARGET_C)?;
-    let st = Command::new("cc")
-        .args(["-O2", "-o"])
-        .arg(&bin)
-        .arg(work.join("sparse_target.c"))
-        .status()
-        .context("running cc")?;
-    ensure!(st.success(), "cc failed on sparse_target.c: {st}");
+    let bin = crate::compile_c(&work, "sparse_target", TARGET_C, &["-O2"])?;
     let r = measure(&bin, &work, runs, &mut bar);
     let _ = std::fs::remove_dir_all(&work);
     let (samples, verified) = r?;
