@@ -11,41 +11,8 @@ use super::*;
 pub(super) unsafe fn reset(s: &mut Inside, ctx: *mut libc::c_void) -> Result<(), &'static [u8]> {
     let b = s.board;
     let t0 = now_ns();
-    // The break: back to the point's; pages given back since are mapped
-    // again, registered, and filled from the point's copy below.
-    // Not called during the run (by the C library): the point's still.
-    if s.brk_called {
-        let cur = sys(libc::SYS_brk, a1(0)) as u64;
-        if cur != s.brk && sys(libc::SYS_brk, a1(s.brk)) as u64 != s.brk {
-            return Err(b"the break could not be put back");
-        }
-        s.brk_called = false;
-    }
-    let heap_end = s.brk.next_multiple_of(PAGE);
-    let low = s.brk_low.next_multiple_of(PAGE);
+    let given_back = put_back_break(s)?;
     s.runs.clear();
-    if low < heap_end {
-        let mut reg = pagewise_sys::uffd::UffdioRegister {
-            range: pagewise_sys::uffd::UffdioRange {
-                start: low,
-                len: heap_end - low,
-            },
-            mode: pagewise_sys::uffd::REGISTER_MODE_WP,
-            ioctls: 0,
-        };
-        let r = sys(
-            libc::SYS_ioctl,
-            a3(
-                s.uffd as u64,
-                pagewise_sys::uffd::UFFDIO_REGISTER,
-                &mut reg as *mut _ as u64,
-            ),
-        );
-        if r != 0 {
-            return Err(b"the heap given back could not be registered again");
-        }
-    }
-    let given_back = (low < heap_end).then_some((low, heap_end));
     s.brk_low = s.brk;
     for &(a, n) in &s.made {
         sys(libc::SYS_munmap, [a, n, 0, 0, 0, 0]);
@@ -166,6 +133,46 @@ pub(super) unsafe fn reset(s: &mut Inside, ctx: *mut libc::c_void) -> Result<(),
         .fetch_add((t3 - t2) + (t1 - t0), Ordering::Relaxed);
     b.pages_dirty.fetch_add(pages, Ordering::Relaxed);
     Ok(())
+}
+
+/// Puts the break back at the point's; pages given back since are mapped
+/// again and registered (filled from the point's copy by the caller): the
+/// range given back, if any.
+fn put_back_break(s: &mut Inside) -> Result<Option<(u64, u64)>, &'static [u8]> {
+    // The break: back to the point's; pages given back since are mapped
+    // again, registered, and filled from the point's copy below.
+    // Not called during the run (by the C library): the point's still.
+    if s.brk_called {
+        let cur = sys(libc::SYS_brk, a1(0)) as u64;
+        if cur != s.brk && sys(libc::SYS_brk, a1(s.brk)) as u64 != s.brk {
+            return Err(b"the break could not be put back");
+        }
+        s.brk_called = false;
+    }
+    let heap_end = s.brk.next_multiple_of(PAGE);
+    let low = s.brk_low.next_multiple_of(PAGE);
+    if low < heap_end {
+        let mut reg = pagewise_sys::uffd::UffdioRegister {
+            range: pagewise_sys::uffd::UffdioRange {
+                start: low,
+                len: heap_end - low,
+            },
+            mode: pagewise_sys::uffd::REGISTER_MODE_WP,
+            ioctls: 0,
+        };
+        let r = sys(
+            libc::SYS_ioctl,
+            a3(
+                s.uffd as u64,
+                pagewise_sys::uffd::UFFDIO_REGISTER,
+                &mut reg as *mut _ as u64,
+            ),
+        );
+        if r != 0 {
+            return Err(b"the heap given back could not be registered again");
+        }
+    }
+    Ok((low < heap_end).then_some((low, heap_end)))
 }
 
 /// How often every page written is protected again (see `reset`).
