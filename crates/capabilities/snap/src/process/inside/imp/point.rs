@@ -179,9 +179,9 @@ unsafe fn take(s: &mut Inside, ctx: *mut libc::c_void) -> Result<(), String> {
 
 /// Keeps the point's state in huge pages where it can (before it is
 /// registered: the kernel collapses no page that is write-protected):
-/// each 2 MiB block of a region that is populated whole is collapsed
-/// (`MADV_COLLAPSE`; a block with a hole is left, which the collapse
-/// would fill). The reset's walk then reads one entry for such a block
+/// each 2 MiB block of anonymous memory of a region that is populated
+/// whole is collapsed (`MADV_COLLAPSE`; a block with a hole is left,
+/// which the collapse would fill). The reset's walk then reads one entry for such a block
 /// until a run writes it (the write splits its mapping into pages, each
 /// still protected but the one written). Not a byte changes; a block the
 /// kernel refuses is left as it is. The bytes collapsed.
@@ -190,10 +190,22 @@ fn collapse(regions: &[Copied]) -> u64 {
     let Ok(mut walker) = pagewise_mech::walk::PageWalker::new(None) else {
         return 0;
     };
+    // Anonymous memory alone: a file's private mapping would have the
+    // file's cached pages collapsed, which other processes share.
+    let Ok(maps) = pagewise_mech::procfs::maps(None) else {
+        return 0;
+    };
+    let anon = maps.iter().filter(|m| m.is_anonymous());
+    let parts = anon.flat_map(|m| {
+        regions
+            .iter()
+            .map(move |c| (c.start.max(m.start), c.end.min(m.end)))
+            .filter(|(a, e)| a < e)
+    });
     let mut runs = Vec::new();
     let mut done = 0;
-    for c in regions {
-        let (lo, hi) = (c.start.next_multiple_of(HUGE), c.end / HUGE * HUGE);
+    for (start, end) in parts {
+        let (lo, hi) = (start.next_multiple_of(HUGE), end / HUGE * HUGE);
         let Ok(r) = pagewise_mech::Region::new(lo, hi.saturating_sub(lo)) else {
             continue;
         };
