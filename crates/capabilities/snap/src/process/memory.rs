@@ -34,7 +34,7 @@ impl ProcessSnapshots {
                 .remove(&r.start)
                 .filter(|k| k.region == r && k.watched);
             let dirty = match (&known, self.wp.as_mut()) {
-                (Some(_), Some(wp)) => written(wp, r, true)?,
+                (Some(_), Some(wp)) => written(wp, r, !self.after_restore)?,
                 _ => None,
             };
             let (table, watched) = match (known, dirty) {

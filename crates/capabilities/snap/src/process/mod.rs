@@ -200,6 +200,9 @@ pub struct ProcessSnapshots {
     /// The snapshot `current` holds exactly (after its take, or a whole
     /// restore of it): a reset to it writes back only what was written.
     current_is: Option<SnapId>,
+    /// The last call was a whole restore: a take now leaves the pages
+    /// written since unprotected (see [`ProcessSnapshots::take`]).
+    after_restore: bool,
     spare: Vec<Vec<Chunk>>,
     buf: Vec<u8>,
     /// Pages written at every quick reset lately (see `memory::Hot`).
@@ -329,6 +332,7 @@ impl ProcessSnapshots {
             next_id: 1,
             current: Vec::new(),
             current_is: None,
+            after_restore: false,
             spare: Vec::new(),
             hot: memory::Hot::default(),
             buf: vec![0u8; BATCH * PAGE_SIZE],
@@ -386,6 +390,13 @@ impl ProcessSnapshots {
     }
 
     /// Takes a snapshot of the process's memory, layout and threads.
+    ///
+    /// Right after a whole restore, the pages read stay unprotected: a
+    /// restore that follows (the cycle of a search or a fuzzer) then
+    /// writes them without a fault each, and protects them again. They
+    /// show as written until then, and the next take or restore reads or
+    /// writes them again. A take after a take protects them, so a page is
+    /// never left unprotected for longer than one interval.
     pub fn take(&mut self) -> Result<SnapId> {
         let r = self.take_stopped(None);
         self.gone_or(r)
@@ -433,6 +444,7 @@ impl ProcessSnapshots {
         };
         let mut stats = TakeStats::default();
         let data = self.read_memory(&regions, &mut stats)?;
+        self.after_restore = false;
         let tids = stopped.tids().to_vec();
         let fds = Some(procfs::descriptors(self.pid)?);
         drop(own);
@@ -614,10 +626,12 @@ impl ProcessSnapshots {
         report.compared = self.wp.is_none();
         report.phases.threads_us = us_since(&mut lap);
         self.current_is = None;
+        self.after_restore = false;
         let walk_ns = self.write_memory(target, &fresh, force, &mut report.stats)?;
         if report.thread_areas.is_empty() {
             self.current_is = Some(id);
         }
+        self.after_restore = true;
         (report.phases.walk_us, report.phases.copy_us) = walk_and_copy_us(walk_ns, &mut lap);
         drop(own);
         report.stats.elapsed_ns = t0.elapsed().as_nanos() as u64;
