@@ -319,19 +319,45 @@ def snap_dfs(r):
 
 def snap_cycles(r):
     at = {(x["variant"], x["permille"]): x for x in r["cycles"]}
+    floor = any(v == "floor" for v, _ in at)
     rows = []
     for pm in r["config"]["cycle_permille"]:
         ms = lambda v: f"{sig(at[(v, pm)]['cycle_ms'])} ms"
         pages = at[("page-store", pm)]["pages_dirtied"]
-        rows.append([f"{pm / 10:g} % ({pages} pages)", ms("page-store"),
-                     ms("page-store restore-only"), ms("fork"), ms("memcpy"),
-                     f"{at[('fork', pm)]['cycle_ms'] / at[('page-store', pm)]['cycle_ms']:.1f}×"])
+        row = [f"{pm / 10:g} % ({pages} pages)", ms("page-store"),
+               ms("page-store restore-only"), ms("fork"), ms("memcpy"),
+               f"{at[('fork', pm)]['cycle_ms'] / at[('page-store', pm)]['cycle_ms']:.1f}×"]
+        if floor:
+            row += [ms("floor"),
+                    f"{at[('page-store', pm)]['cycle_ms'] / at[('floor', pm)]['cycle_ms']:.2f}×"]
+        rows.append(row)
     n = {v: at[(v, r["config"]["cycle_permille"][0])]["cycles"]
          for v in ("page-store", "fork", "memcpy")}
-    return md(["dirtied", "page store", "restore-only", "fork", "memcpy",
-               "fork / page store"], rows) + \
+    head = ["dirtied", "page store", "restore-only", "fork", "memcpy", "fork / page store"]
+    if floor:
+        head += ["floor", "page store / floor"]
+    return md(head, rows) + \
         f"\n\nMedian cycle time over {n['page-store']} cycles (fork {n['fork']}, memcpy " \
-        f"{n['memcpy']}); the report keeps the median alone (spread not recorded)."
+        f"{n['memcpy']}); the report keeps the median alone (spread not recorded)." + \
+        (" The floor: the same number of pages written under write-protection on a region of its "
+         "own, one walk that finds them, each copied out and copied back from a copy of the base, "
+         "one walk that protects them again; none of the store's work." if floor else "")
+
+
+def goals_snap_cycles(r):
+    at = {(x["variant"], x["permille"]): x for x in r["cycles"]}
+    c, f = at[("page-store", 10)], at.get(("floor", 10))
+    ms, xf = c["cycle_ms"], c["ratio_to_fork"]
+    rows = [["1 % of 1 GiB: snapshot + restore cycle in the process ≤ 5 ms", f"{sig(ms)} ms",
+             yes_no(ms <= 5, f"{ms / 5:.1f}× over")],
+            ["≥ 10× its fork cycle", f"{xf:.1f}× ({sig(at[('fork', 10)]['cycle_ms'])} ms)",
+             yes_no(xf >= 10, f"{10 / xf:.1f}× short")]]
+    if f:
+        fl = f["cycle_ms"]
+        rows.append(["the floor on this kernel, same run (faults, two walks, a copy out and back)",
+                     f"{sig(fl)} ms: the goal is {5 / fl:.2f}× the floor; the cycle {ms / fl:.2f}× it",
+                     "reported"])
+    return md(["goal", "measured", "met"], rows)
 
 
 def snap_dump(r):
@@ -973,12 +999,18 @@ def goals_rollback_cycles(r):
     c = next(x for x in r["cycles"] if x["percent"] == 1.0)
     ms, xf = c["cycle"]["median"], c["x_fork"]
     fl = c["floor_vm"]["median"]
+    inp = c["input"]["median"]
     rows = [["1 % of 1 GiB ≤ 8 ms per cycle for another process", f"{sig(ms)} ms",
              yes_no(ms <= 8, f"{ms / 8:.1f}× over")],
-            ["≥ 10× fork", f"{xf:.1f}×", yes_no(xf >= 10)],
+            ["≥ 2.5× its fork cycle", f"{xf:.1f}× ({sig(c['fork_cycle']['median'])} ms)",
+             yes_no(xf >= 2.5, f"{2.5 / xf:.2f}× short")],
+            ["≥ 10× fork (the earlier goal)", f"{xf:.1f}×", yes_no(xf >= 10)],
             ["the floor (`process_vm_readv` + `process_vm_writev` of the same pages) and the ratio to it",
              f"{sig(fl)} ms; the cycle {c['x_floor_vm']:.1f}× it; a plain copy out and back "
-             f"{sig(c['floor_copy']['median'])} ms", "reported"]]
+             f"{sig(c['floor_copy']['median'])} ms", "reported"],
+            ["the floor with the input (the target's writes and their faults)",
+             f"{sig(inp)} + {sig(fl)} = {sig(inp + fl)} ms: the goal is {8 / (inp + fl):.2f}× it, "
+             f"the cycle {ms / (inp + fl):.2f}×", "reported"]]
     return md(["goal", "measured", "met"], rows)
 
 
@@ -1308,6 +1340,7 @@ TABLES = {
     "redis": redis,
     "snap-dfs": snap_dfs,
     "snap-cycles": snap_cycles,
+    "goals-snap-cycles": goals_snap_cycles,
     "snap-dump": snap_dump,
     "rollback-resets": rollback_resets,
     "rollback-phases": rollback_phases,

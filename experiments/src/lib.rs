@@ -130,6 +130,15 @@ pub fn in_order<'a>(names: impl IntoIterator<Item = &'a str>) -> Vec<&'a str> {
     v
 }
 
+/// How a summary says whether a goal was reached.
+pub fn met(yes: bool) -> &'static str {
+    if yes {
+        "met"
+    } else {
+        "not met"
+    }
+}
+
 /// Median of a non-empty sample.
 pub fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));

@@ -644,6 +644,31 @@ impl Report {
                     r.x_floor_vm
                 );
             }
+            // The goal is stated for 1 GiB.
+            let goal = self
+                .cycles
+                .iter()
+                .find(|r| r.percent == 1.0 && r.mib == 1024);
+            if let Some(r) = goal {
+                // Any take and restore pays the target's writes (its input)
+                // and the copies at the least.
+                let floor = r.input.median + r.floor_vm.median;
+                let _ = writeln!(
+                    s,
+                    "goal at 1 % of {} MiB: cycle {:.3} ms (<= 8 ms: {}), {:.2}x fork (>= 2.5x: {}); \
+                     floor, same run: input {:.3} + readv+writev {:.3} = {:.3} ms (the goal is {:.2}x the floor, the cycle {:.2}x)",
+                    r.mib,
+                    r.cycle.median,
+                    crate::met(r.cycle.median <= 8.0),
+                    r.x_fork,
+                    crate::met(r.x_fork >= 2.5),
+                    r.input.median,
+                    r.floor_vm.median,
+                    floor,
+                    8.0 / floor,
+                    r.cycle.median / floor
+                );
+            }
         }
         redis::summary(&mut s, &self.redis);
         if !self.lazy.is_empty() {
