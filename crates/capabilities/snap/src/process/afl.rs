@@ -329,7 +329,7 @@ impl Default for Sums {
             run_ns: 0,
             pages: 0,
             killed: 0,
-            hist: Box::new([0; std::mem::size_of::<super::inside::Hist>() / 8]),
+            hist: Box::new([0; super::inside::BUCKETS]),
             max_reset_ns: 0,
             collapsed: 0,
         }

@@ -184,7 +184,7 @@ pub const BOARD_BYTES: usize = 8192;
 /// of resets; the second half's are eight times as wide.
 pub const BUCKET_NS: u64 = 500;
 /// The histogram's buckets.
-const BUCKETS: usize = 1024;
+pub(crate) const BUCKETS: usize = 1024;
 const HALF: usize = BUCKETS / 2;
 
 /// The bucket of a reset of `ns` nanoseconds.
