@@ -46,6 +46,8 @@ struct Copied {
     start: u64,
     end: u64,
     copy: *mut u8,
+    /// Anonymous memory (not a file's private mapping).
+    anon: bool,
 }
 
 /// Everything the handler keeps: the request, the point, and what the run
@@ -63,8 +65,6 @@ struct Inside {
     /// Every mapping of the point, sorted (for the overlap checks).
     mappings: Vec<(u64, u64)>,
     regions: Vec<Copied>,
-    /// The regions, those that touch joined.
-    spans: Vec<(u64, u64)>,
     /// Of them, those a reset walks (one `PAGEMAP_SCAN` each: one over all
     /// of them would walk the page tables of every mapping between, the
     /// point's copy among them).
@@ -218,7 +218,6 @@ fn start(mut req: ResetRequest, board: &'static Board) -> Result<(), String> {
         brk: 0,
         mappings: Vec::new(),
         regions: Vec::new(),
-        spans: Vec::new(),
         walked: Vec::new(),
         whole: Vec::new(),
         offsets: Vec::new(),

@@ -117,7 +117,7 @@ unsafe fn take(s: &mut Inside, ctx: *mut libc::c_void) -> Result<(), String> {
         .map_err(|e| format!("the point's copy ({total} bytes): {e}"))?;
     pagewise_mech::procfs::note_own_memory(copy as u64, total);
     let mut off = 0u64;
-    for &(a, e) in &regions {
+    for &(a, e, anon) in &regions {
         // SAFETY: a readable mapping of this process (private writable),
         // into the shim's copy made for it.
         let dst = unsafe { copy.add(off as usize) };
@@ -127,6 +127,7 @@ unsafe fn take(s: &mut Inside, ctx: *mut libc::c_void) -> Result<(), String> {
             start: a,
             end: e,
             copy: dst,
+            anon,
         });
         off += e - a;
     }
@@ -141,15 +142,17 @@ unsafe fn take(s: &mut Inside, ctx: *mut libc::c_void) -> Result<(), String> {
             .and_then(|_| pagewise_sys::uffd::writeprotect(uffd, c.start, len, true))
             .map_err(|e| format!("write-protecting {:#x}..{:#x}: {e}", c.start, c.end))?;
     }
+    // The regions, those that touch joined.
+    let mut spans: Vec<(u64, u64)> = Vec::new();
     for c in &s.regions {
-        match s.spans.last_mut() {
+        match spans.last_mut() {
             Some((_, e)) if *e == c.start => *e = c.end,
-            _ => s.spans.push((c.start, c.end)),
+            _ => spans.push((c.start, c.end)),
         }
     }
     // The smallest spans are copied back whole at each reset, never
     // protected: cheaper than a walk of their own.
-    for &(a, e) in &s.spans {
+    for (a, e) in spans {
         if e - a <= WHOLE_MAX {
             pagewise_sys::uffd::writeprotect(uffd, a, e - a, false)
                 .map_err(|e| format!("letting {a:#x} be written: {e}"))?;
@@ -179,33 +182,23 @@ unsafe fn take(s: &mut Inside, ctx: *mut libc::c_void) -> Result<(), String> {
 
 /// Keeps the point's state in huge pages where it can (before it is
 /// registered: the kernel collapses no page that is write-protected):
-/// each 2 MiB block of anonymous memory of a region that is populated
-/// whole is collapsed (`MADV_COLLAPSE`; a block with a hole is left,
-/// which the collapse would fill). The reset's walk then reads one entry for such a block
-/// until a run writes it (the write splits its mapping into pages, each
-/// still protected but the one written). Not a byte changes; a block the
-/// kernel refuses is left as it is. The bytes collapsed.
+/// each 2 MiB block of an anonymous region that is populated whole is
+/// collapsed (`MADV_COLLAPSE`; a block with a hole is left, which the
+/// collapse would fill). A file's private mapping is left: its file's
+/// cached pages, which other processes share, would be collapsed. The
+/// reset's walk then reads one entry for such a block until a run writes
+/// it (the write splits its mapping into pages, each still protected but
+/// the one written). Not a byte changes; a block the kernel refuses is
+/// left as it is. The bytes collapsed.
 fn collapse(regions: &[Copied]) -> u64 {
     const HUGE: u64 = pagewise_mech::HUGE_PAGE_SIZE as u64;
     let Ok(mut walker) = pagewise_mech::walk::PageWalker::new(None) else {
         return 0;
     };
-    // Anonymous memory alone: a file's private mapping would have the
-    // file's cached pages collapsed, which other processes share.
-    let Ok(maps) = pagewise_mech::procfs::maps(None) else {
-        return 0;
-    };
-    let anon = maps.iter().filter(|m| m.is_anonymous());
-    let parts = anon.flat_map(|m| {
-        regions
-            .iter()
-            .map(move |c| (c.start.max(m.start), c.end.min(m.end)))
-            .filter(|(a, e)| a < e)
-    });
     let mut runs = Vec::new();
     let mut done = 0;
-    for (start, end) in parts {
-        let (lo, hi) = (start.next_multiple_of(HUGE), end / HUGE * HUGE);
+    for c in regions.iter().filter(|c| c.anon) {
+        let (lo, hi) = (c.start.next_multiple_of(HUGE), c.end / HUGE * HUGE);
         let Ok(r) = pagewise_mech::Region::new(lo, hi.saturating_sub(lo)) else {
             continue;
         };
@@ -236,8 +229,6 @@ const WHOLE_MAX: u64 = 4 * PAGE;
 /// gets the number it would get without the shim).
 fn own_descriptors(s: &mut Inside) -> Result<(), String> {
     let wp = pagewise_mech::wp::UffdWp::open().map_err(|e| e.to_string())?;
-    // The shim's descriptors stay its own: the program's next open gets the
-    // number it would get without the shim.
     // The threads, counted at the end of each run (1 µs).
     // SAFETY: a valid path and flags.
     s.tasks = unsafe {
@@ -340,9 +331,13 @@ fn descriptors(s: &mut Inside) -> Result<(), String> {
     Ok(())
 }
 
-/// The private writable memory of the program (start, end), and its size
-/// in all; every mapping noted in `s.mappings`.
-fn regions_of(s: &mut Inside) -> Result<(Vec<(u64, u64)>, u64), String> {
+/// A part of the program's private writable memory: start, end, and
+/// whether it is anonymous.
+type Part = (u64, u64, bool);
+
+/// The private writable memory of the program, and its size in all;
+/// every mapping noted in `s.mappings`.
+fn regions_of(s: &mut Inside) -> Result<(Vec<Part>, u64), String> {
     let maps = pagewise_mech::procfs::maps(None).map_err(|e| e.to_string())?;
     let own = pagewise_mech::procfs::own_memory();
     // The shim's own file (this code's) and the zero-filled data after it:
@@ -376,7 +371,7 @@ fn regions_of(s: &mut Inside) -> Result<(Vec<(u64, u64)>, u64), String> {
         // was once left out whole (the program's 8 MiB beside the
         // shim's heap went untracked).
         for (a, e) in pagewise_mech::procfs::outside_ranges(m.start, m.end, &own) {
-            regions.push((a, e));
+            regions.push((a, e, m.is_anonymous()));
             total += e - a;
         }
     }

@@ -139,8 +139,6 @@ pub(super) unsafe fn reset(s: &mut Inside, ctx: *mut libc::c_void) -> Result<(),
 /// again and registered (filled from the point's copy by the caller): the
 /// range given back, if any.
 fn put_back_break(s: &mut Inside) -> Result<Option<(u64, u64)>, &'static [u8]> {
-    // The break: back to the point's; pages given back since are mapped
-    // again, registered, and filled from the point's copy below.
     // Not called during the run (by the C library): the point's still.
     if s.brk_called {
         let cur = sys(libc::SYS_brk, a1(0)) as u64;
