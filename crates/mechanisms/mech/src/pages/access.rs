@@ -606,7 +606,7 @@ fn runs_of(starts: impl Iterator<Item = u64>) -> Vec<crate::Region> {
 /// The thread serving a [`RegionWrites`]: notes each write fault's region
 /// and lifts its protection (under the lock, so that a take sees the
 /// region written exactly when its protection is lifted), and notes the
-/// ranges unmapped, moved or dropped. Sleeps until a message comes or
+/// ranges unmapped, moved or dropped (read and noted under the lock too). Sleeps until a message comes or
 /// `woken` is written (then ends if `stop` is set: no periodic wake-up,
 /// which costs a node agent watching many processes), and publishes its
 /// CPU time in `cpu_ns` before each sleep.
@@ -632,12 +632,18 @@ fn serve_writes(
             Err(e) => return fail("polling its userfaultfd", e),
         }
         loop {
+            // Read under the lock: an unmap (or a move, or a drop) returns
+            // in the watched process once its message is read, and a take
+            // made after that must find it noted.
+            let mut s = seen.lock().unwrap_or_else(|p| p.into_inner());
             let m = match uffd::read_msg(raw) {
                 Ok(m) => m,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                Err(e) => return fail("reading its userfaultfd", e),
+                Err(e) => {
+                    drop(s);
+                    return fail("reading its userfaultfd", e);
+                }
             };
-            let mut s = seen.lock().unwrap_or_else(|p| p.into_inner());
             match m.event {
                 uffd::event::PAGEFAULT => {
                     let at = m.pf_address() & !(huge - 1);
