@@ -48,6 +48,13 @@ pub struct AflArgs {
     /// program), even where the preload shim could reset it from inside.
     #[arg(long)]
     outside: bool,
+    /// Leave the program's state in the pages it is in at its point. By
+    /// default the shim collapses each 2 MiB block of anonymous memory
+    /// populated whole into a huge page (`MADV_COLLAPSE`), so that a reset
+    /// walks one entry for a block no run wrote; the copy this makes at
+    /// start-up is `inside_collapse_ms` in --stats.
+    #[arg(long)]
+    no_huge_pages: bool,
     /// What was served (runs, crashes, starts, resets that took the whole
     /// path) as one JSON object into FILE, every second and at the end.
     #[arg(long, value_name = "FILE")]
@@ -68,6 +75,7 @@ pub fn run(a: AflArgs) -> Result<i32> {
     opts.input_fd = a.input_fd;
     opts.start_limit = Duration::from_millis(a.start_timeout_ms);
     opts.inside = !a.outside;
+    opts.huge_pages = !a.no_huge_pages;
     let mut failed = None;
     // The last stats told, for the summary at the end: afl-fuzz ends its
     // fork server with SIGTERM, and that end says what was served too.
@@ -141,6 +149,10 @@ fn summary(s: &afl::ServeStats) -> String {
         out += &format!(
             "; a reset inside took {:.1} µs (median; 99th percentile {:.1}, longest {:.1})",
             d.p50_us, d.p99_us, d.max_us
+        );
+        out += &format!(
+            "; its point took {:.1} ms ({:.0} MiB collapsed into huge pages in {:.1} ms)",
+            s.inside_point_ms, s.inside_collapsed_mib, s.inside_collapse_ms
         );
     }
     if let Some(why) = &s.inside_refused {

@@ -535,15 +535,48 @@ fn shadow_inputs(n: usize, seed: u64) -> Vec<Vec<u8>> {
 
 #[test]
 fn a_reset_inside_the_program_finds_every_run_as_its_point_left_it() {
+    let Some(s) = shadow_runs(&[]) else { return };
+    // The state (8 MiB) collapsed into huge pages at the point: the runs
+    // wrote into huge pages, and every check held.
+    let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled");
+    match thp {
+        Ok(t) if !t.contains("[never]") => assert!(
+            s["inside_collapsed_mib"].as_f64().unwrap() >= 2.0,
+            "at least one 2 MiB block of the state was collapsed at the point: {s}"
+        ),
+        _ => eprintln!("note: no huge pages here: the state stayed in base pages"),
+    }
+    assert!(
+        s["inside_collapse_ms"].as_f64().unwrap() <= s["inside_point_ms"].as_f64().unwrap(),
+        "the collapse is part of the point: {s}"
+    );
+}
+
+/// The same runs with the state left in base pages (`--no-huge-pages`):
+/// nothing collapsed, every check held.
+#[test]
+fn a_reset_inside_in_base_pages_finds_every_run_as_its_point_left_it() {
+    let Some(s) = shadow_runs(&["--no-huge-pages"]) else {
+        return;
+    };
+    assert_eq!(s["inside_collapsed_mib"], 0.0, "{s}");
+    assert!(s["inside_point_ms"].as_f64().unwrap() > 0.0, "{s}");
+}
+
+/// 150 runs of `afl_shadow` (which checks its state against the point
+/// at each run), two of them crashes, through `snapshot afl` with
+/// `options`: every status as without pagewise, one process, every reset
+/// inside. The stats, or `None` (a skip) where resets cannot be served.
+fn shadow_runs(options: &[&str]) -> Option<serde_json::Value> {
     if let Some(why) = no_sessions() {
         pagewise_testkit::skip!("{why}");
-        return;
+        return None;
     }
     let target = c_program("afl_shadow");
-    let dir = temp_dir("afl-shadow");
+    let dir = temp_dir(&format!("afl-shadow{}", options.join("")));
     std::fs::create_dir_all(&dir).unwrap();
     let stats = dir.join("stats.json");
-    let mut afl = start_server(&target, &[], &stats, &dir);
+    let mut afl = start_server_with(&target, &[], &stats, &dir, options);
     assert_eq!(afl.word(), 0);
     // Crashes among them, each caught inside: still one process.
     let mut all = shadow_inputs(150, 7);
@@ -588,17 +621,8 @@ fn a_reset_inside_the_program_finds_every_run_as_its_point_left_it() {
         s["pages_dirty"].as_f64().unwrap() >= 16.0,
         "a reset found at least the 16 pages of the state each run writes: {s}"
     );
-    // The state (8 MiB) collapsed into huge pages at the point: the runs
-    // wrote into huge pages, and every check above held.
-    let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled");
-    match thp {
-        Ok(t) if !t.contains("[never]") => assert!(
-            s["inside_collapsed_mib"].as_f64().unwrap() >= 2.0,
-            "at least one 2 MiB block of the state was collapsed at the point: {s}"
-        ),
-        _ => eprintln!("note: no huge pages here: the state stayed in base pages"),
-    }
     assert!(!err.contains("warning"), "{err}");
+    Some(s)
 }
 
 #[test]

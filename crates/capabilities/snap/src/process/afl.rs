@@ -127,6 +127,11 @@ pub struct ServeStats {
     /// point (the last program's), MiB: a reset walks one entry for each
     /// 2 MiB of it no run wrote.
     pub inside_collapsed_mib: f64,
+    /// How long the last program's point took inside it, milliseconds:
+    /// its copy of the state, the protection, and the collapse.
+    pub inside_point_ms: f64,
+    /// Of it, collapsing the state into huge pages, milliseconds.
+    pub inside_collapse_ms: f64,
 }
 
 impl ServeStats {
@@ -159,6 +164,9 @@ pub struct ServeOptions {
     /// Reset the program from inside it where the preload shim can
     /// ([`super::inside`]; the default), else from outside.
     pub inside: bool,
+    /// Inside: collapse the program's state into huge pages at its point
+    /// where it is populated whole (the default).
+    pub huge_pages: bool,
 }
 
 impl Default for ServeOptions {
@@ -167,6 +175,7 @@ impl Default for ServeOptions {
             input_fd: 0,
             start_limit: Duration::from_secs(10),
             inside: true,
+            huge_pages: true,
         }
     }
 }
@@ -315,6 +324,9 @@ struct Sums {
     max_reset_ns: u64,
     /// The last program's state collapsed into huge pages at its point.
     collapsed: u64,
+    /// The last program's point: its time, and the collapse's in it.
+    point_ns: u64,
+    collapse_ns: u64,
 }
 
 impl Default for Sums {
@@ -332,6 +344,8 @@ impl Default for Sums {
             hist: Box::new([0; super::inside::BUCKETS]),
             max_reset_ns: 0,
             collapsed: 0,
+            point_ns: 0,
+            collapse_ns: 0,
         }
     }
 }
@@ -347,9 +361,10 @@ impl Sums {
         self.copy_ns += l(&b.copy_ns);
         self.run_ns += l(&b.run_ns);
         self.pages += l(&b.pages_dirty);
-        let collapsed = l(&b.collapsed_bytes);
-        if collapsed > 0 {
-            self.collapsed = collapsed;
+        if l(&b.point_ns) > 0 {
+            self.collapsed = l(&b.collapsed_bytes);
+            self.point_ns = l(&b.point_ns);
+            self.collapse_ns = l(&b.collapse_ns);
         }
         let max = b.add_hist(&mut self.hist);
         self.max_reset_ns = self.max_reset_ns.max(max);
@@ -374,6 +389,8 @@ impl Sums {
         stats.pages_dirty = per(self.pages * 1000, self.resets);
         stats.inside_reset_spread = super::inside::ResetSpread::of(&self.hist, self.max_reset_ns);
         stats.inside_collapsed_mib = self.collapsed as f64 / (1 << 20) as f64;
+        stats.inside_point_ms = self.point_ns as f64 / 1e6;
+        stats.inside_collapse_ms = self.collapse_ns as f64 / 1e6;
     }
 }
 
@@ -473,7 +490,8 @@ fn serve_inside(
             s_fd.as_raw_fd(),
             shared.fd.as_raw_fd(),
             control_read,
-        );
+        )
+        .with_huge_pages(opts.huge_pages);
         let mut c = std::process::Command::new(first);
         c.args(rest).env("LD_PRELOAD", &preload);
         pagewise_mech::shim::ask(&mut c, &req);

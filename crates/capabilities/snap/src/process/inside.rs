@@ -63,6 +63,9 @@ pub struct ResetRequest {
     /// The control word of the next run was read already (by the program
     /// before this one, which ended before it told its pid).
     pub control_read: bool,
+    /// Collapse the point's anonymous state into huge pages where it is
+    /// populated whole (the default; see the module).
+    pub huge_pages: bool,
 }
 
 impl ResetRequest {
@@ -74,7 +77,15 @@ impl ResetRequest {
             status,
             board,
             control_read,
+            huge_pages: true,
         }
+    }
+
+    /// The same request, with the point's state collapsed into huge pages
+    /// (`true`) or left in the pages it is in.
+    pub(crate) fn with_huge_pages(mut self, on: bool) -> Self {
+        self.huge_pages = on;
+        self
     }
 }
 
@@ -86,8 +97,13 @@ impl Request for ResetRequest {
         set(
             env::RESET,
             format!(
-                "{},{},{},{},{}",
-                self.input, self.control, self.status, self.board, self.control_read as u8
+                "{},{},{},{},{},{}",
+                self.input,
+                self.control,
+                self.status,
+                self.board,
+                self.control_read as u8,
+                self.huge_pages as u8
             ),
         );
     }
@@ -100,24 +116,25 @@ impl Request for ResetRequest {
         let parts: Vec<&str> = v.split(',').collect();
         let bad = || {
             format!(
-                "{}={v:?} is not INPUT,CONTROL,STATUS,BOARD,READ",
+                "{}={v:?} is not INPUT,CONTROL,STATUS,BOARD,READ,HUGE",
                 env::RESET
             )
         };
-        if parts.len() != 5 {
+        if parts.len() != 6 {
             return Err(bad());
         }
-        let mut n = [0i32; 5];
+        let mut n = [0i32; 6];
         for (i, p) in parts.iter().enumerate() {
             let one = |_: &'static str| Some(p.to_string());
             n[i] = parsed_fd(&one, env::RESET)
                 .map_err(|_| bad())?
                 .ok_or_else(bad)?;
         }
-        if n[4] > 1 {
+        if n[4] > 1 || n[5] > 1 {
             return Err(bad());
         }
-        Ok(Some(ResetRequest::new(n[0], n[1], n[2], n[3], n[4] == 1)))
+        let req = ResetRequest::new(n[0], n[1], n[2], n[3], n[4] == 1);
+        Ok(Some(req.with_huge_pages(n[5] == 1)))
     }
 }
 
@@ -166,6 +183,10 @@ pub struct Board {
     pub run_ns: AtomicU64,
     /// The point's state collapsed into huge pages, bytes.
     pub collapsed_bytes: AtomicU64,
+    /// How long the point took, the collapse included, nanoseconds.
+    pub point_ns: AtomicU64,
+    /// Of it, collapsing the state into huge pages.
+    pub collapse_ns: AtomicU64,
     /// The longest reset, nanoseconds.
     max_reset_ns: AtomicU64,
     /// Resets by time ([`bucket_of`]): 0.5 µs wide up to 256 µs, then 4
@@ -384,7 +405,15 @@ mod tests {
     fn a_reset_request_goes_through_its_variable_unchanged() {
         let asked = ResetRequest::new(0, 1000, 1001, 1002, true);
         assert_eq!(pagewise_mech::shim::round_trip(&asked), Ok(Some(asked)));
-        for bad in ["0,1,2", "0,1,2,3,4", "0,x,2,3,0", "0,-1,2,3,0"] {
+        let base = asked.with_huge_pages(false);
+        assert_eq!(pagewise_mech::shim::round_trip(&base), Ok(Some(base)));
+        for bad in [
+            "0,1,2",
+            "0,1,2,3,4",
+            "0,x,2,3,0,1",
+            "0,-1,2,3,0,1",
+            "0,1,2,3,0,2",
+        ] {
             let get = |k: &'static str| (k == env::RESET).then(|| bad.to_string());
             let e = ResetRequest::decode(&get).unwrap_err();
             assert!(e.contains(env::RESET), "{bad}: {e}");

@@ -16,11 +16,13 @@ pub(super) unsafe fn point(ctx: *mut libc::c_void, t: &seccomp::Trapped) {
     // SAFETY: one thread is checked first thing in `take`, before any
     // other use; nothing else holds the state before the point.
     let s = unsafe { state() };
+    let began = now_ns();
     // SAFETY: as this function's.
     if let Err(why) = unsafe { take(s, ctx) } {
         write_why(&s.board.refused_len, &s.board.refused, &[why.as_bytes()]);
         end_now();
     }
+    s.board.point_ns.store(now_ns() - began, Ordering::Relaxed);
     let pid = sys(libc::SYS_getpid, [0; 6]) as i32;
     s.board.pid.store(pid, Ordering::Relaxed);
     s.board.set_stage(stage::IDLE);
@@ -131,9 +133,13 @@ unsafe fn take(s: &mut Inside, ctx: *mut libc::c_void) -> Result<(), String> {
         });
         off += e - a;
     }
-    s.board
-        .collapsed_bytes
-        .store(collapse(&s.regions), Ordering::Relaxed);
+    let t = now_ns();
+    let collapsed = match s.req.huge_pages {
+        true => collapse(&s.regions),
+        false => 0,
+    };
+    s.board.collapsed_bytes.store(collapsed, Ordering::Relaxed);
+    s.board.collapse_ns.store(now_ns() - t, Ordering::Relaxed);
     // SAFETY: the userfaultfd the shim holds for the life of the process.
     let uffd = unsafe { std::os::fd::BorrowedFd::borrow_raw(s.uffd) };
     for c in &s.regions {
