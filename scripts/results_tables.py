@@ -1156,6 +1156,10 @@ def goals_reset(r):
 
 def reset_inside(r):
     at = _reset_at(r)
+
+    def point(i):
+        p = i.get("point_ms")
+        return f" ({sig(p[1])} / {sig(p[0])} ms)" if p else ""
     rows = []
     for placement in ("spread", "one CPU"):
         for mib_ in r["config"]["sizes_mib"]:
@@ -1170,10 +1174,11 @@ def reset_inside(r):
                              f"{s['reset_us']['median'] / i['reset_us']['median']:.1f}",
                              f"{f['reset_us']['median'] / i['reset_us']['median']:.0f}",
                              f"{i['phases']['walk_us']:.0f} / {i['phases']['copy_us']:.0f}",
-                             mib(round(i["collapsed_mib"] or 0)),
+                             mib(round(i["collapsed_mib"] or 0)) + point(i),
                              fix(i["pages_checked"], 0)])
     return md(["placed", "state", "k", "reset inside", "asked (control word to pid)", "x session",
-               "x fork", "walk / copy µs (means)", "huge at the point", "pages checked"], rows) + \
+               "x fork", "walk / copy µs (means)", "huge at the point (collapse / point)",
+               "pages checked"], rows) + \
         f"\n\nMedian, 99th percentile (min–max) of {r['config']['reps']} resets per point, from the " \
         "shim's histogram (0.5 µs buckets up to 256 µs, 4 µs up to 2.3 ms; each figure a bucket's upper edge); asked: as the fuzzer waits, " \
         "from the control word to the pid told; x session, x fork: their medians over this one's."

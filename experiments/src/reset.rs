@@ -125,6 +125,9 @@ pub struct Row {
     pub asked_us: Option<Dist>,
     /// Inside: the state collapsed into huge pages at the point, MiB.
     pub collapsed_mib: Option<f64>,
+    /// Inside: how long the point took at start-up, and the collapse's
+    /// part of it, ms.
+    pub point_ms: Option<(f64, f64)>,
 }
 
 /// Everything one run measured (its provenance is added as it is
@@ -219,6 +222,7 @@ fn row(variant: &str, mib: usize, k: usize, reset: Vec<f64>, cycle: Vec<f64>) ->
         pages_checked: 0,
         asked_us: None,
         collapsed_mib: None,
+        point_ms: None,
     }
 }
 
@@ -447,12 +451,14 @@ impl Report {
             };
             let ph = match (r.phases, r.asked_us) {
                 (Some(p), Some(a)) => format!(
-                    "  walk {:.0} copy {:.0} (means); asked {:.1} p99 {:.1}; {:.0} MiB huge at the point",
+                    "  walk {:.0} copy {:.0} (means); asked {:.1} p99 {:.1}; {:.0} MiB huge at the point ({:.1} ms of {:.1})",
                     p.walk_us,
                     p.copy_us,
                     a.median,
                     a.p99,
-                    r.collapsed_mib.unwrap_or(0.0)
+                    r.collapsed_mib.unwrap_or(0.0),
+                    r.point_ms.map_or(0.0, |p| p.1),
+                    r.point_ms.map_or(0.0, |p| p.0),
                 ),
                 (Some(p), None) => format!(
                     "  {:.0} {:.0} {:.0} {:.0} {:.0} {:.0}",

@@ -238,5 +238,8 @@ fn measure(target: &Path, dir: &Path, reps: usize, mib: usize, k: usize) -> Resu
         pages_checked: checked,
         asked_us: Some(Dist::of(asked)),
         collapsed_mib: st["inside_collapsed_mib"].as_f64(),
+        point_ms: st["inside_point_ms"]
+            .as_f64()
+            .zip(st["inside_collapse_ms"].as_f64()),
     })
 }
