@@ -433,7 +433,6 @@ pub fn cycles(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<(Vec<Cycle
     let mut s = Snapshots::new(&[mem.region()], SnapshotOptions::default())?;
     let backend = s.backend().name().to_string();
     let base = s.take()?;
-    let mut floor = Floor::new(cfg.cycle_mib)?;
     let mut rng = Rng::new(42);
     let mut shadow: Vec<u8> = Vec::new();
     for &pm in &cfg.cycle_permille {
@@ -523,8 +522,12 @@ pub fn cycles(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<(Vec<Cycle
         }
         drop(base_copy);
         point.push(("memcpy", t));
+        // Its memory made after the fork ran and dropped before the next
+        // one: a fork copies the page tables of all this process holds.
         progress(&format!("(b) floor, {:.1} % dirty", pm as f64 / 10.0));
+        let mut floor = Floor::new(cfg.cycle_mib)?;
         point.push(("floor", floor.cycles(&mut rng, k, cfg.cycles)?));
+        drop(floor);
         // The page store's tracker saw the memcpy restores: resync it.
         s.restore(base)?;
         let fork_rate = point
