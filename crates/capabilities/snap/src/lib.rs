@@ -129,7 +129,9 @@ pub struct TakeStats {
 #[derive(Debug, Clone, Copy, Default, Serialize, schemars::JsonSchema)]
 #[non_exhaustive]
 pub struct RestoreStats {
-    /// Pages reported written since the last snapshot or restore.
+    /// Pages reported written since the last snapshot or restore (after
+    /// a take that followed a restore, the pages that take read count
+    /// too: they stay writable until this restore writes them back).
     pub pages_dirty: u64,
     /// Pages written back.
     pub pages_written: u64,
