@@ -20,9 +20,9 @@
 //!   area and signal mask (the signal frame's), a copy of every private
 //!   writable mapping but the shim's own (kept in the shim's memory, where
 //!   a `memcpy` reaches it), each 2 MiB block of it anonymous and
-//!   populated whole collapsed into a huge page (a reset walks one entry for it until a
-//!   run writes it), write-protected with a userfaultfd in asynchronous
-//!   mode, the break, the descriptor table and the regular
+//!   populated whole collapsed into a huge page (a reset walks one entry
+//!   for it until a run writes it), write-protected with a userfaultfd in
+//!   asynchronous mode, the break, the descriptor table and the regular
 //!   files' offsets. A program with more than one thread, or an alternate
 //!   signal stack of its own, is refused (the reset from outside takes it).
 //! - **A run** ends at `exit_group`: the handler tells AFL++ the status,

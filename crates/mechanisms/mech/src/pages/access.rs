@@ -606,10 +606,11 @@ fn runs_of(starts: impl Iterator<Item = u64>) -> Vec<crate::Region> {
 /// The thread serving a [`RegionWrites`]: notes each write fault's region
 /// and lifts its protection (under the lock, so that a take sees the
 /// region written exactly when its protection is lifted), and notes the
-/// ranges unmapped, moved or dropped (read and noted under the lock too). Sleeps until a message comes or
-/// `woken` is written (then ends if `stop` is set: no periodic wake-up,
-/// which costs a node agent watching many processes), and publishes its
-/// CPU time in `cpu_ns` before each sleep.
+/// ranges unmapped, moved or dropped (read and noted under the lock
+/// too). Sleeps until a message comes or `woken` is written (then ends if
+/// `stop` is set: no periodic wake-up, which costs a node agent watching
+/// many processes), and publishes its CPU time in `cpu_ns` before each
+/// sleep.
 fn serve_writes(
     fd: std::os::fd::OwnedFd,
     woken: std::io::PipeReader,
