@@ -556,7 +556,7 @@ impl Report {
                         floor: Option<&Floor>| {
             let _ = match figure {
                 Some((x, d)) => {
-                    let met = if x <= goal { "met" } else { "not met" };
+                    let met = crate::met(x <= goal);
                     let floor = floor
                         .map(|f| {
                             format!(

@@ -462,7 +462,7 @@ impl Report {
             if apart(pgl, pgh, bgl, bgh) { "apart" } else { "overlap or one run" },
             -smaller,
             if apart(pml, pmh, bml, bmh) { "apart" } else { "overlap or one run" },
-            if met { "met" } else { "not met" }
+            crate::met(met)
         )
     }
 

@@ -150,7 +150,7 @@ impl Report {
         format!(
             "\ngoal (90 % of the bloat given back within 10 s, no OOM kill): pagewise met it in {good} of {} runs: {}\n",
             of.len(),
-            if good == of.len() { "met" } else { "not met" }
+            crate::met(good == of.len())
         )
     }
 
