@@ -616,64 +616,6 @@ fn pages_dropped_without_a_write_are_put_back() {
     assert_memory_is(&h, dropped, &t);
 }
 
-/// A take right after a restore leaves the pages it read unprotected (the
-/// restore that usually follows writes them without a fault): a page
-/// written again after that take, with no fault to record it, is still
-/// read by the next take and put back by the next restore.
-#[test]
-fn a_page_written_again_after_a_take_that_follows_a_restore_is_not_lost() {
-    let Some(path) = target() else { return };
-    let t = Target::start(&path, &[]);
-    let pid = t.pid();
-    let mut h = ProcessSnapshots::open(pid).unwrap();
-    t.settle();
-    let base = h.take().unwrap();
-    // The largest mapping is the target's own state.
-    let big = h
-        .regions(base)
-        .unwrap()
-        .into_iter()
-        .max_by_key(|r| r.len)
-        .unwrap();
-    let page = big.start + 37 * 4096;
-    let mem = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(format!("/proc/{pid}/mem"))
-        .unwrap();
-    let fill = |b: u8| mem.write_all_at(&[b; 4096], page).unwrap();
-    let held = |h: &ProcessSnapshots, id: SnapId| {
-        let mut got = [0u8; 4096];
-        h.read(id, page, &mut got).unwrap();
-        got
-    };
-    for round in 0..3u8 {
-        h.restore(base, RestoreOptions::default()).unwrap();
-        fill(0xa0 + round);
-        let first = h.take().unwrap();
-        assert_eq!(held(&h, first), [0xa0 + round; 4096], "round {round}");
-        // Unprotected now: this write makes no fault.
-        fill(0xb0 + round);
-        h.restore(first, RestoreOptions::default()).unwrap();
-        t.settle();
-        assert_memory_is(&h, first, &t);
-        // Again, read by a take this time (which protects it).
-        let again = h.take().unwrap();
-        fill(0xc0 + round);
-        let second = h.take().unwrap();
-        assert_eq!(held(&h, second), [0xc0 + round; 4096], "round {round}");
-        h.restore(first, RestoreOptions::default()).unwrap();
-        t.settle();
-        assert_memory_is(&h, first, &t);
-        for id in [first, again, second] {
-            h.drop_snapshot(id).unwrap();
-        }
-    }
-    h.restore(base, RestoreOptions::default()).unwrap();
-    t.settle();
-    assert_memory_is(&h, base, &t);
-}
-
 mod container;
 mod fds;
 mod pools;
